@@ -1,0 +1,477 @@
+//! One-sided data movement: peers, access rights, portable remote descriptors, deadlines, and the `Communicator` trait.
+
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use crate::{Error, Region, Result};
+
+/// What a peer may do to a registered region. Local code can always read and write it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Access(u8);
+
+impl Access {
+    /// Peers may READ (get) from the region.
+    pub const READ: Access = Access(1);
+    /// Peers may WRITE (put) into the region.
+    pub const WRITE: Access = Access(2);
+    /// Peers may READ and WRITE.
+    pub const READ_WRITE: Access = Access(3);
+
+    /// True when every right in `other` is granted by `self`.
+    pub const fn allows(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The right an operation needs at the target.
+    pub const fn required_by(op: Op) -> Access {
+        match op {
+            Op::Read => Access::READ,
+            Op::Write => Access::WRITE,
+        }
+    }
+
+    /// The bits, for descriptors.
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// From bits; unknown bits are refused.
+    pub fn from_bits(bits: u8) -> Result<Self> {
+        if bits == 0 || bits & !3 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "invalid access bits {bits:#x}"
+            )));
+        }
+        Ok(Access(bits))
+    }
+}
+
+/// The direction of a one-sided transfer, seen from the initiator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Remote bytes are copied into local memory (get).
+    Read,
+    /// Local bytes are copied into remote memory (put). Complete when visible at the target.
+    Write,
+}
+
+/// Which transport produced a descriptor. Stable numbers: they travel on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TransportId {
+    /// `hmc-transport-tcp`.
+    Tcp,
+    /// `hmc-transport-ucx`.
+    Ucx,
+    /// `hmc-transport-rdma`.
+    Rdma,
+}
+
+impl TransportId {
+    /// Stable wire id.
+    pub const fn wire_id(self) -> u8 {
+        match self {
+            TransportId::Tcp => 1,
+            TransportId::Ucx => 2,
+            TransportId::Rdma => 3,
+        }
+    }
+
+    /// Inverse of [`TransportId::wire_id`].
+    pub fn from_wire_id(id: u8) -> Result<Self> {
+        Ok(match id {
+            1 => TransportId::Tcp,
+            2 => TransportId::Ucx,
+            3 => TransportId::Rdma,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown transport id {other}"
+                )));
+            }
+        })
+    }
+}
+
+/// Where a peer listens. Text form: `tcp://127.0.0.1:7000`, `tcp://[::1]:7000`,
+/// `unix:///run/hmc.sock`, or `<transport>:<hex bytes>` for opaque transport addresses.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PeerAddr {
+    /// A TCP socket address.
+    Tcp(SocketAddr),
+    /// A Unix domain socket path.
+    Unix(PathBuf),
+    /// A transport-specific address (for example a UCX worker address).
+    Opaque {
+        /// The transport the bytes belong to.
+        transport: TransportId,
+        /// The address bytes.
+        bytes: Vec<u8>,
+    },
+}
+
+impl fmt::Display for PeerAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PeerAddr::Tcp(a) => write!(f, "tcp://{a}"),
+            PeerAddr::Unix(p) => write!(f, "unix://{}", p.display()),
+            PeerAddr::Opaque { transport, bytes } => {
+                write!(f, "{}:", transport.wire_id())?;
+                bytes.iter().try_for_each(|b| write!(f, "{b:02x}"))
+            }
+        }
+    }
+}
+
+impl FromStr for PeerAddr {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        if let Some(rest) = s.strip_prefix("tcp://") {
+            return rest.parse().map(PeerAddr::Tcp).map_err(|e| {
+                Error::InvalidArgument(format!("`{s}` is not tcp://HOST:PORT with an IP host: {e}"))
+            });
+        }
+        if let Some(rest) = s.strip_prefix("unix://") {
+            if rest.is_empty() {
+                return Err(Error::InvalidArgument("unix:// needs a socket path".into()));
+            }
+            return Ok(PeerAddr::Unix(PathBuf::from(rest)));
+        }
+        Err(Error::InvalidArgument(format!(
+            "`{s}` is not a peer address; use tcp://IP:PORT or unix:///path"
+        )))
+    }
+}
+
+/// An absolute point in time by which an operation must finish.
+///
+/// Every operation takes one; [`Deadline::default`] is [`Deadline::DEFAULT_TIMEOUT`] from now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Deadline(Instant);
+
+impl Deadline {
+    /// The timeout used when the caller does not choose one.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// `timeout` from now (saturating far in the future).
+    pub fn after(timeout: Duration) -> Self {
+        let now = Instant::now();
+        Deadline(
+            now.checked_add(timeout)
+                .unwrap_or(now + Duration::from_secs(86_400 * 365)),
+        )
+    }
+
+    /// At `instant`.
+    pub fn at(instant: Instant) -> Self {
+        Deadline(instant)
+    }
+
+    /// The instant.
+    pub fn instant(&self) -> Instant {
+        self.0
+    }
+
+    /// Time left, zero once passed.
+    pub fn remaining(&self) -> Duration {
+        self.0.saturating_duration_since(Instant::now())
+    }
+
+    /// True once passed.
+    pub fn is_expired(&self) -> bool {
+        Instant::now() >= self.0
+    }
+
+    /// The earlier of two deadlines.
+    pub fn min(self, other: Deadline) -> Deadline {
+        if self.0 <= other.0 { self } else { other }
+    }
+}
+
+impl Default for Deadline {
+    fn default() -> Self {
+        Deadline::after(Self::DEFAULT_TIMEOUT)
+    }
+}
+
+/// A portable description of a registered region: what a peer needs to reach it.
+///
+/// Encoded (version 1, big-endian) as: version `u8`, transport `u8`, device kind `u8`,
+/// access `u8`, device ordinal `u32`, address `u64`, length `u64`, key length `u32`, key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteRegion {
+    /// The transport that can reach it.
+    pub transport: TransportId,
+    /// The device and address range at the owner.
+    pub region: Region,
+    /// What the owner allows peers to do.
+    pub access: Access,
+    /// The transport's packed remote key (opaque to everyone else).
+    pub key: Vec<u8>,
+}
+
+impl RemoteRegion {
+    /// Current descriptor version.
+    pub const VERSION: u8 = 1;
+    /// Largest packed key accepted when decoding.
+    pub const MAX_KEY_LEN: usize = 64 * 1024;
+    const FIXED_LEN: usize = 1 + 1 + 1 + 1 + 4 + 8 + 8 + 4;
+
+    /// Encodes the descriptor.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::FIXED_LEN + self.key.len());
+        out.push(Self::VERSION);
+        out.push(self.transport.wire_id());
+        out.push(self.region.device.kind.wire_id());
+        out.push(self.access.bits());
+        out.extend_from_slice(&self.region.device.ordinal.to_be_bytes());
+        out.extend_from_slice(&self.region.addr.to_be_bytes());
+        out.extend_from_slice(&(self.region.len as u64).to_be_bytes());
+        out.extend_from_slice(&(self.key.len() as u32).to_be_bytes());
+        out.extend_from_slice(&self.key);
+        out
+    }
+
+    /// Decodes and validates a descriptor; refuses unknown versions, kinds, bits and
+    /// lengths that do not match the bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let bad = |why: String| Error::InvalidArgument(format!("remote region descriptor: {why}"));
+        if bytes.len() < Self::FIXED_LEN {
+            return Err(bad(format!(
+                "{} bytes is shorter than the {} byte header",
+                bytes.len(),
+                Self::FIXED_LEN
+            )));
+        }
+        if bytes[0] != Self::VERSION {
+            return Err(bad(format!(
+                "version {} is not supported (expected {})",
+                bytes[0],
+                Self::VERSION
+            )));
+        }
+        let be_u32 = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+        let be_u64 = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().unwrap());
+        let transport = TransportId::from_wire_id(bytes[1])?;
+        let kind = crate::DeviceKind::from_wire_id(bytes[2])?;
+        let access = Access::from_bits(bytes[3])?;
+        let ordinal = be_u32(4);
+        let addr = be_u64(8);
+        let len = usize::try_from(be_u64(16))
+            .map_err(|_| bad("length does not fit this platform".into()))?;
+        let key_len = be_u32(24) as usize;
+        if key_len > Self::MAX_KEY_LEN {
+            return Err(bad(format!(
+                "key length {key_len} exceeds {}",
+                Self::MAX_KEY_LEN
+            )));
+        }
+        if bytes.len() != Self::FIXED_LEN + key_len {
+            return Err(bad(format!(
+                "key length {key_len} does not match the {} bytes that follow",
+                bytes.len() - Self::FIXED_LEN
+            )));
+        }
+        if addr.checked_add(len as u64).is_none() {
+            return Err(bad("address + length overflows".into()));
+        }
+        Ok(RemoteRegion {
+            transport,
+            region: Region {
+                device: crate::Device::new(kind, ordinal),
+                addr,
+                len,
+            },
+            access,
+            key: bytes[Self::FIXED_LEN..].to_vec(),
+        })
+    }
+}
+
+/// One element of a transfer batch: `len` bytes between a local registration at
+/// `local_offset` and an imported remote region at `remote_offset`.
+pub struct TransferDesc<'a, C: Communicator + ?Sized> {
+    /// Local registered memory.
+    pub local: &'a C::Registration,
+    /// Offset into the local registration.
+    pub local_offset: usize,
+    /// Imported remote region.
+    pub remote: &'a C::RemoteKey,
+    /// Offset into the remote region.
+    pub remote_offset: u64,
+    /// Bytes to move.
+    pub len: usize,
+}
+
+impl<C: Communicator + ?Sized> Clone for TransferDesc<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<C: Communicator + ?Sized> Copy for TransferDesc<'_, C> {}
+
+impl<C: Communicator + ?Sized> fmt::Debug for TransferDesc<'_, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TransferDesc")
+            .field("local_offset", &self.local_offset)
+            .field("remote_offset", &self.remote_offset)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A small message received from a peer with [`Communicator::notify`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notification {
+    /// The sender's listening address, as it announced it.
+    pub from: PeerAddr,
+    /// The sender's tag.
+    pub tag: u64,
+    /// The message.
+    pub msg: Vec<u8>,
+}
+
+/// Local memory known to a transport.
+pub trait LocalRegistration: Send + Sync + 'static {
+    /// The registered memory.
+    fn region(&self) -> Region;
+    /// What peers may do to it.
+    fn access(&self) -> Access;
+}
+
+/// One-sided data movement between registered regions of two peers.
+///
+/// # Contract (checked by [`crate::testing`])
+/// - `transfer` completes when every descriptor is done; for [`Op::Write`], when the bytes
+///   are visible at the target. It ends by `deadline` with [`Error::DeadlineExceeded`] at
+///   the latest, and with an error (never a hang) when the peer goes away.
+/// - Every descriptor is checked against both regions' bounds and access rights before any
+///   byte moves; a refused batch moves nothing.
+/// - Dropping a `transfer` future cancels it: once the drop returns, the transport no
+///   longer touches the local memory of that batch, and the endpoint stays usable.
+/// - All methods may be called from many threads at once.
+pub trait Communicator: Send + Sync + 'static {
+    /// A connection to one peer. Cheap to clone.
+    type Endpoint: Clone + Send + Sync + 'static;
+    /// Local memory registered with this transport. Deregistered when dropped.
+    type Registration: LocalRegistration;
+    /// A peer's region imported for use on one endpoint.
+    type RemoteKey: Send + Sync + 'static;
+
+    /// Which transport this is.
+    fn transport(&self) -> TransportId;
+
+    /// The address peers connect to.
+    fn address(&self) -> PeerAddr;
+
+    /// Connects to a peer listening at `peer`.
+    fn connect(
+        &self,
+        peer: &PeerAddr,
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<Self::Endpoint>> + Send;
+
+    /// Registers memory so that this transport (and peers, as `access` allows) can use it.
+    ///
+    /// # Safety
+    /// `region` must stay allocated until the returned registration is dropped, and the
+    /// caller accepts that peers with the exported key read or write it at any time (as a
+    /// DMA engine would). [`crate::RegisteredBuffer`] is the safe way to get one.
+    unsafe fn register(&self, region: Region, access: Access) -> Result<Self::Registration>;
+
+    /// A portable descriptor of `reg` for a peer to [`Communicator::import`].
+    fn export(&self, reg: &Self::Registration) -> RemoteRegion;
+
+    /// Imports a peer's descriptor for use on `ep`. Refuses descriptors of another transport.
+    fn import(&self, ep: &Self::Endpoint, remote: &RemoteRegion) -> Result<Self::RemoteKey>;
+
+    /// Runs a batch of descriptors of one direction against one peer.
+    fn transfer(
+        &self,
+        ep: &Self::Endpoint,
+        op: Op,
+        batch: &[TransferDesc<'_, Self>],
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Sends a small message; messages from one endpoint arrive in order.
+    fn notify(
+        &self,
+        ep: &Self::Endpoint,
+        tag: u64,
+        msg: &[u8],
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Waits for the next message any peer sent with [`Communicator::notify`].
+    fn recv_notification(
+        &self,
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<Notification>> + Send;
+
+    /// Closes every endpoint and the listener; pending operations end with an error.
+    fn close(&self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Device, DeviceKind};
+
+    #[test]
+    fn remote_region_round_trips_and_refuses_damage() {
+        let r = RemoteRegion {
+            transport: TransportId::Tcp,
+            region: Region {
+                device: Device::new(DeviceKind::Cuda, 3),
+                addr: 0xdead_0000,
+                len: 4096,
+            },
+            access: Access::READ,
+            key: vec![1, 2, 3, 4, 5],
+        };
+        let bytes = r.encode();
+        assert_eq!(RemoteRegion::decode(&bytes).unwrap(), r);
+        assert!(RemoteRegion::decode(&bytes[..bytes.len() - 1]).is_err());
+        let mut v2 = bytes.clone();
+        v2[0] = 2;
+        assert!(RemoteRegion::decode(&v2).is_err());
+        let mut bad_access = bytes.clone();
+        bad_access[3] = 0x80;
+        assert!(RemoteRegion::decode(&bad_access).is_err());
+    }
+
+    #[test]
+    fn peer_addr_text_form_round_trips() {
+        for s in [
+            "tcp://127.0.0.1:7000",
+            "tcp://[::1]:9",
+            "unix:///tmp/x.sock",
+        ] {
+            assert_eq!(s.parse::<PeerAddr>().unwrap().to_string(), s);
+        }
+        assert!("127.0.0.1:7000".parse::<PeerAddr>().is_err());
+        assert!("tcp://localhost:1".parse::<PeerAddr>().is_err());
+    }
+
+    #[test]
+    fn access_rights_compose() {
+        assert!(Access::READ_WRITE.allows(Access::READ));
+        assert!(!Access::READ.allows(Access::WRITE));
+        assert_eq!(Access::required_by(Op::Write), Access::WRITE);
+        assert!(Access::from_bits(0).is_err());
+    }
+
+    #[test]
+    fn deadlines_order_and_expire() {
+        let soon = Deadline::after(Duration::ZERO);
+        assert!(soon.is_expired());
+        let later = Deadline::after(Duration::from_secs(60));
+        assert_eq!(soon.min(later), soon);
+        assert!(Deadline::after(Duration::MAX).remaining() > Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,209 @@
+//! The one error type every HMC crate returns at its boundary with `hmc-core`.
+
+use std::time::Duration;
+
+/// Result alias used throughout HMC.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong, phrased so the user knows what to do next.
+///
+/// Backends map their vendor errors into these variants; a vendor error keeps the library,
+/// the function and the vendor's own message in [`Error::Device`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A vendor library, device or transport is not present on this machine.
+    ///
+    /// `what` names the library or device that was looked for; `hint` says how to point HMC
+    /// elsewhere (for example `set HMC_UCX_LIB to the path of libucp.so.0`).
+    #[error("{what} is unavailable: {reason} ({hint})")]
+    Unavailable {
+        /// The library, device or transport that was looked for.
+        what: String,
+        /// Why it could not be used.
+        reason: String,
+        /// How to make it available.
+        hint: String,
+    },
+
+    /// An offset/length pair falls outside the region or buffer it addresses.
+    #[error(
+        "out of bounds: {what} [{offset}, {offset}+{len}) does not fit in {limit} bytes; \
+         keep offset+len within the registered length"
+    )]
+    OutOfBounds {
+        /// What was addressed (`"remote region"`, `"conn buffer"`, …).
+        what: &'static str,
+        /// Start of the access.
+        offset: u64,
+        /// Length of the access.
+        len: u64,
+        /// Size of the thing addressed.
+        limit: u64,
+    },
+
+    /// A configured limit was reached. Every limit has a name, a default and a way to raise it.
+    #[error("limit `{limit}` exceeded: {value} > {max}; {hint}")]
+    LimitExceeded {
+        /// The limit's name as it appears in configuration (`max_frame_len`, …).
+        limit: &'static str,
+        /// The value that was asked for.
+        value: u64,
+        /// The configured maximum.
+        max: u64,
+        /// How to raise it.
+        hint: String,
+    },
+
+    /// The region exists but does not allow this kind of access (e.g. a READ of a region
+    /// registered write-only).
+    #[error("access denied: {0}")]
+    AccessDenied(String),
+
+    /// A remote key is unknown, forged, or refers to a region that has been deregistered.
+    #[error("invalid remote key: {0}; re-export the region from the peer and import it again")]
+    InvalidKey(String),
+
+    /// An argument was malformed (mismatched devices, wrong descriptor version, …).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// The operation's deadline passed before it completed.
+    #[error(
+        "deadline exceeded after {elapsed:?} during {during}; pass a later Deadline to allow more time"
+    )]
+    DeadlineExceeded {
+        /// What was in progress.
+        during: &'static str,
+        /// How long the operation had run.
+        elapsed: Duration,
+    },
+
+    /// The operation was cancelled (its future dropped or its owner closed).
+    #[error("cancelled: {0}")]
+    Cancelled(String),
+
+    /// The peer is unknown, already connected, or went away.
+    #[error("peer {peer}: {reason}")]
+    Peer {
+        /// The peer's rank or address.
+        peer: String,
+        /// What happened.
+        reason: String,
+    },
+
+    /// The local object (communicator, channel) has been closed.
+    #[error("closed: {0}")]
+    Closed(String),
+
+    /// The peer sent bytes that do not follow the protocol.
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+
+    /// This backend or transport cannot do what was asked (e.g. copy between two devices it
+    /// does not own).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+
+    /// A device allocation failed because the device is out of memory.
+    #[error("out of memory on {device}: could not allocate {len} bytes")]
+    OutOfMemory {
+        /// The device.
+        device: crate::Device,
+        /// Bytes asked for.
+        len: u64,
+    },
+
+    /// A vendor library call failed.
+    #[error("{library}: {function} failed with {code}: {message}")]
+    Device {
+        /// The library (`libcuda.so`, `libucp.so.0`, …).
+        library: &'static str,
+        /// The function that failed.
+        function: &'static str,
+        /// The vendor's numeric status.
+        code: i64,
+        /// The vendor's own error string.
+        message: String,
+    },
+
+    /// An operating system I/O error, with what HMC was doing.
+    #[error("{context}: {source}")]
+    Io {
+        /// What HMC was doing.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// An [`Error::Io`] with context.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// An [`Error::Peer`].
+    pub fn peer(peer: impl std::fmt::Display, reason: impl Into<String>) -> Self {
+        Error::Peer {
+            peer: peer.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// True for errors after which retrying the same call cannot succeed without a change
+    /// (bad arguments, bad keys, missing libraries).
+    pub fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Error::Unavailable { .. }
+                | Error::OutOfBounds { .. }
+                | Error::AccessDenied(_)
+                | Error::InvalidKey(_)
+                | Error::InvalidArgument(_)
+                | Error::Unsupported(_)
+        )
+    }
+}
+
+/// Checks that `offset + len` fits within `limit`, without overflow.
+pub fn check_bounds(what: &'static str, offset: u64, len: u64, limit: u64) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= limit => Ok(()),
+        _ => Err(Error::OutOfBounds {
+            what,
+            offset,
+            len,
+            limit,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_accept_exact_fit_and_refuse_overflow() {
+        assert!(check_bounds("x", 0, 10, 10).is_ok());
+        assert!(check_bounds("x", 10, 0, 10).is_ok());
+        assert!(check_bounds("x", 1, 10, 10).is_err());
+        assert!(check_bounds("x", u64::MAX, 2, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn limit_error_names_the_limit_and_the_way_to_raise_it() {
+        let e = Error::LimitExceeded {
+            limit: "max_frame_len",
+            value: 10,
+            max: 5,
+            hint: "raise ControlPlaneConfig::max_frame_len".into(),
+        };
+        let s = e.to_string();
+        assert!(s.contains("max_frame_len") && s.contains("raise"), "{s}");
+    }
+}

@@ -1,0 +1,65 @@
+//! The vocabulary of HMC: devices, regions, the `Memory`, `ConnBuffer` and `Communicator`
+//! traits, the error type, and the backend conformance kit.
+//!
+//! # What this layer is for
+//!
+//! HMC moves bytes between CPU, GPU and accelerator memories, across processes and hosts.
+//! This crate says *what* that means and nothing about *how*: it has no I/O, no vendor code
+//! and no async runtime (only `futures`). Device backends (`hmc-backend-cpu`,
+//! `hmc-backend-cuda`, …) implement [`Memory`]; transports (`hmc-transport-tcp`,
+//! `hmc-transport-ucx`, …) implement [`Communicator`]; `hmc-rpc` is generic over both.
+//! This crate never depends on any of them, the way `rustls` never depends on a provider.
+//!
+//! # The three traits
+//!
+//! - [`Memory`]: one device's allocator and copy engine (host↔device, device↔device).
+//! - [`Communicator`]: one-sided READ/WRITE between registered regions of two peers, small
+//!   notifications, and registration of local memory. A transfer is a batch of
+//!   [`TransferDesc`]s against one endpoint with a [`Deadline`]; the remote application
+//!   does nothing while it runs.
+//! - [`ConnBuffer`]: a registered staging buffer on any device; [`RegisteredBuffer`] is the
+//!   generic implementation over any `Memory` + `Communicator` pair.
+//!
+//! All three use associated types, and communicator methods return `impl Future + Send`,
+//! so the hot path is statically dispatched and nothing is boxed per operation.
+//!
+//! # Who checks what
+//!
+//! - Bounds: every offset/length pair is checked with overflow-safe arithmetic before any
+//!   byte moves ([`check_bounds`]); a target checks remote requests against its own
+//!   registration table and never trusts the initiator's view.
+//! - Time: every operation takes a [`Deadline`] (default [`Deadline::DEFAULT_TIMEOUT`]), and
+//!   ends by it.
+//! - Cancellation: dropping a transfer future cancels it; when the drop returns, the
+//!   transport no longer touches that batch's local memory.
+//!
+//! # Safety story
+//!
+//! Registered memory is shared with hardware and with peers, like DMA memory. Registering a
+//! raw [`Region`] is therefore `unsafe` ([`Communicator::register`]): the caller promises it
+//! stays allocated while registered. [`RegisteredBuffer`] owns both allocation and
+//! registration and drops them in the right order, so safe code never needs the raw call.
+//! [`MemSpan`]/[`MemSpanMut`] borrow what they point at, so a copy cannot outlive its source.
+//!
+//! # Conformance
+//!
+//! With feature `testing`, [`testing`] holds generic checks that every backend's tests run
+//! through [`memory_conformance!`] and [`communicator_conformance!`]; a third-party backend
+//! runs the same kit.
+
+mod comm;
+mod conn_buffer;
+mod error;
+mod memory;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use comm::{
+    Access, Communicator, Deadline, LocalRegistration, Notification, Op, PeerAddr, RemoteRegion,
+    TransferDesc, TransportId,
+};
+pub use conn_buffer::{ConnBuffer, RegisteredBuffer};
+pub use error::{Error, Result, check_bounds};
+pub use memory::{
+    Device, DeviceBuffer, DeviceKind, MemSpan, MemSpanMut, Memory, Region, check_copy,
+};

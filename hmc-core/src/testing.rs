@@ -1,0 +1,895 @@
+//! The backend conformance kit: generic checks that every `Memory` and `Communicator` must pass, and the macros that turn them into rstest cases.
+//!
+//! A backend crate runs the kit from one of its integration tests:
+//!
+//! ```ignore
+//! // tests/conformance.rs of a Memory backend (dev-dependencies: rstest, hmc-core/testing)
+//! hmc_core::memory_conformance!(Some(hmc_backend_cpu::HostMemory::new()));
+//!
+//! // tests/conformance.rs of a transport (dev-dependencies: rstest, tokio, hmc-core/testing)
+//! async fn peers() -> Option<hmc_core::testing::Peers<MyComm, HostMemory>> { … }
+//! hmc_core::communicator_conformance!(peers);
+//! ```
+//!
+//! A factory returning `None` means "no such device or library here": the generated tests
+//! then log that they were skipped. Backends also keep a test asserting the `Unavailable`
+//! error in that case, so a skip is never silent about why.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use crate::{
+    Access, Communicator, ConnBuffer, Deadline, DeviceBuffer, Error, MemSpan, MemSpanMut, Memory,
+    Op, RegisteredBuffer, TransferDesc,
+};
+
+/// Deterministic test bytes: a xorshift stream seeded by `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn assert_same(what: &str, got: &[u8], want: &[u8]) {
+    assert_eq!(got.len(), want.len(), "{what}: length differs");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: first difference at byte {i} of {} (got {:#04x}, want {:#04x})",
+            got.len(),
+            got[i],
+            want[i]
+        );
+    }
+}
+
+/// Checks for [`Memory`] implementations.
+pub mod memory {
+    use super::*;
+
+    fn upload<M: Memory>(mem: &M, buf: &mut M::Buffer, offset: usize, bytes: &[u8]) {
+        let mut span = MemSpanMut::of(buf);
+        let mut dst = span
+            .slice_mut(offset, bytes.len())
+            .expect("slice in bounds");
+        mem.copy(&mut dst, &MemSpan::host(bytes))
+            .expect("host to device copy");
+    }
+
+    fn download<M: Memory>(mem: &M, buf: &M::Buffer, offset: usize, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        let src = MemSpan::of(buf)
+            .slice(offset, len)
+            .expect("slice in bounds");
+        mem.copy(&mut MemSpanMut::host(&mut out), &src)
+            .expect("device to host copy");
+        out
+    }
+
+    /// Host → device at `offset` → host returns the same bytes, and bytes around the
+    /// written range keep their values.
+    pub fn round_trip<M: Memory>(mem: &M, len: usize, offset: usize) {
+        let total = len + offset + 64;
+        let mut buf = mem.alloc(total).expect("alloc");
+        assert_eq!(buf.len(), total);
+        assert_eq!(buf.region().device, mem.device());
+        let background = pattern(1, total);
+        upload(mem, &mut buf, 0, &background);
+        let data = pattern(len as u64 ^ offset as u64, len);
+        upload(mem, &mut buf, offset, &data);
+        let all = download(mem, &buf, 0, total);
+        assert_same("written range", &all[offset..offset + len], &data);
+        assert_same("bytes before", &all[..offset], &background[..offset]);
+        assert_same(
+            "bytes after",
+            &all[offset + len..],
+            &background[offset + len..],
+        );
+    }
+
+    /// Device → device copies within one device preserve bytes.
+    pub fn device_to_device<M: Memory>(mem: &M, len: usize) {
+        let mut a = mem.alloc(len).expect("alloc a");
+        let mut b = mem.alloc(len).expect("alloc b");
+        let data = pattern(7, len);
+        upload(mem, &mut a, 0, &data);
+        mem.copy(&mut MemSpanMut::of(&mut b), &MemSpan::of(&a))
+            .expect("device to device copy");
+        assert_same("device to device", &download(mem, &b, 0, len), &data);
+    }
+
+    /// Zero-length allocations and copies succeed and move nothing.
+    pub fn zero_length<M: Memory>(mem: &M) {
+        let mut buf = mem.alloc(0).expect("zero-length alloc");
+        assert_eq!(buf.len(), 0);
+        mem.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(&[]))
+            .expect("zero-length copy");
+        let mut nothing = [0u8; 0];
+        mem.copy(&mut MemSpanMut::host(&mut nothing), &MemSpan::of(&buf))
+            .expect("zero-length copy back");
+    }
+
+    /// An allocation past the backend's maximum is an error, never an abort; one of
+    /// `large` bytes succeeds and is usable at both ends.
+    pub fn maximum_size<M: Memory>(mem: &M, large: usize) {
+        assert!(
+            mem.alloc(usize::MAX).is_err(),
+            "usize::MAX allocation must be refused"
+        );
+        if mem.max_alloc() < usize::MAX {
+            assert!(
+                mem.alloc(mem.max_alloc() + 1).is_err(),
+                "allocation past max_alloc must be refused"
+            );
+        }
+        let mut buf = mem.alloc(large).expect("large alloc");
+        upload(mem, &mut buf, 0, &[0xA5; 4096]);
+        upload(mem, &mut buf, large - 4096, &[0x5A; 4096]);
+        assert_eq!(download(mem, &buf, 0, 4096), vec![0xA5; 4096]);
+        assert_eq!(download(mem, &buf, large - 4096, 4096), vec![0x5A; 4096]);
+    }
+
+    /// Spans past the end are refused; copies of unequal length are refused and move nothing.
+    pub fn out_of_bounds_refused<M: Memory>(mem: &M) {
+        let mut buf = mem.alloc(100).expect("alloc");
+        upload(mem, &mut buf, 0, &[9u8; 100]);
+        assert!(MemSpan::of(&buf).slice(90, 11).is_err());
+        assert!(MemSpan::of(&buf).slice(usize::MAX, 2).is_err());
+        assert!(MemSpanMut::of(&mut buf).slice_mut(101, 0).is_err());
+        let big = [1u8; 101];
+        let err = mem.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(&big));
+        assert!(
+            matches!(err, Err(Error::InvalidArgument(_))),
+            "length mismatch must be refused: {err:?}"
+        );
+        assert_eq!(
+            download(mem, &buf, 0, 100),
+            vec![9u8; 100],
+            "a refused copy moved bytes"
+        );
+    }
+}
+
+/// Two communicators and the memory their buffers come from; what a
+/// [`communicator_conformance!`] factory returns.
+pub struct Peers<C: Communicator, M: Memory> {
+    /// The initiator.
+    pub a: Arc<C>,
+    /// The target.
+    pub b: Arc<C>,
+    /// Allocator for both sides' buffers.
+    pub memory: Arc<M>,
+}
+
+/// Checks for [`Communicator`] implementations. Each takes fresh [`Peers`].
+pub mod communicator {
+    use super::*;
+
+    const DEADLINE: Duration = Duration::from_secs(20);
+
+    fn deadline() -> Deadline {
+        Deadline::after(DEADLINE)
+    }
+
+    type Buf<C, M> = RegisteredBuffer<M, C>;
+
+    fn buffer<C: Communicator, M: Memory>(
+        p: &Peers<C, M>,
+        side: &Arc<C>,
+        len: usize,
+        access: Access,
+        seed: u64,
+    ) -> (Buf<C, M>, Vec<u8>) {
+        let buf = RegisteredBuffer::new(p.memory.clone(), side.clone(), len, access)
+            .expect("register buffer");
+        let bytes = pattern(seed, len);
+        buf.write_at(0, &MemSpan::host(&bytes))
+            .expect("fill buffer");
+        (buf, bytes)
+    }
+
+    fn contents<C: Communicator, M: Memory>(buf: &Buf<C, M>) -> Vec<u8> {
+        let mut out = vec![0u8; buf.len()];
+        buf.read_at(0, &mut MemSpanMut::host(&mut out))
+            .expect("read buffer");
+        out
+    }
+
+    fn desc<'a, C: Communicator>(
+        local: &'a C::Registration,
+        local_offset: usize,
+        remote: &'a C::RemoteKey,
+        remote_offset: u64,
+        len: usize,
+    ) -> TransferDesc<'a, C> {
+        TransferDesc {
+            local,
+            local_offset,
+            remote,
+            remote_offset,
+            len,
+        }
+    }
+
+    async fn connect<C: Communicator, M: Memory>(p: &Peers<C, M>) -> C::Endpoint {
+        p.a.connect(&p.b.address(), deadline())
+            .await
+            .expect("connect a -> b")
+    }
+
+    /// One WRITE then one READ of `len` bytes at odd offsets; the target sees the written
+    /// bytes the moment WRITE completes, and bytes outside the range keep their values.
+    pub async fn single_round_trip<C: Communicator, M: Memory>(
+        p: Peers<C, M>,
+        len: usize,
+        offset: usize,
+    ) {
+        let ep = connect(&p).await;
+        let total = len + offset + 32;
+        let (target, before) = buffer(&p, &p.b, total, Access::READ_WRITE, 11);
+        let key = p.a.import(&ep, &target.export()).expect("import");
+        let (src, src_bytes) = buffer(&p, &p.a, len + 5, Access::READ, 12);
+        let d = [desc::<C>(src.registration(), 5, &key, offset as u64, len)];
+        p.a.transfer(&ep, Op::Write, &d, deadline())
+            .await
+            .expect("write");
+        let after = contents(&target);
+        assert_same(
+            "written bytes at target",
+            &after[offset..offset + len],
+            &src_bytes[5..5 + len],
+        );
+        assert_same(
+            "target bytes before range",
+            &after[..offset],
+            &before[..offset],
+        );
+        assert_same(
+            "target bytes after range",
+            &after[offset + len..],
+            &before[offset + len..],
+        );
+
+        let (dst, _) = buffer(&p, &p.a, len + 3, Access::WRITE, 13);
+        let d = [desc::<C>(dst.registration(), 3, &key, offset as u64, len)];
+        p.a.transfer(&ep, Op::Read, &d, deadline())
+            .await
+            .expect("read");
+        assert_same("read back", &contents(&dst)[3..], &src_bytes[5..5 + len]);
+    }
+
+    /// Zero-length descriptors and empty batches succeed and move nothing.
+    pub async fn zero_length<C: Communicator, M: Memory>(p: Peers<C, M>) {
+        let ep = connect(&p).await;
+        let (target, before) = buffer(&p, &p.b, 64, Access::READ_WRITE, 21);
+        let key = p.a.import(&ep, &target.export()).expect("import");
+        let (local, _) = buffer(&p, &p.a, 64, Access::READ_WRITE, 22);
+        p.a.transfer(&ep, Op::Write, &[], deadline())
+            .await
+            .expect("empty batch");
+        let d = [desc::<C>(local.registration(), 64, &key, 64, 0)];
+        p.a.transfer(&ep, Op::Write, &d, deadline())
+            .await
+            .expect("zero-length write at the end");
+        p.a.transfer(&ep, Op::Read, &d, deadline())
+            .await
+            .expect("zero-length read at the end");
+        assert_same("target untouched", &contents(&target), &before);
+    }
+
+    /// A batch of `count` descriptors of varied sizes, scattered over both regions, in both
+    /// directions, verified byte for byte.
+    pub async fn batch<C: Communicator, M: Memory>(p: Peers<C, M>, count: usize) {
+        let ep = connect(&p).await;
+        let sizes: Vec<usize> = (0..count).map(|i| 1 + (i * 7919) % 8191).collect();
+        let total: usize = sizes.iter().sum();
+        let (target, _) = buffer(&p, &p.b, total, Access::READ_WRITE, 31);
+        let key = p.a.import(&ep, &target.export()).expect("import");
+        let (src, src_bytes) = buffer(&p, &p.a, total, Access::READ_WRITE, 32);
+        // Local descriptor i takes the i-th chunk; remote descriptor i lands in reverse order.
+        let mut local_off = Vec::with_capacity(count);
+        let mut acc = 0;
+        for s in &sizes {
+            local_off.push(acc);
+            acc += s;
+        }
+        let remote_off: Vec<usize> = (0..count)
+            .map(|i| total - local_off[i] - sizes[i])
+            .collect();
+        let d: Vec<_> = (0..count)
+            .map(|i| {
+                desc::<C>(
+                    src.registration(),
+                    local_off[i],
+                    &key,
+                    remote_off[i] as u64,
+                    sizes[i],
+                )
+            })
+            .collect();
+        p.a.transfer(&ep, Op::Write, &d, deadline())
+            .await
+            .expect("batch write");
+        let at_target = contents(&target);
+        for i in 0..count {
+            assert_same(
+                "batch element at target",
+                &at_target[remote_off[i]..remote_off[i] + sizes[i]],
+                &src_bytes[local_off[i]..local_off[i] + sizes[i]],
+            );
+        }
+        let (dst, _) = buffer(&p, &p.a, total, Access::READ_WRITE, 33);
+        let d: Vec<_> = (0..count)
+            .map(|i| {
+                desc::<C>(
+                    dst.registration(),
+                    local_off[i],
+                    &key,
+                    remote_off[i] as u64,
+                    sizes[i],
+                )
+            })
+            .collect();
+        p.a.transfer(&ep, Op::Read, &d, deadline())
+            .await
+            .expect("batch read");
+        assert_same("batch read back", &contents(&dst), &src_bytes);
+    }
+
+    /// Descriptors past either region's end, or whose offset+len overflows, are refused
+    /// with `OutOfBounds`, and nothing in the batch moves.
+    pub async fn out_of_bounds_refused<C: Communicator, M: Memory>(p: Peers<C, M>) {
+        let ep = connect(&p).await;
+        let (target, before) = buffer(&p, &p.b, 4096, Access::READ_WRITE, 41);
+        let key = p.a.import(&ep, &target.export()).expect("import");
+        let (local, local_before) = buffer(&p, &p.a, 4096, Access::READ_WRITE, 42);
+        let reg = local.registration();
+        let cases = [
+            desc::<C>(reg, 0, &key, 4000, 97),
+            desc::<C>(reg, 4000, &key, 0, 97),
+            desc::<C>(reg, 0, &key, u64::MAX - 1, 2),
+            desc::<C>(reg, usize::MAX - 1, &key, 0, 2),
+            desc::<C>(reg, 0, &key, 4097, 0),
+        ];
+        for bad in cases {
+            // A valid first element proves the whole batch is refused, not just the bad one.
+            let batch = [desc::<C>(reg, 0, &key, 0, 16), bad];
+            for op in [Op::Write, Op::Read] {
+                let err = p.a.transfer(&ep, op, &batch, deadline()).await;
+                assert!(
+                    matches!(err, Err(Error::OutOfBounds { .. })),
+                    "{op:?} {bad:?} must be OutOfBounds, got {err:?}"
+                );
+            }
+        }
+        assert_same("target after refused batches", &contents(&target), &before);
+        assert_same(
+            "initiator after refused batches",
+            &contents(&local),
+            &local_before,
+        );
+        // The endpoint still works.
+        p.a.transfer(
+            &ep,
+            Op::Read,
+            &[desc::<C>(reg, 0, &key, 0, 4096)],
+            deadline(),
+        )
+        .await
+        .expect("read after refusals");
+    }
+
+    /// A region exported read-only refuses WRITE; write-only refuses READ; the bytes stay.
+    pub async fn access_enforced<C: Communicator, M: Memory>(p: Peers<C, M>) {
+        let ep = connect(&p).await;
+        let (ro, ro_before) = buffer(&p, &p.b, 256, Access::READ, 51);
+        let (wo, _) = buffer(&p, &p.b, 256, Access::WRITE, 52);
+        let ro_key = p.a.import(&ep, &ro.export()).expect("import ro");
+        let wo_key = p.a.import(&ep, &wo.export()).expect("import wo");
+        let (local, local_before) = buffer(&p, &p.a, 256, Access::READ_WRITE, 53);
+        let err =
+            p.a.transfer(
+                &ep,
+                Op::Write,
+                &[desc::<C>(local.registration(), 0, &ro_key, 0, 256)],
+                deadline(),
+            )
+            .await;
+        assert!(
+            matches!(err, Err(Error::AccessDenied(_))),
+            "write to read-only: {err:?}"
+        );
+        let err =
+            p.a.transfer(
+                &ep,
+                Op::Read,
+                &[desc::<C>(local.registration(), 0, &wo_key, 0, 256)],
+                deadline(),
+            )
+            .await;
+        assert!(
+            matches!(err, Err(Error::AccessDenied(_))),
+            "read of write-only: {err:?}"
+        );
+        assert_same("read-only region", &contents(&ro), &ro_before);
+        assert_same("local buffer", &contents(&local), &local_before);
+        p.a.transfer(
+            &ep,
+            Op::Read,
+            &[desc::<C>(local.registration(), 0, &ro_key, 0, 256)],
+            deadline(),
+        )
+        .await
+        .expect("read of read-only");
+        p.a.transfer(
+            &ep,
+            Op::Write,
+            &[desc::<C>(local.registration(), 0, &wo_key, 0, 256)],
+            deadline(),
+        )
+        .await
+        .expect("write to write-only");
+    }
+
+    /// Keys of deregistered regions, forged keys and other transports' descriptors are
+    /// refused with clear errors; nothing is touched and the endpoint keeps working.
+    pub async fn stale_and_forged_keys_refused<C: Communicator, M: Memory>(p: Peers<C, M>) {
+        let ep = connect(&p).await;
+        let (local, _) = buffer(&p, &p.a, 128, Access::READ_WRITE, 61);
+        let (gone, _) = buffer(&p, &p.b, 128, Access::READ_WRITE, 62);
+        let gone_desc = gone.export();
+        let stale_key =
+            p.a.import(&ep, &gone_desc)
+                .expect("import before deregistration");
+        drop(gone);
+        for op in [Op::Write, Op::Read] {
+            let err =
+                p.a.transfer(
+                    &ep,
+                    op,
+                    &[desc::<C>(local.registration(), 0, &stale_key, 0, 128)],
+                    deadline(),
+                )
+                .await;
+            assert!(
+                matches!(err, Err(Error::InvalidKey(_))),
+                "{op:?} with a stale key: {err:?}"
+            );
+        }
+        let mut forged = gone_desc.clone();
+        for b in forged.key.iter_mut() {
+            *b = b.wrapping_add(0x5b);
+        }
+        match p.a.import(&ep, &forged) {
+            Err(e) => assert!(
+                matches!(e, Error::InvalidKey(_) | Error::InvalidArgument(_)),
+                "forged key import: {e:?}"
+            ),
+            Ok(key) => {
+                let err =
+                    p.a.transfer(
+                        &ep,
+                        Op::Read,
+                        &[desc::<C>(local.registration(), 0, &key, 0, 128)],
+                        deadline(),
+                    )
+                    .await;
+                assert!(err.is_err(), "a forged key must not read memory");
+            }
+        }
+        let mut foreign = gone_desc;
+        foreign.transport = if p.a.transport() == crate::TransportId::Tcp {
+            crate::TransportId::Ucx
+        } else {
+            crate::TransportId::Tcp
+        };
+        assert!(
+            matches!(p.a.import(&ep, &foreign), Err(Error::InvalidArgument(_))),
+            "another transport's descriptor must be refused"
+        );
+        let (live, live_bytes) = buffer(&p, &p.b, 128, Access::READ, 63);
+        let key = p.a.import(&ep, &live.export()).expect("import live");
+        p.a.transfer(
+            &ep,
+            Op::Read,
+            &[desc::<C>(local.registration(), 0, &key, 0, 128)],
+            deadline(),
+        )
+        .await
+        .expect("endpoint still usable");
+        assert_same("read after refusals", &contents(&local), &live_bytes);
+    }
+
+    /// A transfer that cannot finish in time ends with `DeadlineExceeded`, promptly.
+    pub async fn deadline_expiry<C: Communicator, M: Memory>(p: Peers<C, M>) {
+        let ep = connect(&p).await;
+        let len = 64 << 20;
+        let (target, _) = buffer(&p, &p.b, len, Access::READ_WRITE, 71);
+        let key = p.a.import(&ep, &target.export()).expect("import");
+        let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 72);
+        let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
+        let expired = Deadline::after(Duration::ZERO);
+        let err = p.a.transfer(&ep, Op::Read, &d, expired).await;
+        assert!(
+            matches!(err, Err(Error::DeadlineExceeded { .. })),
+            "expired deadline: {err:?}"
+        );
+        let start = Instant::now();
+        let err =
+            p.a.transfer(
+                &ep,
+                Op::Write,
+                &d,
+                Deadline::after(Duration::from_micros(50)),
+            )
+            .await;
+        assert!(
+            matches!(err, Err(Error::DeadlineExceeded { .. })),
+            "64 MiB in 50 us: {err:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "deadline overran by {:?}",
+            start.elapsed()
+        );
+        // The endpoint recovers.
+        let small = [desc::<C>(local.registration(), 0, &key, 0, 4096)];
+        p.a.transfer(&ep, Op::Read, &small, deadline())
+            .await
+            .expect("transfer after a deadline");
+    }
+
+    /// Polls a future once and drops it: what a `select!` losing branch does.
+    struct PollOnce<F>(Option<Pin<Box<F>>>);
+    impl<F: Future> Future for PollOnce<F> {
+        type Output = bool;
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+            let mut fut = self.0.take().expect("polled after completion");
+            Poll::Ready(fut.as_mut().poll(cx).is_ready())
+        }
+    }
+
+    /// Dropping a READ mid-flight cancels it: afterwards the local buffer is reusable (not
+    /// written again) and the endpoint serves new transfers.
+    pub async fn cancellation<C: Communicator, M: Memory>(p: Peers<C, M>) {
+        let ep = connect(&p).await;
+        let len = 32 << 20;
+        let (target, target_bytes) = buffer(&p, &p.b, len, Access::READ_WRITE, 81);
+        let key = p.a.import(&ep, &target.export()).expect("import");
+        let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 82);
+        for op in [Op::Read, Op::Write] {
+            let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
+            let _finished = PollOnce(Some(Box::pin(p.a.transfer(&ep, op, &d, deadline())))).await;
+            // After the drop the buffer is ours again: mark it and check nobody writes it.
+            let mark = pattern(83, len);
+            local
+                .write_at(0, &MemSpan::host(&mark))
+                .expect("reuse buffer");
+            // Round trips on the same endpoint flush whatever the cancelled batch left queued.
+            let (probe, _) = buffer(&p, &p.a, 64, Access::READ_WRITE, 84);
+            for _ in 0..4 {
+                p.a.transfer(
+                    &ep,
+                    Op::Read,
+                    &[desc::<C>(probe.registration(), 0, &key, 0, 64)],
+                    deadline(),
+                )
+                .await
+                .expect("transfer after cancel");
+            }
+            assert_same("buffer after cancel", &contents(&local), &mark);
+        }
+        // A WRITE that was cancelled may have landed partly; restore and verify a full read.
+        target
+            .write_at(0, &MemSpan::host(&target_bytes))
+            .expect("restore target");
+        let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
+        p.a.transfer(&ep, Op::Read, &d, deadline())
+            .await
+            .expect("full read after cancels");
+        assert_same("read after cancels", &contents(&local), &target_bytes);
+    }
+
+    /// Yields to the executor once.
+    async fn yield_now() {
+        let mut yielded = false;
+        std::future::poll_fn(|cx| {
+            if yielded {
+                Poll::Ready(())
+            } else {
+                yielded = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    /// When the target closes mid-transfer, the initiator gets an error well before the
+    /// deadline, never a hang; new operations on the endpoint fail fast too.
+    pub async fn peer_gone<C: Communicator, M: Memory>(p: Peers<C, M>) {
+        let ep = connect(&p).await;
+        let len = 64 << 20;
+        let (target, _) = buffer(&p, &p.b, len, Access::READ_WRITE, 91);
+        let key = p.a.import(&ep, &target.export()).expect("import");
+        let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 92);
+        let limit = Duration::from_secs(20);
+        let start = Instant::now();
+        let transfers = async {
+            let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
+            let mut last = Ok(());
+            for i in 0..64 {
+                let op = if i % 2 == 0 { Op::Write } else { Op::Read };
+                last = p.a.transfer(&ep, op, &d, Deadline::after(limit)).await;
+                if last.is_err() {
+                    break;
+                }
+            }
+            last
+        };
+        let closer = async {
+            for _ in 0..50 {
+                yield_now().await;
+            }
+            p.b.close();
+        };
+        let (result, ()) = futures::join!(transfers, closer);
+        let err = result.expect_err("transfers to a closed peer must fail");
+        assert!(
+            !matches!(err, Error::DeadlineExceeded { .. }),
+            "peer loss must be detected, not timed out: {err}"
+        );
+        assert!(start.elapsed() < limit, "error came after the deadline");
+        let d = [desc::<C>(local.registration(), 0, &key, 0, 16)];
+        let again =
+            p.a.transfer(&ep, Op::Read, &d, Deadline::after(Duration::from_secs(5)))
+                .await;
+        assert!(again.is_err(), "a transfer on a dead endpoint must fail");
+        drop(target);
+    }
+
+    /// `tasks` concurrent futures, each with its own slice of one target region, each
+    /// running `rounds` WRITE+READ pairs, all verified.
+    pub async fn concurrent<C: Communicator, M: Memory>(
+        p: Peers<C, M>,
+        tasks: usize,
+        rounds: usize,
+    ) {
+        let ep = connect(&p).await;
+        let slice = 64 * 1024 + 3;
+        let (target, _) = buffer(&p, &p.b, slice * tasks, Access::READ_WRITE, 101);
+        let key = p.a.import(&ep, &target.export()).expect("import");
+        let work = (0..tasks).map(|t| {
+            let (p, ep, key) = (&p, &ep, &key);
+            async move {
+                let (src, _) = buffer(p, &p.a, slice, Access::READ_WRITE, 0);
+                let (dst, _) = buffer(p, &p.a, slice, Access::READ_WRITE, 0);
+                for r in 0..rounds {
+                    let bytes = pattern((t * 1000 + r) as u64, slice);
+                    src.write_at(0, &MemSpan::host(&bytes)).expect("fill");
+                    let off = (t * slice) as u64;
+                    p.a.transfer(
+                        ep,
+                        Op::Write,
+                        &[desc::<C>(src.registration(), 0, key, off, slice)],
+                        deadline(),
+                    )
+                    .await
+                    .expect("concurrent write");
+                    p.a.transfer(
+                        ep,
+                        Op::Read,
+                        &[desc::<C>(dst.registration(), 0, key, off, slice)],
+                        deadline(),
+                    )
+                    .await
+                    .expect("concurrent read");
+                    assert_same("concurrent round", &contents(&dst), &bytes);
+                }
+            }
+        });
+        futures::future::join_all(work).await;
+    }
+
+    /// Notifications arrive with their tag and bytes, in send order, from the right peer.
+    pub async fn notify_in_order<C: Communicator, M: Memory>(p: Peers<C, M>) {
+        let ep = connect(&p).await;
+        for i in 0..100u64 {
+            let msg = pattern(i, (i as usize * 37) % 1000);
+            p.a.notify(&ep, i, &msg, deadline()).await.expect("notify");
+        }
+        for i in 0..100u64 {
+            let n =
+                p.b.recv_notification(deadline())
+                    .await
+                    .expect("receive notification");
+            assert_eq!(n.tag, i, "notifications out of order");
+            assert_eq!(n.msg, pattern(i, (i as usize * 37) % 1000));
+            assert_eq!(n.from, p.a.address());
+        }
+        let err =
+            p.b.recv_notification(Deadline::after(Duration::from_millis(50)))
+                .await;
+        assert!(
+            matches!(err, Err(Error::DeadlineExceeded { .. })),
+            "no notification pending: {err:?}"
+        );
+    }
+}
+
+/// Generates the [`Memory`] conformance tests for the backend made by `$make`, an
+/// expression of type `Option<M>` (`None`: no such device here; the tests log a skip).
+///
+/// The calling crate needs `rstest` as a dev-dependency.
+#[macro_export]
+macro_rules! memory_conformance {
+    ($make:expr) => {
+        mod memory_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+
+            macro_rules! mem_or_skip {
+                () => {
+                    match $make {
+                        Some(m) => m,
+                        None => {
+                            ::std::eprintln!(
+                                "memory conformance skipped: the backend reports no device here"
+                            );
+                            return;
+                        }
+                    }
+                };
+            }
+
+            #[::rstest::rstest]
+            #[case::one_byte(1, 0)]
+            #[case::odd_offset(7, 3)]
+            #[case::page(4096, 0)]
+            #[case::page_plus_one(4097, 1)]
+            #[case::odd_64k(65_537, 4095)]
+            #[case::one_mib_unaligned(1 << 20, 17)]
+            #[case::sixteen_mib(16 << 20, 0)]
+            fn round_trip_at_odd_sizes_and_offsets(#[case] len: usize, #[case] offset: usize) {
+                let m = mem_or_skip!();
+                $crate::testing::memory::round_trip(&m, len, offset);
+            }
+
+            #[::rstest::rstest]
+            #[case(1)]
+            #[case(4099)]
+            #[case(8 << 20)]
+            fn device_to_device_copies(#[case] len: usize) {
+                let m = mem_or_skip!();
+                $crate::testing::memory::device_to_device(&m, len);
+            }
+
+            #[test]
+            fn zero_length_allocations_and_copies() {
+                let m = mem_or_skip!();
+                $crate::testing::memory::zero_length(&m);
+            }
+
+            #[test]
+            fn maximum_size_is_refused_and_large_works() {
+                let m = mem_or_skip!();
+                $crate::testing::memory::maximum_size(&m, 256 << 20);
+            }
+
+            #[test]
+            fn out_of_bounds_is_refused() {
+                let m = mem_or_skip!();
+                $crate::testing::memory::out_of_bounds_refused(&m);
+            }
+        }
+    };
+}
+
+/// Generates the [`Communicator`] conformance tests. `$peers` is an `async fn() ->
+/// Option<Peers<C, M>>` making two fresh, unconnected communicators (`None`: transport
+/// not available here; the tests log a skip).
+///
+/// The calling crate needs `rstest` and `tokio` (features `macros`, `rt-multi-thread`) as
+/// dev-dependencies; tests run on a multi-threaded runtime.
+#[macro_export]
+macro_rules! communicator_conformance {
+    ($peers:path) => {
+        mod communicator_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            use $crate::testing::communicator as kit;
+
+            macro_rules! peers_or_skip {
+                () => {
+                    match $peers().await {
+                        Some(p) => p,
+                        None => {
+                            ::std::eprintln!(
+                                "communicator conformance skipped: transport unavailable here"
+                            );
+                            return;
+                        }
+                    }
+                };
+            }
+
+            #[::rstest::rstest]
+            #[case::one_byte(1, 0)]
+            #[case::odd(7, 3)]
+            #[case::page(4096, 0)]
+            #[case::odd_64k(65_537, 13)]
+            #[case::one_mib(1 << 20, 1)]
+            #[case::eight_mib(8 << 20, 0)]
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn write_then_read_round_trip(#[case] len: usize, #[case] offset: usize) {
+                kit::single_round_trip(peers_or_skip!(), len, offset).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn zero_length_and_empty_batches() {
+                kit::zero_length(peers_or_skip!()).await;
+            }
+
+            #[::rstest::rstest]
+            #[case(2)]
+            #[case(257)]
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batches_move_every_descriptor(#[case] count: usize) {
+                kit::batch(peers_or_skip!(), count).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn out_of_bounds_is_refused_and_moves_nothing() {
+                kit::out_of_bounds_refused(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn access_rights_are_enforced() {
+                kit::access_enforced(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn stale_and_forged_keys_are_refused() {
+                kit::stale_and_forged_keys_refused(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn deadlines_end_transfers() {
+                kit::deadline_expiry(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn dropping_a_transfer_cancels_it() {
+                kit::cancellation(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn peer_gone_mid_transfer_is_an_error_not_a_hang() {
+                kit::peer_gone(peers_or_skip!()).await;
+            }
+
+            #[::rstest::rstest]
+            #[case(8, 8)]
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_transfers_from_many_tasks(
+                #[case] tasks: usize,
+                #[case] rounds: usize,
+            ) {
+                kit::concurrent(peers_or_skip!(), tasks, rounds).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn notifications_arrive_in_order() {
+                kit::notify_in_order(peers_or_skip!()).await;
+            }
+        }
+    };
+}
