@@ -1,2 +1,224 @@
-//! `cargo xtask`: the workspace's build, test, demo and benchmark driver.
-fn main() {}
+//! `cargo xtask`: the workspace's set-up, test, demo, benchmark, matrix and fuzz driver.
+//!
+//! Every command installs the system packages it needs when they are missing and it runs as
+//! root (saying so first), so `cargo xtask test` and `cargo xtask demo` work on a fresh
+//! machine. Nothing here is needed to *build* the libraries: vendor libraries are loaded at
+//! run time.
+
+mod tidy;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+type Result<T = ()> = std::result::Result<T, String>;
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+  demo                 server and client on loopback: control plane, one-sided WRITE/READ
+                       with checksums, and the RPC demo methods
+  test [--long]        install what is missing, then tidy checks and the whole test suite
+                       (--long adds the long-running soak tests)
+  bench <transfer|rpc|ucx|all> [--quick]
+                       benchmarks side by side with iperf3 / tonic / ucx_perftest
+  matrix               detect runtimes and devices, run what can run here, print the
+                       support table
+  fuzz [target] [--seconds N]
+                       run the cargo-fuzz targets (installs cargo-fuzz and nightly-free
+                       fallbacks when missing)
+  tidy                 the cheap source checks that `test` also runs
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("demo") => demo(),
+        Some("test") => test(args.iter().any(|a| a == "--long")),
+        Some("bench") => bench(&args[1..]),
+        Some("matrix") => matrix(),
+        Some("fuzz") => fuzz(&args[1..]),
+        Some("tidy") => tidy::run(&root()),
+        Some("-h" | "--help" | "help") | None => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown command `{other}`\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+fn run(cmd: &mut Command) -> Result {
+    eprintln!("xtask: running {cmd:?}");
+    let status = cmd.status().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{cmd:?} failed with {status}")) }
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().map(|o| o.stdout.trim_ascii() == b"0").unwrap_or(false)
+}
+
+/// A system package the suite needs, and how to tell whether it is present.
+struct SystemPackage {
+    name: &'static str,
+    why: &'static str,
+    present: fn() -> bool,
+}
+
+fn file_exists_any(paths: &[&str]) -> bool {
+    paths.iter().any(|p| Path::new(p).exists())
+}
+
+fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|d| d.join(bin).is_file()))
+        .unwrap_or(false)
+}
+
+fn lib_present(name: &str) -> bool {
+    Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(name))
+        .unwrap_or(false)
+}
+
+const PACKAGES: &[SystemPackage] = &[
+    SystemPackage { name: "libucx0", why: "UCX transport tests load libucp.so.0", present: || lib_present("libucp.so.0") },
+    SystemPackage {
+        name: "libucx-dev",
+        why: "the UCX binding test checks struct layouts against ucp.h",
+        present: || file_exists_any(&["/usr/include/ucp/api/ucp.h"]),
+    },
+    SystemPackage { name: "ucx-utils", why: "ucx_perftest is the UCX benchmark baseline", present: || on_path("ucx_perftest") },
+    SystemPackage { name: "iperf3", why: "iperf3 is the TCP benchmark baseline", present: || on_path("iperf3") },
+    SystemPackage { name: "gcc", why: "the device ABI shims are compiled at test time", present: || on_path("cc") },
+];
+
+/// Installs missing system packages with apt when running as root; otherwise says what to
+/// install.
+fn ensure_system_packages() -> Result {
+    let missing: Vec<&SystemPackage> = PACKAGES.iter().filter(|p| !(p.present)()).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    for p in &missing {
+        eprintln!("xtask: system package {} is missing ({})", p.name, p.why);
+    }
+    let names: Vec<&str> = missing.iter().map(|p| p.name).collect();
+    if !is_root() || !on_path("apt-get") {
+        return Err(format!("install them first: sudo apt-get install -y {}", names.join(" ")));
+    }
+    eprintln!("xtask: installing {} with apt-get (running as root)", names.join(" "));
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get").args(["install", "-y", "-qq", "--no-install-recommends"]).args(&names).env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn test(long: bool) -> Result {
+    ensure_system_packages()?;
+    tidy::run(&root())?;
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--all-targets"]);
+    if long {
+        cmd.env("HMC_LONG_TESTS", "1");
+    }
+    run(&mut cmd)?;
+    // Doc tests are not part of --all-targets.
+    run(cargo().args(["test", "--workspace", "--doc"]))
+}
+
+fn bench(args: &[String]) -> Result {
+    ensure_system_packages()?;
+    let quick = args.iter().any(|a| a == "--quick");
+    let which = args.first().map(String::as_str).unwrap_or("all");
+    let benches: &[(&str, &str)] = match which {
+        "transfer" => &[("hmc-transport-tcp", "transfer")],
+        "ucx" => &[("hmc-transport-ucx", "rma")],
+        "rpc" => &[],
+        "all" => &[("hmc-transport-tcp", "transfer"), ("hmc-transport-ucx", "rma")],
+        other => return Err(format!("unknown benchmark `{other}`; choose transfer, rpc, ucx or all")),
+    };
+    for (krate, bench) in benches {
+        let mut cmd = cargo();
+        cmd.args(["bench", "-p", krate, "--bench", bench, "--"]);
+        if quick {
+            cmd.arg("--quick");
+        }
+        run(&mut cmd)?;
+    }
+    if which == "rpc" || which == "all" {
+        bench_rpc(quick)?;
+    }
+    Ok(())
+}
+
+fn bench_rpc(quick: bool) -> Result {
+    let tonic_target = root().join("target/tonic-peer");
+    let manifest = root().join("../shared/peers/tonic-echo/Cargo.toml");
+    if manifest.exists() {
+        run(cargo().args(["build", "--release", "--manifest-path"]).arg(&manifest).env("CARGO_TARGET_DIR", &tonic_target))?;
+    } else {
+        eprintln!("xtask: {} not found; the RPC bench runs without the tonic column", manifest.display());
+    }
+    let mut cmd = cargo();
+    cmd.args(["run", "--release", "-p", "hmc-rpc", "--bin", "hmc-rpc-bench", "--"]);
+    if manifest.exists() {
+        cmd.arg("--tonic").arg(tonic_target.join("release/tonic-echo"));
+    }
+    if quick {
+        cmd.arg("--quick");
+    }
+    run(&mut cmd)
+}
+
+fn demo() -> Result {
+    run(cargo().args(["build", "--release", "-p", "hmc-transport-tcp", "-p", "hmc-rpc", "--bins"]))?;
+    let bin = |name: &str| root().join("target/release").join(name);
+    demo::one_sided(&bin("hmc-tcp-peer"))?;
+    demo::rpc(&bin("hmc-rpc-server"), &bin("hmc-rpc-client"))
+}
+
+mod demo;
+
+fn matrix() -> Result {
+    Err("matrix arrives with the device backends".into())
+}
+
+fn fuzz(args: &[String]) -> Result {
+    let fuzz_dir = root().join("fuzz");
+    if !fuzz_dir.join("Cargo.toml").exists() {
+        return Err("no fuzz/ crate in this checkout".into());
+    }
+    let seconds = args.windows(2).find(|w| w[0] == "--seconds").map(|w| w[1].clone()).unwrap_or_else(|| "60".into());
+    let targets: Vec<String> = match args.first().filter(|a| !a.starts_with("--")) {
+        Some(t) => vec![t.clone()],
+        None => std::fs::read_dir(fuzz_dir.join("fuzz_targets"))
+            .map_err(|e| format!("listing fuzz targets: {e}"))?
+            .filter_map(|e| e.ok()?.path().file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .collect(),
+    };
+    if Command::new("cargo").args(["fuzz", "--version"]).output().map(|o| !o.status.success()).unwrap_or(true) {
+        eprintln!("xtask: installing cargo-fuzz");
+        run(cargo().args(["install", "cargo-fuzz", "--locked"]))?;
+    }
+    for t in targets {
+        run(cargo().current_dir(&fuzz_dir).args(["fuzz", "run", &t, "--", &format!("-max_total_time={seconds}")]))?;
+    }
+    Ok(())
+}
