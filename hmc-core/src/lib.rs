@@ -51,6 +51,7 @@ mod comm;
 mod conn_buffer;
 mod error;
 mod memory;
+mod staging;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -63,3 +64,4 @@ pub use error::{Error, Result, check_bounds};
 pub use memory::{
     Device, DeviceBuffer, DeviceKind, MemSpan, MemSpanMut, Memory, Region, check_copy,
 };
+pub use staging::{Stager, StagingConfig};
