@@ -18,7 +18,8 @@ impl Drop for Reaper {
 }
 
 fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| format!("finding a free port: {e}"))?;
+    let l = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("finding a free port: {e}"))?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
@@ -33,7 +34,9 @@ fn wait_for_port(port: u16, child: &mut Child) -> Result {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Err(format!("server did not listen on 127.0.0.1:{port} within 20 s"))
+    Err(format!(
+        "server did not listen on 127.0.0.1:{port} within 20 s"
+    ))
 }
 
 /// Streams a child's stdout to ours with a prefix, on a thread.
@@ -50,9 +53,14 @@ fn relay(child: &mut Child, prefix: &'static str) -> std::thread::JoinHandle<Vec
 }
 
 fn checked(mut cmd: Command, what: &str) -> Result<Vec<String>> {
-    let mut child = cmd.stdout(Stdio::piped()).spawn().map_err(|e| format!("starting {what}: {e}"))?;
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting {what}: {e}"))?;
     let lines = relay(&mut child, "[client]");
-    let status = child.wait().map_err(|e| format!("waiting for {what}: {e}"))?;
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for {what}: {e}"))?;
     let lines = lines.join().unwrap_or_default();
     if !status.success() {
         return Err(format!("{what} failed with {status}"));
@@ -67,7 +75,15 @@ pub fn one_sided(peer: &Path) -> Result {
     let port = free_port()?;
     let addr = format!("tcp://127.0.0.1:{port}");
     let mut server = Command::new(peer)
-        .args(["serve", "--listen", &addr, "--len", "16777216", "--exit-after", "1"])
+        .args([
+            "serve",
+            "--listen",
+            &addr,
+            "--len",
+            "16777216",
+            "--exit-after",
+            "1",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("starting {}: {e}", peer.display()))?;
@@ -82,13 +98,21 @@ pub fn one_sided(peer: &Path) -> Result {
     if !status.success() {
         return Err(format!("the one-sided server failed with {status}"));
     }
-    let sum = |lines: &[String]| lines.iter().rev().find_map(|l| l.split("checksum=").nth(1).map(|s| s.split_whitespace().next().unwrap_or("").to_string()));
+    let sum = |lines: &[String]| {
+        lines.iter().rev().find_map(|l| {
+            l.split("checksum=")
+                .nth(1)
+                .map(|s| s.split_whitespace().next().unwrap_or("").to_string())
+        })
+    };
     match (sum(&client_lines), sum(&server_lines)) {
         (Some(c), Some(s)) if c == s => {
             println!("checksums match on both sides: {c}");
             Ok(())
         }
-        (c, s) => Err(format!("checksums differ or are missing: client {c:?}, server {s:?}")),
+        (c, s) => Err(format!(
+            "checksums differ or are missing: client {c:?}, server {s:?}"
+        )),
     }
 }
 
@@ -98,7 +122,18 @@ pub fn rpc(server_bin: &Path, client_bin: &Path) -> Result {
     let port = free_port()?;
     let port_s = port.to_string();
     let mut server = Command::new(server_bin)
-        .args(["--bind-address", "127.0.0.1", "--port", &port_s, "--workers", "4", "--max-connections", "68", "--max-inflight", "64"])
+        .args([
+            "--bind-address",
+            "127.0.0.1",
+            "--port",
+            &port_s,
+            "--workers",
+            "4",
+            "--max-connections",
+            "68",
+            "--max-inflight",
+            "64",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("starting {}: {e}", server_bin.display()))?;
@@ -107,9 +142,30 @@ pub fn rpc(server_bin: &Path, client_bin: &Path) -> Result {
     wait_for_port(port, &mut server.0)?;
     let base = ["--server-address", "127.0.0.1", "--port", &port_s];
     for extra in [
-        &["--method", "echo", "--message", "hello hmc rpc", "--repeat", "2"][..],
-        &["--method", "uppercase", "--message", "hello hmc rpc", "--repeat", "3"][..],
-        &["--method", "complex", "--message", "typed payload", "--values", "3,5,8"][..],
+        &[
+            "--method",
+            "echo",
+            "--message",
+            "hello hmc rpc",
+            "--repeat",
+            "2",
+        ][..],
+        &[
+            "--method",
+            "uppercase",
+            "--message",
+            "hello hmc rpc",
+            "--repeat",
+            "3",
+        ][..],
+        &[
+            "--method",
+            "complex",
+            "--message",
+            "typed payload",
+            "--values",
+            "3,5,8",
+        ][..],
     ] {
         let mut c = Command::new(client_bin);
         c.args(base).args(extra);

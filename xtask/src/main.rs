@@ -55,7 +55,10 @@ fn main() -> ExitCode {
 
 /// The workspace root.
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 fn cargo() -> Command {
@@ -66,12 +69,22 @@ fn cargo() -> Command {
 
 fn run(cmd: &mut Command) -> Result {
     eprintln!("xtask: running {cmd:?}");
-    let status = cmd.status().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
-    if status.success() { Ok(()) } else { Err(format!("{cmd:?} failed with {status}")) }
+    let status = cmd
+        .status()
+        .map_err(|e| format!("could not start {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed with {status}"))
+    }
 }
 
 fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| o.stdout.trim_ascii() == b"0").unwrap_or(false)
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.trim_ascii() == b"0")
+        .unwrap_or(false)
 }
 
 /// A system package the suite needs, and how to tell whether it is present.
@@ -100,15 +113,31 @@ fn lib_present(name: &str) -> bool {
 }
 
 const PACKAGES: &[SystemPackage] = &[
-    SystemPackage { name: "libucx0", why: "UCX transport tests load libucp.so.0", present: || lib_present("libucp.so.0") },
+    SystemPackage {
+        name: "libucx0",
+        why: "UCX transport tests load libucp.so.0",
+        present: || lib_present("libucp.so.0"),
+    },
     SystemPackage {
         name: "libucx-dev",
         why: "the UCX binding test checks struct layouts against ucp.h",
         present: || file_exists_any(&["/usr/include/ucp/api/ucp.h"]),
     },
-    SystemPackage { name: "ucx-utils", why: "ucx_perftest is the UCX benchmark baseline", present: || on_path("ucx_perftest") },
-    SystemPackage { name: "iperf3", why: "iperf3 is the TCP benchmark baseline", present: || on_path("iperf3") },
-    SystemPackage { name: "gcc", why: "the device ABI shims are compiled at test time", present: || on_path("cc") },
+    SystemPackage {
+        name: "ucx-utils",
+        why: "ucx_perftest is the UCX benchmark baseline",
+        present: || on_path("ucx_perftest"),
+    },
+    SystemPackage {
+        name: "iperf3",
+        why: "iperf3 is the TCP benchmark baseline",
+        present: || on_path("iperf3"),
+    },
+    SystemPackage {
+        name: "gcc",
+        why: "the device ABI shims are compiled at test time",
+        present: || on_path("cc"),
+    },
 ];
 
 /// Installs missing system packages with apt when running as root; otherwise says what to
@@ -123,11 +152,20 @@ fn ensure_system_packages() -> Result {
     }
     let names: Vec<&str> = missing.iter().map(|p| p.name).collect();
     if !is_root() || !on_path("apt-get") {
-        return Err(format!("install them first: sudo apt-get install -y {}", names.join(" ")));
+        return Err(format!(
+            "install them first: sudo apt-get install -y {}",
+            names.join(" ")
+        ));
     }
-    eprintln!("xtask: installing {} with apt-get (running as root)", names.join(" "));
+    eprintln!(
+        "xtask: installing {} with apt-get (running as root)",
+        names.join(" ")
+    );
     run(Command::new("apt-get").args(["update", "-qq"]))?;
-    run(Command::new("apt-get").args(["install", "-y", "-qq", "--no-install-recommends"]).args(&names).env("DEBIAN_FRONTEND", "noninteractive"))
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&names)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
 fn test(long: bool) -> Result {
@@ -151,8 +189,15 @@ fn bench(args: &[String]) -> Result {
         "transfer" => &[("hmc-transport-tcp", "transfer")],
         "ucx" => &[("hmc-transport-ucx", "rma")],
         "rpc" => &[],
-        "all" => &[("hmc-transport-tcp", "transfer"), ("hmc-transport-ucx", "rma")],
-        other => return Err(format!("unknown benchmark `{other}`; choose transfer, rpc, ucx or all")),
+        "all" => &[
+            ("hmc-transport-tcp", "transfer"),
+            ("hmc-transport-ucx", "rma"),
+        ],
+        other => {
+            return Err(format!(
+                "unknown benchmark `{other}`; choose transfer, rpc, ucx or all"
+            ));
+        }
     };
     for (krate, bench) in benches {
         let mut cmd = cargo();
@@ -172,14 +217,29 @@ fn bench_rpc(quick: bool) -> Result {
     let tonic_target = root().join("target/tonic-peer");
     let manifest = root().join("../shared/peers/tonic-echo/Cargo.toml");
     if manifest.exists() {
-        run(cargo().args(["build", "--release", "--manifest-path"]).arg(&manifest).env("CARGO_TARGET_DIR", &tonic_target))?;
+        run(cargo()
+            .args(["build", "--release", "--manifest-path"])
+            .arg(&manifest)
+            .env("CARGO_TARGET_DIR", &tonic_target))?;
     } else {
-        eprintln!("xtask: {} not found; the RPC bench runs without the tonic column", manifest.display());
+        eprintln!(
+            "xtask: {} not found; the RPC bench runs without the tonic column",
+            manifest.display()
+        );
     }
     let mut cmd = cargo();
-    cmd.args(["run", "--release", "-p", "hmc-rpc", "--bin", "hmc-rpc-bench", "--"]);
+    cmd.args([
+        "run",
+        "--release",
+        "-p",
+        "hmc-rpc",
+        "--bin",
+        "hmc-rpc-bench",
+        "--",
+    ]);
     if manifest.exists() {
-        cmd.arg("--tonic").arg(tonic_target.join("release/tonic-echo"));
+        cmd.arg("--tonic")
+            .arg(tonic_target.join("release/tonic-echo"));
     }
     if quick {
         cmd.arg("--quick");
@@ -188,16 +248,25 @@ fn bench_rpc(quick: bool) -> Result {
 }
 
 fn demo() -> Result {
-    run(cargo().args(["build", "--release", "-p", "hmc-transport-tcp", "-p", "hmc-rpc", "--bins"]))?;
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "hmc-transport-tcp",
+        "-p",
+        "hmc-rpc",
+        "--bins",
+    ]))?;
     let bin = |name: &str| root().join("target/release").join(name);
     demo::one_sided(&bin("hmc-tcp-peer"))?;
     demo::rpc(&bin("hmc-rpc-server"), &bin("hmc-rpc-client"))
 }
 
 mod demo;
+mod matrix;
 
 fn matrix() -> Result {
-    Err("matrix arrives with the device backends".into())
+    matrix::run()
 }
 
 fn fuzz(args: &[String]) -> Result {
@@ -205,20 +274,40 @@ fn fuzz(args: &[String]) -> Result {
     if !fuzz_dir.join("Cargo.toml").exists() {
         return Err("no fuzz/ crate in this checkout".into());
     }
-    let seconds = args.windows(2).find(|w| w[0] == "--seconds").map(|w| w[1].clone()).unwrap_or_else(|| "60".into());
+    let seconds = args
+        .windows(2)
+        .find(|w| w[0] == "--seconds")
+        .map(|w| w[1].clone())
+        .unwrap_or_else(|| "60".into());
     let targets: Vec<String> = match args.first().filter(|a| !a.starts_with("--")) {
         Some(t) => vec![t.clone()],
         None => std::fs::read_dir(fuzz_dir.join("fuzz_targets"))
             .map_err(|e| format!("listing fuzz targets: {e}"))?
-            .filter_map(|e| e.ok()?.path().file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .filter_map(|e| {
+                e.ok()?
+                    .path()
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+            })
             .collect(),
     };
-    if Command::new("cargo").args(["fuzz", "--version"]).output().map(|o| !o.status.success()).unwrap_or(true) {
+    if Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .map(|o| !o.status.success())
+        .unwrap_or(true)
+    {
         eprintln!("xtask: installing cargo-fuzz");
         run(cargo().args(["install", "cargo-fuzz", "--locked"]))?;
     }
     for t in targets {
-        run(cargo().current_dir(&fuzz_dir).args(["fuzz", "run", &t, "--", &format!("-max_total_time={seconds}")]))?;
+        run(cargo().current_dir(&fuzz_dir).args([
+            "fuzz",
+            "run",
+            &t,
+            "--",
+            &format!("-max_total_time={seconds}"),
+        ]))?;
     }
     Ok(())
 }

@@ -3,13 +3,17 @@
 use std::path::{Path, PathBuf};
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in entries.flatten() {
         let p = e.path();
         let name = e.file_name();
         let name = name.to_string_lossy();
         if p.is_dir() {
-            if !matches!(name.as_ref(), "target" | "tgt" | ".git" | "fuzz") && !name.starts_with('.') {
+            if !matches!(name.as_ref(), "target" | "tgt" | ".git" | "fuzz")
+                && !name.starts_with('.')
+            {
                 rust_files(&p, out);
             }
         } else if name.ends_with(".rs") {
@@ -24,7 +28,9 @@ fn check(path: &Path, text: &str) -> Vec<String> {
     let shown = path.display();
     let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     if !first.starts_with("//!") {
-        problems.push(format!("{shown}: must start with a `//!` line saying what the module is for"));
+        problems.push(format!(
+            "{shown}: must start with a `//!` line saying what the module is for"
+        ));
     }
     let is_library = !shown.to_string().contains("/src/bin/")
         && !shown.to_string().ends_with("main.rs")
@@ -41,17 +47,31 @@ fn check(path: &Path, text: &str) -> Vec<String> {
             problems.push(format!("{shown}:{n}: trailing whitespace"));
         }
         let code = line.trim_start();
-        if is_library && !code.starts_with("//") && (code.contains("println!(") || code.contains("print!(")) {
-            problems.push(format!("{shown}:{n}: print in library code; log with tracing instead"));
+        if is_library
+            && !code.starts_with("//")
+            && (code.contains("println!(") || code.contains("print!("))
+        {
+            problems.push(format!(
+                "{shown}:{n}: print in library code; log with tracing instead"
+            ));
         }
-        let in_string = code.find('"').is_some_and(|q| code.find("unsafe {").is_some_and(|u| q < u));
-        if code.contains("unsafe {") && !in_string && !code.starts_with("//") && !code.starts_with("unsafe fn") && !code.contains("unsafe fn") {
+        let in_string = code
+            .find('"')
+            .is_some_and(|q| code.find("unsafe {").is_some_and(|u| q < u));
+        if code.contains("unsafe {")
+            && !in_string
+            && !code.starts_with("//")
+            && !code.starts_with("unsafe fn")
+            && !code.contains("unsafe fn")
+        {
             // Look back a few lines for the SAFETY comment (attributes and the statement
             // head may sit between).
             let from = i.saturating_sub(8);
             let has = lines[from..=i].iter().any(|l| l.contains("SAFETY:"));
             if !has {
-                problems.push(format!("{shown}:{n}: `unsafe` block without a `// SAFETY:` comment just above"));
+                problems.push(format!(
+                    "{shown}:{n}: `unsafe` block without a `// SAFETY:` comment just above"
+                ));
             }
         }
     }
@@ -64,7 +84,8 @@ pub fn run(root: &Path) -> Result<(), String> {
     rust_files(root, &mut files);
     let mut problems = Vec::new();
     for f in &files {
-        let text = std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
+        let text =
+            std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
         let rel = f.strip_prefix(root).unwrap_or(f);
         problems.extend(check(rel, &text));
     }
@@ -72,7 +93,11 @@ pub fn run(root: &Path) -> Result<(), String> {
         eprintln!("xtask: tidy: {} files clean", files.len());
         Ok(())
     } else {
-        Err(format!("tidy found {} problem(s):\n{}", problems.len(), problems.join("\n")))
+        Err(format!(
+            "tidy found {} problem(s):\n{}",
+            problems.len(),
+            problems.join("\n")
+        ))
     }
 }
 
