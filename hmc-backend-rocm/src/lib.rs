@@ -1,0 +1,74 @@
+//! AMD ROCm and HIP-compatible Hygon DCU memory for HMC: device allocations, copies in
+//! every direction, pinned host staging buffers and same-host IPC, through `libamdhip64`
+//! opened at run time.
+//!
+//! # What this crate is for
+//!
+//! [`RocmMemory`] implements [`hmc_core::Memory`] for one HIP device: `hipMalloc`/`hipFree`
+//! allocations ([`RocmBuffer`]), and `hipMemcpy` copies host→device, device→host and
+//! device→device (host→host spans are copied directly, without the runtime).
+//! [`PinnedHostMemory`] (from [`RocmMemory::pinned`]) allocates page-locked host memory
+//! with `hipHostMalloc`, which device staging uses as bounce buffers. [`RocmMemory::export_ipc`]
+//! and [`RocmMemory::open_ipc`] share a device allocation with another process on the same
+//! host (`hipIpcGetMemHandle`/`hipIpcOpenMemHandle`). [`probe`] lists the devices, for
+//! `cargo xtask matrix` and for programs choosing a backend.
+//!
+//! Not for: kernels, streams or asynchronous copies (HMC moves bytes; compute stays with the
+//! application), nor peer-to-peer copies between two HIP devices (copy through the host or
+//! use each device's own `RocmMemory`).
+//!
+//! # Loading
+//!
+//! Nothing from ROCm is needed to build. At run time the runtime is looked up as
+//! `$HMC_HIP_LIB` when set, else `libamdhip64.so`, `libamdhip64.so.6`, `libamdhip64.so.5`,
+//! `/opt/rocm/lib/libamdhip64.so`, `/opt/dtk/lib/libamdhip64.so` ([`LIBRARY_CANDIDATES`]);
+//! versions older than HIP 5.0 are refused. A machine without the library, or without a
+//! device, gets [`hmc_core::Error::Unavailable`] naming what was looked for and the variable
+//! to set; nothing panics. Every failed runtime call becomes [`hmc_core::Error::Device`]
+//! with the library, the function, the `hipError_t` code and the runtime's own
+//! `hipGetErrorName`/`hipGetErrorString` text.
+//!
+//! The HIP "current device" is per thread, so every call that touches device memory
+//! (alloc, free, copy, IPC, pinned alloc/free, info) first calls `hipSetDevice` for its own
+//! device on the calling thread; buffers remember their device and free themselves in its
+//! context.
+//!
+//! # What is verified, and how
+//!
+//! - Where a HIP device is present, the `hmc-core` memory conformance kit runs against
+//!   [`RocmMemory`] and [`PinnedHostMemory`] (`tests/conformance.rs`).
+//! - Where it is not, the tests assert the clean `Unavailable` error.
+//! - Everywhere, `tests/abi_shim.rs` builds `tests/shim/hip_shim.c` with the C compiler
+//!   and runs the full conformance kit, the context checks, error mapping and a two-process
+//!   IPC exchange against it. That shim exports the same symbols over host memory and
+//!   checks direction enums and the current device: it is an **ABI shim that checks our
+//!   binding layer, not a hardware verification**.
+//!
+//! # Safety
+//!
+//! `unsafe` is confined to the FFI edge: resolving symbols with the header's signatures
+//! ([`api`](crate) module, each cited), and calls whose pointer arguments come from live
+//! borrows ([`hmc_core::MemSpan`]/[`hmc_core::MemSpanMut`]) or from allocations this crate
+//! owns. Buffers free themselves exactly once. [`RocmMemory::open_ipc`] is `unsafe` because
+//! the length in a handle received from another process cannot be checked.
+
+mod api;
+mod memory;
+
+pub use api::{HIP_IPC_HANDLE_SIZE, LIBRARY_CANDIDATES, LIBRARY_ENV};
+pub use memory::{
+    DeviceInfo, IpcHandle, IpcMapping, PinnedHostBuffer, PinnedHostMemory, RocmBuffer, RocmMemory,
+};
+
+use hmc_core::Result;
+
+/// The HIP devices of the default runtime (see [`RocmMemory::new`]), or `Unavailable` when
+/// the runtime or any device is missing. For `cargo xtask matrix` and backend selection.
+pub fn probe() -> Result<Vec<DeviceInfo>> {
+    memory::all_devices(&api::HipApi::default_runtime()?)
+}
+
+/// Like [`probe`], for the runtime at `library`.
+pub fn probe_library(library: impl AsRef<std::path::Path>) -> Result<Vec<DeviceInfo>> {
+    memory::all_devices(&api::HipApi::open(Some(library.as_ref()))?)
+}

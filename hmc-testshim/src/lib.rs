@@ -1,0 +1,107 @@
+//! Test-only helper for the HMC device backends: builds the C *ABI shims* at test time.
+//!
+//! # What this is
+//!
+//! `hmc-backend-rocm`, `hmc-backend-mlu` and `hmc-backend-musa` open their vendor runtime
+//! (`libamdhip64`, `libcnrt`, `libmusart`) with `libloading` at run time. On machines
+//! without that hardware, their tests load instead a small C shared library that exports the
+//! **same symbols with the same C signatures** over host memory: "device" allocations are
+//! `memfd`-backed host mappings recorded in a table, copy-direction enums are checked
+//! against that table, the current device is per thread (as in the real runtimes) and is
+//! checked on every call that touches device memory, IPC handles are real cross-process
+//! handles (`/proc/<pid>/fd/<fd>`), and any function can be made to fail once with a chosen
+//! vendor error code so the error mapping is tested.
+//!
+//! # What it verifies, and what it does not
+//!
+//! The shim checks our **binding layer**: library discovery and loading, symbol
+//! resolution, argument order and types, the direction enum values we pass, that every call
+//! runs in the right device context, and how vendor error codes and strings become
+//! `hmc_core::Error`. It is **not** a hardware verification: it cannot tell whether a real
+//! driver behaves as its header promises, and it measures nothing about performance.
+//!
+//! The shared part of the shims (allocation table, checks, failure injection, IPC) is
+//! `shim/devshim_core.h` of this crate; each backend keeps its own vendor-named wrapper
+//! source in `tests/shim/`.
+//!
+//! # Safety
+//!
+//! No `unsafe` here: this crate only runs the C compiler.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The folder holding `devshim_core.h`, passed to the compiler with `-I`.
+pub fn core_include_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("shim")
+}
+
+/// Compiles `source` (a shim's C file) into a shared library named `lib<name>.so` under
+/// `out_dir`, and returns its path.
+///
+/// The compiler is `$CC` when set, else `cc`. Compilation is skipped when the library is
+/// newer than both `source` and the shared core header, so parallel tests of one crate
+/// rebuild it once; the output is written to a temporary name and renamed into place, so a
+/// concurrent test never loads a half-written file.
+pub fn build_shim(source: &Path, name: &str, out_dir: &Path) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(out_dir)
+        .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
+    let out = out_dir.join(format!("lib{name}.so"));
+    let core = core_include_dir().join("devshim_core.h");
+    if is_fresh(&out, &[source, &core]) {
+        return Ok(out);
+    }
+    let tmp = out_dir.join(format!("lib{name}.so.{}.tmp", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let output = Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-pthread"])
+        .arg("-I")
+        .arg(core_include_dir())
+        .arg("-o")
+        .arg(&tmp)
+        .arg(source)
+        .output()
+        .map_err(|e| format!("cannot run the C compiler `{cc}` (set CC or install gcc): {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "`{cc}` failed to build the ABI shim {}:\n{}",
+            source.display(),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    std::fs::rename(&tmp, &out)
+        .map_err(|e| format!("cannot move {} into place: {e}", tmp.display()))?;
+    Ok(out)
+}
+
+fn is_fresh(out: &Path, inputs: &[&Path]) -> bool {
+    let Ok(built) = std::fs::metadata(out).and_then(|m| m.modified()) else {
+        return false;
+    };
+    inputs.iter().all(|p| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t <= built)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broken_source_reports_the_compiler_output() {
+        let dir = std::env::temp_dir().join(format!("hmc-testshim-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("broken.c");
+        std::fs::write(&src, "int f( {").unwrap();
+        let err = build_shim(&src, "broken", &dir).unwrap_err();
+        assert!(err.contains("failed to build"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_core_header_exists() {
+        assert!(core_include_dir().join("devshim_core.h").is_file());
+    }
+}
