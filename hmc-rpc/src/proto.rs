@@ -1,0 +1,1474 @@
+//! The sans-IO protocol core: frame parsing and stream reassembly, the request tables,
+//! deadlines, in-flight credits, cancel, keepalive and GOAWAY, driven by bytes and `now`.
+//!
+//! Like `quinn-proto`, nothing here touches a socket or reads a clock: the runtime feeds
+//! received bytes with [`ServerConn::handle_input`] / [`ClientConn::handle_input`], takes
+//! bytes to send from `pending_tx`/`advance_tx`, asks `poll_timeout` when to call
+//! `handle_timeout`, and reacts to events. Every race between cancel, timeout and
+//! completion is therefore a deterministic unit test.
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::frame::{
+    Flags, FrameError, FrameHeader, FrameKind, FrameLimits, HEADER_LEN, INLINE_MAX, PayloadMode,
+    Status, check_payload_crc, encode_frame, payload_crc,
+};
+
+/// Limits and timers of one connection, shared by both roles.
+#[derive(Clone, Debug)]
+pub struct ConnConfig {
+    /// Frame and payload size limits.
+    pub limits: FrameLimits,
+    /// Requests in flight on this connection (`max_inflight_per_conn`, default 64).
+    pub max_inflight: usize,
+    /// Bytes per DATA chunk of a TCP_STREAM payload (`stream_chunk_len`, default 64 KiB).
+    pub chunk_len: usize,
+    /// Close after this long with nothing in flight and nothing received
+    /// (`idle_timeout`, default 60 s; server role).
+    pub idle_timeout: Duration,
+    /// Close when a started frame stays incomplete this long (`frame_timeout`, default 10 s).
+    pub frame_timeout: Duration,
+    /// Client role: send a PING when calls are in flight and nothing arrived for this long
+    /// (`keepalive_interval`, default 10 s); the connection is lost when the PONG does not
+    /// come within another interval.
+    pub keepalive_interval: Duration,
+}
+
+impl Default for ConnConfig {
+    fn default() -> Self {
+        ConnConfig {
+            limits: FrameLimits::default(),
+            max_inflight: 64,
+            chunk_len: 64 * 1024,
+            idle_timeout: Duration::from_secs(60),
+            frame_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A complete message: the first frame's header and the reassembled payload.
+#[derive(Clone, Debug)]
+struct Message {
+    header: FrameHeader,
+    payload: Bytes,
+}
+
+struct InStream {
+    header: FrameHeader,
+    buf: Vec<u8>,
+    /// Data is read and dropped (refused or abandoned request).
+    discard: bool,
+    received: u64,
+}
+
+struct OutStream {
+    header: FrameHeader,
+    payload: Bytes,
+    sent: usize,
+}
+
+/// Parsing, reassembly and transmit scheduling shared by both roles.
+struct Framing {
+    cfg: ConnConfig,
+    inbuf: Vec<u8>,
+    in_pos: usize,
+    partial_since: Option<Instant>,
+    streams_in: HashMap<u64, InStream>,
+    tx: Vec<u8>,
+    tx_pos: usize,
+    streams_out: VecDeque<OutStream>,
+    last_rx: Instant,
+}
+
+enum Parsed {
+    Frame(FrameHeader, Bytes),
+    Need,
+}
+
+impl Framing {
+    fn new(cfg: ConnConfig, now: Instant) -> Self {
+        Framing {
+            cfg,
+            inbuf: Vec::new(),
+            in_pos: 0,
+            partial_since: None,
+            streams_in: HashMap::new(),
+            tx: Vec::new(),
+            tx_pos: 0,
+            streams_out: VecDeque::new(),
+            last_rx: now,
+        }
+    }
+
+    fn push_input(&mut self, bytes: &[u8], now: Instant) {
+        if !bytes.is_empty() {
+            self.last_rx = now;
+        }
+        if self.in_pos == self.inbuf.len() {
+            self.inbuf.clear();
+            self.in_pos = 0;
+        } else if self.in_pos > 64 * 1024 {
+            self.inbuf.drain(..self.in_pos);
+            self.in_pos = 0;
+        }
+        self.inbuf.extend_from_slice(bytes);
+    }
+
+    fn next_frame(&mut self, now: Instant) -> Result<Parsed, FrameError> {
+        let avail = &self.inbuf[self.in_pos..];
+        if avail.len() < HEADER_LEN {
+            self.mark_partial(now);
+            return Ok(Parsed::Need);
+        }
+        let h = FrameHeader::decode(&avail[..HEADER_LEN], &self.cfg.limits)?;
+        let total = HEADER_LEN + h.body_len as usize;
+        if avail.len() < total {
+            self.mark_partial(now);
+            return Ok(Parsed::Need);
+        }
+        let body = Bytes::copy_from_slice(&avail[HEADER_LEN..total]);
+        self.in_pos += total;
+        self.partial_since = None;
+        self.mark_partial(now);
+        Ok(Parsed::Frame(h, body))
+    }
+
+    fn mark_partial(&mut self, now: Instant) {
+        if self.in_pos < self.inbuf.len() {
+            self.partial_since.get_or_insert(now);
+        } else {
+            self.partial_since = None;
+        }
+    }
+
+    fn stall_deadline(&self) -> Option<Instant> {
+        self.partial_since.map(|t| t + self.cfg.frame_timeout)
+    }
+
+    /// Queues a control or inline frame ahead of any stream chunk not yet scheduled.
+    fn send_frame(&mut self, h: &FrameHeader, body: &[u8]) {
+        encode_frame(&mut self.tx, h, body);
+    }
+
+    /// Queues a REQUEST/RESPONSE with its payload, INLINE or as a TCP_STREAM.
+    fn send_message(&mut self, mut h: FrameHeader, payload: Bytes) {
+        h.payload_len = payload.len() as u64;
+        h.payload_crc = payload_crc(&payload);
+        if payload.len() <= INLINE_MAX {
+            h.mode = PayloadMode::Inline;
+            h.body_len = payload.len() as u32;
+            self.send_frame(&h, &payload);
+        } else {
+            h.mode = PayloadMode::TcpStream;
+            h.body_len = 0;
+            self.send_frame(&h, &[]);
+            self.streams_out.push_back(OutStream {
+                header: h,
+                payload,
+                sent: 0,
+            });
+        }
+    }
+
+    fn drop_out_stream(&mut self, request_id: u64) {
+        self.streams_out
+            .retain(|s| s.header.request_id != request_id);
+    }
+
+    /// Bytes waiting to be written. Stream chunks are scheduled one at a time, round robin,
+    /// so control frames and small messages queued meanwhile overtake a large payload.
+    fn pending_tx(&mut self) -> &[u8] {
+        if self.tx_pos == self.tx.len() {
+            self.tx.clear();
+            self.tx_pos = 0;
+            self.schedule_chunks();
+        }
+        &self.tx[self.tx_pos..]
+    }
+
+    fn schedule_chunks(&mut self) {
+        // A few chunks per refill keep syscalls large; rotation keeps streams fair.
+        let mut budget = 4;
+        while budget > 0 {
+            let Some(mut s) = self.streams_out.pop_front() else {
+                return;
+            };
+            let n = (s.payload.len() - s.sent).min(self.cfg.chunk_len);
+            let chunk = &s.payload[s.sent..s.sent + n];
+            let mut h = s.header;
+            h.kind = FrameKind::Data;
+            h.mode = PayloadMode::TcpStream;
+            h.body_len = n as u32;
+            h.payload_crc = payload_crc(chunk);
+            h.deadline_us = 0;
+            s.sent += n;
+            h.flags = if s.sent == s.payload.len() {
+                h.flags | Flags::END
+            } else {
+                h.flags
+            };
+            encode_frame(&mut self.tx, &h, chunk);
+            if s.sent < s.payload.len() {
+                self.streams_out.push_back(s);
+            }
+            budget -= 1;
+        }
+    }
+
+    fn advance_tx(&mut self, n: usize) {
+        self.tx_pos = (self.tx_pos + n).min(self.tx.len());
+    }
+
+    fn has_tx(&self) -> bool {
+        self.tx_pos < self.tx.len() || !self.streams_out.is_empty()
+    }
+
+    /// Starts reassembly of a TCP_STREAM payload.
+    fn open_in_stream(&mut self, header: FrameHeader, discard: bool) {
+        let cap = if discard {
+            0
+        } else {
+            header.payload_len.min(1 << 20) as usize
+        };
+        self.streams_in.insert(
+            header.request_id,
+            InStream {
+                header,
+                buf: Vec::with_capacity(cap),
+                discard,
+                received: 0,
+            },
+        );
+    }
+
+    /// Feeds one DATA frame; returns the complete message when END arrives.
+    fn data_frame(&mut self, h: FrameHeader, body: Bytes) -> Result<Option<Message>, String> {
+        let Some(s) = self.streams_in.get_mut(&h.request_id) else {
+            return Err(format!(
+                "DATA frame for request {} which has no open stream",
+                h.request_id
+            ));
+        };
+        check_payload_crc(h.request_id, h.payload_crc, &body).map_err(|e| e.to_string())?;
+        if h.payload_len != s.header.payload_len {
+            return Err(format!(
+                "DATA frame of request {} announces {} payload bytes, its header frame {}",
+                h.request_id, h.payload_len, s.header.payload_len
+            ));
+        }
+        s.received += body.len() as u64;
+        if s.received > s.header.payload_len {
+            return Err(format!(
+                "request {}: DATA beyond the announced {} payload bytes",
+                h.request_id, s.header.payload_len
+            ));
+        }
+        if !s.discard {
+            s.buf.extend_from_slice(&body);
+        }
+        let end = h.flags.contains(Flags::END);
+        let full = s.received == s.header.payload_len;
+        if end != full {
+            return Err(format!(
+                "request {}: END flag {} after {} of {} payload bytes",
+                h.request_id,
+                if end { "set" } else { "missing" },
+                s.received,
+                s.header.payload_len
+            ));
+        }
+        if !end {
+            return Ok(None);
+        }
+        let s = self.streams_in.remove(&h.request_id).expect("present");
+        if s.discard {
+            return Ok(None);
+        }
+        check_payload_crc(h.request_id, s.header.payload_crc, &s.buf).map_err(|e| e.to_string())?;
+        Ok(Some(Message {
+            header: s.header,
+            payload: Bytes::from(s.buf),
+        }))
+    }
+}
+
+fn goaway(status: Status, reason: &str) -> (FrameHeader, Vec<u8>) {
+    let body = reason.as_bytes()[..reason.len().min(1024)].to_vec();
+    let mut h = FrameHeader::new(FrameKind::GoAway, 0);
+    h.status = status;
+    h.body_len = body.len() as u32;
+    h.payload_len = body.len() as u64;
+    (h, body)
+}
+
+fn budget_us(deadline: Instant, now: Instant) -> u32 {
+    let us = deadline.saturating_duration_since(now).as_micros();
+    us.clamp(1, u128::from(u32::MAX)) as u32
+}
+
+// ------------------------------------------------------------------------------------------
+// Server role
+// ------------------------------------------------------------------------------------------
+
+/// A call the runtime should run.
+#[derive(Clone, Debug)]
+pub struct IncomingCall {
+    /// Request id (unique on this connection while in flight).
+    pub request_id: u64,
+    /// Method id.
+    pub method_id: u32,
+    /// The request payload.
+    pub payload: Bytes,
+    /// Absolute deadline, if the client sent a budget.
+    pub deadline: Option<Instant>,
+    /// No response is wanted.
+    pub one_way: bool,
+}
+
+/// What the server core asks of its runtime.
+#[derive(Clone, Debug)]
+pub enum ServerEvent {
+    /// Run this call, then [`ServerConn::respond`].
+    Call(IncomingCall),
+    /// The call was cancelled or its deadline passed; it has been answered already. Signal
+    /// the handler to stop; its result will be dropped.
+    Abandon {
+        /// The request.
+        request_id: u64,
+        /// CANCELLED or DEADLINE_EXCEEDED.
+        why: Status,
+    },
+}
+
+struct ServerInFlight {
+    deadline: Option<Instant>,
+    one_way: bool,
+    /// Still receiving its TCP_STREAM payload.
+    receiving: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ServerState {
+    Open,
+    /// GOAWAY(SHUTTING_DOWN) sent: new requests are answered SHUTTING_DOWN.
+    Draining,
+    /// A GOAWAY closing the connection is queued; close once it is written.
+    Closing(String),
+}
+
+/// The server side of one connection.
+pub struct ServerConn {
+    f: Framing,
+    inflight: HashMap<u64, ServerInFlight>,
+    deadlines: BTreeSet<(Instant, u64)>,
+    events: VecDeque<ServerEvent>,
+    state: ServerState,
+}
+
+impl ServerConn {
+    /// A new connection accepted at `now`.
+    pub fn new(cfg: ConnConfig, now: Instant) -> Self {
+        ServerConn {
+            f: Framing::new(cfg, now),
+            inflight: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            events: VecDeque::new(),
+            state: ServerState::Open,
+        }
+    }
+
+    /// Feeds received bytes.
+    pub fn handle_input(&mut self, bytes: &[u8], now: Instant) {
+        if matches!(self.state, ServerState::Closing(_)) {
+            return;
+        }
+        self.f.push_input(bytes, now);
+        loop {
+            match self.f.next_frame(now) {
+                Ok(Parsed::Need) => break,
+                Ok(Parsed::Frame(h, body)) => {
+                    if let Err(why) = self.on_frame(h, body, now) {
+                        self.close(Status::PROTOCOL, &why);
+                        break;
+                    }
+                    if matches!(self.state, ServerState::Closing(_)) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    self.close(Status::PROTOCOL, &e.to_string());
+                    break;
+                }
+            }
+        }
+    }
+
+    fn on_frame(&mut self, h: FrameHeader, body: Bytes, now: Instant) -> Result<(), String> {
+        match h.kind {
+            FrameKind::Request => self.on_request(h, body, now),
+            FrameKind::Data => {
+                if let Some(m) = self.f.data_frame(h, body)? {
+                    let id = m.header.request_id;
+                    if let Some(e) = self.inflight.get_mut(&id) {
+                        e.receiving = false;
+                        let call = IncomingCall {
+                            request_id: id,
+                            method_id: m.header.method_id,
+                            payload: m.payload,
+                            deadline: e.deadline,
+                            one_way: e.one_way,
+                        };
+                        self.events.push_back(ServerEvent::Call(call));
+                    }
+                }
+                Ok(())
+            }
+            FrameKind::Cancel => {
+                self.abandon(h.request_id, Status::CANCELLED, "cancelled by the client");
+                Ok(())
+            }
+            FrameKind::Ping => {
+                let pong = FrameHeader::new(FrameKind::Pong, h.request_id);
+                self.f.send_frame(&pong, &[]);
+                Ok(())
+            }
+            FrameKind::Pong => Ok(()),
+            FrameKind::GoAway => {
+                let reason = String::from_utf8_lossy(&body).into_owned();
+                tracing::debug!(%reason, "client sent GOAWAY");
+                self.state = ServerState::Closing(format!("client went away: {reason}"));
+                Ok(())
+            }
+            FrameKind::Response => Err("a client sent a RESPONSE frame".into()),
+        }
+    }
+
+    fn on_request(&mut self, h: FrameHeader, body: Bytes, now: Instant) -> Result<(), String> {
+        let id = h.request_id;
+        if self.inflight.contains_key(&id) || self.f.streams_in.contains_key(&id) {
+            return Err(format!("duplicate request id {id} while it is in flight"));
+        }
+        let streaming = h.mode == PayloadMode::TcpStream;
+        let refuse = |me: &mut Self, status: Status, why: &str| {
+            if streaming {
+                me.f.open_in_stream(h, true);
+            }
+            me.answer(id, h.method_id, status, Bytes::from(why.to_string()));
+        };
+        if self.state == ServerState::Draining {
+            refuse(
+                self,
+                Status::SHUTTING_DOWN,
+                "the server is shutting down; call another server or retry later",
+            );
+            return Ok(());
+        }
+        if h.payload_len > self.f.cfg.limits.max_payload_len {
+            let why = format!(
+                "limit `max_payload_len` exceeded: {} > {}; raise the server's max_payload_len or send less",
+                h.payload_len, self.f.cfg.limits.max_payload_len
+            );
+            refuse(self, Status::PAYLOAD_TOO_LARGE, &why);
+            return Ok(());
+        }
+        if self.inflight.len() >= self.f.cfg.max_inflight {
+            let why = format!(
+                "limit `max_inflight_per_conn` reached ({}); wait for answers or raise --max-inflight",
+                self.f.cfg.max_inflight
+            );
+            refuse(self, Status::OVERLOADED, &why);
+            return Ok(());
+        }
+        if h.mode == PayloadMode::HmcBuffer {
+            self.answer(
+                id,
+                h.method_id,
+                Status::DATA_PLANE,
+                Bytes::from_static(b"HMC_BUFFER payloads need a data plane, which this server has not configured; send INLINE or TCP_STREAM"),
+            );
+            return Ok(());
+        }
+        let deadline =
+            (h.deadline_us != 0).then(|| now + Duration::from_micros(h.deadline_us.into()));
+        let one_way = h.flags.contains(Flags::ONE_WAY);
+        if let Some(d) = deadline {
+            self.deadlines.insert((d, id));
+        }
+        self.inflight.insert(
+            id,
+            ServerInFlight {
+                deadline,
+                one_way,
+                receiving: streaming,
+            },
+        );
+        if streaming {
+            self.f.open_in_stream(h, false);
+        } else {
+            check_payload_crc(id, h.payload_crc, &body).map_err(|e| e.to_string())?;
+            self.events.push_back(ServerEvent::Call(IncomingCall {
+                request_id: id,
+                method_id: h.method_id,
+                payload: body,
+                deadline,
+                one_way,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Queues a response outside the request table (refusals).
+    fn answer(&mut self, id: u64, method: u32, status: Status, payload: Bytes) {
+        let mut h = FrameHeader::new(FrameKind::Response, id);
+        h.method_id = method;
+        h.status = status;
+        self.f.send_message(h, payload);
+    }
+
+    fn abandon(&mut self, id: u64, why: Status, text: &str) {
+        let Some(e) = self.inflight.remove(&id) else {
+            return; // already answered: cancel is idempotent
+        };
+        if let Some(d) = e.deadline {
+            self.deadlines.remove(&(d, id));
+        }
+        if e.receiving
+            && let Some(s) = self.f.streams_in.get_mut(&id)
+        {
+            s.discard = true;
+            s.buf = Vec::new();
+        }
+        if !e.one_way {
+            self.answer(id, 0, why, Bytes::from(text.to_string()));
+        }
+        self.events.push_back(ServerEvent::Abandon {
+            request_id: id,
+            why,
+        });
+    }
+
+    /// The runtime's answer to a call. Dropped when the call was already answered
+    /// (cancelled or timed out); replaced by DEADLINE_EXCEEDED when it comes too late.
+    pub fn respond(
+        &mut self,
+        request_id: u64,
+        method_id: u32,
+        status: Status,
+        payload: Bytes,
+        now: Instant,
+    ) {
+        let Some(e) = self.inflight.remove(&request_id) else {
+            return;
+        };
+        let mut status = status;
+        let mut payload = payload;
+        if let Some(d) = e.deadline {
+            self.deadlines.remove(&(d, request_id));
+            if now >= d {
+                status = Status::DEADLINE_EXCEEDED;
+                payload = Bytes::from_static(b"the handler finished after the call's deadline");
+            }
+        }
+        if e.one_way {
+            return;
+        }
+        let mut h = FrameHeader::new(FrameKind::Response, request_id);
+        h.method_id = method_id;
+        h.status = status;
+        self.f.send_message(h, payload);
+    }
+
+    /// Next event for the runtime.
+    pub fn poll_event(&mut self) -> Option<ServerEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`ServerConn::handle_timeout`] should next run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t = self.deadlines.first().map(|(d, _)| *d);
+        let mut take = |x: Option<Instant>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t| t.min(x)));
+            }
+        };
+        take(self.f.stall_deadline());
+        if self.inflight.is_empty() && self.state == ServerState::Open {
+            take(Some(self.f.last_rx + self.f.cfg.idle_timeout));
+        }
+        t
+    }
+
+    /// Expires deadlines, stalled frames and idle connections.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&(d, id)) = self.deadlines.first() {
+            if d > now {
+                break;
+            }
+            self.abandon(
+                id,
+                Status::DEADLINE_EXCEEDED,
+                "the call's deadline passed before it completed",
+            );
+        }
+        if matches!(self.state, ServerState::Closing(_)) {
+            return;
+        }
+        if self.f.stall_deadline().is_some_and(|t| now >= t) {
+            let why = format!(
+                "an incomplete frame stalled for longer than `frame_timeout` ({:?}); send whole frames",
+                self.f.cfg.frame_timeout
+            );
+            self.close(Status::PROTOCOL, &why);
+        } else if self.inflight.is_empty()
+            && self.state == ServerState::Open
+            && now >= self.f.last_rx + self.f.cfg.idle_timeout
+        {
+            let why = format!(
+                "idle for `idle_timeout` ({:?}); reconnect to call again",
+                self.f.cfg.idle_timeout
+            );
+            self.close(Status::OK, &why);
+        }
+    }
+
+    /// Starts a graceful shutdown: sends GOAWAY(SHUTTING_DOWN); calls in flight finish,
+    /// new ones are answered SHUTTING_DOWN.
+    pub fn begin_shutdown(&mut self) {
+        if self.state == ServerState::Open {
+            let (h, b) = goaway(
+                Status::SHUTTING_DOWN,
+                "server shutting down: calls in flight finish, new calls are refused",
+            );
+            self.f.send_frame(&h, &b);
+            self.state = ServerState::Draining;
+        }
+    }
+
+    fn close(&mut self, status: Status, why: &str) {
+        if matches!(self.state, ServerState::Closing(_)) {
+            return;
+        }
+        tracing::debug!(%status, reason = why, "closing connection with GOAWAY");
+        let (h, b) = goaway(status, why);
+        self.f.send_frame(&h, &b);
+        self.f.streams_out.clear();
+        self.state = ServerState::Closing(why.to_string());
+        let ids: Vec<u64> = self.inflight.keys().copied().collect();
+        for id in ids {
+            self.inflight.remove(&id);
+            self.events.push_back(ServerEvent::Abandon {
+                request_id: id,
+                why: Status::CANCELLED,
+            });
+        }
+        self.deadlines.clear();
+    }
+
+    /// Bytes to write now (empty when nothing is queued).
+    pub fn pending_tx(&mut self) -> &[u8] {
+        self.f.pending_tx()
+    }
+
+    /// `n` bytes of [`ServerConn::pending_tx`] were written.
+    pub fn advance_tx(&mut self, n: usize) {
+        self.f.advance_tx(n)
+    }
+
+    /// True while something waits to be written.
+    pub fn has_tx(&self) -> bool {
+        self.f.has_tx()
+    }
+
+    /// Calls admitted and not yet answered.
+    pub fn inflight_len(&self) -> usize {
+        self.inflight.len()
+    }
+
+    /// `Some(reason)` once the connection should be closed after flushing.
+    pub fn close_reason(&self) -> Option<&str> {
+        match &self.state {
+            ServerState::Closing(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// True when draining and every call has been answered.
+    pub fn drained(&self) -> bool {
+        self.state == ServerState::Draining && self.inflight.is_empty()
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Client role
+// ------------------------------------------------------------------------------------------
+
+/// What the client core reports to its runtime.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientEvent {
+    /// The answer to a call.
+    Response {
+        /// Which call.
+        request_id: u64,
+        /// The server's status.
+        status: Status,
+        /// The payload (for non-OK statuses, the server's explanation).
+        payload: Bytes,
+    },
+    /// The call's deadline passed locally; a CANCEL was sent.
+    TimedOut {
+        /// Which call.
+        request_id: u64,
+    },
+    /// The server will take no new calls on this connection; calls in flight still finish.
+    Draining {
+        /// The server's reason.
+        reason: String,
+    },
+}
+
+/// Why a call could not be started on this connection.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// No credit left.
+    #[error(
+        "limit `max_inflight_per_conn` reached ({0}); wait for answers or raise ClientConfig::max_inflight"
+    )]
+    NoCredit(usize),
+    /// Payload over `max_payload_len`.
+    #[error(
+        "limit `max_payload_len` exceeded: {0} > {1}; send less or raise the limit on both peers"
+    )]
+    TooLarge(u64, u64),
+    /// The connection is closing or draining.
+    #[error("connection not usable: {0}")]
+    Closed(String),
+}
+
+/// The client side of one connection.
+pub struct ClientConn {
+    f: Framing,
+    next_id: u64,
+    pending: HashMap<u64, Option<Instant>>,
+    deadlines: BTreeSet<(Instant, u64)>,
+    /// Responses to these ids are dropped (cancelled or timed out; kept until the server's
+    /// own answer arrives so a streamed answer can be discarded).
+    forgotten: HashSet<u64>,
+    events: VecDeque<ClientEvent>,
+    ping_sent: Option<Instant>,
+    draining: Option<String>,
+    closed: Option<String>,
+}
+
+impl ClientConn {
+    /// A new connection established at `now`.
+    pub fn new(cfg: ConnConfig, now: Instant) -> Self {
+        ClientConn {
+            f: Framing::new(cfg, now),
+            next_id: 1,
+            pending: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            forgotten: HashSet::new(),
+            events: VecDeque::new(),
+            ping_sent: None,
+            draining: None,
+            closed: None,
+        }
+    }
+
+    /// Queues a call; returns its request id.
+    pub fn start_call(
+        &mut self,
+        method_id: u32,
+        payload: Bytes,
+        deadline: Option<Instant>,
+        one_way: bool,
+        now: Instant,
+    ) -> Result<u64, StartError> {
+        if let Some(r) = self.closed.as_ref().or(self.draining.as_ref()) {
+            return Err(StartError::Closed(r.clone()));
+        }
+        if self.pending.len() >= self.f.cfg.max_inflight {
+            return Err(StartError::NoCredit(self.f.cfg.max_inflight));
+        }
+        let max = self.f.cfg.limits.max_payload_len;
+        if payload.len() as u64 > max {
+            return Err(StartError::TooLarge(payload.len() as u64, max));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut h = FrameHeader::new(FrameKind::Request, id);
+        h.method_id = method_id;
+        if one_way {
+            h.flags = Flags::ONE_WAY;
+        }
+        if let Some(d) = deadline {
+            h.deadline_us = budget_us(d, now);
+            self.deadlines.insert((d, id));
+        }
+        self.f.send_message(h, payload);
+        if !one_way {
+            self.pending.insert(id, deadline);
+        }
+        Ok(id)
+    }
+
+    /// Abandons a call: sends CANCEL, drops its answer when it comes. Idempotent.
+    pub fn cancel(&mut self, request_id: u64) {
+        if let Some(d) = self.pending.remove(&request_id) {
+            if let Some(d) = d {
+                self.deadlines.remove(&(d, request_id));
+            }
+            self.f.drop_out_stream(request_id);
+            self.forgotten.insert(request_id);
+            if self.closed.is_none() {
+                let c = FrameHeader::new(FrameKind::Cancel, request_id);
+                self.f.send_frame(&c, &[]);
+            }
+        }
+    }
+
+    /// Feeds received bytes.
+    pub fn handle_input(&mut self, bytes: &[u8], now: Instant) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.f.push_input(bytes, now);
+        self.ping_sent = None;
+        loop {
+            match self.f.next_frame(now) {
+                Ok(Parsed::Need) => break,
+                Ok(Parsed::Frame(h, body)) => {
+                    if let Err(why) = self.on_frame(h, body) {
+                        self.fail(&why, true);
+                        break;
+                    }
+                    if self.closed.is_some() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    self.fail(&e.to_string(), true);
+                    break;
+                }
+            }
+        }
+    }
+
+    fn on_frame(&mut self, h: FrameHeader, body: Bytes) -> Result<(), String> {
+        let id = h.request_id;
+        match h.kind {
+            FrameKind::Response => {
+                if h.mode == PayloadMode::TcpStream {
+                    let discard = !self.pending.contains_key(&id);
+                    if self.f.streams_in.contains_key(&id) {
+                        return Err(format!("second streamed response for request {id}"));
+                    }
+                    self.f.open_in_stream(h, discard);
+                    return Ok(());
+                }
+                if h.mode == PayloadMode::HmcBuffer {
+                    return Err("HMC_BUFFER responses need a data plane, which this client has not configured".into());
+                }
+                check_payload_crc(id, h.payload_crc, &body).map_err(|e| e.to_string())?;
+                self.deliver(h, body);
+                Ok(())
+            }
+            FrameKind::Data => {
+                if let Some(m) = self.f.data_frame(h, body)? {
+                    self.deliver(m.header, m.payload);
+                }
+                Ok(())
+            }
+            FrameKind::Ping => {
+                let pong = FrameHeader::new(FrameKind::Pong, id);
+                self.f.send_frame(&pong, &[]);
+                Ok(())
+            }
+            FrameKind::Pong => Ok(()),
+            FrameKind::GoAway => {
+                let reason = String::from_utf8_lossy(&body).into_owned();
+                if h.status == Status::SHUTTING_DOWN {
+                    self.draining = Some(format!("server said: {reason}"));
+                    self.events.push_back(ClientEvent::Draining { reason });
+                } else {
+                    self.fail(
+                        &format!("server closed the connection ({}): {reason}", h.status),
+                        false,
+                    );
+                }
+                Ok(())
+            }
+            FrameKind::Request | FrameKind::Cancel => {
+                Err(format!("a server sent a {:?} frame", h.kind))
+            }
+        }
+    }
+
+    fn deliver(&mut self, h: FrameHeader, payload: Bytes) {
+        let id = h.request_id;
+        if let Some(d) = self.pending.remove(&id) {
+            if let Some(d) = d {
+                self.deadlines.remove(&(d, id));
+            }
+            self.events.push_back(ClientEvent::Response {
+                request_id: id,
+                status: h.status,
+                payload,
+            });
+        } else {
+            // Late answer to a cancelled or timed-out call, or a refusal of a one-way call.
+            self.forgotten.remove(&id);
+        }
+    }
+
+    /// Next event.
+    pub fn poll_event(&mut self) -> Option<ClientEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`ClientConn::handle_timeout`] should next run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t = self.deadlines.first().map(|(d, _)| *d);
+        let ka = self.f.cfg.keepalive_interval;
+        let k = if !self.pending.is_empty() {
+            Some(match self.ping_sent {
+                Some(p) => p + ka,
+                None => self.f.last_rx + ka,
+            })
+        } else {
+            None
+        };
+        for x in [k, self.f.stall_deadline()].into_iter().flatten() {
+            t = Some(t.map_or(x, |t| t.min(x)));
+        }
+        t
+    }
+
+    /// Expires deadlines (sending CANCEL) and runs the keepalive.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&(d, id)) = self.deadlines.first() {
+            if d > now {
+                break;
+            }
+            self.cancel(id);
+            self.events
+                .push_back(ClientEvent::TimedOut { request_id: id });
+        }
+        if self.closed.is_some() {
+            return;
+        }
+        if self.f.stall_deadline().is_some_and(|t| now >= t) {
+            self.fail("the server stalled in the middle of a frame", true);
+            return;
+        }
+        if self.pending.is_empty() {
+            self.ping_sent = None;
+            return;
+        }
+        let ka = self.f.cfg.keepalive_interval;
+        match self.ping_sent {
+            Some(p) if now >= p + ka => {
+                self.fail(
+                    &format!(
+                        "no PONG within `keepalive_interval` ({ka:?}); the server is unreachable"
+                    ),
+                    true,
+                );
+            }
+            None if now >= self.f.last_rx + ka => {
+                let p = FrameHeader::new(FrameKind::Ping, self.next_id);
+                self.f.send_frame(&p, &[]);
+                self.ping_sent = Some(now);
+            }
+            _ => {}
+        }
+    }
+
+    fn fail(&mut self, why: &str, send_goaway: bool) {
+        if self.closed.is_some() {
+            return;
+        }
+        tracing::debug!(reason = why, "client connection failed");
+        self.f.streams_out.clear();
+        if send_goaway {
+            let (h, b) = goaway(Status::PROTOCOL, why);
+            self.f.send_frame(&h, &b);
+        }
+        self.closed = Some(why.to_string());
+    }
+
+    /// Closes locally (socket lost); calls in flight are left for the runtime to fail.
+    pub fn connection_lost(&mut self, why: &str) {
+        if self.closed.is_none() {
+            self.closed = Some(why.to_string());
+        }
+    }
+
+    /// Ids of calls still waiting for an answer.
+    pub fn pending_ids(&self) -> Vec<u64> {
+        self.pending.keys().copied().collect()
+    }
+
+    /// Calls waiting for an answer.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// `Some(reason)` once the connection is unusable.
+    pub fn closed_reason(&self) -> Option<&str> {
+        self.closed.as_deref()
+    }
+
+    /// `Some(reason)` once the server announced a graceful shutdown.
+    pub fn draining_reason(&self) -> Option<&str> {
+        self.draining.as_deref()
+    }
+
+    /// Bytes to write now.
+    pub fn pending_tx(&mut self) -> &[u8] {
+        self.f.pending_tx()
+    }
+
+    /// `n` bytes of [`ClientConn::pending_tx`] were written.
+    pub fn advance_tx(&mut self, n: usize) {
+        self.f.advance_tx(n)
+    }
+
+    /// True while something waits to be written.
+    pub fn has_tx(&self) -> bool {
+        self.f.has_tx()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Moves all queued bytes from one side to the other (a lossless, instant wire).
+    fn pump_c2s(c: &mut ClientConn, s: &mut ServerConn, now: Instant) {
+        loop {
+            let b = c.pending_tx().to_vec();
+            if b.is_empty() {
+                break;
+            }
+            c.advance_tx(b.len());
+            s.handle_input(&b, now);
+        }
+    }
+
+    fn pump_s2c(s: &mut ServerConn, c: &mut ClientConn, now: Instant) {
+        loop {
+            let b = s.pending_tx().to_vec();
+            if b.is_empty() {
+                break;
+            }
+            s.advance_tx(b.len());
+            c.handle_input(&b, now);
+        }
+    }
+
+    fn calls(s: &mut ServerConn) -> Vec<IncomingCall> {
+        let mut v = vec![];
+        while let Some(e) = s.poll_event() {
+            if let ServerEvent::Call(c) = e {
+                v.push(c);
+            }
+        }
+        v
+    }
+
+    fn responses(c: &mut ClientConn) -> Vec<(u64, Status, Bytes)> {
+        let mut v = vec![];
+        while let Some(e) = c.poll_event() {
+            if let ClientEvent::Response {
+                request_id,
+                status,
+                payload,
+            } = e
+            {
+                v.push((request_id, status, payload));
+            }
+        }
+        v
+    }
+
+    fn pair(cfg: ConnConfig) -> (ClientConn, ServerConn, Instant) {
+        let now = Instant::now();
+        (
+            ClientConn::new(cfg.clone(), now),
+            ServerConn::new(cfg, now),
+            now,
+        )
+    }
+
+    #[test]
+    fn responses_out_of_order_are_matched_by_id() {
+        let (mut c, mut s, now) = pair(ConnConfig::default());
+        let a = c
+            .start_call(1, Bytes::from_static(b"slow"), None, false, now)
+            .unwrap();
+        let b = c
+            .start_call(1, Bytes::from_static(b"fast"), None, false, now)
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        let got = calls(&mut s);
+        assert_eq!(got.len(), 2);
+        s.respond(b, 1, Status::OK, Bytes::from_static(b"fast"), now);
+        s.respond(a, 1, Status::OK, Bytes::from_static(b"slow"), now);
+        pump_s2c(&mut s, &mut c, now);
+        let r = responses(&mut c);
+        assert_eq!(r[0], (b, Status::OK, Bytes::from_static(b"fast")));
+        assert_eq!(r[1], (a, Status::OK, Bytes::from_static(b"slow")));
+        assert_eq!(c.pending_len(), 0);
+    }
+
+    #[test]
+    fn large_payload_streams_in_chunks_and_small_calls_overtake_it() {
+        let cfg = ConnConfig {
+            chunk_len: 1000,
+            ..ConnConfig::default()
+        };
+        let (mut c, mut s, now) = pair(cfg);
+        let big: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let big_id = c
+            .start_call(1, Bytes::from(big.clone()), None, false, now)
+            .unwrap();
+        // Take one refill of chunks, then start a small call: it must arrive before the
+        // big payload completes.
+        let first = c.pending_tx().to_vec();
+        c.advance_tx(first.len());
+        s.handle_input(&first, now);
+        let small_id = c
+            .start_call(1, Bytes::from_static(b"small"), None, false, now)
+            .unwrap();
+        let next = c.pending_tx().to_vec();
+        c.advance_tx(next.len());
+        s.handle_input(&next, now);
+        let got = calls(&mut s);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].request_id, small_id);
+        pump_c2s(&mut c, &mut s, now);
+        let got = calls(&mut s);
+        assert_eq!(got[0].request_id, big_id);
+        assert_eq!(&got[0].payload[..], &big[..]);
+        s.respond(big_id, 1, Status::OK, got[0].payload.clone(), now);
+        pump_s2c(&mut s, &mut c, now);
+        assert_eq!(&responses(&mut c)[0].2[..], &big[..]);
+    }
+
+    #[test]
+    fn server_deadline_answers_deadline_exceeded_and_drops_the_late_result() {
+        let (mut c, mut s, now) = pair(ConnConfig::default());
+        let id = c
+            .start_call(
+                1,
+                Bytes::from_static(b"x"),
+                Some(now + Duration::from_millis(100)),
+                false,
+                now,
+            )
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        let call = calls(&mut s).remove(0);
+        assert_eq!(call.deadline, Some(now + Duration::from_millis(100)));
+        assert_eq!(s.poll_timeout(), call.deadline);
+        let later = now + Duration::from_millis(100);
+        s.handle_timeout(later);
+        assert!(matches!(
+            s.poll_event(),
+            Some(ServerEvent::Abandon {
+                why: Status::DEADLINE_EXCEEDED,
+                ..
+            })
+        ));
+        s.respond(id, 1, Status::OK, Bytes::from_static(b"late"), later);
+        pump_s2c(&mut s, &mut c, later);
+        let r = responses(&mut c);
+        assert_eq!(r.len(), 1, "exactly one completion");
+        assert_eq!(r[0].1, Status::DEADLINE_EXCEEDED);
+    }
+
+    #[test]
+    fn late_result_without_timer_is_still_answered_deadline_exceeded() {
+        let (mut c, mut s, now) = pair(ConnConfig::default());
+        let id = c
+            .start_call(
+                1,
+                Bytes::new(),
+                Some(now + Duration::from_millis(5)),
+                false,
+                now,
+            )
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        calls(&mut s);
+        let later = now + Duration::from_millis(6);
+        s.respond(id, 1, Status::OK, Bytes::from_static(b"late"), later);
+        pump_s2c(&mut s, &mut c, later);
+        assert_eq!(responses(&mut c)[0].1, Status::DEADLINE_EXCEEDED);
+    }
+
+    #[test]
+    fn cancel_yields_one_completion_and_frees_the_credit() {
+        let cfg = ConnConfig {
+            max_inflight: 1,
+            ..ConnConfig::default()
+        };
+        let (mut c, mut s, now) = pair(cfg);
+        let id = c.start_call(1, Bytes::new(), None, false, now).unwrap();
+        assert_eq!(
+            c.start_call(1, Bytes::new(), None, false, now),
+            Err(StartError::NoCredit(1))
+        );
+        pump_c2s(&mut c, &mut s, now);
+        calls(&mut s);
+        c.cancel(id);
+        c.cancel(id);
+        pump_c2s(&mut c, &mut s, now);
+        assert!(matches!(
+            s.poll_event(),
+            Some(ServerEvent::Abandon {
+                why: Status::CANCELLED,
+                ..
+            })
+        ));
+        assert!(s.poll_event().is_none());
+        assert_eq!(s.inflight_len(), 0);
+        // The handler's result arrives after the cancel: dropped.
+        s.respond(id, 1, Status::OK, Bytes::new(), now);
+        pump_s2c(&mut s, &mut c, now);
+        assert!(responses(&mut c).is_empty());
+        assert!(c.start_call(1, Bytes::new(), None, false, now).is_ok());
+    }
+
+    #[test]
+    fn client_deadline_times_out_locally_and_sends_cancel() {
+        let (mut c, mut s, now) = pair(ConnConfig::default());
+        let d = now + Duration::from_millis(10);
+        let id = c.start_call(1, Bytes::new(), Some(d), false, now).unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        calls(&mut s);
+        c.handle_timeout(d);
+        assert_eq!(
+            c.poll_event(),
+            Some(ClientEvent::TimedOut { request_id: id })
+        );
+        pump_c2s(&mut c, &mut s, d);
+        assert_eq!(s.inflight_len(), 0);
+    }
+
+    #[test]
+    fn per_connection_overload_is_answered_not_dropped() {
+        let cfg = ConnConfig {
+            max_inflight: 2,
+            ..ConnConfig::default()
+        };
+        let now = Instant::now();
+        let mut s = ServerConn::new(cfg, now);
+        let mut c = ClientConn::new(ConnConfig::default(), now);
+        let ids: Vec<u64> = (0..3)
+            .map(|_| c.start_call(1, Bytes::new(), None, false, now).unwrap())
+            .collect();
+        pump_c2s(&mut c, &mut s, now);
+        assert_eq!(calls(&mut s).len(), 2);
+        pump_s2c(&mut s, &mut c, now);
+        let r = responses(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].0, r[0].1), (ids[2], Status::OVERLOADED));
+        assert!(String::from_utf8_lossy(&r[0].2).contains("max_inflight"));
+    }
+
+    #[test]
+    fn oversized_streamed_request_is_refused_and_its_data_discarded() {
+        let cfg = ConnConfig {
+            limits: FrameLimits {
+                max_payload_len: 10_000,
+                ..FrameLimits::default()
+            },
+            ..ConnConfig::default()
+        };
+        let now = Instant::now();
+        let mut s = ServerConn::new(cfg, now);
+        let mut c = ClientConn::new(ConnConfig::default(), now);
+        let big = c
+            .start_call(1, Bytes::from(vec![1u8; 50_000]), None, false, now)
+            .unwrap();
+        let ok = c
+            .start_call(1, Bytes::from_static(b"ok"), None, false, now)
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        let got = calls(&mut s);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].request_id, ok);
+        assert!(s.close_reason().is_none());
+        pump_s2c(&mut s, &mut c, now);
+        assert_eq!(responses(&mut c)[0].0, big);
+    }
+
+    #[test]
+    fn duplicate_request_id_closes_with_goaway() {
+        let now = Instant::now();
+        let mut s = ServerConn::new(ConnConfig::default(), now);
+        let mut h = FrameHeader::new(FrameKind::Request, 7);
+        h.method_id = 1;
+        let mut bytes = Vec::new();
+        encode_frame(&mut bytes, &h, &[]);
+        encode_frame(&mut bytes, &h, &[]);
+        s.handle_input(&bytes, now);
+        assert!(s.close_reason().unwrap().contains("duplicate request id 7"));
+        let out = s.pending_tx().to_vec();
+        let g = FrameHeader::decode(&out[..48], &FrameLimits::default()).unwrap();
+        assert_eq!((g.kind, g.status), (FrameKind::GoAway, Status::PROTOCOL));
+    }
+
+    #[test]
+    fn bad_header_closes_with_goaway_naming_the_problem() {
+        let now = Instant::now();
+        let mut s = ServerConn::new(ConnConfig::default(), now);
+        let mut b = FrameHeader::new(FrameKind::Request, 1).encode();
+        b[0] = b'X';
+        s.handle_input(&b, now);
+        let out = s.pending_tx().to_vec();
+        let g = FrameHeader::decode(&out[..48], &FrameLimits::default()).unwrap();
+        assert_eq!(g.kind, FrameKind::GoAway);
+        assert!(String::from_utf8_lossy(&out[48..]).contains("bad magic"));
+    }
+
+    #[test]
+    fn payload_crc_mismatch_closes_the_connection() {
+        let now = Instant::now();
+        let mut s = ServerConn::new(ConnConfig::default(), now);
+        let mut h = FrameHeader::new(FrameKind::Request, 1);
+        h.payload_len = 3;
+        h.body_len = 3;
+        h.payload_crc = payload_crc(b"abc");
+        let mut bytes = Vec::new();
+        encode_frame(&mut bytes, &h, b"abd");
+        s.handle_input(&bytes, now);
+        assert!(
+            s.close_reason()
+                .unwrap()
+                .contains("payload CRC32C mismatch")
+        );
+    }
+
+    #[test]
+    fn half_header_stall_is_closed_after_frame_timeout() {
+        let now = Instant::now();
+        let mut s = ServerConn::new(ConnConfig::default(), now);
+        let b = FrameHeader::new(FrameKind::Ping, 1).encode();
+        s.handle_input(&b[..20], now);
+        let t = s.poll_timeout().unwrap();
+        assert_eq!(t, now + Duration::from_secs(10));
+        s.handle_timeout(t);
+        assert!(s.close_reason().unwrap().contains("frame_timeout"));
+    }
+
+    #[test]
+    fn bytes_split_anywhere_parse_the_same() {
+        let now = Instant::now();
+        let mut c = ClientConn::new(ConnConfig::default(), now);
+        for i in 0..5u8 {
+            c.start_call(2, Bytes::from(vec![i; 3000 * i as usize]), None, false, now)
+                .unwrap();
+        }
+        let mut wire = Vec::new();
+        loop {
+            let b = c.pending_tx().to_vec();
+            if b.is_empty() {
+                break;
+            }
+            c.advance_tx(b.len());
+            wire.extend(b);
+        }
+        let mut s = ServerConn::new(ConnConfig::default(), now);
+        for piece in wire.chunks(7) {
+            s.handle_input(piece, now);
+        }
+        let got = calls(&mut s);
+        assert_eq!(got.len(), 5);
+        for (i, c) in got.iter().enumerate() {
+            assert_eq!(c.payload.len(), 3000 * (c.request_id as usize - 1));
+            let _ = i;
+        }
+    }
+
+    #[test]
+    fn idle_connection_is_closed_and_ping_keeps_it_alive() {
+        let now = Instant::now();
+        let cfg = ConnConfig {
+            idle_timeout: Duration::from_secs(5),
+            ..ConnConfig::default()
+        };
+        let mut s = ServerConn::new(cfg, now);
+        let t1 = now + Duration::from_secs(4);
+        let mut ping = Vec::new();
+        encode_frame(&mut ping, &FrameHeader::new(FrameKind::Ping, 9), &[]);
+        s.handle_input(&ping, t1);
+        let out = s.pending_tx().to_vec();
+        s.advance_tx(out.len());
+        let pong = FrameHeader::decode(&out, &FrameLimits::default()).unwrap();
+        assert_eq!((pong.kind, pong.request_id), (FrameKind::Pong, 9));
+        s.handle_timeout(now + Duration::from_secs(6));
+        assert!(s.close_reason().is_none());
+        s.handle_timeout(t1 + Duration::from_secs(5));
+        assert!(s.close_reason().unwrap().contains("idle"));
+    }
+
+    #[test]
+    fn client_keepalive_pings_then_declares_the_server_lost() {
+        let cfg = ConnConfig {
+            keepalive_interval: Duration::from_secs(1),
+            ..ConnConfig::default()
+        };
+        let now = Instant::now();
+        let mut c = ClientConn::new(cfg, now);
+        c.start_call(1, Bytes::new(), None, false, now).unwrap();
+        let b = c.pending_tx().len();
+        c.advance_tx(b);
+        c.handle_timeout(now + Duration::from_secs(1));
+        let ping = FrameHeader::decode(c.pending_tx(), &FrameLimits::default()).unwrap();
+        assert_eq!(ping.kind, FrameKind::Ping);
+        c.handle_timeout(now + Duration::from_secs(2));
+        assert!(c.closed_reason().unwrap().contains("PONG"));
+    }
+
+    #[test]
+    fn graceful_shutdown_finishes_inflight_and_refuses_new_calls() {
+        let (mut c, mut s, now) = pair(ConnConfig::default());
+        let a = c
+            .start_call(1, Bytes::from_static(b"a"), None, false, now)
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        calls(&mut s);
+        s.begin_shutdown();
+        assert!(!s.drained());
+        // A request sent before the client saw the GOAWAY.
+        let mut h = FrameHeader::new(FrameKind::Request, 99);
+        h.method_id = 1;
+        let mut b = Vec::new();
+        encode_frame(&mut b, &h, &[]);
+        s.handle_input(&b, now);
+        s.respond(a, 1, Status::OK, Bytes::from_static(b"a"), now);
+        assert!(s.drained());
+        pump_s2c(&mut s, &mut c, now);
+        assert_eq!(
+            c.poll_event(),
+            Some(ClientEvent::Draining {
+                reason: "server shutting down: calls in flight finish, new calls are refused"
+                    .into()
+            })
+        );
+        let r = responses(&mut c);
+        assert_eq!((r[0].0, r[0].1), (a, Status::OK));
+        assert!(matches!(
+            c.start_call(1, Bytes::new(), None, false, now),
+            Err(StartError::Closed(_))
+        ));
+    }
+}
