@@ -47,7 +47,7 @@
 //! # Safety
 //!
 //! `unsafe` is confined to the FFI edge: resolving symbols with the header's signatures
-//! ([`api`](crate) module, each cited), and calls whose pointer arguments come from live
+//! (the `api` module, each cited), and calls whose pointer arguments come from live
 //! borrows ([`hmc_core::MemSpan`]/[`hmc_core::MemSpanMut`]) or from allocations this crate
 //! owns. Buffers free themselves exactly once. [`RocmMemory::open_ipc`] is `unsafe` because
 //! the length in a handle received from another process cannot be checked.

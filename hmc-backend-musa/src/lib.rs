@@ -1,0 +1,71 @@
+//! Moore Threads MUSA GPU memory for HMC: device allocations, copies in every direction,
+//! pinned host staging buffers and same-host IPC, through `libmusart` opened at run time.
+//!
+//! # What this crate is for
+//!
+//! [`MusaMemory`] implements [`hmc_core::Memory`] for one MUSA device: `musaMalloc`/`musaFree`
+//! allocations ([`MusaBuffer`]), and `musaMemcpy` copies host→device, device→host and
+//! device→device (host→host spans are copied directly, without the runtime).
+//! [`PinnedHostMemory`] (from [`MusaMemory::pinned`]) allocates page-locked host memory
+//! with `musaHostAlloc`, which device staging uses as bounce buffers.
+//! [`MusaMemory::export_ipc`] and [`MusaMemory::open_ipc`] share a device allocation with
+//! another process on the same host (`musaIpcGetMemHandle`/`musaIpcOpenMemHandle`).
+//! [`probe`] lists the devices, for `cargo xtask matrix` and for programs choosing a backend.
+//!
+//! Not for: kernels, streams or asynchronous copies (HMC moves bytes; compute stays with the
+//! application), nor peer-to-peer copies between two MUSA devices.
+//!
+//! # Loading
+//!
+//! Nothing from the MUSA toolkit is needed to build. At run time the runtime is looked up
+//! as `$HMC_MUSA_LIB` when set, else `libmusart.so`, `libmusart.so.4` … `.so.1`,
+//! `/usr/local/musa/lib/libmusart.so` ([`LIBRARY_CANDIDATES`]). A machine without the
+//! library, or without a device, gets [`hmc_core::Error::Unavailable`] naming what was
+//! looked for and the variable to set; nothing panics. Every failed runtime call becomes
+//! [`hmc_core::Error::Device`] with the library, the function, the `musaError_t` code and
+//! the runtime's own `musaGetErrorName`/`musaGetErrorString` text.
+//!
+//! The MUSA "current device" is per thread (as in CUDA's runtime API, which MUSA mirrors),
+//! so every call that touches device memory (alloc, free, copy, IPC, pinned alloc/free,
+//! info) first calls `musaSetDevice` for its own device on the calling thread; buffers
+//! remember their device and free themselves in its context.
+//!
+//! # What is verified, and how
+//!
+//! - Where a MUSA device is present, the `hmc-core` memory conformance kit runs against
+//!   [`MusaMemory`] and [`PinnedHostMemory`] (`tests/conformance.rs`).
+//! - Where it is not, the tests assert the clean `Unavailable` error.
+//! - Everywhere, `tests/abi_shim.rs` builds `tests/shim/musa_shim.c` with the C compiler
+//!   and runs the full conformance kit, the context checks, error mapping and a two-process
+//!   IPC exchange against it. That shim exports the same symbols over host memory and
+//!   checks direction enums and the current device: it is an **ABI shim that checks our
+//!   binding layer, not a hardware verification**. No MUSA hardware has run this crate yet.
+//!
+//! # Safety
+//!
+//! `unsafe` is confined to the FFI edge: resolving symbols with the header's signatures
+//! (the `api` module, each cited), and calls whose pointer arguments come from live
+//! borrows ([`hmc_core::MemSpan`]/[`hmc_core::MemSpanMut`]) or from allocations this crate
+//! owns. Buffers free themselves exactly once. [`MusaMemory::open_ipc`] is `unsafe` because
+//! the length in a handle received from another process cannot be checked.
+
+mod api;
+mod memory;
+
+pub use api::{LIBRARY_CANDIDATES, LIBRARY_ENV, MUSA_IPC_HANDLE_SIZE};
+pub use memory::{
+    DeviceInfo, IpcHandle, IpcMapping, MusaBuffer, MusaMemory, PinnedHostBuffer, PinnedHostMemory,
+};
+
+use hmc_core::Result;
+
+/// The MUSA devices of the default runtime (see [`MusaMemory::new`]), or `Unavailable` when
+/// the runtime or any device is missing. For `cargo xtask matrix` and backend selection.
+pub fn probe() -> Result<Vec<DeviceInfo>> {
+    memory::all_devices(&api::MusaApi::default_runtime()?)
+}
+
+/// Like [`probe`], for the runtime at `library`.
+pub fn probe_library(library: impl AsRef<std::path::Path>) -> Result<Vec<DeviceInfo>> {
+    memory::all_devices(&api::MusaApi::open(Some(library.as_ref()))?)
+}
