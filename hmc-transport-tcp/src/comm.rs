@@ -1,0 +1,672 @@
+//! `TcpCommunicator`: one-sided READ/WRITE and notifications over TCP or Unix sockets, for hosts without UCX or RDMA.
+//!
+//! The initiator side lives here; the target side (the responder that serves peers'
+//! requests against this process's registrations) lives in [`crate::responder`].
+//!
+//! Each endpoint keeps a small pool of connections. A transfer takes one connection for
+//! its whole batch and does its I/O inside the transfer future, straight between the
+//! socket and the registered memory. Dropping the future therefore stops every access to
+//! the local buffers at once; the connection it held is closed rather than returned, so a
+//! half-finished request never confuses the next one.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hmc_core::{
+    Access, Communicator, Deadline, Error, LocalRegistration, Notification, Op, PeerAddr, Region,
+    RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
+};
+use parking_lot::{Mutex, RwLock};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::AbortHandle;
+
+use crate::net::{Listener, Stream};
+use crate::wait::Watched;
+use crate::wire::{self, KEY_LEN, TOKEN_LEN, WireDesc};
+
+/// Limits of a [`TcpCommunicator`]. Every field has a default.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcpConfig {
+    /// Descriptors per request on the wire (default 65 536). Larger batches are sent as
+    /// several requests on one connection; a target refuses requests over its own limit.
+    pub max_batch_descs: usize,
+    /// Largest `notify` message in bytes (default 64 KiB).
+    pub max_notify_len: usize,
+    /// Notifications held until [`Communicator::recv_notification`] takes them
+    /// (default 4096); past it, `notify` fails at the sender with `LimitExceeded`.
+    pub max_pending_notifications: usize,
+    /// Connections this communicator's responder serves at once (default 1024).
+    pub max_accepted_connections: usize,
+    /// Transfers in flight per endpoint, one connection each (default 16); more wait.
+    pub max_connections_per_endpoint: usize,
+    /// Idle connections an endpoint keeps for reuse (default 4).
+    pub max_idle_per_endpoint: usize,
+    /// How long an accepted connection may take to send its HELLO (default 5 s).
+    pub hello_timeout: Duration,
+    /// Bytes registered at once (default 64 GiB).
+    pub max_registered_bytes: u64,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            max_batch_descs: 65_536,
+            max_notify_len: 64 << 10,
+            max_pending_notifications: 4096,
+            max_accepted_connections: 1024,
+            max_connections_per_endpoint: 16,
+            max_idle_per_endpoint: 4,
+            hello_timeout: Duration::from_secs(5),
+            max_registered_bytes: 64 << 30,
+        }
+    }
+}
+
+/// One registered region as the responder sees it.
+pub(crate) struct RegEntry {
+    pub(crate) id: u64,
+    pub(crate) region: Region,
+    pub(crate) access: Access,
+    pub(crate) token: [u8; TOKEN_LEN],
+    /// False once deregistered. Readers hold the read lock across each synchronous copy
+    /// into or out of the region, never across an `.await`, so deregistration waits for
+    /// at most one system call.
+    pub(crate) live: RwLock<bool>,
+}
+
+impl RegEntry {
+    /// Compares tokens in time independent of where they differ.
+    pub(crate) fn token_matches(&self, token: &[u8; TOKEN_LEN]) -> bool {
+        self.token
+            .iter()
+            .zip(token)
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Notifications {
+    pub(crate) closed: bool,
+    pub(crate) queue: std::collections::VecDeque<Notification>,
+}
+
+#[derive(Default)]
+pub(crate) struct Tasks {
+    pub(crate) closed: bool,
+    pub(crate) next: u64,
+    pub(crate) running: HashMap<u64, AbortHandle>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) config: TcpConfig,
+    pub(crate) addr: PeerAddr,
+    pub(crate) regions: RwLock<HashMap<u64, Arc<RegEntry>>>,
+    registered_bytes: Mutex<u64>,
+    next_region: AtomicU64,
+    next_endpoint: AtomicU64,
+    pub(crate) notifications: Watched<Notifications>,
+    pub(crate) tasks: Mutex<Tasks>,
+    closed: watch::Sender<bool>,
+}
+
+impl Shared {
+    pub(crate) fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.is_closed() {
+            Err(Error::Closed(format!(
+                "the TcpCommunicator at {} was closed",
+                self.addr
+            )))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// A `Communicator` over TCP or Unix sockets. Many threads may use it at once; share it
+/// with `Arc`. Dropping it closes it.
+pub struct TcpCommunicator {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for TcpCommunicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpCommunicator")
+            .field("addr", &self.shared.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TcpCommunicator {
+    /// Listens on `addr` (`tcp://IP:PORT`, port 0 for any, or `unix:///path`) and starts
+    /// the responder. Must be called inside a tokio runtime.
+    pub fn bind(addr: &PeerAddr, config: TcpConfig) -> Result<TcpCommunicator> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::InvalidArgument(
+                "TcpCommunicator::bind must be called inside a tokio runtime".into(),
+            ));
+        }
+        let listener = Listener::bind(addr)?;
+        let addr = listener.local_addr()?;
+        let (closed, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            config,
+            addr,
+            regions: RwLock::new(HashMap::new()),
+            registered_bytes: Mutex::new(0),
+            next_region: AtomicU64::new(1),
+            next_endpoint: AtomicU64::new(1),
+            notifications: Watched::new(Notifications::default()),
+            tasks: Mutex::new(Tasks::default()),
+            closed,
+        });
+        crate::responder::start(&shared, listener);
+        tracing::debug!(addr = %shared.addr, "TcpCommunicator listening");
+        Ok(TcpCommunicator { shared })
+    }
+
+    /// Bytes registered now.
+    pub fn registered_bytes(&self) -> u64 {
+        *self.shared.registered_bytes.lock()
+    }
+
+    /// Dials the endpoint's peer and exchanges HELLOs.
+    async fn dial(shared: &Shared, peer: &PeerAddr, deadline: Deadline) -> Result<Stream> {
+        let start = Instant::now();
+        let mut stream = Stream::connect(peer, deadline).await?;
+        let hello = async {
+            stream
+                .write_all(&wire::encode_hello(None, &shared.addr.to_string()))
+                .await?;
+            wire::read_hello(&mut stream, true).await
+        };
+        match tokio::time::timeout_at(deadline.instant().into(), hello).await {
+            Err(_) => Err(Error::DeadlineExceeded {
+                during: "data-plane HELLO",
+                elapsed: start.elapsed(),
+            }),
+            Ok(Err(e)) => Err(Error::peer(
+                peer,
+                format!("HELLO failed: {e}; is an HMC TcpCommunicator listening there?"),
+            )),
+            Ok(Ok(Err(why))) => Err(Error::Protocol(format!("{peer}: {why}"))),
+            Ok(Ok(Ok((0, _)))) => Ok(stream),
+            Ok(Ok(Ok((_, reason)))) => Err(Error::peer(
+                peer,
+                format!("refused the connection: {reason}"),
+            )),
+        }
+    }
+}
+
+impl Drop for TcpCommunicator {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// A connection to one peer; cheap to clone. The connections close when the last clone
+/// is dropped.
+#[derive(Clone)]
+pub struct TcpEndpoint {
+    inner: Arc<EndpointInner>,
+}
+
+struct EndpointInner {
+    id: u64,
+    peer: PeerAddr,
+    idle: Mutex<Vec<Stream>>,
+    slots: Semaphore,
+}
+
+impl std::fmt::Debug for TcpEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpEndpoint")
+            .field("peer", &self.inner.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TcpEndpoint {
+    /// The peer's address.
+    pub fn peer(&self) -> &PeerAddr {
+        &self.inner.peer
+    }
+
+    async fn checkout(&self, shared: &Shared, deadline: Deadline) -> Result<Stream> {
+        let pooled = self.inner.idle.lock().pop();
+        match pooled {
+            Some(s) => Ok(s),
+            None => TcpCommunicator::dial(shared, &self.inner.peer, deadline).await,
+        }
+    }
+
+    fn checkin(&self, shared: &Shared, stream: Stream) {
+        let mut idle = self.inner.idle.lock();
+        if idle.len() < shared.config.max_idle_per_endpoint {
+            idle.push(stream);
+        }
+    }
+}
+
+/// Local memory registered with a [`TcpCommunicator`]; deregistered on drop.
+pub struct TcpRegistration {
+    entry: Arc<RegEntry>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for TcpRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpRegistration")
+            .field("id", &self.entry.id)
+            .field("region", &self.entry.region)
+            .field("access", &self.entry.access)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalRegistration for TcpRegistration {
+    fn region(&self) -> Region {
+        self.entry.region
+    }
+    fn access(&self) -> Access {
+        self.entry.access
+    }
+}
+
+impl Drop for TcpRegistration {
+    fn drop(&mut self) {
+        self.shared.regions.write().remove(&self.entry.id);
+        // Waits for a copy in progress (one system call at most), then no peer request can
+        // touch the region again.
+        *self.entry.live.write() = false;
+        *self.shared.registered_bytes.lock() -= self.entry.region.len as u64;
+    }
+}
+
+/// A peer's region imported for one endpoint.
+#[derive(Clone)]
+pub struct TcpRemoteKey {
+    endpoint: u64,
+    id: u64,
+    token: [u8; TOKEN_LEN],
+    len: u64,
+    access: Access,
+}
+
+impl std::fmt::Debug for TcpRemoteKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: never logged.
+        f.debug_struct("TcpRemoteKey")
+            .field("id", &self.id)
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks a whole batch before anything moves, and turns it into wire descriptors.
+fn check_batch(
+    ep: &TcpEndpoint,
+    op: Op,
+    batch: &[TransferDesc<'_, TcpCommunicator>],
+) -> Result<Vec<WireDesc>> {
+    let need = Access::required_by(op);
+    batch
+        .iter()
+        .map(|d| {
+            if d.remote.endpoint != ep.inner.id {
+                return Err(Error::InvalidArgument(
+                    "a remote key was imported for another endpoint; import the region on this \
+                     endpoint"
+                        .into(),
+                ));
+            }
+            check_bounds(
+                "local registration",
+                d.local_offset as u64,
+                d.len as u64,
+                d.local.entry.region.len as u64,
+            )?;
+            check_bounds("remote region", d.remote_offset, d.len as u64, d.remote.len)?;
+            if !d.remote.access.allows(need) {
+                return Err(Error::AccessDenied(format!(
+                    "the remote region allows {:?} but {op:?} needs {need:?}; export it with \
+                     that access",
+                    d.remote.access
+                )));
+            }
+            Ok(WireDesc {
+                id: d.remote.id,
+                token: d.remote.token,
+                offset: d.remote_offset,
+                len: d.len as u64,
+            })
+        })
+        .collect()
+}
+
+/// The local bytes of descriptor `d`. The batch was bounds-checked and the registration is
+/// borrowed by the batch for the whole transfer.
+fn local_ptr(d: &TransferDesc<'_, TcpCommunicator>) -> *mut u8 {
+    (d.local.entry.region.addr as usize + d.local_offset) as *mut u8
+}
+
+/// Runs one request of a batch. The outer error means the connection is broken; the inner
+/// one is a refusal the target reported with the connection still in step.
+async fn run_request(
+    stream: &mut Stream,
+    peer: &str,
+    op: Op,
+    descs: &[TransferDesc<'_, TcpCommunicator>],
+    wire_descs: &[WireDesc],
+) -> std::io::Result<Result<()>> {
+    let mut header = Vec::with_capacity(5 + wire_descs.len() * WireDesc::LEN);
+    header.push(match op {
+        Op::Write => wire::REQ_WRITE,
+        Op::Read => wire::REQ_READ,
+    });
+    header.extend_from_slice(&(wire_descs.len() as u32).to_be_bytes());
+    wire_descs.iter().for_each(|d| d.encode(&mut header));
+    stream.write_all(&header).await?;
+    match op {
+        Op::Write => {
+            for d in descs.iter().filter(|d| d.len > 0) {
+                // SAFETY: `check_batch` proved [local_offset, local_offset+len) lies in the
+                // registration, whose memory the caller keeps allocated while registered
+                // (the `register` contract), and `descs` borrows the registration for the
+                // whole transfer.
+                let bytes = unsafe { std::slice::from_raw_parts(local_ptr(d), d.len) };
+                stream.write_all(bytes).await?;
+            }
+            wire::read_status(stream, peer).await
+        }
+        Op::Read => {
+            let status = wire::read_status(stream, peer).await?;
+            if status.is_ok() {
+                for d in descs.iter().filter(|d| d.len > 0) {
+                    // SAFETY: as for WRITE; peers and local code that touch the same bytes
+                    // concurrently accepted DMA semantics when registering.
+                    let bytes = unsafe { std::slice::from_raw_parts_mut(local_ptr(d), d.len) };
+                    stream.read_exact(bytes).await?;
+                }
+            }
+            Ok(status)
+        }
+    }
+}
+
+fn broken(peer: &PeerAddr, e: std::io::Error) -> Error {
+    if crate::net::is_disconnect(&e) {
+        Error::peer(peer, format!("connection lost mid-transfer: {e}"))
+    } else {
+        Error::io(format!("transfer with {peer}"), e)
+    }
+}
+
+impl TcpCommunicator {
+    /// Runs `work` until it ends, the deadline passes, or the communicator closes.
+    async fn bounded<T>(
+        &self,
+        during: &'static str,
+        deadline: Deadline,
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let start = Instant::now();
+        let mut closed = self.shared.closed.subscribe();
+        tokio::select! {
+            r = tokio::time::timeout_at(deadline.instant().into(), work) => {
+                r.unwrap_or_else(|_| Err(Error::DeadlineExceeded { during, elapsed: start.elapsed() }))
+            }
+            _ = closed.wait_for(|c| *c) => Err(Error::Closed(format!(
+                "the TcpCommunicator at {} was closed during {during}", self.shared.addr
+            ))),
+        }
+    }
+}
+
+impl Communicator for TcpCommunicator {
+    type Endpoint = TcpEndpoint;
+    type Registration = TcpRegistration;
+    type RemoteKey = TcpRemoteKey;
+
+    fn transport(&self) -> TransportId {
+        TransportId::Tcp
+    }
+
+    fn address(&self) -> PeerAddr {
+        self.shared.addr.clone()
+    }
+
+    async fn connect(&self, peer: &PeerAddr, deadline: Deadline) -> Result<TcpEndpoint> {
+        self.shared.check_open()?;
+        let shared = &self.shared;
+        let stream = self
+            .bounded("connect", deadline, Self::dial(shared, peer, deadline))
+            .await?;
+        Ok(TcpEndpoint {
+            inner: Arc::new(EndpointInner {
+                id: shared.next_endpoint.fetch_add(1, Ordering::Relaxed),
+                peer: peer.clone(),
+                idle: Mutex::new(vec![stream]),
+                slots: Semaphore::new(shared.config.max_connections_per_endpoint.max(1)),
+            }),
+        })
+    }
+
+    unsafe fn register(&self, region: Region, access: Access) -> Result<TcpRegistration> {
+        self.shared.check_open()?;
+        if !region.device.is_host() {
+            return Err(Error::Unsupported(format!(
+                "the TCP transport moves bytes with the CPU and cannot register {} memory; \
+                 stage it through a host ConnBuffer or use a device-capable transport",
+                region.device
+            )));
+        }
+        {
+            let mut used = self.shared.registered_bytes.lock();
+            let max = self.shared.config.max_registered_bytes;
+            let want = used.saturating_add(region.len as u64);
+            if want > max {
+                return Err(Error::LimitExceeded {
+                    limit: "max_registered_bytes",
+                    value: want,
+                    max,
+                    hint: "deregister buffers you no longer need, or raise \
+                           TcpConfig::max_registered_bytes"
+                        .into(),
+                });
+            }
+            *used = want;
+        }
+        let mut token = [0u8; TOKEN_LEN];
+        if let Err(e) = getrandom::fill(&mut token) {
+            *self.shared.registered_bytes.lock() -= region.len as u64;
+            return Err(Error::Unavailable {
+                what: "the OS random number generator".into(),
+                reason: e.to_string(),
+                hint: "remote keys need unguessable tokens; check /dev/urandom or getrandom(2)"
+                    .into(),
+            });
+        }
+        let id = self.shared.next_region.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(RegEntry {
+            id,
+            region,
+            access,
+            token,
+            live: RwLock::new(true),
+        });
+        self.shared.regions.write().insert(id, entry.clone());
+        Ok(TcpRegistration {
+            entry,
+            shared: self.shared.clone(),
+        })
+    }
+
+    fn export(&self, reg: &TcpRegistration) -> RemoteRegion {
+        let mut key = Vec::with_capacity(KEY_LEN);
+        key.extend_from_slice(&reg.entry.id.to_be_bytes());
+        key.extend_from_slice(&reg.entry.token);
+        RemoteRegion {
+            transport: TransportId::Tcp,
+            region: reg.entry.region,
+            access: reg.entry.access,
+            key,
+        }
+    }
+
+    fn import(&self, ep: &TcpEndpoint, remote: &RemoteRegion) -> Result<TcpRemoteKey> {
+        if remote.transport != TransportId::Tcp {
+            return Err(Error::InvalidArgument(format!(
+                "a {:?} region descriptor cannot be used with the TCP transport; export the \
+                 region from the peer's TcpCommunicator",
+                remote.transport
+            )));
+        }
+        if remote.key.len() != KEY_LEN {
+            return Err(Error::InvalidKey(format!(
+                "a TCP remote key is {KEY_LEN} bytes, this one is {}",
+                remote.key.len()
+            )));
+        }
+        Ok(TcpRemoteKey {
+            endpoint: ep.inner.id,
+            id: u64::from_be_bytes(remote.key[..8].try_into().expect("8 bytes")),
+            token: remote.key[8..].try_into().expect("16 bytes"),
+            len: remote.region.len as u64,
+            access: remote.access,
+        })
+    }
+
+    async fn transfer(
+        &self,
+        ep: &TcpEndpoint,
+        op: Op,
+        batch: &[TransferDesc<'_, Self>],
+        deadline: Deadline,
+    ) -> Result<()> {
+        self.shared.check_open()?;
+        let wire_descs = check_batch(ep, op, batch)?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        if deadline.is_expired() {
+            return Err(Error::DeadlineExceeded {
+                during: "transfer",
+                elapsed: Duration::ZERO,
+            });
+        }
+        let shared = &self.shared;
+        let peer = ep.inner.peer.to_string();
+        let work = async {
+            let _slot = ep
+                .inner
+                .slots
+                .acquire()
+                .await
+                .map_err(|_| Error::Closed("endpoint closed".into()))?;
+            let mut stream = ep.checkout(shared, deadline).await?;
+            let per = shared.config.max_batch_descs.max(1);
+            for (descs, wire_descs) in batch.chunks(per).zip(wire_descs.chunks(per)) {
+                match run_request(&mut stream, &peer, op, descs, wire_descs).await {
+                    Err(e) => return Err(broken(&ep.inner.peer, e)),
+                    Ok(Err(refused)) => {
+                        ep.checkin(shared, stream);
+                        return Err(refused);
+                    }
+                    Ok(Ok(())) => {}
+                }
+            }
+            ep.checkin(shared, stream);
+            Ok(())
+        };
+        self.bounded("transfer", deadline, work).await
+    }
+
+    async fn notify(
+        &self,
+        ep: &TcpEndpoint,
+        tag: u64,
+        msg: &[u8],
+        deadline: Deadline,
+    ) -> Result<()> {
+        self.shared.check_open()?;
+        let max = self.shared.config.max_notify_len;
+        if msg.len() > max {
+            return Err(Error::LimitExceeded {
+                limit: "max_notify_len",
+                value: msg.len() as u64,
+                max: max as u64,
+                hint: "raise TcpConfig::max_notify_len on both peers, or move the bytes with a \
+                       transfer"
+                    .into(),
+            });
+        }
+        let shared = &self.shared;
+        let peer = ep.inner.peer.to_string();
+        let work = async {
+            let _slot = ep
+                .inner
+                .slots
+                .acquire()
+                .await
+                .map_err(|_| Error::Closed("endpoint closed".into()))?;
+            let mut stream = ep.checkout(shared, deadline).await?;
+            let mut req = Vec::with_capacity(13 + msg.len());
+            req.push(wire::REQ_NOTIFY);
+            req.extend_from_slice(&tag.to_be_bytes());
+            req.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+            req.extend_from_slice(msg);
+            let sent = async {
+                stream.write_all(&req).await?;
+                wire::read_status(&mut stream, &peer).await
+            };
+            match sent.await {
+                Err(e) => Err(broken(&ep.inner.peer, e)),
+                Ok(status) => {
+                    ep.checkin(shared, stream);
+                    status
+                }
+            }
+        };
+        self.bounded("notify", deadline, work).await
+    }
+
+    async fn recv_notification(&self, deadline: Deadline) -> Result<Notification> {
+        let addr = &self.shared.addr;
+        self.shared
+            .notifications
+            .wait(deadline, "waiting for a notification", |s| {
+                if s.closed {
+                    Some(Err(Error::Closed(format!(
+                        "the TcpCommunicator at {addr} was closed"
+                    ))))
+                } else {
+                    s.queue.pop_front().map(Ok)
+                }
+            })
+            .await
+    }
+
+    fn close(&self) {
+        let first = !self.shared.closed.send_replace(true);
+        let running: Vec<AbortHandle> = {
+            let mut t = self.shared.tasks.lock();
+            t.closed = true;
+            t.running.drain().map(|(_, h)| h).collect()
+        };
+        running.iter().for_each(AbortHandle::abort);
+        self.shared.notifications.update(|n| n.closed = true);
+        if first {
+            tracing::debug!(addr = %self.shared.addr, "TcpCommunicator closed");
+        }
+    }
+}

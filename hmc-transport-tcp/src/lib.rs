@@ -1,0 +1,48 @@
+//! HMC over plain sockets: a rank-addressed control plane over TCP and Unix sockets, and a
+//! TCP `Communicator` that serves one-sided READ/WRITE for hosts without UCX or RDMA.
+//!
+//! # What this crate is for
+//!
+//! - [`ControlPlane`]: processes find and talk to each other by rank. Bind as rank N on
+//!   TCP and/or Unix socket addresses, connect to rank M over either, then send and receive
+//!   small typed messages ([`ControlMessage`]) per peer. A HELLO binds each connection to
+//!   the dialler's rank; a second connection claiming a connected rank is refused. This is
+//!   where peers exchange [`hmc_core::RemoteRegion`] descriptors and addresses.
+//! - [`TcpCommunicator`]: an [`hmc_core::Communicator`] for hosts without UCX or RDMA. A
+//!   responder inside the library serves peers' READ and WRITE requests against this
+//!   process's registrations, so the remote application does nothing during a transfer,
+//!   as with RDMA. A remote key carries a 128-bit random token; every request is checked
+//!   against the region's bounds and access flags before any byte is touched, and a WRITE
+//!   completes only when the target holds the bytes.
+//!
+//! # What it is not for
+//!
+//! Device memory: the CPU moves the bytes, so only host regions register (stage device
+//! data through a host `ConnBuffer`). Large or many-in-flight RPC payloads: that is
+//! `hmc-rpc`'s job. Untrusted networks: nothing is encrypted, and the tokens protect
+//! against mistakes and stale keys, not against an eavesdropper on the wire.
+//!
+//! # Runtime and limits
+//!
+//! Both types need a tokio runtime (they spawn their accept loops and connection tasks)
+//! and never busy-poll: idle connections cost a parked task each. Every limit has a
+//! default and a name in [`ControlPlaneConfig`] or [`TcpConfig`], and the error that
+//! reports it says how to raise it.
+//!
+//! # Safety story
+//!
+//! `unsafe` appears where bytes move between a socket and registered memory. Registration
+//! is `unsafe` in `hmc-core` for that reason: the caller keeps the region allocated while it
+//! is registered. The initiator touches local memory only inside the transfer future (so a
+//! dropped future stops at once); the responder touches a region only under its liveness
+//! lock, after a full bounds, token and access check.
+
+mod comm;
+mod control;
+mod net;
+mod responder;
+mod wait;
+mod wire;
+
+pub use comm::{TcpCommunicator, TcpConfig, TcpEndpoint, TcpRegistration, TcpRemoteKey};
+pub use control::{ControlMessage, ControlPlane, ControlPlaneConfig, Rank};

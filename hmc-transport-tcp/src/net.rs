@@ -1,0 +1,215 @@
+//! Sockets behind one type: TCP and Unix domain streams and listeners addressed by `PeerAddr`.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use hmc_core::{Deadline, Error, PeerAddr, Result};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+/// A connected byte stream over TCP or a Unix domain socket.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    /// Connects to `addr` by `deadline`. TCP streams get `TCP_NODELAY`: every exchange is
+    /// a request followed by a wait for the answer, which Nagle's algorithm would delay.
+    pub(crate) async fn connect(addr: &PeerAddr, deadline: Deadline) -> Result<Stream> {
+        let start = std::time::Instant::now();
+        let connecting = async {
+            match addr {
+                PeerAddr::Tcp(sa) => {
+                    let s = TcpStream::connect(sa).await?;
+                    s.set_nodelay(true)?;
+                    Ok(Stream::Tcp(s))
+                }
+                PeerAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await?)),
+                _ => Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "only tcp:// and unix:// addresses can be dialled",
+                )),
+            }
+        };
+        match tokio::time::timeout_at(deadline.instant().into(), connecting).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) if e.kind() == io::ErrorKind::Unsupported => Err(Error::InvalidArgument(
+                format!("cannot dial {addr}: use a tcp://IP:PORT or unix:///path address"),
+            )),
+            Ok(Err(e)) => Err(Error::peer(
+                addr,
+                format!("connect failed: {e}; check that the peer is listening there"),
+            )),
+            Err(_) => Err(Error::DeadlineExceeded {
+                during: "connect",
+                elapsed: start.elapsed(),
+            }),
+        }
+    }
+
+    /// Waits until a read may make progress.
+    pub(crate) async fn readable(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.readable().await,
+            Stream::Unix(s) => s.readable().await,
+        }
+    }
+
+    /// Waits until a write may make progress.
+    pub(crate) async fn writable(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.writable().await,
+            Stream::Unix(s) => s.writable().await,
+        }
+    }
+
+    /// One non-blocking `read`; `WouldBlock` when nothing is there.
+    pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_read(buf),
+            Stream::Unix(s) => s.try_read(buf),
+        }
+    }
+
+    /// One non-blocking `write`; `WouldBlock` when the socket buffer is full.
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_write(buf),
+            Stream::Unix(s) => s.try_write(buf),
+        }
+    }
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A listening socket; removes its Unix socket file when dropped.
+#[derive(Debug)]
+pub(crate) enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    /// Binds `addr`. `tcp://IP:0` picks a free port; [`Listener::local_addr`] tells which.
+    /// A Unix path that already exists is refused rather than deleted, since another
+    /// process may be serving it.
+    pub(crate) fn bind(addr: &PeerAddr) -> Result<Listener> {
+        match addr {
+            PeerAddr::Tcp(sa) => {
+                let std = std::net::TcpListener::bind(sa)
+                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                    .map_err(|e| Error::io(format!("binding {addr}"), e))?;
+                let l = TcpListener::from_std(std)
+                    .map_err(|e| Error::io(format!("registering listener {addr}"), e))?;
+                Ok(Listener::Tcp(l))
+            }
+            PeerAddr::Unix(path) => {
+                if path.exists() {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} already exists; remove the stale socket file or choose another path",
+                        path.display()
+                    )));
+                }
+                let l = UnixListener::bind(path)
+                    .map_err(|e| Error::io(format!("binding {addr}"), e))?;
+                Ok(Listener::Unix(l, path.clone()))
+            }
+            other => Err(Error::InvalidArgument(format!(
+                "cannot listen on {other}: use a tcp://IP:PORT or unix:///path address"
+            ))),
+        }
+    }
+
+    /// The address peers dial, with the port the kernel chose.
+    pub(crate) fn local_addr(&self) -> Result<PeerAddr> {
+        match self {
+            Listener::Tcp(l) => l
+                .local_addr()
+                .map(PeerAddr::Tcp)
+                .map_err(|e| Error::io("reading the listener's address", e)),
+            Listener::Unix(_, path) => Ok(PeerAddr::Unix(path.clone())),
+        }
+    }
+
+    /// Accepts one connection; TCP streams get `TCP_NODELAY`.
+    pub(crate) async fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept().await?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+            Listener::Unix(l, _) => Ok(Stream::Unix(l.accept().await?.0)),
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, path) = self {
+            remove_socket_file(path);
+        }
+    }
+}
+
+fn remove_socket_file(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "could not remove the socket file");
+    }
+}
+
+/// True for errors that mean "the other side went away" rather than a local fault.
+pub(crate) fn is_disconnect(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::NotConnected
+    )
+}

@@ -1,0 +1,359 @@
+//! The target side of `TcpCommunicator`: serves peers' READ, WRITE and NOTIFY requests against this process's registrations, inside the library.
+//!
+//! Every request is checked in full (key, token, bounds, access) before any byte of
+//! registered memory is touched. Bytes then move straight between the socket and the
+//! region with non-blocking `read`/`write` calls made under the region's liveness lock,
+//! which is never held across an `.await`: deregistration waits for one system call at
+//! most, and after it no request reaches the memory.
+
+use std::io;
+use std::sync::Arc;
+
+use hmc_core::{Access, Error, Notification, Op, PeerAddr, Result, check_bounds};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::comm::{RegEntry, Shared};
+use crate::net::{Listener, Stream};
+use crate::wire::{self, WireDesc};
+
+/// Registers a task so `close` can abort it; refuses once closed or at `limit` tasks.
+fn track(shared: &Shared, task: tokio::task::AbortHandle, limit: Option<usize>) -> Option<u64> {
+    let mut t = shared.tasks.lock();
+    if t.closed || limit.is_some_and(|l| t.running.len() > l) {
+        task.abort();
+        return None;
+    }
+    t.next += 1;
+    let id = t.next;
+    t.running.insert(id, task);
+    Some(id)
+}
+
+/// Starts the accept loop on `listener`.
+pub(crate) fn start(shared: &Arc<Shared>, listener: Listener) {
+    let weak = Arc::downgrade(shared);
+    let task = tokio::spawn(async move {
+        loop {
+            let accepted = listener.accept().await;
+            let Some(shared) = weak.upgrade() else { return };
+            match accepted {
+                Ok(stream) => spawn_connection(&shared, stream),
+                Err(e) => {
+                    tracing::warn!(addr = %shared.addr, error = %e, "data-plane accept failed");
+                    drop(shared);
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+    track(shared, task.abort_handle(), None);
+}
+
+fn spawn_connection(shared: &Arc<Shared>, stream: Stream) {
+    let limit = shared.config.max_accepted_connections;
+    // The task waits for its id before serving, so it can always remove itself.
+    let (id_tx, id_rx) = tokio::sync::oneshot::channel::<u64>();
+    let conn_shared = shared.clone();
+    let task = tokio::spawn(async move {
+        let Ok(id) = id_rx.await else { return };
+        serve(&conn_shared, stream).await;
+        conn_shared.tasks.lock().running.remove(&id);
+    });
+    match track(shared, task.abort_handle(), Some(limit)) {
+        Some(id) => {
+            let _ = id_tx.send(id);
+        }
+        None => tracing::warn!(
+            addr = %shared.addr,
+            limit,
+            "refusing a data-plane connection: limit `max_accepted_connections` reached \
+             (raise TcpConfig::max_accepted_connections)"
+        ),
+    }
+}
+
+/// Serves one connection until it closes or breaks the protocol.
+async fn serve(shared: &Shared, mut stream: Stream) {
+    let hello = tokio::time::timeout(
+        shared.config.hello_timeout,
+        wire::read_hello(&mut stream, false),
+    )
+    .await;
+    let from = match hello {
+        Err(_) => {
+            tracing::warn!(
+                addr = %shared.addr,
+                timeout = ?shared.config.hello_timeout,
+                "dropping a data-plane connection that sent no HELLO in time (hello_timeout)"
+            );
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "data-plane connection closed before its HELLO");
+            return;
+        }
+        Ok(Ok(Err(why))) => {
+            tracing::warn!(addr = %shared.addr, %why, "refusing a data-plane HELLO");
+            let _ = stream.write_all(&wire::encode_hello(Some(1), &why)).await;
+            return;
+        }
+        Ok(Ok(Ok((_, text)))) => match text.parse::<PeerAddr>() {
+            Ok(a) => a,
+            Err(e) => {
+                let why = format!("the HELLO's address is not valid: {e}");
+                tracing::warn!(addr = %shared.addr, %why, "refusing a data-plane HELLO");
+                let _ = stream.write_all(&wire::encode_hello(Some(1), &why)).await;
+                return;
+            }
+        },
+    };
+    let answer = wire::encode_hello(Some(0), &shared.addr.to_string());
+    if stream.write_all(&answer).await.is_err() {
+        return;
+    }
+    loop {
+        let kind = match stream.read_u8().await {
+            Ok(k) => k,
+            Err(_) => return, // the initiator closed the connection
+        };
+        let outcome = match kind {
+            wire::REQ_WRITE => serve_batch(shared, &mut stream, Op::Write).await,
+            wire::REQ_READ => serve_batch(shared, &mut stream, Op::Read).await,
+            wire::REQ_NOTIFY => serve_notify(shared, &mut stream, &from).await,
+            other => Err(Broken::Protocol(format!("unknown request kind {other}"))),
+        };
+        match outcome {
+            Ok(()) => {}
+            Err(Broken::Io(e)) => {
+                tracing::debug!(peer = %from, error = %e, "data-plane connection ended");
+                return;
+            }
+            Err(Broken::Protocol(why)) => {
+                tracing::warn!(peer = %from, %why, "closing a data-plane connection that broke the protocol");
+                let status = wire::encode_error(&Error::Protocol(why));
+                let _ = stream.write_all(&status).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Why a connection cannot go on.
+enum Broken {
+    Io(io::Error),
+    Protocol(String),
+}
+
+impl From<io::Error> for Broken {
+    fn from(e: io::Error) -> Self {
+        Broken::Io(e)
+    }
+}
+
+/// Looks up and checks one descriptor against the registration table.
+fn admit(shared: &Shared, op: Op, d: &WireDesc) -> Result<Arc<RegEntry>> {
+    let entry = shared.regions.read().get(&d.id).cloned().ok_or_else(|| {
+        Error::InvalidKey(format!(
+            "region {} is not registered at {} (deregistered, or never exported there)",
+            d.id, shared.addr
+        ))
+    })?;
+    if !entry.token_matches(&d.token) {
+        return Err(Error::InvalidKey(format!(
+            "the key's token does not match region {} at {}",
+            d.id, shared.addr
+        )));
+    }
+    check_bounds("remote region", d.offset, d.len, entry.region.len as u64)?;
+    let need = Access::required_by(op);
+    if !entry.access.allows(need) {
+        return Err(Error::AccessDenied(format!(
+            "region {} at {} allows {:?}, and {op:?} needs {need:?}",
+            d.id, shared.addr, entry.access
+        )));
+    }
+    Ok(entry)
+}
+
+/// Reads and discards `n` bytes.
+async fn drain(stream: &mut Stream, mut n: u64) -> io::Result<()> {
+    let mut scratch = vec![0u8; 64 << 10];
+    while n > 0 {
+        let want = n.min(scratch.len() as u64) as usize;
+        stream.read_exact(&mut scratch[..want]).await?;
+        n -= want as u64;
+    }
+    Ok(())
+}
+
+/// What happened while moving one descriptor's bytes.
+enum Moved {
+    Done,
+    /// The region was deregistered after `moved` bytes.
+    Deregistered {
+        moved: u64,
+    },
+}
+
+/// Reads `len` bytes from the socket into `entry` at `offset`.
+async fn recv_into(stream: &Stream, entry: &RegEntry, offset: u64, len: u64) -> io::Result<Moved> {
+    let mut done = 0u64;
+    while done < len {
+        stream.readable().await?;
+        let live = entry.live.read();
+        if !*live {
+            return Ok(Moved::Deregistered { moved: done });
+        }
+        // SAFETY: `admit` checked offset+len against the region, which stays allocated while
+        // it is registered (the `register` contract), and `live` (held for this call only)
+        // proves it still is. Concurrent access by others follows the DMA rule that
+        // `register`'s caller accepted.
+        let dst = unsafe {
+            std::slice::from_raw_parts_mut(
+                (entry.region.addr + offset + done) as *mut u8,
+                (len - done) as usize,
+            )
+        };
+        match stream.try_read(dst) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Moved::Done)
+}
+
+/// Writes `len` bytes of `entry` at `offset` to the socket.
+async fn send_from(stream: &Stream, entry: &RegEntry, offset: u64, len: u64) -> io::Result<Moved> {
+    let mut done = 0u64;
+    while done < len {
+        stream.writable().await?;
+        let live = entry.live.read();
+        if !*live {
+            return Ok(Moved::Deregistered { moved: done });
+        }
+        // SAFETY: as in `recv_into`; the bytes are only read.
+        let src = unsafe {
+            std::slice::from_raw_parts(
+                (entry.region.addr + offset + done) as *const u8,
+                (len - done) as usize,
+            )
+        };
+        match stream.try_write(src) {
+            Ok(n) => done += n as u64,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Moved::Done)
+}
+
+async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(), Broken> {
+    let count = stream.read_u32().await? as usize;
+    let max = shared.config.max_batch_descs;
+    if count > max {
+        return Err(Broken::Protocol(format!(
+            "a request of {count} descriptors exceeds the target's max_batch_descs ({max}); \
+             use the same TcpConfig on both peers"
+        )));
+    }
+    let mut raw = vec![0u8; count * WireDesc::LEN];
+    stream.read_exact(&mut raw).await?;
+    let descs = WireDesc::decode_all(&raw);
+    let total = descs
+        .iter()
+        .try_fold(0u64, |acc, d| acc.checked_add(d.len))
+        .ok_or_else(|| Broken::Protocol("descriptor lengths overflow u64".into()))?;
+    let admitted: Result<Vec<Arc<RegEntry>>> = descs.iter().map(|d| admit(shared, op, d)).collect();
+    let entries = match admitted {
+        Ok(e) => e,
+        Err(refusal) => {
+            tracing::debug!(addr = %shared.addr, error = %refusal, ?op, "refused a batch");
+            if op == Op::Write {
+                drain(stream, total).await?;
+            }
+            stream.write_all(&wire::encode_error(&refusal)).await?;
+            return Ok(());
+        }
+    };
+    match op {
+        Op::Write => {
+            let mut remaining = total;
+            for (d, entry) in descs.iter().zip(&entries) {
+                match recv_into(stream, entry, d.offset, d.len).await? {
+                    Moved::Done => remaining -= d.len,
+                    Moved::Deregistered { moved } => {
+                        drain(stream, remaining - moved).await?;
+                        let e = Error::InvalidKey(format!(
+                            "region {} at {} was deregistered during the WRITE; part of the \
+                             batch may have landed",
+                            d.id, shared.addr
+                        ));
+                        stream.write_all(&wire::encode_error(&e)).await?;
+                        return Ok(());
+                    }
+                }
+            }
+            stream.write_all(&[0]).await?;
+        }
+        Op::Read => {
+            stream.write_all(&[0]).await?;
+            for (d, entry) in descs.iter().zip(&entries) {
+                if let Moved::Deregistered { .. } =
+                    send_from(stream, entry, d.offset, d.len).await?
+                {
+                    // The answer is already under way; only closing can tell the initiator.
+                    return Err(Broken::Io(io::Error::other(format!(
+                        "region {} was deregistered during a READ",
+                        d.id
+                    ))));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn serve_notify(shared: &Shared, stream: &mut Stream, from: &PeerAddr) -> Result<(), Broken> {
+    let tag = stream.read_u64().await?;
+    let len = stream.read_u32().await? as usize;
+    let max = shared.config.max_notify_len;
+    if len > max {
+        drain(stream, len as u64).await?;
+        let e = Error::LimitExceeded {
+            limit: "max_notify_len",
+            value: len as u64,
+            max: max as u64,
+            hint: "raise TcpConfig::max_notify_len at the target".into(),
+        };
+        stream.write_all(&wire::encode_error(&e)).await?;
+        return Ok(());
+    }
+    let mut msg = vec![0u8; len];
+    stream.read_exact(&mut msg).await?;
+    let max_pending = shared.config.max_pending_notifications;
+    let queued = shared.notifications.update(|n| {
+        if n.queue.len() >= max_pending {
+            return Err(Error::LimitExceeded {
+                limit: "max_pending_notifications",
+                value: n.queue.len() as u64 + 1,
+                max: max_pending as u64,
+                hint: "the target is not calling recv_notification fast enough; retry later, or \
+                       raise TcpConfig::max_pending_notifications there"
+                    .into(),
+            });
+        }
+        n.queue.push_back(Notification {
+            from: from.clone(),
+            tag,
+            msg,
+        });
+        Ok(())
+    });
+    match queued {
+        Ok(()) => stream.write_all(&[0]).await?,
+        Err(e) => stream.write_all(&wire::encode_error(&e)).await?,
+    }
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! The data-plane wire format of `TcpCommunicator`: HELLO, batch requests, notifications, and errors that cross the wire.
+//!
+//! All integers are big-endian. A connection opens with
+//! `HELLO = "HMTC" | version u8 | addr_len u16 | addr` from the initiator (its listening
+//! address, for notifications) and the same shape back with a status byte after the
+//! version (0 admitted; otherwise the address field carries the reason). Then requests
+//! follow one at a time:
+//!
+//! | request | layout | answer |
+//! | --- | --- | --- |
+//! | WRITE (1) | `count u32`, `count` × [`WireDesc`], then the bytes of every descriptor in order | status |
+//! | READ (2) | `count u32`, `count` × [`WireDesc`] | status, then (if 0) the bytes of every descriptor in order |
+//! | NOTIFY (3) | `tag u64`, `len u32`, `len` bytes | status |
+//!
+//! A status is one byte, 0 for success; any other value is an error code followed by
+//! `a u64 | b u64 | c u64 | msg_len u16 | msg` (see [`encode_error`]). A refused WRITE is
+//! still followed by its bytes, which the target reads and discards, so the connection
+//! stays usable after a refusal.
+
+use std::io;
+
+use hmc_core::Error;
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+pub(crate) const HELLO_MAGIC: [u8; 4] = *b"HMTC";
+pub(crate) const VERSION: u8 = 1;
+/// Longest address or refusal reason in a HELLO.
+pub(crate) const MAX_HELLO_TEXT: usize = 4096;
+/// Longest error message carried in a status.
+const MAX_ERROR_MSG: usize = 4096;
+
+pub(crate) const REQ_WRITE: u8 = 1;
+pub(crate) const REQ_READ: u8 = 2;
+pub(crate) const REQ_NOTIFY: u8 = 3;
+
+/// Bytes of a region key: region id `u64` and a 128-bit random token.
+pub(crate) const KEY_LEN: usize = 8 + TOKEN_LEN;
+pub(crate) const TOKEN_LEN: usize = 16;
+
+/// One descriptor as the target sees it: which region (and proof of the right to it),
+/// where, and how much.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WireDesc {
+    pub id: u64,
+    pub token: [u8; TOKEN_LEN],
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl WireDesc {
+    pub(crate) const LEN: usize = 8 + TOKEN_LEN + 8 + 8;
+
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.id.to_be_bytes());
+        out.extend_from_slice(&self.token);
+        out.extend_from_slice(&self.offset.to_be_bytes());
+        out.extend_from_slice(&self.len.to_be_bytes());
+    }
+
+    /// Decodes `bytes.len() / LEN` descriptors; `bytes` must be a whole number of them.
+    pub(crate) fn decode_all(bytes: &[u8]) -> Vec<WireDesc> {
+        bytes
+            .chunks_exact(Self::LEN)
+            .map(|c| WireDesc {
+                id: u64::from_be_bytes(c[0..8].try_into().expect("8 bytes")),
+                token: c[8..24].try_into().expect("16 bytes"),
+                offset: u64::from_be_bytes(c[24..32].try_into().expect("8 bytes")),
+                len: u64::from_be_bytes(c[32..40].try_into().expect("8 bytes")),
+            })
+            .collect()
+    }
+}
+
+/// A HELLO or HELLO answer: `magic | version | [status] | len u16 | text`.
+pub(crate) fn encode_hello(status: Option<u8>, text: &str) -> Vec<u8> {
+    let text = &text.as_bytes()[..text.len().min(MAX_HELLO_TEXT)];
+    let mut out = Vec::with_capacity(8 + text.len());
+    out.extend_from_slice(&HELLO_MAGIC);
+    out.push(VERSION);
+    out.extend(status);
+    out.extend_from_slice(&(text.len() as u16).to_be_bytes());
+    out.extend_from_slice(text);
+    out
+}
+
+/// Reads a HELLO (`with_status` false) or its answer; returns the status (0 for a HELLO)
+/// and the text.
+pub(crate) async fn read_hello<R: AsyncRead + Unpin>(
+    r: &mut R,
+    with_status: bool,
+) -> io::Result<Result<(u8, String), String>> {
+    let mut head = [0u8; 5];
+    r.read_exact(&mut head).await?;
+    if head[..4] != HELLO_MAGIC {
+        return Ok(Err(
+            "not an HMC TCP data-plane peer (bad HELLO magic)".into()
+        ));
+    }
+    if head[4] != VERSION {
+        return Ok(Err(format!(
+            "data-plane version {} is not supported (this side speaks {VERSION})",
+            head[4]
+        )));
+    }
+    let status = if with_status { r.read_u8().await? } else { 0 };
+    let len = r.read_u16().await? as usize;
+    if len > MAX_HELLO_TEXT {
+        return Ok(Err(format!(
+            "HELLO text of {len} bytes exceeds {MAX_HELLO_TEXT}"
+        )));
+    }
+    let mut text = vec![0u8; len];
+    r.read_exact(&mut text).await?;
+    match String::from_utf8(text) {
+        Ok(t) => Ok(Ok((status, t))),
+        Err(_) => Ok(Err("HELLO text is not UTF-8".into())),
+    }
+}
+
+/// Limits whose errors cross the wire, by index (the wire carries the index).
+const WIRE_LIMITS: [&str; 4] = [
+    "max_batch_descs",
+    "max_notify_len",
+    "max_pending_notifications",
+    "max_accepted_connections",
+];
+
+/// The status bytes for `e`. Errors without a wire code travel as protocol errors with
+/// their message.
+pub(crate) fn encode_error(e: &Error) -> Vec<u8> {
+    let (code, a, b, c, msg) = match e {
+        Error::InvalidKey(m) => (1u8, 0, 0, 0, m.clone()),
+        Error::OutOfBounds {
+            offset, len, limit, ..
+        } => (2, *offset, *len, *limit, String::new()),
+        Error::AccessDenied(m) => (3, 0, 0, 0, m.clone()),
+        Error::LimitExceeded {
+            limit,
+            value,
+            max,
+            hint,
+        } => {
+            let idx = WIRE_LIMITS.iter().position(|l| l == limit).unwrap_or(0);
+            (4, idx as u64, *value, *max, hint.clone())
+        }
+        Error::Closed(m) => (6, 0, 0, 0, m.clone()),
+        other => (5, 0, 0, 0, other.to_string()),
+    };
+    let msg = &msg.as_bytes()[..msg.len().min(MAX_ERROR_MSG)];
+    let mut out = Vec::with_capacity(1 + 24 + 2 + msg.len());
+    out.push(code);
+    for v in [a, b, c] {
+        out.extend_from_slice(&v.to_be_bytes());
+    }
+    out.extend_from_slice(&(msg.len() as u16).to_be_bytes());
+    out.extend_from_slice(msg);
+    out
+}
+
+/// Reads a status; `Ok(Ok(()))` for success, `Ok(Err(e))` for an error the target
+/// reported (the connection is still in step), `Err` when the stream failed.
+pub(crate) async fn read_status<R: AsyncRead + Unpin>(
+    r: &mut R,
+    peer: &str,
+) -> io::Result<Result<(), Error>> {
+    let code = r.read_u8().await?;
+    if code == 0 {
+        return Ok(Ok(()));
+    }
+    let a = r.read_u64().await?;
+    let b = r.read_u64().await?;
+    let c = r.read_u64().await?;
+    let len = r.read_u16().await? as usize;
+    let mut msg = vec![0u8; len.min(MAX_ERROR_MSG)];
+    r.read_exact(&mut msg).await?;
+    let msg = String::from_utf8_lossy(&msg).into_owned();
+    Ok(Err(match code {
+        1 => Error::InvalidKey(msg),
+        2 => Error::OutOfBounds {
+            what: "remote region",
+            offset: a,
+            len: b,
+            limit: c,
+        },
+        3 => Error::AccessDenied(msg),
+        4 => Error::LimitExceeded {
+            limit: WIRE_LIMITS
+                .get(a as usize)
+                .copied()
+                .unwrap_or("target limit"),
+            value: b,
+            max: c,
+            hint: msg,
+        },
+        6 => Error::peer(peer, format!("the target is closing: {msg}")),
+        _ => Error::Protocol(format!("the target at {peer} reported: {msg}")),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_round_trip() {
+        let d = WireDesc {
+            id: 0x0102_0304_0506_0708,
+            token: [9; TOKEN_LEN],
+            offset: u64::MAX,
+            len: 42,
+        };
+        let mut out = Vec::new();
+        d.encode(&mut out);
+        d.encode(&mut out);
+        assert_eq!(out.len(), 2 * WireDesc::LEN);
+        assert_eq!(WireDesc::decode_all(&out), vec![d, d]);
+    }
+
+    #[tokio::test]
+    async fn errors_cross_the_wire_with_their_kind_and_numbers() {
+        let cases = [
+            Error::InvalidKey("stale".into()),
+            Error::OutOfBounds {
+                what: "remote region",
+                offset: 1,
+                len: 2,
+                limit: 3,
+            },
+            Error::AccessDenied("read-only".into()),
+            Error::LimitExceeded {
+                limit: "max_notify_len",
+                value: 10,
+                max: 5,
+                hint: "raise it".into(),
+            },
+        ];
+        for e in cases {
+            let bytes = encode_error(&e);
+            let back = read_status(&mut &bytes[..], "peer")
+                .await
+                .unwrap()
+                .unwrap_err();
+            assert_eq!(back.to_string(), e.to_string());
+        }
+        let ok = read_status(&mut &[0u8][..], "peer").await.unwrap();
+        assert!(ok.is_ok());
+    }
+
+    #[tokio::test]
+    async fn hellos_refuse_bad_magic_versions_and_lengths() {
+        let good = encode_hello(None, "tcp://127.0.0.1:1");
+        let (status, text) = read_hello(&mut &good[..], false).await.unwrap().unwrap();
+        assert_eq!((status, text.as_str()), (0, "tcp://127.0.0.1:1"));
+        let mut bad = good.clone();
+        bad[0] = b'X';
+        assert!(read_hello(&mut &bad[..], false).await.unwrap().is_err());
+        let mut v2 = good.clone();
+        v2[4] = 2;
+        assert!(read_hello(&mut &v2[..], false).await.unwrap().is_err());
+        let mut long = good[..5].to_vec();
+        long.extend_from_slice(&u16::MAX.to_be_bytes());
+        assert!(read_hello(&mut &long[..], false).await.unwrap().is_err());
+        // Truncated input is a stream error, not a panic.
+        assert!(read_hello(&mut &good[..6], false).await.is_err());
+    }
+}
