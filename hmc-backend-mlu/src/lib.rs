@@ -1,0 +1,73 @@
+//! Cambricon MLU memory for HMC: device allocations, copies in every direction, pinned
+//! host staging buffers and same-host IPC, through CNRT (`libcnrt`) opened at run time.
+//!
+//! # What this crate is for
+//!
+//! [`MluMemory`] implements [`hmc_core::Memory`] for one MLU: `cnrtMalloc`/`cnrtFree`
+//! allocations ([`MluBuffer`]), and `cnrtMemcpy` copies host→device, device→host and
+//! device→device (host→host spans are copied directly, without the runtime).
+//! [`PinnedHostMemory`] (from [`MluMemory::pinned`]) allocates page-locked host memory
+//! with `cnrtHostMalloc`, which device staging uses as bounce buffers.
+//! [`MluMemory::export_ipc`] and [`MluMemory::open_ipc`] share a device allocation with
+//! another process on the same host (`cnrtAcquireMemHandle`/`cnrtMapMemHandle`/
+//! `cnrtUnMapMemHandle`, CNRT's counterparts of CUDA's IPC calls). [`probe`] lists the
+//! devices, for `cargo xtask matrix` and for programs choosing a backend.
+//!
+//! Not for: kernels, queues or asynchronous copies (HMC moves bytes; compute stays with the
+//! application), nor peer-to-peer copies between two MLUs.
+//!
+//! # Loading
+//!
+//! Nothing from CNToolkit is needed to build. At run time the runtime is looked up as
+//! `$HMC_CNRT_LIB` when set, else `libcnrt.so`, `/usr/local/neuware/lib64/libcnrt.so`
+//! ([`LIBRARY_CANDIDATES`]). HMC targets CNRT 5 and later (the generation with
+//! `cnrtSetDevice`); an older library lacks symbols and is reported as `Unavailable`
+//! naming the missing one. A machine without the library, or without a device, gets
+//! [`hmc_core::Error::Unavailable`] naming what was looked for and the variable to set;
+//! nothing panics. Every failed runtime call becomes [`hmc_core::Error::Device`] with the
+//! library, the function, the `cnrtRet_t` code and the runtime's own `cnrtGetErrorStr` text.
+//!
+//! The CNRT current device is per thread, so every call that touches device memory
+//! (alloc, free, copy, IPC, pinned alloc/free, info) first calls `cnrtSetDevice` for its own
+//! device on the calling thread; buffers remember their device and free themselves in its
+//! context.
+//!
+//! # What is verified, and how
+//!
+//! - Where an MLU is present, the `hmc-core` memory conformance kit runs against
+//!   [`MluMemory`] and [`PinnedHostMemory`] (`tests/conformance.rs`).
+//! - Where it is not, the tests assert the clean `Unavailable` error.
+//! - Everywhere, `tests/abi_shim.rs` builds `tests/shim/cnrt_shim.c` with the C compiler
+//!   and runs the full conformance kit, the context checks, error mapping and a two-process
+//!   IPC exchange against it. That shim exports the same symbols over host memory and
+//!   checks direction enums and the current device: it is an **ABI shim that checks our
+//!   binding layer, not a hardware verification**. No MLU has run this crate yet.
+//!
+//! # Safety
+//!
+//! `unsafe` is confined to the FFI edge: resolving symbols with the header's signatures
+//! (the `api` module, each cited), and calls whose pointer arguments come from live
+//! borrows ([`hmc_core::MemSpan`]/[`hmc_core::MemSpanMut`]) or from allocations this crate
+//! owns. Buffers free themselves exactly once. [`MluMemory::open_ipc`] is `unsafe` because
+//! the length in a handle received from another process cannot be checked.
+
+mod api;
+mod memory;
+
+pub use api::{CNRT_IPC_HANDLE_SIZE, LIBRARY_CANDIDATES, LIBRARY_ENV};
+pub use memory::{
+    DeviceInfo, IpcHandle, IpcMapping, MluBuffer, MluMemory, PinnedHostBuffer, PinnedHostMemory,
+};
+
+use hmc_core::Result;
+
+/// The MLU devices of the default runtime (see [`MluMemory::new`]), or `Unavailable` when
+/// the runtime or any device is missing. For `cargo xtask matrix` and backend selection.
+pub fn probe() -> Result<Vec<DeviceInfo>> {
+    memory::all_devices(&api::CnrtApi::default_runtime()?)
+}
+
+/// Like [`probe`], for the runtime at `library`.
+pub fn probe_library(library: impl AsRef<std::path::Path>) -> Result<Vec<DeviceInfo>> {
+    memory::all_devices(&api::CnrtApi::open(Some(library.as_ref()))?)
+}

@@ -1,0 +1,441 @@
+//! `MluMemory` (device allocations and copies), `PinnedHostMemory` (page-locked host
+//! staging buffers) and IPC export/import of device allocations.
+
+use std::ffi::c_void;
+use std::path::Path;
+use std::sync::Arc;
+
+use hmc_core::{
+    Device, DeviceBuffer, DeviceKind, Error, MemSpan, MemSpanMut, Memory, Region, Result,
+    check_copy,
+};
+
+use crate::api::{self, CnrtApi, CnrtIpcMemHandle};
+
+/// What [`MluMemory::info`] and [`crate::probe`] report about one device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device.
+    pub device: Device,
+    /// Device memory in bytes (`cnrtMemGetInfo`).
+    pub total_bytes: u64,
+    /// Free device memory in bytes when asked.
+    pub free_bytes: u64,
+    /// `cnrtGetLibVersion` as `major * 10000 + minor * 100 + patch`.
+    pub runtime_version: i32,
+}
+
+fn max_alloc_error(len: usize, max: usize) -> Error {
+    Error::LimitExceeded {
+        limit: "max_alloc",
+        value: len as u64,
+        max: max as u64,
+        hint: "one buffer cannot exceed isize::MAX bytes; split the allocation into several \
+               buffers"
+            .into(),
+    }
+}
+
+/// One Cambricon MLU device's allocator and copy engine. Cheap to clone; every call first makes its
+/// device current on the calling thread (`cnrtSetDevice`).
+#[derive(Clone, Debug)]
+pub struct MluMemory {
+    api: Arc<CnrtApi>,
+    ordinal: u32,
+}
+
+impl MluMemory {
+    /// Device `ordinal` of the runtime found by the default search (`$HMC_CNRT_LIB`, then
+    /// `libcnrt.so`, `.so.6`, `.so.5`, the ROCm and DTK prefixes). `Unavailable` when
+    /// the runtime or the device is missing.
+    pub fn new(ordinal: u32) -> Result<Self> {
+        Self::with_api(CnrtApi::default_runtime()?, ordinal)
+    }
+
+    /// Device `ordinal` of the CNRT runtime at `library` (a path to `libcnrt.so` or to a
+    /// library exporting the same ABI).
+    pub fn with_library(library: impl AsRef<Path>, ordinal: u32) -> Result<Self> {
+        Self::with_api(CnrtApi::open(Some(library.as_ref()))?, ordinal)
+    }
+
+    fn with_api(api: Arc<CnrtApi>, ordinal: u32) -> Result<Self> {
+        let count = api.device_count()?;
+        if ordinal >= count {
+            return Err(Error::Unavailable {
+                what: format!("MLU device {ordinal}"),
+                reason: format!(
+                    "the runtime at {} has {count} device(s)",
+                    api.path.display()
+                ),
+                hint: "use an ordinal below the device count (see hmc_backend_mlu::probe), or \
+                       check MLU_VISIBLE_DEVICES"
+                    .into(),
+            });
+        }
+        api.bind(ordinal)?;
+        Ok(MluMemory { api, ordinal })
+    }
+
+    /// The device's memory size and the runtime version.
+    pub fn info(&self) -> Result<DeviceInfo> {
+        self.api.bind(self.ordinal)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both are valid out-pointers for the call's duration.
+        let code = unsafe { (self.api.mem_get_info)(&mut free, &mut total) };
+        self.api.check("cnrtMemGetInfo", code)?;
+        Ok(DeviceInfo {
+            device: self.device(),
+            total_bytes: total as u64,
+            free_bytes: free as u64,
+            runtime_version: self.api.runtime_version,
+        })
+    }
+
+    /// The page-locked host allocator of this device's runtime, for staging bounce buffers.
+    pub fn pinned(&self) -> PinnedHostMemory {
+        PinnedHostMemory {
+            api: self.api.clone(),
+            ordinal: self.ordinal,
+        }
+    }
+
+    /// Exports `buf` for another process on this host (`cnrtAcquireMemHandle`). The handle is
+    /// valid while `buf` lives.
+    pub fn export_ipc(&self, buf: &MluBuffer) -> Result<IpcHandle> {
+        if buf.ordinal != self.ordinal || !Arc::ptr_eq(&buf.api, &self.api) {
+            return Err(Error::InvalidArgument(format!(
+                "{} cannot export a buffer of {}; use that device's MluMemory",
+                self.device(),
+                buf.region().device
+            )));
+        }
+        if buf.len == 0 {
+            return Err(Error::InvalidArgument(
+                "a zero-length buffer has no memory to share".into(),
+            ));
+        }
+        self.api.bind(self.ordinal)?;
+        let mut raw: CnrtIpcMemHandle = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; `buf.ptr` is the base of a live cnrtMalloc
+        // allocation of this device, made current above.
+        let code = unsafe { (self.api.acquire_mem_handle)(&mut raw, buf.ptr as *mut c_void) };
+        self.api.check("cnrtAcquireMemHandle", code)?;
+        Ok(IpcHandle {
+            raw: (raw as u64).to_be_bytes(),
+            len: buf.len as u64,
+        })
+    }
+
+    /// Maps memory another process exported (`cnrtMapMemHandle` with
+    /// flags 0) as a buffer of this device.
+    ///
+    /// # Safety
+    /// `handle` must come from [`MluMemory::export_ipc`] in a process that keeps the
+    /// exported buffer alive while the mapping lives; its length is trusted.
+    pub unsafe fn open_ipc(&self, handle: &IpcHandle) -> Result<IpcMapping> {
+        let len = usize::try_from(handle.len)
+            .map_err(|_| Error::InvalidArgument("IPC handle length too large".into()))?;
+        self.api.bind(self.ordinal)?;
+        // The handle is a pointer-sized value the exporting process's runtime gave out.
+        let raw = u64::from_be_bytes(handle.raw) as usize as CnrtIpcMemHandle;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer; the handle is passed by value as the
+        // header declares.
+        let code =
+            unsafe { (self.api.map_mem_handle)(&mut ptr, raw, api::CNRT_MAP_MEM_HANDLE_FLAGS) };
+        self.api.check("cnrtMapMemHandle", code)?;
+        Ok(IpcMapping {
+            api: self.api.clone(),
+            ordinal: self.ordinal,
+            ptr: ptr as u64,
+            len,
+        })
+    }
+}
+
+impl Memory for MluMemory {
+    type Buffer = MluBuffer;
+
+    fn device(&self) -> Device {
+        Device::new(DeviceKind::Mlu, self.ordinal)
+    }
+
+    fn alloc(&self, len: usize) -> Result<MluBuffer> {
+        if len > self.max_alloc() {
+            return Err(max_alloc_error(len, self.max_alloc()));
+        }
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        if len > 0 {
+            self.api.bind(self.ordinal)?;
+            // SAFETY: `ptr` is a valid out-pointer; the device is current on this thread.
+            let code = unsafe { (self.api.malloc)(&mut ptr, len) };
+            self.api.check("cnrtMalloc", code)?;
+        }
+        Ok(MluBuffer {
+            api: self.api.clone(),
+            ordinal: self.ordinal,
+            ptr: ptr as u64,
+            len,
+        })
+    }
+
+    fn copy(&self, dst: &mut MemSpanMut<'_>, src: &MemSpan<'_>) -> Result<()> {
+        check_copy(self.device(), dst, src)?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        let (d, s) = (dst.region(), src.region());
+        let kind = match (d.device.is_host(), s.device.is_host()) {
+            (true, true) => {
+                // SAFETY: both spans are host memory of equal length (checked), borrowed
+                // for the call; `copy` is memmove, so overlap is harmless.
+                unsafe { std::ptr::copy(s.addr as *const u8, d.addr as *mut u8, s.len) };
+                return Ok(());
+            }
+            (false, true) => api::CNRT_MEMCPY_HOST_TO_DEV,
+            (true, false) => api::CNRT_MEMCPY_DEV_TO_HOST,
+            (false, false) => api::CNRT_MEMCPY_DEV_TO_DEV,
+        };
+        self.api.bind(self.ordinal)?;
+        // SAFETY: the spans borrow live memory of the kinds `kind` names (host or this
+        // device, checked by check_copy), each `s.len` bytes long.
+        let code =
+            unsafe { (self.api.memcpy)(d.addr as *mut c_void, s.addr as *mut c_void, s.len, kind) };
+        self.api.check("cnrtMemcpy", code)
+    }
+}
+
+/// A `cnrtMalloc` allocation; freed (in its device's context) on drop.
+#[derive(Debug)]
+pub struct MluBuffer {
+    api: Arc<CnrtApi>,
+    ordinal: u32,
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceBuffer for MluBuffer {
+    fn region(&self) -> Region {
+        Region {
+            device: Device::new(DeviceKind::Mlu, self.ordinal),
+            addr: self.ptr,
+            len: self.len,
+        }
+    }
+}
+
+impl Drop for MluBuffer {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let result = self.api.bind(self.ordinal).and_then(|()| {
+            // SAFETY: `ptr` came from cnrtMalloc on this device and is freed once, here.
+            let code = unsafe { (self.api.free)(self.ptr as *mut c_void) };
+            self.api.check("cnrtFree", code)
+        });
+        if let Err(e) = result {
+            tracing::error!(error = %e, "leaking an MLU device buffer that could not be freed");
+        }
+    }
+}
+
+/// A device allocation of another process, mapped into this one by
+/// [`MluMemory::open_ipc`]; unmapped (`cnrtUnMapMemHandle`) on drop.
+#[derive(Debug)]
+pub struct IpcMapping {
+    api: Arc<CnrtApi>,
+    ordinal: u32,
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceBuffer for IpcMapping {
+    fn region(&self) -> Region {
+        Region {
+            device: Device::new(DeviceKind::Mlu, self.ordinal),
+            addr: self.ptr,
+            len: self.len,
+        }
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        let result = self.api.bind(self.ordinal).and_then(|()| {
+            // SAFETY: `ptr` came from cnrtMapMemHandle and is closed once, here.
+            let code = unsafe { (self.api.unmap_mem_handle)(self.ptr as *mut c_void) };
+            self.api.check("cnrtUnMapMemHandle", code)
+        });
+        if let Err(e) = result {
+            tracing::error!(error = %e, "could not unmap an MLU IPC mapping");
+        }
+    }
+}
+
+/// A portable description of an exported device allocation: the runtime's
+/// `cnrtIpcMemHandle` (a pointer-sized value, stored big-endian) and the allocation's length. Send it to a peer on the same host with
+/// [`IpcHandle::to_bytes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcHandle {
+    raw: [u8; api::CNRT_IPC_HANDLE_SIZE],
+    len: u64,
+}
+
+impl IpcHandle {
+    /// Encoded size: the handle, then the length as big-endian `u64`.
+    pub const ENCODED_LEN: usize = api::CNRT_IPC_HANDLE_SIZE + 8;
+
+    /// Length of the exported allocation in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for a zero-length export (never produced by `export_ipc`).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The wire form.
+    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        out[..api::CNRT_IPC_HANDLE_SIZE].copy_from_slice(&self.raw);
+        out[api::CNRT_IPC_HANDLE_SIZE..].copy_from_slice(&self.len.to_be_bytes());
+        out
+    }
+
+    /// Parses the wire form.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        if bytes.len() != Self::ENCODED_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "an MLU IPC handle is {} bytes, got {}",
+                Self::ENCODED_LEN,
+                bytes.len()
+            )));
+        }
+        let mut raw = [0u8; api::CNRT_IPC_HANDLE_SIZE];
+        raw.copy_from_slice(&bytes[..api::CNRT_IPC_HANDLE_SIZE]);
+        let mut len = [0u8; 8];
+        len.copy_from_slice(&bytes[api::CNRT_IPC_HANDLE_SIZE..]);
+        Ok(IpcHandle {
+            raw,
+            len: u64::from_be_bytes(len),
+        })
+    }
+}
+
+/// Page-locked host memory from CNRT (`cnrtHostMalloc`): host memory the device's
+/// DMA engines reach directly, for staging bounce buffers. Its buffers are host memory
+/// ([`Device::HOST`]), so any backend's `copy` accepts them.
+#[derive(Clone, Debug)]
+pub struct PinnedHostMemory {
+    api: Arc<CnrtApi>,
+    ordinal: u32,
+}
+
+impl Memory for PinnedHostMemory {
+    type Buffer = PinnedHostBuffer;
+
+    fn device(&self) -> Device {
+        Device::HOST
+    }
+
+    fn alloc(&self, len: usize) -> Result<PinnedHostBuffer> {
+        if len > self.max_alloc() {
+            return Err(max_alloc_error(len, self.max_alloc()));
+        }
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        if len > 0 {
+            self.api.bind(self.ordinal)?;
+            // SAFETY: `ptr` is a valid out-pointer.
+            let code = unsafe { (self.api.host_malloc)(&mut ptr, len) };
+            self.api.check("cnrtHostMalloc", code)?;
+        }
+        Ok(PinnedHostBuffer {
+            api: self.api.clone(),
+            ordinal: self.ordinal,
+            ptr: ptr as u64,
+            len,
+        })
+    }
+
+    fn copy(&self, dst: &mut MemSpanMut<'_>, src: &MemSpan<'_>) -> Result<()> {
+        check_copy(Device::HOST, dst, src)?;
+        let (d, s) = (dst.region(), src.region());
+        if s.len > 0 {
+            // SAFETY: both spans are host memory (checked) of equal length, borrowed for
+            // the call; `copy` is memmove.
+            unsafe { std::ptr::copy(s.addr as *const u8, d.addr as *mut u8, s.len) };
+        }
+        Ok(())
+    }
+}
+
+/// A `cnrtHostMalloc` allocation; freed (`cnrtFreeHost`) on drop.
+#[derive(Debug)]
+pub struct PinnedHostBuffer {
+    api: Arc<CnrtApi>,
+    ordinal: u32,
+    ptr: u64,
+    len: usize,
+}
+
+impl PinnedHostBuffer {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` is a live host allocation of `len` bytes owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as above, and `&mut self` makes the slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+}
+
+impl DeviceBuffer for PinnedHostBuffer {
+    fn region(&self) -> Region {
+        Region {
+            device: Device::HOST,
+            addr: self.ptr,
+            len: self.len,
+        }
+    }
+}
+
+impl Drop for PinnedHostBuffer {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let result = self.api.bind(self.ordinal).and_then(|()| {
+            // SAFETY: `ptr` came from cnrtHostMalloc and is freed once, here.
+            let code = unsafe { (self.api.free_host)(self.ptr as *mut c_void) };
+            self.api.check("cnrtFreeHost", code)
+        });
+        if let Err(e) = result {
+            tracing::error!(error = %e, "leaking a pinned host buffer that could not be freed");
+        }
+    }
+}
+
+/// Every device of `api`, described (for [`crate::probe`]).
+pub(crate) fn all_devices(api: &Arc<CnrtApi>) -> Result<Vec<DeviceInfo>> {
+    let count = api.device_count()?;
+    (0..count)
+        .map(|i| {
+            MluMemory {
+                api: api.clone(),
+                ordinal: i,
+            }
+            .info()
+        })
+        .collect()
+}
