@@ -28,13 +28,25 @@
 //!
 //! # Safety
 //!
-//! No `unsafe` code.
+//! No `unsafe` code. The one `unsafe fn` is [`NoDataPlane`]'s `Communicator::register`,
+//! which the trait declares unsafe and which touches no memory (it always fails).
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+pub mod client;
 pub mod codec;
+mod data_plane;
+pub mod demo;
+pub mod dispatch;
 pub mod frame;
+mod net;
 pub mod proto;
+pub mod server;
 
+pub use client::{BlockingClient, CallError, CallOptions, Client, ClientConfig};
 pub use codec::{CodecError, RpcCodec};
+pub use data_plane::{NoDataPlane, NoRegistration};
+pub use dispatch::{CallContext, CancelToken, Dispatcher, RpcError};
 pub use frame::{Flags, FrameHeader, FrameKind, FrameLimits, PayloadMode, Status};
+pub use proto::ConnConfig;
+pub use server::{RunningServer, Server, ServerConfig, ShutdownHandle};

@@ -744,6 +744,9 @@ pub enum StartError {
         "limit `max_payload_len` exceeded: {0} > {1}; send less or raise the limit on both peers"
     )]
     TooLarge(u64, u64),
+    /// The request id is still in flight (or its cancel not yet acknowledged).
+    #[error("request id {0} is already in flight on this connection")]
+    DuplicateId(u64),
     /// The connection is closing or draining.
     #[error("connection not usable: {0}")]
     Closed(String),
@@ -780,7 +783,7 @@ impl ClientConn {
         }
     }
 
-    /// Queues a call; returns its request id.
+    /// Queues a call with the next free request id; returns the id.
     pub fn start_call(
         &mut self,
         method_id: u32,
@@ -789,18 +792,38 @@ impl ClientConn {
         one_way: bool,
         now: Instant,
     ) -> Result<u64, StartError> {
+        while self.pending.contains_key(&self.next_id) || self.forgotten.contains(&self.next_id) {
+            self.next_id += 1;
+        }
+        let id = self.next_id;
+        self.start_call_with_id(id, method_id, payload, deadline, one_way, now)?;
+        self.next_id += 1;
+        Ok(id)
+    }
+
+    /// Queues a call under a caller-chosen request id (unique while in flight).
+    pub fn start_call_with_id(
+        &mut self,
+        id: u64,
+        method_id: u32,
+        payload: Bytes,
+        deadline: Option<Instant>,
+        one_way: bool,
+        now: Instant,
+    ) -> Result<(), StartError> {
         if let Some(r) = self.closed.as_ref().or(self.draining.as_ref()) {
             return Err(StartError::Closed(r.clone()));
         }
         if self.pending.len() >= self.f.cfg.max_inflight {
             return Err(StartError::NoCredit(self.f.cfg.max_inflight));
         }
+        if self.pending.contains_key(&id) || self.forgotten.contains(&id) {
+            return Err(StartError::DuplicateId(id));
+        }
         let max = self.f.cfg.limits.max_payload_len;
         if payload.len() as u64 > max {
             return Err(StartError::TooLarge(payload.len() as u64, max));
         }
-        let id = self.next_id;
-        self.next_id += 1;
         let mut h = FrameHeader::new(FrameKind::Request, id);
         h.method_id = method_id;
         if one_way {
@@ -808,13 +831,15 @@ impl ClientConn {
         }
         if let Some(d) = deadline {
             h.deadline_us = budget_us(d, now);
-            self.deadlines.insert((d, id));
+            if !one_way {
+                self.deadlines.insert((d, id));
+            }
         }
         self.f.send_message(h, payload);
         if !one_way {
             self.pending.insert(id, deadline);
         }
-        Ok(id)
+        Ok(())
     }
 
     /// Abandons a call: sends CANCEL, drops its answer when it comes. Idempotent.

@@ -1,0 +1,526 @@
+//! The pipelined client: one persistent connection carrying many calls, answers matched by
+//! request id, a default deadline per call, cancel on drop, reconnect after loss (calls
+//! already sent are failed, never replayed), and a blocking wrapper.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hmc_core::{Communicator, Error, PeerAddr};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+
+use crate::codec::{CodecError, RpcCodec};
+use crate::data_plane::NoDataPlane;
+use crate::frame::Status;
+use crate::net::Stream;
+use crate::proto::{ClientConn, ClientEvent, ConnConfig, StartError};
+
+/// Client settings; every field has a default.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Per-connection limits and timers; `max_inflight` is the number of calls the client
+    /// keeps in flight before callers wait for a credit.
+    pub conn: ConnConfig,
+    /// Deadline of a call that does not choose one (`default_timeout`, 30 s).
+    pub default_timeout: Duration,
+    /// How long a (re)connect may take (`connect_timeout`, 5 s).
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            conn: ConnConfig::default(),
+            default_timeout: hmc_core::Deadline::DEFAULT_TIMEOUT,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Per-call options.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CallOptions {
+    /// Overrides [`ClientConfig::default_timeout`].
+    pub timeout: Option<Duration>,
+}
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// The server answered with a non-OK status.
+    #[error("server answered {status}: {message}")]
+    Status {
+        /// The status.
+        status: Status,
+        /// The server's explanation.
+        message: String,
+    },
+    /// The deadline passed before the answer came; a CANCEL was sent.
+    #[error("deadline exceeded after {0:?}; pass a longer timeout in CallOptions")]
+    DeadlineExceeded(Duration),
+    /// The connection was lost after the call was sent: it may or may not have run, and
+    /// it is not replayed. The next call reconnects.
+    #[error(
+        "connection lost while the call was in flight ({0}); it may have run and is not replayed"
+    )]
+    ConnectionLost(String),
+    /// Could not connect.
+    #[error("connect failed: {0}")]
+    Connect(#[source] Error),
+    /// The call could not be started (payload over the limit, …).
+    #[error("call refused locally: {0}")]
+    Refused(#[from] StartError),
+    /// The request could not be encoded or the response decoded.
+    #[error("codec: {0}")]
+    Codec(#[from] CodecError),
+}
+
+impl CallError {
+    /// The server's status, if it answered.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            CallError::Status { status, .. } => Some(*status),
+            CallError::DeadlineExceeded(_) => Some(Status::DEADLINE_EXCEEDED),
+            _ => None,
+        }
+    }
+}
+
+impl From<CallError> for Error {
+    fn from(e: CallError) -> Self {
+        match e {
+            CallError::Connect(e) => e,
+            CallError::DeadlineExceeded(d) => Error::DeadlineExceeded {
+                during: "RPC call",
+                elapsed: d,
+            },
+            CallError::Status { status, message } if status == Status::CANCELLED => {
+                Error::Cancelled(message)
+            }
+            CallError::ConnectionLost(why) => Error::peer("rpc server", why),
+            other => Error::Protocol(other.to_string()),
+        }
+    }
+}
+
+enum Cmd {
+    Call {
+        id: u64,
+        method: u32,
+        payload: Bytes,
+        deadline: Instant,
+        reply: oneshot::Sender<Result<Bytes, CallError>>,
+    },
+    Cancel(u64),
+}
+
+struct ConnHandle {
+    cmd: mpsc::UnboundedSender<Cmd>,
+    usable: Arc<AtomicBool>,
+}
+
+impl ConnHandle {
+    fn is_usable(&self) -> bool {
+        self.usable.load(Ordering::Acquire) && !self.cmd.is_closed()
+    }
+}
+
+struct Inner {
+    addr: PeerAddr,
+    config: ClientConfig,
+    conn: Mutex<Option<ConnHandle>>,
+    credits: Arc<Semaphore>,
+    next_id: AtomicU64,
+}
+
+/// An RPC client over one persistent connection. Cheap to clone; clones share it.
+pub struct Client<C: Communicator = NoDataPlane> {
+    inner: Arc<Inner>,
+    data_plane: Option<Arc<C>>,
+}
+
+impl<C: Communicator> Clone for Client<C> {
+    fn clone(&self) -> Self {
+        Client {
+            inner: self.inner.clone(),
+            data_plane: self.data_plane.clone(),
+        }
+    }
+}
+
+impl Client<NoDataPlane> {
+    /// Connects to `addr` (`tcp://…` or `unix://…`).
+    pub async fn connect(addr: &PeerAddr, config: ClientConfig) -> Result<Self, CallError> {
+        let c = Client {
+            inner: Arc::new(Inner {
+                addr: addr.clone(),
+                credits: Arc::new(Semaphore::new(config.conn.max_inflight)),
+                config,
+                conn: Mutex::new(None),
+                next_id: AtomicU64::new(1),
+            }),
+            data_plane: None,
+        };
+        c.connection().await?;
+        Ok(c)
+    }
+}
+
+impl<C: Communicator> Client<C> {
+    /// Attaches a data plane (kept for HMC_BUFFER, the next protocol step; unused today).
+    pub fn with_data_plane<D: Communicator>(self, data_plane: Arc<D>) -> Client<D> {
+        Client {
+            inner: self.inner,
+            data_plane: Some(data_plane),
+        }
+    }
+
+    /// The configured data plane.
+    pub fn data_plane(&self) -> Option<&Arc<C>> {
+        self.data_plane.as_ref()
+    }
+
+    /// The server's address.
+    pub fn server_addr(&self) -> &PeerAddr {
+        &self.inner.addr
+    }
+
+    async fn connection(&self) -> Result<mpsc::UnboundedSender<Cmd>, CallError> {
+        let mut g = self.inner.conn.lock().await;
+        if let Some(h) = g.as_ref()
+            && h.is_usable()
+        {
+            return Ok(h.cmd.clone());
+        }
+        let stream = tokio::time::timeout(
+            self.inner.config.connect_timeout,
+            Stream::connect(&self.inner.addr),
+        )
+        .await
+        .map_err(|_| {
+            CallError::Connect(Error::DeadlineExceeded {
+                during: "connecting to the RPC server",
+                elapsed: self.inner.config.connect_timeout,
+            })
+        })?
+        .map_err(CallError::Connect)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let usable = Arc::new(AtomicBool::new(true));
+        tokio::spawn(run_connection(
+            stream,
+            self.inner.config.conn.clone(),
+            rx,
+            usable.clone(),
+        ));
+        *g = Some(ConnHandle {
+            cmd: tx.clone(),
+            usable,
+        });
+        Ok(tx)
+    }
+
+    /// Calls `method` with raw bytes and the default deadline.
+    pub async fn call(&self, method: u32, payload: impl Into<Bytes>) -> Result<Bytes, CallError> {
+        self.call_with(method, payload, CallOptions::default())
+            .await
+    }
+
+    /// Calls `method` with raw bytes. Dropping the returned future cancels the call (a
+    /// CANCEL frame goes to the server).
+    pub async fn call_with(
+        &self,
+        method: u32,
+        payload: impl Into<Bytes>,
+        opts: CallOptions,
+    ) -> Result<Bytes, CallError> {
+        let timeout = opts.timeout.unwrap_or(self.inner.config.default_timeout);
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let payload = payload.into();
+        let permit =
+            tokio::time::timeout_at(deadline.into(), self.inner.credits.clone().acquire_owned())
+                .await
+                .map_err(|_| CallError::DeadlineExceeded(timeout))?
+                .expect("the credit semaphore is never closed");
+        let cmd = self.connection().await?;
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (reply, rx) = oneshot::channel();
+        let guard = CancelOnDrop {
+            id,
+            cmd: cmd.clone(),
+            armed: true,
+            _permit: permit,
+        };
+        if cmd
+            .send(Cmd::Call {
+                id,
+                method,
+                payload,
+                deadline,
+                reply,
+            })
+            .is_err()
+        {
+            return Err(CallError::ConnectionLost(
+                "the connection closed before the call was sent".into(),
+            ));
+        }
+        let r = rx.await.unwrap_or_else(|_| {
+            Err(CallError::ConnectionLost(
+                "the connection task ended".into(),
+            ))
+        });
+        disarm(guard);
+        match r {
+            Err(CallError::DeadlineExceeded(_)) => {
+                Err(CallError::DeadlineExceeded(start.elapsed()))
+            }
+            r => r,
+        }
+    }
+
+    /// A typed call: encodes `req` and decodes the answer with [`RpcCodec`].
+    pub async fn call_typed<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        method: u32,
+        req: &Req,
+    ) -> Result<Resp, CallError> {
+        self.call_typed_with(method, req, CallOptions::default())
+            .await
+    }
+
+    /// A typed call with options.
+    pub async fn call_typed_with<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        method: u32,
+        req: &Req,
+        opts: CallOptions,
+    ) -> Result<Resp, CallError> {
+        let b = RpcCodec::encode(req)?;
+        let r = self.call_with(method, b, opts).await?;
+        Ok(RpcCodec::decode(&r)?)
+    }
+}
+
+struct CancelOnDrop {
+    id: u64,
+    cmd: mpsc::UnboundedSender<Cmd>,
+    armed: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+fn disarm(mut g: CancelOnDrop) {
+    g.armed = false;
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.cmd.send(Cmd::Cancel(self.id));
+        }
+    }
+}
+
+async fn run_connection(
+    stream: Stream,
+    cfg: ConnConfig,
+    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    usable: Arc<AtomicBool>,
+) {
+    let mut core = ClientConn::new(cfg, Instant::now());
+    let mut waiting: HashMap<u64, oneshot::Sender<Result<Bytes, CallError>>> = HashMap::new();
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut cmds_open = true;
+    let lost: String = 'conn: loop {
+        while let Some(ev) = core.poll_event() {
+            match ev {
+                ClientEvent::Response {
+                    request_id,
+                    status,
+                    payload,
+                } => {
+                    if let Some(tx) = waiting.remove(&request_id) {
+                        let r = if status == Status::OK {
+                            Ok(payload)
+                        } else {
+                            Err(CallError::Status {
+                                status,
+                                message: String::from_utf8_lossy(&payload).into_owned(),
+                            })
+                        };
+                        let _ = tx.send(r);
+                    }
+                }
+                ClientEvent::TimedOut { request_id } => {
+                    if let Some(tx) = waiting.remove(&request_id) {
+                        let _ = tx.send(Err(CallError::DeadlineExceeded(Duration::ZERO)));
+                    }
+                }
+                ClientEvent::Draining { reason } => {
+                    tracing::debug!(%reason, "server draining; the next call reconnects");
+                    usable.store(false, Ordering::Release);
+                }
+            }
+        }
+        loop {
+            let p = core.pending_tx();
+            if p.is_empty() {
+                break;
+            }
+            match stream.try_write(p) {
+                Ok(n) => core.advance_tx(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => break 'conn format!("write failed: {e}"),
+            }
+        }
+        if let Some(r) = core.closed_reason() {
+            break r.to_string();
+        }
+        if (!cmds_open || core.draining_reason().is_some()) && core.pending_len() == 0 {
+            break "closed".to_string();
+        }
+        let timeout = core.poll_timeout();
+        let want_write = core.has_tx();
+        tokio::select! {
+            biased;
+            r = stream.readable() => {
+                if let Err(e) = r { break format!("read failed: {e}"); }
+                match stream.try_read(&mut buf) {
+                    Ok(0) => break "the server closed the connection".to_string(),
+                    Ok(n) => core.handle_input(&buf[..n], Instant::now()),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => break format!("read failed: {e}"),
+                }
+            }
+            c = cmds.recv(), if cmds_open => match c {
+                None => cmds_open = false,
+                Some(c) => {
+                    let now = Instant::now();
+                    handle_cmd(&mut core, &mut waiting, c, now);
+                    // Batch whatever else is queued into the same write.
+                    while let Ok(c) = cmds.try_recv() {
+                        handle_cmd(&mut core, &mut waiting, c, now);
+                    }
+                }
+            },
+            r = stream.writable(), if want_write => {
+                if let Err(e) = r { break format!("write failed: {e}"); }
+            }
+            _ = sleep_until(timeout), if timeout.is_some() => core.handle_timeout(Instant::now()),
+        }
+    };
+    usable.store(false, Ordering::Release);
+    core.connection_lost(&lost);
+    // Flush a final GOAWAY if the core queued one; best effort.
+    let p = core.pending_tx();
+    if !p.is_empty() {
+        let _ = stream.try_write(p);
+    }
+    for (_, tx) in waiting.drain() {
+        let _ = tx.send(Err(CallError::ConnectionLost(lost.clone())));
+    }
+    // Calls queued after the loss are failed too (they were never sent).
+    cmds.close();
+    while let Ok(c) = cmds.try_recv() {
+        if let Cmd::Call { reply, .. } = c {
+            let _ = reply.send(Err(CallError::ConnectionLost(format!(
+                "{lost}; the call was not sent"
+            ))));
+        }
+    }
+}
+
+fn handle_cmd(
+    core: &mut ClientConn,
+    waiting: &mut HashMap<u64, oneshot::Sender<Result<Bytes, CallError>>>,
+    c: Cmd,
+    now: Instant,
+) {
+    match c {
+        Cmd::Call {
+            id,
+            method,
+            payload,
+            deadline,
+            reply,
+        } => match core.start_call_with_id(id, method, payload, Some(deadline), false, now) {
+            Ok(()) => {
+                waiting.insert(id, reply);
+            }
+            Err(StartError::Closed(why)) => {
+                let _ = reply.send(Err(CallError::Status {
+                    status: Status::SHUTTING_DOWN,
+                    message: why,
+                }));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(CallError::Refused(e)));
+            }
+        },
+        Cmd::Cancel(id) => {
+            waiting.remove(&id);
+            core.cancel(id);
+        }
+    }
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    if let Some(t) = t {
+        tokio::time::sleep_until(t.into()).await;
+    }
+}
+
+/// A blocking client: the same client driven by its own small runtime.
+pub struct BlockingClient {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+}
+
+impl BlockingClient {
+    /// Connects to `addr`.
+    pub fn connect(addr: &PeerAddr, config: ClientConfig) -> Result<Self, CallError> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("hmc-rpc-client")
+            .enable_all()
+            .build()
+            .map_err(|e| CallError::Connect(Error::io("starting the client runtime", e)))?;
+        let client = rt.block_on(Client::connect(addr, config))?;
+        Ok(BlockingClient { rt, client })
+    }
+
+    /// A blocking raw call.
+    pub fn call(&self, method: u32, payload: impl Into<Bytes>) -> Result<Bytes, CallError> {
+        self.rt.block_on(self.client.call(method, payload))
+    }
+
+    /// A blocking raw call with options.
+    pub fn call_with(
+        &self,
+        method: u32,
+        payload: impl Into<Bytes>,
+        opts: CallOptions,
+    ) -> Result<Bytes, CallError> {
+        self.rt
+            .block_on(self.client.call_with(method, payload, opts))
+    }
+
+    /// A blocking typed call.
+    pub fn call_typed<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        method: u32,
+        req: &Req,
+    ) -> Result<Resp, CallError> {
+        self.rt.block_on(self.client.call_typed(method, req))
+    }
+
+    /// The async client inside (to start calls concurrently).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}

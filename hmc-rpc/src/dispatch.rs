@@ -1,0 +1,287 @@
+//! The method table: typed and raw handlers, async and blocking, each seeing its call's
+//! remaining deadline and a cancellation signal.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+
+use crate::codec::RpcCodec;
+use crate::frame::Status;
+
+/// A handler's failure: a status for the wire and a message for the caller.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct RpcError {
+    /// The status sent back (application codes start at 1000).
+    pub status: Status,
+    /// Human-readable explanation, sent as the response payload.
+    pub message: String,
+}
+
+impl RpcError {
+    /// An error with `status` and `message`.
+    pub fn new(status: Status, message: impl Into<String>) -> Self {
+        RpcError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// A `BAD_PAYLOAD` error.
+    pub fn bad_payload(message: impl Into<String>) -> Self {
+        Self::new(Status::BAD_PAYLOAD, message)
+    }
+}
+
+/// A cancellation signal shared by the runtime and one handler. Idempotent.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<CancelInner>);
+
+#[derive(Debug, Default)]
+struct CancelInner {
+    cancelled: AtomicBool,
+    notify: Notify,
+}
+
+impl CancelToken {
+    /// A fresh, uncancelled token.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Signals cancellation; wakes every waiter.
+    pub fn cancel(&self) {
+        if !self.0.cancelled.swap(true, Ordering::AcqRel) {
+            self.0.notify.notify_waiters();
+        }
+    }
+
+    /// True once cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Completes when cancelled.
+    pub async fn cancelled(&self) {
+        loop {
+            let n = self.0.notify.notified();
+            if self.is_cancelled() {
+                return;
+            }
+            n.await;
+        }
+    }
+}
+
+/// What a handler knows about its call.
+#[derive(Clone, Debug)]
+pub struct CallContext {
+    /// The request id on its connection.
+    pub request_id: u64,
+    /// The method called.
+    pub method_id: u32,
+    /// When the client stops waiting, if it said.
+    pub deadline: Option<Instant>,
+    /// Fires when the client cancels, the deadline passes or the connection goes away.
+    pub cancel: CancelToken,
+}
+
+impl CallContext {
+    /// Time left before the deadline (`None`: no deadline; zero: already passed).
+    pub fn remaining(&self) -> Option<Duration> {
+        self.deadline
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// True once the call was cancelled or timed out; a long handler should check it.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+}
+
+/// The result of a handler: response bytes or an error status.
+pub type HandlerResult = Result<Bytes, RpcError>;
+type BoxFut = Pin<Box<dyn Future<Output = HandlerResult> + Send>>;
+type AsyncFn = dyn Fn(CallContext, Bytes) -> BoxFut + Send + Sync;
+type BlockingFn = dyn Fn(&CallContext, Bytes) -> HandlerResult + Send + Sync;
+
+/// How a method runs.
+#[derive(Clone)]
+pub enum Handler {
+    /// A future spawned on the runtime.
+    Async(Arc<AsyncFn>),
+    /// A function run on the server's fixed pool of blocking worker threads.
+    Blocking(Arc<BlockingFn>),
+}
+
+/// Method id → handler.
+#[derive(Clone, Default)]
+pub struct Dispatcher {
+    methods: HashMap<u32, Handler>,
+}
+
+impl Dispatcher {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn insert(&mut self, id: u32, h: Handler) -> &mut Self {
+        if self.methods.insert(id, h).is_some() {
+            tracing::warn!(
+                method_id = id,
+                "method registered twice; the last registration wins"
+            );
+        }
+        self
+    }
+
+    /// A typed async method: the request is decoded with [`RpcCodec`] (failures answer
+    /// `BAD_PAYLOAD`), the response encoded with it.
+    pub fn register<Req, Resp, F, Fut>(&mut self, id: u32, handler: F) -> &mut Self
+    where
+        Req: DeserializeOwned + Send + 'static,
+        Resp: Serialize + Send + 'static,
+        F: Fn(CallContext, Req) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Resp, RpcError>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        self.insert(
+            id,
+            Handler::Async(Arc::new(move |ctx, bytes: Bytes| {
+                let handler = handler.clone();
+                Box::pin(async move {
+                    let req: Req = RpcCodec::decode(&bytes).map_err(|e| {
+                        RpcError::bad_payload(format!("request of method {id}: {e}"))
+                    })?;
+                    let resp = handler(ctx, req).await?;
+                    encode_response(&resp)
+                })
+            })),
+        )
+    }
+
+    /// A typed blocking method, run on the worker pool.
+    pub fn register_blocking<Req, Resp, F>(&mut self, id: u32, handler: F) -> &mut Self
+    where
+        Req: DeserializeOwned + Send + 'static,
+        Resp: Serialize + Send + 'static,
+        F: Fn(&CallContext, Req) -> Result<Resp, RpcError> + Send + Sync + 'static,
+    {
+        self.insert(
+            id,
+            Handler::Blocking(Arc::new(move |ctx: &CallContext, bytes: Bytes| {
+                let req: Req = RpcCodec::decode(&bytes)
+                    .map_err(|e| RpcError::bad_payload(format!("request of method {id}: {e}")))?;
+                encode_response(&handler(ctx, req)?)
+            })),
+        )
+    }
+
+    /// A raw-bytes async method.
+    pub fn register_raw<F, Fut>(&mut self, id: u32, handler: F) -> &mut Self
+    where
+        F: Fn(CallContext, Bytes) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        self.insert(
+            id,
+            Handler::Async(Arc::new(move |ctx, bytes| Box::pin(handler(ctx, bytes)))),
+        )
+    }
+
+    /// A raw-bytes blocking method, run on the worker pool.
+    pub fn register_raw_blocking<F>(&mut self, id: u32, handler: F) -> &mut Self
+    where
+        F: Fn(&CallContext, Bytes) -> HandlerResult + Send + Sync + 'static,
+    {
+        self.insert(id, Handler::Blocking(Arc::new(handler)))
+    }
+
+    /// The handler of `id`.
+    pub fn get(&self, id: u32) -> Option<&Handler> {
+        self.methods.get(&id)
+    }
+
+    /// Registered method ids, sorted.
+    pub fn method_ids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.methods.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+fn encode_response<T: Serialize>(v: &T) -> HandlerResult {
+    RpcCodec::encode(v)
+        .map(Bytes::from)
+        .map_err(|e| RpcError::new(Status::INTERNAL, format!("encoding the response: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> CallContext {
+        CallContext {
+            request_id: 1,
+            method_id: 1,
+            deadline: Some(Instant::now() + Duration::from_secs(5)),
+            cancel: CancelToken::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn typed_handler_decodes_request_and_encodes_response() {
+        let mut d = Dispatcher::new();
+        d.register(7, |_ctx, (a, b): (u32, u32)| async move { Ok(a + b) });
+        let Some(Handler::Async(h)) = d.get(7) else {
+            panic!("registered as async")
+        };
+        let req = Bytes::from(RpcCodec::encode(&(2u32, 3u32)).unwrap());
+        let out = h(ctx(), req).await.unwrap();
+        assert_eq!(RpcCodec::decode::<u32>(&out).unwrap(), 5);
+        let bad = h(ctx(), Bytes::from_static(&[1])).await.unwrap_err();
+        assert_eq!(bad.status, Status::BAD_PAYLOAD);
+    }
+
+    #[test]
+    fn blocking_handler_sees_deadline_and_cancel() {
+        let mut d = Dispatcher::new();
+        d.register_raw_blocking(1, |ctx, _| {
+            assert!(ctx.remaining().unwrap() > Duration::from_secs(1));
+            if ctx.is_cancelled() {
+                Err(RpcError::new(Status::CANCELLED, "stopped"))
+            } else {
+                Ok(Bytes::new())
+            }
+        });
+        let Some(Handler::Blocking(h)) = d.get(1) else {
+            panic!("registered as blocking")
+        };
+        let c = ctx();
+        assert!(h(&c, Bytes::new()).is_ok());
+        c.cancel.cancel();
+        assert_eq!(h(&c, Bytes::new()).unwrap_err().status, Status::CANCELLED);
+        assert_eq!(d.method_ids(), vec![1]);
+    }
+
+    #[tokio::test]
+    async fn cancel_token_wakes_waiters_once_cancelled() {
+        let t = CancelToken::new();
+        let t2 = t.clone();
+        let w = tokio::spawn(async move { t2.cancelled().await });
+        tokio::task::yield_now().await;
+        t.cancel();
+        t.cancel();
+        w.await.unwrap();
+        assert!(t.is_cancelled());
+    }
+}

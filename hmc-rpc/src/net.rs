@@ -1,0 +1,134 @@
+//! Sockets: one stream and listener type over TCP (IPv4/IPv6) and Unix domain sockets.
+
+use std::io;
+use std::path::PathBuf;
+
+use hmc_core::{Error, PeerAddr, Result};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+/// A connected socket.
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    pub(crate) async fn connect(addr: &PeerAddr) -> Result<Stream> {
+        match addr {
+            PeerAddr::Tcp(a) => {
+                let s = TcpStream::connect(a).await.map_err(|e| {
+                    Error::io(
+                        format!("connecting to tcp://{a} (is hmc-rpc-server running there?)"),
+                        e,
+                    )
+                })?;
+                s.set_nodelay(true)
+                    .map_err(|e| Error::io("setting TCP_NODELAY", e))?;
+                Ok(Stream::Tcp(s))
+            }
+            PeerAddr::Unix(p) => UnixStream::connect(p).await.map(Stream::Unix).map_err(|e| {
+                Error::io(
+                    format!(
+                        "connecting to unix://{} (is hmc-rpc-server running there?)",
+                        p.display()
+                    ),
+                    e,
+                )
+            }),
+            other => Err(Error::InvalidArgument(format!(
+                "{other} is not an RPC address; use tcp://IP:PORT or unix:///path"
+            ))),
+        }
+    }
+
+    pub(crate) async fn readable(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.readable().await,
+            Stream::Unix(s) => s.readable().await,
+        }
+    }
+
+    pub(crate) async fn writable(&self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.writable().await,
+            Stream::Unix(s) => s.writable().await,
+        }
+    }
+
+    pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_read(buf),
+            Stream::Unix(s) => s.try_read(buf),
+        }
+    }
+
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_write(buf),
+            Stream::Unix(s) => s.try_write(buf),
+        }
+    }
+}
+
+/// A listening socket.
+pub(crate) enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    pub(crate) async fn bind(addr: &PeerAddr) -> Result<Listener> {
+        match addr {
+            PeerAddr::Tcp(a) => TcpListener::bind(a).await.map(Listener::Tcp).map_err(|e| {
+                Error::io(
+                    format!("binding tcp://{a} (port in use? pick another --port)"),
+                    e,
+                )
+            }),
+            PeerAddr::Unix(p) => {
+                // A stale socket file from a previous run blocks bind; remove only sockets.
+                if let Ok(m) = std::fs::symlink_metadata(p) {
+                    use std::os::unix::fs::FileTypeExt;
+                    if m.file_type().is_socket() {
+                        let _ = std::fs::remove_file(p);
+                    }
+                }
+                UnixListener::bind(p)
+                    .map(|l| Listener::Unix(l, p.clone()))
+                    .map_err(|e| Error::io(format!("binding unix://{}", p.display()), e))
+            }
+            other => Err(Error::InvalidArgument(format!(
+                "{other} is not a listen address; use tcp://IP:PORT or unix:///path"
+            ))),
+        }
+    }
+
+    pub(crate) fn local_addr(&self) -> Result<PeerAddr> {
+        match self {
+            Listener::Tcp(l) => l
+                .local_addr()
+                .map(PeerAddr::Tcp)
+                .map_err(|e| Error::io("reading the listener address", e)),
+            Listener::Unix(_, p) => Ok(PeerAddr::Unix(p.clone())),
+        }
+    }
+
+    pub(crate) async fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept().await?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+            Listener::Unix(l, _) => Ok(Stream::Unix(l.accept().await?.0)),
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, p) = self {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}

@@ -1,0 +1,504 @@
+//! The tokio server: accept loop, one task per connection around a [`ServerConn`] core,
+//! handler execution (async tasks and a fixed pool of blocking workers), limits, and
+//! graceful shutdown.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::FutureExt;
+use hmc_core::{Communicator, Error, PeerAddr, Result};
+use parking_lot::Mutex;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::data_plane::NoDataPlane;
+use crate::dispatch::{CallContext, CancelToken, Dispatcher, Handler, HandlerResult, RpcError};
+use crate::frame::{FrameHeader, FrameKind, Status};
+use crate::net::{Listener, Stream};
+use crate::proto::{ConnConfig, IncomingCall, ServerConn, ServerEvent};
+
+/// Server limits and sizes. Every field has a default and a name used in error messages.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Per-connection limits and timers (`max_inflight_per_conn`, `max_payload_len`, …).
+    pub conn: ConnConfig,
+    /// Open connections (`max_connections`, default 1024); beyond it a new connection gets
+    /// GOAWAY(OVERLOADED) and is closed.
+    pub max_connections: usize,
+    /// Calls running across all connections (`max_inflight_total`, default 4096); beyond
+    /// it calls are answered OVERLOADED.
+    pub max_inflight_total: usize,
+    /// Threads of the fixed pool that runs blocking handlers (`workers`, default 4).
+    pub workers: usize,
+    /// How long a graceful shutdown waits for calls in flight (`shutdown_grace`, 30 s).
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            conn: ConnConfig::default(),
+            max_connections: 1024,
+            max_inflight_total: 4096,
+            workers: 4,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// An RPC server, generic over the data plane used for HMC_BUFFER payloads.
+pub struct Server<C: Communicator = NoDataPlane> {
+    dispatcher: Dispatcher,
+    config: ServerConfig,
+    data_plane: Option<Arc<C>>,
+}
+
+impl Server<NoDataPlane> {
+    /// A server for `dispatcher` without a data plane.
+    pub fn new(dispatcher: Dispatcher, config: ServerConfig) -> Self {
+        Server {
+            dispatcher,
+            config,
+            data_plane: None,
+        }
+    }
+}
+
+impl<C: Communicator> Server<C> {
+    /// Attaches a data plane (kept for HMC_BUFFER, the next protocol step; unused today).
+    pub fn with_data_plane<D: Communicator>(self, data_plane: Arc<D>) -> Server<D> {
+        Server {
+            dispatcher: self.dispatcher,
+            config: self.config,
+            data_plane: Some(data_plane),
+        }
+    }
+
+    /// The configured data plane.
+    pub fn data_plane(&self) -> Option<&Arc<C>> {
+        self.data_plane.as_ref()
+    }
+
+    /// Binds `addr` (`tcp://IP:PORT`, port 0 picks one; `unix:///path`) and starts serving
+    /// on the current tokio runtime.
+    pub async fn bind(self, addr: &PeerAddr) -> Result<RunningServer> {
+        if self.config.workers == 0 {
+            return Err(Error::InvalidArgument(
+                "`workers` must be at least 1".into(),
+            ));
+        }
+        let listener = Listener::bind(addr).await?;
+        let local_addr = listener.local_addr()?;
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            dispatcher: self.dispatcher,
+            inflight: Arc::new(Semaphore::new(self.config.max_inflight_total)),
+            pool: BlockingPool::new(self.config.workers, self.config.max_inflight_total),
+            connections: AtomicUsize::new(0),
+            config: self.config,
+        });
+        let task = tokio::spawn(accept_loop(listener, shared.clone(), shutdown_rx));
+        tracing::info!(%local_addr, "hmc-rpc server listening");
+        Ok(RunningServer {
+            local_addr,
+            shutdown: Arc::new(shutdown_tx),
+            task: Mutex::new(Some(task)),
+            shared,
+        })
+    }
+}
+
+/// A server that is serving.
+pub struct RunningServer {
+    local_addr: PeerAddr,
+    shutdown: Arc<watch::Sender<bool>>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    shared: Arc<Shared>,
+}
+
+/// Starts a graceful shutdown from anywhere (a signal handler, another task).
+#[derive(Clone)]
+pub struct ShutdownHandle(Arc<watch::Sender<bool>>);
+
+impl ShutdownHandle {
+    /// GOAWAY to every connection, stop accepting; calls in flight finish.
+    pub fn shutdown(&self) {
+        let _ = self.0.send(true);
+    }
+}
+
+impl RunningServer {
+    /// Where clients connect.
+    pub fn local_addr(&self) -> &PeerAddr {
+        &self.local_addr
+    }
+
+    /// A handle that starts the graceful shutdown.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.shutdown.clone())
+    }
+
+    /// Open connections now.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::Relaxed)
+    }
+
+    /// Starts a graceful shutdown and waits until it is done.
+    pub async fn shutdown(&self) {
+        let _ = self.shutdown.send(true);
+        self.wait().await;
+    }
+
+    /// Waits until the server stopped (after a shutdown).
+    pub async fn wait(&self) {
+        let task = self.task.lock().take();
+        if let Some(t) = task {
+            let _ = t.await;
+        }
+    }
+}
+
+struct Shared {
+    dispatcher: Dispatcher,
+    inflight: Arc<Semaphore>,
+    pool: BlockingPool,
+    connections: AtomicUsize,
+    config: ServerConfig,
+}
+
+async fn accept_loop(listener: Listener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok(stream) => {
+                    let n = shared.connections.fetch_add(1, Ordering::AcqRel);
+                    if n >= shared.config.max_connections {
+                        shared.connections.fetch_sub(1, Ordering::AcqRel);
+                        refuse_connection(&stream, shared.config.max_connections);
+                        continue;
+                    }
+                    let shared2 = shared.clone();
+                    let sd = shutdown.clone();
+                    conns.spawn(async move {
+                        serve_connection(stream, shared2.clone(), sd).await;
+                        shared2.connections.fetch_sub(1, Ordering::AcqRel);
+                    });
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed; retrying in 50 ms");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    tracing::info!(
+        connections = conns.len(),
+        "shutting down: waiting for calls in flight"
+    );
+    let grace = shared.config.shutdown_grace;
+    if tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} })
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            ?grace,
+            "`shutdown_grace` passed with calls still running; closing them"
+        );
+        conns.abort_all();
+    }
+}
+
+fn refuse_connection(stream: &Stream, max: usize) {
+    let why =
+        format!("limit `max_connections` ({max}) reached; retry later or raise --max-connections");
+    let mut h = FrameHeader::new(FrameKind::GoAway, 0);
+    h.status = Status::OVERLOADED;
+    h.body_len = why.len() as u32;
+    h.payload_len = why.len() as u64;
+    let mut b = h.encode().to_vec();
+    b.extend_from_slice(why.as_bytes());
+    let _ = stream.try_write(&b);
+    tracing::warn!("{why}");
+}
+
+struct Completion {
+    request_id: u64,
+    method_id: u32,
+    result: HandlerResult,
+}
+
+/// Longest a closing connection waits for its GOAWAY to be written.
+const CLOSE_LINGER: Duration = Duration::from_secs(1);
+/// Stop reading while this much is queued for a peer that does not read its answers.
+const TX_BACKLOG: usize = 4 << 20;
+
+async fn serve_connection(
+    stream: Stream,
+    shared: Arc<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut core = ServerConn::new(shared.config.conn.clone(), Instant::now());
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
+    let mut tokens: std::collections::HashMap<u64, CancelToken> = Default::default();
+    let mut buf = vec![0u8; 128 * 1024];
+    let mut shutdown_seen = false;
+    let mut closing_since: Option<Instant> = None;
+    if *shutdown.borrow() {
+        core.begin_shutdown();
+        shutdown_seen = true;
+    }
+    'conn: loop {
+        while let Some(ev) = core.poll_event() {
+            match ev {
+                ServerEvent::Call(call) => {
+                    start_call(&shared, &mut core, &mut tokens, &done_tx, call)
+                }
+                ServerEvent::Abandon { request_id, .. } => {
+                    if let Some(t) = tokens.remove(&request_id) {
+                        t.cancel();
+                    }
+                }
+            }
+        }
+        // Write as much as the socket takes.
+        loop {
+            let p = core.pending_tx();
+            if p.is_empty() {
+                break;
+            }
+            match stream.try_write(p) {
+                Ok(n) => core.advance_tx(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "write failed; dropping connection");
+                    break 'conn;
+                }
+            }
+        }
+        let now = Instant::now();
+        if core.close_reason().is_some() {
+            let since = *closing_since.get_or_insert(now);
+            if !core.has_tx() || now >= since + CLOSE_LINGER {
+                break;
+            }
+        }
+        if core.drained() && !core.has_tx() {
+            break;
+        }
+        let want_write = core.has_tx();
+        let may_read = core.close_reason().is_none() && core.pending_tx().len() < TX_BACKLOG;
+        let mut timeout = core.poll_timeout();
+        if let Some(s) = closing_since {
+            let t = s + CLOSE_LINGER;
+            timeout = Some(timeout.map_or(t, |x| x.min(t)));
+        }
+        tokio::select! {
+            biased;
+            Some(c) = done_rx.recv() => {
+                let now = Instant::now();
+                tokens.remove(&c.request_id);
+                respond(&mut core, c, now);
+                while let Ok(c) = done_rx.try_recv() {
+                    tokens.remove(&c.request_id);
+                    respond(&mut core, c, now);
+                }
+            }
+            r = stream.readable(), if may_read => {
+                if r.is_err() { break; }
+                match stream.try_read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => core.handle_input(&buf[..n], Instant::now()),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => break,
+                }
+            }
+            r = stream.writable(), if want_write => { if r.is_err() { break; } }
+            _ = sleep_until(timeout), if timeout.is_some() => core.handle_timeout(Instant::now()),
+            r = shutdown.changed(), if !shutdown_seen => {
+                shutdown_seen = true;
+                if r.is_ok() { core.begin_shutdown(); }
+            }
+        }
+    }
+    for (_, t) in tokens {
+        t.cancel();
+    }
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    if let Some(t) = t {
+        tokio::time::sleep_until(t.into()).await;
+    }
+}
+
+fn respond(core: &mut ServerConn, c: Completion, now: Instant) {
+    match c.result {
+        Ok(b) => core.respond(c.request_id, c.method_id, Status::OK, b, now),
+        Err(e) => core.respond(
+            c.request_id,
+            c.method_id,
+            e.status,
+            Bytes::from(e.message),
+            now,
+        ),
+    }
+}
+
+fn start_call(
+    shared: &Arc<Shared>,
+    core: &mut ServerConn,
+    tokens: &mut std::collections::HashMap<u64, CancelToken>,
+    done: &mpsc::UnboundedSender<Completion>,
+    call: IncomingCall,
+) {
+    let now = Instant::now();
+    let id = call.request_id;
+    let method = call.method_id;
+    let refuse = |core: &mut ServerConn, status: Status, why: String| {
+        core.respond(id, method, status, Bytes::from(why), now);
+    };
+    let Some(handler) = shared.dispatcher.get(method) else {
+        let known = shared.dispatcher.method_ids();
+        refuse(
+            core,
+            Status::UNKNOWN_METHOD,
+            format!("no method {method} on this server (it serves {known:?})"),
+        );
+        return;
+    };
+    if call.deadline.is_some_and(|d| now >= d) {
+        refuse(
+            core,
+            Status::DEADLINE_EXCEEDED,
+            "the deadline passed before the call started".into(),
+        );
+        return;
+    }
+    let Ok(permit) = shared.inflight.clone().try_acquire_owned() else {
+        refuse(
+            core,
+            Status::OVERLOADED,
+            format!(
+                "limit `max_inflight_total` ({}) reached; retry later or raise the server's max_inflight_total",
+                shared.config.max_inflight_total
+            ),
+        );
+        return;
+    };
+    let cancel = CancelToken::new();
+    tokens.insert(id, cancel.clone());
+    let ctx = CallContext {
+        request_id: id,
+        method_id: method,
+        deadline: call.deadline,
+        cancel,
+    };
+    let done = done.clone();
+    let payload = call.payload;
+    match handler.clone() {
+        Handler::Async(h) => {
+            tokio::spawn(async move {
+                let token = ctx.cancel.clone();
+                let fut = AssertUnwindSafe(async move { h(ctx, payload).await }).catch_unwind();
+                let result = tokio::select! {
+                    r = fut => r.unwrap_or_else(|p| Err(panicked(method, p))),
+                    _ = token.cancelled() => Err(RpcError::new(Status::CANCELLED, "cancelled")),
+                };
+                drop(permit);
+                let _ = done.send(Completion {
+                    request_id: id,
+                    method_id: method,
+                    result,
+                });
+            });
+        }
+        Handler::Blocking(h) => {
+            let job = Box::new(move || {
+                let result = if ctx.is_cancelled() || ctx.remaining().is_some_and(|r| r.is_zero()) {
+                    Err(RpcError::new(
+                        Status::DEADLINE_EXCEEDED,
+                        "expired before a worker was free",
+                    ))
+                } else {
+                    std::panic::catch_unwind(AssertUnwindSafe(|| h(&ctx, payload)))
+                        .unwrap_or_else(|p| Err(panicked(method, p)))
+                };
+                drop(permit);
+                let _ = done.send(Completion {
+                    request_id: id,
+                    method_id: method,
+                    result,
+                });
+            });
+            if let Err(why) = shared.pool.submit(job) {
+                tokens.remove(&id);
+                refuse(core, Status::OVERLOADED, why);
+            }
+        }
+    }
+}
+
+fn panicked(method: u32, p: Box<dyn std::any::Any + Send>) -> RpcError {
+    let what = p
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".into());
+    tracing::error!(method_id = method, panic = %what, "handler panicked; answering INTERNAL");
+    RpcError::new(
+        Status::INTERNAL,
+        format!("the handler of method {method} panicked: {what}"),
+    )
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// A fixed pool of threads for blocking handlers, fed by a bounded queue.
+struct BlockingPool {
+    tx: std::sync::mpsc::SyncSender<Job>,
+    capacity: usize,
+}
+
+impl BlockingPool {
+    fn new(workers: usize, capacity: usize) -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(capacity);
+        let rx = Arc::new(std::sync::Mutex::new(rx));
+        for i in 0..workers {
+            let rx = rx.clone();
+            std::thread::Builder::new()
+                .name(format!("hmc-rpc-worker-{i}"))
+                .spawn(move || {
+                    loop {
+                        // The lock is held only while waiting for the next job.
+                        let job = match rx.lock() {
+                            Ok(g) => g.recv(),
+                            Err(_) => return,
+                        };
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return, // the server is gone
+                        }
+                    }
+                })
+                .expect("spawning an RPC worker thread");
+        }
+        BlockingPool { tx, capacity }
+    }
+
+    fn submit(&self, job: Job) -> std::result::Result<(), String> {
+        self.tx.try_send(job).map_err(|_| {
+            format!(
+                "the blocking worker queue is full ({} jobs, `max_inflight_total`); retry later",
+                self.capacity
+            )
+        })
+    }
+}

@@ -1,0 +1,577 @@
+//! The server and client over real loopback sockets: out-of-order completion, deadlines,
+//! cancel, overload, graceful shutdown, panics, malformed frames, stalls, disconnects and
+//! reconnects.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hmc_core::PeerAddr;
+use hmc_rpc::frame::{FrameHeader, FrameKind, FrameLimits, HEADER_LEN, PayloadMode, payload_crc};
+use hmc_rpc::{
+    CallError, CallOptions, Client, ClientConfig, ConnConfig, Dispatcher, RpcError, RunningServer,
+    Server, ServerConfig, Status, demo,
+};
+use rstest::rstest;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SLEEP: u32 = 100;
+const PANIC: u32 = 101;
+const BLOCKING_SLEEP: u32 = 102;
+const WAIT_CANCEL: u32 = 103;
+
+fn dispatcher(cancelled: Arc<AtomicUsize>) -> Dispatcher {
+    let mut d = Dispatcher::new();
+    demo::register_demo(&mut d);
+    d.register(SLEEP, |_ctx, ms: u64| async move {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Ok::<_, RpcError>(ms)
+    });
+    d.register_raw(PANIC, |_ctx, _b| async move {
+        if true {
+            panic!("handler bug");
+        }
+        Ok(Bytes::new())
+    });
+    d.register_blocking(BLOCKING_SLEEP, |ctx, ms: u64| {
+        std::thread::sleep(Duration::from_millis(ms));
+        Ok::<_, RpcError>(ctx.remaining().map_or(0, |r| r.as_millis() as u64))
+    });
+    d.register_raw(WAIT_CANCEL, move |ctx, _b| {
+        let cancelled = cancelled.clone();
+        async move {
+            // Observes the cancel signal from inside the handler.
+            let token = ctx.cancel.clone();
+            let guard = CountOnDrop(cancelled);
+            token.cancelled().await;
+            drop(guard);
+            Ok(Bytes::new())
+        }
+    });
+    d
+}
+
+struct CountOnDrop(Arc<AtomicUsize>);
+impl Drop for CountOnDrop {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+async fn start(config: ServerConfig) -> (RunningServer, Arc<AtomicUsize>) {
+    let c = Arc::new(AtomicUsize::new(0));
+    let s = Server::new(dispatcher(c.clone()), config)
+        .bind(&"tcp://127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    (s, c)
+}
+
+fn tcp_addr(s: &RunningServer) -> std::net::SocketAddr {
+    match s.local_addr() {
+        PeerAddr::Tcp(a) => *a,
+        other => panic!("not tcp: {other}"),
+    }
+}
+
+#[rstest]
+#[case::ipv4("tcp://127.0.0.1:0")]
+#[case::ipv6("tcp://[::1]:0")]
+#[case::unix("unix")]
+#[tokio::test]
+async fn all_three_methods_answer_over_each_socket_kind(#[case] addr: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let addr: PeerAddr = if addr == "unix" {
+        PeerAddr::Unix(dir.path().join("rpc.sock"))
+    } else {
+        addr.parse().unwrap()
+    };
+    let s = match Server::new(dispatcher(Default::default()), ServerConfig::default())
+        .bind(&addr)
+        .await
+    {
+        Ok(s) => s,
+        Err(e) if addr.to_string().contains("::1") => {
+            eprintln!("skipping IPv6: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(&c.call(demo::ECHO, "abc").await.unwrap()[..], b"abc");
+    let up: String = c
+        .call_typed(demo::UPPERCASE, &"hello hmc rpc".to_string())
+        .await
+        .unwrap();
+    assert_eq!(up, "HELLO HMC RPC");
+    let r: demo::ComplexResponse = c
+        .call_typed(
+            demo::COMPLEX,
+            &demo::ComplexRequest {
+                label: "x".into(),
+                values: vec![3, 5, 8],
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((r.sum, r.count, r.max), (16, 3, Some(8)));
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn slow_and_fast_calls_complete_out_of_order_on_one_connection() {
+    let (s, _) = start(ServerConfig::default()).await;
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let order = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for ms in [300u64, 1, 200, 2, 100, 3] {
+        let c = c.clone();
+        let order = order.clone();
+        tasks.push(tokio::spawn(async move {
+            let r: u64 = c.call_typed(SLEEP, &ms).await.unwrap();
+            assert_eq!(r, ms);
+            order.lock().push(ms);
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().clone();
+    assert_eq!(&order[3..], &[100, 200, 300], "{order:?}");
+    assert!(order[..3].iter().all(|ms| *ms < 10), "{order:?}");
+}
+
+#[tokio::test]
+async fn many_verified_calls_share_one_persistent_connection() {
+    let n: usize = if std::env::var("HMC_LONG_TESTS").is_ok() {
+        200_000
+    } else {
+        5_000
+    };
+    let (s, _) = start(ServerConfig::default()).await;
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for w in 0..16usize {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in (w..n).step_by(16) {
+                let body = format!("call-{i}-{}", "x".repeat(i % 97));
+                let r = c.call(demo::ECHO, body.clone()).await.unwrap();
+                assert_eq!(&r[..], body.as_bytes());
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(s.connections(), 1);
+}
+
+#[tokio::test]
+async fn large_payloads_stream_without_blocking_small_calls() {
+    let (s, _) = start(ServerConfig::default()).await;
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let big: Vec<u8> = (0..8 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+    let big = Bytes::from(big);
+    let c2 = c.clone();
+    let b2 = big.clone();
+    let large = tokio::spawn(async move { c2.call(demo::ECHO, b2).await.unwrap() });
+    // Small calls keep completing while the 8 MiB payload is in flight both ways.
+    for i in 0..50 {
+        let r = c.call(demo::ECHO, format!("small {i}")).await.unwrap();
+        assert_eq!(r, format!("small {i}").as_bytes());
+    }
+    assert_eq!(large.await.unwrap(), big);
+}
+
+#[tokio::test]
+async fn deadline_passes_and_the_call_reports_it() {
+    let (s, _) = start(ServerConfig::default()).await;
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let opts = CallOptions {
+        timeout: Some(Duration::from_millis(50)),
+    };
+    let e = c
+        .call_typed_with::<u64, u64>(SLEEP, &2_000, opts)
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(Status::DEADLINE_EXCEEDED), "{e}");
+    // The connection stays usable.
+    assert_eq!(&c.call(demo::ECHO, "ok").await.unwrap()[..], b"ok");
+}
+
+#[tokio::test]
+async fn blocking_handler_sees_its_remaining_deadline() {
+    let (s, _) = start(ServerConfig::default()).await;
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let opts = CallOptions {
+        timeout: Some(Duration::from_secs(5)),
+    };
+    let left: u64 = c
+        .call_typed_with(BLOCKING_SLEEP, &10u64, opts)
+        .await
+        .unwrap();
+    assert!(left > 3_000 && left < 5_000, "{left}");
+}
+
+#[tokio::test]
+async fn dropping_a_call_cancels_it_on_the_server() {
+    let (s, cancelled) = start(ServerConfig::default()).await;
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_millis(100), c.call(WAIT_CANCEL, "")).await;
+    assert!(r.is_err(), "the handler only returns once cancelled");
+    for _ in 0..100 {
+        if cancelled.load(Ordering::SeqCst) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        cancelled.load(Ordering::SeqCst),
+        1,
+        "handler saw the cancel"
+    );
+    assert_eq!(&c.call(demo::ECHO, "after").await.unwrap()[..], b"after");
+}
+
+#[tokio::test]
+async fn overload_is_answered_overloaded_not_dropped() {
+    let config = ServerConfig {
+        max_inflight_total: 4,
+        ..ServerConfig::default()
+    };
+    let (s, _) = start(config).await;
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            c.call_typed::<u64, u64>(SLEEP, &300).await
+        }));
+    }
+    let mut ok = 0;
+    let mut overloaded = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(e) if e.status() == Some(Status::OVERLOADED) => {
+                assert!(e.to_string().contains("max_inflight_total"), "{e}");
+                overloaded += 1
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!((ok, overloaded), (4, 8));
+}
+
+#[tokio::test]
+async fn connection_limit_refuses_extra_connections_with_goaway() {
+    let config = ServerConfig {
+        max_connections: 1,
+        ..ServerConfig::default()
+    };
+    let (s, _) = start(config).await;
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    c.call(demo::ECHO, "first").await.unwrap();
+    let mut raw = TcpStream::connect(tcp_addr(&s)).await.unwrap();
+    let (h, body) = read_frame(&mut raw).await;
+    assert_eq!((h.kind, h.status), (FrameKind::GoAway, Status::OVERLOADED));
+    assert!(String::from_utf8_lossy(&body).contains("max_connections"));
+    c.call(demo::ECHO, "still served").await.unwrap();
+}
+
+#[tokio::test]
+async fn panicking_handler_answers_internal_and_the_server_lives_on() {
+    let (s, _) = start(ServerConfig::default()).await;
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let e = c.call(PANIC, "").await.unwrap_err();
+    assert_eq!(e.status(), Some(Status::INTERNAL));
+    assert!(e.to_string().contains("handler bug"), "{e}");
+    assert_eq!(&c.call(demo::ECHO, "alive").await.unwrap()[..], b"alive");
+}
+
+#[tokio::test]
+async fn unknown_method_and_bad_payload_get_their_status() {
+    let (s, _) = start(ServerConfig::default()).await;
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let e = c.call(999, "").await.unwrap_err();
+    assert_eq!(e.status(), Some(Status::UNKNOWN_METHOD), "{e}");
+    // A string whose bytes are not UTF-8.
+    let e = c
+        .call(demo::UPPERCASE, vec![0, 0, 0, 2, 0xff, 0xfe])
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(Status::BAD_PAYLOAD), "{e}");
+    assert!(e.to_string().contains("UTF-8"), "{e}");
+    // A bad option tag inside the composite request.
+    let e = c
+        .call(demo::COMPLEX, vec![0, 0, 0, 0, 0, 0, 0, 1, 0, 0])
+        .await
+        .unwrap_err();
+    assert_eq!(e.status(), Some(Status::BAD_PAYLOAD), "{e}");
+}
+
+#[tokio::test]
+async fn graceful_shutdown_finishes_inflight_and_refuses_new_calls() {
+    let (s, _) = start(ServerConfig::default()).await;
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let c2 = c.clone();
+    let slow = tokio::spawn(async move { c2.call_typed::<u64, u64>(SLEEP, &300).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let handle = s.shutdown_handle();
+    handle.shutdown();
+    // The call in flight finishes.
+    assert_eq!(slow.await.unwrap().unwrap(), 300);
+    s.wait().await;
+    // New calls cannot get in: the listener is closed.
+    let e = c.call(demo::ECHO, "late").await.unwrap_err();
+    assert!(
+        matches!(e, CallError::Connect(_)) || e.status() == Some(Status::SHUTTING_DOWN),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn requests_racing_the_goaway_are_answered_shutting_down() {
+    let (s, _) = start(ServerConfig::default()).await;
+    let mut raw = TcpStream::connect(tcp_addr(&s)).await.unwrap();
+    // One slow call keeps the connection draining.
+    raw.write_all(&request(
+        1,
+        SLEEP,
+        &hmc_rpc::RpcCodec::encode(&300u64).unwrap(),
+    ))
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.shutdown_handle().shutdown();
+    let (h, _) = read_frame(&mut raw).await;
+    assert_eq!(
+        (h.kind, h.status),
+        (FrameKind::GoAway, Status::SHUTTING_DOWN)
+    );
+    raw.write_all(&request(2, demo::ECHO, b"new"))
+        .await
+        .unwrap();
+    let (h, _) = read_frame(&mut raw).await;
+    assert_eq!((h.request_id, h.status), (2, Status::SHUTTING_DOWN));
+    let (h, _) = read_frame(&mut raw).await;
+    assert_eq!((h.request_id, h.status), (1, Status::OK));
+    s.wait().await;
+}
+
+fn request(id: u64, method: u32, body: &[u8]) -> Vec<u8> {
+    let mut h = FrameHeader::new(FrameKind::Request, id);
+    h.method_id = method;
+    h.payload_len = body.len() as u64;
+    h.body_len = body.len() as u32;
+    h.payload_crc = payload_crc(body);
+    let mut v = h.encode().to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+async fn read_frame(s: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
+    let mut hb = [0u8; HEADER_LEN];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut hb))
+        .await
+        .expect("a frame within 5 s")
+        .unwrap();
+    let h = FrameHeader::decode(&hb, &FrameLimits::default()).unwrap();
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).await.unwrap();
+    (h, body)
+}
+
+fn damage(case: &str) -> Vec<u8> {
+    let good = request(1, demo::ECHO, b"hello");
+    let mut b = good.clone();
+    let recrc = |b: &mut Vec<u8>| {
+        let c = crc32c::crc32c(&b[0..44]);
+        b[44..48].copy_from_slice(&c.to_be_bytes());
+    };
+    match case {
+        "magic" => {
+            b[0] = 0;
+            recrc(&mut b)
+        }
+        "version" => {
+            b[2] = 9;
+            recrc(&mut b)
+        }
+        "reserved_flags" => {
+            b[5] = 0x80;
+            recrc(&mut b)
+        }
+        "unknown_kind" => {
+            b[3] = 42;
+            recrc(&mut b)
+        }
+        "header_crc" => b[10] ^= 0xff,
+        "payload_crc" => *b.last_mut().unwrap() ^= 1,
+        "body_over_limit" => {
+            let mut h = FrameHeader::decode(&good[..48], &FrameLimits::default()).unwrap();
+            h.kind = FrameKind::Data;
+            h.mode = PayloadMode::TcpStream;
+            h.payload_len = 1 << 40;
+            h.body_len = 1 << 30;
+            b = h.encode().to_vec();
+        }
+        "inline_len_mismatch" => {
+            b[35] = 4;
+            recrc(&mut b)
+        }
+        "data_without_stream" => {
+            let mut h = FrameHeader::new(FrameKind::Data, 5);
+            h.mode = PayloadMode::TcpStream;
+            h.payload_len = 1;
+            h.body_len = 1;
+            b = h.encode().to_vec();
+            b.push(0);
+        }
+        "duplicate_id" => {
+            let slow = request(1, SLEEP, &hmc_rpc::RpcCodec::encode(&1000u64).unwrap());
+            b = [slow.clone(), slow].concat();
+        }
+        other => panic!("{other}"),
+    }
+    b
+}
+
+#[rstest]
+#[case::magic("magic", "bad magic")]
+#[case::version("version", "version")]
+#[case::reserved_flags("reserved_flags", "reserved flag")]
+#[case::unknown_kind("unknown_kind", "frame kind")]
+#[case::header_crc("header_crc", "header CRC32C")]
+#[case::payload_crc("payload_crc", "payload CRC32C")]
+#[case::body_over_limit("body_over_limit", "max_body_len")]
+#[case::inline_len_mismatch("inline_len_mismatch", "INLINE")]
+#[case::data_without_stream("data_without_stream", "no open stream")]
+#[case::duplicate_id("duplicate_id", "duplicate request id")]
+#[tokio::test]
+async fn malformed_frame_gets_goaway_and_others_are_still_served(
+    #[case] case: &str,
+    #[case] reason: &str,
+) {
+    let (s, _) = start(ServerConfig::default()).await;
+    let good = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let mut raw = TcpStream::connect(tcp_addr(&s)).await.unwrap();
+    raw.write_all(&damage(case)).await.unwrap();
+    let (h, body) = read_frame(&mut raw).await;
+    assert_eq!((h.kind, h.status), (FrameKind::GoAway, Status::PROTOCOL));
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains(reason), "{case}: {text}");
+    // The server closes that connection...
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    assert!(n < 1000);
+    // ...and serves everyone else.
+    assert_eq!(&good.call(demo::ECHO, "fine").await.unwrap()[..], b"fine");
+}
+
+#[tokio::test]
+async fn half_header_stall_is_closed_after_frame_timeout() {
+    let config = ServerConfig {
+        conn: ConnConfig {
+            frame_timeout: Duration::from_millis(200),
+            ..ConnConfig::default()
+        },
+        ..ServerConfig::default()
+    };
+    let (s, _) = start(config).await;
+    let mut raw = TcpStream::connect(tcp_addr(&s)).await.unwrap();
+    raw.write_all(&request(1, demo::ECHO, b"x")[..20])
+        .await
+        .unwrap();
+    let (h, body) = read_frame(&mut raw).await;
+    assert_eq!(h.kind, FrameKind::GoAway);
+    assert!(String::from_utf8_lossy(&body).contains("frame_timeout"));
+}
+
+#[tokio::test]
+async fn disconnect_mid_stream_frees_the_connection_and_server_lives_on() {
+    let (s, _) = start(ServerConfig::default()).await;
+    {
+        let mut raw = TcpStream::connect(tcp_addr(&s)).await.unwrap();
+        let mut h = FrameHeader::new(FrameKind::Request, 1);
+        h.method_id = demo::ECHO;
+        h.mode = PayloadMode::TcpStream;
+        h.payload_len = 1 << 20;
+        raw.write_all(&h.encode()).await.unwrap();
+        let mut d = h;
+        d.kind = FrameKind::Data;
+        d.body_len = 1000;
+        raw.write_all(&d.encode()).await.unwrap();
+        raw.write_all(&[7u8; 1000]).await.unwrap();
+    }
+    for _ in 0..100 {
+        if s.connections() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(s.connections(), 0);
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(&c.call(demo::ECHO, "ok").await.unwrap()[..], b"ok");
+}
+
+#[tokio::test]
+async fn lost_connection_fails_calls_in_flight_and_next_call_reconnects() {
+    // A one-shot fake server: reads one request, then drops the connection.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (s, _) = start(ServerConfig::default()).await;
+    let real = tcp_addr(&s);
+    let fake = tokio::spawn(async move {
+        let (mut sock, _) = l.accept().await.unwrap();
+        let mut b = [0u8; 48];
+        sock.read_exact(&mut b).await.unwrap();
+        drop(sock);
+        // Then forward the next connection to the real server.
+        let (mut sock, _) = l.accept().await.unwrap();
+        let mut up = TcpStream::connect(real).await.unwrap();
+        let _ = tokio::io::copy_bidirectional(&mut sock, &mut up).await;
+    });
+    let c = Client::connect(&PeerAddr::Tcp(addr), ClientConfig::default())
+        .await
+        .unwrap();
+    let e = c.call(demo::ECHO, "x").await.unwrap_err();
+    assert!(matches!(e, CallError::ConnectionLost(_)), "{e}");
+    assert!(e.to_string().contains("not replayed"));
+    assert_eq!(&c.call(demo::ECHO, "again").await.unwrap()[..], b"again");
+    fake.abort();
+}
