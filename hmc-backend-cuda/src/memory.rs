@@ -1,0 +1,676 @@
+//! `CudaMemory` (device allocations, synchronous and asynchronous copies, IPC, DMA-BUF
+//! export) and `PinnedHostMemory` (page-locked host staging buffers).
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::future::Future;
+use std::marker::PhantomData;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+
+use cudarc::driver::sys;
+use futures::task::AtomicWaker;
+use hmc_core::{
+    Device, DeviceBuffer, DeviceKind, Error, MemSpan, MemSpanMut, Memory, Region, Result,
+    check_bounds, check_copy,
+};
+
+use crate::driver::{self, DeviceContext, check};
+
+/// What [`CudaMemory::info`] and [`crate::probe`] report about one device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// The device.
+    pub device: Device,
+    /// `cuDeviceGetName`.
+    pub name: String,
+    /// Device memory in bytes (`cuDeviceTotalMem`).
+    pub total_bytes: u64,
+    /// Free device memory in bytes when asked (`cuMemGetInfo`).
+    pub free_bytes: u64,
+    /// `cuDriverGetVersion` (`1000 * major + 10 * minor`).
+    pub driver_version: i32,
+    /// Whether the driver can export device ranges as DMA-BUF file descriptors.
+    pub dma_buf: bool,
+}
+
+fn max_alloc_error(len: usize, max: usize) -> Error {
+    Error::LimitExceeded {
+        limit: "max_alloc",
+        value: len as u64,
+        max: max as u64,
+        hint: "one buffer cannot exceed isize::MAX bytes; split the allocation into several \
+               buffers"
+            .into(),
+    }
+}
+
+/// One CUDA device's allocator and copy engine. Cheap to clone. Every call first makes the
+/// device's primary context current on the calling thread (`cuCtxSetCurrent`); copies run
+/// on a non-blocking stream of this device.
+#[derive(Clone, Debug)]
+pub struct CudaMemory {
+    ctx: Arc<DeviceContext>,
+}
+
+impl CudaMemory {
+    /// CUDA device `ordinal`. `Unavailable` when `libcuda` is missing, too old (< 11.4), or
+    /// has no such device; never a panic.
+    pub fn new(ordinal: u32) -> Result<Self> {
+        Ok(CudaMemory {
+            ctx: DeviceContext::open(ordinal)?,
+        })
+    }
+
+    /// Name, memory and capabilities of the device.
+    pub fn info(&self) -> Result<DeviceInfo> {
+        self.ctx.bind()?;
+        let mut name = [0 as c_char; 256];
+        let (mut total, mut free, mut total_now) = (0usize, 0usize, 0usize);
+        // SAFETY: valid out-pointers of the stated sizes; the context is current.
+        unsafe {
+            check(
+                "cuDeviceGetName",
+                sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, self.ctx.device),
+            )?;
+            check(
+                "cuDeviceTotalMem",
+                sys::cuDeviceTotalMem_v2(&mut total, self.ctx.device),
+            )?;
+            check(
+                "cuMemGetInfo",
+                sys::cuMemGetInfo_v2(&mut free, &mut total_now),
+            )?;
+        }
+        // SAFETY: cuDeviceGetName NUL-terminates within the buffer.
+        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        Ok(DeviceInfo {
+            device: self.device(),
+            name,
+            total_bytes: total as u64,
+            free_bytes: free as u64,
+            driver_version: self.ctx.driver_version,
+            dma_buf: self.dma_buf_supported()?,
+        })
+    }
+
+    /// The page-locked host allocator of this device's context, for staging bounce buffers.
+    pub fn pinned(&self) -> PinnedHostMemory {
+        PinnedHostMemory {
+            ctx: self.ctx.clone(),
+        }
+    }
+
+    fn enqueue(&self, dst: &MemSpanMut<'_>, src: &MemSpan<'_>) -> Result<bool> {
+        let (d, s) = (dst.region(), src.region());
+        let stream = self.ctx.stream;
+        // SAFETY: the spans borrow live memory of the kinds the function names (host or this
+        // device, checked by check_copy), each `s.len` bytes; the context is current.
+        unsafe {
+            match (d.device.is_host(), s.device.is_host()) {
+                (true, true) => {
+                    std::ptr::copy(s.addr as *const u8, d.addr as *mut u8, s.len);
+                    return Ok(false);
+                }
+                (false, true) => check(
+                    "cuMemcpyHtoDAsync",
+                    sys::cuMemcpyHtoDAsync_v2(d.addr, s.addr as *const c_void, s.len, stream),
+                )?,
+                (true, false) => check(
+                    "cuMemcpyDtoHAsync",
+                    sys::cuMemcpyDtoHAsync_v2(d.addr as *mut c_void, s.addr, s.len, stream),
+                )?,
+                (false, false) => check(
+                    "cuMemcpyDtoDAsync",
+                    sys::cuMemcpyDtoDAsync_v2(d.addr, s.addr, s.len, stream),
+                )?,
+            }
+        }
+        Ok(true)
+    }
+
+    /// Starts a copy on this device's stream and returns a future that completes when the
+    /// bytes are in `dst` (a host function queued behind the copy wakes it; no thread
+    /// polls). Host spans in pinned memory ([`CudaMemory::pinned`]) copy truly
+    /// asynchronously; pageable host memory is staged by the driver before this returns.
+    ///
+    /// Dropping the future before it completes blocks until the copy has finished, so the
+    /// spans are never touched after the drop returns.
+    ///
+    /// # Safety
+    /// The future must be polled to completion or dropped; it must not be leaked
+    /// (`mem::forget`), since the device would keep writing `dst` after its borrow ends.
+    pub unsafe fn copy_async<'a>(
+        &'a self,
+        dst: &'a mut MemSpanMut<'_>,
+        src: &'a MemSpan<'_>,
+    ) -> Result<CopyFuture<'a>> {
+        check_copy(self.device(), dst, src)?;
+        let mut fut = CopyFuture {
+            ctx: self.ctx.clone(),
+            event: std::ptr::null_mut(),
+            state: Arc::new(CopyState {
+                done: AtomicBool::new(false),
+                waker: AtomicWaker::new(),
+            }),
+            finished: true,
+            _borrow: PhantomData,
+        };
+        if src.is_empty() {
+            return Ok(fut);
+        }
+        self.ctx.bind()?;
+        // SAFETY: valid out-pointer; the context is current.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(
+                &mut fut.event,
+                sys::CUevent_flags_enum::CU_EVENT_DISABLE_TIMING as c_uint,
+            )
+        })?;
+        fut.finished = false;
+        if !self.enqueue(dst, src)? {
+            fut.finished = true; // host to host: already done
+            return Ok(fut);
+        }
+        // SAFETY: the event and stream belong to this context.
+        check("cuEventRecord", unsafe {
+            sys::cuEventRecord(fut.event, self.ctx.stream)
+        })?;
+        let user = Arc::into_raw(fut.state.clone()) as *mut c_void;
+        // SAFETY: `on_copy_done` takes back the Arc leaked into `user` exactly once; it makes
+        // no CUDA calls, as host functions must not.
+        let r = unsafe { sys::cuLaunchHostFunc(self.ctx.stream, Some(on_copy_done), user) };
+        if let Err(e) = check("cuLaunchHostFunc", r) {
+            // SAFETY: the host function was not queued, so the Arc is still ours.
+            drop(unsafe { Arc::from_raw(user as *const CopyState) });
+            return Err(e); // dropping `fut` waits for the copy
+        }
+        Ok(fut)
+    }
+
+    /// Exports `buf` for another process on this host (`cuIpcGetMemHandle`). The handle is
+    /// valid while `buf` lives.
+    pub fn export_ipc(&self, buf: &CudaBuffer) -> Result<IpcHandle> {
+        self.own(buf)?;
+        if buf.len == 0 {
+            return Err(Error::InvalidArgument(
+                "a zero-length buffer has no memory to share".into(),
+            ));
+        }
+        self.ctx.bind()?;
+        let mut raw = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: valid out-pointer; `buf.ptr` is a live cuMemAlloc base of this context.
+        check("cuIpcGetMemHandle", unsafe {
+            sys::cuIpcGetMemHandle(&mut raw, buf.ptr)
+        })?;
+        let mut bytes = [0u8; IPC_HANDLE_SIZE];
+        for (b, c) in bytes.iter_mut().zip(raw.reserved) {
+            *b = c as u8;
+        }
+        Ok(IpcHandle {
+            raw: bytes,
+            len: buf.len as u64,
+        })
+    }
+
+    /// Maps device memory another process exported (`cuIpcOpenMemHandle` with
+    /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`) as a buffer of this device.
+    ///
+    /// # Safety
+    /// `handle` must come from [`CudaMemory::export_ipc`] in another process that keeps
+    /// the exported buffer alive while the mapping lives; its length is trusted.
+    pub unsafe fn open_ipc(&self, handle: &IpcHandle) -> Result<IpcMapping> {
+        let len = usize::try_from(handle.len)
+            .map_err(|_| Error::InvalidArgument("IPC handle length too large".into()))?;
+        self.ctx.bind()?;
+        let mut raw = sys::CUipcMemHandle { reserved: [0; 64] };
+        for (c, b) in raw.reserved.iter_mut().zip(handle.raw) {
+            *c = b as c_char;
+        }
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; the handle is passed by value as cuda.h declares.
+        check("cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                raw,
+                sys::CUipcMem_flags_enum::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as c_uint,
+            )
+        })?;
+        Ok(IpcMapping {
+            ctx: self.ctx.clone(),
+            ptr,
+            len,
+        })
+    }
+
+    /// Whether this device can export ranges as DMA-BUF (driver >= 11.7 and
+    /// `CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`).
+    pub fn dma_buf_supported(&self) -> Result<bool> {
+        if self.ctx.driver_version < driver::DMA_BUF_MIN_DRIVER {
+            return Ok(false);
+        }
+        let mut v: c_int = 0;
+        // SAFETY: valid out-pointer; the attribute exists from 11.7, checked above.
+        check("cuDeviceGetAttribute", unsafe {
+            sys::cuDeviceGetAttribute(
+                &mut v,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
+                self.ctx.device,
+            )
+        })?;
+        Ok(v != 0)
+    }
+
+    /// Exports `[offset, offset + len)` of `buf` as a DMA-BUF file descriptor
+    /// (`cuMemGetHandleForAddressRange` with `CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD`), for
+    /// registering GPU memory with an RDMA NIC. Start and length must be multiples of the
+    /// host page size. `Unsupported` where the driver cannot do it.
+    pub fn export_dmabuf(&self, buf: &CudaBuffer, offset: usize, len: usize) -> Result<OwnedFd> {
+        self.own(buf)?;
+        check_bounds("DMA-BUF range", offset as u64, len as u64, buf.len as u64)?;
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+        let start = buf.ptr + offset as u64;
+        if len == 0 || !start.is_multiple_of(page) || !(len as u64).is_multiple_of(page) {
+            return Err(Error::InvalidArgument(format!(
+                "a DMA-BUF range must be non-empty and start and end on host page boundaries \
+                 ({page} bytes); got address {start:#x} length {len}"
+            )));
+        }
+        if !self.dma_buf_supported()? {
+            return Err(Error::Unsupported(format!(
+                "{}: the driver does not export DMA-BUF (needs driver API >= 11.7 reporting \
+                 CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, i.e. the open GPU kernel modules on \
+                 Linux >= 5.12); fall back to host staging",
+                self.device()
+            )));
+        }
+        self.ctx.bind()?;
+        let mut fd: c_int = -1;
+        // SAFETY: for DMA_BUF_FD the handle out-parameter is an int; the range lies in a live
+        // allocation of this context (checked above).
+        check("cuMemGetHandleForAddressRange", unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                &mut fd as *mut c_int as *mut c_void,
+                start,
+                len,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        })?;
+        // SAFETY: on success the driver returns a new file descriptor we now own.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn own(&self, buf: &CudaBuffer) -> Result<()> {
+        if Arc::ptr_eq(&buf.ctx, &self.ctx) || buf.ctx.ordinal == self.ctx.ordinal {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{} cannot act on a buffer of {}; use that device's CudaMemory",
+                self.device(),
+                buf.region().device
+            )))
+        }
+    }
+}
+
+impl Memory for CudaMemory {
+    type Buffer = CudaBuffer;
+
+    fn device(&self) -> Device {
+        Device::new(DeviceKind::Cuda, self.ctx.ordinal)
+    }
+
+    fn alloc(&self, len: usize) -> Result<CudaBuffer> {
+        if len > self.max_alloc() {
+            return Err(max_alloc_error(len, self.max_alloc()));
+        }
+        let mut ptr: sys::CUdeviceptr = 0;
+        if len > 0 {
+            self.ctx.bind()?;
+            // SAFETY: valid out-pointer; the context is current.
+            check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, len) })?;
+        }
+        Ok(CudaBuffer {
+            ctx: self.ctx.clone(),
+            ptr,
+            len,
+        })
+    }
+
+    /// Synchronous copy: queued on this device's stream, then `cuStreamSynchronize`, so it
+    /// is ordered after earlier [`CudaMemory::copy_async`] calls and returns with the bytes
+    /// in `dst`.
+    fn copy(&self, dst: &mut MemSpanMut<'_>, src: &MemSpan<'_>) -> Result<()> {
+        check_copy(self.device(), dst, src)?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        if dst.region().device.is_host() && src.region().device.is_host() {
+            self.enqueue(dst, src)?;
+            return Ok(());
+        }
+        self.ctx.bind()?;
+        self.enqueue(dst, src)?;
+        // SAFETY: the stream belongs to the current context.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.ctx.stream)
+        })
+    }
+}
+
+struct CopyState {
+    done: AtomicBool,
+    waker: AtomicWaker,
+}
+
+/// Host function queued behind an asynchronous copy: marks it done and wakes its future.
+///
+/// # Safety
+/// `user` is an `Arc<CopyState>` leaked by `copy_async`, taken back here exactly once.
+unsafe extern "C" fn on_copy_done(user: *mut c_void) {
+    // SAFETY: per the contract above.
+    let state = unsafe { Arc::from_raw(user as *const CopyState) };
+    state.done.store(true, Ordering::Release);
+    state.waker.wake();
+}
+
+/// An asynchronous copy in flight (see [`CudaMemory::copy_async`]); resolves to `Ok` when
+/// the bytes are in the destination, or to the stream's error.
+pub struct CopyFuture<'a> {
+    ctx: Arc<DeviceContext>,
+    event: sys::CUevent,
+    state: Arc<CopyState>,
+    finished: bool,
+    _borrow: PhantomData<&'a mut [u8]>,
+}
+
+// SAFETY: the event is a driver handle usable from any thread with the context bound (Drop
+// and poll bind it); the borrow marker is Send for the same reason `&mut [u8]` is.
+unsafe impl Send for CopyFuture<'_> {}
+
+impl std::fmt::Debug for CopyFuture<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CopyFuture")
+            .field("device", &self.ctx.ordinal)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Future for CopyFuture<'_> {
+    type Output = Result<()>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if self.finished {
+            return Poll::Ready(Ok(()));
+        }
+        self.state.waker.register(cx.waker());
+        if !self.state.done.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
+        self.finished = true;
+        // The host function ran after the event's work, so a query reports success or the
+        // stream's sticky error.
+        let r = self.ctx.bind().and_then(|()| {
+            // SAFETY: the event was created and recorded in this context.
+            check("cuEventQuery", unsafe { sys::cuEventQuery(self.event) })
+        });
+        Poll::Ready(r)
+    }
+}
+
+impl Drop for CopyFuture<'_> {
+    fn drop(&mut self) {
+        if self.event.is_null() {
+            return;
+        }
+        if self.ctx.bind().is_ok() {
+            if !self.finished {
+                // The copy may still be reading or writing the borrowed spans: wait for the
+                // stream, so that nothing touches them once this drop returns.
+                // SAFETY: the stream belongs to the bound context.
+                if let Err(e) = check("cuStreamSynchronize", unsafe {
+                    sys::cuStreamSynchronize(self.ctx.stream)
+                }) {
+                    tracing::error!(error = %e, "waiting for a cancelled CUDA copy failed");
+                }
+            }
+            // SAFETY: the event was created in this context and is destroyed once.
+            let _ = unsafe { sys::cuEventDestroy_v2(self.event) };
+        }
+    }
+}
+
+/// A `cuMemAlloc` allocation; freed (in its context) on drop.
+#[derive(Debug)]
+pub struct CudaBuffer {
+    ctx: Arc<DeviceContext>,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+}
+
+impl DeviceBuffer for CudaBuffer {
+    fn region(&self) -> Region {
+        Region {
+            device: Device::new(DeviceKind::Cuda, self.ctx.ordinal),
+            addr: self.ptr,
+            len: self.len,
+        }
+    }
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let result = self.ctx.bind().and_then(|()| {
+            // SAFETY: `ptr` came from cuMemAlloc in this context and is freed once, here;
+            // copies that borrowed it have completed (futures wait in their Drop).
+            check("cuMemFree", unsafe { sys::cuMemFree_v2(self.ptr) })
+        });
+        if let Err(e) = result {
+            tracing::error!(error = %e, "leaking a CUDA device buffer that could not be freed");
+        }
+    }
+}
+
+/// Size of `CUipcMemHandle` (`CU_IPC_HANDLE_SIZE` in cuda.h).
+pub const IPC_HANDLE_SIZE: usize = 64;
+
+/// A portable description of an exported device allocation: the driver's 64-byte
+/// `CUipcMemHandle` and the allocation's length; send it to a peer on the same host with
+/// [`IpcHandle::to_bytes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcHandle {
+    raw: [u8; IPC_HANDLE_SIZE],
+    len: u64,
+}
+
+impl IpcHandle {
+    /// Encoded size: the handle, then the length as big-endian `u64`.
+    pub const ENCODED_LEN: usize = IPC_HANDLE_SIZE + 8;
+
+    /// Length of the exported allocation in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for a zero-length export (never produced by `export_ipc`).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The wire form.
+    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        out[..IPC_HANDLE_SIZE].copy_from_slice(&self.raw);
+        out[IPC_HANDLE_SIZE..].copy_from_slice(&self.len.to_be_bytes());
+        out
+    }
+
+    /// Parses the wire form.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        if bytes.len() != Self::ENCODED_LEN {
+            return Err(Error::InvalidArgument(format!(
+                "a CUDA IPC handle is {} bytes, got {}",
+                Self::ENCODED_LEN,
+                bytes.len()
+            )));
+        }
+        let mut raw = [0u8; IPC_HANDLE_SIZE];
+        raw.copy_from_slice(&bytes[..IPC_HANDLE_SIZE]);
+        let mut len = [0u8; 8];
+        len.copy_from_slice(&bytes[IPC_HANDLE_SIZE..]);
+        Ok(IpcHandle {
+            raw,
+            len: u64::from_be_bytes(len),
+        })
+    }
+}
+
+/// Device memory of another process mapped by [`CudaMemory::open_ipc`]; unmapped
+/// (`cuIpcCloseMemHandle`) on drop.
+#[derive(Debug)]
+pub struct IpcMapping {
+    ctx: Arc<DeviceContext>,
+    ptr: sys::CUdeviceptr,
+    len: usize,
+}
+
+impl DeviceBuffer for IpcMapping {
+    fn region(&self) -> Region {
+        Region {
+            device: Device::new(DeviceKind::Cuda, self.ctx.ordinal),
+            addr: self.ptr,
+            len: self.len,
+        }
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        let result = self.ctx.bind().and_then(|()| {
+            // SAFETY: `ptr` came from cuIpcOpenMemHandle and is closed once, here.
+            check("cuIpcCloseMemHandle", unsafe {
+                sys::cuIpcCloseMemHandle(self.ptr)
+            })
+        });
+        if let Err(e) = result {
+            tracing::error!(error = %e, "could not unmap a CUDA IPC mapping");
+        }
+    }
+}
+
+/// Page-locked host memory from the CUDA driver (`cuMemHostAlloc`): host memory the GPU's
+/// copy engines reach directly, for staging bounce buffers and truly asynchronous copies.
+/// Its buffers are host memory ([`Device::HOST`]).
+#[derive(Clone, Debug)]
+pub struct PinnedHostMemory {
+    ctx: Arc<DeviceContext>,
+}
+
+impl Memory for PinnedHostMemory {
+    type Buffer = PinnedHostBuffer;
+
+    fn device(&self) -> Device {
+        Device::HOST
+    }
+
+    fn alloc(&self, len: usize) -> Result<PinnedHostBuffer> {
+        if len > self.max_alloc() {
+            return Err(max_alloc_error(len, self.max_alloc()));
+        }
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        if len > 0 {
+            self.ctx.bind()?;
+            // SAFETY: valid out-pointer; flags 0 (default: pinned, this context).
+            check("cuMemHostAlloc", unsafe {
+                sys::cuMemHostAlloc(&mut ptr, len, 0)
+            })?;
+        }
+        Ok(PinnedHostBuffer {
+            ctx: self.ctx.clone(),
+            ptr: ptr as u64,
+            len,
+        })
+    }
+
+    fn copy(&self, dst: &mut MemSpanMut<'_>, src: &MemSpan<'_>) -> Result<()> {
+        check_copy(Device::HOST, dst, src)?;
+        let (d, s) = (dst.region(), src.region());
+        if s.len > 0 {
+            // SAFETY: both spans are host memory (checked) of equal length, borrowed for the
+            // call; `copy` is memmove.
+            unsafe { std::ptr::copy(s.addr as *const u8, d.addr as *mut u8, s.len) };
+        }
+        Ok(())
+    }
+}
+
+/// A `cuMemHostAlloc` allocation; freed (`cuMemFreeHost`) on drop.
+#[derive(Debug)]
+pub struct PinnedHostBuffer {
+    ctx: Arc<DeviceContext>,
+    ptr: u64,
+    len: usize,
+}
+
+impl PinnedHostBuffer {
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` is a live host allocation of `len` bytes owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: as above, and `&mut self` makes the slice unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+}
+
+impl DeviceBuffer for PinnedHostBuffer {
+    fn region(&self) -> Region {
+        Region {
+            device: Device::HOST,
+            addr: self.ptr,
+            len: self.len,
+        }
+    }
+}
+
+impl Drop for PinnedHostBuffer {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let result = self.ctx.bind().and_then(|()| {
+            // SAFETY: `ptr` came from cuMemHostAlloc and is freed once, here.
+            check("cuMemFreeHost", unsafe {
+                sys::cuMemFreeHost(self.ptr as *mut c_void)
+            })
+        });
+        if let Err(e) = result {
+            tracing::error!(error = %e, "leaking a pinned host buffer that could not be freed");
+        }
+    }
+}
+
+/// Every device, described (for [`crate::probe`]).
+pub(crate) fn all_devices() -> Result<Vec<DeviceInfo>> {
+    let count = driver::device_count()?;
+    (0..count).map(|i| CudaMemory::new(i)?.info()).collect()
+}
