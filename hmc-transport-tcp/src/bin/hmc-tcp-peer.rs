@@ -204,7 +204,7 @@ async fn serve(args: &Args) -> Result<()> {
                 read.crc
             )));
         }
-        println!("session {session}: the client READ the same bytes (checksum={inverted:#010x})");
+        println!("session {session}: the client READ the same bytes: checksum={inverted:#010x}");
         control
             .send(
                 client,

@@ -1,0 +1,234 @@
+//! `cargo bench -p hmc-transport-tcp --bench transfer [-- --quick]`: one-sided WRITE and READ from 4 KiB to 64 MiB against a target in another process, beside iperf3 on loopback in the same run.
+//!
+//! The target is `hmc-tcp-peer serve` (a real second process, as iperf3's server is);
+//! this process connects over the control plane, imports the target's buffer, and times
+//! back-to-back single-descriptor transfers of each size on one endpoint. Bandwidth is
+//! bytes moved over wall time. The last lines compare the 1 MiB-and-up rows with iperf3's
+//! single-stream loopback figure measured moments before.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hmc_backend_cpu::HostMemory;
+use hmc_core::{
+    Access, Communicator, ConnBuffer, Deadline, Op, PeerAddr, RegisteredBuffer, RemoteRegion,
+    TransferDesc,
+};
+use hmc_transport_tcp::{ControlPlane, ControlPlaneConfig, TcpCommunicator, TcpConfig};
+
+const PEER: &str = env!("CARGO_BIN_EXE_hmc-tcp-peer");
+const MAX: usize = 64 << 20;
+const SIZES: [usize; 7] = [
+    4 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+];
+/// The share of iperf3's bandwidth the 1 MiB-and-up rows must reach.
+const TARGET_SHARE: f64 = 0.70;
+
+struct Reaper(Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// iperf3's loopback bandwidth in GB/s (one stream, `secs` seconds), or why there is none.
+fn iperf3(secs: u32) -> Result<f64, String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| e.to_string())?
+        .port()
+        .to_string();
+    let server = Command::new("iperf3")
+        .args(["-s", "-1", "-p", &port])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| {
+            format!("iperf3 not runnable ({e}); install it with apt-get install iperf3")
+        })?;
+    let _server = Reaper(server);
+    let start = Instant::now();
+    loop {
+        let out = Command::new("iperf3")
+            .args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-t",
+                &secs.to_string(),
+                "-J",
+            ])
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() {
+            let after = text
+                .split("\"sum_received\"")
+                .nth(1)
+                .ok_or("no sum_received in iperf3's JSON")?;
+            let bps: f64 = after
+                .split("\"bits_per_second\":")
+                .nth(1)
+                .and_then(|s| s.split([',', '}']).next())
+                .and_then(|s| s.trim().parse().ok())
+                .ok_or("no bits_per_second in iperf3's JSON")?;
+            return Ok(bps / 8.0 / 1e9);
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            return Err(format!("iperf3 client failed: {text}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Times back-to-back transfers of `len` bytes; GB/s.
+async fn measure(
+    comm: &TcpCommunicator,
+    ep: &<TcpCommunicator as Communicator>::Endpoint,
+    key: &<TcpCommunicator as Communicator>::RemoteKey,
+    local: &RegisteredBuffer<HostMemory, TcpCommunicator>,
+    op: Op,
+    len: usize,
+    budget: Duration,
+) -> f64 {
+    let d = [TransferDesc::<TcpCommunicator> {
+        local: local.registration(),
+        local_offset: 0,
+        remote: key,
+        remote_offset: 0,
+        len,
+    }];
+    let deadline = || Deadline::after(Duration::from_secs(60));
+    // Warm-up: connection and page faults out of the way.
+    comm.transfer(ep, op, &d, deadline())
+        .await
+        .expect("warm-up");
+    let start = Instant::now();
+    let mut n = 0u64;
+    while n < 3 || start.elapsed() < budget {
+        comm.transfer(ep, op, &d, deadline())
+            .await
+            .expect("transfer");
+        n += 1;
+    }
+    (n as f64 * len as f64) / start.elapsed().as_secs_f64() / 1e9
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let budget = if quick {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(1)
+    };
+    let iperf = iperf3(if quick { 1 } else { 3 });
+    match &iperf {
+        Ok(g) => println!("iperf3 loopback, one stream: {g:.2} GB/s"),
+        Err(e) => println!("iperf3: {e}"),
+    }
+
+    let mut server = Command::new(PEER)
+        .args([
+            "serve",
+            "--listen",
+            "tcp://127.0.0.1:0",
+            "--len",
+            &MAX.to_string(),
+            "--exit-after",
+            "0",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start hmc-tcp-peer serve");
+    let mut first = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut first)
+        .expect("server's first line");
+    let _server = Reaper(server);
+    let control_addr: PeerAddr = first
+        .split("control plane at ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected first line from the server: {first:?}"));
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let rows = rt.block_on(async {
+        let soon = || Deadline::after(Duration::from_secs(20));
+        let control = ControlPlane::bind(1, &[], ControlPlaneConfig::default())
+            .await
+            .unwrap();
+        control.connect(0, &control_addr, soon()).await.unwrap();
+        let data: PeerAddr = control.recv(0, soon()).await.unwrap();
+        let region: RemoteRegion = control.recv(0, soon()).await.unwrap();
+        let any = "tcp://127.0.0.1:0".parse().unwrap();
+        let comm = Arc::new(TcpCommunicator::bind(&any, TcpConfig::default()).unwrap());
+        let ep = comm.connect(&data, soon()).await.unwrap();
+        let key = comm.import(&ep, &region).unwrap();
+        let local = RegisteredBuffer::new(
+            Arc::new(HostMemory::new()),
+            comm.clone(),
+            MAX,
+            Access::READ_WRITE,
+        )
+        .unwrap();
+        let mut rows = Vec::new();
+        for len in SIZES {
+            let w = measure(&comm, &ep, &key, &local, Op::Write, len, budget).await;
+            let r = measure(&comm, &ep, &key, &local, Op::Read, len, budget).await;
+            rows.push((len, w, r));
+        }
+        rows
+    });
+
+    println!("\n| size | WRITE GB/s | READ GB/s | WRITE / iperf3 | READ / iperf3 |");
+    println!("| ---: | ---: | ---: | ---: | ---: |");
+    let share = |g: f64| match &iperf {
+        Ok(i) => format!("{:.0}%", 100.0 * g / i),
+        Err(_) => "n/a".into(),
+    };
+    for (len, w, r) in &rows {
+        let size = if *len >= 1 << 20 {
+            format!("{} MiB", len >> 20)
+        } else {
+            format!("{} KiB", len >> 10)
+        };
+        println!(
+            "| {size} | {w:.2} | {r:.2} | {} | {} |",
+            share(*w),
+            share(*r)
+        );
+    }
+    if let Ok(i) = iperf {
+        let worst = rows
+            .iter()
+            .filter(|(len, _, _)| *len >= 1 << 20)
+            .flat_map(|(_, w, r)| [*w, *r])
+            .fold(f64::INFINITY, f64::min);
+        let verdict = if worst >= TARGET_SHARE * i {
+            "meets"
+        } else {
+            "MISSES"
+        };
+        println!(
+            "\nslowest row at 1 MiB and above: {worst:.2} GB/s = {:.0}% of iperf3 ({i:.2} GB/s); {verdict} the {:.0}% target",
+            100.0 * worst / i,
+            100.0 * TARGET_SHARE
+        );
+    }
+}
