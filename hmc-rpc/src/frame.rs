@@ -556,6 +556,11 @@ mod tests {
     }
 
     #[test]
+    fn crc_is_castagnoli() {
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xE306_9283);
+    }
+
+    #[test]
     fn payload_crc_zero_means_not_computed() {
         assert!(check_payload_crc(1, 0, b"anything").is_ok());
         assert!(check_payload_crc(1, payload_crc(b"abc"), b"abc").is_ok());

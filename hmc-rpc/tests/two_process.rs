@@ -1,0 +1,154 @@
+//! The real `hmc-rpc-server` and `hmc-rpc-client` binaries, as separate processes, over TCP
+//! and a Unix socket, for all three methods; and graceful shutdown on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use rstest::rstest;
+
+const SERVER: &str = env!("CARGO_BIN_EXE_hmc-rpc-server");
+const CLIENT: &str = env!("CARGO_BIN_EXE_hmc-rpc-client");
+
+/// A server process on a free port (and optionally a Unix socket); killed on drop.
+struct ServerProc {
+    child: Child,
+    port: u16,
+}
+
+impl ServerProc {
+    fn start(uds: Option<&std::path::Path>) -> Self {
+        let mut cmd = Command::new(SERVER);
+        cmd.args([
+            "--bind-address",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--workers",
+            "2",
+        ])
+        .args(["--max-connections", "68", "--max-inflight", "64"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+        if let Some(p) = uds {
+            cmd.arg("--uds-path").arg(p);
+        }
+        let mut child = cmd.spawn().expect("starting hmc-rpc-server");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let port = line
+            .trim()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in `{line}`"));
+        if uds.is_some() {
+            line.clear();
+            out.read_line(&mut line).unwrap();
+            assert!(line.contains("unix://"), "{line}");
+        }
+        ServerProc { child, port }
+    }
+
+    fn sigterm(&mut self) -> std::process::ExitStatus {
+        // SAFETY: `kill` with a pid we own and a valid signal number has no memory effects.
+        #[allow(unsafe_code)]
+        let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        assert_eq!(rc, 0);
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for ServerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client(target: &[String], args: &[&str]) -> String {
+    let out = Command::new(CLIENT)
+        .args(target)
+        .args(args)
+        .output()
+        .expect("running hmc-rpc-client");
+    assert!(
+        out.status.success(),
+        "client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[rstest]
+#[case::tcp(false)]
+#[case::unix(true)]
+fn server_and_client_binaries_serve_all_three_methods(#[case] unix: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("rpc.sock");
+    let server = ServerProc::start(Some(&sock));
+    let target: Vec<String> = if unix {
+        vec!["--uds-path".into(), sock.display().to_string()]
+    } else {
+        vec![
+            "--server-address".into(),
+            "127.0.0.1".into(),
+            "--port".into(),
+            server.port.to_string(),
+        ]
+    };
+    let out = client(
+        &target,
+        &[
+            "--method",
+            "uppercase",
+            "--message",
+            "hello hmc rpc",
+            "--repeat",
+            "3",
+        ],
+    );
+    assert_eq!(
+        out,
+        "response[1]=HELLO HMC RPC\nresponse[2]=HELLO HMC RPC\nresponse[3]=HELLO HMC RPC\n\
+         Completed 3 uppercase RPC call(s)\n"
+    );
+    let out = client(&target, &["--method", "echo", "--message", "ping pong"]);
+    assert_eq!(out, "response[1]=ping pong\nCompleted 1 echo RPC call(s)\n");
+    let out = client(
+        &target,
+        &[
+            "--method",
+            "complex",
+            "--message",
+            "typed payload",
+            "--values",
+            "3,5,8",
+        ],
+    );
+    assert_eq!(
+        out,
+        "response[1]=label=TYPED PAYLOAD count=3 sum=16 min=3 max=8 mean=5.333\n\
+         Completed 1 complex RPC call(s)\n"
+    );
+}
+
+#[test]
+fn client_reports_a_missing_server_clearly() {
+    let out = Command::new(CLIENT)
+        .args(["--port", "1", "--method", "echo"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is hmc-rpc-server running there?"), "{err}");
+}
+
+#[test]
+fn sigterm_shuts_the_server_down_gracefully() {
+    let mut server = ServerProc::start(None);
+    let target = vec!["--port".to_string(), server.port.to_string()];
+    client(&target, &["--method", "echo", "--message", "x"]);
+    let status = server.sigterm();
+    assert!(status.success(), "{status:?}");
+}
