@@ -39,16 +39,17 @@ fn async_copies_through_pinned_memory_complete_with_the_bytes(#[case] len: usize
     src.as_mut_slice().copy_from_slice(&pattern(5, len));
     let mut dev = mem.alloc(len).unwrap();
     let mut back = pinned.alloc(len).unwrap();
-    // SAFETY (both calls): the futures are awaited to completion here.
     block_on(async {
         let mut d = MemSpanMut::of(&mut dev);
         let s = MemSpan::of(&src);
+        // SAFETY: the future is awaited to completion here.
         unsafe { mem.copy_async(&mut d, &s) }
             .unwrap()
             .await
             .unwrap();
         let mut b = MemSpanMut::of(&mut back);
         let s = MemSpan::of(&dev);
+        // SAFETY: the future is awaited to completion here.
         unsafe { mem.copy_async(&mut b, &s) }
             .unwrap()
             .await

@@ -170,7 +170,7 @@ impl CnrtApi {
     }
 
     fn resolve(lib: libloading::Library, path: PathBuf) -> Result<CnrtApi> {
-        // SAFETY (all `symbol` calls and the version call): each type alias above is the
+        // SAFETY: for all `symbol` calls and the version call, each type alias above is the
         // header's signature for the named function, as cited beside the alias; the version
         // function writes three ints through valid pointers.
         let api = unsafe {

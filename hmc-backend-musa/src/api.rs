@@ -189,7 +189,7 @@ impl MusaApi {
     }
 
     fn resolve(lib: libloading::Library, path: PathBuf) -> Result<MusaApi> {
-        // SAFETY (all `symbol` calls): each type alias above is the header's signature for
+        // SAFETY: for all `symbol` calls, each type alias above is the header's signature for
         // the named function, as cited beside the alias.
         let api = unsafe {
             let runtime_get_version: RuntimeGetVersionFn =

@@ -102,7 +102,7 @@ impl MusaMemory {
     /// Exports `buf` for another process on this host (`musaIpcGetMemHandle`). The handle is
     /// valid while `buf` lives.
     pub fn export_ipc(&self, buf: &MusaBuffer) -> Result<IpcHandle> {
-        if buf.ordinal != self.ordinal || !Arc::ptr_eq(&buf.api, &self.api) {
+        if buf.ordinal != self.ordinal || buf.api.path != self.api.path {
             return Err(Error::InvalidArgument(format!(
                 "{} cannot export a buffer of {}; use that device's MusaMemory",
                 self.device(),

@@ -293,3 +293,37 @@ fn no_device_child() {
     assert!(reason.contains("musaErrorNoDevice"), "{err}");
     assert!(hmc_backend_musa::probe().is_err());
 }
+
+#[test]
+fn abi_shim_exporting_another_devices_buffer_is_refused() {
+    let (a, b) = (shim_device(1), shim_device(2));
+    let buf = b.alloc(64).unwrap();
+    assert!(matches!(a.export_ipc(&buf), Err(Error::InvalidArgument(_))));
+}
+
+#[test]
+fn abi_shim_host_to_host_copies_pass_through_without_calling_the_runtime() {
+    let mem = shim_device(1);
+    ShimControl::open().fail_next("musaMemcpy", 1);
+    let src = pattern(30, 5000);
+    let mut dst = vec![0u8; 5000];
+    mem.copy(&mut MemSpanMut::host(&mut dst), &MemSpan::host(&src))
+        .unwrap();
+    assert_eq!(dst, src);
+    // The armed failure is still pending, so the runtime was not called; a device copy
+    // consumes it.
+    let mut buf = mem.alloc(16).unwrap();
+    let err = mem
+        .copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(&[0u8; 16]))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Device {
+                function: "musaMemcpy",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}

@@ -185,7 +185,7 @@ impl HipApi {
     }
 
     fn resolve(lib: libloading::Library, path: PathBuf) -> Result<HipApi> {
-        // SAFETY (all `symbol` calls): each type alias above is the header's signature for
+        // SAFETY: for all `symbol` calls, each type alias above is the header's signature for
         // the named function, as cited beside the alias.
         let api = unsafe {
             let runtime_get_version: RuntimeGetVersionFn =
