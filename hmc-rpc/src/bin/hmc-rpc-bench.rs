@@ -1,0 +1,477 @@
+//! `hmc-rpc-bench`: echo throughput and latency over a matrix of payload size x clients x
+//! pipeline depth, every response verified, side by side with a raw TCP ping-pong baseline
+//! and the tonic (gRPC) peer; prints a markdown table with ratios and writes CSV.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use hmc_core::PeerAddr;
+use hmc_rpc::{Client, ClientConfig, demo};
+
+#[derive(Parser, Debug)]
+#[command(about = "HMC RPC echo benchmark beside raw TCP and tonic")]
+struct Args {
+    /// Payload sizes in bytes, comma-separated.
+    #[arg(long, default_value = "64,4096,1048576", value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// Client connections, comma-separated.
+    #[arg(long, default_value = "1,8", value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// Calls in flight per client (pipeline depth), comma-separated.
+    #[arg(long, default_value = "1,8", value_delimiter = ',')]
+    depths: Vec<usize>,
+    /// Seconds per cell.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// The hmc-rpc-server binary (default: next to this one).
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Server worker threads.
+    #[arg(long, default_value_t = 2)]
+    server_workers: usize,
+    /// The tonic-echo peer binary (default: $HMC_TONIC_ECHO, else
+    /// tgt/tonic/release/tonic-echo); skipped with a note when absent.
+    #[arg(long)]
+    tonic_bin: Option<PathBuf>,
+    /// Skip the tonic peer.
+    #[arg(long)]
+    no_tonic: bool,
+    /// Where to write the CSV.
+    #[arg(long, default_value = "target/hmc-rpc-bench.csv")]
+    csv: PathBuf,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Cell {
+    system: &'static str,
+    size: usize,
+    clients: usize,
+    depth: usize,
+    calls: u64,
+    rps: f64,
+    mbps: f64,
+    p50: f64,
+    p99: f64,
+    p999: f64,
+}
+
+fn percentile(sorted: &[u32], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * q) as usize] as f64
+}
+
+fn cell_from(
+    system: &'static str,
+    size: usize,
+    clients: usize,
+    depth: usize,
+    mut lat: Vec<u32>,
+    secs: f64,
+) -> Cell {
+    lat.sort_unstable();
+    let calls = lat.len() as u64;
+    Cell {
+        system,
+        size,
+        clients,
+        depth,
+        calls,
+        rps: calls as f64 / secs,
+        mbps: calls as f64 * size as f64 / secs / 1e6,
+        p50: percentile(&lat, 0.5),
+        p99: percentile(&lat, 0.99),
+        p999: percentile(&lat, 0.999),
+    }
+}
+
+async fn bench_hmc(
+    addr: &PeerAddr,
+    size: usize,
+    clients: usize,
+    depth: usize,
+    secs: f64,
+) -> Result<Cell, String> {
+    let mut conns = Vec::new();
+    for _ in 0..clients {
+        conns.push(
+            Client::connect(addr, ClientConfig::default())
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let template: Arc<Vec<u8>> = Arc::new((0..size).map(|i| (i % 251) as u8).collect());
+    // Warm up each connection.
+    for c in &conns {
+        c.call(demo::ECHO, Bytes::from(template.to_vec()))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let mut tasks = Vec::new();
+    for (ci, c) in conns.iter().enumerate() {
+        for d in 0..depth {
+            let c = c.clone();
+            let template = template.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut n: u64 = ((ci * 1000 + d) as u64) << 32;
+                while Instant::now() < end {
+                    n += 1;
+                    let mut body = template.to_vec();
+                    let stamp = n.to_be_bytes();
+                    let k = stamp.len().min(body.len());
+                    body[..k].copy_from_slice(&stamp[..k]);
+                    let t = Instant::now();
+                    let r = c
+                        .call(demo::ECHO, body.clone())
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                    if r[..] != body[..] {
+                        return Err(format!("response {n} differs from its request"));
+                    }
+                }
+                Ok::<_, String>(lat)
+            }));
+        }
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.map_err(|e| e.to_string())??);
+    }
+    let el = start.elapsed().as_secs_f64();
+    Ok(cell_from("hmc-rpc", size, clients, depth, all, el))
+}
+
+/// Blocking TCP ping-pong: one connection, one message in flight, `size` bytes each way.
+fn bench_raw_tcp(size: usize, secs: f64) -> std::io::Result<Cell> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = l.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![0u8; size];
+        loop {
+            if s.read_exact(&mut buf).is_err() {
+                return Ok(());
+            }
+            s.write_all(&buf)?;
+        }
+    });
+    let mut c = TcpStream::connect(addr)?;
+    c.set_nodelay(true)?;
+    let msg: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    let mut back = vec![0u8; size];
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let mut lat = Vec::new();
+    while Instant::now() < end {
+        let t = Instant::now();
+        c.write_all(&msg)?;
+        c.read_exact(&mut back)?;
+        lat.push(t.elapsed().as_micros() as u32);
+        assert_eq!(back, msg);
+    }
+    let el = start.elapsed().as_secs_f64();
+    drop(c);
+    let _ = server.join();
+    Ok(cell_from("raw-tcp", size, 1, 1, lat, el))
+}
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(18099)
+}
+
+fn wait_port(port: u16) {
+    for _ in 0..100 {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn bench_tonic(
+    bin: &PathBuf,
+    port: u16,
+    size: usize,
+    clients: usize,
+    depth: usize,
+    secs: f64,
+) -> Result<Cell, String> {
+    let out = Command::new(bin)
+        .args([
+            "client",
+            &port.to_string(),
+            &size.to_string(),
+            &clients.to_string(),
+            &depth.to_string(),
+            &secs.to_string(),
+        ])
+        .output()
+        .map_err(|e| format!("running {}: {e}", bin.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |k: &str| -> f64 {
+        text.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    if !out.status.success() || field("rps=") == 0.0 {
+        return Err(format!(
+            "tonic client failed: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(Cell {
+        system: "tonic",
+        size,
+        clients,
+        depth,
+        calls: field("calls=") as u64,
+        rps: field("rps="),
+        mbps: field("MBps="),
+        p50: field("p50_us="),
+        p99: field("p99_us="),
+        p999: f64::NAN,
+    })
+}
+
+fn fmt_size(s: usize) -> String {
+    if s >= 1 << 20 && s.is_multiple_of(1 << 20) {
+        format!("{} MiB", s >> 20)
+    } else if s >= 1024 && s.is_multiple_of(1024) {
+        format!("{} KiB", s >> 10)
+    } else {
+        format!("{s} B")
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match rt.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let server_bin = args
+        .server_bin
+        .clone()
+        .unwrap_or_else(|| me.with_file_name("hmc-rpc-server"));
+    let port = free_port();
+    let mut server = Command::new(&server_bin)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--workers",
+            &args.server_workers.to_string(),
+        ])
+        .args(["--max-inflight", "256", "--max-connections", "1024"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "starting {} (build it with the bench): {e}",
+                server_bin.display()
+            )
+        })?;
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let _server = Proc(server);
+    let addr = PeerAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], port)));
+
+    let tonic_bin = if args.no_tonic {
+        None
+    } else {
+        let p = args
+            .tonic_bin
+            .clone()
+            .or_else(|| std::env::var_os("HMC_TONIC_ECHO").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("tgt/tonic/release/tonic-echo"));
+        if p.exists() {
+            Some(p)
+        } else {
+            eprintln!(
+                "note: tonic peer not found at {} (build /work/shared/peers/tonic-echo, or pass --tonic-bin); skipping it",
+                p.display()
+            );
+            None
+        }
+    };
+    let tonic_port = free_port();
+    let _tonic = match &tonic_bin {
+        Some(b) => {
+            let c = Command::new(b)
+                .args(["server", &tonic_port.to_string()])
+                .stdout(Stdio::null())
+                .spawn()
+                .map_err(|e| e.to_string())?;
+            wait_port(tonic_port);
+            Some(Proc(c))
+        }
+        None => None,
+    };
+
+    let mut cells: Vec<(Cell, Option<Cell>)> = Vec::new();
+    let mut raw: Vec<Cell> = Vec::new();
+    let total = args.sizes.len() * (1 + args.clients.len() * args.depths.len());
+    let mut step = 0;
+    for &size in &args.sizes {
+        step += 1;
+        eprintln!("[{step}/{total}] raw TCP ping-pong, {}", fmt_size(size));
+        raw.push(bench_raw_tcp(size, args.seconds.min(2.0)).map_err(|e| e.to_string())?);
+        for &clients in &args.clients {
+            for &depth in &args.depths {
+                step += 1;
+                eprintln!(
+                    "[{step}/{total}] {} x {clients} client(s) x {depth} in flight: hmc-rpc{}",
+                    fmt_size(size),
+                    if tonic_bin.is_some() { ", tonic" } else { "" }
+                );
+                let h = bench_hmc(&addr, size, clients, depth, args.seconds).await?;
+                let t = match &tonic_bin {
+                    Some(b) => match bench_tonic(b, tonic_port, size, clients, depth, args.seconds)
+                    {
+                        Ok(t) => Some(t),
+                        Err(e) => {
+                            eprintln!("  tonic: {e}");
+                            None
+                        }
+                    },
+                    None => None,
+                };
+                eprintln!(
+                    "  hmc-rpc {:.0} RPC/s {:.1} MB/s p50 {:.0} us{}",
+                    h.rps,
+                    h.mbps,
+                    h.p50,
+                    t.as_ref()
+                        .map(|t| format!(
+                            " | tonic {:.0} RPC/s {:.1} MB/s p50 {:.0} us",
+                            t.rps, t.mbps, t.p50
+                        ))
+                        .unwrap_or_default()
+                );
+                cells.push((h, t));
+            }
+        }
+    }
+
+    println!(
+        "## hmc-rpc echo vs tonic (same run, {} s per cell)\n",
+        args.seconds
+    );
+    println!(
+        "| payload | clients | in flight | hmc RPC/s | hmc MB/s | hmc p50 us | hmc p99 us | hmc p999 us | tonic RPC/s | tonic MB/s | tonic p50 us | RPC/s ratio |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for (h, t) in &cells {
+        let (tr, tm, tp, ratio) = match t {
+            Some(t) => (
+                format!("{:.0}", t.rps),
+                format!("{:.1}", t.mbps),
+                format!("{:.0}", t.p50),
+                format!("{:.2}x", h.rps / t.rps),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "| {} | {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {tr} | {tm} | {tp} | {ratio} |",
+            fmt_size(h.size),
+            h.clients,
+            h.depth,
+            h.rps,
+            h.mbps,
+            h.p50,
+            h.p99,
+            h.p999
+        );
+    }
+    println!("\n## raw TCP ping-pong baseline (1 connection, 1 in flight, blocking)\n");
+    println!(
+        "| payload | round trips/s | MB/s | p50 us | p99 us | hmc-rpc 1x1 p50 us | p50 ratio |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for r in &raw {
+        let h = cells
+            .iter()
+            .find(|(h, _)| h.size == r.size && h.clients == 1 && h.depth == 1)
+            .map(|(h, _)| h.p50);
+        println!(
+            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} |",
+            fmt_size(r.size),
+            r.rps,
+            r.mbps,
+            r.p50,
+            r.p99,
+            h.map_or("-".into(), |h| format!("{h:.0}")),
+            h.map_or("-".into(), |h| format!("{:.2}x", h / r.p50.max(1.0)))
+        );
+    }
+    println!("\n## pipelining on one connection (1 client)\n");
+    println!("| payload | depth 1 RPC/s | depth 8 RPC/s | ratio |");
+    println!("| --- | --- | --- | --- |");
+    for &size in &args.sizes {
+        let find = |d: usize| {
+            cells
+                .iter()
+                .find(|(h, _)| h.size == size && h.clients == 1 && h.depth == d)
+                .map(|(h, _)| h.rps)
+        };
+        if let (Some(a), Some(b)) = (find(1), find(8)) {
+            println!("| {} | {a:.0} | {b:.0} | {:.2}x |", fmt_size(size), b / a);
+        }
+    }
+
+    if let Some(dir) = args.csv.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let mut csv = String::from(
+        "system,payload_bytes,clients,in_flight,calls,rps,mbps,p50_us,p99_us,p999_us\n",
+    );
+    for c in cells
+        .iter()
+        .flat_map(|(h, t)| std::iter::once(h).chain(t.iter()))
+        .chain(raw.iter())
+    {
+        csv.push_str(&format!(
+            "{},{},{},{},{},{:.1},{:.3},{:.1},{:.1},{:.1}\n",
+            c.system, c.size, c.clients, c.depth, c.calls, c.rps, c.mbps, c.p50, c.p99, c.p999
+        ));
+    }
+    std::fs::write(&args.csv, csv).map_err(|e| format!("writing {}: {e}", args.csv.display()))?;
+    eprintln!("CSV written to {}", args.csv.display());
+    Ok(())
+}
