@@ -39,8 +39,15 @@
 //! - Where a CUDA device is present, the `hmc-core` memory conformance kit runs against
 //!   [`CudaMemory`] and [`PinnedHostMemory`], together with asynchronous copies, cancelled
 //!   copies, IPC and DMA-BUF export (`tests/conformance.rs`, `tests/cuda.rs`).
-//! - Where it is not, the tests assert the clean `Unavailable` error. This crate has so far
-//!   been built, and run only without a GPU; no figures from hardware exist yet.
+//! - Where it is not, the tests assert the clean `Unavailable` error.
+//! - Everywhere, `tests/driver_shim.rs` builds `tests/shim/cuda_shim.c` (cuda.h's symbols
+//!   over host memory) and runs this crate's test binary again with it first on
+//!   `LD_LIBRARY_PATH` as `libcuda.so`: the conformance kit, per-thread context binding,
+//!   the event/host-function plumbing of [`CopyFuture`] (pending until woken, drop waits),
+//!   IPC between two processes, DMA-BUF export and error mapping all run through cudarc's
+//!   real loader. That is an **ABI shim that checks our binding layer, not a hardware
+//!   verification**: this crate has not yet run on a GPU, and no figures from hardware
+//!   exist (see `gpu-check.sh` and `examples/cuda_bandwidth.rs` for that run).
 //!
 //! # Safety
 //!
