@@ -133,7 +133,10 @@ impl ConnHandle {
 struct Inner {
     addr: PeerAddr,
     config: ClientConfig,
+    /// Serialises reconnects.
     conn: Mutex<Option<ConnHandle>>,
+    /// The connection calls use; read without waiting.
+    current: parking_lot::Mutex<Option<ConnHandle>>,
     credits: Arc<Semaphore>,
     next_id: AtomicU64,
 }
@@ -162,6 +165,7 @@ impl Client<NoDataPlane> {
                 credits: Arc::new(Semaphore::new(config.conn.max_inflight)),
                 config,
                 conn: Mutex::new(None),
+                current: parking_lot::Mutex::new(None),
                 next_id: AtomicU64::new(1),
             }),
             data_plane: None,
@@ -191,6 +195,12 @@ impl<C: Communicator> Client<C> {
     }
 
     async fn connection(&self) -> Result<mpsc::UnboundedSender<Cmd>, CallError> {
+        // Fast path: the current connection, without touching the async reconnect lock.
+        if let Some(h) = self.inner.current.lock().as_ref()
+            && h.is_usable()
+        {
+            return Ok(h.cmd.clone());
+        }
         let mut g = self.inner.conn.lock().await;
         if let Some(h) = g.as_ref()
             && h.is_usable()
@@ -218,6 +228,10 @@ impl<C: Communicator> Client<C> {
             usable.clone(),
         ));
         *g = Some(ConnHandle {
+            cmd: tx.clone(),
+            usable: usable.clone(),
+        });
+        *self.inner.current.lock() = Some(ConnHandle {
             cmd: tx.clone(),
             usable,
         });

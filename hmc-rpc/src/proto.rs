@@ -85,7 +85,8 @@ struct Framing {
 }
 
 enum Parsed {
-    Frame(FrameHeader, Bytes),
+    /// A frame whose body is `inbuf[range]` until the next `push_input`.
+    Frame(FrameHeader, std::ops::Range<usize>),
     Need,
 }
 
@@ -130,7 +131,7 @@ impl Framing {
             self.mark_partial(now);
             return Ok(Parsed::Need);
         }
-        let body = Bytes::copy_from_slice(&avail[HEADER_LEN..total]);
+        let body = self.in_pos + HEADER_LEN..self.in_pos + total;
         self.in_pos += total;
         self.partial_since = None;
         self.mark_partial(now);
@@ -245,15 +246,26 @@ impl Framing {
         );
     }
 
-    /// Feeds one DATA frame; returns the complete message when END arrives.
-    fn data_frame(&mut self, h: FrameHeader, body: Bytes) -> Result<Option<Message>, String> {
+    /// The body of a parsed frame, copied out of the input buffer.
+    fn body(&self, range: std::ops::Range<usize>) -> Bytes {
+        Bytes::copy_from_slice(&self.inbuf[range])
+    }
+
+    /// Feeds one DATA frame (its body still in the input buffer, appended to the stream
+    /// without an intermediate copy); returns the complete message when END arrives.
+    fn data_frame(
+        &mut self,
+        h: FrameHeader,
+        range: std::ops::Range<usize>,
+    ) -> Result<Option<Message>, String> {
+        let body = &self.inbuf[range];
         let Some(s) = self.streams_in.get_mut(&h.request_id) else {
             return Err(format!(
                 "DATA frame for request {} which has no open stream",
                 h.request_id
             ));
         };
-        check_payload_crc(h.request_id, h.payload_crc, &body).map_err(|e| e.to_string())?;
+        check_payload_crc(h.request_id, h.payload_crc, body).map_err(|e| e.to_string())?;
         if h.payload_len != s.header.payload_len {
             return Err(format!(
                 "DATA frame of request {} announces {} payload bytes, its header frame {}",
@@ -268,7 +280,7 @@ impl Framing {
             ));
         }
         if !s.discard {
-            s.buf.extend_from_slice(&body);
+            s.buf.extend_from_slice(body);
         }
         let end = h.flags.contains(Flags::END);
         let full = s.received == s.header.payload_len;
@@ -407,26 +419,19 @@ impl ServerConn {
         }
     }
 
-    fn on_frame(&mut self, h: FrameHeader, body: Bytes, now: Instant) -> Result<(), String> {
+    fn on_frame(
+        &mut self,
+        h: FrameHeader,
+        range: std::ops::Range<usize>,
+        now: Instant,
+    ) -> Result<(), String> {
+        if h.kind == FrameKind::Data {
+            return self.on_data(h, range);
+        }
+        let body = self.f.body(range);
         match h.kind {
             FrameKind::Request => self.on_request(h, body, now),
-            FrameKind::Data => {
-                if let Some(m) = self.f.data_frame(h, body)? {
-                    let id = m.header.request_id;
-                    if let Some(e) = self.inflight.get_mut(&id) {
-                        e.receiving = false;
-                        let call = IncomingCall {
-                            request_id: id,
-                            method_id: m.header.method_id,
-                            payload: m.payload,
-                            deadline: e.deadline,
-                            one_way: e.one_way,
-                        };
-                        self.events.push_back(ServerEvent::Call(call));
-                    }
-                }
-                Ok(())
-            }
+            FrameKind::Data => unreachable!("handled above"),
             FrameKind::Cancel => {
                 self.abandon(h.request_id, Status::CANCELLED, "cancelled by the client");
                 Ok(())
@@ -445,6 +450,24 @@ impl ServerConn {
             }
             FrameKind::Response => Err("a client sent a RESPONSE frame".into()),
         }
+    }
+
+    fn on_data(&mut self, h: FrameHeader, range: std::ops::Range<usize>) -> Result<(), String> {
+        if let Some(m) = self.f.data_frame(h, range)? {
+            let id = m.header.request_id;
+            if let Some(e) = self.inflight.get_mut(&id) {
+                e.receiving = false;
+                let call = IncomingCall {
+                    request_id: id,
+                    method_id: m.header.method_id,
+                    payload: m.payload,
+                    deadline: e.deadline,
+                    one_way: e.one_way,
+                };
+                self.events.push_back(ServerEvent::Call(call));
+            }
+        }
+        Ok(())
     }
 
     fn on_request(&mut self, h: FrameHeader, body: Bytes, now: Instant) -> Result<(), String> {
@@ -884,8 +907,15 @@ impl ClientConn {
         }
     }
 
-    fn on_frame(&mut self, h: FrameHeader, body: Bytes) -> Result<(), String> {
+    fn on_frame(&mut self, h: FrameHeader, range: std::ops::Range<usize>) -> Result<(), String> {
         let id = h.request_id;
+        if h.kind == FrameKind::Data {
+            if let Some(m) = self.f.data_frame(h, range)? {
+                self.deliver(m.header, m.payload);
+            }
+            return Ok(());
+        }
+        let body = self.f.body(range);
         match h.kind {
             FrameKind::Response => {
                 if h.mode == PayloadMode::TcpStream {
@@ -903,12 +933,7 @@ impl ClientConn {
                 self.deliver(h, body);
                 Ok(())
             }
-            FrameKind::Data => {
-                if let Some(m) = self.f.data_frame(h, body)? {
-                    self.deliver(m.header, m.payload);
-                }
-                Ok(())
-            }
+            FrameKind::Data => unreachable!("handled above"),
             FrameKind::Ping => {
                 let pong = FrameHeader::new(FrameKind::Pong, id);
                 self.f.send_frame(&pong, &[]);

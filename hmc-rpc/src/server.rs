@@ -2,6 +2,7 @@
 //! handler execution (async tasks and a fixed pool of blocking workers), limits, and
 //! graceful shutdown.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -405,9 +406,40 @@ fn start_call(
     let payload = call.payload;
     match handler.clone() {
         Handler::Async(h) => {
+            let token = ctx.cancel.clone();
+            let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| h(ctx, payload))) {
+                Ok(f) => f,
+                Err(p) => {
+                    drop(permit);
+                    tokens.remove(&id);
+                    let result = Err(panicked(method, p));
+                    let c = Completion {
+                        request_id: id,
+                        method_id: method,
+                        result,
+                    };
+                    respond(core, c, Instant::now());
+                    return;
+                }
+            };
+            let mut fut = AssertUnwindSafe(fut).catch_unwind();
+            // Poll once in place: a handler that is ready at once (echo, small compute)
+            // is answered without a task hop; one that waits is spawned with a real waker.
+            let waker = futures::task::noop_waker();
+            let mut cx = std::task::Context::from_waker(&waker);
+            if let std::task::Poll::Ready(r) = std::pin::Pin::new(&mut fut).poll(&mut cx) {
+                let result = r.unwrap_or_else(|p| Err(panicked(method, p)));
+                drop(permit);
+                tokens.remove(&id);
+                let c = Completion {
+                    request_id: id,
+                    method_id: method,
+                    result,
+                };
+                respond(core, c, Instant::now());
+                return;
+            }
             tokio::spawn(async move {
-                let token = ctx.cancel.clone();
-                let fut = AssertUnwindSafe(async move { h(ctx, payload).await }).catch_unwind();
                 let result = tokio::select! {
                     r = fut => r.unwrap_or_else(|p| Err(panicked(method, p))),
                     _ = token.cancelled() => Err(RpcError::new(Status::CANCELLED, "cancelled")),
