@@ -674,3 +674,33 @@ pub(crate) fn all_devices() -> Result<Vec<DeviceInfo>> {
     let count = driver::device_count()?;
     (0..count).map(|i| CudaMemory::new(i)?.info()).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ipc_handles_round_trip_their_wire_form_and_refuse_other_lengths() {
+        let mut bytes = [0u8; IpcHandle::ENCODED_LEN];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let h = IpcHandle::from_bytes(&bytes).unwrap();
+        assert_eq!(h.to_bytes(), bytes);
+        assert_eq!(
+            h.len(),
+            u64::from_be_bytes(bytes[bytes.len() - 8..].try_into().unwrap())
+        );
+        for wrong in [0, IpcHandle::ENCODED_LEN - 1, IpcHandle::ENCODED_LEN + 1] {
+            let err = IpcHandle::from_bytes(&vec![0u8; wrong]).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+        }
+    }
+
+    #[test]
+    fn the_allocation_limit_error_names_the_limit_and_what_to_do() {
+        let e = max_alloc_error(usize::MAX, isize::MAX as usize);
+        let s = e.to_string();
+        assert!(s.contains("max_alloc") && s.contains("split"), "{s}");
+    }
+}
