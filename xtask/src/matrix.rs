@@ -14,6 +14,17 @@ struct Component {
     env: Option<&'static str>,
     /// Device nodes or sysfs paths whose presence means hardware is here.
     devices: &'static [&'static str],
+    /// The backend's own probe: what its runtime reports about devices.
+    probe: Option<fn() -> String>,
+}
+
+/// Summarises a backend probe: device names, or the `Unavailable` reason.
+fn summarise<T: std::fmt::Debug>(r: hmc_core::Result<Vec<T>>) -> String {
+    match r {
+        Ok(devs) if devs.is_empty() => "runtime found, no device".into(),
+        Ok(devs) => format!("{} device(s)", devs.len()),
+        Err(e) => format!("unavailable: {}", e.to_string().replace('|', "/")),
+    }
 }
 
 const COMPONENTS: &[Component] = &[
@@ -23,6 +34,7 @@ const COMPONENTS: &[Component] = &[
         libs: &[],
         env: None,
         devices: &[],
+        probe: None,
     },
     Component {
         name: "TCP/UDS transport",
@@ -30,6 +42,7 @@ const COMPONENTS: &[Component] = &[
         libs: &[],
         env: None,
         devices: &[],
+        probe: None,
     },
     Component {
         name: "UCX transport",
@@ -37,6 +50,7 @@ const COMPONENTS: &[Component] = &[
         libs: &["libucp.so.0"],
         env: Some("HMC_UCX_LIB"),
         devices: &[],
+        probe: None,
     },
     Component {
         name: "RPC runtime",
@@ -44,6 +58,7 @@ const COMPONENTS: &[Component] = &[
         libs: &[],
         env: None,
         devices: &[],
+        probe: None,
     },
     Component {
         name: "CUDA",
@@ -51,32 +66,31 @@ const COMPONENTS: &[Component] = &[
         libs: &["libcuda.so.1", "libcuda.so"],
         env: None,
         devices: &["/dev/nvidia0"],
+        probe: Some(|| summarise(hmc_backend_cuda::probe())),
     },
     Component {
         name: "ROCm / Hygon DCU",
         krate: "hmc-backend-rocm",
-        libs: &["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"],
-        env: Some("HMC_HIP_LIB"),
+        libs: hmc_backend_rocm::LIBRARY_CANDIDATES,
+        env: Some(hmc_backend_rocm::LIBRARY_ENV),
         devices: &["/dev/kfd"],
+        probe: Some(|| summarise(hmc_backend_rocm::probe())),
     },
     Component {
         name: "Cambricon MLU",
         krate: "hmc-backend-mlu",
-        libs: &["libcnrt.so"],
-        env: Some("HMC_CNRT_LIB"),
+        libs: hmc_backend_mlu::LIBRARY_CANDIDATES,
+        env: Some(hmc_backend_mlu::LIBRARY_ENV),
         devices: &["/dev/cambricon_dev0"],
+        probe: Some(|| summarise(hmc_backend_mlu::probe())),
     },
     Component {
         name: "Moore Threads MUSA",
         krate: "hmc-backend-musa",
-        libs: &[
-            "libmusart.so",
-            "libmusart.so.1",
-            "libmusart.so.2",
-            "libmusart.so.3",
-        ],
-        env: Some("HMC_MUSA_LIB"),
+        libs: hmc_backend_musa::LIBRARY_CANDIDATES,
+        env: Some(hmc_backend_musa::LIBRARY_ENV),
         devices: &["/dev/mtgpu.0", "/dev/dri/renderD128-mt"],
+        probe: Some(|| summarise(hmc_backend_musa::probe())),
     },
 ];
 
@@ -102,7 +116,14 @@ fn runtime(c: &Component) -> String {
     if c.libs.is_empty() {
         return "built in".into();
     }
-    match c.libs.iter().find(|l| lib_present(l)) {
+    let found = |l: &&&str| {
+        if l.starts_with('/') {
+            Path::new(l).exists()
+        } else {
+            lib_present(l)
+        }
+    };
+    match c.libs.iter().find(found) {
         Some(l) => format!("{l} found"),
         None => format!("{} not found", c.libs[0]),
     }
@@ -112,9 +133,13 @@ fn device(c: &Component) -> String {
     if c.devices.is_empty() {
         return "n/a".into();
     }
-    match c.devices.iter().find(|d| Path::new(d).exists()) {
+    let node = match c.devices.iter().find(|d| Path::new(d).exists()) {
         Some(d) => format!("{d} present"),
-        None => "none".into(),
+        None => "no device node".into(),
+    };
+    match c.probe {
+        Some(probe) => format!("{node}; probe: {}", probe()),
+        None => node,
     }
 }
 
