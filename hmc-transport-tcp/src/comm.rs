@@ -375,20 +375,32 @@ async fn run_request(
     });
     header.extend_from_slice(&(wire_descs.len() as u32).to_be_bytes());
     wire_descs.iter().for_each(|d| d.encode(&mut header));
-    stream.write_all(&header).await?;
+    let total: usize = descs.iter().map(|d| d.len).sum();
     match op {
-        Op::Write => {
+        Op::Write if total <= wire::COALESCE_LEN => {
+            // Small batches travel in one write: one segment, one wakeup at the target.
             for d in descs.iter().filter(|d| d.len > 0) {
                 // SAFETY: `check_batch` proved [local_offset, local_offset+len) lies in the
                 // registration, whose memory the caller keeps allocated while registered
                 // (the `register` contract), and `descs` borrows the registration for the
                 // whole transfer.
+                header
+                    .extend_from_slice(unsafe { std::slice::from_raw_parts(local_ptr(d), d.len) });
+            }
+            stream.write_all(&header).await?;
+            wire::read_status(stream, peer).await
+        }
+        Op::Write => {
+            stream.write_all(&header).await?;
+            for d in descs.iter().filter(|d| d.len > 0) {
+                // SAFETY: as above.
                 let bytes = unsafe { std::slice::from_raw_parts(local_ptr(d), d.len) };
                 stream.write_all(bytes).await?;
             }
             wire::read_status(stream, peer).await
         }
         Op::Read => {
+            stream.write_all(&header).await?;
             let status = wire::read_status(stream, peer).await?;
             if status.is_ok() {
                 for d in descs.iter().filter(|d| d.len > 0) {
