@@ -340,6 +340,9 @@ impl Drop for CancelOnDrop {
     }
 }
 
+/// Bytes offered to each read.
+const READ_CHUNK: usize = 256 * 1024;
+
 async fn run_connection(
     stream: Stream,
     cfg: ConnConfig,
@@ -348,7 +351,6 @@ async fn run_connection(
 ) {
     let mut core = ClientConn::new(cfg, Instant::now());
     let mut waiting: HashMap<u64, oneshot::Sender<Result<Bytes, CallError>>> = HashMap::new();
-    let mut buf = vec![0u8; 128 * 1024];
     let mut cmds_open = true;
     let lost: String = 'conn: loop {
         while let Some(ev) = core.poll_event() {
@@ -382,11 +384,15 @@ async fn run_connection(
             }
         }
         loop {
-            let p = core.pending_tx();
-            if p.is_empty() {
-                break;
-            }
-            match stream.try_write(p) {
+            let r = {
+                let mut slices = [std::io::IoSlice::new(&[]); 64];
+                let n = core.tx_slices(&mut slices);
+                if n == 0 {
+                    break;
+                }
+                stream.try_write_vectored(&slices[..n])
+            };
+            match r {
                 Ok(n) => core.advance_tx(n),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => break 'conn format!("write failed: {e}"),
@@ -404,9 +410,9 @@ async fn run_connection(
             biased;
             r = stream.readable() => {
                 if let Err(e) = r { break format!("read failed: {e}"); }
-                match stream.try_read(&mut buf) {
+                match stream.try_read(core.input_space(READ_CHUNK)) {
                     Ok(0) => break "the server closed the connection".to_string(),
-                    Ok(n) => core.handle_input(&buf[..n], Instant::now()),
+                    Ok(n) => core.handle_read(n, Instant::now()),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(e) => break format!("read failed: {e}"),
                 }

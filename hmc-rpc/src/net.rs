@@ -62,6 +62,13 @@ impl Stream {
         }
     }
 
+    pub(crate) fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_write_vectored(bufs),
+            Stream::Unix(s) => s.try_write_vectored(bufs),
+        }
+    }
+
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.try_write(buf),

@@ -78,10 +78,17 @@ struct Framing {
     in_pos: usize,
     partial_since: Option<Instant>,
     streams_in: HashMap<u64, InStream>,
-    tx: Vec<u8>,
+    /// Bytes to send, in order: small frames coalesced into owned buffers, stream chunks
+    /// as zero-copy slices of their payload.
+    tx: VecDeque<Bytes>,
+    /// Small frames being coalesced; moved to `tx` before anything else is queued.
+    tx_small: Vec<u8>,
+    /// Bytes of `tx.front()` already written.
     tx_pos: usize,
     streams_out: VecDeque<OutStream>,
     last_rx: Instant,
+    /// End of the received bytes in `inbuf` (the rest is spare, zeroed space).
+    in_end: usize,
 }
 
 enum Parsed {
@@ -98,29 +105,46 @@ impl Framing {
             in_pos: 0,
             partial_since: None,
             streams_in: HashMap::new(),
-            tx: Vec::new(),
+            tx: VecDeque::new(),
+            tx_small: Vec::new(),
             tx_pos: 0,
             streams_out: VecDeque::new(),
             last_rx: now,
+            in_end: 0,
         }
+    }
+
+    /// Spare space at the end of the input buffer, at least `min` bytes, for a read
+    /// straight into it (see [`Framing::commit_input`]).
+    fn input_space(&mut self, min: usize) -> &mut [u8] {
+        if self.in_pos == self.in_end {
+            self.in_pos = 0;
+            self.in_end = 0;
+        } else if self.in_pos > 0 && self.inbuf.len() - self.in_end < min {
+            self.inbuf.copy_within(self.in_pos..self.in_end, 0);
+            self.in_end -= self.in_pos;
+            self.in_pos = 0;
+        }
+        if self.inbuf.len() - self.in_end < min {
+            self.inbuf.resize(self.in_end + min, 0);
+        }
+        &mut self.inbuf[self.in_end..]
+    }
+
+    fn commit_input(&mut self, n: usize, now: Instant) {
+        if n > 0 {
+            self.last_rx = now;
+        }
+        self.in_end = (self.in_end + n).min(self.inbuf.len());
     }
 
     fn push_input(&mut self, bytes: &[u8], now: Instant) {
-        if !bytes.is_empty() {
-            self.last_rx = now;
-        }
-        if self.in_pos == self.inbuf.len() {
-            self.inbuf.clear();
-            self.in_pos = 0;
-        } else if self.in_pos > 64 * 1024 {
-            self.inbuf.drain(..self.in_pos);
-            self.in_pos = 0;
-        }
-        self.inbuf.extend_from_slice(bytes);
+        self.input_space(bytes.len())[..bytes.len()].copy_from_slice(bytes);
+        self.commit_input(bytes.len(), now);
     }
 
     fn next_frame(&mut self, now: Instant) -> Result<Parsed, FrameError> {
-        let avail = &self.inbuf[self.in_pos..];
+        let avail = &self.inbuf[self.in_pos..self.in_end];
         if avail.len() < HEADER_LEN {
             self.mark_partial(now);
             return Ok(Parsed::Need);
@@ -139,7 +163,7 @@ impl Framing {
     }
 
     fn mark_partial(&mut self, now: Instant) {
-        if self.in_pos < self.inbuf.len() {
+        if self.in_pos < self.in_end {
             self.partial_since.get_or_insert(now);
         } else {
             self.partial_since = None;
@@ -152,18 +176,28 @@ impl Framing {
 
     /// Queues a control or inline frame ahead of any stream chunk not yet scheduled.
     fn send_frame(&mut self, h: &FrameHeader, body: &[u8]) {
-        encode_frame(&mut self.tx, h, body);
+        encode_frame(&mut self.tx_small, h, body);
+    }
+
+    fn flush_small(&mut self) {
+        if !self.tx_small.is_empty() {
+            let b = std::mem::take(&mut self.tx_small);
+            self.tx.push_back(Bytes::from(b));
+        }
     }
 
     /// Queues a REQUEST/RESPONSE with its payload, INLINE or as a TCP_STREAM.
     fn send_message(&mut self, mut h: FrameHeader, payload: Bytes) {
         h.payload_len = payload.len() as u64;
-        h.payload_crc = payload_crc(&payload);
         if payload.len() <= INLINE_MAX {
+            h.payload_crc = payload_crc(&payload);
             h.mode = PayloadMode::Inline;
             h.body_len = payload.len() as u32;
             self.send_frame(&h, &payload);
         } else {
+            // Each DATA chunk carries its own CRC; a whole-payload CRC would cost a second
+            // pass over the bytes on both sides, so the header frame says "not computed".
+            h.payload_crc = 0;
             h.mode = PayloadMode::TcpStream;
             h.body_len = 0;
             self.send_frame(&h, &[]);
@@ -180,15 +214,40 @@ impl Framing {
             .retain(|s| s.header.request_id != request_id);
     }
 
-    /// Bytes waiting to be written. Stream chunks are scheduled one at a time, round robin,
-    /// so control frames and small messages queued meanwhile overtake a large payload.
-    fn pending_tx(&mut self) -> &[u8] {
-        if self.tx_pos == self.tx.len() {
-            self.tx.clear();
-            self.tx_pos = 0;
+    /// Moves queued small frames, then (when nothing else waits) the next round of stream
+    /// chunks into `tx`. Chunks are scheduled a few at a time, round robin, so control
+    /// frames and small messages queued meanwhile overtake a large payload.
+    fn refill(&mut self) {
+        self.flush_small();
+        if self.tx.is_empty() {
             self.schedule_chunks();
         }
-        &self.tx[self.tx_pos..]
+    }
+
+    /// The next contiguous bytes to write (empty when nothing is queued).
+    fn pending_tx(&mut self) -> &[u8] {
+        if self.tx.is_empty() {
+            self.refill();
+        }
+        match self.tx.front() {
+            Some(b) => &b[self.tx_pos..],
+            None => &[],
+        }
+    }
+
+    /// Fills `out` with the queued bytes for a vectored write; returns how many slices.
+    fn tx_slices<'a>(&'a mut self, out: &mut [std::io::IoSlice<'a>]) -> usize {
+        self.refill();
+        let mut n = 0;
+        for (i, b) in self.tx.iter().enumerate() {
+            if n == out.len() {
+                break;
+            }
+            let from = if i == 0 { self.tx_pos } else { 0 };
+            out[n] = std::io::IoSlice::new(&b[from..]);
+            n += 1;
+        }
+        n
     }
 
     fn schedule_chunks(&mut self) {
@@ -199,20 +258,20 @@ impl Framing {
                 return;
             };
             let n = (s.payload.len() - s.sent).min(self.cfg.chunk_len);
-            let chunk = &s.payload[s.sent..s.sent + n];
+            let chunk = s.payload.slice(s.sent..s.sent + n);
             let mut h = s.header;
             h.kind = FrameKind::Data;
             h.mode = PayloadMode::TcpStream;
             h.body_len = n as u32;
-            h.payload_crc = payload_crc(chunk);
+            h.payload_crc = payload_crc(&chunk);
             h.deadline_us = 0;
+            h.payload_len = s.payload.len() as u64;
             s.sent += n;
-            h.flags = if s.sent == s.payload.len() {
-                h.flags | Flags::END
-            } else {
-                h.flags
-            };
-            encode_frame(&mut self.tx, &h, chunk);
+            if s.sent == s.payload.len() {
+                h.flags = h.flags | Flags::END;
+            }
+            self.tx.push_back(Bytes::copy_from_slice(&h.encode()));
+            self.tx.push_back(chunk);
             if s.sent < s.payload.len() {
                 self.streams_out.push_back(s);
             }
@@ -220,12 +279,29 @@ impl Framing {
         }
     }
 
-    fn advance_tx(&mut self, n: usize) {
-        self.tx_pos = (self.tx_pos + n).min(self.tx.len());
+    fn advance_tx(&mut self, mut n: usize) {
+        while n > 0 {
+            let Some(front) = self.tx.front() else {
+                return;
+            };
+            let left = front.len() - self.tx_pos;
+            if n < left {
+                self.tx_pos += n;
+                return;
+            }
+            n -= left;
+            self.tx.pop_front();
+            self.tx_pos = 0;
+        }
     }
 
     fn has_tx(&self) -> bool {
-        self.tx_pos < self.tx.len() || !self.streams_out.is_empty()
+        !self.tx.is_empty() || !self.tx_small.is_empty() || !self.streams_out.is_empty()
+    }
+
+    /// Bytes queued in `tx` (not counting streams not yet scheduled).
+    fn queued_len(&self) -> usize {
+        self.tx.iter().map(|b| b.len()).sum::<usize>() - self.tx_pos + self.tx_small.len()
     }
 
     /// Starts reassembly of a TCP_STREAM payload.
@@ -399,6 +475,19 @@ impl ServerConn {
             return;
         }
         self.f.push_input(bytes, now);
+        self.process_input(now);
+    }
+
+    /// `n` bytes were read into [`ServerConn::input_space`].
+    pub fn handle_read(&mut self, n: usize, now: Instant) {
+        if matches!(self.state, ServerState::Closing(_)) {
+            return;
+        }
+        self.f.commit_input(n, now);
+        self.process_input(now);
+    }
+
+    fn process_input(&mut self, now: Instant) {
         loop {
             match self.f.next_frame(now) {
                 Ok(Parsed::Need) => break,
@@ -706,6 +795,23 @@ impl ServerConn {
         self.f.has_tx()
     }
 
+    /// Fills `out` with queued bytes for a vectored write; returns the number of slices
+    /// used. Report what was written with `advance_tx`.
+    pub fn tx_slices<'a>(&'a mut self, out: &mut [std::io::IoSlice<'a>]) -> usize {
+        self.f.tx_slices(out)
+    }
+
+    /// Bytes queued for writing (a backlog measure for read backpressure).
+    pub fn queued_tx_len(&self) -> usize {
+        self.f.queued_len()
+    }
+
+    /// Spare input space of at least `min` bytes to read into; then call
+    /// `handle_read(n, now)`.
+    pub fn input_space(&mut self, min: usize) -> &mut [u8] {
+        self.f.input_space(min)
+    }
+
     /// Calls admitted and not yet answered.
     pub fn inflight_len(&self) -> usize {
         self.inflight.len()
@@ -886,6 +992,19 @@ impl ClientConn {
             return;
         }
         self.f.push_input(bytes, now);
+        self.process_input(now);
+    }
+
+    /// `n` bytes were read into [`ClientConn::input_space`].
+    pub fn handle_read(&mut self, n: usize, now: Instant) {
+        if self.closed.is_some() {
+            return;
+        }
+        self.f.commit_input(n, now);
+        self.process_input(now);
+    }
+
+    fn process_input(&mut self, now: Instant) {
         self.ping_sent = None;
         loop {
             match self.f.next_frame(now) {
@@ -1093,6 +1212,23 @@ impl ClientConn {
     pub fn has_tx(&self) -> bool {
         self.f.has_tx()
     }
+
+    /// Fills `out` with queued bytes for a vectored write; returns the number of slices
+    /// used. Report what was written with `advance_tx`.
+    pub fn tx_slices<'a>(&'a mut self, out: &mut [std::io::IoSlice<'a>]) -> usize {
+        self.f.tx_slices(out)
+    }
+
+    /// Bytes queued for writing (a backlog measure for read backpressure).
+    pub fn queued_tx_len(&self) -> usize {
+        self.f.queued_len()
+    }
+
+    /// Spare input space of at least `min` bytes to read into; then call
+    /// `handle_read(n, now)`.
+    pub fn input_space(&mut self, min: usize) -> &mut [u8] {
+        self.f.input_space(min)
+    }
 }
 
 #[cfg(test)]
@@ -1188,27 +1324,70 @@ mod tests {
         let big_id = c
             .start_call(1, Bytes::from(big.clone()), None, false, now)
             .unwrap();
-        // Take one refill of chunks, then start a small call: it must arrive before the
-        // big payload completes.
-        let first = c.pending_tx().to_vec();
-        c.advance_tx(first.len());
-        s.handle_input(&first, now);
+        // Write part of the first round of chunks, then start a small call: it must
+        // arrive before the big payload completes.
+        for _ in 0..3 {
+            let seg = c.pending_tx().to_vec();
+            c.advance_tx(seg.len());
+            s.handle_input(&seg, now);
+        }
         let small_id = c
             .start_call(1, Bytes::from_static(b"small"), None, false, now)
             .unwrap();
-        let next = c.pending_tx().to_vec();
-        c.advance_tx(next.len());
-        s.handle_input(&next, now);
-        let got = calls(&mut s);
-        assert_eq!(got.len(), 1);
+        let mut got = Vec::new();
+        loop {
+            let seg = c.pending_tx().to_vec();
+            if seg.is_empty() {
+                break;
+            }
+            c.advance_tx(seg.len());
+            s.handle_input(&seg, now);
+            got.extend(calls(&mut s));
+        }
+        assert_eq!(got.len(), 2);
         assert_eq!(got[0].request_id, small_id);
-        pump_c2s(&mut c, &mut s, now);
-        let got = calls(&mut s);
-        assert_eq!(got[0].request_id, big_id);
-        assert_eq!(&got[0].payload[..], &big[..]);
-        s.respond(big_id, 1, Status::OK, got[0].payload.clone(), now);
+        assert_eq!(got[1].request_id, big_id);
+        assert_eq!(&got[1].payload[..], &big[..]);
+        s.respond(big_id, 1, Status::OK, got[1].payload.clone(), now);
         pump_s2c(&mut s, &mut c, now);
         assert_eq!(&responses(&mut c)[0].2[..], &big[..]);
+    }
+
+    #[test]
+    fn vectored_slices_cover_exactly_the_queued_bytes() {
+        let now = Instant::now();
+        let cfg = ConnConfig {
+            chunk_len: 1000,
+            ..ConnConfig::default()
+        };
+        let mut c = ClientConn::new(cfg, now);
+        c.start_call(1, Bytes::from(vec![5u8; 10_000]), None, false, now)
+            .unwrap();
+        c.start_call(1, Bytes::from_static(b"x"), None, false, now)
+            .unwrap();
+        let mut wire = Vec::new();
+        loop {
+            let mut sl = [std::io::IoSlice::new(&[]); 3];
+            let n = c.tx_slices(&mut sl);
+            if n == 0 {
+                break;
+            }
+            // Write a little less than offered, as a socket might.
+            let mut take = sl[..n].iter().map(|s| s.len()).sum::<usize>();
+            take = take.saturating_sub(7).max(1);
+            let mut left = take;
+            for s in &sl[..n] {
+                let k = left.min(s.len());
+                wire.extend_from_slice(&s[..k]);
+                left -= k;
+            }
+            c.advance_tx(take);
+        }
+        let mut s = ServerConn::new(ConnConfig::default(), now);
+        s.handle_input(&wire, now);
+        let got = calls(&mut s);
+        assert_eq!(got.len(), 2);
+        assert!(got.iter().any(|c| c.payload.len() == 10_000));
     }
 
     #[test]

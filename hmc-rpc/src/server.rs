@@ -238,6 +238,8 @@ struct Completion {
 
 /// Longest a closing connection waits for its GOAWAY to be written.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
+/// Bytes offered to each read.
+const READ_CHUNK: usize = 256 * 1024;
 /// Stop reading while this much is queued for a peer that does not read its answers.
 const TX_BACKLOG: usize = 4 << 20;
 
@@ -249,7 +251,6 @@ async fn serve_connection(
     let mut core = ServerConn::new(shared.config.conn.clone(), Instant::now());
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
     let mut tokens: std::collections::HashMap<u64, CancelToken> = Default::default();
-    let mut buf = vec![0u8; 128 * 1024];
     let mut shutdown_seen = false;
     let mut closing_since: Option<Instant> = None;
     if *shutdown.borrow() {
@@ -271,11 +272,15 @@ async fn serve_connection(
         }
         // Write as much as the socket takes.
         loop {
-            let p = core.pending_tx();
-            if p.is_empty() {
-                break;
-            }
-            match stream.try_write(p) {
+            let r = {
+                let mut slices = [std::io::IoSlice::new(&[]); 64];
+                let n = core.tx_slices(&mut slices);
+                if n == 0 {
+                    break;
+                }
+                stream.try_write_vectored(&slices[..n])
+            };
+            match r {
                 Ok(n) => core.advance_tx(n),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => {
@@ -295,7 +300,7 @@ async fn serve_connection(
             break;
         }
         let want_write = core.has_tx();
-        let may_read = core.close_reason().is_none() && core.pending_tx().len() < TX_BACKLOG;
+        let may_read = core.close_reason().is_none() && core.queued_tx_len() < TX_BACKLOG;
         let mut timeout = core.poll_timeout();
         if let Some(s) = closing_since {
             let t = s + CLOSE_LINGER;
@@ -314,9 +319,9 @@ async fn serve_connection(
             }
             r = stream.readable(), if may_read => {
                 if r.is_err() { break; }
-                match stream.try_read(&mut buf) {
+                match stream.try_read(core.input_space(READ_CHUNK)) {
                     Ok(0) => break,
-                    Ok(n) => core.handle_input(&buf[..n], Instant::now()),
+                    Ok(n) => core.handle_read(n, Instant::now()),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(_) => break,
                 }

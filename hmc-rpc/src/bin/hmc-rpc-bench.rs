@@ -126,10 +126,12 @@ async fn bench_hmc(
                 let mut n: u64 = ((ci * 1000 + d) as u64) << 32;
                 while Instant::now() < end {
                     n += 1;
+                    // A fresh, numbered body per call (one copy, as tonic's client makes).
                     let mut body = template.to_vec();
                     let stamp = n.to_be_bytes();
                     let k = stamp.len().min(body.len());
                     body[..k].copy_from_slice(&stamp[..k]);
+                    let body = Bytes::from(body);
                     let t = Instant::now();
                     let r = c
                         .call(demo::ECHO, body.clone())
