@@ -171,8 +171,11 @@ fn ensure_system_packages() -> Result {
 fn test(long: bool) -> Result {
     ensure_system_packages()?;
     tidy::run(&root())?;
+    // Benchmarks and examples are built (so they cannot rot) but not run: benchmarks are
+    // `cargo xtask bench`'s job, and the examples need hardware.
+    run(cargo().args(["build", "--workspace", "--benches", "--examples"]))?;
     let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--all-targets"]);
+    cmd.args(["test", "--workspace", "--lib", "--bins", "--tests"]);
     if long {
         cmd.env("HMC_LONG_TESTS", "1");
     }
