@@ -28,8 +28,9 @@
 //!
 //! # Safety
 //!
-//! No `unsafe` code. The one `unsafe fn` is [`NoDataPlane`]'s `Communicator::register`,
-//! which the trait declares unsafe and which touches no memory (it always fails).
+//! `unsafe` is denied crate-wide and allowed in two places: [`NoDataPlane`]'s
+//! `Communicator::register`, which the trait declares unsafe and which touches no memory
+//! (it always fails), and [`tuning::tune_allocator`]'s `mallopt` call.
 
 #![deny(unsafe_code)]
 
@@ -42,6 +43,7 @@ pub mod frame;
 mod net;
 pub mod proto;
 pub mod server;
+pub mod tuning;
 
 pub use client::{BlockingClient, CallError, CallOptions, Client, ClientConfig};
 pub use codec::{CodecError, RpcCodec};

@@ -26,6 +26,9 @@ pub struct ConnConfig {
     pub max_inflight: usize,
     /// Bytes per DATA chunk of a TCP_STREAM payload (`stream_chunk_len`, default 64 KiB).
     pub chunk_len: usize,
+    /// Bytes one TCP_STREAM payload sends before the next stream's turn
+    /// (`stream_turn_len`, default 1 MiB).
+    pub stream_turn_len: usize,
     /// Close after this long with nothing in flight and nothing received
     /// (`idle_timeout`, default 60 s; server role).
     pub idle_timeout: Duration,
@@ -43,6 +46,7 @@ impl Default for ConnConfig {
             limits: FrameLimits::default(),
             max_inflight: 64,
             chunk_len: 64 * 1024,
+            stream_turn_len: 1 << 20,
             idle_timeout: Duration::from_secs(60),
             frame_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(10),
@@ -69,6 +73,8 @@ struct OutStream {
     header: FrameHeader,
     payload: Bytes,
     sent: usize,
+    /// Bytes this stream may still send before the next stream's turn.
+    turn_left: usize,
 }
 
 /// Parsing, reassembly and transmit scheduling shared by both roles.
@@ -205,6 +211,7 @@ impl Framing {
                 header: h,
                 payload,
                 sent: 0,
+                turn_left: self.cfg.stream_turn_len,
             });
         }
     }
@@ -251,7 +258,11 @@ impl Framing {
     }
 
     fn schedule_chunks(&mut self) {
-        // A few chunks per refill keep syscalls large; rotation keeps streams fair.
+        // A few chunks per refill keep syscalls large. Streams take turns of
+        // `stream_turn_len` bytes: a payload of up to one turn completes without waiting
+        // for the others (so its answer can start while later ones still arrive), and a
+        // huge payload cannot hold back the rest for longer than one turn. Small frames
+        // overtake between refills regardless.
         let mut budget = 4;
         while budget > 0 {
             let Some(mut s) = self.streams_out.pop_front() else {
@@ -272,8 +283,14 @@ impl Framing {
             }
             self.tx.push_back(Bytes::copy_from_slice(&h.encode()));
             self.tx.push_back(chunk);
+            s.turn_left = s.turn_left.saturating_sub(n);
             if s.sent < s.payload.len() {
-                self.streams_out.push_back(s);
+                if s.turn_left == 0 {
+                    s.turn_left = self.cfg.stream_turn_len;
+                    self.streams_out.push_back(s);
+                } else {
+                    self.streams_out.push_front(s);
+                }
             }
             budget -= 1;
         }

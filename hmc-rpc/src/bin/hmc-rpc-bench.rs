@@ -271,6 +271,7 @@ fn fmt_size(s: usize) -> String {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    hmc_rpc::tuning::tune_allocator();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -292,6 +293,7 @@ async fn run(args: Args) -> Result<(), String> {
         .unwrap_or_else(|| me.with_file_name("hmc-rpc-server"));
     let port = free_port();
     let mut server = Command::new(&server_bin)
+        .env("GLIBC_TUNABLES", hmc_rpc::tuning::GLIBC_TUNABLES)
         .args([
             "--port",
             &port.to_string(),
@@ -336,6 +338,7 @@ async fn run(args: Args) -> Result<(), String> {
     let _tonic = match &tonic_bin {
         Some(b) => {
             let c = Command::new(b)
+                .env("GLIBC_TUNABLES", hmc_rpc::tuning::GLIBC_TUNABLES)
                 .args(["server", &tonic_port.to_string()])
                 .stdout(Stdio::null())
                 .spawn()

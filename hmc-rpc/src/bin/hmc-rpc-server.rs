@@ -47,6 +47,7 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    hmc_rpc::tuning::tune_allocator();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.workers.max(1))
         .enable_all()
