@@ -19,7 +19,7 @@ use hmc_core::{
     RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
 };
 use parking_lot::{Mutex, RwLock};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::AbortHandle;
 
@@ -391,11 +391,13 @@ async fn run_request(
             wire::read_status(stream, peer).await
         }
         Op::Write => {
-            stream.write_all(&header).await?;
+            // The header leaves with the first bytes (`total` > 0 here, so some exist).
+            let mut prefix = &header[..];
             for d in descs.iter().filter(|d| d.len > 0) {
                 // SAFETY: as above.
                 let bytes = unsafe { std::slice::from_raw_parts(local_ptr(d), d.len) };
-                stream.write_all(bytes).await?;
+                stream.write_all_eager(prefix, bytes).await?;
+                prefix = &[];
             }
             wire::read_status(stream, peer).await
         }
@@ -407,7 +409,7 @@ async fn run_request(
                     // SAFETY: as for WRITE; peers and local code that touch the same bytes
                     // concurrently accepted DMA semantics when registering.
                     let bytes = unsafe { std::slice::from_raw_parts_mut(local_ptr(d), d.len) };
-                    stream.read_exact(bytes).await?;
+                    stream.read_exact_eager(bytes).await?;
                 }
             }
             Ok(status)

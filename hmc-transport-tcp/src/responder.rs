@@ -251,10 +251,17 @@ async fn recv_into(stream: &Stream, entry: &RegEntry, offset: u64, len: u64) -> 
     Ok(Moved::Done)
 }
 
-/// Writes `len` bytes of `entry` at `offset` to the socket.
-async fn send_from(stream: &Stream, entry: &RegEntry, offset: u64, len: u64) -> io::Result<Moved> {
+/// Writes `prefix` (a status) and then `len` bytes of `entry` at `offset` to the socket,
+/// the prefix in the same system call as the first bytes.
+async fn send_from(
+    stream: &Stream,
+    entry: &RegEntry,
+    offset: u64,
+    len: u64,
+    mut prefix: &[u8],
+) -> io::Result<Moved> {
     let mut done = 0u64;
-    while done < len {
+    while done < len || !prefix.is_empty() {
         stream.writable().await?;
         let live = entry.live.read();
         if !*live {
@@ -267,8 +274,12 @@ async fn send_from(stream: &Stream, entry: &RegEntry, offset: u64, len: u64) -> 
                 (len - done) as usize,
             )
         };
-        match stream.try_write(src) {
-            Ok(n) => done += n as u64,
+        match stream.try_write_prefixed(prefix, src) {
+            Ok(n) => {
+                let from_prefix = n.min(prefix.len());
+                prefix = &prefix[from_prefix..];
+                done += (n - from_prefix) as u64;
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
         }
@@ -330,11 +341,12 @@ async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(),
             stream.write_all(&answer).await?;
         }
         Op::Read => {
-            stream.write_all(&[0]).await?;
+            // The success status leaves with the first bytes.
+            let mut status: &[u8] = &[0];
             for (d, entry) in descs.iter().zip(&entries) {
-                if let Moved::Deregistered { .. } =
-                    send_from(stream, entry, d.offset, d.len).await?
-                {
+                let sent = send_from(stream, entry, d.offset, d.len, status).await?;
+                status = &[];
+                if let Moved::Deregistered { .. } = sent {
                     // The answer is already under way; only closing can tell the initiator.
                     return Err(Broken::Io(io::Error::other(format!(
                         "region {} was deregistered during a READ",

@@ -157,68 +157,88 @@ async fn serve(args: &Args) -> Result<()> {
         control
             .wait_for_peer(client, Deadline::after(Duration::from_secs(86_400)))
             .await?;
-        println!("session {session}: rank {client} connected");
-        control.send(client, &comm.address(), deadline()).await?;
-        control.send(client, &buf.export(), deadline()).await?;
-
-        let written: Checksum = control
-            .recv(client, Deadline::after(Duration::from_secs(600)))
-            .await?;
-        let mut bytes = contents(&buf)?;
-        let crc = crc32c::crc32c(&bytes);
-        println!(
-            "after the client's one-sided WRITE: {} bytes checksum={crc:#010x} ({})",
-            bytes.len(),
-            if crc == written.crc && written.step == STEP_WRITTEN {
-                "matches the client's"
-            } else {
-                "DIFFERS from the client's"
+        match serve_session(&control, &comm, &buf, client, session).await {
+            Ok(()) => {}
+            // Serving until killed: one client's failure does not end the others' service.
+            Err(e) if args.exit_after == 0 => {
+                eprintln!("hmc-tcp-peer serve: session {session} ended early: {e}");
+                let _ = control.disconnect(client);
             }
-        );
-        if crc != written.crc {
-            return Err(Error::Protocol(format!(
-                "the WRITE landed wrong: the client sent {:#010x}, the buffer holds {crc:#010x}",
-                written.crc
-            )));
+            Err(e) => return Err(e),
         }
-        bytes.iter_mut().for_each(|b| *b = !*b);
-        buf.write_at(0, &MemSpan::host(&bytes))?;
-        let inverted = crc32c::crc32c(&bytes);
-        println!("inverted the buffer for the client's one-sided READ: checksum={inverted:#010x}");
-        control
-            .send(
-                client,
-                &Checksum {
-                    step: STEP_INVERTED,
-                    crc: inverted,
-                },
-                deadline(),
-            )
-            .await?;
-        let read: Checksum = control
-            .recv(client, Deadline::after(Duration::from_secs(600)))
-            .await?;
-        if read.step != STEP_READ || read.crc != inverted {
-            return Err(Error::Protocol(format!(
-                "the client READ {:#010x}, the buffer holds {inverted:#010x}",
-                read.crc
-            )));
-        }
-        println!("session {session}: the client READ the same bytes: checksum={inverted:#010x}");
-        control
-            .send(
-                client,
-                &Checksum {
-                    step: STEP_DONE,
-                    crc: inverted,
-                },
-                deadline(),
-            )
-            .await?;
-        // The client hangs up once it has the acknowledgement; wait for that, so the next
-        // session's rank is free.
-        let _ = control.recv::<Checksum>(client, deadline()).await;
     }
+    Ok(())
+}
+
+/// One client session: offer the buffer, check the WRITE, invert, check the READ.
+async fn serve_session(
+    control: &ControlPlane,
+    comm: &TcpCommunicator,
+    buf: &Buffer,
+    client: Rank,
+    session: u64,
+) -> Result<()> {
+    println!("session {session}: rank {client} connected");
+    control.send(client, &comm.address(), deadline()).await?;
+    control.send(client, &buf.export(), deadline()).await?;
+
+    let written: Checksum = control
+        .recv(client, Deadline::after(Duration::from_secs(600)))
+        .await?;
+    let mut bytes = contents(buf)?;
+    let crc = crc32c::crc32c(&bytes);
+    println!(
+        "after the client's one-sided WRITE: {} bytes checksum={crc:#010x} ({})",
+        bytes.len(),
+        if crc == written.crc && written.step == STEP_WRITTEN {
+            "matches the client's"
+        } else {
+            "DIFFERS from the client's"
+        }
+    );
+    if crc != written.crc {
+        return Err(Error::Protocol(format!(
+            "the WRITE landed wrong: the client sent {:#010x}, the buffer holds {crc:#010x}",
+            written.crc
+        )));
+    }
+    bytes.iter_mut().for_each(|b| *b = !*b);
+    buf.write_at(0, &MemSpan::host(&bytes))?;
+    let inverted = crc32c::crc32c(&bytes);
+    println!("inverted the buffer for the client's one-sided READ: checksum={inverted:#010x}");
+    control
+        .send(
+            client,
+            &Checksum {
+                step: STEP_INVERTED,
+                crc: inverted,
+            },
+            deadline(),
+        )
+        .await?;
+    let read: Checksum = control
+        .recv(client, Deadline::after(Duration::from_secs(600)))
+        .await?;
+    if read.step != STEP_READ || read.crc != inverted {
+        return Err(Error::Protocol(format!(
+            "the client READ {:#010x}, the buffer holds {inverted:#010x}",
+            read.crc
+        )));
+    }
+    println!("session {session}: the client READ the same bytes: checksum={inverted:#010x}");
+    control
+        .send(
+            client,
+            &Checksum {
+                step: STEP_DONE,
+                crc: inverted,
+            },
+            deadline(),
+        )
+        .await?;
+    // The client hangs up once it has the acknowledgement; wait for that, so the next
+    // session's rank is free.
+    let _ = control.recv::<Checksum>(client, deadline()).await;
     Ok(())
 }
 
