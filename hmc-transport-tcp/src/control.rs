@@ -366,7 +366,7 @@ impl ControlPlane {
                 }
             })),
             Err(_) => Err(Error::DeadlineExceeded {
-                during: "control-plane send (the peer's send queue stayed full)",
+                during: "control-plane send (the peer's queue of max_send_queue frames stayed full)",
                 elapsed: start.elapsed(),
             }),
         }

@@ -16,11 +16,16 @@ use crate::comm::{RegEntry, Shared};
 use crate::net::{Listener, Stream};
 use crate::wire::{self, WireDesc};
 
-/// Registers a task so `close` can abort it; refuses once closed or at `limit` tasks.
+/// Registers a task so `close` can abort it. `None` once closed (the task is aborted) or,
+/// with `limit`, when `limit` connections are already served (the task is left to refuse).
 fn track(shared: &Shared, task: tokio::task::AbortHandle, limit: Option<usize>) -> Option<u64> {
     let mut t = shared.tasks.lock();
-    if t.closed || limit.is_some_and(|l| t.running.len() > l) {
+    if t.closed {
         task.abort();
+        return None;
+    }
+    // `running` also holds the accept loop, hence `>`.
+    if limit.is_some_and(|l| t.running.len() > l) {
         return None;
     }
     t.next += 1;
@@ -55,21 +60,32 @@ fn spawn_connection(shared: &Arc<Shared>, stream: Stream) {
     let (id_tx, id_rx) = tokio::sync::oneshot::channel::<u64>();
     let conn_shared = shared.clone();
     let task = tokio::spawn(async move {
-        let Ok(id) = id_rx.await else { return };
-        serve(&conn_shared, stream).await;
-        conn_shared.tasks.lock().running.remove(&id);
-    });
-    match track(shared, task.abort_handle(), Some(limit)) {
-        Some(id) => {
-            let _ = id_tx.send(id);
+        match id_rx.await {
+            Ok(id) => {
+                serve(&conn_shared, stream).await;
+                conn_shared.tasks.lock().running.remove(&id);
+            }
+            Err(_) => refuse(&conn_shared, stream, limit).await,
         }
-        None => tracing::warn!(
-            addr = %shared.addr,
-            limit,
-            "refusing a data-plane connection: limit `max_accepted_connections` reached \
-             (raise TcpConfig::max_accepted_connections)"
-        ),
+    });
+    if let Some(id) = track(shared, task.abort_handle(), Some(limit)) {
+        let _ = id_tx.send(id);
     }
+}
+
+/// Answers a connection over `max_accepted_connections` with a refusal that says so.
+/// Bounded by `hello_timeout`, like any connection that has not said HELLO.
+async fn refuse(shared: &Shared, mut stream: Stream, limit: usize) {
+    let why = format!(
+        "limit `max_accepted_connections` ({limit}) reached at {}; retry later, or raise \
+         TcpConfig::max_accepted_connections there",
+        shared.addr
+    );
+    tracing::warn!(addr = %shared.addr, limit, "refusing a data-plane connection: {why}");
+    let hello = wire::read_hello(&mut stream, false);
+    let _ = tokio::time::timeout(shared.config.hello_timeout, hello).await;
+    let _ = stream.write_all(&wire::encode_hello(Some(1), &why)).await;
+    let _ = stream.shutdown().await;
 }
 
 /// Serves one connection until it closes or breaks the protocol.

@@ -392,3 +392,44 @@ async fn closing_ends_waiters_and_refuses_new_work() {
     let err = RegisteredBuffer::new(Arc::new(HostMemory::new()), a.clone(), 64, Access::READ);
     assert!(matches!(err, Err(Error::Closed(_))));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_are_refused_with_the_limit_named() {
+    let target = comm(TcpConfig {
+        max_accepted_connections: 1,
+        ..TcpConfig::default()
+    });
+    let a = comm(TcpConfig::default());
+    let first = a.connect(&target.address(), soon()).await.unwrap();
+    let err = a.connect(&target.address(), soon()).await.unwrap_err();
+    assert!(matches!(err, Error::Peer { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("max_accepted_connections"),
+        "{err}"
+    );
+    // The first endpoint is unaffected, and its connection slot frees when it is dropped.
+    let region = buffer(&target, &[5; 32], Access::READ);
+    let key = a.import(&first, &region.export()).unwrap();
+    let local = buffer(&a, &[0; 32], Access::READ_WRITE);
+    let d = [TransferDesc::<TcpCommunicator> {
+        local: local.registration(),
+        local_offset: 0,
+        remote: &key,
+        remote_offset: 0,
+        len: 32,
+    }];
+    a.transfer(&first, Op::Read, &d, soon()).await.unwrap();
+    assert_eq!(contents(&local), vec![5; 32]);
+    drop(first);
+    let start = Instant::now();
+    loop {
+        match a.connect(&target.address(), soon()).await {
+            Ok(_) => break,
+            Err(e) => assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "slot never freed: {e}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
