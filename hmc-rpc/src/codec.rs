@@ -8,7 +8,7 @@
 //! index then the content; structs and tuples their fields in order, no count.
 //!
 //! Decoding checks every length against the bytes that remain before allocating, refuses
-//! trailing bytes, and limits nesting to [`RpcCodec::MAX_DEPTH`]. A consequence worth
+//! trailing bytes and repeated map keys, and limits nesting to [`RpcCodec::MAX_DEPTH`]. A consequence worth
 //! knowing: a sequence count may not exceed the remaining bytes, so a sequence of
 //! zero-sized elements (`Vec<()>`) longer than the rest of the payload is refused.
 
@@ -43,6 +43,9 @@ pub enum CodecError {
     /// A `char` that is not a Unicode scalar value.
     #[error("invalid char {0:#x}")]
     BadChar(u32),
+    /// A map repeats a key (each key may appear once, so that decoding is canonical).
+    #[error("map key at offset {0} repeats an earlier key")]
+    DuplicateMapKey(usize),
     /// Bytes left after the value.
     #[error("{0} trailing bytes after the value; sender and receiver disagree on the type")]
     TrailingBytes(usize),
@@ -465,14 +468,26 @@ impl<'de> de::Deserializer<'de> for &mut Decoder<'de> {
     }
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, CodecError> {
         let n = self.count()?;
-        self.nest(|d| visitor.visit_seq(Items { d, left: n }))
+        self.nest(|d| {
+            visitor.visit_seq(Items {
+                d,
+                left: n,
+                keys: None,
+            })
+        })
     }
     fn deserialize_tuple<V: Visitor<'de>>(
         self,
         len: usize,
         visitor: V,
     ) -> Result<V::Value, CodecError> {
-        self.nest(|d| visitor.visit_seq(Items { d, left: len }))
+        self.nest(|d| {
+            visitor.visit_seq(Items {
+                d,
+                left: len,
+                keys: None,
+            })
+        })
     }
     fn deserialize_tuple_struct<V: Visitor<'de>>(
         self,
@@ -484,7 +499,13 @@ impl<'de> de::Deserializer<'de> for &mut Decoder<'de> {
     }
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, CodecError> {
         let n = self.count()?;
-        self.nest(|d| visitor.visit_map(Items { d, left: n }))
+        self.nest(|d| {
+            visitor.visit_map(Items {
+                d,
+                left: n,
+                keys: Some(Default::default()),
+            })
+        })
     }
     fn deserialize_struct<V: Visitor<'de>>(
         self,
@@ -518,6 +539,8 @@ impl<'de> de::Deserializer<'de> for &mut Decoder<'de> {
 struct Items<'a, 'de> {
     d: &'a mut Decoder<'de>,
     left: usize,
+    /// Encoded keys seen so far (maps only): equal keys encode to equal bytes.
+    keys: Option<std::collections::HashSet<&'de [u8]>>,
 }
 
 impl<'de> de::SeqAccess<'de> for Items<'_, 'de> {
@@ -548,7 +571,15 @@ impl<'de> de::MapAccess<'de> for Items<'_, 'de> {
             return Ok(None);
         }
         self.left -= 1;
-        seed.deserialize(&mut *self.d).map(Some)
+        let start = self.d.pos;
+        let k = seed.deserialize(&mut *self.d)?;
+        let input: &'de [u8] = self.d.input;
+        if let Some(keys) = self.keys.as_mut()
+            && !keys.insert(&input[start..self.d.pos])
+        {
+            return Err(CodecError::DuplicateMapKey(start));
+        }
+        Ok(Some(k))
     }
     fn next_value_seed<V: DeserializeSeed<'de>>(
         &mut self,
@@ -774,6 +805,11 @@ mod tests {
         assert_eq!(
             RpcCodec::decode::<u8>(&[1, 2]),
             Err(CodecError::TrailingBytes(1))
+        );
+        // Found by the codec fuzz target: a repeated key would silently collapse.
+        assert_eq!(
+            RpcCodec::decode::<BTreeMap<u8, u8>>(&[0, 0, 0, 2, 7, 1, 7, 2]),
+            Err(CodecError::DuplicateMapKey(6))
         );
         assert!(matches!(
             RpcCodec::decode::<u32>(&[1, 2]),
