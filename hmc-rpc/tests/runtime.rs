@@ -175,6 +175,91 @@ async fn many_verified_calls_share_one_persistent_connection() {
     assert_eq!(s.connections(), 1);
 }
 
+/// 4 clients x N concurrent verified calls (N = 100,000 with HMC_LONG_TESTS=1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_clients_make_concurrent_verified_calls() {
+    let n: usize = if std::env::var("HMC_LONG_TESTS").is_ok() {
+        100_000
+    } else {
+        2_000
+    };
+    let (s, _) = start(ServerConfig::default()).await;
+    let mut tasks = Vec::new();
+    let mut clients = Vec::new();
+    for client in 0..4usize {
+        let c = Client::connect(s.local_addr(), ClientConfig::default())
+            .await
+            .unwrap();
+        clients.push(c.clone());
+        for lane in 0..8usize {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in (lane..n).step_by(8) {
+                    let body = format!("{client}:{i}");
+                    let r = c.call(demo::ECHO, body.clone()).await.unwrap();
+                    assert_eq!(&r[..], body.as_bytes());
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(s.connections(), 4, "one persistent connection per client");
+    drop(clients);
+}
+
+#[test]
+fn blocking_client_calls_from_plain_threads() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (s, _) = rt.block_on(start(ServerConfig::default()));
+    let addr = s.local_addr().clone();
+    let threads: Vec<_> = (0..3)
+        .map(|t| {
+            let addr = addr.clone();
+            std::thread::spawn(move || {
+                let c = hmc_rpc::BlockingClient::connect(&addr, ClientConfig::default()).unwrap();
+                for i in 0..50 {
+                    let msg = format!("t{t} call {i}");
+                    let up: String = c.call_typed(demo::UPPERCASE, &msg).unwrap();
+                    assert_eq!(up, msg.to_uppercase());
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    rt.block_on(s.shutdown());
+}
+
+#[tokio::test]
+async fn hmc_buffer_request_without_a_data_plane_is_answered_data_plane() {
+    let (s, _) = start(ServerConfig::default()).await;
+    let mut raw = TcpStream::connect(tcp_addr(&s)).await.unwrap();
+    let mut h = FrameHeader::new(FrameKind::Request, 9);
+    h.method_id = demo::ECHO;
+    h.mode = PayloadMode::HmcBuffer;
+    h.payload_len = 1 << 20;
+    h.body_len = 4;
+    h.payload_crc = payload_crc(&[1, 2, 3, 4]);
+    let mut b = h.encode().to_vec();
+    b.extend_from_slice(&[1, 2, 3, 4]);
+    raw.write_all(&b).await.unwrap();
+    let (r, body) = read_frame(&mut raw).await;
+    assert_eq!((r.request_id, r.status), (9, Status::DATA_PLANE));
+    assert!(String::from_utf8_lossy(&body).contains("data plane"));
+    // The connection stays usable.
+    raw.write_all(&request(10, demo::ECHO, b"ok"))
+        .await
+        .unwrap();
+    let (r, body) = read_frame(&mut raw).await;
+    assert_eq!(
+        (r.request_id, r.status, &body[..]),
+        (10, Status::OK, &b"ok"[..])
+    );
+}
+
 #[tokio::test]
 async fn large_payloads_stream_without_blocking_small_calls() {
     let (s, _) = start(ServerConfig::default()).await;

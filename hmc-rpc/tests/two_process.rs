@@ -152,3 +152,30 @@ fn sigterm_shuts_the_server_down_gracefully() {
     let status = server.sigterm();
     assert!(status.success(), "{status:?}");
 }
+
+/// CPU time (user + system, in clock ticks) a process has used so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which is in parentheses and may contain spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the full line: 12 and 13 after the name.
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+#[test]
+fn idle_server_with_an_idle_connection_uses_no_cpu() {
+    let server = ServerProc::start(None);
+    // An open, idle connection: the client connects, calls once, then sleeps.
+    let mut idle = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    let mut h = hmc_rpc::FrameHeader::new(hmc_rpc::FrameKind::Ping, 1);
+    h.status = hmc_rpc::Status::OK;
+    std::io::Write::write_all(&mut idle, &h.encode()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = cpu_ticks(server.child.id());
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let used = cpu_ticks(server.child.id()) - before;
+    // 2 s at 100 ticks/s; a busy-polling thread would use ~200 ticks.
+    assert!(used <= 2, "idle server used {used} CPU ticks in 2 s");
+    drop(idle);
+}
