@@ -20,7 +20,7 @@ use hmc_core::{
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, SemaphorePermit, watch};
 use tokio::task::AbortHandle;
 
 use crate::net::{Listener, Stream};
@@ -240,12 +240,25 @@ impl TcpEndpoint {
         &self.inner.peer
     }
 
-    async fn checkout(&self, shared: &Shared, deadline: Deadline) -> Result<Stream> {
+    /// Takes one of the endpoint's `max_connections_per_endpoint` slots and a connection
+    /// for it: an idle one, or a new one. The slot frees when the permit drops.
+    async fn checkout(
+        &self,
+        shared: &Shared,
+        deadline: Deadline,
+    ) -> Result<(SemaphorePermit<'_>, Stream)> {
+        let slot = self
+            .inner
+            .slots
+            .acquire()
+            .await
+            .map_err(|_| Error::Closed("endpoint closed".into()))?;
         let pooled = self.inner.idle.lock().pop();
-        match pooled {
-            Some(s) => Ok(s),
-            None => TcpCommunicator::dial(shared, &self.inner.peer, deadline).await,
-        }
+        let stream = match pooled {
+            Some(s) => s,
+            None => TcpCommunicator::dial(shared, &self.inner.peer, deadline).await?,
+        };
+        Ok((slot, stream))
     }
 
     fn checkin(&self, shared: &Shared, stream: Stream) {
@@ -581,13 +594,7 @@ impl Communicator for TcpCommunicator {
         let shared = &self.shared;
         let peer = ep.inner.peer.to_string();
         let work = async {
-            let _slot = ep
-                .inner
-                .slots
-                .acquire()
-                .await
-                .map_err(|_| Error::Closed("endpoint closed".into()))?;
-            let mut stream = ep.checkout(shared, deadline).await?;
+            let (_slot, mut stream) = ep.checkout(shared, deadline).await?;
             let per = shared.config.max_batch_descs.max(1);
             for (descs, wire_descs) in batch.chunks(per).zip(wire_descs.chunks(per)) {
                 match run_request(&mut stream, &peer, op, descs, wire_descs).await {
@@ -627,13 +634,7 @@ impl Communicator for TcpCommunicator {
         let shared = &self.shared;
         let peer = ep.inner.peer.to_string();
         let work = async {
-            let _slot = ep
-                .inner
-                .slots
-                .acquire()
-                .await
-                .map_err(|_| Error::Closed("endpoint closed".into()))?;
-            let mut stream = ep.checkout(shared, deadline).await?;
+            let (_slot, mut stream) = ep.checkout(shared, deadline).await?;
             let mut req = Vec::with_capacity(13 + msg.len());
             req.push(wire::REQ_NOTIFY);
             req.extend_from_slice(&tag.to_be_bytes());
