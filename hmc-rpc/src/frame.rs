@@ -419,6 +419,12 @@ pub enum FrameError {
     Inconsistent(&'static str),
 }
 
+impl From<FrameError> for hmc_core::Error {
+    fn from(e: FrameError) -> Self {
+        hmc_core::Error::Protocol(e.to_string())
+    }
+}
+
 /// Appends one complete frame (header + body) to `out`.
 pub fn encode_frame(out: &mut Vec<u8>, header: &FrameHeader, body: &[u8]) {
     debug_assert_eq!(header.body_len as usize, body.len());
