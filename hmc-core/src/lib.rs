@@ -49,6 +49,7 @@
 
 mod comm;
 mod conn_buffer;
+mod dynamic;
 mod error;
 mod memory;
 mod staging;
@@ -60,6 +61,9 @@ pub use comm::{
     TransferDesc, TransportId,
 };
 pub use conn_buffer::{ConnBuffer, RegisteredBuffer};
+pub use dynamic::{
+    AnyCommunicator, BoxFuture, DynCommunicator, DynEndpoint, DynRegistration, DynRemoteKey,
+};
 pub use error::{Error, Result, check_bounds};
 pub use memory::{
     Device, DeviceBuffer, DeviceKind, MemSpan, MemSpanMut, Memory, Region, check_copy,
