@@ -246,14 +246,8 @@ impl Communicator for AnyCommunicator {
         self.0.address()
     }
 
-    fn connect(
-        &self,
-        peer: &PeerAddr,
-        deadline: Deadline,
-    ) -> impl Future<Output = Result<DynEndpoint>> + Send {
-        // An async block (rather than the boxed future itself) lets the two borrows keep
-        // their own lifetimes in the returned type.
-        async move { self.0.connect(peer, deadline).await }
+    async fn connect(&self, peer: &PeerAddr, deadline: Deadline) -> Result<DynEndpoint> {
+        self.0.connect(peer, deadline).await
     }
 
     unsafe fn register(&self, region: Region, access: Access) -> Result<DynRegistration> {
@@ -273,24 +267,24 @@ impl Communicator for AnyCommunicator {
         self.0.import(ep, remote)
     }
 
-    fn transfer(
+    async fn transfer(
         &self,
         ep: &DynEndpoint,
         op: Op,
         batch: &[TransferDesc<'_, Self>],
         deadline: Deadline,
-    ) -> impl Future<Output = Result<()>> + Send {
-        async move { self.0.transfer(ep, op, batch, deadline).await }
+    ) -> Result<()> {
+        self.0.transfer(ep, op, batch, deadline).await
     }
 
-    fn notify(
+    async fn notify(
         &self,
         ep: &DynEndpoint,
         tag: u64,
         msg: &[u8],
         deadline: Deadline,
-    ) -> impl Future<Output = Result<()>> + Send {
-        async move { self.0.notify(ep, tag, msg, deadline).await }
+    ) -> Result<()> {
+        self.0.notify(ep, tag, msg, deadline).await
     }
 
     fn recv_notification(
