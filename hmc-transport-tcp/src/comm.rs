@@ -392,6 +392,7 @@ async fn run_request(
     match op {
         Op::Write if total <= wire::COALESCE_LEN => {
             // Small batches travel in one write: one segment, one wakeup at the target.
+            header.push(0);
             for d in descs.iter().filter(|d| d.len > 0) {
                 // SAFETY: `check_batch` proved [local_offset, local_offset+len) lies in the
                 // registration, whose memory the caller keeps allocated while registered
@@ -404,7 +405,15 @@ async fn run_request(
             wire::read_status(stream, peer).await
         }
         Op::Write => {
-            // The header leaves with the first bytes (`total` > 0 here, so some exist).
+            // `total` > 0 here, so there is a first descriptor with bytes.
+            let first = descs
+                .iter()
+                .find(|d| d.len > 0)
+                .map_or(0, |d| local_ptr(d) as usize);
+            let pad = wire::align_pad(header.len() + 1, first);
+            header.push(pad);
+            header.resize(header.len() + pad as usize, 0);
+            // The header leaves with the first bytes.
             let mut prefix = &header[..];
             for d in descs.iter().filter(|d| d.len > 0) {
                 // SAFETY: as above.
@@ -418,6 +427,7 @@ async fn run_request(
             stream.write_all(&header).await?;
             let status = wire::read_status(stream, peer).await?;
             if status.is_ok() {
+                wire::skip_pad(stream).await?;
                 for d in descs.iter().filter(|d| d.len > 0) {
                     // SAFETY: as for WRITE; peers and local code that touch the same bytes
                     // concurrently accepted DMA semantics when registering.

@@ -200,8 +200,8 @@ fn small_answer(
     entries: &[Arc<RegEntry>],
     total: usize,
 ) -> Vec<u8> {
-    let mut answer = Vec::with_capacity(1 + total);
-    answer.push(0);
+    let mut answer = Vec::with_capacity(2 + total);
+    answer.extend_from_slice(&[0, 0]); // success, no padding
     for (d, entry) in descs.iter().zip(entries) {
         let live = entry.live.read();
         if !*live {
@@ -314,6 +314,9 @@ async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(),
     }
     let mut raw = vec![0u8; count * WireDesc::LEN];
     stream.read_exact(&mut raw).await?;
+    if op == Op::Write {
+        wire::skip_pad(stream).await?;
+    }
     let descs = WireDesc::decode_all(&raw);
     let total = descs
         .iter()
@@ -357,8 +360,16 @@ async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(),
             stream.write_all(&answer).await?;
         }
         Op::Read => {
-            // The success status leaves with the first bytes.
-            let mut status: &[u8] = &[0];
+            // The success status and its padding leave with the first bytes.
+            let first = descs
+                .iter()
+                .zip(&entries)
+                .find(|(d, _)| d.len > 0)
+                .map_or(0, |(d, e)| (e.region.addr + d.offset) as usize);
+            let pad = wire::align_pad(2, first);
+            let mut prefix = [0u8; 2 + 63];
+            prefix[1] = pad;
+            let mut status: &[u8] = &prefix[..2 + pad as usize];
             for (d, entry) in descs.iter().zip(&entries) {
                 let sent = send_from(stream, entry, d.offset, d.len, status).await?;
                 status = &[];

@@ -94,6 +94,7 @@ async fn a_lying_initiator_cannot_reach_past_a_region_or_around_its_rights() {
     let mut req = vec![1u8];
     req.extend_from_slice(&1u32.to_be_bytes());
     req.extend_from_slice(&wire_desc(&key, 0, 16));
+    req.push(0); // no padding
     req.extend_from_slice(&[0xEE; 16]);
     s.write_all(&req).await.unwrap();
     let (code, msg) = status(&mut s).await.expect("refused");
@@ -129,6 +130,9 @@ async fn a_lying_initiator_cannot_reach_past_a_region_or_around_its_rights() {
     req.extend_from_slice(&wire_desc(&key, 4080, 16));
     s.write_all(&req).await.unwrap();
     assert!(status(&mut s).await.is_none());
+    let pad = s.read_u8().await.unwrap() as usize;
+    assert!(pad < 64, "padding {pad}");
+    s.read_exact(&mut [0u8; 64][..pad]).await.unwrap();
     let mut got = [0u8; 16];
     s.read_exact(&mut got).await.unwrap();
     assert_eq!(got, [0x11; 16]);
@@ -138,6 +142,7 @@ async fn a_lying_initiator_cannot_reach_past_a_region_or_around_its_rights() {
     req.extend_from_slice(&2u32.to_be_bytes());
     req.extend_from_slice(&wire_desc(&key, 0, u64::MAX));
     req.extend_from_slice(&wire_desc(&key, 0, 2));
+    req.push(0); // no padding
     s.write_all(&req).await.unwrap();
     let (code, msg) = status(&mut s).await.expect("refused");
     assert_eq!(code, 5, "{msg}");
