@@ -232,9 +232,11 @@ async fn drain(stream: &mut Stream, mut n: u64) -> io::Result<()> {
 /// What happened while moving one descriptor's bytes.
 enum Moved {
     Done,
-    /// The region was deregistered after `moved` bytes.
+    /// The region was deregistered after `moved` bytes; `started` when any byte of this
+    /// call's prefix or data had left.
     Deregistered {
         moved: u64,
+        started: bool,
     },
 }
 
@@ -245,7 +247,10 @@ async fn recv_into(stream: &Stream, entry: &RegEntry, offset: u64, len: u64) -> 
         stream.readable().await?;
         let live = entry.live.read();
         if !*live {
-            return Ok(Moved::Deregistered { moved: done });
+            return Ok(Moved::Deregistered {
+                moved: done,
+                started: done > 0,
+            });
         }
         // SAFETY: `admit` checked offset+len against the region, which stays allocated while
         // it is registered (the `register` contract), and `live` (held for this call only)
@@ -277,11 +282,15 @@ async fn send_from(
     mut prefix: &[u8],
 ) -> io::Result<Moved> {
     let mut done = 0u64;
+    let prefix_len = prefix.len();
     while done < len || !prefix.is_empty() {
         stream.writable().await?;
         let live = entry.live.read();
         if !*live {
-            return Ok(Moved::Deregistered { moved: done });
+            return Ok(Moved::Deregistered {
+                moved: done,
+                started: done > 0 || prefix.len() < prefix_len,
+            });
         }
         // SAFETY: as in `recv_into`; the bytes are only read.
         let src = unsafe {
@@ -340,7 +349,7 @@ async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(),
             for (d, entry) in descs.iter().zip(&entries) {
                 match recv_into(stream, entry, d.offset, d.len).await? {
                     Moved::Done => remaining -= d.len,
-                    Moved::Deregistered { moved } => {
+                    Moved::Deregistered { moved, .. } => {
                         drain(stream, remaining - moved).await?;
                         let e = Error::InvalidKey(format!(
                             "region {} at {} was deregistered during the WRITE; part of the \
@@ -372,7 +381,19 @@ async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(),
             let mut status: &[u8] = &prefix[..2 + pad as usize];
             for (d, entry) in descs.iter().zip(&entries) {
                 let sent = send_from(stream, entry, d.offset, d.len, status).await?;
+                let first_call = !status.is_empty();
                 status = &[];
+                if let Moved::Deregistered { started: false, .. } = sent
+                    && first_call
+                {
+                    // Nothing has left yet: the answer can still be a refusal.
+                    let e = Error::InvalidKey(format!(
+                        "region {} at {} was deregistered before the READ was served",
+                        d.id, shared.addr
+                    ));
+                    stream.write_all(&wire::encode_error(&e)).await?;
+                    return Ok(());
+                }
                 if let Moved::Deregistered { .. } = sent {
                     // The answer is already under way; only closing can tell the initiator.
                     return Err(Broken::Io(io::Error::other(format!(
