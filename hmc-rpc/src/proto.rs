@@ -26,6 +26,10 @@ pub struct ConnConfig {
     pub max_inflight: usize,
     /// Bytes per DATA chunk of a TCP_STREAM payload (`stream_chunk_len`, default 64 KiB).
     pub chunk_len: usize,
+    /// Compute a CRC32C for every DATA chunk sent (`stream_crc`, default true). Received
+    /// CRCs are always checked when present; turning this off saves one pass over large
+    /// payloads on each side (TCP's own checksum still applies).
+    pub stream_crc: bool,
     /// Bytes one TCP_STREAM payload sends before the next stream's turn
     /// (`stream_turn_len`, default 1 MiB).
     pub stream_turn_len: usize,
@@ -47,6 +51,7 @@ impl Default for ConnConfig {
             max_inflight: 64,
             chunk_len: 64 * 1024,
             stream_turn_len: 1 << 20,
+            stream_crc: true,
             idle_timeout: Duration::from_secs(60),
             frame_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(10),
@@ -274,7 +279,11 @@ impl Framing {
             h.kind = FrameKind::Data;
             h.mode = PayloadMode::TcpStream;
             h.body_len = n as u32;
-            h.payload_crc = payload_crc(&chunk);
+            h.payload_crc = if self.cfg.stream_crc {
+                payload_crc(&chunk)
+            } else {
+                0
+            };
             h.deadline_us = 0;
             h.payload_len = s.payload.len() as u64;
             s.sent += n;
@@ -1405,6 +1414,38 @@ mod tests {
         let got = calls(&mut s);
         assert_eq!(got.len(), 2);
         assert!(got.iter().any(|c| c.payload.len() == 10_000));
+    }
+
+    #[test]
+    fn stream_crc_can_be_left_out_and_is_then_not_checked() {
+        let cfg = ConnConfig {
+            stream_crc: false,
+            chunk_len: 1000,
+            ..ConnConfig::default()
+        };
+        let now = Instant::now();
+        let mut c = ClientConn::new(cfg, now);
+        let mut s = ServerConn::new(ConnConfig::default(), now);
+        c.start_call(1, Bytes::from(vec![3u8; 5000]), None, false, now)
+            .unwrap();
+        let mut saw_data = false;
+        loop {
+            let seg = c.pending_tx().to_vec();
+            if seg.is_empty() {
+                break;
+            }
+            if seg.len() == HEADER_LEN {
+                let h = FrameHeader::decode(&seg, &FrameLimits::default()).unwrap();
+                if h.kind == FrameKind::Data {
+                    assert_eq!(h.payload_crc, 0);
+                    saw_data = true;
+                }
+            }
+            c.advance_tx(seg.len());
+            s.handle_input(&seg, now);
+        }
+        assert!(saw_data);
+        assert_eq!(calls(&mut s).len(), 1);
     }
 
     #[test]

@@ -42,6 +42,10 @@ struct Args {
     /// Skip the tonic peer.
     #[arg(long)]
     no_tonic: bool,
+    /// CRC32C on hmc-rpc's DATA chunks (both directions); `false` leaves it to TCP's
+    /// checksum, as gRPC does.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    stream_crc: bool,
     /// Where to write the CSV.
     #[arg(long, default_value = "target/hmc-rpc-bench.csv")]
     csv: PathBuf,
@@ -98,11 +102,14 @@ async fn bench_hmc(
     clients: usize,
     depth: usize,
     secs: f64,
+    stream_crc: bool,
 ) -> Result<Cell, String> {
     let mut conns = Vec::new();
+    let mut config = ClientConfig::default();
+    config.conn.stream_crc = stream_crc;
     for _ in 0..clients {
         conns.push(
-            Client::connect(addr, ClientConfig::default())
+            Client::connect(addr, config.clone())
                 .await
                 .map_err(|e| e.to_string())?,
         );
@@ -301,6 +308,7 @@ async fn run(args: Args) -> Result<(), String> {
             &args.server_workers.to_string(),
         ])
         .args(["--max-inflight", "256", "--max-connections", "1024"])
+        .args(["--stream-crc", &args.stream_crc.to_string()])
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| {
@@ -365,7 +373,8 @@ async fn run(args: Args) -> Result<(), String> {
                     fmt_size(size),
                     if tonic_bin.is_some() { ", tonic" } else { "" }
                 );
-                let h = bench_hmc(&addr, size, clients, depth, args.seconds).await?;
+                let h =
+                    bench_hmc(&addr, size, clients, depth, args.seconds, args.stream_crc).await?;
                 let t = match &tonic_bin {
                     Some(b) => match bench_tonic(b, tonic_port, size, clients, depth, args.seconds)
                     {
@@ -395,8 +404,9 @@ async fn run(args: Args) -> Result<(), String> {
     }
 
     println!(
-        "## hmc-rpc echo vs tonic (same run, {} s per cell)\n",
-        args.seconds
+        "## hmc-rpc echo vs tonic (same run, {} s per cell, hmc-rpc stream CRC {})\n",
+        args.seconds,
+        if args.stream_crc { "on" } else { "off" }
     );
     println!(
         "| payload | clients | in flight | hmc RPC/s | hmc MB/s | hmc p50 us | hmc p99 us | hmc p999 us | tonic RPC/s | tonic MB/s | tonic p50 us | RPC/s ratio |"

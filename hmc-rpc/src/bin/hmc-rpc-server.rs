@@ -33,6 +33,9 @@ struct Args {
     /// Calls in flight per listener before OVERLOADED answers.
     #[arg(long, default_value_t = 4096)]
     max_inflight_total: usize,
+    /// CRC32C on every DATA chunk sent (received CRCs are always checked).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    stream_crc: bool,
     /// Close connections idle this long (seconds).
     #[arg(long, default_value_t = 60)]
     idle_timeout_secs: u64,
@@ -75,6 +78,7 @@ async fn run(args: Args) -> hmc_core::Result<()> {
         conn: ConnConfig {
             max_inflight: args.max_inflight,
             idle_timeout: Duration::from_secs(args.idle_timeout_secs),
+            stream_crc: args.stream_crc,
             ..ConnConfig::default()
         },
         max_connections: args.max_connections,
