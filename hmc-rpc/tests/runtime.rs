@@ -660,3 +660,27 @@ async fn lost_connection_fails_calls_in_flight_and_next_call_reconnects() {
     assert_eq!(&c.call(demo::ECHO, "again").await.unwrap()[..], b"again");
     fake.abort();
 }
+
+#[tokio::test]
+async fn a_tcp_communicator_slots_in_as_the_data_plane() {
+    use hmc_transport_tcp::{TcpCommunicator, TcpConfig};
+    let dp = Arc::new(
+        TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), TcpConfig::default()).unwrap(),
+    );
+    let server = Server::new(dispatcher(Default::default()), ServerConfig::default())
+        .with_data_plane(dp.clone());
+    assert!(server.data_plane().is_some());
+    let s = server
+        .bind(&"tcp://127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let c: Client<TcpCommunicator> = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap()
+        .with_data_plane(dp.clone());
+    assert!(c.data_plane().is_some());
+    // Payloads still travel INLINE / TCP_STREAM until HMC_BUFFER lands.
+    assert_eq!(&c.call(demo::ECHO, "via C").await.unwrap()[..], b"via C");
+    let big = Bytes::from(vec![9u8; 100_000]);
+    assert_eq!(c.call(demo::ECHO, big.clone()).await.unwrap(), big);
+}
