@@ -46,6 +46,10 @@ struct Args {
     /// checksum, as gRPC does.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     stream_crc: bool,
+    /// Worker threads of the hmc-rpc client runtime (0: a current-thread runtime). The
+    /// tonic peer's client always uses tokio's default multi-thread runtime.
+    #[arg(long, default_value_t = 2)]
+    client_threads: usize,
     /// Where to write the CSV.
     #[arg(long, default_value = "target/hmc-rpc-bench.csv")]
     csv: PathBuf,
@@ -279,10 +283,17 @@ fn fmt_size(s: usize) -> String {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     hmc_rpc::tuning::tune_allocator();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = if args.client_threads == 0 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.client_threads)
+            .enable_all()
+            .build()
+    }
+    .expect("tokio runtime");
     match rt.block_on(run(args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -404,9 +415,15 @@ async fn run(args: Args) -> Result<(), String> {
     }
 
     println!(
-        "## hmc-rpc echo vs tonic (same run, {} s per cell, hmc-rpc stream CRC {})\n",
+        "## hmc-rpc echo vs tonic (same run, {} s per cell; hmc-rpc: stream CRC {}, client runtime {}, server workers {}; tonic: tokio default runtime)\n",
         args.seconds,
-        if args.stream_crc { "on" } else { "off" }
+        if args.stream_crc { "on" } else { "off" },
+        if args.client_threads == 0 {
+            "current-thread".to_string()
+        } else {
+            format!("{} threads", args.client_threads)
+        },
+        args.server_workers
     );
     println!(
         "| payload | clients | in flight | hmc RPC/s | hmc MB/s | hmc p50 us | hmc p99 us | hmc p999 us | tonic RPC/s | tonic MB/s | tonic p50 us | RPC/s ratio |"
