@@ -345,7 +345,7 @@ pub trait LocalRegistration: Send + Sync + 'static {
 
 /// One-sided data movement between registered regions of two peers.
 ///
-/// # Contract (checked by [`crate::testing`])
+/// # Contract (checked by the conformance kit, `hmc_core::testing`)
 /// - `transfer` completes when every descriptor is done; for [`Op::Write`], when the bytes
 ///   are visible at the target. It ends by `deadline` with [`Error::DeadlineExceeded`] at
 ///   the latest, and with an error (never a hang) when the peer goes away.

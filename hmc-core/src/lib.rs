@@ -43,8 +43,8 @@
 //!
 //! # Conformance
 //!
-//! With feature `testing`, [`testing`] holds generic checks that every backend's tests run
-//! through [`memory_conformance!`] and [`communicator_conformance!`]; a third-party backend
+//! With feature `testing`, `hmc_core::testing` holds generic checks that every backend's tests run
+//! through `memory_conformance!` and `communicator_conformance!`; a third-party backend
 //! runs the same kit.
 
 mod comm;
