@@ -349,6 +349,7 @@ async fn run_connection(
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     usable: Arc<AtomicBool>,
 ) {
+    let (mut rd, wr) = stream.into_split();
     let mut core = ClientConn::new(cfg, Instant::now());
     let mut waiting: HashMap<u64, oneshot::Sender<Result<Bytes, CallError>>> = HashMap::new();
     let mut cmds_open = true;
@@ -390,7 +391,7 @@ async fn run_connection(
                 if n == 0 {
                     break;
                 }
-                stream.try_write_vectored(&slices[..n])
+                wr.try_write_vectored(&slices[..n])
             };
             match r {
                 Ok(n) => core.advance_tx(n),
@@ -408,9 +409,9 @@ async fn run_connection(
         let want_write = core.has_tx();
         tokio::select! {
             biased;
-            r = stream.readable() => {
+            r = rd.readable() => {
                 if let Err(e) = r { break format!("read failed: {e}"); }
-                match stream.try_read(core.input_space(READ_CHUNK)) {
+                match rd.read_now(core.input_space(READ_CHUNK)) {
                     Ok(0) => break "the server closed the connection".to_string(),
                     Ok(n) => core.handle_read(n, Instant::now()),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -428,7 +429,7 @@ async fn run_connection(
                     }
                 }
             },
-            r = stream.writable(), if want_write => {
+            r = wr.writable(), if want_write => {
                 if let Err(e) = r { break format!("write failed: {e}"); }
             }
             _ = sleep_until(timeout), if timeout.is_some() => core.handle_timeout(Instant::now()),
@@ -439,7 +440,7 @@ async fn run_connection(
     // Flush a final GOAWAY if the core queued one; best effort.
     let p = core.pending_tx();
     if !p.is_empty() {
-        let _ = stream.try_write(p);
+        let _ = wr.try_write(p);
     }
     for (_, tx) in waiting.drain() {
         let _ = tx.send(Err(CallError::ConnectionLost(lost.clone())));

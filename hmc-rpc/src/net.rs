@@ -41,38 +41,90 @@ impl Stream {
         }
     }
 
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_write(buf),
+            Stream::Unix(s) => s.try_write(buf),
+        }
+    }
+}
+
+impl Stream {
+    /// Splits into a read half and a write half usable from one task at once.
+    pub(crate) fn into_split(self) -> (ReadHalf, WriteHalf) {
+        match self {
+            Stream::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
+            }
+            Stream::Unix(s) => {
+                let (r, w) = s.into_split();
+                (ReadHalf::Unix(r), WriteHalf::Unix(w))
+            }
+        }
+    }
+}
+
+/// The reading side of a connection.
+pub(crate) enum ReadHalf {
+    Tcp(tokio::net::tcp::OwnedReadHalf),
+    Unix(tokio::net::unix::OwnedReadHalf),
+}
+
+impl ReadHalf {
     pub(crate) async fn readable(&self) -> io::Result<()> {
         match self {
-            Stream::Tcp(s) => s.readable().await,
-            Stream::Unix(s) => s.readable().await,
+            ReadHalf::Tcp(s) => s.readable().await,
+            ReadHalf::Unix(s) => s.readable().await,
         }
     }
 
+    /// Reads what is there now (`WouldBlock` when nothing is). Unlike `try_read`, a short
+    /// read clears the readiness, which saves the `EAGAIN` read that would follow it: the
+    /// edge-triggered poller reports new data anyway.
+    pub(crate) fn read_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use tokio::io::{AsyncRead, ReadBuf};
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut rb = ReadBuf::new(buf);
+        let r = match self {
+            ReadHalf::Tcp(s) => std::pin::Pin::new(s).poll_read(&mut cx, &mut rb),
+            ReadHalf::Unix(s) => std::pin::Pin::new(s).poll_read(&mut cx, &mut rb),
+        };
+        match r {
+            std::task::Poll::Ready(Ok(())) => Ok(rb.filled().len()),
+            std::task::Poll::Ready(Err(e)) => Err(e),
+            // The noop waker is replaced by the next `readable()`.
+            std::task::Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+}
+
+/// The writing side of a connection.
+pub(crate) enum WriteHalf {
+    Tcp(tokio::net::tcp::OwnedWriteHalf),
+    Unix(tokio::net::unix::OwnedWriteHalf),
+}
+
+impl WriteHalf {
     pub(crate) async fn writable(&self) -> io::Result<()> {
         match self {
-            Stream::Tcp(s) => s.writable().await,
-            Stream::Unix(s) => s.writable().await,
-        }
-    }
-
-    pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.try_read(buf),
-            Stream::Unix(s) => s.try_read(buf),
+            WriteHalf::Tcp(s) => s.writable().await,
+            WriteHalf::Unix(s) => s.writable().await,
         }
     }
 
     pub(crate) fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.try_write_vectored(bufs),
-            Stream::Unix(s) => s.try_write_vectored(bufs),
+            WriteHalf::Tcp(s) => s.try_write_vectored(bufs),
+            WriteHalf::Unix(s) => s.try_write_vectored(bufs),
         }
     }
 
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.try_write(buf),
-            Stream::Unix(s) => s.try_write(buf),
+            WriteHalf::Tcp(s) => s.try_write(buf),
+            WriteHalf::Unix(s) => s.try_write(buf),
         }
     }
 }

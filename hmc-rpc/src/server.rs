@@ -248,6 +248,7 @@ async fn serve_connection(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let (mut rd, wr) = stream.into_split();
     let mut core = ServerConn::new(shared.config.conn.clone(), Instant::now());
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
     let mut tokens: std::collections::HashMap<u64, CancelToken> = Default::default();
@@ -278,7 +279,7 @@ async fn serve_connection(
                 if n == 0 {
                     break;
                 }
-                stream.try_write_vectored(&slices[..n])
+                wr.try_write_vectored(&slices[..n])
             };
             match r {
                 Ok(n) => core.advance_tx(n),
@@ -317,16 +318,16 @@ async fn serve_connection(
                     respond(&mut core, c, now);
                 }
             }
-            r = stream.readable(), if may_read => {
+            r = rd.readable(), if may_read => {
                 if r.is_err() { break; }
-                match stream.try_read(core.input_space(READ_CHUNK)) {
+                match rd.read_now(core.input_space(READ_CHUNK)) {
                     Ok(0) => break,
                     Ok(n) => core.handle_read(n, Instant::now()),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(_) => break,
                 }
             }
-            r = stream.writable(), if want_write => { if r.is_err() { break; } }
+            r = wr.writable(), if want_write => { if r.is_err() { break; } }
             _ = sleep_until(timeout), if timeout.is_some() => core.handle_timeout(Instant::now()),
             r = shutdown.changed(), if !shutdown_seen => {
                 shutdown_seen = true;
