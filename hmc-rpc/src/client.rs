@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::codec::{CodecError, RpcCodec};
-use crate::data_plane::NoDataPlane;
+use crate::data_plane::{ClientDp, DataPlaneConfig, DataPlaneStats, NoDataPlane, PreparedCall};
 use crate::frame::Status;
 use crate::net::Stream;
 use crate::proto::{ClientConn, ClientEvent, ConnConfig, StartError};
@@ -46,6 +46,9 @@ impl Default for ClientConfig {
 pub struct CallOptions {
     /// Overrides [`ClientConfig::default_timeout`].
     pub timeout: Option<Duration>,
+    /// HMC_BUFFER calls: bytes of the response region lent to the server (default: the
+    /// request's length; 0 lends none). A larger response comes back TCP_STREAM.
+    pub response_capacity: Option<usize>,
 }
 
 /// Why a call failed.
@@ -108,13 +111,29 @@ impl From<CallError> for Error {
     }
 }
 
+/// What a call sends.
+enum Body {
+    Payload(Bytes),
+    /// HMC_BUFFER: the payload length and the data-plane descriptor.
+    Buffer(u64, Bytes),
+}
+
+/// What a call gets back.
+enum Reply {
+    Payload(Bytes),
+    /// HMC_BUFFER: this many bytes are in the call's response region.
+    InBuffer(u64),
+}
+
+type ReplyTx = oneshot::Sender<Result<Reply, CallError>>;
+
 enum Cmd {
     Call {
         id: u64,
         method: u32,
-        payload: Bytes,
+        body: Body,
         deadline: Instant,
-        reply: oneshot::Sender<Result<Bytes, CallError>>,
+        reply: ReplyTx,
     },
     Cancel(u64),
 }
@@ -144,14 +163,14 @@ struct Inner {
 /// An RPC client over one persistent connection. Cheap to clone; clones share it.
 pub struct Client<C: Communicator = NoDataPlane> {
     inner: Arc<Inner>,
-    data_plane: Option<Arc<C>>,
+    dp: Option<Arc<ClientDp<C>>>,
 }
 
 impl<C: Communicator> Clone for Client<C> {
     fn clone(&self) -> Self {
         Client {
             inner: self.inner.clone(),
-            data_plane: self.data_plane.clone(),
+            dp: self.dp.clone(),
         }
     }
 }
@@ -168,7 +187,7 @@ impl Client<NoDataPlane> {
                 current: parking_lot::Mutex::new(None),
                 next_id: AtomicU64::new(1),
             }),
-            data_plane: None,
+            dp: None,
         };
         c.connection().await?;
         Ok(c)
@@ -176,17 +195,32 @@ impl Client<NoDataPlane> {
 }
 
 impl<C: Communicator> Client<C> {
-    /// Attaches a data plane (kept for HMC_BUFFER, the next protocol step; unused today).
+    /// Attaches a data plane: payloads from [`DataPlaneConfig::threshold`] (64 KiB) go
+    /// HMC_BUFFER (the server pulls them one-sided) with the default [`DataPlaneConfig`].
     pub fn with_data_plane<D: Communicator>(self, data_plane: Arc<D>) -> Client<D> {
+        self.with_data_plane_config(data_plane, DataPlaneConfig::default())
+    }
+
+    /// Attaches a data plane with explicit settings (threshold, pool limits).
+    pub fn with_data_plane_config<D: Communicator>(
+        self,
+        data_plane: Arc<D>,
+        config: DataPlaneConfig,
+    ) -> Client<D> {
         Client {
             inner: self.inner,
-            data_plane: Some(data_plane),
+            dp: Some(Arc::new(ClientDp::new(data_plane, config))),
         }
     }
 
     /// The configured data plane.
     pub fn data_plane(&self) -> Option<&Arc<C>> {
-        self.data_plane.as_ref()
+        self.dp.as_ref().map(|d| &d.comm)
+    }
+
+    /// Data-plane counters (`None` without a data plane).
+    pub fn data_plane_stats(&self) -> Option<DataPlaneStats> {
+        self.dp.as_ref().map(|d| d.stats())
     }
 
     /// The server's address.
@@ -252,10 +286,39 @@ impl<C: Communicator> Client<C> {
         payload: impl Into<Bytes>,
         opts: CallOptions,
     ) -> Result<Bytes, CallError> {
+        let payload = payload.into();
+        if let Some(dp) = &self.dp
+            && payload.len() >= dp.config.threshold
+        {
+            let resp_len = opts.response_capacity.unwrap_or(payload.len());
+            match dp.prepare(&payload, resp_len) {
+                Ok(prep) => {
+                    let body = Body::Buffer(payload.len() as u64, prep.descriptor.clone());
+                    let r = self.call_body(method, body, opts).await;
+                    return finish_buffer_call(dp, prep, r);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "HMC_BUFFER not prepared; sending TCP_STREAM")
+                }
+            }
+        }
+        match self.call_body(method, Body::Payload(payload), opts).await? {
+            Reply::Payload(b) => Ok(b),
+            Reply::InBuffer(_) => Err(CallError::ConnectionLost(
+                "an HMC_BUFFER answer to a call that lent no region".into(),
+            )),
+        }
+    }
+
+    async fn call_body(
+        &self,
+        method: u32,
+        body: Body,
+        opts: CallOptions,
+    ) -> Result<Reply, CallError> {
         let timeout = opts.timeout.unwrap_or(self.inner.config.default_timeout);
         let start = Instant::now();
         let deadline = start + timeout;
-        let payload = payload.into();
         let permit =
             tokio::time::timeout_at(deadline.into(), self.inner.credits.clone().acquire_owned())
                 .await
@@ -274,7 +337,7 @@ impl<C: Communicator> Client<C> {
             .send(Cmd::Call {
                 id,
                 method,
-                payload,
+                body,
                 deadline,
                 reply,
             })
@@ -321,6 +384,38 @@ impl<C: Communicator> Client<C> {
     }
 }
 
+/// Ends an HMC_BUFFER call: buffers go back to the pool after an OK answer, and are
+/// discarded after anything else (the server may still be transferring).
+fn finish_buffer_call<C: Communicator>(
+    dp: &ClientDp<C>,
+    prep: PreparedCall<C>,
+    r: Result<Reply, CallError>,
+) -> Result<Bytes, CallError> {
+    match r {
+        Ok(Reply::Payload(b)) => {
+            prep.settle();
+            Ok(b)
+        }
+        Ok(Reply::InBuffer(len)) => {
+            dp.responded_in_buffer();
+            prep.take_response(len).map_err(|e| {
+                dp.failed();
+                CallError::Status {
+                    status: Status::DATA_PLANE,
+                    message: format!("the server's HMC_BUFFER answer is unusable: {e}"),
+                }
+            })
+        }
+        Err(e) => {
+            if e.status() == Some(Status::DATA_PLANE) || e.status() == Some(Status::BAD_PAYLOAD) {
+                dp.failed();
+            }
+            drop(prep);
+            Err(e)
+        }
+    }
+}
+
 struct CancelOnDrop {
     id: u64,
     cmd: mpsc::UnboundedSender<Cmd>,
@@ -351,7 +446,7 @@ async fn run_connection(
 ) {
     let (mut rd, wr) = stream.into_split();
     let mut core = ClientConn::new(cfg, Instant::now());
-    let mut waiting: HashMap<u64, oneshot::Sender<Result<Bytes, CallError>>> = HashMap::new();
+    let mut waiting: HashMap<u64, ReplyTx> = HashMap::new();
     let mut cmds_open = true;
     let lost: String = 'conn: loop {
         while let Some(ev) = core.poll_event() {
@@ -363,7 +458,7 @@ async fn run_connection(
                 } => {
                     if let Some(tx) = waiting.remove(&request_id) {
                         let r = if status == Status::OK {
-                            Ok(payload)
+                            Ok(Reply::Payload(payload))
                         } else {
                             Err(CallError::Status {
                                 status,
@@ -371,6 +466,11 @@ async fn run_connection(
                             })
                         };
                         let _ = tx.send(r);
+                    }
+                }
+                ClientEvent::ResponseInBuffer { request_id, len } => {
+                    if let Some(tx) = waiting.remove(&request_id) {
+                        let _ = tx.send(Ok(Reply::InBuffer(len)));
                     }
                 }
                 ClientEvent::TimedOut { request_id } => {
@@ -456,20 +556,20 @@ async fn run_connection(
     }
 }
 
-fn handle_cmd(
-    core: &mut ClientConn,
-    waiting: &mut HashMap<u64, oneshot::Sender<Result<Bytes, CallError>>>,
-    c: Cmd,
-    now: Instant,
-) {
+fn handle_cmd(core: &mut ClientConn, waiting: &mut HashMap<u64, ReplyTx>, c: Cmd, now: Instant) {
     match c {
         Cmd::Call {
             id,
             method,
-            payload,
+            body,
             deadline,
             reply,
-        } => match core.start_call_with_id(id, method, payload, Some(deadline), false, now) {
+        } => match match body {
+            Body::Payload(p) => core.start_call_with_id(id, method, p, Some(deadline), false, now),
+            Body::Buffer(len, desc) => {
+                core.start_call_in_buffer(id, method, len, desc, Some(deadline), now)
+            }
+        } {
             Ok(()) => {
                 waiting.insert(id, reply);
             }

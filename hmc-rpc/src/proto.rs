@@ -435,8 +435,14 @@ pub struct IncomingCall {
     pub request_id: u64,
     /// Method id.
     pub method_id: u32,
-    /// The request payload.
+    /// The request payload; for [`PayloadMode::HmcBuffer`], the data-plane descriptor
+    /// (the payload itself is pulled one-sided, see `docs/protocol.md`).
     pub payload: Bytes,
+    /// How the payload travelled: INLINE, TCP_STREAM (both reassembled into `payload`) or
+    /// HMC_BUFFER (`payload` is the descriptor).
+    pub mode: PayloadMode,
+    /// The payload length the header announced.
+    pub payload_len: u64,
     /// Absolute deadline, if the client sent a budget.
     pub deadline: Option<Instant>,
     /// No response is wanted.
@@ -481,6 +487,8 @@ pub struct ServerConn {
     deadlines: BTreeSet<(Instant, u64)>,
     events: VecDeque<ServerEvent>,
     state: ServerState,
+    /// HMC_BUFFER requests are passed to the runtime (it has a data plane).
+    hmc_buffer: bool,
 }
 
 impl ServerConn {
@@ -492,7 +500,14 @@ impl ServerConn {
             deadlines: BTreeSet::new(),
             events: VecDeque::new(),
             state: ServerState::Open,
+            hmc_buffer: false,
         }
+    }
+
+    /// Passes HMC_BUFFER requests to the runtime as calls (their payload is the
+    /// descriptor) instead of answering them DATA_PLANE: the runtime has a data plane.
+    pub fn enable_hmc_buffer(&mut self) {
+        self.hmc_buffer = true;
     }
 
     /// Feeds received bytes.
@@ -575,6 +590,8 @@ impl ServerConn {
                 let call = IncomingCall {
                     request_id: id,
                     method_id: m.header.method_id,
+                    mode: PayloadMode::TcpStream,
+                    payload_len: m.payload.len() as u64,
                     payload: m.payload,
                     deadline: e.deadline,
                     one_way: e.one_way,
@@ -621,7 +638,18 @@ impl ServerConn {
             refuse(self, Status::OVERLOADED, &why);
             return Ok(());
         }
-        if h.mode == PayloadMode::HmcBuffer {
+        if h.mode == PayloadMode::HmcBuffer && h.body_len == 0 {
+            self.answer(
+                id,
+                h.method_id,
+                Status::BAD_PAYLOAD,
+                Bytes::from_static(
+                    b"an HMC_BUFFER request needs its data-plane descriptor as the body",
+                ),
+            );
+            return Ok(());
+        }
+        if h.mode == PayloadMode::HmcBuffer && !self.hmc_buffer {
             self.answer(
                 id,
                 h.method_id,
@@ -647,10 +675,14 @@ impl ServerConn {
         if streaming {
             self.f.open_in_stream(h, false);
         } else {
-            check_payload_crc(id, h.payload_crc, &body).map_err(|e| e.to_string())?;
+            if h.mode == PayloadMode::Inline {
+                check_payload_crc(id, h.payload_crc, &body).map_err(|e| e.to_string())?;
+            }
             self.events.push_back(ServerEvent::Call(IncomingCall {
                 request_id: id,
                 method_id: h.method_id,
+                mode: h.mode,
+                payload_len: h.payload_len,
                 payload: body,
                 deadline,
                 one_way,
@@ -718,6 +750,31 @@ impl ServerConn {
         h.method_id = method_id;
         h.status = status;
         self.f.send_message(h, payload);
+    }
+
+    /// Answers an HMC_BUFFER call whose `len`-byte response the runtime has already
+    /// written into the client's response region: a RESPONSE with mode HMC_BUFFER, no
+    /// body. Like [`ServerConn::respond`], ignored for calls already answered, and
+    /// DEADLINE_EXCEEDED when it comes too late.
+    pub fn respond_in_buffer(&mut self, request_id: u64, method_id: u32, len: u64, now: Instant) {
+        let Some(e) = self.inflight.get(&request_id) else {
+            return;
+        };
+        if e.one_way || e.deadline.is_some_and(|d| now >= d) {
+            let why = Bytes::from_static(b"the handler finished after the call's deadline");
+            self.respond(request_id, method_id, Status::DEADLINE_EXCEEDED, why, now);
+            return;
+        }
+        if let Some(d) = e.deadline {
+            self.deadlines.remove(&(d, request_id));
+        }
+        self.inflight.remove(&request_id);
+        let mut h = FrameHeader::new(FrameKind::Response, request_id);
+        h.method_id = method_id;
+        h.status = Status::OK;
+        h.mode = PayloadMode::HmcBuffer;
+        h.payload_len = len;
+        self.f.send_frame(&h, &[]);
     }
 
     /// Next event for the runtime.
@@ -873,6 +930,14 @@ pub enum ClientEvent {
         /// The payload (for non-OK statuses, the server's explanation).
         payload: Bytes,
     },
+    /// The answer to an HMC_BUFFER call whose response the server wrote into the
+    /// call's response region (status OK): the first `len` bytes of it are the payload.
+    ResponseInBuffer {
+        /// Which call.
+        request_id: u64,
+        /// Bytes written at the start of the response region.
+        len: u64,
+    },
     /// The call's deadline passed locally; a CANCEL was sent.
     TimedOut {
         /// Which call.
@@ -907,6 +972,14 @@ pub enum StartError {
     Closed(String),
 }
 
+/// What a REQUEST carries.
+enum Outgoing {
+    /// The payload itself (INLINE or TCP_STREAM).
+    Payload(Bytes),
+    /// Length and data-plane descriptor of an HMC_BUFFER payload.
+    Descriptor(u64, Bytes),
+}
+
 /// The client side of one connection.
 pub struct ClientConn {
     f: Framing,
@@ -917,6 +990,8 @@ pub struct ClientConn {
     /// own answer arrives so a streamed answer can be discarded).
     forgotten: HashSet<u64>,
     events: VecDeque<ClientEvent>,
+    /// Calls sent as HMC_BUFFER (only these may be answered HMC_BUFFER).
+    buffer_calls: HashSet<u64>,
     ping_sent: Option<Instant>,
     draining: Option<String>,
     closed: Option<String>,
@@ -932,6 +1007,7 @@ impl ClientConn {
             deadlines: BTreeSet::new(),
             forgotten: HashSet::new(),
             events: VecDeque::new(),
+            buffer_calls: HashSet::new(),
             ping_sent: None,
             draining: None,
             closed: None,
@@ -966,6 +1042,56 @@ impl ClientConn {
         one_way: bool,
         now: Instant,
     ) -> Result<(), StartError> {
+        self.start_inner(
+            id,
+            method_id,
+            Outgoing::Payload(payload),
+            deadline,
+            one_way,
+            now,
+        )
+    }
+
+    /// Queues an HMC_BUFFER call: the REQUEST frame carries `descriptor` (the data-plane
+    /// descriptor of a `payload_len`-byte payload the server pulls one-sided) as its body.
+    /// Its answer is [`ClientEvent::ResponseInBuffer`] or an ordinary
+    /// [`ClientEvent::Response`].
+    pub fn start_call_in_buffer(
+        &mut self,
+        id: u64,
+        method_id: u32,
+        payload_len: u64,
+        descriptor: Bytes,
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<(), StartError> {
+        if descriptor.is_empty() || descriptor.len() > self.f.cfg.limits.max_body_len as usize {
+            return Err(StartError::TooLarge(
+                descriptor.len() as u64,
+                self.f.cfg.limits.max_body_len as u64,
+            ));
+        }
+        self.start_inner(
+            id,
+            method_id,
+            Outgoing::Descriptor(payload_len, descriptor),
+            deadline,
+            false,
+            now,
+        )?;
+        self.buffer_calls.insert(id);
+        Ok(())
+    }
+
+    fn start_inner(
+        &mut self,
+        id: u64,
+        method_id: u32,
+        out: Outgoing,
+        deadline: Option<Instant>,
+        one_way: bool,
+        now: Instant,
+    ) -> Result<(), StartError> {
         if let Some(r) = self.closed.as_ref().or(self.draining.as_ref()) {
             return Err(StartError::Closed(r.clone()));
         }
@@ -975,9 +1101,13 @@ impl ClientConn {
         if self.pending.contains_key(&id) || self.forgotten.contains(&id) {
             return Err(StartError::DuplicateId(id));
         }
+        let len = match &out {
+            Outgoing::Payload(p) => p.len() as u64,
+            Outgoing::Descriptor(len, _) => *len,
+        };
         let max = self.f.cfg.limits.max_payload_len;
-        if payload.len() as u64 > max {
-            return Err(StartError::TooLarge(payload.len() as u64, max));
+        if len > max {
+            return Err(StartError::TooLarge(len, max));
         }
         let mut h = FrameHeader::new(FrameKind::Request, id);
         h.method_id = method_id;
@@ -990,7 +1120,15 @@ impl ClientConn {
                 self.deadlines.insert((d, id));
             }
         }
-        self.f.send_message(h, payload);
+        match out {
+            Outgoing::Payload(payload) => self.f.send_message(h, payload),
+            Outgoing::Descriptor(len, desc) => {
+                h.mode = PayloadMode::HmcBuffer;
+                h.payload_len = len;
+                h.body_len = desc.len() as u32;
+                self.f.send_frame(&h, &desc);
+            }
+        }
         if !one_way {
             self.pending.insert(id, deadline);
         }
@@ -1072,7 +1210,28 @@ impl ClientConn {
                     return Ok(());
                 }
                 if h.mode == PayloadMode::HmcBuffer {
-                    return Err("HMC_BUFFER responses need a data plane, which this client has not configured".into());
+                    if h.body_len != 0 || h.status != Status::OK {
+                        return Err(format!(
+                            "HMC_BUFFER response to request {id} with a body or a status other than OK"
+                        ));
+                    }
+                    if !self.buffer_calls.remove(&id) {
+                        return Err(format!(
+                            "HMC_BUFFER response to request {id}, which was not an HMC_BUFFER call"
+                        ));
+                    }
+                    if let Some(d) = self.pending.remove(&id) {
+                        if let Some(d) = d {
+                            self.deadlines.remove(&(d, id));
+                        }
+                        self.events.push_back(ClientEvent::ResponseInBuffer {
+                            request_id: id,
+                            len: h.payload_len,
+                        });
+                    } else {
+                        self.forgotten.remove(&id);
+                    }
+                    return Ok(());
                 }
                 check_payload_crc(id, h.payload_crc, &body).map_err(|e| e.to_string())?;
                 self.deliver(h, body);
@@ -1106,6 +1265,7 @@ impl ClientConn {
 
     fn deliver(&mut self, h: FrameHeader, payload: Bytes) {
         let id = h.request_id;
+        self.buffer_calls.remove(&id);
         if let Some(d) = self.pending.remove(&id) {
             if let Some(d) = d {
                 self.deadlines.remove(&(d, id));

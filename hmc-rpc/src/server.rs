@@ -15,8 +15,11 @@ use parking_lot::Mutex;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::data_plane::NoDataPlane;
+use crate::data_plane::{
+    DataPlaneConfig, DataPlaneStats, NoDataPlane, RunHandler, Served, ServerDp, ServerPlane,
+};
 use crate::dispatch::{CallContext, CancelToken, Dispatcher, Handler, HandlerResult, RpcError};
+use crate::frame::PayloadMode;
 use crate::frame::{FrameHeader, FrameKind, Status};
 use crate::net::{Listener, Stream};
 use crate::proto::{ConnConfig, IncomingCall, ServerConn, ServerEvent};
@@ -55,6 +58,7 @@ pub struct Server<C: Communicator = NoDataPlane> {
     dispatcher: Dispatcher,
     config: ServerConfig,
     data_plane: Option<Arc<C>>,
+    dp_config: DataPlaneConfig,
 }
 
 impl Server<NoDataPlane> {
@@ -64,18 +68,27 @@ impl Server<NoDataPlane> {
             dispatcher,
             config,
             data_plane: None,
+            dp_config: DataPlaneConfig::default(),
         }
     }
 }
 
 impl<C: Communicator> Server<C> {
-    /// Attaches a data plane (kept for HMC_BUFFER, the next protocol step; unused today).
+    /// Attaches a data plane: HMC_BUFFER requests are pulled over it and large responses
+    /// pushed into the client's region (default [`DataPlaneConfig`]).
     pub fn with_data_plane<D: Communicator>(self, data_plane: Arc<D>) -> Server<D> {
         Server {
             dispatcher: self.dispatcher,
             config: self.config,
             data_plane: Some(data_plane),
+            dp_config: self.dp_config,
         }
+    }
+
+    /// Sets the data-plane settings (threshold, pool limits).
+    pub fn data_plane_config(mut self, config: DataPlaneConfig) -> Self {
+        self.dp_config = config;
+        self
     }
 
     /// The configured data plane.
@@ -94,7 +107,11 @@ impl<C: Communicator> Server<C> {
         let listener = Listener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let dp = self
+            .data_plane
+            .map(|c| Arc::new(ServerDp::new(c, self.dp_config)) as Arc<dyn ServerPlane>);
         let shared = Arc::new(Shared {
+            dp,
             dispatcher: self.dispatcher,
             inflight: Arc::new(Semaphore::new(self.config.max_inflight_total)),
             pool: BlockingPool::new(self.config.workers, self.config.max_inflight_total),
@@ -142,6 +159,11 @@ impl RunningServer {
         ShutdownHandle(self.shutdown.clone())
     }
 
+    /// Data-plane counters (`None` without a data plane).
+    pub fn data_plane_stats(&self) -> Option<DataPlaneStats> {
+        self.shared.dp.as_ref().map(|d| d.stats())
+    }
+
     /// Open connections now.
     pub fn connections(&self) -> usize {
         self.shared.connections.load(Ordering::Relaxed)
@@ -163,6 +185,7 @@ impl RunningServer {
 }
 
 struct Shared {
+    dp: Option<Arc<dyn ServerPlane>>,
     dispatcher: Dispatcher,
     inflight: Arc<Semaphore>,
     pool: BlockingPool,
@@ -234,6 +257,8 @@ struct Completion {
     request_id: u64,
     method_id: u32,
     result: HandlerResult,
+    /// The response (this many bytes) was written into the client's region.
+    in_buffer: Option<u64>,
 }
 
 /// Longest a closing connection waits for its GOAWAY to be written.
@@ -250,6 +275,9 @@ async fn serve_connection(
 ) {
     let (mut rd, wr) = stream.into_split();
     let mut core = ServerConn::new(shared.config.conn.clone(), Instant::now());
+    if shared.dp.is_some() {
+        core.enable_hmc_buffer();
+    }
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
     let mut tokens: std::collections::HashMap<u64, CancelToken> = Default::default();
     let mut shutdown_seen = false;
@@ -347,6 +375,10 @@ async fn sleep_until(t: Option<Instant>) {
 }
 
 fn respond(core: &mut ServerConn, c: Completion, now: Instant) {
+    if let Some(len) = c.in_buffer {
+        core.respond_in_buffer(c.request_id, c.method_id, len, now);
+        return;
+    }
     match c.result {
         Ok(b) => core.respond(c.request_id, c.method_id, Status::OK, b, now),
         Err(e) => core.respond(
@@ -410,6 +442,39 @@ fn start_call(
     };
     let done = done.clone();
     let payload = call.payload;
+    if call.mode == PayloadMode::HmcBuffer {
+        let Some(dp) = shared.dp.clone() else {
+            // The core only passes HMC_BUFFER calls on when a data plane is enabled.
+            tokens.remove(&id);
+            refuse(core, Status::DATA_PLANE, "no data plane configured".into());
+            return;
+        };
+        let deadline = call
+            .deadline
+            .map(hmc_core::Deadline::at)
+            .unwrap_or_default();
+        let token = ctx.cancel.clone();
+        let run = runner(shared.clone(), handler.clone(), ctx);
+        let len = call.payload_len;
+        tokio::spawn(async move {
+            let served = tokio::select! {
+                s = dp.serve(payload, len, deadline, run) => s,
+                _ = token.cancelled() => Served::Answer(Err(RpcError::new(Status::CANCELLED, "cancelled"))),
+            };
+            drop(permit);
+            let (result, in_buffer) = match served {
+                Served::Answer(r) => (r, None),
+                Served::InBuffer(n) => (Ok(Bytes::new()), Some(n)),
+            };
+            let _ = done.send(Completion {
+                request_id: id,
+                method_id: method,
+                result,
+                in_buffer,
+            });
+        });
+        return;
+    }
     match handler.clone() {
         Handler::Async(h) => {
             let token = ctx.cancel.clone();
@@ -423,6 +488,7 @@ fn start_call(
                         request_id: id,
                         method_id: method,
                         result,
+                        in_buffer: None,
                     };
                     respond(core, c, Instant::now());
                     return;
@@ -441,6 +507,7 @@ fn start_call(
                     request_id: id,
                     method_id: method,
                     result,
+                    in_buffer: None,
                 };
                 respond(core, c, Instant::now());
                 return;
@@ -455,6 +522,7 @@ fn start_call(
                     request_id: id,
                     method_id: method,
                     result,
+                    in_buffer: None,
                 });
             });
         }
@@ -474,6 +542,7 @@ fn start_call(
                     request_id: id,
                     method_id: method,
                     result,
+                    in_buffer: None,
                 });
             });
             if let Err(why) = shared.pool.submit(job) {
@@ -482,6 +551,40 @@ fn start_call(
             }
         }
     }
+}
+
+/// The handler of an HMC_BUFFER call, run once its payload has been pulled.
+fn runner(shared: Arc<Shared>, handler: Handler, ctx: CallContext) -> RunHandler {
+    let method = ctx.method_id;
+    Box::new(move |payload: Bytes| match handler {
+        Handler::Async(h) => Box::pin(async move {
+            match std::panic::catch_unwind(AssertUnwindSafe(|| h(ctx, payload))) {
+                Ok(f) => AssertUnwindSafe(f)
+                    .catch_unwind()
+                    .await
+                    .unwrap_or_else(|p| Err(panicked(method, p))),
+                Err(p) => Err(panicked(method, p)),
+            }
+        }),
+        Handler::Blocking(h) => {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let job = Box::new(move || {
+                let r = std::panic::catch_unwind(AssertUnwindSafe(|| h(&ctx, payload)))
+                    .unwrap_or_else(|p| Err(panicked(method, p)));
+                let _ = tx.send(r);
+            });
+            let submitted = shared.pool.submit(job);
+            Box::pin(async move {
+                submitted.map_err(|why| RpcError::new(Status::OVERLOADED, why))?;
+                rx.await.unwrap_or_else(|_| {
+                    Err(RpcError::new(
+                        Status::INTERNAL,
+                        "the blocking worker ended without an answer",
+                    ))
+                })
+            })
+        }
+    })
 }
 
 fn panicked(method: u32, p: Box<dyn std::any::Any + Send>) -> RpcError {

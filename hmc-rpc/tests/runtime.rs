@@ -287,6 +287,7 @@ async fn deadline_passes_and_the_call_reports_it() {
         .unwrap();
     let opts = CallOptions {
         timeout: Some(Duration::from_millis(50)),
+        ..CallOptions::default()
     };
     let e = c
         .call_typed_with::<u64, u64>(SLEEP, &2_000, opts)
@@ -305,6 +306,7 @@ async fn blocking_handler_sees_its_remaining_deadline() {
         .unwrap();
     let opts = CallOptions {
         timeout: Some(Duration::from_secs(5)),
+        ..CallOptions::default()
     };
     let left: u64 = c
         .call_typed_with(BLOCKING_SLEEP, &10u64, opts)

@@ -76,6 +76,7 @@ fn run(args: &Args) -> Result<(), String> {
     let client =
         BlockingClient::connect(&addr, ClientConfig::default()).map_err(|e| e.to_string())?;
     let opts = CallOptions {
+        response_capacity: None,
         timeout: Some(Duration::from_millis(args.timeout_ms)),
     };
     let name = match args.method {

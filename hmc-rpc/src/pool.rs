@@ -1,0 +1,357 @@
+//! Pooled registered host buffers for HMC_BUFFER payloads: power-of-two size classes,
+//! registered once and reused, with a bounded total (`max_pool_bytes`).
+//!
+//! Only the free lists are locked, and only to push or pop; a buffer in use is owned by its
+//! [`PooledBuffer`], so transfers on different buffers never wait for each other. A buffer
+//! whose state is unknown (a peer may still write it) is *discarded* instead of returned:
+//! dropping its registration revokes the peer's key before the memory is freed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use hmc_backend_cpu::HostMemory;
+use hmc_core::{Access, Communicator, ConnBuffer, Error, MemSpan, RegisteredBuffer, Result};
+use parking_lot::Mutex;
+
+/// Limits of a [`BufferPool`]. Every limit has a default and a name used in errors.
+#[derive(Clone, Copy, Debug)]
+pub struct PoolConfig {
+    /// Smallest buffer (`pool_min_len`, default 64 KiB); smaller requests get this size.
+    pub min_len: usize,
+    /// Bytes registered at once, in use and idle together (`max_pool_bytes`, default
+    /// 1 GiB). When a new buffer would pass it, the caller falls back (client) or answers
+    /// DATA_PLANE (server).
+    pub max_total_bytes: usize,
+    /// Idle bytes kept registered for reuse (`max_pool_idle_bytes`, default 256 MiB); a
+    /// buffer returned beyond it is deregistered and freed.
+    pub max_idle_bytes: usize,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            min_len: 64 << 10,
+            max_total_bytes: 1 << 30,
+            max_idle_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Counters of a pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Bytes registered now (in use plus idle).
+    pub registered_bytes: usize,
+    /// Bytes handed out and not yet returned.
+    pub in_use_bytes: usize,
+    /// Registrations made since the pool was created.
+    pub registrations: u64,
+    /// Registrations released since the pool was created.
+    pub deregistrations: u64,
+}
+
+struct Inner<C: Communicator> {
+    memory: Arc<HostMemory>,
+    comm: Arc<C>,
+    access: Access,
+    config: PoolConfig,
+    free: Mutex<Vec<Vec<RegisteredBuffer<HostMemory, C>>>>,
+    idle_bytes: AtomicUsize,
+    registered_bytes: AtomicUsize,
+    in_use_bytes: AtomicUsize,
+    registrations: AtomicU64,
+    deregistrations: AtomicU64,
+}
+
+impl<C: Communicator> Inner<C> {
+    fn release(&self, buf: RegisteredBuffer<HostMemory, C>) {
+        let len = buf.len();
+        drop(buf);
+        self.registered_bytes.fetch_sub(len, Ordering::AcqRel);
+        self.deregistrations.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Registered host buffers by size class. Cheap to clone (shared).
+pub struct BufferPool<C: Communicator>(Arc<Inner<C>>);
+
+impl<C: Communicator> Clone for BufferPool<C> {
+    fn clone(&self) -> Self {
+        BufferPool(self.0.clone())
+    }
+}
+
+impl<C: Communicator> BufferPool<C> {
+    /// An empty pool of host buffers registered with `comm` for `access`.
+    pub fn new(comm: Arc<C>, access: Access, config: PoolConfig) -> Self {
+        let config = PoolConfig {
+            min_len: config.min_len.max(4096).next_power_of_two(),
+            ..config
+        };
+        BufferPool(Arc::new(Inner {
+            memory: Arc::new(HostMemory::new()),
+            comm,
+            access,
+            config,
+            free: Mutex::new(Vec::new()),
+            idle_bytes: AtomicUsize::new(0),
+            registered_bytes: AtomicUsize::new(0),
+            in_use_bytes: AtomicUsize::new(0),
+            registrations: AtomicU64::new(0),
+            deregistrations: AtomicU64::new(0),
+        }))
+    }
+
+    /// The communicator buffers are registered with.
+    pub fn comm(&self) -> &Arc<C> {
+        &self.0.comm
+    }
+
+    /// The size class holding `len` bytes: (class index, buffer size).
+    fn class_of(&self, len: usize) -> Option<(usize, usize)> {
+        let size = len.max(self.0.config.min_len).checked_next_power_of_two()?;
+        let class = (size.trailing_zeros() - self.0.config.min_len.trailing_zeros()) as usize;
+        Some((class, size))
+    }
+
+    /// A buffer of at least `len` bytes: a pooled one of its class, or a new registration
+    /// when none is idle and `max_pool_bytes` allows.
+    pub fn acquire(&self, len: usize) -> Result<PooledBuffer<C>> {
+        let too_large = || Error::LimitExceeded {
+            limit: "max_pool_bytes",
+            value: len as u64,
+            max: self.0.config.max_total_bytes as u64,
+            hint: "raise PoolConfig::max_total_bytes (--max-pool-bytes) or send less".into(),
+        };
+        let (class, size) = self.class_of(len).ok_or_else(too_large)?;
+        let reused = {
+            let mut free = self.0.free.lock();
+            free.get_mut(class).and_then(Vec::pop)
+        };
+        let buf = match reused {
+            Some(b) => {
+                self.0.idle_bytes.fetch_sub(size, Ordering::AcqRel);
+                b
+            }
+            None => {
+                let max = self.0.config.max_total_bytes;
+                let reserved = self.0.registered_bytes.fetch_update(
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                    |cur| cur.checked_add(size).filter(|n| *n <= max),
+                );
+                if reserved.is_err() {
+                    return Err(Error::LimitExceeded {
+                        limit: "max_pool_bytes",
+                        value: (self.0.registered_bytes.load(Ordering::Acquire) + size) as u64,
+                        max: max as u64,
+                        hint: "raise PoolConfig::max_total_bytes (--max-pool-bytes); calls fall back to TCP_STREAM meanwhile".into(),
+                    });
+                }
+                match RegisteredBuffer::new(
+                    self.0.memory.clone(),
+                    self.0.comm.clone(),
+                    size,
+                    self.0.access,
+                ) {
+                    Ok(b) => {
+                        self.0.registrations.fetch_add(1, Ordering::Relaxed);
+                        b
+                    }
+                    Err(e) => {
+                        self.0.registered_bytes.fetch_sub(size, Ordering::AcqRel);
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        self.0.in_use_bytes.fetch_add(size, Ordering::AcqRel);
+        Ok(PooledBuffer {
+            buf: Some(buf),
+            class,
+            pool: self.0.clone(),
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> PoolStats {
+        PoolStats {
+            registered_bytes: self.0.registered_bytes.load(Ordering::Acquire),
+            in_use_bytes: self.0.in_use_bytes.load(Ordering::Acquire),
+            registrations: self.0.registrations.load(Ordering::Relaxed),
+            deregistrations: self.0.deregistrations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Deregisters every idle buffer.
+    pub fn trim(&self) {
+        let all: Vec<_> = std::mem::take(&mut *self.0.free.lock());
+        for class in all {
+            for b in class {
+                self.0.idle_bytes.fetch_sub(b.len(), Ordering::AcqRel);
+                self.0.release(b);
+            }
+        }
+    }
+}
+
+/// A registered buffer lent by a [`BufferPool`]; returns to it on drop.
+pub struct PooledBuffer<C: Communicator> {
+    buf: Option<RegisteredBuffer<HostMemory, C>>,
+    class: usize,
+    pool: Arc<Inner<C>>,
+}
+
+impl<C: Communicator> PooledBuffer<C> {
+    fn inner(&self) -> &RegisteredBuffer<HostMemory, C> {
+        self.buf.as_ref().expect("present until drop")
+    }
+
+    /// The registered buffer (for transfer descriptors and export).
+    pub fn registered(&self) -> &RegisteredBuffer<HostMemory, C> {
+        self.inner()
+    }
+
+    /// Its length (the size class, at least what was asked for).
+    pub fn len(&self) -> usize {
+        self.inner().len()
+    }
+
+    /// True for a zero-length buffer (never: classes start at 4 KiB).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Copies `src` to the start of the buffer.
+    pub fn fill(&self, src: &[u8]) -> Result<()> {
+        self.inner().write_at(0, &MemSpan::host(src))
+    }
+
+    /// The first `len` bytes, read in place.
+    ///
+    /// The bytes are only meaningful once every transfer into the buffer has completed;
+    /// callers hand out views only after that (the DMA rule of [`ConnBuffer`]).
+    pub fn as_slice(&self, len: usize) -> Result<&[u8]> {
+        hmc_core::check_bounds("pooled buffer", 0, len as u64, self.len() as u64)?;
+        let r = self.inner().region();
+        #[allow(unsafe_code)]
+        // SAFETY: `r` is this host allocation (HostMemory), alive while `self` is; `len` is
+        // within it (checked above). Peers write it only during transfers the owner awaits
+        // before reading, so no write races the returned shared borrow in correct use.
+        let s = unsafe { std::slice::from_raw_parts(r.addr as *const u8, len) };
+        Ok(s)
+    }
+
+    /// Deregisters and frees the buffer instead of returning it: for buffers a peer may
+    /// still be writing (a call abandoned mid-transfer).
+    pub fn discard(mut self) {
+        if let Some(b) = self.buf.take() {
+            let len = b.len();
+            self.pool.in_use_bytes.fetch_sub(len, Ordering::AcqRel);
+            self.pool.release(b);
+        }
+    }
+
+    /// The first `len` bytes as [`Bytes`] that keep the buffer until dropped (no copy).
+    pub fn into_bytes(self, len: usize) -> Result<Bytes> {
+        self.as_slice(len)?;
+        Ok(Bytes::from_owner(View { buf: self, len }))
+    }
+}
+
+impl<C: Communicator> std::fmt::Debug for PooledBuffer<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledBuffer")
+            .field("len", &self.buf.as_ref().map(|b| b.len()))
+            .field("class", &self.class)
+            .finish()
+    }
+}
+
+impl<C: Communicator> Drop for PooledBuffer<C> {
+    fn drop(&mut self) {
+        let Some(b) = self.buf.take() else { return };
+        let len = b.len();
+        self.pool.in_use_bytes.fetch_sub(len, Ordering::AcqRel);
+        let keep = self
+            .pool
+            .idle_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                cur.checked_add(len)
+                    .filter(|n| *n <= self.pool.config.max_idle_bytes)
+            })
+            .is_ok();
+        if keep {
+            let mut free = self.pool.free.lock();
+            if free.len() <= self.class {
+                free.resize_with(self.class + 1, Vec::new);
+            }
+            free[self.class].push(b);
+        } else {
+            self.pool.release(b);
+        }
+    }
+}
+
+/// `Bytes` owner over the first `len` bytes of a pooled buffer.
+pub(crate) struct View<C: Communicator> {
+    pub(crate) buf: PooledBuffer<C>,
+    pub(crate) len: usize,
+}
+
+impl<C: Communicator> AsRef<[u8]> for View<C> {
+    fn as_ref(&self) -> &[u8] {
+        self.buf.as_slice(self.len).unwrap_or(&[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn tcp() -> Arc<hmc_transport_tcp::TcpCommunicator> {
+        Arc::new(
+            hmc_transport_tcp::TcpCommunicator::bind(
+                &"tcp://127.0.0.1:0".parse().unwrap(),
+                Default::default(),
+            )
+            .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn buffers_are_reused_by_class_and_bounded_in_total() {
+        let comm = tcp().await;
+        let pool = BufferPool::new(
+            comm.clone(),
+            Access::READ,
+            PoolConfig {
+                max_total_bytes: 1 << 20,
+                ..PoolConfig::default()
+            },
+        );
+        let a = pool.acquire(100_000).unwrap();
+        assert_eq!(a.len(), 128 << 10);
+        drop(a);
+        let b = pool.acquire(70_000).unwrap();
+        assert_eq!(pool.stats().registrations, 1, "the idle buffer is reused");
+        let big = pool.acquire(1 << 20).unwrap_err();
+        assert!(big.to_string().contains("max_pool_bytes"), "{big}");
+        b.discard();
+        let s = pool.stats();
+        assert_eq!(
+            (s.registered_bytes, s.in_use_bytes, s.deregistrations),
+            (0, 0, 1)
+        );
+        assert_eq!(comm.registered_bytes(), 0, "released exactly once");
+        let c = pool.acquire(5).unwrap();
+        c.fill(b"hello").unwrap();
+        let bytes = c.into_bytes(5).unwrap();
+        assert_eq!(&bytes[..], b"hello");
+        drop(bytes);
+        pool.trim();
+        assert_eq!(comm.registered_bytes(), 0);
+        assert_eq!(pool.stats().registered_bytes, 0);
+    }
+}
