@@ -14,7 +14,9 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 use crate::codec::{CodecError, RpcCodec};
-use crate::data_plane::{ClientDp, DataPlaneConfig, DataPlaneStats, NoDataPlane, PreparedCall};
+use crate::data_plane::{
+    ClientDataPlane, DataPlaneConfig, DataPlaneStats, NoDataPlane, PreparedCall,
+};
 use crate::frame::Status;
 use crate::net::Stream;
 use crate::proto::{ClientConn, ClientEvent, ConnConfig, StartError};
@@ -163,7 +165,7 @@ struct Inner {
 /// An RPC client over one persistent connection. Cheap to clone; clones share it.
 pub struct Client<C: Communicator = NoDataPlane> {
     inner: Arc<Inner>,
-    dp: Option<Arc<ClientDp<C>>>,
+    dp: Option<Arc<ClientDataPlane<C>>>,
 }
 
 impl<C: Communicator> Clone for Client<C> {
@@ -207,9 +209,17 @@ impl<C: Communicator> Client<C> {
         data_plane: Arc<D>,
         config: DataPlaneConfig,
     ) -> Client<D> {
+        self.with_client_data_plane(Arc::new(ClientDataPlane::new(data_plane, config)))
+    }
+
+    /// Attaches a data plane shared with other clients (one pool of registered buffers).
+    pub fn with_client_data_plane<D: Communicator>(
+        self,
+        data_plane: Arc<ClientDataPlane<D>>,
+    ) -> Client<D> {
         Client {
             inner: self.inner,
-            dp: Some(Arc::new(ClientDp::new(data_plane, config))),
+            dp: Some(data_plane),
         }
     }
 
@@ -387,7 +397,7 @@ impl<C: Communicator> Client<C> {
 /// Ends an HMC_BUFFER call: buffers go back to the pool after an OK answer, and are
 /// discarded after anything else (the server may still be transferring).
 fn finish_buffer_call<C: Communicator>(
-    dp: &ClientDp<C>,
+    dp: &ClientDataPlane<C>,
     prep: PreparedCall<C>,
     r: Result<Reply, CallError>,
 ) -> Result<Bytes, CallError> {

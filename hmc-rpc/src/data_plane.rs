@@ -64,6 +64,8 @@ pub struct DataPlaneStats {
     pub fallbacks: u64,
     /// Calls that failed on the data plane (answered DATA_PLANE or BAD_PAYLOAD).
     pub failures: u64,
+    /// Server: data-plane endpoints cached now (one per client address in use).
+    pub endpoints: usize,
     /// The buffer pool.
     pub pool: PoolStats,
 }
@@ -86,6 +88,7 @@ impl Counters {
             buffer_responses: self.buffer_responses.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
+            endpoints: 0,
             pool,
         }
     }
@@ -196,11 +199,28 @@ pub(crate) enum Served {
 /// Runs the handler on the pulled payload.
 pub(crate) type RunHandler = Box<dyn FnOnce(Bytes) -> BoxFuture<'static, HandlerResult> + Send>;
 
+/// The data-plane addresses one RPC connection's calls used. A cached endpoint lives while
+/// some open RPC connection uses it, so connect/call/disconnect cycles leave nothing behind.
+#[derive(Default)]
+pub(crate) struct ConnUse {
+    /// `None` once the connection has closed.
+    addrs: Mutex<Option<std::collections::HashSet<PeerAddr>>>,
+}
+
+impl ConnUse {
+    pub(crate) fn new() -> Self {
+        ConnUse {
+            addrs: Mutex::new(Some(Default::default())),
+        }
+    }
+}
+
 /// The server's data plane, type-erased so the server's shared state stays non-generic.
 pub(crate) trait ServerPlane: Send + Sync + 'static {
     /// Pulls the payload `desc` describes, runs `run`, pushes a large response.
     fn serve(
         self: Arc<Self>,
+        conn: Arc<ConnUse>,
         desc: Bytes,
         len: u64,
         deadline: Deadline,
@@ -208,11 +228,15 @@ pub(crate) trait ServerPlane: Send + Sync + 'static {
     ) -> BoxFuture<'static, Served>;
     /// Counters.
     fn stats(&self) -> DataPlaneStats;
+    /// The connection closed: endpoints no other open connection uses are dropped.
+    fn release(&self, conn: &ConnUse);
 }
 
 struct Peer<C: Communicator> {
     ep: C::Endpoint,
     keys: Mutex<HashMap<Vec<u8>, Arc<C::RemoteKey>>>,
+    /// Open RPC connections whose calls used this endpoint.
+    users: AtomicU64,
 }
 
 /// The server half of HMC_BUFFER over any communicator.
@@ -235,15 +259,43 @@ impl<C: Communicator> ServerDp<C> {
         }
     }
 
-    async fn peer(&self, addr: &PeerAddr, deadline: Deadline) -> Result<Arc<Peer<C>>> {
-        if let Some(p) = self.peers.lock().get(addr) {
-            return Ok(p.clone());
+    async fn peer(
+        &self,
+        conn: &ConnUse,
+        addr: &PeerAddr,
+        deadline: Deadline,
+    ) -> Result<Arc<Peer<C>>> {
+        let cached = self.peers.lock().get(addr).cloned();
+        let p = match cached {
+            Some(p) => p,
+            None => self.connect(conn, addr, deadline).await?,
+        };
+        // Count this connection as a user of the endpoint (once).
+        let mut addrs = conn.addrs.lock();
+        if let Some(set) = addrs.as_mut()
+            && set.insert(addr.clone())
+        {
+            p.users.fetch_add(1, Ordering::AcqRel);
         }
+        Ok(p)
+    }
+
+    async fn connect(
+        &self,
+        conn: &ConnUse,
+        addr: &PeerAddr,
+        deadline: Deadline,
+    ) -> Result<Arc<Peer<C>>> {
         let ep = self.comm.connect(addr, deadline).await?;
         let p = Arc::new(Peer {
             ep,
             keys: Mutex::new(HashMap::new()),
+            users: AtomicU64::new(0),
         });
+        if conn.addrs.lock().is_none() {
+            // The RPC connection is gone: use the endpoint for this call only.
+            return Ok(p);
+        }
         let mut peers = self.peers.lock();
         if peers.len() >= self.config.max_peers {
             tracing::debug!(
@@ -301,6 +353,7 @@ impl<C: Communicator> ServerDp<C> {
 
     async fn serve_inner(
         self: Arc<Self>,
+        conn: Arc<ConnUse>,
         desc: Bytes,
         len: u64,
         deadline: Deadline,
@@ -315,7 +368,7 @@ impl<C: Communicator> ServerDp<C> {
             )));
         }
         let len = len as usize;
-        let peer = self.peer(&d.reply_to, deadline).await.map_err(|e| {
+        let peer = self.peer(&conn, &d.reply_to, deadline).await.map_err(|e| {
             dp_error(format!(
                 "connecting to the client's data plane at {}: {e}",
                 d.reply_to
@@ -425,6 +478,7 @@ impl<C: Communicator> ServerDp<C> {
 impl<C: Communicator> ServerPlane for ServerDp<C> {
     fn serve(
         self: Arc<Self>,
+        conn: Arc<ConnUse>,
         desc: Bytes,
         len: u64,
         deadline: Deadline,
@@ -432,7 +486,7 @@ impl<C: Communicator> ServerPlane for ServerDp<C> {
     ) -> BoxFuture<'static, Served> {
         Box::pin(async move {
             let me = self.clone();
-            match self.serve_inner(desc, len, deadline, run).await {
+            match self.serve_inner(conn, desc, len, deadline, run).await {
                 Ok(s) => s,
                 Err(e) => {
                     Counters::bump(&me.counters.failures);
@@ -444,7 +498,28 @@ impl<C: Communicator> ServerPlane for ServerDp<C> {
     }
 
     fn stats(&self) -> DataPlaneStats {
-        self.counters.stats(self.pool.stats())
+        DataPlaneStats {
+            endpoints: self.peers.lock().len(),
+            ..self.counters.stats(self.pool.stats())
+        }
+    }
+
+    fn release(&self, conn: &ConnUse) {
+        let Some(addrs) = conn.addrs.lock().take() else {
+            return;
+        };
+        let mut peers = self.peers.lock();
+        for a in addrs {
+            if let Some(p) = peers.get(&a) {
+                let left = p
+                    .users
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                    .map_or(0, |prev| prev - 1);
+                if left == 0 {
+                    peers.remove(&a);
+                }
+            }
+        }
     }
 }
 
@@ -460,8 +535,10 @@ impl<C: Communicator> AsRef<[u8]> for SharedView<C> {
     }
 }
 
-/// The client half of HMC_BUFFER.
-pub(crate) struct ClientDp<C: Communicator> {
+/// The client half of HMC_BUFFER: the communicator and its buffer pool. Share one among
+/// clients ([`crate::Client::with_client_data_plane`]) so that reconnecting clients reuse
+/// the same registered buffers.
+pub struct ClientDataPlane<C: Communicator> {
     pub(crate) comm: Arc<C>,
     pool: BufferPool<C>,
     pub(crate) config: DataPlaneConfig,
@@ -507,9 +584,10 @@ impl<C: Communicator> Drop for PreparedCall<C> {
     }
 }
 
-impl<C: Communicator> ClientDp<C> {
-    pub(crate) fn new(comm: Arc<C>, config: DataPlaneConfig) -> Self {
-        ClientDp {
+impl<C: Communicator> ClientDataPlane<C> {
+    /// A data plane over `comm` with an empty pool.
+    pub fn new(comm: Arc<C>, config: DataPlaneConfig) -> Self {
+        ClientDataPlane {
             pool: BufferPool::new(comm.clone(), Access::READ_WRITE, config.pool),
             comm,
             config,
@@ -562,7 +640,8 @@ impl<C: Communicator> ClientDp<C> {
         Counters::bump(&self.counters.buffer_responses);
     }
 
-    pub(crate) fn stats(&self) -> DataPlaneStats {
+    /// Counters (shared by every client using this data plane).
+    pub fn stats(&self) -> DataPlaneStats {
         self.counters.stats(self.pool.stats())
     }
 }

@@ -41,6 +41,7 @@ pub mod demo;
 pub mod dispatch;
 pub mod frame;
 mod net;
+pub mod plane;
 pub mod pool;
 pub mod proto;
 pub mod server;
@@ -48,7 +49,9 @@ pub mod tuning;
 
 pub use client::{BlockingClient, CallError, CallOptions, Client, ClientConfig};
 pub use codec::{CodecError, RpcCodec};
-pub use data_plane::{DataPlaneConfig, DataPlaneStats, NoDataPlane, NoRegistration};
+pub use data_plane::{
+    ClientDataPlane, DataPlaneConfig, DataPlaneStats, NoDataPlane, NoRegistration,
+};
 pub use dispatch::{CallContext, CancelToken, Dispatcher, RpcError};
 pub use frame::{Flags, FrameHeader, FrameKind, FrameLimits, PayloadMode, Status};
 pub use pool::{BufferPool, PoolConfig, PoolStats, PooledBuffer};

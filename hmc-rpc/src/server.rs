@@ -16,7 +16,8 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
 use crate::data_plane::{
-    DataPlaneConfig, DataPlaneStats, NoDataPlane, RunHandler, Served, ServerDp, ServerPlane,
+    ConnUse, DataPlaneConfig, DataPlaneStats, NoDataPlane, RunHandler, Served, ServerDp,
+    ServerPlane,
 };
 use crate::dispatch::{CallContext, CancelToken, Dispatcher, Handler, HandlerResult, RpcError};
 use crate::frame::PayloadMode;
@@ -275,6 +276,7 @@ async fn serve_connection(
 ) {
     let (mut rd, wr) = stream.into_split();
     let mut core = ServerConn::new(shared.config.conn.clone(), Instant::now());
+    let conn_use = Arc::new(ConnUse::new());
     if shared.dp.is_some() {
         core.enable_hmc_buffer();
     }
@@ -290,7 +292,7 @@ async fn serve_connection(
         while let Some(ev) = core.poll_event() {
             match ev {
                 ServerEvent::Call(call) => {
-                    start_call(&shared, &mut core, &mut tokens, &done_tx, call)
+                    start_call(&shared, &conn_use, &mut core, &mut tokens, &done_tx, call)
                 }
                 ServerEvent::Abandon { request_id, .. } => {
                     if let Some(t) = tokens.remove(&request_id) {
@@ -366,6 +368,9 @@ async fn serve_connection(
     for (_, t) in tokens {
         t.cancel();
     }
+    if let Some(dp) = &shared.dp {
+        dp.release(&conn_use);
+    }
 }
 
 async fn sleep_until(t: Option<Instant>) {
@@ -393,6 +398,7 @@ fn respond(core: &mut ServerConn, c: Completion, now: Instant) {
 
 fn start_call(
     shared: &Arc<Shared>,
+    conn_use: &Arc<ConnUse>,
     core: &mut ServerConn,
     tokens: &mut std::collections::HashMap<u64, CancelToken>,
     done: &mpsc::UnboundedSender<Completion>,
@@ -456,9 +462,10 @@ fn start_call(
         let token = ctx.cancel.clone();
         let run = runner(shared.clone(), handler.clone(), ctx);
         let len = call.payload_len;
+        let conn_use = conn_use.clone();
         tokio::spawn(async move {
             let served = tokio::select! {
-                s = dp.serve(payload, len, deadline, run) => s,
+                s = dp.serve(conn_use, payload, len, deadline, run) => s,
                 _ = token.cancelled() => Served::Answer(Err(RpcError::new(Status::CANCELLED, "cancelled"))),
             };
             drop(permit);

@@ -368,6 +368,37 @@ async fn many_large_calls_from_many_connections_at_once() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_lives_while_a_connection_from_its_client_is_open() {
+    let s = server(Some(tcp_comm()), DataPlaneConfig::default()).await;
+    let comm = tcp_comm();
+    for _ in 0..3 {
+        let a = client(&s, comm.clone(), DataPlaneConfig::default()).await;
+        let b = client(&s, comm.clone(), DataPlaneConfig::default()).await;
+        let p = pattern(1 << 20, 1);
+        assert_eq!(a.call(demo::ECHO, p.clone()).await.unwrap(), p);
+        assert_eq!(b.call(demo::ECHO, p.clone()).await.unwrap(), p);
+        assert_eq!(s.data_plane_stats().unwrap().endpoints, 1, "shared by both");
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            s.data_plane_stats().unwrap().endpoints,
+            1,
+            "b still uses it"
+        );
+        drop(b);
+        let mut left = usize::MAX;
+        for _ in 0..50 {
+            left = s.data_plane_stats().unwrap().endpoints;
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(left, 0, "dropped with its last connection");
+    }
+}
+
 #[tokio::test]
 async fn a_server_without_a_data_plane_reports_none() {
     let s = server::<TcpCommunicator>(None, DataPlaneConfig::default()).await;

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use hmc_core::PeerAddr;
-use hmc_rpc::{ConnConfig, Dispatcher, Server, ServerConfig, demo};
+use hmc_rpc::plane::{DataPlaneKind, open_data_plane};
+use hmc_rpc::{ConnConfig, DataPlaneConfig, Dispatcher, PoolConfig, Server, ServerConfig, demo};
 
 #[derive(Parser, Debug)]
 #[command(about = "HMC RPC demo server: echo (1), uppercase (2), complex (3)")]
@@ -39,6 +40,15 @@ struct Args {
     /// Close connections idle this long (seconds).
     #[arg(long, default_value_t = 60)]
     idle_timeout_secs: u64,
+    /// Data plane for HMC_BUFFER payloads (clients must use the same one).
+    #[arg(long, value_enum, default_value = "none")]
+    data_plane: DataPlaneKind,
+    /// Responses from this many bytes are written into the client's region one-sided.
+    #[arg(long, default_value_t = 64 * 1024)]
+    ucx_threshold: usize,
+    /// Bytes the data plane may register at once (`max_pool_bytes`).
+    #[arg(long, default_value_t = 1 << 30)]
+    max_pool_bytes: usize,
 }
 
 fn main() -> std::process::ExitCode {
@@ -86,14 +96,37 @@ async fn run(args: Args) -> hmc_core::Result<()> {
         workers: args.workers.max(1),
         ..ServerConfig::default()
     };
-    let mut servers = Vec::new();
-    let tcp = PeerAddr::Tcp(SocketAddr::new(args.bind_address, args.port));
-    servers.push(Server::new(d.clone(), config.clone()).bind(&tcp).await?);
+    let dp = open_data_plane(args.data_plane, args.bind_address)?.map(std::sync::Arc::new);
+    let dp_config = DataPlaneConfig {
+        threshold: args.ucx_threshold,
+        pool: PoolConfig {
+            max_total_bytes: args.max_pool_bytes,
+            ..PoolConfig::default()
+        },
+        ..DataPlaneConfig::default()
+    };
+    let mut addrs = vec![PeerAddr::Tcp(SocketAddr::new(args.bind_address, args.port))];
     if let Some(p) = &args.uds_path {
-        servers.push(
-            Server::new(d, config)
-                .bind(&PeerAddr::Unix(p.clone()))
-                .await?,
+        addrs.push(PeerAddr::Unix(p.clone()));
+    }
+    let mut servers = Vec::new();
+    for a in &addrs {
+        let s = Server::new(d.clone(), config.clone());
+        servers.push(match &dp {
+            Some(dp) => {
+                s.with_data_plane(dp.clone())
+                    .data_plane_config(dp_config)
+                    .bind(a)
+                    .await?
+            }
+            None => s.bind(a).await?,
+        });
+    }
+    if let Some(dp) = &dp {
+        eprintln!(
+            "hmc-rpc-server data plane {:?} at {}",
+            args.data_plane,
+            hmc_core::Communicator::address(&**dp)
         );
     }
     for s in &servers {
