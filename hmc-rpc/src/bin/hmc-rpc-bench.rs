@@ -1,6 +1,8 @@
 //! `hmc-rpc-bench`: echo throughput and latency over a matrix of payload size x clients x
 //! pipeline depth, every response verified, side by side with a raw TCP ping-pong baseline
-//! and the tonic (gRPC) peer; prints a markdown table with ratios and writes CSV.
+//! and the tonic (gRPC) peer; prints a markdown table with ratios and writes CSV. With
+//! `--data-planes tcp,ucx` it adds HMC_BUFFER rows (a server started with `--data-plane`)
+//! beside the TCP_STREAM path and, for UCX, `ucx_perftest -t tag_bw` on the same `UCX_TLS`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -11,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use clap::Parser;
-use hmc_core::PeerAddr;
-use hmc_rpc::{Client, ClientConfig, demo};
+use hmc_core::{Communicator, PeerAddr};
+use hmc_rpc::plane::{DataPlaneKind, open_data_plane};
+use hmc_rpc::{Client, ClientConfig, ClientDataPlane, DataPlaneConfig, NoDataPlane, demo};
 
 #[derive(Parser, Debug)]
 #[command(about = "HMC RPC echo benchmark beside raw TCP and tonic")]
@@ -53,6 +56,18 @@ struct Args {
     /// Where to write the CSV.
     #[arg(long, default_value = "target/hmc-rpc-bench.csv")]
     csv: PathBuf,
+    /// Data planes for HMC_BUFFER rows, comma-separated (`tcp`, `ucx`); none by default.
+    #[arg(long, value_delimiter = ',')]
+    data_planes: Vec<DataPlaneKind>,
+    /// Payload sizes of the HMC_BUFFER rows.
+    #[arg(long, default_value = "1048576", value_delimiter = ',')]
+    dp_sizes: Vec<usize>,
+    /// Payloads from this many bytes go HMC_BUFFER (server and client).
+    #[arg(long, default_value_t = 64 * 1024)]
+    ucx_threshold: usize,
+    /// The ucx_perftest binary for the tag_bw reference (skipped with a note when absent).
+    #[arg(long, default_value = "ucx_perftest")]
+    ucx_perftest: PathBuf,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -108,16 +123,55 @@ async fn bench_hmc(
     secs: f64,
     stream_crc: bool,
 ) -> Result<Cell, String> {
-    let mut conns = Vec::new();
+    bench_hmc_dp::<NoDataPlane>(addr, size, clients, depth, secs, stream_crc, None).await
+}
+
+async fn bench_hmc_dp<C: Communicator>(
+    addr: &PeerAddr,
+    size: usize,
+    clients: usize,
+    depth: usize,
+    secs: f64,
+    stream_crc: bool,
+    dp: Option<Arc<ClientDataPlane<C>>>,
+) -> Result<Cell, String> {
     let mut config = ClientConfig::default();
     config.conn.stream_crc = stream_crc;
-    for _ in 0..clients {
-        conns.push(
-            Client::connect(addr, config.clone())
-                .await
-                .map_err(|e| e.to_string())?,
-        );
+    match dp {
+        None => {
+            let mut conns = Vec::new();
+            for _ in 0..clients {
+                conns.push(
+                    Client::connect(addr, config.clone())
+                        .await
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+            bench_conns(conns, size, depth, secs, "hmc-rpc").await
+        }
+        Some(dp) => {
+            let mut conns = Vec::new();
+            for _ in 0..clients {
+                conns.push(
+                    Client::connect(addr, config.clone())
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .with_client_data_plane(dp.clone()),
+                );
+            }
+            bench_conns(conns, size, depth, secs, "hmc-rpc-buffer").await
+        }
     }
+}
+
+async fn bench_conns<C: Communicator>(
+    conns: Vec<Client<C>>,
+    size: usize,
+    depth: usize,
+    secs: f64,
+    system: &'static str,
+) -> Result<Cell, String> {
+    let clients = conns.len();
     let template: Arc<Vec<u8>> = Arc::new((0..size).map(|i| (i % 251) as u8).collect());
     // Warm up each connection.
     for c in &conns {
@@ -162,7 +216,154 @@ async fn bench_hmc(
         all.extend(t.await.map_err(|e| e.to_string())??);
     }
     let el = start.elapsed().as_secs_f64();
-    Ok(cell_from("hmc-rpc", size, clients, depth, all, el))
+    Ok(cell_from(system, size, clients, depth, all, el))
+}
+
+/// `ucx_perftest -t tag_bw -s SIZE` as two child processes (server without an address,
+/// client with 127.0.0.1) on the current `UCX_TLS`; the overall bandwidth in bytes/s.
+fn ucx_tag_bw(bin: &PathBuf, size: usize) -> Result<f64, String> {
+    let port = free_port().to_string();
+    let size = size.to_string();
+    let iters = "2000";
+    let server = Command::new(bin)
+        .args(["-t", "tag_bw", "-s", &size, "-n", iters, "-p", &port])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", bin.display()))?;
+    let _server = Proc(server);
+    let mut last = String::new();
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let out = Command::new(bin)
+            .args([
+                "127.0.0.1",
+                "-t",
+                "tag_bw",
+                "-s",
+                &size,
+                "-n",
+                iters,
+                "-p",
+                &port,
+            ])
+            .output()
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if let Some(line) = text.lines().find(|l| l.starts_with("Final:")) {
+            // Final: iterations, 50%ile, avg, overall (usec), bandwidth avg, overall (MB/s), …
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let mbps: f64 = f
+                .get(6)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| format!("unexpected ucx_perftest line `{line}`"))?;
+            return Ok(mbps * 1024.0 * 1024.0);
+        }
+        last = format!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    }
+    Err(format!("ucx_perftest client never reported: {last}"))
+}
+
+struct DpRow {
+    plane: DataPlaneKind,
+    buffer: Cell,
+    stream: Option<Cell>,
+    tag_bw: Option<f64>,
+}
+
+/// HMC_BUFFER rows: a server with `--data-plane`, clients with the same data plane.
+async fn bench_data_planes(
+    args: &Args,
+    server_bin: &PathBuf,
+    stream_cells: &[(Cell, Option<Cell>)],
+) -> Result<Vec<DpRow>, String> {
+    let mut rows = Vec::new();
+    for &plane in &args.data_planes {
+        let port = free_port();
+        let mut server = Command::new(server_bin)
+            .env("GLIBC_TUNABLES", hmc_rpc::tuning::GLIBC_TUNABLES)
+            .args(["--port", &port.to_string()])
+            .args(["--workers", &args.server_workers.to_string()])
+            .args(["--max-inflight", "256", "--max-connections", "1024"])
+            .args(["--stream-crc", &args.stream_crc.to_string()])
+            .args(["--data-plane", &format!("{plane:?}").to_lowercase()])
+            .args(["--ucx-threshold", &args.ucx_threshold.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        BufReader::new(server.stdout.take().unwrap())
+            .read_line(&mut line)
+            .map_err(|e| e.to_string())?;
+        let _server = Proc(server);
+        if line.is_empty() {
+            eprintln!("note: the server could not start with --data-plane {plane:?}; skipping it");
+            continue;
+        }
+        let comm = match open_data_plane(plane, [127, 0, 0, 1].into()) {
+            Ok(Some(c)) => Arc::new(c),
+            Ok(None) => continue,
+            Err(e) => {
+                eprintln!("note: data plane {plane:?} unavailable here ({e}); skipping it");
+                continue;
+            }
+        };
+        let dp = Arc::new(ClientDataPlane::new(
+            comm,
+            DataPlaneConfig {
+                threshold: args.ucx_threshold,
+                ..DataPlaneConfig::default()
+            },
+        ));
+        let addr = PeerAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], port)));
+        for &size in &args.dp_sizes {
+            let tag_bw = if plane == DataPlaneKind::Ucx {
+                match ucx_tag_bw(&args.ucx_perftest, size) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        eprintln!("note: ucx_perftest: {e}");
+                        None
+                    }
+                }
+            } else {
+                None
+            };
+            for &clients in &args.clients {
+                for &depth in &args.depths {
+                    eprintln!(
+                        "HMC_BUFFER over {plane:?}: {} x {clients} client(s) x {depth} in flight",
+                        fmt_size(size)
+                    );
+                    let buffer = bench_hmc_dp(
+                        &addr,
+                        size,
+                        clients,
+                        depth,
+                        args.seconds,
+                        args.stream_crc,
+                        Some(dp.clone()),
+                    )
+                    .await?;
+                    let stream = stream_cells
+                        .iter()
+                        .find(|(h, _)| h.size == size && h.clients == clients && h.depth == depth)
+                        .map(|(h, _)| h.clone());
+                    rows.push(DpRow {
+                        plane,
+                        buffer,
+                        stream,
+                        tag_bw,
+                    });
+                }
+            }
+        }
+        let st = dp.stats();
+        eprintln!(
+            "  client data plane: {} HMC_BUFFER calls, {} fallbacks, {} failures, {} registrations",
+            st.buffer_calls, st.fallbacks, st.failures, st.pool.registrations
+        );
+    }
+    Ok(rows)
 }
 
 /// Blocking TCP ping-pong: one connection, one message in flight, `size` bytes each way.
@@ -414,6 +615,8 @@ async fn run(args: Args) -> Result<(), String> {
         }
     }
 
+    let dp_rows = bench_data_planes(&args, &server_bin, &cells).await?;
+
     println!(
         "## hmc-rpc echo vs tonic (same run, {} s per cell; hmc-rpc: stream CRC {}, client runtime {}, server workers {}; tonic: tokio default runtime)\n",
         args.seconds,
@@ -487,6 +690,43 @@ async fn run(args: Args) -> Result<(), String> {
         }
     }
 
+    if !dp_rows.is_empty() {
+        println!(
+            "\n## HMC_BUFFER echo vs TCP_STREAM and ucx_perftest tag_bw (bytes moved = request + response; UCX_TLS={})\n",
+            std::env::var("UCX_TLS").unwrap_or_else(|_| "(UCX default)".into())
+        );
+        println!(
+            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s | vs tag_bw |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        for r in &dp_rows {
+            let moved = 2.0 * r.buffer.mbps;
+            let (stream, vs_stream) = match &r.stream {
+                Some(s) => (
+                    format!("{:.1}", 2.0 * s.mbps),
+                    format!("{:.2}x", r.buffer.mbps / s.mbps.max(1e-9)),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            let (tag, vs_tag) = match r.tag_bw {
+                Some(b) => (
+                    format!("{:.1}", b / 1e6),
+                    format!("{:.0}%", 100.0 * moved * 1e6 / b),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            println!(
+                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} |",
+                r.plane,
+                fmt_size(r.buffer.size),
+                r.buffer.clients,
+                r.buffer.depth,
+                r.buffer.rps,
+                r.buffer.p50
+            );
+        }
+    }
+
     if let Some(dir) = args.csv.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
@@ -497,6 +737,7 @@ async fn run(args: Args) -> Result<(), String> {
         .iter()
         .flat_map(|(h, t)| std::iter::once(h).chain(t.iter()))
         .chain(raw.iter())
+        .chain(dp_rows.iter().map(|r| &r.buffer))
     {
         csv.push_str(&format!(
             "{},{},{},{},{},{:.1},{:.3},{:.1},{:.1},{:.1}\n",
