@@ -7,7 +7,7 @@
 //! big-endian header, many calls in flight per persistent connection, out-of-order answers,
 //! deadlines on every call, cancel, overload answers instead of silent drops, and graceful
 //! shutdown. Payloads up to 4 KiB travel INLINE; larger ones as bounded DATA chunks
-//! (TCP_STREAM) interleaved with other calls.
+//! (TCP_STREAM) interleaved with other calls, or one-sided over a data plane (HMC_BUFFER).
 //!
 //! # Layers
 //!
@@ -18,19 +18,23 @@
 //! - [`dispatch`]: method table with typed, raw, async and blocking handlers.
 //! - [`server`] and [`client`]: the tokio runtime around the core.
 //!
-//! # What it is not (yet)
+//! # Large payloads over a data plane (HMC_BUFFER)
 //!
-//! The HMC_BUFFER payload mode (one-sided pull/push of large payloads through a
-//! [`hmc_core::Communicator`]) is the next step. The types already carry the parameter:
 //! [`Server<C>`](server::Server) and [`Client<C>`](client::Client) take an optional data
-//! plane `C: Communicator`, defaulting to [`NoDataPlane`], and a peer that sends HMC_BUFFER
-//! today is answered `DATA_PLANE`.
+//! plane `C: Communicator` (default [`NoDataPlane`]). With one on both sides, payloads from
+//! [`DataPlaneConfig::threshold`] (64 KiB) move one-sided: the client lends pooled
+//! registered buffers ([`pool`]) and sends a descriptor, the server pulls the request with a
+//! READ and pushes a large response with a WRITE ([`ClientDataPlane`],
+//! `docs/protocol.md`). [`plane::open_data_plane`] picks the TCP or UCX transport at run time
+//! through [`hmc_core::AnyCommunicator`], as the binaries' `--data-plane` does.
 //!
 //! # Safety
 //!
-//! `unsafe` is denied crate-wide and allowed in two places: [`NoDataPlane`]'s
+//! `unsafe` is denied crate-wide and allowed in three places: [`NoDataPlane`]'s
 //! `Communicator::register`, which the trait declares unsafe and which touches no memory
-//! (it always fails), and [`tuning::tune_allocator`]'s `mallopt` call.
+//! (it always fails), [`tuning::tune_allocator`]'s `mallopt` call, and
+//! [`PooledBuffer::as_slice`], which reads a registered host buffer in place once its
+//! transfers have completed.
 
 #![deny(unsafe_code)]
 
