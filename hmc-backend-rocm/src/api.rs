@@ -5,14 +5,15 @@
 //! `include/hip/hip_runtime_api.h` of ROCm/HIP (also shipped by Hygon's DTK), and is cited
 //! beside its declaration. Only the functions HMC needs are declared, once, here.
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use hmc_core::{Error, Result};
+use hmc_backend_runtime::{CopyDirection, LibrarySpec, RuntimeApi, c_string};
+use hmc_core::{DeviceKind, Error, Result};
 
 /// The library name used in errors.
-pub(crate) const LIBRARY: &str = "libamdhip64";
+const LIBRARY: &str = "libamdhip64";
 
 /// The environment variable naming the library to load instead of the default search.
 pub const LIBRARY_ENV: &str = "HMC_HIP_LIB";
@@ -30,28 +31,28 @@ pub const LIBRARY_CANDIDATES: &[&str] = &[
 /// Oldest runtime accepted: HIP 5.0. `hipRuntimeGetVersion` encodes
 /// `HIP_VERSION_MAJOR * 10000000 + HIP_VERSION_MINOR * 100000 + HIP_VERSION_PATCH`
 /// (hip_runtime_api.h / hip_version.h).
-pub(crate) const MIN_RUNTIME_VERSION: c_int = 50_000_000;
+const MIN_RUNTIME_VERSION: c_int = 50_000_000;
 
 /// `typedef enum hipError_t { hipSuccess = 0, ... } hipError_t;` (hip_runtime_api.h): a C
 /// enum, passed as `int`.
-pub(crate) type HipError = c_int;
+type HipError = c_int;
 /// `hipSuccess = 0` (hip_runtime_api.h, enum hipError_t).
-pub(crate) const HIP_SUCCESS: HipError = 0;
+const HIP_SUCCESS: HipError = 0;
 /// `hipErrorNoDevice = 100` (hip_runtime_api.h, enum hipError_t).
-pub(crate) const HIP_ERROR_NO_DEVICE: HipError = 100;
+const HIP_ERROR_NO_DEVICE: HipError = 100;
 
 /// `typedef enum hipMemcpyKind` (hip_runtime_api.h): `hipMemcpyHostToHost = 0`,
 /// `hipMemcpyHostToDevice = 1`, `hipMemcpyDeviceToHost = 2`, `hipMemcpyDeviceToDevice = 3`,
 /// `hipMemcpyDefault = 4` (never used: we always know the direction).
-pub(crate) type HipMemcpyKind = c_int;
-pub(crate) const HIP_MEMCPY_HOST_TO_DEVICE: HipMemcpyKind = 1;
-pub(crate) const HIP_MEMCPY_DEVICE_TO_HOST: HipMemcpyKind = 2;
-pub(crate) const HIP_MEMCPY_DEVICE_TO_DEVICE: HipMemcpyKind = 3;
+type HipMemcpyKind = c_int;
+const HIP_MEMCPY_HOST_TO_DEVICE: HipMemcpyKind = 1;
+const HIP_MEMCPY_DEVICE_TO_HOST: HipMemcpyKind = 2;
+const HIP_MEMCPY_DEVICE_TO_DEVICE: HipMemcpyKind = 3;
 
 /// `#define hipHostMallocDefault 0x0` (hip_runtime_api.h).
-pub(crate) const HIP_HOST_MALLOC_DEFAULT: c_uint = 0;
+const HIP_HOST_MALLOC_DEFAULT: c_uint = 0;
 /// `#define hipIpcMemLazyEnablePeerAccess 0x01` (hip_runtime_api.h).
-pub(crate) const HIP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+const HIP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 
 /// `#define HIP_IPC_HANDLE_SIZE 64` (hip_runtime_api.h).
 pub const HIP_IPC_HANDLE_SIZE: usize = 64;
@@ -60,8 +61,8 @@ pub const HIP_IPC_HANDLE_SIZE: usize = 64;
 /// hipIpcMemHandle_t;` (hip_runtime_api.h), passed by value to `hipIpcOpenMemHandle`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct HipIpcMemHandle {
-    pub(crate) reserved: [c_char; HIP_IPC_HANDLE_SIZE],
+struct HipIpcMemHandle {
+    reserved: [c_char; HIP_IPC_HANDLE_SIZE],
 }
 
 /// `hipError_t hipRuntimeGetVersion(int* runtimeVersion);`
@@ -94,22 +95,34 @@ type GetErrorNameFn = unsafe extern "C" fn(HipError) -> *const c_char;
 /// `const char* hipGetErrorString(hipError_t hipError);`
 type GetErrorStringFn = unsafe extern "C" fn(HipError) -> *const c_char;
 
-/// The resolved HIP runtime. The function pointers stay valid while `_library` is loaded,
-/// which is as long as this value lives; everything holding a pointer holds an `Arc` of it.
-pub(crate) struct HipApi {
-    pub(crate) path: PathBuf,
-    pub(crate) runtime_version: c_int,
-    pub(crate) get_device_count: GetDeviceCountFn,
-    pub(crate) set_device: SetDeviceFn,
-    pub(crate) malloc: MallocFn,
-    pub(crate) free: FreeFn,
-    pub(crate) host_malloc: HostMallocFn,
-    pub(crate) host_free: HostFreeFn,
-    pub(crate) memcpy: MemcpyFn,
-    pub(crate) mem_get_info: MemGetInfoFn,
-    pub(crate) ipc_get_mem_handle: IpcGetMemHandleFn,
-    pub(crate) ipc_open_mem_handle: IpcOpenMemHandleFn,
-    pub(crate) ipc_close_mem_handle: IpcCloseMemHandleFn,
+/// What the shared loader needs to know about `libamdhip64`.
+const SPEC: LibrarySpec = LibrarySpec {
+    library: LIBRARY,
+    runtime: "the HIP runtime",
+    env: LIBRARY_ENV,
+    candidates: LIBRARY_CANDIDATES,
+    install: "install ROCm (or Hygon DTK) so that libamdhip64.so is on the loader path",
+    missing_symbol: "it is not a HIP runtime HMC supports",
+};
+
+/// The resolved HIP runtime, as [`hmc_backend_runtime::RuntimeApi`] for the generic memory
+/// types ([`crate::RocmMemory`] is `RuntimeMemory<HipApi>`). The function pointers stay
+/// valid while the library is loaded, which is as long as this value lives; everything
+/// holding a pointer holds an `Arc` of it.
+pub struct HipApi {
+    path: PathBuf,
+    runtime_version: c_int,
+    get_device_count: GetDeviceCountFn,
+    set_device: SetDeviceFn,
+    malloc: MallocFn,
+    free: FreeFn,
+    host_malloc: HostMallocFn,
+    host_free: HostFreeFn,
+    memcpy: MemcpyFn,
+    mem_get_info: MemGetInfoFn,
+    ipc_get_mem_handle: IpcGetMemHandleFn,
+    ipc_open_mem_handle: IpcOpenMemHandleFn,
+    ipc_close_mem_handle: IpcCloseMemHandleFn,
     get_error_name: GetErrorNameFn,
     get_error_string: GetErrorStringFn,
     _library: libloading::Library,
@@ -124,64 +137,18 @@ impl std::fmt::Debug for HipApi {
     }
 }
 
-fn unavailable(what: String, reason: String) -> Error {
-    Error::Unavailable {
-        what,
-        reason,
-        hint: format!(
-            "install ROCm (or Hygon DTK) so that libamdhip64.so is on the loader path, or set \
-             {LIBRARY_ENV} to its full path"
-        ),
-    }
-}
-
-/// Resolves one symbol as a function pointer of type `T`.
-///
-/// # Safety
-/// `T` must be the exact C signature of `name` in the library.
-unsafe fn symbol<T: Copy>(lib: &libloading::Library, path: &Path, name: &str) -> Result<T> {
-    // SAFETY: the caller guarantees `T` matches the symbol's C signature.
-    let sym = unsafe { lib.get::<T>(name.as_bytes()) }.map_err(|e| {
-        unavailable(
-            format!("{LIBRARY} at {}", path.display()),
-            format!("it does not export `{name}` ({e}); it is not a HIP runtime HMC supports"),
-        )
-    })?;
-    Ok(*sym)
-}
-
 impl HipApi {
     /// Opens the runtime: `explicit` when given, else `$HMC_HIP_LIB`, else the first of
     /// [`LIBRARY_CANDIDATES`] that loads.
     pub(crate) fn open(explicit: Option<&Path>) -> Result<Arc<HipApi>> {
-        let env = std::env::var_os(LIBRARY_ENV).map(PathBuf::from);
-        let tries: Vec<PathBuf> = match explicit.map(Path::to_path_buf).or(env) {
-            Some(p) => vec![p],
-            None => LIBRARY_CANDIDATES.iter().map(PathBuf::from).collect(),
-        };
-        let mut reasons = Vec::new();
-        for path in tries {
-            // SAFETY: loading a library runs its initialisers; a HIP runtime's initialisers
-            // are designed to run in any process that links or dlopens it.
-            match unsafe { libloading::Library::new(&path) } {
-                Ok(lib) => return Self::resolve(lib, path).map(Arc::new),
-                Err(e) => reasons.push(format!("{}: {e}", path.display())),
-            }
-        }
-        Err(unavailable(
-            format!("the HIP runtime ({LIBRARY})"),
-            format!("could not load it: {}", reasons.join("; ")),
-        ))
+        let (lib, path) = SPEC.load(explicit)?;
+        Self::resolve(lib, path).map(Arc::new)
     }
 
     /// The process-wide runtime for the default search, loaded once on first success.
     pub(crate) fn default_runtime() -> Result<Arc<HipApi>> {
         static DEFAULT: OnceLock<Arc<HipApi>> = OnceLock::new();
-        if let Some(api) = DEFAULT.get() {
-            return Ok(api.clone());
-        }
-        let api = Self::open(None)?;
-        Ok(DEFAULT.get_or_init(|| api).clone())
+        hmc_backend_runtime::default_runtime(&DEFAULT, || Self::open(None))
     }
 
     fn resolve(lib: libloading::Library, path: PathBuf) -> Result<HipApi> {
@@ -189,27 +156,27 @@ impl HipApi {
         // the named function, as cited beside the alias.
         let api = unsafe {
             let runtime_get_version: RuntimeGetVersionFn =
-                symbol(&lib, &path, "hipRuntimeGetVersion")?;
+                SPEC.symbol(&lib, &path, "hipRuntimeGetVersion")?;
             HipApi {
-                get_device_count: symbol(&lib, &path, "hipGetDeviceCount")?,
-                set_device: symbol(&lib, &path, "hipSetDevice")?,
-                malloc: symbol(&lib, &path, "hipMalloc")?,
-                free: symbol(&lib, &path, "hipFree")?,
-                host_malloc: symbol(&lib, &path, "hipHostMalloc")?,
-                host_free: symbol(&lib, &path, "hipHostFree")?,
-                memcpy: symbol(&lib, &path, "hipMemcpy")?,
-                mem_get_info: symbol(&lib, &path, "hipMemGetInfo")?,
-                ipc_get_mem_handle: symbol(&lib, &path, "hipIpcGetMemHandle")?,
-                ipc_open_mem_handle: symbol(&lib, &path, "hipIpcOpenMemHandle")?,
-                ipc_close_mem_handle: symbol(&lib, &path, "hipIpcCloseMemHandle")?,
-                get_error_name: symbol(&lib, &path, "hipGetErrorName")?,
-                get_error_string: symbol(&lib, &path, "hipGetErrorString")?,
+                get_device_count: SPEC.symbol(&lib, &path, "hipGetDeviceCount")?,
+                set_device: SPEC.symbol(&lib, &path, "hipSetDevice")?,
+                malloc: SPEC.symbol(&lib, &path, "hipMalloc")?,
+                free: SPEC.symbol(&lib, &path, "hipFree")?,
+                host_malloc: SPEC.symbol(&lib, &path, "hipHostMalloc")?,
+                host_free: SPEC.symbol(&lib, &path, "hipHostFree")?,
+                memcpy: SPEC.symbol(&lib, &path, "hipMemcpy")?,
+                mem_get_info: SPEC.symbol(&lib, &path, "hipMemGetInfo")?,
+                ipc_get_mem_handle: SPEC.symbol(&lib, &path, "hipIpcGetMemHandle")?,
+                ipc_open_mem_handle: SPEC.symbol(&lib, &path, "hipIpcOpenMemHandle")?,
+                ipc_close_mem_handle: SPEC.symbol(&lib, &path, "hipIpcCloseMemHandle")?,
+                get_error_name: SPEC.symbol(&lib, &path, "hipGetErrorName")?,
+                get_error_string: SPEC.symbol(&lib, &path, "hipGetErrorString")?,
                 runtime_version: {
                     let mut v: c_int = 0;
                     let code = runtime_get_version(&mut v);
                     if code != HIP_SUCCESS {
-                        return Err(unavailable(
-                            format!("{LIBRARY} at {}", path.display()),
+                        return Err(SPEC.unavailable_at(
+                            &path,
                             format!("hipRuntimeGetVersion failed with hipError_t {code}"),
                         ));
                     }
@@ -220,8 +187,8 @@ impl HipApi {
             }
         };
         if api.runtime_version < MIN_RUNTIME_VERSION {
-            return Err(unavailable(
-                format!("{LIBRARY} at {}", api.path.display()),
+            return Err(SPEC.unavailable_at(
+                &api.path,
                 format!(
                     "its runtime version {} is older than HIP 5.0 ({MIN_RUNTIME_VERSION})",
                     api.runtime_version
@@ -234,7 +201,7 @@ impl HipApi {
 
     /// `Ok` for `hipSuccess`, else an [`Error::Device`] naming the library, `function`, the
     /// code, and the runtime's own name and description of the code.
-    pub(crate) fn check(&self, function: &'static str, code: HipError) -> Result<()> {
+    fn check(&self, function: &'static str, code: HipError) -> Result<()> {
         if code == HIP_SUCCESS {
             Ok(())
         } else {
@@ -242,7 +209,7 @@ impl HipApi {
         }
     }
 
-    pub(crate) fn error(&self, function: &'static str, code: HipError) -> Error {
+    fn error(&self, function: &'static str, code: HipError) -> Error {
         // SAFETY: both functions accept any hipError_t value and return a pointer to a
         // static NUL-terminated string (or NULL, handled by `c_string`).
         let (name, text) = unsafe {
@@ -258,23 +225,40 @@ impl HipApi {
             message: format!("{name}: {text}"),
         }
     }
+}
 
-    /// Makes `ordinal` the calling thread's current device (`hipSetDevice`); every call that
-    /// touches device memory is preceded by it, since the current device is per thread.
-    pub(crate) fn bind(&self, ordinal: u32) -> Result<()> {
-        let ordinal = c_int::try_from(ordinal)
-            .map_err(|_| Error::InvalidArgument(format!("device ordinal {ordinal} too large")))?;
-        // SAFETY: hipSetDevice takes a plain int and has no memory preconditions.
-        self.check("hipSetDevice", unsafe { (self.set_device)(ordinal) })
+impl RuntimeApi for HipApi {
+    const KIND: DeviceKind = DeviceKind::Rocm;
+    const NAME: &'static str = "HIP";
+    const MEMORY_TYPE: &'static str = "RocmMemory";
+    const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
+        hmc_backend_rocm::probe), or check HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES";
+    const IPC_HANDLE_SIZE: usize = HIP_IPC_HANDLE_SIZE;
+    type IpcWire = [u8; HIP_IPC_HANDLE_SIZE + 8];
+    const IPC_WIRE_ZERO: Self::IpcWire = [0; HIP_IPC_HANDLE_SIZE + 8];
+
+    fn default_runtime() -> Result<Arc<Self>> {
+        HipApi::default_runtime()
     }
 
-    /// The number of devices, or `Unavailable` when there are none.
-    pub(crate) fn device_count(&self) -> Result<u32> {
+    fn open_library(library: &Path) -> Result<Arc<Self>> {
+        HipApi::open(Some(library))
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn runtime_version(&self) -> i32 {
+        self.runtime_version
+    }
+
+    fn device_count(&self) -> Result<u32> {
         let mut count: c_int = 0;
         // SAFETY: `count` is a valid out-pointer for the call's duration.
         let code = unsafe { (self.get_device_count)(&mut count) };
         if code == HIP_ERROR_NO_DEVICE || (code == HIP_SUCCESS && count <= 0) {
-            return Err(unavailable(
+            return Err(SPEC.unavailable(
                 "an AMD/Hygon HIP device".into(),
                 if code == HIP_SUCCESS {
                     format!("the runtime at {} reports 0 devices", self.path.display())
@@ -290,16 +274,104 @@ impl HipApi {
         self.check("hipGetDeviceCount", code)?;
         Ok(count as u32)
     }
-}
 
-/// Copies a C string returned by the runtime.
-///
-/// # Safety
-/// `p` is NULL or points to a NUL-terminated string that stays valid during the call.
-unsafe fn c_string(p: *const c_char) -> String {
-    if p.is_null() {
-        return "(no description)".into();
+    /// `hipSetDevice`: every call that touches device memory is preceded by it, since the
+    /// current device is per thread.
+    fn set_device(&self, ordinal: u32) -> Result<()> {
+        let ordinal = c_int::try_from(ordinal)
+            .map_err(|_| Error::InvalidArgument(format!("device ordinal {ordinal} too large")))?;
+        // SAFETY: hipSetDevice takes a plain int and has no memory preconditions.
+        self.check("hipSetDevice", unsafe { (self.set_device)(ordinal) })
     }
-    // SAFETY: non-null and NUL-terminated per the caller's contract.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both are valid out-pointers for the call's duration.
+        let code = unsafe { (self.mem_get_info)(&mut free, &mut total) };
+        self.check("hipMemGetInfo", code)?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn malloc(&self, len: usize) -> Result<*mut c_void> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer for the call's duration.
+        let code = unsafe { (self.malloc)(&mut ptr, len) };
+        self.check("hipMalloc", code)?;
+        Ok(ptr)
+    }
+
+    unsafe fn free(&self, ptr: *mut c_void) -> Result<()> {
+        // SAFETY: the caller guarantees `ptr` came from hipMalloc and is freed once.
+        let code = unsafe { (self.free)(ptr) };
+        self.check("hipFree", code)
+    }
+
+    fn host_alloc(&self, len: usize) -> Result<*mut c_void> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer; default flags.
+        let code = unsafe { (self.host_malloc)(&mut ptr, len, HIP_HOST_MALLOC_DEFAULT) };
+        self.check("hipHostMalloc", code)?;
+        Ok(ptr)
+    }
+
+    unsafe fn host_free(&self, ptr: *mut c_void) -> Result<()> {
+        // SAFETY: the caller guarantees `ptr` came from hipHostMalloc and is freed once.
+        let code = unsafe { (self.host_free)(ptr) };
+        self.check("hipHostFree", code)
+    }
+
+    unsafe fn memcpy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        len: usize,
+        dir: CopyDirection,
+    ) -> Result<()> {
+        let kind = match dir {
+            CopyDirection::HostToDevice => HIP_MEMCPY_HOST_TO_DEVICE,
+            CopyDirection::DeviceToHost => HIP_MEMCPY_DEVICE_TO_HOST,
+            CopyDirection::DeviceToDevice => HIP_MEMCPY_DEVICE_TO_DEVICE,
+        };
+        // SAFETY: the caller guarantees both pointers are live memory of the kinds `kind`
+        // names, `len` bytes each.
+        let code = unsafe { (self.memcpy)(dst, src, len, kind) };
+        self.check("hipMemcpy", code)
+    }
+
+    unsafe fn ipc_get(&self, ptr: *mut c_void, handle: &mut [u8]) -> Result<()> {
+        let mut raw = HipIpcMemHandle {
+            reserved: [0; HIP_IPC_HANDLE_SIZE],
+        };
+        // SAFETY: `raw` is a valid out-pointer; the caller guarantees `ptr` is the base of a
+        // live hipMalloc allocation of the current device.
+        let code = unsafe { (self.ipc_get_mem_handle)(&mut raw, ptr) };
+        self.check("hipIpcGetMemHandle", code)?;
+        for (b, c) in handle.iter_mut().zip(raw.reserved) {
+            *b = c as u8;
+        }
+        Ok(())
+    }
+
+    unsafe fn ipc_open(&self, handle: &[u8]) -> Result<*mut c_void> {
+        let mut raw = HipIpcMemHandle {
+            reserved: [0; HIP_IPC_HANDLE_SIZE],
+        };
+        for (c, b) in raw.reserved.iter_mut().zip(handle) {
+            *c = *b as c_char;
+        }
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer; the handle is passed by value as the
+        // header declares; the caller guarantees its origin.
+        let code = unsafe {
+            (self.ipc_open_mem_handle)(&mut ptr, raw, HIP_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        };
+        self.check("hipIpcOpenMemHandle", code)?;
+        Ok(ptr)
+    }
+
+    unsafe fn ipc_close(&self, ptr: *mut c_void) -> Result<()> {
+        // SAFETY: the caller guarantees `ptr` came from hipIpcOpenMemHandle, closed once.
+        let code = unsafe { (self.ipc_close_mem_handle)(ptr) };
+        self.check("hipIpcCloseMemHandle", code)
+    }
 }

@@ -17,6 +17,9 @@
 //! application), nor peer-to-peer copies between two HIP devices (copy through the host or
 //! use each device's own `RocmMemory`).
 //!
+//! The memory types are the generic ones of `hmc-backend-runtime` over [`HipApi`], this
+//! crate's binding of the HIP runtime, under this crate's names.
+//!
 //! # Loading
 //!
 //! Nothing from ROCm is needed to build. At run time the runtime is looked up as
@@ -53,22 +56,63 @@
 //! the length in a handle received from another process cannot be checked.
 
 mod api;
-mod memory;
 
-pub use api::{HIP_IPC_HANDLE_SIZE, LIBRARY_CANDIDATES, LIBRARY_ENV};
-pub use memory::{
-    DeviceInfo, IpcHandle, IpcMapping, PinnedHostBuffer, PinnedHostMemory, RocmBuffer, RocmMemory,
-};
+pub use api::{HIP_IPC_HANDLE_SIZE, HipApi, LIBRARY_CANDIDATES, LIBRARY_ENV};
+pub use hmc_backend_runtime::DeviceInfo;
 
+use hmc_backend_runtime::RuntimeApi;
 use hmc_core::Result;
+
+/// One HIP device's allocator and copy engine (`hipMalloc`, `hipMemcpy`, `hipSetDevice`
+/// before every call). Cheap to clone. [`RocmMemory::new`] uses the default search,
+/// [`RocmMemory::with_library`] a given library.
+pub type RocmMemory = hmc_backend_runtime::RuntimeMemory<HipApi>;
+/// A `hipMalloc` allocation; freed (`hipFree`, in its device's context) on drop.
+pub type RocmBuffer = hmc_backend_runtime::RuntimeBuffer<HipApi>;
+/// Page-locked host memory from the HIP runtime (`hipHostMalloc`), for staging bounce
+/// buffers; its buffers are host memory.
+pub type PinnedHostMemory = hmc_backend_runtime::PinnedHostMemory<HipApi>;
+/// A `hipHostMalloc` allocation; freed (`hipHostFree`) on drop.
+pub type PinnedHostBuffer = hmc_backend_runtime::PinnedHostBuffer<HipApi>;
+/// An exported device allocation: the runtime's 64-byte `hipIpcMemHandle_t` and the
+/// allocation's length; [`IpcHandle::to_bytes`] gives its 72-byte wire form.
+pub type IpcHandle = hmc_backend_runtime::IpcHandle<HipApi>;
+/// Another process's device allocation mapped by [`RocmMemory::open_ipc`]
+/// (`hipIpcOpenMemHandle`); unmapped (`hipIpcCloseMemHandle`) on drop.
+pub type IpcMapping = hmc_backend_runtime::IpcMapping<HipApi>;
 
 /// The HIP devices of the default runtime (see [`RocmMemory::new`]), or `Unavailable` when
 /// the runtime or any device is missing. For `cargo xtask matrix` and backend selection.
 pub fn probe() -> Result<Vec<DeviceInfo>> {
-    memory::all_devices(&api::HipApi::default_runtime()?)
+    hmc_backend_runtime::all_devices(&HipApi::default_runtime()?)
 }
 
 /// Like [`probe`], for the runtime at `library`.
 pub fn probe_library(library: impl AsRef<std::path::Path>) -> Result<Vec<DeviceInfo>> {
-    memory::all_devices(&api::HipApi::open(Some(library.as_ref()))?)
+    hmc_backend_runtime::all_devices(&HipApi::open_library(library.as_ref())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hmc_core::Error;
+
+    #[test]
+    fn ipc_handles_round_trip_their_wire_form_and_refuse_other_lengths() {
+        assert_eq!(IpcHandle::ENCODED_LEN, HIP_IPC_HANDLE_SIZE + 8);
+        let mut bytes = [0u8; IpcHandle::ENCODED_LEN];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let h = IpcHandle::from_bytes(&bytes).unwrap();
+        assert_eq!(h.to_bytes(), bytes);
+        assert_eq!(
+            h.len(),
+            u64::from_be_bytes(bytes[bytes.len() - 8..].try_into().unwrap())
+        );
+        for wrong in [0, IpcHandle::ENCODED_LEN - 1, IpcHandle::ENCODED_LEN + 1] {
+            let err = IpcHandle::from_bytes(&vec![0u8; wrong]).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+        }
+    }
 }

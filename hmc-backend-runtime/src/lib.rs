@@ -1,0 +1,144 @@
+//! The shared core of HMC's device backends whose vendor API is shaped like the CUDA
+//! runtime (AMD HIP, Moore Threads MUSA, Cambricon CNRT): one implementation of device
+//! memory, pinned host memory, IPC export/import and library loading, generic over a small
+//! per-vendor trait.
+//!
+//! # Shape
+//!
+//! A vendor crate resolves its runtime's symbols (with their header citations) into a table
+//! and implements [`RuntimeApi`] over it: set the current device, allocate, free, copy in a
+//! [`CopyDirection`], pinned host alloc/free, IPC get/open/close, device count, memory info,
+//! each failure mapped to [`hmc_core::Error::Device`] with the vendor's own function name
+//! and error text. Everything else — binding the device before every call, choosing the copy
+//! direction, host→host pass-through, the allocation limit, buffers that free themselves
+//! exactly once in their device's context, the IPC wire form, device enumeration — lives
+//! here once: [`RuntimeMemory`], [`RuntimeBuffer`], [`PinnedHostMemory`],
+//! [`PinnedHostBuffer`], [`IpcHandle`], [`IpcMapping`], [`DeviceInfo`]. The vendor crate
+//! re-exports them as type aliases under its own names (`RocmMemory = RuntimeMemory<HipApi>`).
+//!
+//! [`LibrarySpec`] holds what the loading code needs to know about a vendor (library name,
+//! environment variable, candidate paths, install hint) and loads the library the same way
+//! for every vendor.
+//!
+//! # Safety
+//!
+//! The trait's `unsafe fn`s take raw device or host pointers; their contracts are stated on
+//! each. The generic code calls them only with pointers from allocations it owns or from
+//! live borrows ([`hmc_core::MemSpan`]/[`hmc_core::MemSpanMut`]) checked by
+//! [`hmc_core::check_copy`].
+
+mod load;
+mod memory;
+
+use std::ffi::c_void;
+use std::fmt::Debug;
+use std::path::Path;
+use std::sync::Arc;
+
+use hmc_core::{DeviceKind, Result};
+
+pub use load::{LibrarySpec, c_string, default_runtime};
+pub use memory::{
+    DeviceInfo, IpcHandle, IpcMapping, PinnedHostBuffer, PinnedHostMemory, RuntimeBuffer,
+    RuntimeMemory, all_devices,
+};
+
+/// The direction of a runtime copy. Host→host copies never reach the runtime (they are done
+/// directly), so there is no variant for them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyDirection {
+    /// Host memory to device memory.
+    HostToDevice,
+    /// Device memory to host memory.
+    DeviceToHost,
+    /// Device memory to device memory (of the same device).
+    DeviceToDevice,
+}
+
+/// A vendor runtime with the CUDA-runtime shape: a per-thread current device, `malloc`/
+/// `free`, a `memcpy` taking a direction, page-locked host allocations and IPC handles.
+///
+/// Implemented by each vendor crate over its table of resolved symbols. Every method that
+/// fails returns the vendor's [`hmc_core::Error::Device`] (library, function, code, the
+/// runtime's own text); the generic code adds nothing vendor-specific.
+///
+/// Every method that touches device memory is called only after
+/// [`set_device`](Self::set_device) for the device concerned on the calling thread.
+pub trait RuntimeApi: Debug + Send + Sync + Sized + 'static {
+    /// The device kind the vendor's devices report.
+    const KIND: DeviceKind;
+    /// The short vendor name used in messages and logs ("HIP", "MUSA", "MLU").
+    const NAME: &'static str;
+    /// The name of the vendor crate's memory type, for messages ("RocmMemory").
+    const MEMORY_TYPE: &'static str;
+    /// What to do when a device ordinal is past the device count (the crate's `probe` and
+    /// the vendor's visibility variables).
+    const ORDINAL_HINT: &'static str;
+    /// The size of the vendor's IPC memory handle in bytes.
+    const IPC_HANDLE_SIZE: usize;
+    /// The wire form of an [`IpcHandle`]: `[u8; IPC_HANDLE_SIZE + 8]` (the handle, then the
+    /// allocation length as big-endian `u64`).
+    type IpcWire: Copy + Eq + Debug + Send + Sync + AsRef<[u8]> + AsMut<[u8]> + 'static;
+    /// An all-zero [`Self::IpcWire`].
+    const IPC_WIRE_ZERO: Self::IpcWire;
+
+    /// The process-wide runtime found by the vendor's default search (its environment
+    /// variable, then its candidate library names), loaded once on first success.
+    fn default_runtime() -> Result<Arc<Self>>;
+    /// The runtime at `library` (a path to the vendor library or to one exporting its ABI).
+    fn open_library(library: &Path) -> Result<Arc<Self>>;
+    /// Where the library was loaded from.
+    fn path(&self) -> &Path;
+    /// The runtime's version, as the vendor encodes it.
+    fn runtime_version(&self) -> i32;
+    /// The number of devices, or `Unavailable` when there are none.
+    fn device_count(&self) -> Result<u32>;
+    /// Makes `ordinal` the calling thread's current device.
+    fn set_device(&self, ordinal: u32) -> Result<()>;
+    /// `(free, total)` memory of the current device, in bytes.
+    fn mem_info(&self) -> Result<(u64, u64)>;
+    /// Allocates `len > 0` bytes of device memory on the current device.
+    fn malloc(&self, len: usize) -> Result<*mut c_void>;
+    /// Frees a device allocation.
+    ///
+    /// # Safety
+    /// `ptr` came from [`malloc`](Self::malloc) on the current device and is not used again.
+    unsafe fn free(&self, ptr: *mut c_void) -> Result<()>;
+    /// Allocates `len > 0` bytes of page-locked host memory with default flags.
+    fn host_alloc(&self, len: usize) -> Result<*mut c_void>;
+    /// Frees a page-locked host allocation.
+    ///
+    /// # Safety
+    /// `ptr` came from [`host_alloc`](Self::host_alloc) and is not used again.
+    unsafe fn host_free(&self, ptr: *mut c_void) -> Result<()>;
+    /// Copies `len` bytes from `src` to `dst`, synchronously.
+    ///
+    /// # Safety
+    /// `src` and `dst` are live memory of the kinds `dir` names (host, or the current
+    /// device), each at least `len` bytes, and `dst` is not otherwise accessed meanwhile.
+    unsafe fn memcpy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        len: usize,
+        dir: CopyDirection,
+    ) -> Result<()>;
+    /// Writes the IPC handle of the device allocation at `ptr` into `handle`
+    /// ([`Self::IPC_HANDLE_SIZE`] bytes).
+    ///
+    /// # Safety
+    /// `ptr` is the base of a live [`malloc`](Self::malloc) allocation of the current device.
+    unsafe fn ipc_get(&self, ptr: *mut c_void, handle: &mut [u8]) -> Result<()>;
+    /// Maps the allocation `handle` ([`Self::IPC_HANDLE_SIZE`] bytes) names into this
+    /// process, on the current device.
+    ///
+    /// # Safety
+    /// `handle` came from [`ipc_get`](Self::ipc_get) of the same vendor in a process that
+    /// keeps the allocation alive while the mapping lives.
+    unsafe fn ipc_open(&self, handle: &[u8]) -> Result<*mut c_void>;
+    /// Unmaps a mapping made by [`ipc_open`](Self::ipc_open).
+    ///
+    /// # Safety
+    /// `ptr` came from `ipc_open` on the current device and is not used again.
+    unsafe fn ipc_close(&self, ptr: *mut c_void) -> Result<()>;
+}
