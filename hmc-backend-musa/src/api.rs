@@ -7,14 +7,15 @@
 //! name (`cudaMalloc` -> `musaMalloc`), including the numeric values of `musaError_t` and
 //! `musaMemcpyKind`. Only the functions HMC needs are declared, once, here.
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use hmc_core::{Error, Result};
+use hmc_backend_runtime::{CopyDirection, LibrarySpec, RuntimeApi, c_string};
+use hmc_core::{DeviceKind, Error, Result};
 
 /// The library name used in errors.
-pub(crate) const LIBRARY: &str = "libmusart";
+const LIBRARY: &str = "libmusart";
 
 /// The environment variable naming the library to load instead of the default search.
 pub const LIBRARY_ENV: &str = "HMC_MUSA_LIB";
@@ -33,28 +34,28 @@ pub const LIBRARY_CANDIDATES: &[&str] = &[
 /// Oldest runtime accepted: any that reports a positive version from
 /// `musaRuntimeGetVersion(int* runtimeVersion)` (musa_runtime_api.h); the symbols resolved
 /// below are what HMC actually depends on.
-pub(crate) const MIN_RUNTIME_VERSION: c_int = 1;
+const MIN_RUNTIME_VERSION: c_int = 1;
 
 /// `typedef enum musaError_t { musaSuccess = 0, ... } musaError_t;` (driver_types.h): a C
 /// enum, passed as `int`.
-pub(crate) type MusaError = c_int;
+type MusaError = c_int;
 /// `musaSuccess = 0` (musa_runtime_api.h, enum musaError_t).
-pub(crate) const MUSA_SUCCESS: MusaError = 0;
+const MUSA_SUCCESS: MusaError = 0;
 /// `musaErrorNoDevice = 100` (musa_runtime_api.h, enum musaError_t).
-pub(crate) const MUSA_ERROR_NO_DEVICE: MusaError = 100;
+const MUSA_ERROR_NO_DEVICE: MusaError = 100;
 
 /// `typedef enum musaMemcpyKind` (musa_runtime_api.h): `musaMemcpyHostToHost = 0`,
 /// `musaMemcpyHostToDevice = 1`, `musaMemcpyDeviceToHost = 2`, `musaMemcpyDeviceToDevice = 3`,
 /// `musaMemcpyDefault = 4` (never used: we always know the direction).
-pub(crate) type MusaMemcpyKind = c_int;
-pub(crate) const MUSA_MEMCPY_HOST_TO_DEVICE: MusaMemcpyKind = 1;
-pub(crate) const MUSA_MEMCPY_DEVICE_TO_HOST: MusaMemcpyKind = 2;
-pub(crate) const MUSA_MEMCPY_DEVICE_TO_DEVICE: MusaMemcpyKind = 3;
+type MusaMemcpyKind = c_int;
+const MUSA_MEMCPY_HOST_TO_DEVICE: MusaMemcpyKind = 1;
+const MUSA_MEMCPY_DEVICE_TO_HOST: MusaMemcpyKind = 2;
+const MUSA_MEMCPY_DEVICE_TO_DEVICE: MusaMemcpyKind = 3;
 
 /// `#define musaHostAllocDefault 0x0` (musa_runtime_api.h).
-pub(crate) const MUSA_HOST_ALLOC_DEFAULT: c_uint = 0;
+const MUSA_HOST_ALLOC_DEFAULT: c_uint = 0;
 /// `#define musaIpcMemLazyEnablePeerAccess 0x01` (musa_runtime_api.h).
-pub(crate) const MUSA_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+const MUSA_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 
 /// `#define MUSA_IPC_HANDLE_SIZE 64` (musa_runtime_api.h).
 pub const MUSA_IPC_HANDLE_SIZE: usize = 64;
@@ -63,8 +64,8 @@ pub const MUSA_IPC_HANDLE_SIZE: usize = 64;
 /// musaIpcMemHandle_t;` (musa_runtime_api.h), passed by value to `musaIpcOpenMemHandle`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(crate) struct MusaIpcMemHandle {
-    pub(crate) reserved: [c_char; MUSA_IPC_HANDLE_SIZE],
+struct MusaIpcMemHandle {
+    reserved: [c_char; MUSA_IPC_HANDLE_SIZE],
 }
 
 /// `musaError_t musaRuntimeGetVersion(int* runtimeVersion);`
@@ -98,22 +99,34 @@ type GetErrorNameFn = unsafe extern "C" fn(MusaError) -> *const c_char;
 /// `const char* musaGetErrorString(musaError_t musaError);`
 type GetErrorStringFn = unsafe extern "C" fn(MusaError) -> *const c_char;
 
-/// The resolved MUSA runtime. The function pointers stay valid while `_library` is loaded,
-/// which is as long as this value lives; everything holding a pointer holds an `Arc` of it.
-pub(crate) struct MusaApi {
-    pub(crate) path: PathBuf,
-    pub(crate) runtime_version: c_int,
-    pub(crate) get_device_count: GetDeviceCountFn,
-    pub(crate) set_device: SetDeviceFn,
-    pub(crate) malloc: MallocFn,
-    pub(crate) free: FreeFn,
-    pub(crate) host_alloc: HostMallocFn,
-    pub(crate) host_free: HostFreeFn,
-    pub(crate) memcpy: MemcpyFn,
-    pub(crate) mem_get_info: MemGetInfoFn,
-    pub(crate) ipc_get_mem_handle: IpcGetMemHandleFn,
-    pub(crate) ipc_open_mem_handle: IpcOpenMemHandleFn,
-    pub(crate) ipc_close_mem_handle: IpcCloseMemHandleFn,
+/// What the shared loader needs to know about `libmusart`.
+const SPEC: LibrarySpec = LibrarySpec {
+    library: LIBRARY,
+    runtime: "the MUSA runtime",
+    env: LIBRARY_ENV,
+    candidates: LIBRARY_CANDIDATES,
+    install: "install the MUSA toolkit so that libmusart.so is on the loader path",
+    missing_symbol: "it is not a MUSA runtime HMC supports",
+};
+
+/// The resolved MUSA runtime, as [`hmc_backend_runtime::RuntimeApi`] for the generic memory
+/// types ([`crate::MusaMemory`] is `RuntimeMemory<MusaApi>`). The function pointers stay
+/// valid while the library is loaded, which is as long as this value lives; everything
+/// holding a pointer holds an `Arc` of it.
+pub struct MusaApi {
+    path: PathBuf,
+    runtime_version: c_int,
+    get_device_count: GetDeviceCountFn,
+    set_device: SetDeviceFn,
+    malloc: MallocFn,
+    free: FreeFn,
+    host_malloc: HostMallocFn,
+    host_free: HostFreeFn,
+    memcpy: MemcpyFn,
+    mem_get_info: MemGetInfoFn,
+    ipc_get_mem_handle: IpcGetMemHandleFn,
+    ipc_open_mem_handle: IpcOpenMemHandleFn,
+    ipc_close_mem_handle: IpcCloseMemHandleFn,
     get_error_name: GetErrorNameFn,
     get_error_string: GetErrorStringFn,
     _library: libloading::Library,
@@ -128,64 +141,18 @@ impl std::fmt::Debug for MusaApi {
     }
 }
 
-fn unavailable(what: String, reason: String) -> Error {
-    Error::Unavailable {
-        what,
-        reason,
-        hint: format!(
-            "install the MUSA toolkit so that libmusart.so is on the loader path, or set \
-             {LIBRARY_ENV} to its full path"
-        ),
-    }
-}
-
-/// Resolves one symbol as a function pointer of type `T`.
-///
-/// # Safety
-/// `T` must be the exact C signature of `name` in the library.
-unsafe fn symbol<T: Copy>(lib: &libloading::Library, path: &Path, name: &str) -> Result<T> {
-    // SAFETY: the caller guarantees `T` matches the symbol's C signature.
-    let sym = unsafe { lib.get::<T>(name.as_bytes()) }.map_err(|e| {
-        unavailable(
-            format!("{LIBRARY} at {}", path.display()),
-            format!("it does not export `{name}` ({e}); it is not a MUSA runtime HMC supports"),
-        )
-    })?;
-    Ok(*sym)
-}
-
 impl MusaApi {
     /// Opens the runtime: `explicit` when given, else `$HMC_MUSA_LIB`, else the first of
     /// [`LIBRARY_CANDIDATES`] that loads.
     pub(crate) fn open(explicit: Option<&Path>) -> Result<Arc<MusaApi>> {
-        let env = std::env::var_os(LIBRARY_ENV).map(PathBuf::from);
-        let tries: Vec<PathBuf> = match explicit.map(Path::to_path_buf).or(env) {
-            Some(p) => vec![p],
-            None => LIBRARY_CANDIDATES.iter().map(PathBuf::from).collect(),
-        };
-        let mut reasons = Vec::new();
-        for path in tries {
-            // SAFETY: loading a library runs its initialisers; a MUSA runtime's initialisers
-            // are designed to run in any process that links or dlopens it.
-            match unsafe { libloading::Library::new(&path) } {
-                Ok(lib) => return Self::resolve(lib, path).map(Arc::new),
-                Err(e) => reasons.push(format!("{}: {e}", path.display())),
-            }
-        }
-        Err(unavailable(
-            format!("the MUSA runtime ({LIBRARY})"),
-            format!("could not load it: {}", reasons.join("; ")),
-        ))
+        let (lib, path) = SPEC.load(explicit)?;
+        Self::resolve(lib, path).map(Arc::new)
     }
 
     /// The process-wide runtime for the default search, loaded once on first success.
     pub(crate) fn default_runtime() -> Result<Arc<MusaApi>> {
         static DEFAULT: OnceLock<Arc<MusaApi>> = OnceLock::new();
-        if let Some(api) = DEFAULT.get() {
-            return Ok(api.clone());
-        }
-        let api = Self::open(None)?;
-        Ok(DEFAULT.get_or_init(|| api).clone())
+        hmc_backend_runtime::default_runtime(&DEFAULT, || Self::open(None))
     }
 
     fn resolve(lib: libloading::Library, path: PathBuf) -> Result<MusaApi> {
@@ -193,27 +160,27 @@ impl MusaApi {
         // the named function, as cited beside the alias.
         let api = unsafe {
             let runtime_get_version: RuntimeGetVersionFn =
-                symbol(&lib, &path, "musaRuntimeGetVersion")?;
+                SPEC.symbol(&lib, &path, "musaRuntimeGetVersion")?;
             MusaApi {
-                get_device_count: symbol(&lib, &path, "musaGetDeviceCount")?,
-                set_device: symbol(&lib, &path, "musaSetDevice")?,
-                malloc: symbol(&lib, &path, "musaMalloc")?,
-                free: symbol(&lib, &path, "musaFree")?,
-                host_alloc: symbol(&lib, &path, "musaHostAlloc")?,
-                host_free: symbol(&lib, &path, "musaFreeHost")?,
-                memcpy: symbol(&lib, &path, "musaMemcpy")?,
-                mem_get_info: symbol(&lib, &path, "musaMemGetInfo")?,
-                ipc_get_mem_handle: symbol(&lib, &path, "musaIpcGetMemHandle")?,
-                ipc_open_mem_handle: symbol(&lib, &path, "musaIpcOpenMemHandle")?,
-                ipc_close_mem_handle: symbol(&lib, &path, "musaIpcCloseMemHandle")?,
-                get_error_name: symbol(&lib, &path, "musaGetErrorName")?,
-                get_error_string: symbol(&lib, &path, "musaGetErrorString")?,
+                get_device_count: SPEC.symbol(&lib, &path, "musaGetDeviceCount")?,
+                set_device: SPEC.symbol(&lib, &path, "musaSetDevice")?,
+                malloc: SPEC.symbol(&lib, &path, "musaMalloc")?,
+                free: SPEC.symbol(&lib, &path, "musaFree")?,
+                host_malloc: SPEC.symbol(&lib, &path, "musaHostAlloc")?,
+                host_free: SPEC.symbol(&lib, &path, "musaFreeHost")?,
+                memcpy: SPEC.symbol(&lib, &path, "musaMemcpy")?,
+                mem_get_info: SPEC.symbol(&lib, &path, "musaMemGetInfo")?,
+                ipc_get_mem_handle: SPEC.symbol(&lib, &path, "musaIpcGetMemHandle")?,
+                ipc_open_mem_handle: SPEC.symbol(&lib, &path, "musaIpcOpenMemHandle")?,
+                ipc_close_mem_handle: SPEC.symbol(&lib, &path, "musaIpcCloseMemHandle")?,
+                get_error_name: SPEC.symbol(&lib, &path, "musaGetErrorName")?,
+                get_error_string: SPEC.symbol(&lib, &path, "musaGetErrorString")?,
                 runtime_version: {
                     let mut v: c_int = 0;
                     let code = runtime_get_version(&mut v);
                     if code != MUSA_SUCCESS {
-                        return Err(unavailable(
-                            format!("{LIBRARY} at {}", path.display()),
+                        return Err(SPEC.unavailable_at(
+                            &path,
                             format!("musaRuntimeGetVersion failed with musaError_t {code}"),
                         ));
                     }
@@ -224,8 +191,8 @@ impl MusaApi {
             }
         };
         if api.runtime_version < MIN_RUNTIME_VERSION {
-            return Err(unavailable(
-                format!("{LIBRARY} at {}", api.path.display()),
+            return Err(SPEC.unavailable_at(
+                &api.path,
                 format!(
                     "it reports runtime version {}, below {MIN_RUNTIME_VERSION}",
                     api.runtime_version
@@ -238,7 +205,7 @@ impl MusaApi {
 
     /// `Ok` for `musaSuccess`, else an [`Error::Device`] naming the library, `function`, the
     /// code, and the runtime's own name and description of the code.
-    pub(crate) fn check(&self, function: &'static str, code: MusaError) -> Result<()> {
+    fn check(&self, function: &'static str, code: MusaError) -> Result<()> {
         if code == MUSA_SUCCESS {
             Ok(())
         } else {
@@ -246,7 +213,7 @@ impl MusaApi {
         }
     }
 
-    pub(crate) fn error(&self, function: &'static str, code: MusaError) -> Error {
+    fn error(&self, function: &'static str, code: MusaError) -> Error {
         // SAFETY: both functions accept any musaError_t value and return a pointer to a
         // static NUL-terminated string (or NULL, handled by `c_string`).
         let (name, text) = unsafe {
@@ -262,23 +229,40 @@ impl MusaApi {
             message: format!("{name}: {text}"),
         }
     }
+}
 
-    /// Makes `ordinal` the calling thread's current device (`musaSetDevice`); every call that
-    /// touches device memory is preceded by it, since the current device is per thread.
-    pub(crate) fn bind(&self, ordinal: u32) -> Result<()> {
-        let ordinal = c_int::try_from(ordinal)
-            .map_err(|_| Error::InvalidArgument(format!("device ordinal {ordinal} too large")))?;
-        // SAFETY: musaSetDevice takes a plain int and has no memory preconditions.
-        self.check("musaSetDevice", unsafe { (self.set_device)(ordinal) })
+impl RuntimeApi for MusaApi {
+    const KIND: DeviceKind = DeviceKind::Musa;
+    const NAME: &'static str = "MUSA";
+    const MEMORY_TYPE: &'static str = "MusaMemory";
+    const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
+        hmc_backend_musa::probe), or check MUSA_VISIBLE_DEVICES";
+    const IPC_HANDLE_SIZE: usize = MUSA_IPC_HANDLE_SIZE;
+    type IpcWire = [u8; MUSA_IPC_HANDLE_SIZE + 8];
+    const IPC_WIRE_ZERO: Self::IpcWire = [0; MUSA_IPC_HANDLE_SIZE + 8];
+
+    fn default_runtime() -> Result<Arc<Self>> {
+        MusaApi::default_runtime()
     }
 
-    /// The number of devices, or `Unavailable` when there are none.
-    pub(crate) fn device_count(&self) -> Result<u32> {
+    fn open_library(library: &Path) -> Result<Arc<Self>> {
+        MusaApi::open(Some(library))
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn runtime_version(&self) -> i32 {
+        self.runtime_version
+    }
+
+    fn device_count(&self) -> Result<u32> {
         let mut count: c_int = 0;
         // SAFETY: `count` is a valid out-pointer for the call's duration.
         let code = unsafe { (self.get_device_count)(&mut count) };
         if code == MUSA_ERROR_NO_DEVICE || (code == MUSA_SUCCESS && count <= 0) {
-            return Err(unavailable(
+            return Err(SPEC.unavailable(
                 "a Moore Threads MUSA device".into(),
                 if code == MUSA_SUCCESS {
                     format!("the runtime at {} reports 0 devices", self.path.display())
@@ -294,16 +278,104 @@ impl MusaApi {
         self.check("musaGetDeviceCount", code)?;
         Ok(count as u32)
     }
-}
 
-/// Copies a C string returned by the runtime.
-///
-/// # Safety
-/// `p` is NULL or points to a NUL-terminated string that stays valid during the call.
-unsafe fn c_string(p: *const c_char) -> String {
-    if p.is_null() {
-        return "(no description)".into();
+    /// `musaSetDevice`: every call that touches device memory is preceded by it, since the
+    /// current device is per thread.
+    fn set_device(&self, ordinal: u32) -> Result<()> {
+        let ordinal = c_int::try_from(ordinal)
+            .map_err(|_| Error::InvalidArgument(format!("device ordinal {ordinal} too large")))?;
+        // SAFETY: musaSetDevice takes a plain int and has no memory preconditions.
+        self.check("musaSetDevice", unsafe { (self.set_device)(ordinal) })
     }
-    // SAFETY: non-null and NUL-terminated per the caller's contract.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both are valid out-pointers for the call's duration.
+        let code = unsafe { (self.mem_get_info)(&mut free, &mut total) };
+        self.check("musaMemGetInfo", code)?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn malloc(&self, len: usize) -> Result<*mut c_void> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer for the call's duration.
+        let code = unsafe { (self.malloc)(&mut ptr, len) };
+        self.check("musaMalloc", code)?;
+        Ok(ptr)
+    }
+
+    unsafe fn free(&self, ptr: *mut c_void) -> Result<()> {
+        // SAFETY: the caller guarantees `ptr` came from musaMalloc and is freed once.
+        let code = unsafe { (self.free)(ptr) };
+        self.check("musaFree", code)
+    }
+
+    fn host_alloc(&self, len: usize) -> Result<*mut c_void> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer; default flags.
+        let code = unsafe { (self.host_malloc)(&mut ptr, len, MUSA_HOST_ALLOC_DEFAULT) };
+        self.check("musaHostAlloc", code)?;
+        Ok(ptr)
+    }
+
+    unsafe fn host_free(&self, ptr: *mut c_void) -> Result<()> {
+        // SAFETY: the caller guarantees `ptr` came from musaHostAlloc and is freed once.
+        let code = unsafe { (self.host_free)(ptr) };
+        self.check("musaFreeHost", code)
+    }
+
+    unsafe fn memcpy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        len: usize,
+        dir: CopyDirection,
+    ) -> Result<()> {
+        let kind = match dir {
+            CopyDirection::HostToDevice => MUSA_MEMCPY_HOST_TO_DEVICE,
+            CopyDirection::DeviceToHost => MUSA_MEMCPY_DEVICE_TO_HOST,
+            CopyDirection::DeviceToDevice => MUSA_MEMCPY_DEVICE_TO_DEVICE,
+        };
+        // SAFETY: the caller guarantees both pointers are live memory of the kinds `kind`
+        // names, `len` bytes each.
+        let code = unsafe { (self.memcpy)(dst, src, len, kind) };
+        self.check("musaMemcpy", code)
+    }
+
+    unsafe fn ipc_get(&self, ptr: *mut c_void, handle: &mut [u8]) -> Result<()> {
+        let mut raw = MusaIpcMemHandle {
+            reserved: [0; MUSA_IPC_HANDLE_SIZE],
+        };
+        // SAFETY: `raw` is a valid out-pointer; the caller guarantees `ptr` is the base of a
+        // live musaMalloc allocation of the current device.
+        let code = unsafe { (self.ipc_get_mem_handle)(&mut raw, ptr) };
+        self.check("musaIpcGetMemHandle", code)?;
+        for (b, c) in handle.iter_mut().zip(raw.reserved) {
+            *b = c as u8;
+        }
+        Ok(())
+    }
+
+    unsafe fn ipc_open(&self, handle: &[u8]) -> Result<*mut c_void> {
+        let mut raw = MusaIpcMemHandle {
+            reserved: [0; MUSA_IPC_HANDLE_SIZE],
+        };
+        for (c, b) in raw.reserved.iter_mut().zip(handle) {
+            *c = *b as c_char;
+        }
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer; the handle is passed by value as the
+        // header declares; the caller guarantees its origin.
+        let code = unsafe {
+            (self.ipc_open_mem_handle)(&mut ptr, raw, MUSA_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        };
+        self.check("musaIpcOpenMemHandle", code)?;
+        Ok(ptr)
+    }
+
+    unsafe fn ipc_close(&self, ptr: *mut c_void) -> Result<()> {
+        // SAFETY: the caller guarantees `ptr` came from musaIpcOpenMemHandle, closed once.
+        let code = unsafe { (self.ipc_close_mem_handle)(ptr) };
+        self.check("musaIpcCloseMemHandle", code)
+    }
 }

@@ -15,6 +15,9 @@
 //! Not for: kernels, streams or asynchronous copies (HMC moves bytes; compute stays with the
 //! application), nor peer-to-peer copies between two MUSA devices.
 //!
+//! The memory types are the generic ones of `hmc-backend-runtime` over [`MusaApi`], this
+//! crate's binding of the MUSA runtime, under this crate's names.
+//!
 //! # Loading
 //!
 //! Nothing from the MUSA toolkit is needed to build. At run time the runtime is looked up
@@ -50,22 +53,63 @@
 //! the length in a handle received from another process cannot be checked.
 
 mod api;
-mod memory;
 
-pub use api::{LIBRARY_CANDIDATES, LIBRARY_ENV, MUSA_IPC_HANDLE_SIZE};
-pub use memory::{
-    DeviceInfo, IpcHandle, IpcMapping, MusaBuffer, MusaMemory, PinnedHostBuffer, PinnedHostMemory,
-};
+pub use api::{LIBRARY_CANDIDATES, LIBRARY_ENV, MUSA_IPC_HANDLE_SIZE, MusaApi};
+pub use hmc_backend_runtime::DeviceInfo;
 
+use hmc_backend_runtime::RuntimeApi;
 use hmc_core::Result;
+
+/// One MUSA device's allocator and copy engine (`musaMalloc`, `musaMemcpy`, `musaSetDevice`
+/// before every call). Cheap to clone. [`MusaMemory::new`] uses the default search,
+/// [`MusaMemory::with_library`] a given library.
+pub type MusaMemory = hmc_backend_runtime::RuntimeMemory<MusaApi>;
+/// A `musaMalloc` allocation; freed (`musaFree`, in its device's context) on drop.
+pub type MusaBuffer = hmc_backend_runtime::RuntimeBuffer<MusaApi>;
+/// Page-locked host memory from the MUSA runtime (`musaHostAlloc`), for staging bounce
+/// buffers; its buffers are host memory.
+pub type PinnedHostMemory = hmc_backend_runtime::PinnedHostMemory<MusaApi>;
+/// A `musaHostAlloc` allocation; freed (`musaFreeHost`) on drop.
+pub type PinnedHostBuffer = hmc_backend_runtime::PinnedHostBuffer<MusaApi>;
+/// An exported device allocation: the runtime's 64-byte `musaIpcMemHandle_t` and the
+/// allocation's length; [`IpcHandle::to_bytes`] gives its 72-byte wire form.
+pub type IpcHandle = hmc_backend_runtime::IpcHandle<MusaApi>;
+/// Another process's device allocation mapped by [`MusaMemory::open_ipc`]
+/// (`musaIpcOpenMemHandle`); unmapped (`musaIpcCloseMemHandle`) on drop.
+pub type IpcMapping = hmc_backend_runtime::IpcMapping<MusaApi>;
 
 /// The MUSA devices of the default runtime (see [`MusaMemory::new`]), or `Unavailable` when
 /// the runtime or any device is missing. For `cargo xtask matrix` and backend selection.
 pub fn probe() -> Result<Vec<DeviceInfo>> {
-    memory::all_devices(&api::MusaApi::default_runtime()?)
+    hmc_backend_runtime::all_devices(&MusaApi::default_runtime()?)
 }
 
 /// Like [`probe`], for the runtime at `library`.
 pub fn probe_library(library: impl AsRef<std::path::Path>) -> Result<Vec<DeviceInfo>> {
-    memory::all_devices(&api::MusaApi::open(Some(library.as_ref()))?)
+    hmc_backend_runtime::all_devices(&MusaApi::open_library(library.as_ref())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hmc_core::Error;
+
+    #[test]
+    fn ipc_handles_round_trip_their_wire_form_and_refuse_other_lengths() {
+        assert_eq!(IpcHandle::ENCODED_LEN, MUSA_IPC_HANDLE_SIZE + 8);
+        let mut bytes = [0u8; IpcHandle::ENCODED_LEN];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let h = IpcHandle::from_bytes(&bytes).unwrap();
+        assert_eq!(h.to_bytes(), bytes);
+        assert_eq!(
+            h.len(),
+            u64::from_be_bytes(bytes[bytes.len() - 8..].try_into().unwrap())
+        );
+        for wrong in [0, IpcHandle::ENCODED_LEN - 1, IpcHandle::ENCODED_LEN + 1] {
+            let err = IpcHandle::from_bytes(&vec![0u8; wrong]).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+        }
+    }
 }
