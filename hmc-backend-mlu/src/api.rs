@@ -6,14 +6,15 @@
 //! and is cited beside its declaration. Only the functions HMC needs are declared, once,
 //! here.
 
-use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use hmc_core::{Error, Result};
+use hmc_backend_runtime::{CopyDirection, LibrarySpec, RuntimeApi, c_string};
+use hmc_core::{DeviceKind, Error, Result};
 
 /// The library name used in errors.
-pub(crate) const LIBRARY: &str = "libcnrt";
+const LIBRARY: &str = "libcnrt";
 
 /// The environment variable naming the library to load instead of the default search.
 pub const LIBRARY_ENV: &str = "HMC_CNRT_LIB";
@@ -23,27 +24,27 @@ pub const LIBRARY_ENV: &str = "HMC_CNRT_LIB";
 pub const LIBRARY_CANDIDATES: &[&str] = &["libcnrt.so", "/usr/local/neuware/lib64/libcnrt.so"];
 
 /// `typedef enum { cnrtSuccess = 0, ... } cnrtRet_t;` (cnrt.h): a C enum, passed as `int`.
-pub(crate) type CnrtRet = c_int;
+type CnrtRet = c_int;
 /// `cnrtSuccess = 0` (cnrt.h, cnrtRet_t).
-pub(crate) const CNRT_SUCCESS: CnrtRet = 0;
+const CNRT_SUCCESS: CnrtRet = 0;
 /// `cnrtErrorNoDevice = 100004` (cnrt.h, cnrtRet_t).
-pub(crate) const CNRT_ERROR_NO_DEVICE: CnrtRet = 100_004;
+const CNRT_ERROR_NO_DEVICE: CnrtRet = 100_004;
 
 /// `typedef enum { cnrtMemcpyHostToDev = 0, cnrtMemcpyDevToDev, cnrtMemcpyDevToHost,
 /// cnrtMemcpyHostToHost, cnrtMemcpyPeerToPeer, cnrtMemcpyNoDirection } cnrtMemTransDir_t;`
 /// (cnrt.h; the same values as CNRT 4's `CNRT_MEM_TRANS_DIR_HOST2DEV = 0, ...DEV2DEV,
 /// ...DEV2HOST`).
-pub(crate) type CnrtMemTransDir = c_int;
-pub(crate) const CNRT_MEMCPY_HOST_TO_DEV: CnrtMemTransDir = 0;
-pub(crate) const CNRT_MEMCPY_DEV_TO_DEV: CnrtMemTransDir = 1;
-pub(crate) const CNRT_MEMCPY_DEV_TO_HOST: CnrtMemTransDir = 2;
+type CnrtMemTransDir = c_int;
+const CNRT_MEMCPY_HOST_TO_DEV: CnrtMemTransDir = 0;
+const CNRT_MEMCPY_DEV_TO_DEV: CnrtMemTransDir = 1;
+const CNRT_MEMCPY_DEV_TO_HOST: CnrtMemTransDir = 2;
 
 /// `cnrtMapMemHandle`'s `flags`: "Currently it only supports value 0" (cnrt.h).
-pub(crate) const CNRT_MAP_MEM_HANDLE_FLAGS: c_int = 0;
+const CNRT_MAP_MEM_HANDLE_FLAGS: c_int = 0;
 
 /// `typedef void *cnrtIpcMemHandle;` (cnrt.h: "The IPC memory handle. Pointer to void by
 /// default."). Its value is what a peer process needs.
-pub(crate) type CnrtIpcMemHandle = *mut c_void;
+type CnrtIpcMemHandle = *mut c_void;
 
 /// Size of a `cnrtIpcMemHandle` on the wire.
 pub const CNRT_IPC_HANDLE_SIZE: usize = std::mem::size_of::<CnrtIpcMemHandle>();
@@ -76,23 +77,36 @@ type UnMapMemHandleFn = unsafe extern "C" fn(*mut c_void) -> CnrtRet;
 /// `const char *cnrtGetErrorStr(cnrtRet_t err_code);`
 type GetErrorStrFn = unsafe extern "C" fn(CnrtRet) -> *const c_char;
 
-/// The resolved CNRT runtime. The function pointers stay valid while `_library` is loaded,
-/// which is as long as this value lives; everything holding a pointer holds an `Arc` of it.
-pub(crate) struct CnrtApi {
-    pub(crate) path: PathBuf,
+/// What the shared loader needs to know about `libcnrt`.
+const SPEC: LibrarySpec = LibrarySpec {
+    library: LIBRARY,
+    runtime: "the Cambricon runtime",
+    env: LIBRARY_ENV,
+    candidates: LIBRARY_CANDIDATES,
+    install: "install Cambricon CNToolkit (Neuware) so that libcnrt.so is on the loader path \
+              (e.g. add $NEUWARE_HOME/lib64 to LD_LIBRARY_PATH)",
+    missing_symbol: "HMC needs CNRT 5 or later (CNToolkit 2 or later)",
+};
+
+/// The resolved CNRT runtime, as [`hmc_backend_runtime::RuntimeApi`] for the generic memory
+/// types ([`crate::MluMemory`] is `RuntimeMemory<CnrtApi>`). The function pointers stay
+/// valid while the library is loaded, which is as long as this value lives; everything
+/// holding a pointer holds an `Arc` of it.
+pub struct CnrtApi {
+    path: PathBuf,
     /// `major * 10000 + minor * 100 + patch` from `cnrtGetLibVersion`.
-    pub(crate) runtime_version: c_int,
-    pub(crate) get_device_count: GetDeviceCountFn,
-    pub(crate) set_device: SetDeviceFn,
-    pub(crate) malloc: MallocFn,
-    pub(crate) free: FreeFn,
-    pub(crate) host_malloc: HostMallocFn,
-    pub(crate) free_host: FreeHostFn,
-    pub(crate) memcpy: MemcpyFn,
-    pub(crate) mem_get_info: MemGetInfoFn,
-    pub(crate) acquire_mem_handle: AcquireMemHandleFn,
-    pub(crate) map_mem_handle: MapMemHandleFn,
-    pub(crate) unmap_mem_handle: UnMapMemHandleFn,
+    runtime_version: c_int,
+    get_device_count: GetDeviceCountFn,
+    set_device: SetDeviceFn,
+    malloc: MallocFn,
+    free: FreeFn,
+    host_malloc: HostMallocFn,
+    free_host: FreeHostFn,
+    memcpy: MemcpyFn,
+    mem_get_info: MemGetInfoFn,
+    acquire_mem_handle: AcquireMemHandleFn,
+    map_mem_handle: MapMemHandleFn,
+    unmap_mem_handle: UnMapMemHandleFn,
     get_error_str: GetErrorStrFn,
     _library: libloading::Library,
 }
@@ -106,67 +120,18 @@ impl std::fmt::Debug for CnrtApi {
     }
 }
 
-fn unavailable(what: String, reason: String) -> Error {
-    Error::Unavailable {
-        what,
-        reason,
-        hint: format!(
-            "install Cambricon CNToolkit (Neuware) so that libcnrt.so is on the loader path \
-             (e.g. add $NEUWARE_HOME/lib64 to LD_LIBRARY_PATH), or set {LIBRARY_ENV} to its \
-             full path"
-        ),
-    }
-}
-
-/// Resolves one symbol as a function pointer of type `T`.
-///
-/// # Safety
-/// `T` must be the exact C signature of `name` in the library.
-unsafe fn symbol<T: Copy>(lib: &libloading::Library, path: &Path, name: &str) -> Result<T> {
-    // SAFETY: the caller guarantees `T` matches the symbol's C signature.
-    let sym = unsafe { lib.get::<T>(name.as_bytes()) }.map_err(|e| {
-        unavailable(
-            format!("{LIBRARY} at {}", path.display()),
-            format!(
-                "it does not export `{name}` ({e}); HMC needs CNRT 5 or later (CNToolkit 2 or later)"
-            ),
-        )
-    })?;
-    Ok(*sym)
-}
-
 impl CnrtApi {
     /// Opens the runtime: `explicit` when given, else `$HMC_CNRT_LIB`, else the first of
     /// [`LIBRARY_CANDIDATES`] that loads.
     pub(crate) fn open(explicit: Option<&Path>) -> Result<Arc<CnrtApi>> {
-        let env = std::env::var_os(LIBRARY_ENV).map(PathBuf::from);
-        let tries: Vec<PathBuf> = match explicit.map(Path::to_path_buf).or(env) {
-            Some(p) => vec![p],
-            None => LIBRARY_CANDIDATES.iter().map(PathBuf::from).collect(),
-        };
-        let mut reasons = Vec::new();
-        for path in tries {
-            // SAFETY: loading a library runs its initialisers; CNRT's initialisers are
-            // designed to run in any process that links or dlopens it.
-            match unsafe { libloading::Library::new(&path) } {
-                Ok(lib) => return Self::resolve(lib, path).map(Arc::new),
-                Err(e) => reasons.push(format!("{}: {e}", path.display())),
-            }
-        }
-        Err(unavailable(
-            format!("the Cambricon runtime ({LIBRARY})"),
-            format!("could not load it: {}", reasons.join("; ")),
-        ))
+        let (lib, path) = SPEC.load(explicit)?;
+        Self::resolve(lib, path).map(Arc::new)
     }
 
     /// The process-wide runtime for the default search, loaded once on first success.
     pub(crate) fn default_runtime() -> Result<Arc<CnrtApi>> {
         static DEFAULT: OnceLock<Arc<CnrtApi>> = OnceLock::new();
-        if let Some(api) = DEFAULT.get() {
-            return Ok(api.clone());
-        }
-        let api = Self::open(None)?;
-        Ok(DEFAULT.get_or_init(|| api).clone())
+        hmc_backend_runtime::default_runtime(&DEFAULT, || Self::open(None))
     }
 
     fn resolve(lib: libloading::Library, path: PathBuf) -> Result<CnrtApi> {
@@ -174,23 +139,23 @@ impl CnrtApi {
         // header's signature for the named function, as cited beside the alias; the version
         // function writes three ints through valid pointers.
         let api = unsafe {
-            let get_lib_version: GetLibVersionFn = symbol(&lib, &path, "cnrtGetLibVersion")?;
+            let get_lib_version: GetLibVersionFn = SPEC.symbol(&lib, &path, "cnrtGetLibVersion")?;
             let (mut major, mut minor, mut patch) = (0, 0, 0);
             get_lib_version(&mut major, &mut minor, &mut patch);
             CnrtApi {
                 runtime_version: major * 10_000 + minor * 100 + patch,
-                get_device_count: symbol(&lib, &path, "cnrtGetDeviceCount")?,
-                set_device: symbol(&lib, &path, "cnrtSetDevice")?,
-                malloc: symbol(&lib, &path, "cnrtMalloc")?,
-                free: symbol(&lib, &path, "cnrtFree")?,
-                host_malloc: symbol(&lib, &path, "cnrtHostMalloc")?,
-                free_host: symbol(&lib, &path, "cnrtFreeHost")?,
-                memcpy: symbol(&lib, &path, "cnrtMemcpy")?,
-                mem_get_info: symbol(&lib, &path, "cnrtMemGetInfo")?,
-                acquire_mem_handle: symbol(&lib, &path, "cnrtAcquireMemHandle")?,
-                map_mem_handle: symbol(&lib, &path, "cnrtMapMemHandle")?,
-                unmap_mem_handle: symbol(&lib, &path, "cnrtUnMapMemHandle")?,
-                get_error_str: symbol(&lib, &path, "cnrtGetErrorStr")?,
+                get_device_count: SPEC.symbol(&lib, &path, "cnrtGetDeviceCount")?,
+                set_device: SPEC.symbol(&lib, &path, "cnrtSetDevice")?,
+                malloc: SPEC.symbol(&lib, &path, "cnrtMalloc")?,
+                free: SPEC.symbol(&lib, &path, "cnrtFree")?,
+                host_malloc: SPEC.symbol(&lib, &path, "cnrtHostMalloc")?,
+                free_host: SPEC.symbol(&lib, &path, "cnrtFreeHost")?,
+                memcpy: SPEC.symbol(&lib, &path, "cnrtMemcpy")?,
+                mem_get_info: SPEC.symbol(&lib, &path, "cnrtMemGetInfo")?,
+                acquire_mem_handle: SPEC.symbol(&lib, &path, "cnrtAcquireMemHandle")?,
+                map_mem_handle: SPEC.symbol(&lib, &path, "cnrtMapMemHandle")?,
+                unmap_mem_handle: SPEC.symbol(&lib, &path, "cnrtUnMapMemHandle")?,
+                get_error_str: SPEC.symbol(&lib, &path, "cnrtGetErrorStr")?,
                 path,
                 _library: lib,
             }
@@ -201,7 +166,7 @@ impl CnrtApi {
 
     /// `Ok` for `cnrtSuccess`, else an [`Error::Device`] naming the library, `function`, the
     /// code, and the runtime's own description of the code (`cnrtGetErrorStr`).
-    pub(crate) fn check(&self, function: &'static str, code: CnrtRet) -> Result<()> {
+    fn check(&self, function: &'static str, code: CnrtRet) -> Result<()> {
         if code == CNRT_SUCCESS {
             Ok(())
         } else {
@@ -209,7 +174,7 @@ impl CnrtApi {
         }
     }
 
-    pub(crate) fn error(&self, function: &'static str, code: CnrtRet) -> Error {
+    fn error(&self, function: &'static str, code: CnrtRet) -> Error {
         // SAFETY: cnrtGetErrorStr accepts any cnrtRet_t value and returns a pointer to a
         // static NUL-terminated string (or NULL, handled by `c_string`).
         let text = unsafe { c_string((self.get_error_str)(code)) };
@@ -220,23 +185,40 @@ impl CnrtApi {
             message: text,
         }
     }
+}
 
-    /// Makes `ordinal` the calling thread's current device (`cnrtSetDevice`); every call
-    /// that touches device memory is preceded by it, since the current device is per thread.
-    pub(crate) fn bind(&self, ordinal: u32) -> Result<()> {
-        let ordinal = c_int::try_from(ordinal)
-            .map_err(|_| Error::InvalidArgument(format!("device ordinal {ordinal} too large")))?;
-        // SAFETY: cnrtSetDevice takes a plain int and has no memory preconditions.
-        self.check("cnrtSetDevice", unsafe { (self.set_device)(ordinal) })
+impl RuntimeApi for CnrtApi {
+    const KIND: DeviceKind = DeviceKind::Mlu;
+    const NAME: &'static str = "MLU";
+    const MEMORY_TYPE: &'static str = "MluMemory";
+    const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
+        hmc_backend_mlu::probe), or check MLU_VISIBLE_DEVICES";
+    const IPC_HANDLE_SIZE: usize = CNRT_IPC_HANDLE_SIZE;
+    type IpcWire = [u8; CNRT_IPC_HANDLE_SIZE + 8];
+    const IPC_WIRE_ZERO: Self::IpcWire = [0; CNRT_IPC_HANDLE_SIZE + 8];
+
+    fn default_runtime() -> Result<Arc<Self>> {
+        CnrtApi::default_runtime()
     }
 
-    /// The number of devices, or `Unavailable` when there are none.
-    pub(crate) fn device_count(&self) -> Result<u32> {
+    fn open_library(library: &Path) -> Result<Arc<Self>> {
+        CnrtApi::open(Some(library))
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn runtime_version(&self) -> i32 {
+        self.runtime_version
+    }
+
+    fn device_count(&self) -> Result<u32> {
         let mut count: c_uint = 0;
         // SAFETY: `count` is a valid out-pointer for the call's duration.
         let code = unsafe { (self.get_device_count)(&mut count) };
         if code == CNRT_ERROR_NO_DEVICE || (code == CNRT_SUCCESS && count == 0) {
-            return Err(unavailable(
+            return Err(SPEC.unavailable(
                 "a Cambricon MLU device".into(),
                 if code == CNRT_SUCCESS {
                     format!("the runtime at {} reports 0 devices", self.path.display())
@@ -252,16 +234,98 @@ impl CnrtApi {
         self.check("cnrtGetDeviceCount", code)?;
         Ok(count)
     }
-}
 
-/// Copies a C string returned by the runtime.
-///
-/// # Safety
-/// `p` is NULL or points to a NUL-terminated string that stays valid during the call.
-unsafe fn c_string(p: *const c_char) -> String {
-    if p.is_null() {
-        return "(no description)".into();
+    /// `cnrtSetDevice`: every call that touches device memory is preceded by it, since the
+    /// current device is per thread.
+    fn set_device(&self, ordinal: u32) -> Result<()> {
+        let ordinal = c_int::try_from(ordinal)
+            .map_err(|_| Error::InvalidArgument(format!("device ordinal {ordinal} too large")))?;
+        // SAFETY: cnrtSetDevice takes a plain int and has no memory preconditions.
+        self.check("cnrtSetDevice", unsafe { (self.set_device)(ordinal) })
     }
-    // SAFETY: non-null and NUL-terminated per the caller's contract.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+
+    fn mem_info(&self) -> Result<(u64, u64)> {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both are valid out-pointers for the call's duration.
+        let code = unsafe { (self.mem_get_info)(&mut free, &mut total) };
+        self.check("cnrtMemGetInfo", code)?;
+        Ok((free as u64, total as u64))
+    }
+
+    fn malloc(&self, len: usize) -> Result<*mut c_void> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer for the call's duration.
+        let code = unsafe { (self.malloc)(&mut ptr, len) };
+        self.check("cnrtMalloc", code)?;
+        Ok(ptr)
+    }
+
+    unsafe fn free(&self, ptr: *mut c_void) -> Result<()> {
+        // SAFETY: the caller guarantees `ptr` came from cnrtMalloc and is freed once.
+        let code = unsafe { (self.free)(ptr) };
+        self.check("cnrtFree", code)
+    }
+
+    fn host_alloc(&self, len: usize) -> Result<*mut c_void> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer.
+        let code = unsafe { (self.host_malloc)(&mut ptr, len) };
+        self.check("cnrtHostMalloc", code)?;
+        Ok(ptr)
+    }
+
+    unsafe fn host_free(&self, ptr: *mut c_void) -> Result<()> {
+        // SAFETY: the caller guarantees `ptr` came from cnrtHostMalloc and is freed once.
+        let code = unsafe { (self.free_host)(ptr) };
+        self.check("cnrtFreeHost", code)
+    }
+
+    unsafe fn memcpy(
+        &self,
+        dst: *mut c_void,
+        src: *const c_void,
+        len: usize,
+        dir: CopyDirection,
+    ) -> Result<()> {
+        let kind = match dir {
+            CopyDirection::HostToDevice => CNRT_MEMCPY_HOST_TO_DEV,
+            CopyDirection::DeviceToHost => CNRT_MEMCPY_DEV_TO_HOST,
+            CopyDirection::DeviceToDevice => CNRT_MEMCPY_DEV_TO_DEV,
+        };
+        // SAFETY: the caller guarantees both pointers are live memory of the kinds `kind`
+        // names, `len` bytes each; CNRT does not write through `src` (non-const in the
+        // header only).
+        let code = unsafe { (self.memcpy)(dst, src as *mut c_void, len, kind) };
+        self.check("cnrtMemcpy", code)
+    }
+
+    unsafe fn ipc_get(&self, ptr: *mut c_void, handle: &mut [u8]) -> Result<()> {
+        let mut raw: CnrtIpcMemHandle = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; the caller guarantees `ptr` is the base of a
+        // live cnrtMalloc allocation of the current device.
+        let code = unsafe { (self.acquire_mem_handle)(&mut raw, ptr) };
+        self.check("cnrtAcquireMemHandle", code)?;
+        // The handle is a pointer-sized value; it travels big-endian.
+        handle.copy_from_slice(&(raw as usize).to_be_bytes());
+        Ok(())
+    }
+
+    unsafe fn ipc_open(&self, handle: &[u8]) -> Result<*mut c_void> {
+        // The handle is a pointer-sized value the exporting process's runtime gave out.
+        let mut value = [0u8; CNRT_IPC_HANDLE_SIZE];
+        value.copy_from_slice(handle);
+        let raw = usize::from_be_bytes(value) as CnrtIpcMemHandle;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer; the handle is passed by value as the header
+        // declares; the caller guarantees its origin.
+        let code = unsafe { (self.map_mem_handle)(&mut ptr, raw, CNRT_MAP_MEM_HANDLE_FLAGS) };
+        self.check("cnrtMapMemHandle", code)?;
+        Ok(ptr)
+    }
+
+    unsafe fn ipc_close(&self, ptr: *mut c_void) -> Result<()> {
+        // SAFETY: the caller guarantees `ptr` came from cnrtMapMemHandle, closed once.
+        let code = unsafe { (self.unmap_mem_handle)(ptr) };
+        self.check("cnrtUnMapMemHandle", code)
+    }
 }

@@ -16,6 +16,9 @@
 //! Not for: kernels, queues or asynchronous copies (HMC moves bytes; compute stays with the
 //! application), nor peer-to-peer copies between two MLUs.
 //!
+//! The memory types are the generic ones of `hmc-backend-runtime` over [`CnrtApi`], this
+//! crate's binding of CNRT, under this crate's names.
+//!
 //! # Loading
 //!
 //! Nothing from CNToolkit is needed to build. At run time the runtime is looked up as
@@ -52,22 +55,64 @@
 //! the length in a handle received from another process cannot be checked.
 
 mod api;
-mod memory;
 
-pub use api::{CNRT_IPC_HANDLE_SIZE, LIBRARY_CANDIDATES, LIBRARY_ENV};
-pub use memory::{
-    DeviceInfo, IpcHandle, IpcMapping, MluBuffer, MluMemory, PinnedHostBuffer, PinnedHostMemory,
-};
+pub use api::{CNRT_IPC_HANDLE_SIZE, CnrtApi, LIBRARY_CANDIDATES, LIBRARY_ENV};
+pub use hmc_backend_runtime::DeviceInfo;
 
+use hmc_backend_runtime::RuntimeApi;
 use hmc_core::Result;
+
+/// One Cambricon MLU device's allocator and copy engine (`cnrtMalloc`, `cnrtMemcpy`, `cnrtSetDevice`
+/// before every call). Cheap to clone. [`MluMemory::new`] uses the default search,
+/// [`MluMemory::with_library`] a given library.
+pub type MluMemory = hmc_backend_runtime::RuntimeMemory<CnrtApi>;
+/// A `cnrtMalloc` allocation; freed (`cnrtFree`, in its device's context) on drop.
+pub type MluBuffer = hmc_backend_runtime::RuntimeBuffer<CnrtApi>;
+/// Page-locked host memory from CNRT (`cnrtHostMalloc`), for staging bounce
+/// buffers; its buffers are host memory.
+pub type PinnedHostMemory = hmc_backend_runtime::PinnedHostMemory<CnrtApi>;
+/// A `cnrtHostMalloc` allocation; freed (`cnrtFreeHost`) on drop.
+pub type PinnedHostBuffer = hmc_backend_runtime::PinnedHostBuffer<CnrtApi>;
+/// An exported device allocation: the runtime's `cnrtIpcMemHandle` (a pointer-sized
+/// value, stored big-endian) and the allocation's length; [`IpcHandle::to_bytes`] gives its
+/// wire form.
+pub type IpcHandle = hmc_backend_runtime::IpcHandle<CnrtApi>;
+/// Another process's device allocation mapped by [`MluMemory::open_ipc`]
+/// (`cnrtMapMemHandle`); unmapped (`cnrtUnMapMemHandle`) on drop.
+pub type IpcMapping = hmc_backend_runtime::IpcMapping<CnrtApi>;
 
 /// The MLU devices of the default runtime (see [`MluMemory::new`]), or `Unavailable` when
 /// the runtime or any device is missing. For `cargo xtask matrix` and backend selection.
 pub fn probe() -> Result<Vec<DeviceInfo>> {
-    memory::all_devices(&api::CnrtApi::default_runtime()?)
+    hmc_backend_runtime::all_devices(&CnrtApi::default_runtime()?)
 }
 
 /// Like [`probe`], for the runtime at `library`.
 pub fn probe_library(library: impl AsRef<std::path::Path>) -> Result<Vec<DeviceInfo>> {
-    memory::all_devices(&api::CnrtApi::open(Some(library.as_ref()))?)
+    hmc_backend_runtime::all_devices(&CnrtApi::open_library(library.as_ref())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hmc_core::Error;
+
+    #[test]
+    fn ipc_handles_round_trip_their_wire_form_and_refuse_other_lengths() {
+        assert_eq!(IpcHandle::ENCODED_LEN, CNRT_IPC_HANDLE_SIZE + 8);
+        let mut bytes = [0u8; IpcHandle::ENCODED_LEN];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let h = IpcHandle::from_bytes(&bytes).unwrap();
+        assert_eq!(h.to_bytes(), bytes);
+        assert_eq!(
+            h.len(),
+            u64::from_be_bytes(bytes[bytes.len() - 8..].try_into().unwrap())
+        );
+        for wrong in [0, IpcHandle::ENCODED_LEN - 1, IpcHandle::ENCODED_LEN + 1] {
+            let err = IpcHandle::from_bytes(&vec![0u8; wrong]).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+        }
+    }
 }
