@@ -25,9 +25,25 @@
 //! `shim/devshim_core.h` of this crate; each backend keeps its own vendor-named wrapper
 //! source in `tests/shim/`.
 //!
+//! # Shared test bodies
+//!
+//! [`ShimControl`] drives a loaded shim (failure injection, live allocation count, current
+//! device) and [`run_child_test`] runs one `#[ignore]`d test in a child process. The
+//! [`runtime`] module holds the test bodies of the backends built on
+//! `hmc-backend-runtime`, generic over their vendor API and declared in each backend by
+//! [`runtime_abi_shim_tests!`] and [`runtime_device_tests!`].
+//!
 //! # Safety
 //!
-//! No `unsafe` here: this crate only runs the C compiler.
+//! `unsafe` is confined to [`ShimControl`]: resolving the shim's control functions with the
+//! signatures `devshim_core.h` declares (cited beside each call).
+
+mod control;
+pub mod runtime;
+
+pub use control::{ShimControl, from_hex, run_child_test, test_name, to_hex};
+/// Re-exported for the test macros, so a backend need not name it.
+pub use hmc_backend_runtime;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
