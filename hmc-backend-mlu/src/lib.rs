@@ -91,28 +91,3 @@ pub fn probe() -> Result<Vec<DeviceInfo>> {
 pub fn probe_library(library: impl AsRef<std::path::Path>) -> Result<Vec<DeviceInfo>> {
     hmc_backend_runtime::all_devices(&CnrtApi::open_library(library.as_ref())?)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use hmc_core::Error;
-
-    #[test]
-    fn ipc_handles_round_trip_their_wire_form_and_refuse_other_lengths() {
-        assert_eq!(IpcHandle::ENCODED_LEN, CNRT_IPC_HANDLE_SIZE + 8);
-        let mut bytes = [0u8; IpcHandle::ENCODED_LEN];
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = i as u8;
-        }
-        let h = IpcHandle::from_bytes(&bytes).unwrap();
-        assert_eq!(h.to_bytes(), bytes);
-        assert_eq!(
-            h.len(),
-            u64::from_be_bytes(bytes[bytes.len() - 8..].try_into().unwrap())
-        );
-        for wrong in [0, IpcHandle::ENCODED_LEN - 1, IpcHandle::ENCODED_LEN + 1] {
-            let err = IpcHandle::from_bytes(&vec![0u8; wrong]).unwrap_err();
-            assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
-        }
-    }
-}
