@@ -11,6 +11,8 @@
  * A vendor shim defines its error codes, then includes this file exactly once:
  *   SHIM_ERR_INVALID_VALUE, SHIM_ERR_OUT_OF_MEMORY, SHIM_ERR_INVALID_DEVICE,
  *   SHIM_ERR_INVALID_DIRECTION, SHIM_ERR_NO_DEVICE
+ * A vendor whose runtime mirrors the CUDA runtime name for name (HIP, MUSA) then includes
+ * devshim_cudart.h, which defines all its functions but the error texts.
  *
  * Behaviour:
  * - Device count: $HMC_SHIM_DEVICE_COUNT (default 4; 0 means "no device").
@@ -270,6 +272,38 @@ static int shim_ipc_open(int32_t pid, int32_t fd, void **out) {
   }
   *out = p;
   return 0;
+}
+
+/* Helpers a shim may not need (hence `unused`). IPC handles of the CUDA-runtime shape (a `char reserved[64]` struct in HIP, MUSA and the
+ * CUDA driver): the shim's vendor `magic`, then the exporter's pid and fd, then zeros. */
+__attribute__((unused)) static int shim_ipc_export_bytes(void *ptr, char *reserved, size_t size, uint32_t magic) {
+  if (reserved == NULL || size < 12) return SHIM_ERR_INVALID_VALUE;
+  int32_t pid, fd;
+  int rc = shim_ipc_export(ptr, &pid, &fd);
+  if (rc != 0) return rc;
+  memset(reserved, 0, size);
+  memcpy(reserved, &magic, 4);
+  memcpy(reserved + 4, &pid, 4);
+  memcpy(reserved + 8, &fd, 4);
+  return 0;
+}
+
+/* Opens a handle written by shim_ipc_export_bytes with the same `magic`. */
+__attribute__((unused)) static int shim_ipc_open_bytes(const char *reserved, uint32_t magic, void **out) {
+  uint32_t got;
+  int32_t pid, fd;
+  memcpy(&got, reserved, 4);
+  memcpy(&pid, reserved + 4, 4);
+  memcpy(&fd, reserved + 8, 4);
+  if (got != magic) return SHIM_ERR_INVALID_VALUE;
+  return shim_ipc_open(pid, fd, out);
+}
+
+/* A vendor "get device count" over the shim: `*count` devices, "no device" when 0. */
+__attribute__((unused)) static int shim_get_device_count(int *count) {
+  if (count == NULL) return SHIM_ERR_INVALID_VALUE;
+  *count = shim_device_count();
+  return *count == 0 ? SHIM_ERR_NO_DEVICE : 0;
 }
 
 #endif /* HMC_DEVSHIM_CORE_H */

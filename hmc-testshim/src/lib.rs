@@ -22,8 +22,10 @@
 //! driver behaves as its header promises, and it measures nothing about performance.
 //!
 //! The shared part of the shims (allocation table, checks, failure injection, IPC) is
-//! `shim/devshim_core.h` of this crate; each backend keeps its own vendor-named wrapper
-//! source in `tests/shim/`.
+//! `shim/devshim_core.h` of this crate; `shim/devshim_cudart.h` adds every function of a
+//! runtime that mirrors the CUDA runtime name for name (HIP, MUSA) from its symbol prefix.
+//! Each backend keeps its own vendor source in `tests/shim/` (error codes and texts, and
+//! the functions whose shape is its own).
 //!
 //! # Shared test bodies
 //!
@@ -48,7 +50,8 @@ pub use hmc_backend_runtime;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The folder holding `devshim_core.h`, passed to the compiler with `-I`.
+/// The folder holding `devshim_core.h` and `devshim_cudart.h`, passed to the compiler with
+/// `-I`.
 pub fn core_include_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("shim")
 }
@@ -57,15 +60,15 @@ pub fn core_include_dir() -> PathBuf {
 /// `out_dir`, and returns its path.
 ///
 /// The compiler is `$CC` when set, else `cc`. Compilation is skipped when the library is
-/// newer than both `source` and the shared core header, so parallel tests of one crate
-/// rebuild it once; the output is written to a temporary name and renamed into place, so a
+/// newer than `source` and the shared headers, so parallel tests of one crate rebuild it
+/// once; the output is written to a temporary name and renamed into place, so a
 /// concurrent test never loads a half-written file.
 pub fn build_shim(source: &Path, name: &str, out_dir: &Path) -> Result<PathBuf, String> {
     std::fs::create_dir_all(out_dir)
         .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
     let out = out_dir.join(format!("lib{name}.so"));
-    let core = core_include_dir().join("devshim_core.h");
-    if is_fresh(&out, &[source, &core]) {
+    let shared = ["devshim_core.h", "devshim_cudart.h"].map(|h| core_include_dir().join(h));
+    if is_fresh(&out, &[source, &shared[0], &shared[1]]) {
         return Ok(out);
     }
     let tmp = out_dir.join(format!("lib{name}.so.{}.tmp", std::process::id()));
@@ -118,7 +121,8 @@ mod tests {
     }
 
     #[test]
-    fn the_core_header_exists() {
+    fn the_shared_headers_exist() {
         assert!(core_include_dir().join("devshim_core.h").is_file());
+        assert!(core_include_dir().join("devshim_cudart.h").is_file());
     }
 }
