@@ -160,6 +160,9 @@ struct Inner {
     current: parking_lot::Mutex<Option<ConnHandle>>,
     credits: Arc<Semaphore>,
     next_id: AtomicU64,
+    /// The server on the current connection answered that it has no data plane: large
+    /// payloads go TCP_STREAM until the next reconnect.
+    no_buffer: AtomicBool,
 }
 
 /// An RPC client over one persistent connection. Cheap to clone; clones share it.
@@ -188,6 +191,7 @@ impl Client<NoDataPlane> {
                 conn: Mutex::new(None),
                 current: parking_lot::Mutex::new(None),
                 next_id: AtomicU64::new(1),
+                no_buffer: AtomicBool::new(false),
             }),
             dp: None,
         };
@@ -275,6 +279,7 @@ impl<C: Communicator> Client<C> {
             cmd: tx.clone(),
             usable: usable.clone(),
         });
+        self.inner.no_buffer.store(false, Ordering::Release);
         *self.inner.current.lock() = Some(ConnHandle {
             cmd: tx.clone(),
             usable,
@@ -299,12 +304,22 @@ impl<C: Communicator> Client<C> {
         let payload = payload.into();
         if let Some(dp) = &self.dp
             && payload.len() >= dp.config.threshold
+            && !self.inner.no_buffer.load(Ordering::Acquire)
         {
             let resp_len = opts.response_capacity.unwrap_or(payload.len());
             match dp.prepare(&payload, resp_len) {
                 Ok(prep) => {
                     let body = Body::Buffer(payload.len() as u64, prep.descriptor.clone());
                     let r = self.call_body(method, body, opts).await;
+                    if let Err(CallError::Status { status, message }) = &r
+                        && *status == Status::DATA_PLANE
+                        && message.contains(crate::proto::NO_DATA_PLANE_MARK)
+                    {
+                        tracing::warn!(
+                            "the server has no data plane; large payloads go TCP_STREAM on this connection"
+                        );
+                        self.inner.no_buffer.store(true, Ordering::Release);
+                    }
                     return finish_buffer_call(dp, prep, r);
                 }
                 Err(e) => {

@@ -17,6 +17,13 @@ use crate::frame::{
     Status, check_payload_crc, encode_frame, payload_crc,
 };
 
+/// The DATA_PLANE answer of a server without a data plane.
+const NO_DATA_PLANE_TEXT: &str = "HMC_BUFFER payloads need a data plane, which this server has not configured; send INLINE or TCP_STREAM";
+
+/// The part of [`NO_DATA_PLANE_TEXT`] a client recognises (it then stops sending HMC_BUFFER
+/// on that connection).
+pub(crate) const NO_DATA_PLANE_MARK: &str = "which this server has not configured";
+
 /// Limits and timers of one connection, shared by both roles.
 #[derive(Clone, Debug)]
 pub struct ConnConfig {
@@ -654,7 +661,7 @@ impl ServerConn {
                 id,
                 h.method_id,
                 Status::DATA_PLANE,
-                Bytes::from_static(b"HMC_BUFFER payloads need a data plane, which this server has not configured; send INLINE or TCP_STREAM"),
+                Bytes::from_static(NO_DATA_PLANE_TEXT.as_bytes()),
             );
             return Ok(());
         }

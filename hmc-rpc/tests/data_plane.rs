@@ -399,6 +399,21 @@ async fn an_endpoint_lives_while_a_connection_from_its_client_is_open() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_a_data_plane_fails_one_call_then_gets_tcp_stream() {
+    let s = server::<TcpCommunicator>(None, DataPlaneConfig::default()).await;
+    let c = client(&s, tcp_comm(), DataPlaneConfig::default()).await;
+    let p = pattern(1 << 20, 6);
+    // The first large call is refused (its header was out: never replayed) ...
+    let e = c.call(demo::ECHO, p.clone()).await.unwrap_err();
+    assert_eq!(e.status(), Some(Status::DATA_PLANE), "{e}");
+    // ... and the client sends the next ones TCP_STREAM.
+    assert_eq!(c.call(demo::ECHO, p.clone()).await.unwrap(), p);
+    let cs = c.data_plane_stats().unwrap();
+    assert_eq!((cs.buffer_calls, cs.failures), (1, 1));
+    assert_eq!(cs.pool.in_use_bytes, 0);
+}
+
 #[tokio::test]
 async fn a_server_without_a_data_plane_reports_none() {
     let s = server::<TcpCommunicator>(None, DataPlaneConfig::default()).await;
