@@ -10,7 +10,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use hmc_backend_runtime::{CopyDirection, LibrarySpec, RuntimeApi, c_string};
+use hmc_backend_runtime::{CopyDirection, IpcFormat, LibrarySpec, RuntimeApi, c_string};
 use hmc_core::{DeviceKind, Error, Result};
 
 /// The library name used in errors.
@@ -187,15 +187,18 @@ impl CnrtApi {
     }
 }
 
-impl RuntimeApi for CnrtApi {
-    const KIND: DeviceKind = DeviceKind::Mlu;
+impl IpcFormat for CnrtApi {
     const NAME: &'static str = "MLU";
-    const MEMORY_TYPE: &'static str = "MluMemory";
-    const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
-        hmc_backend_mlu::probe), or check MLU_VISIBLE_DEVICES";
     const IPC_HANDLE_SIZE: usize = CNRT_IPC_HANDLE_SIZE;
     type IpcWire = [u8; CNRT_IPC_HANDLE_SIZE + 8];
     const IPC_WIRE_ZERO: Self::IpcWire = [0; CNRT_IPC_HANDLE_SIZE + 8];
+}
+
+impl RuntimeApi for CnrtApi {
+    const KIND: DeviceKind = DeviceKind::Mlu;
+    const MEMORY_TYPE: &'static str = "MluMemory";
+    const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
+        hmc_backend_mlu::probe), or check MLU_VISIBLE_DEVICES";
 
     fn default_runtime() -> Result<Arc<Self>> {
         CnrtApi::default_runtime()

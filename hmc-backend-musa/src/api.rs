@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use hmc_backend_runtime::{CopyDirection, LibrarySpec, RuntimeApi, c_string};
+use hmc_backend_runtime::{CopyDirection, IpcFormat, LibrarySpec, RuntimeApi, c_string};
 use hmc_core::{DeviceKind, Error, Result};
 
 /// The library name used in errors.
@@ -231,15 +231,18 @@ impl MusaApi {
     }
 }
 
-impl RuntimeApi for MusaApi {
-    const KIND: DeviceKind = DeviceKind::Musa;
+impl IpcFormat for MusaApi {
     const NAME: &'static str = "MUSA";
-    const MEMORY_TYPE: &'static str = "MusaMemory";
-    const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
-        hmc_backend_musa::probe), or check MUSA_VISIBLE_DEVICES";
     const IPC_HANDLE_SIZE: usize = MUSA_IPC_HANDLE_SIZE;
     type IpcWire = [u8; MUSA_IPC_HANDLE_SIZE + 8];
     const IPC_WIRE_ZERO: Self::IpcWire = [0; MUSA_IPC_HANDLE_SIZE + 8];
+}
+
+impl RuntimeApi for MusaApi {
+    const KIND: DeviceKind = DeviceKind::Musa;
+    const MEMORY_TYPE: &'static str = "MusaMemory";
+    const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
+        hmc_backend_musa::probe), or check MUSA_VISIBLE_DEVICES";
 
     fn default_runtime() -> Result<Arc<Self>> {
         MusaApi::default_runtime()

@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-use hmc_backend_runtime::{CopyDirection, LibrarySpec, RuntimeApi, c_string};
+use hmc_backend_runtime::{CopyDirection, IpcFormat, LibrarySpec, RuntimeApi, c_string};
 use hmc_core::{DeviceKind, Error, Result};
 
 /// The library name used in errors.
@@ -227,15 +227,18 @@ impl HipApi {
     }
 }
 
-impl RuntimeApi for HipApi {
-    const KIND: DeviceKind = DeviceKind::Rocm;
+impl IpcFormat for HipApi {
     const NAME: &'static str = "HIP";
-    const MEMORY_TYPE: &'static str = "RocmMemory";
-    const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
-        hmc_backend_rocm::probe), or check HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES";
     const IPC_HANDLE_SIZE: usize = HIP_IPC_HANDLE_SIZE;
     type IpcWire = [u8; HIP_IPC_HANDLE_SIZE + 8];
     const IPC_WIRE_ZERO: Self::IpcWire = [0; HIP_IPC_HANDLE_SIZE + 8];
+}
+
+impl RuntimeApi for HipApi {
+    const KIND: DeviceKind = DeviceKind::Rocm;
+    const MEMORY_TYPE: &'static str = "RocmMemory";
+    const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
+        hmc_backend_rocm::probe), or check HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES";
 
     fn default_runtime() -> Result<Arc<Self>> {
         HipApi::default_runtime()

@@ -40,7 +40,7 @@ use hmc_core::{DeviceKind, Result};
 pub use load::{LibrarySpec, c_string, default_runtime};
 pub use memory::{
     DeviceInfo, IpcHandle, IpcMapping, PinnedHostBuffer, PinnedHostMemory, RuntimeBuffer,
-    RuntimeMemory, all_devices,
+    RuntimeMemory, all_devices, max_alloc_error,
 };
 
 /// The direction of a runtime copy. Host→host copies never reach the runtime (they are done
@@ -55,6 +55,21 @@ pub enum CopyDirection {
     DeviceToDevice,
 }
 
+/// The shape of a vendor's IPC memory handle, for [`IpcHandle`]: its size and the array
+/// type of its wire form. Every [`RuntimeApi`] is one; a backend with its own memory types
+/// (CUDA's driver API) implements it on a marker type to share [`IpcHandle`].
+pub trait IpcFormat: Sized + 'static {
+    /// The short vendor name used in messages and logs ("HIP", "MUSA", "MLU", "CUDA").
+    const NAME: &'static str;
+    /// The size of the vendor's IPC memory handle in bytes.
+    const IPC_HANDLE_SIZE: usize;
+    /// The wire form of an [`IpcHandle`]: `[u8; IPC_HANDLE_SIZE + 8]` (the handle, then the
+    /// allocation length as big-endian `u64`).
+    type IpcWire: Copy + Eq + Debug + Send + Sync + AsRef<[u8]> + AsMut<[u8]> + 'static;
+    /// An all-zero [`Self::IpcWire`].
+    const IPC_WIRE_ZERO: Self::IpcWire;
+}
+
 /// A vendor runtime with the CUDA-runtime shape: a per-thread current device, `malloc`/
 /// `free`, a `memcpy` taking a direction, page-locked host allocations and IPC handles.
 ///
@@ -64,24 +79,14 @@ pub enum CopyDirection {
 ///
 /// Every method that touches device memory is called only after
 /// [`set_device`](Self::set_device) for the device concerned on the calling thread.
-pub trait RuntimeApi: Debug + Send + Sync + Sized + 'static {
+pub trait RuntimeApi: IpcFormat + Debug + Send + Sync {
     /// The device kind the vendor's devices report.
     const KIND: DeviceKind;
-    /// The short vendor name used in messages and logs ("HIP", "MUSA", "MLU").
-    const NAME: &'static str;
     /// The name of the vendor crate's memory type, for messages ("RocmMemory").
     const MEMORY_TYPE: &'static str;
     /// What to do when a device ordinal is past the device count (the crate's `probe` and
     /// the vendor's visibility variables).
     const ORDINAL_HINT: &'static str;
-    /// The size of the vendor's IPC memory handle in bytes.
-    const IPC_HANDLE_SIZE: usize;
-    /// The wire form of an [`IpcHandle`]: `[u8; IPC_HANDLE_SIZE + 8]` (the handle, then the
-    /// allocation length as big-endian `u64`).
-    type IpcWire: Copy + Eq + Debug + Send + Sync + AsRef<[u8]> + AsMut<[u8]> + 'static;
-    /// An all-zero [`Self::IpcWire`].
-    const IPC_WIRE_ZERO: Self::IpcWire;
-
     /// The process-wide runtime found by the vendor's default search (its environment
     /// variable, then its candidate library names), loaded once on first success.
     fn default_runtime() -> Result<Arc<Self>>;
@@ -124,12 +129,12 @@ pub trait RuntimeApi: Debug + Send + Sync + Sized + 'static {
         dir: CopyDirection,
     ) -> Result<()>;
     /// Writes the IPC handle of the device allocation at `ptr` into `handle`
-    /// ([`Self::IPC_HANDLE_SIZE`] bytes).
+    /// ([`IpcFormat::IPC_HANDLE_SIZE`] bytes).
     ///
     /// # Safety
     /// `ptr` is the base of a live [`malloc`](Self::malloc) allocation of the current device.
     unsafe fn ipc_get(&self, ptr: *mut c_void, handle: &mut [u8]) -> Result<()>;
-    /// Maps the allocation `handle` ([`Self::IPC_HANDLE_SIZE`] bytes) names into this
+    /// Maps the allocation `handle` ([`IpcFormat::IPC_HANDLE_SIZE`] bytes) names into this
     /// process, on the current device.
     ///
     /// # Safety

@@ -11,7 +11,7 @@ use hmc_core::{
     Device, DeviceBuffer, Error, MemSpan, MemSpanMut, Memory, Region, Result, check_copy,
 };
 
-use crate::{CopyDirection, RuntimeApi};
+use crate::{CopyDirection, IpcFormat, RuntimeApi};
 
 /// What `info()` and a backend's `probe` report about one device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,7 +26,9 @@ pub struct DeviceInfo {
     pub runtime_version: i32,
 }
 
-pub(crate) fn max_alloc_error(len: usize, max: usize) -> Error {
+/// The `LimitExceeded` error of an allocation larger than [`Memory::max_alloc`], naming the
+/// limit and what to do.
+pub fn max_alloc_error(len: usize, max: usize) -> Error {
     Error::LimitExceeded {
         limit: "max_alloc",
         value: len as u64,
@@ -133,18 +135,17 @@ impl<A: RuntimeApi> RuntimeMemory<A> {
                 "a zero-length buffer has no memory to share".into(),
             ));
         }
-        let mut wire = A::IPC_WIRE_ZERO;
-        let size = IpcHandle::<A>::handle_size();
+        let mut scratch = A::IPC_WIRE_ZERO;
+        let handle = &mut scratch.as_mut()[..A::IPC_HANDLE_SIZE];
         bound(&*self.api, self.ordinal, || {
             // SAFETY: `buf.ptr` is the base of a live allocation of this device (checked
             // above), made current by `bound`.
-            unsafe {
-                self.api
-                    .ipc_get(buf.ptr as *mut c_void, &mut wire.as_mut()[..size])
-            }
+            unsafe { self.api.ipc_get(buf.ptr as *mut c_void, handle) }
         })?;
-        wire.as_mut()[size..].copy_from_slice(&(buf.len as u64).to_be_bytes());
-        Ok(IpcHandle { wire })
+        Ok(IpcHandle::from_parts(
+            &scratch.as_ref()[..A::IPC_HANDLE_SIZE],
+            buf.len as u64,
+        ))
     }
 
     /// Maps memory another process exported as a buffer of this device.
@@ -155,7 +156,7 @@ impl<A: RuntimeApi> RuntimeMemory<A> {
     pub unsafe fn open_ipc(&self, handle: &IpcHandle<A>) -> Result<IpcMapping<A>> {
         let len = usize::try_from(handle.len())
             .map_err(|_| Error::InvalidArgument("IPC handle length too large".into()))?;
-        let raw = &handle.wire.as_ref()[..IpcHandle::<A>::handle_size()];
+        let raw = handle.handle();
         let ptr = bound(&*self.api, self.ordinal, || {
             // SAFETY: the caller guarantees the handle's origin and lifetime; the device is
             // current.
@@ -311,28 +312,28 @@ impl<A: RuntimeApi> Drop for IpcMapping<A> {
 
 /// A portable description of an exported device allocation: the runtime's IPC handle and
 /// the allocation's length. Send it to a peer on the same host with [`IpcHandle::to_bytes`].
-pub struct IpcHandle<A: RuntimeApi> {
+pub struct IpcHandle<F: IpcFormat> {
     /// The wire form: the handle, then the length as big-endian `u64`.
-    wire: A::IpcWire,
+    wire: F::IpcWire,
 }
 
-impl<A: RuntimeApi> Clone for IpcHandle<A> {
+impl<F: IpcFormat> Clone for IpcHandle<F> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<A: RuntimeApi> Copy for IpcHandle<A> {}
+impl<F: IpcFormat> Copy for IpcHandle<F> {}
 
-impl<A: RuntimeApi> PartialEq for IpcHandle<A> {
+impl<F: IpcFormat> PartialEq for IpcHandle<F> {
     fn eq(&self, other: &Self) -> bool {
         self.wire == other.wire
     }
 }
 
-impl<A: RuntimeApi> Eq for IpcHandle<A> {}
+impl<F: IpcFormat> Eq for IpcHandle<F> {}
 
-impl<A: RuntimeApi> fmt::Debug for IpcHandle<A> {
+impl<F: IpcFormat> fmt::Debug for IpcHandle<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IpcHandle")
             .field("raw", &&self.wire.as_ref()[..Self::handle_size()])
@@ -341,20 +342,44 @@ impl<A: RuntimeApi> fmt::Debug for IpcHandle<A> {
     }
 }
 
-impl<A: RuntimeApi> IpcHandle<A> {
+impl<F: IpcFormat> IpcHandle<F> {
     /// Encoded size: the handle, then the length as big-endian `u64`.
-    pub const ENCODED_LEN: usize = std::mem::size_of::<A::IpcWire>();
+    pub const ENCODED_LEN: usize = std::mem::size_of::<F::IpcWire>();
 
     /// The vendor handle's size; checks at compile time that the wire form is the handle
     /// plus 8 bytes.
     const fn handle_size() -> usize {
         const {
             assert!(
-                std::mem::size_of::<A::IpcWire>() == A::IPC_HANDLE_SIZE + 8,
+                std::mem::size_of::<F::IpcWire>() == F::IPC_HANDLE_SIZE + 8,
                 "RuntimeApi::IpcWire must be [u8; IPC_HANDLE_SIZE + 8]"
             );
         }
-        A::IPC_HANDLE_SIZE
+        F::IPC_HANDLE_SIZE
+    }
+
+    /// A handle from the vendor's `handle` bytes ([`IpcFormat::IPC_HANDLE_SIZE`] of them)
+    /// and the allocation's length.
+    ///
+    /// # Panics
+    /// If `handle` is not [`IpcFormat::IPC_HANDLE_SIZE`] bytes long.
+    pub fn from_parts(handle: &[u8], len: u64) -> Self {
+        let size = Self::handle_size();
+        assert_eq!(
+            handle.len(),
+            size,
+            "a {} IPC handle is {size} bytes",
+            F::NAME
+        );
+        let mut wire = F::IPC_WIRE_ZERO;
+        wire.as_mut()[..size].copy_from_slice(handle);
+        wire.as_mut()[size..].copy_from_slice(&len.to_be_bytes());
+        IpcHandle { wire }
+    }
+
+    /// The vendor's handle bytes.
+    pub fn handle(&self) -> &[u8] {
+        &self.wire.as_ref()[..Self::handle_size()]
     }
 
     /// Length of the exported allocation in bytes.
@@ -370,7 +395,7 @@ impl<A: RuntimeApi> IpcHandle<A> {
     }
 
     /// The wire form.
-    pub fn to_bytes(&self) -> A::IpcWire {
+    pub fn to_bytes(&self) -> F::IpcWire {
         self.wire
     }
 
@@ -379,12 +404,12 @@ impl<A: RuntimeApi> IpcHandle<A> {
         if bytes.len() != Self::ENCODED_LEN {
             return Err(Error::InvalidArgument(format!(
                 "an IPC handle of {} is {} bytes, got {}",
-                A::NAME,
+                F::NAME,
                 Self::ENCODED_LEN,
                 bytes.len()
             )));
         }
-        let mut wire = A::IPC_WIRE_ZERO;
+        let mut wire = F::IPC_WIRE_ZERO;
         wire.as_mut().copy_from_slice(bytes);
         Ok(IpcHandle { wire })
     }

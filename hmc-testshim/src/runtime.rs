@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hmc_backend_runtime::{IpcHandle, RuntimeApi, RuntimeMemory};
+use hmc_backend_runtime::{IpcFormat, IpcHandle, RuntimeApi, RuntimeMemory};
 use hmc_core::testing::pattern;
 use hmc_core::{DeviceBuffer, DeviceKind, Error, MemSpan, MemSpanMut, Memory};
 
@@ -269,7 +269,7 @@ pub fn ipc_handles_round_trip_their_wire_form_and_map_in_process<A: RuntimeApi>(
 }
 
 /// The wire form round-trips any bytes, and other lengths are refused.
-pub fn ipc_wire_form_round_trips_and_refuses_other_lengths<A: RuntimeApi>() {
+pub fn ipc_wire_form_round_trips_and_refuses_other_lengths<A: IpcFormat>() {
     let len = IpcHandle::<A>::ENCODED_LEN;
     assert_eq!(len, A::IPC_HANDLE_SIZE + 8);
     let bytes: Vec<u8> = (0..len).map(|i| i as u8).collect();
