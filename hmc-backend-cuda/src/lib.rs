@@ -63,8 +63,8 @@ mod driver;
 mod memory;
 
 pub use memory::{
-    CopyFuture, CudaBuffer, CudaMemory, DeviceInfo, IPC_HANDLE_SIZE, IpcHandle, IpcMapping,
-    PinnedHostBuffer, PinnedHostMemory,
+    CopyFuture, CudaBuffer, CudaIpc, CudaMemory, DeviceInfo, IPC_HANDLE_SIZE, IpcHandle,
+    IpcMapping, PinnedHostBuffer, PinnedHostMemory,
 };
 
 /// The CUDA devices of this machine, or `Unavailable` when the driver or any device is

@@ -17,6 +17,8 @@ use hmc_core::{
     check_bounds, check_copy,
 };
 
+use hmc_backend_runtime::{IpcFormat, max_alloc_error};
+
 use crate::driver::{self, DeviceContext, check};
 
 /// What [`CudaMemory::info`] and [`crate::probe`] report about one device.
@@ -34,17 +36,6 @@ pub struct DeviceInfo {
     pub driver_version: i32,
     /// Whether the driver can export device ranges as DMA-BUF file descriptors.
     pub dma_buf: bool,
-}
-
-fn max_alloc_error(len: usize, max: usize) -> Error {
-    Error::LimitExceeded {
-        limit: "max_alloc",
-        value: len as u64,
-        max: max as u64,
-        hint: "one buffer cannot exceed isize::MAX bytes; split the allocation into several \
-               buffers"
-            .into(),
-    }
 }
 
 /// One CUDA device's allocator and copy engine. Cheap to clone. Every call first makes the
@@ -211,10 +202,7 @@ impl CudaMemory {
         for (b, c) in bytes.iter_mut().zip(raw.reserved) {
             *b = c as u8;
         }
-        Ok(IpcHandle {
-            raw: bytes,
-            len: buf.len as u64,
-        })
+        Ok(IpcHandle::from_parts(&bytes, buf.len as u64))
     }
 
     /// Maps device memory another process exported (`cuIpcOpenMemHandle` with
@@ -224,12 +212,12 @@ impl CudaMemory {
     /// `handle` must come from [`CudaMemory::export_ipc`] in another process that keeps
     /// the exported buffer alive while the mapping lives; its length is trusted.
     pub unsafe fn open_ipc(&self, handle: &IpcHandle) -> Result<IpcMapping> {
-        let len = usize::try_from(handle.len)
+        let len = usize::try_from(handle.len())
             .map_err(|_| Error::InvalidArgument("IPC handle length too large".into()))?;
         self.ctx.bind()?;
         let mut raw = sys::CUipcMemHandle { reserved: [0; 64] };
-        for (c, b) in raw.reserved.iter_mut().zip(handle.raw) {
-            *c = b as c_char;
+        for (c, b) in raw.reserved.iter_mut().zip(handle.handle()) {
+            *c = *b as c_char;
         }
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: valid out-pointer; the handle is passed by value as cuda.h declares.
@@ -484,56 +472,22 @@ impl Drop for CudaBuffer {
 /// Size of `CUipcMemHandle` (`CU_IPC_HANDLE_SIZE` in cuda.h).
 pub const IPC_HANDLE_SIZE: usize = 64;
 
+/// The shape of CUDA's IPC handle (`CUipcMemHandle`, [`IPC_HANDLE_SIZE`] bytes), for the
+/// wire form shared with the other backends ([`hmc_backend_runtime::IpcHandle`]).
+#[derive(Clone, Copy, Debug)]
+pub struct CudaIpc;
+
+impl IpcFormat for CudaIpc {
+    const NAME: &'static str = "CUDA";
+    const IPC_HANDLE_SIZE: usize = IPC_HANDLE_SIZE;
+    type IpcWire = [u8; IPC_HANDLE_SIZE + 8];
+    const IPC_WIRE_ZERO: Self::IpcWire = [0; IPC_HANDLE_SIZE + 8];
+}
+
 /// A portable description of an exported device allocation: the driver's 64-byte
 /// `CUipcMemHandle` and the allocation's length; send it to a peer on the same host with
-/// [`IpcHandle::to_bytes`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IpcHandle {
-    raw: [u8; IPC_HANDLE_SIZE],
-    len: u64,
-}
-
-impl IpcHandle {
-    /// Encoded size: the handle, then the length as big-endian `u64`.
-    pub const ENCODED_LEN: usize = IPC_HANDLE_SIZE + 8;
-
-    /// Length of the exported allocation in bytes.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// True for a zero-length export (never produced by `export_ipc`).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The wire form.
-    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
-        let mut out = [0u8; Self::ENCODED_LEN];
-        out[..IPC_HANDLE_SIZE].copy_from_slice(&self.raw);
-        out[IPC_HANDLE_SIZE..].copy_from_slice(&self.len.to_be_bytes());
-        out
-    }
-
-    /// Parses the wire form.
-    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        if bytes.len() != Self::ENCODED_LEN {
-            return Err(Error::InvalidArgument(format!(
-                "a CUDA IPC handle is {} bytes, got {}",
-                Self::ENCODED_LEN,
-                bytes.len()
-            )));
-        }
-        let mut raw = [0u8; IPC_HANDLE_SIZE];
-        raw.copy_from_slice(&bytes[..IPC_HANDLE_SIZE]);
-        let mut len = [0u8; 8];
-        len.copy_from_slice(&bytes[IPC_HANDLE_SIZE..]);
-        Ok(IpcHandle {
-            raw,
-            len: u64::from_be_bytes(len),
-        })
-    }
-}
+/// [`IpcHandle::to_bytes`] (72 bytes: the handle, then the length as big-endian `u64`).
+pub type IpcHandle = hmc_backend_runtime::IpcHandle<CudaIpc>;
 
 /// Device memory of another process mapped by [`CudaMemory::open_ipc`]; unmapped
 /// (`cuIpcCloseMemHandle`) on drop.
@@ -681,26 +635,7 @@ mod tests {
 
     #[test]
     fn ipc_handles_round_trip_their_wire_form_and_refuse_other_lengths() {
-        let mut bytes = [0u8; IpcHandle::ENCODED_LEN];
-        for (i, b) in bytes.iter_mut().enumerate() {
-            *b = i as u8;
-        }
-        let h = IpcHandle::from_bytes(&bytes).unwrap();
-        assert_eq!(h.to_bytes(), bytes);
-        assert_eq!(
-            h.len(),
-            u64::from_be_bytes(bytes[bytes.len() - 8..].try_into().unwrap())
-        );
-        for wrong in [0, IpcHandle::ENCODED_LEN - 1, IpcHandle::ENCODED_LEN + 1] {
-            let err = IpcHandle::from_bytes(&vec![0u8; wrong]).unwrap_err();
-            assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
-        }
-    }
-
-    #[test]
-    fn the_allocation_limit_error_names_the_limit_and_what_to_do() {
-        let e = max_alloc_error(usize::MAX, isize::MAX as usize);
-        let s = e.to_string();
-        assert!(s.contains("max_alloc") && s.contains("split"), "{s}");
+        assert_eq!(IpcHandle::ENCODED_LEN, IPC_HANDLE_SIZE + 8);
+        hmc_testshim::runtime::ipc_wire_form_round_trips_and_refuses_other_lengths::<CudaIpc>();
     }
 }

@@ -8,7 +8,7 @@
 //! The launcher test runs this same binary again with the shim in place; every other test
 //! here returns at once unless it runs in that child (`HMC_CUDA_ABI_SHIM=1`).
 
-use std::ffi::{c_char, c_int};
+use std::ffi::c_int;
 use std::path::{Path, PathBuf};
 use std::task::Context;
 
@@ -16,6 +16,7 @@ use futures::executor::block_on;
 use hmc_backend_cuda::{CudaMemory, IpcHandle};
 use hmc_core::testing::pattern;
 use hmc_core::{DeviceBuffer, Error, MemSpan, MemSpanMut, Memory};
+use hmc_testshim::ShimControl;
 
 const CHILD_ENV: &str = "HMC_CUDA_ABI_SHIM";
 
@@ -80,51 +81,35 @@ fn cuda_binding_layer_passes_against_the_driver_abi_shim() {
     );
 }
 
-/// The shim's test controls, resolved from the library the process loaded.
-struct Control {
-    lib: libloading::Library,
-}
+/// The shim's test controls: the shared ones of every shim (`hmc_testshim::ShimControl`,
+/// through `Deref`) and the CUDA shim's own hold on host functions.
+struct Control(ShimControl);
 
 impl Control {
     fn open() -> Self {
-        // SAFETY: in the child `libcuda.so` is the shim (already loaded by cudarc); opening
-        // it again only bumps its reference count.
-        let lib = unsafe { libloading::Library::new("libcuda.so") }.expect("the shim");
-        Control { lib }
-    }
-
-    fn fail_next(&self, function: &str, code: c_int) {
-        let name = std::ffi::CString::new(function).unwrap();
-        // SAFETY: `int hmc_shim_fail_next(const char*, int)` in devshim_core.h.
-        unsafe {
-            let f = self
-                .lib
-                .get::<unsafe extern "C" fn(*const c_char, c_int) -> c_int>(b"hmc_shim_fail_next")
-                .unwrap();
-            f(name.as_ptr(), code);
-        }
+        // In the child `libcuda.so` is the shim (already loaded by cudarc); opening it again
+        // only bumps its reference count.
+        Control(ShimControl::open("libcuda.so"))
     }
 
     fn hold_host_funcs(&self, hold: bool) {
         // SAFETY: `void hmc_cuda_shim_hold_host_funcs(int)` in cuda_shim.c.
         unsafe {
             let f = self
-                .lib
+                .0
+                .library()
                 .get::<unsafe extern "C" fn(c_int)>(b"hmc_cuda_shim_hold_host_funcs")
                 .unwrap();
             f(hold as c_int);
         }
     }
+}
 
-    fn live_on_device(&self, device: c_int) -> c_int {
-        // SAFETY: `int hmc_shim_live_on_device(int)` in devshim_core.h.
-        unsafe {
-            let f = self
-                .lib
-                .get::<unsafe extern "C" fn(c_int) -> c_int>(b"hmc_shim_live_on_device")
-                .unwrap();
-            f(device)
-        }
+impl std::ops::Deref for Control {
+    type Target = ShimControl;
+
+    fn deref(&self) -> &ShimControl {
+        &self.0
     }
 }
 

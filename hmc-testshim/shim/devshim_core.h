@@ -288,14 +288,22 @@ __attribute__((unused)) static int shim_ipc_export_bytes(void *ptr, char *reserv
   return 0;
 }
 
-/* Opens a handle written by shim_ipc_export_bytes with the same `magic`. */
-__attribute__((unused)) static int shim_ipc_open_bytes(const char *reserved, uint32_t magic, void **out) {
+/* The (pid, fd) of a handle written by shim_ipc_export_bytes with the same `magic`. */
+__attribute__((unused)) static int shim_ipc_unpack(const char *reserved, uint32_t magic,
+                                                   int32_t *pid, int32_t *fd) {
   uint32_t got;
-  int32_t pid, fd;
   memcpy(&got, reserved, 4);
-  memcpy(&pid, reserved + 4, 4);
-  memcpy(&fd, reserved + 8, 4);
-  if (got != magic) return SHIM_ERR_INVALID_VALUE;
+  memcpy(pid, reserved + 4, 4);
+  memcpy(fd, reserved + 8, 4);
+  return got == magic ? 0 : SHIM_ERR_INVALID_VALUE;
+}
+
+/* Opens a handle written by shim_ipc_export_bytes with the same `magic`. */
+__attribute__((unused)) static int shim_ipc_open_bytes(const char *reserved, uint32_t magic,
+                                                       void **out) {
+  int32_t pid, fd;
+  int rc = shim_ipc_unpack(reserved, magic, &pid, &fd);
+  if (rc != 0) return rc;
   return shim_ipc_open(pid, fd, out);
 }
 

@@ -288,27 +288,16 @@ SHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr) {
   SHIM_INJECT("cuIpcGetMemHandle");
   NEED_CTX();
   if (h == NULL) return SHIM_ERR_INVALID_VALUE;
-  int32_t pid, fd;
-  int rc = shim_ipc_export((void *)(uintptr_t)dptr, &pid, &fd);
-  if (rc != 0) return rc;
-  memset(h, 0, sizeof *h);
-  uint32_t magic = HANDLE_MAGIC;
-  memcpy(h->reserved, &magic, 4);
-  memcpy(h->reserved + 4, &pid, 4);
-  memcpy(h->reserved + 8, &fd, 4);
-  return 0;
+  return shim_ipc_export_bytes((void *)(uintptr_t)dptr, h->reserved, sizeof h->reserved,
+                               HANDLE_MAGIC);
 }
 
 SHIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags) {
   SHIM_INJECT("cuIpcOpenMemHandle");
   NEED_CTX();
   if (dptr == NULL || flags != 1) return SHIM_ERR_INVALID_VALUE; /* LAZY_ENABLE_PEER_ACCESS */
-  uint32_t magic;
   int32_t pid, fd;
-  memcpy(&magic, h.reserved, 4);
-  memcpy(&pid, h.reserved + 4, 4);
-  memcpy(&fd, h.reserved + 8, 4);
-  if (magic != HANDLE_MAGIC) return SHIM_ERR_INVALID_VALUE;
+  if (shim_ipc_unpack(h.reserved, HANDLE_MAGIC, &pid, &fd) != 0) return SHIM_ERR_INVALID_VALUE;
   if (pid == (int32_t)getpid()) return CU_ERR_INVALID_CONTEXT; /* as the driver: not in-process */
   void *p;
   int rc = shim_ipc_open(pid, fd, &p);
