@@ -316,7 +316,9 @@ impl<C: Communicator> ServerDp<C> {
         if let Some(k) = peer.keys.lock().get(&id) {
             return Ok(k.clone());
         }
-        let k = Arc::new(self.comm.import(&peer.ep, region)?);
+        let k = Arc::new(crate::pool::blocking(|| {
+            self.comm.import(&peer.ep, region)
+        })?);
         let mut keys = peer.keys.lock();
         if keys.len() >= self.config.max_keys_per_peer {
             keys.clear();

@@ -64,10 +64,23 @@ struct Inner<C: Communicator> {
     deregistrations: AtomicU64,
 }
 
+/// Runs `f`, which may block briefly (a registration, a deregistration that waits for
+/// peers to confirm a revocation, a key import with a round trip): on a multi-thread tokio
+/// worker through `block_in_place`, so other tasks of that worker move elsewhere
+/// meanwhile; elsewhere directly.
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 impl<C: Communicator> Inner<C> {
     fn release(&self, buf: RegisteredBuffer<HostMemory, C>) {
         let len = buf.len();
-        drop(buf);
+        blocking(|| drop(buf));
         self.registered_bytes.fetch_sub(len, Ordering::AcqRel);
         self.deregistrations.fetch_add(1, Ordering::Relaxed);
     }
@@ -149,12 +162,14 @@ impl<C: Communicator> BufferPool<C> {
                         hint: "raise PoolConfig::max_total_bytes (--max-pool-bytes); calls fall back to TCP_STREAM meanwhile".into(),
                     });
                 }
-                match RegisteredBuffer::new(
-                    self.0.memory.clone(),
-                    self.0.comm.clone(),
-                    size,
-                    self.0.access,
-                ) {
+                match blocking(|| {
+                    RegisteredBuffer::new(
+                        self.0.memory.clone(),
+                        self.0.comm.clone(),
+                        size,
+                        self.0.access,
+                    )
+                }) {
                     Ok(b) => {
                         self.0.registrations.fetch_add(1, Ordering::Relaxed);
                         b
