@@ -47,9 +47,10 @@
 //! # Safety
 //!
 //! `unsafe` is confined to the FFI edge: resolving symbols with the header's signatures
-//! (the `api` module, each cited), and calls whose pointer arguments come from live
-//! borrows ([`hmc_core::MemSpan`]/[`hmc_core::MemSpanMut`]) or from allocations this crate
-//! owns. Buffers free themselves exactly once. [`MusaMemory::open_ipc`] is `unsafe` because
+//! (the `api` module, each cited), and the `unsafe fn`s of its `RuntimeApi` impl, whose
+//! contracts `hmc-backend-runtime` states and whose generic types call them only with
+//! pointers from live borrows ([`hmc_core::MemSpan`]/[`hmc_core::MemSpanMut`]) or from
+//! allocations they own. Buffers free themselves exactly once. [`MusaMemory::open_ipc`] is `unsafe` because
 //! the length in a handle received from another process cannot be checked.
 
 mod api;
