@@ -1,0 +1,772 @@
+//! `UcxCommunicator`: the `Communicator` implementation over the progress engine and the control connections.
+
+use std::future::Future;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use futures::channel::oneshot;
+use hmc_core::{
+    Access, Communicator, Deadline, Error, LocalRegistration, Notification, Op, PeerAddr, Region,
+    RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
+};
+
+use crate::control::{Link, TargetState};
+use crate::engine::{Chunk, Command, Engine, EngineConfig, KeyShared};
+use crate::sys::Ucp;
+
+/// Magic at the start of every key this transport exports: `HMCU`, then a format version.
+const KEY_MAGIC: &[u8; 4] = b"HMCU";
+const KEY_VERSION: u8 = 1;
+const KEY_HEADER: usize = 4 + 1 + 8;
+
+/// Configuration of a [`UcxCommunicator`]. Every limit has a default here.
+#[derive(Clone, Debug)]
+pub struct UcxConfig {
+    /// The `libucp` to open; `None`: `$HMC_UCX_LIB`, else `libucp.so.0`.
+    pub library: Option<PathBuf>,
+    /// Where the control listener binds (peers connect here). Default `127.0.0.1:0`.
+    pub bind: SocketAddr,
+    /// UCX transports (`UCX_TLS`), e.g. `"tcp"` or `"posix,cma,self"`. `None`: the `UCX_TLS`
+    /// environment variable, else UCX's default. Set per communicator, so several transports
+    /// can run side by side in one process.
+    pub tls: Option<String>,
+    /// Further UCX options as `(name without the UCX_ prefix, value)`, e.g. `("NET_DEVICES", "lo")`.
+    pub ucx_options: Vec<(String, String)>,
+    /// Largest piece one put/get request moves (default 4 MiB). Bounds how long a cancelled
+    /// transfer takes to drain.
+    pub chunk_size: usize,
+    /// Pieces of one transfer in flight at once (default 8).
+    pub max_inflight_chunks: usize,
+    /// How long the progress thread polls after the last event before it parks (default 50 µs).
+    pub spin: Duration,
+    /// Longest park without a wake-up (default 100 ms): a safety net for transports whose
+    /// events do not reach the worker's event fd.
+    pub park_max: Duration,
+    /// How long a cancelled or failed transfer may take to drain before its endpoint is
+    /// force-closed (default 10 s).
+    pub drain_timeout: Duration,
+    /// How long an unused UCX endpoint to a peer worker is kept for the next `connect` to
+    /// the same peer (default 30 s). Reuse keeps connect/disconnect churn from building a new
+    /// transport connection per cycle (UCX 1.13 keeps the passive side's until its worker
+    /// goes away).
+    pub ep_linger: Duration,
+    /// Timeout of control-connection steps: handshake replies, import confirmations
+    /// (default 10 s).
+    pub control_timeout: Duration,
+    /// How long deregistration waits for each importing peer to confirm a revocation
+    /// (default 5 s); a peer that does not is disconnected.
+    pub revoke_timeout: Duration,
+    /// Largest `notify` message (default 64 KiB).
+    pub max_notify_len: usize,
+    /// Received notifications buffered before the oldest unread are dropped (default 65 536).
+    pub max_pending_notifications: usize,
+}
+
+impl Default for UcxConfig {
+    fn default() -> Self {
+        UcxConfig {
+            library: None,
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tls: None,
+            ucx_options: Vec::new(),
+            chunk_size: 4 << 20,
+            max_inflight_chunks: 8,
+            spin: Duration::from_micros(50),
+            park_max: Duration::from_millis(100),
+            drain_timeout: Duration::from_secs(10),
+            ep_linger: Duration::from_secs(30),
+            control_timeout: Duration::from_secs(10),
+            revoke_timeout: Duration::from_secs(5),
+            max_notify_len: 64 << 10,
+            max_pending_notifications: 65_536,
+        }
+    }
+}
+
+impl UcxConfig {
+    /// The default configuration with `UCX_TLS` set to `tls`.
+    pub fn with_tls(tls: &str) -> Self {
+        UcxConfig {
+            tls: Some(tls.to_string()),
+            ..UcxConfig::default()
+        }
+    }
+}
+
+/// Counters for tests and monitoring.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UcxStats {
+    /// Registrations made (`ucp_mem_map`).
+    pub registered: u64,
+    /// Registrations released (`ucp_mem_unmap`).
+    pub deregistered: u64,
+    /// Endpoints alive (created and not yet dropped).
+    pub endpoints: usize,
+    /// UCX endpoints held by the progress thread, including ones still closing.
+    pub ucx_endpoints: usize,
+}
+
+#[derive(Default)]
+struct Counters {
+    registered: AtomicU64,
+    deregistered: AtomicU64,
+    endpoints: AtomicUsize,
+}
+
+/// A UCX [`Communicator`].
+///
+/// # Thread safety
+/// `Send + Sync`; every method may be called from any thread at once. All UCX calls happen
+/// on one progress thread per communicator (see the `engine` module): callers hand it
+/// commands and wait for replies, so UCX runs in `UCS_THREAD_MODE_SINGLE` with no lock.
+/// `register`, `import` and dropping a registration block briefly (a round trip to the
+/// progress thread; import and deregistration also one to the peer).
+///
+/// # Addresses
+/// [`Communicator::address`] is `tcp://IP:PORT` of a control listener. `connect` opens a TCP
+/// connection there, receives the peer's UCX worker address and creates the endpoint
+/// (`UCP_ERR_HANDLING_MODE_PEER`). The TCP connection stays open for the endpoint's life:
+/// key confirmation and revocation travel on it, and its EOF tells us the peer is gone.
+pub struct UcxCommunicator {
+    engine: Engine,
+    target: Arc<TargetState>,
+    listener: TcpListener,
+    address: SocketAddr,
+    config: UcxConfig,
+    next_op: AtomicU64,
+    counters: Arc<Counters>,
+}
+
+impl UcxCommunicator {
+    /// Loads UCX, starts the progress thread and the control listener.
+    ///
+    /// Fails with [`Error::Unavailable`] naming `libucp.so.0` and `HMC_UCX_LIB` when UCX is
+    /// not installed.
+    pub fn new(config: UcxConfig) -> Result<Self> {
+        let ucp = Arc::new(Ucp::load(config.library.as_deref())?);
+        let mut ucx_options = Vec::new();
+        if let Some(tls) = &config.tls {
+            ucx_options.push(("TLS".to_string(), tls.clone()));
+        }
+        ucx_options.extend(config.ucx_options.iter().cloned());
+        // UCX 1.13's shared-memory transports refuse UCP_ERR_HANDLING_MODE_PEER unless told
+        // to expose error handling; without it a dead peer's endpoint can never be released
+        // (FORCE close needs PEER mode) and its pending requests never complete.
+        let mut soft_options = Vec::new();
+        let user_set = |name: &str| {
+            config
+                .ucx_options
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case(name))
+                || std::env::var_os(format!("UCX_{name}")).is_some()
+        };
+        // (UCX then warns once per communicator that the key is "invalid" for the transports
+        // that lack it; it does apply to posix and sysv.)
+        let tls_env = std::env::var("UCX_TLS").ok();
+        let tls = config
+            .tls
+            .as_deref()
+            .or(tls_env.as_deref())
+            .unwrap_or("all");
+        let uses_mm = ["all", "sm", "shm", "posix", "sysv", "mm"].iter().any(|t| {
+            tls.split(',')
+                .any(|x| x.trim().trim_start_matches('^') == *t)
+        });
+        if uses_mm && !user_set("MM_ERROR_HANDLING") {
+            soft_options.push(("MM_ERROR_HANDLING".to_string(), "y".to_string()));
+        }
+        let listener = TcpListener::bind(config.bind).map_err(|e| {
+            Error::io(
+                format!("binding the UCX control listener on {}", config.bind),
+                e,
+            )
+        })?;
+        let address = listener
+            .local_addr()
+            .map_err(|e| Error::io("reading the UCX control listener's address", e))?;
+        let engine = Engine::start(
+            ucp,
+            EngineConfig {
+                name: address.to_string(),
+                ucx_options,
+                soft_options,
+                max_inflight_chunks: config.max_inflight_chunks.max(1),
+                spin: config.spin,
+                park_max: config.park_max.max(Duration::from_millis(1)),
+                drain_timeout: config.drain_timeout,
+                ep_linger: config.ep_linger,
+                max_pending_notifications: config.max_pending_notifications,
+            },
+        )?;
+        let target = Arc::new(TargetState::default());
+        let accept = listener
+            .try_clone()
+            .map_err(|e| Error::io("cloning the UCX control listener", e))?;
+        let (t, e, timeout) = (target.clone(), engine.clone(), config.control_timeout);
+        std::thread::Builder::new()
+            .name(format!("hmc-ucx-accept-{address}"))
+            .spawn(move || accept_loop(accept, t, e, timeout))
+            .map_err(|e| Error::io("spawning the UCX control listener thread", e))?;
+        tracing::debug!(%address, tls = ?config.tls, "ucx communicator ready");
+        Ok(UcxCommunicator {
+            engine,
+            target,
+            listener,
+            address,
+            config,
+            next_op: AtomicU64::new(1),
+            counters: Arc::new(Counters::default()),
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &UcxConfig {
+        &self.config
+    }
+
+    /// The loaded UCX version `(major, minor, release)`.
+    pub fn ucx_version(&self) -> (u32, u32, u32) {
+        self.engine.ucp.version
+    }
+
+    /// Counters: registrations made and released, endpoints alive.
+    pub fn stats(&self) -> UcxStats {
+        UcxStats {
+            registered: self.counters.registered.load(Ordering::Acquire),
+            deregistered: self.counters.deregistered.load(Ordering::Acquire),
+            endpoints: self.counters.endpoints.load(Ordering::Acquire),
+            ucx_endpoints: self.engine.ucx_endpoints.load(Ordering::Acquire),
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, target: Arc<TargetState>, engine: Engine, timeout: Duration) {
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if target.closed.load(Ordering::Acquire) {
+                    break;
+                }
+                let (t, e) = (target.clone(), engine.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("hmc-ucx-control".into())
+                    .spawn(move || t.serve(stream, &e, timeout));
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "cannot spawn a UCX control thread; dropping the connection");
+                }
+            }
+            Err(e) => {
+                if target.closed.load(Ordering::Acquire) {
+                    break;
+                }
+                tracing::warn!(error = %e, "ucx control listener accept failed");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+impl Drop for UcxCommunicator {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+struct EpInner {
+    id: u64,
+    peer: SocketAddr,
+    link: Arc<Link>,
+    engine: Engine,
+    counters: Arc<Counters>,
+}
+
+impl Drop for EpInner {
+    fn drop(&mut self) {
+        self.link.closing.store(true, Ordering::Release);
+        let _ = self.engine.send(Command::CloseEp { ep: self.id });
+        let _ = self.link.stream.shutdown(Shutdown::Both);
+        self.counters.endpoints.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A connection to one peer. Cheap to clone; closed when the last clone and every key
+/// imported on it are dropped.
+#[derive(Clone)]
+pub struct UcxEndpoint(Arc<EpInner>);
+
+impl UcxEndpoint {
+    /// The peer's control address.
+    pub fn peer(&self) -> SocketAddr {
+        self.0.peer
+    }
+}
+
+impl std::fmt::Debug for UcxEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UcxEndpoint")
+            .field("peer", &self.0.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Local memory mapped with `ucp_mem_map`; unmapped exactly once, on drop, after every peer
+/// that imported it has confirmed the key's revocation.
+pub struct UcxRegistration {
+    id: u64,
+    region: Region,
+    access: Access,
+    export: RemoteRegion,
+    engine: Engine,
+    target: Arc<TargetState>,
+    revoke_timeout: Duration,
+    counters: Arc<Counters>,
+}
+
+impl LocalRegistration for UcxRegistration {
+    fn region(&self) -> Region {
+        self.region
+    }
+    fn access(&self) -> Access {
+        self.access
+    }
+}
+
+impl Drop for UcxRegistration {
+    fn drop(&mut self) {
+        self.target.revoke(self.id, self.revoke_timeout);
+        let (tx, rx) = mpsc::sync_channel(1);
+        if self
+            .engine
+            .send(Command::Unregister {
+                id: self.id,
+                done: tx,
+            })
+            .is_ok()
+        {
+            let _ = rx.recv();
+        }
+        self.counters.deregistered.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// A peer's region imported on one endpoint; keeps the endpoint alive.
+pub struct UcxRemoteKey {
+    id: u64,
+    region: Region,
+    access: Access,
+    shared: Arc<KeyShared>,
+    ep: UcxEndpoint,
+}
+
+impl UcxRemoteKey {
+    /// The remote region, as the target confirmed it.
+    pub fn region(&self) -> Region {
+        self.region
+    }
+    /// What the target allows.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+}
+
+impl Drop for UcxRemoteKey {
+    fn drop(&mut self) {
+        let _ = self.ep.0.engine.send(Command::DropKey { key: self.id });
+    }
+}
+
+/// Cancels a submitted transfer when its future is dropped, and waits until UCX no longer
+/// touches the batch's memory.
+struct CancelGuard<'a> {
+    engine: &'a Engine,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for CancelGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        if self
+            .engine
+            .send(Command::Cancel {
+                id: self.id,
+                done: tx,
+            })
+            .is_ok()
+        {
+            // Bounded: the engine answers once in-flight chunks drain, or after
+            // `drain_timeout` when it force-closes the endpoint.
+            let _ = rx.recv();
+        }
+    }
+}
+
+fn decode_key(key: &[u8]) -> Result<(u64, Vec<u8>)> {
+    if key.len() <= KEY_HEADER || &key[..4] != KEY_MAGIC || key[4] != KEY_VERSION {
+        return Err(Error::InvalidKey(
+            "not a UCX key exported by hmc-transport-ucx (bad magic, version or length)".into(),
+        ));
+    }
+    let reg_id = u64::from_be_bytes(key[5..13].try_into().expect("8 bytes"));
+    Ok((reg_id, key[KEY_HEADER..].to_vec()))
+}
+
+impl Communicator for UcxCommunicator {
+    type Endpoint = UcxEndpoint;
+    type Registration = UcxRegistration;
+    type RemoteKey = UcxRemoteKey;
+
+    fn transport(&self) -> TransportId {
+        TransportId::Ucx
+    }
+
+    fn address(&self) -> PeerAddr {
+        PeerAddr::Tcp(self.address)
+    }
+
+    fn connect(
+        &self,
+        peer: &PeerAddr,
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<UcxEndpoint>> + Send {
+        let peer = peer.clone();
+        let engine = self.engine.clone();
+        let counters = self.counters.clone();
+        let closed = self.target.closed.load(Ordering::Acquire);
+        async move {
+            if closed {
+                return Err(Error::Closed("the UCX communicator was closed".into()));
+            }
+            let PeerAddr::Tcp(addr) = peer else {
+                return Err(Error::InvalidArgument(format!(
+                    "the UCX transport connects to tcp://IP:PORT control addresses, not {peer}"
+                )));
+            };
+            let (tx, rx) = oneshot::channel();
+            std::thread::Builder::new()
+                .name(format!("hmc-ucx-link-{addr}"))
+                .spawn(move || connect_thread(addr, deadline, engine, counters, tx))
+                .map_err(|e| Error::io("spawning a UCX control connection thread", e))?;
+            rx.await
+                .map_err(|_| Error::peer(addr, "the connection thread ended without a result"))?
+        }
+    }
+
+    unsafe fn register(&self, region: Region, access: Access) -> Result<UcxRegistration> {
+        let (id, rkey) = self.engine.call(|reply| Command::Register {
+            addr: region.addr,
+            len: region.len,
+            access,
+            reply,
+        })?;
+        self.counters.registered.fetch_add(1, Ordering::AcqRel);
+        let mut key = Vec::with_capacity(KEY_HEADER + rkey.len());
+        key.extend_from_slice(KEY_MAGIC);
+        key.push(KEY_VERSION);
+        key.extend_from_slice(&id.to_be_bytes());
+        key.extend_from_slice(&rkey);
+        let export = RemoteRegion {
+            transport: TransportId::Ucx,
+            region,
+            access,
+            key,
+        };
+        self.target.regs.lock().insert(id, export.encode());
+        Ok(UcxRegistration {
+            id,
+            region,
+            access,
+            export,
+            engine: self.engine.clone(),
+            target: self.target.clone(),
+            revoke_timeout: self.config.revoke_timeout,
+            counters: self.counters.clone(),
+        })
+    }
+
+    fn export(&self, reg: &UcxRegistration) -> RemoteRegion {
+        reg.export.clone()
+    }
+
+    fn import(&self, ep: &UcxEndpoint, remote: &RemoteRegion) -> Result<UcxRemoteKey> {
+        if remote.transport != TransportId::Ucx {
+            return Err(Error::InvalidArgument(format!(
+                "a {:?} descriptor cannot be imported by the UCX transport",
+                remote.transport
+            )));
+        }
+        let (reg_id, rkey) = decode_key(&remote.key)?;
+        let shared = Arc::new(KeyShared::default());
+        let id = ep.0.link.validate(
+            ep.0.id,
+            reg_id,
+            &remote.encode(),
+            rkey,
+            shared.clone(),
+            self.config.control_timeout,
+        )?;
+        Ok(UcxRemoteKey {
+            id,
+            region: remote.region,
+            access: remote.access,
+            shared,
+            ep: ep.clone(),
+        })
+    }
+
+    fn transfer(
+        &self,
+        ep: &UcxEndpoint,
+        op: Op,
+        batch: &[TransferDesc<'_, Self>],
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let prepared = self.prepare(ep, op, batch, deadline);
+        let engine = &self.engine;
+        async move {
+            let (id, chunks) = prepared?;
+            if chunks.is_empty() {
+                return Ok(());
+            }
+            let (tx, rx) = oneshot::channel();
+            engine.send(Command::Transfer {
+                id,
+                ep: ep.0.id,
+                op,
+                chunks,
+                deadline: deadline.instant(),
+                reply: tx,
+            })?;
+            let mut guard = CancelGuard {
+                engine,
+                id,
+                armed: true,
+            };
+            let result = rx.await;
+            guard.armed = false;
+            result
+                .map_err(|_| Error::Closed("the UCX progress thread dropped a transfer".into()))?
+        }
+    }
+
+    fn notify(
+        &self,
+        ep: &UcxEndpoint,
+        tag: u64,
+        msg: &[u8],
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let prepared = if msg.len() > self.config.max_notify_len {
+            Err(Error::LimitExceeded {
+                limit: "max_notify_len",
+                value: msg.len() as u64,
+                max: self.config.max_notify_len as u64,
+                hint: "send large payloads with transfer(), or raise UcxConfig::max_notify_len"
+                    .into(),
+            })
+        } else {
+            let mut header = tag.to_be_bytes().to_vec();
+            header.extend_from_slice(self.address().to_string().as_bytes());
+            Ok((header, msg.to_vec()))
+        };
+        let engine = &self.engine;
+        async move {
+            let (header, data) = prepared?;
+            if deadline.is_expired() {
+                return Err(Error::DeadlineExceeded {
+                    during: "ucx notify",
+                    elapsed: Duration::ZERO,
+                });
+            }
+            let (tx, rx) = oneshot::channel();
+            engine.send(Command::Notify {
+                ep: ep.0.id,
+                header,
+                data,
+                deadline: deadline.instant(),
+                reply: tx,
+            })?;
+            rx.await.map_err(|_| {
+                Error::Closed("the UCX progress thread dropped a notification".into())
+            })?
+        }
+    }
+
+    fn recv_notification(
+        &self,
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<Notification>> + Send {
+        let engine = &self.engine;
+        async move {
+            let (tx, rx) = oneshot::channel();
+            engine.send(Command::Recv {
+                deadline: deadline.instant(),
+                reply: tx,
+            })?;
+            let raw = rx
+                .await
+                .map_err(|_| Error::Closed("the UCX progress thread dropped a receive".into()))??;
+            let text = String::from_utf8_lossy(&raw.from);
+            let from = text.parse::<PeerAddr>().unwrap_or(PeerAddr::Opaque {
+                transport: TransportId::Ucx,
+                bytes: raw.from.clone(),
+            });
+            Ok(Notification {
+                from,
+                tag: raw.tag,
+                msg: raw.msg,
+            })
+        }
+    }
+
+    fn close(&self) {
+        if self
+            .target
+            .closed
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
+        // SAFETY: shutting down our own listening socket wakes the blocked accept().
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        self.target.close();
+        let _ = self.engine.send(Command::Close);
+    }
+}
+
+impl UcxCommunicator {
+    /// Checks a batch against bounds, rights and key state, and splits it into chunks.
+    fn prepare(
+        &self,
+        ep: &UcxEndpoint,
+        op: Op,
+        batch: &[TransferDesc<'_, Self>],
+        deadline: Deadline,
+    ) -> Result<(u64, Vec<Chunk>)> {
+        let need = Access::required_by(op);
+        let mut chunks = Vec::with_capacity(batch.len());
+        for d in batch {
+            if !Arc::ptr_eq(&d.remote.ep.0, &ep.0) {
+                return Err(Error::InvalidArgument(
+                    "a remote key imported on another endpoint was used; import it on this one"
+                        .into(),
+                ));
+            }
+            check_bounds(
+                "local registration",
+                d.local_offset as u64,
+                d.len as u64,
+                d.local.region.len as u64,
+            )?;
+            check_bounds(
+                "remote region",
+                d.remote_offset,
+                d.len as u64,
+                d.remote.region.len as u64,
+            )?;
+            if !d.remote.access.allows(need) {
+                return Err(Error::AccessDenied(format!(
+                    "the target registered this region for {:?} only; a {op:?} needs {:?}",
+                    d.remote.access, need
+                )));
+            }
+            if d.remote.shared.revoked.load(Ordering::Acquire) {
+                return Err(Error::InvalidKey(
+                    "the target deregistered this region (or the endpoint closed)".into(),
+                ));
+            }
+        }
+        if deadline.is_expired() {
+            return Err(Error::DeadlineExceeded {
+                during: "ucx transfer",
+                elapsed: Duration::ZERO,
+            });
+        }
+        let step = self.config.chunk_size.max(1);
+        for d in batch {
+            let mut done = 0usize;
+            while done < d.len {
+                let n = step.min(d.len - done);
+                chunks.push(Chunk {
+                    local: d.local.region.addr + (d.local_offset + done) as u64,
+                    remote: d.remote.region.addr + d.remote_offset + done as u64,
+                    len: n,
+                    key: d.remote.id,
+                });
+                done += n;
+            }
+        }
+        Ok((self.next_op.fetch_add(1, Ordering::Relaxed), chunks))
+    }
+}
+
+fn connect_thread(
+    addr: SocketAddr,
+    deadline: Deadline,
+    engine: Engine,
+    counters: Arc<Counters>,
+    reply: oneshot::Sender<Result<UcxEndpoint>>,
+) {
+    let fail = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::TimedOut || e.kind() == std::io::ErrorKind::WouldBlock {
+            Error::DeadlineExceeded {
+                during: "ucx connect",
+                elapsed: Duration::ZERO,
+            }
+        } else {
+            Error::peer(addr, format!("control connection failed: {e}"))
+        }
+    };
+    let remaining = deadline.remaining();
+    if remaining.is_zero() {
+        let _ = reply.send(Err(Error::DeadlineExceeded {
+            during: "ucx connect",
+            elapsed: Duration::ZERO,
+        }));
+        return;
+    }
+    let stream = match TcpStream::connect_timeout(&addr, remaining) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = reply.send(Err(fail(e)));
+            return;
+        }
+    };
+    let (link, worker) =
+        match Link::handshake(stream, deadline.remaining().max(Duration::from_millis(1))) {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = reply.send(Err(fail(e)));
+                return;
+            }
+        };
+    let id = match engine.call(|r| Command::CreateEp {
+        worker_addr: worker,
+        reply: r,
+    }) {
+        Ok(id) => id,
+        Err(e) => {
+            let _ = link.stream.shutdown(Shutdown::Both);
+            let _ = reply.send(Err(e));
+            return;
+        }
+    };
+    counters.endpoints.fetch_add(1, Ordering::AcqRel);
+    let ep = UcxEndpoint(Arc::new(EpInner {
+        id,
+        peer: addr,
+        link: link.clone(),
+        engine: engine.clone(),
+        counters,
+    }));
+    // If the caller gave up, the endpoint is dropped here and closes itself.
+    let _ = reply.send(Ok(ep));
+    link.read_loop(id, engine);
+}

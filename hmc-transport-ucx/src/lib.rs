@@ -1,0 +1,60 @@
+//! UCX transport for HMC: a [`Communicator`](hmc_core::Communicator) over UCX's UCP layer,
+//! with `libucp.so.0` loaded at run time.
+//!
+//! # What this crate is for
+//!
+//! One-sided READ/WRITE (UCP `put`/`get` with packed remote keys) between registered regions
+//! of two processes, over whatever UCX reaches on the host: shared memory (`posix`, `cma`),
+//! TCP, InfiniBand/RoCE, and GPU memory with a CUDA-enabled UCX. Small ordered notifications
+//! travel as UCX active messages. It is not an RPC layer (`hmc-rpc` builds on it) and not a
+//! control plane beyond the one TCP connection each endpoint keeps to its peer.
+//!
+//! Nothing from UCX is needed to build: [`sys`] declares the slice of the UCX 1.13 API this
+//! crate uses and opens `libucp.so.0` (or `$HMC_UCX_LIB`) when a communicator is created. A
+//! missing library is an [`Error::Unavailable`](hmc_core::Error::Unavailable) naming the
+//! library and the variable, never a panic.
+//!
+//! # Thread safety and progress
+//!
+//! [`UcxCommunicator`] is `Send + Sync`. Each communicator owns one progress thread, the only
+//! thread that calls UCX for it (`UCS_THREAD_MODE_SINGLE`, no lock around UCX); every
+//! method hands that thread a command and awaits its reply. The thread polls
+//! `ucp_worker_progress` while there is work, spins for [`UcxConfig::spin`] after the last
+//! event, then arms the worker and sleeps on its event fd, so an idle process burns no CPU.
+//!
+//! # Who checks what
+//!
+//! - Bounds and access rights are checked at the initiator, before any byte moves, against
+//!   what the *target* confirmed at import time over the control connection: a descriptor
+//!   whose bytes differ from the target's export (forged, damaged, rights or length
+//!   inflated) is refused with `InvalidKey`, and UCX never parses its key.
+//! - UCX itself enforces neither rights nor revocation on TCP and shared memory (its
+//!   `UCP_MEM_MAP_PROT_*` flags are passed, and honoured by RDMA hardware only), so the
+//!   rights check protects honest peers from mistakes, not from a hostile process that
+//!   bypasses this crate; on shared memory any local process of the same user can read
+//!   another's memory anyway.
+//! - Deregistration first revokes the key at every peer that imported it and waits until
+//!   their in-flight operations on it drained ([`UcxConfig::revoke_timeout`]); then it
+//!   unmaps. A stale key is refused with `InvalidKey`; registrations are unmapped exactly once.
+//! - Every transfer has a deadline; a deadline, a cancel (dropping the future) or a peer's
+//!   failure stops the batch, and the caller hears back only once UCX no longer touches its
+//!   memory. A WRITE is reported complete after `ucp_ep_flush_nbx`, i.e. visible at the target.
+//! - A peer's death is seen by UCX's error handler (`UCP_ERR_HANDLING_MODE_PEER`) or by EOF
+//!   on the control connection, whichever comes first; its endpoint then fails every
+//!   operation with [`Error::Peer`](hmc_core::Error::Peer).
+//!
+//! # Safety story
+//!
+//! `unsafe` lives in [`sys`] (symbol binding) and in the engine (UCX calls), each block with
+//! its reason. Local memory handed to UCX is kept alive by the borrow of the registration in
+//! each `TransferDesc` for as long as the transfer future lives, and a dropped future waits
+//! until UCX released the memory.
+
+mod comm;
+mod control;
+mod engine;
+mod pool;
+pub mod sys;
+
+pub use comm::{UcxCommunicator, UcxConfig, UcxEndpoint, UcxRegistration, UcxRemoteKey, UcxStats};
+pub use pool::{BufferPool, PoolConfig, PooledBuffer};

@@ -1,0 +1,250 @@
+//! Checks every UCX struct this crate declares against the installed UCX headers: a C program compiled with `cc` prints sizes and field offsets, which must equal the Rust layout.
+
+use std::mem::{offset_of, size_of};
+use std::path::Path;
+use std::process::Command;
+
+use hmc_transport_ucx::sys::*;
+
+macro_rules! layout {
+    ($rust:ty, $c:literal, [$($field:ident),* $(,)?]) => {{
+        let mut v: Vec<(String, usize)> = vec![(format!("sizeof {}", $c), size_of::<$rust>())];
+        $( v.push((format!("offsetof {}.{}", $c, stringify!($field)), offset_of!($rust, $field))); )*
+        v
+    }};
+}
+
+fn rust_layouts() -> Vec<(String, usize)> {
+    let mut all = Vec::new();
+    all.extend(layout!(
+        ucp_params_t,
+        "ucp_params_t",
+        [
+            field_mask,
+            features,
+            request_size,
+            request_init,
+            request_cleanup,
+            tag_sender_mask,
+            mt_workers_shared,
+            estimated_num_eps,
+            estimated_num_ppn,
+            name
+        ]
+    ));
+    all.extend(layout!(ucs_cpu_set_t, "ucs_cpu_set_t", [ucs_bits]));
+    all.extend(layout!(
+        ucp_worker_params_t,
+        "ucp_worker_params_t",
+        [
+            field_mask,
+            thread_mode,
+            cpu_mask,
+            events,
+            user_data,
+            event_fd,
+            flags,
+            name,
+            am_alignment,
+            client_id
+        ]
+    ));
+    all.extend(layout!(ucp_err_handler_t, "ucp_err_handler_t", [cb, arg]));
+    all.extend(layout!(ucs_sock_addr_t, "ucs_sock_addr_t", [addr, addrlen]));
+    all.extend(layout!(
+        ucp_ep_params_t,
+        "ucp_ep_params_t",
+        [
+            field_mask,
+            address,
+            err_mode,
+            err_handler,
+            user_data,
+            flags,
+            sockaddr,
+            conn_request,
+            name,
+            local_sockaddr
+        ]
+    ));
+    all.extend(layout!(
+        ucp_mem_map_params_t,
+        "ucp_mem_map_params_t",
+        [field_mask, address, length, flags, prot, memory_type]
+    ));
+    all.extend(layout!(
+        ucp_request_param_t,
+        "ucp_request_param_t",
+        [
+            op_attr_mask,
+            flags,
+            request,
+            cb,
+            datatype,
+            user_data,
+            reply_buffer,
+            memory_type,
+            recv_info,
+            memh
+        ]
+    ));
+    all.extend(layout!(
+        ucp_am_handler_param_t,
+        "ucp_am_handler_param_t",
+        [field_mask, id, flags, cb, arg]
+    ));
+    all.extend(layout!(
+        ucp_am_recv_param_t,
+        "ucp_am_recv_param_t",
+        [recv_attr, reply_ep]
+    ));
+    all
+}
+
+/// Constants whose values must match the headers.
+fn rust_constants() -> Vec<(String, i64)> {
+    let c = |name: &str, v: i64| (format!("const {name}"), v);
+    vec![
+        c("UCP_API_MAJOR", API_MAJOR as i64),
+        c("UCS_ERR_UNREACHABLE", UCS_ERR_UNREACHABLE as i64),
+        c("UCS_ERR_BUSY", UCS_ERR_BUSY as i64),
+        c("UCS_ERR_CANCELED", UCS_ERR_CANCELED as i64),
+        c("UCS_ERR_LAST", UCS_ERR_LAST as i64),
+        c("UCP_FEATURE_RMA", UCP_FEATURE_RMA as i64),
+        c("UCP_FEATURE_WAKEUP", UCP_FEATURE_WAKEUP as i64),
+        c("UCP_FEATURE_AM", UCP_FEATURE_AM as i64),
+        c("UCP_PARAM_FIELD_NAME", UCP_PARAM_FIELD_NAME as i64),
+        c("UCS_THREAD_MODE_SINGLE", UCS_THREAD_MODE_SINGLE as i64),
+        c("UCP_WAKEUP_RMA", UCP_WAKEUP_RMA as i64),
+        c("UCP_WAKEUP_TX", UCP_WAKEUP_TX as i64),
+        c("UCP_WAKEUP_RX", UCP_WAKEUP_RX as i64),
+        c(
+            "UCP_ERR_HANDLING_MODE_PEER",
+            UCP_ERR_HANDLING_MODE_PEER as i64,
+        ),
+        c("UCP_EP_CLOSE_FLAG_FORCE", UCP_EP_CLOSE_FLAG_FORCE as i64),
+        c(
+            "UCP_MEM_MAP_PROT_REMOTE_READ",
+            UCP_MEM_MAP_PROT_REMOTE_READ as i64,
+        ),
+        c(
+            "UCP_MEM_MAP_PROT_REMOTE_WRITE",
+            UCP_MEM_MAP_PROT_REMOTE_WRITE as i64,
+        ),
+        c(
+            "UCP_OP_ATTR_FIELD_CALLBACK",
+            UCP_OP_ATTR_FIELD_CALLBACK as i64,
+        ),
+        c(
+            "UCP_OP_ATTR_FIELD_USER_DATA",
+            UCP_OP_ATTR_FIELD_USER_DATA as i64,
+        ),
+        c("UCP_OP_ATTR_FIELD_FLAGS", UCP_OP_ATTR_FIELD_FLAGS as i64),
+        c("UCP_AM_SEND_FLAG_EAGER", UCP_AM_SEND_FLAG_EAGER as i64),
+        c("UCP_AM_FLAG_WHOLE_MSG", UCP_AM_FLAG_WHOLE_MSG as i64),
+        c(
+            "UCP_AM_RECV_ATTR_FLAG_RNDV",
+            UCP_AM_RECV_ATTR_FLAG_RNDV as i64,
+        ),
+        c(
+            "UCP_AM_HANDLER_PARAM_FIELD_ARG",
+            UCP_AM_HANDLER_PARAM_FIELD_ARG as i64,
+        ),
+        c(
+            "UCP_EP_PARAM_FIELD_ERR_HANDLER",
+            UCP_EP_PARAM_FIELD_ERR_HANDLER as i64,
+        ),
+        c(
+            "UCP_MEM_MAP_PARAM_FIELD_PROT",
+            UCP_MEM_MAP_PARAM_FIELD_PROT as i64,
+        ),
+        c(
+            "UCP_WORKER_PARAM_FIELD_EVENTS",
+            UCP_WORKER_PARAM_FIELD_EVENTS as i64,
+        ),
+    ]
+}
+
+fn c_program(layouts: &[(String, usize)], constants: &[(String, i64)]) -> String {
+    let mut src = String::from(
+        "#include <stdio.h>\n#include <stddef.h>\n#include <ucp/api/ucp.h>\nint main(void) {\n",
+    );
+    for (what, _) in layouts {
+        let expr = if let Some(ty) = what.strip_prefix("sizeof ") {
+            format!("sizeof({ty})")
+        } else {
+            let rest = what.strip_prefix("offsetof ").expect("offsetof");
+            let (ty, field) = rest.split_once('.').expect("type.field");
+            format!("offsetof({ty}, {field})")
+        };
+        src += &format!("  printf(\"{what} %zu\\n\", (size_t){expr});\n");
+    }
+    for (what, _) in constants {
+        let name = what.strip_prefix("const ").expect("const");
+        src += &format!("  printf(\"{what} %lld\\n\", (long long)({name}));\n");
+    }
+    src + "  return 0;\n}\n"
+}
+
+#[test]
+fn struct_layouts_and_constants_match_the_installed_ucx_headers() {
+    let header = Path::new("/usr/include/ucp/api/ucp.h");
+    assert!(
+        header.exists(),
+        "{} is missing: install the UCX headers (`apt-get install libucx-dev`) to run this check",
+        header.display()
+    );
+    let layouts = rust_layouts();
+    let constants = rust_constants();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let c = dir.path().join("layout.c");
+    let exe = dir.path().join("layout");
+    std::fs::write(&c, c_program(&layouts, &constants)).expect("write C program");
+    let out = Command::new("cc")
+        .arg(&c)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("run cc (a C compiler is needed for this check)");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = Command::new(&exe).output().expect("run layout program");
+    let text = String::from_utf8(run.stdout).expect("utf-8");
+    let c_values: std::collections::HashMap<String, i64> = text
+        .lines()
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').expect("key value");
+            (k.to_string(), v.parse().expect("number"))
+        })
+        .collect();
+    let mut mismatches = Vec::new();
+    for (what, rust) in layouts
+        .iter()
+        .map(|(k, v)| (k, *v as i64))
+        .chain(constants.iter().map(|(k, v)| (k, *v)))
+    {
+        let c = c_values[what];
+        if c != rust {
+            mismatches.push(format!("{what}: C {c}, Rust {rust}"));
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "layout differs from the headers:\n{}",
+        mismatches.join("\n")
+    );
+    assert_eq!(c_values.len(), layouts.len() + constants.len());
+}
+
+#[test]
+fn the_installed_library_loads_and_is_new_enough() {
+    let ucp = Ucp::load(None).expect("libucp.so.0 (install libucx0 or set HMC_UCX_LIB)");
+    assert!(
+        (ucp.version.0, ucp.version.1) >= MIN_VERSION,
+        "{:?}",
+        ucp.version
+    );
+}
