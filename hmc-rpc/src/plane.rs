@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use hmc_core::{AnyCommunicator, Error, PeerAddr, Result};
+use hmc_core::{AnyCommunicator, PeerAddr, Result};
 
 /// Which data plane carries HMC_BUFFER payloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -30,12 +30,13 @@ pub fn open_data_plane(kind: DataPlaneKind, bind: IpAddr) -> Result<Option<AnyCo
     }
 }
 
-fn open_ucx(_bind: IpAddr) -> Result<Option<AnyCommunicator>> {
-    Err(Error::Unavailable {
-        what: "UCX data plane".into(),
-        reason: "this hmc-rpc build does not include hmc-transport-ucx yet".into(),
-        hint: "use --data-plane tcp, or build hmc-rpc with the UCX transport".into(),
-    })
+fn open_ucx(bind: IpAddr) -> Result<Option<AnyCommunicator>> {
+    // UCX_TLS (when set) chooses UCX's transports, as it does for ucx_perftest.
+    let c = hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
+        bind: SocketAddr::new(bind, 0),
+        ..Default::default()
+    })?;
+    Ok(Some(AnyCommunicator::new(c)))
 }
 
 #[cfg(test)]

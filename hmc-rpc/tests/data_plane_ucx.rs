@@ -1,0 +1,266 @@
+//! HMC_BUFFER over the UCX communicator with `UCX_TLS=tcp` and with shared memory
+//! (`posix,cma,self`): verified echo round trips, many calls at once, a forged descriptor.
+//! UCX must be installed (`libucx0`); these tests never skip.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hmc_rpc::{
+    Client, ClientConfig, DataPlaneConfig, Dispatcher, RunningServer, Server, ServerConfig, demo,
+};
+use hmc_transport_ucx::{UcxCommunicator, UcxConfig};
+use rstest::rstest;
+
+fn ucx(tls: &str) -> Arc<UcxCommunicator> {
+    Arc::new(UcxCommunicator::new(UcxConfig::with_tls(tls)).expect("UCX (libucx0) is installed"))
+}
+
+fn pattern(len: usize, seed: u32) -> Bytes {
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+async fn server(tls: &str) -> RunningServer {
+    let mut d = Dispatcher::new();
+    demo::register_demo(&mut d);
+    Server::new(d, ServerConfig::default())
+        .with_data_plane(ucx(tls))
+        .bind(&"tcp://127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+async fn client(s: &RunningServer, tls: &str) -> Client<UcxCommunicator> {
+    Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap()
+        .with_data_plane_config(ucx(tls), DataPlaneConfig::default())
+}
+
+#[rstest]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_round_trips_over_ucx(
+    #[values("tcp", "posix,cma,self")] tls: &str,
+    #[values(64 << 10, 1 << 20, 16 << 20)] len: usize,
+) {
+    let s = server(tls).await;
+    let c = client(&s, tls).await;
+    for seed in 0..3 {
+        let p = pattern(len, seed);
+        let r = c.call(demo::ECHO, p.clone()).await.unwrap();
+        assert!(r == p, "echo of {len} bytes over UCX_TLS={tls} differs");
+    }
+    let ss = s.data_plane_stats().unwrap();
+    assert_eq!(
+        (ss.buffer_calls, ss.buffer_responses, ss.failures),
+        (3, 3, 0)
+    );
+    assert_eq!(c.data_plane_stats().unwrap().pool.registrations, 2);
+}
+
+#[rstest]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_calls_at_once_over_ucx(#[values("tcp", "posix,cma,self")] tls: &str) {
+    let s = Arc::new(server(tls).await);
+    let mut tasks = Vec::new();
+    for k in 0..4u32 {
+        let c = client(&s, tls).await;
+        for j in 0..4u32 {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..4u32 {
+                    let p = pattern(1 << 20, k * 100 + j * 10 + i);
+                    assert!(c.call(demo::ECHO, p.clone()).await.unwrap() == p);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let st = s.data_plane_stats().unwrap();
+    assert_eq!((st.buffer_calls, st.failures), (64, 0));
+}
+
+#[rstest]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_and_stale_ucx_descriptors_get_data_plane(
+    #[values("tcp", "posix,cma,self")] tls: &str,
+) {
+    use hmc_core::{Access, Communicator, RegisteredBuffer};
+    use hmc_rpc::Status;
+    use hmc_rpc::frame::{FrameHeader, FrameKind, HEADER_LEN, PayloadMode};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let s = server(tls).await;
+    let hmc_core::PeerAddr::Tcp(sa) = s.local_addr().clone() else {
+        panic!("tcp server")
+    };
+    let mut raw = tokio::net::TcpStream::connect(sa).await.unwrap();
+    let mine = ucx(tls);
+    let mem = Arc::new(hmc_backend_cpu::HostMemory::new());
+    let send = |id: u64, region: hmc_core::RemoteRegion| {
+        let addr = mine.address().to_string();
+        let r = region.encode();
+        let mut body = vec![1u8, 0];
+        body.extend_from_slice(&(addr.len() as u16).to_be_bytes());
+        body.extend_from_slice(addr.as_bytes());
+        body.extend_from_slice(&(r.len() as u32).to_be_bytes());
+        body.extend_from_slice(&r);
+        let mut h = FrameHeader::new(FrameKind::Request, id);
+        h.method_id = demo::ECHO;
+        h.mode = PayloadMode::HmcBuffer;
+        h.payload_len = 1 << 20;
+        h.body_len = body.len() as u32;
+        let mut b = h.encode().to_vec();
+        b.extend_from_slice(&body);
+        b
+    };
+    async fn answer(raw: &mut tokio::net::TcpStream) -> FrameHeader {
+        let mut hb = [0u8; HEADER_LEN];
+        tokio::time::timeout(std::time::Duration::from_secs(20), raw.read_exact(&mut hb))
+            .await
+            .expect("an answer within 20 s")
+            .unwrap();
+        let h = FrameHeader::decode(&hb, &Default::default()).unwrap();
+        let mut body = vec![0u8; h.body_len as usize];
+        raw.read_exact(&mut body).await.unwrap();
+        h
+    }
+    let good = RegisteredBuffer::new(mem.clone(), mine.clone(), 1 << 20, Access::READ).unwrap();
+    let mut forged = good.export();
+    let n = forged.key.len();
+    forged.key[n - 1] ^= 0xFF;
+    raw.write_all(&send(1, forged)).await.unwrap();
+    let h = answer(&mut raw).await;
+    assert_eq!((h.request_id, h.status), (1, Status::DATA_PLANE));
+    let stale = RegisteredBuffer::new(mem.clone(), mine.clone(), 1 << 20, Access::READ).unwrap();
+    let stale_desc = stale.export();
+    drop(stale);
+    raw.write_all(&send(2, stale_desc)).await.unwrap();
+    let h = answer(&mut raw).await;
+    assert_eq!((h.request_id, h.status), (2, Status::DATA_PLANE));
+    raw.write_all(&send(3, good.export())).await.unwrap();
+    let h = answer(&mut raw).await;
+    assert_eq!((h.request_id, h.status), (3, Status::OK));
+    // A real client is served afterwards.
+    let c = client(&s, tls).await;
+    let p = pattern(1 << 20, 3);
+    assert!(c.call(demo::ECHO, p.clone()).await.unwrap() == p);
+}
+
+#[rstest]
+fn two_processes_echo_one_mib_over_ucx(#[values("tcp", "posix,cma,self")] tls: &str) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut server = Command::new(env!("CARGO_BIN_EXE_hmc-rpc-server"))
+        .args(["--port", "0", "--workers", "2", "--data-plane", "ucx"])
+        .env("UCX_TLS", tls)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().rsplit(':').next().unwrap().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_hmc-rpc-client"))
+        .args(["--port", &port, "--method", "echo", "--data-plane", "ucx"])
+        .args(["--payload-bytes", "1048576", "--repeat", "3"])
+        .env("UCX_TLS", tls)
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("response[3]=1048576 bytes verified"),
+        "{text}"
+    );
+    assert!(
+        text.contains("data plane: 3 HMC_BUFFER calls, 3 responses in buffer, 0 fallbacks"),
+        "{text}"
+    );
+}
+
+/// Connect/call/disconnect cycles of HMC_BUFFER calls over UCX from 4 concurrent client
+/// processes: zero errors, the server's fds and RSS flat. 4 x 25 cycles by default,
+/// 4 x 2 500 (10 000) with `HMC_LONG_TESTS=1`.
+#[rstest]
+fn soak_over_ucx_from_four_client_processes(#[values("tcp", "posix,cma,self")] tls: &str) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Child, Command, Stdio};
+    let long = std::env::var("HMC_LONG_TESTS").is_ok_and(|v| v == "1");
+    let cycles = if long { 2_500 } else { 25 };
+    let mut server = Command::new(env!("CARGO_BIN_EXE_hmc-rpc-server"))
+        .args(["--port", "0", "--workers", "2", "--data-plane", "ucx"])
+        .env("UCX_TLS", tls)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line.trim().rsplit(':').next().unwrap().to_string();
+    let pid = server.id();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let rss = || -> u64 {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    };
+    let round = |cycles: u32| {
+        let kids: Vec<Child> = (0..4)
+            .map(|_| {
+                Command::new(env!("CARGO_BIN_EXE_hmc-rpc-client"))
+                    .args(["--port", &port, "--method", "echo", "--data-plane", "ucx"])
+                    .args(["--payload-bytes", "131072", "--cycles", &cycles.to_string()])
+                    .env("UCX_TLS", tls)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for k in kids {
+            let out = k.wait_with_output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{text} {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                text.contains(&format!("data plane: {cycles} HMC_BUFFER calls")),
+                "{text}"
+            );
+        }
+    };
+    round(5);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (f0, r0) = (fds(), rss());
+    round(cycles);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let (f1, r1) = (fds(), rss());
+    let _ = server.kill();
+    let _ = server.wait();
+    eprintln!("UCX_TLS={tls}: server fds {f0} -> {f1}, RSS {r0} -> {r1} KiB after 4 x {cycles}");
+    assert!(f1 <= f0 + 2, "fds grew from {f0} to {f1}");
+    assert!(r1 <= r0 + 16 * 1024, "RSS grew from {r0} to {r1} KiB");
+}
