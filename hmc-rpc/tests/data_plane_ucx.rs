@@ -22,11 +22,21 @@ fn pattern(len: usize, seed: u32) -> Bytes {
         .into()
 }
 
+const SLOW_ECHO: u32 = 200;
+
 async fn server(tls: &str) -> RunningServer {
+    server_on(ucx(tls)).await
+}
+
+async fn server_on(comm: Arc<UcxCommunicator>) -> RunningServer {
     let mut d = Dispatcher::new();
     demo::register_demo(&mut d);
+    d.register_raw(SLOW_ECHO, |_ctx, b| async move {
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        Ok::<_, hmc_rpc::RpcError>(b)
+    });
     Server::new(d, ServerConfig::default())
-        .with_data_plane(ucx(tls))
+        .with_data_plane(comm)
         .bind(&"tcp://127.0.0.1:0".parse().unwrap())
         .await
         .unwrap()
@@ -263,4 +273,62 @@ fn soak_over_ucx_from_four_client_processes(#[values("tcp", "posix,cma,self")] t
     eprintln!("UCX_TLS={tls}: server fds {f0} -> {f1}, RSS {r0} -> {r1} KiB after 4 x {cycles}");
     assert!(f1 <= f0 + 2, "fds grew from {f0} to {f1}");
     assert!(r1 <= r0 + 16 * 1024, "RSS grew from {r0} to {r1} KiB");
+}
+
+#[rstest]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_dies_mid_call_over_ucx_leaves_the_server_healthy(
+    #[values("tcp", "posix,cma,self")] tls: &str,
+) {
+    let server_comm = ucx(tls);
+    let s = server_on(server_comm.clone()).await;
+    let addr = s.local_addr().clone();
+    let tls2 = tls.to_string();
+    let client_stats = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let comm = ucx(&tls2);
+        let c = rt.block_on(async {
+            Client::connect(&addr, ClientConfig::default())
+                .await
+                .unwrap()
+                .with_data_plane(comm.clone())
+        });
+        let c2 = c.clone();
+        rt.spawn(async move { c2.call(SLOW_ECHO, pattern(1 << 20, 8)).await });
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        drop(c);
+        drop(rt);
+        let st = comm.stats();
+        drop(comm);
+        st
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        client_stats.registered, client_stats.deregistered,
+        "the dead client's registrations were released exactly once: {client_stats:?}"
+    );
+    let mut in_use = usize::MAX;
+    for _ in 0..200 {
+        in_use = s.data_plane_stats().unwrap().pool.in_use_bytes;
+        if in_use == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(in_use, 0, "every server buffer went back to the pool");
+    let pool = s.data_plane_stats().unwrap().pool;
+    let ucx_stats = server_comm.stats();
+    assert_eq!(
+        ucx_stats.registered - ucx_stats.deregistered,
+        pool.registrations - pool.deregistrations,
+        "the server holds exactly the pool's registrations"
+    );
+    let c = client(&s, tls).await;
+    let p = pattern(1 << 20, 9);
+    assert!(c.call(demo::ECHO, p.clone()).await.unwrap() == p);
 }
