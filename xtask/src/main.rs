@@ -220,15 +220,23 @@ fn bench_rpc(quick: bool) -> Result {
     let tonic_target = root().join("target/tonic-peer");
     let manifest = root().join("../shared/peers/tonic-echo/Cargo.toml");
     if manifest.exists() {
-        run(cargo().args(["build", "--release", "--manifest-path"]).arg(&manifest).env("CARGO_TARGET_DIR", &tonic_target))?;
+        run(cargo()
+            .args(["build", "--release", "--manifest-path"])
+            .arg(&manifest)
+            .env("CARGO_TARGET_DIR", &tonic_target))?;
     } else {
-        eprintln!("xtask: {} not found; the RPC bench runs without the tonic column", manifest.display());
+        eprintln!(
+            "xtask: {} not found; the RPC bench runs without the tonic column",
+            manifest.display()
+        );
     }
     run(cargo().args(["build", "--release", "-p", "hmc-rpc", "--bins"]))?;
     let mut cmd = Command::new(root().join("target/release/hmc-rpc-bench"));
-    cmd.current_dir(root()).args(["--csv", "target/hmc-rpc-bench.csv"]);
+    cmd.current_dir(root())
+        .args(["--csv", "target/hmc-rpc-bench.csv"]);
     if manifest.exists() {
-        cmd.arg("--tonic-bin").arg(tonic_target.join("release/tonic-echo"));
+        cmd.arg("--tonic-bin")
+            .arg(tonic_target.join("release/tonic-echo"));
     } else {
         cmd.arg("--no-tonic");
     }
