@@ -141,8 +141,23 @@ impl FromStr for PeerAddr {
             }
             return Ok(PeerAddr::Unix(PathBuf::from(rest)));
         }
+        // The opaque form `Display` writes: `<transport wire id>:<hex bytes>`.
+        if let Some((id, hex)) = s.split_once(':')
+            && let Ok(id) = id.parse::<u8>()
+            && hex.len() % 2 == 0
+            && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        {
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("checked hex digits"))
+                .collect();
+            return Ok(PeerAddr::Opaque {
+                transport: TransportId::from_wire_id(id)?,
+                bytes,
+            });
+        }
         Err(Error::InvalidArgument(format!(
-            "`{s}` is not a peer address; use tcp://IP:PORT or unix:///path"
+            "`{s}` is not a peer address; use tcp://IP:PORT, unix:///path or <transport id>:<hex>"
         )))
     }
 }
@@ -456,6 +471,8 @@ mod tests {
         }
         assert!("127.0.0.1:7000".parse::<PeerAddr>().is_err());
         assert!("tcp://localhost:1".parse::<PeerAddr>().is_err());
+        assert!("2:abc".parse::<PeerAddr>().is_err(), "odd hex length");
+        assert!("9:00".parse::<PeerAddr>().is_err(), "unknown transport id");
     }
 
     #[test]
