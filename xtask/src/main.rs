@@ -241,7 +241,33 @@ fn bench_rpc(quick: bool) -> Result {
         cmd.arg("--no-tonic");
     }
     cmd.args(["--seconds", if quick { "0.5" } else { "2" }]);
-    run(&mut cmd)
+    run(&mut cmd)?;
+    // HMC_BUFFER rows: the data plane over our TCP communicator and over UCX, beside the
+    // TCP_STREAM path and `ucx_perftest -t tag_bw` on the same UCX_TLS; once over UCX's TCP
+    // transport and once over shared memory.
+    for tls in ["tcp", "posix,cma,self"] {
+        let mut cmd = Command::new(root().join("target/release/hmc-rpc-bench"));
+        cmd.current_dir(root())
+            .env("UCX_TLS", tls)
+            .args([
+                "--no-tonic",
+                "--sizes",
+                "1048576",
+                "--clients",
+                "1,8",
+                "--depths",
+                "1,8",
+            ])
+            .args([
+                "--data-planes",
+                "tcp,ucx",
+                "--csv",
+                &format!("target/hmc-rpc-bench-dp-{}.csv", tls.replace(',', "-")),
+            ])
+            .args(["--seconds", if quick { "0.5" } else { "2" }]);
+        run(&mut cmd)?;
+    }
+    Ok(())
 }
 
 fn demo() -> Result {
