@@ -9,11 +9,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hmc_backend_cpu::HostMemory;
-use hmc_core::{Access, Communicator, ConnBuffer, Deadline, Op, RegisteredBuffer, TransferDesc};
+use std::io::{BufRead, BufReader, Read};
+
+use hmc_core::{
+    Access, Communicator, ConnBuffer, Deadline, Op, PeerAddr, RegisteredBuffer, RemoteRegion,
+    TransferDesc,
+};
 use hmc_transport_ucx::{UcxCommunicator, UcxConfig};
 
 const SIZES: [usize; 3] = [64 << 10, 1 << 20, 16 << 20];
-/// Bytes per transfer call: a batch of descriptors of one size (like perftest's window).
+/// Bytes per transfer call: a batch of descriptors of one size, each over the same range
+/// (like perftest's window of operations on one buffer).
 const BATCH_BYTES: usize = 16 << 20;
 
 struct Row {
@@ -39,7 +45,7 @@ fn free_port() -> u16 {
         .unwrap_or(13_337)
 }
 
-/// Runs `ucx_perftest` server and client; returns the client's overall bandwidth in GB/s.
+/// Runs `ucx_perftest` server and client (two processes); returns the client's overall bandwidth in GB/s.
 fn perftest(tls: &str, test: &str, size: usize, iters: usize) -> Option<f64> {
     let port = free_port().to_string();
     let args = [
@@ -96,11 +102,12 @@ async fn ours(
 ) -> f64 {
     let per_call = (BATCH_BYTES / size).max(1);
     let batch: Vec<TransferDesc<'_, UcxCommunicator>> = (0..per_call)
-        .map(|i| TransferDesc {
+        // Like ucp_put_bw / ucp_get: the same local buffer and remote address every time.
+        .map(|_| TransferDesc {
             local: local.registration(),
-            local_offset: i * size,
+            local_offset: 0,
             remote: key,
-            remote_offset: (i * size) as u64,
+            remote_offset: 0,
             len: size,
         })
         .collect();
@@ -119,19 +126,92 @@ async fn ours(
     (calls * per_call * size) as f64 / start.elapsed().as_secs_f64() / 1e9
 }
 
+const CHILD_ENV: &str = "HMC_BENCH_CHILD_TLS";
+
+/// The target process (like ucx_perftest's server): serves a region until stdin closes.
+fn config(tls: &str, wakeup: bool) -> UcxConfig {
+    UcxConfig {
+        wakeup,
+        park_max: if wakeup {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_millis(1)
+        },
+        ..UcxConfig::with_tls(tls)
+    }
+}
+
+fn child(tls: &str) {
+    let wakeup = std::env::var_os("HMC_BENCH_CHILD_NO_WAKEUP").is_none();
+    let c = Arc::new(UcxCommunicator::new(config(tls, wakeup)).expect("UCX"));
+    let buf = RegisteredBuffer::new(
+        Arc::new(HostMemory::new()),
+        c.clone(),
+        BATCH_BYTES,
+        Access::READ_WRITE,
+    )
+    .expect("register");
+    let hex: String = buf
+        .export()
+        .encode()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    println!("READY {} {hex}", c.address());
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+}
+
+/// Starts a target process; returns it with its address and region.
+fn spawn_target(tls: &str, wakeup: bool) -> (std::process::Child, PeerAddr, RemoteRegion) {
+    let mut cmd = Command::new(std::env::current_exe().expect("bench binary"));
+    if !wakeup {
+        cmd.env("HMC_BENCH_CHILD_NO_WAKEUP", "1");
+    }
+    let mut proc = cmd
+        .env(CHILD_ENV, tls)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn target");
+    let mut lines = BufReader::new(proc.stdout.take().expect("stdout")).lines();
+    let line = loop {
+        let l = lines.next().expect("target output").expect("read target");
+        if let Some(at) = l.find("READY ") {
+            break l[at + 6..].to_string();
+        }
+    };
+    let (addr, hex) = line.split_once(' ').expect("addr and descriptor");
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
+        .collect();
+    (
+        proc,
+        addr.parse().expect("address"),
+        RemoteRegion::decode(&bytes).expect("descriptor"),
+    )
+}
+
 fn main() {
+    if let Ok(tls) = std::env::var(CHILD_ENV) {
+        child(&tls);
+        return;
+    }
     let quick = std::env::var_os("HMC_BENCH_QUICK").is_some();
     let only = std::env::var("HMC_BENCH_TLS").ok();
-    let transports: Vec<(&'static str, &'static str, usize)> = [
-        ("tcp", "tcp", if quick { 64 << 20 } else { 512 << 20 }),
-        (
-            "shm",
-            "posix,cma,self",
-            if quick { 256 << 20 } else { 4 << 30 },
-        ),
+    let (tcp_bytes, shm_bytes) = if quick {
+        (64 << 20, 256 << 20)
+    } else {
+        (512 << 20, 4 << 30)
+    };
+    let transports: Vec<(&'static str, &'static str, bool, usize)> = [
+        ("tcp", "tcp", true, tcp_bytes),
+        ("shm", "posix,cma,self", true, shm_bytes),
+        ("shm-nowakeup", "posix,cma,self", false, shm_bytes),
     ]
     .into_iter()
-    .filter(|(name, _, _)| only.as_deref().is_none_or(|o| o == *name))
+    .filter(|(name, ..)| only.as_deref().is_none_or(|o| name.starts_with(o)))
     .collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -140,21 +220,19 @@ fn main() {
         .expect("tokio");
     let memory = Arc::new(HostMemory::new());
     let mut rows = Vec::new();
-    for (name, tls, total) in transports {
-        let a = Arc::new(UcxCommunicator::new(UcxConfig::with_tls(tls)).expect("UCX"));
-        let b = Arc::new(UcxCommunicator::new(UcxConfig::with_tls(tls)).expect("UCX"));
-        let target =
-            RegisteredBuffer::new(memory.clone(), b.clone(), BATCH_BYTES, Access::READ_WRITE)
-                .expect("target");
+    for (name, tls, wakeup, total) in transports {
+        // Two processes, like ucx_perftest's client and server.
+        let a = Arc::new(UcxCommunicator::new(config(tls, wakeup)).expect("UCX"));
+        let (mut target_proc, target_addr, target) = spawn_target(tls, wakeup);
         let local =
             RegisteredBuffer::new(memory.clone(), a.clone(), BATCH_BYTES, Access::READ_WRITE)
                 .expect("local");
         rt.block_on(async {
             let ep = a
-                .connect(&b.address(), Deadline::default())
+                .connect(&target_addr, Deadline::default())
                 .await
                 .expect("connect");
-            let key = a.import(&ep, &target.export()).expect("import");
+            let key = a.import(&ep, &target).expect("import");
             for (op, opname, test) in [
                 (Op::Write, "put", "ucp_put_bw"),
                 (Op::Read, "get", "ucp_get"),
@@ -176,7 +254,12 @@ fn main() {
                 }
             }
         });
+        drop(target_proc.stdin.take());
+        let _ = target_proc.wait();
     }
+    println!(
+        "shm = posix,cma,self; -nowakeup: UcxConfig::wakeup = false (CMA zero-copy, 1 ms idle polls)"
+    );
     println!("| UCX_TLS | op | size | hmc GB/s | ucx_perftest GB/s | ratio |");
     println!("| --- | --- | --- | ---: | ---: | ---: |");
     for r in rows {

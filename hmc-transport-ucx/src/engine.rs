@@ -51,6 +51,7 @@ pub(crate) struct EngineConfig {
     pub soft_options: Vec<(String, String)>,
     pub max_inflight_chunks: usize,
     pub spin: Duration,
+    pub wakeup: bool,
     pub park_max: Duration,
     pub drain_timeout: Duration,
     pub ep_linger: Duration,
@@ -427,6 +428,8 @@ struct State {
     notes: VecDeque<RawNote>,
     waiters: VecDeque<(Instant, oneshot::Sender<Result<RawNote>>)>,
     closed: bool,
+    /// UCX requests issued and not yet completed.
+    live_requests: usize,
     /// The selected transports refused `UCP_ERR_HANDLING_MODE_PEER` once.
     peer_mode_unsupported: bool,
     ep_count: Arc<std::sync::atomic::AtomicUsize>,
@@ -480,7 +483,10 @@ impl State {
         // SAFETY: all-zero is a valid parameter block; we set the fields we flag.
         let mut params: sys::ucp_params_t = unsafe { std::mem::zeroed() };
         params.field_mask = sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME;
-        params.features = sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP;
+        params.features = sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM;
+        if cfg.wakeup {
+            params.features |= sys::UCP_FEATURE_WAKEUP;
+        }
         params.name = name.as_ptr();
         let mut context: sys::ucp_context_h = std::ptr::null_mut();
         // SAFETY: valid params and config; out-parameter.
@@ -498,8 +504,10 @@ impl State {
 
         // SAFETY: as above.
         let mut wp: sys::ucp_worker_params_t = unsafe { std::mem::zeroed() };
-        wp.field_mask =
-            sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE | sys::UCP_WORKER_PARAM_FIELD_EVENTS;
+        wp.field_mask = sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        if cfg.wakeup {
+            wp.field_mask |= sys::UCP_WORKER_PARAM_FIELD_EVENTS;
+        }
         wp.thread_mode = sys::UCS_THREAD_MODE_SINGLE;
         wp.events = sys::UCP_WAKEUP_RMA | sys::UCP_WAKEUP_TX | sys::UCP_WAKEUP_RX;
         let mut worker: sys::ucp_worker_h = std::ptr::null_mut();
@@ -519,10 +527,12 @@ impl State {
             e
         };
         let mut efd = -1;
-        // SAFETY: live worker; out-parameter.
-        let st = unsafe { (ucp.ucp_worker_get_efd)(worker, &mut efd) };
-        if st != sys::UCS_OK {
-            return Err(cleanup(ucp.error("ucp_worker_get_efd", st)));
+        if cfg.wakeup {
+            // SAFETY: live worker; out-parameter.
+            let st = unsafe { (ucp.ucp_worker_get_efd)(worker, &mut efd) };
+            if st != sys::UCS_OK {
+                return Err(cleanup(ucp.error("ucp_worker_get_efd", st)));
+            }
         }
         let mut addr: *mut sys::ucp_address_t = std::ptr::null_mut();
         let mut addr_len = 0usize;
@@ -572,6 +582,7 @@ impl State {
             notes: VecDeque::new(),
             waiters: VecDeque::new(),
             closed: false,
+            live_requests: 0,
             peer_mode_unsupported: false,
             ep_count,
         })
@@ -609,7 +620,8 @@ impl State {
                 last_event = Instant::now();
                 continue;
             }
-            if last_event.elapsed() < self.cfg.spin {
+            if last_event.elapsed() < self.cfg.spin || (self.efd < 0 && self.live_requests > 0) {
+                // Without an event fd nothing would wake us for in-flight requests.
                 std::hint::spin_loop();
                 continue;
             }
@@ -621,7 +633,7 @@ impl State {
     /// Arms the worker and sleeps until it, a command, or the nearest deadline wakes us.
     fn park(&mut self) {
         // SAFETY: live worker on its own thread.
-        if unsafe { (self.ucp.ucp_worker_arm)(self.worker) } == sys::UCS_ERR_BUSY {
+        if self.efd >= 0 && unsafe { (self.ucp.ucp_worker_arm)(self.worker) } == sys::UCS_ERR_BUSY {
             return;
         }
         let now = Instant::now();
@@ -1158,6 +1170,7 @@ impl State {
             Issue::Done(sys::ptr_status(ret))
         } else {
             self.reqs[slot].as_mut().expect("allocated").req = ret;
+            self.live_requests += 1;
             Issue::Pending
         }
     }
@@ -1367,6 +1380,7 @@ impl State {
             }
         } else {
             self.reqs[slot].as_mut().expect("allocated").req = ret;
+            self.live_requests += 1;
             self.eps.get_mut(&ep).expect("checked").inflight += 1;
         }
     }
@@ -1501,6 +1515,7 @@ impl State {
         let Some(rec) = self.reqs.get_mut(slot).and_then(Option::take) else {
             return;
         };
+        self.live_requests -= 1;
         self.free_slots.push(slot);
         if !rec.req.is_null() {
             // SAFETY: the request was returned by an `_nbx` call and completed; freed once.
@@ -1693,6 +1708,7 @@ impl State {
             }
         } else {
             self.reqs[slot].as_mut().expect("allocated").req = ret;
+            self.live_requests += 1;
             self.eps.get_mut(&ep).expect("checked").inflight += 1;
         }
     }

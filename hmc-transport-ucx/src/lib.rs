@@ -43,6 +43,16 @@
 //!   on the control connection, whichever comes first; its endpoint then fails every
 //!   operation with [`Error::Peer`](hmc_core::Error::Peer).
 //!
+//! # Performance notes (UCX 1.13)
+//!
+//! Over shared memory UCX 1.13 does RMA on *user* memory (what `register` gets) by
+//! emulation: active messages through the posix queues, applied by the target's progress
+//! thread (CMA is used only for rendezvous of active messages). `ucx_perftest ucp_put_bw`
+//! reaches memcpy speed because it allocates its buffers *through* UCX
+//! (`UCP_MEM_MAP_FLAG_ALLOCATE`), which the posix transport maps into the peer directly.
+//! Matching it needs a UCX-allocated registration (not built yet; see the bench). Over TCP
+//! both go through the same emulation and are on par.
+//!
 //! # Safety story
 //!
 //! `unsafe` lives in [`sys`] (symbol binding) and in the engine (UCX calls), each block with
