@@ -95,7 +95,7 @@ async fn ours(
     a: &Arc<UcxCommunicator>,
     ep: &hmc_transport_ucx::UcxEndpoint,
     key: &hmc_transport_ucx::UcxRemoteKey,
-    local: &RegisteredBuffer<HostMemory, UcxCommunicator>,
+    local: &hmc_transport_ucx::UcxRegistration,
     op: Op,
     size: usize,
     total: usize,
@@ -104,7 +104,7 @@ async fn ours(
     let batch: Vec<TransferDesc<'_, UcxCommunicator>> = (0..per_call)
         // Like ucp_put_bw / ucp_get: the same local buffer and remote address every time.
         .map(|_| TransferDesc {
-            local: local.registration(),
+            local,
             local_offset: 0,
             remote: key,
             remote_offset: 0,
@@ -144,27 +144,37 @@ fn config(tls: &str, wakeup: bool) -> UcxConfig {
 fn child(tls: &str) {
     let wakeup = std::env::var_os("HMC_BENCH_CHILD_NO_WAKEUP").is_none();
     let c = Arc::new(UcxCommunicator::new(config(tls, wakeup)).expect("UCX"));
-    let buf = RegisteredBuffer::new(
+    let user = RegisteredBuffer::new(
         Arc::new(HostMemory::new()),
         c.clone(),
         BATCH_BYTES,
         Access::READ_WRITE,
     )
     .expect("register");
-    let hex: String = buf
-        .export()
-        .encode()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let ucx = c
+        .alloc_registered(BATCH_BYTES, Access::READ_WRITE)
+        .expect("alloc_registered");
+    let desc = if std::env::var_os("HMC_BENCH_CHILD_UCXMEM").is_some() {
+        c.export(&ucx)
+    } else {
+        user.export()
+    };
+    let hex: String = desc.encode().iter().map(|b| format!("{b:02x}")).collect();
     println!("READY {} {hex}", c.address());
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);
 }
 
 /// Starts a target process; returns it with its address and region.
-fn spawn_target(tls: &str, wakeup: bool) -> (std::process::Child, PeerAddr, RemoteRegion) {
+fn spawn_target(
+    tls: &str,
+    wakeup: bool,
+    ucxmem: bool,
+) -> (std::process::Child, PeerAddr, RemoteRegion) {
     let mut cmd = Command::new(std::env::current_exe().expect("bench binary"));
+    if ucxmem {
+        cmd.env("HMC_BENCH_CHILD_UCXMEM", "1");
+    }
     if !wakeup {
         cmd.env("HMC_BENCH_CHILD_NO_WAKEUP", "1");
     }
@@ -205,10 +215,12 @@ fn main() {
     } else {
         (512 << 20, 4 << 30)
     };
-    let transports: Vec<(&'static str, &'static str, bool, usize)> = [
-        ("tcp", "tcp", true, tcp_bytes),
-        ("shm", "posix,cma,self", true, shm_bytes),
-        ("shm-nowakeup", "posix,cma,self", false, shm_bytes),
+    let transports: Vec<(&'static str, &'static str, bool, bool, usize)> = [
+        ("tcp", "tcp", true, false, tcp_bytes),
+        ("tcp-ucxmem", "tcp", true, true, tcp_bytes),
+        ("shm", "posix,cma,self", true, false, shm_bytes),
+        ("shm-ucxmem", "posix,cma,self", true, true, shm_bytes),
+        ("shm-nowakeup", "posix,cma,self", false, false, shm_bytes),
     ]
     .into_iter()
     .filter(|(name, ..)| only.as_deref().is_none_or(|o| name.starts_with(o)))
@@ -220,13 +232,21 @@ fn main() {
         .expect("tokio");
     let memory = Arc::new(HostMemory::new());
     let mut rows = Vec::new();
-    for (name, tls, wakeup, total) in transports {
+    for (name, tls, wakeup, ucxmem, total) in transports {
         // Two processes, like ucx_perftest's client and server.
         let a = Arc::new(UcxCommunicator::new(config(tls, wakeup)).expect("UCX"));
-        let (mut target_proc, target_addr, target) = spawn_target(tls, wakeup);
-        let local =
+        let (mut target_proc, target_addr, target) = spawn_target(tls, wakeup, ucxmem);
+        let user_local =
             RegisteredBuffer::new(memory.clone(), a.clone(), BATCH_BYTES, Access::READ_WRITE)
                 .expect("local");
+        let ucx_local = a
+            .alloc_registered(BATCH_BYTES, Access::READ_WRITE)
+            .expect("alloc_registered");
+        let local = if ucxmem {
+            &ucx_local
+        } else {
+            user_local.registration()
+        };
         rt.block_on(async {
             let ep = a
                 .connect(&target_addr, Deadline::default())
@@ -238,7 +258,7 @@ fn main() {
                 (Op::Read, "get", "ucp_get"),
             ] {
                 for size in SIZES {
-                    let g = ours(&a, &ep, &key, &local, op, size, total).await;
+                    let g = ours(&a, &ep, &key, local, op, size, total).await;
                     let reference = perftest(tls, test, size, (total / size).max(8));
                     eprintln!(
                         "{name} {opname} {}: {g:.2} GB/s vs {reference:?}",
@@ -258,7 +278,7 @@ fn main() {
         let _ = target_proc.wait();
     }
     println!(
-        "shm = posix,cma,self; -nowakeup: UcxConfig::wakeup = false (CMA zero-copy, 1 ms idle polls)"
+        "shm = posix,cma,self; -ucxmem: both buffers from UcxCommunicator::alloc_registered; -nowakeup: UcxConfig::wakeup = false"
     );
     println!("| UCX_TLS | op | size | hmc GB/s | ucx_perftest GB/s | ratio |");
     println!("| --- | --- | --- | ---: | ---: | ---: |");

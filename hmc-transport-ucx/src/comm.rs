@@ -327,6 +327,8 @@ pub struct UcxRegistration {
     id: u64,
     region: Region,
     access: Access,
+    /// UCX allocated the memory ([`UcxCommunicator::alloc_registered`]).
+    owned: bool,
     export: RemoteRegion,
     engine: Engine,
     target: Arc<TargetState>,
@@ -340,6 +342,41 @@ impl LocalRegistration for UcxRegistration {
     }
     fn access(&self) -> Access {
         self.access
+    }
+}
+
+impl UcxRegistration {
+    /// Copies `src` into memory this registration owns, at `offset`. Only for
+    /// [`UcxCommunicator::alloc_registered`] memory (user memory has its own owner).
+    pub fn write_at(&self, offset: usize, src: &[u8]) -> Result<()> {
+        let dst = self.owned_range(offset, src.len())?;
+        // SAFETY: the range lies inside UCX-allocated memory that lives until `self` drops;
+        // concurrent peer writes race like DMA (documented on `ConnBuffer`).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    /// Copies owned memory at `offset` into `dst`. See [`UcxRegistration::write_at`].
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let src = self.owned_range(offset, dst.len())?;
+        // SAFETY: as in `write_at`.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    fn owned_range(&self, offset: usize, len: usize) -> Result<usize> {
+        if !self.owned {
+            return Err(Error::Unsupported(
+                "read_at/write_at need UCX-allocated memory (alloc_registered); use the owner's buffer".into(),
+            ));
+        }
+        check_bounds(
+            "ucx registration",
+            offset as u64,
+            len as u64,
+            self.region.len as u64,
+        )?;
+        Ok(self.region.addr as usize + offset)
     }
 }
 
@@ -468,35 +505,7 @@ impl Communicator for UcxCommunicator {
     }
 
     unsafe fn register(&self, region: Region, access: Access) -> Result<UcxRegistration> {
-        let (id, rkey) = self.engine.call(|reply| Command::Register {
-            addr: region.addr,
-            len: region.len,
-            access,
-            reply,
-        })?;
-        self.counters.registered.fetch_add(1, Ordering::AcqRel);
-        let mut key = Vec::with_capacity(KEY_HEADER + rkey.len());
-        key.extend_from_slice(KEY_MAGIC);
-        key.push(KEY_VERSION);
-        key.extend_from_slice(&id.to_be_bytes());
-        key.extend_from_slice(&rkey);
-        let export = RemoteRegion {
-            transport: TransportId::Ucx,
-            region,
-            access,
-            key,
-        };
-        self.target.regs.lock().insert(id, export.encode());
-        Ok(UcxRegistration {
-            id,
-            region,
-            access,
-            export,
-            engine: self.engine.clone(),
-            target: self.target.clone(),
-            revoke_timeout: self.config.revoke_timeout,
-            counters: self.counters.clone(),
-        })
+        self.map(region, access, false)
     }
 
     fn export(&self, reg: &UcxRegistration) -> RemoteRegion {
@@ -650,6 +659,59 @@ impl Communicator for UcxCommunicator {
 }
 
 impl UcxCommunicator {
+    /// Registers memory that UCX allocates (`UCP_MEM_MAP_FLAG_ALLOCATE`) and owns until the
+    /// registration is dropped. Over shared memory UCX 1.13 maps such memory into peers
+    /// directly, so one-sided transfers into it run at memcpy speed, where user memory
+    /// from [`Communicator::register`] goes through emulated RMA. Contents start unspecified;
+    /// read and write them with [`UcxRegistration::write_at`] / [`UcxRegistration::read_at`].
+    pub fn alloc_registered(&self, len: usize, access: Access) -> Result<UcxRegistration> {
+        let region = Region {
+            device: hmc_core::Device::HOST,
+            addr: 0,
+            len,
+        };
+        self.map(region, access, true)
+    }
+
+    fn map(&self, region: Region, access: Access, allocate: bool) -> Result<UcxRegistration> {
+        let reg = self.engine.call(|reply| Command::Register {
+            addr: region.addr,
+            len: region.len,
+            access,
+            allocate,
+            reply,
+        })?;
+        let region = Region {
+            addr: reg.addr,
+            ..region
+        };
+        let id = reg.id;
+        self.counters.registered.fetch_add(1, Ordering::AcqRel);
+        let mut key = Vec::with_capacity(KEY_HEADER + reg.rkey.len());
+        key.extend_from_slice(KEY_MAGIC);
+        key.push(KEY_VERSION);
+        key.extend_from_slice(&id.to_be_bytes());
+        key.extend_from_slice(&reg.rkey);
+        let export = RemoteRegion {
+            transport: TransportId::Ucx,
+            region,
+            access,
+            key,
+        };
+        self.target.regs.lock().insert(id, export.encode());
+        Ok(UcxRegistration {
+            id,
+            region,
+            access,
+            owned: allocate,
+            export,
+            engine: self.engine.clone(),
+            target: self.target.clone(),
+            revoke_timeout: self.config.revoke_timeout,
+            counters: self.counters.clone(),
+        })
+    }
+
     /// Checks a batch against bounds, rights and key state, and splits it into chunks.
     fn prepare(
         &self,

@@ -65,6 +65,13 @@ pub(crate) struct RawNote {
     pub msg: Vec<u8>,
 }
 
+/// What `Register` returns: id, packed rkey, and the mapped address.
+pub(crate) struct Registered {
+    pub id: u64,
+    pub rkey: Vec<u8>,
+    pub addr: u64,
+}
+
 /// State of an imported key shared with its `RemoteKey` handle.
 #[derive(Default)]
 pub(crate) struct KeyShared {
@@ -87,7 +94,9 @@ pub(crate) enum Command {
         addr: u64,
         len: usize,
         access: Access,
-        reply: mpsc::SyncSender<Result<(u64, Vec<u8>)>>,
+        /// Let UCX allocate the memory (`addr` ignored); the reply carries its address.
+        allocate: bool,
+        reply: mpsc::SyncSender<Result<Registered>>,
     },
     Unregister {
         id: u64,
@@ -680,12 +689,13 @@ impl State {
                 addr,
                 len,
                 access,
+                allocate,
                 reply,
             } => {
                 let r = if self.closed {
                     Err(closed())
                 } else {
-                    self.register(addr, len, access)
+                    self.register(addr, len, access, allocate)
                 };
                 let _ = reply.send(r);
             }
@@ -843,7 +853,13 @@ impl State {
         }
     }
 
-    fn register(&mut self, addr: u64, len: usize, access: Access) -> Result<(u64, Vec<u8>)> {
+    fn register(
+        &mut self,
+        addr: u64,
+        len: usize,
+        access: Access,
+        allocate: bool,
+    ) -> Result<Registered> {
         let mut prot = sys::UCP_MEM_MAP_PROT_LOCAL_READ | sys::UCP_MEM_MAP_PROT_LOCAL_WRITE;
         if access.allows(Access::READ) {
             prot |= sys::UCP_MEM_MAP_PROT_REMOTE_READ;
@@ -856,14 +872,40 @@ impl State {
         p.field_mask = sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
             | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH
             | sys::UCP_MEM_MAP_PARAM_FIELD_PROT;
-        p.address = addr as *mut c_void;
+        p.address = if allocate {
+            std::ptr::null_mut()
+        } else {
+            addr as *mut c_void
+        };
+        if allocate {
+            p.field_mask |= sys::UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+            p.flags = sys::UCP_MEM_MAP_ALLOCATE;
+        }
         // UCX refuses zero-length maps; a zero-length region maps one byte it never moves.
         p.length = len.max(1);
         p.prot = prot;
         let mut memh: sys::ucp_mem_h = std::ptr::null_mut();
-        // SAFETY: the caller of `Communicator::register` promised the region stays allocated.
+        // SAFETY: the caller of `Communicator::register` promised the region stays allocated
+        // (or UCX allocates it and owns it until unmap).
         let st = unsafe { (self.ucp.ucp_mem_map)(self.context, &p, &mut memh) };
         self.ucp.check("ucp_mem_map", st)?;
+        let mut mapped = addr;
+        if allocate {
+            let mut attr = sys::ucp_mem_attr_t {
+                field_mask: sys::UCP_MEM_ATTR_FIELD_ADDRESS | sys::UCP_MEM_ATTR_FIELD_LENGTH,
+                address: std::ptr::null_mut(),
+                length: 0,
+                mem_type: 0,
+            };
+            // SAFETY: live memh; out-parameter.
+            let st = unsafe { (self.ucp.ucp_mem_query)(memh, &mut attr) };
+            if st != sys::UCS_OK || attr.address.is_null() || attr.length < len {
+                // SAFETY: unmapping the handle just mapped.
+                unsafe { (self.ucp.ucp_mem_unmap)(self.context, memh) };
+                return Err(self.ucp.error("ucp_mem_query", st));
+            }
+            mapped = attr.address as u64;
+        }
         let mut buf: *mut c_void = std::ptr::null_mut();
         let mut size = 0usize;
         // SAFETY: live context and memh; out-parameters.
@@ -879,7 +921,11 @@ impl State {
         unsafe { (self.ucp.ucp_rkey_buffer_release)(buf) };
         let id = self.id();
         self.mems.insert(id, memh);
-        Ok((id, rkey))
+        Ok(Registered {
+            id,
+            rkey,
+            addr: mapped,
+        })
     }
 
     fn create_ep(&mut self, worker_addr: &[u8]) -> Result<u64> {

@@ -50,8 +50,10 @@
 //! thread (CMA is used only for rendezvous of active messages). `ucx_perftest ucp_put_bw`
 //! reaches memcpy speed because it allocates its buffers *through* UCX
 //! (`UCP_MEM_MAP_FLAG_ALLOCATE`), which the posix transport maps into the peer directly.
-//! Matching it needs a UCX-allocated registration (not built yet; see the bench). Over TCP
-//! both go through the same emulation and are on par.
+//! [`UcxCommunicator::alloc_registered`] does the same: transfers between such
+//! registrations run at `ucx_perftest` speed (see `benches/rma.rs`); data planes that own
+//! their staging buffers (the RPC's HMC_BUFFER pool) should use it. Over TCP both kinds go
+//! through the same emulation and are on par.
 //!
 //! # Safety story
 //!

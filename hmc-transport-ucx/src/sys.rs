@@ -64,6 +64,10 @@ pub const UCP_EP_CLOSE_FLAG_FORCE: u32 = 1 << 0;
 pub const UCP_MEM_MAP_PARAM_FIELD_ADDRESS: u64 = 1 << 0;
 pub const UCP_MEM_MAP_PARAM_FIELD_LENGTH: u64 = 1 << 1;
 pub const UCP_MEM_MAP_PARAM_FIELD_PROT: u64 = 1 << 3;
+pub const UCP_MEM_MAP_PARAM_FIELD_FLAGS: u64 = 1 << 2;
+pub const UCP_MEM_MAP_ALLOCATE: c_uint = 1 << 1;
+pub const UCP_MEM_ATTR_FIELD_ADDRESS: u64 = 1 << 0;
+pub const UCP_MEM_ATTR_FIELD_LENGTH: u64 = 1 << 1;
 pub const UCP_MEM_MAP_PROT_LOCAL_READ: c_uint = 1 << 0;
 pub const UCP_MEM_MAP_PROT_LOCAL_WRITE: c_uint = 1 << 1;
 pub const UCP_MEM_MAP_PROT_REMOTE_READ: c_uint = 1 << 8;
@@ -173,6 +177,15 @@ pub struct ucp_mem_map_params_t {
     pub memory_type: c_int,
 }
 
+/// `ucp_mem_attr_t`.
+#[repr(C)]
+pub struct ucp_mem_attr_t {
+    pub field_mask: u64,
+    pub address: *mut c_void,
+    pub length: usize,
+    pub mem_type: c_int,
+}
+
 /// `ucp_request_param_t` (the `cb` and `recv_info` unions are declared as their one
 /// pointer-sized member this crate uses).
 #[repr(C)]
@@ -278,6 +291,7 @@ ucp_functions! {
     ucp_ep_flush_nbx: fn(ucp_ep_h, *const ucp_request_param_t) -> ucs_status_ptr_t;
     ucp_mem_map: fn(ucp_context_h, *const ucp_mem_map_params_t, *mut ucp_mem_h) -> ucs_status_t;
     ucp_mem_unmap: fn(ucp_context_h, ucp_mem_h) -> ucs_status_t;
+    ucp_mem_query: fn(ucp_mem_h, *mut ucp_mem_attr_t) -> ucs_status_t;
     ucp_rkey_pack: fn(ucp_context_h, ucp_mem_h, *mut *mut c_void, *mut usize) -> ucs_status_t;
     ucp_rkey_buffer_release: fn(*mut c_void);
     ucp_ep_rkey_unpack: fn(ucp_ep_h, *const c_void, *mut ucp_rkey_h) -> ucs_status_t;

@@ -296,3 +296,50 @@ async fn registrations_are_released_exactly_once_and_pooled_buffers_are_reused()
         })
     ));
 }
+
+#[rstest]
+#[case::tcp("tcp")]
+#[case::shared_memory("posix,cma,self")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ucx_allocated_registrations_move_bytes_and_refuse_misuse(#[case] tls: &str) {
+    let (a, b) = (comm(tls), comm(tls));
+    let ep = a.connect(&b.address(), deadline()).await.expect("connect");
+    let len = (1 << 20) + 7;
+    let target = b.alloc_registered(len, Access::READ_WRITE).expect("target");
+    let local = a.alloc_registered(len, Access::READ_WRITE).expect("local");
+    let bytes = hmc_core::testing::pattern(5, len);
+    local.write_at(0, &bytes).expect("fill local");
+    let key = a.import(&ep, &b.export(&target)).expect("import");
+    let d = [TransferDesc {
+        local: &local,
+        local_offset: 0,
+        remote: &key,
+        remote_offset: 0,
+        len,
+    }];
+    a.transfer(&ep, Op::Write, &d, deadline())
+        .await
+        .expect("write");
+    let mut seen = vec![0u8; len];
+    target.read_at(0, &mut seen).expect("read target");
+    assert_eq!(seen, bytes, "written bytes at the target");
+    local.write_at(0, &vec![0u8; len]).expect("clear");
+    a.transfer(&ep, Op::Read, &d, deadline())
+        .await
+        .expect("read");
+    local.read_at(0, &mut seen).expect("read local");
+    assert_eq!(seen, bytes, "read back");
+    assert!(matches!(
+        local.read_at(len - 1, &mut [0u8; 2]),
+        Err(Error::OutOfBounds { .. })
+    ));
+    let user = RegisteredBuffer::new(Arc::new(HostMemory::new()), a.clone(), 64, Access::READ)
+        .expect("user memory");
+    assert!(matches!(
+        user.registration().write_at(0, &[1]),
+        Err(Error::Unsupported(_))
+    ));
+    drop(key);
+    drop(target);
+    assert_eq!(b.stats().registered, b.stats().deregistered);
+}
