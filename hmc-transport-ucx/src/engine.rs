@@ -620,7 +620,9 @@ impl State {
                 }
             }
             // SAFETY: the worker is live and only used on this thread.
-            while unsafe { (self.ucp.ucp_worker_progress)(self.worker) } != 0 {
+            while self.progress_allowed()
+                && unsafe { (self.ucp.ucp_worker_progress)(self.worker) } != 0
+            {
                 busy = true;
             }
             busy |= self.handle_events();
@@ -641,8 +643,12 @@ impl State {
 
     /// Arms the worker and sleeps until it, a command, or the nearest deadline wakes us.
     fn park(&mut self) {
+        let progress = self.progress_allowed();
         // SAFETY: live worker on its own thread.
-        if self.efd >= 0 && unsafe { (self.ucp.ucp_worker_arm)(self.worker) } == sys::UCS_ERR_BUSY {
+        if progress
+            && self.efd >= 0
+            && unsafe { (self.ucp.ucp_worker_arm)(self.worker) } == sys::UCS_ERR_BUSY
+        {
             return;
         }
         let now = Instant::now();
@@ -663,7 +669,8 @@ impl State {
             .min(i32::MAX as u128) as i32;
         let mut fds = [
             libc::pollfd {
-                fd: self.efd,
+                // A negative fd is ignored by poll(2).
+                fd: if progress { self.efd } else { -1 },
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -844,13 +851,23 @@ impl State {
             return;
         };
         // SAFETY: live worker on its own thread.
-        while unsafe { (self.ucp.ucp_worker_progress)(self.worker) } != 0 {}
+        while self.progress_allowed() && unsafe { (self.ucp.ucp_worker_progress)(self.worker) } != 0
+        {
+        }
         // SAFETY: `memh` came from `ucp_mem_map` on this context and is unmapped exactly
         // once (removed from the table).
         let st = unsafe { (self.ucp.ucp_mem_unmap)(self.context, memh) };
         if st != sys::UCS_OK {
             tracing::warn!(status = %self.ucp.status_string(st), "ucp_mem_unmap failed");
         }
+    }
+
+    /// After `close()`, once our own endpoints are closed, the worker is never progressed
+    /// again: peers' writes still queued for it (into memory the application may free after
+    /// close, when revocation can no longer reach them) are never applied. Peers see the
+    /// close as EOF on the control connection and force-close their endpoints.
+    fn progress_allowed(&self) -> bool {
+        !(self.closed && self.phys.is_empty())
     }
 
     fn register(

@@ -69,4 +69,4 @@ mod pool;
 pub mod sys;
 
 pub use comm::{UcxCommunicator, UcxConfig, UcxEndpoint, UcxRegistration, UcxRemoteKey, UcxStats};
-pub use pool::{BufferPool, PoolConfig, PooledBuffer};
+pub use pool::{BufferPool, PoolConfig, PooledBuffer, UcxBufferPool, UcxPooled};

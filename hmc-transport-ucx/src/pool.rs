@@ -1,4 +1,4 @@
-//! A pool of registered buffers, so data planes (the RPC's HMC_BUFFER mode) register memory once and reuse it instead of registering per call.
+//! Pools of registered buffers (user memory, or UCX-allocated), so data planes (the RPC's HMC_BUFFER mode) register memory once and reuse it instead of registering per call.
 //!
 //! Buffers come in power-of-two size classes from [`PoolConfig::min_len`]; a returned buffer
 //! goes back to its class's free list unless that would keep more than
@@ -123,8 +123,11 @@ impl<M: Memory, C: Communicator> BufferPool<M, C> {
 
     /// Deregisters and frees every idle buffer.
     pub fn trim(&self) {
-        let classes = std::mem::take(&mut self.0.free.lock().classes);
-        self.0.free.lock().cached_bytes = 0;
+        let classes = {
+            let mut free = self.0.free.lock();
+            free.cached_bytes = 0;
+            std::mem::take(&mut free.classes)
+        };
         drop(classes);
     }
 }
@@ -157,6 +160,125 @@ impl<M: Memory, C: Communicator> Drop for PooledBuffer<M, C> {
                 }
                 free.classes[self.class].push(buf);
                 free.cached_bytes += size;
+                None
+            }
+        };
+        // Deregistration may wait for peers; never under the lock.
+        drop(spare);
+    }
+}
+
+struct UcxFree {
+    classes: Vec<Vec<crate::UcxRegistration>>,
+    cached_bytes: usize,
+}
+
+struct UcxInner {
+    comm: Arc<crate::UcxCommunicator>,
+    config: PoolConfig,
+    free: Mutex<UcxFree>,
+}
+
+/// Like [`BufferPool`], but the buffers are UCX-allocated
+/// ([`crate::UcxCommunicator::alloc_registered`]): over shared memory, peers reach them at
+/// memcpy speed. What a data plane that owns its staging buffers should use.
+#[derive(Clone)]
+pub struct UcxBufferPool(Arc<UcxInner>);
+
+impl UcxBufferPool {
+    /// An empty pool over `comm`.
+    pub fn new(comm: Arc<crate::UcxCommunicator>, config: PoolConfig) -> Self {
+        let config = PoolConfig {
+            min_len: config.min_len.max(1).next_power_of_two(),
+            ..config
+        };
+        UcxBufferPool(Arc::new(UcxInner {
+            comm,
+            config,
+            free: Mutex::new(UcxFree {
+                classes: Vec::new(),
+                cached_bytes: 0,
+            }),
+        }))
+    }
+
+    /// A UCX-allocated registration of at least `len` bytes, reused when one is idle.
+    pub fn get(&self, len: usize) -> Result<UcxPooled> {
+        let cfg = self.0.config;
+        if len > cfg.max_len {
+            return Err(Error::LimitExceeded {
+                limit: "max_len",
+                value: len as u64,
+                max: cfg.max_len as u64,
+                hint: "raise PoolConfig::max_len or split the payload".into(),
+            });
+        }
+        let size = len.max(cfg.min_len).next_power_of_two();
+        let class = (size.trailing_zeros() - cfg.min_len.trailing_zeros()) as usize;
+        let reused = {
+            let mut free = self.0.free.lock();
+            let reg = free.classes.get_mut(class).and_then(Vec::pop);
+            if reg.is_some() {
+                free.cached_bytes -= size;
+            }
+            reg
+        };
+        let reg = match reused {
+            Some(r) => r,
+            None => self.0.comm.alloc_registered(size, cfg.access)?,
+        };
+        Ok(UcxPooled {
+            reg: Some(reg),
+            class,
+            size,
+            pool: self.0.clone(),
+        })
+    }
+
+    /// Idle bytes currently kept registered.
+    pub fn cached_bytes(&self) -> usize {
+        self.0.free.lock().cached_bytes
+    }
+
+    /// Releases every idle registration.
+    pub fn trim(&self) {
+        let classes = {
+            let mut free = self.0.free.lock();
+            free.cached_bytes = 0;
+            std::mem::take(&mut free.classes)
+        };
+        drop(classes);
+    }
+}
+
+/// A registration checked out of a [`UcxBufferPool`]; returns to it when dropped.
+pub struct UcxPooled {
+    reg: Option<crate::UcxRegistration>,
+    class: usize,
+    size: usize,
+    pool: Arc<UcxInner>,
+}
+
+impl Deref for UcxPooled {
+    type Target = crate::UcxRegistration;
+    fn deref(&self) -> &Self::Target {
+        self.reg.as_ref().expect("present until drop")
+    }
+}
+
+impl Drop for UcxPooled {
+    fn drop(&mut self) {
+        let Some(reg) = self.reg.take() else { return };
+        let spare = {
+            let mut free = self.pool.free.lock();
+            if free.cached_bytes + self.size > self.pool.config.max_cached_bytes {
+                Some(reg)
+            } else {
+                if free.classes.len() <= self.class {
+                    free.classes.resize_with(self.class + 1, Vec::new);
+                }
+                free.classes[self.class].push(reg);
+                free.cached_bytes += self.size;
                 None
             }
         };

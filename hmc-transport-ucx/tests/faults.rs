@@ -10,7 +10,7 @@ use hmc_core::{
     Access, Communicator, ConnBuffer, Deadline, Error, MemSpan, Op, PeerAddr, RegisteredBuffer,
     RemoteRegion, TransferDesc,
 };
-use hmc_transport_ucx::{BufferPool, PoolConfig, UcxCommunicator, UcxConfig};
+use hmc_transport_ucx::{BufferPool, PoolConfig, UcxBufferPool, UcxCommunicator, UcxConfig};
 use rstest::rstest;
 
 const CHILD_ENV: &str = "HMC_UCX_TEST_CHILD_TLS";
@@ -287,6 +287,22 @@ async fn registrations_are_released_exactly_once_and_pooled_buffers_are_reused()
         "pooled buffers must be reused"
     );
     pool.trim();
+    assert_eq!(a.stats().registered, a.stats().deregistered);
+
+    let ucx_pool = UcxBufferPool::new(a.clone(), PoolConfig::default());
+    let before = a.stats().registered;
+    for _ in 0..20 {
+        let x = ucx_pool.get(70 << 10).expect("ucx pooled");
+        x.write_at(0, &[1, 2, 3]).expect("owned memory");
+        drop(x);
+    }
+    assert_eq!(
+        a.stats().registered - before,
+        1,
+        "ucx pooled buffers must be reused"
+    );
+    assert_eq!(ucx_pool.cached_bytes(), 128 << 10);
+    ucx_pool.trim();
     assert_eq!(a.stats().registered, a.stats().deregistered);
     assert!(matches!(
         pool.get(1 << 30),
