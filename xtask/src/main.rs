@@ -206,7 +206,8 @@ fn bench(args: &[String]) -> Result {
         let mut cmd = cargo();
         cmd.args(["bench", "-p", krate, "--bench", bench, "--"]);
         if quick {
-            cmd.arg("--quick");
+            // The TCP bench takes a flag; the UCX bench reads the environment.
+            cmd.arg("--quick").env("HMC_BENCH_QUICK", "1");
         }
         run(&mut cmd)?;
     }
