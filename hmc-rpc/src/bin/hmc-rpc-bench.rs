@@ -45,9 +45,9 @@ struct Args {
     /// Skip the tonic peer.
     #[arg(long)]
     no_tonic: bool,
-    /// CRC32C on hmc-rpc's DATA chunks (both directions); `false` leaves it to TCP's
-    /// checksum, as gRPC does.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// CRC32C on hmc-rpc's DATA chunks (both directions). Off by default, as in the
+    /// library (`ConnConfig::stream_crc`): TCP's checksum covers them, as with gRPC.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     stream_crc: bool,
     /// Worker threads of the hmc-rpc client runtime (0: a current-thread runtime). The
     /// tonic peer's client always uses tokio's default multi-thread runtime.

@@ -34,8 +34,9 @@ struct Args {
     /// Calls in flight per listener before OVERLOADED answers.
     #[arg(long, default_value_t = 4096)]
     max_inflight_total: usize,
-    /// CRC32C on every DATA chunk sent (received CRCs are always checked).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// CRC32C on every DATA chunk sent (received CRCs are always checked when present;
+    /// off by default, as in the library's `ConnConfig::stream_crc`).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     stream_crc: bool,
     /// Close connections idle this long (seconds).
     #[arg(long, default_value_t = 60)]
