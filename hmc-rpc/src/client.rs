@@ -548,7 +548,13 @@ async fn run_connection(
                 Some(c) => {
                     let now = Instant::now();
                     handle_cmd(&mut core, &mut waiting, c, now);
-                    // Batch whatever else is queued into the same write.
+                    // Batch whatever else is queued into the same write; first let the
+                    // callers that are ready to run queue their calls (an answer batch
+                    // wakes many of them, and the LIFO slot would run this task first).
+                    while let Ok(c) = cmds.try_recv() {
+                        handle_cmd(&mut core, &mut waiting, c, now);
+                    }
+                    tokio::task::yield_now().await;
                     while let Ok(c) = cmds.try_recv() {
                         handle_cmd(&mut core, &mut waiting, c, now);
                     }
