@@ -7,7 +7,7 @@
 //! hmc_core::memory_conformance!(Some(hmc_backend_cpu::HostMemory::new()));
 //!
 //! // tests/conformance.rs of a transport (dev-dependencies: rstest, tokio, hmc-core/testing)
-//! async fn peers() -> Option<hmc_core::testing::Peers<MyComm, HostMemory>> { … }
+//! async fn peers() -> Option<hmc_core::testing::Peers<MyComm, HostMemory>> { todo!("bind two communicators") }
 //! hmc_core::communicator_conformance!(peers);
 //! ```
 //!
@@ -159,7 +159,7 @@ pub mod memory {
 }
 
 /// Two communicators and the memory their buffers come from; what a
-/// [`communicator_conformance!`] factory returns.
+/// [`communicator_conformance!`](crate::communicator_conformance) factory returns.
 pub struct Peers<C: Communicator, M: Memory> {
     /// The initiator.
     pub a: Arc<C>,
