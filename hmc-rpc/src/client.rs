@@ -473,6 +473,8 @@ async fn run_connection(
     let mut core = ClientConn::new(cfg, Instant::now());
     let mut waiting: HashMap<u64, ReplyTx> = HashMap::new();
     let mut cmds_open = true;
+    // Callers woken by answers since calls were last queued.
+    let mut answered: usize = 0;
     let lost: String = 'conn: loop {
         while let Some(ev) = core.poll_event() {
             match ev {
@@ -491,16 +493,19 @@ async fn run_connection(
                             })
                         };
                         let _ = tx.send(r);
+                        answered += 1;
                     }
                 }
                 ClientEvent::ResponseInBuffer { request_id, len } => {
                     if let Some(tx) = waiting.remove(&request_id) {
                         let _ = tx.send(Ok(Reply::InBuffer(len)));
+                        answered += 1;
                     }
                 }
                 ClientEvent::TimedOut { request_id } => {
                     if let Some(tx) = waiting.remove(&request_id) {
                         let _ = tx.send(Err(CallError::DeadlineExceeded(Duration::ZERO)));
+                        answered += 1;
                     }
                 }
                 ClientEvent::Draining { reason } => {
@@ -548,16 +553,23 @@ async fn run_connection(
                 Some(c) => {
                     let now = Instant::now();
                     handle_cmd(&mut core, &mut waiting, c, now);
-                    // Batch whatever else is queued into the same write; first let the
-                    // callers that are ready to run queue their calls (an answer batch
-                    // wakes many of them, and the LIFO slot would run this task first).
+                    // Batch whatever else is queued into the same write. When the last
+                    // answers woke more callers than have queued a call yet, first let
+                    // them run (the LIFO slot would run this task before them, and each
+                    // call would go out in its own write); a lone caller's call goes out
+                    // at once.
+                    let mut queued = 1;
                     while let Ok(c) = cmds.try_recv() {
                         handle_cmd(&mut core, &mut waiting, c, now);
+                        queued += 1;
                     }
-                    tokio::task::yield_now().await;
-                    while let Ok(c) = cmds.try_recv() {
-                        handle_cmd(&mut core, &mut waiting, c, now);
+                    if answered > queued {
+                        tokio::task::yield_now().await;
+                        while let Ok(c) = cmds.try_recv() {
+                            handle_cmd(&mut core, &mut waiting, c, now);
+                        }
                     }
+                    answered = 0;
                 }
             },
             r = wr.writable(), if want_write => {
