@@ -49,10 +49,11 @@ struct Args {
     /// library (`ConnConfig::stream_crc`): TCP's checksum covers them, as with gRPC.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     stream_crc: bool,
-    /// Worker threads of the hmc-rpc client runtime (0: a current-thread runtime). The
-    /// tonic peer's client always uses tokio's default multi-thread runtime.
-    #[arg(long, default_value_t = 2)]
-    client_threads: usize,
+    /// Worker threads of the hmc-rpc client runtime (0: a current-thread runtime). By
+    /// default tokio's default multi-thread runtime (one worker per CPU), which is what
+    /// `#[tokio::main]` gives a user and what the tonic peer's client uses.
+    #[arg(long)]
+    client_threads: Option<usize>,
     /// Where to write the CSV.
     #[arg(long, default_value = "target/hmc-rpc-bench.csv")]
     csv: PathBuf,
@@ -484,15 +485,17 @@ fn fmt_size(s: usize) -> String {
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     hmc_rpc::tuning::tune_allocator();
-    let rt = if args.client_threads == 0 {
-        tokio::runtime::Builder::new_current_thread()
+    let rt = match args.client_threads {
+        Some(0) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(args.client_threads)
+            .build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
             .enable_all()
-            .build()
+            .build(),
+        None => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
     }
     .expect("tokio runtime");
     match rt.block_on(run(args)) {
@@ -621,10 +624,13 @@ async fn run(args: Args) -> Result<(), String> {
         "## hmc-rpc echo vs tonic (same run, {} s per cell; hmc-rpc: stream CRC {}, client runtime {}, server workers {}; tonic: tokio default runtime)\n",
         args.seconds,
         if args.stream_crc { "on" } else { "off" },
-        if args.client_threads == 0 {
-            "current-thread".to_string()
-        } else {
-            format!("{} threads", args.client_threads)
+        match args.client_threads {
+            Some(0) => "current-thread".to_string(),
+            Some(n) => format!("{n} threads"),
+            None => format!(
+                "tokio default ({} threads)",
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            ),
         },
         args.server_workers
     );
