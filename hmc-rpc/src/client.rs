@@ -166,6 +166,12 @@ struct Inner {
 }
 
 /// An RPC client over one persistent connection. Cheap to clone; clones share it.
+///
+/// Its connection task is spawned on the tokio runtime that connects ([`Client::connect`],
+/// or the call that reconnects after a loss); any runtime flavour works. `hmc-rpc-bench` measures it on tokio's
+/// default multi-thread runtime (one worker per CPU, what `#[tokio::main]` gives), the
+/// runtime the tonic peer's client uses too. Calls queued by callers that one batch of
+/// answers woke go out in one write.
 pub struct Client<C: Communicator = NoDataPlane> {
     inner: Arc<Inner>,
     dp: Option<Arc<ClientDataPlane<C>>>,

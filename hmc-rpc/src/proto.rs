@@ -215,8 +215,9 @@ impl Framing {
             h.body_len = payload.len() as u32;
             self.send_frame(&h, &payload);
         } else {
-            // Each DATA chunk carries its own CRC; a whole-payload CRC would cost a second
-            // pass over the bytes on both sides, so the header frame says "not computed".
+            // A whole-payload CRC would cost a second pass over the bytes on both sides, so
+            // the header frame says "not computed" (DATA chunks carry theirs when
+            // `stream_crc` is set).
             h.payload_crc = 0;
             h.mode = PayloadMode::TcpStream;
             h.body_len = 0;
