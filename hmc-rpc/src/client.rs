@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hmc_core::{Communicator, Error, PeerAddr};
+use hmc_core::{Communicator, Error, MemSpan, MemSpanMut, Memory, PeerAddr};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -83,6 +83,9 @@ pub enum CallError {
     /// The request could not be encoded or the response decoded.
     #[error("codec: {0}")]
     Codec(#[from] CodecError),
+    /// Staging a device-resident payload or response through host memory failed.
+    #[error("device staging: {0}")]
+    Device(#[source] Error),
 }
 
 impl CallError {
@@ -108,6 +111,7 @@ impl From<CallError> for Error {
                 Error::Cancelled(message)
             }
             CallError::ConnectionLost(why) => Error::peer("rpc server", why),
+            CallError::Device(e) => e,
             other => Error::Protocol(other.to_string()),
         }
     }
@@ -390,6 +394,32 @@ impl<C: Communicator> Client<C> {
             }
             r => r,
         }
+    }
+
+    /// Calls `method` with a payload that lives in device memory of `memory` (any
+    /// [`Memory`] backend: CUDA, ROCm, MLU, MUSA or host), and returns the response in a
+    /// new buffer from the same backend.
+    ///
+    /// The payload is copied device-to-host once and then travels like any other payload
+    /// (INLINE, TCP_STREAM, or HMC_BUFFER through the pooled registered buffers); the
+    /// response is copied host-to-device once. A staging failure is [`CallError::Device`];
+    /// it happens before the request is sent or after the answer came, never in between.
+    pub async fn call_device<M: Memory>(
+        &self,
+        method: u32,
+        memory: &M,
+        payload: &MemSpan<'_>,
+    ) -> Result<M::Buffer, CallError> {
+        let mut host = vec![0u8; payload.len()];
+        memory
+            .copy(&mut MemSpanMut::host(&mut host), payload)
+            .map_err(CallError::Device)?;
+        let response = self.call(method, host).await?;
+        let mut out = memory.alloc(response.len()).map_err(CallError::Device)?;
+        memory
+            .copy(&mut MemSpanMut::of(&mut out), &MemSpan::host(&response))
+            .map_err(CallError::Device)?;
+        Ok(out)
     }
 
     /// A typed call: encodes `req` and decodes the answer with [`RpcCodec`].

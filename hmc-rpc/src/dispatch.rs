@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use hmc_core::{DeviceBuffer, MemSpan, MemSpanMut, Memory};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
@@ -184,6 +185,43 @@ impl Dispatcher {
                 encode_response(&handler(ctx, req)?)
             })),
         )
+    }
+
+    /// A method whose handler works on device memory of `memory` (any [`Memory`]
+    /// backend): the request bytes are copied into a new device buffer before the handler
+    /// runs, and the device buffer it returns is copied back to host memory to be sent.
+    /// An allocation or copy failure answers `INTERNAL` naming the device error.
+    pub fn register_device<M, F, Fut>(&mut self, id: u32, memory: Arc<M>, handler: F) -> &mut Self
+    where
+        M: Memory,
+        F: Fn(CallContext, M::Buffer) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<M::Buffer, RpcError>> + Send + 'static,
+    {
+        let device_error = |what: &str, e: hmc_core::Error| {
+            RpcError::new(
+                Status::INTERNAL,
+                format!("{what} on the handler's device: {e}"),
+            )
+        };
+        self.register_raw(id, move |ctx, payload: Bytes| {
+            let staged = memory
+                .alloc(payload.len())
+                .and_then(|mut buf| {
+                    memory.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(&payload))?;
+                    Ok(buf)
+                })
+                .map_err(|e| device_error("staging the request", e));
+            let running = staged.map(|buf| handler(ctx, buf));
+            let memory = memory.clone();
+            async move {
+                let out = running?.await?;
+                let mut host = vec![0u8; out.len()];
+                memory
+                    .copy(&mut MemSpanMut::host(&mut host), &MemSpan::of(&out))
+                    .map_err(|e| device_error("staging the response", e))?;
+                Ok(Bytes::from(host))
+            }
+        })
     }
 
     /// A raw-bytes async method.
