@@ -398,6 +398,22 @@ pub trait Communicator: Send + Sync + 'static {
     /// DMA engine would). [`crate::RegisteredBuffer`] is the safe way to get one.
     unsafe fn register(&self, region: Region, access: Access) -> Result<Self::Registration>;
 
+    /// Host memory of `len` bytes that the transport allocates, registers for `access` and
+    /// owns until the returned registration drops, for transports where such memory is
+    /// faster than user memory passed to [`Communicator::register`] (UCX maps memory it
+    /// allocated itself straight into peers on shared memory, while user memory goes
+    /// through emulated one-sided transfers).
+    ///
+    /// `Ok(None)` (the default) means the transport has no such fast path: allocate host
+    /// memory and [`Communicator::register`] it yourself. With `Some(reg)`, the bytes are
+    /// host memory at `reg.region()` (`len` bytes at least), readable and writable by the
+    /// owner like any registered host buffer, under the same DMA rule: peers holding the
+    /// exported key may read or write them at any time until `reg` drops.
+    fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<Self::Registration>> {
+        let _ = (len, access);
+        Ok(None)
+    }
+
     /// A portable descriptor of `reg` for a peer to [`Communicator::import`].
     fn export(&self, reg: &Self::Registration) -> RemoteRegion;
 

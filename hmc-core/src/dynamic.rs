@@ -74,6 +74,8 @@ pub trait DynCommunicator: Send + Sync + 'static {
     /// # Safety
     /// As for [`Communicator::register`].
     unsafe fn register(&self, region: Region, access: Access) -> Result<DynRegistration>;
+    /// See [`Communicator::alloc_registered`].
+    fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<DynRegistration>>;
     /// See [`Communicator::export`]; refuses another communicator's registration.
     fn export(&self, reg: &DynRegistration) -> Result<RemoteRegion>;
     /// See [`Communicator::import`].
@@ -128,6 +130,16 @@ impl<C: Communicator> DynCommunicator for C {
             access: reg.access(),
             inner: Box::new(reg),
         })
+    }
+
+    fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<DynRegistration>> {
+        Ok(
+            Communicator::alloc_registered(self, len, access)?.map(|reg| DynRegistration {
+                region: reg.region(),
+                access: reg.access(),
+                inner: Box::new(reg),
+            }),
+        )
     }
 
     fn export(&self, reg: &DynRegistration) -> Result<RemoteRegion> {
@@ -253,6 +265,10 @@ impl Communicator for AnyCommunicator {
     unsafe fn register(&self, region: Region, access: Access) -> Result<DynRegistration> {
         // SAFETY: forwarded contract.
         unsafe { self.0.register(region, access) }
+    }
+
+    fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<DynRegistration>> {
+        self.0.alloc_registered(len, access)
     }
 
     fn export(&self, reg: &DynRegistration) -> RemoteRegion {

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use hmc_core::{
-    Access, BoxFuture, Communicator, ConnBuffer, Deadline, Error, LocalRegistration, Notification,
-    Op, PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId,
+    Access, BoxFuture, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
+    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId,
 };
 use parking_lot::Mutex;
 
@@ -386,7 +386,7 @@ impl<C: Communicator> ServerDp<C> {
                 &peer.ep,
                 Op::Read,
                 &[TransferDesc {
-                    local: buf.registered().registration(),
+                    local: buf.registration(),
                     local_offset: 0,
                     remote: &rkey,
                     remote_offset: 0,
@@ -424,17 +424,17 @@ impl<C: Communicator> ServerDp<C> {
             .map_err(|e| dp_error(format!("importing the response region: {e}")))?;
         // The response is sent from a registered buffer: the request's own when the handler
         // answered with (a slice of) the request bytes, as echo does; else a pooled copy.
-        let base = req.registered().region().addr as usize;
+        let base = req.region().addr as usize;
         let p = resp.as_ptr() as usize;
         let own;
         let (local, offset) = if p >= base && p + resp.len() <= base + req.len() {
-            (req.registered(), p - base)
+            (req.registration(), p - base)
         } else {
             match self.pool.acquire(resp.len()) {
                 Ok(b) => {
                     b.fill(&resp).map_err(dp_error)?;
                     own = b;
-                    (own.registered(), 0)
+                    (own.registration(), 0)
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "no buffer for the response; sending it TCP_STREAM");
@@ -449,7 +449,7 @@ impl<C: Communicator> ServerDp<C> {
                 &peer.ep,
                 Op::Write,
                 &[TransferDesc {
-                    local: local.registration(),
+                    local,
                     local_offset: offset,
                     remote: &wkey,
                     remote_offset: 0,
@@ -611,8 +611,8 @@ impl<C: Communicator> ClientDataPlane<C> {
             };
             let desc = BufferDescriptor {
                 reply_to: self.comm.address(),
-                request: request.registered().export(),
-                response: response.as_ref().map(|b| b.registered().export()),
+                request: request.export(),
+                response: response.as_ref().map(|b| b.export()),
             };
             Ok(PreparedCall {
                 descriptor: Bytes::from(desc.encode()),

@@ -1,6 +1,11 @@
 //! Pooled registered host buffers for HMC_BUFFER payloads: power-of-two size classes,
 //! registered once and reused, with a bounded total (`max_pool_bytes`).
 //!
+//! A new buffer is first asked of the transport ([`Communicator::alloc_registered`]):
+//! memory it allocates itself may be faster (UCX maps it straight into peers on shared
+//! memory). When the transport has none, the pool allocates host memory and registers it.
+//! Either way, every byte access goes through the registration's region, bounds-checked.
+//!
 //! Only the free lists are locked, and only to push or pop; a buffer in use is owned by its
 //! [`PooledBuffer`], so transfers on different buffers never wait for each other. A buffer
 //! whose state is unknown (a peer may still write it) is *discarded* instead of returned:
@@ -11,7 +16,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use hmc_backend_cpu::HostMemory;
-use hmc_core::{Access, Communicator, ConnBuffer, Error, MemSpan, RegisteredBuffer, Result};
+use hmc_core::{
+    Access, Communicator, ConnBuffer, Error, LocalRegistration, Region, RegisteredBuffer,
+    RemoteRegion, Result,
+};
 use parking_lot::Mutex;
 
 /// Limits of a [`BufferPool`]. Every limit has a default and a name used in errors.
@@ -47,8 +55,45 @@ pub struct PoolStats {
     pub in_use_bytes: usize,
     /// Registrations made since the pool was created.
     pub registrations: u64,
+    /// Of `registrations`, those of memory the transport allocated itself
+    /// ([`Communicator::alloc_registered`]).
+    pub transport_allocations: u64,
     /// Registrations released since the pool was created.
     pub deregistrations: u64,
+}
+
+/// The memory behind one pooled buffer.
+enum Held<C: Communicator> {
+    /// Host memory the pool allocated, registered with [`Communicator::register`];
+    /// deregistered before it is freed.
+    Host(RegisteredBuffer<HostMemory, C>),
+    /// Host memory the transport allocated and owns until the registration drops.
+    Transport(C::Registration),
+}
+
+/// One registered buffer of a size class: its memory and the class size it counts for.
+struct Slot<C: Communicator> {
+    held: Held<C>,
+    /// The class size, as counted in the pool's byte totals.
+    size: usize,
+}
+
+impl<C: Communicator> Slot<C> {
+    fn registration(&self) -> &C::Registration {
+        match &self.held {
+            Held::Host(b) => b.registration(),
+            Held::Transport(r) => r,
+        }
+    }
+
+    /// The buffer's host memory: the registration's region, first `size` bytes.
+    fn region(&self) -> Region {
+        let r = self.registration().region();
+        Region {
+            len: r.len.min(self.size),
+            ..r
+        }
+    }
 }
 
 struct Inner<C: Communicator> {
@@ -56,11 +101,12 @@ struct Inner<C: Communicator> {
     comm: Arc<C>,
     access: Access,
     config: PoolConfig,
-    free: Mutex<Vec<Vec<RegisteredBuffer<HostMemory, C>>>>,
+    free: Mutex<Vec<Vec<Slot<C>>>>,
     idle_bytes: AtomicUsize,
     registered_bytes: AtomicUsize,
     in_use_bytes: AtomicUsize,
     registrations: AtomicU64,
+    transport_allocations: AtomicU64,
     deregistrations: AtomicU64,
 }
 
@@ -78,11 +124,41 @@ pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
 }
 
 impl<C: Communicator> Inner<C> {
-    fn release(&self, buf: RegisteredBuffer<HostMemory, C>) {
-        let len = buf.len();
+    fn release(&self, buf: Slot<C>) {
+        let len = buf.size;
         blocking(|| drop(buf));
         self.registered_bytes.fetch_sub(len, Ordering::AcqRel);
         self.deregistrations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A new registered buffer of `size` bytes: transport-allocated memory when the
+    /// transport offers it, else host memory allocated here and registered.
+    fn register(&self, size: usize) -> Result<Slot<C>> {
+        match self.comm.alloc_registered(size, self.access) {
+            Ok(Some(reg)) if reg.region().len >= size => {
+                self.transport_allocations.fetch_add(1, Ordering::Relaxed);
+                return Ok(Slot {
+                    held: Held::Transport(reg),
+                    size,
+                });
+            }
+            Ok(Some(reg)) => tracing::warn!(
+                asked = size,
+                got = reg.region().len,
+                "the transport allocated less memory than asked; registering host memory instead"
+            ),
+            Ok(None) => {}
+            Err(e) => tracing::debug!(
+                error = %e,
+                size,
+                "the transport could not allocate registered memory; registering host memory instead"
+            ),
+        }
+        let b = RegisteredBuffer::new(self.memory.clone(), self.comm.clone(), size, self.access)?;
+        Ok(Slot {
+            held: Held::Host(b),
+            size,
+        })
     }
 }
 
@@ -112,6 +188,7 @@ impl<C: Communicator> BufferPool<C> {
             registered_bytes: AtomicUsize::new(0),
             in_use_bytes: AtomicUsize::new(0),
             registrations: AtomicU64::new(0),
+            transport_allocations: AtomicU64::new(0),
             deregistrations: AtomicU64::new(0),
         }))
     }
@@ -162,14 +239,7 @@ impl<C: Communicator> BufferPool<C> {
                         hint: "raise PoolConfig::max_total_bytes (--max-pool-bytes); calls fall back to TCP_STREAM meanwhile".into(),
                     });
                 }
-                match blocking(|| {
-                    RegisteredBuffer::new(
-                        self.0.memory.clone(),
-                        self.0.comm.clone(),
-                        size,
-                        self.0.access,
-                    )
-                }) {
+                match blocking(|| self.0.register(size)) {
                     Ok(b) => {
                         self.0.registrations.fetch_add(1, Ordering::Relaxed);
                         b
@@ -195,6 +265,7 @@ impl<C: Communicator> BufferPool<C> {
             registered_bytes: self.0.registered_bytes.load(Ordering::Acquire),
             in_use_bytes: self.0.in_use_bytes.load(Ordering::Acquire),
             registrations: self.0.registrations.load(Ordering::Relaxed),
+            transport_allocations: self.0.transport_allocations.load(Ordering::Relaxed),
             deregistrations: self.0.deregistrations.load(Ordering::Relaxed),
         }
     }
@@ -204,7 +275,7 @@ impl<C: Communicator> BufferPool<C> {
         let all: Vec<_> = std::mem::take(&mut *self.0.free.lock());
         for class in all {
             for b in class {
-                self.0.idle_bytes.fetch_sub(b.len(), Ordering::AcqRel);
+                self.0.idle_bytes.fetch_sub(b.size, Ordering::AcqRel);
                 self.0.release(b);
             }
         }
@@ -213,24 +284,40 @@ impl<C: Communicator> BufferPool<C> {
 
 /// A registered buffer lent by a [`BufferPool`]; returns to it on drop.
 pub struct PooledBuffer<C: Communicator> {
-    buf: Option<RegisteredBuffer<HostMemory, C>>,
+    buf: Option<Slot<C>>,
     class: usize,
     pool: Arc<Inner<C>>,
 }
 
 impl<C: Communicator> PooledBuffer<C> {
-    fn inner(&self) -> &RegisteredBuffer<HostMemory, C> {
+    fn inner(&self) -> &Slot<C> {
         self.buf.as_ref().expect("present until drop")
     }
 
-    /// The registered buffer (for transfer descriptors and export).
-    pub fn registered(&self) -> &RegisteredBuffer<HostMemory, C> {
-        self.inner()
+    /// The transport registration, for [`hmc_core::TransferDesc::local`].
+    pub fn registration(&self) -> &C::Registration {
+        self.inner().registration()
+    }
+
+    /// Where the buffer's host memory is (`len()` bytes).
+    pub fn region(&self) -> Region {
+        self.inner().region()
+    }
+
+    /// The portable descriptor a peer imports to reach this buffer.
+    pub fn export(&self) -> RemoteRegion {
+        self.pool.comm.export(self.registration())
+    }
+
+    /// True when the transport allocated this buffer's memory itself
+    /// ([`Communicator::alloc_registered`]); false for host memory the pool registered.
+    pub fn is_transport_allocated(&self) -> bool {
+        matches!(self.inner().held, Held::Transport(_))
     }
 
     /// Its length (the size class, at least what was asked for).
     pub fn len(&self) -> usize {
-        self.inner().len()
+        self.region().len
     }
 
     /// True for a zero-length buffer (never: classes start at 4 KiB).
@@ -240,7 +327,18 @@ impl<C: Communicator> PooledBuffer<C> {
 
     /// Copies `src` to the start of the buffer.
     pub fn fill(&self, src: &[u8]) -> Result<()> {
-        self.inner().write_at(0, &MemSpan::host(src))
+        hmc_core::check_bounds("pooled buffer", 0, src.len() as u64, self.len() as u64)?;
+        let r = self.region();
+        #[allow(unsafe_code)]
+        // SAFETY: `r` is host memory (a HostMemory allocation or one the transport made),
+        // alive while `self` holds its registration; `src.len()` bytes fit (checked above).
+        // `copy` allows `src` to overlap (it may be a view of this very buffer). Concurrent
+        // peer transfers race like DMA (the rule of [`ConnBuffer`]); callers fill before
+        // lending the buffer.
+        unsafe {
+            std::ptr::copy(src.as_ptr(), r.addr as *mut u8, src.len());
+        }
+        Ok(())
     }
 
     /// The first `len` bytes, read in place.
@@ -251,8 +349,9 @@ impl<C: Communicator> PooledBuffer<C> {
         hmc_core::check_bounds("pooled buffer", 0, len as u64, self.len() as u64)?;
         let r = self.inner().region();
         #[allow(unsafe_code)]
-        // SAFETY: `r` is this host allocation (HostMemory), alive while `self` is; `len` is
-        // within it (checked above). Peers write it only during transfers the owner awaits
+        // SAFETY: `r` is this buffer's host memory (a HostMemory allocation or one the
+        // transport made), alive while `self` holds its registration; `len` is within it
+        // (checked above). Peers write it only during transfers the owner awaits
         // before reading, so no write races the returned shared borrow in correct use.
         let s = unsafe { std::slice::from_raw_parts(r.addr as *const u8, len) };
         Ok(s)
@@ -262,8 +361,7 @@ impl<C: Communicator> PooledBuffer<C> {
     /// still be writing (a call abandoned mid-transfer).
     pub fn discard(mut self) {
         if let Some(b) = self.buf.take() {
-            let len = b.len();
-            self.pool.in_use_bytes.fetch_sub(len, Ordering::AcqRel);
+            self.pool.in_use_bytes.fetch_sub(b.size, Ordering::AcqRel);
             self.pool.release(b);
         }
     }
@@ -278,7 +376,14 @@ impl<C: Communicator> PooledBuffer<C> {
 impl<C: Communicator> std::fmt::Debug for PooledBuffer<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PooledBuffer")
-            .field("len", &self.buf.as_ref().map(|b| b.len()))
+            .field("len", &self.buf.as_ref().map(|b| b.size))
+            .field(
+                "transport_allocated",
+                &self
+                    .buf
+                    .as_ref()
+                    .map(|b| matches!(b.held, Held::Transport(_))),
+            )
             .field("class", &self.class)
             .finish()
     }
@@ -287,7 +392,7 @@ impl<C: Communicator> std::fmt::Debug for PooledBuffer<C> {
 impl<C: Communicator> Drop for PooledBuffer<C> {
     fn drop(&mut self) {
         let Some(b) = self.buf.take() else { return };
-        let len = b.len();
+        let len = b.size;
         self.pool.in_use_bytes.fetch_sub(len, Ordering::AcqRel);
         let keep = self
             .pool
@@ -361,6 +466,7 @@ mod tests {
         );
         assert_eq!(comm.registered_bytes(), 0, "released exactly once");
         let c = pool.acquire(5).unwrap();
+        assert!(!c.is_transport_allocated(), "TCP keeps the default: None");
         c.fill(b"hello").unwrap();
         let bytes = c.into_bytes(5).unwrap();
         assert_eq!(&bytes[..], b"hello");
@@ -368,5 +474,41 @@ mod tests {
         pool.trim();
         assert_eq!(comm.registered_bytes(), 0);
         assert_eq!(pool.stats().registered_bytes, 0);
+        assert_eq!(pool.stats().transport_allocations, 0);
+    }
+
+    #[rstest::rstest]
+    #[case::tcp("tcp")]
+    #[case::shared_memory("posix,cma,self")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ucx_buffers_are_transport_allocated_and_bounds_checked(#[case] tls: &str) {
+        let comm = Arc::new(
+            hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig::with_tls(tls))
+                .expect("UCX available"),
+        );
+        let pool = BufferPool::new(comm.clone(), Access::READ_WRITE, PoolConfig::default());
+        let a = pool.acquire(100_000).unwrap();
+        assert!(a.is_transport_allocated());
+        assert_eq!(a.len(), 128 << 10);
+        assert_eq!(a.region(), a.registration().region());
+        assert_eq!(a.export().region, a.region());
+        let bytes = hmc_core::testing::pattern(3, a.len());
+        a.fill(&bytes).unwrap();
+        assert_eq!(a.as_slice(a.len()).unwrap(), &bytes[..]);
+        let over = a.fill(&vec![0u8; a.len() + 1]).unwrap_err();
+        assert!(matches!(over, Error::OutOfBounds { .. }), "{over}");
+        assert!(matches!(
+            a.as_slice(a.len() + 1),
+            Err(Error::OutOfBounds { .. })
+        ));
+        let view = a.into_bytes(10).unwrap();
+        assert_eq!(&view[..], &bytes[..10]);
+        drop(view);
+        let s = pool.stats();
+        assert_eq!((s.registrations, s.transport_allocations), (1, 1));
+        pool.trim();
+        let s = pool.stats();
+        assert_eq!((s.registered_bytes, s.deregistrations), (0, 1));
+        assert_eq!(comm.stats().registered, comm.stats().deregistered);
     }
 }

@@ -96,6 +96,10 @@ async fn echo_round_trips_over_the_tcp_data_plane(#[case] len: usize) {
         cs.pool.registrations, 2,
         "request and response buffers, reused"
     );
+    assert_eq!(
+        cs.pool.transport_allocations, 0,
+        "TCP has no transport-allocated memory: the pool registers host memory"
+    );
     // Below the threshold: INLINE/TCP_STREAM, not counted.
     let small = pattern(1000, 9);
     assert_eq!(c.call(demo::ECHO, small.clone()).await.unwrap(), small);

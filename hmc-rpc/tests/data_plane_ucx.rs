@@ -67,7 +67,13 @@ async fn echo_round_trips_over_ucx(
         (ss.buffer_calls, ss.buffer_responses, ss.failures),
         (3, 3, 0)
     );
-    assert_eq!(c.data_plane_stats().unwrap().pool.registrations, 2);
+    let cp = c.data_plane_stats().unwrap().pool;
+    assert_eq!(cp.registrations, 2);
+    assert_eq!(
+        (cp.transport_allocations, ss.pool.transport_allocations),
+        (cp.registrations, ss.pool.registrations),
+        "every UCX pool buffer is memory UCX allocated itself (the shared-memory fast path)"
+    );
 }
 
 #[rstest]

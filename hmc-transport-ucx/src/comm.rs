@@ -508,6 +508,12 @@ impl Communicator for UcxCommunicator {
         self.map(region, access, false)
     }
 
+    /// Always `Some`: memory UCX allocates itself is the fast path on shared memory (see
+    /// the inherent [`UcxCommunicator::alloc_registered`]).
+    fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<UcxRegistration>> {
+        UcxCommunicator::alloc_registered(self, len, access).map(Some)
+    }
+
     fn export(&self, reg: &UcxRegistration) -> RemoteRegion {
         reg.export.clone()
     }
