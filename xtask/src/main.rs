@@ -24,8 +24,8 @@ usage: cargo xtask <command>
   matrix               detect runtimes and devices, run what can run here, print the
                        support table
   fuzz [target] [--seconds N]
-                       run the cargo-fuzz targets (installs cargo-fuzz and nightly-free
-                       fallbacks when missing)
+                       build the libFuzzer targets in fuzz/ with stable rustc and run each
+                       for N seconds (default 60)
   tidy                 the cheap source checks that `test` also runs
 ";
 
@@ -315,23 +315,44 @@ fn fuzz(args: &[String]) -> Result {
             })
             .collect(),
     };
-    if Command::new("cargo")
-        .args(["fuzz", "--version"])
+    // libFuzzer instrumentation through stable rustc's codegen flags, so neither cargo-fuzz
+    // nor a nightly toolchain is needed (the flags are the ones cargo-fuzz passes).
+    let target_dir = root().join("target/fuzz");
+    let rustflags = "--cfg fuzzing -Cpasses=sancov-module \
+        -Cllvm-args=-sanitizer-coverage-level=4 \
+        -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
+        -Cllvm-args=-sanitizer-coverage-pc-table \
+        -Cllvm-args=-sanitizer-coverage-trace-compares -Cdebug-assertions -Coverflow-checks";
+    // An explicit --target keeps RUSTFLAGS away from build scripts and proc macros, which
+    // must not be instrumented (they link without libFuzzer).
+    let host = Command::new("rustc")
+        .arg("-vV")
         .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-    {
-        eprintln!("xtask: installing cargo-fuzz");
-        run(cargo().args(["install", "cargo-fuzz", "--locked"]))?;
-    }
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        })
+        .ok_or("could not read the host triple from `rustc -vV`")?;
+    run(cargo()
+        .current_dir(&fuzz_dir)
+        .args(["build", "--release", "--bins", "--target", &host])
+        .env(
+            "RUSTFLAGS",
+            rustflags.split_whitespace().collect::<Vec<_>>().join(" "),
+        )
+        .env("CARGO_TARGET_DIR", &target_dir))?;
     for t in targets {
-        run(cargo().current_dir(&fuzz_dir).args([
-            "fuzz",
-            "run",
-            &t,
-            "--",
-            &format!("-max_total_time={seconds}"),
-        ]))?;
+        let corpus = target_dir.join("corpus").join(&t);
+        std::fs::create_dir_all(&corpus)
+            .map_err(|e| format!("creating {}: {e}", corpus.display()))?;
+        run(
+            Command::new(target_dir.join(&host).join("release").join(&t))
+                .arg(&corpus)
+                .arg(format!("-max_total_time={seconds}"))
+                .arg("-max_len=65536"),
+        )?;
     }
     Ok(())
 }
