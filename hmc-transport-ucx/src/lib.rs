@@ -52,7 +52,8 @@
 //! (`UCP_MEM_MAP_FLAG_ALLOCATE`), which the posix transport maps into the peer directly.
 //! [`UcxCommunicator::alloc_registered`] does the same: transfers between such
 //! registrations run at `ucx_perftest` speed (see `benches/rma.rs`); data planes that own
-//! their staging buffers (the RPC's HMC_BUFFER pool) should use it. Over TCP both kinds go
+//! their staging buffers get it through `Communicator::alloc_registered` (hmc-rpc's
+//! `BufferPool` asks for it first). Over TCP both kinds go
 //! through the same emulation and are on par.
 //!
 //! # Safety story
@@ -65,8 +66,6 @@
 mod comm;
 mod control;
 mod engine;
-mod pool;
 pub mod sys;
 
 pub use comm::{UcxCommunicator, UcxConfig, UcxEndpoint, UcxRegistration, UcxRemoteKey, UcxStats};
-pub use pool::{BufferPool, PoolConfig, PooledBuffer, UcxBufferPool, UcxPooled};
