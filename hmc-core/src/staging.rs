@@ -88,6 +88,23 @@ impl<H: Memory, C: Communicator> Stager<H, C> {
         Ok(unsafe { MemSpanMut::from_region(region) })
     }
 
+    /// The descriptor moving chunk `i` between its bounce buffer and the remote region.
+    fn chunk_desc<'a>(
+        &'a self,
+        i: usize,
+        remote: &'a C::RemoteKey,
+        remote_offset: u64,
+        len: usize,
+    ) -> TransferDesc<'a, C> {
+        TransferDesc {
+            local: self.bounce[i % self.bounce.len()].registration(),
+            local_offset: 0,
+            remote,
+            remote_offset,
+            len,
+        }
+    }
+
     fn chunks(&self, len: usize) -> usize {
         len.div_ceil(self.chunk)
     }
@@ -118,13 +135,7 @@ impl<H: Memory, C: Communicator> Stager<H, C> {
         device.copy(&mut self.bounce_span_mut(0, len)?, &src.slice(off, len)?)?;
         for i in 0..n {
             let (off, len) = self.piece(total, i);
-            let desc = [TransferDesc::<C> {
-                local: self.bounce[i % self.bounce.len()].registration(),
-                local_offset: 0,
-                remote,
-                remote_offset: remote_offset + off as u64,
-                len,
-            }];
+            let desc = [self.chunk_desc(i, remote, remote_offset + off as u64, len)];
             let send = self.comm.transfer(ep, Op::Write, &desc, deadline);
             let prefetch = async {
                 if i + 1 < n {
@@ -161,13 +172,7 @@ impl<H: Memory, C: Communicator> Stager<H, C> {
             let fetch = async {
                 if i < n {
                     let (off, len) = self.piece(total, i);
-                    let desc = [TransferDesc::<C> {
-                        local: self.bounce[i % self.bounce.len()].registration(),
-                        local_offset: 0,
-                        remote,
-                        remote_offset: remote_offset + off as u64,
-                        len,
-                    }];
+                    let desc = [self.chunk_desc(i, remote, remote_offset + off as u64, len)];
                     self.comm.transfer(ep, Op::Read, &desc, deadline).await?;
                 }
                 Ok::<(), Error>(())
