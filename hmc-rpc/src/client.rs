@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hmc_core::{Communicator, Error, MemSpan, MemSpanMut, Memory, PeerAddr};
+use hmc_backend_cpu::HostMemory;
+use hmc_core::{Communicator, Error, MemSpan, Memory, PeerAddr};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -17,9 +18,10 @@ use crate::codec::{CodecError, RpcCodec};
 use crate::data_plane::{
     ClientDataPlane, DataPlaneConfig, DataPlaneStats, NoDataPlane, PreparedCall,
 };
-use crate::frame::Status;
+use crate::device::{self, DEFAULT_DEVICE_STAGING, DeviceSink, StagingRing};
+use crate::frame::{INLINE_MAX, Status};
 use crate::net::Stream;
-use crate::proto::{ClientConn, ClientEvent, ConnConfig, StartError};
+use crate::proto::{ClientConn, ClientEvent, ConnConfig, ResponseSink, StagedPayload, StartError};
 
 /// Client settings; every field has a default.
 #[derive(Clone, Debug)]
@@ -122,6 +124,8 @@ enum Body {
     Payload(Bytes),
     /// HMC_BUFFER: the payload length and the data-plane descriptor.
     Buffer(u64, Bytes),
+    /// TCP_STREAM of this length whose pieces follow as [`Cmd::Feed`].
+    Fed(u64),
 }
 
 /// What a call gets back.
@@ -129,6 +133,8 @@ enum Reply {
     Payload(Bytes),
     /// HMC_BUFFER: this many bytes are in the call's response region.
     InBuffer(u64),
+    /// The response went into the call's response sink.
+    Staged(StagedPayload),
 }
 
 type ReplyTx = oneshot::Sender<Result<Reply, CallError>>;
@@ -140,7 +146,11 @@ enum Cmd {
         body: Body,
         deadline: Instant,
         reply: ReplyTx,
+        /// Where a streamed OK response goes instead of host memory.
+        sink: Option<ResponseSink>,
     },
+    /// The next piece of a [`Body::Fed`] payload.
+    Feed(u64, Bytes),
     Cancel(u64),
 }
 
@@ -167,6 +177,8 @@ struct Inner {
     /// The server on the current connection answered that it has no data plane: large
     /// payloads go TCP_STREAM until the next reconnect.
     no_buffer: AtomicBool,
+    /// Host staging buffers of [`Client::call_device`], made on first use.
+    device_ring: std::sync::OnceLock<Arc<StagingRing<HostMemory>>>,
 }
 
 /// An RPC client over one persistent connection. Cheap to clone; clones share it.
@@ -202,6 +214,7 @@ impl Client<NoDataPlane> {
                 current: parking_lot::Mutex::new(None),
                 next_id: AtomicU64::new(1),
                 no_buffer: AtomicBool::new(false),
+                device_ring: std::sync::OnceLock::new(),
             }),
             dp: None,
         };
@@ -339,8 +352,8 @@ impl<C: Communicator> Client<C> {
         }
         match self.call_body(method, Body::Payload(payload), opts).await? {
             Reply::Payload(b) => Ok(b),
-            Reply::InBuffer(_) => Err(CallError::ConnectionLost(
-                "an HMC_BUFFER answer to a call that lent no region".into(),
+            Reply::InBuffer(_) | Reply::Staged(_) => Err(CallError::ConnectionLost(
+                "an HMC_BUFFER or staged answer to a call that asked for neither".into(),
             )),
         }
     }
@@ -351,6 +364,21 @@ impl<C: Communicator> Client<C> {
         body: Body,
         opts: CallOptions,
     ) -> Result<Reply, CallError> {
+        self.send_call(method, body, None, opts)
+            .await?
+            .answer()
+            .await
+    }
+
+    /// Takes a credit, sends the call to the connection task and returns the handle that
+    /// waits for its answer (dropping it cancels the call).
+    async fn send_call(
+        &self,
+        method: u32,
+        body: Body,
+        sink: Option<ResponseSink>,
+        opts: CallOptions,
+    ) -> Result<SentCall, CallError> {
         let timeout = opts.timeout.unwrap_or(self.inner.config.default_timeout);
         let start = Instant::now();
         let deadline = start + timeout;
@@ -375,6 +403,7 @@ impl<C: Communicator> Client<C> {
                 body,
                 deadline,
                 reply,
+                sink,
             })
             .is_err()
         {
@@ -382,44 +411,94 @@ impl<C: Communicator> Client<C> {
                 "the connection closed before the call was sent".into(),
             ));
         }
-        let r = rx.await.unwrap_or_else(|_| {
-            Err(CallError::ConnectionLost(
-                "the connection task ended".into(),
-            ))
-        });
-        disarm(guard);
-        match r {
-            Err(CallError::DeadlineExceeded(_)) => {
-                Err(CallError::DeadlineExceeded(start.elapsed()))
-            }
-            r => r,
-        }
+        Ok(SentCall {
+            id,
+            cmd,
+            rx,
+            guard,
+            start,
+        })
     }
 
     /// Calls `method` with a payload that lives in device memory of `memory` (any
     /// [`Memory`] backend: CUDA, ROCm, MLU, MUSA or host), and returns the response in a
-    /// new buffer from the same backend.
-    ///
-    /// The payload is copied device-to-host once and then travels like any other payload
-    /// (INLINE, TCP_STREAM, or HMC_BUFFER through the pooled registered buffers); the
-    /// response is copied host-to-device once. A staging failure is [`CallError::Device`];
-    /// it happens before the request is sent or after the answer came, never in between.
+    /// new buffer from the same backend. Staging buffers: the client's own ring of plain
+    /// host memory ([`DEFAULT_DEVICE_STAGING`]); [`Client::call_device_staged`] takes a
+    /// ring of pinned memory.
     pub async fn call_device<M: Memory>(
         &self,
         method: u32,
-        memory: &M,
+        memory: &Arc<M>,
         payload: &MemSpan<'_>,
     ) -> Result<M::Buffer, CallError> {
-        let mut host = vec![0u8; payload.len()];
-        memory
-            .copy(&mut MemSpanMut::host(&mut host), payload)
-            .map_err(CallError::Device)?;
-        let response = self.call(method, host).await?;
-        let mut out = memory.alloc(response.len()).map_err(CallError::Device)?;
-        memory
-            .copy(&mut MemSpanMut::of(&mut out), &MemSpan::host(&response))
-            .map_err(CallError::Device)?;
-        Ok(out)
+        let ring = match self.inner.device_ring.get() {
+            Some(r) => r.clone(),
+            None => {
+                let r = StagingRing::new(Arc::new(HostMemory::new()), DEFAULT_DEVICE_STAGING)
+                    .map_err(CallError::Device)?;
+                self.inner.device_ring.get_or_init(|| r).clone()
+            }
+        };
+        self.call_device_staged(method, memory, payload, &ring, CallOptions::default())
+            .await
+    }
+
+    /// [`Client::call_device`] through the staging buffers of `ring` (make it of the
+    /// device backend's pinned host memory, e.g. `CudaMemory::pinned()`, and share it
+    /// between calls).
+    ///
+    /// A payload above [`INLINE_MAX`] goes TCP_STREAM without ever being whole in host
+    /// memory: chunk *i + 1* is copied device-to-host into a staging buffer while chunk *i*
+    /// is on the wire. A streamed response is copied to a new device buffer chunk by chunk
+    /// as it arrives. With a data plane attached, payloads from its threshold go
+    /// HMC_BUFFER instead (copied whole into the pooled registered buffer, which the
+    /// server pulls one-sided). A staging failure is [`CallError::Device`]; if it happens
+    /// while the payload is being sent, the call is cancelled.
+    pub async fn call_device_staged<M: Memory, H: Memory>(
+        &self,
+        method: u32,
+        memory: &Arc<M>,
+        payload: &MemSpan<'_>,
+        ring: &Arc<StagingRing<H>>,
+        opts: CallOptions,
+    ) -> Result<M::Buffer, CallError> {
+        let len = payload.len();
+        let over_data_plane = self.dp.as_ref().is_some_and(|dp| {
+            len >= dp.config.threshold && !self.inner.no_buffer.load(Ordering::Acquire)
+        });
+        if len <= INLINE_MAX || over_data_plane {
+            let host = device::download(&**memory, payload).map_err(CallError::Device)?;
+            let response = self.call_with(method, host, opts).await?;
+            return device::upload(&**memory, &response).map_err(CallError::Device);
+        }
+        let sink_mem = memory.clone();
+        let sink: ResponseSink = Box::new(move |n| DeviceSink::boxed(sink_mem, n));
+        let mut sent = self
+            .send_call(method, Body::Fed(len as u64), Some(sink), opts)
+            .await?;
+        let (id, cmd) = (sent.id, sent.cmd.clone());
+        let produced = {
+            let feeding = device::produce(&**memory, payload, ring, |piece| {
+                cmd.send(Cmd::Feed(id, piece)).is_ok()
+            });
+            tokio::select! {
+                // An early answer (refusal, deadline, lost connection) stops the copies.
+                r = &mut sent.rx => Err(r),
+                p = feeding => Ok(p),
+            }
+        };
+        let reply = match produced {
+            Err(early) => sent.finish(early),
+            Ok(Err(e)) => return Err(CallError::Device(e)), // dropping `sent` cancels
+            Ok(Ok(_)) => sent.answer().await,
+        }?;
+        match reply {
+            Reply::Staged(p) => device::take_staged::<M>(p).map_err(CallError::Device),
+            Reply::Payload(b) => device::upload(&**memory, &b).map_err(CallError::Device),
+            Reply::InBuffer(_) => Err(CallError::ConnectionLost(
+                "an HMC_BUFFER answer to a call that lent no region".into(),
+            )),
+        }
     }
 
     /// A typed call: encodes `req` and decodes the answer with [`RpcCodec`].
@@ -457,6 +536,9 @@ fn finish_buffer_call<C: Communicator>(
             prep.settle();
             Ok(b)
         }
+        Ok(Reply::Staged(_)) => Err(CallError::ConnectionLost(
+            "a staged answer to an HMC_BUFFER call".into(),
+        )),
         Ok(Reply::InBuffer(len)) => {
             dp.responded_in_buffer();
             prep.take_response(len).map_err(|e| {
@@ -473,6 +555,40 @@ fn finish_buffer_call<C: Communicator>(
             }
             drop(prep);
             Err(e)
+        }
+    }
+}
+
+/// A call handed to the connection task, not yet answered.
+struct SentCall {
+    id: u64,
+    cmd: mpsc::UnboundedSender<Cmd>,
+    rx: oneshot::Receiver<Result<Reply, CallError>>,
+    guard: CancelOnDrop,
+    start: Instant,
+}
+
+impl SentCall {
+    async fn answer(mut self) -> Result<Reply, CallError> {
+        let r = (&mut self.rx).await;
+        self.finish(r)
+    }
+
+    fn finish(
+        self,
+        r: Result<Result<Reply, CallError>, oneshot::error::RecvError>,
+    ) -> Result<Reply, CallError> {
+        let r = r.unwrap_or_else(|_| {
+            Err(CallError::ConnectionLost(
+                "the connection task ended".into(),
+            ))
+        });
+        disarm(self.guard);
+        match r {
+            Err(CallError::DeadlineExceeded(_)) => {
+                Err(CallError::DeadlineExceeded(self.start.elapsed()))
+            }
+            r => r,
         }
     }
 }
@@ -521,7 +637,10 @@ async fn run_connection(
                 } => {
                     if let Some(tx) = waiting.remove(&request_id) {
                         let r = if status == Status::OK {
-                            Ok(Reply::Payload(payload))
+                            Ok(match core.take_staged(request_id) {
+                                Some(staged) => Reply::Staged(staged),
+                                None => Reply::Payload(payload),
+                            })
                         } else {
                             Err(CallError::Status {
                                 status,
@@ -643,13 +762,18 @@ fn handle_cmd(core: &mut ClientConn, waiting: &mut HashMap<u64, ReplyTx>, c: Cmd
             body,
             deadline,
             reply,
+            sink,
         } => match match body {
             Body::Payload(p) => core.start_call_with_id(id, method, p, Some(deadline), false, now),
             Body::Buffer(len, desc) => {
                 core.start_call_in_buffer(id, method, len, desc, Some(deadline), now)
             }
+            Body::Fed(len) => core.start_call_fed(id, method, len, Some(deadline), now),
         } {
             Ok(()) => {
+                if let Some(sink) = sink {
+                    core.set_response_sink(id, sink);
+                }
                 waiting.insert(id, reply);
             }
             Err(StartError::Closed(why)) => {
@@ -662,6 +786,10 @@ fn handle_cmd(core: &mut ClientConn, waiting: &mut HashMap<u64, ReplyTx>, c: Cmd
                 let _ = reply.send(Err(CallError::Refused(e)));
             }
         },
+        Cmd::Feed(id, piece) => {
+            // False when the call is gone; its producer learns from the answer.
+            core.feed(id, piece);
+        }
         Cmd::Cancel(id) => {
             waiting.remove(&id);
             core.cancel(id);

@@ -9,13 +9,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hmc_core::{DeviceBuffer, MemSpan, MemSpanMut, Memory};
+use futures::future::BoxFuture;
+use hmc_backend_cpu::HostMemory;
+use hmc_core::{DeviceBuffer, MemSpan, Memory};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 
 use crate::codec::RpcCodec;
-use crate::frame::Status;
+use crate::device::{self, DEFAULT_DEVICE_STAGING, DeviceSink, StagingRing};
+use crate::frame::{INLINE_MAX, Status};
+use crate::proto::{StagedPayload, StreamSink};
 
 /// A handler's failure: a status for the wire and a message for the caller.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -123,10 +127,103 @@ pub enum Handler {
     Blocking(Arc<BlockingFn>),
 }
 
+/// The request of a device method as the server has it.
+pub(crate) enum DeviceRequest {
+    /// Whole in host memory (INLINE).
+    Host(Bytes),
+    /// Streamed into device memory by the method's sink as it arrived.
+    Staged(StagedPayload),
+}
+
+/// The response of a device method.
+pub(crate) enum DeviceReply {
+    /// Small enough to send INLINE: copied to host memory whole.
+    Host(Bytes),
+    /// `len` bytes produced chunk by chunk (or the producer's error).
+    Fed {
+        len: u64,
+        pieces: mpsc::UnboundedReceiver<hmc_core::Result<Bytes>>,
+    },
+}
+
+/// The streaming side of a method registered with [`Dispatcher::register_device`]: where
+/// its streamed requests go, and how it runs on them.
+pub(crate) trait DeviceRoute: Send + Sync {
+    /// A sink for a `len`-byte streamed request.
+    fn sink(&self, len: u64) -> Box<dyn StreamSink>;
+    /// Runs the handler; a response above the INLINE size is produced in chunks.
+    fn run(
+        &self,
+        ctx: CallContext,
+        request: DeviceRequest,
+    ) -> BoxFuture<'static, Result<DeviceReply, RpcError>>;
+}
+
+struct DeviceMethod<M: Memory, H: Memory, F> {
+    memory: Arc<M>,
+    ring: Arc<StagingRing<H>>,
+    handler: Arc<F>,
+}
+
+fn device_error(what: &str, e: hmc_core::Error) -> RpcError {
+    RpcError::new(
+        Status::INTERNAL,
+        format!("{what} on the handler's device: {e}"),
+    )
+}
+
+impl<M, H, F, Fut> DeviceRoute for DeviceMethod<M, H, F>
+where
+    M: Memory,
+    H: Memory,
+    F: Fn(CallContext, M::Buffer) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<M::Buffer, RpcError>> + Send + 'static,
+{
+    fn sink(&self, len: u64) -> Box<dyn StreamSink> {
+        DeviceSink::boxed(self.memory.clone(), len)
+    }
+
+    fn run(
+        &self,
+        ctx: CallContext,
+        request: DeviceRequest,
+    ) -> BoxFuture<'static, Result<DeviceReply, RpcError>> {
+        let staged = match request {
+            DeviceRequest::Host(b) => device::upload(&*self.memory, &b),
+            DeviceRequest::Staged(p) => device::take_staged::<M>(p),
+        }
+        .map_err(|e| device_error("staging the request", e));
+        let running = staged.map(|buf| (self.handler)(ctx, buf));
+        let memory = self.memory.clone();
+        let ring = self.ring.clone();
+        Box::pin(async move {
+            let out = running?.await?;
+            if out.len() <= INLINE_MAX {
+                let host = device::download(&*memory, &MemSpan::of(&out))
+                    .map_err(|e| device_error("staging the response", e))?;
+                return Ok(DeviceReply::Host(Bytes::from(host)));
+            }
+            let (tx, rx) = mpsc::unbounded_channel();
+            let len = out.len() as u64;
+            tokio::spawn(async move {
+                let r = device::produce(&*memory, &MemSpan::of(&out), &ring, |piece| {
+                    tx.send(Ok(piece)).is_ok()
+                })
+                .await;
+                if let Err(e) = r {
+                    let _ = tx.send(Err(e));
+                }
+            });
+            Ok(DeviceReply::Fed { len, pieces: rx })
+        })
+    }
+}
+
 /// Method id → handler.
 #[derive(Clone, Default)]
 pub struct Dispatcher {
     methods: HashMap<u32, Handler>,
+    devices: HashMap<u32, Arc<dyn DeviceRoute>>,
 }
 
 impl Dispatcher {
@@ -136,6 +233,7 @@ impl Dispatcher {
     }
 
     fn insert(&mut self, id: u32, h: Handler) -> &mut Self {
+        self.devices.remove(&id);
         if self.methods.insert(id, h).is_some() {
             tracing::warn!(
                 method_id = id,
@@ -188,40 +286,77 @@ impl Dispatcher {
     }
 
     /// A method whose handler works on device memory of `memory` (any [`Memory`]
-    /// backend): the request bytes are copied into a new device buffer before the handler
-    /// runs, and the device buffer it returns is copied back to host memory to be sent.
-    /// An allocation or copy failure answers `INTERNAL` naming the device error.
+    /// backend): the handler gets the request in a new device buffer and returns the
+    /// response in one. Staging goes through a ring of plain host memory
+    /// ([`DEFAULT_DEVICE_STAGING`]); [`Dispatcher::register_device_staged`] takes pinned
+    /// memory. An allocation or copy failure answers `INTERNAL` naming the device error.
     pub fn register_device<M, F, Fut>(&mut self, id: u32, memory: Arc<M>, handler: F) -> &mut Self
     where
         M: Memory,
         F: Fn(CallContext, M::Buffer) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<M::Buffer, RpcError>> + Send + 'static,
     {
-        let device_error = |what: &str, e: hmc_core::Error| {
-            RpcError::new(
-                Status::INTERNAL,
-                format!("{what} on the handler's device: {e}"),
-            )
-        };
+        let ring = StagingRing::new(Arc::new(HostMemory::new()), DEFAULT_DEVICE_STAGING)
+            .expect("the default staging settings are valid host memory");
+        self.register_device_staged(id, memory, ring, handler)
+    }
+
+    /// [`Dispatcher::register_device`] with the staging buffers of `ring` (make it of the
+    /// backend's pinned host memory, e.g. `CudaMemory::pinned()`).
+    ///
+    /// A request streamed TCP_STREAM is copied to the device chunk by chunk as it arrives
+    /// (never whole in host memory); a response above the INLINE size is copied out chunk
+    /// by chunk into the staging buffers, each chunk going to the socket while the next is
+    /// copied. Requests pulled over the data plane (HMC_BUFFER) are staged whole.
+    pub fn register_device_staged<M, H, F, Fut>(
+        &mut self,
+        id: u32,
+        memory: Arc<M>,
+        ring: Arc<StagingRing<H>>,
+        handler: F,
+    ) -> &mut Self
+    where
+        M: Memory,
+        H: Memory,
+        F: Fn(CallContext, M::Buffer) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<M::Buffer, RpcError>> + Send + 'static,
+    {
+        let route = Arc::new(DeviceMethod {
+            memory,
+            ring,
+            handler: Arc::new(handler),
+        });
+        // The whole-payload path, for requests the data plane pulled into host memory.
+        let whole = route.clone();
         self.register_raw(id, move |ctx, payload: Bytes| {
-            let staged = memory
-                .alloc(payload.len())
-                .and_then(|mut buf| {
-                    memory.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(&payload))?;
-                    Ok(buf)
-                })
-                .map_err(|e| device_error("staging the request", e));
-            let running = staged.map(|buf| handler(ctx, buf));
-            let memory = memory.clone();
+            let reply = whole.run(ctx, DeviceRequest::Host(payload));
             async move {
-                let out = running?.await?;
-                let mut host = vec![0u8; out.len()];
-                memory
-                    .copy(&mut MemSpanMut::host(&mut host), &MemSpan::of(&out))
-                    .map_err(|e| device_error("staging the response", e))?;
-                Ok(Bytes::from(host))
+                match reply.await? {
+                    DeviceReply::Host(b) => Ok(b),
+                    DeviceReply::Fed { len, mut pieces } => {
+                        let mut out = Vec::with_capacity(len as usize);
+                        while let Some(piece) = pieces.recv().await {
+                            let piece =
+                                piece.map_err(|e| device_error("staging the response", e))?;
+                            out.extend_from_slice(&piece);
+                        }
+                        Ok(Bytes::from(out))
+                    }
+                }
             }
-        })
+        });
+        self.devices.insert(id, route);
+        self
+    }
+
+    /// The streaming side of a device method.
+    pub(crate) fn device_route(&self, id: u32) -> Option<&Arc<dyn DeviceRoute>> {
+        self.devices.get(&id)
+    }
+
+    /// True when some method is a device method.
+    pub(crate) fn has_device_routes(&self) -> bool {
+        !self.devices.is_empty()
     }
 
     /// A raw-bytes async method.

@@ -42,6 +42,7 @@ pub mod client;
 pub mod codec;
 mod data_plane;
 pub mod demo;
+pub mod device;
 pub mod dispatch;
 pub mod frame;
 mod net;
@@ -56,6 +57,7 @@ pub use codec::{CodecError, RpcCodec};
 pub use data_plane::{
     ClientDataPlane, DataPlaneConfig, DataPlaneStats, NoDataPlane, NoRegistration,
 };
+pub use device::{DEFAULT_DEVICE_STAGING, StagingRing};
 pub use dispatch::{CallContext, CancelToken, Dispatcher, RpcError};
 pub use frame::{Flags, FrameHeader, FrameKind, FrameLimits, PayloadMode, Status};
 pub use pool::{BufferPool, PoolConfig, PoolStats, PooledBuffer};

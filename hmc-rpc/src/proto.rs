@@ -7,6 +7,7 @@
 //! `handle_timeout`, and reacts to events. Every race between cancel, timeout and
 //! completion is therefore a deterministic unit test.
 
+use std::any::Any;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -68,16 +69,38 @@ impl Default for ConnConfig {
     }
 }
 
-/// A complete message: the first frame's header and the reassembled payload.
-#[derive(Clone, Debug)]
+/// What a [`StreamSink`] made of a streamed payload: the runtime downcasts it to the type
+/// its sink produces (a device buffer), or the reason staging failed.
+pub type StagedPayload = Result<Box<dyn Any + Send>, hmc_core::Error>;
+
+/// Where a TCP_STREAM payload goes, chunk by chunk as its DATA frames arrive, instead of a
+/// reassembled host buffer: a device-resident payload is copied to the device while the
+/// kernel already receives the next chunk.
+///
+/// A sink keeps its first error and reports it from [`StreamSink::finish`]; the protocol
+/// goes on reading the stream either way, so the connection stays in step.
+pub trait StreamSink: Send {
+    /// Takes the payload bytes at `offset` (chunks arrive in order, without gaps).
+    fn write(&mut self, offset: u64, bytes: &[u8]);
+    /// Every byte arrived: the product, or the first error.
+    fn finish(self: Box<Self>) -> StagedPayload;
+}
+
+/// A complete message: the first frame's header and the reassembled payload (empty when a
+/// sink took the bytes; its product is `staged`).
 struct Message {
     header: FrameHeader,
     payload: Bytes,
+    staged: Option<StagedPayload>,
 }
 
 struct InStream {
     header: FrameHeader,
     buf: Vec<u8>,
+    /// Takes the bytes instead of `buf`.
+    sink: Option<Box<dyn StreamSink>>,
+    /// Running CRC32C of the payload when a sink takes it and the header carries a CRC.
+    crc: u32,
     /// Data is read and dropped (refused or abandoned request).
     discard: bool,
     received: u64,
@@ -85,7 +108,11 @@ struct InStream {
 
 struct OutStream {
     header: FrameHeader,
-    payload: Bytes,
+    /// Payload bytes ready to send, in order: the whole payload, or the pieces a producer
+    /// has fed so far (see [`Framing::feed`]).
+    pieces: VecDeque<Bytes>,
+    /// Payload length announced in the header.
+    total: usize,
     sent: usize,
     /// Bytes this stream may still send before the next stream's turn.
     turn_left: usize,
@@ -222,13 +249,62 @@ impl Framing {
             h.mode = PayloadMode::TcpStream;
             h.body_len = 0;
             self.send_frame(&h, &[]);
+            let total = payload.len();
             self.streams_out.push_back(OutStream {
                 header: h,
-                payload,
+                pieces: VecDeque::from([payload]),
+                total,
                 sent: 0,
                 turn_left: self.cfg.stream_turn_len,
             });
         }
+    }
+
+    /// Queues the header of a `total`-byte TCP_STREAM message whose bytes a producer feeds
+    /// later, piece by piece, with [`Framing::feed`] (a device payload staged in chunks).
+    /// `total` must exceed [`INLINE_MAX`].
+    fn send_message_fed(&mut self, mut h: FrameHeader, total: usize) {
+        debug_assert!(
+            total > INLINE_MAX,
+            "fed streams are for TCP_STREAM payloads"
+        );
+        h.payload_len = total as u64;
+        h.payload_crc = 0;
+        h.mode = PayloadMode::TcpStream;
+        h.body_len = 0;
+        self.send_frame(&h, &[]);
+        self.streams_out.push_back(OutStream {
+            header: h,
+            pieces: VecDeque::new(),
+            total,
+            sent: 0,
+            turn_left: self.cfg.stream_turn_len,
+        });
+    }
+
+    /// Appends the next piece of a fed stream. False (and the piece dropped) when the
+    /// stream is gone (cancelled, answered, connection closing) or the piece would pass
+    /// the announced length.
+    fn feed(&mut self, request_id: u64, piece: Bytes) -> bool {
+        let Some(s) = self
+            .streams_out
+            .iter_mut()
+            .find(|s| s.header.request_id == request_id)
+        else {
+            return false;
+        };
+        let queued: usize = s.pieces.iter().map(Bytes::len).sum();
+        if s.sent + queued + piece.len() > s.total {
+            tracing::warn!(
+                request_id,
+                "a producer fed more bytes than its stream announced; piece dropped"
+            );
+            return false;
+        }
+        if !piece.is_empty() {
+            s.pieces.push_back(piece);
+        }
+        true
     }
 
     fn drop_out_stream(&mut self, request_id: u64) {
@@ -277,14 +353,25 @@ impl Framing {
         // `stream_turn_len` bytes: a payload of up to one turn completes without waiting
         // for the others (so its answer can start while later ones still arrive), and a
         // huge payload cannot hold back the rest for longer than one turn. Small frames
-        // overtake between refills regardless.
+        // overtake between refills regardless. A fed stream whose next piece has not
+        // been produced yet steps aside.
         let mut budget = 4;
-        while budget > 0 {
+        let mut waiting = 0;
+        while budget > 0 && waiting < self.streams_out.len() {
             let Some(mut s) = self.streams_out.pop_front() else {
                 return;
             };
-            let n = (s.payload.len() - s.sent).min(self.cfg.chunk_len);
-            let chunk = s.payload.slice(s.sent..s.sent + n);
+            let Some(piece) = s.pieces.front_mut() else {
+                self.streams_out.push_back(s);
+                waiting += 1;
+                continue;
+            };
+            waiting = 0;
+            let n = piece.len().min(self.cfg.chunk_len);
+            let chunk = piece.split_to(n);
+            if piece.is_empty() {
+                s.pieces.pop_front();
+            }
             let mut h = s.header;
             h.kind = FrameKind::Data;
             h.mode = PayloadMode::TcpStream;
@@ -295,15 +382,15 @@ impl Framing {
                 0
             };
             h.deadline_us = 0;
-            h.payload_len = s.payload.len() as u64;
+            h.payload_len = s.total as u64;
             s.sent += n;
-            if s.sent == s.payload.len() {
+            if s.sent == s.total {
                 h.flags = h.flags | Flags::END;
             }
             self.tx.push_back(Bytes::copy_from_slice(&h.encode()));
             self.tx.push_back(chunk);
             s.turn_left = s.turn_left.saturating_sub(n);
-            if s.sent < s.payload.len() {
+            if s.sent < s.total {
                 if s.turn_left == 0 {
                     s.turn_left = self.cfg.stream_turn_len;
                     self.streams_out.push_back(s);
@@ -332,7 +419,9 @@ impl Framing {
     }
 
     fn has_tx(&self) -> bool {
-        !self.tx.is_empty() || !self.tx_small.is_empty() || !self.streams_out.is_empty()
+        !self.tx.is_empty()
+            || !self.tx_small.is_empty()
+            || self.streams_out.iter().any(|s| !s.pieces.is_empty())
     }
 
     /// Bytes queued in `tx` (not counting streams not yet scheduled).
@@ -340,9 +429,14 @@ impl Framing {
         self.tx.iter().map(|b| b.len()).sum::<usize>() - self.tx_pos + self.tx_small.len()
     }
 
-    /// Starts reassembly of a TCP_STREAM payload.
-    fn open_in_stream(&mut self, header: FrameHeader, discard: bool) {
-        let cap = if discard {
+    /// Starts reassembly of a TCP_STREAM payload (into `sink` when one is given).
+    fn open_in_stream(
+        &mut self,
+        header: FrameHeader,
+        discard: bool,
+        sink: Option<Box<dyn StreamSink>>,
+    ) {
+        let cap = if discard || sink.is_some() {
             0
         } else {
             header.payload_len.min(1 << 20) as usize
@@ -352,6 +446,8 @@ impl Framing {
             InStream {
                 header,
                 buf: Vec::with_capacity(cap),
+                sink: if discard { None } else { sink },
+                crc: 0,
                 discard,
                 received: 0,
             },
@@ -384,6 +480,7 @@ impl Framing {
                 h.request_id, h.payload_len, s.header.payload_len
             ));
         }
+        let offset = s.received;
         s.received += body.len() as u64;
         if s.received > s.header.payload_len {
             return Err(format!(
@@ -392,7 +489,15 @@ impl Framing {
             ));
         }
         if !s.discard {
-            s.buf.extend_from_slice(body);
+            match &mut s.sink {
+                Some(sink) => {
+                    if s.header.payload_crc != 0 {
+                        s.crc = crc32c::crc32c_append(s.crc, body);
+                    }
+                    sink.write(offset, body);
+                }
+                None => s.buf.extend_from_slice(body),
+            }
         }
         let end = h.flags.contains(Flags::END);
         let full = s.received == s.header.payload_len;
@@ -412,10 +517,29 @@ impl Framing {
         if s.discard {
             return Ok(None);
         }
-        check_payload_crc(h.request_id, s.header.payload_crc, &s.buf).map_err(|e| e.to_string())?;
+        let staged = match s.sink {
+            Some(sink) => {
+                let got = if s.crc == 0 { u32::MAX } else { s.crc };
+                if s.header.payload_crc != 0 && got != s.header.payload_crc {
+                    return Err(FrameError::PayloadCrc {
+                        request_id: h.request_id,
+                        want: s.header.payload_crc,
+                        got,
+                    }
+                    .to_string());
+                }
+                Some(sink.finish())
+            }
+            None => {
+                check_payload_crc(h.request_id, s.header.payload_crc, &s.buf)
+                    .map_err(|e| e.to_string())?;
+                None
+            }
+        };
         Ok(Some(Message {
             header: s.header,
             payload: Bytes::from(s.buf),
+            staged,
         }))
     }
 }
@@ -490,6 +614,10 @@ enum ServerState {
     Closing(String),
 }
 
+/// Chooses a [`StreamSink`] for a streamed request from its method id and payload length
+/// (`None`: reassemble in host memory).
+pub type SinkFactory = Box<dyn FnMut(u32, u64) -> Option<Box<dyn StreamSink>> + Send>;
+
 /// The server side of one connection.
 pub struct ServerConn {
     f: Framing,
@@ -499,6 +627,9 @@ pub struct ServerConn {
     state: ServerState,
     /// HMC_BUFFER requests are passed to the runtime (it has a data plane).
     hmc_buffer: bool,
+    sinks: Option<SinkFactory>,
+    /// What sinks made of the requests of calls handed to the runtime, until it takes them.
+    staged: HashMap<u64, StagedPayload>,
 }
 
 impl ServerConn {
@@ -511,7 +642,22 @@ impl ServerConn {
             events: VecDeque::new(),
             state: ServerState::Open,
             hmc_buffer: false,
+            sinks: None,
+            staged: HashMap::new(),
         }
+    }
+
+    /// Streams the requests `factory` picks into its sinks instead of host memory (the
+    /// runtime's device methods). A call so received comes with an empty payload; take its
+    /// sink's product with [`ServerConn::take_staged`].
+    pub fn set_sink_factory(&mut self, factory: SinkFactory) {
+        self.sinks = Some(factory);
+    }
+
+    /// The sink's product for a call's request (once; `None` if it was reassembled in host
+    /// memory).
+    pub fn take_staged(&mut self, request_id: u64) -> Option<StagedPayload> {
+        self.staged.remove(&request_id)
     }
 
     /// Passes HMC_BUFFER requests to the runtime as calls (their payload is the
@@ -574,6 +720,10 @@ impl ServerConn {
             FrameKind::Data => unreachable!("handled above"),
             FrameKind::Cancel => {
                 self.abandon(h.request_id, Status::CANCELLED, "cancelled by the client");
+                // The client sends no DATA for a call after cancelling it (frames queued
+                // before the CANCEL arrived before it), so a half-received request's
+                // stream is done with.
+                self.f.streams_in.remove(&h.request_id);
                 Ok(())
             }
             FrameKind::Ping => {
@@ -597,11 +747,14 @@ impl ServerConn {
             let id = m.header.request_id;
             if let Some(e) = self.inflight.get_mut(&id) {
                 e.receiving = false;
+                if let Some(staged) = m.staged {
+                    self.staged.insert(id, staged);
+                }
                 let call = IncomingCall {
                     request_id: id,
                     method_id: m.header.method_id,
                     mode: PayloadMode::TcpStream,
-                    payload_len: m.payload.len() as u64,
+                    payload_len: m.header.payload_len,
                     payload: m.payload,
                     deadline: e.deadline,
                     one_way: e.one_way,
@@ -620,7 +773,7 @@ impl ServerConn {
         let streaming = h.mode == PayloadMode::TcpStream;
         let refuse = |me: &mut Self, status: Status, why: &str| {
             if streaming {
-                me.f.open_in_stream(h, true);
+                me.f.open_in_stream(h, true, None);
             }
             me.answer(id, h.method_id, status, Bytes::from(why.to_string()));
         };
@@ -683,7 +836,11 @@ impl ServerConn {
             },
         );
         if streaming {
-            self.f.open_in_stream(h, false);
+            let sink = self
+                .sinks
+                .as_mut()
+                .and_then(|make| make(h.method_id, h.payload_len));
+            self.f.open_in_stream(h, false, sink);
         } else {
             if h.mode == PayloadMode::Inline {
                 check_payload_crc(id, h.payload_crc, &body).map_err(|e| e.to_string())?;
@@ -721,7 +878,9 @@ impl ServerConn {
         {
             s.discard = true;
             s.buf = Vec::new();
+            s.sink = None;
         }
+        self.staged.remove(&id);
         if !e.one_way {
             self.answer(id, 0, why, Bytes::from(text.to_string()));
         }
@@ -741,6 +900,7 @@ impl ServerConn {
         payload: Bytes,
         now: Instant,
     ) {
+        self.staged.remove(&request_id);
         let Some(e) = self.inflight.remove(&request_id) else {
             return;
         };
@@ -760,6 +920,55 @@ impl ServerConn {
         h.method_id = method_id;
         h.status = status;
         self.f.send_message(h, payload);
+    }
+
+    /// Answers a call OK with a `total`-byte TCP_STREAM response whose bytes the runtime
+    /// feeds with [`ServerConn::feed`] as it produces them (a device buffer staged out in
+    /// chunks). True when the answer is on its way; false when the call was already
+    /// answered, is one-way, or finished after its deadline (answered DEADLINE_EXCEEDED
+    /// instead): then the runtime stops producing. `total` must exceed [`INLINE_MAX`].
+    pub fn respond_fed(
+        &mut self,
+        request_id: u64,
+        method_id: u32,
+        total: u64,
+        now: Instant,
+    ) -> bool {
+        let Some(e) = self.inflight.get(&request_id) else {
+            return false;
+        };
+        if e.one_way || e.deadline.is_some_and(|d| now >= d) {
+            let why = Bytes::from_static(b"the handler finished after the call's deadline");
+            self.respond(request_id, method_id, Status::DEADLINE_EXCEEDED, why, now);
+            return false;
+        }
+        if let Some(d) = e.deadline {
+            self.deadlines.remove(&(d, request_id));
+        }
+        self.inflight.remove(&request_id);
+        self.staged.remove(&request_id);
+        let mut h = FrameHeader::new(FrameKind::Response, request_id);
+        h.method_id = method_id;
+        h.status = Status::OK;
+        self.f.send_message_fed(h, total as usize);
+        true
+    }
+
+    /// The next piece of a [`ServerConn::respond_fed`] response. False when the stream is
+    /// gone (the connection is closing): stop producing.
+    pub fn feed(&mut self, request_id: u64, piece: Bytes) -> bool {
+        self.f.feed(request_id, piece)
+    }
+
+    /// The producer of a [`ServerConn::respond_fed`] response failed after its header went
+    /// out. The stream cannot be completed with correct bytes, so the connection closes
+    /// with GOAWAY(INTERNAL) naming `why`; the client fails its calls, never reading
+    /// wrong data.
+    pub fn abort_fed(&mut self, request_id: u64, why: &str) {
+        self.close(
+            Status::INTERNAL,
+            &format!("the response to request {request_id} could not be produced: {why}"),
+        );
     }
 
     /// Answers an HMC_BUFFER call whose `len`-byte response the runtime has already
@@ -960,6 +1169,9 @@ pub enum ClientEvent {
     },
 }
 
+/// Makes the sink of a call's streamed response once its length is known.
+pub type ResponseSink = Box<dyn FnOnce(u64) -> Box<dyn StreamSink> + Send>;
+
 /// Why a call could not be started on this connection.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -988,6 +1200,8 @@ enum Outgoing {
     Payload(Bytes),
     /// Length and data-plane descriptor of an HMC_BUFFER payload.
     Descriptor(u64, Bytes),
+    /// A TCP_STREAM payload of this length, fed later in pieces.
+    Fed(u64),
 }
 
 /// The client side of one connection.
@@ -1002,6 +1216,10 @@ pub struct ClientConn {
     events: VecDeque<ClientEvent>,
     /// Calls sent as HMC_BUFFER (only these may be answered HMC_BUFFER).
     buffer_calls: HashSet<u64>,
+    /// Where a call's streamed OK response goes instead of host memory.
+    sinks: HashMap<u64, ResponseSink>,
+    /// What sinks made of responses delivered, until the runtime takes them.
+    staged: HashMap<u64, StagedPayload>,
     ping_sent: Option<Instant>,
     draining: Option<String>,
     closed: Option<String>,
@@ -1018,6 +1236,8 @@ impl ClientConn {
             forgotten: HashSet::new(),
             events: VecDeque::new(),
             buffer_calls: HashSet::new(),
+            sinks: HashMap::new(),
+            staged: HashMap::new(),
             ping_sent: None,
             draining: None,
             closed: None,
@@ -1093,6 +1313,55 @@ impl ClientConn {
         Ok(())
     }
 
+    /// Queues a call whose `payload_len`-byte TCP_STREAM payload the runtime feeds later,
+    /// piece by piece, with [`ClientConn::feed`] (a device payload staged in chunks, the
+    /// copy of one chunk overlapping the send of the last). `payload_len` must exceed
+    /// [`INLINE_MAX`]. If the producer fails, [`ClientConn::cancel`] the call.
+    pub fn start_call_fed(
+        &mut self,
+        id: u64,
+        method_id: u32,
+        payload_len: u64,
+        deadline: Option<Instant>,
+        now: Instant,
+    ) -> Result<(), StartError> {
+        if payload_len <= INLINE_MAX as u64 {
+            return Err(StartError::Closed(format!(
+                "a fed payload must be longer than {INLINE_MAX} bytes (got {payload_len}); send it whole"
+            )));
+        }
+        self.start_inner(
+            id,
+            method_id,
+            Outgoing::Fed(payload_len),
+            deadline,
+            false,
+            now,
+        )
+    }
+
+    /// The next piece of a [`ClientConn::start_call_fed`] payload. False when the call is
+    /// gone (cancelled, answered early, connection closed): stop producing.
+    pub fn feed(&mut self, request_id: u64, piece: Bytes) -> bool {
+        self.f.feed(request_id, piece)
+    }
+
+    /// Sends the call's response, if it comes OK as a TCP_STREAM, into the sink `sink`
+    /// makes for its length, as it arrives; the [`ClientEvent::Response`] then has an empty payload and the sink's
+    /// product is taken with [`ClientConn::take_staged`]. Other answers (INLINE, errors)
+    /// arrive as usual and the sink is dropped.
+    pub fn set_response_sink(&mut self, request_id: u64, sink: ResponseSink) {
+        if self.pending.contains_key(&request_id) {
+            self.sinks.insert(request_id, sink);
+        }
+    }
+
+    /// The response sink's product for a delivered call (once; `None` when the response
+    /// came in host memory).
+    pub fn take_staged(&mut self, request_id: u64) -> Option<StagedPayload> {
+        self.staged.remove(&request_id)
+    }
+
     fn start_inner(
         &mut self,
         id: u64,
@@ -1113,7 +1382,7 @@ impl ClientConn {
         }
         let len = match &out {
             Outgoing::Payload(p) => p.len() as u64,
-            Outgoing::Descriptor(len, _) => *len,
+            Outgoing::Descriptor(len, _) | Outgoing::Fed(len) => *len,
         };
         let max = self.f.cfg.limits.max_payload_len;
         if len > max {
@@ -1138,6 +1407,7 @@ impl ClientConn {
                 h.body_len = desc.len() as u32;
                 self.f.send_frame(&h, &desc);
             }
+            Outgoing::Fed(len) => self.f.send_message_fed(h, len as usize),
         }
         if !one_way {
             self.pending.insert(id, deadline);
@@ -1152,6 +1422,7 @@ impl ClientConn {
                 self.deadlines.remove(&(d, request_id));
             }
             self.f.drop_out_stream(request_id);
+            self.sinks.remove(&request_id);
             self.forgotten.insert(request_id);
             if self.closed.is_none() {
                 let c = FrameHeader::new(FrameKind::Cancel, request_id);
@@ -1204,6 +1475,11 @@ impl ClientConn {
         let id = h.request_id;
         if h.kind == FrameKind::Data {
             if let Some(m) = self.f.data_frame(h, range)? {
+                if let Some(staged) = m.staged
+                    && self.pending.contains_key(&m.header.request_id)
+                {
+                    self.staged.insert(m.header.request_id, staged);
+                }
                 self.deliver(m.header, m.payload);
             }
             return Ok(());
@@ -1216,7 +1492,12 @@ impl ClientConn {
                     if self.f.streams_in.contains_key(&id) {
                         return Err(format!("second streamed response for request {id}"));
                     }
-                    self.f.open_in_stream(h, discard);
+                    let sink = if h.status == Status::OK {
+                        self.sinks.remove(&id).map(|make| make(h.payload_len))
+                    } else {
+                        None
+                    };
+                    self.f.open_in_stream(h, discard, sink);
                     return Ok(());
                 }
                 if h.mode == PayloadMode::HmcBuffer {
@@ -1230,6 +1511,7 @@ impl ClientConn {
                             "HMC_BUFFER response to request {id}, which was not an HMC_BUFFER call"
                         ));
                     }
+                    self.sinks.remove(&id);
                     if let Some(d) = self.pending.remove(&id) {
                         if let Some(d) = d {
                             self.deadlines.remove(&(d, id));
@@ -1276,6 +1558,7 @@ impl ClientConn {
     fn deliver(&mut self, h: FrameHeader, payload: Bytes) {
         let id = h.request_id;
         self.buffer_calls.remove(&id);
+        self.sinks.remove(&id);
         if let Some(d) = self.pending.remove(&id) {
             if let Some(d) = d {
                 self.deadlines.remove(&(d, id));
@@ -1360,6 +1643,7 @@ impl ClientConn {
         }
         tracing::debug!(reason = why, "client connection failed");
         self.f.streams_out.clear();
+        self.sinks.clear();
         if send_goaway {
             let (h, b) = goaway(Status::PROTOCOL, why);
             self.f.send_frame(&h, &b);
@@ -1486,6 +1770,269 @@ mod tests {
             ServerConn::new(cfg, now),
             now,
         )
+    }
+
+    /// A sink that records what it was given, at which offsets, and fails on demand.
+    struct RecordingSink {
+        bytes: Vec<u8>,
+        fail_at: Option<u64>,
+        error: Option<hmc_core::Error>,
+    }
+
+    impl RecordingSink {
+        fn boxed(fail_at: Option<u64>) -> Box<dyn StreamSink> {
+            Box::new(RecordingSink {
+                bytes: Vec::new(),
+                fail_at,
+                error: None,
+            })
+        }
+    }
+
+    impl StreamSink for RecordingSink {
+        fn write(&mut self, offset: u64, bytes: &[u8]) {
+            assert_eq!(offset, self.bytes.len() as u64, "chunks in order, no gaps");
+            if self.fail_at.is_some_and(|f| offset >= f) && self.error.is_none() {
+                self.error = Some(hmc_core::Error::InvalidArgument(format!(
+                    "device copy failed at {offset}"
+                )));
+            }
+            self.bytes.extend_from_slice(bytes);
+        }
+        fn finish(self: Box<Self>) -> StagedPayload {
+            match self.error {
+                Some(e) => Err(e),
+                None => Ok(Box::new(self.bytes)),
+            }
+        }
+    }
+
+    fn staged_bytes(p: Option<StagedPayload>) -> Result<Vec<u8>, hmc_core::Error> {
+        let p = p.expect("a sink took this payload")?;
+        Ok(*p.downcast::<Vec<u8>>().expect("the sink's type"))
+    }
+
+    fn pattern(n: usize) -> Vec<u8> {
+        (0..n as u32)
+            .map(|i| (i.wrapping_mul(31) >> 3) as u8)
+            .collect()
+    }
+
+    #[test]
+    fn fed_request_goes_out_as_pieces_arrive_and_small_calls_pass_it() {
+        let cfg = ConnConfig {
+            chunk_len: 1000,
+            ..ConnConfig::default()
+        };
+        let (mut c, mut s, now) = pair(cfg);
+        let data = pattern(10_000);
+        c.start_call_fed(5, 1, data.len() as u64, None, now)
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        assert!(!c.has_tx(), "nothing to send before the first piece");
+        assert!(calls(&mut s).is_empty());
+        // Pieces of uneven sizes, crossing chunk boundaries.
+        assert!(c.feed(5, Bytes::copy_from_slice(&data[..2_500])));
+        pump_c2s(&mut c, &mut s, now);
+        // A small call while the fed stream waits for its next piece is not held back.
+        let small = c
+            .start_call(2, Bytes::from_static(b"small"), None, false, now)
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        let got = calls(&mut s);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].request_id, small);
+        assert!(c.feed(5, Bytes::copy_from_slice(&data[2_500..2_501])));
+        assert!(c.feed(5, Bytes::copy_from_slice(&data[2_501..])));
+        assert!(
+            !c.feed(5, Bytes::from_static(b"x")),
+            "a piece past the announced length is refused"
+        );
+        pump_c2s(&mut c, &mut s, now);
+        let got = calls(&mut s);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].request_id, 5);
+        assert_eq!(got[0].payload_len, data.len() as u64);
+        assert_eq!(&got[0].payload[..], &data[..]);
+        assert!(
+            s.take_staged(5).is_none(),
+            "no sink: reassembled in host memory"
+        );
+    }
+
+    #[test]
+    fn a_fed_payload_must_be_a_stream() {
+        let (mut c, _s, now) = pair(ConnConfig::default());
+        let e = c
+            .start_call_fed(1, 1, INLINE_MAX as u64, None, now)
+            .unwrap_err();
+        assert!(e.to_string().contains("longer than"), "{e}");
+    }
+
+    #[test]
+    fn server_sink_takes_streamed_requests_of_the_methods_it_picks() {
+        let cfg = ConnConfig {
+            chunk_len: 700,
+            ..ConnConfig::default()
+        };
+        let (mut c, mut s, now) = pair(cfg);
+        s.set_sink_factory(Box::new(|method, _len| {
+            (method == 9).then(|| RecordingSink::boxed(None))
+        }));
+        let data = pattern(9_000);
+        let to_sink = c
+            .start_call(9, Bytes::from(data.clone()), None, false, now)
+            .unwrap();
+        let to_host = c
+            .start_call(8, Bytes::from(data.clone()), None, false, now)
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        let got = calls(&mut s);
+        assert_eq!(got.len(), 2);
+        let sunk = got.iter().find(|g| g.request_id == to_sink).unwrap();
+        assert!(sunk.payload.is_empty());
+        assert_eq!(sunk.payload_len, data.len() as u64);
+        assert_eq!(staged_bytes(s.take_staged(to_sink)).unwrap(), data);
+        assert!(s.take_staged(to_sink).is_none(), "taken once");
+        let host = got.iter().find(|g| g.request_id == to_host).unwrap();
+        assert_eq!(&host.payload[..], &data[..]);
+    }
+
+    #[test]
+    fn a_failing_sink_reports_its_error_and_the_connection_stays_in_step() {
+        let (mut c, mut s, now) = pair(ConnConfig {
+            chunk_len: 1000,
+            ..ConnConfig::default()
+        });
+        s.set_sink_factory(Box::new(|_, _| Some(RecordingSink::boxed(Some(3_000)))));
+        let data = pattern(8_000);
+        let id = c
+            .start_call(1, Bytes::from(data), None, false, now)
+            .unwrap();
+        let next = c
+            .start_call(1, Bytes::from_static(b"after"), None, false, now)
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        let got = calls(&mut s);
+        assert_eq!(got.len(), 2);
+        let e = staged_bytes(s.take_staged(id)).unwrap_err();
+        assert!(e.to_string().contains("at 3000"), "{e}");
+        assert_eq!(
+            &got.iter().find(|g| g.request_id == next).unwrap().payload[..],
+            b"after"
+        );
+        assert!(s.close_reason().is_none());
+    }
+
+    #[test]
+    fn fed_response_into_a_client_sink() {
+        let (mut c, mut s, now) = pair(ConnConfig {
+            chunk_len: 1000,
+            ..ConnConfig::default()
+        });
+        let id = c
+            .start_call(3, Bytes::from_static(b"give me bytes"), None, false, now)
+            .unwrap();
+        c.set_response_sink(id, Box::new(|_| RecordingSink::boxed(None)));
+        pump_c2s(&mut c, &mut s, now);
+        assert_eq!(calls(&mut s).len(), 1);
+        let data = pattern(6_500);
+        assert!(s.respond_fed(id, 3, data.len() as u64, now));
+        pump_s2c(&mut s, &mut c, now);
+        assert!(responses(&mut c).is_empty(), "header only so far");
+        for piece in data.chunks(1_600) {
+            assert!(s.feed(id, Bytes::copy_from_slice(piece)));
+            pump_s2c(&mut s, &mut c, now);
+        }
+        let r = responses(&mut c);
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].0, r[0].1), (id, Status::OK));
+        assert!(r[0].2.is_empty());
+        assert_eq!(staged_bytes(c.take_staged(id)).unwrap(), data);
+        assert_eq!(c.pending_len(), 0);
+    }
+
+    #[test]
+    fn an_error_answer_bypasses_the_response_sink() {
+        let (mut c, mut s, now) = pair(ConnConfig::default());
+        let id = c
+            .start_call(3, Bytes::from_static(b"x"), None, false, now)
+            .unwrap();
+        c.set_response_sink(id, Box::new(|_| RecordingSink::boxed(None)));
+        pump_c2s(&mut c, &mut s, now);
+        calls(&mut s);
+        let why = Bytes::from(vec![b'e'; 9_000]);
+        s.respond(id, 3, Status::INTERNAL, why.clone(), now);
+        pump_s2c(&mut s, &mut c, now);
+        let r = responses(&mut c);
+        assert_eq!(r, vec![(id, Status::INTERNAL, why)]);
+        assert!(c.take_staged(id).is_none());
+    }
+
+    #[test]
+    fn cancelling_a_half_fed_call_frees_both_sides() {
+        let (mut c, mut s, now) = pair(ConnConfig {
+            chunk_len: 1000,
+            ..ConnConfig::default()
+        });
+        s.set_sink_factory(Box::new(|_, _| Some(RecordingSink::boxed(None))));
+        c.start_call_fed(7, 1, 50_000, None, now).unwrap();
+        assert!(c.feed(7, Bytes::from(pattern(4_000))));
+        pump_c2s(&mut c, &mut s, now);
+        c.cancel(7);
+        assert!(!c.feed(7, Bytes::from(pattern(10))), "stop producing");
+        pump_c2s(&mut c, &mut s, now);
+        assert!(
+            s.f.streams_in.is_empty(),
+            "the half-received stream is gone"
+        );
+        assert_eq!(s.inflight_len(), 0);
+        // The same id can be used again and goes through whole.
+        let data = pattern(5_000);
+        c.start_call_with_id(7, 1, Bytes::from(data.clone()), None, false, now)
+            .unwrap_err();
+        pump_s2c(&mut s, &mut c, now); // the CANCELLED answer clears `forgotten`
+        c.start_call_with_id(7, 1, Bytes::from(data.clone()), None, false, now)
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        assert_eq!(calls(&mut s).len(), 1);
+        assert_eq!(staged_bytes(s.take_staged(7)).unwrap(), data);
+    }
+
+    #[test]
+    fn an_aborted_fed_response_closes_the_connection_instead_of_sending_wrong_bytes() {
+        let (mut c, mut s, now) = pair(ConnConfig::default());
+        let id = c
+            .start_call(3, Bytes::from_static(b"x"), None, false, now)
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        calls(&mut s);
+        assert!(s.respond_fed(id, 3, 100_000, now));
+        assert!(s.feed(id, Bytes::from(pattern(10_000))));
+        s.abort_fed(id, "device copy failed");
+        assert!(!s.feed(id, Bytes::from(pattern(10))));
+        pump_s2c(&mut s, &mut c, now);
+        let why = c.closed_reason().expect("closed").to_string();
+        assert!(
+            why.contains("INTERNAL") && why.contains("device copy failed"),
+            "{why}"
+        );
+        assert!(responses(&mut c).is_empty());
+    }
+
+    #[test]
+    fn a_fed_response_after_the_deadline_is_refused() {
+        let (mut c, mut s, now) = pair(ConnConfig::default());
+        let d = now + Duration::from_millis(5);
+        let id = c
+            .start_call(3, Bytes::from_static(b"x"), Some(d), false, now)
+            .unwrap();
+        pump_c2s(&mut c, &mut s, now);
+        calls(&mut s);
+        let late = now + Duration::from_millis(6);
+        assert!(!s.respond_fed(id, 3, 100_000, late));
+        pump_s2c(&mut s, &mut c, late);
+        assert_eq!(responses(&mut c)[0].1, Status::DEADLINE_EXCEEDED);
     }
 
     #[test]

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::FutureExt;
+use futures::stream::{BoxStream, SelectAll};
+use futures::{FutureExt, StreamExt};
 use hmc_core::{Communicator, Error, PeerAddr, Result};
 use parking_lot::Mutex;
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -19,7 +20,10 @@ use crate::data_plane::{
     ConnUse, DataPlaneConfig, DataPlaneStats, NoDataPlane, RunHandler, Served, ServerDp,
     ServerPlane,
 };
-use crate::dispatch::{CallContext, CancelToken, Dispatcher, Handler, HandlerResult, RpcError};
+use crate::dispatch::{
+    CallContext, CancelToken, DeviceReply, DeviceRequest, Dispatcher, Handler, HandlerResult,
+    RpcError,
+};
 use crate::frame::PayloadMode;
 use crate::frame::{FrameHeader, FrameKind, Status};
 use crate::net::{Listener, Stream};
@@ -260,7 +264,12 @@ struct Completion {
     result: HandlerResult,
     /// The response (this many bytes) was written into the client's region.
     in_buffer: Option<u64>,
+    /// The response is this many bytes produced in pieces (a device method's).
+    fed: Option<(u64, mpsc::UnboundedReceiver<Result<Bytes>>)>,
 }
+
+/// The pieces of fed responses, tagged with their request id.
+type Feeds = SelectAll<BoxStream<'static, (u64, Result<Bytes>)>>;
 
 /// Longest a closing connection waits for its GOAWAY to be written.
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
@@ -280,6 +289,14 @@ async fn serve_connection(
     if shared.dp.is_some() {
         core.enable_hmc_buffer();
     }
+    if shared.dispatcher.has_device_routes() {
+        // Streamed requests of device methods go to the device as they arrive.
+        let s = shared.clone();
+        core.set_sink_factory(Box::new(move |method, len| {
+            s.dispatcher.device_route(method).map(|r| r.sink(len))
+        }));
+    }
+    let mut feeds: Feeds = SelectAll::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
     let mut tokens: std::collections::HashMap<u64, CancelToken> = Default::default();
     let mut shutdown_seen = false;
@@ -342,12 +359,17 @@ async fn serve_connection(
             Some(c) = done_rx.recv() => {
                 let now = Instant::now();
                 tokens.remove(&c.request_id);
-                respond(&mut core, c, now);
+                respond(&mut core, &mut feeds, c, now);
                 while let Ok(c) = done_rx.try_recv() {
                     tokens.remove(&c.request_id);
-                    respond(&mut core, c, now);
+                    respond(&mut core, &mut feeds, c, now);
                 }
             }
+            Some((id, piece)) = feeds.next(), if !feeds.is_empty() => match piece {
+                // False when the stream is gone (connection closing): the rest is dropped.
+                Ok(piece) => { core.feed(id, piece); }
+                Err(e) => core.abort_fed(id, &e.to_string()),
+            },
             r = rd.readable(), if may_read => {
                 if r.is_err() { break; }
                 match rd.read_now(core.input_space(READ_CHUNK)) {
@@ -379,9 +401,21 @@ async fn sleep_until(t: Option<Instant>) {
     }
 }
 
-fn respond(core: &mut ServerConn, c: Completion, now: Instant) {
+fn respond(core: &mut ServerConn, feeds: &mut Feeds, c: Completion, now: Instant) {
     if let Some(len) = c.in_buffer {
         core.respond_in_buffer(c.request_id, c.method_id, len, now);
+        return;
+    }
+    if let Some((len, pieces)) = c.fed {
+        if core.respond_fed(c.request_id, c.method_id, len, now) {
+            let id = c.request_id;
+            feeds.push(
+                futures::stream::unfold(pieces, move |mut rx| async move {
+                    rx.recv().await.map(|p| ((id, p), rx))
+                })
+                .boxed(),
+            );
+        }
         return;
     }
     match c.result {
@@ -394,6 +428,13 @@ fn respond(core: &mut ServerConn, c: Completion, now: Instant) {
             now,
         ),
     }
+}
+
+/// Answers a call at once, without a fed body (refusals and handlers ready at once).
+fn respond_now(core: &mut ServerConn, c: Completion, now: Instant) {
+    debug_assert!(c.fed.is_none());
+    let mut none = Feeds::new();
+    respond(core, &mut none, c, now);
 }
 
 fn start_call(
@@ -478,6 +519,37 @@ fn start_call(
                 method_id: method,
                 result,
                 in_buffer,
+                fed: None,
+            });
+        });
+        return;
+    }
+    if let Some(route) = shared.dispatcher.device_route(method).cloned() {
+        // A device method: its streamed request is on the device already; its response
+        // leaves in chunks.
+        let request = match core.take_staged(id) {
+            Some(staged) => DeviceRequest::Staged(staged),
+            None => DeviceRequest::Host(payload),
+        };
+        let token = ctx.cancel.clone();
+        let running = route.run(ctx, request);
+        tokio::spawn(async move {
+            let r = tokio::select! {
+                r = AssertUnwindSafe(running).catch_unwind() => r.unwrap_or_else(|p| Err(panicked(method, p))),
+                _ = token.cancelled() => Err(RpcError::new(Status::CANCELLED, "cancelled")),
+            };
+            drop(permit);
+            let (result, fed) = match r {
+                Ok(DeviceReply::Host(b)) => (Ok(b), None),
+                Ok(DeviceReply::Fed { len, pieces }) => (Ok(Bytes::new()), Some((len, pieces))),
+                Err(e) => (Err(e), None),
+            };
+            let _ = done.send(Completion {
+                request_id: id,
+                method_id: method,
+                result,
+                in_buffer: None,
+                fed,
             });
         });
         return;
@@ -496,8 +568,9 @@ fn start_call(
                         method_id: method,
                         result,
                         in_buffer: None,
+                        fed: None,
                     };
-                    respond(core, c, Instant::now());
+                    respond_now(core, c, Instant::now());
                     return;
                 }
             };
@@ -515,8 +588,9 @@ fn start_call(
                     method_id: method,
                     result,
                     in_buffer: None,
+                    fed: None,
                 };
-                respond(core, c, Instant::now());
+                respond_now(core, c, Instant::now());
                 return;
             }
             tokio::spawn(async move {
@@ -530,6 +604,7 @@ fn start_call(
                     method_id: method,
                     result,
                     in_buffer: None,
+                    fed: None,
                 });
             });
         }
@@ -550,6 +625,7 @@ fn start_call(
                     method_id: method,
                     result,
                     in_buffer: None,
+                    fed: None,
                 });
             });
             if let Err(why) = shared.pool.submit(job) {

@@ -6,10 +6,10 @@
 //! direction or device, fails here. It checks our staging path, not a GPU.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use hmc_backend_rocm::RocmMemory;
-use hmc_core::{DeviceBuffer, DeviceKind, MemSpan, MemSpanMut, Memory};
+use hmc_core::{Device, DeviceBuffer, DeviceKind, MemSpan, MemSpanMut, Memory};
 use hmc_rpc::{
     CallError, Client, ClientConfig, DataPlaneConfig, Dispatcher, RpcError, RunningServer, Server,
     ServerConfig, Status,
@@ -107,14 +107,14 @@ async fn device_payloads_round_trip_through_a_device_handler(
                 .unwrap();
         let client = client.with_data_plane_config(Arc::new(comm), DataPlaneConfig::default());
         let out = client
-            .call_device(INVERT_ON_DEVICE, &*mem, &MemSpan::of(&request))
+            .call_device(INVERT_ON_DEVICE, &mem, &MemSpan::of(&request))
             .await
             .unwrap();
         assert_eq!(client.data_plane_stats().map(|s| s.failures), Some(0));
         out
     } else {
         client
-            .call_device(INVERT_ON_DEVICE, &*mem, &MemSpan::of(&request))
+            .call_device(INVERT_ON_DEVICE, &mem, &MemSpan::of(&request))
             .await
             .unwrap()
     };
@@ -136,14 +136,143 @@ async fn a_payload_on_another_device_is_refused_before_sending() {
     let other = RocmMemory::with_library(hip_shim(), 2).unwrap();
     let foreign = upload(&other, &pattern(64));
     let err = client
-        .call_device(INVERT_ON_DEVICE, &*mem, &MemSpan::of(&foreign))
+        .call_device(INVERT_ON_DEVICE, &mem, &MemSpan::of(&foreign))
         .await
         .unwrap_err();
     assert!(matches!(err, CallError::Device(_)), "{err}");
     // The connection is untouched: the next call works.
     let ok = upload(&mem, &pattern(64));
     client
-        .call_device(INVERT_ON_DEVICE, &*mem, &MemSpan::of(&ok))
+        .call_device(INVERT_ON_DEVICE, &mem, &MemSpan::of(&ok))
         .await
         .unwrap();
+}
+
+/// ROCm memory (over the shim) that records the length of every copy it makes, to show
+/// that large payloads cross between host and device in chunks, never whole.
+struct CountingMemory {
+    inner: RocmMemory,
+    copies: Mutex<Vec<usize>>,
+}
+
+impl CountingMemory {
+    fn new() -> Arc<Self> {
+        Arc::new(CountingMemory {
+            inner: RocmMemory::with_library(hip_shim(), 1).expect("the ABI shim loads"),
+            copies: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn take_copies(&self) -> Vec<usize> {
+        std::mem::take(&mut *self.copies.lock().unwrap())
+    }
+}
+
+impl Memory for CountingMemory {
+    type Buffer = <RocmMemory as Memory>::Buffer;
+
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+
+    fn alloc(&self, len: usize) -> hmc_core::Result<Self::Buffer> {
+        self.inner.alloc(len)
+    }
+
+    fn copy(&self, dst: &mut MemSpanMut<'_>, src: &MemSpan<'_>) -> hmc_core::Result<()> {
+        self.copies.lock().unwrap().push(src.len());
+        self.inner.copy(dst, src)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_device_payloads_cross_in_chunks_both_ways() {
+    let server_mem = CountingMemory::new();
+    let client_mem = CountingMemory::new();
+    let mut d = Dispatcher::new();
+    let m = server_mem.clone();
+    d.register_device(INVERT_ON_DEVICE, server_mem.clone(), move |_ctx, buf| {
+        let m = m.clone();
+        async move {
+            // The handler's own copies are whole; the test ignores them below.
+            let mut host = vec![0u8; buf.len()];
+            m.inner
+                .copy(&mut MemSpanMut::host(&mut host), &MemSpan::of(&buf))
+                .unwrap();
+            host.iter_mut().for_each(|b| *b = !*b);
+            let mut out = m.inner.alloc(host.len()).unwrap();
+            m.inner
+                .copy(&mut MemSpanMut::of(&mut out), &MemSpan::host(&host))
+                .unwrap();
+            Ok(out)
+        }
+    });
+    let s = Server::new(d, ServerConfig::default())
+        .bind(&"tcp://127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let client = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let len = (3 << 20) + 123;
+    let bytes = pattern(len);
+    let request = upload(&client_mem.inner, &bytes);
+    for round in 0..3 {
+        let response = client
+            .call_device(INVERT_ON_DEVICE, &client_mem, &MemSpan::of(&request))
+            .await
+            .unwrap();
+        let got = download(&client_mem.inner, &response);
+        assert!(
+            got.iter().zip(&bytes).all(|(g, b)| *g == !*b),
+            "round {round}: device response differs"
+        );
+        for (side, mem) in [("client", &client_mem), ("server", &server_mem)] {
+            let copies = mem.take_copies();
+            let staged: usize = copies.iter().sum();
+            assert_eq!(
+                staged,
+                2 * len,
+                "{side}: every byte staged once each way ({copies:?})"
+            );
+            let largest = copies.iter().max().copied().unwrap_or(0);
+            assert!(
+                largest <= hmc_rpc::DEFAULT_DEVICE_STAGING.chunk,
+                "{side}: a copy of {largest} bytes: the payload crossed whole"
+            );
+            assert!(
+                copies.len() >= 2 * len.div_ceil(1 << 20),
+                "{side}: {copies:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_failure_while_sending_cancels_the_call_and_the_connection_lives_on() {
+    let mem = device();
+    let s = server(mem.clone(), false).await;
+    let client = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    // A staging ring too small to matter does not change the outcome; a payload on a
+    // device the memory does not own fails the first device copy, after the header went.
+    let other = RocmMemory::with_library(hip_shim(), 2).unwrap();
+    let foreign = upload(&other, &pattern(2 << 20));
+    let err = client
+        .call_device(INVERT_ON_DEVICE, &mem, &MemSpan::of(&foreign))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CallError::Device(_)), "{err}");
+    let ok = upload(&mem, &pattern(2 << 20));
+    let out = client
+        .call_device(INVERT_ON_DEVICE, &mem, &MemSpan::of(&ok))
+        .await
+        .unwrap();
+    assert!(
+        download(&mem, &out)
+            .iter()
+            .zip(pattern(2 << 20))
+            .all(|(g, b)| *g == !b)
+    );
 }

@@ -1,0 +1,348 @@
+//! Device-resident RPC payloads: host staging buffers leased in a ring, the producer that copies a device payload out chunk by chunk while earlier chunks are on the wire, and the sink that copies received chunks to the device as they arrive.
+//!
+//! A TCP_STREAM payload in device memory never exists whole in host memory: the sender
+//! copies chunk *i + 1* device-to-host into a leased staging buffer while chunk *i* is
+//! being written to the socket (the lease returns to the ring when the socket has taken
+//! its bytes, which bounds the memory to `depth` chunks), and the receiver copies each DATA
+//! chunk host-to-device straight from its input buffer while the kernel receives the
+//! next. The staging buffers should be pinned memory of the device's backend (for CUDA,
+//! `CudaMemory::pinned()`), so the device's DMA engine copies at full speed; any host
+//! [`Memory`] works.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use hmc_core::{Error, MemSpan, MemSpanMut, Memory, Result, StagingConfig};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::proto::{StagedPayload, StreamSink};
+
+/// The default staging of device payloads: 1 MiB chunks (one stream turn), 3 of them (one
+/// being filled, one queued, one on the wire).
+pub const DEFAULT_DEVICE_STAGING: StagingConfig = StagingConfig {
+    chunk: 1 << 20,
+    depth: 3,
+};
+
+/// A ring of `depth` host staging buffers of `chunk` bytes, leased one chunk at a time.
+/// Buffers are allocated on first use and reused after; a lease waits while all `depth`
+/// are out, which is the backpressure between the device copies and the socket.
+pub struct StagingRing<H: Memory> {
+    host: Arc<H>,
+    chunk: usize,
+    free: parking_lot::Mutex<Vec<H::Buffer>>,
+    slots: Arc<Semaphore>,
+}
+
+impl<H: Memory> StagingRing<H> {
+    /// A ring over `host` memory (which must be host memory; pinned for best speed).
+    pub fn new(host: Arc<H>, config: StagingConfig) -> Result<Arc<Self>> {
+        if !host.device().is_host() {
+            return Err(Error::InvalidArgument(format!(
+                "device staging buffers must be host memory, not {}",
+                host.device()
+            )));
+        }
+        if config.chunk == 0 || config.depth < 2 {
+            return Err(Error::InvalidArgument(format!(
+                "device staging needs chunk > 0 and depth >= 2 (got chunk {}, depth {}); \
+                 raise them in the StagingConfig",
+                config.chunk, config.depth
+            )));
+        }
+        Ok(Arc::new(StagingRing {
+            host,
+            chunk: config.chunk,
+            free: parking_lot::Mutex::new(Vec::new()),
+            slots: Arc::new(Semaphore::new(config.depth)),
+        }))
+    }
+
+    /// Bytes per staging buffer.
+    pub fn chunk(&self) -> usize {
+        self.chunk
+    }
+
+    /// Staging buffers allocated so far and now idle (a measure for tests).
+    pub fn idle_buffers(&self) -> usize {
+        self.free.lock().len()
+    }
+
+    async fn lease(self: &Arc<Self>) -> Result<Lease<H>> {
+        let slot = self
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the ring's semaphore is never closed");
+        let buf = match self.free.lock().pop() {
+            Some(b) => b,
+            None => self.host.alloc(self.chunk)?,
+        };
+        Ok(Lease {
+            buf: Some(buf),
+            len: 0,
+            ring: self.clone(),
+            _slot: slot,
+        })
+    }
+}
+
+/// One staging buffer out of the ring; back in it when dropped (when the socket has
+/// written the last [`Bytes`] made of it).
+struct Lease<H: Memory> {
+    buf: Option<H::Buffer>,
+    /// Bytes filled.
+    len: usize,
+    ring: Arc<StagingRing<H>>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl<H: Memory> AsRef<[u8]> for Lease<H> {
+    fn as_ref(&self) -> &[u8] {
+        let buf = self.buf.as_ref().expect("present until dropped");
+        let all = MemSpan::of(buf)
+            .as_host_slice()
+            .expect("the ring checked that its memory is host memory");
+        &all[..self.len]
+    }
+}
+
+impl<H: Memory> Drop for Lease<H> {
+    fn drop(&mut self) {
+        if let Some(b) = self.buf.take() {
+            self.ring.free.lock().push(b);
+        }
+    }
+}
+
+/// Copies `src` (memory of `memory`, usually a device) out through `ring` chunk by chunk,
+/// handing each filled chunk to `feed` as soon as it is copied. Returns `Ok(true)` when
+/// every byte was fed, `Ok(false)` when `feed` refused one (the receiver is gone), and the
+/// copy or allocation error otherwise. While `feed`'s consumer writes chunk *i*, this
+/// copies chunk *i + 1*; at most the ring's depth is out at once.
+pub(crate) async fn produce<M: Memory, H: Memory>(
+    memory: &M,
+    src: &MemSpan<'_>,
+    ring: &Arc<StagingRing<H>>,
+    mut feed: impl FnMut(Bytes) -> bool,
+) -> Result<bool> {
+    let mut off = 0;
+    while off < src.len() {
+        let n = ring.chunk.min(src.len() - off);
+        let mut lease = ring.lease().await?;
+        {
+            let buf = lease.buf.as_mut().expect("present until dropped");
+            let mut whole = MemSpanMut::of(buf);
+            let mut dst = whole.slice_mut(0, n)?;
+            memory.copy(&mut dst, &src.slice(off, n)?)?;
+        }
+        lease.len = n;
+        if !feed(Bytes::from_owner(lease)) {
+            return Ok(false);
+        }
+        off += n;
+    }
+    Ok(true)
+}
+
+/// Receives a streamed payload into a new device buffer of `memory`, one host-to-device
+/// copy per DATA chunk. Its product is the `M::Buffer`.
+pub(crate) struct DeviceSink<M: Memory> {
+    memory: Arc<M>,
+    buf: Result<M::Buffer>,
+}
+
+impl<M: Memory> DeviceSink<M> {
+    /// A sink for a `len`-byte payload (allocation failures are reported by `finish`).
+    pub(crate) fn new(memory: Arc<M>, len: u64) -> Self {
+        let buf = usize::try_from(len)
+            .map_err(|_| Error::InvalidArgument(format!("{len} bytes do not fit in memory")))
+            .and_then(|len| memory.alloc(len));
+        DeviceSink { memory, buf }
+    }
+
+    pub(crate) fn boxed(memory: Arc<M>, len: u64) -> Box<dyn StreamSink> {
+        Box::new(Self::new(memory, len))
+    }
+}
+
+impl<M: Memory> StreamSink for DeviceSink<M> {
+    fn write(&mut self, offset: u64, bytes: &[u8]) {
+        let Ok(buf) = &mut self.buf else {
+            return; // the first error is kept
+        };
+        let r = (|| {
+            let mut whole = MemSpanMut::of(buf);
+            let mut dst = whole.slice_mut(offset as usize, bytes.len())?;
+            self.memory.copy(&mut dst, &MemSpan::host(bytes))
+        })();
+        if let Err(e) = r {
+            tracing::debug!(offset, len = bytes.len(), device = %self.memory.device(), error = %e, "staging a received chunk failed");
+            self.buf = Err(e);
+        }
+    }
+
+    fn finish(self: Box<Self>) -> StagedPayload {
+        self.buf.map(|b| Box::new(b) as Box<dyn Any + Send>)
+    }
+}
+
+/// The device buffer a [`DeviceSink`] of `M` made.
+pub(crate) fn take_staged<M: Memory>(p: StagedPayload) -> Result<M::Buffer> {
+    p.and_then(|b| {
+        b.downcast::<M::Buffer>()
+            .map(|b| *b)
+            .map_err(|_| Error::InvalidArgument("a staged payload of another memory type".into()))
+    })
+}
+
+/// Copies host bytes into a new device buffer of `memory` (payloads that arrived whole:
+/// INLINE, or pulled over the data plane).
+pub(crate) fn upload<M: Memory>(memory: &M, bytes: &[u8]) -> Result<M::Buffer> {
+    let mut buf = memory.alloc(bytes.len())?;
+    memory.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(bytes))?;
+    Ok(buf)
+}
+
+/// Copies a whole device buffer into host memory (small payloads, and data-plane paths
+/// that need the bytes in one piece).
+pub(crate) fn download<M: Memory>(memory: &M, src: &MemSpan<'_>) -> Result<Vec<u8>> {
+    let mut host = vec![0u8; src.len()];
+    memory.copy(&mut MemSpanMut::host(&mut host), src)?;
+    Ok(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hmc_backend_cpu::HostMemory;
+
+    fn pattern(n: usize) -> Vec<u8> {
+        (0..n as u32)
+            .map(|i| (i.wrapping_mul(7) >> 2) as u8)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn produce_feeds_every_byte_in_chunks_and_reuses_the_ring() {
+        let host = Arc::new(HostMemory::new());
+        let ring = StagingRing::new(
+            host.clone(),
+            StagingConfig {
+                chunk: 1000,
+                depth: 2,
+            },
+        )
+        .unwrap();
+        let data = pattern(4_500);
+        let mut got = Vec::new();
+        let mut sizes = Vec::new();
+        let done = produce(&*host, &MemSpan::host(&data), &ring, |b| {
+            sizes.push(b.len());
+            got.extend_from_slice(&b);
+            true // dropped here: the lease goes back at once
+        })
+        .await
+        .unwrap();
+        assert!(done);
+        assert_eq!(got, data);
+        assert_eq!(sizes, vec![1000, 1000, 1000, 1000, 500]);
+        assert_eq!(ring.idle_buffers(), 1, "one buffer served every chunk");
+    }
+
+    #[tokio::test]
+    async fn produce_waits_for_the_socket_when_the_ring_is_out() {
+        let host = Arc::new(HostMemory::new());
+        let ring = StagingRing::new(
+            host.clone(),
+            StagingConfig {
+                chunk: 100,
+                depth: 2,
+            },
+        )
+        .unwrap();
+        let data = pattern(1_000);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+        let src = MemSpan::host(&data);
+        let producer = produce(&*host, &src, &ring, |b| tx.send(b).is_ok());
+        tokio::pin!(producer);
+        // Nobody takes the chunks: two leases, then the producer waits.
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(50), &mut producer)
+                .await
+                .is_err()
+        );
+        let mut held = Vec::new();
+        while let Ok(b) = rx.try_recv() {
+            held.push(b);
+        }
+        assert_eq!(held.len(), 2, "bounded by the ring's depth");
+        // A consumer that writes (drops) what it gets lets it finish.
+        let consume = async {
+            let mut all: Vec<u8> = held.drain(..).flat_map(|b| b.to_vec()).collect();
+            while let Some(b) = rx.recv().await {
+                all.extend_from_slice(&b);
+                if all.len() == data.len() {
+                    break;
+                }
+            }
+            all
+        };
+        let (done, all) = tokio::join!(producer, consume);
+        assert!(done.unwrap());
+        assert_eq!(all, data);
+    }
+
+    #[tokio::test]
+    async fn produce_stops_when_the_consumer_is_gone() {
+        let host = Arc::new(HostMemory::new());
+        let ring = StagingRing::new(
+            host.clone(),
+            StagingConfig {
+                chunk: 10,
+                depth: 2,
+            },
+        )
+        .unwrap();
+        let data = pattern(100);
+        let mut n = 0;
+        let done = produce(&*host, &MemSpan::host(&data), &ring, |_| {
+            n += 1;
+            n < 3
+        })
+        .await
+        .unwrap();
+        assert!(!done);
+        assert_eq!(n, 3);
+    }
+
+    #[test]
+    fn the_ring_refuses_bad_settings_and_device_memory_is_checked() {
+        let host = Arc::new(HostMemory::new());
+        let e = StagingRing::new(host.clone(), StagingConfig { chunk: 0, depth: 2 })
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("chunk > 0"), "{e}");
+        assert!(StagingRing::new(host, StagingConfig { chunk: 8, depth: 1 }).is_err());
+    }
+
+    #[test]
+    fn device_sink_places_chunks_and_reports_the_first_error() {
+        let host = Arc::new(HostMemory::new());
+        let data = pattern(3_000);
+        let mut sink = DeviceSink::boxed(host.clone(), data.len() as u64);
+        for (i, c) in data.chunks(700).enumerate() {
+            sink.write((i * 700) as u64, c);
+        }
+        let buf = take_staged::<HostMemory>(sink.finish()).unwrap();
+        assert_eq!(download(&*host, &MemSpan::of(&buf)).unwrap(), data);
+
+        let mut sink = DeviceSink::boxed(host.clone(), 10);
+        sink.write(8, b"abcd"); // past the end
+        sink.write(0, b"ok");
+        let e = take_staged::<HostMemory>(sink.finish()).unwrap_err();
+        assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");
+    }
+}
