@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use crate::{
-    Access, Communicator, ConnBuffer, Deadline, Error, MemSpan, MemSpanMut, Memory, Op,
+    Access, Communicator, ConnBuffer, Deadline, Device, Error, MemSpan, MemSpanMut, Memory, Op,
     RegisteredBuffer, Result, TransferDesc, check_bounds,
 };
 
@@ -35,6 +35,25 @@ impl Default for StagingConfig {
     }
 }
 
+impl StagingConfig {
+    /// Checks the settings and that `host` (where the staging buffers live) is host
+    /// memory; `what` names the user in the error.
+    pub fn check(&self, what: &str, host: Device) -> Result<()> {
+        if !host.is_host() {
+            return Err(Error::InvalidArgument(format!(
+                "{what} buffers must be host memory, not {host}"
+            )));
+        }
+        if self.chunk == 0 || self.depth < 2 {
+            return Err(Error::InvalidArgument(format!(
+                "{what} needs chunk > 0 and depth >= 2 (got chunk {}, depth {}); raise them in the StagingConfig",
+                self.chunk, self.depth
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Pinned host bounce buffers registered with a transport, and the pipelined copy loop.
 pub struct Stager<H: Memory, C: Communicator> {
     bounce: Vec<RegisteredBuffer<H, C>>,
@@ -45,18 +64,7 @@ pub struct Stager<H: Memory, C: Communicator> {
 impl<H: Memory, C: Communicator> Stager<H, C> {
     /// Allocates and registers the bounce buffers.
     pub fn new(host: Arc<H>, comm: Arc<C>, config: StagingConfig) -> Result<Self> {
-        if !host.device().is_host() {
-            return Err(Error::InvalidArgument(format!(
-                "staging bounce buffers must be host memory, not {}",
-                host.device()
-            )));
-        }
-        if config.chunk == 0 || config.depth < 2 {
-            return Err(Error::InvalidArgument(format!(
-                "staging needs chunk > 0 and depth >= 2 (got chunk {}, depth {})",
-                config.chunk, config.depth
-            )));
-        }
+        config.check("staging bounce", host.device())?;
         let bounce = (0..config.depth)
             .map(|_| {
                 RegisteredBuffer::new(host.clone(), comm.clone(), config.chunk, Access::READ_WRITE)

@@ -38,19 +38,7 @@ pub struct StagingRing<H: Memory> {
 impl<H: Memory> StagingRing<H> {
     /// A ring over `host` memory (which must be host memory; pinned for best speed).
     pub fn new(host: Arc<H>, config: StagingConfig) -> Result<Arc<Self>> {
-        if !host.device().is_host() {
-            return Err(Error::InvalidArgument(format!(
-                "device staging buffers must be host memory, not {}",
-                host.device()
-            )));
-        }
-        if config.chunk == 0 || config.depth < 2 {
-            return Err(Error::InvalidArgument(format!(
-                "device staging needs chunk > 0 and depth >= 2 (got chunk {}, depth {}); \
-                 raise them in the StagingConfig",
-                config.chunk, config.depth
-            )));
-        }
+        config.check("device staging", host.device())?;
         Ok(Arc::new(StagingRing {
             host,
             chunk: config.chunk,

@@ -126,26 +126,37 @@ async fn device_payloads_round_trip_through_a_device_handler(
     assert!(download(&mem, &response) == want, "device response differs");
 }
 
+/// A payload on a device the memory does not own: a small one is refused before anything
+/// is sent; a streamed one fails its first device copy after the header went, which
+/// cancels the call. Either way the connection serves the next call.
+#[rstest]
+#[case::before_sending(64)]
+#[case::while_streaming(2 << 20)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_payload_on_another_device_is_refused_before_sending() {
+async fn a_payload_on_another_device_fails_the_call_not_the_connection(#[case] len: usize) {
     let mem = device();
     let s = server(mem.clone(), false).await;
     let client = Client::connect(s.local_addr(), ClientConfig::default())
         .await
         .unwrap();
     let other = RocmMemory::with_library(hip_shim(), 2).unwrap();
-    let foreign = upload(&other, &pattern(64));
+    let foreign = upload(&other, &pattern(len));
     let err = client
         .call_device(INVERT_ON_DEVICE, &mem, &MemSpan::of(&foreign))
         .await
         .unwrap_err();
     assert!(matches!(err, CallError::Device(_)), "{err}");
-    // The connection is untouched: the next call works.
-    let ok = upload(&mem, &pattern(64));
-    client
+    let ok = upload(&mem, &pattern(len));
+    let out = client
         .call_device(INVERT_ON_DEVICE, &mem, &MemSpan::of(&ok))
         .await
         .unwrap();
+    assert!(
+        download(&mem, &out)
+            .iter()
+            .zip(pattern(len))
+            .all(|(g, b)| *g == !b)
+    );
 }
 
 /// ROCm memory (over the shim) that records the length of every copy it makes, to show
@@ -246,33 +257,4 @@ async fn large_device_payloads_cross_in_chunks_both_ways() {
             );
         }
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_device_failure_while_sending_cancels_the_call_and_the_connection_lives_on() {
-    let mem = device();
-    let s = server(mem.clone(), false).await;
-    let client = Client::connect(s.local_addr(), ClientConfig::default())
-        .await
-        .unwrap();
-    // A staging ring too small to matter does not change the outcome; a payload on a
-    // device the memory does not own fails the first device copy, after the header went.
-    let other = RocmMemory::with_library(hip_shim(), 2).unwrap();
-    let foreign = upload(&other, &pattern(2 << 20));
-    let err = client
-        .call_device(INVERT_ON_DEVICE, &mem, &MemSpan::of(&foreign))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, CallError::Device(_)), "{err}");
-    let ok = upload(&mem, &pattern(2 << 20));
-    let out = client
-        .call_device(INVERT_ON_DEVICE, &mem, &MemSpan::of(&ok))
-        .await
-        .unwrap();
-    assert!(
-        download(&mem, &out)
-            .iter()
-            .zip(pattern(2 << 20))
-            .all(|(g, b)| *g == !b)
-    );
 }
