@@ -25,15 +25,20 @@ pub const DEFAULT_DEVICE_STAGING: StagingConfig = StagingConfig {
     depth: 3,
 };
 
-/// A ring of `depth` host staging buffers of `chunk` bytes, leased one chunk at a time.
-/// Buffers are allocated on first use and reused after; a lease waits while all `depth`
-/// are out, which is the backpressure between the device copies and the socket.
+/// Host staging buffers of `chunk` bytes, shared by every device payload a client or a
+/// method sends. Each payload in flight leases at most `depth` of them at once (its
+/// backpressure between the device copies and the socket), so a slow peer holds back only
+/// its own calls. Buffers are allocated on demand and reused; at most `IDLE_PER_DEPTH` x
+/// `depth` idle ones are kept, the rest freed, so a burst does not pin memory for good.
 pub struct StagingRing<H: Memory> {
     host: Arc<H>,
     chunk: usize,
+    depth: usize,
     free: parking_lot::Mutex<Vec<H::Buffer>>,
-    slots: Arc<Semaphore>,
 }
+
+/// Idle buffers kept per unit of depth (a few payloads' worth).
+const IDLE_PER_DEPTH: usize = 4;
 
 impl<H: Memory> StagingRing<H> {
     /// A ring over `host` memory (which must be host memory; pinned for best speed).
@@ -42,8 +47,8 @@ impl<H: Memory> StagingRing<H> {
         Ok(Arc::new(StagingRing {
             host,
             chunk: config.chunk,
+            depth: config.depth,
             free: parking_lot::Mutex::new(Vec::new()),
-            slots: Arc::new(Semaphore::new(config.depth)),
         }))
     }
 
@@ -52,18 +57,12 @@ impl<H: Memory> StagingRing<H> {
         self.chunk
     }
 
-    /// Staging buffers allocated so far and now idle (a measure for tests).
+    /// Staging buffers allocated and now idle (a measure for tests).
     pub fn idle_buffers(&self) -> usize {
         self.free.lock().len()
     }
 
-    async fn lease(self: &Arc<Self>) -> Result<Lease<H>> {
-        let slot = self
-            .slots
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the ring's semaphore is never closed");
+    fn lease(self: &Arc<Self>, slot: OwnedSemaphorePermit) -> Result<Lease<H>> {
         let buf = match self.free.lock().pop() {
             Some(b) => b,
             None => self.host.alloc(self.chunk)?,
@@ -77,8 +76,8 @@ impl<H: Memory> StagingRing<H> {
     }
 }
 
-/// One staging buffer out of the ring; back in it when dropped (when the socket has
-/// written the last [`Bytes`] made of it).
+/// One staging buffer out of the ring, holding one of its payload's `depth` slots; both go
+/// back when it is dropped (when the socket has written the last [`Bytes`] made of it).
 struct Lease<H: Memory> {
     buf: Option<H::Buffer>,
     /// Bytes filled.
@@ -100,7 +99,10 @@ impl<H: Memory> AsRef<[u8]> for Lease<H> {
 impl<H: Memory> Drop for Lease<H> {
     fn drop(&mut self) {
         if let Some(b) = self.buf.take() {
-            self.ring.free.lock().push(b);
+            let mut free = self.ring.free.lock();
+            if free.len() < IDLE_PER_DEPTH * self.ring.depth {
+                free.push(b);
+            }
         }
     }
 }
@@ -109,17 +111,23 @@ impl<H: Memory> Drop for Lease<H> {
 /// handing each filled chunk to `feed` as soon as it is copied. Returns `Ok(true)` when
 /// every byte was fed, `Ok(false)` when `feed` refused one (the receiver is gone), and the
 /// copy or allocation error otherwise. While `feed`'s consumer writes chunk *i*, this
-/// copies chunk *i + 1*; at most the ring's depth is out at once.
+/// copies chunk *i + 1*; at most the ring's depth of this payload is out at once.
 pub(crate) async fn produce<M: Memory, H: Memory>(
     memory: &M,
     src: &MemSpan<'_>,
     ring: &Arc<StagingRing<H>>,
     mut feed: impl FnMut(Bytes) -> bool,
 ) -> Result<bool> {
+    let slots = Arc::new(Semaphore::new(ring.depth));
     let mut off = 0;
     while off < src.len() {
         let n = ring.chunk.min(src.len() - off);
-        let mut lease = ring.lease().await?;
+        let slot = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("this semaphore is never closed");
+        let mut lease = ring.lease(slot)?;
         {
             let buf = lease.buf.as_mut().expect("present until dropped");
             let mut whole = MemSpanMut::of(buf);
@@ -281,6 +289,44 @@ mod tests {
         let (done, all) = tokio::join!(producer, consume);
         assert!(done.unwrap());
         assert_eq!(all, data);
+    }
+
+    #[tokio::test]
+    async fn a_stalled_payload_does_not_hold_back_another_and_idle_buffers_are_capped() {
+        let host = Arc::new(HostMemory::new());
+        let ring = StagingRing::new(
+            host.clone(),
+            StagingConfig {
+                chunk: 100,
+                depth: 2,
+            },
+        )
+        .unwrap();
+        let data = pattern(1_000);
+        let src = MemSpan::host(&data);
+        // The first payload's consumer never writes: it holds its two slots.
+        let mut stuck = Vec::new();
+        let stalled = produce(&*host, &src, &ring, |b| {
+            stuck.push(b);
+            true
+        });
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(20), stalled)
+                .await
+                .is_err()
+        );
+        // A second payload through the same ring still goes through.
+        let mut got = Vec::new();
+        let done = produce(&*host, &src, &ring, |b| {
+            got.extend_from_slice(&b);
+            true
+        })
+        .await
+        .unwrap();
+        assert!(done);
+        assert_eq!(got, data);
+        drop(stuck);
+        assert!(ring.idle_buffers() <= IDLE_PER_DEPTH * 2);
     }
 
     #[tokio::test]
