@@ -1,8 +1,19 @@
-//! One-sided put/get bandwidth of `UcxCommunicator` beside `ucx_perftest` (`ucp_put_bw`, `ucp_get`) on the same `UCX_TLS`, in one run; prints a markdown table.
+//! One-sided put/get bandwidth of `UcxCommunicator` beside `ucx_perftest` (`ucp_put_bw`, `ucp_get`) on the same `UCX_TLS`, alternated in one run; prints a markdown table.
 //!
 //! `cargo bench -p hmc-transport-ucx --bench rma`. Environment: `HMC_BENCH_QUICK=1` moves
-//! less data; `HMC_BENCH_TLS=tcp` (or `shm`) runs one transport only. Needs `ucx_perftest`
-//! (Debian: `ucx-utils`) on `PATH`; without it the reference columns say `n/a`.
+//! less data; `HMC_BENCH_TLS` picks rows: `tcp` or `shm` (every row of that transport) or
+//! exact row names, comma-separated (`shm-ucxmem,tcp-ucxmem`); `HMC_BENCH_REPEATS` (default
+//! 3, quick 1) is how many times ours and ucx_perftest are alternated per cell;
+//! `HMC_BENCH_DIRECT_OFF=1` sets `UcxConfig::direct_mapped = false` and `HMC_BENCH_SPIN_US`
+//! sets `UcxConfig::spin` on both sides (for A/B runs). Needs
+//! `ucx_perftest` (Debian: `ucx-utils`) on `PATH`; without it the reference columns say `n/a`.
+//!
+//! Like for like: `ucx_perftest` allocates its buffers through UCX (`ucp_mem_map` with
+//! `UCP_MEM_MAP_FLAG_ALLOCATE`, its `-m host` default), so the `-ucxmem` rows (both sides'
+//! buffers from `UcxCommunicator::alloc_registered`) are the comparable ones; the other rows
+//! use user memory given to `register`, which perftest never measures. The reference is
+//! the better of perftest's own default window (`-O 1`: one operation outstanding) and
+//! ours (`-O 8`, `UcxConfig::max_inflight_chunks`); over TCP the window decides the result.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -26,8 +37,8 @@ struct Row {
     tls: &'static str,
     op: &'static str,
     size: usize,
-    ours: f64,
-    reference: Option<f64>,
+    ours: Vec<f64>,
+    reference: Vec<f64>,
 }
 
 fn human(size: usize) -> String {
@@ -45,22 +56,33 @@ fn free_port() -> u16 {
         .unwrap_or(13_337)
 }
 
-/// Runs `ucx_perftest` server and client (two processes); returns the client's overall bandwidth in GB/s.
-fn perftest(tls: &str, test: &str, size: usize, iters: usize) -> Option<f64> {
+/// Runs `ucx_perftest` server and client (two processes) with `-O window`; returns the
+/// client's overall bandwidth in GB/s.
+fn perftest_once(
+    tls: &str,
+    env: &[(&str, &str)],
+    test: &str,
+    size: usize,
+    iters: usize,
+    window: usize,
+) -> Option<f64> {
     let port = free_port().to_string();
     let args = [
-        "-t",
-        test,
-        "-s",
-        &size.to_string(),
-        "-n",
-        &iters.to_string(),
-        "-p",
-        &port,
+        "-t".to_string(),
+        test.to_string(),
+        "-s".to_string(),
+        size.to_string(),
+        "-n".to_string(),
+        iters.to_string(),
+        "-O".to_string(),
+        window.to_string(),
+        "-p".to_string(),
+        port,
     ];
     let mut server = Command::new("ucx_perftest")
-        .args(args)
+        .args(&args)
         .env("UCX_TLS", tls)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -70,8 +92,9 @@ fn perftest(tls: &str, test: &str, size: usize, iters: usize) -> Option<f64> {
         std::thread::sleep(Duration::from_millis(100));
         let out = Command::new("ucx_perftest")
             .arg("127.0.0.1")
-            .args(args)
+            .args(&args)
             .env("UCX_TLS", tls)
+            .envs(env.iter().copied())
             .output()
             .ok()?;
         let text = String::from_utf8_lossy(&out.stdout);
@@ -89,6 +112,35 @@ fn perftest(tls: &str, test: &str, size: usize, iters: usize) -> Option<f64> {
     let _ = server.kill();
     let _ = server.wait();
     result
+}
+
+/// The better of perftest's default window (1) and ours.
+fn perftest(tls: &str, env: &[(&str, &str)], test: &str, size: usize, iters: usize) -> Option<f64> {
+    [1, WINDOW]
+        .into_iter()
+        .filter_map(|w| perftest_once(tls, env, test, size, iters, w))
+        .reduce(f64::max)
+}
+
+/// Operations in flight per transfer on our side (`UcxConfig::max_inflight_chunks` default).
+const WINDOW: usize = 8;
+
+/// Median, min and max of some runs.
+fn summary(v: &[f64]) -> Option<(f64, f64, f64)> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    Some((v[v.len() / 2], v[0], v[v.len() - 1]))
+}
+
+fn fmt_runs(s: Option<(f64, f64, f64)>) -> String {
+    match s {
+        Some((m, lo, hi)) if lo != hi => format!("{m:.2} ({lo:.2}–{hi:.2})"),
+        Some((m, ..)) => format!("{m:.2}"),
+        None => "n/a".into(),
+    }
 }
 
 async fn ours(
@@ -130,7 +182,14 @@ const CHILD_ENV: &str = "HMC_BENCH_CHILD_TLS";
 
 /// The target process (like ucx_perftest's server): serves a region until stdin closes.
 fn config(tls: &str, wakeup: bool) -> UcxConfig {
+    let spin = std::env::var("HMC_BENCH_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_micros);
+    let defaults = UcxConfig::default();
     UcxConfig {
+        direct_mapped: std::env::var_os("HMC_BENCH_DIRECT_OFF").is_none(),
+        spin: spin.unwrap_or(defaults.spin),
         wakeup,
         park_max: if wakeup {
             Duration::from_millis(100)
@@ -168,10 +227,12 @@ fn child(tls: &str) {
 /// Starts a target process; returns it with its address and region.
 fn spawn_target(
     tls: &str,
+    env: &[(&str, &str)],
     wakeup: bool,
     ucxmem: bool,
 ) -> (std::process::Child, PeerAddr, RemoteRegion) {
     let mut cmd = Command::new(std::env::current_exe().expect("bench binary"));
+    cmd.envs(env.iter().copied());
     if ucxmem {
         cmd.env("HMC_BENCH_CHILD_UCXMEM", "1");
     }
@@ -215,15 +276,52 @@ fn main() {
     } else {
         (512 << 20, 4 << 30)
     };
-    let transports: Vec<(&'static str, &'static str, bool, bool, usize)> = [
-        ("tcp", "tcp", true, false, tcp_bytes),
-        ("tcp-ucxmem", "tcp", true, true, tcp_bytes),
-        ("shm", "posix,cma,self", true, false, shm_bytes),
-        ("shm-ucxmem", "posix,cma,self", true, true, shm_bytes),
-        ("shm-nowakeup", "posix,cma,self", false, false, shm_bytes),
+    let repeats: usize = std::env::var("HMC_BENCH_REPEATS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if quick { 1 } else { 3 })
+        .max(1);
+    // UCX 1.13 over tcp sends RMA in UCX_TCP_TX_SEG_SIZE pieces (8 KiB by default); one
+    // put of 1 MiB or more then stalls for tens to hundreds of ms (ucx_perftest: 25-80 MB/s
+    // at 16 MiB), 64 KiB segments do not. UCX_ variables in this process's environment
+    // (e.g. UCX_TCP_TX_SEG_SIZE=64K) reach all three processes: this one, the target and
+    // perftest.
+    type Transport = (
+        &'static str,
+        &'static str,
+        bool,
+        bool,
+        usize,
+        &'static [(&'static str, &'static str)],
+    );
+    let transports: Vec<Transport> = [
+        ("tcp", "tcp", true, false, tcp_bytes, &[][..]),
+        ("tcp-ucxmem", "tcp", true, true, tcp_bytes, &[][..]),
+        ("shm", "posix,cma,self", true, false, shm_bytes, &[][..]),
+        (
+            "shm-ucxmem",
+            "posix,cma,self",
+            true,
+            true,
+            shm_bytes,
+            &[][..],
+        ),
+        (
+            "shm-nowakeup",
+            "posix,cma,self",
+            false,
+            false,
+            shm_bytes,
+            &[][..],
+        ),
     ]
     .into_iter()
-    .filter(|(name, ..)| only.as_deref().is_none_or(|o| name.starts_with(o)))
+    .filter(|(name, ..)| {
+        only.as_deref().is_none_or(|o| {
+            o.split(',')
+                .any(|o| *name == o || (!o.contains('-') && name.starts_with(o)))
+        })
+    })
     .collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -232,10 +330,10 @@ fn main() {
         .expect("tokio");
     let memory = Arc::new(HostMemory::new());
     let mut rows = Vec::new();
-    for (name, tls, wakeup, ucxmem, total) in transports {
+    for (name, tls, wakeup, ucxmem, total, env) in transports {
         // Two processes, like ucx_perftest's client and server.
         let a = Arc::new(UcxCommunicator::new(config(tls, wakeup)).expect("UCX"));
-        let (mut target_proc, target_addr, target) = spawn_target(tls, wakeup, ucxmem);
+        let (mut target_proc, target_addr, target) = spawn_target(tls, env, wakeup, ucxmem);
         let user_local =
             RegisteredBuffer::new(memory.clone(), a.clone(), BATCH_BYTES, Access::READ_WRITE)
                 .expect("local");
@@ -258,19 +356,27 @@ fn main() {
                 (Op::Read, "get", "ucp_get"),
             ] {
                 for size in SIZES {
-                    let g = ours(&a, &ep, &key, local, op, size, total).await;
-                    let reference = perftest(tls, test, size, (total / size).max(8));
-                    eprintln!(
-                        "{name} {opname} {}: {g:.2} GB/s vs {reference:?}",
-                        human(size)
-                    );
-                    rows.push(Row {
+                    let mut row = Row {
                         tls: name,
                         op: opname,
                         size,
-                        ours: g,
-                        reference,
-                    });
+                        ours: Vec::new(),
+                        reference: Vec::new(),
+                    };
+                    // Alternate, so both sides see the same background load.
+                    for _ in 0..repeats {
+                        row.ours
+                            .push(ours(&a, &ep, &key, local, op, size, total).await);
+                        let iters = (total / size).max(32);
+                        row.reference.extend(perftest(tls, env, test, size, iters));
+                    }
+                    eprintln!(
+                        "{name} {opname} {}: {:?} GB/s vs {:?}",
+                        human(size),
+                        row.ours,
+                        row.reference
+                    );
+                    rows.push(row);
                 }
             }
         });
@@ -278,22 +384,23 @@ fn main() {
         let _ = target_proc.wait();
     }
     println!(
-        "shm = posix,cma,self; -ucxmem: both buffers from UcxCommunicator::alloc_registered; -nowakeup: UcxConfig::wakeup = false"
+        "shm = posix,cma,self; -ucxmem: both buffers from UcxCommunicator::alloc_registered (like ucx_perftest's); -nowakeup: UcxConfig::wakeup = false; median (min–max) of {repeats} alternated run(s); ucx_perftest: better of -O 1 and -O {WINDOW}"
     );
-    println!("| UCX_TLS | op | size | hmc GB/s | ucx_perftest GB/s | ratio |");
+    println!("| row | op | size | hmc GB/s | ucx_perftest GB/s | ratio of medians |");
     println!("| --- | --- | --- | ---: | ---: | ---: |");
     for r in rows {
-        let (reference, ratio) = match r.reference {
-            Some(x) => (format!("{x:.2}"), format!("{:.0}%", 100.0 * r.ours / x)),
-            None => ("n/a".into(), "n/a".into()),
+        let (ours, reference) = (summary(&r.ours), summary(&r.reference));
+        let ratio = match (ours, reference) {
+            (Some((o, ..)), Some((x, ..))) => format!("{:.0}%", 100.0 * o / x),
+            _ => "n/a".into(),
         };
         println!(
-            "| {} | {} | {} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             r.tls,
             r.op,
             human(r.size),
-            r.ours,
-            reference,
+            fmt_runs(ours),
+            fmt_runs(reference),
             ratio
         );
     }

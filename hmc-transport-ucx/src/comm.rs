@@ -23,6 +23,9 @@ const KEY_MAGIC: &[u8; 4] = b"HMCU";
 const KEY_VERSION: u8 = 1;
 const KEY_HEADER: usize = 4 + 1 + 8;
 
+/// Environment variable that turns [`UcxConfig::direct_mapped`] off by default when `0`.
+pub const DIRECT_ENV: &str = "HMC_UCX_DIRECT";
+
 /// Configuration of a [`UcxCommunicator`]. Every limit has a default here.
 #[derive(Clone, Debug)]
 pub struct UcxConfig {
@@ -70,6 +73,18 @@ pub struct UcxConfig {
     pub max_notify_len: usize,
     /// Received notifications buffered before the oldest unread are dropped (default 65 536).
     pub max_pending_notifications: usize,
+    /// Move bytes with a plain memcpy on the calling thread when UCX maps the remote region
+    /// into this process (`ucp_rkey_ptr`; default true). UCX does so over shared memory
+    /// (`posix`, `sysv`) for regions the target got from
+    /// [`UcxCommunicator::alloc_registered`], which is also what UCX itself does inside
+    /// `ucp_put_nbx`/`ucp_get_nbx` for them: the transfer then skips the hand-off to the
+    /// progress thread and its wake-ups. Other regions (user memory, TCP) always go through
+    /// the progress thread. Bounds, rights, deadlines and revocation are checked as on the
+    /// other path; deregistration waits for running copies. A direct transfer runs to the
+    /// end once started (it is one memcpy per descriptor), so keep very large batches off
+    /// latency-sensitive async executor threads, or set this to false. The default is true
+    /// unless the environment variable `HMC_UCX_DIRECT` is `0`.
+    pub direct_mapped: bool,
 }
 
 impl Default for UcxConfig {
@@ -90,6 +105,7 @@ impl Default for UcxConfig {
             revoke_timeout: Duration::from_secs(5),
             max_notify_len: 64 << 10,
             max_pending_notifications: 65_536,
+            direct_mapped: std::env::var_os(DIRECT_ENV).is_none_or(|v| v != "0"),
         }
     }
 }
@@ -115,6 +131,9 @@ pub struct UcxStats {
     pub endpoints: usize,
     /// UCX endpoints held by the progress thread, including ones still closing.
     pub ucx_endpoints: usize,
+    /// Transfers done as direct copies through UCX's mapping of the remote region
+    /// ([`UcxConfig::direct_mapped`]), without the progress thread.
+    pub direct_transfers: u64,
 }
 
 #[derive(Default)]
@@ -122,6 +141,7 @@ struct Counters {
     registered: AtomicU64,
     deregistered: AtomicU64,
     endpoints: AtomicUsize,
+    direct_transfers: AtomicU64,
 }
 
 /// A UCX [`Communicator`].
@@ -208,6 +228,7 @@ impl UcxCommunicator {
                 drain_timeout: config.drain_timeout,
                 ep_linger: config.ep_linger,
                 max_pending_notifications: config.max_pending_notifications,
+                direct_mapped: config.direct_mapped,
             },
         )?;
         let target = Arc::new(TargetState::default());
@@ -248,6 +269,7 @@ impl UcxCommunicator {
             deregistered: self.counters.deregistered.load(Ordering::Acquire),
             endpoints: self.counters.endpoints.load(Ordering::Acquire),
             ucx_endpoints: self.engine.ucx_endpoints.load(Ordering::Acquire),
+            direct_transfers: self.counters.direct_transfers.load(Ordering::Acquire),
         }
     }
 }
@@ -453,6 +475,17 @@ impl Drop for CancelGuard<'_> {
     }
 }
 
+/// Direct users counted on keys by [`UcxCommunicator::copy_direct`]; uncounted on drop.
+struct DirectUse<'a>(Vec<(&'a KeyShared, u64)>);
+
+impl Drop for DirectUse<'_> {
+    fn drop(&mut self) {
+        for (k, _) in &self.0 {
+            k.end_direct();
+        }
+    }
+}
+
 fn decode_key(key: &[u8]) -> Result<(u64, Vec<u8>)> {
     if key.len() <= KEY_HEADER || &key[..4] != KEY_MAGIC || key[4] != KEY_VERSION {
         return Err(Error::InvalidKey(
@@ -526,7 +559,7 @@ impl Communicator for UcxCommunicator {
             )));
         }
         let (reg_id, rkey) = decode_key(&remote.key)?;
-        let shared = Arc::new(KeyShared::default());
+        let shared = Arc::new(KeyShared::new(remote.region.addr));
         let id = ep.0.link.validate(
             ep.0.id,
             reg_id,
@@ -556,6 +589,9 @@ impl Communicator for UcxCommunicator {
         async move {
             let (id, chunks) = prepared?;
             if chunks.is_empty() {
+                return Ok(());
+            }
+            if self.config.direct_mapped && self.copy_direct(op, batch) {
                 return Ok(());
             }
             let (tx, rx) = oneshot::channel();
@@ -716,6 +752,47 @@ impl UcxCommunicator {
             revoke_timeout: self.config.revoke_timeout,
             counters: self.counters.clone(),
         })
+    }
+
+    /// Moves a checked batch with memcpy through UCX's local mappings of the remote
+    /// regions, on this thread. `false` (nothing moved): some region is not mapped here,
+    /// some key was revoked meanwhile, or some local region is not host memory; the
+    /// progress thread then does the transfer (and reports a revoked key).
+    fn copy_direct(&self, op: Op, batch: &[TransferDesc<'_, Self>]) -> bool {
+        if batch
+            .iter()
+            .any(|d| d.local.region.device.kind != hmc_core::DeviceKind::Host)
+        {
+            return false;
+        }
+        let mut held = DirectUse(Vec::with_capacity(batch.len()));
+        for d in batch {
+            match d.remote.shared.begin_direct() {
+                Some(base) => held.0.push((&*d.remote.shared, base)),
+                None => return false,
+            }
+        }
+        for (d, (_, base)) in batch.iter().zip(&held.0) {
+            let local = (d.local.region.addr + d.local_offset as u64) as *mut u8;
+            let remote = (base + d.remote_offset) as *mut u8;
+            let (src, dst) = match op {
+                Op::Write => (local as *const u8, remote),
+                Op::Read => (remote as *const u8, local),
+            };
+            // SAFETY: `prepare` checked both ranges against the registrations: the local
+            // one lies in a registration the caller borrows for this call; the remote one in
+            // the region UCX mapped at `base` (`ucp_rkey_ptr`), which stays mapped while we
+            // count as a direct user (the rkey is destroyed only after `direct_busy` drains).
+            // `copy` allows overlap (a region imported from this very process).
+            unsafe { std::ptr::copy(src, dst, d.len) };
+        }
+        // The bytes are visible to the target before the caller hears of completion.
+        std::sync::atomic::fence(Ordering::Release);
+        drop(held);
+        self.counters
+            .direct_transfers
+            .fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Checks a batch against bounds, rights and key state, and splits it into chunks.

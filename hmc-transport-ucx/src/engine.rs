@@ -30,7 +30,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{CString, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,8 @@ pub(crate) struct EngineConfig {
     pub drain_timeout: Duration,
     pub ep_linger: Duration,
     pub max_pending_notifications: usize,
+    /// Ask UCX for a local mapping of imported regions (`ucp_rkey_ptr`).
+    pub direct_mapped: bool,
 }
 
 /// A notification as it arrived: tag, sender address text, bytes.
@@ -77,6 +79,60 @@ pub(crate) struct Registered {
 pub(crate) struct KeyShared {
     /// Set once the owner deregistered the region (or the endpoint died).
     pub revoked: AtomicBool,
+    /// The region's start address in the target's address space.
+    pub remote_base: u64,
+    /// Where UCX mapped the region into this process (`ucp_rkey_ptr`), 0 when it did not.
+    pub mapped: AtomicU64,
+    /// Direct copies through `mapped` running now; the rkey (and its mapping) is destroyed,
+    /// and a revocation confirmed, only once this is 0 after `revoked` was set.
+    pub direct_busy: AtomicUsize,
+}
+
+impl KeyShared {
+    /// Shared state of a key for a region starting at `remote_base` at the target.
+    pub fn new(remote_base: u64) -> Self {
+        KeyShared {
+            remote_base,
+            ..KeyShared::default()
+        }
+    }
+
+    /// The local address of the region's start when UCX mapped it into this process and
+    /// the key is live; the caller then counts as a direct user until it calls
+    /// [`KeyShared::end_direct`]. `None`: use the progress thread.
+    pub fn begin_direct(&self) -> Option<u64> {
+        let base = self.mapped.load(Ordering::Acquire);
+        if base == 0 {
+            return None;
+        }
+        // Pairs with `revoke` (SeqCst on both sides): either we see `revoked`, or the
+        // revoker sees our count and waits for `end_direct`.
+        self.direct_busy.fetch_add(1, Ordering::SeqCst);
+        if self.revoked.load(Ordering::SeqCst) {
+            self.end_direct();
+            return None;
+        }
+        Some(base)
+    }
+
+    /// Ends a direct copy begun with [`KeyShared::begin_direct`].
+    pub fn end_direct(&self) {
+        self.direct_busy.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Marks the key revoked; no direct copy starts after this returns.
+    pub fn revoke(&self) {
+        self.revoked.store(true, Ordering::SeqCst);
+    }
+
+    /// Revokes the key and waits until the direct copies already running have finished
+    /// (each is one bounded memcpy), so the mapping can go.
+    fn revoke_and_drain(&self) {
+        self.revoke();
+        while self.direct_busy.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+    }
 }
 
 /// One piece of a transfer.
@@ -747,14 +803,14 @@ impl State {
                         self.destroy_rkey(k);
                     } else {
                         // In use by a draining transfer: destroyed when the endpoint closes.
-                        k.shared.revoked.store(true, Ordering::Release);
+                        k.shared.revoke();
                     }
                 }
             }
             Command::Revoke { ep, reg_id, ack } => {
                 for k in self.keys.values() {
                     if k.ep == ep && k.reg_id == reg_id {
-                        k.shared.revoked.store(true, Ordering::Release);
+                        k.shared.revoke();
                     }
                 }
                 self.pending_acks.push((ep, reg_id, ack));
@@ -1172,6 +1228,16 @@ impl State {
                 self.ucp.status_string(st)
             )));
         }
+        if self.cfg.direct_mapped {
+            let mut local: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `out` was just unpacked on this thread; out-parameter. UCX answers
+            // UCS_OK only when the region is mapped into this process (shared memory
+            // allocated by UCX at the target); the mapping lives until `ucp_rkey_destroy`.
+            let st = unsafe { (self.ucp.ucp_rkey_ptr)(out, shared.remote_base, &mut local) };
+            if st == sys::UCS_OK && !local.is_null() {
+                shared.mapped.store(local as u64, Ordering::Release);
+            }
+        }
         let id = self.id();
         self.keys.insert(
             id,
@@ -1188,7 +1254,7 @@ impl State {
     }
 
     fn destroy_rkey(&self, k: KeyState) {
-        k.shared.revoked.store(true, Ordering::Release);
+        k.shared.revoke_and_drain();
         if !k.rkey.is_null() {
             // SAFETY: unpacked on this thread, no request uses it (inflight == 0 or the
             // endpoint has drained), destroyed once (the entry is consumed).
@@ -1467,7 +1533,7 @@ impl State {
         let keys = e.keys.clone();
         for k in keys {
             if let Some(k) = self.keys.get(&k) {
-                k.shared.revoked.store(true, Ordering::Release);
+                k.shared.revoke();
             }
         }
         let err = self.ep_error(ep);
@@ -1721,10 +1787,11 @@ impl State {
             let mut i = 0;
             while i < self.pending_acks.len() {
                 let (ep, reg_id, _) = &self.pending_acks[i];
-                let busy = self
-                    .keys
-                    .values()
-                    .any(|k| k.ep == *ep && k.reg_id == *reg_id && k.inflight > 0);
+                let busy = self.keys.values().any(|k| {
+                    k.ep == *ep
+                        && k.reg_id == *reg_id
+                        && (k.inflight > 0 || k.shared.direct_busy.load(Ordering::SeqCst) > 0)
+                });
                 if busy {
                     i += 1;
                 } else {

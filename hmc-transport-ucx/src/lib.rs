@@ -47,15 +47,27 @@
 //!
 //! Over shared memory UCX 1.13 does RMA on *user* memory (what `register` gets) by
 //! emulation: active messages through the posix queues, applied by the target's progress
-//! thread (CMA is used only for rendezvous of active messages). `ucx_perftest ucp_put_bw`
-//! reaches memcpy speed because it allocates its buffers *through* UCX
-//! (`UCP_MEM_MAP_FLAG_ALLOCATE`), which the posix transport maps into the peer directly.
+//! thread (CMA is used only for rendezvous of active messages: the `cma` transport offers
+//! zero-copy put/get only, which UCP 1.13 does not accept as an RMA lane, and `posix` can
+//! map only memory it allocated). No setting changes that here: `UCX_POSIX_USE_PROC_LINK`
+//! only chooses how a peer opens the posix segment, `UCX_PROTO_ENABLE=y` and larger
+//! `UCX_POSIX_SEG_SIZE` were measured without a stable gain, and mapping arbitrary user
+//! pages needs `xpmem` or `knem`, kernel modules this host does not have.
+//! `ucx_perftest ucp_put_bw` reaches memcpy speed because it allocates its buffers *through*
+//! UCX (`UCP_MEM_MAP_FLAG_ALLOCATE`), which the posix transport maps into the peer directly.
 //! [`UcxCommunicator::alloc_registered`] does the same: transfers between such
 //! registrations run at `ucx_perftest` speed (see `benches/rma.rs`); data planes that own
 //! their staging buffers get it through `Communicator::alloc_registered` (hmc-rpc's
-//! `BufferPool` asks for it first). Over TCP both kinds go
-//! through the same emulation and are on par.
-//!
+//! `BufferPool` asks for it first). When UCX maps a remote region into this process
+//! (`ucp_rkey_ptr`), a transfer is a plain memcpy on the calling thread, as inside
+//! `ucp_put_nbx`, without the round trip through the progress thread
+//! ([`UcxConfig::direct_mapped`], counted in [`UcxStats::direct_transfers`]).
+//! Over TCP both kinds go through the same emulation and are on par; UCX sends it in
+//! `UCX_TCP_TX_SEG_SIZE` pieces (8 KiB by default), with which single puts of 1 MiB and
+//! more stall for tens to hundreds of milliseconds in UCX 1.13 (`ucx_perftest ucp_put_bw
+//! -s 16777216`: 25–80 MB/s); `UCX_TCP_TX_SEG_SIZE=64K` avoids it. Our 4 MiB chunks with 8 in
+//! flight are less exposed.
+
 //! # Safety story
 //!
 //! `unsafe` lives in [`sys`] (symbol binding) and in the engine (UCX calls), each block with
@@ -68,4 +80,6 @@ mod control;
 mod engine;
 pub mod sys;
 
-pub use comm::{UcxCommunicator, UcxConfig, UcxEndpoint, UcxRegistration, UcxRemoteKey, UcxStats};
+pub use comm::{
+    DIRECT_ENV, UcxCommunicator, UcxConfig, UcxEndpoint, UcxRegistration, UcxRemoteKey, UcxStats,
+};

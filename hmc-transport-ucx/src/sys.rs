@@ -296,6 +296,7 @@ ucp_functions! {
     ucp_rkey_buffer_release: fn(*mut c_void);
     ucp_ep_rkey_unpack: fn(ucp_ep_h, *const c_void, *mut ucp_rkey_h) -> ucs_status_t;
     ucp_rkey_destroy: fn(ucp_rkey_h);
+    ucp_rkey_ptr: fn(ucp_rkey_h, u64, *mut *mut c_void) -> ucs_status_t;
     ucp_put_nbx: fn(ucp_ep_h, *const c_void, usize, u64, ucp_rkey_h, *const ucp_request_param_t) -> ucs_status_ptr_t;
     ucp_get_nbx: fn(ucp_ep_h, *mut c_void, usize, u64, ucp_rkey_h, *const ucp_request_param_t) -> ucs_status_ptr_t;
     ucp_am_send_nbx: fn(ucp_ep_h, c_uint, *const c_void, usize, *const c_void, usize, *const ucp_request_param_t) -> ucs_status_ptr_t;
