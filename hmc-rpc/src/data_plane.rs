@@ -9,6 +9,11 @@
 //! handler, WRITEs a large response into the client's response region and answers
 //! RESPONSE/HMC_BUFFER with the length. A response that does not fit goes back as
 //! TCP_STREAM. No tag matching, and no lock is held across a transfer.
+//!
+//! Copies per call: the server's READ and WRITE move the bytes once each way. The client
+//! copies the request into a pooled buffer, unless the caller wrote it there in the first
+//! place ([`ClientDataPlane::request_buffer`]); the response reaches the caller as a view
+//! of the pooled response buffer, without a copy.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -24,7 +29,7 @@ use parking_lot::Mutex;
 
 use crate::dispatch::{HandlerResult, RpcError};
 use crate::frame::Status;
-use crate::pool::{BufferPool, PoolConfig, PoolStats, PooledBuffer};
+use crate::pool::{BufferPool, LentBuffers, PoolConfig, PoolStats, PooledBuffer, RequestBuffer};
 
 /// Data-plane settings shared by server and client. Every limit has a default and a name.
 #[derive(Clone, Copy, Debug)]
@@ -57,6 +62,8 @@ impl Default for DataPlaneConfig {
 pub struct DataPlaneStats {
     /// Calls whose request moved over the data plane.
     pub buffer_calls: u64,
+    /// Client: of those, calls whose payload was a [`RequestBuffer`] lent as is (no copy).
+    pub lent_requests: u64,
     /// Responses written one-sided into a client's region.
     pub buffer_responses: u64,
     /// Client: large calls sent TCP_STREAM because the data plane could not be prepared.
@@ -73,6 +80,7 @@ pub struct DataPlaneStats {
 #[derive(Default)]
 pub(crate) struct Counters {
     buffer_calls: AtomicU64,
+    lent_requests: AtomicU64,
     buffer_responses: AtomicU64,
     fallbacks: AtomicU64,
     failures: AtomicU64,
@@ -85,6 +93,7 @@ impl Counters {
     fn stats(&self, pool: PoolStats) -> DataPlaneStats {
         DataPlaneStats {
             buffer_calls: self.buffer_calls.load(Ordering::Relaxed),
+            lent_requests: self.lent_requests.load(Ordering::Relaxed),
             buffer_responses: self.buffer_responses.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
@@ -545,6 +554,7 @@ pub struct ClientDataPlane<C: Communicator> {
     pool: BufferPool<C>,
     pub(crate) config: DataPlaneConfig,
     counters: Counters,
+    lent: Arc<LentBuffers>,
 }
 
 /// The buffers of one HMC_BUFFER call. Returned to the pool once the server answered OK;
@@ -553,6 +563,8 @@ pub struct ClientDataPlane<C: Communicator> {
 pub(crate) struct PreparedCall<C: Communicator> {
     pub(crate) descriptor: Bytes,
     request: Option<PooledBuffer<C>>,
+    /// The caller's [`RequestBuffer`] lent as the request: its discard flag.
+    lent: Option<Arc<std::sync::atomic::AtomicBool>>,
     response: Option<PooledBuffer<C>>,
     settled: bool,
 }
@@ -579,6 +591,9 @@ impl<C: Communicator> Drop for PreparedCall<C> {
             if let Some(b) = self.request.take() {
                 b.discard();
             }
+            if let Some(d) = self.lent.take() {
+                d.store(true, Ordering::Release);
+            }
             if let Some(b) = self.response.take() {
                 b.discard();
             }
@@ -594,16 +609,37 @@ impl<C: Communicator> ClientDataPlane<C> {
             comm,
             config,
             counters: Counters::default(),
+            lent: Arc::default(),
         }
     }
 
-    /// Copies `payload` into a pooled buffer and lends a response region of
-    /// `response_len` bytes (0: none). Fails (and the caller falls back to TCP_STREAM)
-    /// when the pool cannot lend.
+    /// A pooled registered buffer of `len` bytes to write a request payload into, for
+    /// calls without the copy into a pooled buffer (see [`RequestBuffer`]). Fails like
+    /// the pool does ([`Error::LimitExceeded`] naming `max_pool_bytes`).
+    pub fn request_buffer(&self, len: usize) -> Result<RequestBuffer<C>> {
+        Ok(RequestBuffer::new(
+            self.pool.acquire(len)?,
+            len,
+            self.lent.clone(),
+        ))
+    }
+
+    /// Lends `payload` itself when it is a frozen [`RequestBuffer`] of this data plane,
+    /// else copies it into a pooled buffer; and lends a response region of `response_len`
+    /// bytes (0: none). Fails (and the caller falls back to TCP_STREAM) when the pool
+    /// cannot lend.
     pub(crate) fn prepare(&self, payload: &[u8], response_len: usize) -> Result<PreparedCall<C>> {
+        let lent = self.lent.find(payload);
         let r = (|| {
-            let request = self.pool.acquire(payload.len())?;
-            request.fill(payload)?;
+            let (request, export) = match &lent {
+                Some(l) => (None, l.export.clone()),
+                None => {
+                    let request = self.pool.acquire(payload.len())?;
+                    request.fill(payload)?;
+                    let export = request.export();
+                    (Some(request), export)
+                }
+            };
             let response = if response_len > 0 {
                 Some(self.pool.acquire(response_len)?)
             } else {
@@ -611,12 +647,13 @@ impl<C: Communicator> ClientDataPlane<C> {
             };
             let desc = BufferDescriptor {
                 reply_to: self.comm.address(),
-                request: request.export(),
+                request: export,
                 response: response.as_ref().map(|b| b.export()),
             };
             Ok(PreparedCall {
                 descriptor: Bytes::from(desc.encode()),
-                request: Some(request),
+                request,
+                lent: None,
                 response,
                 settled: true,
             })
@@ -624,6 +661,10 @@ impl<C: Communicator> ClientDataPlane<C> {
         match r {
             Ok(mut p) => {
                 p.settled = false;
+                if let Some(l) = lent {
+                    p.lent = Some(l.discard);
+                    Counters::bump(&self.counters.lent_requests);
+                }
                 Counters::bump(&self.counters.buffer_calls);
                 Ok(p)
             }

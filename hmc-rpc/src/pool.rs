@@ -426,6 +426,147 @@ impl<C: Communicator> AsRef<[u8]> for View<C> {
     }
 }
 
+/// Pooled buffers lent to callers as request payloads ([`RequestBuffer::freeze`]), by start
+/// address, so that the client data plane finds a payload that already lies in one.
+#[derive(Default)]
+pub(crate) struct LentBuffers(Mutex<std::collections::HashMap<u64, Lent>>);
+
+/// One lent buffer as the data plane sees it.
+#[derive(Clone)]
+pub(crate) struct Lent {
+    /// What a peer needs to READ the buffer.
+    pub(crate) export: RemoteRegion,
+    /// The payload's length.
+    pub(crate) len: usize,
+    /// Set when a call that lent this buffer failed: a server that gave up may still READ
+    /// it, so it is discarded (its key revoked), not returned to the pool, when released.
+    pub(crate) discard: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl LentBuffers {
+    /// The lent buffer whose payload is exactly `payload` (same start, same length).
+    pub(crate) fn find(&self, payload: &[u8]) -> Option<Lent> {
+        let map = self.0.lock();
+        let e = map.get(&(payload.as_ptr() as u64))?;
+        (e.len == payload.len()).then(|| e.clone())
+    }
+}
+
+/// A request payload written in place: a pooled registered buffer from
+/// [`ClientDataPlane::request_buffer`](crate::ClientDataPlane::request_buffer).
+///
+/// Fill it through [`RequestBuffer::as_mut_slice`], then [`RequestBuffer::freeze`] it into
+/// the `Bytes` to pass to [`Client::call`](crate::Client::call): an HMC_BUFFER call then
+/// lends this very buffer to the server instead of copying the payload into a pooled one
+/// (one copy less per call). Keep or clone the `Bytes` as long as you like; the buffer goes
+/// back to the pool when the last clone is dropped, or is discarded (deregistered, so the
+/// server's key dies) if a call that lent it did not end with an answer. A payload below
+/// the data-plane threshold, or a call on a connection without a data plane, travels
+/// INLINE or TCP_STREAM from the same bytes.
+pub struct RequestBuffer<C: Communicator> {
+    buf: PooledBuffer<C>,
+    len: usize,
+    lent: Arc<LentBuffers>,
+}
+
+impl<C: Communicator> RequestBuffer<C> {
+    pub(crate) fn new(buf: PooledBuffer<C>, len: usize, lent: Arc<LentBuffers>) -> Self {
+        RequestBuffer { buf, len, lent }
+    }
+
+    /// The payload length (what was asked of `request_buffer`).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the payload is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The payload bytes, to fill in place. They start with unspecified contents (a reused
+    /// buffer holds an earlier payload).
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        let r = self.buf.region();
+        debug_assert!(r.len >= self.len);
+        // SAFETY: the region is live host memory of the pooled buffer we own exclusively
+        // (it is neither exported nor lent before `freeze`), at least `len` bytes long.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::slice::from_raw_parts_mut(r.addr as *mut u8, self.len)
+        }
+    }
+
+    /// The filled payload as immutable `Bytes` over the same registered memory (no copy).
+    pub fn freeze(self) -> Bytes {
+        let addr = self.buf.region().addr;
+        let discard = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        self.lent.0.lock().insert(
+            addr,
+            Lent {
+                export: self.buf.export(),
+                len: self.len,
+                discard: discard.clone(),
+            },
+        );
+        Bytes::from_owner(LentView {
+            buf: Some(self.buf),
+            len: self.len,
+            addr,
+            lent: self.lent,
+            discard,
+        })
+    }
+}
+
+impl<C: Communicator> std::fmt::Debug for RequestBuffer<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestBuffer")
+            .field("len", &self.len)
+            .field("buffer", &self.buf)
+            .finish()
+    }
+}
+
+/// `Bytes` owner of a frozen [`RequestBuffer`]: unlists the buffer, then returns or
+/// discards it.
+struct LentView<C: Communicator> {
+    buf: Option<PooledBuffer<C>>,
+    len: usize,
+    addr: u64,
+    lent: Arc<LentBuffers>,
+    discard: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<C: Communicator> AsRef<[u8]> for LentView<C> {
+    fn as_ref(&self) -> &[u8] {
+        self.buf
+            .as_ref()
+            .and_then(|b| b.as_slice(self.len).ok())
+            .unwrap_or(&[])
+    }
+}
+
+impl<C: Communicator> Drop for LentView<C> {
+    fn drop(&mut self) {
+        {
+            let mut map = self.lent.0.lock();
+            if map
+                .get(&self.addr)
+                .is_some_and(|e| Arc::ptr_eq(&e.discard, &self.discard))
+            {
+                map.remove(&self.addr);
+            }
+        }
+        // Dropping the buffer returns it to the pool; a discarded one is deregistered.
+        if let Some(b) = self.buf.take()
+            && self.discard.load(Ordering::Acquire)
+        {
+            b.discard();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

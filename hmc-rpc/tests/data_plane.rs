@@ -1,6 +1,7 @@
 //! HMC_BUFFER over real data planes (the TCP communicator; UCX where it loads): verified
 //! echo round trips, fallback to TCP_STREAM, forged and stale descriptors, a client that
-//! dies mid-call, and many large calls at once.
+//! dies mid-call, many large calls at once, and request payloads written in place
+//! (`ClientDataPlane::request_buffer`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,8 +10,8 @@ use bytes::Bytes;
 use hmc_core::{Access, Communicator, PeerAddr, RegisteredBuffer, RemoteRegion};
 use hmc_rpc::frame::{FrameHeader, FrameKind, HEADER_LEN, PayloadMode};
 use hmc_rpc::{
-    CallOptions, Client, ClientConfig, DataPlaneConfig, Dispatcher, PoolConfig, RpcError,
-    RunningServer, Server, ServerConfig, Status, demo,
+    CallOptions, Client, ClientConfig, ClientDataPlane, DataPlaneConfig, Dispatcher, PoolConfig,
+    RpcError, RunningServer, Server, ServerConfig, Status, demo,
 };
 use hmc_transport_tcp::{TcpCommunicator, TcpConfig};
 use rstest::rstest;
@@ -422,4 +423,81 @@ async fn a_server_without_a_data_plane_fails_one_call_then_gets_tcp_stream() {
 async fn a_server_without_a_data_plane_reports_none() {
     let s = server::<TcpCommunicator>(None, DataPlaneConfig::default()).await;
     assert!(s.data_plane_stats().is_none());
+}
+
+/// A client sharing `dp`, so the test can ask it for request buffers.
+async fn client_on<C: Communicator>(s: &RunningServer, dp: &Arc<ClientDataPlane<C>>) -> Client<C> {
+    Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap()
+        .with_client_data_plane(dp.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_buffer_is_lent_as_is_and_reused() {
+    let s = server(Some(tcp_comm()), DataPlaneConfig::default()).await;
+    let dp = Arc::new(ClientDataPlane::new(tcp_comm(), DataPlaneConfig::default()));
+    let c = client_on(&s, &dp).await;
+    for seed in 0..3 {
+        let p = pattern(1 << 20, seed);
+        let mut rb = dp.request_buffer(p.len()).unwrap();
+        assert_eq!((rb.len(), rb.is_empty()), (p.len(), false));
+        rb.as_mut_slice().copy_from_slice(&p);
+        let body = rb.freeze();
+        assert!(body == p);
+        let r = c.call(demo::ECHO, body.clone()).await.unwrap();
+        assert!(r == p, "echo {seed} differs");
+        assert!(body == p, "the lent payload is unchanged");
+    }
+    let cs = dp.stats();
+    assert_eq!(
+        (cs.buffer_calls, cs.lent_requests, cs.buffer_responses),
+        (3, 3, 3)
+    );
+    assert_eq!((cs.fallbacks, cs.failures), (0, 0));
+    assert_eq!(
+        cs.pool.registrations, 2,
+        "one request buffer and one response buffer, both reused"
+    );
+    assert_eq!(cs.pool.in_use_bytes, 0, "both back in the pool");
+    assert_eq!(s.data_plane_stats().unwrap().buffer_calls, 3);
+
+    // A slice of a lent payload is not the lent payload: it is copied, as any other.
+    let mut rb = dp.request_buffer(1 << 20).unwrap();
+    rb.as_mut_slice().copy_from_slice(&pattern(1 << 20, 7));
+    let body = rb.freeze();
+    let part = body.slice(0..(512 << 10));
+    assert!(c.call(demo::ECHO, part.clone()).await.unwrap() == part);
+    let cs = dp.stats();
+    assert_eq!((cs.buffer_calls, cs.lent_requests), (4, 3));
+    // Below the threshold the same bytes travel INLINE.
+    let mut small = dp.request_buffer(1000).unwrap();
+    small.as_mut_slice().fill(0x3C);
+    let small = small.freeze();
+    assert_eq!(c.call(demo::ECHO, small.clone()).await.unwrap(), small);
+    assert_eq!(dp.stats().buffer_calls, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_buffer_lent_to_a_failed_call_is_discarded_not_reused() {
+    let s = server::<TcpCommunicator>(None, DataPlaneConfig::default()).await;
+    let dp = Arc::new(ClientDataPlane::new(tcp_comm(), DataPlaneConfig::default()));
+    let c = client_on(&s, &dp).await;
+    let mut rb = dp.request_buffer(1 << 20).unwrap();
+    rb.as_mut_slice().fill(0x5A);
+    let body = rb.freeze();
+    let e = c.call(demo::ECHO, body.clone()).await.unwrap_err();
+    assert_eq!(e.status(), Some(Status::DATA_PLANE), "{e}");
+    assert_eq!(dp.stats().lent_requests, 1);
+    let before = dp.stats().pool.deregistrations;
+    // The bytes stay readable while the caller holds them; the next call streams them.
+    assert_eq!(c.call(demo::ECHO, body.clone()).await.unwrap(), body);
+    drop(body);
+    let cs = dp.stats();
+    assert_eq!(
+        cs.pool.deregistrations,
+        before + 1,
+        "a server may still read a buffer lent to a failed call: deregistered, not pooled"
+    );
+    assert_eq!(cs.pool.in_use_bytes, 0);
 }
