@@ -69,6 +69,11 @@ struct Args {
     /// The ucx_perftest binary for the tag_bw reference (skipped with a note when absent).
     #[arg(long, default_value = "ucx_perftest")]
     ucx_perftest: PathBuf,
+    /// HMC_BUFFER rows: each request body is built in place in a pooled registered buffer
+    /// (`ClientDataPlane::request_buffer`), as a data-plane user would, instead of in a
+    /// `Vec` the data plane then copies into one. `false`: built like the TCP_STREAM rows.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    dp_request_buffers: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -134,8 +139,14 @@ async fn bench_hmc_dp<C: Communicator>(
     depth: usize,
     secs: f64,
     stream_crc: bool,
-    dp: Option<Arc<ClientDataPlane<C>>>,
+    // The data plane, and whether request bodies are built in its request buffers.
+    dp: Option<(Arc<ClientDataPlane<C>>, bool)>,
 ) -> Result<Cell, String> {
+    let in_place = dp
+        .as_ref()
+        .filter(|(_, in_place)| *in_place)
+        .map(|(dp, _)| dp.clone());
+    let dp = dp.map(|(dp, _)| dp);
     let mut config = ClientConfig::default();
     config.conn.stream_crc = stream_crc;
     match dp {
@@ -148,7 +159,7 @@ async fn bench_hmc_dp<C: Communicator>(
                         .map_err(|e| e.to_string())?,
                 );
             }
-            bench_conns(conns, size, depth, secs, "hmc-rpc").await
+            bench_conns(conns, size, depth, secs, "hmc-rpc", None).await
         }
         Some(dp) => {
             let mut conns = Vec::new();
@@ -160,7 +171,7 @@ async fn bench_hmc_dp<C: Communicator>(
                         .with_client_data_plane(dp.clone()),
                 );
             }
-            bench_conns(conns, size, depth, secs, "hmc-rpc-buffer").await
+            bench_conns(conns, size, depth, secs, "hmc-rpc-buffer", in_place).await
         }
     }
 }
@@ -171,6 +182,7 @@ async fn bench_conns<C: Communicator>(
     depth: usize,
     secs: f64,
     system: &'static str,
+    in_place: Option<Arc<ClientDataPlane<C>>>,
 ) -> Result<Cell, String> {
     let clients = conns.len();
     let template: Arc<Vec<u8>> = Arc::new((0..size).map(|i| (i % 251) as u8).collect());
@@ -187,17 +199,29 @@ async fn bench_conns<C: Communicator>(
         for d in 0..depth {
             let c = c.clone();
             let template = template.clone();
+            let in_place = in_place.clone();
             tasks.push(tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let mut n: u64 = ((ci * 1000 + d) as u64) << 32;
                 while Instant::now() < end {
                     n += 1;
                     // A fresh, numbered body per call (one copy, as tonic's client makes).
-                    let mut body = template.to_vec();
                     let stamp = n.to_be_bytes();
-                    let k = stamp.len().min(body.len());
-                    body[..k].copy_from_slice(&stamp[..k]);
-                    let body = Bytes::from(body);
+                    let k = stamp.len().min(template.len());
+                    let body = match &in_place {
+                        Some(dp) => {
+                            let mut rb = dp.request_buffer(size).map_err(|e| e.to_string())?;
+                            let b = rb.as_mut_slice();
+                            b.copy_from_slice(&template);
+                            b[..k].copy_from_slice(&stamp[..k]);
+                            rb.freeze()
+                        }
+                        None => {
+                            let mut body = template.to_vec();
+                            body[..k].copy_from_slice(&stamp[..k]);
+                            Bytes::from(body)
+                        }
+                    };
                     let t = Instant::now();
                     let r = c
                         .call(demo::ECHO, body.clone())
@@ -342,7 +366,7 @@ async fn bench_data_planes(
                         depth,
                         args.seconds,
                         args.stream_crc,
-                        Some(dp.clone()),
+                        Some((dp.clone(), args.dp_request_buffers)),
                     )
                     .await?;
                     let stream = stream_cells
