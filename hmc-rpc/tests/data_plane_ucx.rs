@@ -1,12 +1,14 @@
 //! HMC_BUFFER over the UCX communicator with `UCX_TLS=tcp` and with shared memory
-//! (`posix,cma,self`): verified echo round trips, many calls at once, a forged descriptor.
+//! (`posix,cma,self`): verified echo round trips, many calls at once, a forged descriptor,
+//! request payloads written in place, and direct copies through UCX's shared-memory mapping.
 //! UCX must be installed (`libucx0`); these tests never skip.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use hmc_rpc::{
-    Client, ClientConfig, DataPlaneConfig, Dispatcher, RunningServer, Server, ServerConfig, demo,
+    Client, ClientConfig, ClientDataPlane, DataPlaneConfig, Dispatcher, RunningServer, Server,
+    ServerConfig, demo,
 };
 use hmc_transport_ucx::{UcxCommunicator, UcxConfig};
 use rstest::rstest;
@@ -337,4 +339,42 @@ async fn a_client_that_dies_mid_call_over_ucx_leaves_the_server_healthy(
     let c = client(&s, tls).await;
     let p = pattern(1 << 20, 9);
     assert!(c.call(demo::ECHO, p.clone()).await.unwrap() == p);
+}
+
+#[rstest]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_buffers_over_ucx_and_direct_copies_on_shared_memory(
+    #[values("tcp", "posix,cma,self")] tls: &str,
+) {
+    let server_comm = ucx(tls);
+    let s = server_on(server_comm.clone()).await;
+    let dp = Arc::new(ClientDataPlane::new(ucx(tls), DataPlaneConfig::default()));
+    let c = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap()
+        .with_client_data_plane(dp.clone());
+    for seed in 0..3 {
+        let p = pattern(1 << 20, seed);
+        let mut rb = dp.request_buffer(p.len()).unwrap();
+        rb.as_mut_slice().copy_from_slice(&p);
+        let r = c.call(demo::ECHO, rb.freeze()).await.unwrap();
+        assert!(r == p, "echo {seed} over UCX_TLS={tls} differs");
+    }
+    let cs = dp.stats();
+    assert_eq!(
+        (cs.buffer_calls, cs.lent_requests, cs.buffer_responses),
+        (3, 3, 3)
+    );
+    let direct = server_comm.stats().direct_transfers;
+    if tls == "tcp" {
+        assert_eq!(
+            direct, 0,
+            "TCP maps nothing: every transfer uses the progress thread"
+        );
+    } else {
+        assert_eq!(
+            direct, 6,
+            "each call's READ and WRITE are memcpys through UCX's mapping of the client's buffers"
+        );
+    }
 }
