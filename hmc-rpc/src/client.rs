@@ -20,8 +20,10 @@ use crate::data_plane::{
 };
 use crate::device::{self, DEFAULT_DEVICE_STAGING, DeviceSink, StagingRing};
 use crate::frame::{INLINE_MAX, Status};
-use crate::net::Stream;
-use crate::proto::{ClientConn, ClientEvent, ConnConfig, ResponseSink, StagedPayload, StartError};
+use crate::net::{ConnTimer, Stream};
+use crate::proto::{
+    ClientConn, ClientEvent, ConnConfig, ReadTarget, ResponseSink, StagedPayload, StartError,
+};
 
 /// Client settings; every field has a default.
 #[derive(Clone, Debug)]
@@ -623,6 +625,7 @@ async fn run_connection(
 ) {
     let (mut rd, wr) = stream.into_split();
     let mut core = ClientConn::new(cfg, Instant::now());
+    let mut timer = ConnTimer::new();
     let mut waiting: HashMap<u64, ReplyTx> = HashMap::new();
     let mut cmds_open = true;
     // Callers woken by answers since calls were last queued.
@@ -690,13 +693,17 @@ async fn run_connection(
         if (!cmds_open || core.draining_reason().is_some()) && core.pending_len() == 0 {
             break "closed".to_string();
         }
-        let timeout = core.poll_timeout();
+        timer.want(core.poll_timeout());
         let want_write = core.has_tx();
         tokio::select! {
             biased;
             r = rd.readable() => {
                 if let Err(e) = r { break format!("read failed: {e}"); }
-                match rd.read_now(core.input_space(READ_CHUNK)) {
+                let r = match core.read_target(READ_CHUNK) {
+                    ReadTarget::Input(b) => rd.read_now(b),
+                    ReadTarget::Append(v, max) => rd.read_now_append(v, max),
+                };
+                match r {
                     Ok(0) => break "the server closed the connection".to_string(),
                     Ok(n) => core.handle_read(n, Instant::now()),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -730,7 +737,7 @@ async fn run_connection(
             r = wr.writable(), if want_write => {
                 if let Err(e) = r { break format!("write failed: {e}"); }
             }
-            _ = sleep_until(timeout), if timeout.is_some() => core.handle_timeout(Instant::now()),
+            _ = timer.fired(), if timer.is_armed() => core.handle_timeout(Instant::now()),
         }
     };
     usable.store(false, Ordering::Release);
@@ -794,12 +801,6 @@ fn handle_cmd(core: &mut ClientConn, waiting: &mut HashMap<u64, ReplyTx>, c: Cmd
             waiting.remove(&id);
             core.cancel(id);
         }
-    }
-}
-
-async fn sleep_until(t: Option<Instant>) {
-    if let Some(t) = t {
-        tokio::time::sleep_until(t.into()).await;
     }
 }
 

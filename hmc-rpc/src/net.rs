@@ -1,7 +1,11 @@
-//! Sockets: one stream and listener type over TCP (IPv4/IPv6) and Unix domain sockets.
+//! Sockets: one stream and listener type over TCP (IPv4/IPv6) and Unix domain sockets;
+//! and the connection tasks' timer.
 
+use std::future::Future;
 use std::io;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
 
 use hmc_core::{Error, PeerAddr, Result};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
@@ -98,6 +102,25 @@ impl ReadHalf {
             std::task::Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }
     }
+
+    /// Like [`ReadHalf::read_now`], appending at most `max` bytes to `buf` (into its
+    /// spare capacity: nothing is zeroed or copied first).
+    pub(crate) fn read_now_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        use bytes::BufMut;
+        use tokio::io::AsyncReadExt;
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut dst = (&mut *buf).limit(max);
+        let r = match self {
+            ReadHalf::Tcp(s) => std::pin::pin!(s.read_buf(&mut dst)).poll(&mut cx),
+            ReadHalf::Unix(s) => std::pin::pin!(s.read_buf(&mut dst)).poll(&mut cx),
+        };
+        match r {
+            std::task::Poll::Ready(r) => r,
+            // The noop waker is replaced by the next `readable()`.
+            std::task::Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
 }
 
 /// The writing side of a connection.
@@ -189,5 +212,75 @@ impl Drop for Listener {
         if let Listener::Unix(_, p) = self {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+/// A connection task's one timer. It is re-armed only when the core wants a deadline
+/// earlier than the armed one: a deadline that moves later (every call and every read
+/// push the idle, keepalive and call deadlines out) costs no timer update; the timer then
+/// fires early once, the core finds nothing due (it compares against `now`), and the
+/// next wanted deadline is armed.
+pub(crate) struct ConnTimer {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    armed: Option<Instant>,
+}
+
+impl ConnTimer {
+    pub(crate) fn new() -> Self {
+        // Not registered with the runtime until it is armed and polled.
+        let far = Instant::now() + Duration::from_secs(86_400 * 365);
+        ConnTimer {
+            sleep: Box::pin(tokio::time::sleep_until(far.into())),
+            armed: None,
+        }
+    }
+
+    /// Makes the timer fire no later than `want` (`None`: nothing is due).
+    pub(crate) fn want(&mut self, want: Option<Instant>) {
+        if let Some(w) = want
+            && self.armed.is_none_or(|a| w < a)
+        {
+            self.sleep.as_mut().reset(w.into());
+            self.armed = Some(w);
+        }
+    }
+
+    /// True while a deadline is armed.
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.is_some()
+    }
+
+    /// Waits for the armed deadline; then nothing is armed until the next `want`.
+    pub(crate) async fn fired(&mut self) {
+        self.sleep.as_mut().await;
+        self.armed = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_timer_moves_earlier_at_once_and_later_only_after_firing() {
+        let t0 = Instant::now();
+        let mut t = ConnTimer::new();
+        assert!(!t.is_armed());
+        t.want(None);
+        assert!(!t.is_armed());
+        t.want(Some(t0 + Duration::from_secs(30)));
+        t.want(Some(t0 + Duration::from_secs(60)));
+        assert_eq!(
+            t.armed,
+            Some(t0 + Duration::from_secs(30)),
+            "later is ignored"
+        );
+        // A deadline already passed: it fires at once.
+        t.want(Some(t0));
+        assert_eq!(t.armed, Some(t0), "earlier re-arms");
+        t.fired().await;
+        assert!(!t.is_armed());
+        t.want(Some(t0 + Duration::from_secs(60)));
+        assert_eq!(t.armed, Some(t0 + Duration::from_secs(60)));
     }
 }

@@ -32,7 +32,9 @@ pub struct ConnConfig {
     pub limits: FrameLimits,
     /// Requests in flight on this connection (`max_inflight_per_conn`, default 64).
     pub max_inflight: usize,
-    /// Bytes per DATA chunk of a TCP_STREAM payload (`stream_chunk_len`, default 64 KiB).
+    /// Bytes per DATA chunk of a TCP_STREAM payload (`stream_chunk_len`, default 256 KiB,
+    /// the default `max_body_len`: fewer frames and reads per payload; small frames still
+    /// overtake between chunks).
     pub chunk_len: usize,
     /// Compute a CRC32C for every DATA chunk sent (`stream_crc`, default false: chunks
     /// carry payload CRC 0, "not computed", and TCP's own checksum applies, as with gRPC).
@@ -59,7 +61,7 @@ impl Default for ConnConfig {
         ConnConfig {
             limits: FrameLimits::default(),
             max_inflight: 64,
-            chunk_len: 64 * 1024,
+            chunk_len: 256 * 1024,
             stream_turn_len: 1 << 20,
             stream_crc: false,
             idle_timeout: Duration::from_secs(60),
@@ -136,11 +138,51 @@ struct Framing {
     last_rx: Instant,
     /// End of the received bytes in `inbuf` (the rest is spare, zeroed space).
     in_end: usize,
+    /// The DATA chunk whose body is being read straight into its stream's buffer.
+    direct: Option<DirectBody>,
+    /// The last frame belonged to a large stream: the next read takes one header only, so
+    /// that the body after it can be read in place instead of through `inbuf`.
+    header_first: bool,
+    /// What the last [`Framing::read_target`] or [`Framing::input_space`] handed out.
+    target: TargetKind,
+}
+
+/// A DATA chunk being received straight into its stream's reassembly buffer (the socket
+/// copies the body there once; nothing copies it again).
+struct DirectBody {
+    header: FrameHeader,
+    /// Where the chunk starts in the stream's buffer.
+    start: usize,
+    /// Body bytes still to come.
+    left: usize,
+}
+
+/// DATA bodies from this many bytes are read in place when their stream reassembles into
+/// host memory; smaller ones go through the input buffer.
+const DIRECT_MIN: usize = 16 * 1024;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TargetKind {
+    Input,
+    Append,
+}
+
+/// Where the runtime's next read should put the bytes (from `read_target`); report how
+/// many arrived with `handle_read`.
+pub enum ReadTarget<'a> {
+    /// Into this spare input space.
+    Input(&'a mut [u8]),
+    /// Appended to this buffer, at most this many bytes: the rest of a DATA chunk, read
+    /// straight into its payload's reassembly buffer (the buffer has the capacity).
+    Append(&'a mut Vec<u8>, usize),
 }
 
 enum Parsed {
     /// A frame whose body is `inbuf[range]` until the next `push_input`.
     Frame(FrameHeader, std::ops::Range<usize>),
+    /// A DATA chunk read in place is complete; its body starts at this offset of its
+    /// stream's buffer.
+    DirectDone(FrameHeader, usize),
     Need,
 }
 
@@ -158,12 +200,16 @@ impl Framing {
             streams_out: VecDeque::new(),
             last_rx: now,
             in_end: 0,
+            direct: None,
+            header_first: false,
+            target: TargetKind::Input,
         }
     }
 
     /// Spare space at the end of the input buffer, at least `min` bytes, for a read
     /// straight into it (see [`Framing::commit_input`]).
     fn input_space(&mut self, min: usize) -> &mut [u8] {
+        self.target = TargetKind::Input;
         if self.in_pos == self.in_end {
             self.in_pos = 0;
             self.in_end = 0;
@@ -178,11 +224,55 @@ impl Framing {
         &mut self.inbuf[self.in_end..]
     }
 
+    /// Where the next read goes: the rest of a DATA body read in place, one header after
+    /// a large stream's frame, or up to `max` bytes of input space.
+    fn read_target(&mut self, max: usize) -> ReadTarget<'_> {
+        if let Some(d) = &self.direct
+            && d.left > 0
+        {
+            let (id, left) = (d.header.request_id, d.left);
+            if self
+                .streams_in
+                .get(&id)
+                .is_some_and(|s| !s.discard && s.sink.is_none())
+            {
+                self.target = TargetKind::Append;
+                let s = self.streams_in.get_mut(&id).expect("checked above");
+                return ReadTarget::Append(&mut s.buf, left);
+            }
+            // The stream was abandoned meanwhile: read the rest and drop it.
+            let n = left.min(max);
+            return ReadTarget::Input(&mut self.input_space(n)[..n]);
+        }
+        let n = if self.header_first && self.in_pos == self.in_end {
+            HEADER_LEN
+        } else {
+            max
+        };
+        ReadTarget::Input(&mut self.input_space(n)[..n])
+    }
+
+    /// `n` bytes arrived where the last `read_target`/`input_space` said.
+    fn commit_read(&mut self, n: usize, now: Instant) {
+        match self.target {
+            TargetKind::Input => self.commit_input(n, now),
+            TargetKind::Append => {
+                if n > 0 {
+                    self.last_rx = now;
+                }
+                if let Some(d) = &mut self.direct {
+                    d.left -= n.min(d.left);
+                }
+            }
+        }
+    }
+
     fn commit_input(&mut self, n: usize, now: Instant) {
         if n > 0 {
             self.last_rx = now;
         }
         self.in_end = (self.in_end + n).min(self.inbuf.len());
+        self.drain_into_direct();
     }
 
     fn push_input(&mut self, bytes: &[u8], now: Instant) {
@@ -190,7 +280,71 @@ impl Framing {
         self.commit_input(bytes.len(), now);
     }
 
+    /// Moves input bytes that belong to the body being read in place into its stream
+    /// (dropped when the stream was abandoned meanwhile).
+    fn drain_into_direct(&mut self) {
+        let Some(d) = &mut self.direct else {
+            return;
+        };
+        let k = d.left.min(self.in_end - self.in_pos);
+        if k == 0 {
+            return;
+        }
+        if let Some(s) = self.streams_in.get_mut(&d.header.request_id)
+            && !s.discard
+            && s.sink.is_none()
+        {
+            s.buf
+                .extend_from_slice(&self.inbuf[self.in_pos..self.in_pos + k]);
+        }
+        self.in_pos += k;
+        d.left -= k;
+    }
+
+    /// Starts reading the body of the DATA frame `h` (its header parsed, its body not
+    /// complete in `inbuf`) in place, when its stream reassembles into host memory and
+    /// the frame is consistent with it (otherwise it is parsed whole, which reports the
+    /// problem). Returns whether it did.
+    fn start_direct(&mut self, h: &FrameHeader) -> bool {
+        let body_len = h.body_len as usize;
+        if h.kind != FrameKind::Data || body_len < DIRECT_MIN {
+            return false;
+        }
+        let Some(s) = self.streams_in.get_mut(&h.request_id) else {
+            return false;
+        };
+        let after = s.received + body_len as u64;
+        if s.discard
+            || s.sink.is_some()
+            || h.payload_len != s.header.payload_len
+            || after > s.header.payload_len
+            || h.flags.contains(Flags::END) != (after == s.header.payload_len)
+        {
+            return false;
+        }
+        s.buf.reserve(body_len);
+        let start = s.buf.len();
+        self.in_pos += HEADER_LEN;
+        self.direct = Some(DirectBody {
+            header: *h,
+            start,
+            left: body_len,
+        });
+        self.drain_into_direct();
+        true
+    }
+
     fn next_frame(&mut self, now: Instant) -> Result<Parsed, FrameError> {
+        if let Some(d) = &self.direct {
+            if d.left > 0 {
+                self.partial_since.get_or_insert(now);
+                return Ok(Parsed::Need);
+            }
+            let d = self.direct.take().expect("checked above");
+            self.partial_since = None;
+            self.mark_partial(now);
+            return Ok(Parsed::DirectDone(d.header, d.start));
+        }
         let avail = &self.inbuf[self.in_pos..self.in_end];
         if avail.len() < HEADER_LEN {
             self.mark_partial(now);
@@ -198,7 +352,16 @@ impl Framing {
         }
         let h = FrameHeader::decode(&avail[..HEADER_LEN], &self.cfg.limits)?;
         let total = HEADER_LEN + h.body_len as usize;
+        self.header_first = if h.kind == FrameKind::Data {
+            h.body_len as usize >= DIRECT_MIN
+        } else {
+            h.mode == PayloadMode::TcpStream && h.payload_len >= DIRECT_MIN as u64
+        };
         if avail.len() < total {
+            if self.start_direct(&h) {
+                self.partial_since = None;
+                return self.next_frame(now);
+            }
             self.mark_partial(now);
             return Ok(Parsed::Need);
         }
@@ -367,7 +530,11 @@ impl Framing {
                 continue;
             };
             waiting = 0;
-            let n = piece.len().min(self.cfg.chunk_len);
+            let n = piece
+                .len()
+                .min(self.cfg.chunk_len)
+                .min(self.cfg.limits.max_body_len as usize)
+                .max(1);
             let chunk = piece.split_to(n);
             if piece.is_empty() {
                 s.pieces.pop_front();
@@ -499,6 +666,28 @@ impl Framing {
                 None => s.buf.extend_from_slice(body),
             }
         }
+        self.end_of_chunk(h)
+    }
+
+    /// Ends a DATA chunk read in place ([`Parsed::DirectDone`]): checks its CRC and
+    /// returns the complete message when it was the last.
+    fn direct_done(&mut self, h: FrameHeader, start: usize) -> Result<Option<Message>, String> {
+        let Some(s) = self.streams_in.get_mut(&h.request_id) else {
+            return Ok(None); // dropped meanwhile
+        };
+        if !s.discard {
+            check_payload_crc(h.request_id, h.payload_crc, &s.buf[start..])
+                .map_err(|e| e.to_string())?;
+        }
+        // `start_direct` checked the length and END against the stream.
+        s.received += u64::from(h.body_len);
+        self.end_of_chunk(h)
+    }
+
+    /// After a DATA chunk's bytes went to its stream: checks END against the count and
+    /// returns the complete message when END arrives.
+    fn end_of_chunk(&mut self, h: FrameHeader) -> Result<Option<Message>, String> {
+        let s = self.streams_in.get_mut(&h.request_id).expect("present");
         let end = h.flags.contains(Flags::END);
         let full = s.received == s.header.payload_len;
         if end != full {
@@ -675,12 +864,13 @@ impl ServerConn {
         self.process_input(now);
     }
 
-    /// `n` bytes were read into [`ServerConn::input_space`].
+    /// `n` bytes were read where [`ServerConn::read_target`] or [`ServerConn::input_space`]
+    /// said.
     pub fn handle_read(&mut self, n: usize, now: Instant) {
         if matches!(self.state, ServerState::Closing(_)) {
             return;
         }
-        self.f.commit_input(n, now);
+        self.f.commit_read(n, now);
         self.process_input(now);
     }
 
@@ -688,6 +878,16 @@ impl ServerConn {
         loop {
             match self.f.next_frame(now) {
                 Ok(Parsed::Need) => break,
+                Ok(Parsed::DirectDone(h, start)) => {
+                    let r = self
+                        .f
+                        .direct_done(h, start)
+                        .map(|m| self.on_stream_message(m));
+                    if let Err(why) = r {
+                        self.close(Status::PROTOCOL, &why);
+                        break;
+                    }
+                }
                 Ok(Parsed::Frame(h, body)) => {
                     if let Err(why) = self.on_frame(h, body, now) {
                         self.close(Status::PROTOCOL, &why);
@@ -743,7 +943,14 @@ impl ServerConn {
     }
 
     fn on_data(&mut self, h: FrameHeader, range: std::ops::Range<usize>) -> Result<(), String> {
-        if let Some(m) = self.f.data_frame(h, range)? {
+        let m = self.f.data_frame(h, range)?;
+        self.on_stream_message(m);
+        Ok(())
+    }
+
+    /// A streamed request is complete (`Some`): pass it on as a call.
+    fn on_stream_message(&mut self, m: Option<Message>) {
+        if let Some(m) = m {
             let id = m.header.request_id;
             if let Some(e) = self.inflight.get_mut(&id) {
                 e.receiving = false;
@@ -762,7 +969,6 @@ impl ServerConn {
                 self.events.push_back(ServerEvent::Call(call));
             }
         }
-        Ok(())
     }
 
     fn on_request(&mut self, h: FrameHeader, body: Bytes, now: Instant) -> Result<(), String> {
@@ -1114,6 +1320,13 @@ impl ServerConn {
         self.f.input_space(min)
     }
 
+    /// Where the next read should go (up to `max` bytes): like
+    /// [`input_space`](Self::input_space), except that the body of a large DATA chunk is
+    /// read straight into its payload's buffer. Then call `handle_read(n, now)`.
+    pub fn read_target(&mut self, max: usize) -> ReadTarget<'_> {
+        self.f.read_target(max)
+    }
+
     /// Calls admitted and not yet answered.
     pub fn inflight_len(&self) -> usize {
         self.inflight.len()
@@ -1440,12 +1653,13 @@ impl ClientConn {
         self.process_input(now);
     }
 
-    /// `n` bytes were read into [`ClientConn::input_space`].
+    /// `n` bytes were read where [`ClientConn::read_target`] or [`ClientConn::input_space`]
+    /// said.
     pub fn handle_read(&mut self, n: usize, now: Instant) {
         if self.closed.is_some() {
             return;
         }
-        self.f.commit_input(n, now);
+        self.f.commit_read(n, now);
         self.process_input(now);
     }
 
@@ -1454,6 +1668,16 @@ impl ClientConn {
         loop {
             match self.f.next_frame(now) {
                 Ok(Parsed::Need) => break,
+                Ok(Parsed::DirectDone(h, start)) => {
+                    let r = self
+                        .f
+                        .direct_done(h, start)
+                        .map(|m| self.on_stream_message(m));
+                    if let Err(why) = r {
+                        self.fail(&why, true);
+                        break;
+                    }
+                }
                 Ok(Parsed::Frame(h, body)) => {
                     if let Err(why) = self.on_frame(h, body) {
                         self.fail(&why, true);
@@ -1474,14 +1698,8 @@ impl ClientConn {
     fn on_frame(&mut self, h: FrameHeader, range: std::ops::Range<usize>) -> Result<(), String> {
         let id = h.request_id;
         if h.kind == FrameKind::Data {
-            if let Some(m) = self.f.data_frame(h, range)? {
-                if let Some(staged) = m.staged
-                    && self.pending.contains_key(&m.header.request_id)
-                {
-                    self.staged.insert(m.header.request_id, staged);
-                }
-                self.deliver(m.header, m.payload);
-            }
+            let m = self.f.data_frame(h, range)?;
+            self.on_stream_message(m);
             return Ok(());
         }
         let body = self.f.body(range);
@@ -1552,6 +1770,18 @@ impl ClientConn {
             FrameKind::Request | FrameKind::Cancel => {
                 Err(format!("a server sent a {:?} frame", h.kind))
             }
+        }
+    }
+
+    /// A streamed response is complete (`Some`): deliver it.
+    fn on_stream_message(&mut self, m: Option<Message>) {
+        if let Some(m) = m {
+            if let Some(staged) = m.staged
+                && self.pending.contains_key(&m.header.request_id)
+            {
+                self.staged.insert(m.header.request_id, staged);
+            }
+            self.deliver(m.header, m.payload);
         }
     }
 
@@ -1708,6 +1938,13 @@ impl ClientConn {
     /// `handle_read(n, now)`.
     pub fn input_space(&mut self, min: usize) -> &mut [u8] {
         self.f.input_space(min)
+    }
+
+    /// Where the next read should go (up to `max` bytes): like
+    /// [`input_space`](Self::input_space), except that the body of a large DATA chunk is
+    /// read straight into its payload's buffer. Then call `handle_read(n, now)`.
+    pub fn read_target(&mut self, max: usize) -> ReadTarget<'_> {
+        self.f.read_target(max)
     }
 }
 
@@ -2094,6 +2331,135 @@ mod tests {
         s.respond(big_id, 1, Status::OK, got[1].payload.clone(), now);
         pump_s2c(&mut s, &mut c, now);
         assert_eq!(&responses(&mut c)[0].2[..], &big[..]);
+    }
+
+    /// Carries `wire` to `s` the way the runtime does: through `read_target`, at most
+    /// `read_len` bytes per read; returns how many bytes went in place.
+    fn read_into_server(s: &mut ServerConn, wire: &[u8], read_len: usize, now: Instant) -> usize {
+        let (mut at, mut in_place) = (0, 0);
+        while at < wire.len() {
+            let n = match s.read_target(read_len) {
+                ReadTarget::Input(b) => {
+                    let n = b.len().min(wire.len() - at);
+                    b[..n].copy_from_slice(&wire[at..at + n]);
+                    n
+                }
+                ReadTarget::Append(v, max) => {
+                    let n = max.min(read_len).min(wire.len() - at);
+                    v.extend_from_slice(&wire[at..at + n]);
+                    in_place += n;
+                    n
+                }
+            };
+            at += n;
+            s.handle_read(n, now);
+        }
+        in_place
+    }
+
+    fn wire_of(c: &mut ClientConn) -> Vec<u8> {
+        let mut wire = Vec::new();
+        loop {
+            let b = c.pending_tx().to_vec();
+            if b.is_empty() {
+                return wire;
+            }
+            c.advance_tx(b.len());
+            wire.extend_from_slice(&b);
+        }
+    }
+
+    #[rstest::rstest]
+    #[case::runtime_reads(256 * 1024)]
+    #[case::small_reads(7_000)]
+    #[case::odd_reads(65_537)]
+    fn large_data_bodies_are_read_in_place(#[case] read_len: usize) {
+        let (mut c, mut s, now) = pair(ConnConfig::default());
+        let big = pattern(700_000);
+        let big_id = c
+            .start_call(1, Bytes::from(big.clone()), None, false, now)
+            .unwrap();
+        let small_id = c
+            .start_call(1, Bytes::from_static(b"small"), None, false, now)
+            .unwrap();
+        let big2 = pattern(300_001);
+        let big2_id = c
+            .start_call(1, Bytes::from(big2.clone()), None, false, now)
+            .unwrap();
+        let wire = wire_of(&mut c);
+        let in_place = read_into_server(&mut s, &wire, read_len, now);
+        let got = calls(&mut s);
+        let ids: Vec<u64> = got.iter().map(|c| c.request_id).collect();
+        assert_eq!(ids, vec![small_id, big_id, big2_id]);
+        assert_eq!(&got[1].payload[..], &big[..]);
+        assert_eq!(&got[2].payload[..], &big2[..]);
+        assert_eq!(&got[0].payload[..], b"small");
+        // All but the first read (before any large frame was seen) went straight into
+        // place.
+        let total = big.len() + big2.len();
+        assert!(
+            in_place + read_len.min(total) >= total,
+            "{in_place} of {total} bytes in place"
+        );
+        // No partial frame is left waiting (no stall timer; the calls have no deadline).
+        assert_eq!(s.poll_timeout(), None);
+    }
+
+    #[test]
+    fn a_request_abandoned_while_read_in_place_is_dropped_and_the_stream_stays_in_step() {
+        let (mut c, mut s, now) = pair(ConnConfig::default());
+        let big = pattern(600_000);
+        let big_id = c
+            .start_call(
+                1,
+                Bytes::from(big),
+                Some(now + Duration::from_millis(10)),
+                false,
+                now,
+            )
+            .unwrap();
+        let wire = wire_of(&mut c);
+        let half = wire.len() / 2;
+        read_into_server(&mut s, &wire[..half], 10_000, now);
+        // The deadline passes halfway: the server answers DEADLINE_EXCEEDED and drops
+        // the rest of the payload as it arrives.
+        s.handle_timeout(now + Duration::from_millis(20));
+        let in_place = read_into_server(&mut s, &wire[half..], 10_000, now);
+        assert_eq!(in_place, 0, "nothing is kept for an abandoned request");
+        assert!(calls(&mut s).is_empty());
+        let next = c
+            .start_call(1, Bytes::from_static(b"after"), None, false, now)
+            .unwrap();
+        let wire = wire_of(&mut c);
+        read_into_server(&mut s, &wire, 10_000, now);
+        let got = calls(&mut s);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].request_id, next);
+        pump_s2c(&mut s, &mut c, now);
+        let r = responses(&mut c);
+        assert_eq!(r[0].0, big_id);
+        assert_eq!(r[0].1, Status::DEADLINE_EXCEEDED);
+    }
+
+    #[test]
+    fn a_bad_crc_on_a_chunk_read_in_place_closes_the_connection() {
+        let cfg = ConnConfig {
+            stream_crc: true,
+            ..ConnConfig::default()
+        };
+        let (mut c, mut s, now) = pair(cfg);
+        c.start_call(1, Bytes::from(pattern(100_000)), None, false, now)
+            .unwrap();
+        let mut wire = wire_of(&mut c);
+        let last = wire.len() - 1;
+        wire[last] ^= 1;
+        read_into_server(&mut s, &wire, 1 << 20, now);
+        assert!(calls(&mut s).is_empty());
+        assert!(
+            s.close_reason().is_some_and(|r| r.contains("CRC")),
+            "{:?}",
+            s.close_reason()
+        );
     }
 
     #[test]

@@ -26,8 +26,8 @@ use crate::dispatch::{
 };
 use crate::frame::PayloadMode;
 use crate::frame::{FrameHeader, FrameKind, Status};
-use crate::net::{Listener, Stream};
-use crate::proto::{ConnConfig, IncomingCall, ServerConn, ServerEvent};
+use crate::net::{ConnTimer, Listener, Stream};
+use crate::proto::{ConnConfig, IncomingCall, ReadTarget, ServerConn, ServerEvent};
 
 /// Server limits and sizes. Every field has a default and a name used in error messages.
 #[derive(Clone, Debug)]
@@ -285,6 +285,7 @@ async fn serve_connection(
 ) {
     let (mut rd, wr) = stream.into_split();
     let mut core = ServerConn::new(shared.config.conn.clone(), Instant::now());
+    let mut timer = ConnTimer::new();
     let conn_use = Arc::new(ConnUse::new());
     if shared.dp.is_some() {
         core.enable_hmc_buffer();
@@ -354,6 +355,7 @@ async fn serve_connection(
             let t = s + CLOSE_LINGER;
             timeout = Some(timeout.map_or(t, |x| x.min(t)));
         }
+        timer.want(timeout);
         tokio::select! {
             biased;
             Some(c) = done_rx.recv() => {
@@ -372,7 +374,11 @@ async fn serve_connection(
             },
             r = rd.readable(), if may_read => {
                 if r.is_err() { break; }
-                match rd.read_now(core.input_space(READ_CHUNK)) {
+                let r = match core.read_target(READ_CHUNK) {
+                    ReadTarget::Input(b) => rd.read_now(b),
+                    ReadTarget::Append(v, max) => rd.read_now_append(v, max),
+                };
+                match r {
                     Ok(0) => break,
                     Ok(n) => core.handle_read(n, Instant::now()),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -380,7 +386,7 @@ async fn serve_connection(
                 }
             }
             r = wr.writable(), if want_write => { if r.is_err() { break; } }
-            _ = sleep_until(timeout), if timeout.is_some() => core.handle_timeout(Instant::now()),
+            _ = timer.fired(), if timer.is_armed() => core.handle_timeout(Instant::now()),
             r = shutdown.changed(), if !shutdown_seen => {
                 shutdown_seen = true;
                 if r.is_ok() { core.begin_shutdown(); }
@@ -392,12 +398,6 @@ async fn serve_connection(
     }
     if let Some(dp) = &shared.dp {
         dp.release(&conn_use);
-    }
-}
-
-async fn sleep_until(t: Option<Instant>) {
-    if let Some(t) = t {
-        tokio::time::sleep_until(t.into()).await;
     }
 }
 
