@@ -284,8 +284,16 @@ fn main() {
     // UCX 1.13 over tcp sends RMA in UCX_TCP_TX_SEG_SIZE pieces (8 KiB by default); one
     // put of 1 MiB or more then stalls for tens to hundreds of ms (ucx_perftest: 25-80 MB/s
     // at 16 MiB), 64 KiB segments do not. UCX_ variables in this process's environment
-    // (e.g. UCX_TCP_TX_SEG_SIZE=64K) reach all three processes: this one, the target and
-    // perftest.
+    // reach all three processes: this one, the target and perftest.
+    // perftest runs with the UCX_TCP_TX_SEG_SIZE our communicators apply by default
+    // (unless the environment sets one for all three processes).
+    const SEG: &[(&str, &str)] = &[("UCX_TCP_TX_SEG_SIZE", hmc_transport_ucx::TCP_TX_SEG_SIZE)];
+    let seg: &'static [(&'static str, &'static str)] =
+        if std::env::var_os("UCX_TCP_TX_SEG_SIZE").is_some() {
+            &[]
+        } else {
+            SEG
+        };
     type Transport = (
         &'static str,
         &'static str,
@@ -295,8 +303,8 @@ fn main() {
         &'static [(&'static str, &'static str)],
     );
     let transports: Vec<Transport> = [
-        ("tcp", "tcp", true, false, tcp_bytes, &[][..]),
-        ("tcp-ucxmem", "tcp", true, true, tcp_bytes, &[][..]),
+        ("tcp", "tcp", true, false, tcp_bytes, seg),
+        ("tcp-ucxmem", "tcp", true, true, tcp_bytes, seg),
         ("shm", "posix,cma,self", true, false, shm_bytes, &[][..]),
         (
             "shm-ucxmem",

@@ -23,6 +23,10 @@ const KEY_MAGIC: &[u8; 4] = b"HMCU";
 const KEY_VERSION: u8 = 1;
 const KEY_HEADER: usize = 4 + 1 + 8;
 
+/// The `UCX_TCP_TX_SEG_SIZE` this transport applies unless the user set one (UCX's default
+/// is 8K).
+pub const TCP_TX_SEG_SIZE: &str = "64K";
+
 /// Environment variable that turns [`UcxConfig::direct_mapped`] off by default when `0`.
 pub const DIRECT_ENV: &str = "HMC_UCX_DIRECT";
 
@@ -206,6 +210,14 @@ impl UcxCommunicator {
         if uses_mm && !user_set("MM_ERROR_HANDLING") {
             soft_options.push(("MM_ERROR_HANDLING".to_string(), "y".to_string()));
         }
+        // UCX 1.13 moves RMA over tcp in UCX_TCP_TX_SEG_SIZE pieces, 8 KiB by default; with
+        // 64 KiB a 1 MiB HMC_BUFFER echo takes about half the time (see the crate docs).
+        let uses_tcp = tls_selects_tcp(tls);
+        // The name without the TCP_ prefix: UCP hands unknown keys to each transport's own
+        // table (only tcp's has TX_SEG_SIZE); `TCP_TX_SEG_SIZE` would match none of them.
+        if uses_tcp && !user_set("TCP_TX_SEG_SIZE") && !user_set("TX_SEG_SIZE") {
+            soft_options.push(("TX_SEG_SIZE".to_string(), TCP_TX_SEG_SIZE.to_string()));
+        }
         let listener = TcpListener::bind(config.bind).map_err(|e| {
             Error::io(
                 format!("binding the UCX control listener on {}", config.bind),
@@ -271,6 +283,15 @@ impl UcxCommunicator {
             ucx_endpoints: self.engine.ucx_endpoints.load(Ordering::Acquire),
             direct_transfers: self.counters.direct_transfers.load(Ordering::Acquire),
         }
+    }
+}
+
+/// Whether a `UCX_TLS` value selects UCX's tcp transport (`^a,b` means all but `a,b`).
+fn tls_selects_tcp(tls: &str) -> bool {
+    let tls = tls.trim();
+    match tls.strip_prefix('^') {
+        Some(excluded) => !excluded.split(',').any(|x| x.trim() == "tcp"),
+        None => tls.split(',').any(|x| matches!(x.trim(), "all" | "tcp")),
     }
 }
 
@@ -922,4 +943,26 @@ fn connect_thread(
     // If the caller gave up, the endpoint is dropped here and closes itself.
     let _ = reply.send(Ok(ep));
     link.read_loop(id, engine);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tls_selects_tcp;
+
+    #[test]
+    fn which_tls_values_select_tcp() {
+        for yes in [
+            "tcp",
+            "all",
+            "posix,tcp",
+            " tcp , self",
+            "^posix",
+            "^cma,posix",
+        ] {
+            assert!(tls_selects_tcp(yes), "{yes}");
+        }
+        for no in ["posix,cma,self", "sm", "^tcp", "^posix,tcp", "rc,ud"] {
+            assert!(!tls_selects_tcp(no), "{no}");
+        }
+    }
 }

@@ -49,10 +49,11 @@
 //! emulation: active messages through the posix queues, applied by the target's progress
 //! thread (CMA is used only for rendezvous of active messages: the `cma` transport offers
 //! zero-copy put/get only, which UCP 1.13 does not accept as an RMA lane, and `posix` can
-//! map only memory it allocated). No setting changes that here: `UCX_POSIX_USE_PROC_LINK`
-//! only chooses how a peer opens the posix segment, `UCX_PROTO_ENABLE=y` and larger
-//! `UCX_POSIX_SEG_SIZE` were measured without a stable gain, and mapping arbitrary user
-//! pages needs `xpmem` or `knem`, kernel modules this host does not have.
+//! map only memory it allocated). `UCX_POSIX_USE_PROC_LINK` does not change that (it only
+//! chooses how a peer opens a posix segment); mapping arbitrary user pages needs `xpmem`
+//! or `knem`, kernel modules this host does not have. `UCX_PROTO_ENABLE=y` (UCX's newer
+//! protocol selection) moved puts of user memory several times faster and gets slower in
+//! one run on a loaded host; it is not measured well enough to recommend.
 //! `ucx_perftest ucp_put_bw` reaches memcpy speed because it allocates its buffers *through*
 //! UCX (`UCP_MEM_MAP_FLAG_ALLOCATE`), which the posix transport maps into the peer directly.
 //! [`UcxCommunicator::alloc_registered`] does the same: transfers between such
@@ -62,12 +63,14 @@
 //! (`ucp_rkey_ptr`), a transfer is a plain memcpy on the calling thread, as inside
 //! `ucp_put_nbx`, without the round trip through the progress thread
 //! ([`UcxConfig::direct_mapped`], counted in [`UcxStats::direct_transfers`]).
-//! Over TCP both kinds go through the same emulation and are on par; UCX sends it in
-//! `UCX_TCP_TX_SEG_SIZE` pieces (8 KiB by default), with which single puts of 1 MiB and
-//! more stall for tens to hundreds of milliseconds in UCX 1.13 (`ucx_perftest ucp_put_bw
-//! -s 16777216`: 25–80 MB/s); `UCX_TCP_TX_SEG_SIZE=64K` avoids it. Our 4 MiB chunks with 8 in
-//! flight are less exposed.
-
+//! Over TCP both kinds go through the same emulation and are on par. UCX sends it in
+//! `UCX_TCP_TX_SEG_SIZE` pieces, 8 KiB by default, with which single puts of 1 MiB and more
+//! stall for tens to hundreds of milliseconds in UCX 1.13 (`ucx_perftest ucp_put_bw -s
+//! 16777216`: 25–80 MB/s) and a 1 MiB HMC_BUFFER echo takes about 3 ms; with 64 KiB pieces
+//! perftest's put reaches 3.4 GB/s and the echo about 1–1.5 ms. This transport therefore
+//! sets 64 KiB ([`TCP_TX_SEG_SIZE`]) unless `UCX_TCP_TX_SEG_SIZE` is in the environment or
+//! `TCP_TX_SEG_SIZE` in [`UcxConfig::ucx_options`].
+//!
 //! # Safety story
 //!
 //! `unsafe` lives in [`sys`] (symbol binding) and in the engine (UCX calls), each block with
@@ -81,5 +84,6 @@ mod engine;
 pub mod sys;
 
 pub use comm::{
-    DIRECT_ENV, UcxCommunicator, UcxConfig, UcxEndpoint, UcxRegistration, UcxRemoteKey, UcxStats,
+    DIRECT_ENV, TCP_TX_SEG_SIZE, UcxCommunicator, UcxConfig, UcxEndpoint, UcxRegistration,
+    UcxRemoteKey, UcxStats,
 };
