@@ -250,7 +250,12 @@ fn ucx_tag_bw(bin: &PathBuf, size: usize) -> Result<f64, String> {
     let port = free_port().to_string();
     let size = size.to_string();
     let iters = "2000";
+    // The same UCX_TCP_TX_SEG_SIZE as our UCX communicators apply (unless the environment
+    // sets one for both).
+    let seg = std::env::var("UCX_TCP_TX_SEG_SIZE")
+        .unwrap_or_else(|_| hmc_transport_ucx::TCP_TX_SEG_SIZE.to_string());
     let server = Command::new(bin)
+        .env("UCX_TCP_TX_SEG_SIZE", &seg)
         .args(["-t", "tag_bw", "-s", &size, "-n", iters, "-p", &port])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -261,6 +266,7 @@ fn ucx_tag_bw(bin: &PathBuf, size: usize) -> Result<f64, String> {
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(100));
         let out = Command::new(bin)
+            .env("UCX_TCP_TX_SEG_SIZE", &seg)
             .args([
                 "127.0.0.1",
                 "-t",
