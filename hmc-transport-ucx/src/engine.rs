@@ -718,6 +718,11 @@ impl State {
         for (d, _) in &self.waiters {
             until = until.min(*d);
         }
+        if !self.pending_acks.is_empty() {
+            // A revocation may wait for direct copies (`KeyShared::direct_busy`), whose end
+            // wakes nobody: look again soon.
+            until = until.min(now + Duration::from_millis(1));
+        }
         let timeout_ms = until
             .saturating_duration_since(now)
             .as_micros()
