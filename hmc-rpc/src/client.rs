@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hmc_backend_cpu::HostMemory;
-use hmc_core::{Communicator, Error, MemSpan, Memory, PeerAddr};
+use hmc_core::{Communicator, Error, MemSpan, MemSpanMut, Memory, PeerAddr};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
@@ -453,8 +453,9 @@ impl<C: Communicator> Client<C> {
     /// memory: chunk *i + 1* is copied device-to-host into a staging buffer while chunk *i*
     /// is on the wire. A streamed response is copied to a new device buffer chunk by chunk
     /// as it arrives. With a data plane attached, payloads from its threshold go
-    /// HMC_BUFFER instead (copied whole into the pooled registered buffer, which the
-    /// server pulls one-sided). A staging failure is [`CallError::Device`]; if it happens
+    /// HMC_BUFFER instead: copied device-to-host once into a pooled registered buffer that
+    /// the server pulls one-sided (a device method on the server pulls and pushes chunk by
+    /// chunk, overlapping its device copies with the transfers). A staging failure is [`CallError::Device`]; if it happens
     /// while the payload is being sent, the call is cancelled.
     pub async fn call_device_staged<M: Memory, H: Memory>(
         &self,
@@ -468,7 +469,26 @@ impl<C: Communicator> Client<C> {
         let over_data_plane = self.dp.as_ref().is_some_and(|dp| {
             len >= dp.config.threshold && !self.inner.no_buffer.load(Ordering::Acquire)
         });
-        if len <= INLINE_MAX || over_data_plane {
+        if over_data_plane {
+            // Copied device-to-host once, straight into a pooled registered buffer that the
+            // call lends as it is; the response is a view of the lent response region.
+            let dp = self.dp.as_ref().expect("checked by `over_data_plane`");
+            let request = match dp.request_buffer(len) {
+                Ok(mut buf) => {
+                    memory
+                        .copy(&mut MemSpanMut::host(buf.as_mut_slice()), payload)
+                        .map_err(CallError::Device)?;
+                    buf.freeze()
+                }
+                // The pool cannot lend now: the bytes go TCP_STREAM like any payload.
+                Err(_) => {
+                    Bytes::from(device::download(&**memory, payload).map_err(CallError::Device)?)
+                }
+            };
+            let response = self.call_with(method, request, opts).await?;
+            return device::upload(&**memory, &response).map_err(CallError::Device);
+        }
+        if len <= INLINE_MAX {
             let host = device::download(&**memory, payload).map_err(CallError::Device)?;
             let response = self.call_with(method, host, opts).await?;
             return device::upload(&**memory, &response).map_err(CallError::Device);

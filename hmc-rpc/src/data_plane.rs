@@ -14,6 +14,12 @@
 //! copies the request into a pooled buffer, unless the caller wrote it there in the first
 //! place ([`ClientDataPlane::request_buffer`]); the response reaches the caller as a view
 //! of the pooled response buffer, without a copy.
+//!
+//! Device methods ([`crate::Dispatcher::register_device`]) take a pipelined path on the
+//! server: the payload is READ a chunk at a time into one of two pooled bounce buffers
+//! while the previous chunk is copied to the device, and a large response is copied off
+//! the device a chunk at a time while the previous chunk is WRITTEN, so device copies and
+//! transfers overlap and two chunk-sized buffers serve any payload size.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -27,7 +33,8 @@ use hmc_core::{
 };
 use parking_lot::Mutex;
 
-use crate::dispatch::{HandlerResult, RpcError};
+use crate::device::DEFAULT_DEVICE_STAGING;
+use crate::dispatch::{CallContext, DeviceRequest, DeviceRoute, HandlerResult, RpcError};
 use crate::frame::Status;
 use crate::pool::{BufferPool, LentBuffers, PoolConfig, PoolStats, PooledBuffer, RequestBuffer};
 
@@ -205,8 +212,42 @@ pub(crate) enum Served {
     InBuffer(u64),
 }
 
+/// One transfer between the start of a bounce buffer and `remote` at `offset`.
+fn bounce_desc<'a, C: Communicator>(
+    bounce: &'a PooledBuffer<C>,
+    remote: &'a C::RemoteKey,
+    offset: usize,
+    len: usize,
+) -> [TransferDesc<'a, C>; 1] {
+    [TransferDesc {
+        local: bounce.registration(),
+        local_offset: 0,
+        remote,
+        remote_offset: offset as u64,
+        len,
+    }]
+}
+
+/// A call's checked descriptor, the client's endpoint and the imported request region.
+struct OpenCall<C: Communicator> {
+    d: BufferDescriptor,
+    peer: Arc<Peer<C>>,
+    rkey: Arc<C::RemoteKey>,
+    len: usize,
+}
+
 /// Runs the handler on the pulled payload.
 pub(crate) type RunHandler = Box<dyn FnOnce(Bytes) -> BoxFuture<'static, HandlerResult> + Send>;
+
+/// What an HMC_BUFFER call runs on its payload.
+pub(crate) enum Work {
+    /// A handler of host bytes: the payload is pulled whole into a pooled buffer.
+    Bytes(RunHandler),
+    /// A device method: the payload is pulled chunk by chunk, each chunk copied to the
+    /// device while the next is read, and a large response is copied out chunk by chunk,
+    /// each chunk WRITTEN while the next is copied.
+    Device(CallContext, Arc<dyn DeviceRoute>),
+}
 
 /// The data-plane addresses one RPC connection's calls used. A cached endpoint lives while
 /// some open RPC connection uses it, so connect/call/disconnect cycles leave nothing behind.
@@ -226,14 +267,14 @@ impl ConnUse {
 
 /// The server's data plane, type-erased so the server's shared state stays non-generic.
 pub(crate) trait ServerPlane: Send + Sync + 'static {
-    /// Pulls the payload `desc` describes, runs `run`, pushes a large response.
+    /// Pulls the payload `desc` describes, runs `work` on it, pushes a large response.
     fn serve(
         self: Arc<Self>,
         conn: Arc<ConnUse>,
         desc: Bytes,
         len: u64,
         deadline: Deadline,
-        run: RunHandler,
+        work: Work,
     ) -> BoxFuture<'static, Served>;
     /// Counters.
     fn stats(&self) -> DataPlaneStats;
@@ -362,15 +403,16 @@ impl<C: Communicator> ServerDp<C> {
         Ok(())
     }
 
-    async fn serve_inner(
-        self: Arc<Self>,
-        conn: Arc<ConnUse>,
-        desc: Bytes,
+    /// Decodes and checks a call's descriptor, connects to the client's data plane and
+    /// imports the request region.
+    async fn open_call(
+        &self,
+        conn: &ConnUse,
+        desc: &Bytes,
         len: u64,
         deadline: Deadline,
-        run: RunHandler,
-    ) -> std::result::Result<Served, RpcError> {
-        let d = BufferDescriptor::decode(&desc).map_err(RpcError::bad_payload)?;
+    ) -> std::result::Result<OpenCall<C>, RpcError> {
+        let d = BufferDescriptor::decode(desc).map_err(RpcError::bad_payload)?;
         self.check_region(&d.request, Access::READ, "request")?;
         if len > d.request.region.len as u64 {
             return Err(RpcError::bad_payload(format!(
@@ -379,7 +421,7 @@ impl<C: Communicator> ServerDp<C> {
             )));
         }
         let len = len as usize;
-        let peer = self.peer(&conn, &d.reply_to, deadline).await.map_err(|e| {
+        let peer = self.peer(conn, &d.reply_to, deadline).await.map_err(|e| {
             dp_error(format!(
                 "connecting to the client's data plane at {}: {e}",
                 d.reply_to
@@ -388,6 +430,18 @@ impl<C: Communicator> ServerDp<C> {
         let rkey = self
             .key(&peer, &d.request)
             .map_err(|e| dp_error(format!("importing the request region: {e}")))?;
+        Ok(OpenCall { d, peer, rkey, len })
+    }
+
+    async fn serve_inner(
+        self: Arc<Self>,
+        conn: Arc<ConnUse>,
+        desc: Bytes,
+        len: u64,
+        deadline: Deadline,
+        run: RunHandler,
+    ) -> std::result::Result<Served, RpcError> {
+        let OpenCall { d, peer, rkey, len } = self.open_call(&conn, &desc, len, deadline).await?;
         let buf = self.pool.acquire(len).map_err(dp_error)?;
         let read = self
             .comm
@@ -475,6 +529,109 @@ impl<C: Communicator> ServerDp<C> {
         Ok(Served::InBuffer(resp.len() as u64))
     }
 
+    /// The device method's path: READ chunk i into one pooled bounce buffer while chunk
+    /// i - 1 goes from the other to the device; run the handler; WRITE chunk i of a large
+    /// response from one bounce buffer while chunk i + 1 is copied out of the device into
+    /// the other. Two pooled buffers of one chunk each, whatever the payload's size.
+    async fn serve_device_inner(
+        self: Arc<Self>,
+        conn: Arc<ConnUse>,
+        desc: Bytes,
+        len: u64,
+        deadline: Deadline,
+        ctx: CallContext,
+        route: Arc<dyn DeviceRoute>,
+    ) -> std::result::Result<Served, RpcError> {
+        let OpenCall { d, peer, rkey, len } = self.open_call(&conn, &desc, len, deadline).await?;
+        let chunk = DEFAULT_DEVICE_STAGING.chunk;
+        let bounce = [
+            self.pool.acquire(chunk).map_err(dp_error)?,
+            self.pool.acquire(chunk).map_err(dp_error)?,
+        ];
+        let mut sink = route.sink(len as u64);
+        let n = len.div_ceil(chunk);
+        let piece = |i: usize| (i * chunk, chunk.min(len - i * chunk));
+        for i in 0..=n {
+            let fetch = async {
+                if i < n {
+                    let (off, l) = piece(i);
+                    let desc = bounce_desc(&bounce[i % 2], &rkey, off, l);
+                    self.comm
+                        .transfer(&peer.ep, Op::Read, &desc, deadline)
+                        .await?;
+                }
+                Ok::<(), Error>(())
+            };
+            let drain = async {
+                if i > 0 {
+                    let (off, l) = piece(i - 1);
+                    // A copy error stays in the sink and is reported when it finishes.
+                    sink.write(off as u64, bounce[(i - 1) % 2].as_slice(l)?);
+                }
+                Ok::<(), Error>(())
+            };
+            let (fetched, drained) = futures::join!(fetch, drain);
+            if let Err(e) = fetched {
+                self.on_transfer_error(&d.reply_to, &peer, &d.request, &e);
+                return Err(dp_error(format!("reading the request payload: {e}")));
+            }
+            drained.map_err(dp_error)?;
+        }
+        Counters::bump(&self.counters.buffer_calls);
+        let out = route
+            .run_raw(ctx, DeviceRequest::Staged(sink.finish()))
+            .await?;
+        let region = d.response.as_ref().filter(|r| r.region.len >= out.len());
+        let Some(region) = region.filter(|_| out.len() >= self.config.threshold) else {
+            if out.len() >= self.config.threshold {
+                Counters::bump(&self.counters.fallbacks);
+            }
+            // Small (or no room lent): one copy to host memory, answered on the stream.
+            let mut host = vec![0u8; out.len()];
+            out.copy_out(0, &mut hmc_core::MemSpanMut::host(&mut host))
+                .map_err(|e| dp_error(format!("copying the response off the device: {e}")))?;
+            return Ok(Served::Answer(Ok(Bytes::from(host))));
+        };
+        self.check_region(region, Access::WRITE, "response")?;
+        let wkey = self
+            .key(&peer, region)
+            .map_err(|e| dp_error(format!("importing the response region: {e}")))?;
+        let total = out.len();
+        let n = total.div_ceil(chunk);
+        let piece = |i: usize| (i * chunk, chunk.min(total - i * chunk));
+        let copy_out = |i: usize| -> Result<()> {
+            let (off, l) = piece(i);
+            let r = bounce[i % 2].region().slice(0, l)?;
+            #[allow(unsafe_code)]
+            // SAFETY: bounce buffer `i % 2` is host memory this call holds (a pooled
+            // registered buffer, alive until the call ends), and nothing else touches it
+            // now: the WRITE that used it last (chunk i - 2) has completed, and the WRITE
+            // running meanwhile reads the other one.
+            let mut dst = unsafe { hmc_core::MemSpanMut::from_region(r) };
+            out.copy_out(off, &mut dst)
+        };
+        copy_out(0).map_err(|e| dp_error(format!("copying the response off the device: {e}")))?;
+        for i in 0..n {
+            let (off, l) = piece(i);
+            let desc = bounce_desc(&bounce[i % 2], &wkey, off, l);
+            let send = self.comm.transfer(&peer.ep, Op::Write, &desc, deadline);
+            let next = async {
+                if i + 1 < n {
+                    copy_out(i + 1)?;
+                }
+                Ok::<(), Error>(())
+            };
+            let (sent, copied) = futures::join!(send, next);
+            if let Err(e) = sent {
+                self.on_transfer_error(&d.reply_to, &peer, region, &e);
+                return Err(dp_error(format!("writing the response: {e}")));
+            }
+            copied.map_err(|e| dp_error(format!("copying the response off the device: {e}")))?;
+        }
+        Counters::bump(&self.counters.buffer_responses);
+        Ok(Served::InBuffer(total as u64))
+    }
+
     fn on_transfer_error(&self, addr: &PeerAddr, peer: &Peer<C>, region: &RemoteRegion, e: &Error) {
         self.forget_key(peer, region);
         if !matches!(
@@ -493,18 +650,22 @@ impl<C: Communicator> ServerPlane for ServerDp<C> {
         desc: Bytes,
         len: u64,
         deadline: Deadline,
-        run: RunHandler,
+        work: Work,
     ) -> BoxFuture<'static, Served> {
         Box::pin(async move {
             let me = self.clone();
-            match self.serve_inner(conn, desc, len, deadline, run).await {
-                Ok(s) => s,
-                Err(e) => {
-                    Counters::bump(&me.counters.failures);
-                    tracing::debug!(status = %e.status, why = %e.message, "HMC_BUFFER call failed");
-                    Served::Answer(Err(e))
+            let served = match work {
+                Work::Bytes(run) => self.serve_inner(conn, desc, len, deadline, run).await,
+                Work::Device(ctx, route) => {
+                    self.serve_device_inner(conn, desc, len, deadline, ctx, route)
+                        .await
                 }
-            }
+            };
+            served.unwrap_or_else(|e| {
+                Counters::bump(&me.counters.failures);
+                tracing::debug!(status = %e.status, why = %e.message, "HMC_BUFFER call failed");
+                Served::Answer(Err(e))
+            })
         })
     }
 

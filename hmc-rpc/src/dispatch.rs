@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use hmc_backend_cpu::HostMemory;
-use hmc_core::{DeviceBuffer, MemSpan, Memory};
+use hmc_core::{DeviceBuffer, MemSpan, MemSpanMut, Memory};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, mpsc};
@@ -131,7 +131,8 @@ pub enum Handler {
 pub(crate) enum DeviceRequest {
     /// Whole in host memory (INLINE).
     Host(Bytes),
-    /// Streamed into device memory by the method's sink as it arrived.
+    /// Put into device memory by the method's sink as it arrived (TCP_STREAM DATA chunks,
+    /// or chunks the data plane pulled).
     Staged(StagedPayload),
 }
 
@@ -146,6 +147,31 @@ pub(crate) enum DeviceReply {
     },
 }
 
+/// A device method's response, still in device memory, copied out piece by piece (the
+/// data plane WRITEs one piece while the next is copied).
+pub(crate) trait DeviceOut: Send + Sync {
+    /// Bytes.
+    fn len(&self) -> usize;
+    /// Copies `dst.len()` bytes from `offset` into `dst` (host memory).
+    fn copy_out(&self, offset: usize, dst: &mut MemSpanMut<'_>) -> hmc_core::Result<()>;
+}
+
+struct DeviceOutOf<M: Memory> {
+    memory: Arc<M>,
+    buf: M::Buffer,
+}
+
+impl<M: Memory> DeviceOut for DeviceOutOf<M> {
+    fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn copy_out(&self, offset: usize, dst: &mut MemSpanMut<'_>) -> hmc_core::Result<()> {
+        self.memory
+            .copy(dst, &MemSpan::of(&self.buf).slice(offset, dst.len())?)
+    }
+}
+
 /// The streaming side of a method registered with [`Dispatcher::register_device`]: where
 /// its streamed requests go, and how it runs on them.
 pub(crate) trait DeviceRoute: Send + Sync {
@@ -157,6 +183,12 @@ pub(crate) trait DeviceRoute: Send + Sync {
         ctx: CallContext,
         request: DeviceRequest,
     ) -> BoxFuture<'static, Result<DeviceReply, RpcError>>;
+    /// Runs the handler and hands back its response where it lies (the data plane's path).
+    fn run_raw(
+        &self,
+        ctx: CallContext,
+        request: DeviceRequest,
+    ) -> BoxFuture<'static, Result<Box<dyn DeviceOut>, RpcError>>;
 }
 
 struct DeviceMethod<M: Memory, H: Memory, F> {
@@ -188,12 +220,7 @@ where
         ctx: CallContext,
         request: DeviceRequest,
     ) -> BoxFuture<'static, Result<DeviceReply, RpcError>> {
-        let staged = match request {
-            DeviceRequest::Host(b) => device::upload(&*self.memory, &b),
-            DeviceRequest::Staged(p) => device::take_staged::<M>(p),
-        }
-        .map_err(|e| device_error("staging the request", e));
-        let running = staged.map(|buf| (self.handler)(ctx, buf));
+        let running = self.start(ctx, request);
         let memory = self.memory.clone();
         let ring = self.ring.clone();
         Box::pin(async move {
@@ -216,6 +243,37 @@ where
             });
             Ok(DeviceReply::Fed { len, pieces: rx })
         })
+    }
+
+    fn run_raw(
+        &self,
+        ctx: CallContext,
+        request: DeviceRequest,
+    ) -> BoxFuture<'static, Result<Box<dyn DeviceOut>, RpcError>> {
+        let running = self.start(ctx, request);
+        let memory = self.memory.clone();
+        Box::pin(async move {
+            let buf = running?.await?;
+            Ok(Box::new(DeviceOutOf { memory, buf }) as Box<dyn DeviceOut>)
+        })
+    }
+}
+
+impl<M, H, F, Fut> DeviceMethod<M, H, F>
+where
+    M: Memory,
+    H: Memory,
+    F: Fn(CallContext, M::Buffer) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<M::Buffer, RpcError>> + Send + 'static,
+{
+    /// Puts the request on the device and starts the handler on it.
+    fn start(&self, ctx: CallContext, request: DeviceRequest) -> Result<Fut, RpcError> {
+        let staged = match request {
+            DeviceRequest::Host(b) => device::upload(&*self.memory, &b),
+            DeviceRequest::Staged(p) => device::take_staged::<M>(p),
+        }
+        .map_err(|e| device_error("staging the request", e))?;
+        Ok((self.handler)(ctx, staged))
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::task::JoinSet;
 
 use crate::data_plane::{
     ConnUse, DataPlaneConfig, DataPlaneStats, NoDataPlane, RunHandler, Served, ServerDp,
-    ServerPlane,
+    ServerPlane, Work,
 };
 use crate::dispatch::{
     CallContext, CancelToken, DeviceReply, DeviceRequest, Dispatcher, Handler, HandlerResult,
@@ -501,12 +501,16 @@ fn start_call(
             .map(hmc_core::Deadline::at)
             .unwrap_or_default();
         let token = ctx.cancel.clone();
-        let run = runner(shared.clone(), handler.clone(), ctx);
         let len = call.payload_len;
         let conn_use = conn_use.clone();
+        let work = match shared.dispatcher.device_route(method) {
+            Some(route) => Work::Device(ctx, route.clone()),
+            None => Work::Bytes(runner(shared.clone(), handler.clone(), ctx)),
+        };
+        let serving = dp.serve(conn_use, payload, len, deadline, work);
         tokio::spawn(async move {
             let served = tokio::select! {
-                s = dp.serve(conn_use, payload, len, deadline, run) => s,
+                s = serving => s,
                 _ = token.cancelled() => Served::Answer(Err(RpcError::new(Status::CANCELLED, "cancelled"))),
             };
             drop(permit);

@@ -196,8 +196,15 @@ impl Memory for CountingMemory {
     }
 }
 
+/// Over TCP_STREAM both sides stage in chunks (the client's producer and sink, the
+/// server's sink and producer). Over the data plane (HMC_BUFFER) the client copies once
+/// each way between the device and its pooled registered buffers, and the server pulls
+/// and pushes chunk by chunk through the device.
+#[rstest]
+#[case::tcp_stream(false)]
+#[case::hmc_buffer(true)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn large_device_payloads_cross_in_chunks_both_ways() {
+async fn large_device_payloads_cross_in_chunks_both_ways(#[case] data_plane: bool) {
     let server_mem = CountingMemory::new();
     let client_mem = CountingMemory::new();
     let mut d = Dispatcher::new();
@@ -205,7 +212,7 @@ async fn large_device_payloads_cross_in_chunks_both_ways() {
     d.register_device(INVERT_ON_DEVICE, server_mem.clone(), move |_ctx, buf| {
         let m = m.clone();
         async move {
-            // The handler's own copies are whole; the test ignores them below.
+            // The handler's own copies go to `inner`, uncounted.
             let mut host = vec![0u8; buf.len()];
             m.inner
                 .copy(&mut MemSpanMut::host(&mut host), &MemSpan::of(&buf))
@@ -218,19 +225,47 @@ async fn large_device_payloads_cross_in_chunks_both_ways() {
             Ok(out)
         }
     });
-    let s = Server::new(d, ServerConfig::default())
-        .bind(&"tcp://127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let any = "tcp://127.0.0.1:0".parse().unwrap();
+    let server = Server::new(d, ServerConfig::default());
+    let s = if data_plane {
+        let comm = TcpCommunicator::bind(&any, TcpConfig::default()).unwrap();
+        server
+            .with_data_plane(Arc::new(comm))
+            .bind(&any)
+            .await
+            .unwrap()
+    } else {
+        server.bind(&any).await.unwrap()
+    };
     let client = Client::connect(s.local_addr(), ClientConfig::default())
         .await
         .unwrap();
+    if data_plane {
+        let comm = TcpCommunicator::bind(&any, TcpConfig::default()).unwrap();
+        let client = client.with_data_plane(Arc::new(comm));
+        round_trips_in_chunks(&client, &client_mem, &server_mem, true).await;
+        let stats = client.data_plane_stats().unwrap();
+        assert_eq!(stats.failures, 0);
+        assert!(stats.lent_requests >= 3, "{stats:?}");
+        let served = s.data_plane_stats().unwrap();
+        assert!(served.buffer_responses >= 3, "{served:?}");
+    } else {
+        round_trips_in_chunks(&client, &client_mem, &server_mem, false).await;
+    }
+}
+
+async fn round_trips_in_chunks<C: hmc_core::Communicator>(
+    client: &Client<C>,
+    client_mem: &Arc<CountingMemory>,
+    server_mem: &Arc<CountingMemory>,
+    data_plane: bool,
+) {
     let len = (3 << 20) + 123;
     let bytes = pattern(len);
     let request = upload(&client_mem.inner, &bytes);
     for round in 0..3 {
         let response = client
-            .call_device(INVERT_ON_DEVICE, &client_mem, &MemSpan::of(&request))
+            .call_device(INVERT_ON_DEVICE, client_mem, &MemSpan::of(&request))
             .await
             .unwrap();
         let got = download(&client_mem.inner, &response);
@@ -238,7 +273,7 @@ async fn large_device_payloads_cross_in_chunks_both_ways() {
             got.iter().zip(&bytes).all(|(g, b)| *g == !*b),
             "round {round}: device response differs"
         );
-        for (side, mem) in [("client", &client_mem), ("server", &server_mem)] {
+        for (side, mem) in [("client", client_mem), ("server", server_mem)] {
             let copies = mem.take_copies();
             let staged: usize = copies.iter().sum();
             assert_eq!(
@@ -246,6 +281,10 @@ async fn large_device_payloads_cross_in_chunks_both_ways() {
                 2 * len,
                 "{side}: every byte staged once each way ({copies:?})"
             );
+            if side == "client" && data_plane {
+                assert_eq!(copies.len(), 2, "one copy each way: {copies:?}");
+                continue;
+            }
             let largest = copies.iter().max().copied().unwrap_or(0);
             assert!(
                 largest <= hmc_rpc::DEFAULT_DEVICE_STAGING.chunk,
