@@ -215,6 +215,12 @@ mod tests {
     use super::*;
     use hmc_backend_cpu::HostMemory;
 
+    fn host_ring(chunk: usize, depth: usize) -> (Arc<HostMemory>, Arc<StagingRing<HostMemory>>) {
+        let host = Arc::new(HostMemory::new());
+        let ring = StagingRing::new(host.clone(), StagingConfig { chunk, depth }).unwrap();
+        (host, ring)
+    }
+
     fn pattern(n: usize) -> Vec<u8> {
         (0..n as u32)
             .map(|i| (i.wrapping_mul(7) >> 2) as u8)
@@ -223,15 +229,7 @@ mod tests {
 
     #[tokio::test]
     async fn produce_feeds_every_byte_in_chunks_and_reuses_the_ring() {
-        let host = Arc::new(HostMemory::new());
-        let ring = StagingRing::new(
-            host.clone(),
-            StagingConfig {
-                chunk: 1000,
-                depth: 2,
-            },
-        )
-        .unwrap();
+        let (host, ring) = host_ring(1000, 2);
         let data = pattern(4_500);
         let mut got = Vec::new();
         let mut sizes = Vec::new();
@@ -250,15 +248,7 @@ mod tests {
 
     #[tokio::test]
     async fn produce_waits_for_the_socket_when_the_ring_is_out() {
-        let host = Arc::new(HostMemory::new());
-        let ring = StagingRing::new(
-            host.clone(),
-            StagingConfig {
-                chunk: 100,
-                depth: 2,
-            },
-        )
-        .unwrap();
+        let (host, ring) = host_ring(100, 2);
         let data = pattern(1_000);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
         let src = MemSpan::host(&data);
@@ -293,15 +283,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stalled_payload_does_not_hold_back_another_and_idle_buffers_are_capped() {
-        let host = Arc::new(HostMemory::new());
-        let ring = StagingRing::new(
-            host.clone(),
-            StagingConfig {
-                chunk: 100,
-                depth: 2,
-            },
-        )
-        .unwrap();
+        let (host, ring) = host_ring(100, 2);
         let data = pattern(1_000);
         let src = MemSpan::host(&data);
         // The first payload's consumer never writes: it holds its two slots.
@@ -331,15 +313,7 @@ mod tests {
 
     #[tokio::test]
     async fn produce_stops_when_the_consumer_is_gone() {
-        let host = Arc::new(HostMemory::new());
-        let ring = StagingRing::new(
-            host.clone(),
-            StagingConfig {
-                chunk: 10,
-                depth: 2,
-            },
-        )
-        .unwrap();
+        let (host, ring) = host_ring(10, 2);
         let data = pattern(100);
         let mut n = 0;
         let done = produce(&*host, &MemSpan::host(&data), &ring, |_| {
