@@ -271,6 +271,8 @@ fn main() {
     }
     let quick = std::env::var_os("HMC_BENCH_QUICK").is_some();
     let only = std::env::var("HMC_BENCH_TLS").ok();
+    // Bytes per measurement: TCP and emulated shared-memory RMA (user memory) move about
+    // 2 GB/s here, mapped shared memory 15-55 GB/s.
     let (tcp_bytes, shm_bytes) = if quick {
         (64 << 20, 256 << 20)
     } else {
@@ -305,7 +307,7 @@ fn main() {
     let transports: Vec<Transport> = [
         ("tcp", "tcp", true, false, tcp_bytes, seg),
         ("tcp-ucxmem", "tcp", true, true, tcp_bytes, seg),
-        ("shm", "posix,cma,self", true, false, shm_bytes, &[][..]),
+        ("shm", "posix,cma,self", true, false, tcp_bytes, &[][..]),
         (
             "shm-ucxmem",
             "posix,cma,self",
@@ -319,7 +321,7 @@ fn main() {
             "posix,cma,self",
             false,
             false,
-            shm_bytes,
+            tcp_bytes,
             &[][..],
         ),
     ]
