@@ -88,6 +88,60 @@ struct Cell {
     p50: f64,
     p99: f64,
     p999: f64,
+    /// CPU time (user + system) of client and server processes per call, microseconds.
+    cpu_us_per_call: Option<f64>,
+}
+
+/// Microseconds of CPU (user + system) used by process `pid` (`None`: this process) and
+/// by its children it has waited for, from `/proc/PID/stat` (Linux; `None` elsewhere).
+fn proc_cpu_us(pid: Option<u32>) -> Option<(f64, f64)> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".to_string(),
+    };
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the command name, from field 3 (state); proc(5) numbers utime, stime,
+    // cutime, cstime 14 to 17, in USER_HZ ticks (100 per second on Linux).
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    const US_PER_TICK: f64 = 10_000.0;
+    Some((
+        (t(11)? + t(12)?) * US_PER_TICK,
+        (t(13)? + t(14)?) * US_PER_TICK,
+    ))
+}
+
+/// CPU time of a cell's two sides, read before and after it.
+struct CpuProbe {
+    server: u32,
+    /// The client is a child process this one waits for (tonic), not this process.
+    child_client: bool,
+    at: Option<(f64, f64)>,
+}
+
+impl CpuProbe {
+    fn start(server: u32, child_client: bool) -> Self {
+        let mut p = CpuProbe {
+            server,
+            child_client,
+            at: None,
+        };
+        p.at = p.read();
+        p
+    }
+
+    fn read(&self) -> Option<(f64, f64)> {
+        let me = proc_cpu_us(None)?;
+        let client = if self.child_client { me.1 } else { me.0 };
+        Some((client, proc_cpu_us(Some(self.server))?.0))
+    }
+
+    /// Client + server CPU microseconds per call since `start`.
+    fn per_call(&self, calls: u64) -> Option<f64> {
+        let (c0, s0) = self.at?;
+        let (c1, s1) = self.read()?;
+        (calls > 0).then(|| (c1 - c0 + s1 - s0) / calls as f64)
+    }
 }
 
 fn percentile(sorted: &[u32], q: f64) -> f64 {
@@ -118,6 +172,7 @@ fn cell_from(
         p50: percentile(&lat, 0.5),
         p99: percentile(&lat, 0.99),
         p999: percentile(&lat, 0.999),
+        cpu_us_per_call: None,
     }
 }
 
@@ -499,6 +554,7 @@ fn bench_tonic(
         p50: field("p50_us="),
         p99: field("p99_us="),
         p999: f64::NAN,
+        cpu_us_per_call: None,
     })
 }
 
@@ -566,6 +622,7 @@ async fn run(args: Args) -> Result<(), String> {
     BufReader::new(server.stdout.take().unwrap())
         .read_line(&mut line)
         .map_err(|e| e.to_string())?;
+    let server_pid = server.id();
     let _server = Proc(server);
     let addr = PeerAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], port)));
 
@@ -601,6 +658,7 @@ async fn run(args: Args) -> Result<(), String> {
         }
         None => None,
     };
+    let tonic_pid = _tonic.as_ref().map(|p| p.0.id());
 
     let mut cells: Vec<(Cell, Option<Cell>)> = Vec::new();
     let mut raw: Vec<Cell> = Vec::new();
@@ -618,12 +676,18 @@ async fn run(args: Args) -> Result<(), String> {
                     fmt_size(size),
                     if tonic_bin.is_some() { ", tonic" } else { "" }
                 );
-                let h =
+                let cpu = CpuProbe::start(server_pid, false);
+                let mut h =
                     bench_hmc(&addr, size, clients, depth, args.seconds, args.stream_crc).await?;
+                h.cpu_us_per_call = cpu.per_call(h.calls);
+                let cpu = CpuProbe::start(tonic_pid.unwrap_or(0), true);
                 let t = match &tonic_bin {
                     Some(b) => match bench_tonic(b, tonic_port, size, clients, depth, args.seconds)
                     {
-                        Ok(t) => Some(t),
+                        Ok(mut t) => {
+                            t.cpu_us_per_call = cpu.per_call(t.calls);
+                            Some(t)
+                        }
                         Err(e) => {
                             eprintln!("  tonic: {e}");
                             None
@@ -665,9 +729,15 @@ async fn run(args: Args) -> Result<(), String> {
         args.server_workers
     );
     println!(
-        "| payload | clients | in flight | hmc RPC/s | hmc MB/s | hmc p50 us | hmc p99 us | hmc p999 us | tonic RPC/s | tonic MB/s | tonic p50 us | RPC/s ratio |"
+        "| payload | clients | in flight | hmc RPC/s | hmc MB/s | hmc p50 us | hmc p99 us | hmc p999 us | tonic RPC/s | tonic MB/s | tonic p50 us | RPC/s ratio | hmc CPU us/call | tonic CPU us/call |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    let cpu = |c: Option<&Cell>| {
+        c.and_then(|c| c.cpu_us_per_call)
+            .map_or("-".to_string(), |v| format!("{v:.1}"))
+    };
     for (h, t) in &cells {
         let (tr, tm, tp, ratio) = match t {
             Some(t) => (
@@ -679,7 +749,7 @@ async fn run(args: Args) -> Result<(), String> {
             None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
         println!(
-            "| {} | {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {tr} | {tm} | {tp} | {ratio} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {tr} | {tm} | {tp} | {ratio} | {} | {} |",
             fmt_size(h.size),
             h.clients,
             h.depth,
@@ -687,7 +757,9 @@ async fn run(args: Args) -> Result<(), String> {
             h.mbps,
             h.p50,
             h.p99,
-            h.p999
+            h.p999,
+            cpu(Some(h)),
+            cpu(t.as_ref())
         );
     }
     println!("\n## raw TCP ping-pong baseline (1 connection, 1 in flight, blocking)\n");
@@ -767,7 +839,7 @@ async fn run(args: Args) -> Result<(), String> {
         let _ = std::fs::create_dir_all(dir);
     }
     let mut csv = String::from(
-        "system,payload_bytes,clients,in_flight,calls,rps,mbps,p50_us,p99_us,p999_us\n",
+        "system,payload_bytes,clients,in_flight,calls,rps,mbps,p50_us,p99_us,p999_us,cpu_us_per_call\n",
     );
     for c in cells
         .iter()
@@ -776,11 +848,41 @@ async fn run(args: Args) -> Result<(), String> {
         .chain(dp_rows.iter().map(|r| &r.buffer))
     {
         csv.push_str(&format!(
-            "{},{},{},{},{},{:.1},{:.3},{:.1},{:.1},{:.1}\n",
-            c.system, c.size, c.clients, c.depth, c.calls, c.rps, c.mbps, c.p50, c.p99, c.p999
+            "{},{},{},{},{},{:.1},{:.3},{:.1},{:.1},{:.1},{}\n",
+            c.system,
+            c.size,
+            c.clients,
+            c.depth,
+            c.calls,
+            c.rps,
+            c.mbps,
+            c.p50,
+            c.p99,
+            c.p999,
+            c.cpu_us_per_call
+                .map_or(String::new(), |v| format!("{v:.1}"))
         ));
     }
     std::fs::write(&args.csv, csv).map_err(|e| format!("writing {}: {e}", args.csv.display()))?;
     eprintln!("CSV written to {}", args.csv.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn cpu_of_this_process_is_read_and_grows() {
+        let (a, _) = proc_cpu_us(None).expect("/proc/self/stat parses");
+        let mut x = 0u64;
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(50) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        let (b, _) = proc_cpu_us(None).expect("/proc/self/stat parses");
+        assert!(b >= a, "{a} -> {b} ({x})");
+        assert!(proc_cpu_us(Some(std::process::id())).is_some());
+    }
 }
