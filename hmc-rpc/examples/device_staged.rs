@@ -13,7 +13,9 @@
 //!
 //! - the device's copy bandwidth through the staging memory (H2D and D2H, whole buffer);
 //! - the RPC echo of a device buffer (`Client::call_device_staged`) against the echo of
-//!   the same bytes from host memory;
+//!   the same bytes from host memory, over TCP_STREAM and over HMC_BUFFER (the TCP
+//!   communicator as data plane: the server pulls and pushes through the device chunk by
+//!   chunk);
 //! - a staged one-sided WRITE and READ of a device buffer (`hmc_core::Stager`, pinned
 //!   bounce buffers) against the same WRITE and READ from a registered host buffer;
 //!
@@ -215,46 +217,22 @@ async fn run<M: Memory, H: Memory>(mem: Arc<M>, pinned: Arc<H>, args: &Args) -> 
     .await?;
     let copy_gbps = gbps(len, h2d).min(gbps(len, d2h));
 
-    // RPC echo: device-staged against host bytes.
+    // RPC echo, device-staged against host bytes: over TCP_STREAM, then over HMC_BUFFER
+    // with the TCP communicator as data plane.
     let client = Client::connect(&rpc_addr, ClientConfig::default())
         .await
         .map_err(|e| e.to_string())?;
-    let opts = CallOptions {
-        timeout: Some(Duration::from_secs(120)),
-        ..CallOptions::default()
-    };
-    let host_bytes = bytes::Bytes::from(data.clone());
-    let host_echo = best(args.iters, || {
-        let (client, b) = (client.clone(), host_bytes.clone());
-        async move {
-            let r = client.call_with(HOST_ECHO, b.clone(), opts).await;
-            match r {
-                Ok(out) if out == b => Ok(()),
-                Ok(_) => Err("host echo: bytes differ".into()),
-                Err(e) => Err(e.to_string()),
-            }
-        }
-    })
-    .await?;
-    let dev_echo = best(args.iters, || {
-        let (client, mem, ring) = (client.clone(), mem.clone(), ring.clone());
-        let dev = &dev;
-        let want = &data;
-        async move {
-            let out = client
-                .call_device_staged(DEVICE_ECHO, &mem, &MemSpan::of(dev), &ring, opts)
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut back = vec![0u8; out.len()];
-            mem.copy(&mut MemSpanMut::host(&mut back), &MemSpan::of(&out))
-                .map_err(|e| e.to_string())?;
-            if &back != want {
-                return Err("device echo: bytes differ".into());
-            }
-            Ok(())
-        }
-    })
-    .await?;
+    let (stream_host, stream_dev) =
+        echo_pair(&client, &mem, &ring, &dev, &data, args.iters).await?;
+    let client = client.with_data_plane(comm.clone());
+    let (buffer_host, buffer_dev) =
+        echo_pair(&client, &mem, &ring, &dev, &data, args.iters).await?;
+    let stats = client.data_plane_stats().expect("a data plane is attached");
+    if stats.fallbacks > 0 || stats.failures > 0 {
+        return Err(format!(
+            "the HMC_BUFFER rows did not all use the data plane: {stats:?}"
+        ));
+    }
 
     // One-sided: staged WRITE/READ of the device buffer against a registered host buffer.
     let deadline = || Deadline::after(Duration::from_secs(120));
@@ -339,7 +317,16 @@ async fn run<M: Memory, H: Memory>(mem: Arc<M>, pinned: Arc<H>, args: &Args) -> 
     );
     println!("| --- | ---: | ---: | ---: | ---: |");
     let rows = [
-        ("RPC echo (payload bytes)", dev_echo, host_echo),
+        (
+            "RPC echo, TCP_STREAM (payload bytes)",
+            stream_dev,
+            stream_host,
+        ),
+        (
+            "RPC echo, HMC_BUFFER over TCP (payload bytes)",
+            buffer_dev,
+            buffer_host,
+        ),
         ("one-sided WRITE", staged_write, host_write),
         ("one-sided READ", staged_read, host_read),
     ];
@@ -360,6 +347,48 @@ async fn run<M: Memory, H: Memory>(mem: Arc<M>, pinned: Arc<H>, args: &Args) -> 
     Ok(())
 }
 
+/// Best times of the host-bytes echo and the device-staged echo of `data` on `client`.
+async fn echo_pair<C: Communicator, M: Memory, H: Memory>(
+    client: &Client<C>,
+    mem: &Arc<M>,
+    ring: &Arc<StagingRing<H>>,
+    dev: &M::Buffer,
+    data: &[u8],
+    iters: usize,
+) -> Result<(Duration, Duration), String> {
+    let opts = CallOptions {
+        timeout: Some(Duration::from_secs(120)),
+        ..CallOptions::default()
+    };
+    let host_bytes = bytes::Bytes::copy_from_slice(data);
+    let host = best(iters, || {
+        let b = host_bytes.clone();
+        async move {
+            match client.call_with(HOST_ECHO, b.clone(), opts).await {
+                Ok(out) if out == b => Ok(()),
+                Ok(_) => Err("host echo: bytes differ".into()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    })
+    .await?;
+    let device = best(iters, || async move {
+        let out = client
+            .call_device_staged(DEVICE_ECHO, mem, &MemSpan::of(dev), ring, opts)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut back = vec![0u8; out.len()];
+        mem.copy(&mut MemSpanMut::host(&mut back), &MemSpan::of(&out))
+            .map_err(|e| e.to_string())?;
+        if back != data {
+            return Err("device echo: bytes differ".into());
+        }
+        Ok(())
+    })
+    .await?;
+    Ok((host, device))
+}
+
 fn staging_fill<H: Memory>(pinned: &H, buf: &mut H::Buffer, bytes: &[u8]) -> Result<(), String> {
     pinned
         .copy(&mut MemSpanMut::of(buf), &MemSpan::host(bytes))
@@ -378,6 +407,7 @@ async fn serve<M: Memory, H: Memory>(
     d.register_device_staged(DEVICE_ECHO, mem, ring, |_ctx, buf| async move { Ok(buf) });
     d.register_raw(HOST_ECHO, |_ctx, b| async move { Ok(b) });
     let server = Server::new(d, ServerConfig::default())
+        .with_data_plane(comm.clone())
         .bind(&"tcp://127.0.0.1:0".parse().unwrap())
         .await
         .map_err(|e| e.to_string())?;

@@ -32,7 +32,12 @@ fn device_staged_check_runs_between_two_processes_with_host_memory() {
         "exit {:?}\n{stdout}\n{stderr}",
         out.status
     );
-    for row in ["RPC echo", "one-sided WRITE", "one-sided READ"] {
+    for row in [
+        "RPC echo, TCP_STREAM",
+        "RPC echo, HMC_BUFFER",
+        "one-sided WRITE",
+        "one-sided READ",
+    ] {
         assert!(
             stdout.contains(&format!("| {row}")),
             "no {row} row:\n{stdout}"
