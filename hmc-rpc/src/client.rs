@@ -20,7 +20,7 @@ use crate::data_plane::{
 };
 use crate::device::{self, DEFAULT_DEVICE_STAGING, DeviceSink, StagingRing};
 use crate::frame::{INLINE_MAX, Status};
-use crate::net::{ConnTimer, Stream};
+use crate::net::{BusyPoll, ConnTimer, POLL_MAX_MESSAGE, Stream};
 use crate::proto::{
     ClientConn, ClientEvent, ConnConfig, ReadTarget, ResponseSink, StagedPayload, StartError,
 };
@@ -644,6 +644,7 @@ async fn run_connection(
     usable: Arc<AtomicBool>,
 ) {
     let (mut rd, wr) = stream.into_split();
+    let mut poll = BusyPoll::new(cfg.busy_poll);
     let mut core = ClientConn::new(cfg, Instant::now());
     let mut timer = ConnTimer::new();
     let mut waiting: HashMap<u64, ReplyTx> = HashMap::new();
@@ -713,6 +714,40 @@ async fn run_connection(
         if (!cmds_open || core.draining_reason().is_some()) && core.pending_len() == 0 {
             break "closed".to_string();
         }
+        if core.pending_len() != 1 {
+            poll.disarm();
+        } else if !core.has_tx() {
+            let now = Instant::now();
+            if poll.active(now) {
+                // Busy-polling for the one answer: the socket, then new calls, then the
+                // other ready tasks.
+                match rd.recv_now(core.read_target(READ_CHUNK)) {
+                    Ok(0) => break "the server closed the connection".to_string(),
+                    Ok(n) => {
+                        core.handle_read(n, now);
+                        poll.arrived(now);
+                        continue;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => break format!("read failed: {e}"),
+                }
+                if cmds_open {
+                    match cmds.try_recv() {
+                        Ok(c) => {
+                            handle_cmd(&mut core, &mut waiting, c, now);
+                            continue;
+                        }
+                        Err(mpsc::error::TryRecvError::Disconnected) => cmds_open = false,
+                        Err(mpsc::error::TryRecvError::Empty) => {}
+                    }
+                }
+                if core.poll_timeout().is_some_and(|t| t <= now) {
+                    core.handle_timeout(now);
+                }
+                tokio::task::yield_now().await;
+                continue;
+            }
+        }
         timer.want(core.poll_timeout());
         let want_write = core.has_tx();
         tokio::select! {
@@ -725,7 +760,11 @@ async fn run_connection(
                 };
                 match r {
                     Ok(0) => break "the server closed the connection".to_string(),
-                    Ok(n) => core.handle_read(n, Instant::now()),
+                    Ok(n) => {
+                        let now = Instant::now();
+                        core.handle_read(n, now);
+                        poll.arrived(now);
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(e) => break format!("read failed: {e}"),
                 }
@@ -744,6 +783,9 @@ async fn run_connection(
                     while let Ok(c) = cmds.try_recv() {
                         handle_cmd(&mut core, &mut waiting, c, now);
                         queued += 1;
+                    }
+                    if core.queued_tx_len() <= POLL_MAX_MESSAGE {
+                        poll.arm(now);
                     }
                     if answered > queued {
                         tokio::task::yield_now().await;

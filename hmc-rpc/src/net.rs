@@ -1,14 +1,18 @@
 //! Sockets: one stream and listener type over TCP (IPv4/IPv6) and Unix domain sockets;
-//! and the connection tasks' timer.
+//! the connection tasks' timer; and their bounded busy-polling.
 
 use std::future::Future;
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hmc_core::{Error, PeerAddr, Result};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+use crate::proto::ReadTarget;
 
 /// A connected socket.
 pub(crate) enum Stream {
@@ -120,6 +124,52 @@ impl ReadHalf {
             // The noop waker is replaced by the next `readable()`.
             std::task::Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
         }
+    }
+    fn raw_fd(&self) -> RawFd {
+        match self {
+            ReadHalf::Tcp(s) => s.as_ref().as_raw_fd(),
+            ReadHalf::Unix(s) => s.as_ref().as_raw_fd(),
+        }
+    }
+
+    /// One non-blocking `recv` into `target`, asking the socket itself rather than the
+    /// runtime's cached readiness (which only the poller sets): how a busy-polling task
+    /// sees an answer before the poller would report it. `WouldBlock` when nothing is
+    /// there. Taking bytes behind the runtime's back is safe with its edge-triggered
+    /// poller: readiness it still caches turns into one `WouldBlock` read later.
+    pub(crate) fn recv_now(&mut self, target: ReadTarget<'_>) -> io::Result<usize> {
+        let fd = self.raw_fd();
+        match target {
+            ReadTarget::Input(b) => recv_raw(fd, b.as_mut_ptr(), b.len()),
+            ReadTarget::Append(v, max) => {
+                let spare = v.spare_capacity_mut();
+                let len = spare.len().min(max);
+                if len == 0 {
+                    // Let the ordinary read path grow the buffer.
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                let n = recv_raw(fd, spare.as_mut_ptr().cast(), len)?;
+                // SAFETY: `recv` initialised the first `n <= len` bytes of the spare
+                // capacity, so the first `len() + n` bytes of `v` are initialised.
+                #[allow(unsafe_code)]
+                unsafe {
+                    v.set_len(v.len() + n)
+                };
+                Ok(n)
+            }
+        }
+    }
+}
+
+fn recv_raw(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
+    // SAFETY: `ptr..ptr + len` is writable memory borrowed from the caller for the
+    // duration of the call, and `fd` is the open socket of a live stream half.
+    #[allow(unsafe_code)]
+    let n = unsafe { libc::recv(fd, ptr.cast(), len, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 
@@ -257,9 +307,350 @@ impl ConnTimer {
     }
 }
 
+/// Connections of this process waiting in a busy-polling window: one polls only while it
+/// is the only one (several busy connections keep the cores busy anyway, and a poller
+/// would take a core from them).
+static WAITING: AtomicUsize = AtomicUsize::new(0);
+
+/// Only waits that follow messages of at most this many bytes poll: a large transfer
+/// takes far longer than a wake-up, and a poller would take CPU from its copies.
+pub(crate) const POLL_MAX_MESSAGE: usize = 64 * 1024;
+
+/// After a busy-polling window that did not pay off, polling pauses for this many waits
+/// at first, twice as many after each further miss, up to [`MAX_PAUSE`].
+const FIRST_PAUSE: u32 = 4;
+/// Windows in a row that run out (without losing their core) before polling pauses:
+/// more than [`FIRST_PAUSE`], so that a peer's pause alone does not pause this side too.
+const LATE_MISSES: u32 = 8;
+/// The longest pause, in waits: on a machine where polling never pays off, one wait in
+/// this many polls, to notice when it would again.
+const MAX_PAUSE: u32 = 4096;
+
+/// Every this many polling windows, the next [`PROBE_WAITS`] waits park instead, to
+/// compare: when parking is the faster (the peer does not poll, and this side's poller
+/// only crowds it), polling pauses for [`SLOWER_PAUSE`] waits.
+const PROBE_EVERY: u32 = 256;
+/// Waits of one comparison.
+const PROBE_WAITS: u32 = 16;
+/// The pause, in waits, after parking proved the faster.
+const SLOWER_PAUSE: u32 = 1024;
+/// Waits longer than this are idle gaps rather than latency, and are not compared.
+const SAMPLE_MAX: Duration = Duration::from_millis(1);
+
+/// Involuntary context switches of the calling thread so far: the kernel took its core
+/// for another runnable thread.
+fn preempted() -> Option<i64> {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `getrusage` writes one `rusage` to the valid, writable pointer.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr()) };
+    // SAFETY: zero-initialised (a valid `rusage`) and filled in on success.
+    #[allow(unsafe_code)]
+    (r == 0).then(|| unsafe { ru.assume_init() }.ru_nivcsw)
+}
+
+/// A connection task's busy-polling window (`ConnConfig::busy_poll`): right after
+/// traffic, while the connection waits for exactly one message, the task asks the socket
+/// itself (and yields to every other ready task in between) for up to the budget instead
+/// of parking on the poller, saving the poller's and the scheduler's wake-ups.
+///
+/// It backs off when polling does not pay: a window during which the kernel took the
+/// poller's core for another thread (the cores are all busy, and the poller delays the
+/// very peer it waits for), or [`LATE_MISSES`] windows in a row that ran out, pause
+/// polling for [`FIRST_PAUSE`] waits, doubling with each miss up to [`MAX_PAUSE`]; each
+/// window that pays halves the pause. Now and then a few waits park instead, and polling
+/// pauses when they were the faster (see [`PROBE_EVERY`]). The window opens only on
+/// traffic, so an idle connection never polls.
+pub(crate) struct BusyPoll {
+    budget: Duration,
+    /// The open window: when it opened and whether this wait may poll.
+    open: Option<(Instant, bool)>,
+    /// Where polling started in this window: the thread and its involuntary context
+    /// switches then.
+    polling: Option<(std::thread::ThreadId, Option<i64>)>,
+    /// Waits left before polling again, and the current pause.
+    skip: u32,
+    pause: u32,
+    /// Windows in a row that ran out on a core of their own.
+    late: u32,
+    /// This window polled; it parks to compare.
+    polled: bool,
+    probing: bool,
+    /// Polling windows so far; comparison waits left to park.
+    windows: u32,
+    probe: u32,
+    /// Recent waits that polled and that parked to compare: total ns and count.
+    waited: [(u64, u32); 2],
+}
+
+impl BusyPoll {
+    pub(crate) fn new(budget: Duration) -> Self {
+        BusyPoll {
+            budget,
+            open: None,
+            polling: None,
+            skip: 0,
+            pause: 0,
+            late: 0,
+            polled: false,
+            probing: false,
+            windows: 0,
+            probe: 0,
+            waited: [(0, 0); 2],
+        }
+    }
+
+    /// Opens the window at `now` (the connection now waits for one message); a window
+    /// already open stays as it is.
+    pub(crate) fn arm(&mut self, now: Instant) {
+        if self.budget.is_zero() || self.open.is_some() {
+            return;
+        }
+        self.probing = false;
+        let poll = if self.skip > 0 {
+            self.skip -= 1;
+            false
+        } else if self.probe > 0 {
+            self.probe -= 1;
+            self.probing = true;
+            false
+        } else {
+            self.windows = self.windows.wrapping_add(1);
+            if self.windows.is_multiple_of(PROBE_EVERY) {
+                // Compares the polling windows since the last comparison with the next
+                // waits that park.
+                self.probe = PROBE_WAITS;
+                self.waited[1] = (0, 0);
+            }
+            true
+        };
+        self.open = Some((now, poll));
+        self.polling = None;
+        self.polled = false;
+        WAITING.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Closes the window (the connection no longer waits for exactly one message).
+    pub(crate) fn disarm(&mut self) {
+        if self.open.take().is_some() {
+            WAITING.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.polling = None;
+    }
+
+    /// Traffic arrived at `now`: ends the wait; a polling window that got it in time and
+    /// kept its core paid off.
+    pub(crate) fn arrived(&mut self, now: Instant) {
+        if let (Some((since, _)), Some(_)) = (self.open, self.polling) {
+            let kept_core = self.kept_core();
+            self.settle(now < since + self.budget, kept_core);
+        }
+        if let Some((since, _)) = self.open {
+            self.compare(now.saturating_duration_since(since));
+        }
+        self.disarm();
+    }
+
+    /// Counts one wait that polled, or that parked to compare; after the comparison's
+    /// last, pauses polling if parking was the faster.
+    fn compare(&mut self, took: Duration) {
+        let kind = match (self.polled, self.probing) {
+            (true, _) => 0,
+            (false, true) => 1,
+            (false, false) => return,
+        };
+        if took > SAMPLE_MAX {
+            return;
+        }
+        let w = &mut self.waited[kind];
+        w.0 = w.0.saturating_add(took.as_nanos() as u64);
+        w.1 = w.1.saturating_add(1);
+        if kind == 1 && self.probe == 0 && self.waited[0].1 > 0 {
+            let [(poll_ns, polls), (park_ns, parks)] = self.waited;
+            // Averages compared without division: park/parks < poll/polls.
+            if u128::from(park_ns) * u128::from(polls) < u128::from(poll_ns) * u128::from(parks) {
+                self.pause = self.pause.max(SLOWER_PAUSE);
+                self.skip = self.pause;
+            }
+            self.waited = [(0, 0); 2];
+        }
+    }
+
+    /// Counts a polling window that ended.
+    fn settle(&mut self, in_time: bool, kept_core: bool) {
+        self.polling = None;
+        if in_time && kept_core {
+            self.pause /= 2;
+            self.late = 0;
+            return;
+        }
+        if kept_core && self.late + 1 < LATE_MISSES {
+            // Late only burnt this task's own time, and the peer may just be pausing.
+            self.late += 1;
+        } else {
+            self.late = 0;
+            self.pause = (self.pause * 2).clamp(FIRST_PAUSE, MAX_PAUSE);
+            self.skip = self.pause;
+        }
+    }
+
+    /// Polling so far ran on one thread that kept its core.
+    fn kept_core(&self) -> bool {
+        self.polling.is_some_and(|(thread, before)| {
+            thread == std::thread::current().id() && before.is_some() && preempted() == before
+        })
+    }
+
+    /// True while the window is open at `now`, this wait may poll, and no other
+    /// connection of the process is waiting in a window.
+    pub(crate) fn active(&mut self, now: Instant) -> bool {
+        let Some((since, true)) = self.open else {
+            return false;
+        };
+        if now >= since + self.budget {
+            if self.polling.is_some() {
+                // Ran out: polling did not pay this time.
+                let kept_core = self.kept_core();
+                self.settle(false, kept_core);
+            }
+            self.open = Some((since, false));
+            return false;
+        }
+        if WAITING.load(Ordering::Relaxed) != 1 {
+            return false;
+        }
+        if self.polling.is_none() {
+            self.polling = Some((std::thread::current().id(), preempted()));
+            self.polled = true;
+        }
+        true
+    }
+}
+
+impl Drop for BusyPoll {
+    fn drop(&mut self) {
+        self.disarm();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Opens and closes one window that may poll, as if it polled and then `settle`d.
+    fn polled_window(p: &mut BusyPoll, in_time: bool, kept_core: bool) {
+        p.arm(Instant::now());
+        assert!(matches!(p.open, Some((_, true))), "this wait may poll");
+        p.settle(in_time, kept_core);
+        p.disarm();
+    }
+
+    /// Waits that do not poll before the next one that may.
+    fn paused_waits(p: &mut BusyPoll) -> u32 {
+        let mut n = 0;
+        loop {
+            p.arm(Instant::now());
+            let poll = matches!(p.open, Some((_, true)));
+            p.disarm();
+            if poll {
+                return n;
+            }
+            n += 1;
+        }
+    }
+
+    #[test]
+    fn a_zero_budget_never_opens_a_window() {
+        let mut p = BusyPoll::new(Duration::ZERO);
+        p.arm(Instant::now());
+        assert!(p.open.is_none());
+        assert!(!p.active(Instant::now()));
+    }
+
+    #[test]
+    fn a_window_runs_out_after_its_budget() {
+        let mut p = BusyPoll::new(Duration::from_micros(50));
+        let t0 = Instant::now();
+        p.arm(t0);
+        assert!(!p.active(t0 + Duration::from_micros(50)));
+        assert!(
+            matches!(p.open, Some((_, false))),
+            "polls no more this wait"
+        );
+        p.arrived(t0 + Duration::from_micros(60));
+        assert!(p.open.is_none());
+    }
+
+    #[test]
+    fn losing_the_core_pauses_polling_doubling_and_paying_windows_halve_it() {
+        let mut p = BusyPoll::new(Duration::from_micros(50));
+        polled_window(&mut p, true, false);
+        assert_eq!(paused_waits(&mut p), FIRST_PAUSE);
+        p.disarm();
+        polled_window(&mut p, true, false);
+        assert_eq!(paused_waits(&mut p), 2 * FIRST_PAUSE);
+        for _ in 0..20 {
+            polled_window(&mut p, true, false);
+            let _ = paused_waits(&mut p);
+        }
+        assert_eq!(p.pause, MAX_PAUSE, "capped");
+        polled_window(&mut p, true, true);
+        assert_eq!(p.pause, MAX_PAUSE / 2);
+        assert_eq!(
+            paused_waits(&mut p),
+            0,
+            "a paying window polls again at once"
+        );
+    }
+
+    /// Counts `polls` polled waits of `poll` and then a comparison's parked waits of
+    /// `park`.
+    fn compared(poll: Duration, park: Duration) -> BusyPoll {
+        let mut p = BusyPoll::new(Duration::from_micros(50));
+        for _ in 0..4 {
+            (p.polled, p.probing) = (true, false);
+            p.compare(poll);
+        }
+        (p.polled, p.probing) = (false, true);
+        for left in (0..PROBE_WAITS).rev() {
+            p.probe = left;
+            p.compare(park);
+        }
+        p
+    }
+
+    #[test]
+    fn polling_pauses_when_parking_proved_the_faster() {
+        let p = compared(Duration::from_micros(26), Duration::from_micros(20));
+        assert_eq!(p.skip, SLOWER_PAUSE);
+        let p = compared(Duration::from_micros(11), Duration::from_micros(60));
+        assert_eq!(p.skip, 0, "polling was the faster");
+        assert_eq!(p.waited, [(0, 0); 2], "each comparison starts afresh");
+        let p = compared(Duration::from_micros(11), Duration::from_millis(5));
+        assert_eq!(p.skip, 0, "idle gaps are not compared");
+    }
+
+    #[test]
+    fn only_several_late_windows_in_a_row_pause_polling() {
+        let mut p = BusyPoll::new(Duration::from_micros(50));
+        for _ in 0..LATE_MISSES - 1 {
+            polled_window(&mut p, false, true);
+        }
+        assert_eq!(paused_waits(&mut p), 0);
+        p.disarm();
+        polled_window(&mut p, true, true);
+        for _ in 0..LATE_MISSES - 1 {
+            polled_window(&mut p, false, true);
+        }
+        assert_eq!(
+            paused_waits(&mut p),
+            0,
+            "a paying window restarts the count"
+        );
+        p.disarm();
+        polled_window(&mut p, false, true);
+        assert_eq!(paused_waits(&mut p), FIRST_PAUSE);
+    }
 
     #[tokio::test]
     async fn the_timer_moves_earlier_at_once_and_later_only_after_firing() {

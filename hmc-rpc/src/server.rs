@@ -26,7 +26,7 @@ use crate::dispatch::{
 };
 use crate::frame::PayloadMode;
 use crate::frame::{FrameHeader, FrameKind, Status};
-use crate::net::{ConnTimer, Listener, Stream};
+use crate::net::{BusyPoll, ConnTimer, Listener, POLL_MAX_MESSAGE, Stream};
 use crate::proto::{ConnConfig, IncomingCall, ReadTarget, ServerConn, ServerEvent};
 
 /// Server limits and sizes. Every field has a default and a name used in error messages.
@@ -286,6 +286,7 @@ async fn serve_connection(
     let (mut rd, wr) = stream.into_split();
     let mut core = ServerConn::new(shared.config.conn.clone(), Instant::now());
     let mut timer = ConnTimer::new();
+    let mut poll = BusyPoll::new(shared.config.conn.busy_poll);
     let conn_use = Arc::new(ConnUse::new());
     if shared.dp.is_some() {
         core.enable_hmc_buffer();
@@ -301,6 +302,9 @@ async fn serve_connection(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
     let mut tokens: std::collections::HashMap<u64, CancelToken> = Default::default();
     let mut shutdown_seen = false;
+    // A call of at most `POLL_MAX_MESSAGE` bytes came in since the busy-polling window
+    // was last opened.
+    let mut called = false;
     let mut closing_since: Option<Instant> = None;
     if *shutdown.borrow() {
         core.begin_shutdown();
@@ -310,6 +314,7 @@ async fn serve_connection(
         while let Some(ev) = core.poll_event() {
             match ev {
                 ServerEvent::Call(call) => {
+                    called = call.payload_len <= POLL_MAX_MESSAGE as u64;
                     start_call(&shared, &conn_use, &mut core, &mut tokens, &done_tx, call)
                 }
                 ServerEvent::Abandon { request_id, .. } => {
@@ -355,6 +360,32 @@ async fn serve_connection(
             let t = s + CLOSE_LINGER;
             timeout = Some(timeout.map_or(t, |x| x.min(t)));
         }
+        if may_read && core.inflight_len() == 0 && !want_write && feeds.is_empty() {
+            // Every call is answered and written: the window for the next request opens
+            // (not between the pieces of a large request).
+            if called {
+                called = false;
+                poll.arm(now);
+            }
+            if poll.active(now) {
+                // Busy-polling for the next request, then the other ready tasks.
+                match rd.recv_now(core.read_target(READ_CHUNK)) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        let now = Instant::now();
+                        core.handle_read(n, now);
+                        poll.arrived(now);
+                        continue;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(_) => break,
+                }
+                tokio::task::yield_now().await;
+                continue;
+            }
+        } else {
+            poll.disarm();
+        }
         timer.want(timeout);
         tokio::select! {
             biased;
@@ -380,7 +411,11 @@ async fn serve_connection(
                 };
                 match r {
                     Ok(0) => break,
-                    Ok(n) => core.handle_read(n, Instant::now()),
+                    Ok(n) => {
+                        let now = Instant::now();
+                        core.handle_read(n, now);
+                        poll.arrived(now);
+                    }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(_) => break,
                 }
