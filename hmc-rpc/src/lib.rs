@@ -30,11 +30,18 @@
 //!
 //! # Safety
 //!
-//! `unsafe` is denied crate-wide and allowed in three places: [`NoDataPlane`]'s
-//! `Communicator::register`, which the trait declares unsafe and which touches no memory
-//! (it always fails), [`tuning::tune_allocator`]'s `mallopt` call, and
-//! [`PooledBuffer::as_slice`], which reads a registered host buffer in place once its
-//! transfers have completed.
+//! `unsafe` is denied crate-wide and allowed, each block with its `// SAFETY:` reasoning,
+//! only where memory or the OS must be touched directly:
+//! - [`NoDataPlane`]'s `Communicator::register`, which the trait declares unsafe and which
+//!   touches no memory (it always fails);
+//! - [`tuning::tune_allocator`]'s `mallopt` call;
+//! - the pool's views of registered host buffers ([`PooledBuffer::fill`],
+//!   [`PooledBuffer::as_slice`], `RequestBuffer::as_mut_slice`), used once their transfers
+//!   have completed;
+//! - the data plane's device path, which copies a response chunk off the device into a
+//!   pooled bounce buffer no transfer is using;
+//! - the connection tasks' busy-polling (`net`): a non-blocking `recv` into caller-owned
+//!   memory, the `Vec::set_len` after it, and `getrusage` to notice preemption.
 
 #![deny(unsafe_code)]
 
