@@ -222,6 +222,61 @@ pub(crate) struct Engine {
     pub ucx_endpoints: Arc<std::sync::atomic::AtomicUsize>,
 }
 
+/// Progress threads still running (their worker and context not yet destroyed).
+static LIVE_THREADS: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
+static LIVE_CHANGED: std::sync::Condvar = std::sync::Condvar::new();
+static EXIT_HOOK: std::sync::Once = std::sync::Once::new();
+
+/// Longest a process exit waits for progress threads still tearing UCX down (a thread
+/// closing endpoints to a dead peer waits up to 2 s for them).
+const EXIT_WAIT: Duration = Duration::from_secs(3);
+
+/// Runs at process exit, before the UCX libraries' exit-time destructors (`atexit`
+/// handlers registered after start-up run before the loader's `_dl_fini`, which runs
+/// shared-library destructors). A progress thread still inside UCX while those destructors
+/// tear UCX's global state down crashes the process at exit (seen once in CI after a test
+/// closed endpoints to a killed peer), so wait, bounded, for threads whose handles were
+/// all dropped and which are finishing their shutdown.
+extern "C" fn wait_for_progress_threads() {
+    let until = Instant::now() + EXIT_WAIT;
+    let mut live = LIVE_THREADS.lock().unwrap_or_else(|e| e.into_inner());
+    while *live > 0 {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        live = LIVE_CHANGED
+            .wait_timeout(live, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+/// Counts one progress thread as live until dropped (when the thread returns or unwinds).
+struct LiveThread;
+
+impl LiveThread {
+    fn new() -> Self {
+        EXIT_HOOK.call_once(|| {
+            // SAFETY: registers a plain `extern "C" fn()` with no captured state.
+            let r = unsafe { libc::atexit(wait_for_progress_threads) };
+            if r != 0 {
+                tracing::debug!("atexit refused the UCX progress-thread exit hook");
+            }
+        });
+        *LIVE_THREADS.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        LiveThread
+    }
+}
+
+impl Drop for LiveThread {
+    fn drop(&mut self) {
+        let mut live = LIVE_THREADS.lock().unwrap_or_else(|e| e.into_inner());
+        *live -= 1;
+        LIVE_CHANGED.notify_all();
+    }
+}
+
 fn wake_fd(fd: &OwnedFd) {
     let one: u64 = 1;
     // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
@@ -247,10 +302,12 @@ impl Engine {
         let thread_wake = wake.clone();
         let ucx_endpoints = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let thread_eps = ucx_endpoints.clone();
+        let live = LiveThread::new();
         std::thread::Builder::new()
             .name(format!("hmc-ucx-{}", config.name))
-            .spawn(
-                move || match State::new(thread_ucp, config, thread_wake, thread_eps) {
+            .spawn(move || {
+                let _live = live;
+                match State::new(thread_ucp, config, thread_wake, thread_eps) {
                     Ok(mut state) => {
                         let _ = ready_tx.send(Ok(state.worker_address.clone()));
                         state.run(rx);
@@ -258,8 +315,8 @@ impl Engine {
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
                     }
-                },
-            )
+                }
+            })
             .map_err(|e| Error::io("spawning the UCX progress thread", e))?;
         let worker_address = ready_rx.recv().map_err(|_| {
             Error::Closed("the UCX progress thread exited during start-up".into())
