@@ -436,12 +436,9 @@ async fn serve_connection(
     }
 }
 
-fn respond(core: &mut ServerConn, feeds: &mut Feeds, c: Completion, now: Instant) {
-    if let Some(len) = c.in_buffer {
-        core.respond_in_buffer(c.request_id, c.method_id, len, now);
-        return;
-    }
-    if let Some((len, pieces)) = c.fed {
+/// Answers a completion; a fed response's pieces join `feeds`.
+fn respond(core: &mut ServerConn, feeds: &mut Feeds, mut c: Completion, now: Instant) {
+    if let Some((len, pieces)) = c.fed.take() {
         if core.respond_fed(c.request_id, c.method_id, len, now) {
             let id = c.request_id;
             feeds.push(
@@ -451,6 +448,17 @@ fn respond(core: &mut ServerConn, feeds: &mut Feeds, c: Completion, now: Instant
                 .boxed(),
             );
         }
+        return;
+    }
+    respond_now(core, c, now);
+}
+
+/// Answers a completion without a fed body (refusals, handlers ready at once, and every
+/// non-device answer).
+fn respond_now(core: &mut ServerConn, c: Completion, now: Instant) {
+    debug_assert!(c.fed.is_none());
+    if let Some(len) = c.in_buffer {
+        core.respond_in_buffer(c.request_id, c.method_id, len, now);
         return;
     }
     match c.result {
@@ -463,13 +471,6 @@ fn respond(core: &mut ServerConn, feeds: &mut Feeds, c: Completion, now: Instant
             now,
         ),
     }
-}
-
-/// Answers a call at once, without a fed body (refusals and handlers ready at once).
-fn respond_now(core: &mut ServerConn, c: Completion, now: Instant) {
-    debug_assert!(c.fed.is_none());
-    let mut none = Feeds::new();
-    respond(core, &mut none, c, now);
 }
 
 fn start_call(
