@@ -124,8 +124,13 @@ impl From<CallError> for Error {
 /// What a call sends.
 enum Body {
     Payload(Bytes),
-    /// HMC_BUFFER: the payload length and the data-plane descriptor.
-    Buffer(u64, Bytes),
+    /// HMC_BUFFER: the payload length, the response region's capacity and the data-plane
+    /// descriptor.
+    Buffer {
+        len: u64,
+        response: u64,
+        descriptor: Bytes,
+    },
     /// TCP_STREAM of this length whose pieces follow as [`Cmd::Feed`].
     Fed(u64),
 }
@@ -334,7 +339,11 @@ impl<C: Communicator> Client<C> {
             let resp_len = opts.response_capacity.unwrap_or(payload.len());
             match dp.prepare(&payload, resp_len) {
                 Ok(prep) => {
-                    let body = Body::Buffer(payload.len() as u64, prep.descriptor.clone());
+                    let body = Body::Buffer {
+                        len: payload.len() as u64,
+                        response: resp_len as u64,
+                        descriptor: prep.descriptor.clone(),
+                    };
                     let r = self.call_body(method, body, opts).await;
                     if let Err(CallError::Status { status, message }) = &r
                         && *status == Status::DATA_PLANE
@@ -773,7 +782,7 @@ async fn run_connection(
                 None => cmds_open = false,
                 Some(c) => {
                     let now = Instant::now();
-                    handle_cmd(&mut core, &mut waiting, c, now);
+                    let mut work = handle_cmd(&mut core, &mut waiting, c, now);
                     // Batch whatever else is queued into the same write. When the last
                     // answers woke more callers than have queued a call yet, first let
                     // them run (the LIFO slot would run this task before them, and each
@@ -781,11 +790,11 @@ async fn run_connection(
                     // at once.
                     let mut queued = 1;
                     while let Ok(c) = cmds.try_recv() {
-                        handle_cmd(&mut core, &mut waiting, c, now);
+                        work = work.saturating_add(handle_cmd(&mut core, &mut waiting, c, now));
                         queued += 1;
                     }
                     if core.queued_tx_len() <= POLL_MAX_MESSAGE {
-                        poll.arm(now);
+                        poll.arm_for(now, work);
                     }
                     if answered > queued {
                         tokio::task::yield_now().await;
@@ -823,7 +832,15 @@ async fn run_connection(
     }
 }
 
-fn handle_cmd(core: &mut ClientConn, waiting: &mut HashMap<u64, ReplyTx>, c: Cmd, now: Instant) {
+/// Handles one command; returns the bytes of data-plane work its call asks of the server
+/// (what it READs and may WRITE), which lengthens the busy-polling window for its answer.
+fn handle_cmd(
+    core: &mut ClientConn,
+    waiting: &mut HashMap<u64, ReplyTx>,
+    c: Cmd,
+    now: Instant,
+) -> u64 {
+    let mut work = 0;
     match c {
         Cmd::Call {
             id,
@@ -834,8 +851,13 @@ fn handle_cmd(core: &mut ClientConn, waiting: &mut HashMap<u64, ReplyTx>, c: Cmd
             sink,
         } => match match body {
             Body::Payload(p) => core.start_call_with_id(id, method, p, Some(deadline), false, now),
-            Body::Buffer(len, desc) => {
-                core.start_call_in_buffer(id, method, len, desc, Some(deadline), now)
+            Body::Buffer {
+                len,
+                response,
+                descriptor,
+            } => {
+                work = len.saturating_add(response);
+                core.start_call_in_buffer(id, method, len, descriptor, Some(deadline), now)
             }
             Body::Fed(len) => core.start_call_fed(id, method, len, Some(deadline), now),
         } {
@@ -864,6 +886,7 @@ fn handle_cmd(core: &mut ClientConn, waiting: &mut HashMap<u64, ReplyTx>, c: Cmd
             core.cancel(id);
         }
     }
+    work
 }
 
 /// A blocking client: the same client driven by its own small runtime.

@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hmc_core::{Error, PeerAddr, Result};
@@ -307,14 +307,36 @@ impl ConnTimer {
     }
 }
 
-/// Connections of this process waiting in a busy-polling window: one polls only while it
-/// is the only one (several busy connections keep the cores busy anyway, and a poller
-/// would take a core from them).
-static WAITING: AtomicUsize = AtomicUsize::new(0);
+/// The busy-polling windows open in this process, as their end times (nanoseconds since
+/// [`window_clock`]'s origin; 0: a free slot). A connection polls only while no other
+/// window is open and unexpired (several busy connections keep the cores busy anyway, and
+/// a poller would take a core from them). A window ends by itself at its end time, so a
+/// connection that went idle inside its window does not stop others from polling; with
+/// more windows open than slots, none of the extra ones polls.
+static WINDOW_ENDS: [AtomicU64; WINDOW_SLOTS] = [const { AtomicU64::new(0) }; WINDOW_SLOTS];
+const WINDOW_SLOTS: usize = 64;
+
+/// Nanoseconds from a process-wide origin to `t` (at least 1, so 0 marks a free slot).
+fn window_clock(t: Instant) -> u64 {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(Instant::now);
+    u64::try_from(t.saturating_duration_since(origin).as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
 
 /// Only waits that follow messages of at most this many bytes poll: a large transfer
 /// takes far longer than a wake-up, and a poller would take CPU from its copies.
 pub(crate) const POLL_MAX_MESSAGE: usize = 64 * 1024;
+
+/// A wait that includes data-plane work (an HMC_BUFFER call: the server READs the request
+/// and WRITEs the response; the client consumes one and builds the next) gets one
+/// microsecond more of window per this many bytes of that work: 8 GB/s, about the rate of
+/// a copy through a shared-memory mapping here with the peer's own bookkeeping. Where the
+/// work is slower (UCX over tcp), windows run out and the usual back-off stops polling.
+pub(crate) const POLL_WORK_BYTES_PER_US: u64 = 8 * 1024;
+/// The longest window a wait with data-plane work gets.
+pub(crate) const POLL_MAX_WINDOW: Duration = Duration::from_micros(500);
 
 /// After a busy-polling window that did not pay off, polling pauses for this many waits
 /// at first, twice as many after each further miss, up to [`MAX_PAUSE`].
@@ -363,6 +385,12 @@ fn preempted() -> Option<i64> {
 /// traffic, so an idle connection never polls.
 pub(crate) struct BusyPoll {
     budget: Duration,
+    /// The open window's length: the budget, plus the expected time of known work.
+    window: Duration,
+    /// The table of open windows ([`WINDOW_ENDS`]; tests use their own), and the open
+    /// window's slot in it with the end it wrote there.
+    table: &'static [AtomicU64],
+    slot: Option<(usize, u64)>,
     /// The open window: when it opened and whether this wait may poll.
     open: Option<(Instant, bool)>,
     /// Where polling started in this window: the thread and its involuntary context
@@ -379,14 +407,56 @@ pub(crate) struct BusyPoll {
     /// Polling windows so far; comparison waits left to park.
     windows: u32,
     probe: u32,
-    /// Recent waits that polled and that parked to compare: total ns and count.
-    waited: [(u64, u32); 2],
+    /// Recent waits that polled, and the waits that parked to compare.
+    polled_waits: Waits<64>,
+    parked_waits: Waits<{ PROBE_WAITS as usize }>,
+}
+
+/// The most recent `N` wait times of one kind. Comparisons use medians: a few polled
+/// waits that lost their core for a time slice must not outweigh hundreds that paid.
+#[derive(Clone, Copy)]
+struct Waits<const N: usize> {
+    ns: [u32; N],
+    count: usize,
+}
+
+impl<const N: usize> Waits<N> {
+    const EMPTY: Self = Waits {
+        ns: [0; N],
+        count: 0,
+    };
+
+    fn push(&mut self, took: Duration) {
+        self.ns[self.count % N] = u32::try_from(took.as_nanos()).unwrap_or(u32::MAX);
+        self.count += 1;
+    }
+
+    fn len(&self) -> usize {
+        self.count.min(N)
+    }
+
+    fn median(&self) -> Option<u32> {
+        let mut v = self.ns;
+        let v = &mut v[..self.len()];
+        if v.is_empty() {
+            return None;
+        }
+        let mid = v.len() / 2;
+        Some(*v.select_nth_unstable(mid).1)
+    }
 }
 
 impl BusyPoll {
     pub(crate) fn new(budget: Duration) -> Self {
+        Self::with_table(budget, &WINDOW_ENDS)
+    }
+
+    fn with_table(budget: Duration, table: &'static [AtomicU64]) -> Self {
         BusyPoll {
             budget,
+            window: budget,
+            table,
+            slot: None,
             open: None,
             polling: None,
             skip: 0,
@@ -396,16 +466,21 @@ impl BusyPoll {
             probing: false,
             windows: 0,
             probe: 0,
-            waited: [(0, 0); 2],
+            polled_waits: Waits::EMPTY,
+            parked_waits: Waits::EMPTY,
         }
     }
 
-    /// Opens the window at `now` (the connection now waits for one message); a window
-    /// already open stays as it is.
-    pub(crate) fn arm(&mut self, now: Instant) {
+    /// Opens the window at `now`: the connection now waits for one message, and that wait
+    /// includes `work_bytes` of data-plane work on either side (0 for plain messages; see
+    /// [`POLL_WORK_BYTES_PER_US`]), which lengthens the window by its expected time, up to
+    /// [`POLL_MAX_WINDOW`]. A window already open stays as it is.
+    pub(crate) fn arm_for(&mut self, now: Instant, work_bytes: u64) {
         if self.budget.is_zero() || self.open.is_some() {
             return;
         }
+        let extra = Duration::from_micros(work_bytes / POLL_WORK_BYTES_PER_US);
+        self.window = (self.budget + extra).min(self.budget.max(POLL_MAX_WINDOW));
         self.probing = false;
         let poll = if self.skip > 0 {
             self.skip -= 1;
@@ -420,20 +495,46 @@ impl BusyPoll {
                 // Compares the polling windows since the last comparison with the next
                 // waits that park.
                 self.probe = PROBE_WAITS;
-                self.waited[1] = (0, 0);
+                self.parked_waits = Waits::EMPTY;
             }
             true
         };
         self.open = Some((now, poll));
         self.polling = None;
         self.polled = false;
-        WAITING.fetch_add(1, Ordering::Relaxed);
+        // Take a free or expired slot for this window's end; with none left, this window
+        // counts as one of many and does not poll.
+        let end = window_clock(now + self.window);
+        let clock = window_clock(now);
+        self.slot = self.table.iter().enumerate().find_map(|(i, e)| {
+            let old = e.load(Ordering::Relaxed);
+            (old <= clock
+                && e.compare_exchange(old, end, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok())
+            .then_some((i, end))
+        });
+        if self.slot.is_none() {
+            self.open = Some((now, false));
+        }
+    }
+
+    /// Another connection of this process is inside an unexpired window at `now`.
+    fn others_waiting(&self, now: Instant) -> bool {
+        let clock = window_clock(now);
+        let own = self.slot.map(|(i, _)| i);
+        self.table
+            .iter()
+            .enumerate()
+            .any(|(i, e)| Some(i) != own && e.load(Ordering::Relaxed) > clock)
     }
 
     /// Closes the window (the connection no longer waits for exactly one message).
     pub(crate) fn disarm(&mut self) {
-        if self.open.take().is_some() {
-            WAITING.fetch_sub(1, Ordering::Relaxed);
+        self.open = None;
+        if let Some((i, end)) = self.slot.take() {
+            // Only if the slot still holds this window (an expired one may have been
+            // taken over).
+            let _ = self.table[i].compare_exchange(end, 0, Ordering::Relaxed, Ordering::Relaxed);
         }
         self.polling = None;
     }
@@ -443,7 +544,7 @@ impl BusyPoll {
     pub(crate) fn arrived(&mut self, now: Instant) {
         if let (Some((since, _)), Some(_)) = (self.open, self.polling) {
             let kept_core = self.kept_core();
-            self.settle(now < since + self.budget, kept_core);
+            self.settle(now < since + self.window, kept_core);
         }
         if let Some((since, _)) = self.open {
             self.compare(now.saturating_duration_since(since));
@@ -462,17 +563,21 @@ impl BusyPoll {
         if took > SAMPLE_MAX {
             return;
         }
-        let w = &mut self.waited[kind];
-        w.0 = w.0.saturating_add(took.as_nanos() as u64);
-        w.1 = w.1.saturating_add(1);
-        if kind == 1 && self.probe == 0 && self.waited[0].1 > 0 {
-            let [(poll_ns, polls), (park_ns, parks)] = self.waited;
-            // Averages compared without division: park/parks < poll/polls.
-            if u128::from(park_ns) * u128::from(polls) < u128::from(poll_ns) * u128::from(parks) {
+        if kind == 0 {
+            self.polled_waits.push(took);
+            return;
+        }
+        self.parked_waits.push(took);
+        if self.probe == 0 {
+            if let (Some(poll), Some(park)) =
+                (self.polled_waits.median(), self.parked_waits.median())
+                && park < poll
+            {
                 self.pause = self.pause.max(SLOWER_PAUSE);
                 self.skip = self.pause;
             }
-            self.waited = [(0, 0); 2];
+            self.polled_waits = Waits::EMPTY;
+            self.parked_waits = Waits::EMPTY;
         }
     }
 
@@ -507,7 +612,7 @@ impl BusyPoll {
         let Some((since, true)) = self.open else {
             return false;
         };
-        if now >= since + self.budget {
+        if now >= since + self.window {
             if self.polling.is_some() {
                 // Ran out: polling did not pay this time.
                 let kept_core = self.kept_core();
@@ -516,7 +621,7 @@ impl BusyPoll {
             self.open = Some((since, false));
             return false;
         }
-        if WAITING.load(Ordering::Relaxed) != 1 {
+        if self.others_waiting(now) {
             return false;
         }
         if self.polling.is_none() {
@@ -537,9 +642,74 @@ impl Drop for BusyPoll {
 mod tests {
     use super::*;
 
+    /// A `BusyPoll` with a table of windows of its own (tests run in parallel).
+    fn test_poll(budget: Duration) -> BusyPoll {
+        let table: &'static [AtomicU64; 4] = Box::leak(Box::new([const { AtomicU64::new(0) }; 4]));
+        BusyPoll::with_table(budget, table)
+    }
+
+    #[test]
+    fn data_plane_work_lengthens_the_window_up_to_the_cap() {
+        let mut p = test_poll(Duration::from_micros(50));
+        let t0 = Instant::now();
+        p.arm_for(t0, 1 << 20);
+        assert_eq!(
+            p.window,
+            Duration::from_micros(50 + (1 << 20) / POLL_WORK_BYTES_PER_US)
+        );
+        assert!(
+            p.active(t0 + Duration::from_micros(100)),
+            "still inside the longer window"
+        );
+        p.disarm();
+        p.arm_for(t0, 1 << 30);
+        assert_eq!(p.window, POLL_MAX_WINDOW);
+        p.disarm();
+        p.arm_for(t0, 0);
+        assert_eq!(p.window, Duration::from_micros(50));
+    }
+
+    #[test]
+    fn another_open_window_stops_polling_until_it_ends() {
+        let table: &'static [AtomicU64; 4] = Box::leak(Box::new([const { AtomicU64::new(0) }; 4]));
+        let mut idle = BusyPoll::with_table(Duration::from_micros(50), table);
+        let mut busy = BusyPoll::with_table(Duration::from_micros(200), table);
+        let t0 = Instant::now();
+        // `idle` answered its last call and waits in its window for a request that never
+        // comes; its task never runs again.
+        idle.arm_for(t0, 0);
+        busy.arm_for(t0, 0);
+        assert!(
+            !busy.active(t0 + Duration::from_micros(10)),
+            "two connections wait"
+        );
+        assert!(
+            busy.active(t0 + Duration::from_micros(60)),
+            "the idle connection's window has ended by itself"
+        );
+        busy.disarm();
+        // A full table: the extra window does not poll.
+        let mut others: Vec<BusyPoll> = (0..4)
+            .map(|_| BusyPoll::with_table(Duration::from_micros(200), table))
+            .collect();
+        let t1 = t0 + Duration::from_millis(1);
+        for o in &mut others {
+            o.arm_for(t1, 0);
+        }
+        busy.arm_for(t1, 0);
+        assert!(
+            matches!(busy.open, Some((_, false))),
+            "no slot left: this wait parks"
+        );
+        drop(others);
+        busy.disarm();
+        busy.arm_for(t1, 0);
+        assert!(busy.active(t1), "closed windows free their slots");
+    }
+
     /// Opens and closes one window that may poll, as if it polled and then `settle`d.
     fn polled_window(p: &mut BusyPoll, in_time: bool, kept_core: bool) {
-        p.arm(Instant::now());
+        p.arm_for(Instant::now(), 0);
         assert!(matches!(p.open, Some((_, true))), "this wait may poll");
         p.settle(in_time, kept_core);
         p.disarm();
@@ -549,7 +719,7 @@ mod tests {
     fn paused_waits(p: &mut BusyPoll) -> u32 {
         let mut n = 0;
         loop {
-            p.arm(Instant::now());
+            p.arm_for(Instant::now(), 0);
             let poll = matches!(p.open, Some((_, true)));
             p.disarm();
             if poll {
@@ -561,17 +731,17 @@ mod tests {
 
     #[test]
     fn a_zero_budget_never_opens_a_window() {
-        let mut p = BusyPoll::new(Duration::ZERO);
-        p.arm(Instant::now());
+        let mut p = test_poll(Duration::ZERO);
+        p.arm_for(Instant::now(), 0);
         assert!(p.open.is_none());
         assert!(!p.active(Instant::now()));
     }
 
     #[test]
     fn a_window_runs_out_after_its_budget() {
-        let mut p = BusyPoll::new(Duration::from_micros(50));
+        let mut p = test_poll(Duration::from_micros(50));
         let t0 = Instant::now();
-        p.arm(t0);
+        p.arm_for(t0, 0);
         assert!(!p.active(t0 + Duration::from_micros(50)));
         assert!(
             matches!(p.open, Some((_, false))),
@@ -583,7 +753,7 @@ mod tests {
 
     #[test]
     fn losing_the_core_pauses_polling_doubling_and_paying_windows_halve_it() {
-        let mut p = BusyPoll::new(Duration::from_micros(50));
+        let mut p = test_poll(Duration::from_micros(50));
         polled_window(&mut p, true, false);
         assert_eq!(paused_waits(&mut p), FIRST_PAUSE);
         p.disarm();
@@ -606,7 +776,7 @@ mod tests {
     /// Counts `polls` polled waits of `poll` and then a comparison's parked waits of
     /// `park`.
     fn compared(poll: Duration, park: Duration) -> BusyPoll {
-        let mut p = BusyPoll::new(Duration::from_micros(50));
+        let mut p = test_poll(Duration::from_micros(50));
         for _ in 0..4 {
             (p.polled, p.probing) = (true, false);
             p.compare(poll);
@@ -625,14 +795,31 @@ mod tests {
         assert_eq!(p.skip, SLOWER_PAUSE);
         let p = compared(Duration::from_micros(11), Duration::from_micros(60));
         assert_eq!(p.skip, 0, "polling was the faster");
-        assert_eq!(p.waited, [(0, 0); 2], "each comparison starts afresh");
+        assert_eq!(
+            (p.polled_waits.len(), p.parked_waits.len()),
+            (0, 0),
+            "each comparison starts afresh"
+        );
         let p = compared(Duration::from_micros(11), Duration::from_millis(5));
         assert_eq!(p.skip, 0, "idle gaps are not compared");
+        // A few polled waits that lost their core for a time slice (their average, 66 us,
+        // is above the parked waits') do not outweigh the many that paid.
+        let mut p = test_poll(Duration::from_micros(50));
+        (p.polled, p.probing) = (true, false);
+        for i in 0..64 {
+            p.compare(Duration::from_micros(if i % 16 == 0 { 900 } else { 11 }));
+        }
+        (p.polled, p.probing) = (false, true);
+        for left in (0..PROBE_WAITS).rev() {
+            p.probe = left;
+            p.compare(Duration::from_micros(40));
+        }
+        assert_eq!(p.skip, 0, "compared by medians");
     }
 
     #[test]
     fn only_several_late_windows_in_a_row_pause_polling() {
-        let mut p = BusyPoll::new(Duration::from_micros(50));
+        let mut p = test_poll(Duration::from_micros(50));
         for _ in 0..LATE_MISSES - 1 {
             polled_window(&mut p, false, true);
         }

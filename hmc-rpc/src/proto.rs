@@ -57,13 +57,16 @@ pub struct ConnConfig {
     /// Bounded, adaptive busy-polling (`busy_poll`, default 50 us; zero turns it off).
     /// Right after a message of at most 64 KiB, while a connection waits for exactly one
     /// message (a client's answer to its only call in flight; a server's next request
-    /// once it has answered and written all), its task asks the socket directly, yielding to every other ready
-    /// task in between, for up to this long before parking on the poller. An answer that
-    /// comes within it skips the poller's and the scheduler's wake-ups: a much shorter
-    /// one-call round trip on a machine with idle cores, for that CPU. Only one
-    /// connection per process polls, and only while it is the only one waiting; polling
-    /// backs off (up to 4096 waits) when the kernel preempts the poller, when windows run
-    /// out, or when a few waits that park now and then prove faster. A connection
+    /// once it has answered and written all), its task asks the socket directly, yielding
+    /// to every other ready task in between, for up to this long before parking on the
+    /// poller. An answer that comes within it skips the poller's and the scheduler's
+    /// wake-ups: a much shorter one-call round trip on a machine with idle cores, for that
+    /// CPU. When the wait includes an HMC_BUFFER call's data-plane work (the server's READ
+    /// and WRITE; the client's use of the response and its next request), the window grows
+    /// by that work's expected time at 8 GB/s, up to 500 us. Only one connection per
+    /// process polls, and only while no other is inside a window; polling backs off (up to
+    /// 4096 waits) when the kernel preempts the poller, when windows run out, or when a
+    /// few waits that park now and then prove faster (compared by medians). A connection
     /// without traffic never polls.
     pub busy_poll: Duration,
 }

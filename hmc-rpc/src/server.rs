@@ -302,9 +302,12 @@ async fn serve_connection(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
     let mut tokens: std::collections::HashMap<u64, CancelToken> = Default::default();
     let mut shutdown_seen = false;
-    // A call of at most `POLL_MAX_MESSAGE` bytes came in since the busy-polling window
-    // was last opened.
-    let mut called = false;
+    // Since the busy-polling window was last opened, a call came in that opens it again
+    // once answered: one of at most `POLL_MAX_MESSAGE` bytes (`Some(0)`), or an
+    // HMC_BUFFER call with the bytes of data-plane work the client does before its next
+    // request (it takes the response and builds the next request in registered buffers:
+    // about twice this one's payload, as for an echo).
+    let mut poll_work: Option<u64> = None;
     let mut closing_since: Option<Instant> = None;
     if *shutdown.borrow() {
         core.begin_shutdown();
@@ -314,7 +317,11 @@ async fn serve_connection(
         while let Some(ev) = core.poll_event() {
             match ev {
                 ServerEvent::Call(call) => {
-                    called = call.payload_len <= POLL_MAX_MESSAGE as u64;
+                    poll_work = if call.mode == PayloadMode::HmcBuffer {
+                        Some(call.payload_len.saturating_mul(2))
+                    } else {
+                        (call.payload_len <= POLL_MAX_MESSAGE as u64).then_some(0)
+                    };
                     start_call(&shared, &conn_use, &mut core, &mut tokens, &done_tx, call)
                 }
                 ServerEvent::Abandon { request_id, .. } => {
@@ -363,9 +370,8 @@ async fn serve_connection(
         if may_read && core.inflight_len() == 0 && !want_write && feeds.is_empty() {
             // Every call is answered and written: the window for the next request opens
             // (not between the pieces of a large request).
-            if called {
-                called = false;
-                poll.arm(now);
+            if let Some(work) = poll_work.take() {
+                poll.arm_for(now, work);
             }
             if poll.active(now) {
                 // Busy-polling for the next request, then the other ready tasks.
