@@ -66,6 +66,10 @@ struct Args {
     /// Payloads from this many bytes go HMC_BUFFER (server and client).
     #[arg(long, default_value_t = 64 * 1024)]
     ucx_threshold: usize,
+    /// Runs of `ucx_perftest -t tag_bw` per payload size; the table shows their median
+    /// and range (tag_bw busy-polls on both sides, so other load on the cores moves it).
+    #[arg(long, default_value_t = 3)]
+    tag_bw_runs: usize,
     /// The ucx_perftest binary for the tag_bw reference (skipped with a note when absent).
     #[arg(long, default_value = "ucx_perftest")]
     ucx_perftest: PathBuf,
@@ -354,7 +358,17 @@ struct DpRow {
     plane: DataPlaneKind,
     buffer: Cell,
     stream: Option<Cell>,
-    tag_bw: Option<f64>,
+    /// tag_bw in bytes/s: median, min, max over `--tag-bw-runs`.
+    tag_bw: Option<(f64, f64, f64)>,
+}
+
+/// Median, min and max of `ucx_perftest -t tag_bw` over `runs` runs.
+fn ucx_tag_bw_runs(bin: &PathBuf, size: usize, runs: usize) -> Result<(f64, f64, f64), String> {
+    let mut v = (0..runs.max(1))
+        .map(|_| ucx_tag_bw(bin, size))
+        .collect::<Result<Vec<f64>, String>>()?;
+    v.sort_by(f64::total_cmp);
+    Ok((v[v.len() / 2], v[0], v[v.len() - 1]))
 }
 
 /// HMC_BUFFER rows: a server with `--data-plane`, clients with the same data plane.
@@ -404,7 +418,7 @@ async fn bench_data_planes(
         let addr = PeerAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], port)));
         for &size in &args.dp_sizes {
             let tag_bw = if plane == DataPlaneKind::Ucx {
-                match ucx_tag_bw(&args.ucx_perftest, size) {
+                match ucx_tag_bw_runs(&args.ucx_perftest, size, args.tag_bw_runs) {
                     Ok(b) => Some(b),
                     Err(e) => {
                         eprintln!("note: ucx_perftest: {e}");
@@ -804,7 +818,7 @@ async fn run(args: Args) -> Result<(), String> {
             std::env::var("UCX_TLS").unwrap_or_else(|_| "(UCX default)".into())
         );
         println!(
-            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s | vs tag_bw |"
+            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median |"
         );
         println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for r in &dp_rows {
@@ -817,8 +831,8 @@ async fn run(args: Args) -> Result<(), String> {
                 None => ("-".into(), "-".into()),
             };
             let (tag, vs_tag) = match r.tag_bw {
-                Some(b) => (
-                    format!("{:.1}", b / 1e6),
+                Some((b, lo, hi)) => (
+                    format!("{:.1} ({:.0}–{:.0})", b / 1e6, lo / 1e6, hi / 1e6),
                     format!("{:.0}%", 100.0 * moved * 1e6 / b),
                 ),
                 None => ("-".into(), "-".into()),
