@@ -66,9 +66,34 @@ fn child_target() {
     )
     .expect("register");
     println!("READY {} {}", c.address(), hex(&buf.export().encode()));
-    loop {
-        std::thread::sleep(Duration::from_secs(1));
+    // Waits to be killed, and exits by itself should the test process die first (an
+    // orphan would hold the inherited stderr open, and whatever reads the test output
+    // would wait for it).
+    let parent = std::os::unix::process::parent_id();
+    while std::os::unix::process::parent_id() == parent {
+        std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The child process, killed and reaped however the test ends (a failed assertion too).
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Fails the whole test binary, rather than hanging CI, if a test is still running after
+/// `limit` (each step has its own deadline; this catches a hang outside them, such as a
+/// teardown that never returns).
+fn watchdog(name: &'static str, limit: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        eprintln!("{name}: still running after {limit:?}; aborting the test binary");
+        std::process::abort();
+    });
 }
 
 #[rstest]
@@ -76,14 +101,17 @@ fn child_target() {
 #[case::shared_memory("posix,cma,self")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_killed_mid_transfer_is_an_error_within_the_deadline(#[case] tls: &str) {
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", "child_target", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, tls)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn child");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    watchdog("a_peer_killed_mid_transfer", Duration::from_secs(300));
+    let mut child = Child(
+        Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "child_target", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, tls)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn child"),
+    );
+    let mut lines = BufReader::new(child.0.stdout.take().expect("stdout")).lines();
     let ready = loop {
         let line = lines.next().expect("child output").expect("read child");
         // The harness may print "test child_target ... " on the same line first.
@@ -114,7 +142,7 @@ async fn a_peer_killed_mid_transfer_is_an_error_within_the_deadline(#[case] tls:
     .await
     .expect("a transfer before the kill works");
 
-    let pid = child.id();
+    let pid = child.0.id();
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(50));
         // SAFETY: sending SIGKILL to our own child process.
@@ -138,7 +166,7 @@ async fn a_peer_killed_mid_transfer_is_an_error_within_the_deadline(#[case] tls:
         }
     }
     killer.join().expect("killer");
-    let _ = child.wait();
+    let _ = child.0.wait();
     let err = result.expect_err("transfers to a killed peer must fail");
     assert!(
         !matches!(err, Error::DeadlineExceeded { .. }),
