@@ -217,18 +217,11 @@ impl Listener {
                     e,
                 )
             }),
-            PeerAddr::Unix(p) => {
-                // A stale socket file from a previous run blocks bind; remove only sockets.
-                if let Ok(m) = std::fs::symlink_metadata(p) {
-                    use std::os::unix::fs::FileTypeExt;
-                    if m.file_type().is_socket() {
-                        let _ = std::fs::remove_file(p);
-                    }
-                }
-                UnixListener::bind(p)
-                    .map(|l| Listener::Unix(l, p.clone()))
-                    .map_err(|e| Error::io(format!("binding unix://{}", p.display()), e))
-            }
+            // A stale socket file from a previous run is reclaimed; a live one is refused.
+            PeerAddr::Unix(p) => Ok(Listener::Unix(
+                hmc_transport_tcp::bind_unix_listener(p)?,
+                p.clone(),
+            )),
             other => Err(Error::InvalidArgument(format!(
                 "{other} is not a listen address; use tcp://IP:PORT or unix:///path"
             ))),

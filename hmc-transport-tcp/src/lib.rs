@@ -46,3 +46,4 @@ mod wire;
 
 pub use comm::{TcpCommunicator, TcpConfig, TcpEndpoint, TcpRegistration, TcpRemoteKey};
 pub use control::{ControlMessage, ControlPlane, ControlPlaneConfig, Rank};
+pub use net::bind_unix_listener;

@@ -183,8 +183,7 @@ pub(crate) enum Listener {
 
 impl Listener {
     /// Binds `addr`. `tcp://IP:0` picks a free port; [`Listener::local_addr`] tells which.
-    /// A Unix path that already exists is refused rather than deleted, since another
-    /// process may be serving it.
+    /// Unix paths follow [`bind_unix_listener`].
     pub(crate) fn bind(addr: &PeerAddr) -> Result<Listener> {
         match addr {
             PeerAddr::Tcp(sa) => {
@@ -195,17 +194,7 @@ impl Listener {
                     .map_err(|e| Error::io(format!("registering listener {addr}"), e))?;
                 Ok(Listener::Tcp(l))
             }
-            PeerAddr::Unix(path) => {
-                if path.exists() {
-                    return Err(Error::InvalidArgument(format!(
-                        "{} already exists; remove the stale socket file or choose another path",
-                        path.display()
-                    )));
-                }
-                let l = UnixListener::bind(path)
-                    .map_err(|e| Error::io(format!("binding {addr}"), e))?;
-                Ok(Listener::Unix(l, path.clone()))
-            }
+            PeerAddr::Unix(path) => Ok(Listener::Unix(bind_unix_listener(path)?, path.clone())),
             other => Err(Error::InvalidArgument(format!(
                 "cannot listen on {other}: use a tcp://IP:PORT or unix:///path address"
             ))),
@@ -244,6 +233,41 @@ impl Drop for Listener {
     }
 }
 
+/// Binds a Unix domain socket listener at `path` (within a tokio runtime). A socket file
+/// left by a process that is gone (connecting to it is refused) is removed first; a socket
+/// another process still serves, or a path that is not a socket, is refused with an error
+/// that says so, never deleted.
+pub fn bind_unix_listener(path: &Path) -> Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(Error::InvalidArgument(format!(
+                "{} exists and is not a socket; choose another path",
+                path.display()
+            )));
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is served by another process; stop it or choose another path",
+                    path.display()
+                )));
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                tracing::debug!(path = %path.display(), "removing a stale socket file");
+                remove_socket_file(path);
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    format!("checking the existing socket file {}", path.display()),
+                    e,
+                ));
+            }
+        }
+    }
+    UnixListener::bind(path).map_err(|e| Error::io(format!("binding unix://{}", path.display()), e))
+}
+
 fn remove_socket_file(path: &Path) {
     if let Err(e) = std::fs::remove_file(path)
         && e.kind() != io::ErrorKind::NotFound
@@ -262,4 +286,32 @@ pub(crate) fn is_disconnect(e: &io::Error) -> bool {
             | io::ErrorKind::BrokenPipe
             | io::ErrorKind::NotConnected
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_path(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("hmc-net-{name}-{}.sock", std::process::id()))
+    }
+
+    #[tokio::test]
+    async fn a_stale_socket_file_is_reclaimed_and_a_live_one_refused() {
+        let path = temp_path("reclaim");
+        let _ = std::fs::remove_file(&path);
+        // A socket file whose listener is gone: bound, then closed without removal.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let live = bind_unix_listener(&path).expect("a stale socket file is reclaimed");
+        let e = bind_unix_listener(&path).expect_err("a served socket is not taken over");
+        assert!(e.to_string().contains("served by another process"), "{e}");
+        drop(live);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"not a socket").unwrap();
+        let e = bind_unix_listener(&path).expect_err("a plain file is left alone");
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"not a socket");
+        std::fs::remove_file(&path).unwrap();
+    }
 }
