@@ -660,6 +660,8 @@ async fn run_connection(
     let mut cmds_open = true;
     // Callers woken by answers since calls were last queued.
     let mut answered: usize = 0;
+    // The last read from the socket took at most `POLL_MAX_MESSAGE` bytes.
+    let mut small_reads = true;
     let lost: String = 'conn: loop {
         while let Some(ev) = core.poll_event() {
             match ev {
@@ -723,7 +725,15 @@ async fn run_connection(
         if (!cmds_open || core.draining_reason().is_some()) && core.pending_len() == 0 {
             break "closed".to_string();
         }
-        if core.pending_len() != 1 {
+        if core.pending_len() > 1 && !core.has_tx() && small_reads && !core.streaming() {
+            // Several small calls in flight (no stream under way): the next answer is as
+            // near as a lone call's, and polling for it keeps this task's thread from
+            // parking between answers (waking a parked runtime worker costs more than a
+            // round trip on idle VMs). The same window rules apply: only while no other
+            // connection of the process waits in one, backing off when it does not pay.
+            poll.arm_for(Instant::now(), 0);
+        }
+        if core.pending_len() == 0 {
             poll.disarm();
         } else if !core.has_tx() {
             let now = Instant::now();
@@ -735,6 +745,7 @@ async fn run_connection(
                     Ok(n) => {
                         core.handle_read(n, now);
                         poll.arrived(now);
+                        small_reads = n <= POLL_MAX_MESSAGE;
                         continue;
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -773,6 +784,7 @@ async fn run_connection(
                         let now = Instant::now();
                         core.handle_read(n, now);
                         poll.arrived(now);
+                        small_reads = n <= POLL_MAX_MESSAGE;
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
                     Err(e) => break format!("read failed: {e}"),

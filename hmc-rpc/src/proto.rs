@@ -61,7 +61,8 @@ pub struct ConnConfig {
     /// to every other ready task in between, for up to this long before parking on the
     /// poller. An answer that comes within it skips the poller's and the scheduler's
     /// wake-ups: a much shorter one-call round trip on a machine with idle cores, for that
-    /// CPU. When the wait includes an HMC_BUFFER call's data-plane work (the server's READ
+    /// CPU. A client with several small calls in flight (no TCP_STREAM payload under way)
+    /// polls for the next answer the same way. When the wait includes an HMC_BUFFER call's data-plane work (the server's READ
     /// and WRITE; the client's use of the response and its next request), the window grows
     /// by that work's expected time at 8 GB/s, up to 500 us. Only one connection per
     /// process polls, and only while no other is inside a window; polling backs off (up to
@@ -1914,6 +1915,12 @@ impl ClientConn {
         self.pending.len()
     }
 
+    /// A TCP_STREAM payload is on its way in either direction (a request still being sent
+    /// or a response still arriving).
+    pub fn streaming(&self) -> bool {
+        !self.f.streams_in.is_empty() || !self.f.streams_out.is_empty()
+    }
+
     /// `Some(reason)` once the connection is unusable.
     pub fn closed_reason(&self) -> Option<&str> {
         self.closed.as_deref()
@@ -2250,6 +2257,36 @@ mod tests {
         pump_c2s(&mut c, &mut s, now);
         assert_eq!(calls(&mut s).len(), 1);
         assert_eq!(staged_bytes(s.take_staged(7)).unwrap(), data);
+    }
+
+    #[test]
+    fn streaming_is_true_while_a_payload_streams_either_way() {
+        let (mut c, mut s, now) = pair(ConnConfig::default());
+        c.start_call(1, Bytes::from_static(b"small"), None, false, now)
+            .unwrap();
+        assert!(!c.streaming(), "INLINE calls do not stream");
+        let big = pattern(600_000);
+        let id = c
+            .start_call(1, Bytes::from(big.clone()), None, false, now)
+            .unwrap();
+        assert!(c.streaming(), "the request streams out");
+        pump_c2s(&mut c, &mut s, now);
+        assert!(!c.streaming(), "all of it is on the wire");
+        calls(&mut s);
+        s.respond(id, 1, Status::OK, Bytes::from(big), now);
+        let mut wire = Vec::new();
+        loop {
+            let b = s.pending_tx().to_vec();
+            if b.is_empty() {
+                break;
+            }
+            s.advance_tx(b.len());
+            wire.extend_from_slice(&b);
+        }
+        c.handle_input(&wire[..wire.len() / 2], now);
+        assert!(c.streaming(), "the response is half in");
+        c.handle_input(&wire[wire.len() / 2..], now);
+        assert!(!c.streaming(), "the response is complete");
     }
 
     #[test]
