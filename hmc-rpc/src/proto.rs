@@ -2274,15 +2274,13 @@ mod tests {
         assert!(!c.streaming(), "all of it is on the wire");
         calls(&mut s);
         s.respond(id, 1, Status::OK, Bytes::from(big), now);
-        let mut wire = Vec::new();
-        loop {
+        let wire: Vec<u8> = std::iter::from_fn(|| {
             let b = s.pending_tx().to_vec();
-            if b.is_empty() {
-                break;
-            }
             s.advance_tx(b.len());
-            wire.extend_from_slice(&b);
-        }
+            (!b.is_empty()).then_some(b)
+        })
+        .flatten()
+        .collect();
         c.handle_input(&wire[..wire.len() / 2], now);
         assert!(c.streaming(), "the response is half in");
         c.handle_input(&wire[wire.len() / 2..], now);
