@@ -730,15 +730,17 @@ async fn run_connection(
         if (!cmds_open || core.draining_reason().is_some()) && core.pending_len() == 0 {
             break "closed".to_string();
         }
-        if core.pending_len() > 1 && !core.has_tx() && small_reads && !core.streaming() {
-            // Several small calls in flight (no stream under way): the next answer is as
-            // near as a lone call's, and polling for it keeps this task's thread from
-            // parking between answers (waking a parked runtime worker costs more than a
-            // round trip on idle VMs). The same window rules apply: only while no other
-            // connection of the process waits in one, backing off when it does not pay.
+        // Several small calls in flight (no stream under way) poll too: the next answer is
+        // as near as a lone call's, and polling for it keeps this task's thread from
+        // parking between answers (waking a parked runtime worker costs more than a round
+        // trip on idle VMs). The same window rules apply: only while no other connection
+        // of the process waits in one, backing off when it does not pay.
+        let several = core.pending_len() > 1;
+        let several_small = several && small_reads && !core.streaming();
+        if several_small && !core.has_tx() {
             poll.arm_for(Instant::now(), 0);
         }
-        if core.pending_len() == 0 {
+        if core.pending_len() == 0 || (several && !several_small) {
             poll.disarm();
         } else if !core.has_tx() {
             let now = Instant::now();
