@@ -365,9 +365,12 @@ fn preempted() -> Option<i64> {
 }
 
 /// A connection task's busy-polling window (`ConnConfig::busy_poll`): right after
-/// traffic, while the connection waits for exactly one message, the task asks the socket
-/// itself (and yields to every other ready task in between) for up to the budget instead
-/// of parking on the poller, saving the poller's and the scheduler's wake-ups.
+/// traffic, while the connection waits for the next message (a lone call's answer, the
+/// next of several small calls' answers, a server's next request), the task asks the
+/// socket itself (and yields to every other ready task in between) for up to the window
+/// instead of parking on the poller, saving the poller's and the scheduler's wake-ups. The
+/// window is the budget, plus the expected time of the data-plane work the wait includes;
+/// only one connection of the process polls at a time ([`WINDOW_ENDS`]).
 ///
 /// It backs off when polling does not pay: a window during which the kernel took the
 /// poller's core for another thread (the cores are all busy, and the poller delays the
