@@ -197,9 +197,9 @@ struct Inner {
 /// callers that one batch of answers woke go out in one write.
 ///
 /// For many small calls pipelined on one connection, a current-thread runtime (callers
-/// and connection task on one thread) is markedly faster on machines where waking a
-/// parked worker thread is dear, as on VMs: 64 B calls 8 in flight measured 249–271k
-/// calls/s there against 130–170k on the default runtime (`docs/benchmarks.md`).
+/// and connection task on one thread) can be markedly faster where waking a parked
+/// worker thread is dear: on the project's 2-core VMs, 64 B calls 8 in flight measured
+/// 249–271k calls/s there against 130–170k on the default runtime (`docs/benchmarks.md`).
 pub struct Client<C: Communicator = NoDataPlane> {
     inner: Arc<Inner>,
     dp: Option<Arc<ClientDataPlane<C>>>,

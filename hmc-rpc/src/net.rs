@@ -326,10 +326,12 @@ pub(crate) const POLL_MAX_MESSAGE: usize = 64 * 1024;
 /// and WRITEs the response; the client consumes one and builds the next) gets one
 /// microsecond more of window per this many bytes of that work: 8 GB/s, about the rate of
 /// a copy through a shared-memory mapping here with the peer's own bookkeeping. Where the
-/// work is slower (UCX over tcp), windows run out and the usual back-off stops polling.
-pub(crate) const POLL_WORK_BYTES_PER_US: u64 = 8 * 1024;
+/// work is slower (UCX over tcp), windows run out and the usual back-off mostly stops
+/// polling; there a poller still sometimes crowds UCX's progress thread, which does that
+/// transport's work (see `docs/benchmarks.md`).
+const POLL_WORK_BYTES_PER_US: u64 = 8 * 1024;
 /// The longest window a wait with data-plane work gets.
-pub(crate) const POLL_MAX_WINDOW: Duration = Duration::from_micros(500);
+const POLL_MAX_WINDOW: Duration = Duration::from_micros(500);
 
 /// After a busy-polling window that did not pay off, polling pauses for this many waits
 /// at first, twice as many after each further miss, up to [`MAX_PAUSE`].

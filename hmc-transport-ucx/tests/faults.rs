@@ -76,9 +76,9 @@ fn child_target() {
 }
 
 /// The child process, killed and reaped however the test ends (a failed assertion too).
-struct Child(std::process::Child);
+struct ReapedChild(std::process::Child);
 
-impl Drop for Child {
+impl Drop for ReapedChild {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -102,7 +102,7 @@ fn watchdog(name: &'static str, limit: Duration) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_killed_mid_transfer_is_an_error_within_the_deadline(#[case] tls: &str) {
     watchdog("a_peer_killed_mid_transfer", Duration::from_secs(300));
-    let mut child = Child(
+    let mut child = ReapedChild(
         Command::new(std::env::current_exe().expect("test binary"))
             .args(["--exact", "child_target", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, tls)
