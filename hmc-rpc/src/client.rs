@@ -738,7 +738,7 @@ async fn run_connection(
         let several = core.pending_len() > 1;
         let several_small = several && small_reads && !core.streaming();
         if several_small && !core.has_tx() {
-            poll.arm_for(Instant::now(), 0);
+            poll.arm_for(Instant::now(), 0, core.pending_len());
         }
         if core.pending_len() == 0 || (several && !several_small) {
             poll.disarm();
@@ -813,7 +813,7 @@ async fn run_connection(
                         queued += 1;
                     }
                     if core.queued_tx_len() <= POLL_MAX_MESSAGE {
-                        poll.arm_for(now, work);
+                        poll.arm_for(now, work, core.pending_len());
                     }
                     if answered > queued {
                         tokio::task::yield_now().await;

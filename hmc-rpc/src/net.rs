@@ -330,7 +330,13 @@ pub(crate) const POLL_MAX_MESSAGE: usize = 64 * 1024;
 /// polling; there a poller still sometimes crowds UCX's progress thread, which does that
 /// transport's work (see `docs/benchmarks.md`).
 const POLL_WORK_BYTES_PER_US: u64 = 8 * 1024;
-/// The longest window a wait with data-plane work gets.
+/// A wait that covers several calls (the answers to several calls in flight, or a
+/// server's next requests after answering several) gets this much more window per call
+/// beyond the first: about the CPU a peer spends turning one call around here (the client
+/// takes an answer and builds the next call in 5-8 us). Without it, pipelined calls on one
+/// connection outlast the budget and park between every batch.
+const POLL_PER_CALL: Duration = Duration::from_micros(8);
+/// The longest window a wait with data-plane work or many calls gets.
 const POLL_MAX_WINDOW: Duration = Duration::from_micros(500);
 
 /// After a busy-polling window that did not pay off, polling pauses for this many waits
@@ -471,14 +477,33 @@ impl BusyPoll {
 
     /// Opens the window at `now`: the connection now waits for one message, and that wait
     /// includes `work_bytes` of data-plane work on either side (0 for plain messages; see
-    /// [`POLL_WORK_BYTES_PER_US`]), which lengthens the window by its expected time, up to
-    /// [`POLL_MAX_WINDOW`]. A window already open stays as it is.
-    pub(crate) fn arm_for(&mut self, now: Instant, work_bytes: u64) {
-        if self.budget.is_zero() || self.open.is_some() {
+    /// [`POLL_WORK_BYTES_PER_US`]) and covers `calls` calls ([`POLL_PER_CALL`]), which
+    /// lengthen the window by their expected time, up to [`POLL_MAX_WINDOW`]. A window
+    /// already open keeps its start, and lengthens when the wait now covers more (calls
+    /// that joined it).
+    pub(crate) fn arm_for(&mut self, now: Instant, work_bytes: u64, calls: usize) {
+        if self.budget.is_zero() {
             return;
         }
-        let extra = Duration::from_micros(work_bytes / POLL_WORK_BYTES_PER_US);
-        self.window = (self.budget + extra).min(self.budget.max(POLL_MAX_WINDOW));
+        let extra = Duration::from_micros(work_bytes / POLL_WORK_BYTES_PER_US)
+            + POLL_PER_CALL * calls.saturating_sub(1).min(1024) as u32;
+        let window = (self.budget + extra).min(self.budget.max(POLL_MAX_WINDOW));
+        if let Some((since, _)) = self.open {
+            if window > self.window {
+                self.window = window;
+                if let Some((i, end)) = self.slot {
+                    let new_end = window_clock(since + window);
+                    if self.table[i]
+                        .compare_exchange(end, new_end, Ordering::Relaxed, Ordering::Relaxed)
+                        .is_ok()
+                    {
+                        self.slot = Some((i, new_end));
+                    }
+                }
+            }
+            return;
+        }
+        self.window = window;
         self.probing = false;
         let poll = if self.skip > 0 {
             self.skip -= 1;
@@ -650,7 +675,7 @@ mod tests {
     fn data_plane_work_lengthens_the_window_up_to_the_cap() {
         let mut p = test_poll(Duration::from_micros(50));
         let t0 = Instant::now();
-        p.arm_for(t0, 1 << 20);
+        p.arm_for(t0, 1 << 20, 1);
         assert_eq!(
             p.window,
             Duration::from_micros(50 + (1 << 20) / POLL_WORK_BYTES_PER_US)
@@ -660,11 +685,50 @@ mod tests {
             "still inside the longer window"
         );
         p.disarm();
-        p.arm_for(t0, 1 << 30);
+        p.arm_for(t0, 1 << 30, 1);
         assert_eq!(p.window, POLL_MAX_WINDOW);
         p.disarm();
-        p.arm_for(t0, 0);
+        p.arm_for(t0, 0, 1);
         assert_eq!(p.window, Duration::from_micros(50));
+    }
+
+    #[test]
+    fn calls_joining_a_wait_lengthen_its_window_from_the_same_start() {
+        let table: &'static [AtomicU64; 4] = Box::leak(Box::new([const { AtomicU64::new(0) }; 4]));
+        let mut p = BusyPoll::with_table(Duration::from_micros(50), table);
+        let mut other = BusyPoll::with_table(Duration::from_micros(50), table);
+        let t0 = Instant::now();
+        // The first of eight pipelined calls goes out alone; the other seven join it.
+        p.arm_for(t0, 0, 1);
+        assert_eq!(p.window, Duration::from_micros(50));
+        p.arm_for(t0 + Duration::from_micros(20), 0, 8);
+        assert_eq!(p.window, Duration::from_micros(50) + POLL_PER_CALL * 7);
+        // The table holds the lengthened end: another connection sees this one waiting
+        // after the first window would have ended.
+        let t1 = t0 + Duration::from_micros(70);
+        other.arm_for(t1, 0, 1);
+        assert!(
+            !other.active(t1),
+            "the other connection sees the lengthened window"
+        );
+        other.disarm();
+        assert!(
+            p.active(t0 + Duration::from_micros(90)),
+            "inside the lengthened window, counted from the first call"
+        );
+        assert!(
+            !p.active(t0 + Duration::from_micros(50) + POLL_PER_CALL * 7),
+            "the lengthened window ends"
+        );
+        // Fewer calls never shorten an open window.
+        p.disarm();
+        p.arm_for(t0, 0, 8);
+        p.arm_for(t0, 0, 2);
+        assert_eq!(p.window, Duration::from_micros(50) + POLL_PER_CALL * 7);
+        p.disarm();
+        // Many calls: capped.
+        p.arm_for(t0, 0, 100_000);
+        assert_eq!(p.window, POLL_MAX_WINDOW);
     }
 
     #[test]
@@ -675,8 +739,8 @@ mod tests {
         let t0 = Instant::now();
         // `idle` answered its last call and waits in its window for a request that never
         // comes; its task never runs again.
-        idle.arm_for(t0, 0);
-        busy.arm_for(t0, 0);
+        idle.arm_for(t0, 0, 1);
+        busy.arm_for(t0, 0, 1);
         assert!(
             !busy.active(t0 + Duration::from_micros(10)),
             "two connections wait"
@@ -692,22 +756,22 @@ mod tests {
             .collect();
         let t1 = t0 + Duration::from_millis(1);
         for o in &mut others {
-            o.arm_for(t1, 0);
+            o.arm_for(t1, 0, 1);
         }
-        busy.arm_for(t1, 0);
+        busy.arm_for(t1, 0, 1);
         assert!(
             matches!(busy.open, Some((_, false))),
             "no slot left: this wait parks"
         );
         drop(others);
         busy.disarm();
-        busy.arm_for(t1, 0);
+        busy.arm_for(t1, 0, 1);
         assert!(busy.active(t1), "closed windows free their slots");
     }
 
     /// Opens and closes one window that may poll, as if it polled and then `settle`d.
     fn polled_window(p: &mut BusyPoll, in_time: bool, kept_core: bool) {
-        p.arm_for(Instant::now(), 0);
+        p.arm_for(Instant::now(), 0, 1);
         assert!(matches!(p.open, Some((_, true))), "this wait may poll");
         p.settle(in_time, kept_core);
         p.disarm();
@@ -717,7 +781,7 @@ mod tests {
     fn paused_waits(p: &mut BusyPoll) -> u32 {
         let mut n = 0;
         loop {
-            p.arm_for(Instant::now(), 0);
+            p.arm_for(Instant::now(), 0, 1);
             let poll = matches!(p.open, Some((_, true)));
             p.disarm();
             if poll {
@@ -730,7 +794,7 @@ mod tests {
     #[test]
     fn a_zero_budget_never_opens_a_window() {
         let mut p = test_poll(Duration::ZERO);
-        p.arm_for(Instant::now(), 0);
+        p.arm_for(Instant::now(), 0, 1);
         assert!(p.open.is_none());
         assert!(!p.active(Instant::now()));
     }
@@ -739,7 +803,7 @@ mod tests {
     fn a_window_runs_out_after_its_budget() {
         let mut p = test_poll(Duration::from_micros(50));
         let t0 = Instant::now();
-        p.arm_for(t0, 0);
+        p.arm_for(t0, 0, 1);
         assert!(!p.active(t0 + Duration::from_micros(50)));
         assert!(
             matches!(p.open, Some((_, false))),

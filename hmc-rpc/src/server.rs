@@ -302,12 +302,13 @@ async fn serve_connection(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
     let mut tokens: std::collections::HashMap<u64, CancelToken> = Default::default();
     let mut shutdown_seen = false;
-    // Since the busy-polling window was last opened, a call came in that opens it again
-    // once answered: one of at most `POLL_MAX_MESSAGE` bytes (`Some(0)`), or an
+    // Since the busy-polling window was last opened, the last call that came in opens it
+    // again once answered: one of at most `POLL_MAX_MESSAGE` bytes (work 0), or an
     // HMC_BUFFER call with the bytes of data-plane work the client does before its next
     // request (it takes the response and builds the next request in registered buffers:
-    // about twice this one's payload, as for an echo).
-    let mut poll_work: Option<u64> = None;
+    // about twice this one's payload, as for an echo); and how many calls came in since,
+    // each of which the client turns around before the next request of a pipeline.
+    let mut poll_work: Option<(u64, usize)> = None;
     let mut closing_since: Option<Instant> = None;
     if *shutdown.borrow() {
         core.begin_shutdown();
@@ -317,11 +318,13 @@ async fn serve_connection(
         while let Some(ev) = core.poll_event() {
             match ev {
                 ServerEvent::Call(call) => {
-                    poll_work = if call.mode == PayloadMode::HmcBuffer {
+                    let work = if call.mode == PayloadMode::HmcBuffer {
                         Some(call.payload_len.saturating_mul(2))
                     } else {
                         (call.payload_len <= POLL_MAX_MESSAGE as u64).then_some(0)
                     };
+                    let calls = poll_work.map_or(0, |(_, n)| n) + 1;
+                    poll_work = work.map(|w| (w, calls));
                     start_call(&shared, &conn_use, &mut core, &mut tokens, &done_tx, call)
                 }
                 ServerEvent::Abandon { request_id, .. } => {
@@ -370,8 +373,8 @@ async fn serve_connection(
         if may_read && core.inflight_len() == 0 && !want_write && feeds.is_empty() {
             // Every call is answered and written: the window for the next request opens
             // (not between the pieces of a large request).
-            if let Some(work) = poll_work.take() {
-                poll.arm_for(now, work);
+            if let Some((work, calls)) = poll_work.take() {
+                poll.arm_for(now, work, calls);
             }
             if poll.active(now) {
                 // Busy-polling for the next request, then the other ready tasks.
