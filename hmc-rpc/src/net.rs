@@ -327,8 +327,7 @@ pub(crate) const POLL_MAX_MESSAGE: usize = 64 * 1024;
 /// microsecond more of window per this many bytes of that work: 8 GB/s, about the rate of
 /// a copy through a shared-memory mapping here with the peer's own bookkeeping. Where the
 /// work is slower (UCX over tcp), windows run out and the usual back-off mostly stops
-/// polling; there a poller still sometimes crowds UCX's progress thread, which does that
-/// transport's work (see `docs/benchmarks.md`).
+/// polling (polling neither helps nor hurts there: see `docs/benchmarks.md`).
 const POLL_WORK_BYTES_PER_US: u64 = 8 * 1024;
 /// A wait that covers several calls (the answers to several calls in flight, or a
 /// server's next requests after answering several) gets this much more window per call
