@@ -94,6 +94,92 @@ struct Cell {
     p999: f64,
     /// CPU time (user + system) of client and server processes per call, microseconds.
     cpu_us_per_call: Option<f64>,
+    /// [`core_to_core_ns`] just before and just after the cell.
+    c2c_ns: Option<(f64, f64)>,
+}
+
+/// Round trip of one cache line between the first two CPUs this process may run on, in
+/// nanoseconds (the median of five rounds of 20,000), or `None` with fewer than two CPUs.
+///
+/// It tells which state the host keeps the machine in, which moves every figure that
+/// crosses cores: on the project's 2-vCPU VMs it reads about 60 ns while the two vCPUs
+/// share an L3 cache and about 330 ns while the host runs them apart, which also halves
+/// the bandwidth of a copy from one core's writes (10 against 17 GB/s for 8 MiB) and cuts
+/// HMC_BUFFER echo over shared memory to a third. The host changes it within seconds, so
+/// each cell records it before and after.
+fn core_to_core_ns() -> Option<f64> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const ROUND_TRIPS: u64 = 20_000;
+    let cpus = allowed_cpus();
+    let (a, b) = (*cpus.first()?, *cpus.get(1)?);
+    let flag = Arc::new(AtomicU64::new(0));
+    let mut rounds = Vec::new();
+    for _ in 0..5 {
+        flag.store(0, Ordering::SeqCst);
+        let f = flag.clone();
+        let echo = std::thread::spawn(move || {
+            pin_to_cpu(b);
+            for i in 1..=ROUND_TRIPS {
+                while f.load(Ordering::Acquire) != 2 * i - 1 {
+                    std::hint::spin_loop();
+                }
+                f.store(2 * i, Ordering::Release);
+            }
+        });
+        let f = flag.clone();
+        let ping = std::thread::spawn(move || {
+            pin_to_cpu(a);
+            let t = Instant::now();
+            for i in 1..=ROUND_TRIPS {
+                f.store(2 * i - 1, Ordering::Release);
+                while f.load(Ordering::Acquire) != 2 * i {
+                    std::hint::spin_loop();
+                }
+            }
+            t.elapsed().as_nanos() as f64 / ROUND_TRIPS as f64
+        });
+        echo.join().ok()?;
+        rounds.push(ping.join().ok()?);
+    }
+    rounds.sort_by(f64::total_cmp);
+    Some(rounds[rounds.len() / 2])
+}
+
+/// The CPUs this process may run on (`sched_getaffinity`), in order.
+fn allowed_cpus() -> Vec<usize> {
+    let mut set = std::mem::MaybeUninit::<libc::cpu_set_t>::zeroed();
+    // SAFETY: `set` is a zeroed (valid) `cpu_set_t` of the size passed; pid 0 is this thread.
+    let r = unsafe {
+        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set.as_mut_ptr())
+    };
+    if r != 0 {
+        return Vec::new();
+    }
+    // SAFETY: zero-initialised and filled in on success.
+    let set = unsafe { set.assume_init() };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `i` is below `CPU_SETSIZE`, the bit count of `set`.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu` (best effort: unpinned, the round trip is measured
+/// wherever the scheduler runs the two threads).
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: `CPU_ZERO`/`CPU_SET` write a local `cpu_set_t`; `cpu` is below `CPU_SETSIZE`
+    // (it came from `allowed_cpus`); `sched_setaffinity` reads the set we pass.
+    unsafe {
+        let mut set = std::mem::zeroed::<libc::cpu_set_t>();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// A cell's "host c2c ns" column: before/after.
+fn fmt_c2c(c: &Cell) -> String {
+    c.c2c_ns
+        .map_or("-".to_string(), |(b, a)| format!("{b:.0}/{a:.0}"))
 }
 
 /// Microseconds of CPU (user + system) used by process `pid` (`None`: this process) and
@@ -177,6 +263,7 @@ fn cell_from(
         p99: percentile(&lat, 0.99),
         p999: percentile(&lat, 0.999),
         cpu_us_per_call: None,
+        c2c_ns: None,
     }
 }
 
@@ -434,7 +521,8 @@ async fn bench_data_planes(
                         "HMC_BUFFER over {plane:?}: {} x {clients} client(s) x {depth} in flight",
                         fmt_size(size)
                     );
-                    let buffer = bench_hmc_dp(
+                    let before = core_to_core_ns();
+                    let mut buffer = bench_hmc_dp(
                         &addr,
                         size,
                         clients,
@@ -444,6 +532,7 @@ async fn bench_data_planes(
                         Some((dp.clone(), args.dp_request_buffers)),
                     )
                     .await?;
+                    buffer.c2c_ns = before.zip(core_to_core_ns());
                     let stream = stream_cells
                         .iter()
                         .find(|(h, _)| h.size == size && h.clients == clients && h.depth == depth)
@@ -569,6 +658,7 @@ fn bench_tonic(
         p99: field("p99_us="),
         p999: f64::NAN,
         cpu_us_per_call: None,
+        c2c_ns: None,
     })
 }
 
@@ -681,7 +771,11 @@ async fn run(args: Args) -> Result<(), String> {
     for &size in &args.sizes {
         step += 1;
         eprintln!("[{step}/{total}] raw TCP ping-pong, {}", fmt_size(size));
-        raw.push(bench_raw_tcp(size, args.seconds.min(2.0)).map_err(|e| e.to_string())?);
+        let before = core_to_core_ns();
+        let mut r = bench_raw_tcp(size, args.seconds.min(2.0)).map_err(|e| e.to_string())?;
+        let mut c2c_before = core_to_core_ns();
+        r.c2c_ns = before.zip(c2c_before);
+        raw.push(r);
         for &clients in &args.clients {
             for &depth in &args.depths {
                 step += 1;
@@ -694,12 +788,18 @@ async fn run(args: Args) -> Result<(), String> {
                 let mut h =
                     bench_hmc(&addr, size, clients, depth, args.seconds, args.stream_crc).await?;
                 h.cpu_us_per_call = cpu.per_call(h.calls);
+                let c2c_between = core_to_core_ns();
+                h.c2c_ns = c2c_before.zip(c2c_between);
+                c2c_before = c2c_between;
                 let cpu = CpuProbe::start(tonic_pid.unwrap_or(0), true);
                 let t = match &tonic_bin {
                     Some(b) => match bench_tonic(b, tonic_port, size, clients, depth, args.seconds)
                     {
                         Ok(mut t) => {
                             t.cpu_us_per_call = cpu.per_call(t.calls);
+                            let c2c_after = core_to_core_ns();
+                            t.c2c_ns = c2c_before.zip(c2c_after);
+                            c2c_before = c2c_after;
                             Some(t)
                         }
                         Err(e) => {
@@ -743,10 +843,10 @@ async fn run(args: Args) -> Result<(), String> {
         args.server_workers
     );
     println!(
-        "| payload | clients | in flight | hmc RPC/s | hmc MB/s | hmc p50 us | hmc p99 us | hmc p999 us | tonic RPC/s | tonic MB/s | tonic p50 us | RPC/s ratio | hmc CPU us/call | tonic CPU us/call |"
+        "| payload | clients | in flight | hmc RPC/s | hmc MB/s | hmc p50 us | hmc p99 us | hmc p999 us | tonic RPC/s | tonic MB/s | tonic p50 us | RPC/s ratio | hmc CPU us/call | tonic CPU us/call | host c2c ns |"
     );
     println!(
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     let cpu = |c: Option<&Cell>| {
         c.and_then(|c| c.cpu_us_per_call)
@@ -763,7 +863,7 @@ async fn run(args: Args) -> Result<(), String> {
             None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
         println!(
-            "| {} | {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {tr} | {tm} | {tp} | {ratio} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {tr} | {tm} | {tp} | {ratio} | {} | {} | {} |",
             fmt_size(h.size),
             h.clients,
             h.depth,
@@ -773,28 +873,36 @@ async fn run(args: Args) -> Result<(), String> {
             h.p99,
             h.p999,
             cpu(Some(h)),
-            cpu(t.as_ref())
+            cpu(t.as_ref()),
+            fmt_c2c(h)
         );
     }
+    println!(
+        "\nhost c2c ns: a cache line's round trip between the first two CPUs, just before/after \
+         the cell. Tens of ns: the cores share a cache; several times that: the host runs them \
+         apart (on the project's VMs about 60 against 330 ns), which slows every figure that \
+         crosses cores; the host changes it within seconds."
+    );
     println!("\n## raw TCP ping-pong baseline (1 connection, 1 in flight, blocking)\n");
     println!(
-        "| payload | round trips/s | MB/s | p50 us | p99 us | hmc-rpc 1x1 p50 us | p50 ratio |"
+        "| payload | round trips/s | MB/s | p50 us | p99 us | hmc-rpc 1x1 p50 us | p50 ratio | host c2c ns |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in &raw {
         let h = cells
             .iter()
             .find(|(h, _)| h.size == r.size && h.clients == 1 && h.depth == 1)
             .map(|(h, _)| h.p50);
         println!(
-            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} |",
+            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} | {} |",
             fmt_size(r.size),
             r.rps,
             r.mbps,
             r.p50,
             r.p99,
             h.map_or("-".into(), |h| format!("{h:.0}")),
-            h.map_or("-".into(), |h| format!("{:.2}x", h / r.p50.max(1.0)))
+            h.map_or("-".into(), |h| format!("{:.2}x", h / r.p50.max(1.0))),
+            fmt_c2c(r)
         );
     }
     println!("\n## pipelining on one connection (1 client)\n");
@@ -818,9 +926,9 @@ async fn run(args: Args) -> Result<(), String> {
             std::env::var("UCX_TLS").unwrap_or_else(|_| "(UCX default)".into())
         );
         println!(
-            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median |"
+            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median | host c2c ns |"
         );
-        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for r in &dp_rows {
             let moved = 2.0 * r.buffer.mbps;
             let (stream, vs_stream) = match &r.stream {
@@ -838,13 +946,14 @@ async fn run(args: Args) -> Result<(), String> {
                 None => ("-".into(), "-".into()),
             };
             println!(
-                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} |",
+                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} | {} |",
                 r.plane,
                 fmt_size(r.buffer.size),
                 r.buffer.clients,
                 r.buffer.depth,
                 r.buffer.rps,
-                r.buffer.p50
+                r.buffer.p50,
+                fmt_c2c(&r.buffer)
             );
         }
     }
@@ -853,7 +962,7 @@ async fn run(args: Args) -> Result<(), String> {
         let _ = std::fs::create_dir_all(dir);
     }
     let mut csv = String::from(
-        "system,payload_bytes,clients,in_flight,calls,rps,mbps,p50_us,p99_us,p999_us,cpu_us_per_call\n",
+        "system,payload_bytes,clients,in_flight,calls,rps,mbps,p50_us,p99_us,p999_us,cpu_us_per_call,c2c_before_ns,c2c_after_ns\n",
     );
     for c in cells
         .iter()
@@ -862,7 +971,7 @@ async fn run(args: Args) -> Result<(), String> {
         .chain(dp_rows.iter().map(|r| &r.buffer))
     {
         csv.push_str(&format!(
-            "{},{},{},{},{},{:.1},{:.3},{:.1},{:.1},{:.1},{}\n",
+            "{},{},{},{},{},{:.1},{:.3},{:.1},{:.1},{:.1},{},{}\n",
             c.system,
             c.size,
             c.clients,
@@ -874,7 +983,9 @@ async fn run(args: Args) -> Result<(), String> {
             c.p99,
             c.p999,
             c.cpu_us_per_call
-                .map_or(String::new(), |v| format!("{v:.1}"))
+                .map_or(String::new(), |v| format!("{v:.1}")),
+            c.c2c_ns
+                .map_or(",".to_string(), |(b, a)| format!("{b:.0},{a:.0}"))
         ));
     }
     std::fs::write(&args.csv, csv).map_err(|e| format!("writing {}: {e}", args.csv.display()))?;
@@ -885,6 +996,22 @@ async fn run(args: Args) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn core_to_core_round_trip_is_measured_when_two_cpus_are_allowed() {
+        let ns = core_to_core_ns();
+        if allowed_cpus().len() < 2 {
+            assert_eq!(ns, None);
+            return;
+        }
+        let ns = ns.expect("two CPUs: measured");
+        // A cache line's round trip: above a few ns, far below a scheduler time slice
+        // (two spinning threads on two allowed CPUs never wait for each other's turn).
+        assert!(ns > 5.0 && ns < 100_000.0, "{ns} ns");
+        // Only the measuring threads were pinned, not this one.
+        assert!(allowed_cpus().len() >= 2);
+    }
 
     #[test]
     #[cfg(target_os = "linux")]
