@@ -709,20 +709,8 @@ async fn run_connection(
                 }
             }
         }
-        loop {
-            let r = {
-                let mut slices = [std::io::IoSlice::new(&[]); 64];
-                let n = core.tx_slices(&mut slices);
-                if n == 0 {
-                    break;
-                }
-                wr.try_write_vectored(&slices[..n])
-            };
-            match r {
-                Ok(n) => core.advance_tx(n),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => break 'conn format!("write failed: {e}"),
-            }
+        if let Err(e) = wr.write_queued(&mut core) {
+            break 'conn format!("write failed: {e}");
         }
         if let Some(r) = core.closed_reason() {
             break r.to_string();

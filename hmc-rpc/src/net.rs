@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use hmc_core::{Error, PeerAddr, Result};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
-use crate::proto::ReadTarget;
+use crate::proto::{ReadTarget, TxQueue};
 
 /// A connected socket.
 pub(crate) enum Stream {
@@ -184,6 +184,26 @@ impl WriteHalf {
         match self {
             WriteHalf::Tcp(s) => s.writable().await,
             WriteHalf::Unix(s) => s.writable().await,
+        }
+    }
+
+    /// Writes as much of `conn`'s queued bytes as the socket takes now (vectored, up to 64
+    /// slices a write). `Ok` also when the socket is full; an error ends the connection.
+    pub(crate) fn write_queued(&self, conn: &mut impl TxQueue) -> io::Result<()> {
+        loop {
+            let r = {
+                let mut slices = [io::IoSlice::new(&[]); 64];
+                let n = conn.tx_slices(&mut slices);
+                if n == 0 {
+                    return Ok(());
+                }
+                self.try_write_vectored(&slices[..n])
+            };
+            match r {
+                Ok(n) => conn.advance_tx(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
         }
     }
 

@@ -1305,45 +1305,6 @@ impl ServerConn {
         self.deadlines.clear();
     }
 
-    /// Bytes to write now (empty when nothing is queued).
-    pub fn pending_tx(&mut self) -> &[u8] {
-        self.f.pending_tx()
-    }
-
-    /// `n` bytes of [`ServerConn::pending_tx`] were written.
-    pub fn advance_tx(&mut self, n: usize) {
-        self.f.advance_tx(n)
-    }
-
-    /// True while something waits to be written.
-    pub fn has_tx(&self) -> bool {
-        self.f.has_tx()
-    }
-
-    /// Fills `out` with queued bytes for a vectored write; returns the number of slices
-    /// used. Report what was written with `advance_tx`.
-    pub fn tx_slices<'a>(&'a mut self, out: &mut [std::io::IoSlice<'a>]) -> usize {
-        self.f.tx_slices(out)
-    }
-
-    /// Bytes queued for writing (a backlog measure for read backpressure).
-    pub fn queued_tx_len(&self) -> usize {
-        self.f.queued_len()
-    }
-
-    /// Spare input space of at least `min` bytes to read into; then call
-    /// `handle_read(n, now)`.
-    pub fn input_space(&mut self, min: usize) -> &mut [u8] {
-        self.f.input_space(min)
-    }
-
-    /// Where the next read should go (up to `max` bytes): like
-    /// [`input_space`](Self::input_space), except that the body of a large DATA chunk is
-    /// read straight into its payload's buffer. Then call `handle_read(n, now)`.
-    pub fn read_target(&mut self, max: usize) -> ReadTarget<'_> {
-        self.f.read_target(max)
-    }
-
     /// Calls admitted and not yet answered.
     pub fn inflight_len(&self) -> usize {
         self.inflight.len()
@@ -1930,45 +1891,76 @@ impl ClientConn {
     pub fn draining_reason(&self) -> Option<&str> {
         self.draining.as_deref()
     }
+}
 
-    /// Bytes to write now.
-    pub fn pending_tx(&mut self) -> &[u8] {
-        self.f.pending_tx()
-    }
+/// The byte side of a connection, the same for [`ServerConn`] and [`ClientConn`]: the
+/// bytes to write, and where to read.
+macro_rules! byte_side {
+    ($conn:ident) => {
+        impl $conn {
+            /// Bytes to write now (empty when nothing is queued).
+            pub fn pending_tx(&mut self) -> &[u8] {
+                self.f.pending_tx()
+            }
 
-    /// `n` bytes of [`ClientConn::pending_tx`] were written.
-    pub fn advance_tx(&mut self, n: usize) {
-        self.f.advance_tx(n)
-    }
+            /// `n` bytes of the queued ones were written (from
+            #[doc = concat!("[`", stringify!($conn), "::pending_tx`] or [`", stringify!($conn), "::tx_slices`]).")]
+            pub fn advance_tx(&mut self, n: usize) {
+                self.f.advance_tx(n)
+            }
 
-    /// True while something waits to be written.
-    pub fn has_tx(&self) -> bool {
-        self.f.has_tx()
-    }
+            /// True while something waits to be written.
+            pub fn has_tx(&self) -> bool {
+                self.f.has_tx()
+            }
 
-    /// Fills `out` with queued bytes for a vectored write; returns the number of slices
-    /// used. Report what was written with `advance_tx`.
-    pub fn tx_slices<'a>(&'a mut self, out: &mut [std::io::IoSlice<'a>]) -> usize {
-        self.f.tx_slices(out)
-    }
+            /// Fills `out` with queued bytes for a vectored write; returns the number of
+            /// slices used. Report what was written with `advance_tx`.
+            pub fn tx_slices<'a>(&'a mut self, out: &mut [std::io::IoSlice<'a>]) -> usize {
+                self.f.tx_slices(out)
+            }
 
-    /// Bytes queued for writing (a backlog measure for read backpressure).
-    pub fn queued_tx_len(&self) -> usize {
-        self.f.queued_len()
-    }
+            /// Bytes queued for writing (a backlog measure for read backpressure).
+            pub fn queued_tx_len(&self) -> usize {
+                self.f.queued_len()
+            }
 
-    /// Spare input space of at least `min` bytes to read into; then call
-    /// `handle_read(n, now)`.
-    pub fn input_space(&mut self, min: usize) -> &mut [u8] {
-        self.f.input_space(min)
-    }
+            /// Spare input space of at least `min` bytes to read into; then call
+            /// `handle_read(n, now)`.
+            pub fn input_space(&mut self, min: usize) -> &mut [u8] {
+                self.f.input_space(min)
+            }
 
-    /// Where the next read should go (up to `max` bytes): like
-    /// [`input_space`](Self::input_space), except that the body of a large DATA chunk is
-    /// read straight into its payload's buffer. Then call `handle_read(n, now)`.
-    pub fn read_target(&mut self, max: usize) -> ReadTarget<'_> {
-        self.f.read_target(max)
-    }
+            /// Where the next read should go (up to `max` bytes): like
+            /// [`input_space`](Self::input_space), except that the body of a large DATA
+            /// chunk is read straight into its payload's buffer. Then call
+            /// `handle_read(n, now)`.
+            pub fn read_target(&mut self, max: usize) -> ReadTarget<'_> {
+                self.f.read_target(max)
+            }
+        }
+
+        impl TxQueue for $conn {
+            fn tx_slices<'a>(&'a mut self, out: &mut [std::io::IoSlice<'a>]) -> usize {
+                self.f.tx_slices(out)
+            }
+
+            fn advance_tx(&mut self, n: usize) {
+                self.f.advance_tx(n)
+            }
+        }
+    };
+}
+
+byte_side!(ServerConn);
+byte_side!(ClientConn);
+
+/// Queued bytes of a connection, for the write loop the runtime shares between roles.
+pub(crate) trait TxQueue {
+    /// See [`ServerConn::tx_slices`].
+    fn tx_slices<'a>(&'a mut self, out: &mut [std::io::IoSlice<'a>]) -> usize;
+    /// See [`ServerConn::advance_tx`].
+    fn advance_tx(&mut self, n: usize);
 }
 
 #[cfg(test)]

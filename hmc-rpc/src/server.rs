@@ -334,24 +334,9 @@ async fn serve_connection(
                 }
             }
         }
-        // Write as much as the socket takes.
-        loop {
-            let r = {
-                let mut slices = [std::io::IoSlice::new(&[]); 64];
-                let n = core.tx_slices(&mut slices);
-                if n == 0 {
-                    break;
-                }
-                wr.try_write_vectored(&slices[..n])
-            };
-            match r {
-                Ok(n) => core.advance_tx(n),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    tracing::debug!(error = %e, "write failed; dropping connection");
-                    break 'conn;
-                }
-            }
+        if let Err(e) = wr.write_queued(&mut core) {
+            tracing::debug!(error = %e, "write failed; dropping connection");
+            break 'conn;
         }
         let now = Instant::now();
         if core.close_reason().is_some() {
