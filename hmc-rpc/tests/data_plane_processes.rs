@@ -1,99 +1,74 @@
-//! HMC_BUFFER between the real binaries: a two-process verified echo with `--data-plane`,
-//! and the soak test: connect/call/disconnect cycles from 4 concurrent client processes
-//! against one server, with zero errors and the server's fds and RSS flat.
+//! HMC_BUFFER between the real binaries, over the TCP communicator and over UCX (`UCX_TLS=tcp`
+//! and shared memory): a two-process verified echo with `--data-plane`, and the soak test:
+//! connect/call/disconnect cycles from 4 concurrent client processes against one server,
+//! with zero errors and the server's fds and RSS flat. UCX must be installed (`libucx0`);
+//! these tests never skip.
 //!
 //! The soak runs 4 x 25 cycles by default and 4 x 2 500 (10 000 cycles) with
 //! `HMC_LONG_TESTS=1`.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::process::{Child, Command, Stdio};
 
-const SERVER: &str = env!("CARGO_BIN_EXE_hmc-rpc-server");
-const CLIENT: &str = env!("CARGO_BIN_EXE_hmc-rpc-client");
+use common::{CLIENT, ServerProc, check};
+use rstest::rstest;
 
-struct ServerProc {
-    child: Child,
-    port: u16,
+/// A data plane to test: `--data-plane` and the `UCX_TLS` both sides get (UCX only).
+#[derive(Clone, Copy, Debug)]
+struct Plane {
+    name: &'static str,
+    ucx_tls: Option<&'static str>,
 }
 
-impl ServerProc {
-    fn start(data_plane: &str) -> Self {
-        let mut child = Command::new(SERVER)
-            .args([
-                "--bind-address",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--workers",
-                "2",
-            ])
-            .args(["--data-plane", data_plane])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("starting hmc-rpc-server");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in `{line}`"));
-        ServerProc { child, port }
+const TCP: Plane = Plane {
+    name: "tcp",
+    ucx_tls: None,
+};
+const UCX_TCP: Plane = Plane {
+    name: "ucx",
+    ucx_tls: Some("tcp"),
+};
+const UCX_SHM: Plane = Plane {
+    name: "ucx",
+    ucx_tls: Some("posix,cma,self"),
+};
+
+impl Plane {
+    fn envs(self) -> Vec<(&'static str, &'static str)> {
+        self.ucx_tls.map(|t| ("UCX_TLS", t)).into_iter().collect()
     }
 
-    fn fds(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
-            .unwrap()
-            .count()
+    fn server(self) -> ServerProc {
+        ServerProc::start(&["--data-plane", self.name], &self.envs(), None)
     }
 
-    fn rss_kib(&self) -> u64 {
-        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        s.lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap()
+    /// `hmc-rpc-client --method echo` on `port` with this data plane (`None`: without one).
+    fn client(self, port: u16, data_plane: Option<&str>, extra: &[&str]) -> Command {
+        let mut c = Command::new(CLIENT);
+        c.args(["--port", &port.to_string(), "--method", "echo"])
+            .args(["--data-plane", data_plane.unwrap_or(self.name)])
+            .args(extra)
+            .envs(self.envs());
+        c
     }
 }
 
-impl Drop for ServerProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn client_cmd(port: u16, data_plane: &str, extra: &[&str]) -> Command {
-    let mut c = Command::new(CLIENT);
-    c.args(["--port", &port.to_string(), "--method", "echo"])
-        .args(["--data-plane", data_plane])
-        .args(extra);
-    c
-}
-
-fn check(out: std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "client failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-#[test]
-fn two_processes_echo_one_mib_over_the_tcp_data_plane() {
-    let server = ServerProc::start("tcp");
+#[rstest]
+#[case::tcp(TCP)]
+#[case::ucx_tcp(UCX_TCP)]
+#[case::ucx_shared_memory(UCX_SHM)]
+fn two_processes_echo_one_mib(#[case] plane: Plane) {
+    let server = plane.server();
     let out = check(
-        client_cmd(
-            server.port,
-            "tcp",
-            &["--payload-bytes", "1048576", "--repeat", "3"],
-        )
-        .output()
-        .unwrap(),
+        plane
+            .client(
+                server.port,
+                None,
+                &["--payload-bytes", "1048576", "--repeat", "3"],
+            )
+            .output()
+            .unwrap(),
     );
     assert!(
         out.starts_with(
@@ -110,30 +85,35 @@ fn two_processes_echo_one_mib_over_the_tcp_data_plane() {
     );
     // A client without a data plane streams to the same server.
     let out = check(
-        client_cmd(server.port, "none", &["--payload-bytes", "1048576"])
+        plane
+            .client(server.port, Some("none"), &["--payload-bytes", "1048576"])
             .output()
             .unwrap(),
     );
     assert!(out.contains("1048576 bytes verified"), "{out}");
 }
 
-#[test]
-fn soak_connect_call_disconnect_from_four_client_processes() {
+#[rstest]
+#[case::tcp(TCP)]
+#[case::ucx_tcp(UCX_TCP)]
+#[case::ucx_shared_memory(UCX_SHM)]
+fn soak_connect_call_disconnect_from_four_client_processes(#[case] plane: Plane) {
     let long = std::env::var("HMC_LONG_TESTS").is_ok_and(|v| v == "1");
     let cycles = if long { 2_500 } else { 25 };
-    let server = ServerProc::start("tcp");
+    let server = plane.server();
     let run_round = |cycles: u32| {
         let kids: Vec<Child> = (0..4)
             .map(|_| {
-                client_cmd(
-                    server.port,
-                    "tcp",
-                    &["--payload-bytes", "131072", "--cycles", &cycles.to_string()],
-                )
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
+                plane
+                    .client(
+                        server.port,
+                        None,
+                        &["--payload-bytes", "131072", "--cycles", &cycles.to_string()],
+                    )
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
             })
             .collect();
         for k in kids {
@@ -150,14 +130,16 @@ fn soak_connect_call_disconnect_from_four_client_processes() {
             );
         }
     };
-    // Warm up (pools, runtime threads), then measure.
+    // Warm up (pools, runtime threads, UCX endpoints), then measure.
     run_round(5);
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::thread::sleep(std::time::Duration::from_millis(500));
     let (fds0, rss0) = (server.fds(), server.rss_kib());
     run_round(cycles);
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    std::thread::sleep(std::time::Duration::from_millis(500));
     let (fds1, rss1) = (server.fds(), server.rss_kib());
-    eprintln!("server fds {fds0} -> {fds1}, RSS {rss0} -> {rss1} KiB after 4 x {cycles} cycles");
+    eprintln!(
+        "{plane:?}: server fds {fds0} -> {fds1}, RSS {rss0} -> {rss1} KiB after 4 x {cycles} cycles"
+    );
     assert!(fds1 <= fds0 + 2, "fds grew from {fds0} to {fds1}");
     assert!(
         rss1 <= rss0 + 16 * 1024,

@@ -1,7 +1,8 @@
 //! HMC_BUFFER over the UCX communicator with `UCX_TLS=tcp` and with shared memory
 //! (`posix,cma,self`): verified echo round trips, many calls at once, a forged descriptor,
 //! request payloads written in place, and direct copies through UCX's shared-memory mapping.
-//! UCX must be installed (`libucx0`); these tests never skip.
+//! (The two-process echo and soak over UCX are in `data_plane_processes.rs`.) UCX must be
+//! installed (`libucx0`); these tests never skip.
 
 use std::sync::Arc;
 
@@ -167,120 +168,6 @@ async fn forged_and_stale_ucx_descriptors_get_data_plane(
     let c = client(&s, tls).await;
     let p = pattern(1 << 20, 3);
     assert!(c.call(demo::ECHO, p.clone()).await.unwrap() == p);
-}
-
-#[rstest]
-fn two_processes_echo_one_mib_over_ucx(#[values("tcp", "posix,cma,self")] tls: &str) {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Command, Stdio};
-    let mut server = Command::new(env!("CARGO_BIN_EXE_hmc-rpc-server"))
-        .args(["--port", "0", "--workers", "2", "--data-plane", "ucx"])
-        .env("UCX_TLS", tls)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line.trim().rsplit(':').next().unwrap().to_string();
-    let out = Command::new(env!("CARGO_BIN_EXE_hmc-rpc-client"))
-        .args(["--port", &port, "--method", "echo", "--data-plane", "ucx"])
-        .args(["--payload-bytes", "1048576", "--repeat", "3"])
-        .env("UCX_TLS", tls)
-        .output()
-        .unwrap();
-    let _ = server.kill();
-    let _ = server.wait();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        text.contains("response[3]=1048576 bytes verified"),
-        "{text}"
-    );
-    assert!(
-        text.contains("data plane: 3 HMC_BUFFER calls, 3 responses in buffer, 0 fallbacks"),
-        "{text}"
-    );
-}
-
-/// Connect/call/disconnect cycles of HMC_BUFFER calls over UCX from 4 concurrent client
-/// processes: zero errors, the server's fds and RSS flat. 4 x 25 cycles by default,
-/// 4 x 2 500 (10 000) with `HMC_LONG_TESTS=1`.
-#[rstest]
-fn soak_over_ucx_from_four_client_processes(#[values("tcp", "posix,cma,self")] tls: &str) {
-    use std::io::{BufRead, BufReader};
-    use std::process::{Child, Command, Stdio};
-    let long = std::env::var("HMC_LONG_TESTS").is_ok_and(|v| v == "1");
-    let cycles = if long { 2_500 } else { 25 };
-    let mut server = Command::new(env!("CARGO_BIN_EXE_hmc-rpc-server"))
-        .args(["--port", "0", "--workers", "2", "--data-plane", "ucx"])
-        .env("UCX_TLS", tls)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line.trim().rsplit(':').next().unwrap().to_string();
-    let pid = server.id();
-    let fds = || {
-        std::fs::read_dir(format!("/proc/{pid}/fd"))
-            .unwrap()
-            .count()
-    };
-    let rss = || -> u64 {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        s.lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap()
-    };
-    let round = |cycles: u32| {
-        let kids: Vec<Child> = (0..4)
-            .map(|_| {
-                Command::new(env!("CARGO_BIN_EXE_hmc-rpc-client"))
-                    .args(["--port", &port, "--method", "echo", "--data-plane", "ucx"])
-                    .args(["--payload-bytes", "131072", "--cycles", &cycles.to_string()])
-                    .env("UCX_TLS", tls)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        for k in kids {
-            let out = k.wait_with_output().unwrap();
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                out.status.success(),
-                "{text} {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            assert!(
-                text.contains(&format!("data plane: {cycles} HMC_BUFFER calls")),
-                "{text}"
-            );
-        }
-    };
-    round(5);
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let (f0, r0) = (fds(), rss());
-    round(cycles);
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    let (f1, r1) = (fds(), rss());
-    let _ = server.kill();
-    let _ = server.wait();
-    eprintln!("UCX_TLS={tls}: server fds {f0} -> {f1}, RSS {r0} -> {r1} KiB after 4 x {cycles}");
-    assert!(f1 <= f0 + 2, "fds grew from {f0} to {f1}");
-    assert!(r1 <= r0 + 16 * 1024, "RSS grew from {r0} to {r1} KiB");
 }
 
 #[rstest]

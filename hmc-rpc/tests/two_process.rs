@@ -1,69 +1,21 @@
 //! The real `hmc-rpc-server` and `hmc-rpc-client` binaries, as separate processes, over TCP
 //! and a Unix socket, for all three methods; and graceful shutdown on SIGTERM.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
 
+use std::process::Command;
+
+use common::{CLIENT, ServerProc};
 use rstest::rstest;
 
-const SERVER: &str = env!("CARGO_BIN_EXE_hmc-rpc-server");
-const CLIENT: &str = env!("CARGO_BIN_EXE_hmc-rpc-client");
-
-/// A server process on a free port (and optionally a Unix socket); killed on drop.
-struct ServerProc {
-    child: Child,
-    port: u16,
-}
-
-impl ServerProc {
-    fn start(uds: Option<&std::path::Path>) -> Self {
-        let mut cmd = Command::new(SERVER);
-        cmd.args([
-            "--bind-address",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--workers",
-            "2",
-        ])
-        .args(["--max-connections", "68", "--max-inflight", "64"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-        if let Some(p) = uds {
-            cmd.arg("--uds-path").arg(p);
-        }
-        let mut child = cmd.spawn().expect("starting hmc-rpc-server");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).unwrap();
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("no port in `{line}`"));
-        if uds.is_some() {
-            line.clear();
-            out.read_line(&mut line).unwrap();
-            assert!(line.contains("unix://"), "{line}");
-        }
-        ServerProc { child, port }
-    }
-
-    fn sigterm(&mut self) -> std::process::ExitStatus {
-        // SAFETY: `kill` with a pid we own and a valid signal number has no memory effects.
-        #[allow(unsafe_code)]
-        let rc = unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        assert_eq!(rc, 0);
-        self.child.wait().unwrap()
-    }
-}
-
-impl Drop for ServerProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The server as the issue runs it (its connection and in-flight limits), on a free port
+/// and optionally a Unix socket.
+fn server(uds: Option<&std::path::Path>) -> ServerProc {
+    ServerProc::start(
+        &["--max-connections", "68", "--max-inflight", "64"],
+        &[],
+        uds,
+    )
 }
 
 fn client(target: &[String], args: &[&str]) -> String {
@@ -86,7 +38,7 @@ fn client(target: &[String], args: &[&str]) -> String {
 fn server_and_client_binaries_serve_all_three_methods(#[case] unix: bool) {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("rpc.sock");
-    let server = ServerProc::start(Some(&sock));
+    let server = server(Some(&sock));
     let target: Vec<String> = if unix {
         vec!["--uds-path".into(), sock.display().to_string()]
     } else {
@@ -146,7 +98,7 @@ fn client_reports_a_missing_server_clearly() {
 
 #[test]
 fn sigterm_shuts_the_server_down_gracefully() {
-    let mut server = ServerProc::start(None);
+    let mut server = server(None);
     let target = vec!["--port".to_string(), server.port.to_string()];
     client(&target, &["--method", "echo", "--message", "x"]);
     let status = server.sigterm();
@@ -165,7 +117,7 @@ fn cpu_ticks(pid: u32) -> u64 {
 
 #[test]
 fn idle_server_with_an_idle_connection_uses_no_cpu() {
-    let server = ServerProc::start(None);
+    let server = server(None);
     // An open, idle connection: the client connects, calls once, then sleeps.
     let mut idle = std::net::TcpStream::connect(("127.0.0.1", server.port)).unwrap();
     let mut h = hmc_rpc::FrameHeader::new(hmc_rpc::FrameKind::Ping, 1);
