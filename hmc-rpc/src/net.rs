@@ -371,6 +371,12 @@ const MAX_PAUSE: u32 = 4096;
 /// Every this many polling windows, the next [`PROBE_WAITS`] waits park instead, to
 /// compare: when parking is the faster (the peer does not poll, and this side's poller
 /// only crowds it), polling pauses for [`SLOWER_PAUSE`] waits.
+///
+/// Waits that include data-plane work take no part: the transfer's own time varies with
+/// what else the cores do, and per-wait medians misjudged it. On shared memory the probe
+/// paused polling for 1 MiB HMC_BUFFER echoes in 4 of 5 runs (p50 109–125 µs) although
+/// runs that kept polling were faster end to end (p50 66–69 µs in 5 of 5 without the probe,
+/// 2.9–3.3x TCP_STREAM against 2.5–3.0x; `docs/benchmarks.md`).
 const PROBE_EVERY: u32 = 256;
 /// Waits of one comparison.
 const PROBE_WAITS: u32 = 16;
@@ -427,6 +433,9 @@ pub(crate) struct BusyPoll {
     /// This window polled; it parks to compare.
     polled: bool,
     probing: bool,
+    /// The open window's wait takes part in the park-to-compare probe (no data-plane
+    /// work; see [`PROBE_EVERY`]).
+    compares: bool,
     /// Polling windows so far; comparison waits left to park.
     windows: u32,
     probe: u32,
@@ -487,6 +496,7 @@ impl BusyPoll {
             late: 0,
             polled: false,
             probing: false,
+            compares: true,
             windows: 0,
             probe: 0,
             polled_waits: Waits::EMPTY,
@@ -523,17 +533,20 @@ impl BusyPoll {
             return;
         }
         self.window = window;
+        self.compares = work_bytes == 0;
         self.probing = false;
         let poll = if self.skip > 0 {
             self.skip -= 1;
             false
-        } else if self.probe > 0 {
+        } else if self.probe > 0 && self.compares {
             self.probe -= 1;
             self.probing = true;
             false
         } else {
-            self.windows = self.windows.wrapping_add(1);
-            if self.windows.is_multiple_of(PROBE_EVERY) {
+            if self.compares {
+                self.windows = self.windows.wrapping_add(1);
+            }
+            if self.compares && self.windows.is_multiple_of(PROBE_EVERY) {
                 // Compares the polling windows since the last comparison with the next
                 // waits that park.
                 self.probe = PROBE_WAITS;
@@ -588,7 +601,9 @@ impl BusyPoll {
             let kept_core = self.kept_core();
             self.settle(now < since + self.window, kept_core);
         }
-        if let Some((since, _)) = self.open {
+        if let Some((since, _)) = self.open
+            && self.compares
+        {
             self.compare(now.saturating_duration_since(since));
         }
         self.disarm();
@@ -896,6 +911,36 @@ mod tests {
             p.compare(Duration::from_micros(40));
         }
         assert_eq!(p.skip, 0, "compared by medians");
+    }
+
+    #[test]
+    fn data_plane_waits_take_no_part_in_the_probe() {
+        let mut p = test_poll(Duration::from_micros(50));
+        let t0 = Instant::now();
+        for i in 0..2 * PROBE_EVERY {
+            p.arm_for(t0, 1 << 20, 1);
+            assert!(matches!(p.open, Some((_, true))), "wait {i} polls");
+            p.arrived(t0 + Duration::from_micros(100));
+        }
+        assert_eq!(p.probe, 0, "no comparison started");
+        assert_eq!(p.polled_waits.len(), 0, "their times are not compared");
+        // Plain waits still compare: the PROBE_EVERY-th starts a comparison, whose waits
+        // park.
+        for _ in 0..PROBE_EVERY {
+            p.arm_for(t0, 0, 1);
+            p.disarm();
+        }
+        p.arm_for(t0, 0, 1);
+        assert!(
+            matches!(p.open, Some((_, false))),
+            "a comparison wait parks"
+        );
+        p.disarm();
+        // A data-plane wait in the middle of a comparison polls and leaves it as it was.
+        let left = p.probe;
+        p.arm_for(t0, 1 << 20, 1);
+        assert!(matches!(p.open, Some((_, true))));
+        assert_eq!(p.probe, left);
     }
 
     #[test]
