@@ -466,27 +466,22 @@ async fn bench_data_planes(
 ) -> Result<Vec<DpRow>, String> {
     let mut rows = Vec::new();
     for &plane in &args.data_planes {
-        let port = free_port();
-        let mut server = Command::new(server_bin)
-            .env("GLIBC_TUNABLES", hmc_rpc::tuning::GLIBC_TUNABLES)
-            .args(["--port", &port.to_string()])
-            .args(["--workers", &args.server_workers.to_string()])
-            .args(["--max-inflight", "256", "--max-connections", "1024"])
-            .args(["--stream-crc", &args.stream_crc.to_string()])
-            .args(["--data-plane", &format!("{plane:?}").to_lowercase()])
-            .args(["--ucx-threshold", &args.ucx_threshold.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| e.to_string())?;
-        let mut line = String::new();
-        BufReader::new(server.stdout.take().unwrap())
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?;
-        let _server = Proc(server);
-        if line.is_empty() {
-            eprintln!("note: the server could not start with --data-plane {plane:?}; skipping it");
-            continue;
-        }
+        let (_server, port) = match start_server(
+            server_bin,
+            args,
+            &[
+                "--data-plane",
+                &format!("{plane:?}").to_lowercase(),
+                "--ucx-threshold",
+                &args.ucx_threshold.to_string(),
+            ],
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("note: {e}; skipping --data-plane {plane:?}");
+                continue;
+            }
+        };
         let comm = match open_data_plane(plane, [127, 0, 0, 1].into()) {
             Ok(Some(c)) => Arc::new(c),
             Ok(None) => continue,
@@ -588,6 +583,38 @@ fn bench_raw_tcp(size: usize, secs: f64) -> std::io::Result<Cell> {
     drop(c);
     let _ = server.join();
     Ok(cell_from("raw-tcp", size, 1, 1, lat, el))
+}
+
+/// Starts `hmc-rpc-server` on a port it picks itself (`--port 0`: no race with other
+/// sockets for a port chosen here) with the bench's limits and `extra` arguments; its
+/// process and port, read from the line it prints once it listens.
+fn start_server(server_bin: &PathBuf, args: &Args, extra: &[&str]) -> Result<(Proc, u16), String> {
+    let mut server = Command::new(server_bin)
+        .env("GLIBC_TUNABLES", hmc_rpc::tuning::GLIBC_TUNABLES)
+        .args(["--port", "0", "--workers", &args.server_workers.to_string()])
+        .args(["--max-inflight", "256", "--max-connections", "1024"])
+        .args(["--stream-crc", &args.stream_crc.to_string()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            format!(
+                "starting {} (build it with the bench): {e}",
+                server_bin.display()
+            )
+        })?;
+    let mut line = String::new();
+    let read = BufReader::new(server.stdout.take().expect("piped stdout")).read_line(&mut line);
+    let server = Proc(server);
+    read.map_err(|e| e.to_string())?;
+    // "hmc-rpc-server listening on tcp://127.0.0.1:PORT"
+    let port = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("the server did not start (it printed `{}`)", line.trim()))?;
+    Ok((server, port))
 }
 
 struct Proc(Child);
@@ -703,31 +730,9 @@ async fn run(args: Args) -> Result<(), String> {
         .server_bin
         .clone()
         .unwrap_or_else(|| me.with_file_name("hmc-rpc-server"));
-    let port = free_port();
-    let mut server = Command::new(&server_bin)
-        .env("GLIBC_TUNABLES", hmc_rpc::tuning::GLIBC_TUNABLES)
-        .args([
-            "--port",
-            &port.to_string(),
-            "--workers",
-            &args.server_workers.to_string(),
-        ])
-        .args(["--max-inflight", "256", "--max-connections", "1024"])
-        .args(["--stream-crc", &args.stream_crc.to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            format!(
-                "starting {} (build it with the bench): {e}",
-                server_bin.display()
-            )
-        })?;
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
-    let server_pid = server.id();
-    let _server = Proc(server);
+    // Killed when `run` returns.
+    let (server, port) = start_server(&server_bin, &args, &[])?;
+    let server_pid = server.0.id();
     let addr = PeerAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], port)));
 
     let tonic_bin = if args.no_tonic {
