@@ -393,50 +393,59 @@ async fn bench_conns<C: Communicator>(
 /// `ucx_perftest -t tag_bw -s SIZE` as two child processes (server without an address,
 /// client with 127.0.0.1) on the current `UCX_TLS`; the overall bandwidth in bytes/s.
 fn ucx_tag_bw(bin: &PathBuf, size: usize) -> Result<f64, String> {
-    let port = free_port().to_string();
     let size = size.to_string();
     let iters = "2000";
     // The same UCX_TCP_TX_SEG_SIZE as our UCX communicators apply (unless the environment
     // sets one for both).
     let seg = std::env::var("UCX_TCP_TX_SEG_SIZE")
         .unwrap_or_else(|_| hmc_transport_ucx::TCP_TX_SEG_SIZE.to_string());
-    let server = Command::new(bin)
-        .env("UCX_TCP_TX_SEG_SIZE", &seg)
-        .args(["-t", "tag_bw", "-s", &size, "-n", iters, "-p", &port])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", bin.display()))?;
-    let _server = Proc(server);
     let mut last = String::new();
-    for _ in 0..50 {
-        std::thread::sleep(Duration::from_millis(100));
-        let out = Command::new(bin)
+    // perftest takes a port we choose by bind-and-close, which another socket may take
+    // first: a server that exits at once gets another port.
+    for _attempt in 0..3 {
+        let port = free_port().to_string();
+        let server = Command::new(bin)
             .env("UCX_TCP_TX_SEG_SIZE", &seg)
-            .args([
-                "127.0.0.1",
-                "-t",
-                "tag_bw",
-                "-s",
-                &size,
-                "-n",
-                iters,
-                "-p",
-                &port,
-            ])
-            .output()
-            .map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        if let Some(line) = text.lines().find(|l| l.starts_with("Final:")) {
-            // Final: iterations, 50%ile, avg, overall (usec), bandwidth avg, overall (MB/s), …
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let mbps: f64 = f
-                .get(6)
-                .and_then(|v| v.parse().ok())
-                .ok_or_else(|| format!("unexpected ucx_perftest line `{line}`"))?;
-            return Ok(mbps * 1024.0 * 1024.0);
+            .args(["-t", "tag_bw", "-s", &size, "-n", iters, "-p", &port])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", bin.display()))?;
+        let mut server = Proc(server);
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(100));
+            if let Ok(Some(status)) = server.0.try_wait() {
+                last = format!("the ucx_perftest server on port {port} exited ({status})");
+                break;
+            }
+            let out = Command::new(bin)
+                .env("UCX_TCP_TX_SEG_SIZE", &seg)
+                .args([
+                    "127.0.0.1",
+                    "-t",
+                    "tag_bw",
+                    "-s",
+                    &size,
+                    "-n",
+                    iters,
+                    "-p",
+                    &port,
+                ])
+                .output()
+                .map_err(|e| e.to_string())?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            if let Some(line) = text.lines().find(|l| l.starts_with("Final:")) {
+                // Final: iterations, 50%ile, avg, overall (usec), bandwidth avg, overall
+                // (MB/s), …
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let mbps: f64 = f
+                    .get(6)
+                    .and_then(|v| v.parse().ok())
+                    .ok_or_else(|| format!("unexpected ucx_perftest line `{line}`"))?;
+                return Ok(mbps * 1024.0 * 1024.0);
+            }
+            last = format!("{text}{}", String::from_utf8_lossy(&out.stderr));
         }
-        last = format!("{text}{}", String::from_utf8_lossy(&out.stderr));
     }
     Err(format!("ucx_perftest client never reported: {last}"))
 }
