@@ -699,10 +699,14 @@ impl Drop for BusyPoll {
 mod tests {
     use super::*;
 
-    /// A `BusyPoll` with a table of windows of its own (tests run in parallel).
+    /// A table of windows of a test's own (tests run in parallel).
+    fn test_table() -> &'static [AtomicU64; 4] {
+        Box::leak(Box::new([const { AtomicU64::new(0) }; 4]))
+    }
+
+    /// A `BusyPoll` with a table of windows of its own.
     fn test_poll(budget: Duration) -> BusyPoll {
-        let table: &'static [AtomicU64; 4] = Box::leak(Box::new([const { AtomicU64::new(0) }; 4]));
-        BusyPoll::with_table(budget, table)
+        BusyPoll::with_table(budget, test_table())
     }
 
     #[test]
@@ -728,7 +732,7 @@ mod tests {
 
     #[test]
     fn calls_joining_a_wait_lengthen_its_window_from_the_same_start() {
-        let table: &'static [AtomicU64; 4] = Box::leak(Box::new([const { AtomicU64::new(0) }; 4]));
+        let table = test_table();
         let mut p = BusyPoll::with_table(Duration::from_micros(50), table);
         let mut other = BusyPoll::with_table(Duration::from_micros(50), table);
         let t0 = Instant::now();
@@ -767,7 +771,7 @@ mod tests {
 
     #[test]
     fn another_open_window_stops_polling_until_it_ends() {
-        let table: &'static [AtomicU64; 4] = Box::leak(Box::new([const { AtomicU64::new(0) }; 4]));
+        let table = test_table();
         let mut idle = BusyPoll::with_table(Duration::from_micros(50), table);
         let mut busy = BusyPoll::with_table(Duration::from_micros(200), table);
         let t0 = Instant::now();
