@@ -140,6 +140,18 @@ pub struct UcxStats {
     pub direct_transfers: u64,
 }
 
+/// Process-wide state of the UCX progress threads ([`UcxCommunicator::process_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UcxProcessStats {
+    /// Progress threads alive, including those of dropped communicators still tearing
+    /// UCX down.
+    pub progress_threads: usize,
+    /// Workers left undestroyed at tear-down because they still held sends to peers that
+    /// stopped reading (UCX 1.13 crashes purging such sends); each is logged as a warning.
+    pub leaked_workers: usize,
+}
+
 #[derive(Default)]
 struct Counters {
     registered: AtomicU64,
@@ -272,6 +284,14 @@ impl UcxCommunicator {
     /// The loaded UCX version `(major, minor, release)`.
     pub fn ucx_version(&self) -> (u32, u32, u32) {
         self.engine.ucp.version
+    }
+
+    /// Process-wide counters of every communicator's progress thread.
+    pub fn process_stats() -> UcxProcessStats {
+        UcxProcessStats {
+            progress_threads: crate::engine::live_threads(),
+            leaked_workers: crate::engine::LEAKED_WORKERS.load(Ordering::Relaxed),
+        }
     }
 
     /// Counters: registrations made and released, endpoints alive.

@@ -42,6 +42,15 @@ use crate::sys::{self, Ucp};
 /// The active-message id notifications use.
 const AM_ID: u32 = 0x484D;
 
+/// Longest `close()` (and tear-down, where that is safe) keeps progressing the worker so
+/// that what UCX itself still sends to peers (replies to their emulated GETs, PUT
+/// acknowledgements) leaves it; see [`State::settled`].
+const SETTLE_LIMIT: Duration = Duration::from_secs(1);
+
+/// A worker whose progress reported nothing for this long after `close()` counts as
+/// settled: no peer request is left for it to answer, nothing of its own is queued.
+const SETTLE_QUIET: Duration = Duration::from_millis(50);
+
 /// Tunables of one engine (copied from [`crate::UcxConfig`]).
 #[derive(Clone, Debug)]
 pub(crate) struct EngineConfig {
@@ -222,6 +231,10 @@ pub(crate) struct Engine {
     pub ucx_endpoints: Arc<std::sync::atomic::AtomicUsize>,
 }
 
+/// Workers (with their contexts) left undestroyed because they still held sends at
+/// tear-down; see [`State::settled`].
+pub(crate) static LEAKED_WORKERS: AtomicUsize = AtomicUsize::new(0);
+
 /// Progress threads still running (their worker and context not yet destroyed).
 static LIVE_THREADS: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
 static LIVE_CHANGED: std::sync::Condvar = std::sync::Condvar::new();
@@ -250,6 +263,11 @@ extern "C" fn wait_for_progress_threads() {
             .unwrap_or_else(|e| e.into_inner())
             .0;
     }
+}
+
+/// Progress threads alive in this process (handles dropped but still tearing down count).
+pub(crate) fn live_threads() -> usize {
+    *LIVE_THREADS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Counts one progress thread as live until dropped (when the thread returns or unwinds).
@@ -550,6 +568,23 @@ struct State {
     notes: VecDeque<RawNote>,
     waiters: VecDeque<(Instant, oneshot::Sender<Result<RawNote>>)>,
     closed: bool,
+    /// `close()` ran (called, or from dropping the communicator): revocation no longer
+    /// reaches peers.
+    closed_by_user: bool,
+    /// Until when `close()` keeps progressing the worker to settle it.
+    close_drain: Option<Instant>,
+    /// A registration was unmapped after `close()`: peers' emulated writes may now target
+    /// memory the application freed, so the worker must never be progressed again.
+    unmapped_after_close: bool,
+    /// Since `close()`, progress did work that may have queued sends to peers, and no
+    /// quiet period ([`SETTLE_QUIET`]) has followed yet.
+    unsettled: bool,
+    /// A drain reached [`SETTLE_LIMIT`] without settling; no further drains start.
+    drain_gave_up: bool,
+    /// The worker did work after `unmapped_after_close` was set (closing our endpoints).
+    progressed_after_unmap: bool,
+    /// When `ucp_worker_progress` last reported work.
+    last_activity: Instant,
     /// UCX requests issued and not yet completed.
     live_requests: usize,
     /// The selected transports refused `UCP_ERR_HANDLING_MODE_PEER` once.
@@ -704,6 +739,13 @@ impl State {
             notes: VecDeque::new(),
             waiters: VecDeque::new(),
             closed: false,
+            closed_by_user: false,
+            close_drain: None,
+            unmapped_after_close: false,
+            unsettled: false,
+            drain_gave_up: false,
+            progressed_after_unmap: false,
+            last_activity: Instant::now(),
             live_requests: 0,
             peer_mode_unsupported: false,
             ep_count,
@@ -732,12 +774,10 @@ impl State {
                     }
                 }
             }
-            // SAFETY: the worker is live and only used on this thread.
-            while self.progress_allowed()
-                && unsafe { (self.ucp.ucp_worker_progress)(self.worker) } != 0
-            {
+            while self.progress_allowed() && self.progress() {
                 busy = true;
             }
+            self.check_settled();
             busy |= self.handle_events();
             self.housekeeping();
             if busy {
@@ -774,6 +814,9 @@ impl State {
         }
         for (d, _) in &self.waiters {
             until = until.min(*d);
+        }
+        if let Some(t) = self.close_drain {
+            until = until.min(t).min(self.last_activity + SETTLE_QUIET);
         }
         if !self.pending_acks.is_empty() {
             // A revocation may wait for direct copies (`KeyShared::direct_busy`), whose end
@@ -945,6 +988,7 @@ impl State {
             }
             Command::Close => {
                 self.closed = true;
+                self.closed_by_user = true;
                 let ids: Vec<u64> = self.eps.keys().copied().collect();
                 for ep in ids {
                     self.begin_ep_close(
@@ -957,7 +1001,55 @@ impl State {
                     let _ = w.send(Err(closed()));
                 }
                 self.close_idle_phys(None);
+                // UCX answers peers by itself (replies to their emulated GETs, PUT
+                // acknowledgements); queued behind a full peer queue, such a send stays in the
+                // worker, and `ucp_worker_destroy` crashes UCX 1.13 purging it (its GET
+                // replies carry a memory handle it never set). The registrations are all
+                // still mapped now, so progressing until the worker settles is as safe as
+                // before `close()`. A worker idle for `SETTLE_QUIET` already is settled.
+                self.unsettled = true;
+                self.close_drain = Some(Instant::now() + SETTLE_LIMIT);
+                self.check_settled();
             }
+        }
+    }
+
+    /// One `ucp_worker_progress`; whether it did anything. After `close()`, work done
+    /// may have queued sends to peers, so the worker is unsettled again.
+    fn progress(&mut self) -> bool {
+        // SAFETY: the worker is live and only used on this thread.
+        let did = unsafe { (self.ucp.ucp_worker_progress)(self.worker) } != 0;
+        if did {
+            self.last_activity = Instant::now();
+            self.progressed_after_unmap |= self.unmapped_after_close;
+            if self.closed {
+                self.unsettled = true;
+                // Work after the drain settled (our endpoints still closing): drain again,
+                // unless a drain already gave up or the drain's precondition is gone.
+                if self.close_drain.is_none()
+                    && self.closed_by_user
+                    && !self.unmapped_after_close
+                    && !self.drain_gave_up
+                {
+                    self.close_drain = Some(Instant::now() + SETTLE_LIMIT);
+                }
+            }
+        }
+        did
+    }
+
+    /// Ends the post-`close()` drain: settled once progress (allowed throughout) has been
+    /// quiet for [`SETTLE_QUIET`]; given up at [`SETTLE_LIMIT`].
+    fn check_settled(&mut self) {
+        let Some(until) = self.close_drain else {
+            return;
+        };
+        if self.last_activity.elapsed() >= SETTLE_QUIET {
+            self.unsettled = false;
+            self.close_drain = None;
+        } else if Instant::now() >= until {
+            self.close_drain = None;
+            self.drain_gave_up = true;
         }
     }
 
@@ -968,9 +1060,18 @@ impl State {
         let Some(memh) = self.mems.remove(&id) else {
             return;
         };
-        // SAFETY: live worker on its own thread.
-        while self.progress_allowed() && unsafe { (self.ucp.ucp_worker_progress)(self.worker) } != 0
-        {
+        while self.progress_allowed() && self.progress() {}
+        // The first unmap after close() ends the drain for good (see `progress_allowed`),
+        // so settle the worker first, while this memory is still mapped: in the drain, or
+        // where progress is allowed anyway (our own endpoints still closing).
+        if self.closed_by_user && self.unsettled {
+            let drain = self.close_drain.take();
+            if let Some(until) = drain.or_else(|| {
+                self.progress_allowed()
+                    .then(|| Instant::now() + SETTLE_LIMIT)
+            }) {
+                self.unsettled = !self.progress_until_quiet(until);
+            }
         }
         // SAFETY: `memh` came from `ucp_mem_map` on this context and is unmapped exactly
         // once (removed from the table).
@@ -978,14 +1079,24 @@ impl State {
         if st != sys::UCS_OK {
             tracing::warn!(status = %self.ucp.status_string(st), "ucp_mem_unmap failed");
         }
+        if self.closed_by_user {
+            // Revocation cannot reach peers after close(): from now on their queued writes
+            // may target memory the application frees, so they must never be applied.
+            self.unmapped_after_close = true;
+            self.close_drain = None;
+        }
     }
 
     /// After `close()`, once our own endpoints are closed, the worker is never progressed
     /// again: peers' writes still queued for it (into memory the application may free after
     /// close, when revocation can no longer reach them) are never applied. Peers see the
     /// close as EOF on the control connection and force-close their endpoints.
+    ///
+    /// The exception is the bounded drain right after `close()` ([`SETTLE_LIMIT`]) while
+    /// every registration is still mapped; the first unmap ends it.
     fn progress_allowed(&self) -> bool {
         !(self.closed && self.phys.is_empty())
+            || (!self.unmapped_after_close && self.close_drain.is_some())
     }
 
     fn register(
@@ -1941,11 +2052,11 @@ impl State {
         self.close_idle_phys(None);
         let until = Instant::now() + Duration::from_secs(2);
         while !(self.eps.is_empty() && self.phys.is_empty()) && Instant::now() < until {
-            // SAFETY: live worker on its own thread.
-            unsafe { (self.ucp.ucp_worker_progress)(self.worker) };
+            self.progress();
             self.handle_events();
             self.housekeeping();
         }
+        let quiet = self.settled();
         for (_, k) in std::mem::take(&mut self.keys) {
             self.destroy_rkey(k);
         }
@@ -1953,11 +2064,61 @@ impl State {
             // SAFETY: a mapping of this context, unmapped once.
             unsafe { (self.ucp.ucp_mem_unmap)(self.context, memh) };
         }
-        // SAFETY: nothing refers to the worker or context any more; destroyed once.
-        unsafe {
-            (self.ucp.ucp_worker_destroy)(self.worker);
-            (self.ucp.ucp_cleanup)(self.context);
+        if quiet {
+            // SAFETY: nothing refers to the worker or context any more, and the worker
+            // holds no send (see `settled`); destroyed once.
+            unsafe {
+                (self.ucp.ucp_worker_destroy)(self.worker);
+                (self.ucp.ucp_cleanup)(self.context);
+            }
+        } else {
+            // `ucp_worker_destroy` purges the sends still queued in the worker, and UCX 1.13
+            // crashes purging its own GET replies (it reads a memory handle it never set).
+            // Leaking one worker is the lesser harm; it is never progressed again.
+            tracing::warn!(
+                name = %self.cfg.name,
+                "the UCX worker still held sends to peers that stopped reading; leaking the \
+                 worker and context instead of destroying them (UCX 1.13 crashes purging them)"
+            );
+            LEAKED_WORKERS.fetch_add(1, Ordering::Relaxed);
         }
         EVENTS.with(|e| e.borrow_mut().clear());
+    }
+
+    /// Whether the worker may be destroyed: nothing it did since `close()` can have left a
+    /// send queued in it. UCX offers no way to ask (`ucp_worker_flush_nbx` completes at
+    /// once over shared memory whatever is queued), so the rule is progress that stayed
+    /// quiet for [`SETTLE_QUIET`] after the last work. Where the drain after `close()`
+    /// ended unsettled, tear-down progresses the worker again, for at most
+    /// [`SETTLE_LIMIT`], if that is safe: no registration was unmapped after `close()`
+    /// (every earlier unmap revoked its key at the peers first), or the worker was
+    /// progressed after such an unmap anyway, to close its own endpoints
+    /// ([`State::progress_allowed`]); then it goes on until the worker is quiet.
+    fn settled(&mut self) -> bool {
+        if !self.unsettled {
+            return true;
+        }
+        if self.closed_by_user && self.unmapped_after_close && !self.progressed_after_unmap {
+            return false;
+        }
+        let settled = self.progress_until_quiet(Instant::now() + SETTLE_LIMIT);
+        self.unsettled = !settled;
+        settled
+    }
+
+    /// Progresses the worker until it has been quiet for [`SETTLE_QUIET`] (true) or
+    /// `until` passes (false).
+    fn progress_until_quiet(&mut self, until: Instant) -> bool {
+        loop {
+            if self.last_activity.elapsed() >= SETTLE_QUIET {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            self.progress();
+            self.handle_events();
+            std::thread::yield_now();
+        }
     }
 }

@@ -22,6 +22,13 @@
 //! `ucp_worker_progress` while there is work, spins for [`UcxConfig::spin`] after the last
 //! event, then arms the worker and sleeps on its event fd, so an idle process burns no CPU.
 //!
+//! Closing (or dropping) a communicator keeps its thread progressing, for at most 1 s and
+//! only while its registrations are still mapped, until the worker has been quiet for
+//! 50 ms: UCX answers peers' emulated GETs and PUTs by itself, and in UCX 1.13
+//! `ucp_worker_destroy` crashes the process purging such an answer still queued behind a
+//! full peer queue. A worker that could not be settled is not destroyed but leaked, with a
+//! warning, and counted in [`UcxCommunicator::process_stats`].
+//!
 //! # Who checks what
 //!
 //! - Bounds and access rights are checked at the initiator, before any byte moves, against
@@ -84,6 +91,6 @@ mod engine;
 pub mod sys;
 
 pub use comm::{
-    DIRECT_ENV, TCP_TX_SEG_SIZE, UcxCommunicator, UcxConfig, UcxEndpoint, UcxRegistration,
-    UcxRemoteKey, UcxStats,
+    DIRECT_ENV, TCP_TX_SEG_SIZE, UcxCommunicator, UcxConfig, UcxEndpoint, UcxProcessStats,
+    UcxRegistration, UcxRemoteKey, UcxStats,
 };
