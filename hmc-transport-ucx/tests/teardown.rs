@@ -79,8 +79,13 @@ async fn close_mid_stream(memory: Arc<HostMemory>, delay: Duration) {
     drop(b);
 }
 
+/// The tests of this binary count process-wide progress threads: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_a_target_mid_get_stream_tears_down_cleanly() {
+    let _serial = SERIAL.lock().await;
+    let leaked_before = UcxCommunicator::process_stats().leaked_workers;
     let memory = Arc::new(HostMemory::new());
     for round in 0..ROUNDS {
         // Several pairs at once, as when the conformance kit's tests run in parallel: the
@@ -98,7 +103,112 @@ async fn closing_a_target_mid_get_stream_tears_down_cleanly() {
     }
     assert_eq!(
         UcxCommunicator::process_stats().leaked_workers,
-        0,
+        leaked_before,
         "every closed worker settled and was destroyed"
     );
+}
+
+const CHILD_ENV: &str = "HMC_UCX_TEARDOWN_CHILD";
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+/// Not a test of its own: the body of the child process the next test kills. It streams
+/// GETs of the parent's region (`$HMC_UCX_TEARDOWN_CHILD` = "address descriptor") until
+/// it is killed, saying `STARTED` after the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_initiator() {
+    let Ok(peer) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (addr, region) = peer.split_once(' ').expect("address and descriptor");
+    let addr: hmc_core::PeerAddr = addr.parse().expect("address");
+    let remote = hmc_core::RemoteRegion::decode(&unhex(region)).expect("descriptor");
+    let a = comm();
+    let ep = a
+        .connect(&addr, Deadline::after(Duration::from_secs(10)))
+        .await
+        .expect("connect");
+    let key = a.import(&ep, &remote).expect("import");
+    let local = RegisteredBuffer::new(Arc::new(HostMemory::new()), a.clone(), LEN, Access::WRITE)
+        .expect("local");
+    let d = [TransferDesc {
+        local: local.registration(),
+        local_offset: 0,
+        remote: &key,
+        remote_offset: 0,
+        len: LEN,
+    }];
+    let parent = std::os::unix::process::parent_id();
+    for i in 0.. {
+        a.transfer(&ep, Op::Read, &d, Deadline::after(Duration::from_secs(20)))
+            .await
+            .expect("read");
+        if i == 0 {
+            println!("STARTED");
+        }
+        if std::os::unix::process::parent_id() != parent {
+            return; // orphaned: the test process is gone
+        }
+    }
+}
+
+/// The other way round: the initiator is SIGKILLed while this process serves its GETs,
+/// then this side's registration and communicator are dropped. UCX's GET replies to the
+/// dead process may still wait in the worker; tear-down must not crash on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initiator_killed_mid_get_stream_leaves_a_clean_teardown() {
+    let _serial = SERIAL.lock().await;
+    for round in 0..3 {
+        let b = comm();
+        let target =
+            RegisteredBuffer::new(Arc::new(HostMemory::new()), b.clone(), LEN, Access::READ)
+                .expect("target");
+        let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "child_initiator",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(
+                CHILD_ENV,
+                format!("{} {}", b.address(), hex(&target.export().encode())),
+            )
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("spawn child");
+        let out = child.stdout.take().expect("stdout");
+        let started = tokio::task::spawn_blocking(move || {
+            use std::io::BufRead;
+            std::io::BufReader::new(out)
+                .lines()
+                .map_while(|l| l.ok())
+                .any(|l| l.contains("STARTED"))
+        });
+        let started = tokio::time::timeout(Duration::from_secs(30), started).await;
+        tokio::time::sleep(Duration::from_millis(3 + 7 * round)).await;
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            matches!(started, Ok(Ok(true))),
+            "round {round}: the child never streamed: {started:?}"
+        );
+        drop(target);
+        drop(b);
+        assert_eq!(
+            threads_down_to(0).await,
+            0,
+            "round {round}: progress thread left"
+        );
+    }
 }
