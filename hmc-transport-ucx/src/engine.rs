@@ -49,7 +49,7 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(1);
 
 /// A worker whose progress reported nothing for this long after `close()` counts as
 /// settled: no peer request is left for it to answer, nothing of its own is queued.
-const SETTLE_QUIET: Duration = Duration::from_millis(50);
+const SETTLE_QUIET: Duration = Duration::from_millis(100);
 
 /// Tunables of one engine (copied from [`crate::UcxConfig`]).
 #[derive(Clone, Debug)]

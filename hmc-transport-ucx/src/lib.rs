@@ -24,7 +24,7 @@
 //!
 //! Closing (or dropping) a communicator keeps its thread progressing, for at most 1 s and
 //! only while its registrations are still mapped, until the worker has been quiet for
-//! 50 ms: UCX answers peers' emulated GETs and PUTs by itself, and in UCX 1.13
+//! 100 ms: UCX answers peers' emulated GETs and PUTs by itself, and in UCX 1.13
 //! `ucp_worker_destroy` crashes the process purging such an answer still queued behind a
 //! full peer queue. A worker that could not be settled is not destroyed but leaked, with a
 //! warning, and counted in [`UcxCommunicator::process_stats`].
