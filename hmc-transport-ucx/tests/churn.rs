@@ -4,31 +4,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hmc_backend_cpu::HostMemory;
-use hmc_core::{Access, Communicator, ConnBuffer, Deadline, Op, RegisteredBuffer, TransferDesc};
-use hmc_transport_ucx::{UcxCommunicator, UcxConfig};
+use hmc_core::{Access, Communicator, Op, RegisteredBuffer};
 
-fn comm(tls: &str) -> Arc<UcxCommunicator> {
-    Arc::new(UcxCommunicator::new(UcxConfig::with_tls(tls)).expect("UCX available"))
-}
-
-fn deadline() -> Deadline {
-    Deadline::after(Duration::from_secs(20))
-}
-
-fn desc<'a>(
-    local: &'a RegisteredBuffer<HostMemory, UcxCommunicator>,
-    key: &'a hmc_transport_ucx::UcxRemoteKey,
-    remote_offset: u64,
-    len: usize,
-) -> TransferDesc<'a, UcxCommunicator> {
-    TransferDesc {
-        local: local.registration(),
-        local_offset: 0,
-        remote: key,
-        remote_offset,
-        len,
-    }
-}
+mod common;
+use common::{comm, deadline, desc};
 
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd")

@@ -10,45 +10,12 @@ use hmc_core::{
     Access, Communicator, ConnBuffer, Deadline, Error, MemSpan, Op, PeerAddr, RegisteredBuffer,
     RemoteRegion, TransferDesc,
 };
-use hmc_transport_ucx::{UcxCommunicator, UcxConfig};
+mod common;
+use common::{comm, deadline, desc, hex, unhex};
 use rstest::rstest;
 
 const CHILD_ENV: &str = "HMC_UCX_TEST_CHILD_TLS";
 const CHILD_LEN: usize = 64 << 20;
-
-fn comm(tls: &str) -> Arc<UcxCommunicator> {
-    Arc::new(UcxCommunicator::new(UcxConfig::with_tls(tls)).expect("UCX available"))
-}
-
-fn deadline() -> Deadline {
-    Deadline::after(Duration::from_secs(20))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
-}
-
-fn desc<'a>(
-    local: &'a RegisteredBuffer<HostMemory, UcxCommunicator>,
-    key: &'a hmc_transport_ucx::UcxRemoteKey,
-    remote_offset: u64,
-    len: usize,
-) -> TransferDesc<'a, UcxCommunicator> {
-    TransferDesc {
-        local: local.registration(),
-        local_offset: 0,
-        remote: key,
-        remote_offset,
-        len,
-    }
-}
 
 /// Not a test of its own: the body of the child process the peer-death test kills. It
 /// serves a 64 MiB region and waits to be killed.

@@ -14,15 +14,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hmc_backend_cpu::HostMemory;
-use hmc_core::{Access, Communicator, ConnBuffer, Deadline, Op, RegisteredBuffer, TransferDesc};
-use hmc_transport_ucx::{UcxCommunicator, UcxConfig};
+use hmc_core::{Access, Communicator, Deadline, Op, RegisteredBuffer};
+use hmc_transport_ucx::UcxCommunicator;
+
+mod common;
+use common::{desc, hex, unhex};
 
 const ROUNDS: usize = 12;
 const PAIRS: usize = 4;
 const LEN: usize = 16 << 20;
 
 fn comm() -> Arc<UcxCommunicator> {
-    Arc::new(UcxCommunicator::new(UcxConfig::with_tls("posix,cma,self")).expect("UCX available"))
+    common::comm("posix,cma,self")
 }
 
 /// Waits until at most `want` progress threads are alive; returns how many are.
@@ -50,13 +53,7 @@ async fn close_mid_stream(memory: Arc<HostMemory>, delay: Duration) {
     let local = RegisteredBuffer::new(memory, a.clone(), LEN, Access::READ_WRITE).expect("l");
     let key = a.import(&ep, &target.export()).expect("import");
     let reads = async {
-        let d = [TransferDesc {
-            local: local.registration(),
-            local_offset: 0,
-            remote: &key,
-            remote_offset: 0,
-            len: LEN,
-        }];
+        let d = [desc(&local, &key, 0, LEN)];
         let mut r = Ok(());
         while r.is_ok() {
             r = a
@@ -110,17 +107,6 @@ async fn closing_a_target_mid_get_stream_tears_down_cleanly() {
 
 const CHILD_ENV: &str = "HMC_UCX_TEARDOWN_CHILD";
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
-        .collect()
-}
-
 /// Not a test of its own: the body of the child process the next test kills. It streams
 /// GETs of the parent's region (`$HMC_UCX_TEARDOWN_CHILD` = "address descriptor") until
 /// it is killed, saying `STARTED` after the first.
@@ -140,13 +126,7 @@ async fn child_initiator() {
     let key = a.import(&ep, &remote).expect("import");
     let local = RegisteredBuffer::new(Arc::new(HostMemory::new()), a.clone(), LEN, Access::WRITE)
         .expect("local");
-    let d = [TransferDesc {
-        local: local.registration(),
-        local_offset: 0,
-        remote: &key,
-        remote_offset: 0,
-        len: LEN,
-    }];
+    let d = [desc(&local, &key, 0, LEN)];
     let parent = std::os::unix::process::parent_id();
     for i in 0.. {
         a.transfer(&ep, Op::Read, &d, Deadline::after(Duration::from_secs(20)))
