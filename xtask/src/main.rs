@@ -29,8 +29,15 @@ usage: cargo xtask <command>
   fuzz [target] [--seconds N]
                        build the libFuzzer targets in fuzz/ with stable rustc and run each
                        for N seconds (default 60)
+  ucx-wheel [--version V]
+                       fetch UCX V (default 1.22.0, CUDA-enabled) from PyPI's libucx-cu12
+                       wheel into target/ucx-wheel/V and run the UCX tests against it
+                       (HMC_UCX_LIB): binding layout, conformance, faults, RPC data plane
   tidy                 the cheap source checks that `test` also runs
 ";
+
+/// The UCX that `cargo xtask ucx-wheel` checks by default (PyPI `libucx-cu12`).
+const UCX_WHEEL_VERSION: &str = "1.22.0";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -42,6 +49,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz(&args[1..]),
         Some("gpu-bundle") => gpu_bundle(),
         Some("tidy") => tidy::run(&root()),
+        Some("ucx-wheel") => ucx_wheel(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             Ok(())
@@ -467,6 +475,69 @@ fn gpu_bundle() -> Result {
         tests.len()
     );
     Ok(())
+}
+
+/// Fetches a newer UCX than Debian's from PyPI (RAPIDS' `libucx-cu12` wheel: libucp, its
+/// transports including CUDA ones, headers and `ucx_perftest`) and runs the UCX crate's
+/// tests and the RPC data-plane tests with it through `HMC_UCX_LIB`, checking its headers
+/// with `HMC_UCX_INCLUDE` and that it is the library loaded (`HMC_EXPECT_UCX_VERSION`).
+fn ucx_wheel(args: &[String]) -> Result {
+    ensure_system_packages()?;
+    let version = args
+        .iter()
+        .position(|a| a == "--version")
+        .and_then(|i| args.get(i + 1))
+        .map_or(UCX_WHEEL_VERSION, String::as_str);
+    let dir = root().join("target/ucx-wheel").join(version);
+    let lib = dir.join("libucx/lib/libucp.so.0");
+    if !lib.exists() {
+        let dl = dir.join("download");
+        std::fs::create_dir_all(&dl).map_err(|e| format!("creating {}: {e}", dl.display()))?;
+        run(Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-q",
+            ])
+            .arg(format!("libucx-cu12=={version}"))
+            .arg("-d")
+            .arg(&dl))
+        .map_err(|e| {
+            format!("{e}\n(needs python3 with pip and access to PyPI: apt-get install python3-pip)")
+        })?;
+        let wheel = std::fs::read_dir(&dl)
+            .map_err(|e| format!("reading {}: {e}", dl.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "whl"))
+            .ok_or(format!("pip left no wheel in {}", dl.display()))?;
+        run(Command::new("python3")
+            .args([
+                "-c",
+                "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])",
+            ])
+            .arg(&wheel)
+            .arg(&dir))?;
+        if !lib.exists() {
+            return Err(format!("the wheel has no {}", lib.display()));
+        }
+    }
+    eprintln!("xtask: testing against UCX {version} at {}", lib.display());
+    run(cargo()
+        .args(["test", "-p", "hmc-transport-ucx", "--tests"])
+        .args([
+            "-p",
+            "hmc-rpc",
+            "--test",
+            "data_plane_ucx",
+            "--test",
+            "data_plane_processes",
+        ])
+        .env("HMC_UCX_LIB", &lib)
+        .env("HMC_UCX_INCLUDE", dir.join("libucx/include"))
+        .env("HMC_EXPECT_UCX_VERSION", version))
 }
 
 /// The value of a top-level `"field":"value"` in one line of cargo's JSON messages (paths
