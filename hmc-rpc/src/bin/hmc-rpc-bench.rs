@@ -559,25 +559,43 @@ async fn bench_data_planes(
     Ok(rows)
 }
 
-/// Blocking TCP ping-pong: one connection, one message in flight, `size` bytes each way.
-fn bench_raw_tcp(size: usize, secs: f64) -> std::io::Result<Cell> {
+/// Largest batch (`depth` x payload) the raw pipelined baseline sends in one write: both
+/// sides write before they read, so a batch must fit in the sockets' buffers.
+const RAW_BATCH_MAX: usize = 256 << 10;
+
+/// Blocking TCP ping-pong on one connection, `size` bytes each way. Depth 1: one message
+/// in flight, echoed whole. Depth `d`: the client writes `d` messages in one write and reads
+/// their echo (the server echoes whatever each read returned), so each round trip moves `d`
+/// messages with one write and as few reads as the kernel allows on either side: what
+/// blocking sockets get with `d` messages in flight on one connection, without RPC framing
+/// (each side sleeps in `read` between rounds, as the depth-1 baseline does).
+fn bench_raw_tcp(size: usize, depth: usize, secs: f64) -> std::io::Result<Cell> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
     let server = std::thread::spawn(move || -> std::io::Result<()> {
         let (mut s, _) = l.accept()?;
         s.set_nodelay(true)?;
-        let mut buf = vec![0u8; size];
-        loop {
-            if s.read_exact(&mut buf).is_err() {
-                return Ok(());
+        if depth == 1 {
+            let mut buf = vec![0u8; size];
+            loop {
+                if s.read_exact(&mut buf).is_err() {
+                    return Ok(());
+                }
+                s.write_all(&buf)?;
             }
-            s.write_all(&buf)?;
+        }
+        let mut buf = vec![0u8; RAW_BATCH_MAX];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return Ok(()),
+                Ok(n) => s.write_all(&buf[..n])?,
+            }
         }
     });
     let mut c = TcpStream::connect(addr)?;
     c.set_nodelay(true)?;
-    let msg: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
-    let mut back = vec![0u8; size];
+    let msg: Vec<u8> = (0..size * depth).map(|i| (i % 251) as u8).collect();
+    let mut back = vec![0u8; size * depth];
     let end = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
     let mut lat = Vec::new();
@@ -585,13 +603,14 @@ fn bench_raw_tcp(size: usize, secs: f64) -> std::io::Result<Cell> {
         let t = Instant::now();
         c.write_all(&msg)?;
         c.read_exact(&mut back)?;
-        lat.push(t.elapsed().as_micros() as u32);
+        let took = t.elapsed().as_micros() as u32;
+        lat.extend(std::iter::repeat_n(took, depth));
         assert_eq!(back, msg);
     }
     let el = start.elapsed().as_secs_f64();
     drop(c);
     let _ = server.join();
-    Ok(cell_from("raw-tcp", size, 1, 1, lat, el))
+    Ok(cell_from("raw-tcp", size, 1, depth, lat, el))
 }
 
 /// Starts `hmc-rpc-server` on a port it picks itself (`--port 0`: no race with other
@@ -780,16 +799,27 @@ async fn run(args: Args) -> Result<(), String> {
 
     let mut cells: Vec<(Cell, Option<Cell>)> = Vec::new();
     let mut raw: Vec<Cell> = Vec::new();
+    let mut raw_deep: Vec<Cell> = Vec::new();
     let total = args.sizes.len() * (1 + args.clients.len() * args.depths.len());
     let mut step = 0;
     for &size in &args.sizes {
         step += 1;
         eprintln!("[{step}/{total}] raw TCP ping-pong, {}", fmt_size(size));
         let before = core_to_core_ns();
-        let mut r = bench_raw_tcp(size, args.seconds.min(2.0)).map_err(|e| e.to_string())?;
+        let mut r = bench_raw_tcp(size, 1, args.seconds.min(2.0)).map_err(|e| e.to_string())?;
         let mut c2c_before = core_to_core_ns();
         r.c2c_ns = before.zip(c2c_before);
         raw.push(r);
+        // Raw blocking TCP with as many messages in flight, beside the pipelining figure.
+        let deepest = args.depths.iter().copied().max().unwrap_or(1);
+        if deepest > 1 && args.clients.contains(&1) && size * deepest <= RAW_BATCH_MAX {
+            let mut r =
+                bench_raw_tcp(size, deepest, args.seconds.min(2.0)).map_err(|e| e.to_string())?;
+            let after = core_to_core_ns();
+            r.c2c_ns = c2c_before.zip(after);
+            c2c_before = after;
+            raw_deep.push(r);
+        }
         for &clients in &args.clients {
             for &depth in &args.depths {
                 step += 1;
@@ -920,8 +950,10 @@ async fn run(args: Args) -> Result<(), String> {
         );
     }
     println!("\n## pipelining on one connection (1 client)\n");
-    println!("| payload | depth 1 RPC/s | depth 8 RPC/s | ratio |");
-    println!("| --- | --- | --- | --- |");
+    println!(
+        "| payload | depth 1 RPC/s | depth 8 RPC/s | ratio | raw TCP depth 1 msg/s | raw TCP depth 8 msg/s | raw ratio | hmc depth 8 / raw depth 8 |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for &size in &args.sizes {
         let find = |d: usize| {
             cells
@@ -929,8 +961,26 @@ async fn run(args: Args) -> Result<(), String> {
                 .find(|(h, _)| h.size == size && h.clients == 1 && h.depth == d)
                 .map(|(h, _)| h.rps)
         };
+        let raw1 = raw.iter().find(|r| r.size == size).map(|r| r.rps);
+        let raw8 = raw_deep
+            .iter()
+            .find(|r| r.size == size && r.depth == 8)
+            .map(|r| r.rps);
+        let num = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        let ratio = |a: Option<f64>, b: Option<f64>| {
+            a.zip(b)
+                .map_or("-".into(), |(a, b)| format!("{:.2}x", b / a.max(1e-9)))
+        };
         if let (Some(a), Some(b)) = (find(1), find(8)) {
-            println!("| {} | {a:.0} | {b:.0} | {:.2}x |", fmt_size(size), b / a);
+            println!(
+                "| {} | {a:.0} | {b:.0} | {:.2}x | {} | {} | {} | {} |",
+                fmt_size(size),
+                b / a,
+                num(raw1),
+                num(raw8),
+                ratio(raw1, raw8),
+                ratio(raw8, Some(b)),
+            );
         }
     }
 
@@ -982,6 +1032,7 @@ async fn run(args: Args) -> Result<(), String> {
         .iter()
         .flat_map(|(h, t)| std::iter::once(h).chain(t.iter()))
         .chain(raw.iter())
+        .chain(raw_deep.iter())
         .chain(dp_rows.iter().map(|r| &r.buffer))
     {
         csv.push_str(&format!(
@@ -1025,6 +1076,23 @@ mod tests {
         assert!(ns > 5.0 && ns < 100_000.0, "{ns} ns");
         // Only the measuring threads were pinned, not this one.
         assert!(allowed_cpus().len() >= 2);
+    }
+
+    /// The raw baseline verifies every echoed batch (it asserts), and counts messages, not
+    /// rounds, at depth 8.
+    #[test]
+    fn raw_tcp_baseline_counts_messages_at_each_depth() {
+        for (size, depth) in [(64, 1), (64, 8), (4096, 8), (1 << 20, 1)] {
+            let c = bench_raw_tcp(size, depth, 0.05).expect("loopback TCP");
+            assert_eq!((c.size, c.depth), (size, depth));
+            assert!(c.calls > 0, "{size} x {depth}: no round trip");
+            assert_eq!(
+                c.calls % depth as u64,
+                0,
+                "whole rounds of {depth} messages"
+            );
+        }
+        const { assert!(4096 * 8 <= RAW_BATCH_MAX) };
     }
 
     #[test]
