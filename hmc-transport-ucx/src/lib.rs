@@ -12,7 +12,9 @@
 //! Nothing from UCX is needed to build: [`sys`] declares the slice of the UCX 1.13 API this
 //! crate uses and opens `libucp.so.0` (or `$HMC_UCX_LIB`) when a communicator is created. A
 //! missing library is an [`Error::Unavailable`](hmc_core::Error::Unavailable) naming the
-//! library and the variable, never a panic.
+//! library and the variable, never a panic. Newer UCX releases keep that API: the test
+//! suite also passes against UCX 1.22 (`cargo xtask ucx-wheel`, which fetches a
+//! CUDA-enabled build from PyPI), whose parameter structs only grew fields at their ends.
 //!
 //! # Thread safety and progress
 //!

@@ -526,6 +526,7 @@ async fn bench_data_planes(
                         fmt_size(size)
                     );
                     let before = core_to_core_ns();
+                    let cpu = CpuProbe::start(_server.0.id(), false);
                     let mut buffer = bench_hmc_dp(
                         &addr,
                         size,
@@ -536,6 +537,7 @@ async fn bench_data_planes(
                         Some((dp.clone(), args.dp_request_buffers)),
                     )
                     .await?;
+                    buffer.cpu_us_per_call = cpu.per_call(buffer.calls);
                     buffer.c2c_ns = before.zip(core_to_core_ns());
                     let stream = stream_cells
                         .iter()
@@ -990,9 +992,9 @@ async fn run(args: Args) -> Result<(), String> {
             std::env::var("UCX_TLS").unwrap_or_else(|_| "(UCX default)".into())
         );
         println!(
-            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median | host c2c ns |"
+            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median | CPU us/call (TCP_STREAM) | host c2c ns |"
         );
-        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
         for r in &dp_rows {
             let moved = 2.0 * r.buffer.mbps;
             let (stream, vs_stream) = match &r.stream {
@@ -1009,14 +1011,20 @@ async fn run(args: Args) -> Result<(), String> {
                 ),
                 None => ("-".into(), "-".into()),
             };
+            let cpu = |c: Option<&Cell>| {
+                c.and_then(|c| c.cpu_us_per_call)
+                    .map_or("-".into(), |v| format!("{v:.0}"))
+            };
             println!(
-                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} | {} |",
+                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} | {} ({}) | {} |",
                 r.plane,
                 fmt_size(r.buffer.size),
                 r.buffer.clients,
                 r.buffer.depth,
                 r.buffer.rps,
                 r.buffer.p50,
+                cpu(Some(&r.buffer)),
+                cpu(r.stream.as_ref()),
                 fmt_c2c(&r.buffer)
             );
         }
