@@ -78,6 +78,10 @@ struct Args {
     /// `Vec` the data plane then copies into one. `false`: built like the TCP_STREAM rows.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     dp_request_buffers: bool,
+    /// Internal: serve the two-process raw TCP baseline (echo messages of this many bytes on
+    /// one connection), printing the port on stdout.
+    #[arg(long, hide = true)]
+    raw_echo_server: Option<usize>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -615,6 +619,63 @@ fn bench_raw_tcp(size: usize, depth: usize, secs: f64) -> std::io::Result<Cell> 
     Ok(cell_from("raw-tcp", size, 1, depth, lat, el))
 }
 
+/// The server side of [`bench_raw_tcp_processes`]: one connection, messages of `size` bytes
+/// echoed whole, until the client closes.
+fn raw_echo_server(size: usize) -> std::io::Result<()> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    println!("port {}", l.local_addr()?.port());
+    std::io::stdout().flush()?;
+    let (mut s, _) = l.accept()?;
+    s.set_nodelay(true)?;
+    let mut buf = vec![0u8; size];
+    while s.read_exact(&mut buf).is_ok() {
+        s.write_all(&buf)?;
+    }
+    Ok(())
+}
+
+/// The depth-1 raw ping-pong with the echo in another process (this binary run with
+/// `--raw-echo-server`), as hmc-rpc's server is: each round trip then also switches between
+/// address spaces, which the threads of [`bench_raw_tcp`] never do.
+fn bench_raw_tcp_processes(size: usize, secs: f64) -> Result<Cell, String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut child = Command::new(me)
+        .args(["--raw-echo-server", &size.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("starting the raw echo server: {e}"))?;
+    let mut line = String::new();
+    let read = BufReader::new(child.stdout.take().expect("piped stdout")).read_line(&mut line);
+    let child = Proc(child);
+    read.map_err(|e| e.to_string())?;
+    let port: u16 = line
+        .trim()
+        .strip_prefix("port ")
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("unexpected line from the raw echo server: {line:?}"))?;
+    let io = |e: std::io::Error| e.to_string();
+    let mut c = TcpStream::connect(("127.0.0.1", port)).map_err(io)?;
+    c.set_nodelay(true).map_err(io)?;
+    let msg: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    let mut back = vec![0u8; size];
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let mut lat = Vec::new();
+    while Instant::now() < end {
+        let t = Instant::now();
+        c.write_all(&msg).map_err(io)?;
+        c.read_exact(&mut back).map_err(io)?;
+        lat.push(t.elapsed().as_micros() as u32);
+        if back != msg {
+            return Err("the raw echo server answered other bytes".into());
+        }
+    }
+    let el = start.elapsed().as_secs_f64();
+    drop(c);
+    drop(child);
+    Ok(cell_from("raw-tcp-processes", size, 1, 1, lat, el))
+}
+
 /// Starts `hmc-rpc-server` on a port it picks itself (`--port 0`: no race with other
 /// sockets for a port chosen here) with the bench's limits and `extra` arguments; its
 /// process and port, read from the line it prints once it listens.
@@ -731,6 +792,15 @@ fn fmt_size(s: usize) -> String {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if let Some(size) = args.raw_echo_server {
+        return match raw_echo_server(size) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: raw echo server: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     hmc_rpc::tuning::tune_allocator();
     let rt = match args.client_threads {
         Some(0) => tokio::runtime::Builder::new_current_thread()
@@ -802,6 +872,7 @@ async fn run(args: Args) -> Result<(), String> {
     let mut cells: Vec<(Cell, Option<Cell>)> = Vec::new();
     let mut raw: Vec<Cell> = Vec::new();
     let mut raw_deep: Vec<Cell> = Vec::new();
+    let mut raw_proc: Vec<Cell> = Vec::new();
     let total = args.sizes.len() * (1 + args.clients.len() * args.depths.len());
     let mut step = 0;
     for &size in &args.sizes {
@@ -812,6 +883,11 @@ async fn run(args: Args) -> Result<(), String> {
         let mut c2c_before = core_to_core_ns();
         r.c2c_ns = before.zip(c2c_before);
         raw.push(r);
+        let mut r = bench_raw_tcp_processes(size, args.seconds.min(2.0))?;
+        let after = core_to_core_ns();
+        r.c2c_ns = c2c_before.zip(after);
+        c2c_before = after;
+        raw_proc.push(r);
         // Raw blocking TCP with as many messages in flight, beside the pipelining figure.
         let deepest = args.depths.iter().copied().max().unwrap_or(1);
         if deepest > 1 && args.clients.contains(&1) && size * deepest <= RAW_BATCH_MAX {
@@ -929,18 +1005,21 @@ async fn run(args: Args) -> Result<(), String> {
          apart (on the project's VMs about 60 against 330 ns), which slows every figure that \
          crosses cores; the host changes it within seconds."
     );
-    println!("\n## raw TCP ping-pong baseline (1 connection, 1 in flight, blocking)\n");
     println!(
-        "| payload | round trips/s | MB/s | p50 us | p99 us | hmc-rpc 1x1 p50 us | p50 ratio | host c2c ns |"
+        "\n## raw TCP ping-pong baseline (1 connection, 1 in flight, blocking; echo in a thread of this process, and in another process as hmc-rpc's server is)\n"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| payload | round trips/s | MB/s | p50 us | p99 us | hmc-rpc 1x1 p50 us | p50 ratio | two processes: p50 us | p50 ratio | host c2c ns |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in &raw {
         let h = cells
             .iter()
             .find(|(h, _)| h.size == r.size && h.clients == 1 && h.depth == 1)
             .map(|(h, _)| h.p50);
+        let p = raw_proc.iter().find(|p| p.size == r.size).map(|p| p.p50);
         println!(
-            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} | {} |",
+            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
             fmt_size(r.size),
             r.rps,
             r.mbps,
@@ -948,6 +1027,9 @@ async fn run(args: Args) -> Result<(), String> {
             r.p99,
             h.map_or("-".into(), |h| format!("{h:.0}")),
             h.map_or("-".into(), |h| format!("{:.2}x", h / r.p50.max(1.0))),
+            p.map_or("-".into(), |p| format!("{p:.0}")),
+            h.zip(p)
+                .map_or("-".into(), |(h, p)| format!("{:.2}x", h / p.max(1.0))),
             fmt_c2c(r)
         );
     }
@@ -1041,6 +1123,7 @@ async fn run(args: Args) -> Result<(), String> {
         .flat_map(|(h, t)| std::iter::once(h).chain(t.iter()))
         .chain(raw.iter())
         .chain(raw_deep.iter())
+        .chain(raw_proc.iter())
         .chain(dp_rows.iter().map(|r| &r.buffer))
     {
         csv.push_str(&format!(
