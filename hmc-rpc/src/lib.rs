@@ -17,6 +17,8 @@
 //! - [`codec`]: [`RpcCodec`], the deterministic big-endian serde format.
 //! - [`dispatch`]: method table with typed, raw, async and blocking handlers.
 //! - [`server`] and [`client`]: the tokio runtime around the core.
+//! - [`direct`]: [`DirectClient`], the same core driven by blocking sockets on the caller's
+//!   thread, for synchronous callers that want no runtime and no thread hop.
 //!
 //! # Large payloads over a data plane (HMC_BUFFER)
 //!
@@ -50,6 +52,7 @@ pub mod codec;
 mod data_plane;
 pub mod demo;
 pub mod device;
+pub mod direct;
 pub mod dispatch;
 pub mod frame;
 mod net;
@@ -65,6 +68,7 @@ pub use data_plane::{
     ClientDataPlane, DataPlaneConfig, DataPlaneStats, NoDataPlane, NoRegistration,
 };
 pub use device::{DEFAULT_DEVICE_STAGING, StagingRing};
+pub use direct::DirectClient;
 pub use dispatch::{CallContext, CancelToken, Dispatcher, RpcError};
 pub use frame::{Flags, FrameHeader, FrameKind, FrameLimits, PayloadMode, Status};
 pub use pool::{BufferPool, PoolConfig, PoolStats, PooledBuffer};

@@ -10,55 +10,18 @@ use bytes::Bytes;
 use hmc_core::PeerAddr;
 use hmc_rpc::frame::{FrameHeader, FrameKind, FrameLimits, HEADER_LEN, PayloadMode, payload_crc};
 use hmc_rpc::{
-    CallError, CallOptions, Client, ClientConfig, ConnConfig, Dispatcher, RpcError, RunningServer,
-    Server, ServerConfig, Status, demo,
+    CallError, CallOptions, Client, ClientConfig, ConnConfig, RunningServer, Server, ServerConfig,
+    Status, demo,
 };
 use rstest::rstest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const SLEEP: u32 = 100;
-const PANIC: u32 = 101;
-const BLOCKING_SLEEP: u32 = 102;
-const WAIT_CANCEL: u32 = 103;
+mod common;
 
-fn dispatcher(cancelled: Arc<AtomicUsize>) -> Dispatcher {
-    let mut d = Dispatcher::new();
-    demo::register_demo(&mut d);
-    d.register(SLEEP, |_ctx, ms: u64| async move {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
-        Ok::<_, RpcError>(ms)
-    });
-    d.register_raw(PANIC, |_ctx, _b| async move {
-        if true {
-            panic!("handler bug");
-        }
-        Ok(Bytes::new())
-    });
-    d.register_blocking(BLOCKING_SLEEP, |ctx, ms: u64| {
-        std::thread::sleep(Duration::from_millis(ms));
-        Ok::<_, RpcError>(ctx.remaining().map_or(0, |r| r.as_millis() as u64))
-    });
-    d.register_raw(WAIT_CANCEL, move |ctx, _b| {
-        let cancelled = cancelled.clone();
-        async move {
-            // Observes the cancel signal from inside the handler.
-            let token = ctx.cancel.clone();
-            let guard = CountOnDrop(cancelled);
-            token.cancelled().await;
-            drop(guard);
-            Ok(Bytes::new())
-        }
-    });
-    d
-}
-
-struct CountOnDrop(Arc<AtomicUsize>);
-impl Drop for CountOnDrop {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
+use common::methods::{
+    BLOCKING_SLEEP, PANIC, SLEEP, WAIT_CANCEL, assert_complex_answer, complex_request, dispatcher,
+};
 
 async fn start(config: ServerConfig) -> (RunningServer, Arc<AtomicUsize>) {
     let c = Arc::new(AtomicUsize::new(0));
@@ -109,16 +72,10 @@ async fn all_three_methods_answer_over_each_socket_kind(#[case] addr: &str) {
         .unwrap();
     assert_eq!(up, "HELLO HMC RPC");
     let r: demo::ComplexResponse = c
-        .call_typed(
-            demo::COMPLEX,
-            &demo::ComplexRequest {
-                label: "x".into(),
-                values: vec![3, 5, 8],
-            },
-        )
+        .call_typed(demo::COMPLEX, &complex_request())
         .await
         .unwrap();
-    assert_eq!((r.sum, r.count, r.max), (16, 3, Some(8)));
+    assert_complex_answer(&r);
     s.shutdown().await;
 }
 

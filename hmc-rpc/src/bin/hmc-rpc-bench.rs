@@ -15,7 +15,9 @@ use bytes::Bytes;
 use clap::Parser;
 use hmc_core::{Communicator, PeerAddr};
 use hmc_rpc::plane::{DataPlaneKind, open_data_plane};
-use hmc_rpc::{Client, ClientConfig, ClientDataPlane, DataPlaneConfig, NoDataPlane, demo};
+use hmc_rpc::{
+    Client, ClientConfig, ClientDataPlane, DataPlaneConfig, DirectClient, NoDataPlane, demo,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "HMC RPC echo benchmark beside raw TCP and tonic")]
@@ -619,6 +621,45 @@ fn bench_raw_tcp(size: usize, depth: usize, secs: f64) -> std::io::Result<Cell> 
     Ok(cell_from("raw-tcp", size, 1, depth, lat, el))
 }
 
+/// One call at a time through [`DirectClient`] (the caller's thread writes and sleeps in
+/// `read`, no runtime), same numbered, verified bodies as the other hmc-rpc cells.
+fn bench_direct(addr: &PeerAddr, size: usize, secs: f64) -> Result<Cell, String> {
+    let c = DirectClient::connect(addr, ClientConfig::default()).map_err(|e| e.to_string())?;
+    let template: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    c.call(demo::ECHO, template.clone())
+        .map_err(|e| e.to_string())?;
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let start = Instant::now();
+    let mut lat = Vec::new();
+    let mut n: u64 = 0;
+    while Instant::now() < end {
+        n += 1;
+        let mut body = template.clone();
+        let stamp = n.to_be_bytes();
+        let k = stamp.len().min(size);
+        body[..k].copy_from_slice(&stamp[..k]);
+        let body = Bytes::from(body);
+        let t = Instant::now();
+        let r = c
+            .call(demo::ECHO, body.clone())
+            .map_err(|e| e.to_string())?;
+        lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+        if r != body {
+            return Err(format!(
+                "direct client: response {n} differs from its request"
+            ));
+        }
+    }
+    Ok(cell_from(
+        "hmc-rpc-direct",
+        size,
+        1,
+        1,
+        lat,
+        start.elapsed().as_secs_f64(),
+    ))
+}
+
 /// The server side of [`bench_raw_tcp_processes`]: one connection, messages of `size` bytes
 /// echoed whole, until the client closes.
 fn raw_echo_server(size: usize) -> std::io::Result<()> {
@@ -873,6 +914,7 @@ async fn run(args: Args) -> Result<(), String> {
     let mut raw: Vec<Cell> = Vec::new();
     let mut raw_deep: Vec<Cell> = Vec::new();
     let mut raw_proc: Vec<Cell> = Vec::new();
+    let mut direct: Vec<Cell> = Vec::new();
     let total = args.sizes.len() * (1 + args.clients.len() * args.depths.len());
     let mut step = 0;
     for &size in &args.sizes {
@@ -888,6 +930,16 @@ async fn run(args: Args) -> Result<(), String> {
         r.c2c_ns = c2c_before.zip(after);
         c2c_before = after;
         raw_proc.push(r);
+        if args.clients.contains(&1) && args.depths.contains(&1) {
+            let (a, secs) = (addr.clone(), args.seconds.min(2.0));
+            let mut r = tokio::task::spawn_blocking(move || bench_direct(&a, size, secs))
+                .await
+                .map_err(|e| e.to_string())??;
+            let after = core_to_core_ns();
+            r.c2c_ns = c2c_before.zip(after);
+            c2c_before = after;
+            direct.push(r);
+        }
         // Raw blocking TCP with as many messages in flight, beside the pipelining figure.
         let deepest = args.depths.iter().copied().max().unwrap_or(1);
         if deepest > 1 && args.clients.contains(&1) && size * deepest <= RAW_BATCH_MAX {
@@ -1009,17 +1061,18 @@ async fn run(args: Args) -> Result<(), String> {
         "\n## raw TCP ping-pong baseline (1 connection, 1 in flight, blocking; echo in a thread of this process, and in another process as hmc-rpc's server is)\n"
     );
     println!(
-        "| payload | round trips/s | MB/s | p50 us | p99 us | hmc-rpc 1x1 p50 us | p50 ratio | two processes: p50 us | p50 ratio | host c2c ns |"
+        "| payload | round trips/s | MB/s | p50 us | p99 us | hmc-rpc 1x1 p50 us | p50 ratio | two processes: p50 us | p50 ratio | DirectClient p50 us | p50 ratio | host c2c ns |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in &raw {
         let h = cells
             .iter()
             .find(|(h, _)| h.size == r.size && h.clients == 1 && h.depth == 1)
             .map(|(h, _)| h.p50);
         let p = raw_proc.iter().find(|p| p.size == r.size).map(|p| p.p50);
+        let d = direct.iter().find(|d| d.size == r.size).map(|d| d.p50);
         println!(
-            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
+            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
             fmt_size(r.size),
             r.rps,
             r.mbps,
@@ -1030,6 +1083,8 @@ async fn run(args: Args) -> Result<(), String> {
             p.map_or("-".into(), |p| format!("{p:.0}")),
             h.zip(p)
                 .map_or("-".into(), |(h, p)| format!("{:.2}x", h / p.max(1.0))),
+            d.map_or("-".into(), |d| format!("{d:.0}")),
+            d.map_or("-".into(), |d| format!("{:.2}x", d / r.p50.max(1.0))),
             fmt_c2c(r)
         );
     }
@@ -1124,6 +1179,7 @@ async fn run(args: Args) -> Result<(), String> {
         .chain(raw.iter())
         .chain(raw_deep.iter())
         .chain(raw_proc.iter())
+        .chain(direct.iter())
         .chain(dp_rows.iter().map(|r| &r.buffer))
     {
         csv.push_str(&format!(

@@ -4,6 +4,8 @@
 // Each test binary uses part of this module.
 #![allow(dead_code)]
 
+pub mod methods;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
