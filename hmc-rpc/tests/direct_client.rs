@@ -219,3 +219,34 @@ fn calls_from_several_threads_take_turns_on_the_connection() {
         t.join().unwrap();
     }
 }
+
+/// A server that accepts and never reads: a large request cannot go out before its
+/// deadline. The call fails in time with DEADLINE_EXCEEDED, and the next call does not reuse
+/// the connection with half a frame on it (it reconnects).
+#[test]
+fn a_deadline_passing_mid_write_fails_the_call_and_retires_the_connection() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = PeerAddr::Tcp(l.local_addr().unwrap());
+    // Returns the accepted sockets, so they stay open (unread) until the test joins.
+    let accepted =
+        std::thread::spawn(move || l.incoming().take(2).map(|s| s.unwrap()).collect::<Vec<_>>());
+    let c = DirectClient::connect(&addr, ClientConfig::default()).unwrap();
+    let opts = CallOptions {
+        timeout: Some(Duration::from_millis(200)),
+        ..CallOptions::default()
+    };
+    let t = Instant::now();
+    let e = c
+        .call_with(demo::ECHO, vec![7u8; 32 << 20], opts)
+        .unwrap_err();
+    assert_eq!(e.status(), Some(Status::DEADLINE_EXCEEDED), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // The next call opens a second connection (the listener's second accept).
+    let e = c.call_with(demo::ECHO, "x", opts).unwrap_err();
+    assert_eq!(e.status(), Some(Status::DEADLINE_EXCEEDED), "{e}");
+    assert_eq!(
+        accepted.join().unwrap().len(),
+        2,
+        "a fresh connection for the second call"
+    );
+}
