@@ -380,6 +380,7 @@ async fn run_request(
     op: Op,
     descs: &[TransferDesc<'_, TcpCommunicator>],
     wire_descs: &[WireDesc],
+    until: Instant,
 ) -> std::io::Result<Result<()>> {
     let mut header = Vec::with_capacity(5 + wire_descs.len() * WireDesc::LEN);
     header.push(match op {
@@ -418,7 +419,7 @@ async fn run_request(
             for d in descs.iter().filter(|d| d.len > 0) {
                 // SAFETY: as above.
                 let bytes = unsafe { std::slice::from_raw_parts(local_ptr(d), d.len) };
-                stream.write_all_eager(prefix, bytes).await?;
+                stream.write_all_eager(prefix, bytes, until).await?;
                 prefix = &[];
             }
             wire::read_status(stream, peer).await
@@ -432,7 +433,7 @@ async fn run_request(
                     // SAFETY: as for WRITE; peers and local code that touch the same bytes
                     // concurrently accepted DMA semantics when registering.
                     let bytes = unsafe { std::slice::from_raw_parts_mut(local_ptr(d), d.len) };
-                    stream.read_exact_eager(bytes).await?;
+                    stream.read_exact_eager(bytes, until).await?;
                 }
             }
             Ok(status)
@@ -603,11 +604,28 @@ impl Communicator for TcpCommunicator {
         }
         let shared = &self.shared;
         let peer = ep.inner.peer.to_string();
+        let started = Instant::now();
         let work = async {
             let (_slot, mut stream) = ep.checkout(shared, deadline).await?;
             let per = shared.config.max_batch_descs.max(1);
             for (descs, wire_descs) in batch.chunks(per).zip(wire_descs.chunks(per)) {
-                match run_request(&mut stream, &peer, op, descs, wire_descs).await {
+                match run_request(
+                    &mut stream,
+                    &peer,
+                    op,
+                    descs,
+                    wire_descs,
+                    deadline.instant(),
+                )
+                .await
+                {
+                    // Mid-stream: the connection is out of step and is dropped.
+                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                        return Err(Error::DeadlineExceeded {
+                            during: "transfer",
+                            elapsed: started.elapsed(),
+                        });
+                    }
                     Err(e) => return Err(broken(&ep.inner.peer, e)),
                     Ok(Err(refused)) => {
                         ep.checkin(shared, stream);

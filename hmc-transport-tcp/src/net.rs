@@ -4,6 +4,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use hmc_core::{Deadline, Error, PeerAddr, Result};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -14,6 +15,19 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 pub(crate) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+}
+
+/// The error of a bulk read or write that ran into its deadline (see
+/// [`Stream::read_exact_eager`]).
+fn past(until: Instant) -> io::Result<()> {
+    if Instant::now() >= until {
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the transfer's deadline passed mid-stream",
+        ))
+    } else {
+        Ok(())
+    }
 }
 
 impl Stream {
@@ -70,9 +84,12 @@ impl Stream {
     /// Fills `buf`, reading again at once after every partial read and sleeping only on
     /// `WouldBlock`. For bulk data this beats `read_exact`, which sleeps after each partial
     /// read until the next readiness event although the sender keeps the socket fed.
-    pub(crate) async fn read_exact_eager(&self, buf: &mut [u8]) -> io::Result<()> {
+    /// Fails with [`io::ErrorKind::TimedOut`] once `until` has passed: a socket that never
+    /// runs dry never yields, so a timeout around the call alone could not stop it.
+    pub(crate) async fn read_exact_eager(&self, buf: &mut [u8], until: Instant) -> io::Result<()> {
         let mut done = 0;
         while done < buf.len() {
+            past(until)?;
             self.readable().await?;
             match self.try_read(&mut buf[done..]) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -87,9 +104,15 @@ impl Stream {
     /// Writes all of `prefix` then all of `buf`, the way [`Stream::read_exact_eager`] reads.
     /// The prefix (a request header) leaves in the same system call as the first bytes of
     /// `buf`, so the peer wakes once for both.
-    pub(crate) async fn write_all_eager(&self, mut prefix: &[u8], buf: &[u8]) -> io::Result<()> {
+    pub(crate) async fn write_all_eager(
+        &self,
+        mut prefix: &[u8],
+        buf: &[u8],
+        until: Instant,
+    ) -> io::Result<()> {
         let mut done = 0;
         while done < buf.len() || !prefix.is_empty() {
+            past(until)?;
             self.writable().await?;
             match self.try_write_prefixed(prefix, &buf[done..]) {
                 Ok(n) => {
@@ -295,6 +318,46 @@ mod tests {
     fn temp_path(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("hmc-net-{name}-{}.sock", std::process::id()))
     }
+
+    /// A peer that drains every byte at once never makes the writer wait, so the bulk
+    /// loops must notice a passed deadline themselves: they stop before the next piece.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bulk_reads_and_writes_stop_at_their_deadline_even_when_never_blocked() {
+        let l = Listener::bind(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let drain = tokio::spawn(async move {
+            let s = l.accept().await.unwrap();
+            let mut buf = vec![0u8; 1 << 20];
+            let mut got = 0usize;
+            loop {
+                match s.read_exact_eager(&mut buf[..1], Instant::now() + FAR).await {
+                    Ok(()) => got += 1,
+                    Err(_) => return got,
+                }
+            }
+        });
+        let c = Stream::connect(&addr, Deadline::after(FAR)).await.unwrap();
+        let big = vec![5u8; 8 << 20];
+        let e = c
+            .write_all_eager(b"hdr", &big, Instant::now())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        // Within the deadline the same call moves everything.
+        c.write_all_eager(b"", &big[..4096], Instant::now() + FAR)
+            .await
+            .unwrap();
+        let mut back = [0u8; 16];
+        let e = c
+            .read_exact_eager(&mut back, Instant::now())
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        drop(c);
+        assert_eq!(drain.await.unwrap(), 4096, "nothing written past the deadline");
+    }
+
+    const FAR: std::time::Duration = std::time::Duration::from_secs(20);
 
     #[tokio::test]
     async fn a_stale_socket_file_is_reclaimed_and_a_live_one_refused() {
