@@ -330,7 +330,10 @@ mod tests {
             let mut buf = vec![0u8; 1 << 20];
             let mut got = 0usize;
             loop {
-                match s.read_exact_eager(&mut buf[..1], Instant::now() + FAR).await {
+                match s
+                    .read_exact_eager(&mut buf[..1], Instant::now() + FAR)
+                    .await
+                {
                     Ok(()) => got += 1,
                     Err(_) => return got,
                 }
@@ -354,7 +357,11 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
         drop(c);
-        assert_eq!(drain.await.unwrap(), 4096, "nothing written past the deadline");
+        assert_eq!(
+            drain.await.unwrap(),
+            4096,
+            "nothing written past the deadline"
+        );
     }
 
     const FAR: std::time::Duration = std::time::Duration::from_secs(20);
