@@ -1,4 +1,4 @@
-//! `DirectClient` against a real server over loopback TCP and a Unix socket: the demo methods, many verified calls on one connection, large (TCP_STREAM) payloads, deadlines with a CANCEL the server sees, server errors, a server restart (the call in flight fails, the next reconnects), GOAWAY on shutdown, and calls from several threads.
+//! `DirectClient` against a real server over loopback TCP and a Unix socket: the demo methods, many verified calls on one connection, INLINE and TCP_STREAM payloads (it has no data plane, so no HMC_BUFFER), deadlines with a CANCEL the server sees, server errors, a server restart (the call in flight fails, the next reconnects), GOAWAY on shutdown, and calls from several threads.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -86,13 +86,14 @@ fn the_demo_methods_and_many_verified_calls_on_one_connection(#[case] kind: &str
     }
 }
 
-/// INLINE, the largest INLINE, and TCP_STREAM payloads of several chunks, both ways.
+/// INLINE, the largest INLINE, and TCP_STREAM payloads of several chunks, both ways (the
+/// modes a client without a data plane uses).
 #[rstest]
 #[case::inline(100)]
 #[case::inline_max(4096)]
 #[case::stream(4097)]
 #[case::stream_mib(3 << 20)]
-fn payloads_of_every_mode_round_trip(#[case] len: usize) {
+fn inline_and_stream_payloads_round_trip(#[case] len: usize) {
     let bg = Bg::start(&"tcp://127.0.0.1:0".parse().unwrap());
     let c = DirectClient::connect(&bg.addr(), ClientConfig::default()).unwrap();
     let body: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();

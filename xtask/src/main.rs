@@ -525,19 +525,21 @@ fn ucx_wheel(args: &[String]) -> Result {
         }
     }
     eprintln!("xtask: testing against UCX {version} at {}", lib.display());
-    run(cargo()
-        .args(["test", "-p", "hmc-transport-ucx", "--tests"])
-        .args([
-            "-p",
-            "hmc-rpc",
-            "--test",
-            "data_plane_ucx",
-            "--test",
-            "data_plane_processes",
-        ])
-        .env("HMC_UCX_LIB", &lib)
-        .env("HMC_UCX_INCLUDE", dir.join("libucx/include"))
-        .env("HMC_EXPECT_UCX_VERSION", version))
+    // Two runs: `--tests` would apply to every package named in one command line.
+    let with_wheel = |cmd: &mut Command| {
+        cmd.env("HMC_UCX_LIB", &lib)
+            .env("HMC_UCX_INCLUDE", dir.join("libucx/include"))
+            .env("HMC_EXPECT_UCX_VERSION", version);
+    };
+    let mut ucx = cargo();
+    ucx.args(["test", "-p", "hmc-transport-ucx", "--tests"]);
+    with_wheel(&mut ucx);
+    run(&mut ucx)?;
+    let mut rpc = cargo();
+    rpc.args(["test", "-p", "hmc-rpc", "--test", "data_plane_ucx"])
+        .args(["--test", "data_plane_processes"]);
+    with_wheel(&mut rpc);
+    run(&mut rpc)
 }
 
 /// The value of a top-level `"field":"value"` in one line of cargo's JSON messages (paths

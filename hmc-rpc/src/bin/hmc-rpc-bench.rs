@@ -584,13 +584,7 @@ fn bench_raw_tcp(size: usize, depth: usize, secs: f64) -> std::io::Result<Cell> 
         let (mut s, _) = l.accept()?;
         s.set_nodelay(true)?;
         if depth == 1 {
-            let mut buf = vec![0u8; size];
-            loop {
-                if s.read_exact(&mut buf).is_err() {
-                    return Ok(());
-                }
-                s.write_all(&buf)?;
-            }
+            return echo_messages(&mut s, size);
         }
         let mut buf = vec![0u8; RAW_BATCH_MAX];
         loop {
@@ -602,6 +596,30 @@ fn bench_raw_tcp(size: usize, depth: usize, secs: f64) -> std::io::Result<Cell> 
     });
     let mut c = TcpStream::connect(addr)?;
     c.set_nodelay(true)?;
+    let (lat, el) = ping_pong(&mut c, size, depth, secs)?;
+    drop(c);
+    let _ = server.join();
+    Ok(cell_from("raw-tcp", size, 1, depth, lat, el))
+}
+
+/// Echoes whole messages of `size` bytes until the peer closes (the depth-1 raw server).
+fn echo_messages(s: &mut TcpStream, size: usize) -> std::io::Result<()> {
+    let mut buf = vec![0u8; size];
+    while s.read_exact(&mut buf).is_ok() {
+        s.write_all(&buf)?;
+    }
+    Ok(())
+}
+
+/// The raw client: for `secs`, writes `depth` messages of `size` bytes in one write and
+/// reads their echo, checking it; each message's latency is its round's, and the elapsed
+/// seconds come back beside them.
+fn ping_pong(
+    c: &mut TcpStream,
+    size: usize,
+    depth: usize,
+    secs: f64,
+) -> std::io::Result<(Vec<u32>, f64)> {
     let msg: Vec<u8> = (0..size * depth).map(|i| (i % 251) as u8).collect();
     let mut back = vec![0u8; size * depth];
     let end = Instant::now() + Duration::from_secs_f64(secs);
@@ -613,12 +631,11 @@ fn bench_raw_tcp(size: usize, depth: usize, secs: f64) -> std::io::Result<Cell> 
         c.read_exact(&mut back)?;
         let took = t.elapsed().as_micros() as u32;
         lat.extend(std::iter::repeat_n(took, depth));
-        assert_eq!(back, msg);
+        if back != msg {
+            return Err(std::io::Error::other("the raw echo answered other bytes"));
+        }
     }
-    let el = start.elapsed().as_secs_f64();
-    drop(c);
-    let _ = server.join();
-    Ok(cell_from("raw-tcp", size, 1, depth, lat, el))
+    Ok((lat, start.elapsed().as_secs_f64()))
 }
 
 /// One call at a time through [`DirectClient`] (the caller's thread writes and sleeps in
@@ -668,11 +685,7 @@ fn raw_echo_server(size: usize) -> std::io::Result<()> {
     std::io::stdout().flush()?;
     let (mut s, _) = l.accept()?;
     s.set_nodelay(true)?;
-    let mut buf = vec![0u8; size];
-    while s.read_exact(&mut buf).is_ok() {
-        s.write_all(&buf)?;
-    }
-    Ok(())
+    echo_messages(&mut s, size)
 }
 
 /// The depth-1 raw ping-pong with the echo in another process (this binary run with
@@ -697,21 +710,7 @@ fn bench_raw_tcp_processes(size: usize, secs: f64) -> Result<Cell, String> {
     let io = |e: std::io::Error| e.to_string();
     let mut c = TcpStream::connect(("127.0.0.1", port)).map_err(io)?;
     c.set_nodelay(true).map_err(io)?;
-    let msg: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
-    let mut back = vec![0u8; size];
-    let end = Instant::now() + Duration::from_secs_f64(secs);
-    let start = Instant::now();
-    let mut lat = Vec::new();
-    while Instant::now() < end {
-        let t = Instant::now();
-        c.write_all(&msg).map_err(io)?;
-        c.read_exact(&mut back).map_err(io)?;
-        lat.push(t.elapsed().as_micros() as u32);
-        if back != msg {
-            return Err("the raw echo server answered other bytes".into());
-        }
-    }
-    let el = start.elapsed().as_secs_f64();
+    let (lat, el) = ping_pong(&mut c, size, 1, secs).map_err(io)?;
     drop(c);
     drop(child);
     Ok(cell_from("raw-tcp-processes", size, 1, 1, lat, el))
