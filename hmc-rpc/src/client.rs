@@ -2,7 +2,6 @@
 //! request id, a default deadline per call, cancel on drop, reconnect after loss (calls
 //! already sent are failed, never replayed), and a blocking wrapper.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -22,7 +21,7 @@ use crate::device::{self, DEFAULT_DEVICE_STAGING, DeviceSink, StagingRing};
 use crate::frame::{INLINE_MAX, Status};
 use crate::net::{BusyPoll, ConnTimer, POLL_MAX_MESSAGE, Stream};
 use crate::proto::{
-    ClientConn, ClientEvent, ConnConfig, ReadTarget, ResponseSink, StagedPayload, StartError,
+    ClientConn, ClientEvent, ConnConfig, IdMap, ReadTarget, ResponseSink, StagedPayload, StartError,
 };
 
 /// Client settings; every field has a default.
@@ -661,7 +660,7 @@ async fn run_connection(
     let mut poll = BusyPoll::new(cfg.busy_poll);
     let mut core = ClientConn::new(cfg, Instant::now());
     let mut timer = ConnTimer::new();
-    let mut waiting: HashMap<u64, ReplyTx> = HashMap::new();
+    let mut waiting: IdMap<u64, ReplyTx> = IdMap::default();
     let mut cmds_open = true;
     // Callers woken by answers since calls were last queued.
     let mut answered: usize = 0;
@@ -843,7 +842,7 @@ async fn run_connection(
 /// (what it READs and may WRITE), which lengthens the busy-polling window for its answer.
 fn handle_cmd(
     core: &mut ClientConn,
-    waiting: &mut HashMap<u64, ReplyTx>,
+    waiting: &mut IdMap<u64, ReplyTx>,
     c: Cmd,
     now: Instant,
 ) -> u64 {

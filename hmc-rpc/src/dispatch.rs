@@ -1,7 +1,6 @@
 //! The method table: typed and raw handlers, async and blocking, each seeing its call's
 //! remaining deadline and a cancellation signal.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,7 +18,7 @@ use tokio::sync::{Notify, mpsc};
 use crate::codec::RpcCodec;
 use crate::device::{self, DEFAULT_DEVICE_STAGING, DeviceSink, StagingRing};
 use crate::frame::{INLINE_MAX, Status};
-use crate::proto::{StagedPayload, StreamSink};
+use crate::proto::{IdMap, StagedPayload, StreamSink};
 
 /// A handler's failure: a status for the wire and a message for the caller.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -280,8 +279,8 @@ where
 /// Method id → handler.
 #[derive(Clone, Default)]
 pub struct Dispatcher {
-    methods: HashMap<u32, Handler>,
-    devices: HashMap<u32, Arc<dyn DeviceRoute>>,
+    methods: IdMap<u32, Handler>,
+    devices: IdMap<u32, Arc<dyn DeviceRoute>>,
 }
 
 impl Dispatcher {

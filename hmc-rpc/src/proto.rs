@@ -18,6 +18,43 @@ use crate::frame::{
     Status, check_payload_crc, encode_frame, payload_crc,
 };
 
+/// Hashes the integer keys of the per-call tables (request ids, method ids) with one
+/// multiplication instead of SipHash: every call inserts and removes several entries, and
+/// SipHash was about 1.5% of the CPU of a pipelined 4 KiB echo (`docs/benchmarks.md`).
+/// Hash flooding is not a concern here: these tables hold at most a connection's
+/// in-flight calls (`max_inflight`) or the dispatcher's methods, so even ids chosen to
+/// collide cost a probe over a few dozen entries.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only integer keys use this hasher; stay correct for any other anyway.
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        // Fibonacci hashing: an odd multiplier spreads consecutive ids over the low bits
+        // (the bucket) and the high bits (hashbrown's tag byte) alike.
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// A map keyed by request or method id (see [`IdHasher`]).
+pub(crate) type IdMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
+/// A set of request ids (see [`IdHasher`]).
+pub(crate) type IdSet = HashSet<u64, std::hash::BuildHasherDefault<IdHasher>>;
+
 /// The DATA_PLANE answer of a server without a data plane.
 const NO_DATA_PLANE_TEXT: &str = "HMC_BUFFER payloads need a data plane, which this server has not configured; send INLINE or TCP_STREAM";
 
@@ -143,7 +180,7 @@ struct Framing {
     inbuf: Vec<u8>,
     in_pos: usize,
     partial_since: Option<Instant>,
-    streams_in: HashMap<u64, InStream>,
+    streams_in: IdMap<u64, InStream>,
     /// Bytes to send, in order: small frames coalesced into owned buffers, stream chunks
     /// as zero-copy slices of their payload.
     tx: VecDeque<Bytes>,
@@ -210,7 +247,7 @@ impl Framing {
             inbuf: Vec::new(),
             in_pos: 0,
             partial_since: None,
-            streams_in: HashMap::new(),
+            streams_in: IdMap::default(),
             tx: VecDeque::new(),
             tx_small: Vec::new(),
             tx_pos: 0,
@@ -676,7 +713,7 @@ impl Framing {
             match &mut s.sink {
                 Some(sink) => {
                     if s.header.payload_crc != 0 {
-                        s.crc = crc32c::crc32c_append(s.crc, body);
+                        s.crc = crate::frame::crc32c_append(s.crc, body);
                     }
                     sink.write(offset, body);
                 }
@@ -827,7 +864,7 @@ pub type SinkFactory = Box<dyn FnMut(u32, u64) -> Option<Box<dyn StreamSink>> + 
 /// The server side of one connection.
 pub struct ServerConn {
     f: Framing,
-    inflight: HashMap<u64, ServerInFlight>,
+    inflight: IdMap<u64, ServerInFlight>,
     deadlines: BTreeSet<(Instant, u64)>,
     events: VecDeque<ServerEvent>,
     state: ServerState,
@@ -835,7 +872,7 @@ pub struct ServerConn {
     hmc_buffer: bool,
     sinks: Option<SinkFactory>,
     /// What sinks made of the requests of calls handed to the runtime, until it takes them.
-    staged: HashMap<u64, StagedPayload>,
+    staged: IdMap<u64, StagedPayload>,
 }
 
 impl ServerConn {
@@ -843,13 +880,13 @@ impl ServerConn {
     pub fn new(cfg: ConnConfig, now: Instant) -> Self {
         ServerConn {
             f: Framing::new(cfg, now),
-            inflight: HashMap::new(),
+            inflight: IdMap::default(),
             deadlines: BTreeSet::new(),
             events: VecDeque::new(),
             state: ServerState::Open,
             hmc_buffer: false,
             sinks: None,
-            staged: HashMap::new(),
+            staged: IdMap::default(),
         }
     }
 
@@ -1399,18 +1436,18 @@ enum Outgoing {
 pub struct ClientConn {
     f: Framing,
     next_id: u64,
-    pending: HashMap<u64, Option<Instant>>,
+    pending: IdMap<u64, Option<Instant>>,
     deadlines: BTreeSet<(Instant, u64)>,
     /// Responses to these ids are dropped (cancelled or timed out; kept until the server's
     /// own answer arrives so a streamed answer can be discarded).
-    forgotten: HashSet<u64>,
+    forgotten: IdSet,
     events: VecDeque<ClientEvent>,
     /// Calls sent as HMC_BUFFER (only these may be answered HMC_BUFFER).
-    buffer_calls: HashSet<u64>,
+    buffer_calls: IdSet,
     /// Where a call's streamed OK response goes instead of host memory.
-    sinks: HashMap<u64, ResponseSink>,
+    sinks: IdMap<u64, ResponseSink>,
     /// What sinks made of responses delivered, until the runtime takes them.
-    staged: HashMap<u64, StagedPayload>,
+    staged: IdMap<u64, StagedPayload>,
     ping_sent: Option<Instant>,
     draining: Option<String>,
     closed: Option<String>,
@@ -1422,13 +1459,13 @@ impl ClientConn {
         ClientConn {
             f: Framing::new(cfg, now),
             next_id: 1,
-            pending: HashMap::new(),
+            pending: IdMap::default(),
             deadlines: BTreeSet::new(),
-            forgotten: HashSet::new(),
+            forgotten: IdSet::default(),
             events: VecDeque::new(),
-            buffer_calls: HashSet::new(),
-            sinks: HashMap::new(),
-            staged: HashMap::new(),
+            buffer_calls: IdSet::default(),
+            sinks: IdMap::default(),
+            staged: IdMap::default(),
             ping_sent: None,
             draining: None,
             closed: None,

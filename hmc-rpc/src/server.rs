@@ -27,7 +27,7 @@ use crate::dispatch::{
 use crate::frame::PayloadMode;
 use crate::frame::{FrameHeader, FrameKind, Status};
 use crate::net::{BusyPoll, ConnTimer, Listener, POLL_MAX_MESSAGE, Stream};
-use crate::proto::{ConnConfig, IncomingCall, ReadTarget, ServerConn, ServerEvent};
+use crate::proto::{ConnConfig, IdMap, IncomingCall, ReadTarget, ServerConn, ServerEvent};
 
 /// Server limits and sizes. Every field has a default and a name used in error messages.
 #[derive(Clone, Debug)]
@@ -300,7 +300,7 @@ async fn serve_connection(
     }
     let mut feeds: Feeds = SelectAll::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
-    let mut tokens: std::collections::HashMap<u64, CancelToken> = Default::default();
+    let mut tokens: IdMap<u64, CancelToken> = Default::default();
     let mut shutdown_seen = false;
     // Since the busy-polling window was last opened, the last call that came in opens it
     // again once answered: one of at most `POLL_MAX_MESSAGE` bytes (work 0), or an
@@ -315,9 +315,12 @@ async fn serve_connection(
         shutdown_seen = true;
     }
     'conn: loop {
+        // One clock read for the calls parsed from one read (a pipelined batch).
+        let mut batch_now: Option<Instant> = None;
         while let Some(ev) = core.poll_event() {
             match ev {
                 ServerEvent::Call(call) => {
+                    let now = *batch_now.get_or_insert_with(Instant::now);
                     let work = if call.mode == PayloadMode::HmcBuffer {
                         Some(call.payload_len.saturating_mul(2))
                     } else {
@@ -325,7 +328,15 @@ async fn serve_connection(
                     };
                     let calls = poll_work.map_or(0, |(_, n)| n) + 1;
                     poll_work = work.map(|w| (w, calls));
-                    start_call(&shared, &conn_use, &mut core, &mut tokens, &done_tx, call)
+                    start_call(
+                        &shared,
+                        &conn_use,
+                        &mut core,
+                        &mut tokens,
+                        &done_tx,
+                        call,
+                        now,
+                    )
                 }
                 ServerEvent::Abandon { request_id, .. } => {
                     if let Some(t) = tokens.remove(&request_id) {
@@ -471,11 +482,11 @@ fn start_call(
     shared: &Arc<Shared>,
     conn_use: &Arc<ConnUse>,
     core: &mut ServerConn,
-    tokens: &mut std::collections::HashMap<u64, CancelToken>,
+    tokens: &mut IdMap<u64, CancelToken>,
     done: &mpsc::UnboundedSender<Completion>,
     call: IncomingCall,
+    now: Instant,
 ) {
-    let now = Instant::now();
     let id = call.request_id;
     let method = call.method_id;
     let refuse = |core: &mut ServerConn, status: Status, why: String| {
