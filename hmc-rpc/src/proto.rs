@@ -76,8 +76,9 @@ pub struct ConnConfig {
     /// Compute a CRC32C for every DATA chunk sent (`stream_crc`, default false: chunks
     /// carry payload CRC 0, "not computed", and TCP's own checksum applies, as with gRPC).
     /// Received CRCs are always checked when present. Turning this on costs one pass over
-    /// large payloads on each side (about a fifth of the server's time at 1 MiB); frame
-    /// headers and INLINE bodies always carry their CRCs.
+    /// large payloads on each side (a 1 MiB echo, 8 in flight: 2–37% more CPU per call in
+    /// alternated runs, `docs/benchmarks.md`); frame headers and INLINE bodies always carry
+    /// their CRCs.
     pub stream_crc: bool,
     /// Bytes one TCP_STREAM payload sends before the next stream's turn
     /// (`stream_turn_len`, default 1 MiB).
