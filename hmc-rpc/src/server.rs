@@ -315,12 +315,9 @@ async fn serve_connection(
         shutdown_seen = true;
     }
     'conn: loop {
-        // One clock read for the calls parsed from one read (a pipelined batch).
-        let mut batch_now: Option<Instant> = None;
         while let Some(ev) = core.poll_event() {
             match ev {
                 ServerEvent::Call(call) => {
-                    let now = *batch_now.get_or_insert_with(Instant::now);
                     let work = if call.mode == PayloadMode::HmcBuffer {
                         Some(call.payload_len.saturating_mul(2))
                     } else {
@@ -328,15 +325,7 @@ async fn serve_connection(
                     };
                     let calls = poll_work.map_or(0, |(_, n)| n) + 1;
                     poll_work = work.map(|w| (w, calls));
-                    start_call(
-                        &shared,
-                        &conn_use,
-                        &mut core,
-                        &mut tokens,
-                        &done_tx,
-                        call,
-                        now,
-                    )
+                    start_call(&shared, &conn_use, &mut core, &mut tokens, &done_tx, call)
                 }
                 ServerEvent::Abandon { request_id, .. } => {
                     if let Some(t) = tokens.remove(&request_id) {
@@ -485,8 +474,10 @@ fn start_call(
     tokens: &mut IdMap<u64, CancelToken>,
     done: &mpsc::UnboundedSender<Completion>,
     call: IncomingCall,
-    now: Instant,
 ) {
+    // A fresh clock per call, not one per batch: an inline handler earlier in the batch may
+    // have run long, and expired work must not start.
+    let now = Instant::now();
     let id = call.request_id;
     let method = call.method_id;
     let refuse = |core: &mut ServerConn, status: Status, why: String| {

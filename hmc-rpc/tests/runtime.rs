@@ -255,6 +255,51 @@ async fn deadline_passes_and_the_call_reports_it() {
     assert_eq!(&c.call(demo::ECHO, "ok").await.unwrap()[..], b"ok");
 }
 
+/// Calls that arrive together are started one after another; a call whose deadline passes
+/// while an earlier one of the same read runs in place (a handler that works before its
+/// first await) is answered DEADLINE_EXCEEDED and never runs.
+#[tokio::test]
+async fn expired_work_in_a_batch_is_not_started_after_a_slow_inline_handler() {
+    const STALL: u32 = 200;
+    const COUNT: u32 = 201;
+    let ran = Arc::new(AtomicUsize::new(0));
+    let mut d = hmc_rpc::Dispatcher::new();
+    d.register_raw(STALL, |_ctx, b| {
+        // Works in place before returning a ready future: the connection task runs it.
+        std::thread::sleep(Duration::from_millis(60));
+        async move { Ok(b) }
+    });
+    let r = ran.clone();
+    d.register_raw(COUNT, move |_ctx, b| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async move { Ok(b) }
+    });
+    let s = Server::new(d, ServerConfig::default())
+        .bind(&"tcp://127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let mut raw = TcpStream::connect(tcp_addr(&s)).await.unwrap();
+    let mut late = request(2, COUNT, b"late");
+    let mut h = FrameHeader::decode(&late[..HEADER_LEN], &FrameLimits::default()).unwrap();
+    h.deadline_us = 20_000;
+    late[..HEADER_LEN].copy_from_slice(&h.encode());
+    // One write, so that the server parses both from one read.
+    raw.write_all(&[request(1, STALL, b"slow"), late].concat())
+        .await
+        .unwrap();
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let (h, body) = read_frame(&mut raw).await;
+        answers.push((h.request_id, h.status, body));
+    }
+    answers.sort_by_key(|a| a.0);
+    assert_eq!((answers[0].0, answers[0].1), (1, Status::OK));
+    assert_eq!(answers[0].2, b"slow");
+    assert_eq!((answers[1].0, answers[1].1), (2, Status::DEADLINE_EXCEEDED));
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the expired call ran");
+    s.shutdown().await;
+}
+
 #[tokio::test]
 async fn blocking_handler_sees_its_remaining_deadline() {
     let (s, _) = start(ServerConfig::default()).await;
