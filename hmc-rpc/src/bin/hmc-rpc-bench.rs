@@ -2,7 +2,8 @@
 //! pipeline depth, every response verified, side by side with a raw TCP ping-pong baseline
 //! and the tonic (gRPC) peer; prints a markdown table with ratios and writes CSV. With
 //! `--data-planes tcp,ucx` it adds HMC_BUFFER rows (a server started with `--data-plane`)
-//! beside the TCP_STREAM path and, for UCX, `ucx_perftest -t tag_bw` on the same `UCX_TLS`.
+//! beside the TCP_STREAM path and, for UCX, `ucx_perftest -t tag_bw` on the same `UCX_TLS`
+//! (with perftest's default endpoints and with peer error handling, `-e`, as ours).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -68,8 +69,9 @@ struct Args {
     /// Payloads from this many bytes go HMC_BUFFER (server and client).
     #[arg(long, default_value_t = 64 * 1024)]
     ucx_threshold: usize,
-    /// Runs of `ucx_perftest -t tag_bw` per payload size; the table shows their median
-    /// and range (tag_bw busy-polls on both sides, so other load on the cores moves it).
+    /// Runs of `ucx_perftest -t tag_bw` per payload size, each without and with `-e` (peer
+    /// error handling, as `UcxCommunicator`'s endpoints); the table shows medians and
+    /// ranges (tag_bw busy-polls on both sides, so other load on the cores moves it).
     #[arg(long, default_value_t = 3)]
     tag_bw_runs: usize,
     /// The ucx_perftest binary for the tag_bw reference (skipped with a note when absent).
@@ -398,8 +400,12 @@ async fn bench_conns<C: Communicator>(
 
 /// `ucx_perftest -t tag_bw -s SIZE` as two child processes (server without an address,
 /// client with 127.0.0.1) on the current `UCX_TLS`; the overall bandwidth in bytes/s.
-fn ucx_tag_bw(bin: &PathBuf, size: usize) -> Result<f64, String> {
+/// `peer_errors` adds `-e`: endpoints with peer error handling (`UCP_ERR_HANDLING_MODE_PEER`),
+/// as `UcxCommunicator` creates them. UCX 1.13 then avoids its zero-copy rendezvous over
+/// tcp (a 1 MiB `tag_lat` went from 165 to 271 µs here, `docs/benchmarks.md`).
+fn ucx_tag_bw(bin: &PathBuf, size: usize, peer_errors: bool) -> Result<f64, String> {
     let size = size.to_string();
+    let e: &[&str] = if peer_errors { &["-e"] } else { &[] };
     let iters = "2000";
     // The same UCX_TCP_TX_SEG_SIZE as our UCX communicators apply (unless the environment
     // sets one for both).
@@ -413,6 +419,7 @@ fn ucx_tag_bw(bin: &PathBuf, size: usize) -> Result<f64, String> {
         let server = Command::new(bin)
             .env("UCX_TCP_TX_SEG_SIZE", &seg)
             .args(["-t", "tag_bw", "-s", &size, "-n", iters, "-p", &port])
+            .args(e)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -437,6 +444,7 @@ fn ucx_tag_bw(bin: &PathBuf, size: usize) -> Result<f64, String> {
                     "-p",
                     &port,
                 ])
+                .args(e)
                 .output()
                 .map_err(|e| e.to_string())?;
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -460,17 +468,27 @@ struct DpRow {
     plane: DataPlaneKind,
     buffer: Cell,
     stream: Option<Cell>,
-    /// tag_bw in bytes/s: median, min, max over `--tag-bw-runs`.
-    tag_bw: Option<(f64, f64, f64)>,
+    /// tag_bw in bytes/s (median, min, max over `--tag-bw-runs`): perftest's default
+    /// endpoints, and endpoints with peer error handling (`-e`) as ours.
+    tag_bw: Option<(TagBw, TagBw)>,
 }
 
-/// Median, min and max of `ucx_perftest -t tag_bw` over `runs` runs.
-fn ucx_tag_bw_runs(bin: &PathBuf, size: usize, runs: usize) -> Result<(f64, f64, f64), String> {
-    let mut v = (0..runs.max(1))
-        .map(|_| ucx_tag_bw(bin, size))
-        .collect::<Result<Vec<f64>, String>>()?;
-    v.sort_by(f64::total_cmp);
-    Ok((v[v.len() / 2], v[0], v[v.len() - 1]))
+/// Median, min and max in bytes/s.
+type TagBw = (f64, f64, f64);
+
+/// `ucx_perftest -t tag_bw` over `runs` runs each without and with `-e`, alternated so
+/// that both see the same host states: (default, peer error handling).
+fn ucx_tag_bw_runs(bin: &PathBuf, size: usize, runs: usize) -> Result<(TagBw, TagBw), String> {
+    let (mut plain, mut peer) = (Vec::new(), Vec::new());
+    for _ in 0..runs.max(1) {
+        plain.push(ucx_tag_bw(bin, size, false)?);
+        peer.push(ucx_tag_bw(bin, size, true)?);
+    }
+    let stats = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    Ok((stats(plain), stats(peer)))
 }
 
 /// HMC_BUFFER rows: a server with `--data-plane`, clients with the same data plane.
@@ -1128,9 +1146,11 @@ async fn run(args: Args) -> Result<(), String> {
             std::env::var("UCX_TLS").unwrap_or_else(|_| "(UCX default)".into())
         );
         println!(
-            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median | CPU us/call (TCP_STREAM) | host c2c ns |"
+            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median | tag_bw -e MB/s median (range) | vs tag_bw -e median | CPU us/call (TCP_STREAM) | host c2c ns |"
         );
-        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        println!(
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        );
         for r in &dp_rows {
             let moved = 2.0 * r.buffer.mbps;
             let (stream, vs_stream) = match &r.stream {
@@ -1140,19 +1160,24 @@ async fn run(args: Args) -> Result<(), String> {
                 ),
                 None => ("-".into(), "-".into()),
             };
-            let (tag, vs_tag) = match r.tag_bw {
-                Some((b, lo, hi)) => (
+            let vs = |t: &TagBw| {
+                let (b, lo, hi) = *t;
+                (
                     format!("{:.1} ({:.0}–{:.0})", b / 1e6, lo / 1e6, hi / 1e6),
                     format!("{:.0}%", 100.0 * moved * 1e6 / b),
-                ),
-                None => ("-".into(), "-".into()),
+                )
+            };
+            let none = || ("-".to_string(), "-".to_string());
+            let ((tag, vs_tag), (tag_e, vs_tag_e)) = match &r.tag_bw {
+                Some((plain, peer)) => (vs(plain), vs(peer)),
+                None => (none(), none()),
             };
             let cpu = |c: Option<&Cell>| {
                 c.and_then(|c| c.cpu_us_per_call)
                     .map_or("-".into(), |v| format!("{v:.0}"))
             };
             println!(
-                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} | {} ({}) | {} |",
+                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} | {tag_e} | {vs_tag_e} | {} ({}) | {} |",
                 r.plane,
                 fmt_size(r.buffer.size),
                 r.buffer.clients,
