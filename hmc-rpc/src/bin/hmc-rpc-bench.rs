@@ -408,8 +408,13 @@ async fn bench_conns<C: Communicator>(
 fn ucx_tag_bw(bin: &PathBuf, size: usize, peer_errors: bool) -> Result<f64, String> {
     let size = size.to_string();
     let e: &[&str] = if peer_errors { &["-e"] } else { &[] };
-    let mm_errors = std::env::var("UCX_MM_ERROR_HANDLING")
-        .unwrap_or_else(|_| if peer_errors { "y" } else { "n" }.to_string());
+    // The environment's own choice wins, for both kinds of run.
+    let mm_errors: &[(&str, &str)] =
+        if peer_errors && std::env::var_os("UCX_MM_ERROR_HANDLING").is_none() {
+            &[("UCX_MM_ERROR_HANDLING", "y")]
+        } else {
+            &[]
+        };
     let iters = "2000";
     // The same UCX_TCP_TX_SEG_SIZE as our UCX communicators apply (unless the environment
     // sets one for both).
@@ -422,7 +427,7 @@ fn ucx_tag_bw(bin: &PathBuf, size: usize, peer_errors: bool) -> Result<f64, Stri
         let port = free_port().to_string();
         let server = Command::new(bin)
             .env("UCX_TCP_TX_SEG_SIZE", &seg)
-            .env("UCX_MM_ERROR_HANDLING", &mm_errors)
+            .envs(mm_errors.iter().copied())
             .args(["-t", "tag_bw", "-s", &size, "-n", iters, "-p", &port])
             .args(e)
             .stdout(Stdio::null())
@@ -438,7 +443,7 @@ fn ucx_tag_bw(bin: &PathBuf, size: usize, peer_errors: bool) -> Result<f64, Stri
             }
             let out = Command::new(bin)
                 .env("UCX_TCP_TX_SEG_SIZE", &seg)
-                .env("UCX_MM_ERROR_HANDLING", &mm_errors)
+                .envs(mm_errors.iter().copied())
                 .args([
                     "127.0.0.1",
                     "-t",
@@ -603,6 +608,9 @@ async fn bench_data_planes(
     }
     Ok(rows)
 }
+
+/// The deep side of the pipelining table (depth 8 against depth 1 on one connection).
+const PIPELINE_DEPTH: usize = 8;
 
 /// Largest batch (`depth` x payload) the raw pipelined baseline sends in one write: both
 /// sides write before they read, so a batch must fit in the sockets' buffers.
@@ -976,11 +984,14 @@ async fn run(args: Args) -> Result<(), String> {
             c2c_before = after;
             direct.push(r);
         }
-        // Raw blocking TCP with as many messages in flight, beside the pipelining figure.
-        let deepest = args.depths.iter().copied().max().unwrap_or(1);
-        if deepest > 1 && args.clients.contains(&1) && size * deepest <= RAW_BATCH_MAX {
-            let mut r =
-                bench_raw_tcp(size, deepest, args.seconds.min(2.0)).map_err(|e| e.to_string())?;
+        // Raw blocking TCP with as many messages in flight as the pipelining figure's deep
+        // side, beside it.
+        if args.depths.contains(&PIPELINE_DEPTH)
+            && args.clients.contains(&1)
+            && size * PIPELINE_DEPTH <= RAW_BATCH_MAX
+        {
+            let mut r = bench_raw_tcp(size, PIPELINE_DEPTH, args.seconds.min(2.0))
+                .map_err(|e| e.to_string())?;
             let after = core_to_core_ns();
             r.c2c_ns = c2c_before.zip(after);
             c2c_before = after;
@@ -1139,14 +1150,14 @@ async fn run(args: Args) -> Result<(), String> {
         let raw1 = raw.iter().find(|r| r.size == size).map(|r| r.rps);
         let raw8 = raw_deep
             .iter()
-            .find(|r| r.size == size && r.depth == 8)
+            .find(|r| r.size == size && r.depth == PIPELINE_DEPTH)
             .map(|r| r.rps);
         let num = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
         let ratio = |a: Option<f64>, b: Option<f64>| {
             a.zip(b)
                 .map_or("-".into(), |(a, b)| format!("{:.2}x", b / a.max(1e-9)))
         };
-        if let (Some(a), Some(b)) = (find(1), find(8)) {
+        if let (Some(a), Some(b)) = (find(1), find(PIPELINE_DEPTH)) {
             println!(
                 "| {} | {a:.0} | {b:.0} | {:.2}x | {} | {} | {} | {} |",
                 fmt_size(size),
