@@ -875,6 +875,27 @@ fn fmt_size(s: usize) -> String {
     }
 }
 
+/// A note under the results table when the client's runtime threads and the server's
+/// workers together outnumber the CPUs: each cell then has threads waiting for a CPU, which
+/// shows in the tail (`docs/benchmarks.md`: a p999 of about 4 ms on two vCPUs with 2 + 2).
+fn oversubscription_note(client_threads: Option<usize>, server_workers: usize) -> Option<String> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let client = match client_threads {
+        Some(0) => 1,
+        Some(n) => n,
+        None => cpus,
+    };
+    (client + server_workers > cpus).then(|| {
+        format!(
+            "runtime threads: {client} client + {server_workers} server on {cpus} CPUs. With more \
+             threads than CPUs, a thread that has work waits for a CPU and its connections' calls \
+             with it: that is in the p99/p999 of the many-client cells. Client and server sized \
+             to the CPUs (e.g. --client-threads 0 --server-workers {}) show the protocol's own tail.",
+            cpus.saturating_sub(1).max(1)
+        )
+    })
+}
+
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
     if let Some(size) = args.raw_echo_server {
@@ -1104,6 +1125,9 @@ async fn run(args: Args) -> Result<(), String> {
          apart (on the project's VMs about 60 against 330 ns), which slows every figure that \
          crosses cores; the host changes it within seconds."
     );
+    if let Some(note) = oversubscription_note(args.client_threads, args.server_workers) {
+        println!("\n{note}");
+    }
     println!(
         "\n## raw TCP ping-pong baseline (1 connection, 1 in flight, blocking; echo in a thread of this process, and in another process as hmc-rpc's server is)\n"
     );
@@ -1262,6 +1286,23 @@ async fn run(args: Args) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_oversubscription_note_appears_only_with_more_runtime_threads_than_cpus() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // The default client runtime takes every CPU: any server worker is one too many.
+        let note = oversubscription_note(None, 1).expect("cpus + 1 threads on cpus CPUs");
+        assert!(
+            note.contains(&format!("{cpus} client + 1 server on {cpus} CPUs")),
+            "{note}"
+        );
+        // A current-thread client beside cpus - 1 workers fits.
+        if cpus > 1 {
+            assert_eq!(oversubscription_note(Some(0), cpus - 1), None);
+        }
+        assert!(oversubscription_note(Some(0), cpus).is_some());
+        assert!(oversubscription_note(Some(cpus), 0).is_none());
+    }
 
     #[test]
     #[cfg(target_os = "linux")]
