@@ -9,9 +9,10 @@
 //! async client (docs/benchmarks.md): on busy cores about as fast (20 against 21 µs for a
 //! 64 B call; the server's path dominates), on idle cores slower (22 against 13 µs: the
 //! async client busy-polls for the answer, a sleeping reader is woken). Calls from several
-//! threads take turns on the one connection. The protocol is the same sans-IO [`ClientConn`] the async client drives:
-//! deadlines (CANCEL on expiry), keepalive, TCP_STREAM payloads, GOAWAY. A lost connection
-//! fails the call in flight (never replayed); the next call reconnects. No data plane.
+//! threads take turns on the one connection. The protocol is the same sans-IO
+//! [`ClientConn`] the async client drives: deadlines (CANCEL on expiry), keepalive,
+//! TCP_STREAM payloads, GOAWAY. A lost connection fails the call in flight (never
+//! replayed); the next call reconnects. No data plane.
 
 use std::io::{IoSlice, Read, Write};
 use std::net::TcpStream;
@@ -100,7 +101,8 @@ struct Conn {
     draining: bool,
     /// Scratch for reads that append to a stream's reassembly buffer.
     scratch: Vec<u8>,
-    /// A write stopped in the middle of a frame: the connection cannot carry another call.
+    /// A write ran out of time with bytes still queued (possibly half a frame): the
+    /// connection cannot carry another call.
     broken: bool,
 }
 

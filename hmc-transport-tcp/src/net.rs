@@ -319,27 +319,34 @@ mod tests {
         std::env::temp_dir().join(format!("hmc-net-{name}-{}.sock", std::process::id()))
     }
 
-    /// A peer that drains every byte at once never makes the writer wait, so the bulk
-    /// loops must notice a passed deadline themselves: they stop before the next piece.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn bulk_reads_and_writes_stop_at_their_deadline_even_when_never_blocked() {
+    /// A connected client stream, and a peer task that reads pieces of `piece` bytes until
+    /// the stream closes and returns how many it read.
+    async fn stream_to_a_counting_peer(piece: usize) -> (Stream, tokio::task::JoinHandle<u64>) {
         let l = Listener::bind(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = l.local_addr().unwrap();
-        let drain = tokio::spawn(async move {
+        let peer = tokio::spawn(async move {
             let s = l.accept().await.unwrap();
-            let mut buf = vec![0u8; 1 << 20];
-            let mut got = 0usize;
-            loop {
-                match s
-                    .read_exact_eager(&mut buf[..1], Instant::now() + FAR)
-                    .await
-                {
-                    Ok(()) => got += 1,
-                    Err(_) => return got,
-                }
+            let mut buf = vec![0u8; piece];
+            let mut pieces = 0u64;
+            while s
+                .read_exact_eager(&mut buf, Instant::now() + FAR)
+                .await
+                .is_ok()
+            {
+                pieces += 1;
             }
+            pieces
         });
         let c = Stream::connect(&addr, Deadline::after(FAR)).await.unwrap();
+        (c, peer)
+    }
+
+    /// A bulk read or write whose deadline has passed fails with `TimedOut` before it moves
+    /// a byte; within the deadline the same calls move everything (the peer here reads one
+    /// byte at a time and counts them).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bulk_reads_and_writes_past_their_deadline_move_nothing() {
+        let (c, drain) = stream_to_a_counting_peer(1).await;
         let big = vec![5u8; 8 << 20];
         let e = c
             .write_all_eager(b"hdr", &big, Instant::now())
@@ -361,6 +368,32 @@ mod tests {
             drain.await.unwrap(),
             4096,
             "nothing written past the deadline"
+        );
+    }
+
+    /// A peer that reads as fast as the writer writes rarely makes it wait, so the write
+    /// loop must notice its deadline itself: writes of 64 MiB, one after another, to such a
+    /// peer end with `TimedOut` soon after the deadline (without the check they would go on
+    /// until the cap below).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bulk_write_to_a_peer_that_keeps_up_stops_at_its_deadline() {
+        let (c, drain) = stream_to_a_counting_peer(1 << 20).await;
+        let big = vec![5u8; 64 << 20];
+        let until = Instant::now() + std::time::Duration::from_millis(100);
+        let cap = until + std::time::Duration::from_secs(10);
+        let ended = loop {
+            match c.write_all_eager(b"", &big, until).await {
+                Ok(()) if Instant::now() < cap => continue,
+                Ok(()) => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        let e = ended.expect("the writes went on past the deadline until the cap");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        drop(c);
+        assert!(
+            drain.await.unwrap() > 0,
+            "the peer received data before the deadline"
         );
     }
 
