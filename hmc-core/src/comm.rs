@@ -414,6 +414,22 @@ pub trait Communicator: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Makes every key exported for `reg` so far stop working: a peer that kept one from an
+    /// earlier [`Communicator::export`] can no longer read or write `reg` through it, and
+    /// later exports carry a new key. Used to scope a key to one use of long-lived,
+    /// pooled memory (an RPC call's buffer), so a stale key cannot reach the bytes of the
+    /// buffer's next use.
+    ///
+    /// `Ok(true)`: revoked. `Ok(false)` (the default): this transport cannot revoke the
+    /// keys of a live registration; a caller that needs it must drop and re-register the
+    /// memory, or reuse it only where a stale key reaches nothing new (the same peer).
+    /// Transfers already in flight with an old key may still complete or fail; none
+    /// starts with it after this returns.
+    fn rekey(&self, reg: &Self::Registration) -> Result<bool> {
+        let _ = reg;
+        Ok(false)
+    }
+
     /// A portable descriptor of `reg` for a peer to [`Communicator::import`].
     fn export(&self, reg: &Self::Registration) -> RemoteRegion;
 

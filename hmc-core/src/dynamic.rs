@@ -78,6 +78,8 @@ pub trait DynCommunicator: Send + Sync + 'static {
     fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<DynRegistration>>;
     /// See [`Communicator::export`]; refuses another communicator's registration.
     fn export(&self, reg: &DynRegistration) -> Result<RemoteRegion>;
+    /// [`Communicator::rekey`]; a registration of another communicator is refused.
+    fn rekey(&self, reg: &DynRegistration) -> Result<bool>;
     /// See [`Communicator::import`].
     fn import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey>;
     /// See [`Communicator::transfer`].
@@ -148,6 +150,14 @@ impl<C: Communicator> DynCommunicator for C {
             .downcast_ref::<C::Registration>()
             .ok_or_else(|| foreign("registration"))?;
         Ok(Communicator::export(self, reg))
+    }
+
+    fn rekey(&self, reg: &DynRegistration) -> Result<bool> {
+        let reg = reg
+            .inner
+            .downcast_ref::<C::Registration>()
+            .ok_or_else(|| foreign("registration"))?;
+        Communicator::rekey(self, reg)
     }
 
     fn import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey> {
@@ -277,6 +287,10 @@ impl Communicator for AnyCommunicator {
         self.0
             .export(reg)
             .expect("AnyCommunicator::export given another communicator's registration")
+    }
+
+    fn rekey(&self, reg: &DynRegistration) -> Result<bool> {
+        self.0.rekey(reg)
     }
 
     fn import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey> {
