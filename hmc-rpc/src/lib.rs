@@ -47,6 +47,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod budget;
 pub mod client;
 pub mod codec;
 mod data_plane;
@@ -55,6 +56,7 @@ pub mod device;
 pub mod direct;
 pub mod dispatch;
 pub mod frame;
+mod input_pool;
 mod net;
 pub mod plane;
 pub mod pool;
@@ -62,6 +64,7 @@ pub mod proto;
 pub mod server;
 pub mod tuning;
 
+pub use budget::{HeldBudget, ServerStats};
 pub use client::{BlockingClient, CallError, CallOptions, Client, ClientConfig};
 pub use codec::{CodecError, RpcCodec};
 pub use data_plane::{

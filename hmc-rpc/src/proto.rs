@@ -9,10 +9,12 @@
 
 use std::any::Any;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::budget::{Event, HeldBudget, SETTLE_SLACK, SKIPPED_STREAM_COST};
 use crate::frame::{
     Flags, FrameError, FrameHeader, FrameKind, FrameLimits, HEADER_LEN, INLINE_MAX, PayloadMode,
     Status, check_payload_crc, encode_frame, payload_crc,
@@ -83,9 +85,27 @@ pub struct ConnConfig {
     /// Bytes one TCP_STREAM payload sends before the next stream's turn
     /// (`stream_turn_len`, default 1 MiB).
     pub stream_turn_len: usize,
-    /// Close after this long with nothing in flight and nothing received
-    /// (`idle_timeout`, default 60 s; server role).
+    /// Close after this long with nothing in flight and no call made or answered
+    /// (`idle_timeout`, default 60 s; server role). PINGs do not count: a connection that
+    /// only pings is idle.
     pub idle_timeout: Duration,
+    /// Server role: bytes one connection may make the server hold (`max_conn_held_bytes`,
+    /// default 128 MiB): request payloads of its admitted calls until they are answered,
+    /// responses queued or streaming out, and the bookkeeping of refused streams still
+    /// being skipped (see [`crate::budget`]). A call that would pass it is answered
+    /// OVERLOADED.
+    pub max_conn_held_bytes: u64,
+    /// Server role: stop reading from a connection while this many response bytes wait to
+    /// be written to it, streamed bodies included (`max_tx_backlog`, default 8 MiB):
+    /// backpressure on a peer that sends requests but does not read its answers.
+    pub max_tx_backlog: u64,
+    /// Server role: close a connection whose peer has read nothing of its waiting
+    /// responses for this long (`write_stall_timeout`, default 30 s).
+    pub write_stall_timeout: Duration,
+    /// Server role: fail a request whose TCP_STREAM body sends no DATA for this long,
+    /// and forget a skipped (refused) stream as quietly (`stream_idle_timeout`, default
+    /// 30 s).
+    pub stream_idle_timeout: Duration,
     /// Close when a started frame stays incomplete this long (`frame_timeout`, default 10 s).
     pub frame_timeout: Duration,
     /// Client role: send a PING when calls are in flight and nothing arrived for this long
@@ -119,6 +139,10 @@ impl Default for ConnConfig {
             stream_turn_len: 1 << 20,
             stream_crc: false,
             idle_timeout: Duration::from_secs(60),
+            max_conn_held_bytes: 128 << 20,
+            max_tx_backlog: 8 << 20,
+            write_stall_timeout: Duration::from_secs(30),
+            stream_idle_timeout: Duration::from_secs(30),
             frame_timeout: Duration::from_secs(10),
             keepalive_interval: Duration::from_secs(10),
             busy_poll: Duration::from_micros(50),
@@ -161,6 +185,8 @@ struct InStream {
     /// Data is read and dropped (refused or abandoned request).
     discard: bool,
     received: u64,
+    /// When the header or the last DATA chunk arrived (`stream_idle_timeout`).
+    last_data: Instant,
 }
 
 struct OutStream {
@@ -200,6 +226,8 @@ struct Framing {
     header_first: bool,
     /// What the last [`Framing::read_target`] or [`Framing::input_space`] handed out.
     target: TargetKind,
+    /// Bytes written so far (for the write-stall check).
+    tx_written: u64,
 }
 
 /// A DATA chunk being received straight into its stream's reassembly buffer (the socket
@@ -258,6 +286,7 @@ impl Framing {
             direct: None,
             header_first: false,
             target: TargetKind::Input,
+            tx_written: 0,
         }
     }
 
@@ -273,10 +302,23 @@ impl Framing {
             self.in_end -= self.in_pos;
             self.in_pos = 0;
         }
+        if self.inbuf.is_empty() {
+            self.inbuf = crate::input_pool::take(min);
+        }
         if self.inbuf.len() - self.in_end < min {
             self.inbuf.resize(self.in_end + min, 0);
         }
         &mut self.inbuf[self.in_end..]
+    }
+
+    /// Gives the input buffer back to the shared pool when no received byte waits in it
+    /// (see [`crate::input_pool`]); the next read takes one again.
+    fn release_input(&mut self) {
+        if self.in_pos == self.in_end && self.direct.is_none() && !self.inbuf.is_empty() {
+            self.in_pos = 0;
+            self.in_end = 0;
+            crate::input_pool::give(std::mem::take(&mut self.inbuf));
+        }
     }
 
     /// Where the next read goes: the rest of a DATA body read in place, one header after
@@ -625,6 +667,7 @@ impl Framing {
     }
 
     fn advance_tx(&mut self, mut n: usize) {
+        self.tx_written += n as u64;
         while n > 0 {
             let Some(front) = self.tx.front() else {
                 return;
@@ -651,12 +694,25 @@ impl Framing {
         self.tx.iter().map(|b| b.len()).sum::<usize>() - self.tx_pos + self.tx_small.len()
     }
 
+    /// Bytes waiting to go out: queued frames and chunks, and the unscheduled rest of every
+    /// outgoing stream (a fed stream's whole announced remainder, produced or not).
+    fn tx_held(&self) -> u64 {
+        let streams: usize = self.streams_out.iter().map(|s| s.total - s.sent).sum();
+        (self.queued_len() + streams) as u64
+    }
+
+    /// Streams whose DATA is read and dropped.
+    fn skipped_streams(&self) -> usize {
+        self.streams_in.values().filter(|s| s.discard).count()
+    }
+
     /// Starts reassembly of a TCP_STREAM payload (into `sink` when one is given).
     fn open_in_stream(
         &mut self,
         header: FrameHeader,
         discard: bool,
         sink: Option<Box<dyn StreamSink>>,
+        now: Instant,
     ) {
         let cap = if discard || sink.is_some() {
             0
@@ -672,6 +728,7 @@ impl Framing {
                 crc: 0,
                 discard,
                 received: 0,
+                last_data: now,
             },
         );
     }
@@ -743,6 +800,8 @@ impl Framing {
     /// returns the complete message when END arrives.
     fn end_of_chunk(&mut self, h: FrameHeader) -> Result<Option<Message>, String> {
         let s = self.streams_in.get_mut(&h.request_id).expect("present");
+        // The chunk arrived with the last read.
+        s.last_data = self.last_rx;
         let end = h.flags.contains(Flags::END);
         let full = s.received == s.header.payload_len;
         if end != full {
@@ -847,6 +906,8 @@ struct ServerInFlight {
     one_way: bool,
     /// Still receiving its TCP_STREAM payload.
     receiving: bool,
+    /// Request bytes charged to the connection until the call is answered.
+    held: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -874,11 +935,31 @@ pub struct ServerConn {
     sinks: Option<SinkFactory>,
     /// What sinks made of the requests of calls handed to the runtime, until it takes them.
     staged: IdMap<u64, StagedPayload>,
+    /// The process-wide budget this connection settles its held bytes with.
+    budget: Arc<HeldBudget>,
+    /// Request bytes of admitted calls not yet answered.
+    req_held: u64,
+    /// Held bytes as last settled with `budget`.
+    settled: u64,
+    /// The last call activity (a REQUEST, DATA or CANCEL received, an answer queued): the
+    /// idle timeout counts from here, so PINGs alone do not keep a connection.
+    last_activity: Instant,
+    /// The peer closed its sending side: answer what was received, then close.
+    peer_closed: bool,
+    /// Bytes written as of the instant: the write-stall clock.
+    tx_progress: (u64, Instant),
 }
 
 impl ServerConn {
-    /// A new connection accepted at `now`.
+    /// A new connection accepted at `now`, with a process budget of its own (no limit
+    /// beyond `max_conn_held_bytes`).
     pub fn new(cfg: ConnConfig, now: Instant) -> Self {
+        Self::with_budget(cfg, now, Arc::new(HeldBudget::default()))
+    }
+
+    /// A new connection accepted at `now` that charges what it holds to `budget`, shared
+    /// with the server's other connections (see [`crate::budget`]).
+    pub fn with_budget(cfg: ConnConfig, now: Instant, budget: Arc<HeldBudget>) -> Self {
         ServerConn {
             f: Framing::new(cfg, now),
             inflight: IdMap::default(),
@@ -888,7 +969,90 @@ impl ServerConn {
             hmc_buffer: false,
             sinks: None,
             staged: IdMap::default(),
+            budget,
+            req_held: 0,
+            settled: 0,
+            last_activity: now,
+            peer_closed: false,
+            tx_progress: (0, now),
         }
+    }
+
+    /// Bytes this connection makes the server hold now: admitted requests until answered,
+    /// responses waiting to be written (streamed bodies whole), skipped streams' entries.
+    pub fn held_bytes(&self) -> u64 {
+        self.req_held + self.f.tx_held() + self.f.skipped_streams() as u64 * SKIPPED_STREAM_COST
+    }
+
+    /// Response bytes waiting to be written (queued frames and the rest of every outgoing
+    /// stream).
+    pub fn tx_backlog(&self) -> u64 {
+        self.f.tx_held()
+    }
+
+    /// Whether the runtime should read from the socket now: not closing, the peer has not
+    /// closed its side, and the answers waiting for it are under `max_tx_backlog`.
+    pub fn may_read(&self) -> bool {
+        !self.peer_closed
+            && !matches!(self.state, ServerState::Closing(_))
+            && self.f.tx_held() < self.f.cfg.max_tx_backlog
+    }
+
+    /// Books what changed since the last turn: settles the held bytes with the process
+    /// budget (in steps of [`SETTLE_SLACK`]) and restarts the write-stall clock when bytes
+    /// were written or nothing waits. The runtime calls it once per turn of its loop,
+    /// after writing.
+    pub fn settle(&mut self, now: Instant) {
+        let held = self.held_bytes();
+        if held.abs_diff(self.settled) >= SETTLE_SLACK || (held == 0 && self.settled != 0) {
+            self.budget.settle(self.settled, held);
+            self.settled = held;
+        }
+        let written = self.f.tx_written;
+        if written != self.tx_progress.0 || !self.f.has_tx() {
+            self.tx_progress = (written, now);
+        }
+    }
+
+    /// The peer closed its sending side (a read returned 0). Calls already received are
+    /// still answered; request bodies still arriving can never complete and are failed.
+    /// Once [`ServerConn::finished`], close the connection.
+    pub fn handle_eof(&mut self, now: Instant) {
+        if self.peer_closed {
+            return;
+        }
+        self.peer_closed = true;
+        // A partial frame can never complete either.
+        self.f.in_pos = self.f.in_end;
+        self.f.partial_since = None;
+        if matches!(self.state, ServerState::Closing(_)) {
+            return;
+        }
+        if !self.inflight.is_empty() || self.f.has_tx() {
+            self.budget.bump(Event::HalfClosed);
+        }
+        let ids: Vec<u64> = self.f.streams_in.keys().copied().collect();
+        for id in ids {
+            self.f.streams_in.remove(&id);
+            self.abandon(
+                id,
+                Status::CANCELLED,
+                "the client closed its sending side before this request's body was complete",
+            );
+        }
+        self.last_activity = now;
+    }
+
+    /// Gives the input buffer back to a pool shared by all connections when no received
+    /// byte waits in it: call it before waiting for the socket, so that a quiet connection
+    /// holds no input buffer.
+    pub fn release_input(&mut self) {
+        self.f.release_input();
+    }
+
+    /// True once the peer closed its side and every call it sent is answered and written.
+    pub fn finished(&self) -> bool {
+        self.peer_closed && self.inflight.is_empty() && !self.f.has_tx()
     }
 
     /// Streams the requests `factory` picks into its sinks instead of host memory (the
@@ -966,6 +1130,12 @@ impl ServerConn {
         range: std::ops::Range<usize>,
         now: Instant,
     ) -> Result<(), String> {
+        if matches!(
+            h.kind,
+            FrameKind::Request | FrameKind::Data | FrameKind::Cancel
+        ) {
+            self.last_activity = now;
+        }
         if h.kind == FrameKind::Data {
             return self.on_data(h, range);
         }
@@ -1034,7 +1204,19 @@ impl ServerConn {
         let streaming = h.mode == PayloadMode::TcpStream;
         let refuse = |me: &mut Self, status: Status, why: &str| {
             if streaming {
-                me.f.open_in_stream(h, true, None);
+                // A refused body is still read (and dropped) to keep the connection in
+                // step; each such stream costs an entry, so they are bounded like calls.
+                let skipped = me.f.skipped_streams();
+                if skipped >= me.f.cfg.max_inflight {
+                    me.budget.bump(Event::ClosedSkippedStreams);
+                    let why = format!(
+                        "limit `max_inflight_per_conn` ({}) reached by refused request bodies still unfinished; send or CANCEL their DATA before new calls",
+                        me.f.cfg.max_inflight
+                    );
+                    me.close(Status::OVERLOADED, &why);
+                    return;
+                }
+                me.f.open_in_stream(h, true, None, now);
             }
             me.answer(id, h.method_id, status, Bytes::from(why.to_string()));
         };
@@ -1058,6 +1240,33 @@ impl ServerConn {
             let why = format!(
                 "limit `max_inflight_per_conn` reached ({}); wait for answers or raise --max-inflight",
                 self.f.cfg.max_inflight
+            );
+            refuse(self, Status::OVERLOADED, &why);
+            return Ok(());
+        }
+        // The bytes this request makes us hold until it is answered: its whole body, even
+        // while it is still arriving.
+        let need = if streaming {
+            h.payload_len
+        } else {
+            body.len() as u64
+        };
+        let held = self.held_bytes();
+        let conn_limit = self.f.cfg.max_conn_held_bytes;
+        if held.saturating_add(need) > conn_limit {
+            self.budget.bump(Event::RefusedConnBudget);
+            let why = format!(
+                "limit `max_conn_held_bytes` ({conn_limit}) reached: this connection's calls and unread answers hold {held} bytes and this request needs {need}; read the answers, wait for calls to finish, or raise the server's --max-conn-held-bytes"
+            );
+            refuse(self, Status::OVERLOADED, &why);
+            return Ok(());
+        }
+        let total = self.budget.held().saturating_sub(self.settled) + held;
+        if total.saturating_add(need) > self.budget.limit() {
+            self.budget.bump(Event::RefusedProcessBudget);
+            let why = format!(
+                "limit `max_held_bytes` ({}) reached: the server holds {total} bytes for its clients and this request needs {need}; retry later or raise the server's --max-held-bytes",
+                self.budget.limit()
             );
             refuse(self, Status::OVERLOADED, &why);
             return Ok(());
@@ -1094,14 +1303,16 @@ impl ServerConn {
                 deadline,
                 one_way,
                 receiving: streaming,
+                held: need,
             },
         );
+        self.req_held += need;
         if streaming {
             let sink = self
                 .sinks
                 .as_mut()
                 .and_then(|make| make(h.method_id, h.payload_len));
-            self.f.open_in_stream(h, false, sink);
+            self.f.open_in_stream(h, false, sink, now);
         } else {
             if h.mode == PayloadMode::Inline {
                 check_payload_crc(id, h.payload_crc, &body).map_err(|e| e.to_string())?;
@@ -1131,6 +1342,7 @@ impl ServerConn {
         let Some(e) = self.inflight.remove(&id) else {
             return; // already answered: cancel is idempotent
         };
+        self.req_held -= e.held;
         if let Some(d) = e.deadline {
             self.deadlines.remove(&(d, id));
         }
@@ -1165,6 +1377,8 @@ impl ServerConn {
         let Some(e) = self.inflight.remove(&request_id) else {
             return;
         };
+        self.req_held -= e.held;
+        self.last_activity = now;
         let mut status = status;
         let mut payload = payload;
         if let Some(d) = e.deadline {
@@ -1206,7 +1420,10 @@ impl ServerConn {
         if let Some(d) = e.deadline {
             self.deadlines.remove(&(d, request_id));
         }
+        let held = e.held;
         self.inflight.remove(&request_id);
+        self.req_held -= held;
+        self.last_activity = now;
         self.staged.remove(&request_id);
         let mut h = FrameHeader::new(FrameKind::Response, request_id);
         h.method_id = method_id;
@@ -1248,7 +1465,10 @@ impl ServerConn {
         if let Some(d) = e.deadline {
             self.deadlines.remove(&(d, request_id));
         }
+        let held = e.held;
         self.inflight.remove(&request_id);
+        self.req_held -= held;
+        self.last_activity = now;
         let mut h = FrameHeader::new(FrameKind::Response, request_id);
         h.method_id = method_id;
         h.status = Status::OK;
@@ -1271,10 +1491,53 @@ impl ServerConn {
             }
         };
         take(self.f.stall_deadline());
-        if self.inflight.is_empty() && self.state == ServerState::Open {
-            take(Some(self.f.last_rx + self.f.cfg.idle_timeout));
+        if self.f.has_tx() {
+            take(Some(self.tx_progress.1 + self.f.cfg.write_stall_timeout));
+        }
+        take(self.stream_idle_deadline());
+        if self.idle_applies() {
+            take(Some(self.last_activity + self.f.cfg.idle_timeout));
         }
         t
+    }
+
+    /// The idle timeout runs while nothing is in flight, no body is arriving and the
+    /// connection is open.
+    fn idle_applies(&self) -> bool {
+        self.inflight.is_empty() && self.f.streams_in.is_empty() && self.state == ServerState::Open
+    }
+
+    /// When the quietest incoming stream passes `stream_idle_timeout`.
+    fn stream_idle_deadline(&self) -> Option<Instant> {
+        self.f
+            .streams_in
+            .values()
+            .map(|s| s.last_data)
+            .min()
+            .map(|t| t + self.f.cfg.stream_idle_timeout)
+    }
+
+    /// Fails request streams that sent no DATA for `stream_idle_timeout` and forgets
+    /// skipped ones as quiet.
+    fn expire_streams(&mut self, now: Instant) {
+        let idle = self.f.cfg.stream_idle_timeout;
+        let stalled: Vec<(u64, bool)> = self
+            .f
+            .streams_in
+            .iter()
+            .filter(|(_, s)| now >= s.last_data + idle)
+            .map(|(id, s)| (*id, s.discard))
+            .collect();
+        for (id, skipped) in stalled {
+            self.f.streams_in.remove(&id);
+            if !skipped {
+                self.budget.bump(Event::StreamStalled);
+                let why = format!(
+                    "the request body stalled: no DATA for `stream_idle_timeout` ({idle:?}); send whole bodies promptly or raise the server's --stream-idle-timeout-secs"
+                );
+                self.abandon(id, Status::DEADLINE_EXCEEDED, &why);
+            }
+        }
     }
 
     /// Expires deadlines, stalled frames and idle connections.
@@ -1298,10 +1561,22 @@ impl ServerConn {
                 self.f.cfg.frame_timeout
             );
             self.close(Status::PROTOCOL, &why);
-        } else if self.inflight.is_empty()
-            && self.state == ServerState::Open
-            && now >= self.f.last_rx + self.f.cfg.idle_timeout
-        {
+            return;
+        }
+        if self.f.has_tx() && now >= self.tx_progress.1 + self.f.cfg.write_stall_timeout {
+            self.budget.bump(Event::ClosedWriteStall);
+            let why = format!(
+                "the client read none of its answers for `write_stall_timeout` ({:?}); read answers as they come or raise the server's --write-stall-timeout-secs",
+                self.f.cfg.write_stall_timeout
+            );
+            self.close(Status::OVERLOADED, &why);
+            return;
+        }
+        if self.stream_idle_deadline().is_some_and(|t| now >= t) {
+            self.expire_streams(now);
+        }
+        if self.idle_applies() && now >= self.last_activity + self.f.cfg.idle_timeout {
+            self.budget.bump(Event::ClosedIdle);
             let why = format!(
                 "idle for `idle_timeout` ({:?}); reconnect to call again",
                 self.f.cfg.idle_timeout
@@ -1331,8 +1606,10 @@ impl ServerConn {
         let (h, b) = goaway(status, why);
         self.f.send_frame(&h, &b);
         self.f.streams_out.clear();
+        self.f.streams_in.clear();
         self.state = ServerState::Closing(why.to_string());
         let ids: Vec<u64> = self.inflight.keys().copied().collect();
+        self.req_held = 0;
         for id in ids {
             self.inflight.remove(&id);
             self.events.push_back(ServerEvent::Abandon {
@@ -1359,6 +1636,14 @@ impl ServerConn {
     /// True when draining and every call has been answered.
     pub fn drained(&self) -> bool {
         self.state == ServerState::Draining && self.inflight.is_empty()
+    }
+}
+
+impl Drop for ServerConn {
+    fn drop(&mut self) {
+        self.f.release_input();
+        // Whatever this connection still held is no longer held.
+        self.budget.settle(self.settled, 0);
     }
 }
 
@@ -1731,7 +2016,8 @@ impl ClientConn {
                     } else {
                         None
                     };
-                    self.f.open_in_stream(h, discard, sink);
+                    let now = self.f.last_rx;
+                    self.f.open_in_stream(h, discard, sink, now);
                     return Ok(());
                 }
                 if h.mode == PayloadMode::HmcBuffer {
@@ -2000,6 +2286,10 @@ pub(crate) trait TxQueue {
     /// See [`ServerConn::advance_tx`].
     fn advance_tx(&mut self, n: usize);
 }
+
+#[cfg(test)]
+#[path = "proto_limits_tests.rs"]
+mod limits_tests;
 
 #[cfg(test)]
 mod tests {
@@ -2854,28 +3144,6 @@ mod tests {
             assert_eq!(c.payload.len(), 3000 * (c.request_id as usize - 1));
             let _ = i;
         }
-    }
-
-    #[test]
-    fn idle_connection_is_closed_and_ping_keeps_it_alive() {
-        let now = Instant::now();
-        let cfg = ConnConfig {
-            idle_timeout: Duration::from_secs(5),
-            ..ConnConfig::default()
-        };
-        let mut s = ServerConn::new(cfg, now);
-        let t1 = now + Duration::from_secs(4);
-        let mut ping = Vec::new();
-        encode_frame(&mut ping, &FrameHeader::new(FrameKind::Ping, 9), &[]);
-        s.handle_input(&ping, t1);
-        let out = s.pending_tx().to_vec();
-        s.advance_tx(out.len());
-        let pong = FrameHeader::decode(&out, &FrameLimits::default()).unwrap();
-        assert_eq!((pong.kind, pong.request_id), (FrameKind::Pong, 9));
-        s.handle_timeout(now + Duration::from_secs(6));
-        assert!(s.close_reason().is_none());
-        s.handle_timeout(t1 + Duration::from_secs(5));
-        assert!(s.close_reason().unwrap().contains("idle"));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 
+use crate::budget::{HeldBudget, ServerStats};
 use crate::data_plane::{
     ConnUse, DataPlaneConfig, DataPlaneStats, NoDataPlane, RunHandler, Served, ServerDp,
     ServerPlane, Work,
@@ -40,6 +41,10 @@ pub struct ServerConfig {
     /// Calls running across all connections (`max_inflight_total`, default 4096); beyond
     /// it calls are answered OVERLOADED.
     pub max_inflight_total: usize,
+    /// Bytes the server holds for all its clients together (`max_held_bytes`, default
+    /// 1 GiB): what every connection's `max_conn_held_bytes` counts, summed. Beyond it new
+    /// calls are answered OVERLOADED (see [`crate::budget`]).
+    pub max_held_bytes: u64,
     /// Threads of the fixed pool that runs blocking handlers (`workers`, default 4).
     pub workers: usize,
     /// How long a graceful shutdown waits for calls in flight (`shutdown_grace`, 30 s).
@@ -52,6 +57,7 @@ impl Default for ServerConfig {
             conn: ConnConfig::default(),
             max_connections: 1024,
             max_inflight_total: 4096,
+            max_held_bytes: 1 << 30,
             workers: 4,
             shutdown_grace: Duration::from_secs(30),
         }
@@ -119,6 +125,7 @@ impl<C: Communicator> Server<C> {
             dp,
             dispatcher: self.dispatcher,
             inflight: Arc::new(Semaphore::new(self.config.max_inflight_total)),
+            budget: Arc::new(HeldBudget::new(self.config.max_held_bytes)),
             pool: BlockingPool::new(self.config.workers, self.config.max_inflight_total),
             connections: AtomicUsize::new(0),
             config: self.config,
@@ -174,6 +181,13 @@ impl RunningServer {
         self.shared.connections.load(Ordering::Relaxed)
     }
 
+    /// Held bytes, their peak, and how often each limit and timeout acted.
+    pub fn stats(&self) -> ServerStats {
+        let mut s = self.shared.budget.stats();
+        s.connections = self.connections();
+        s
+    }
+
     /// Starts a graceful shutdown and waits until it is done.
     pub async fn shutdown(&self) {
         let _ = self.shutdown.send(true);
@@ -193,6 +207,8 @@ struct Shared {
     dp: Option<Arc<dyn ServerPlane>>,
     dispatcher: Dispatcher,
     inflight: Arc<Semaphore>,
+    /// Bytes held for clients, across connections.
+    budget: Arc<HeldBudget>,
     pool: BlockingPool,
     connections: AtomicUsize,
     config: ServerConfig,
@@ -275,8 +291,6 @@ type Feeds = SelectAll<BoxStream<'static, (u64, Result<Bytes>)>>;
 const CLOSE_LINGER: Duration = Duration::from_secs(1);
 /// Bytes offered to each read.
 const READ_CHUNK: usize = 256 * 1024;
-/// Stop reading while this much is queued for a peer that does not read its answers.
-const TX_BACKLOG: usize = 4 << 20;
 
 async fn serve_connection(
     stream: Stream,
@@ -284,7 +298,11 @@ async fn serve_connection(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let (mut rd, wr) = stream.into_split();
-    let mut core = ServerConn::new(shared.config.conn.clone(), Instant::now());
+    let mut core = ServerConn::with_budget(
+        shared.config.conn.clone(),
+        Instant::now(),
+        shared.budget.clone(),
+    );
     let mut timer = ConnTimer::new();
     let mut poll = BusyPoll::new(shared.config.conn.busy_poll);
     let conn_use = Arc::new(ConnUse::new());
@@ -339,6 +357,11 @@ async fn serve_connection(
             break 'conn;
         }
         let now = Instant::now();
+        core.settle(now);
+        if core.finished() {
+            // The peer closed its side and every answer is written.
+            break;
+        }
         if core.close_reason().is_some() {
             let since = *closing_since.get_or_insert(now);
             if !core.has_tx() || now >= since + CLOSE_LINGER {
@@ -349,7 +372,9 @@ async fn serve_connection(
             break;
         }
         let want_write = core.has_tx();
-        let may_read = core.close_reason().is_none() && core.queued_tx_len() < TX_BACKLOG;
+        // Not while closing, after the peer's FIN, or while `max_tx_backlog` answers wait
+        // for a peer that does not read them.
+        let may_read = core.may_read();
         let mut timeout = core.poll_timeout();
         if let Some(s) = closing_since {
             let t = s + CLOSE_LINGER;
@@ -364,7 +389,10 @@ async fn serve_connection(
             if poll.active(now) {
                 // Busy-polling for the next request, then the other ready tasks.
                 match rd.recv_now(core.read_target(READ_CHUNK)) {
-                    Ok(0) => break,
+                    Ok(0) => {
+                        core.handle_eof(Instant::now());
+                        continue;
+                    }
                     Ok(n) => {
                         let now = Instant::now();
                         core.handle_read(n, now);
@@ -379,6 +407,11 @@ async fn serve_connection(
             }
         } else {
             poll.disarm();
+        }
+        if core.inflight_len() == 0 && !want_write {
+            // Quiet: hand the input buffer back until bytes arrive (an idle connection
+            // then holds none).
+            core.release_input();
         }
         timer.want(timeout);
         tokio::select! {
@@ -404,7 +437,7 @@ async fn serve_connection(
                     ReadTarget::Append(v, max) => rd.read_now_append(v, max),
                 };
                 match r {
-                    Ok(0) => break,
+                    Ok(0) => core.handle_eof(Instant::now()),
                     Ok(n) => {
                         let now = Instant::now();
                         core.handle_read(n, now);

@@ -41,6 +41,23 @@ struct Args {
     /// Close connections idle this long (seconds).
     #[arg(long, default_value_t = 60)]
     idle_timeout_secs: u64,
+    /// Bytes one connection may make the server hold (admitted requests until answered,
+    /// unwritten answers); calls beyond it are answered OVERLOADED.
+    #[arg(long, default_value_t = 128 << 20)]
+    max_conn_held_bytes: u64,
+    /// Bytes the server may hold for all clients together; calls beyond it are answered
+    /// OVERLOADED.
+    #[arg(long, default_value_t = 1 << 30)]
+    max_held_bytes: u64,
+    /// Stop reading a connection while this many answer bytes wait for its client.
+    #[arg(long, default_value_t = 8 << 20)]
+    max_tx_backlog: u64,
+    /// Close a connection whose client reads none of its answers for this long (seconds).
+    #[arg(long, default_value_t = 30)]
+    write_stall_timeout_secs: u64,
+    /// Fail a request whose streamed body sends no DATA for this long (seconds).
+    #[arg(long, default_value_t = 30)]
+    stream_idle_timeout_secs: u64,
     /// Data plane for HMC_BUFFER payloads (clients must use the same one).
     #[arg(long, value_enum, default_value = "none")]
     data_plane: DataPlaneKind,
@@ -89,11 +106,16 @@ async fn run(args: Args) -> hmc_core::Result<()> {
         conn: ConnConfig {
             max_inflight: args.max_inflight,
             idle_timeout: Duration::from_secs(args.idle_timeout_secs),
+            max_conn_held_bytes: args.max_conn_held_bytes,
+            max_tx_backlog: args.max_tx_backlog,
+            write_stall_timeout: Duration::from_secs(args.write_stall_timeout_secs),
+            stream_idle_timeout: Duration::from_secs(args.stream_idle_timeout_secs),
             stream_crc: args.stream_crc,
             ..ConnConfig::default()
         },
         max_connections: args.max_connections,
         max_inflight_total: args.max_inflight_total,
+        max_held_bytes: args.max_held_bytes,
         workers: args.workers.max(1),
         ..ServerConfig::default()
     };
