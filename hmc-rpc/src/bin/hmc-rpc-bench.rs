@@ -82,6 +82,10 @@ struct Args {
     /// `Vec` the data plane then copies into one. `false`: built like the TCP_STREAM rows.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     dp_request_buffers: bool,
+    /// Idle connections opened to each server (hmc-rpc and tonic) to measure the memory
+    /// an idle connection costs (RSS growth per connection); 0 skips it.
+    #[arg(long, default_value_t = 500)]
+    idle_conns: usize,
     /// Internal: serve the two-process raw TCP baseline (echo messages of this many bytes on
     /// one connection), printing the port on stdout.
     #[arg(long, hide = true)]
@@ -865,6 +869,30 @@ fn bench_tonic(
     })
 }
 
+/// Resident memory of a process, KiB.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// KiB of the server's RSS per connection, for `n` connections that send nothing (opened
+/// after one warm-up connection, measured once the server has accepted them all).
+fn idle_conn_kib(pid: u32, port: u16, n: usize) -> Option<f64> {
+    drop(TcpStream::connect(("127.0.0.1", port)).ok()?);
+    std::thread::sleep(Duration::from_millis(200));
+    let before = rss_kib(pid)?;
+    let conns: Vec<TcpStream> = (0..n)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    let after = rss_kib(pid)?;
+    let opened = conns.len().max(1);
+    drop(conns);
+    Some(after.saturating_sub(before) as f64 / opened as f64)
+}
+
 fn fmt_size(s: usize) -> String {
     if s >= 1 << 20 && s.is_multiple_of(1 << 20) {
         format!("{} MiB", s >> 20)
@@ -974,6 +1002,14 @@ async fn run(args: Args) -> Result<(), String> {
         None => None,
     };
     let tonic_pid = _tonic.as_ref().map(|p| p.0.id());
+    // Before any load, so that the figures are the connections' own.
+    let idle = (args.idle_conns > 0).then(|| {
+        eprintln!("idle connections: {} to each server", args.idle_conns);
+        (
+            idle_conn_kib(server_pid, port, args.idle_conns),
+            tonic_pid.and_then(|pid| idle_conn_kib(pid, tonic_port, args.idle_conns)),
+        )
+    });
 
     let mut cells: Vec<(Cell, Option<Cell>)> = Vec::new();
     let mut raw: Vec<Cell> = Vec::new();
@@ -1127,6 +1163,15 @@ async fn run(args: Args) -> Result<(), String> {
     );
     if let Some(note) = oversubscription_note(args.client_threads, args.server_workers) {
         println!("\n{note}");
+    }
+    if let Some((hmc, tonic)) = idle {
+        let kib = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+        println!(
+            "\n## idle connections ({} that send nothing; server RSS growth per connection)\n",
+            args.idle_conns
+        );
+        println!("| hmc-rpc KiB/conn | tonic KiB/conn |\n| --- | --- |");
+        println!("| {} | {} |", kib(hmc), kib(tonic));
     }
     println!(
         "\n## raw TCP ping-pong baseline (1 connection, 1 in flight, blocking; echo in a thread of this process, and in another process as hmc-rpc's server is)\n"
