@@ -37,6 +37,7 @@
 //! dropped future stops at once); the responder touches a region only under its liveness
 //! lock, after a full bounds, token and access check.
 
+mod auth;
 mod comm;
 mod control;
 mod net;
@@ -44,6 +45,7 @@ mod responder;
 mod wait;
 mod wire;
 
-pub use comm::{TcpCommunicator, TcpConfig, TcpEndpoint, TcpRegistration, TcpRemoteKey};
+pub use auth::{AuthSecret, MIN_SECRET_LEN};
+pub use comm::{TcpCommunicator, TcpConfig, TcpEndpoint, TcpRegistration, TcpRemoteKey, TcpStats};
 pub use control::{ControlMessage, ControlPlane, ControlPlaneConfig, Rank};
 pub use net::bind_unix_listener;
