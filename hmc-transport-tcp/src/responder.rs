@@ -725,7 +725,7 @@ fn admit_notify(
             max: 0,
             hint: format!(
                 "{} takes no notifications (TcpConfig::max_pending_notifications is 0 there); \
-                 send the message another way, or set it above 0 at the target",
+                 send the message another way, or raise it above 0 at the target",
                 shared.addr
             ),
         });
