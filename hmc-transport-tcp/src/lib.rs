@@ -47,5 +47,5 @@ mod wire;
 
 pub use auth::{AuthSecret, MIN_SECRET_LEN};
 pub use comm::{TcpCommunicator, TcpConfig, TcpEndpoint, TcpRegistration, TcpRemoteKey, TcpStats};
-pub use control::{ControlMessage, ControlPlane, ControlPlaneConfig, Rank};
+pub use control::{ControlMessage, ControlPlane, ControlPlaneConfig, ControlPlaneStats, Rank};
 pub use net::bind_unix_listener;
