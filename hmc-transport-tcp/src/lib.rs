@@ -20,7 +20,9 @@
 //! Device memory: the CPU moves the bytes, so only host regions register (stage device
 //! data through a host `ConnBuffer`). Large or many-in-flight RPC payloads: that is
 //! `hmc-rpc`'s job. Untrusted networks: nothing is encrypted, and the tokens protect
-//! against mistakes and stale keys, not against an eavesdropper on the wire.
+//! against mistakes and stale keys, not against an eavesdropper on the wire. The optional
+//! pre-shared-secret authentication ([`AuthSecret`], off by default) keeps processes
+//! without the secret off both planes; it does not hide or protect the bytes in transit.
 //!
 //! # Runtime and limits
 //!
