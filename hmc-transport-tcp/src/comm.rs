@@ -8,6 +8,20 @@
 //! socket and the registered memory. Dropping the future therefore stops every access to
 //! the local buffers at once; the connection it held is closed rather than returned, so a
 //! half-finished request never confuses the next one.
+//!
+//! # Who may notify
+//!
+//! A target takes a notification only from a peer it granted access: `notify` sends the
+//! key of the region imported last on the endpoint (the target checks it like a READ or
+//! WRITE key: a deregistered or rekeyed one is refused as `InvalidKey`), or, without an
+//! imported key, needs a connection that passed the pre-shared-secret authentication
+//! ([`TcpConfig::auth_secret`]). Otherwise the sender gets `AccessDenied` saying so.
+//!
+//! # Revoking keys
+//!
+//! [`Communicator::rekey`] replaces a registration's random token in place, so the keys
+//! exported before stop working while the memory stays registered: a pooled buffer can
+//! get a fresh key for each use.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +37,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{Semaphore, SemaphorePermit, watch};
 use tokio::task::AbortHandle;
 
+use crate::AuthSecret;
+use crate::auth::{NONCE_LEN, PROOF_LEN};
 use crate::net::{Listener, Stream};
 use crate::wait::Watched;
 use crate::wire::{self, KEY_LEN, TOKEN_LEN, WireDesc};
@@ -36,18 +52,42 @@ pub struct TcpConfig {
     /// Largest `notify` message in bytes (default 64 KiB).
     pub max_notify_len: usize,
     /// Notifications held until [`Communicator::recv_notification`] takes them
-    /// (default 4096); past it, `notify` fails at the sender with `LimitExceeded`.
+    /// (default 4096); past it, `notify` fails at the sender with `LimitExceeded`. Zero
+    /// means this communicator takes no notifications at all: every NOTIFY is refused, and
+    /// its sender gets `LimitExceeded { limit: "max_pending_notifications", max: 0 }` (for
+    /// a data plane that never calls `recv_notification`).
     pub max_pending_notifications: usize,
+    /// Bytes of notification messages held until received (default 16 MiB); past it,
+    /// `notify` fails at the sender with `LimitExceeded` naming
+    /// `max_pending_notification_bytes`.
+    pub max_pending_notification_bytes: usize,
     /// Connections this communicator's responder serves at once (default 1024).
     pub max_accepted_connections: usize,
     /// Transfers in flight per endpoint, one connection each (default 16); more wait.
     pub max_connections_per_endpoint: usize,
     /// Idle connections an endpoint keeps for reuse (default 4).
     pub max_idle_per_endpoint: usize,
-    /// How long an accepted connection may take to send its HELLO (default 5 s).
+    /// How long an accepted connection may take to send its HELLO, and to finish the
+    /// authentication exchange when [`TcpConfig::auth_secret`] is set (default 5 s).
     pub hello_timeout: Duration,
+    /// How long an accepted connection may sit between requests (default 60 s); then the
+    /// responder closes it. Initiators drop pooled connections idle for half of their own
+    /// `idle_timeout` and probe the others before reuse, so peers with the same setting
+    /// never send a request into a connection that is being closed.
+    pub idle_timeout: Duration,
+    /// How long a request may take to arrive once its first byte is in (default 10 s):
+    /// its header, and a NOTIFY's message, must arrive whole within it, and the bulk bytes
+    /// of a WRITE (or the initiator's reading of a READ's answer) must make progress at
+    /// least once per `request_timeout`. Past it the responder closes the connection.
+    pub request_timeout: Duration,
     /// Bytes registered at once (default 64 GiB).
     pub max_registered_bytes: u64,
+    /// A pre-shared secret for peer authentication (default `None`: off). When set, every
+    /// data-plane connection starts with an HMAC-SHA256 challenge in both directions (see
+    /// [`crate::AuthSecret`]); a peer without the same secret is refused before any
+    /// request is read, and so is a peer that has one when this side has none. Both
+    /// peers need the same setting.
+    pub auth_secret: Option<AuthSecret>,
 }
 
 impl Default for TcpConfig {
@@ -56,11 +96,15 @@ impl Default for TcpConfig {
             max_batch_descs: 65_536,
             max_notify_len: 64 << 10,
             max_pending_notifications: 4096,
+            max_pending_notification_bytes: 16 << 20,
             max_accepted_connections: 1024,
             max_connections_per_endpoint: 16,
             max_idle_per_endpoint: 4,
             hello_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(10),
             max_registered_bytes: 64 << 30,
+            auth_secret: None,
         }
     }
 }
@@ -70,7 +114,9 @@ pub(crate) struct RegEntry {
     pub(crate) id: u64,
     pub(crate) region: Region,
     pub(crate) access: Access,
-    pub(crate) token: [u8; TOKEN_LEN],
+    /// The random half of the key; replaced by [`Communicator::rekey`], which revokes every
+    /// key exported before.
+    pub(crate) token: Mutex<[u8; TOKEN_LEN]>,
     /// False once deregistered. Readers hold the read lock across each synchronous copy
     /// into or out of the region, never across an `.await`, so deregistration waits for
     /// at most one system call.
@@ -81,6 +127,7 @@ impl RegEntry {
     /// Compares tokens in time independent of where they differ.
     pub(crate) fn token_matches(&self, token: &[u8; TOKEN_LEN]) -> bool {
         self.token
+            .lock()
             .iter()
             .zip(token)
             .fold(0u8, |acc, (a, b)| acc | (a ^ b))
@@ -92,6 +139,54 @@ impl RegEntry {
 pub(crate) struct Notifications {
     pub(crate) closed: bool,
     pub(crate) queue: std::collections::VecDeque<Notification>,
+    /// Bytes of the messages in `queue`.
+    pub(crate) bytes: usize,
+}
+
+/// What a [`TcpCommunicator`] has done and holds, for monitoring and tests
+/// ([`TcpCommunicator::stats`]). Counts are since `bind`; "now" fields are a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TcpStats {
+    /// Connections the responder admitted (HELLO, and authentication when configured, passed).
+    pub accepted_connections: u64,
+    /// Admitted connections open now.
+    pub open_connections: u64,
+    /// Connections closed because they sent no HELLO (or did not finish authenticating)
+    /// within `hello_timeout`.
+    pub closed_hello_timeout: u64,
+    /// Connections closed after `idle_timeout` without a request.
+    pub closed_idle_timeout: u64,
+    /// Connections closed because a request did not arrive (or did not progress) within
+    /// `request_timeout`.
+    pub closed_request_timeout: u64,
+    /// NOTIFY requests refused (no or a bad key, too long, or a pending budget full).
+    pub refused_notifications: u64,
+    /// Notifications received and not yet taken by `recv_notification`.
+    pub pending_notifications: u64,
+    /// Bytes of those notifications.
+    pub pending_notification_bytes: u64,
+    /// Connections refused because the peer failed the pre-shared-secret authentication
+    /// (or one side had a secret and the other none).
+    pub auth_failures: u64,
+}
+
+/// The responder's counters behind [`TcpStats`].
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) accepted: AtomicU64,
+    pub(crate) open: AtomicU64,
+    pub(crate) hello_timeouts: AtomicU64,
+    pub(crate) idle_timeouts: AtomicU64,
+    pub(crate) request_timeouts: AtomicU64,
+    pub(crate) refused_notifications: AtomicU64,
+    pub(crate) auth_failures: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -110,6 +205,7 @@ pub(crate) struct Shared {
     next_endpoint: AtomicU64,
     pub(crate) notifications: Watched<Notifications>,
     pub(crate) tasks: Mutex<Tasks>,
+    pub(crate) counters: Counters,
     closed: watch::Sender<bool>,
 }
 
@@ -165,6 +261,7 @@ impl TcpCommunicator {
             next_endpoint: AtomicU64::new(1),
             notifications: Watched::new(Notifications::default()),
             tasks: Mutex::new(Tasks::default()),
+            counters: Counters::default(),
             closed,
         });
         crate::responder::start(&shared, listener);
@@ -177,30 +274,107 @@ impl TcpCommunicator {
         *self.shared.registered_bytes.lock()
     }
 
-    /// Dials the endpoint's peer and exchanges HELLOs.
+    /// Counters and current holdings of this communicator's responder.
+    pub fn stats(&self) -> TcpStats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let (pending, bytes) = self
+            .shared
+            .notifications
+            .with(|n| (n.queue.len() as u64, n.bytes as u64));
+        TcpStats {
+            accepted_connections: get(&c.accepted),
+            open_connections: get(&c.open),
+            closed_hello_timeout: get(&c.hello_timeouts),
+            closed_idle_timeout: get(&c.idle_timeouts),
+            closed_request_timeout: get(&c.request_timeouts),
+            refused_notifications: get(&c.refused_notifications),
+            pending_notifications: pending,
+            pending_notification_bytes: bytes,
+            auth_failures: get(&c.auth_failures),
+        }
+    }
+
+    /// Dials the endpoint's peer and exchanges HELLOs (and authenticates, with a secret).
     async fn dial(shared: &Shared, peer: &PeerAddr, deadline: Deadline) -> Result<Stream> {
         let start = Instant::now();
         let mut stream = Stream::connect(peer, deadline).await?;
+        let me = shared.addr.to_string();
+        let secret = shared.config.auth_secret.as_ref();
         let hello = async {
-            stream
-                .write_all(&wire::encode_hello(None, &shared.addr.to_string()))
-                .await?;
-            wire::read_hello(&mut stream, true).await
+            let Some(secret) = secret else {
+                stream.write_all(&wire::encode_hello(None, &me)).await?;
+                return wire::read_hello_v(&mut stream, true).await.map(Ok);
+            };
+            let nonce = crate::auth::nonce()?;
+            let mut hello = wire::encode_hello_v(wire::VERSION_AUTH, None, me.as_bytes());
+            hello.extend_from_slice(&nonce);
+            stream.write_all(&hello).await?;
+            let challenge = match wire::read_hello_v(&mut stream, true).await? {
+                Ok(h) if h.status == wire::STATUS_AUTHENTICATE => h,
+                // A refusal (or garbage): reported below like any answer.
+                other => return Ok(Ok(other)),
+            };
+            if challenge.payload.len() != NONCE_LEN + PROOF_LEN {
+                return Ok(Ok(Err(format!(
+                    "an authentication challenge of {} bytes (expected {})",
+                    challenge.payload.len(),
+                    NONCE_LEN + PROOF_LEN
+                ))));
+            }
+            let theirs: [u8; NONCE_LEN] = challenge.payload[..NONCE_LEN].try_into().expect("32");
+            let their_proof: [u8; PROOF_LEN] =
+                challenge.payload[NONCE_LEN..].try_into().expect("32");
+            let ctx = crate::responder::AUTH_CONTEXT;
+            let claim = me.as_bytes();
+            let genuine = secret.verify(ctx, b'L', &nonce, &theirs, claim, &their_proof);
+            // Our proof goes out either way, so the listener can report a mismatch too.
+            let proof = secret.proof(ctx, b'D', &nonce, &theirs, claim);
+            stream.write_all(&proof).await?;
+            if !genuine {
+                return Ok(Err(()));
+            }
+            wire::read_hello_v(&mut stream, true).await.map(Ok)
         };
-        match tokio::time::timeout_at(deadline.instant().into(), hello).await {
-            Err(_) => Err(Error::DeadlineExceeded {
-                during: "data-plane HELLO",
-                elapsed: start.elapsed(),
-            }),
-            Ok(Err(e)) => Err(Error::peer(
+        let answer = match tokio::time::timeout_at(deadline.instant().into(), hello).await {
+            Err(_) => {
+                return Err(Error::DeadlineExceeded {
+                    during: "data-plane HELLO",
+                    elapsed: start.elapsed(),
+                });
+            }
+            Ok(Err(e)) => {
+                return Err(Error::peer(
+                    peer,
+                    format!("HELLO failed: {e}; is an HMC TcpCommunicator listening there?"),
+                ));
+            }
+            Ok(Ok(Err(()))) => {
+                tracing::warn!(%peer, "data-plane peer failed authentication");
+                return Err(Error::peer(
+                    peer,
+                    "failed authentication: its proof does not match this side's secret; both \
+                     peers need the same TcpConfig::auth_secret",
+                ));
+            }
+            Ok(Ok(Ok(answer))) => answer,
+        };
+        match answer {
+            Err(why) => Err(Error::Protocol(format!("{peer}: {why}"))),
+            Ok(h) if h.status == 0 && secret.is_some() && h.version != wire::VERSION_AUTH => {
+                Err(Error::peer(
+                    peer,
+                    "admitted the connection without authenticating; it has no \
+                     TcpConfig::auth_secret, and this side requires one",
+                ))
+            }
+            Ok(h) if h.status == 0 => Ok(stream),
+            Ok(h) => Err(Error::peer(
                 peer,
-                format!("HELLO failed: {e}; is an HMC TcpCommunicator listening there?"),
-            )),
-            Ok(Ok(Err(why))) => Err(Error::Protocol(format!("{peer}: {why}"))),
-            Ok(Ok(Ok((0, _)))) => Ok(stream),
-            Ok(Ok(Ok((_, reason)))) => Err(Error::peer(
-                peer,
-                format!("refused the connection: {reason}"),
+                format!(
+                    "refused the connection: {}",
+                    String::from_utf8_lossy(&h.payload)
+                ),
             )),
         }
     }
@@ -222,8 +396,12 @@ pub struct TcpEndpoint {
 struct EndpointInner {
     id: u64,
     peer: PeerAddr,
-    idle: Mutex<Vec<Stream>>,
+    /// Pooled connections and when each went idle.
+    idle: Mutex<Vec<(Stream, Instant)>>,
     slots: Semaphore,
+    /// The key (id, token) of the peer's region imported last on this endpoint: a NOTIFY
+    /// carries it to prove that the peer granted this side access.
+    notify_key: Mutex<Option<(u64, [u8; TOKEN_LEN])>>,
 }
 
 impl std::fmt::Debug for TcpEndpoint {
@@ -253,7 +431,17 @@ impl TcpEndpoint {
             .acquire()
             .await
             .map_err(|_| Error::Closed("endpoint closed".into()))?;
-        let pooled = self.inner.idle.lock().pop();
+        // The target closes connections idle for its `idle_timeout`: skip pooled ones that
+        // are close to it, or that it has already closed.
+        let max_idle = shared.config.idle_timeout / 2;
+        let pooled = loop {
+            let Some((s, since)) = self.inner.idle.lock().pop() else {
+                break None;
+            };
+            if since.elapsed() < max_idle && !s.closed_by_peer() {
+                break Some(s);
+            }
+        };
         let stream = match pooled {
             Some(s) => s,
             None => TcpCommunicator::dial(shared, &self.inner.peer, deadline).await?,
@@ -264,7 +452,7 @@ impl TcpEndpoint {
     fn checkin(&self, shared: &Shared, stream: Stream) {
         let mut idle = self.inner.idle.lock();
         if idle.len() < shared.config.max_idle_per_endpoint {
-            idle.push(stream);
+            idle.push((stream, Instant::now()));
         }
     }
 }
@@ -323,6 +511,15 @@ impl std::fmt::Debug for TcpRemoteKey {
             .field("access", &self.access)
             .finish_non_exhaustive()
     }
+}
+
+/// Fills a key token from the OS random number generator.
+fn random_token(token: &mut [u8; TOKEN_LEN]) -> Result<()> {
+    getrandom::fill(token).map_err(|e| Error::Unavailable {
+        what: "the OS random number generator".into(),
+        reason: e.to_string(),
+        hint: "remote keys need unguessable tokens; check /dev/urandom or getrandom(2)".into(),
+    })
 }
 
 /// Checks a whole batch before anything moves, and turns it into wire descriptors.
@@ -493,8 +690,9 @@ impl Communicator for TcpCommunicator {
             inner: Arc::new(EndpointInner {
                 id: shared.next_endpoint.fetch_add(1, Ordering::Relaxed),
                 peer: peer.clone(),
-                idle: Mutex::new(vec![stream]),
+                idle: Mutex::new(vec![(stream, Instant::now())]),
                 slots: Semaphore::new(shared.config.max_connections_per_endpoint.max(1)),
+                notify_key: Mutex::new(None),
             }),
         })
     }
@@ -525,21 +723,16 @@ impl Communicator for TcpCommunicator {
             *used = want;
         }
         let mut token = [0u8; TOKEN_LEN];
-        if let Err(e) = getrandom::fill(&mut token) {
+        if let Err(e) = random_token(&mut token) {
             *self.shared.registered_bytes.lock() -= region.len as u64;
-            return Err(Error::Unavailable {
-                what: "the OS random number generator".into(),
-                reason: e.to_string(),
-                hint: "remote keys need unguessable tokens; check /dev/urandom or getrandom(2)"
-                    .into(),
-            });
+            return Err(e);
         }
         let id = self.shared.next_region.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(RegEntry {
             id,
             region,
             access,
-            token,
+            token: Mutex::new(token),
             live: RwLock::new(true),
         });
         self.shared.regions.write().insert(id, entry.clone());
@@ -549,10 +742,28 @@ impl Communicator for TcpCommunicator {
         })
     }
 
+    /// Draws a new random token for `reg` under the registration's token lock: every key
+    /// exported before stops working (the responder refuses it as `InvalidKey`, exactly like
+    /// a forged one), and later exports carry the new token. One `getrandom` call and a
+    /// 16-byte swap; no allocation. A request whose keys were checked before the swap may
+    /// finish; one checked after it is refused.
+    fn rekey(&self, reg: &TcpRegistration) -> Result<bool> {
+        if !Arc::ptr_eq(&reg.shared, &self.shared) {
+            return Err(Error::InvalidArgument(
+                "rekey: the registration belongs to another TcpCommunicator".into(),
+            ));
+        }
+        let mut token = [0u8; TOKEN_LEN];
+        random_token(&mut token)?;
+        *reg.entry.token.lock() = token;
+        tracing::trace!(id = reg.entry.id, "registration rekeyed");
+        Ok(true)
+    }
+
     fn export(&self, reg: &TcpRegistration) -> RemoteRegion {
         let mut key = Vec::with_capacity(KEY_LEN);
         key.extend_from_slice(&reg.entry.id.to_be_bytes());
-        key.extend_from_slice(&reg.entry.token);
+        key.extend_from_slice(&*reg.entry.token.lock());
         RemoteRegion {
             transport: TransportId::Tcp,
             region: reg.entry.region,
@@ -575,10 +786,13 @@ impl Communicator for TcpCommunicator {
                 remote.key.len()
             )));
         }
+        let id = u64::from_be_bytes(remote.key[..8].try_into().expect("8 bytes"));
+        let token: [u8; TOKEN_LEN] = remote.key[8..].try_into().expect("16 bytes");
+        *ep.inner.notify_key.lock() = Some((id, token));
         Ok(TcpRemoteKey {
             endpoint: ep.inner.id,
-            id: u64::from_be_bytes(remote.key[..8].try_into().expect("8 bytes")),
-            token: remote.key[8..].try_into().expect("16 bytes"),
+            id,
+            token,
             len: remote.region.len as u64,
             access: remote.access,
         })
@@ -663,8 +877,16 @@ impl Communicator for TcpCommunicator {
         let peer = ep.inner.peer.to_string();
         let work = async {
             let (_slot, mut stream) = ep.checkout(shared, deadline).await?;
-            let mut req = Vec::with_capacity(13 + msg.len());
-            req.push(wire::REQ_NOTIFY);
+            let mut req = Vec::with_capacity(13 + KEY_LEN + msg.len());
+            match *ep.inner.notify_key.lock() {
+                Some((id, token)) => {
+                    req.push(wire::REQ_NOTIFY_KEYED);
+                    req.extend_from_slice(&id.to_be_bytes());
+                    req.extend_from_slice(&token);
+                }
+                // Accepted only over an authenticated connection (see `notify`'s doc).
+                None => req.push(wire::REQ_NOTIFY),
+            }
             req.extend_from_slice(&tag.to_be_bytes());
             req.extend_from_slice(&(msg.len() as u32).to_be_bytes());
             req.extend_from_slice(msg);
@@ -693,7 +915,9 @@ impl Communicator for TcpCommunicator {
                         "the TcpCommunicator at {addr} was closed"
                     ))))
                 } else {
-                    s.queue.pop_front().map(Ok)
+                    let n = s.queue.pop_front()?;
+                    s.bytes -= n.msg.len();
+                    Some(Ok(n))
                 }
             })
             .await

@@ -9,11 +9,33 @@
 //! [`ControlPlane::recv`] of one type never consumes another type's messages.
 //!
 //! Delivery is ordered per peer and kind. [`ControlPlane::send`] returns once the frame is
-//! queued for the peer's writer task; it is not an acknowledgement. Incoming messages wait
-//! in memory until received; past [`ControlPlaneConfig::max_queued_per_peer`] the reader
-//! stops reading, so a slow receiver pushes back on the sender through TCP.
+//! queued for the peer's writer task; it is not an acknowledgement.
+//!
+//! # What a peer can make this process hold
+//!
+//! - Only messages of kinds someone receives are kept: the built-in kinds (1–4), kinds
+//!   registered with [`ControlPlane::register_kind`], and kinds a [`ControlPlane::recv`]
+//!   has asked for. Messages of any other kind are dropped as they arrive, with a log line
+//!   (and counted in [`ControlPlaneStats::dropped_unknown_kind`]). Register application
+//!   kinds right after `bind`, before peers may send them.
+//! - Kept messages wait in memory until received, within three budgets:
+//!   [`ControlPlaneConfig::max_queued_per_peer`] messages and
+//!   [`ControlPlaneConfig::max_queued_bytes_per_peer`] bytes from one rank, and
+//!   [`ControlPlaneConfig::max_queued_bytes`] bytes from all ranks together. When a frame
+//!   would not fit, that peer's connection is not read until the application catches up,
+//!   so a slow receiver pushes back on the sender through TCP.
+//! - When a rank leaves, the frames queued for it are dropped at once, and the messages
+//!   from it that nobody received are dropped after
+//!   [`ControlPlaneConfig::departed_retention`] (unless it has come back by then), with a
+//!   log line saying how many.
+//! - With [`ControlPlaneConfig::auth_secret`] set, a connection proves knowledge of the
+//!   pre-shared secret at HELLO before its rank is considered (see `crate::auth`): the
+//!   HELLO is `"HMCP" | 2 | rank u32 | nonce [32]`, the listener answers with status 2
+//!   and its nonce and proof as the reason field, the dialler sends its 32-byte proof,
+//!   and the listener's usual answer follows. Without a secret the wire is unchanged
+//!   (version 1).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -23,6 +45,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
+use crate::AuthSecret;
+use crate::auth::{self, NONCE_LEN, PROOF_LEN};
 use crate::net::{Listener, Stream};
 use crate::wait::Watched;
 
@@ -31,6 +55,14 @@ pub type Rank = u32;
 
 const HELLO_MAGIC: [u8; 4] = *b"HMCP";
 const HELLO_VERSION: u8 = 1;
+/// The HELLO version of a dialler that authenticates (followed by its nonce).
+const HELLO_VERSION_AUTH: u8 = 2;
+/// The answer status that starts the authentication exchange.
+const STATUS_AUTHENTICATE: u8 = 2;
+/// The `context` of control-plane authentication proofs.
+const AUTH_CONTEXT: &str = "hmc-tcp control v1";
+/// Kinds of the built-in message types, always kept.
+const BUILTIN_KINDS: [u16; 4] = [1, 2, 3, 4];
 const HELLO_LEN: usize = 4 + 1 + 4;
 const ACK_FIXED_LEN: usize = 4 + 1 + 1 + 4 + 2;
 const MAX_REASON_LEN: usize = 1024;
@@ -47,6 +79,22 @@ pub struct ControlPlaneConfig {
     /// Messages from one peer held until received (default 1024); past it, that peer's
     /// connection is no longer read until the application catches up.
     pub max_queued_per_peer: usize,
+    /// Bytes of messages from one peer held until received (default 16 MiB); a frame that
+    /// would pass it waits (the connection is not read) until the application catches up.
+    /// A single frame is always taken into an empty queue.
+    pub max_queued_bytes_per_peer: usize,
+    /// Bytes of messages from all peers (connected or departed) held until received
+    /// (default 256 MiB); past it, no peer is read until the application catches up or
+    /// departed ranks' messages are dropped. A warning names this limit when it bites.
+    pub max_queued_bytes: usize,
+    /// How long unreceived messages from a rank that left stay receivable (default 5 s);
+    /// then they are dropped, unless the rank has come back. Zero drops them as it leaves.
+    pub departed_retention: Duration,
+    /// A pre-shared secret for peer authentication (default `None`: off). When set, both
+    /// sides of every connection prove they hold it at HELLO (see [`crate::AuthSecret`]);
+    /// a peer without it, with another one, or with one when this side has none, is
+    /// refused before its rank is considered. Both peers need the same setting.
+    pub auth_secret: Option<AuthSecret>,
     /// Connected peers at once (default 1024); further HELLOs are refused.
     pub max_peers: usize,
     /// Frames queued for one peer's writer (default 256); `send` waits when it is full.
@@ -60,6 +108,10 @@ impl Default for ControlPlaneConfig {
         ControlPlaneConfig {
             max_frame_len: 1 << 20,
             max_queued_per_peer: 1024,
+            max_queued_bytes_per_peer: 16 << 20,
+            max_queued_bytes: 256 << 20,
+            departed_retention: Duration::from_secs(5),
+            auth_secret: None,
             max_peers: 1024,
             max_send_queue: 256,
             hello_timeout: Duration::from_secs(5),
@@ -130,18 +182,87 @@ struct PeerConn {
     tasks: Vec<AbortHandle>,
 }
 
+/// What a [`ControlPlane`] holds and has dropped ([`ControlPlane::stats`]). Counts are
+/// since `bind`; "now" fields are a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ControlPlaneStats {
+    /// Ranks connected now.
+    pub peers: u64,
+    /// Messages received from peers and not yet taken by `recv`, now.
+    pub queued_messages: u64,
+    /// Bytes of those messages.
+    pub queued_bytes: u64,
+    /// Messages dropped on arrival because nobody receives their kind.
+    pub dropped_unknown_kind: u64,
+    /// Unreceived messages dropped because their rank left.
+    pub dropped_departed: u64,
+    /// Connections refused because the peer failed the pre-shared-secret authentication
+    /// (or one side had a secret and the other none).
+    pub auth_failures: u64,
+}
+
+/// Messages and bytes queued from one rank.
+#[derive(Clone, Copy, Default)]
+struct Queued {
+    messages: usize,
+    bytes: usize,
+}
+
 #[derive(Default)]
 struct State {
     closed: bool,
     peers: HashMap<Rank, PeerConn>,
-    /// Why each rank that was connected is no longer.
+    /// Why each rank that was connected is no longer (at most `max_peers` entries).
     gone: HashMap<Rank, String>,
     inbox: HashMap<(Rank, u16), VecDeque<Vec<u8>>>,
-    queued: HashMap<Rank, usize>,
+    queued: HashMap<Rank, Queued>,
+    /// Bytes queued from all ranks.
+    queued_bytes: usize,
+    /// Kinds whose messages are kept.
+    kinds: HashSet<u16>,
+    /// Bumped on every departure of a rank, so a late purge leaves a newer stay alone.
+    departures: HashMap<Rank, u64>,
+    dropped_unknown_kind: u64,
+    dropped_departed: u64,
+    auth_failures: u64,
     listeners: Vec<AbortHandle>,
 }
 
 impl State {
+    /// Takes one message off the queue counts.
+    fn dequeued(&mut self, rank: Rank, len: usize) {
+        if let Some(q) = self.queued.get_mut(&rank) {
+            q.messages -= 1;
+            q.bytes -= len;
+            if q.messages == 0 {
+                self.queued.remove(&rank);
+            }
+        }
+        self.queued_bytes -= len;
+    }
+
+    /// Drops every unreceived message from `rank`; returns how many and their bytes.
+    fn purge(&mut self, rank: Rank) -> (usize, usize) {
+        let q = self.queued.remove(&rank).unwrap_or_default();
+        self.inbox.retain(|(r, _), _| *r != rank);
+        self.queued_bytes -= q.bytes;
+        self.dropped_departed += q.messages as u64;
+        (q.messages, q.bytes)
+    }
+
+    /// Records that `rank` left and why; keeps at most `max` reasons.
+    fn record_departure(&mut self, rank: Rank, why: String, max: usize) {
+        if self.gone.len() >= max.max(1)
+            && !self.gone.contains_key(&rank)
+            && let Some(old) = self.gone.keys().next().copied()
+        {
+            self.gone.remove(&old);
+        }
+        self.gone.insert(rank, why);
+        *self.departures.entry(rank).or_default() += 1;
+    }
+
     /// The error for a rank that has no connection now.
     fn not_connected(&self, rank: Rank) -> Error {
         match self.gone.get(&rank) {
@@ -196,11 +317,15 @@ impl ControlPlane {
             .iter()
             .map(Listener::local_addr)
             .collect::<Result<Vec<_>>>()?;
+        let state = State {
+            kinds: BUILTIN_KINDS.into_iter().collect(),
+            ..State::default()
+        };
         let inner = Arc::new(Inner {
             rank,
             config,
             addrs,
-            state: Watched::new(State::default()),
+            state: Watched::new(state),
             next_conn: AtomicU64::new(1),
         });
         let handles = listeners
@@ -220,6 +345,25 @@ impl ControlPlane {
     /// The addresses peers dial (with the ports the kernel chose for `:0`).
     pub fn local_addrs(&self) -> &[PeerAddr] {
         &self.inner.addrs
+    }
+
+    /// Keeps messages of type `T` that arrive before anyone calls `recv::<T>`. Messages of
+    /// kinds that are neither built in, registered, nor asked for by a `recv` are dropped
+    /// on arrival; register application kinds right after `bind`.
+    pub fn register_kind<T: ControlMessage>(&self) {
+        self.inner.state.with(|s| s.kinds.insert(T::KIND));
+    }
+
+    /// What this control plane holds now and has dropped.
+    pub fn stats(&self) -> ControlPlaneStats {
+        self.inner.state.with(|s| ControlPlaneStats {
+            peers: s.peers.len() as u64,
+            queued_messages: s.queued.values().map(|q| q.messages as u64).sum(),
+            queued_bytes: s.queued_bytes as u64,
+            dropped_unknown_kind: s.dropped_unknown_kind,
+            dropped_departed: s.dropped_departed,
+            auth_failures: s.auth_failures,
+        })
     }
 
     /// The ranks connected now, in order.
@@ -251,38 +395,87 @@ impl ControlPlane {
         })?;
         let start = std::time::Instant::now();
         let mut stream = Stream::connect(addr, deadline).await?;
+        let secret = inner.config.auth_secret.as_ref();
         let handshake = async {
-            let mut hello = Vec::with_capacity(HELLO_LEN);
+            let mut hello = Vec::with_capacity(HELLO_LEN + NONCE_LEN);
             hello.extend_from_slice(&HELLO_MAGIC);
-            hello.push(HELLO_VERSION);
+            hello.push(if secret.is_some() {
+                HELLO_VERSION_AUTH
+            } else {
+                HELLO_VERSION
+            });
             hello.extend_from_slice(&inner.rank.to_be_bytes());
-            stream.write_all(&hello).await?;
-            let mut fixed = [0u8; ACK_FIXED_LEN];
-            stream.read_exact(&mut fixed).await?;
-            let reason_len = u16::from_be_bytes([fixed[10], fixed[11]]) as usize;
-            let mut reason = vec![0u8; reason_len.min(MAX_REASON_LEN)];
-            stream.read_exact(&mut reason).await?;
-            Ok::<_, std::io::Error>((fixed, reason))
-        };
-        let (fixed, reason) =
-            match tokio::time::timeout_at(deadline.instant().into(), handshake).await {
-                Err(_) => {
-                    return Err(Error::DeadlineExceeded {
-                        during: "control-plane HELLO",
-                        elapsed: start.elapsed(),
-                    });
+            let nonce = match secret {
+                Some(_) => {
+                    let n = auth::nonce()?;
+                    hello.extend_from_slice(&n);
+                    Some(n)
                 }
-                Ok(Err(e)) => {
-                    return Err(Error::peer(
-                        format!("rank {rank} at {addr}"),
-                        format!("HELLO failed: {e}; is an HMC control plane listening there?"),
-                    ));
-                }
-                Ok(Ok(ack)) => ack,
+                None => None,
             };
-        if fixed[..4] != HELLO_MAGIC || fixed[4] != HELLO_VERSION {
+            stream.write_all(&hello).await?;
+            let (fixed, reason) = read_ack(&mut stream).await?;
+            let (Some(secret), Some(nonce)) = (secret, nonce) else {
+                return Ok((fixed, reason, true));
+            };
+            if fixed[5] != STATUS_AUTHENTICATE || reason.len() != NONCE_LEN + PROOF_LEN {
+                // A refusal (or a listener without authentication): reported below.
+                return Ok((fixed, reason, true));
+            }
+            let theirs: [u8; NONCE_LEN] = reason[..NONCE_LEN].try_into().expect("32 bytes");
+            let their_proof: [u8; PROOF_LEN] = reason[NONCE_LEN..].try_into().expect("32 bytes");
+            let their_rank = Rank::from_be_bytes(fixed[6..10].try_into().expect("4 bytes"));
+            let claim = auth_claim(inner.rank, their_rank);
+            let genuine = secret.verify(AUTH_CONTEXT, b'L', &nonce, &theirs, &claim, &their_proof);
+            // Our proof goes out either way, so the listener can report a mismatch too.
+            let proof = secret.proof(AUTH_CONTEXT, b'D', &nonce, &theirs, &claim);
+            stream.write_all(&proof).await?;
+            if !genuine {
+                return Ok((fixed, reason, false));
+            }
+            let (fixed, reason) = read_ack(&mut stream).await?;
+            Ok::<_, std::io::Error>((fixed, reason, true))
+        };
+        let (fixed, reason) = match tokio::time::timeout_at(deadline.instant().into(), handshake)
+            .await
+        {
+            Err(_) => {
+                return Err(Error::DeadlineExceeded {
+                    during: "control-plane HELLO",
+                    elapsed: start.elapsed(),
+                });
+            }
+            Ok(Err(e)) => {
+                return Err(Error::peer(
+                    format!("rank {rank} at {addr}"),
+                    format!("HELLO failed: {e}; is an HMC control plane listening there?"),
+                ));
+            }
+            Ok(Ok((_, _, false))) => {
+                tracing::warn!(rank = inner.rank, peer = rank, %addr, "control-plane peer failed authentication");
+                return Err(Error::peer(
+                    format!("rank {rank} at {addr}"),
+                    "failed authentication: its proof does not match this side's secret; \
+                         both peers need the same ControlPlaneConfig::auth_secret",
+                ));
+            }
+            Ok(Ok((fixed, reason, true))) => (fixed, reason),
+        };
+        let version_ok = match secret {
+            None => fixed[4] == HELLO_VERSION,
+            // A refusal from a listener without authentication comes as version 1.
+            Some(_) => {
+                fixed[4] == HELLO_VERSION_AUTH || (fixed[4] == HELLO_VERSION && fixed[5] != 0)
+            }
+        };
+        if fixed[..4] != HELLO_MAGIC || !version_ok {
             return Err(Error::Protocol(format!(
-                "{addr} did not answer with an HMC control-plane HELLO (version {HELLO_VERSION})"
+                "{addr} did not answer with an HMC control-plane HELLO (version {})",
+                if secret.is_some() {
+                    HELLO_VERSION_AUTH
+                } else {
+                    HELLO_VERSION
+                }
             )));
         }
         let their_rank = Rank::from_be_bytes(fixed[6..10].try_into().expect("4 bytes"));
@@ -372,9 +565,12 @@ impl ControlPlane {
         }
     }
 
-    /// Receives the next message of type `T` from `from`. Messages already received are
-    /// delivered even after the peer disconnects; then the error says why it left.
+    /// Receives the next message of type `T` from `from` (and registers `T`'s kind, see
+    /// [`ControlPlane::register_kind`]). Messages already received are delivered after the
+    /// peer disconnects for [`ControlPlaneConfig::departed_retention`]; then the error
+    /// says why it left.
     pub async fn recv<T: ControlMessage>(&self, from: Rank, deadline: Deadline) -> Result<T> {
+        self.register_kind::<T>();
         let body = self
             .inner
             .state
@@ -387,9 +583,7 @@ impl ControlPlane {
                     .get_mut(&(from, T::KIND))
                     .and_then(VecDeque::pop_front)
                 {
-                    if let Some(n) = s.queued.get_mut(&from) {
-                        *n -= 1;
-                    }
+                    s.dequeued(from, body.len());
                     return Some(Ok(body));
                 }
                 if s.peers.contains_key(&from) {
@@ -402,14 +596,18 @@ impl ControlPlane {
         T::decode(&body)
     }
 
-    /// Drops the connection to `rank`; queued messages from it stay receivable.
+    /// Drops the connection to `rank`; queued messages from it stay receivable for
+    /// [`ControlPlaneConfig::departed_retention`].
     pub fn disconnect(&self, rank: Rank) -> Result<()> {
-        self.inner.state.update(|s| {
+        let inner = &self.inner;
+        let generation = inner.state.update(|s| {
             let peer = s.peers.remove(&rank).ok_or_else(|| s.not_connected(rank))?;
             peer.tasks.iter().for_each(AbortHandle::abort);
-            s.gone.insert(rank, "disconnected locally".into());
-            Ok(())
-        })
+            s.record_departure(rank, "disconnected locally".into(), inner.config.max_peers);
+            Ok(s.departures[&rank])
+        })?;
+        schedule_purge(inner, rank, generation);
+        Ok(())
     }
 
     /// Closes every connection and listener. Every waiter, now and later, gets
@@ -435,6 +633,9 @@ fn close_inner(inner: &Inner) {
             p.tasks.iter().for_each(AbortHandle::abort);
         }
         s.listeners.drain(..).for_each(|h| h.abort());
+        s.inbox.clear();
+        s.queued.clear();
+        s.queued_bytes = 0;
         tracing::debug!(rank = inner.rank, "control plane closed");
     });
 }
@@ -475,16 +676,59 @@ fn attach(inner: &Arc<Inner>, rank: Rank, stream: Stream, first: Option<Vec<u8>>
     })
 }
 
-/// Forgets connection `conn_id` to `rank` (if it is still the current one) and records why.
-fn detach(inner: &Inner, rank: Rank, conn_id: u64, why: String) {
-    inner.state.update(|s| {
+/// Forgets connection `conn_id` to `rank` (if it is still the current one), records why,
+/// and schedules the drop of its unreceived messages.
+fn detach(inner: &Arc<Inner>, rank: Rank, conn_id: u64, why: String) {
+    let left = inner.state.update(|s| {
         if s.peers.get(&rank).is_some_and(|p| p.conn_id == conn_id) {
             let p = s.peers.remove(&rank).expect("checked");
+            // Aborting the writer drops the frames queued for the rank.
             p.tasks.iter().for_each(AbortHandle::abort);
             tracing::info!(rank = inner.rank, peer = rank, %why, "control-plane peer left");
-            s.gone.insert(rank, why);
+            s.record_departure(rank, why, inner.config.max_peers);
+            Some(s.departures[&rank])
+        } else {
+            None
         }
     });
+    if let Some(generation) = left {
+        schedule_purge(inner, rank, generation);
+    }
+}
+
+/// Drops the unreceived messages of `rank`, which left (departure `generation`), after
+/// `departed_retention`, unless it has come back or left again since.
+fn schedule_purge(inner: &Arc<Inner>, rank: Rank, generation: u64) {
+    let retention = inner.config.departed_retention;
+    let purge = move |inner: &Inner| {
+        inner.state.update(|s| {
+            if s.peers.contains_key(&rank) || s.departures.get(&rank) != Some(&generation) {
+                return;
+            }
+            let (messages, bytes) = s.purge(rank);
+            if messages > 0 {
+                tracing::info!(
+                    rank = inner.rank,
+                    peer = rank,
+                    messages,
+                    bytes,
+                    ?retention,
+                    "dropped unreceived messages of a departed rank (departed_retention)"
+                );
+            }
+        });
+    };
+    if retention.is_zero() {
+        purge(inner);
+    } else {
+        let weak = Arc::downgrade(inner);
+        tokio::spawn(async move {
+            tokio::time::sleep(retention).await;
+            if let Some(inner) = weak.upgrade() {
+                purge(&inner);
+            }
+        });
+    }
 }
 
 async fn write_loop(
@@ -511,24 +755,11 @@ async fn write_loop(
 }
 
 async fn read_loop(inner: Arc<Inner>, rank: Rank, conn_id: u64, mut r: ReadHalf<Stream>) {
-    let max_frame = inner.config.max_frame_len;
-    let max_queued = inner.config.max_queued_per_peer.max(1);
+    let config = &inner.config;
+    let max_frame = config.max_frame_len;
+    let max_queued = config.max_queued_per_peer.max(1);
+    let mut warned_kinds = HashSet::new();
     let why = loop {
-        // Backpressure: stop reading while the application has not caught up.
-        let room = inner
-            .state
-            .wait(
-                Deadline::after(FOREVER),
-                "control-plane backpressure",
-                |s| {
-                    (s.closed || s.queued.get(&rank).copied().unwrap_or(0) < max_queued)
-                        .then_some(Ok(()))
-                },
-            )
-            .await;
-        if room.is_err() {
-            break "the receive queue stayed full".to_string();
-        }
         let mut len = [0u8; 4];
         if let Err(e) = r.read_exact(&mut len).await {
             break if crate::net::is_disconnect(&e) {
@@ -552,16 +783,67 @@ async fn read_loop(inner: Arc<Inner>, rank: Rank, conn_id: u64, mut r: ReadHalf<
                 max_frame + 2
             );
         }
+        // Backpressure: read the body only once it fits the receive budgets.
+        let body = len - 2;
+        let mut warned = false;
+        let room = inner
+            .state
+            .wait(
+                Deadline::after(FOREVER),
+                "control-plane backpressure",
+                |s| {
+                    let q = s.queued.get(&rank).copied().unwrap_or_default();
+                    let peer_fits = q.messages < max_queued
+                        && (q.bytes == 0 || q.bytes + body <= config.max_queued_bytes_per_peer);
+                    let total_fits =
+                        s.queued_bytes == 0 || s.queued_bytes + body <= config.max_queued_bytes;
+                    if !total_fits && peer_fits && !warned {
+                        warned = true;
+                        tracing::warn!(
+                            rank = inner.rank,
+                            peer = rank,
+                            queued_bytes = s.queued_bytes,
+                            max_queued_bytes = config.max_queued_bytes,
+                            "control-plane receive budget full (max_queued_bytes): not reading \
+                             this peer until the application receives; raise \
+                             ControlPlaneConfig::max_queued_bytes if this is expected"
+                        );
+                    }
+                    (s.closed || (peer_fits && total_fits)).then_some(Ok(()))
+                },
+            )
+            .await;
+        if room.is_err() {
+            break "the receive queue stayed full".to_string();
+        }
         let mut frame = vec![0u8; len];
         if let Err(e) = r.read_exact(&mut frame).await {
             break format!("receive failed mid-frame: {e}");
         }
         let kind = u16::from_be_bytes([frame[0], frame[1]]);
         frame.drain(..2);
-        inner.state.update(|s| {
+        let kept = inner.state.update(|s| {
+            if !s.kinds.contains(&kind) {
+                s.dropped_unknown_kind += 1;
+                return false;
+            }
+            let q = s.queued.entry(rank).or_default();
+            q.messages += 1;
+            q.bytes += frame.len();
+            s.queued_bytes += frame.len();
             s.inbox.entry((rank, kind)).or_default().push_back(frame);
-            *s.queued.entry(rank).or_default() += 1;
+            true
         });
+        if !kept && warned_kinds.len() < 64 && warned_kinds.insert(kind) {
+            tracing::warn!(
+                rank = inner.rank,
+                peer = rank,
+                kind,
+                "dropping control-plane messages of a kind nobody receives (register it with \
+                 ControlPlane::register_kind); further ones of this kind from this peer are \
+                 dropped silently"
+            );
+        }
     };
     detach(&inner, rank, conn_id, why);
 }
@@ -581,11 +863,18 @@ async fn accept_loop(inner: Arc<Inner>, listener: Listener) {
     }
 }
 
+#[cfg(test)]
 fn ack(status: u8, rank: Rank, reason: &str) -> Vec<u8> {
-    let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON_LEN)];
+    ack_v(HELLO_VERSION, status, rank, reason.as_bytes())
+}
+
+/// A HELLO answer of `version`; `reason` is text, or the nonce and proof of
+/// [`STATUS_AUTHENTICATE`].
+fn ack_v(version: u8, status: u8, rank: Rank, reason: &[u8]) -> Vec<u8> {
+    let reason = &reason[..reason.len().min(MAX_REASON_LEN)];
     let mut out = Vec::with_capacity(ACK_FIXED_LEN + reason.len());
     out.extend_from_slice(&HELLO_MAGIC);
-    out.push(HELLO_VERSION);
+    out.push(version);
     out.push(status);
     out.extend_from_slice(&rank.to_be_bytes());
     out.extend_from_slice(&(reason.len() as u16).to_be_bytes());
@@ -593,37 +882,156 @@ fn ack(status: u8, rank: Rank, reason: &str) -> Vec<u8> {
     out
 }
 
-/// Reads an accepted connection's HELLO and admits or refuses it.
-async fn handshake(inner: Arc<Inner>, mut stream: Stream) {
+/// Reads a HELLO answer: its fixed part and its reason field.
+async fn read_ack(stream: &mut Stream) -> std::io::Result<([u8; ACK_FIXED_LEN], Vec<u8>)> {
+    let mut fixed = [0u8; ACK_FIXED_LEN];
+    stream.read_exact(&mut fixed).await?;
+    let reason_len = u16::from_be_bytes([fixed[10], fixed[11]]) as usize;
+    let mut reason = vec![0u8; reason_len.min(MAX_REASON_LEN)];
+    stream.read_exact(&mut reason).await?;
+    Ok((fixed, reason))
+}
+
+/// What both authentication proofs bind: the dialler's claimed rank and the listener's.
+fn auth_claim(dialler: Rank, listener: Rank) -> [u8; 8] {
+    let mut claim = [0u8; 8];
+    claim[..4].copy_from_slice(&dialler.to_be_bytes());
+    claim[4..].copy_from_slice(&listener.to_be_bytes());
+    claim
+}
+
+/// How a HELLO went before the rank checks.
+enum Hello {
+    /// The dialler claims `rank`; answer in `version`.
+    Claims { rank: Rank, version: u8 },
+    /// Refused with a reason (in `version`); `auth` counts it as an authentication failure.
+    Refused {
+        rank: Rank,
+        version: u8,
+        why: String,
+        auth: bool,
+    },
+    /// Not an HMC control-plane peer: dropped without an answer.
+    Garbage,
+}
+
+/// Reads a HELLO and, with a secret configured, runs the authentication exchange.
+async fn read_hello(inner: &Inner, stream: &mut Stream) -> std::io::Result<Hello> {
     let mut hello = [0u8; HELLO_LEN];
-    let read = tokio::time::timeout(inner.config.hello_timeout, stream.read_exact(&mut hello));
-    let refusal = match read.await {
+    stream.read_exact(&mut hello).await?;
+    if hello[..4] != HELLO_MAGIC {
+        return Ok(Hello::Garbage);
+    }
+    let version = hello[4];
+    let rank = Rank::from_be_bytes(hello[5..9].try_into().expect("4 bytes"));
+    let refuse = |why: String, auth| Hello::Refused {
+        rank,
+        version,
+        why,
+        auth,
+    };
+    match (&inner.config.auth_secret, version) {
+        (_, v) if v != HELLO_VERSION && v != HELLO_VERSION_AUTH => Ok(Hello::Refused {
+            rank,
+            version: HELLO_VERSION,
+            why: format!(
+                "control-plane version {v} is not supported (this side speaks {HELLO_VERSION}, \
+                 and {HELLO_VERSION_AUTH} with authentication)"
+            ),
+            auth: false,
+        }),
+        (None, HELLO_VERSION) => Ok(Hello::Claims { rank, version }),
+        (None, _) => {
+            let mut nonce = [0u8; NONCE_LEN];
+            stream.read_exact(&mut nonce).await?;
+            Ok(Hello::Refused {
+                rank,
+                // A dialler with a secret reads a version-1 refusal.
+                version: HELLO_VERSION,
+                why: format!(
+                    "rank {} does not use authentication, and the dialler does: set the same \
+                     ControlPlaneConfig::auth_secret on both peers, or on neither",
+                    inner.rank
+                ),
+                auth: true,
+            })
+        }
+        (Some(_), HELLO_VERSION) => Ok(refuse(
+            format!(
+                "rank {} requires authentication with a pre-shared secret: set the same \
+                 ControlPlaneConfig::auth_secret on the dialler (hmc-tcp-peer: \
+                 --auth-secret-file)",
+                inner.rank
+            ),
+            true,
+        )),
+        (Some(secret), _) => {
+            let mut dialler_nonce = [0u8; NONCE_LEN];
+            stream.read_exact(&mut dialler_nonce).await?;
+            let nonce = auth::nonce()?;
+            let claim = auth_claim(rank, inner.rank);
+            let proof = secret.proof(AUTH_CONTEXT, b'L', &dialler_nonce, &nonce, &claim);
+            let mut challenge = nonce.to_vec();
+            challenge.extend_from_slice(&proof);
+            stream
+                .write_all(&ack_v(version, STATUS_AUTHENTICATE, inner.rank, &challenge))
+                .await?;
+            let mut theirs = [0u8; PROOF_LEN];
+            stream.read_exact(&mut theirs).await?;
+            if secret.verify(AUTH_CONTEXT, b'D', &dialler_nonce, &nonce, &claim, &theirs) {
+                Ok(Hello::Claims { rank, version })
+            } else {
+                Ok(refuse(
+                    format!(
+                        "authentication failed at rank {}: the dialler's proof does not match \
+                         this side's secret; both peers need the same \
+                         ControlPlaneConfig::auth_secret",
+                        inner.rank
+                    ),
+                    true,
+                ))
+            }
+        }
+    }
+}
+
+/// Reads an accepted connection's HELLO (and authenticates it) and admits or refuses it.
+async fn handshake(inner: Arc<Inner>, mut stream: Stream) {
+    let read = tokio::time::timeout(inner.config.hello_timeout, read_hello(&inner, &mut stream));
+    let (rank, version, refusal) = match read.await {
         Err(_) => {
             tracing::warn!(
                 rank = inner.rank,
                 timeout = ?inner.config.hello_timeout,
-                "dropping a control-plane connection that sent no HELLO in time (hello_timeout)"
+                "dropping a control-plane connection that did not finish its HELLO in time \
+                 (hello_timeout)"
             );
             return;
         }
         Ok(Err(e)) => {
-            tracing::debug!(rank = inner.rank, error = %e, "connection closed before its HELLO");
+            tracing::debug!(rank = inner.rank, error = %e, "connection closed during its HELLO");
             return;
         }
-        Ok(Ok(_)) if hello[..4] != HELLO_MAGIC => {
+        Ok(Ok(Hello::Garbage)) => {
             tracing::warn!(
                 rank = inner.rank,
                 "dropping a connection that is not an HMC control-plane peer (bad HELLO magic)"
             );
             return;
         }
-        Ok(Ok(_)) if hello[4] != HELLO_VERSION => Some(format!(
-            "control-plane version {} is not supported (this side speaks {HELLO_VERSION})",
-            hello[4]
-        )),
-        Ok(Ok(_)) => None,
+        Ok(Ok(Hello::Refused {
+            rank,
+            version,
+            why,
+            auth,
+        })) => {
+            if auth {
+                inner.state.with(|s| s.auth_failures += 1);
+            }
+            (rank, version, Some(why))
+        }
+        Ok(Ok(Hello::Claims { rank, version })) => (rank, version, None),
     };
-    let rank = Rank::from_be_bytes(hello[5..9].try_into().expect("4 bytes"));
     let refusal = refusal.or_else(|| {
         inner.state.with(|s| {
             if rank == inner.rank {
@@ -647,7 +1055,12 @@ async fn handshake(inner: Arc<Inner>, mut stream: Stream) {
     });
     let refusal = match refusal {
         Some(r) => r,
-        None => match attach(&inner, rank, stream, Some(ack(0, inner.rank, ""))) {
+        None => match attach(
+            &inner,
+            rank,
+            stream,
+            Some(ack_v(version, 0, inner.rank, b"")),
+        ) {
             Ok(()) => {
                 tracing::debug!(rank = inner.rank, peer = rank, "control-plane peer joined");
                 return;
@@ -661,8 +1074,12 @@ async fn handshake(inner: Arc<Inner>, mut stream: Stream) {
         },
     };
     tracing::warn!(rank = inner.rank, peer = rank, reason = %refusal, "refused a HELLO");
-    let _ = stream.write_all(&ack(1, inner.rank, &refusal)).await;
-    let _ = stream.shutdown().await;
+    let answer = ack_v(version, 1, inner.rank, refusal.as_bytes());
+    let _ = tokio::time::timeout(inner.config.hello_timeout, async {
+        let _ = stream.write_all(&answer).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
 }
 
 #[cfg(test)]

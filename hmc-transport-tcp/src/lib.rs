@@ -20,7 +20,9 @@
 //! Device memory: the CPU moves the bytes, so only host regions register (stage device
 //! data through a host `ConnBuffer`). Large or many-in-flight RPC payloads: that is
 //! `hmc-rpc`'s job. Untrusted networks: nothing is encrypted, and the tokens protect
-//! against mistakes and stale keys, not against an eavesdropper on the wire.
+//! against mistakes and stale keys, not against an eavesdropper on the wire. The optional
+//! pre-shared-secret authentication ([`AuthSecret`], off by default) keeps processes
+//! without the secret off both planes; it does not hide or protect the bytes in transit.
 //!
 //! # Runtime and limits
 //!
@@ -37,6 +39,7 @@
 //! dropped future stops at once); the responder touches a region only under its liveness
 //! lock, after a full bounds, token and access check.
 
+mod auth;
 mod comm;
 mod control;
 mod net;
@@ -44,6 +47,7 @@ mod responder;
 mod wait;
 mod wire;
 
-pub use comm::{TcpCommunicator, TcpConfig, TcpEndpoint, TcpRegistration, TcpRemoteKey};
-pub use control::{ControlMessage, ControlPlane, ControlPlaneConfig, Rank};
+pub use auth::{AuthSecret, MIN_SECRET_LEN};
+pub use comm::{TcpCommunicator, TcpConfig, TcpEndpoint, TcpRegistration, TcpRemoteKey, TcpStats};
+pub use control::{ControlMessage, ControlPlane, ControlPlaneConfig, ControlPlaneStats, Rank};
 pub use net::bind_unix_listener;

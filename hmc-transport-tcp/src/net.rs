@@ -140,6 +140,14 @@ impl Stream {
         }
     }
 
+    /// True when a pooled (idle) connection can no longer carry a request: the peer closed
+    /// it, it failed, or it holds bytes nobody asked for (then it is out of step and is
+    /// dropped anyway). One non-blocking read.
+    pub(crate) fn closed_by_peer(&self) -> bool {
+        let mut probe = [0u8; 1];
+        !matches!(self.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
     /// One non-blocking `read`; `WouldBlock` when nothing is there.
     pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         match self {

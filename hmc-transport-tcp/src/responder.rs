@@ -5,16 +5,36 @@
 //! region with non-blocking `read`/`write` calls made under the region's liveness lock,
 //! which is never held across an `.await`: deregistration waits for one system call at
 //! most, and after it no request reaches the memory.
+//!
+//! # Bounds on what a peer can hold
+//!
+//! - Time: `hello_timeout` until the HELLO (and the authentication exchange) is done,
+//!   `idle_timeout` between requests, and `request_timeout` for a request's header and a
+//!   NOTIFY's message to arrive whole, and for each step of bulk data to progress. A
+//!   connection past any of them is closed and counted in [`crate::TcpStats`].
+//! - Memory: a NOTIFY's announced length is checked against `max_notify_len` from its
+//!   header, before any of its body is read (the connection is then closed, as its body
+//!   cannot be skipped cheaply). A NOTIFY is taken only with the key of one of this
+//!   communicator's live registrations (KEYED NOTIFY), or over a connection that passed
+//!   the pre-shared-secret authentication; then it must fit both
+//!   `max_pending_notifications` and `max_pending_notification_bytes`. Refused ones are
+//!   read and dropped (they are at most `max_notify_len`) so the connection stays usable.
 
 use std::io;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use hmc_core::{Access, Error, Notification, Op, PeerAddr, Result, check_bounds};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::comm::{RegEntry, Shared};
+use crate::auth::{self, NONCE_LEN, PROOF_LEN};
+use crate::comm::{Counters, RegEntry, Shared};
 use crate::net::{Listener, Stream};
-use crate::wire::{self, WireDesc};
+use crate::wire::{self, TOKEN_LEN, WireDesc};
+
+/// The `context` of data-plane authentication proofs (see [`crate::auth`]).
+pub(crate) const AUTH_CONTEXT: &str = "hmc-tcp data v1";
 
 /// Registers a task so `close` can abort it. `None` once closed (the task is aborted) or,
 /// with `limit`, when `limit` connections are already served (the task is left to refuse).
@@ -82,64 +102,234 @@ async fn refuse(shared: &Shared, mut stream: Stream, limit: usize) {
         shared.addr
     );
     tracing::warn!(addr = %shared.addr, limit, "refusing a data-plane connection: {why}");
-    let hello = wire::read_hello(&mut stream, false);
+    let hello = async {
+        let h = wire::read_hello_v(&mut stream, false).await;
+        let version = match h {
+            Ok(Ok(h)) if h.version == wire::VERSION_AUTH => {
+                // Read the nonce too, so the refusal is not lost to a reset.
+                let mut nonce = [0u8; NONCE_LEN];
+                let _ = stream.read_exact(&mut nonce).await;
+                wire::VERSION_AUTH
+            }
+            _ => wire::VERSION,
+        };
+        let answer = wire::encode_hello_v(version, Some(1), why.as_bytes());
+        let _ = stream.write_all(&answer).await;
+        let _ = stream.shutdown().await;
+    };
     let _ = tokio::time::timeout(shared.config.hello_timeout, hello).await;
-    let _ = stream.write_all(&wire::encode_hello(Some(1), &why)).await;
-    let _ = stream.shutdown().await;
 }
 
-/// Serves one connection until it closes or breaks the protocol.
+/// Why a HELLO was not admitted.
+struct Refusal {
+    why: String,
+    /// The version to answer in (the dialler's).
+    version: u8,
+    /// Counted in `auth_failures`.
+    auth: bool,
+}
+
+/// Reads the HELLO and, with a secret configured, runs the authentication exchange (see
+/// [`crate::auth`]). `Ok(Ok((from, authenticated)))` admits the connection.
+async fn accept_hello(
+    shared: &Shared,
+    stream: &mut Stream,
+) -> io::Result<Result<(PeerAddr, bool), Refusal>> {
+    let refuse = |why: String, version, auth| Ok(Err(Refusal { why, version, auth }));
+    let hello = match wire::read_hello_v(stream, false).await? {
+        Ok(h) => h,
+        Err(why) => return refuse(why, wire::VERSION, false),
+    };
+    let version = hello.version;
+    let authenticated = match (&shared.config.auth_secret, version) {
+        (None, wire::VERSION) => false,
+        (None, _) => {
+            let mut nonce = [0u8; NONCE_LEN];
+            stream.read_exact(&mut nonce).await?;
+            return refuse(
+                format!(
+                    "{} does not use authentication, and the dialler does: set the same \
+                     TcpConfig::auth_secret on both peers, or on neither",
+                    shared.addr
+                ),
+                version,
+                true,
+            );
+        }
+        (Some(_), wire::VERSION) => {
+            return refuse(
+                format!(
+                    "{} requires authentication with a pre-shared secret: set the same \
+                     TcpConfig::auth_secret on the dialler (hmc-tcp-peer: --auth-secret-file)",
+                    shared.addr
+                ),
+                version,
+                true,
+            );
+        }
+        (Some(secret), _) => {
+            let mut dialler_nonce = [0u8; NONCE_LEN];
+            stream.read_exact(&mut dialler_nonce).await?;
+            let nonce = auth::nonce()?;
+            let claim = &hello.payload;
+            let proof = secret.proof(AUTH_CONTEXT, b'L', &dialler_nonce, &nonce, claim);
+            let mut challenge = nonce.to_vec();
+            challenge.extend_from_slice(&proof);
+            let answer = wire::encode_hello_v(version, Some(wire::STATUS_AUTHENTICATE), &challenge);
+            stream.write_all(&answer).await?;
+            let mut theirs = [0u8; PROOF_LEN];
+            stream.read_exact(&mut theirs).await?;
+            if !secret.verify(AUTH_CONTEXT, b'D', &dialler_nonce, &nonce, claim, &theirs) {
+                return refuse(
+                    format!(
+                        "authentication failed at {}: the dialler's proof does not match this \
+                         side's secret; both peers need the same TcpConfig::auth_secret",
+                        shared.addr
+                    ),
+                    version,
+                    true,
+                );
+            }
+            true
+        }
+    };
+    let from = hello.text().and_then(|t| {
+        t.parse::<PeerAddr>()
+            .map_err(|e| format!("the HELLO's address is not valid: {e}"))
+    });
+    match from {
+        Ok(a) => Ok(Ok((a, authenticated))),
+        Err(why) => refuse(why, version, false),
+    }
+}
+
+/// Counts an admitted connection as open for as long as it lives.
+struct OpenConnection<'a>(&'a AtomicU64);
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// `io` by `until`, or a `TimedOut` error naming `request_timeout`.
+async fn by<T>(until: Instant, io: impl Future<Output = io::Result<T>>) -> io::Result<T> {
+    tokio::time::timeout_at(until.into(), io)
+        .await
+        .unwrap_or_else(|_| Err(request_timed_out()))
+}
+
+/// `io` within `stall`, or a `TimedOut` error naming `request_timeout`.
+async fn within<T>(stall: Duration, io: impl Future<Output = io::Result<T>>) -> io::Result<T> {
+    tokio::time::timeout(stall, io)
+        .await
+        .unwrap_or_else(|_| Err(request_timed_out()))
+}
+
+fn request_timed_out() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the request did not arrive or progress within request_timeout",
+    )
+}
+
+/// Writes `bytes` (a status or an answer), giving up after `stall` without progress.
+async fn send(stream: &mut Stream, bytes: &[u8], stall: Duration) -> io::Result<()> {
+    within(stall, stream.write_all(bytes)).await
+}
+
+/// Serves one connection until it closes, breaks the protocol or runs into a timeout.
 async fn serve(shared: &Shared, mut stream: Stream) {
+    let counters = &shared.counters;
     let hello = tokio::time::timeout(
         shared.config.hello_timeout,
-        wire::read_hello(&mut stream, false),
+        accept_hello(shared, &mut stream),
     )
     .await;
-    let from = match hello {
+    let (from, authenticated) = match hello {
         Err(_) => {
+            Counters::bump(&counters.hello_timeouts);
             tracing::warn!(
                 addr = %shared.addr,
                 timeout = ?shared.config.hello_timeout,
-                "dropping a data-plane connection that sent no HELLO in time (hello_timeout)"
+                "dropping a data-plane connection that did not finish its HELLO in time \
+                 (hello_timeout)"
             );
             return;
         }
         Ok(Err(e)) => {
-            tracing::debug!(error = %e, "data-plane connection closed before its HELLO");
+            tracing::debug!(error = %e, "data-plane connection closed during its HELLO");
             return;
         }
-        Ok(Ok(Err(why))) => {
-            tracing::warn!(addr = %shared.addr, %why, "refusing a data-plane HELLO");
-            let _ = stream.write_all(&wire::encode_hello(Some(1), &why)).await;
-            return;
-        }
-        Ok(Ok(Ok((_, text)))) => match text.parse::<PeerAddr>() {
-            Ok(a) => a,
-            Err(e) => {
-                let why = format!("the HELLO's address is not valid: {e}");
-                tracing::warn!(addr = %shared.addr, %why, "refusing a data-plane HELLO");
-                let _ = stream.write_all(&wire::encode_hello(Some(1), &why)).await;
-                return;
+        Ok(Ok(Err(refusal))) => {
+            if refusal.auth {
+                Counters::bump(&counters.auth_failures);
             }
-        },
+            tracing::warn!(addr = %shared.addr, why = %refusal.why, "refusing a data-plane HELLO");
+            let answer = wire::encode_hello_v(refusal.version, Some(1), refusal.why.as_bytes());
+            let _ = tokio::time::timeout(shared.config.hello_timeout, async {
+                let _ = stream.write_all(&answer).await;
+                let _ = stream.shutdown().await;
+            })
+            .await;
+            return;
+        }
+        Ok(Ok(Ok(admitted))) => admitted,
     };
-    let answer = wire::encode_hello(Some(0), &shared.addr.to_string());
-    if stream.write_all(&answer).await.is_err() {
+    let version = if authenticated {
+        wire::VERSION_AUTH
+    } else {
+        wire::VERSION
+    };
+    let answer = wire::encode_hello_v(version, Some(0), shared.addr.to_string().as_bytes());
+    if send(&mut stream, &answer, shared.config.hello_timeout)
+        .await
+        .is_err()
+    {
         return;
     }
+    Counters::bump(&counters.accepted);
+    counters.open.fetch_add(1, Ordering::Relaxed);
+    let _open = OpenConnection(&counters.open);
+    let stall = shared.config.request_timeout;
     loop {
-        let kind = match stream.read_u8().await {
-            Ok(k) => k,
-            Err(_) => return, // the initiator closed the connection
+        let kind = match tokio::time::timeout(shared.config.idle_timeout, stream.read_u8()).await {
+            Ok(Ok(k)) => k,
+            Ok(Err(_)) => return, // the initiator closed the connection
+            Err(_) => {
+                Counters::bump(&counters.idle_timeouts);
+                tracing::debug!(
+                    peer = %from,
+                    timeout = ?shared.config.idle_timeout,
+                    "closing a data-plane connection idle for idle_timeout"
+                );
+                return;
+            }
         };
+        let until = Instant::now() + stall;
         let outcome = match kind {
-            wire::REQ_WRITE => serve_batch(shared, &mut stream, Op::Write).await,
-            wire::REQ_READ => serve_batch(shared, &mut stream, Op::Read).await,
-            wire::REQ_NOTIFY => serve_notify(shared, &mut stream, &from).await,
+            wire::REQ_WRITE => serve_batch(shared, &mut stream, Op::Write, until).await,
+            wire::REQ_READ => serve_batch(shared, &mut stream, Op::Read, until).await,
+            wire::REQ_NOTIFY => {
+                serve_notify(shared, &mut stream, &from, false, authenticated, until).await
+            }
+            wire::REQ_NOTIFY_KEYED => {
+                serve_notify(shared, &mut stream, &from, true, authenticated, until).await
+            }
             other => Err(Broken::Protocol(format!("unknown request kind {other}"))),
         };
         match outcome {
             Ok(()) => {}
+            Err(Broken::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
+                Counters::bump(&counters.request_timeouts);
+                tracing::warn!(
+                    peer = %from,
+                    timeout = ?stall,
+                    "closing a data-plane connection whose request did not arrive or progress \
+                     within request_timeout"
+                );
+                return;
+            }
             Err(Broken::Io(e)) => {
                 tracing::debug!(peer = %from, error = %e, "data-plane connection ended");
                 return;
@@ -147,7 +337,13 @@ async fn serve(shared: &Shared, mut stream: Stream) {
             Err(Broken::Protocol(why)) => {
                 tracing::warn!(peer = %from, %why, "closing a data-plane connection that broke the protocol");
                 let status = wire::encode_error(&Error::Protocol(why));
-                let _ = stream.write_all(&status).await;
+                let _ = send(&mut stream, &status, stall).await;
+                return;
+            }
+            Err(Broken::Refused(e)) => {
+                tracing::warn!(peer = %from, error = %e, "refused a request from its header; closing the connection");
+                let _ = send(&mut stream, &wire::encode_error(&e), stall).await;
+                let _ = within(stall, stream.shutdown()).await;
                 return;
             }
         }
@@ -158,6 +354,9 @@ async fn serve(shared: &Shared, mut stream: Stream) {
 enum Broken {
     Io(io::Error),
     Protocol(String),
+    /// A refusal decided from a request's header whose body is not read: the error is
+    /// sent, then the connection closes.
+    Refused(Error),
 }
 
 impl From<io::Error> for Broken {
@@ -218,12 +417,12 @@ fn small_answer(
     answer
 }
 
-/// Reads and discards `n` bytes.
-async fn drain(stream: &mut Stream, mut n: u64) -> io::Result<()> {
-    let mut scratch = vec![0u8; 64 << 10];
+/// Reads and discards `n` bytes, giving up after `stall` without progress.
+async fn drain(stream: &mut Stream, mut n: u64, stall: Duration) -> io::Result<()> {
+    let mut scratch = vec![0u8; n.min(64 << 10) as usize];
     while n > 0 {
         let want = n.min(scratch.len() as u64) as usize;
-        stream.read_exact(&mut scratch[..want]).await?;
+        within(stall, stream.read_exact(&mut scratch[..want])).await?;
         n -= want as u64;
     }
     Ok(())
@@ -240,11 +439,18 @@ enum Moved {
     },
 }
 
-/// Reads `len` bytes from the socket into `entry` at `offset`.
-async fn recv_into(stream: &Stream, entry: &RegEntry, offset: u64, len: u64) -> io::Result<Moved> {
+/// Reads `len` bytes from the socket into `entry` at `offset`, giving up after `stall`
+/// without progress.
+async fn recv_into(
+    stream: &Stream,
+    entry: &RegEntry,
+    offset: u64,
+    len: u64,
+    stall: Duration,
+) -> io::Result<Moved> {
     let mut done = 0u64;
     while done < len {
-        stream.readable().await?;
+        within(stall, stream.readable()).await?;
         let live = entry.live.read();
         if !*live {
             return Ok(Moved::Deregistered {
@@ -273,18 +479,20 @@ async fn recv_into(stream: &Stream, entry: &RegEntry, offset: u64, len: u64) -> 
 }
 
 /// Writes `prefix` (a status) and then `len` bytes of `entry` at `offset` to the socket,
-/// the prefix in the same system call as the first bytes.
+/// the prefix in the same system call as the first bytes, giving up after `stall` without
+/// progress.
 async fn send_from(
     stream: &Stream,
     entry: &RegEntry,
     offset: u64,
     len: u64,
     mut prefix: &[u8],
+    stall: Duration,
 ) -> io::Result<Moved> {
     let mut done = 0u64;
     let prefix_len = prefix.len();
     while done < len || !prefix.is_empty() {
-        stream.writable().await?;
+        within(stall, stream.writable()).await?;
         let live = entry.live.read();
         if !*live {
             return Ok(Moved::Deregistered {
@@ -312,8 +520,15 @@ async fn send_from(
     Ok(Moved::Done)
 }
 
-async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(), Broken> {
-    let count = stream.read_u32().await? as usize;
+/// Serves one READ or WRITE; its header must be in by `until`.
+async fn serve_batch(
+    shared: &Shared,
+    stream: &mut Stream,
+    op: Op,
+    until: Instant,
+) -> Result<(), Broken> {
+    let stall = shared.config.request_timeout;
+    let count = by(until, stream.read_u32()).await? as usize;
     let max = shared.config.max_batch_descs;
     if count > max {
         return Err(Broken::Protocol(format!(
@@ -322,9 +537,9 @@ async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(),
         )));
     }
     let mut raw = vec![0u8; count * WireDesc::LEN];
-    stream.read_exact(&mut raw).await?;
+    by(until, stream.read_exact(&mut raw)).await?;
     if op == Op::Write {
-        wire::skip_pad(stream).await?;
+        by(until, wire::skip_pad(stream)).await?;
     }
     let descs = WireDesc::decode_all(&raw);
     let total = descs
@@ -337,9 +552,9 @@ async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(),
         Err(refusal) => {
             tracing::debug!(addr = %shared.addr, error = %refusal, ?op, "refused a batch");
             if op == Op::Write {
-                drain(stream, total).await?;
+                drain(stream, total, stall).await?;
             }
-            stream.write_all(&wire::encode_error(&refusal)).await?;
+            send(stream, &wire::encode_error(&refusal), stall).await?;
             return Ok(());
         }
     };
@@ -347,26 +562,26 @@ async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(),
         Op::Write => {
             let mut remaining = total;
             for (d, entry) in descs.iter().zip(&entries) {
-                match recv_into(stream, entry, d.offset, d.len).await? {
+                match recv_into(stream, entry, d.offset, d.len, stall).await? {
                     Moved::Done => remaining -= d.len,
                     Moved::Deregistered { moved, .. } => {
-                        drain(stream, remaining - moved).await?;
+                        drain(stream, remaining - moved, stall).await?;
                         let e = Error::InvalidKey(format!(
                             "region {} at {} was deregistered during the WRITE; part of the \
                              batch may have landed",
                             d.id, shared.addr
                         ));
-                        stream.write_all(&wire::encode_error(&e)).await?;
+                        send(stream, &wire::encode_error(&e), stall).await?;
                         return Ok(());
                     }
                 }
             }
-            stream.write_all(&[0]).await?;
+            send(stream, &[0], stall).await?;
         }
         Op::Read if total <= wire::COALESCE_LEN as u64 => {
             // Small answers go out in one write with their status: one segment, one wakeup.
             let answer = small_answer(shared, &descs, &entries, total as usize);
-            stream.write_all(&answer).await?;
+            send(stream, &answer, stall).await?;
         }
         Op::Read => {
             // The success status and its padding leave with the first bytes.
@@ -380,7 +595,7 @@ async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(),
             prefix[1] = pad;
             let mut status: &[u8] = &prefix[..2 + pad as usize];
             for (d, entry) in descs.iter().zip(&entries) {
-                let sent = send_from(stream, entry, d.offset, d.len, status).await?;
+                let sent = send_from(stream, entry, d.offset, d.len, status, stall).await?;
                 let first_call = !status.is_empty();
                 status = &[];
                 if let Moved::Deregistered { started: false, .. } = sent
@@ -391,7 +606,7 @@ async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(),
                         "region {} at {} was deregistered before the READ was served",
                         d.id, shared.addr
                     ));
-                    stream.write_all(&wire::encode_error(&e)).await?;
+                    send(stream, &wire::encode_error(&e), stall).await?;
                     return Ok(());
                 }
                 if let Moved::Deregistered { .. } = sent {
@@ -407,24 +622,55 @@ async fn serve_batch(shared: &Shared, stream: &mut Stream, op: Op) -> Result<(),
     Ok(())
 }
 
-async fn serve_notify(shared: &Shared, stream: &mut Stream, from: &PeerAddr) -> Result<(), Broken> {
-    let tag = stream.read_u64().await?;
-    let len = stream.read_u32().await? as usize;
+/// Serves one NOTIFY (with a key when `keyed`); header and message must be in by `until`.
+async fn serve_notify(
+    shared: &Shared,
+    stream: &mut Stream,
+    from: &PeerAddr,
+    keyed: bool,
+    authenticated: bool,
+    until: Instant,
+) -> Result<(), Broken> {
+    let stall = shared.config.request_timeout;
+    let key_len = if keyed { 8 + TOKEN_LEN } else { 0 };
+    let mut head = [0u8; 8 + TOKEN_LEN + 12];
+    by(until, stream.read_exact(&mut head[..key_len + 12])).await?;
+    let key = keyed.then(|| {
+        (
+            u64::from_be_bytes(head[..8].try_into().expect("8 bytes")),
+            <[u8; TOKEN_LEN]>::try_from(&head[8..8 + TOKEN_LEN]).expect("16 bytes"),
+        )
+    });
+    let tag = u64::from_be_bytes(head[key_len..key_len + 8].try_into().expect("8 bytes"));
+    let len = u32::from_be_bytes(head[key_len + 8..key_len + 12].try_into().expect("4 bytes"));
+    let len = len as usize;
+    let counters = &shared.counters;
     let max = shared.config.max_notify_len;
     if len > max {
-        drain(stream, len as u64).await?;
-        let e = Error::LimitExceeded {
+        // Refused from its header: its body is never read, and the connection closes.
+        Counters::bump(&counters.refused_notifications);
+        return Err(Broken::Refused(Error::LimitExceeded {
             limit: "max_notify_len",
             value: len as u64,
             max: max as u64,
-            hint: "raise TcpConfig::max_notify_len at the target".into(),
-        };
-        stream.write_all(&wire::encode_error(&e)).await?;
+            hint: format!(
+                "raise TcpConfig::max_notify_len at the target ({}), or move the bytes with a \
+                 transfer",
+                shared.addr
+            ),
+        }));
+    }
+    if let Err(e) = admit_notify(shared, key, authenticated) {
+        Counters::bump(&counters.refused_notifications);
+        tracing::debug!(peer = %from, error = %e, "refused a NOTIFY");
+        by(until, drain(stream, len as u64, stall)).await?;
+        send(stream, &wire::encode_error(&e), stall).await?;
         return Ok(());
     }
     let mut msg = vec![0u8; len];
-    stream.read_exact(&mut msg).await?;
+    by(until, stream.read_exact(&mut msg)).await?;
     let max_pending = shared.config.max_pending_notifications;
+    let max_bytes = shared.config.max_pending_notification_bytes;
     let queued = shared.notifications.update(|n| {
         if n.queue.len() >= max_pending {
             return Err(Error::LimitExceeded {
@@ -436,6 +682,17 @@ async fn serve_notify(shared: &Shared, stream: &mut Stream, from: &PeerAddr) -> 
                     .into(),
             });
         }
+        if n.bytes + len > max_bytes {
+            return Err(Error::LimitExceeded {
+                limit: "max_pending_notification_bytes",
+                value: (n.bytes + len) as u64,
+                max: max_bytes as u64,
+                hint: "the target is not calling recv_notification fast enough; retry later, or \
+                       raise TcpConfig::max_pending_notification_bytes there"
+                    .into(),
+            });
+        }
+        n.bytes += len;
         n.queue.push_back(Notification {
             from: from.clone(),
             tag,
@@ -444,8 +701,53 @@ async fn serve_notify(shared: &Shared, stream: &mut Stream, from: &PeerAddr) -> 
         Ok(())
     });
     match queued {
-        Ok(()) => stream.write_all(&[0]).await?,
-        Err(e) => stream.write_all(&wire::encode_error(&e)).await?,
+        Ok(()) => send(stream, &[0], stall).await?,
+        Err(e) => {
+            Counters::bump(&counters.refused_notifications);
+            tracing::debug!(peer = %from, error = %e, "refused a NOTIFY");
+            send(stream, &wire::encode_error(&e), stall).await?
+        }
     }
     Ok(())
+}
+
+/// Whether a NOTIFY may be queued at all: notifications are taken here, and the sender
+/// holds a live key of this communicator (or authenticated with the shared secret).
+fn admit_notify(
+    shared: &Shared,
+    key: Option<(u64, [u8; TOKEN_LEN])>,
+    authenticated: bool,
+) -> Result<()> {
+    if shared.config.max_pending_notifications == 0 {
+        return Err(Error::LimitExceeded {
+            limit: "max_pending_notifications",
+            value: 1,
+            max: 0,
+            hint: format!(
+                "{} takes no notifications (TcpConfig::max_pending_notifications is 0 there); \
+                 send the message another way, or raise it above 0 at the target",
+                shared.addr
+            ),
+        });
+    }
+    match key {
+        Some((id, token)) => {
+            let entry = shared.regions.read().get(&id).cloned();
+            match entry {
+                Some(e) if e.token_matches(&token) => Ok(()),
+                _ => Err(Error::InvalidKey(format!(
+                    "the NOTIFY's key (region {id}) is not a live key at {}: the region was \
+                     deregistered or rekeyed; import a current export of it on this endpoint",
+                    shared.addr
+                ))),
+            }
+        }
+        None if authenticated => Ok(()),
+        None => Err(Error::AccessDenied(format!(
+            "{} takes a NOTIFY only from a peer it granted access: import one of its exported \
+             regions on this endpoint first (the NOTIFY then carries that key), or set the same \
+             TcpConfig::auth_secret on both peers",
+            shared.addr
+        ))),
+    }
 }

@@ -348,10 +348,12 @@ async fn registration_and_notification_limits_name_themselves() {
         0,
         "deregistration returns the budget"
     );
-    let _again = buffer(&small, &[0; 8192], Access::READ);
+    let again = buffer(&small, &[0; 8192], Access::READ);
 
     let sender = comm(TcpConfig::default());
     let ep = sender.connect(&small.address(), soon()).await.unwrap();
+    // The key that proves `small` granted this endpoint access; notify sends it.
+    sender.import(&ep, &again.export()).unwrap();
     let err = sender.notify(&ep, 1, &[0; 17], soon()).await.unwrap_err();
     assert!(
         matches!(

@@ -1,14 +1,22 @@
 //! The hmc-core conformance kit for `TcpCommunicator`, over TCP and over Unix domain sockets.
+//!
+//! The peers share a pre-shared secret: the kit's `notify_in_order` notifies without
+//! importing a region first, which a target takes only over an authenticated connection,
+//! and the whole kit then runs over authenticated connections.
 
 use std::sync::Arc;
 
 use hmc_backend_cpu::HostMemory;
 use hmc_core::PeerAddr;
 use hmc_core::testing::Peers;
-use hmc_transport_tcp::{TcpCommunicator, TcpConfig};
+use hmc_transport_tcp::{AuthSecret, TcpCommunicator, TcpConfig};
 
 fn bind(addr: PeerAddr) -> Arc<TcpCommunicator> {
-    Arc::new(TcpCommunicator::bind(&addr, TcpConfig::default()).expect("bind"))
+    let config = TcpConfig {
+        auth_secret: Some(AuthSecret::new(*b"conformance-kit-secret").unwrap()),
+        ..TcpConfig::default()
+    };
+    Arc::new(TcpCommunicator::bind(&addr, config).expect("bind"))
 }
 
 mod over_tcp {

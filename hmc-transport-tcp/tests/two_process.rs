@@ -179,3 +179,45 @@ async fn killing_the_target_mid_transfer_ends_in_an_error_before_the_deadline() 
     assert!(matches!(again, Err(Error::Peer { .. })), "{again:?}");
     drop(server);
 }
+
+/// `hmc-tcp-peer --auth-secret-file`: a process without the secret cannot take the
+/// client's rank, and a client with the same file completes the session.
+#[test]
+fn the_peers_authenticate_with_a_secret_file() {
+    let path = std::env::temp_dir().join(format!("hmc-peer-secret-{}", std::process::id()));
+    std::fs::write(&path, b"a-secret-for-the-two-peers\n").unwrap();
+    let file = path.to_str().unwrap();
+    let (mut server, _out, addr) = start_server(&[
+        "--exit-after",
+        "1",
+        "--len",
+        "65536",
+        "--auth-secret-file",
+        file,
+    ]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let err = rt.block_on(async {
+        let impostor = ControlPlane::bind(1, &[], ControlPlaneConfig::default())
+            .await
+            .unwrap();
+        impostor
+            .connect(0, &addr, Deadline::after(Duration::from_secs(10)))
+            .await
+            .unwrap_err()
+    });
+    assert!(err.to_string().contains("requires authentication"), "{err}");
+    let client = Command::new(PEER)
+        .args(["client", "--connect", &addr.to_string(), "--len", "65536"])
+        .args(["--auth-secret-file", file])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start hmc-tcp-peer client");
+    let mut client = Reaper(client);
+    let limit = Duration::from_secs(60);
+    assert!(wait_within(&mut client.0, limit).success(), "client failed");
+    assert!(wait_within(&mut server.0, limit).success(), "server failed");
+    std::fs::remove_file(&path).unwrap();
+}

@@ -13,6 +13,17 @@
 //! `checksum=0x…`; the last such line of each side is the same value when all went well.
 //! `--rank` is the client's rank (default 1; the server waits for that rank).
 //! `--exit-after 0` serves until killed. Addresses may also be `unix:///path`.
+//!
+//! Limits and trust (both roles):
+//!
+//! - `--auth-secret-file PATH`: authenticate every control-plane and data-plane
+//!   connection with the pre-shared secret in PATH (at least 16 bytes; a trailing newline
+//!   is ignored). A file rather than an argument, so the secret does not show in `ps`.
+//!   Off by default; both sides need the same secret.
+//! - `--max-queued-bytes N`, `--max-queued-bytes-per-peer N`, `--departed-retention-ms N`:
+//!   the control plane's receive budgets (`ControlPlaneConfig` fields of the same names).
+//! - `--idle-timeout-ms N`, `--request-timeout-ms N`, `--max-pending-notifications N`,
+//!   `--max-pending-notification-bytes N`: the data plane's (`TcpConfig`).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,7 +35,7 @@ use hmc_core::{
     RegisteredBuffer, RemoteRegion, Result, TransferDesc,
 };
 use hmc_transport_tcp::{
-    ControlMessage, ControlPlane, ControlPlaneConfig, Rank, TcpCommunicator, TcpConfig,
+    AuthSecret, ControlMessage, ControlPlane, ControlPlaneConfig, Rank, TcpCommunicator, TcpConfig,
 };
 
 const SERVER_RANK: Rank = 0;
@@ -69,11 +80,16 @@ struct Args {
     len: usize,
     exit_after: u64,
     rank: Rank,
+    control: ControlPlaneConfig,
+    tcp: TcpConfig,
 }
 
-const USAGE: &str = "usage: hmc-tcp-peer serve --listen ADDR --len BYTES [--exit-after N] [--rank N] [--data ADDR]\n       \
-                     hmc-tcp-peer client --connect ADDR --len BYTES [--rank N] [--data ADDR]\n\
-                     ADDR is tcp://IP:PORT or unix:///path";
+const USAGE: &str = "usage: hmc-tcp-peer serve --listen ADDR --len BYTES [--exit-after N] [--rank N] [--data ADDR] [LIMITS]\n       \
+                     hmc-tcp-peer client --connect ADDR --len BYTES [--rank N] [--data ADDR] [LIMITS]\n\
+                     ADDR is tcp://IP:PORT or unix:///path\n\
+                     LIMITS: [--auth-secret-file PATH] [--max-queued-bytes N] [--max-queued-bytes-per-peer N]\n        \
+                     [--departed-retention-ms N] [--idle-timeout-ms N] [--request-timeout-ms N]\n        \
+                     [--max-pending-notifications N] [--max-pending-notification-bytes N]";
 
 fn parse_args() -> std::result::Result<Args, String> {
     let mut it = std::env::args().skip(1);
@@ -88,7 +104,10 @@ fn parse_args() -> std::result::Result<Args, String> {
         len: 16 << 20,
         exit_after: 1,
         rank: 1,
+        control: ControlPlaneConfig::default(),
+        tcp: TcpConfig::default(),
     };
+    let ms = |v: u64| Duration::from_millis(v);
     let mut have_addr = false;
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value\n{USAGE}"))?;
@@ -102,6 +121,32 @@ fn parse_args() -> std::result::Result<Args, String> {
             "--len" => args.len = value.parse().map_err(|e| bad(&e))?,
             "--exit-after" => args.exit_after = value.parse().map_err(|e| bad(&e))?,
             "--rank" => args.rank = value.parse().map_err(|e| bad(&e))?,
+            "--auth-secret-file" => {
+                let secret = AuthSecret::from_file(value.as_ref()).map_err(|e| bad(&e))?;
+                args.control.auth_secret = Some(secret.clone());
+                args.tcp.auth_secret = Some(secret);
+            }
+            "--max-queued-bytes" => {
+                args.control.max_queued_bytes = value.parse().map_err(|e| bad(&e))?;
+            }
+            "--max-queued-bytes-per-peer" => {
+                args.control.max_queued_bytes_per_peer = value.parse().map_err(|e| bad(&e))?;
+            }
+            "--departed-retention-ms" => {
+                args.control.departed_retention = ms(value.parse().map_err(|e| bad(&e))?);
+            }
+            "--idle-timeout-ms" => {
+                args.tcp.idle_timeout = ms(value.parse().map_err(|e| bad(&e))?)
+            }
+            "--request-timeout-ms" => {
+                args.tcp.request_timeout = ms(value.parse().map_err(|e| bad(&e))?);
+            }
+            "--max-pending-notifications" => {
+                args.tcp.max_pending_notifications = value.parse().map_err(|e| bad(&e))?;
+            }
+            "--max-pending-notification-bytes" => {
+                args.tcp.max_pending_notification_bytes = value.parse().map_err(|e| bad(&e))?;
+            }
             _ => return Err(format!("unknown option {flag}\n{USAGE}")),
         }
     }
@@ -134,10 +179,11 @@ async fn serve(args: &Args) -> Result<()> {
     let control = ControlPlane::bind(
         SERVER_RANK,
         std::slice::from_ref(&args.addr),
-        ControlPlaneConfig::default(),
+        args.control.clone(),
     )
     .await?;
-    let comm = Arc::new(TcpCommunicator::bind(&args.data, TcpConfig::default())?);
+    control.register_kind::<Checksum>();
+    let comm = Arc::new(TcpCommunicator::bind(&args.data, args.tcp.clone())?);
     let buf = RegisteredBuffer::new(
         Arc::new(HostMemory::new()),
         comm.clone(),
@@ -243,9 +289,10 @@ async fn serve_session(
 }
 
 async fn client(args: &Args) -> Result<()> {
-    let control = ControlPlane::bind(args.rank, &[], ControlPlaneConfig::default()).await?;
+    let control = ControlPlane::bind(args.rank, &[], args.control.clone()).await?;
+    control.register_kind::<Checksum>();
     control.connect(SERVER_RANK, &args.addr, deadline()).await?;
-    let comm = Arc::new(TcpCommunicator::bind(&args.data, TcpConfig::default())?);
+    let comm = Arc::new(TcpCommunicator::bind(&args.data, args.tcp.clone())?);
     let data_addr: PeerAddr = control.recv(SERVER_RANK, deadline()).await?;
     let region: RemoteRegion = control.recv(SERVER_RANK, deadline()).await?;
     if region.region.len < args.len {
