@@ -514,3 +514,117 @@ fn idle_connections_cost_at_most_16_kib_each() {
     );
     drop(socks);
 }
+
+/// Every hostile client above at once, in rounds, beside a well-behaved client whose
+/// calls must all succeed; afterwards the server holds nothing. Two rounds by default,
+/// a minute of rounds with `cargo xtask test --long` (`HMC_LONG_TESTS`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hostile_mix_leaves_nothing_behind() {
+    let long = std::env::var_os("HMC_LONG_TESTS").is_some();
+    let t = Target::start(config(ConnConfig {
+        max_inflight: 16,
+        ..small_limits()
+    }))
+    .await;
+    let addr = t.addr;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let good = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let c = Client::connect(&PeerAddr::Tcp(addr), ClientConfig::default())
+                .await
+                .unwrap();
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let body = vec![b'g'; if n % 2 == 0 { 64 } else { 200 << 10 }];
+                let got = c.call(demo::ECHO, body.clone()).await.unwrap();
+                assert_eq!(got.len(), body.len());
+                n += 1;
+            }
+            n
+        })
+    };
+    let started = Instant::now();
+    let run_for = if long {
+        Duration::from_secs(60)
+    } else {
+        Duration::ZERO
+    };
+    let mut rounds = 0;
+    while rounds < 2 || started.elapsed() < run_for {
+        rounds += 1;
+        let mut tasks = tokio::task::JoinSet::new();
+        // Never reads its answers.
+        tasks.spawn(async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            for id in 1..=8 {
+                let mut r = streamed(id, 1 << 20, false);
+                let mut at = 0;
+                while at < r.len() {
+                    let mut h =
+                        FrameHeader::decode(&r[at..at + HEADER_LEN], &FrameLimits::default())
+                            .unwrap();
+                    h.request_id = id;
+                    r[at..at + HEADER_LEN].copy_from_slice(&h.encode());
+                    at += HEADER_LEN + h.body_len as usize;
+                }
+                if tokio::time::timeout(Duration::from_millis(200), s.write_all(&r))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
+        // Bodies that never end.
+        tasks.spawn(async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            for id in 1..=3 {
+                let _ = s.write_all(&streamed(id, 4 << 20, true)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        });
+        // Refusals that never send their DATA.
+        tasks.spawn(async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            let mut burst = Vec::new();
+            for id in 1..=100u64 {
+                burst.extend_from_slice(&stream_request(id, 1 << 40));
+            }
+            let _ = s.write_all(&burst).await;
+            let _ = closed_within(&mut s, Duration::from_secs(1)).await;
+        });
+        // Half-closes after an echo.
+        tasks.spawn(async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(&streamed(1, 2 << 20, false)).await.unwrap();
+            s.shutdown().await.unwrap();
+            let mut buf = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+            assert!(buf.len() > 2 << 20, "the answer came whole: {}", buf.len());
+        });
+        // Pings only.
+        tasks.spawn(async move {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            for n in 0..3 {
+                let ping = frame(&FrameHeader::new(FrameKind::Ping, n), &[]);
+                if s.write_all(&ping).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        while let Some(r) = tasks.join_next().await {
+            r.unwrap();
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let calls = good.await.unwrap();
+    assert!(calls > 0);
+    t.wait_for(
+        Duration::from_secs(6),
+        "nothing held once the hostile clients are gone",
+        |s| s.held_bytes == 0 && s.connections == 0,
+    )
+    .await;
+}
