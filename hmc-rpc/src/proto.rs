@@ -919,6 +919,10 @@ enum ServerState {
     Closing(String),
 }
 
+/// After a peer's FIN, how often the server checks with a PING that the peer is still
+/// there while calls run (see [`ServerConn::handle_eof`]).
+const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
 /// Chooses a [`StreamSink`] for a streamed request from its method id and payload length
 /// (`None`: reassemble in host memory).
 pub type SinkFactory = Box<dyn FnMut(u32, u64) -> Option<Box<dyn StreamSink>> + Send>;
@@ -946,6 +950,10 @@ pub struct ServerConn {
     last_activity: Instant,
     /// The peer closed its sending side: answer what was received, then close.
     peer_closed: bool,
+    /// After the peer's FIN, with calls still running: when to send the next PING that
+    /// finds out whether the peer still reads (a vanished peer answers it with a reset,
+    /// and the runtime's next write fails).
+    next_probe: Option<Instant>,
     /// Bytes written as of the instant: the write-stall clock.
     tx_progress: (u64, Instant),
 }
@@ -974,6 +982,7 @@ impl ServerConn {
             settled: 0,
             last_activity: now,
             peer_closed: false,
+            next_probe: None,
             tx_progress: (0, now),
         }
     }
@@ -1041,6 +1050,7 @@ impl ServerConn {
             );
         }
         self.last_activity = now;
+        self.next_probe = Some(now + PROBE_INTERVAL);
     }
 
     /// Gives the input buffer back to a pool shared by all connections when no received
@@ -1498,6 +1508,9 @@ impl ServerConn {
         if self.idle_applies() {
             take(Some(self.last_activity + self.f.cfg.idle_timeout));
         }
+        if !self.inflight.is_empty() {
+            take(self.next_probe);
+        }
         t
     }
 
@@ -1574,6 +1587,16 @@ impl ServerConn {
         }
         if self.stream_idle_deadline().is_some_and(|t| now >= t) {
             self.expire_streams(now);
+        }
+        if let Some(t) = self.next_probe
+            && now >= t
+            && !self.inflight.is_empty()
+        {
+            // A peer that only closed its sending side ignores or answers this; one that
+            // is gone resets the connection, which fails the next write.
+            let ping = FrameHeader::new(FrameKind::Ping, 0);
+            self.f.send_frame(&ping, &[]);
+            self.next_probe = Some(now + PROBE_INTERVAL);
         }
         if self.idle_applies() && now >= self.last_activity + self.f.cfg.idle_timeout {
             self.budget.bump(Event::ClosedIdle);

@@ -318,3 +318,28 @@ fn idle_connection_is_closed_and_pings_do_not_keep_it_but_calls_do() {
     s.handle_timeout(t1 + Duration::from_secs(5));
     assert!(s.close_reason().unwrap().contains("idle"));
 }
+
+#[test]
+fn after_a_fin_running_calls_probe_the_peer_with_pings() {
+    let now = Instant::now();
+    let mut s = ServerConn::new(cfg(), now);
+    s.handle_input(&request(1, b"slow"), now);
+    assert_eq!(calls(&mut s).len(), 1);
+    s.handle_eof(now);
+    assert!(!s.has_tx());
+    let t = s.poll_timeout().expect("a probe is due");
+    assert!(t <= now + PROBE_INTERVAL);
+    s.handle_timeout(t);
+    let out = s.pending_tx().to_vec();
+    let h = FrameHeader::decode(&out[..HEADER_LEN], &FrameLimits::default()).unwrap();
+    assert_eq!(
+        h.kind,
+        FrameKind::Ping,
+        "a vanished peer resets on this write"
+    );
+    s.advance_tx(out.len());
+    // Once the call is answered there is nothing left to probe for.
+    s.respond(1, 1, Status::OK, Bytes::from_static(b"done"), t);
+    let _ = answers(&mut s);
+    assert!(s.finished());
+}
