@@ -65,7 +65,7 @@ pub mod tuning;
 pub use client::{BlockingClient, CallError, CallOptions, Client, ClientConfig};
 pub use codec::{CodecError, RpcCodec};
 pub use data_plane::{
-    ClientDataPlane, DataPlaneConfig, DataPlaneStats, NoDataPlane, NoRegistration,
+    ClientDataPlane, DataPlaneAllow, DataPlaneConfig, DataPlaneStats, NoDataPlane, NoRegistration,
 };
 pub use device::{DEFAULT_DEVICE_STAGING, StagingRing};
 pub use direct::DirectClient;
