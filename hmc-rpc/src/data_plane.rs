@@ -1407,6 +1407,99 @@ impl Communicator for NoDataPlane {
 mod tests {
     use super::*;
 
+    fn tcp_peer(peer: &str) -> RpcPeer {
+        RpcPeer::Tcp {
+            peer: peer.parse().unwrap(),
+            local: "10.0.0.1:18080".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn allow_entries_parse_and_admit() {
+        let net: DataPlaneAllow = "10.1.0.0/16".parse().unwrap();
+        assert!(net.admits(&"tcp://10.1.200.3:80".parse().unwrap()));
+        assert!(!net.admits(&"tcp://10.2.0.1:9000".parse().unwrap()));
+        assert!(
+            net.admits(&"tcp://[::ffff:10.1.0.9]:9000".parse().unwrap()),
+            "IPv4-mapped IPv6 is compared as IPv4"
+        );
+        let one: DataPlaneAllow = "::1".parse().unwrap();
+        assert_eq!(
+            one,
+            DataPlaneAllow::Net {
+                ip: "::1".parse().unwrap(),
+                prefix: 128
+            }
+        );
+        let all: DataPlaneAllow = "0.0.0.0/0".parse().unwrap();
+        assert!(all.admits(&"tcp://192.0.2.1:1".parse().unwrap()));
+        let dir: DataPlaneAllow = "unix:///run/hmc".parse().unwrap();
+        assert!(dir.admits(&"unix:///run/hmc/a.sock".parse().unwrap()));
+        assert!(
+            !dir.admits(&"unix:///run/hmcx.sock".parse().unwrap()),
+            "whole components"
+        );
+        assert!(
+            !dir.admits(&"unix:///run/hmc/../x.sock".parse().unwrap()),
+            "no .."
+        );
+        assert!(!dir.admits(&"tcp://127.0.0.1:9000".parse().unwrap()));
+        for bad in ["10.0.0.0/33", "ten", "::/129", "1.2.3.4/x"] {
+            assert!(bad.parse::<DataPlaneAllow>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_dial_rule_without_an_allow_list() {
+        let remote = tcp_peer("192.0.2.7:5555");
+        let ok = |p: &RpcPeer, a: &str| check_dial(p, &a.parse().unwrap(), &[]);
+        assert!(
+            ok(&remote, "tcp://192.0.2.7:40000").is_ok(),
+            "the peer's own IP"
+        );
+        assert!(
+            ok(
+                &tcp_peer("[::ffff:192.0.2.7]:5555"),
+                "tcp://192.0.2.7:40000"
+            )
+            .is_ok(),
+            "an IPv4-mapped peer"
+        );
+        let e = ok(&remote, "tcp://192.0.2.8:40000").unwrap_err();
+        assert!(
+            e.contains("RPC peer's own IP") && e.contains("--data-plane-allow"),
+            "{e}"
+        );
+        let e = ok(&remote, "tcp://192.0.2.7:22").unwrap_err();
+        assert!(e.contains("privileged"), "{e}");
+        let e = ok(&remote, "unix:///tmp/x.sock").unwrap_err();
+        assert!(e.contains("on this host"), "{e}");
+        let e = ok(&RpcPeer::Unix { uid: Some(0) }, "tcp://192.0.2.7:40000").unwrap_err();
+        assert!(e.contains("loopback"), "{e}");
+        assert!(ok(&RpcPeer::Unknown, "tcp://192.0.2.7:40000").is_err());
+        let allow = ["192.0.2.0/24".parse().unwrap()];
+        assert!(check_dial(&remote, &"tcp://192.0.2.9:22".parse().unwrap(), &allow).is_ok());
+    }
+
+    #[test]
+    fn a_unix_data_plane_socket_must_be_the_peers_users() {
+        #[allow(unsafe_code)]
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("dp.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        let addr = PeerAddr::Unix(p.clone());
+        assert!(check_dial(&RpcPeer::Unix { uid: Some(me) }, &addr, &[]).is_ok());
+        let e = check_dial(&RpcPeer::Unix { uid: Some(me + 1) }, &addr, &[]).unwrap_err();
+        assert!(e.contains("belongs to uid"), "{e}");
+        let file = dir.path().join("plain");
+        std::fs::write(&file, b"").unwrap();
+        let e =
+            check_dial(&RpcPeer::Unix { uid: Some(me) }, &PeerAddr::Unix(file), &[]).unwrap_err();
+        assert!(e.contains("not a socket"), "{e}");
+    }
+
     #[tokio::test]
     async fn every_operation_reports_unavailable_with_a_hint() {
         let d = NoDataPlane;

@@ -121,7 +121,10 @@ fn genuine_region(
 enum Target {
     Tcp(TcpListener),
     // The directory lives as long as the listener.
-    Unix(tokio::net::UnixListener, #[allow(dead_code)] tempfile::TempDir),
+    Unix(
+        tokio::net::UnixListener,
+        #[allow(dead_code)] tempfile::TempDir,
+    ),
 }
 
 impl Target {
@@ -651,4 +654,30 @@ async fn a_key_reaches_nothing_of_another_peers_call_with_the_tcp_transport() {
     drop(probe);
     let dp = Arc::new(ClientDataPlane::new(comm, DataPlaneConfig::default()));
     keys_die_with_their_call(dp, revokes).await;
+}
+
+/// What quarantine costs a client that switches servers: one deregistration and one
+/// registration per pooled buffer. Prints it for the TCP transport and UCX (where UCX
+/// loads). `cargo test -p hmc-rpc --test data_plane_hostile -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "prints the cost of a quarantine re-registration"]
+async fn quarantine_reregistration_cost() {
+    async fn measure<C: Communicator>(name: &str, comm: Arc<C>) {
+        for len in [256usize << 10, 4 << 20] {
+            let pool = hmc_rpc::BufferPool::new(comm.clone(), Access::READ, Default::default());
+            let n = 200;
+            let t = Instant::now();
+            for _ in 0..n {
+                let b = pool.acquire(len).unwrap();
+                b.discard();
+            }
+            let per = t.elapsed() / n;
+            eprintln!("{name}: register + deregister {} KiB: {per:?}", len >> 10);
+        }
+    }
+    measure("tcp", tcp_comm()).await;
+    match hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig::with_tls("tcp")) {
+        Ok(c) => measure("ucx", Arc::new(c)).await,
+        Err(e) => eprintln!("ucx unavailable: {e}"),
+    }
 }
