@@ -4,8 +4,10 @@
 //! Who does what (normative text in `docs/protocol.md`, "HMC_BUFFER"): the client copies a
 //! request payload of at least [`DataPlaneConfig::threshold`] bytes into a pooled registered
 //! buffer, lends a second pooled buffer for the response, and sends only a descriptor (its
-//! data-plane address and both regions). The server connects to that address (one cached
-//! endpoint per client address), READs the payload into its own pooled buffer, runs the
+//! data-plane address and both regions). The server connects to that address if the dial
+//! rule allows it (`check_dial`: the RPC peer's own IP, on this host its own user's
+//! socket, or `--data-plane-allow`; one cached endpoint per client address), READs the
+//! payload into its own pooled buffer within `data_plane_timeout`, runs the
 //! handler, WRITEs a large response into the client's response region and answers
 //! RESPONSE/HMC_BUFFER with the length. A response that does not fit goes back as
 //! TCP_STREAM. No tag matching, and no lock is held across a transfer.
