@@ -341,7 +341,8 @@ impl<C: Communicator> Client<C> {
             && !self.inner.no_buffer.load(Ordering::Acquire)
         {
             let resp_len = opts.response_capacity.unwrap_or(payload.len());
-            match dp.prepare(&payload, resp_len) {
+            let peer = crate::pool::peer_tag(&self.inner.addr);
+            match dp.prepare(&payload, resp_len, peer) {
                 Ok(prep) => {
                     let body = Body::Buffer {
                         len: payload.len() as u64,
@@ -486,7 +487,7 @@ impl<C: Communicator> Client<C> {
             // Copied device-to-host once, straight into a pooled registered buffer that the
             // call lends as it is; the response is a view of the lent response region.
             let dp = self.dp.as_ref().expect("checked by `over_data_plane`");
-            let request = match dp.request_buffer(len) {
+            let request = match dp.request_buffer_for(len, &self.inner.addr) {
                 Ok(mut buf) => {
                     memory
                         .copy(&mut MemSpanMut::host(buf.as_mut_slice()), payload)

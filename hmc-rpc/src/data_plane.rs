@@ -4,8 +4,10 @@
 //! Who does what (normative text in `docs/protocol.md`, "HMC_BUFFER"): the client copies a
 //! request payload of at least [`DataPlaneConfig::threshold`] bytes into a pooled registered
 //! buffer, lends a second pooled buffer for the response, and sends only a descriptor (its
-//! data-plane address and both regions). The server connects to that address (one cached
-//! endpoint per client address), READs the payload into its own pooled buffer, runs the
+//! data-plane address and both regions). The server connects to that address if the dial
+//! rule allows it (`check_dial`: the RPC peer's own IP, on this host its own user's
+//! socket, or `--data-plane-allow`; one cached endpoint per client address), READs the
+//! payload into its own pooled buffer within `data_plane_timeout`, runs the
 //! handler, WRITEs a large response into the client's response region and answers
 //! RESPONSE/HMC_BUFFER with the length. A response that does not fit goes back as
 //! TCP_STREAM. No tag matching, and no lock is held across a transfer.
@@ -23,8 +25,11 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hmc_core::{
@@ -36,10 +41,12 @@ use parking_lot::Mutex;
 use crate::device::DEFAULT_DEVICE_STAGING;
 use crate::dispatch::{CallContext, DeviceRequest, DeviceRoute, HandlerResult, RpcError};
 use crate::frame::Status;
-use crate::pool::{BufferPool, LentBuffers, PoolConfig, PoolStats, PooledBuffer, RequestBuffer};
+use crate::pool::{
+    BufferPool, LentBuffers, PoolConfig, PoolStats, PooledBuffer, RequestBuffer, mark_lent,
+};
 
 /// Data-plane settings shared by server and client. Every limit has a default and a name.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct DataPlaneConfig {
     /// Payloads of at least this many bytes move over the data plane (`ucx_threshold`,
     /// default 64 KiB; `--ucx-threshold`). Smaller ones travel INLINE or TCP_STREAM.
@@ -51,6 +58,17 @@ pub struct DataPlaneConfig {
     pub max_peers: usize,
     /// Server: imported remote keys cached per endpoint (`max_keys_per_peer`, default 256).
     pub max_keys_per_peer: usize,
+    /// Server: the longest one call's data-plane work may hold its in-flight slot
+    /// (`data_plane_timeout`, default 5 s; `--data-plane-timeout-ms`): connecting, importing,
+    /// READing the request and WRITING the response together end by the earlier of the
+    /// call's deadline and this much data-plane time (the handler's own time not counted).
+    /// A data-plane peer that stays silent fails that call with DATA_PLANE.
+    pub timeout: Duration,
+    /// Server: data-plane addresses dialled without the default rule (`data_plane_allow`,
+    /// default none; `--data-plane-allow`, repeatable). By default a descriptor's address
+    /// is dialled only when it is the RPC peer's own IP (and, on this host, a socket of
+    /// the RPC peer's user); see [`DataPlaneAllow`] and `docs/protocol.md`, "HMC_BUFFER".
+    pub allow: Vec<DataPlaneAllow>,
 }
 
 impl Default for DataPlaneConfig {
@@ -60,6 +78,8 @@ impl Default for DataPlaneConfig {
             pool: PoolConfig::default(),
             max_peers: 1024,
             max_keys_per_peer: 256,
+            timeout: Duration::from_secs(5),
+            allow: Vec::new(),
         }
     }
 }
@@ -212,6 +232,62 @@ pub(crate) enum Served {
     InBuffer(u64),
 }
 
+/// The data-plane time one call may still spend (`data_plane_timeout`), and its deadline.
+struct DpClock {
+    call: Deadline,
+    left: Duration,
+}
+
+/// One stretch of a call's data-plane work: it ends by `deadline`.
+struct Phase {
+    deadline: Deadline,
+    started: Instant,
+    /// `data_plane_timeout`, not the call's deadline, is what ends this phase.
+    limited: bool,
+}
+
+impl DpClock {
+    fn new(call: Deadline, timeout: Duration) -> Self {
+        DpClock {
+            call,
+            left: timeout,
+        }
+    }
+
+    /// Starts a phase that ends by the call's deadline or when the data-plane time left
+    /// runs out, whichever is first.
+    fn phase(&self) -> Phase {
+        let dp = Deadline::after(self.left);
+        Phase {
+            deadline: self.call.min(dp),
+            started: Instant::now(),
+            limited: dp.instant() < self.call.instant(),
+        }
+    }
+
+    /// `ph` is over: its time is spent.
+    fn spent(&mut self, ph: &Phase) {
+        self.left = self.left.saturating_sub(ph.started.elapsed());
+    }
+}
+
+impl Phase {
+    /// The DATA_PLANE answer for `e` while `what`; one that ran into `data_plane_timeout`
+    /// says so and names the flag.
+    fn error(&self, config: &DataPlaneConfig, what: impl std::fmt::Display, e: Error) -> RpcError {
+        if self.limited && matches!(e, Error::DeadlineExceeded { .. }) {
+            dp_error(format!(
+                "{what}: the call's data-plane time reached `data_plane_timeout` ({} ms); \
+                 raise --data-plane-timeout-ms (DataPlaneConfig::timeout) if the client's data \
+                 plane is that slow ({e})",
+                config.timeout.as_millis()
+            ))
+        } else {
+            dp_error(format!("{what}: {e}"))
+        }
+    }
+}
+
 /// One transfer between the start of a bounce buffer and `remote` at `offset`.
 fn bounce_desc<'a, C: Communicator>(
     bounce: &'a PooledBuffer<C>,
@@ -251,16 +327,343 @@ pub(crate) enum Work {
 
 /// The data-plane addresses one RPC connection's calls used. A cached endpoint lives while
 /// some open RPC connection uses it, so connect/call/disconnect cycles leave nothing behind.
+/// It also carries who is at the other end of the RPC connection, for the dial rule.
 #[derive(Default)]
 pub(crate) struct ConnUse {
-    /// `None` once the connection has closed.
+    /// `None` once the connection has closed. An address in the set passed the dial rule
+    /// for this connection.
     addrs: Mutex<Option<std::collections::HashSet<PeerAddr>>>,
+    peer: RpcPeer,
 }
 
 impl ConnUse {
-    pub(crate) fn new() -> Self {
+    /// For an RPC connection whose other end is `peer` ([`crate::net`]'s `rpc_peer`).
+    pub(crate) fn for_peer(peer: RpcPeer) -> Self {
         ConnUse {
             addrs: Mutex::new(Some(Default::default())),
+            peer,
+        }
+    }
+}
+
+/// Who is at the other end of an RPC connection, as the socket says.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum RpcPeer {
+    /// A TCP connection: the peer's address and ours.
+    Tcp { peer: SocketAddr, local: SocketAddr },
+    /// A Unix socket connection: the peer process's uid (SO_PEERCRED), when known.
+    Unix { uid: Option<u32> },
+    /// Not known: only allow-listed data-plane addresses are dialled.
+    #[default]
+    Unknown,
+}
+
+/// One `--data-plane-allow` entry: data-plane addresses the server dials for any client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataPlaneAllow {
+    /// `tcp://` addresses whose IP is in this network (`10.0.0.0/8`, `::1/128`, `10.1.2.3`),
+    /// any port, privileged ones included.
+    Net {
+        /// The network's address.
+        ip: IpAddr,
+        /// Leading bits that must match.
+        prefix: u8,
+    },
+    /// `unix://` paths under this directory (whole path components; `/run/hmc`).
+    UnixPrefix(PathBuf),
+}
+
+impl std::str::FromStr for DataPlaneAllow {
+    type Err = String;
+    /// `CIDR` (`10.0.0.0/8`, `fd00::/8`), a bare IP (`/32` or `/128`), or an absolute Unix
+    /// path prefix (`/run/hmc`, or `unix:///run/hmc`).
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let t = s.strip_prefix("unix://").unwrap_or(s);
+        if t.starts_with('/') {
+            return Ok(DataPlaneAllow::UnixPrefix(PathBuf::from(t)));
+        }
+        let (ip, bits) = match s.split_once('/') {
+            Some((ip, bits)) => (ip, Some(bits)),
+            None => (s, None),
+        };
+        let ip: IpAddr = ip.parse().map_err(|_| {
+            format!("`{s}` is not a data-plane allow entry; use CIDR (10.0.0.0/8) or an absolute unix path prefix")
+        })?;
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        let prefix = match bits {
+            None => max,
+            Some(b) => b
+                .parse::<u8>()
+                .ok()
+                .filter(|b| *b <= max)
+                .ok_or_else(|| format!("`{s}`: the prefix length must be 0..={max}"))?,
+        };
+        Ok(DataPlaneAllow::Net {
+            ip: canonical_ip(ip),
+            prefix,
+        })
+    }
+}
+
+impl DataPlaneAllow {
+    /// Whether this entry admits `addr`.
+    pub fn admits(&self, addr: &PeerAddr) -> bool {
+        match (self, addr) {
+            (DataPlaneAllow::Net { ip, prefix }, PeerAddr::Tcp(a)) => {
+                in_net(canonical_ip(a.ip()), *ip, *prefix)
+            }
+            (DataPlaneAllow::UnixPrefix(dir), PeerAddr::Unix(p)) => {
+                // Whole components, and no `..` that could climb out of `dir`.
+                p.is_absolute()
+                    && p.starts_with(dir)
+                    && !p
+                        .components()
+                        .any(|c| matches!(c, std::path::Component::ParentDir))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// IPv4-mapped IPv6 addresses as IPv4.
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn in_net(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
+    let mask = |bits: u32, len: u32| -> u128 {
+        if bits == 0 {
+            0
+        } else {
+            (!0u128 << (len - bits)) & (!0u128 >> (128 - len))
+        }
+    };
+    match (ip, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let m = mask(prefix as u32, 32);
+            (u32::from(a) as u128 & m) == (u32::from(n) as u128 & m)
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let m = mask(prefix as u32, 128);
+            (u128::from(a) & m) == (u128::from(n) & m)
+        }
+        _ => false,
+    }
+}
+
+/// The hint every dial refusal ends with.
+const ALLOW_HINT: &str = "if this address is meant, start the server with --data-plane-allow CIDR|unix-path-prefix (DataPlaneConfig::allow)";
+
+/// The dial rule: may the server connect to `addr`, named by a descriptor that came over
+/// the RPC connection from `peer`? Nothing is sent anywhere to decide. `Err` says which
+/// rule refused it.
+pub(crate) fn check_dial(
+    peer: &RpcPeer,
+    addr: &PeerAddr,
+    allow: &[DataPlaneAllow],
+) -> std::result::Result<(), String> {
+    if allow.iter().any(|a| a.admits(addr)) {
+        return Ok(());
+    }
+    let refuse = |why: String| Err(format!("refusing to dial {addr}: {why}; {ALLOW_HINT}"));
+    match addr {
+        PeerAddr::Tcp(a) => {
+            let ip = canonical_ip(a.ip());
+            if a.port() < 1024 {
+                return refuse(format!(
+                    "port {} is privileged (< 1024) and not allow-listed",
+                    a.port()
+                ));
+            }
+            let peer_uid = match peer {
+                RpcPeer::Tcp { peer: p, local } => {
+                    let pip = canonical_ip(p.ip());
+                    if ip != pip {
+                        return refuse(format!(
+                            "the data-plane address must be the RPC peer's own IP ({pip})"
+                        ));
+                    }
+                    if !pip.is_loopback() {
+                        return Ok(());
+                    }
+                    // On this host: the listener must be the RPC peer's user's.
+                    match proc_net::connection_uid(*p, *local) {
+                        Some(u) => u,
+                        None => return refuse("cannot tell which user the RPC peer on this host is (no /proc/net/tcp entry)".into()),
+                    }
+                }
+                RpcPeer::Unix { uid: Some(u) } => {
+                    if !ip.is_loopback() {
+                        return refuse(
+                            "a client on a Unix socket may only name a loopback data-plane address"
+                                .into(),
+                        );
+                    }
+                    *u
+                }
+                RpcPeer::Unix { uid: None } | RpcPeer::Unknown => {
+                    return refuse("the RPC peer's identity is unknown".into());
+                }
+            };
+            match proc_net::listener_uid(*a) {
+                Some(u) if u == peer_uid => Ok(()),
+                Some(u) => refuse(format!(
+                    "the listener there belongs to uid {u}, the RPC peer is uid {peer_uid}"
+                )),
+                None => refuse("no listening socket there on this host".into()),
+            }
+        }
+        PeerAddr::Unix(path) => {
+            let peer_uid = match peer {
+                RpcPeer::Unix { uid: Some(u) } => *u,
+                RpcPeer::Tcp { peer: p, local } if canonical_ip(p.ip()).is_loopback() => {
+                    match proc_net::connection_uid(*p, *local) {
+                        Some(u) => u,
+                        None => return refuse("cannot tell which user the RPC peer on this host is (no /proc/net/tcp entry)".into()),
+                    }
+                }
+                _ => {
+                    return refuse(
+                        "a unix:// data-plane address is only dialled for a client on this host"
+                            .into(),
+                    );
+                }
+            };
+            socket_owned_by(path, peer_uid).or_else(refuse)
+        }
+        _ => refuse("only tcp:// and unix:// data-plane addresses are dialled".into()),
+    }
+}
+
+/// `path` (symbolic links followed, as `connect` follows them) is a socket owned by `uid`.
+fn socket_owned_by(path: &Path, uid: u32) -> std::result::Result<(), String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(path).map_err(|e| format!("cannot stat the socket file: {e}"))?;
+    if !m.file_type().is_socket() {
+        return Err("it is not a socket".into());
+    }
+    if m.uid() != uid {
+        return Err(format!(
+            "the socket file belongs to uid {}, the RPC peer is uid {uid}",
+            m.uid()
+        ));
+    }
+    Ok(())
+}
+
+/// Socket owners from `/proc/net/tcp{,6}` (Linux): which user a local TCP socket is.
+mod proc_net {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+    const ESTABLISHED: &str = "01";
+    const LISTEN: &str = "0A";
+
+    fn parse_addr(s: &str) -> Option<SocketAddr> {
+        let (ip, port) = s.split_once(':')?;
+        let port = u16::from_str_radix(port, 16).ok()?;
+        let word = |i: usize| -> Option<[u8; 4]> {
+            Some(
+                u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16)
+                    .ok()?
+                    .to_ne_bytes(),
+            )
+        };
+        let ip = match ip.len() {
+            8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
+            32 => {
+                let mut b = [0u8; 16];
+                for i in 0..4 {
+                    b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+                }
+                IpAddr::V6(Ipv6Addr::from(b))
+            }
+            _ => return None,
+        };
+        Some(SocketAddr::new(super::canonical_ip(ip), port))
+    }
+
+    /// (local, remote, state, uid) of every TCP socket.
+    fn sockets() -> Vec<(SocketAddr, SocketAddr, String, u32)> {
+        let mut out = Vec::new();
+        for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let Ok(text) = std::fs::read_to_string(f) else {
+                continue;
+            };
+            for line in text.lines().skip(1) {
+                let cols: Vec<&str> = line.split_whitespace().collect();
+                let (Some(l), Some(r), Some(st), Some(uid)) =
+                    (cols.get(1), cols.get(2), cols.get(3), cols.get(7))
+                else {
+                    continue;
+                };
+                if let (Some(l), Some(r), Ok(uid)) = (parse_addr(l), parse_addr(r), uid.parse()) {
+                    out.push((l, r, st.to_string(), uid));
+                }
+            }
+        }
+        out
+    }
+
+    fn canon(a: SocketAddr) -> SocketAddr {
+        SocketAddr::new(super::canonical_ip(a.ip()), a.port())
+    }
+
+    /// The uid of the process end of a TCP connection from `peer` to our `local`.
+    pub(super) fn connection_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+        let (peer, local) = (canon(peer), canon(local));
+        sockets()
+            .into_iter()
+            .find(|(l, r, st, _)| st == ESTABLISHED && *l == peer && *r == local)
+            .map(|s| s.3)
+    }
+
+    /// The uid of the socket listening at `at` (bound to its IP or to the wildcard).
+    pub(super) fn listener_uid(at: SocketAddr) -> Option<u32> {
+        let at = canon(at);
+        sockets()
+            .into_iter()
+            .find(|(l, _, st, _)| {
+                st == LISTEN
+                    && l.port() == at.port()
+                    && (l.ip() == at.ip() || l.ip().is_unspecified())
+            })
+            .map(|s| s.3)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn parses_the_kernels_hex_form() {
+            assert_eq!(
+                parse_addr("0100007F:1F90"),
+                Some("127.0.0.1:8080".parse().unwrap())
+            );
+            assert_eq!(
+                parse_addr("00000000000000000000000001000000:0016"),
+                Some("[::1]:22".parse().unwrap())
+            );
+            assert_eq!(
+                parse_addr("0000000000000000FFFF00000100007F:0050"),
+                Some("127.0.0.1:80".parse().unwrap()),
+                "IPv4-mapped, as IPv4"
+            );
+        }
+
+        #[test]
+        fn finds_our_own_listener_and_connection() {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let at = l.local_addr().unwrap();
+            #[allow(unsafe_code)]
+            // SAFETY: geteuid has no preconditions.
+            let me = unsafe { libc::geteuid() };
+            assert_eq!(listener_uid(at), Some(me));
+            let c = std::net::TcpStream::connect(at).unwrap();
+            assert_eq!(connection_uid(c.local_addr().unwrap(), at), Some(me));
         }
     }
 }
@@ -336,7 +739,16 @@ impl<C: Communicator> ServerDp<C> {
         addr: &PeerAddr,
         deadline: Deadline,
     ) -> Result<Arc<Peer<C>>> {
-        let ep = self.comm.connect(addr, deadline).await?;
+        // The transport ends a connect by its deadline; the timer is a second guard, so
+        // that a silent listener never holds the call's slot past it.
+        let started = Instant::now();
+        let ep =
+            tokio::time::timeout_at(deadline.instant().into(), self.comm.connect(addr, deadline))
+                .await
+                .map_err(|_| Error::DeadlineExceeded {
+                    during: "connecting to the client's data plane",
+                    elapsed: started.elapsed(),
+                })??;
         let p = Arc::new(Peer {
             ep,
             keys: Mutex::new(HashMap::new()),
@@ -403,14 +815,14 @@ impl<C: Communicator> ServerDp<C> {
         Ok(())
     }
 
-    /// Decodes and checks a call's descriptor, connects to the client's data plane and
-    /// imports the request region.
+    /// Decodes and checks a call's descriptor, checks the dial rule, connects to the
+    /// client's data plane and imports the request region.
     async fn open_call(
         &self,
         conn: &ConnUse,
         desc: &Bytes,
         len: u64,
-        deadline: Deadline,
+        ph: &Phase,
     ) -> std::result::Result<OpenCall<C>, RpcError> {
         let d = BufferDescriptor::decode(desc).map_err(RpcError::bad_payload)?;
         self.check_region(&d.request, Access::READ, "request")?;
@@ -421,12 +833,25 @@ impl<C: Communicator> ServerDp<C> {
             )));
         }
         let len = len as usize;
-        let peer = self.peer(conn, &d.reply_to, deadline).await.map_err(|e| {
-            dp_error(format!(
-                "connecting to the client's data plane at {}: {e}",
-                d.reply_to
-            ))
-        })?;
+        // The dial rule, once per address and RPC connection, before anything is sent.
+        let checked = conn
+            .addrs
+            .lock()
+            .as_ref()
+            .is_some_and(|s| s.contains(&d.reply_to));
+        if !checked {
+            check_dial(&conn.peer, &d.reply_to, &self.config.allow).map_err(dp_error)?;
+        }
+        let peer = self
+            .peer(conn, &d.reply_to, ph.deadline)
+            .await
+            .map_err(|e| {
+                ph.error(
+                    &self.config,
+                    format!("connecting to the client's data plane at {}", d.reply_to),
+                    e,
+                )
+            })?;
         let rkey = self
             .key(&peer, &d.request)
             .map_err(|e| dp_error(format!("importing the request region: {e}")))?;
@@ -438,10 +863,11 @@ impl<C: Communicator> ServerDp<C> {
         conn: Arc<ConnUse>,
         desc: Bytes,
         len: u64,
-        deadline: Deadline,
+        mut clock: DpClock,
         run: RunHandler,
     ) -> std::result::Result<Served, RpcError> {
-        let OpenCall { d, peer, rkey, len } = self.open_call(&conn, &desc, len, deadline).await?;
+        let ph = clock.phase();
+        let OpenCall { d, peer, rkey, len } = self.open_call(&conn, &desc, len, &ph).await?;
         let buf = self.pool.acquire(len).map_err(dp_error)?;
         let read = self
             .comm
@@ -455,13 +881,14 @@ impl<C: Communicator> ServerDp<C> {
                     remote_offset: 0,
                     len,
                 }],
-                deadline,
+                ph.deadline,
             )
             .await;
         if let Err(e) = read {
             self.on_transfer_error(&d.reply_to, &peer, &d.request, &e);
-            return Err(dp_error(format!("reading the request payload: {e}")));
+            return Err(ph.error(&self.config, "reading the request payload", e));
         }
+        clock.spent(&ph);
         Counters::bump(&self.counters.buffer_calls);
         let req = Arc::new(buf);
         let payload = Bytes::from_owner(SharedView {
@@ -482,6 +909,7 @@ impl<C: Communicator> ServerDp<C> {
         }
         let region = d.response.as_ref().expect("checked by `fits`");
         self.check_region(region, Access::WRITE, "response")?;
+        let ph = clock.phase();
         let wkey = self
             .key(&peer, region)
             .map_err(|e| dp_error(format!("importing the response region: {e}")))?;
@@ -518,12 +946,12 @@ impl<C: Communicator> ServerDp<C> {
                     remote_offset: 0,
                     len: resp.len(),
                 }],
-                deadline,
+                ph.deadline,
             )
             .await;
         if let Err(e) = write {
             self.on_transfer_error(&d.reply_to, &peer, region, &e);
-            return Err(dp_error(format!("writing the response: {e}")));
+            return Err(ph.error(&self.config, "writing the response", e));
         }
         Counters::bump(&self.counters.buffer_responses);
         Ok(Served::InBuffer(resp.len() as u64))
@@ -538,11 +966,12 @@ impl<C: Communicator> ServerDp<C> {
         conn: Arc<ConnUse>,
         desc: Bytes,
         len: u64,
-        deadline: Deadline,
+        mut clock: DpClock,
         ctx: CallContext,
         route: Arc<dyn DeviceRoute>,
     ) -> std::result::Result<Served, RpcError> {
-        let OpenCall { d, peer, rkey, len } = self.open_call(&conn, &desc, len, deadline).await?;
+        let ph = clock.phase();
+        let OpenCall { d, peer, rkey, len } = self.open_call(&conn, &desc, len, &ph).await?;
         let chunk = DEFAULT_DEVICE_STAGING.chunk;
         let bounce = [
             self.pool.acquire(chunk).map_err(dp_error)?,
@@ -557,7 +986,7 @@ impl<C: Communicator> ServerDp<C> {
                     let (off, l) = piece(i);
                     let desc = bounce_desc(&bounce[i % 2], &rkey, off, l);
                     self.comm
-                        .transfer(&peer.ep, Op::Read, &desc, deadline)
+                        .transfer(&peer.ep, Op::Read, &desc, ph.deadline)
                         .await?;
                 }
                 Ok::<(), Error>(())
@@ -573,10 +1002,11 @@ impl<C: Communicator> ServerDp<C> {
             let (fetched, drained) = futures::join!(fetch, drain);
             if let Err(e) = fetched {
                 self.on_transfer_error(&d.reply_to, &peer, &d.request, &e);
-                return Err(dp_error(format!("reading the request payload: {e}")));
+                return Err(ph.error(&self.config, "reading the request payload", e));
             }
             drained.map_err(dp_error)?;
         }
+        clock.spent(&ph);
         Counters::bump(&self.counters.buffer_calls);
         let out = route
             .run_raw(ctx, DeviceRequest::Staged(sink.finish()))
@@ -610,11 +1040,12 @@ impl<C: Communicator> ServerDp<C> {
             let mut dst = unsafe { hmc_core::MemSpanMut::from_region(r) };
             out.copy_out(off, &mut dst)
         };
+        let ph = clock.phase();
         copy_out(0).map_err(|e| dp_error(format!("copying the response off the device: {e}")))?;
         for i in 0..n {
             let (off, l) = piece(i);
             let desc = bounce_desc(&bounce[i % 2], &wkey, off, l);
-            let send = self.comm.transfer(&peer.ep, Op::Write, &desc, deadline);
+            let send = self.comm.transfer(&peer.ep, Op::Write, &desc, ph.deadline);
             let next = async {
                 if i + 1 < n {
                     copy_out(i + 1)?;
@@ -624,7 +1055,7 @@ impl<C: Communicator> ServerDp<C> {
             let (sent, copied) = futures::join!(send, next);
             if let Err(e) = sent {
                 self.on_transfer_error(&d.reply_to, &peer, region, &e);
-                return Err(dp_error(format!("writing the response: {e}")));
+                return Err(ph.error(&self.config, "writing the response", e));
             }
             copied.map_err(|e| dp_error(format!("copying the response off the device: {e}")))?;
         }
@@ -654,10 +1085,11 @@ impl<C: Communicator> ServerPlane for ServerDp<C> {
     ) -> BoxFuture<'static, Served> {
         Box::pin(async move {
             let me = self.clone();
+            let clock = DpClock::new(deadline, self.config.timeout);
             let served = match work {
-                Work::Bytes(run) => self.serve_inner(conn, desc, len, deadline, run).await,
+                Work::Bytes(run) => self.serve_inner(conn, desc, len, clock, run).await,
                 Work::Device(ctx, route) => {
-                    self.serve_device_inner(conn, desc, len, deadline, ctx, route)
+                    self.serve_device_inner(conn, desc, len, clock, ctx, route)
                         .await
                 }
             };
@@ -712,7 +1144,10 @@ impl<C: Communicator> AsRef<[u8]> for SharedView<C> {
 /// the same registered buffers.
 pub struct ClientDataPlane<C: Communicator> {
     pub(crate) comm: Arc<C>,
-    pool: BufferPool<C>,
+    /// Request buffers, exported READ only; key-scoped (see [`BufferPool::key_scoped`]).
+    req_pool: BufferPool<C>,
+    /// Response buffers, exported WRITE only; key-scoped.
+    resp_pool: BufferPool<C>,
     pub(crate) config: DataPlaneConfig,
     counters: Counters,
     lent: Arc<LentBuffers>,
@@ -737,6 +1172,16 @@ impl<C: Communicator> PreparedCall<C> {
         let resp = self.response.take().ok_or_else(|| {
             Error::Protocol("HMC_BUFFER response to a call that lent no response region".into())
         })?;
+        // The call is over: the server's WRITE key must not reach the bytes the caller now
+        // holds. Where the transport cannot rekey, only this server holds a live key (the
+        // buffer is quarantined to it when it returns to the pool).
+        if let Err(e) = resp.revoke_keys() {
+            // Not lent on with a live key: deregistered (the key dies) after a copy.
+            tracing::debug!(error = %e, "rekeying the response buffer failed; copying the response");
+            let out = Bytes::copy_from_slice(resp.as_slice(len as usize)?);
+            resp.discard();
+            return Ok(out);
+        }
         resp.into_bytes(len as usize)
     }
 
@@ -766,7 +1211,8 @@ impl<C: Communicator> ClientDataPlane<C> {
     /// A data plane over `comm` with an empty pool.
     pub fn new(comm: Arc<C>, config: DataPlaneConfig) -> Self {
         ClientDataPlane {
-            pool: BufferPool::new(comm.clone(), Access::READ_WRITE, config.pool),
+            req_pool: BufferPool::key_scoped(comm.clone(), Access::READ, config.pool),
+            resp_pool: BufferPool::key_scoped(comm.clone(), Access::WRITE, config.pool),
             comm,
             config,
             counters: Counters::default(),
@@ -776,10 +1222,26 @@ impl<C: Communicator> ClientDataPlane<C> {
 
     /// A pooled registered buffer of `len` bytes to write a request payload into, for
     /// calls without the copy into a pooled buffer (see [`RequestBuffer`]). Fails like
-    /// the pool does ([`Error::LimitExceeded`] naming `max_pool_bytes`).
+    /// the pool does ([`Error::LimitExceeded`] naming `max_pool_bytes`). Where the
+    /// transport cannot rekey, only a buffer no peer holds a live key of is lent (possibly
+    /// a fresh registration); [`ClientDataPlane::request_buffer_for`] reuses one of the
+    /// same server's.
     pub fn request_buffer(&self, len: usize) -> Result<RequestBuffer<C>> {
         Ok(RequestBuffer::new(
-            self.pool.acquire(len)?,
+            self.req_pool.acquire(len)?,
+            len,
+            self.lent.clone(),
+        ))
+    }
+
+    /// [`ClientDataPlane::request_buffer`] for calls to the server at `server` only: where
+    /// the transport cannot rekey, a pooled buffer last lent to that server may be reused
+    /// (one lent to another server never is), so the pool need not register a fresh one.
+    /// Lending it to another server's call is safe but retires it when it returns.
+    pub fn request_buffer_for(&self, len: usize, server: &PeerAddr) -> Result<RequestBuffer<C>> {
+        Ok(RequestBuffer::new(
+            self.req_pool
+                .acquire_for(len, Some(crate::pool::peer_tag(server)))?,
             len,
             self.lent.clone(),
         ))
@@ -787,22 +1249,34 @@ impl<C: Communicator> ClientDataPlane<C> {
 
     /// Lends `payload` itself when it is a frozen [`RequestBuffer`] of this data plane,
     /// else copies it into a pooled buffer; and lends a response region of `response_len`
-    /// bytes (0: none). Fails (and the caller falls back to TCP_STREAM) when the pool
+    /// bytes (0: none), for a call to the server tagged `peer` ([`crate::pool::peer_tag`]
+    /// of its address). Fails (and the caller falls back to TCP_STREAM) when the pool
     /// cannot lend.
-    pub(crate) fn prepare(&self, payload: &[u8], response_len: usize) -> Result<PreparedCall<C>> {
+    pub(crate) fn prepare(
+        &self,
+        payload: &[u8],
+        response_len: usize,
+        peer: u64,
+    ) -> Result<PreparedCall<C>> {
         let lent = self.lent.find(payload);
         let r = (|| {
             let (request, export) = match &lent {
-                Some(l) => (None, l.export.clone()),
+                Some(l) => {
+                    mark_lent(&l.mark, peer);
+                    (None, l.export.clone())
+                }
                 None => {
-                    let request = self.pool.acquire(payload.len())?;
+                    let request = self.req_pool.acquire_for(payload.len(), Some(peer))?;
                     request.fill(payload)?;
+                    mark_lent(request.mark(), peer);
                     let export = request.export();
                     (Some(request), export)
                 }
             };
             let response = if response_len > 0 {
-                Some(self.pool.acquire(response_len)?)
+                let b = self.resp_pool.acquire_for(response_len, Some(peer))?;
+                mark_lent(b.mark(), peer);
+                Some(b)
             } else {
                 None
             };
@@ -844,9 +1318,11 @@ impl<C: Communicator> ClientDataPlane<C> {
         Counters::bump(&self.counters.buffer_responses);
     }
 
-    /// Counters (shared by every client using this data plane).
+    /// Counters (shared by every client using this data plane); `pool` sums the request
+    /// and response pools.
     pub fn stats(&self) -> DataPlaneStats {
-        self.counters.stats(self.pool.stats())
+        self.counters
+            .stats(self.req_pool.stats().plus(self.resp_pool.stats()))
     }
 }
 
@@ -932,6 +1408,99 @@ impl Communicator for NoDataPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tcp_peer(peer: &str) -> RpcPeer {
+        RpcPeer::Tcp {
+            peer: peer.parse().unwrap(),
+            local: "10.0.0.1:18080".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn allow_entries_parse_and_admit() {
+        let net: DataPlaneAllow = "10.1.0.0/16".parse().unwrap();
+        assert!(net.admits(&"tcp://10.1.200.3:80".parse().unwrap()));
+        assert!(!net.admits(&"tcp://10.2.0.1:9000".parse().unwrap()));
+        assert!(
+            net.admits(&"tcp://[::ffff:10.1.0.9]:9000".parse().unwrap()),
+            "IPv4-mapped IPv6 is compared as IPv4"
+        );
+        let one: DataPlaneAllow = "::1".parse().unwrap();
+        assert_eq!(
+            one,
+            DataPlaneAllow::Net {
+                ip: "::1".parse().unwrap(),
+                prefix: 128
+            }
+        );
+        let all: DataPlaneAllow = "0.0.0.0/0".parse().unwrap();
+        assert!(all.admits(&"tcp://192.0.2.1:1".parse().unwrap()));
+        let dir: DataPlaneAllow = "unix:///run/hmc".parse().unwrap();
+        assert!(dir.admits(&"unix:///run/hmc/a.sock".parse().unwrap()));
+        assert!(
+            !dir.admits(&"unix:///run/hmcx.sock".parse().unwrap()),
+            "whole components"
+        );
+        assert!(
+            !dir.admits(&"unix:///run/hmc/../x.sock".parse().unwrap()),
+            "no .."
+        );
+        assert!(!dir.admits(&"tcp://127.0.0.1:9000".parse().unwrap()));
+        for bad in ["10.0.0.0/33", "ten", "::/129", "1.2.3.4/x"] {
+            assert!(bad.parse::<DataPlaneAllow>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_dial_rule_without_an_allow_list() {
+        let remote = tcp_peer("192.0.2.7:5555");
+        let ok = |p: &RpcPeer, a: &str| check_dial(p, &a.parse().unwrap(), &[]);
+        assert!(
+            ok(&remote, "tcp://192.0.2.7:40000").is_ok(),
+            "the peer's own IP"
+        );
+        assert!(
+            ok(
+                &tcp_peer("[::ffff:192.0.2.7]:5555"),
+                "tcp://192.0.2.7:40000"
+            )
+            .is_ok(),
+            "an IPv4-mapped peer"
+        );
+        let e = ok(&remote, "tcp://192.0.2.8:40000").unwrap_err();
+        assert!(
+            e.contains("RPC peer's own IP") && e.contains("--data-plane-allow"),
+            "{e}"
+        );
+        let e = ok(&remote, "tcp://192.0.2.7:22").unwrap_err();
+        assert!(e.contains("privileged"), "{e}");
+        let e = ok(&remote, "unix:///tmp/x.sock").unwrap_err();
+        assert!(e.contains("on this host"), "{e}");
+        let e = ok(&RpcPeer::Unix { uid: Some(0) }, "tcp://192.0.2.7:40000").unwrap_err();
+        assert!(e.contains("loopback"), "{e}");
+        assert!(ok(&RpcPeer::Unknown, "tcp://192.0.2.7:40000").is_err());
+        let allow = ["192.0.2.0/24".parse().unwrap()];
+        assert!(check_dial(&remote, &"tcp://192.0.2.9:22".parse().unwrap(), &allow).is_ok());
+    }
+
+    #[test]
+    fn a_unix_data_plane_socket_must_be_the_peers_users() {
+        #[allow(unsafe_code)]
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("dp.sock");
+        let _l = std::os::unix::net::UnixListener::bind(&p).unwrap();
+        let addr = PeerAddr::Unix(p.clone());
+        assert!(check_dial(&RpcPeer::Unix { uid: Some(me) }, &addr, &[]).is_ok());
+        let e = check_dial(&RpcPeer::Unix { uid: Some(me + 1) }, &addr, &[]).unwrap_err();
+        assert!(e.contains("belongs to uid"), "{e}");
+        let file = dir.path().join("plain");
+        std::fs::write(&file, b"").unwrap();
+        let e =
+            check_dial(&RpcPeer::Unix { uid: Some(me) }, &PeerAddr::Unix(file), &[]).unwrap_err();
+        assert!(e.contains("not a socket"), "{e}");
+    }
 
     #[tokio::test]
     async fn every_operation_reports_unavailable_with_a_hint() {

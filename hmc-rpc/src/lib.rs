@@ -68,7 +68,7 @@ pub use budget::{HeldBudget, ServerStats};
 pub use client::{BlockingClient, CallError, CallOptions, Client, ClientConfig};
 pub use codec::{CodecError, RpcCodec};
 pub use data_plane::{
-    ClientDataPlane, DataPlaneConfig, DataPlaneStats, NoDataPlane, NoRegistration,
+    ClientDataPlane, DataPlaneAllow, DataPlaneConfig, DataPlaneStats, NoDataPlane, NoRegistration,
 };
 pub use device::{DEFAULT_DEVICE_STAGING, StagingRing};
 pub use direct::DirectClient;

@@ -20,6 +20,27 @@ pub(crate) enum Stream {
     Unix(UnixStream),
 }
 
+// ---- The RPC peer's identity, for the HMC_BUFFER dial rule (issue 22; data_plane.rs) ----
+
+impl Stream {
+    /// Who is at the other end, as the socket says: a TCP peer's address (and ours), a
+    /// Unix peer's uid (SO_PEERCRED).
+    pub(crate) fn rpc_peer(&self) -> crate::data_plane::RpcPeer {
+        use crate::data_plane::RpcPeer;
+        match self {
+            Stream::Tcp(s) => match (s.peer_addr(), s.local_addr()) {
+                (Ok(peer), Ok(local)) => RpcPeer::Tcp { peer, local },
+                _ => RpcPeer::Unknown,
+            },
+            Stream::Unix(s) => RpcPeer::Unix {
+                uid: s.peer_cred().ok().map(|c| c.uid()),
+            },
+        }
+    }
+}
+
+// ---- end of the RPC peer's identity ----
+
 impl Stream {
     pub(crate) async fn connect(addr: &PeerAddr) -> Result<Stream> {
         match addr {

@@ -10,6 +10,14 @@
 //! [`PooledBuffer`], so transfers on different buffers never wait for each other. A buffer
 //! whose state is unknown (a peer may still write it) is *discarded* instead of returned:
 //! dropping its registration revokes the peer's key before the memory is freed.
+//!
+//! A *key-scoped* pool ([`BufferPool::key_scoped`], the client's) also makes sure a key a
+//! peer got for one use of a buffer reaches nothing of a later use: every buffer that was
+//! exported is rekeyed ([`Communicator::rekey`]) when it returns. Where the transport
+//! cannot rekey (`Ok(false)`), the buffer is *quarantined*: it remembers the peer it was
+//! last lent to and is lent again only to that peer; a call for another peer gets a fresh
+//! registration (an idle foreign buffer of its class is deregistered to make room, which
+//! kills its keys). See `docs/design.md`, "HMC_BUFFER key scope".
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -60,6 +68,56 @@ pub struct PoolStats {
     pub transport_allocations: u64,
     /// Registrations released since the pool was created.
     pub deregistrations: u64,
+    /// Key-scoped pools: keys revoked by [`Communicator::rekey`] (a buffer's call ended).
+    pub rekeys: u64,
+    /// Key-scoped pools: idle buffers deregistered because they were last lent to another
+    /// peer and the transport cannot rekey (quarantine).
+    pub quarantine_drops: u64,
+}
+
+impl PoolStats {
+    /// The sums of two pools' counters.
+    pub fn plus(self, o: PoolStats) -> PoolStats {
+        PoolStats {
+            registered_bytes: self.registered_bytes + o.registered_bytes,
+            in_use_bytes: self.in_use_bytes + o.in_use_bytes,
+            registrations: self.registrations + o.registrations,
+            transport_allocations: self.transport_allocations + o.transport_allocations,
+            deregistrations: self.deregistrations + o.deregistrations,
+            rekeys: self.rekeys + o.rekeys,
+            quarantine_drops: self.quarantine_drops + o.quarantine_drops,
+        }
+    }
+}
+
+/// Who may hold live keys of a buffer: [`CLEAN`] (nobody: never exported, or rekeyed), a
+/// peer's tag ([`peer_tag`]), or [`MANY`] (several peers: the buffer is not reused unless
+/// rekeyed).
+pub(crate) type PeerMark = Arc<AtomicU64>;
+/// No live keys.
+pub(crate) const CLEAN: u64 = 0;
+/// Keys live at more than one peer.
+pub(crate) const MANY: u64 = u64::MAX;
+
+/// The tag of a peer for quarantine: a 64-bit hash of its address, never [`CLEAN`] or
+/// [`MANY`].
+pub(crate) fn peer_tag(addr: &hmc_core::PeerAddr) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    addr.to_string().hash(&mut h);
+    match h.finish() {
+        CLEAN | MANY => 1,
+        t => t,
+    }
+}
+
+/// Records that keys of a buffer went to `peer`.
+pub(crate) fn mark_lent(mark: &AtomicU64, peer: u64) {
+    let _ = mark.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| match cur {
+        CLEAN => Some(peer),
+        c if c == peer || c == MANY => None,
+        _ => Some(MANY),
+    });
 }
 
 /// The memory behind one pooled buffer.
@@ -76,6 +134,10 @@ struct Slot<C: Communicator> {
     held: Held<C>,
     /// The class size, as counted in the pool's byte totals.
     size: usize,
+    /// Key-scoped pools: who may hold live keys of this buffer.
+    mark: PeerMark,
+    /// Key-scoped pools: exported since it was registered or last rekeyed.
+    exported: std::sync::atomic::AtomicBool,
 }
 
 impl<C: Communicator> Slot<C> {
@@ -101,6 +163,8 @@ struct Inner<C: Communicator> {
     comm: Arc<C>,
     access: Access,
     config: PoolConfig,
+    /// Rekey (or quarantine) buffers on return; see the module doc.
+    key_scoped: bool,
     free: Mutex<Vec<Vec<Slot<C>>>>,
     idle_bytes: AtomicUsize,
     registered_bytes: AtomicUsize,
@@ -108,6 +172,8 @@ struct Inner<C: Communicator> {
     registrations: AtomicU64,
     transport_allocations: AtomicU64,
     deregistrations: AtomicU64,
+    rekeys: AtomicU64,
+    quarantine_drops: AtomicU64,
 }
 
 /// Runs `f`, which may block briefly (a registration, a deregistration that waits for
@@ -140,6 +206,8 @@ impl<C: Communicator> Inner<C> {
                 return Ok(Slot {
                     held: Held::Transport(reg),
                     size,
+                    mark: PeerMark::default(),
+                    exported: Default::default(),
                 });
             }
             Ok(Some(reg)) => tracing::warn!(
@@ -158,6 +226,8 @@ impl<C: Communicator> Inner<C> {
         Ok(Slot {
             held: Held::Host(b),
             size,
+            mark: PeerMark::default(),
+            exported: Default::default(),
         })
     }
 }
@@ -174,6 +244,17 @@ impl<C: Communicator> Clone for BufferPool<C> {
 impl<C: Communicator> BufferPool<C> {
     /// An empty pool of host buffers registered with `comm` for `access`.
     pub fn new(comm: Arc<C>, access: Access, config: PoolConfig) -> Self {
+        Self::build(comm, access, config, false)
+    }
+
+    /// An empty pool whose buffers' keys are scoped to one use: a buffer that was exported
+    /// is rekeyed when it returns, or, where the transport cannot rekey, lent again only to
+    /// the peer it was last lent to ([`BufferPool::acquire_for`]).
+    pub fn key_scoped(comm: Arc<C>, access: Access, config: PoolConfig) -> Self {
+        Self::build(comm, access, config, true)
+    }
+
+    fn build(comm: Arc<C>, access: Access, config: PoolConfig, key_scoped: bool) -> Self {
         let config = PoolConfig {
             min_len: config.min_len.max(4096).next_power_of_two(),
             ..config
@@ -183,6 +264,7 @@ impl<C: Communicator> BufferPool<C> {
             comm,
             access,
             config,
+            key_scoped,
             free: Mutex::new(Vec::new()),
             idle_bytes: AtomicUsize::new(0),
             registered_bytes: AtomicUsize::new(0),
@@ -190,6 +272,8 @@ impl<C: Communicator> BufferPool<C> {
             registrations: AtomicU64::new(0),
             transport_allocations: AtomicU64::new(0),
             deregistrations: AtomicU64::new(0),
+            rekeys: AtomicU64::new(0),
+            quarantine_drops: AtomicU64::new(0),
         }))
     }
 
@@ -206,8 +290,17 @@ impl<C: Communicator> BufferPool<C> {
     }
 
     /// A buffer of at least `len` bytes: a pooled one of its class, or a new registration
-    /// when none is idle and `max_pool_bytes` allows.
+    /// when none is idle and `max_pool_bytes` allows. In a key-scoped pool: a buffer no
+    /// peer holds live keys of.
     pub fn acquire(&self, len: usize) -> Result<PooledBuffer<C>> {
+        self.acquire_for(len, None)
+    }
+
+    /// [`BufferPool::acquire`] for a buffer to be lent to the peer tagged `peer`: in a
+    /// key-scoped pool, an idle buffer whose keys may still be live at another peer is not
+    /// lent; if one of the class is idle it is deregistered (its keys die) and a fresh one
+    /// registered in its place, so the pool's bounds hold.
+    pub(crate) fn acquire_for(&self, len: usize, peer: Option<u64>) -> Result<PooledBuffer<C>> {
         let too_large = || Error::LimitExceeded {
             limit: "max_pool_bytes",
             value: len as u64,
@@ -215,10 +308,30 @@ impl<C: Communicator> BufferPool<C> {
             hint: "raise PoolConfig::max_total_bytes (--max-pool-bytes) or send less".into(),
         };
         let (class, size) = self.class_of(len).ok_or_else(too_large)?;
-        let reused = {
+        let (reused, foreign) = {
             let mut free = self.0.free.lock();
-            free.get_mut(class).and_then(Vec::pop)
+            match free.get_mut(class) {
+                None => (None, None),
+                Some(list) if !self.0.key_scoped => (list.pop(), None),
+                Some(list) => {
+                    let fits = |s: &Slot<C>| {
+                        let m = s.mark.load(Ordering::Acquire);
+                        m == CLEAN || (m != MANY && Some(m) == peer)
+                    };
+                    match list.iter().rposition(fits) {
+                        Some(i) => (Some(list.swap_remove(i)), None),
+                        None => (None, list.pop()),
+                    }
+                }
+            }
         };
+        if let Some(f) = foreign {
+            // Quarantine: its keys may be live at another peer. Deregistering kills them
+            // and makes room for a fresh registration of the same class.
+            self.0.idle_bytes.fetch_sub(f.size, Ordering::AcqRel);
+            self.0.quarantine_drops.fetch_add(1, Ordering::Relaxed);
+            self.0.release(f);
+        }
         let buf = match reused {
             Some(b) => {
                 self.0.idle_bytes.fetch_sub(size, Ordering::AcqRel);
@@ -267,6 +380,8 @@ impl<C: Communicator> BufferPool<C> {
             registrations: self.0.registrations.load(Ordering::Relaxed),
             transport_allocations: self.0.transport_allocations.load(Ordering::Relaxed),
             deregistrations: self.0.deregistrations.load(Ordering::Relaxed),
+            rekeys: self.0.rekeys.load(Ordering::Relaxed),
+            quarantine_drops: self.0.quarantine_drops.load(Ordering::Relaxed),
         }
     }
 
@@ -306,7 +421,30 @@ impl<C: Communicator> PooledBuffer<C> {
 
     /// The portable descriptor a peer imports to reach this buffer.
     pub fn export(&self) -> RemoteRegion {
+        self.inner().exported.store(true, Ordering::Release);
         self.pool.comm.export(self.registration())
+    }
+
+    /// Who may hold live keys of this buffer (key-scoped pools; see [`mark_lent`]).
+    pub(crate) fn mark(&self) -> &PeerMark {
+        &self.inner().mark
+    }
+
+    /// Revokes every key exported for this buffer so far ([`Communicator::rekey`]), if it
+    /// was exported since its last rekey. `Ok(true)`: no key of it works any more (also
+    /// when none was exported); `Ok(false)`: the transport cannot rekey.
+    pub(crate) fn revoke_keys(&self) -> Result<bool> {
+        let slot = self.inner();
+        if !slot.exported.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        let done = blocking(|| self.pool.comm.rekey(slot.registration()))?;
+        if done {
+            slot.exported.store(false, Ordering::Release);
+            slot.mark.store(CLEAN, Ordering::Release);
+            self.pool.rekeys.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(done)
     }
 
     /// True when the transport allocated this buffer's memory itself
@@ -391,6 +529,24 @@ impl<C: Communicator> std::fmt::Debug for PooledBuffer<C> {
 
 impl<C: Communicator> Drop for PooledBuffer<C> {
     fn drop(&mut self) {
+        if self.pool.key_scoped && self.buf.is_some() {
+            // The use ended: its keys must reach nothing of the next one.
+            let keep = match self.revoke_keys() {
+                Ok(true) => true,
+                // Quarantine: lent again only to the one peer that may hold live keys.
+                Ok(false) => self.mark().load(Ordering::Acquire) != MANY,
+                Err(e) => {
+                    tracing::debug!(error = %e, "rekey failed; deregistering the buffer");
+                    false
+                }
+            };
+            if !keep {
+                let b = self.buf.take().expect("checked");
+                self.pool.in_use_bytes.fetch_sub(b.size, Ordering::AcqRel);
+                self.pool.release(b);
+                return;
+            }
+        }
         let Some(b) = self.buf.take() else { return };
         let len = b.size;
         self.pool.in_use_bytes.fetch_sub(len, Ordering::AcqRel);
@@ -441,6 +597,8 @@ pub(crate) struct Lent {
     /// Set when a call that lent this buffer failed: a server that gave up may still READ
     /// it, so it is discarded (its key revoked), not returned to the pool, when released.
     pub(crate) discard: Arc<std::sync::atomic::AtomicBool>,
+    /// The peers the buffer's key went to (quarantine where the transport cannot rekey).
+    pub(crate) mark: PeerMark,
 }
 
 impl LentBuffers {
@@ -507,6 +665,7 @@ impl<C: Communicator> RequestBuffer<C> {
                 export: self.buf.export(),
                 len: self.len,
                 discard: discard.clone(),
+                mark: self.buf.mark().clone(),
             },
         );
         Bytes::from_owner(LentView {

@@ -297,6 +297,7 @@ async fn serve_connection(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let conn_use = Arc::new(ConnUse::for_peer(stream.rpc_peer()));
     let (mut rd, wr) = stream.into_split();
     let mut core = ServerConn::with_budget(
         shared.config.conn.clone(),
@@ -305,7 +306,6 @@ async fn serve_connection(
     );
     let mut timer = ConnTimer::new();
     let mut poll = BusyPoll::new(shared.config.conn.busy_poll);
-    let conn_use = Arc::new(ConnUse::new());
     if shared.dp.is_some() {
         core.enable_hmc_buffer();
     }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use clap::Parser;
 use hmc_core::PeerAddr;
 use hmc_rpc::plane::{DataPlaneKind, open_data_plane};
-use hmc_rpc::{ConnConfig, DataPlaneConfig, Dispatcher, PoolConfig, Server, ServerConfig, demo};
+use hmc_rpc::{
+    ConnConfig, DataPlaneAllow, DataPlaneConfig, Dispatcher, PoolConfig, Server, ServerConfig, demo,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "HMC RPC demo server: echo (1), uppercase (2), complex (3)")]
@@ -67,6 +69,15 @@ struct Args {
     /// Bytes the data plane may register at once (`max_pool_bytes`).
     #[arg(long, default_value_t = 1 << 30)]
     max_pool_bytes: usize,
+    /// Longest data-plane time (connect, import, READ, WRITE) one HMC_BUFFER call may take
+    /// before it fails DATA_PLANE and frees its slot (`data_plane_timeout`), milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    data_plane_timeout_ms: u64,
+    /// Data-plane addresses the server may dial for any client besides the default rule
+    /// (the RPC peer's own IP; on this host, a socket of the RPC peer's user; never a port
+    /// below 1024): a CIDR (10.0.0.0/8, ::1/128) or an absolute unix path prefix. Repeatable.
+    #[arg(long, value_name = "CIDR|unix-path-prefix")]
+    data_plane_allow: Vec<DataPlaneAllow>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -126,6 +137,8 @@ async fn run(args: Args) -> hmc_core::Result<()> {
             max_total_bytes: args.max_pool_bytes,
             ..PoolConfig::default()
         },
+        timeout: Duration::from_millis(args.data_plane_timeout_ms),
+        allow: args.data_plane_allow.clone(),
         ..DataPlaneConfig::default()
     };
     let mut addrs = vec![PeerAddr::Tcp(SocketAddr::new(args.bind_address, args.port))];
@@ -138,7 +151,7 @@ async fn run(args: Args) -> hmc_core::Result<()> {
         servers.push(match &dp {
             Some(dp) => {
                 s.with_data_plane(dp.clone())
-                    .data_plane_config(dp_config)
+                    .data_plane_config(dp_config.clone())
                     .bind(a)
                     .await?
             }
