@@ -2,6 +2,7 @@
 //! one code path over [`AnyCommunicator`].
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 
 use hmc_core::{AnyCommunicator, PeerAddr, Result};
 
@@ -16,17 +17,56 @@ pub enum DataPlaneKind {
     Ucx,
 }
 
-/// Opens the chosen data plane listening on `bind` (port chosen by the system). Must run
-/// inside a tokio runtime (the TCP transport starts its responder there).
+/// What the binaries may set on the data plane they open.
+#[derive(Clone, Debug, Default)]
+pub struct PlaneOptions {
+    /// The TCP data plane authenticates every connection with this pre-shared secret
+    /// (`--data-plane-auth-secret-file`; both sides need the same). Off by default; set it
+    /// for anything beyond loopback.
+    pub auth_secret_file: Option<PathBuf>,
+}
+
+/// Opens the chosen data plane listening on `bind` (port chosen by the system) with
+/// default [`PlaneOptions`]. Must run inside a tokio runtime (the TCP transport starts its
+/// responder there).
 pub fn open_data_plane(kind: DataPlaneKind, bind: IpAddr) -> Result<Option<AnyCommunicator>> {
+    open_data_plane_with(kind, bind, &PlaneOptions::default())
+}
+
+/// [`open_data_plane`] with options. The RPC data plane moves payloads one-sided and never
+/// reads notifications, so the TCP transport is opened with `max_pending_notifications`
+/// 0: a peer's NOTIFY is refused instead of queued for no reader.
+pub fn open_data_plane_with(
+    kind: DataPlaneKind,
+    bind: IpAddr,
+    options: &PlaneOptions,
+) -> Result<Option<AnyCommunicator>> {
     match kind {
         DataPlaneKind::None => Ok(None),
         DataPlaneKind::Tcp => {
             let addr = PeerAddr::Tcp(SocketAddr::new(bind, 0));
-            let c = hmc_transport_tcp::TcpCommunicator::bind(&addr, Default::default())?;
+            let auth_secret = options
+                .auth_secret_file
+                .as_deref()
+                .map(hmc_transport_tcp::AuthSecret::from_file)
+                .transpose()?;
+            let config = hmc_transport_tcp::TcpConfig {
+                max_pending_notifications: 0,
+                auth_secret,
+                ..Default::default()
+            };
+            let c = hmc_transport_tcp::TcpCommunicator::bind(&addr, config)?;
             Ok(Some(AnyCommunicator::new(c)))
         }
-        DataPlaneKind::Ucx => open_ucx(bind),
+        DataPlaneKind::Ucx => {
+            if options.auth_secret_file.is_some() {
+                return Err(hmc_core::Error::InvalidArgument(
+                    "--data-plane-auth-secret-file applies to the tcp data plane only; UCX has no such authentication here"
+                        .into(),
+                ));
+            }
+            open_ucx(bind)
+        }
     }
 }
 
@@ -53,5 +93,41 @@ mod tests {
                 .to_string()
                 .starts_with("tcp://127.0.0.1:")
         );
+    }
+
+    #[tokio::test]
+    async fn the_tcp_plane_queues_no_notifications_and_takes_a_secret_file() {
+        use hmc_core::{Communicator, Deadline};
+        let lo: IpAddr = [127, 0, 0, 1].into();
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "0123456789abcdef0123\n").unwrap();
+        let options = PlaneOptions {
+            auth_secret_file: Some(secret),
+        };
+        let a = open_data_plane_with(DataPlaneKind::Tcp, lo, &options)
+            .unwrap()
+            .unwrap();
+        let b = open_data_plane_with(DataPlaneKind::Tcp, lo, &options)
+            .unwrap()
+            .unwrap();
+        // An authenticated peer may NOTIFY without a key, and is still refused: nobody
+        // reads notifications on an RPC data plane.
+        let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+        let e = a
+            .notify(&ep, 1, b"x", Deadline::default())
+            .await
+            .expect_err("refused");
+        assert!(e.to_string().contains("max_pending_notifications"), "{e}");
+        // Without the secret, the connection is refused.
+        let c = open_data_plane(DataPlaneKind::Tcp, lo).unwrap().unwrap();
+        let e = match c.connect(&b.address(), Deadline::default()).await {
+            Ok(ep) => c
+                .notify(&ep, 1, b"x", Deadline::default())
+                .await
+                .expect_err("no secret, no service"),
+            Err(e) => e,
+        };
+        assert!(e.to_string().contains("authentication"), "{e}");
     }
 }

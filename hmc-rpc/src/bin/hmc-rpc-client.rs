@@ -10,7 +10,7 @@ use clap::{Parser, ValueEnum};
 use hmc_core::Communicator;
 use hmc_core::PeerAddr;
 use hmc_rpc::demo::{COMPLEX, ComplexRequest, ComplexResponse, ECHO, UPPERCASE};
-use hmc_rpc::plane::{DataPlaneKind, open_data_plane};
+use hmc_rpc::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
 use hmc_rpc::{CallOptions, Client, ClientConfig, ClientDataPlane, DataPlaneConfig};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -56,6 +56,10 @@ struct Args {
     /// Data plane for HMC_BUFFER payloads (the server must use the same one).
     #[arg(long, value_enum, default_value = "none")]
     data_plane: DataPlaneKind,
+    /// Authenticate every TCP data-plane connection with the pre-shared secret in this
+    /// file (at least 16 bytes; both sides need the same). Recommended beyond loopback.
+    #[arg(long)]
+    data_plane_auth_secret_file: Option<PathBuf>,
     /// Payloads from this many bytes go HMC_BUFFER.
     #[arg(long, default_value_t = 64 * 1024)]
     ucx_threshold: usize,
@@ -103,9 +107,15 @@ async fn run(args: &Args) -> Result<(), String> {
         ..DataPlaneConfig::default()
     };
     // One data plane (one pool of registered buffers) for every connection cycle.
-    let dp = open_data_plane(args.data_plane, args.data_plane_bind)
-        .map_err(|e| e.to_string())?
-        .map(|c| std::sync::Arc::new(ClientDataPlane::new(std::sync::Arc::new(c), dp_config)));
+    let dp = open_data_plane_with(
+        args.data_plane,
+        args.data_plane_bind,
+        &PlaneOptions {
+            auth_secret_file: args.data_plane_auth_secret_file.clone(),
+        },
+    )
+    .map_err(|e| e.to_string())?
+    .map(|c| std::sync::Arc::new(ClientDataPlane::new(std::sync::Arc::new(c), dp_config)));
     let name = match args.method {
         Method::Echo => "echo",
         Method::Uppercase => "uppercase",

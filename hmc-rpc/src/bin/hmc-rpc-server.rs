@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use hmc_core::PeerAddr;
-use hmc_rpc::plane::{DataPlaneKind, open_data_plane};
+use hmc_rpc::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
 use hmc_rpc::{
     ConnConfig, DataPlaneAllow, DataPlaneConfig, Dispatcher, PoolConfig, Server, ServerConfig, demo,
 };
@@ -63,6 +63,10 @@ struct Args {
     /// Data plane for HMC_BUFFER payloads (clients must use the same one).
     #[arg(long, value_enum, default_value = "none")]
     data_plane: DataPlaneKind,
+    /// Authenticate every TCP data-plane connection with the pre-shared secret in this
+    /// file (at least 16 bytes; both sides need the same). Recommended beyond loopback.
+    #[arg(long)]
+    data_plane_auth_secret_file: Option<PathBuf>,
     /// Responses from this many bytes are written into the client's region one-sided.
     #[arg(long, default_value_t = 64 * 1024)]
     ucx_threshold: usize,
@@ -130,7 +134,14 @@ async fn run(args: Args) -> hmc_core::Result<()> {
         workers: args.workers.max(1),
         ..ServerConfig::default()
     };
-    let dp = open_data_plane(args.data_plane, args.bind_address)?.map(std::sync::Arc::new);
+    let dp = open_data_plane_with(
+        args.data_plane,
+        args.bind_address,
+        &PlaneOptions {
+            auth_secret_file: args.data_plane_auth_secret_file.clone(),
+        },
+    )?
+    .map(std::sync::Arc::new);
     let dp_config = DataPlaneConfig {
         threshold: args.ucx_threshold,
         pool: PoolConfig {
