@@ -536,7 +536,7 @@ async fn the_hostile_mix_leaves_nothing_behind() {
                 .unwrap();
             let mut n = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let body = vec![b'g'; if n % 2 == 0 { 64 } else { 200 << 10 }];
+                let body = vec![b'g'; if n.is_multiple_of(2) { 64 } else { 200 << 10 }];
                 let got = c.call(demo::ECHO, body.clone()).await.unwrap();
                 assert_eq!(got.len(), body.len());
                 n += 1;
