@@ -249,7 +249,7 @@ impl<C: Communicator> BufferPool<C> {
 
     /// An empty pool whose buffers' keys are scoped to one use: a buffer that was exported
     /// is rekeyed when it returns, or, where the transport cannot rekey, lent again only to
-    /// the peer it was last lent to ([`BufferPool::acquire_for`]).
+    /// the peer it was last lent to (`BufferPool::acquire_for`).
     pub fn key_scoped(comm: Arc<C>, access: Access, config: PoolConfig) -> Self {
         Self::build(comm, access, config, true)
     }
