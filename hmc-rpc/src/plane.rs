@@ -34,8 +34,8 @@ pub fn open_data_plane(kind: DataPlaneKind, bind: IpAddr) -> Result<Option<AnyCo
 }
 
 /// [`open_data_plane`] with options. The RPC data plane moves payloads one-sided and never
-/// reads notifications, so the TCP transport is opened with `max_pending_notifications`
-/// 0: a peer's NOTIFY is refused instead of queued for no reader.
+/// reads notifications, so both transports are opened with `max_pending_notifications`
+/// 0: a peer's NOTIFY is refused (TCP) or dropped (UCX) instead of queued for no reader.
 pub fn open_data_plane_with(
     kind: DataPlaneKind,
     bind: IpAddr,
@@ -72,8 +72,10 @@ pub fn open_data_plane_with(
 
 fn open_ucx(bind: IpAddr) -> Result<Option<AnyCommunicator>> {
     // UCX_TLS (when set) chooses UCX's transports, as it does for ucx_perftest.
+    // Nobody reads notifications on the RPC data plane: queue none.
     let c = hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
         bind: SocketAddr::new(bind, 0),
+        max_pending_notifications: 0,
         ..Default::default()
     })?;
     Ok(Some(AnyCommunicator::new(c)))

@@ -75,7 +75,9 @@ pub struct UcxConfig {
     pub revoke_timeout: Duration,
     /// Largest `notify` message (default 64 KiB).
     pub max_notify_len: usize,
-    /// Received notifications buffered before the oldest unread are dropped (default 65 536).
+    /// Received notifications kept until [`Communicator::recv_notification`] takes them
+    /// (`max_pending_notifications`, default 4096, each at most `max_notify_len`); more are
+    /// dropped with a warning. 0: none are kept, for a communicator that never reads them.
     pub max_pending_notifications: usize,
     /// Move bytes with a plain memcpy on the calling thread when UCX maps the remote region
     /// into this process (`ucp_rkey_ptr`; default true). UCX does so over shared memory
@@ -108,7 +110,7 @@ impl Default for UcxConfig {
             control_timeout: Duration::from_secs(10),
             revoke_timeout: Duration::from_secs(5),
             max_notify_len: 64 << 10,
-            max_pending_notifications: 65_536,
+            max_pending_notifications: 4096,
             direct_mapped: std::env::var_os(DIRECT_ENV).is_none_or(|v| v != "0"),
         }
     }

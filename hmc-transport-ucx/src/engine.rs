@@ -1795,7 +1795,14 @@ impl State {
                     self.phys_failed(ep, reason);
                 }
                 Event::Note(n) => {
-                    if self.notes.len() >= self.cfg.max_pending_notifications {
+                    if self.cfg.max_pending_notifications == 0 {
+                        // A communicator that reads none (the RPC data plane): nothing to
+                        // warn about, and a peer must not be able to flood the log.
+                        tracing::debug!(
+                            "dropping a notification: this communicator takes none \
+                             (UcxConfig::max_pending_notifications is 0)"
+                        );
+                    } else if self.notes.len() >= self.cfg.max_pending_notifications {
                         tracing::warn!(
                             limit = self.cfg.max_pending_notifications,
                             "dropping a notification: max_pending_notifications reached; call \
