@@ -1,0 +1,103 @@
+//! Engine settings: a typed config, and HIXL's string-keyed option map read into it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::error::{EngineError, Result};
+
+/// Engine limits and settings. Every field has a default and is also an option key of
+/// [`EngineConfig::from_options`].
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Regions this engine may register (`max_regions`, default 65 536).
+    pub max_regions: usize,
+    /// Regions accepted in a peer's table (`max_remote_regions`, default 65 536).
+    pub max_remote_regions: usize,
+    /// Descriptors in one transfer (`max_descs_per_transfer`, default 65 536).
+    pub max_descs_per_transfer: usize,
+    /// Notifications held until `get_notifies` takes them (`max_pending_notifies`,
+    /// default 4096); past it a sender gets OVERLOADED.
+    pub max_pending_notifies: usize,
+    /// Bytes of one notification's name and message (`max_notify_len`, default 64 KiB).
+    pub max_notify_len: usize,
+    /// Dial a peer's data plane even when it is on another host than the engine the
+    /// caller connected to (`allow_foreign_data_plane`, default false).
+    pub allow_foreign_data_plane: bool,
+    /// The metadata service's RPC limits.
+    pub rpc: hmc_rpc::ServerConfig,
+    /// Timeout of the blocking API's calls that take none (default 10 s).
+    pub default_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_regions: 65_536,
+            max_remote_regions: 65_536,
+            max_descs_per_transfer: 65_536,
+            max_pending_notifies: 4096,
+            max_notify_len: 64 << 10,
+            allow_foreign_data_plane: false,
+            rpc: hmc_rpc::ServerConfig::default(),
+            default_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Reads HIXL-style string options over the defaults. Keys are the field names;
+    /// unknown keys are refused (a misspelt option should not pass silently).
+    pub fn from_options(options: &HashMap<String, String>) -> Result<Self> {
+        let mut c = EngineConfig::default();
+        for (k, v) in options {
+            let bad =
+                |why: String| EngineError::InvalidArgument(format!("option `{k}` = `{v}`: {why}"));
+            let num = || v.parse::<usize>().map_err(|e| bad(e.to_string()));
+            match k.as_str() {
+                "max_regions" => c.max_regions = num()?,
+                "max_remote_regions" => c.max_remote_regions = num()?,
+                "max_descs_per_transfer" => c.max_descs_per_transfer = num()?,
+                "max_pending_notifies" => c.max_pending_notifies = num()?,
+                "max_notify_len" => c.max_notify_len = num()?,
+                "allow_foreign_data_plane" => {
+                    c.allow_foreign_data_plane =
+                        v.parse().map_err(|_| bad("true or false".into()))?
+                }
+                "default_timeout_ms" => c.default_timeout = Duration::from_millis(num()? as u64),
+                _ => {
+                    return Err(EngineError::InvalidArgument(format!(
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, allow_foreign_data_plane, default_timeout_ms"
+                    )));
+                }
+            }
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_override_defaults_and_unknown_keys_are_refused() {
+        let o: HashMap<String, String> = [
+            ("max_pending_notifies", "7"),
+            ("allow_foreign_data_plane", "true"),
+            ("default_timeout_ms", "250"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let c = EngineConfig::from_options(&o).unwrap();
+        assert_eq!(c.max_pending_notifies, 7);
+        assert!(c.allow_foreign_data_plane);
+        assert_eq!(c.default_timeout, Duration::from_millis(250));
+        assert_eq!(c.max_regions, 65_536);
+        let bad: HashMap<String, String> = [("max_region".to_string(), "1".to_string())].into();
+        let e = EngineConfig::from_options(&bad).unwrap_err().to_string();
+        assert!(e.contains("unknown option `max_region`"), "{e}");
+        let bad: HashMap<String, String> = [("max_regions".to_string(), "x".to_string())].into();
+        assert!(EngineConfig::from_options(&bad).is_err());
+    }
+}

@@ -1,0 +1,834 @@
+//! The engine: registrations by raw address, connections to peer engines with their
+//! region tables, and transfers translated from addresses to (registration, offset).
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hmc_core::{
+    Access, Communicator, Deadline, Device, DeviceKind, Op, PeerAddr, Region, RemoteRegion,
+    TransferDesc,
+};
+use hmc_rpc::{CallOptions, Client, ClientConfig, Dispatcher, RpcError, RunningServer, Server};
+use parking_lot::{Mutex, RwLock};
+
+use crate::config::EngineConfig;
+use crate::error::{EngineError, Result, Side};
+use crate::meta::{EngineInfo, Hello, METHOD_INFO, METHOD_NOTIFY, NotifyMsg, VERSION};
+use crate::region_map::{Lookup, RegionMap};
+use crate::request::{TransferRequest, TransferStatus};
+
+/// Where registered memory lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemType {
+    /// Host memory.
+    Host,
+    /// Memory of one device.
+    Device {
+        /// The device kind.
+        kind: DeviceKind,
+        /// Its ordinal.
+        ordinal: u32,
+    },
+}
+
+/// A range of memory by address, as HIXL's `MemDesc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemDesc {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// A registration, for [`Engine::deregister_mem`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MemHandle(u64);
+
+/// The direction of a transfer, seen from the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransferOp {
+    /// Remote memory to local memory.
+    Read,
+    /// Local memory to remote memory.
+    Write,
+}
+
+/// One element of a transfer, by address on both sides (HIXL's `TransferOpDesc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransferOpDesc {
+    /// Address in this engine's registered memory.
+    pub local_addr: u64,
+    /// Address in the peer's registered memory.
+    pub remote_addr: u64,
+    /// Bytes to move.
+    pub len: usize,
+}
+
+/// A notification received from a peer engine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notify {
+    /// The sending engine's name.
+    pub from: String,
+    /// The notification's name.
+    pub name: String,
+    /// Its message.
+    pub msg: Vec<u8>,
+}
+
+/// A registered region of this engine.
+struct LocalReg<C: Communicator> {
+    reg: C::Registration,
+    handle: MemHandle,
+    exported: Vec<u8>,
+}
+
+/// What this engine has registered.
+struct LocalTable<C: Communicator> {
+    map: RegionMap<Arc<LocalReg<C>>>,
+    by_handle: HashMap<MemHandle, u64>,
+    generation: u64,
+    next_handle: u64,
+}
+
+/// A peer's region, imported on this engine's endpoint to it.
+struct RemoteEntry<C: Communicator> {
+    key: C::RemoteKey,
+    encoded: Vec<u8>,
+}
+
+/// A peer's table as last fetched.
+struct PeerTable<C: Communicator> {
+    generation: u64,
+    map: RegionMap<Arc<RemoteEntry<C>>>,
+}
+
+/// A connected peer engine.
+struct Peer<C: Communicator> {
+    name: String,
+    rpc: Client,
+    ep: C::Endpoint,
+    instance: u64,
+    table: RwLock<PeerTable<C>>,
+    /// Serialises table refreshes.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+/// State the metadata service's handlers share with the engine.
+struct Shared<C: Communicator> {
+    comm: Arc<C>,
+    config: EngineConfig,
+    instance: u64,
+    local: RwLock<LocalTable<C>>,
+    notifies: Mutex<VecDeque<Notify>>,
+}
+
+struct Inner<C: Communicator> {
+    shared: Arc<Shared<C>>,
+    name: String,
+    server: RunningServer,
+    peers: RwLock<HashMap<String, Arc<Peer<C>>>>,
+    runtime: tokio::runtime::Handle,
+    finalized: std::sync::atomic::AtomicBool,
+}
+
+/// A one-sided transfer engine over the communicator `C` (see the crate documentation).
+/// Cheap to clone; every clone is the same engine.
+pub struct Engine<C: Communicator> {
+    inner: Arc<Inner<C>>,
+}
+
+impl<C: Communicator> Clone for Engine<C> {
+    fn clone(&self) -> Self {
+        Engine {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+/// A piece of a planned transfer: one contiguous run on both sides.
+struct Piece<C: Communicator> {
+    local: Arc<LocalReg<C>>,
+    local_off: usize,
+    remote: Arc<RemoteEntry<C>>,
+    remote_off: u64,
+    len: usize,
+}
+
+/// Parses an engine address: `ip:port`, `tcp://ip:port`, `unix:///path` or `/path`; with
+/// `default_port`, a bare IP too.
+pub(crate) fn parse_engine_addr(s: &str, default_port: Option<u16>) -> Result<PeerAddr> {
+    if s.starts_with("tcp://") || s.starts_with("unix://") {
+        return s.parse().map_err(EngineError::Transport);
+    }
+    if s.starts_with('/') {
+        return Ok(PeerAddr::Unix(s.into()));
+    }
+    if let Ok(a) = s.parse::<SocketAddr>() {
+        return Ok(PeerAddr::Tcp(a));
+    }
+    if let (Some(port), Ok(ip)) = (default_port, s.parse::<std::net::IpAddr>()) {
+        return Ok(PeerAddr::Tcp(SocketAddr::new(ip, port)));
+    }
+    Err(EngineError::InvalidArgument(format!(
+        "`{s}` is not an engine address; use IP:PORT, tcp://IP:PORT, unix:///path or /path"
+    )))
+}
+
+/// May a peer's data plane at `dp` be dialled, given that its metadata service is at
+/// `meta`? Only on the host the caller chose to connect to.
+fn same_host(meta: &PeerAddr, dp: &PeerAddr) -> bool {
+    match (meta, dp) {
+        (PeerAddr::Tcp(m), PeerAddr::Tcp(d)) => {
+            m.ip() == d.ip() || (m.ip().is_loopback() && d.ip().is_loopback())
+        }
+        (PeerAddr::Unix(_), PeerAddr::Tcp(d)) => d.ip().is_loopback(),
+        (PeerAddr::Unix(_), PeerAddr::Unix(_)) => true,
+        (PeerAddr::Tcp(m), PeerAddr::Unix(_)) => m.ip().is_loopback(),
+        _ => false,
+    }
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // A failure leaves zeros: the instance id only tells restarts apart.
+    let _ = getrandom::fill(&mut b);
+    u64::from_ne_bytes(b)
+}
+
+impl<C: Communicator> Engine<C> {
+    /// Starts an engine whose metadata service listens at `local` (`IP[:PORT]`,
+    /// `tcp://IP:PORT`, or a Unix socket path; port 0 or none picks one) and whose bytes
+    /// move over `comm`. Must run inside a tokio runtime.
+    pub async fn initialize(comm: Arc<C>, local: &str, config: EngineConfig) -> Result<Self> {
+        let addr = parse_engine_addr(local, Some(0))?;
+        let shared = Arc::new(Shared {
+            comm,
+            config: config.clone(),
+            instance: random_u64(),
+            local: RwLock::new(LocalTable {
+                map: RegionMap::default(),
+                by_handle: HashMap::new(),
+                generation: 0,
+                next_handle: 1,
+            }),
+            notifies: Mutex::new(VecDeque::new()),
+        });
+        let mut d = Dispatcher::new();
+        let s = shared.clone();
+        d.register(METHOD_INFO, move |_, hello: Hello| {
+            let s = s.clone();
+            async move {
+                tracing::debug!(from = %hello.from, "engine metadata requested");
+                Ok::<_, RpcError>(s.info())
+            }
+        });
+        let s = shared.clone();
+        d.register(METHOD_NOTIFY, move |_, n: NotifyMsg| {
+            let s = s.clone();
+            async move { s.take_notify(n) }
+        });
+        let server = Server::new(d, config.rpc.clone())
+            .bind(&addr)
+            .await
+            .map_err(EngineError::Transport)?;
+        let name = server.local_addr().to_string();
+        tracing::info!(%name, data_plane = %shared.comm.address(), "engine initialized");
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                shared,
+                name,
+                server,
+                peers: RwLock::new(HashMap::new()),
+                runtime: tokio::runtime::Handle::current(),
+                finalized: false.into(),
+            }),
+        })
+    }
+
+    /// This engine's name: the address peers pass to [`Engine::connect`].
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The communicator that moves the bytes.
+    pub fn communicator(&self) -> &Arc<C> {
+        &self.inner.shared.comm
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self
+            .inner
+            .finalized
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(EngineError::Finalized);
+        }
+        Ok(())
+    }
+
+    /// Registers `desc` for transfers by this engine and its peers (read and write).
+    ///
+    /// # Safety
+    /// `desc` must be memory of `mem_type` that stays allocated until
+    /// [`Engine::deregister_mem`] of the returned handle has returned; peers may read and
+    /// write it at any time until then, as a DMA engine would.
+    pub unsafe fn register_mem(&self, desc: MemDesc, mem_type: MemType) -> Result<MemHandle> {
+        self.check_open()?;
+        let device = match mem_type {
+            MemType::Host => Device::HOST,
+            MemType::Device { kind, ordinal } => Device::new(kind, ordinal),
+        };
+        let region = Region {
+            device,
+            addr: desc.addr,
+            len: desc.len,
+        };
+        let s = &self.inner.shared;
+        let mut t = s.local.write();
+        if t.map.len() >= s.config.max_regions {
+            return Err(EngineError::Limit {
+                limit: "max_regions",
+                value: t.map.len() as u64 + 1,
+                max: s.config.max_regions as u64,
+                hint: "deregister memory first, or register fewer, larger regions (raise EngineConfig::max_regions)",
+            });
+        }
+        if desc.len == 0 {
+            return Err(EngineError::InvalidArgument(
+                "cannot register 0 bytes".into(),
+            ));
+        }
+        // SAFETY: the caller guarantees the memory stays valid until deregistration, which
+        // drops the registration only after transfers using it have ended.
+        let reg = unsafe { s.comm.register(region, Access::READ_WRITE)? };
+        let exported = s.comm.export(&reg).encode();
+        let handle = MemHandle(t.next_handle);
+        let entry = Arc::new(LocalReg {
+            reg,
+            handle,
+            exported,
+        });
+        if let Err((start, region_len)) = t.map.insert(desc.addr, desc.len as u64, entry) {
+            // The registration just made drops (deregisters) here.
+            return Err(EngineError::Overlaps {
+                addr: desc.addr,
+                len: desc.len as u64,
+                start,
+                region_len,
+            });
+        }
+        t.next_handle += 1;
+        t.by_handle.insert(handle, desc.addr);
+        t.generation += 1;
+        Ok(handle)
+    }
+
+    /// Deregisters memory. Peers can no longer reach it once this returns; a transfer
+    /// still running on it is waited for (each has its own deadline), so the caller may
+    /// free the memory afterwards.
+    pub async fn deregister_mem(&self, handle: MemHandle) -> Result<()> {
+        let entry = {
+            let mut t = self.inner.shared.local.write();
+            let addr = t.by_handle.remove(&handle).ok_or_else(|| {
+                EngineError::InvalidArgument(format!("{handle:?} is not registered here"))
+            })?;
+            t.generation += 1;
+            t.map
+                .remove(addr)
+                .expect("the handle's region is in the map")
+        };
+        debug_assert_eq!(entry.handle, handle);
+        // Transfers planned before the removal hold a reference until they end.
+        while Arc::strong_count(&entry) > 1 {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        drop(entry);
+        Ok(())
+    }
+
+    /// Connects to the engine named `remote` (its [`Engine::name`]): fetches its data-plane
+    /// address and region table, connects the data plane and imports every region.
+    pub async fn connect(&self, remote: &str, timeout: Duration) -> Result<()> {
+        self.check_open()?;
+        let addr = parse_engine_addr(remote, None)?;
+        let key = addr.to_string();
+        if self.inner.peers.read().contains_key(&key) {
+            return Err(EngineError::AlreadyConnected(key));
+        }
+        let deadline = Deadline::after(timeout);
+        let timed_out = || EngineError::Timeout {
+            what: format!("connecting to `{key}`"),
+            after: timeout,
+        };
+        let meta_err = |why: String| EngineError::Metadata {
+            peer: key.clone(),
+            why,
+        };
+        let rpc = tokio::time::timeout(
+            deadline.remaining(),
+            Client::connect(&addr, ClientConfig::default()),
+        )
+        .await
+        .map_err(|_| timed_out())?
+        .map_err(|e| meta_err(e.to_string()))?;
+        let info = self
+            .fetch_info(&rpc, deadline)
+            .await
+            .map_err(|e| meta_err(e.to_string()))?;
+        let dp: PeerAddr = info
+            .data_plane
+            .parse()
+            .map_err(|e: hmc_core::Error| meta_err(e.to_string()))?;
+        if !self.inner.shared.config.allow_foreign_data_plane && !same_host(&addr, &dp) {
+            return Err(meta_err(format!(
+                "its data plane is at {dp}, another host than the engine; not dialled (set EngineConfig::allow_foreign_data_plane to allow it)"
+            )));
+        }
+        let ep = tokio::time::timeout(
+            deadline.remaining(),
+            self.inner.shared.comm.connect(&dp, deadline),
+        )
+        .await
+        .map_err(|_| timed_out())??;
+        let table = self.import_table(&key, &ep, &info, None)?;
+        let peer = Arc::new(Peer {
+            name: key.clone(),
+            rpc,
+            ep,
+            instance: info.instance,
+            table: RwLock::new(table),
+            refreshing: tokio::sync::Mutex::new(()),
+        });
+        let mut peers = self.inner.peers.write();
+        if peers.contains_key(&key) {
+            return Err(EngineError::AlreadyConnected(key));
+        }
+        peers.insert(key, peer);
+        Ok(())
+    }
+
+    async fn fetch_info(&self, rpc: &Client, deadline: Deadline) -> Result<EngineInfo> {
+        let hello = Hello {
+            version: VERSION,
+            from: self.inner.name.clone(),
+        };
+        let opts = CallOptions {
+            timeout: Some(deadline.remaining().max(Duration::from_millis(1))),
+            ..CallOptions::default()
+        };
+        let info: EngineInfo = rpc
+            .call_typed_with(METHOD_INFO, &hello, opts)
+            .await
+            .map_err(|e| EngineError::Metadata {
+                peer: "peer".into(),
+                why: e.to_string(),
+            })?;
+        if info.version != VERSION {
+            return Err(EngineError::Metadata {
+                peer: "peer".into(),
+                why: format!(
+                    "metadata version {} (this engine speaks {VERSION}); use matching engine versions",
+                    info.version
+                ),
+            });
+        }
+        Ok(info)
+    }
+
+    /// Builds a peer table from `info`, reusing the imports of `old` where a region's
+    /// descriptor is unchanged.
+    fn import_table(
+        &self,
+        peer: &str,
+        ep: &C::Endpoint,
+        info: &EngineInfo,
+        old: Option<&PeerTable<C>>,
+    ) -> Result<PeerTable<C>> {
+        let max = self.inner.shared.config.max_remote_regions;
+        if info.regions.len() > max {
+            return Err(EngineError::Limit {
+                limit: "max_remote_regions",
+                value: info.regions.len() as u64,
+                max: max as u64,
+                hint: "the peer registered more regions than this engine accepts; raise EngineConfig::max_remote_regions",
+            });
+        }
+        let mut reuse: HashMap<&[u8], &Arc<RemoteEntry<C>>> = HashMap::new();
+        if let Some(old) = old {
+            for (_, _, e) in old.map.iter() {
+                reuse.insert(&e.encoded, e);
+            }
+        }
+        let mut map = RegionMap::default();
+        for bytes in &info.regions {
+            let entry = match reuse.get(bytes.as_slice()) {
+                Some(e) => (*e).clone(),
+                None => {
+                    let remote = RemoteRegion::decode(bytes)?;
+                    let key = self.inner.shared.comm.import(ep, &remote)?;
+                    Arc::new(RemoteEntry {
+                        key,
+                        encoded: bytes.clone(),
+                    })
+                }
+            };
+            let r = RemoteRegion::decode(&entry.encoded)?.region;
+            map.insert(r.addr, r.len as u64, entry)
+                .map_err(|(s, l)| EngineError::Metadata {
+                    peer: peer.to_string(),
+                    why: format!(
+                        "its table has overlapping regions {:#x}+{} and {s:#x}+{l}",
+                        r.addr, r.len
+                    ),
+                })?;
+        }
+        Ok(PeerTable {
+            generation: info.generation,
+            map,
+        })
+    }
+
+    /// Fetches `peer`'s table again (it registered or deregistered memory since).
+    async fn refresh(&self, peer: &Peer<C>, deadline: Deadline) -> Result<()> {
+        let _one = peer.refreshing.lock().await;
+        let info = self.fetch_info(&peer.rpc, deadline).await?;
+        if info.instance != peer.instance {
+            return Err(EngineError::Metadata {
+                peer: peer.name.clone(),
+                why: "the engine there restarted; disconnect and connect again".into(),
+            });
+        }
+        if info.generation == peer.table.read().generation {
+            return Ok(());
+        }
+        let table = {
+            let old = peer.table.read();
+            self.import_table(&peer.name, &peer.ep, &info, Some(&old))?
+        };
+        *peer.table.write() = table;
+        Ok(())
+    }
+
+    /// Closes the connection to `remote`. Transfers already running finish.
+    pub async fn disconnect(&self, remote: &str) -> Result<()> {
+        let key = parse_engine_addr(remote, None)?.to_string();
+        self.inner
+            .peers
+            .write()
+            .remove(&key)
+            .map(|_| ())
+            .ok_or(EngineError::NotConnected(key))
+    }
+
+    fn peer(&self, remote: &str) -> Result<Arc<Peer<C>>> {
+        let key = parse_engine_addr(remote, None)?.to_string();
+        self.inner
+            .peers
+            .read()
+            .get(&key)
+            .cloned()
+            .ok_or(EngineError::NotConnected(key))
+    }
+
+    /// Translates descriptors to pieces, merging runs contiguous on both sides. Every
+    /// descriptor is checked before any byte moves.
+    fn plan(&self, peer: &Peer<C>, descs: &[TransferOpDesc]) -> Result<Vec<Piece<C>>> {
+        let cfg = &self.inner.shared.config;
+        if descs.len() > cfg.max_descs_per_transfer {
+            return Err(EngineError::Limit {
+                limit: "max_descs_per_transfer",
+                value: descs.len() as u64,
+                max: cfg.max_descs_per_transfer as u64,
+                hint: "split the batch, or raise EngineConfig::max_descs_per_transfer",
+            });
+        }
+        let local = self.inner.shared.local.read();
+        let remote = peer.table.read();
+        let mut pieces: Vec<Piece<C>> = Vec::with_capacity(descs.len());
+        for d in descs {
+            if d.len == 0 {
+                return Err(EngineError::InvalidArgument(format!(
+                    "a descriptor of 0 bytes ({d:?}); leave it out"
+                )));
+            }
+            let len = d.len as u64;
+            let (l, loff) = match local.map.find(d.local_addr, len) {
+                Lookup::Inside(l, off) => (l, off),
+                other => {
+                    return Err(miss(
+                        Side::Local,
+                        &self.inner.name,
+                        d.local_addr,
+                        len,
+                        other,
+                    ));
+                }
+            };
+            let (r, roff) = match remote.map.find(d.remote_addr, len) {
+                Lookup::Inside(r, off) => (r, off),
+                other => return Err(miss(Side::Remote, &peer.name, d.remote_addr, len, other)),
+            };
+            if let Some(p) = pieces.last_mut()
+                && Arc::ptr_eq(&p.local, l)
+                && Arc::ptr_eq(&p.remote, r)
+                && (p.local_off + p.len) as u64 == loff
+                && p.remote_off + p.len as u64 == roff
+            {
+                p.len += d.len;
+                continue;
+            }
+            pieces.push(Piece {
+                local: l.clone(),
+                local_off: loff as usize,
+                remote: r.clone(),
+                remote_off: roff,
+                len: d.len,
+            });
+        }
+        Ok(pieces)
+    }
+
+    /// Moves the bytes of `descs` between this engine's memory and `remote`'s, and
+    /// returns once all of them are done (for a write: visible at the peer) or failed.
+    /// A remote address not in the table fetched at connect makes the engine fetch the
+    /// peer's table once more (it may have registered memory since).
+    pub async fn transfer(
+        &self,
+        remote: &str,
+        op: TransferOp,
+        descs: &[TransferOpDesc],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.check_open()?;
+        let deadline = Deadline::after(timeout);
+        let peer = self.peer(remote)?;
+        let pieces = match self.plan(&peer, descs) {
+            Err(EngineError::NotRegistered {
+                side: Side::Remote, ..
+            })
+            | Err(EngineError::Straddles {
+                side: Side::Remote, ..
+            }) => {
+                self.refresh(&peer, deadline).await?;
+                self.plan(&peer, descs)?
+            }
+            other => other?,
+        };
+        let batch: Vec<TransferDesc<'_, C>> = pieces
+            .iter()
+            .map(|p| TransferDesc {
+                local: &p.local.reg,
+                local_offset: p.local_off,
+                remote: &p.remote.key,
+                remote_offset: p.remote_off,
+                len: p.len,
+            })
+            .collect();
+        let op = match op {
+            TransferOp::Read => Op::Read,
+            TransferOp::Write => Op::Write,
+        };
+        let comm = &self.inner.shared.comm;
+        // The transport ends by the deadline; the timer is a second guard. Dropping the
+        // transfer future cancels it: the transport no longer touches the memory after.
+        match tokio::time::timeout(
+            deadline.remaining(),
+            comm.transfer(&peer.ep, op, &batch, deadline),
+        )
+        .await
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(hmc_core::Error::DeadlineExceeded { .. })) | Err(_) => {
+                Err(EngineError::Timeout {
+                    what: format!(
+                        "a transfer of {} descriptor(s) with `{}`",
+                        descs.len(),
+                        peer.name
+                    ),
+                    after: timeout,
+                })
+            }
+            Ok(Err(e @ hmc_core::Error::InvalidKey(_))) => {
+                // The peer deregistered memory since its table was fetched (its key is
+                // revoked): say which address is gone rather than which key.
+                drop(batch);
+                drop(pieces);
+                if self.refresh(&peer, deadline).await.is_ok()
+                    && let Err(gone) = self.plan(&peer, descs)
+                {
+                    return Err(gone);
+                }
+                Err(e.into())
+            }
+            Ok(Err(e)) => Err(e.into()),
+        }
+    }
+
+    /// Starts a transfer and returns at once; see [`TransferRequest`].
+    pub fn transfer_async(
+        &self,
+        remote: &str,
+        op: TransferOp,
+        descs: Vec<TransferOpDesc>,
+        timeout: Duration,
+    ) -> Result<TransferRequest> {
+        self.check_open()?;
+        let (req, done) = TransferRequest::new();
+        let engine = self.clone();
+        let remote = remote.to_string();
+        self.inner.runtime.spawn(async move {
+            let status = match engine.transfer(&remote, op, &descs, timeout).await {
+                Ok(()) => TransferStatus::Completed,
+                Err(EngineError::Timeout { .. }) => TransferStatus::TimedOut,
+                Err(e) => TransferStatus::Failed(Arc::new(e)),
+            };
+            done.finish(status);
+        });
+        Ok(req)
+    }
+
+    /// Sends a notification to `remote`; it waits in that engine's queue until
+    /// [`Engine::get_notifies`] takes it.
+    pub async fn send_notify(
+        &self,
+        remote: &str,
+        name: &str,
+        msg: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.check_open()?;
+        let peer = self.peer(remote)?;
+        let n = NotifyMsg {
+            from: self.inner.name.clone(),
+            name: name.to_string(),
+            msg: msg.to_vec(),
+        };
+        let opts = CallOptions {
+            timeout: Some(timeout),
+            ..CallOptions::default()
+        };
+        peer.rpc
+            .call_typed_with::<_, ()>(METHOD_NOTIFY, &n, opts)
+            .await
+            .map_err(|e| EngineError::Metadata {
+                peer: peer.name.clone(),
+                why: e.to_string(),
+            })
+    }
+
+    /// Takes every notification received so far, oldest first.
+    pub fn get_notifies(&self) -> Vec<Notify> {
+        self.inner.shared.notifies.lock().drain(..).collect()
+    }
+
+    /// The engines this one is connected to.
+    pub fn peers(&self) -> Vec<String> {
+        self.inner.peers.read().keys().cloned().collect()
+    }
+
+    /// Disconnects every peer and stops the metadata service; later calls fail with
+    /// [`EngineError::Finalized`]. Registrations end when the last clone drops.
+    pub async fn finalize(&self) {
+        self.inner
+            .finalized
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.inner.peers.write().clear();
+        self.inner.server.shutdown().await;
+    }
+}
+
+fn miss<V>(side: Side, owner: &str, addr: u64, len: u64, l: Lookup<'_, V>) -> EngineError {
+    match l {
+        Lookup::Straddles { start, len: rl } => EngineError::Straddles {
+            side,
+            owner: owner.to_string(),
+            addr,
+            len,
+            start,
+            region_len: rl,
+        },
+        _ => EngineError::NotRegistered {
+            side,
+            owner: owner.to_string(),
+            addr,
+            len,
+        },
+    }
+}
+
+impl<C: Communicator> Shared<C> {
+    fn info(&self) -> EngineInfo {
+        let t = self.local.read();
+        EngineInfo {
+            version: VERSION,
+            instance: self.instance,
+            data_plane: self.comm.address().to_string(),
+            generation: t.generation,
+            regions: t.map.iter().map(|(_, _, r)| r.exported.clone()).collect(),
+        }
+    }
+
+    fn take_notify(&self, n: NotifyMsg) -> std::result::Result<(), RpcError> {
+        if n.msg.len() + n.name.len() > self.config.max_notify_len {
+            return Err(RpcError::new(
+                hmc_rpc::Status::PAYLOAD_TOO_LARGE,
+                format!(
+                    "limit `max_notify_len` ({}) exceeded by a {}-byte notification; send less, or raise EngineConfig::max_notify_len at the receiver",
+                    self.config.max_notify_len,
+                    n.msg.len() + n.name.len()
+                ),
+            ));
+        }
+        let mut q = self.notifies.lock();
+        if q.len() >= self.config.max_pending_notifies {
+            return Err(RpcError::new(
+                hmc_rpc::Status::OVERLOADED,
+                format!(
+                    "limit `max_pending_notifies` ({}) reached: the receiver has not taken its notifications (get_notifies); retry later, or raise EngineConfig::max_pending_notifies there",
+                    self.config.max_pending_notifies
+                ),
+            ));
+        }
+        q.push_back(Notify {
+            from: n.from,
+            name: n.name,
+            msg: n.msg,
+        });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    #[rstest]
+    #[case::same_ip("tcp://10.0.0.1:5000", "tcp://10.0.0.1:6000", true)]
+    #[case::other_ip("tcp://10.0.0.1:5000", "tcp://10.0.0.2:6000", false)]
+    #[case::loopback_pair("tcp://127.0.0.1:5000", "tcp://[::1]:6000", true)]
+    #[case::unix_to_loopback("unix:///run/e.sock", "tcp://127.0.0.1:6000", true)]
+    #[case::unix_to_remote("unix:///run/e.sock", "tcp://10.0.0.2:6000", false)]
+    #[case::remote_to_unix("tcp://10.0.0.1:5000", "unix:///run/dp.sock", false)]
+    fn a_data_plane_is_dialled_only_on_the_engines_host(
+        #[case] meta: &str,
+        #[case] dp: &str,
+        #[case] ok: bool,
+    ) {
+        assert_eq!(same_host(&meta.parse().unwrap(), &dp.parse().unwrap()), ok);
+    }
+
+    #[rstest]
+    #[case("127.0.0.1:80", Some("tcp://127.0.0.1:80"))]
+    #[case("tcp://[::1]:9", Some("tcp://[::1]:9"))]
+    #[case("/run/engine.sock", Some("unix:///run/engine.sock"))]
+    #[case("unix:///x", Some("unix:///x"))]
+    #[case("127.0.0.1", None)]
+    #[case("engine-a", None)]
+    fn engine_addresses_parse(#[case] s: &str, #[case] want: Option<&str>) {
+        let got = parse_engine_addr(s, None).ok().map(|a| a.to_string());
+        assert_eq!(got.as_deref(), want);
+    }
+}

@@ -1,0 +1,427 @@
+//! Two engines over the TCP transport on loopback: transfers by address in both
+//! directions, bad descriptors refused before any byte moves, tables kept current across
+//! register/deregister, asynchronous requests and their timeouts, notifications and
+//! their bound, and the blocking API.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hmc_engine::{
+    BlockingEngine, Engine, EngineConfig, EngineError, MemDesc, MemHandle, MemType, Side,
+    TransferOp, TransferOpDesc, TransferStatus,
+};
+use hmc_transport_tcp::TcpCommunicator;
+
+const T: Duration = Duration::from_secs(10);
+
+fn open() -> hmc_core::Result<TcpCommunicator> {
+    TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), Default::default())
+}
+
+async fn engine(config: EngineConfig) -> Engine<TcpCommunicator> {
+    Engine::initialize(Arc::new(open().unwrap()), "127.0.0.1", config)
+        .await
+        .unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn addr(b: &[u8]) -> u64 {
+    b.as_ptr() as u64
+}
+
+fn reg(e: &Engine<TcpCommunicator>, b: &[u8]) -> MemHandle {
+    // SAFETY: every test keeps its buffers alive until its engines are dropped or the
+    // buffer is deregistered.
+    unsafe {
+        e.register_mem(
+            MemDesc {
+                addr: addr(b),
+                len: b.len(),
+            },
+            MemType::Host,
+        )
+        .unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_and_reads_by_address_across_several_regions() {
+    let a = engine(EngineConfig::default()).await;
+    let b = engine(EngineConfig::default()).await;
+    let src1 = pattern(1 << 20, 1);
+    let src2 = pattern(64 << 10, 2);
+    let dst1 = vec![0u8; 1 << 20];
+    let dst2 = vec![0u8; 256 << 10];
+    for buf in [&src1, &src2] {
+        reg(&a, buf);
+    }
+    for buf in [&dst1, &dst2] {
+        reg(&b, buf);
+    }
+    a.connect(b.name(), T).await.unwrap();
+    // src1 in 4 KiB pieces, contiguous on both sides (merged into one run), plus src2
+    // scattered into dst2 at odd offsets.
+    let mut descs: Vec<TransferOpDesc> = (0..256)
+        .map(|i| TransferOpDesc {
+            local_addr: addr(&src1) + i * 4096,
+            remote_addr: addr(&dst1) + i * 4096,
+            len: 4096,
+        })
+        .collect();
+    descs.push(TransferOpDesc {
+        local_addr: addr(&src2),
+        remote_addr: addr(&dst2) + 4097,
+        len: 30_000,
+    });
+    descs.push(TransferOpDesc {
+        local_addr: addr(&src2) + 30_000,
+        remote_addr: addr(&dst2) + 200_001,
+        len: (64 << 10) - 30_000,
+    });
+    a.transfer(b.name(), TransferOp::Write, &descs, T)
+        .await
+        .unwrap();
+    assert_eq!(dst1, src1);
+    assert_eq!(&dst2[4097..4097 + 30_000], &src2[..30_000]);
+    assert_eq!(
+        &dst2[200_001..200_001 + (64 << 10) - 30_000],
+        &src2[30_000..]
+    );
+    // Read it back into a fresh local buffer.
+    let back = vec![0u8; 1 << 20];
+    reg(&a, &back);
+    let read = [TransferOpDesc {
+        local_addr: addr(&back),
+        remote_addr: addr(&dst1),
+        len: 1 << 20,
+    }];
+    a.transfer(b.name(), TransferOp::Read, &read, T)
+        .await
+        .unwrap();
+    assert_eq!(back, src1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_descriptors_are_refused_before_any_byte_moves() {
+    let a = engine(EngineConfig::default()).await;
+    let b = engine(EngineConfig::default()).await;
+    let src = pattern(8192, 3);
+    let dst1 = vec![0u8; 4096];
+    let dst2 = vec![0u8; 4096];
+    let unregistered = [0u8; 64];
+    reg(&a, &src);
+    reg(&b, &dst1);
+    reg(&b, &dst2);
+    a.connect(b.name(), T).await.unwrap();
+    let good = TransferOpDesc {
+        local_addr: addr(&src),
+        remote_addr: addr(&dst1),
+        len: 4096,
+    };
+    // A second descriptor outside every remote region: nothing moves, not even the first.
+    let outside = TransferOpDesc {
+        local_addr: addr(&src),
+        remote_addr: addr(&unregistered),
+        len: 64,
+    };
+    let e = a
+        .transfer(b.name(), TransferOp::Write, &[good, outside], T)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::NotRegistered {
+                side: Side::Remote,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("register"), "{e}");
+    assert!(
+        dst1.iter().all(|&x| x == 0),
+        "the good descriptor moved nothing"
+    );
+    // Straddling the end of a remote region.
+    let straddle = TransferOpDesc {
+        local_addr: addr(&src),
+        remote_addr: addr(&dst1) + 4000,
+        len: 200,
+    };
+    let e = a
+        .transfer(b.name(), TransferOp::Write, &[straddle], T)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::Straddles {
+                side: Side::Remote,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("split the descriptor"), "{e}");
+    // Local memory that is not registered.
+    let e = a
+        .transfer(
+            b.name(),
+            TransferOp::Read,
+            &[TransferOpDesc {
+                local_addr: addr(&unregistered),
+                remote_addr: addr(&dst1),
+                len: 64,
+            }],
+            T,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::NotRegistered {
+                side: Side::Local,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // Zero-length descriptors and overlapping registrations.
+    let zero = TransferOpDesc { len: 0, ..good };
+    assert!(matches!(
+        a.transfer(b.name(), TransferOp::Write, &[zero], T).await,
+        Err(EngineError::InvalidArgument(_))
+    ));
+    // SAFETY: `src` is alive; the call is refused anyway.
+    let overlap = unsafe {
+        a.register_mem(
+            MemDesc {
+                addr: addr(&src) + 100,
+                len: 10,
+            },
+            MemType::Host,
+        )
+    };
+    assert!(
+        matches!(overlap, Err(EngineError::Overlaps { .. })),
+        "{overlap:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_table_follows_registrations_and_deregistrations() {
+    let a = engine(EngineConfig::default()).await;
+    let b = engine(EngineConfig::default()).await;
+    let src = pattern(4096, 4);
+    reg(&a, &src);
+    a.connect(b.name(), T).await.unwrap();
+    // Registered after the connect: found by fetching the table again.
+    let late = vec![0u8; 4096];
+    let h = reg(&b, &late);
+    let d = [TransferOpDesc {
+        local_addr: addr(&src),
+        remote_addr: addr(&late),
+        len: 4096,
+    }];
+    a.transfer(b.name(), TransferOp::Write, &d, T)
+        .await
+        .unwrap();
+    assert_eq!(late, src);
+    // Deregistered: the next transfer fails and names the address; the memory (still
+    // allocated here) is not written.
+    b.deregister_mem(h).await.unwrap();
+    let src2 = pattern(4096, 99);
+    reg(&a, &src2);
+    let d2 = [TransferOpDesc {
+        local_addr: addr(&src2),
+        remote_addr: addr(&late),
+        len: 4096,
+    }];
+    let e = a
+        .transfer(b.name(), TransferOp::Write, &d2, T)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::NotRegistered {
+                side: Side::Remote,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(late, src, "deregistered memory was not written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_async_requests_complete_and_a_timeout_really_ends_one() {
+    let a = engine(EngineConfig::default()).await;
+    let b = engine(EngineConfig::default()).await;
+    let src = pattern(16 << 20, 5);
+    let dst = vec![0u8; 16 << 20];
+    reg(&a, &src);
+    reg(&b, &dst);
+    a.connect(b.name(), T).await.unwrap();
+    let reqs: Vec<_> = (0..16u64)
+        .map(|i| {
+            let off = i * (1 << 20);
+            a.transfer_async(
+                b.name(),
+                TransferOp::Write,
+                vec![TransferOpDesc {
+                    local_addr: addr(&src) + off,
+                    remote_addr: addr(&dst) + off,
+                    len: 1 << 20,
+                }],
+                T,
+            )
+            .unwrap()
+        })
+        .collect();
+    for r in &reqs {
+        assert!(matches!(r.wait().await, TransferStatus::Completed));
+        assert!(r.status().is_done());
+    }
+    assert_eq!(dst, src);
+    // 16 MiB in one microsecond: timed out, reported as such.
+    let r = a
+        .transfer_async(
+            b.name(),
+            TransferOp::Read,
+            vec![TransferOpDesc {
+                local_addr: addr(&src),
+                remote_addr: addr(&dst),
+                len: 16 << 20,
+            }],
+            Duration::from_micros(1),
+        )
+        .unwrap();
+    assert!(
+        matches!(r.wait().await, TransferStatus::TimedOut),
+        "{:?}",
+        r.status()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_arrive_in_order_and_are_bounded() {
+    let a = engine(EngineConfig::default()).await;
+    let b = engine(EngineConfig {
+        max_pending_notifies: 2,
+        ..EngineConfig::default()
+    })
+    .await;
+    a.connect(b.name(), T).await.unwrap();
+    a.send_notify(b.name(), "kv", b"one", T).await.unwrap();
+    a.send_notify(b.name(), "kv", b"two", T).await.unwrap();
+    let e = a
+        .send_notify(b.name(), "kv", b"three", T)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("max_pending_notifies"), "{e}");
+    let got = b.get_notifies();
+    assert_eq!(got.len(), 2);
+    assert_eq!(
+        (got[0].msg.as_slice(), got[1].msg.as_slice()),
+        (&b"one"[..], &b"two"[..])
+    );
+    assert_eq!(got[0].from, a.name());
+    assert!(b.get_notifies().is_empty());
+    a.send_notify(b.name(), "kv", b"again", T).await.unwrap();
+    assert_eq!(b.get_notifies().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_rules() {
+    let a = engine(EngineConfig::default()).await;
+    let b = engine(EngineConfig::default()).await;
+    let e = a
+        .transfer(b.name(), TransferOp::Write, &[], T)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, EngineError::NotConnected(_)), "{e}");
+    a.connect(b.name(), T).await.unwrap();
+    assert!(matches!(
+        a.connect(b.name(), T).await,
+        Err(EngineError::AlreadyConnected(_))
+    ));
+    assert_eq!(a.peers().len(), 1);
+    a.disconnect(b.name()).await.unwrap();
+    assert!(matches!(
+        a.disconnect(b.name()).await,
+        Err(EngineError::NotConnected(_))
+    ));
+    // Nobody listens there.
+    let e = a
+        .connect("127.0.0.1:1", Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::Metadata { .. } | EngineError::Timeout { .. }
+        ),
+        "{e}"
+    );
+    b.finalize().await;
+    assert!(matches!(
+        b.connect(a.name(), T).await,
+        Err(EngineError::Finalized)
+    ));
+}
+
+#[test]
+fn the_blocking_api_from_plain_threads() {
+    let a = BlockingEngine::initialize(open, "127.0.0.1", EngineConfig::default()).unwrap();
+    let b = BlockingEngine::initialize(open, "127.0.0.1", EngineConfig::default()).unwrap();
+    let src = pattern(256 << 10, 6);
+    let dst = vec![0u8; 256 << 10];
+    // SAFETY: both buffers outlive the engines' registrations (deregistered below).
+    let (ha, hb) = unsafe {
+        (
+            a.register_mem(
+                MemDesc {
+                    addr: addr(&src),
+                    len: src.len(),
+                },
+                MemType::Host,
+            )
+            .unwrap(),
+            b.register_mem(
+                MemDesc {
+                    addr: addr(&dst),
+                    len: dst.len(),
+                },
+                MemType::Host,
+            )
+            .unwrap(),
+        )
+    };
+    a.connect(b.name(), T).unwrap();
+    let d = TransferOpDesc {
+        local_addr: addr(&src),
+        remote_addr: addr(&dst),
+        len: src.len(),
+    };
+    a.transfer_sync(b.name(), TransferOp::Write, &[d], T)
+        .unwrap();
+    assert_eq!(dst, src);
+    let r = a
+        .transfer_async(b.name(), TransferOp::Read, vec![d], T)
+        .unwrap();
+    assert!(matches!(a.wait(&r), TransferStatus::Completed));
+    a.send_notify(b.name(), "done", b"1", T).unwrap();
+    assert_eq!(b.get_notifies()[0].name, "done");
+    a.deregister_mem(ha).unwrap();
+    b.deregister_mem(hb).unwrap();
+    a.finalize();
+    b.finalize();
+}
