@@ -20,6 +20,9 @@ pub struct EngineConfig {
     pub max_pending_notifies: usize,
     /// Bytes of one notification's name and message (`max_notify_len`, default 64 KiB).
     pub max_notify_len: usize,
+    /// Bytes of one value published for peers to look up (`max_published_len`, default
+    /// 1 MiB; a KV cache's layout and tensor addresses).
+    pub max_published_len: usize,
     /// Dial a peer's data plane even when it is on another host than the engine the
     /// caller connected to (`allow_foreign_data_plane`, default false).
     pub allow_foreign_data_plane: bool,
@@ -37,6 +40,7 @@ impl Default for EngineConfig {
             max_descs_per_transfer: 65_536,
             max_pending_notifies: 4096,
             max_notify_len: 64 << 10,
+            max_published_len: 1 << 20,
             allow_foreign_data_plane: false,
             rpc: hmc_rpc::ServerConfig::default(),
             default_timeout: Duration::from_secs(10),
@@ -59,6 +63,7 @@ impl EngineConfig {
                 "max_descs_per_transfer" => c.max_descs_per_transfer = num()?,
                 "max_pending_notifies" => c.max_pending_notifies = num()?,
                 "max_notify_len" => c.max_notify_len = num()?,
+                "max_published_len" => c.max_published_len = num()?,
                 "allow_foreign_data_plane" => {
                     c.allow_foreign_data_plane =
                         v.parse().map_err(|_| bad("true or false".into()))?
@@ -66,7 +71,7 @@ impl EngineConfig {
                 "default_timeout_ms" => c.default_timeout = Duration::from_millis(num()? as u64),
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, allow_foreign_data_plane, default_timeout_ms"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, default_timeout_ms"
                     )));
                 }
             }

@@ -15,7 +15,9 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result, Side};
-use crate::meta::{EngineInfo, Hello, METHOD_INFO, METHOD_NOTIFY, NotifyMsg, VERSION};
+use crate::meta::{
+    EngineInfo, Hello, METHOD_INFO, METHOD_LOOKUP, METHOD_NOTIFY, NotifyMsg, VERSION,
+};
 use crate::region_map::{Lookup, RegionMap};
 use crate::request::{TransferRequest, TransferStatus};
 
@@ -122,6 +124,8 @@ struct Shared<C: Communicator> {
     instance: u64,
     local: RwLock<LocalTable<C>>,
     notifies: Mutex<VecDeque<Notify>>,
+    /// Values published for peers to look up by name ([`Engine::publish`]).
+    directory: RwLock<HashMap<String, Vec<u8>>>,
 }
 
 struct Inner<C: Communicator> {
@@ -214,6 +218,7 @@ impl<C: Communicator> Engine<C> {
                 next_handle: 1,
             }),
             notifies: Mutex::new(VecDeque::new()),
+            directory: RwLock::new(HashMap::new()),
         });
         let mut d = Dispatcher::new();
         let s = shared.clone();
@@ -228,6 +233,11 @@ impl<C: Communicator> Engine<C> {
         d.register(METHOD_NOTIFY, move |_, n: NotifyMsg| {
             let s = s.clone();
             async move { s.take_notify(n) }
+        });
+        let s = shared.clone();
+        d.register(METHOD_LOOKUP, move |_, l: crate::meta::Lookup| {
+            let s = s.clone();
+            async move { Ok::<_, RpcError>(s.directory.read().get(&l.name).cloned()) }
         });
         let server = Server::new(d, config.rpc.clone())
             .bind(&addr)
@@ -711,6 +721,57 @@ impl<C: Communicator> Engine<C> {
         };
         peer.rpc
             .call_typed_with::<_, ()>(METHOD_NOTIFY, &n, opts)
+            .await
+            .map_err(|e| EngineError::Metadata {
+                peer: peer.name.clone(),
+                why: e.to_string(),
+            })
+    }
+
+    /// Publishes `value` under `name` for peers to [`Engine::lookup`] (replacing what was
+    /// there): how layers above the engine describe memory to each other, such as the KV
+    /// caches of [`crate::kv`].
+    pub fn publish(&self, name: &str, value: Vec<u8>) -> Result<()> {
+        let max = self.inner.shared.config.max_published_len;
+        if value.len() > max {
+            return Err(EngineError::Limit {
+                limit: "max_published_len",
+                value: value.len() as u64,
+                max: max as u64,
+                hint: "publish less (fewer tensors per key), or raise EngineConfig::max_published_len",
+            });
+        }
+        self.inner
+            .shared
+            .directory
+            .write()
+            .insert(name.to_string(), value);
+        Ok(())
+    }
+
+    /// Removes what was published under `name`.
+    pub fn unpublish(&self, name: &str) {
+        self.inner.shared.directory.write().remove(name);
+    }
+
+    /// The value `remote` published under `name`, if any.
+    pub async fn lookup(
+        &self,
+        remote: &str,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>> {
+        self.check_open()?;
+        let peer = self.peer(remote)?;
+        let opts = CallOptions {
+            timeout: Some(timeout),
+            ..CallOptions::default()
+        };
+        let req = crate::meta::Lookup {
+            name: name.to_string(),
+        };
+        peer.rpc
+            .call_typed_with(METHOD_LOOKUP, &req, opts)
             .await
             .map_err(|e| EngineError::Metadata {
                 peer: peer.name.clone(),

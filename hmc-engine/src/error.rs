@@ -107,6 +107,17 @@ pub enum EngineError {
         /// What went wrong.
         why: String,
     },
+    /// Two KV caches (or block lists) do not fit each other; nothing was moved.
+    #[error("KV layout mismatch: {0}")]
+    Layout(String),
+    /// Nothing is published under that key at the peer.
+    #[error("`{key}` is not published at {peer}; allocate or register the cache there first")]
+    UnknownKey {
+        /// The key.
+        key: String,
+        /// The engine asked.
+        peer: String,
+    },
     /// A bad argument (address, option, descriptor).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -66,6 +66,7 @@ mod blocking;
 mod config;
 mod engine;
 mod error;
+pub mod kv;
 mod meta;
 mod region_map;
 mod request;

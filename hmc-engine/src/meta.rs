@@ -10,6 +10,9 @@ pub(crate) const METHOD_INFO: u32 = 0x454E_0001;
 /// Method id of a [`NotifyMsg`] (response: unit).
 pub(crate) const METHOD_NOTIFY: u32 = 0x454E_0002;
 
+/// Method id of a directory lookup (request: [`Lookup`], response: `Option<Vec<u8>>`).
+pub(crate) const METHOD_LOOKUP: u32 = 0x454E_0003;
+
 /// The metadata format version this engine speaks.
 pub(crate) const VERSION: u32 = 1;
 
@@ -42,4 +45,10 @@ pub(crate) struct NotifyMsg {
     pub from: String,
     pub name: String,
     pub msg: Vec<u8>,
+}
+
+/// A directory lookup: the value an engine published under `name`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Lookup {
+    pub name: String,
 }
