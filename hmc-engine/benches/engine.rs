@@ -1,0 +1,465 @@
+//! `cargo xtask bench engine`: one-sided WRITE and READ between two processes on loopback,
+//! hmc-engine over the TCP transport side by side with Mooncake Transfer Engine (its tcp
+//! protocol, through its Python API, one op at a time as our sync path), in one run.
+//!
+//! Rows: sync single ops at each size (ops/s, GB/s, ratio to Mooncake); async (8 in flight);
+//! the engine against the same transfers through the bare `Communicator` (facade overhead);
+//! and 64 scattered 128 KiB KV blocks against one contiguous 8 MiB transfer.
+//!
+//! Arguments: `--sizes 4096,65536,1048576,16777216 --seconds 2 --mooncake-python PATH`
+//! (Mooncake is skipped with a note when the interpreter is absent). Internal: `--target`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hmc_core::{Access, Communicator, Deadline, Op, RemoteRegion, TransferDesc};
+use hmc_engine::{Engine, EngineConfig, MemDesc, MemType, TransferOp, TransferOpDesc};
+use hmc_transport_tcp::TcpCommunicator;
+
+const T: Duration = Duration::from_secs(30);
+
+struct Args {
+    sizes: Vec<usize>,
+    seconds: f64,
+    mooncake_python: Option<String>,
+    target: bool,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        sizes: vec![4096, 65536, 1 << 20, 16 << 20],
+        seconds: 2.0,
+        mooncake_python: None,
+        target: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        match k.as_str() {
+            "--sizes" => {
+                a.sizes = it
+                    .next()
+                    .expect("--sizes N,N")
+                    .split(',')
+                    .map(|s| s.parse().expect("a size in bytes"))
+                    .collect()
+            }
+            "--seconds" => a.seconds = it.next().expect("--seconds S").parse().expect("seconds"),
+            "--mooncake-python" => a.mooncake_python = it.next(),
+            "--quick" => a.seconds = 0.5,
+            "--target" => a.target = true,
+            // cargo bench passes --bench.
+            _ => {}
+        }
+    }
+    a
+}
+
+fn open() -> TcpCommunicator {
+    TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), Default::default())
+        .expect("TCP transport")
+}
+
+/// Bytes each side registers: room for the largest op, and for the KV rows (two 8 MiB
+/// areas).
+fn buffer_len(sizes: &[usize]) -> usize {
+    sizes.iter().copied().max().unwrap_or(0).max(16 << 20)
+}
+
+/// The target process: an engine with one registered buffer; prints its name, the
+/// buffer's address, and the buffer's exported region (for the bare-communicator rows).
+async fn target(len: usize) {
+    let comm = Arc::new(open());
+    let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())
+        .await
+        .unwrap();
+    let buf = vec![1u8; len];
+    // SAFETY: `buf` lives until the process exits.
+    unsafe {
+        engine
+            .register_mem(
+                MemDesc {
+                    addr: buf.as_ptr() as u64,
+                    len,
+                },
+                MemType::Host,
+            )
+            .unwrap();
+    }
+    // A second registration of the same memory for the bare rows (the engine's own key
+    // stays internal).
+    let region = hmc_core::Region {
+        device: hmc_core::Device::HOST,
+        addr: buf.as_ptr() as u64,
+        len,
+    };
+    // SAFETY: as above.
+    let bare = unsafe { comm.register(region, Access::READ_WRITE).unwrap() };
+    let hex: String = comm
+        .export(&bare)
+        .encode()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    println!(
+        "READY {} {} {} {hex}",
+        engine.name(),
+        buf.as_ptr() as u64,
+        comm.address()
+    );
+    std::io::stdout().flush().unwrap();
+    // Serve until the parent closes our stdin.
+    tokio::task::spawn_blocking(|| {
+        let mut s = String::new();
+        let _ = std::io::stdin().read_line(&mut s);
+    })
+    .await
+    .unwrap();
+    drop(bare);
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Runs `op` until `secs` passed (at least 3 times); returns (ops, seconds).
+async fn timed<F, Fut>(secs: f64, mut op: F) -> (u64, f64)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    op().await; // warm-up
+    let start = Instant::now();
+    let mut n = 0;
+    while n < 3 || start.elapsed().as_secs_f64() < secs {
+        op().await;
+        n += 1;
+    }
+    (n, start.elapsed().as_secs_f64())
+}
+
+struct Row {
+    what: String,
+    op: &'static str,
+    size: usize,
+    ops: u64,
+    secs: f64,
+}
+
+impl Row {
+    fn ops_s(&self) -> f64 {
+        self.ops as f64 / self.secs
+    }
+    fn gbs(&self) -> f64 {
+        self.ops as f64 * self.size as f64 / self.secs / 1e9
+    }
+    fn us(&self) -> f64 {
+        self.secs * 1e6 / self.ops as f64
+    }
+}
+
+fn mooncake(py: &str, sizes: &[usize], secs: f64) -> Result<Vec<Row>, String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/mooncake_peer.py");
+    let len = buffer_len(sizes);
+    let mut t = Command::new(py)
+        .args([script, "target", &len.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting {py}: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(t.stdout.take().unwrap())
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    if f.len() != 3 || f[0] != "READY" {
+        let _ = t.kill();
+        return Err(format!("the Mooncake target said `{}`", line.trim()));
+    }
+    let sizes_s: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
+    let out = Command::new(py)
+        .args([
+            script,
+            "initiator",
+            f[1],
+            f[2],
+            &sizes_s.join(","),
+            &secs.to_string(),
+        ])
+        .stderr(Stdio::null())
+        .output()
+        .map_err(|e| e.to_string())?;
+    let _ = t.kill();
+    let _ = t.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut rows = Vec::new();
+    for l in text.lines() {
+        // {"system": "mooncake", "op": "write", "size": 4096, "ops": 12500, "secs": 1.0}
+        let field = |k: &str| -> Option<&str> {
+            let at = l.find(&format!("\"{k}\": "))? + k.len() + 4;
+            let rest = &l[at..];
+            let end = rest.find([',', '}']).unwrap_or(rest.len());
+            Some(rest[..end].trim().trim_matches('"'))
+        };
+        let (Some(op), Some(size), Some(ops), Some(s)) =
+            (field("op"), field("size"), field("ops"), field("secs"))
+        else {
+            continue;
+        };
+        rows.push(Row {
+            what: "mooncake".into(),
+            op: if op == "write" { "WRITE" } else { "READ" },
+            size: size.parse().unwrap_or(0),
+            ops: ops.parse().unwrap_or(0),
+            secs: s.parse().unwrap_or(1.0),
+        });
+    }
+    if rows.is_empty() {
+        return Err(format!(
+            "the Mooncake initiator printed nothing usable (exit {})",
+            out.status
+        ));
+    }
+    Ok(rows)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let a = args();
+    let len = buffer_len(&a.sizes);
+    if a.target {
+        target(len).await;
+        return;
+    }
+    let me = std::env::current_exe().unwrap();
+    let mut child = Command::new(me)
+        .arg("--target")
+        .args(["--sizes", &a.sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(f.first(), Some(&"READY"), "target said `{line}`");
+    let (name, remote_buf, dp, region) = (
+        f[1].to_string(),
+        f[2].parse::<u64>().unwrap(),
+        f[3].parse().unwrap(),
+        RemoteRegion::decode(&unhex(f[4])).unwrap(),
+    );
+
+    let comm = Arc::new(open());
+    let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())
+        .await
+        .unwrap();
+    let local = vec![2u8; len];
+    let local_addr = local.as_ptr() as u64;
+    // SAFETY: `local` outlives the engine's use of it (the process ends after the rows).
+    unsafe {
+        engine
+            .register_mem(MemDesc { addr: local_addr, len }, MemType::Host)
+            .unwrap();
+    }
+    engine.connect(&name, T).await.unwrap();
+    let mut rows = Vec::new();
+    for (op, top) in [("WRITE", TransferOp::Write), ("READ", TransferOp::Read)] {
+        for &size in &a.sizes {
+            eprintln!("hmc-engine {op} {size} B");
+            let d = [TransferOpDesc {
+                local_addr,
+                remote_addr: remote_buf,
+                len: size,
+            }];
+            let e = &engine;
+            let n = &name;
+            let (ops, secs) = timed(a.seconds, || async move {
+                e.transfer(n, top, &d, T).await.unwrap();
+            })
+            .await;
+            rows.push(Row {
+                what: "hmc-engine".into(),
+                op,
+                size,
+                ops,
+                secs,
+            });
+        }
+    }
+
+    // The same transfers through the bare communicator: its own endpoint and key.
+    let bare_comm = open();
+    let ep = bare_comm.connect(&dp, Deadline::after(T)).await.unwrap();
+    let key = bare_comm.import(&ep, &region).unwrap();
+    let lreg = {
+        let r = hmc_core::Region {
+            device: hmc_core::Device::HOST,
+            addr: local_addr,
+            len,
+        };
+        // SAFETY: as for the engine's registration.
+        unsafe { bare_comm.register(r, Access::READ_WRITE).unwrap() }
+    };
+    let mut bare = Vec::new();
+    for &size in &a.sizes {
+        eprintln!("bare Communicator WRITE {size} B");
+        let b = [TransferDesc::<TcpCommunicator> {
+            local: &lreg,
+            local_offset: 0,
+            remote: &key,
+            remote_offset: 0,
+            len: size,
+        }];
+        let (c, ep, b) = (&bare_comm, &ep, &b);
+        let (ops, secs) = timed(a.seconds, || async move {
+            c.transfer(ep, Op::Write, b, Deadline::after(T)).await.unwrap();
+        })
+        .await;
+        bare.push(Row {
+            what: "bare".into(),
+            op: "WRITE",
+            size,
+            ops,
+            secs,
+        });
+    }
+
+    // Async: 8 requests in flight.
+    let mut asyncs = Vec::new();
+    for &size in a.sizes.iter().filter(|&&s| s <= 1 << 20) {
+        eprintln!("hmc-engine async x8 WRITE {size} B");
+        let e = &engine;
+        let n = &name;
+        let (ops, secs) = timed(a.seconds, || async move {
+            let reqs: Vec<_> = (0..8u64)
+                .map(|i| {
+                    e.transfer_async(
+                        n,
+                        TransferOp::Write,
+                        vec![TransferOpDesc {
+                            local_addr: local_addr + i * size as u64,
+                            remote_addr: remote_buf + i * size as u64,
+                            len: size,
+                        }],
+                        T,
+                    )
+                    .unwrap()
+                })
+                .collect();
+            for r in reqs {
+                assert!(matches!(r.wait().await, hmc_engine::TransferStatus::Completed));
+            }
+        })
+        .await;
+        asyncs.push(Row {
+            what: "async x8".into(),
+            op: "WRITE",
+            size,
+            ops: ops * 8,
+            secs,
+        });
+    }
+
+    // KV: 64 scattered 128 KiB blocks (every other block, in reverse order at the
+    // target) against one contiguous 8 MiB transfer.
+    let block = 128usize << 10;
+    let scattered: Vec<TransferOpDesc> = (0..64u64)
+        .map(|i| TransferOpDesc {
+            local_addr: local_addr + i * 2 * block as u64 % (16 << 20),
+            remote_addr: remote_buf + (63 - i) * 2 * block as u64 % (16 << 20),
+            len: block,
+        })
+        .collect();
+    let contiguous = [TransferOpDesc {
+        local_addr,
+        remote_addr: remote_buf,
+        len: 8 << 20,
+    }];
+    let mut kv = Vec::new();
+    for (what, descs) in [("64 x 128 KiB scattered", &scattered[..]), ("8 MiB contiguous", &contiguous[..])] {
+        eprintln!("KV {what}");
+        let e = &engine;
+        let n = &name;
+        let (ops, secs) = timed(a.seconds, || async move {
+            e.transfer(n, TransferOp::Read, descs, T).await.unwrap();
+        })
+        .await;
+        kv.push(Row {
+            what: what.into(),
+            op: "READ",
+            size: 8 << 20,
+            ops,
+            secs,
+        });
+    }
+    drop(child.stdin.take());
+    let _ = child.wait();
+
+    let mc = match &a.mooncake_python {
+        None => {
+            eprintln!("note: no --mooncake-python; the Mooncake column is empty");
+            Vec::new()
+        }
+        Some(py) => {
+            eprintln!("Mooncake Transfer Engine (tcp)");
+            mooncake(py, &a.sizes, a.seconds).unwrap_or_else(|e| {
+                eprintln!("note: Mooncake skipped: {e}");
+                Vec::new()
+            })
+        }
+    };
+
+    println!("## hmc-engine (TCP transport) vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback\n");
+    println!("| op | size | hmc ops/s | hmc GB/s | hmc us/op | Mooncake ops/s | Mooncake GB/s | ops ratio |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for r in &rows {
+        let m = mc.iter().find(|m| m.op == r.op && m.size == r.size);
+        println!(
+            "| {} | {} | {:.0} | {:.2} | {:.1} | {} | {} | {} |",
+            r.op,
+            r.size,
+            r.ops_s(),
+            r.gbs(),
+            r.us(),
+            m.map_or("-".into(), |m| format!("{:.0}", m.ops_s())),
+            m.map_or("-".into(), |m| format!("{:.2}", m.gbs())),
+            m.map_or("-".into(), |m| format!("{:.2}x", r.ops_s() / m.ops_s())),
+        );
+    }
+    println!("\n## facade overhead: engine vs the bare Communicator (WRITE)\n");
+    println!("| size | engine us/op | bare us/op | overhead us | overhead % |");
+    println!("| --- | --- | --- | --- | --- |");
+    for b in &bare {
+        if let Some(r) = rows.iter().find(|r| r.op == "WRITE" && r.size == b.size) {
+            println!(
+                "| {} | {:.1} | {:.1} | {:.1} | {:.1}% |",
+                b.size,
+                r.us(),
+                b.us(),
+                r.us() - b.us(),
+                (r.us() / b.us() - 1.0) * 100.0
+            );
+        }
+    }
+    println!("\n## async, 8 in flight (WRITE)\n");
+    println!("| size | ops/s | GB/s |");
+    println!("| --- | --- | --- |");
+    for r in &asyncs {
+        println!("| {} | {:.0} | {:.2} |", r.size, r.ops_s(), r.gbs());
+    }
+    println!("\n## KV blocks: 64 scattered 128 KiB blocks vs one 8 MiB transfer (READ)\n");
+    println!("| transfer | GB/s | share of contiguous |");
+    println!("| --- | --- | --- |");
+    let contiguous = kv.last().map(|r| r.gbs()).unwrap_or(1.0);
+    for r in &kv {
+        println!("| {} | {:.2} | {:.0}% |", r.what, r.gbs(), r.gbs() / contiguous * 100.0);
+    }
+}

@@ -1,0 +1,67 @@
+"""Mooncake Transfer Engine peer for `cargo xtask bench engine`: the same one-sided
+WRITE/READ loop as hmc-engine's bench, through Mooncake's Python API (tcp protocol,
+P2PHANDSHAKE metadata, one op at a time with transfer_sync_write/read).
+
+  target:    python mooncake_peer.py target BYTES
+             prints "READY <rpc port> <buffer address>", serves until stdin closes
+  initiator: python mooncake_peer.py initiator PORT REMOTE_ADDR SIZES SECONDS
+             prints one JSON object per (op, size): system, op, size, ops, secs
+"""
+
+import json
+import sys
+import time
+
+from mooncake.engine import TransferEngine
+
+
+def engine():
+    te = TransferEngine()
+    rc = te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+    if rc != 0:
+        sys.exit(f"mooncake initialize failed: {rc}")
+    return te
+
+
+def target(size):
+    te = engine()
+    buf = te.allocate_managed_buffer(size)
+    if not buf:
+        sys.exit("mooncake: allocate_managed_buffer failed")
+    print(f"READY {te.get_rpc_port()} {buf}", flush=True)
+    sys.stdin.read()
+
+
+def initiator(port, remote, sizes, seconds):
+    te = engine()
+    peer = f"127.0.0.1:{port}"
+    local = te.allocate_managed_buffer(max(sizes))
+    if not local:
+        sys.exit("mooncake: allocate_managed_buffer failed")
+    for op in ("write", "read"):
+        call = te.transfer_sync_write if op == "write" else te.transfer_sync_read
+        for size in sizes:
+            if call(peer, local, remote, size) != 0:  # warm-up, and the handshake
+                sys.exit(f"mooncake {op} of {size} bytes failed")
+            n = 0
+            start = time.perf_counter()
+            while True:
+                if call(peer, local, remote, size) != 0:
+                    sys.exit(f"mooncake {op} of {size} bytes failed")
+                n += 1
+                secs = time.perf_counter() - start
+                if secs >= seconds:
+                    break
+            print(json.dumps({"system": "mooncake", "op": op, "size": size,
+                              "ops": n, "secs": secs}), flush=True)
+
+
+if __name__ == "__main__":
+    role = sys.argv[1]
+    if role == "target":
+        target(int(sys.argv[2]))
+    elif role == "initiator":
+        initiator(int(sys.argv[2]), int(sys.argv[3]),
+                  [int(s) for s in sys.argv[4].split(",")], float(sys.argv[5]))
+    else:
+        sys.exit(__doc__)
