@@ -29,7 +29,14 @@ fn allow_list_entries_give_reasons() {
         .chain(ENV_ALLOWED)
         .chain(FIGURES_ALLOWED)
     {
-        assert!(!path.starts_with('/') && path.ends_with(".rs"), "{path}");
+        assert!(
+            !path.starts_with('/'),
+            "{path}: relative to the workspace root"
+        );
+        assert!(
+            path.ends_with(".rs") || path.ends_with('/'),
+            "{path}: a file or a folder"
+        );
         assert!(why.len() > 10, "{path}: say why it is allowed");
     }
 }
@@ -52,6 +59,9 @@ fn refuses_println_in_libraries_but_not_binaries() {
     let text = "//! x\nfn f() { println!(\"hi\"); }\n";
     assert_eq!(check("hmc-x/src/lib.rs", text).len(), 1);
     assert!(check("hmc-x/src/bin/tool.rs", text).is_empty());
+    // The conformance kit prints its skip notes into the test log.
+    assert!(check("hmc-core/src/testing.rs", text).is_empty());
+    assert!(check("hmc-core/src/testing/mod.rs", text).is_empty());
 }
 
 #[test]
@@ -123,6 +133,7 @@ fn flags_measured_figures_in_doc_comments() {
         "//! perftest's put reaches 3.4 GB/s and the echo about 1–1.5 ms.",
         "/// 820,000 RPC/s on one connection",
         "/// a p999 of about 4 ms on two vCPUs",
+        "/// 253–254k calls/s there against 178–200k on the default runtime",
     ] {
         assert!(quotes_figure(line), "should flag: {line}");
         let text = format!("//! x\n{line}\nfn f() {{}}\n");
@@ -154,4 +165,6 @@ fn leaves_defaults_limits_and_plain_numbers_alone() {
     let text = "//! x\n/// about 1.5% of the CPU\nfn f() {}\n";
     assert!(check("hmc-x/tests/t.rs", text).is_empty());
     assert!(check("hmc-rpc/src/direct.rs", text).is_empty());
+    // A folder entry covers the files under it.
+    assert!(check("hmc-rpc-tools/src/bin/hmc-rpc-bench/measure.rs", text).is_empty());
 }
