@@ -1,0 +1,336 @@
+//! Endpoints: creating, sharing and lingering the physical UCX endpoint to each peer
+//! worker, closing endpoints gracefully or by force, and reacting to a peer's failure.
+
+use super::*;
+
+impl State {
+    pub(super) fn create_ep(&mut self, worker_addr: &[u8]) -> Result<u64> {
+        let cached = self.phys_by_addr.get(worker_addr).copied();
+        let (pid, handle) = match cached {
+            Some(pid) => {
+                let ph = self.phys.get_mut(&pid).expect("indexed");
+                ph.refs += 1;
+                ph.idle_since = None;
+                (pid, ph.handle)
+            }
+            None => {
+                let pid = self.id();
+                let handle = self.create_phys(pid, worker_addr)?;
+                (pid, handle)
+            }
+        };
+        let id = self.id();
+        self.eps.insert(
+            id,
+            EpState {
+                handle,
+                phys: pid,
+                phase: EpPhase::Open,
+                failed: None,
+                released: false,
+                peer_failed: false,
+                inflight: 0,
+                keys: Vec::new(),
+                drain_since: None,
+            },
+        );
+        Ok(id)
+    }
+
+    pub(super) fn create_phys(&mut self, id: u64, worker_addr: &[u8]) -> Result<sys::ucp_ep_h> {
+        // SAFETY: all-zero is valid; flagged fields set below.
+        let mut p: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
+        p.field_mask = sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+            | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+            | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        p.address = worker_addr.as_ptr() as *const c_void;
+        p.err_mode = sys::UCP_ERR_HANDLING_MODE_PEER;
+        p.err_handler = sys::ucp_err_handler_t {
+            cb: Some(on_ep_error),
+            arg: id as *mut c_void,
+        };
+        let mut ep: sys::ucp_ep_h = std::ptr::null_mut();
+        // SAFETY: live worker; the address bytes outlive the call (UCX copies what it needs).
+        let mut st = if self.peer_mode_unsupported {
+            sys::UCS_ERR_UNREACHABLE
+        } else {
+            unsafe { (self.ucp.ucp_ep_create)(self.worker, &p, &mut ep) }
+        };
+        if st == sys::UCS_ERR_UNREACHABLE {
+            // Remembered, so UCX logs its "no peer failure handler" error once per communicator.
+            self.peer_mode_unsupported = true;
+            // UCX 1.13's shared-memory transports (posix, sysv) have no peer-failure handler,
+            // so UCX refuses PEER mode over them. Fall back to NONE: the control connection's
+            // EOF still reports a dead peer, and CMA operations to a dead process fail.
+            tracing::debug!(
+                "peer error handling unsupported by the selected transports; using UCP_ERR_HANDLING_MODE_NONE"
+            );
+            p.field_mask &=
+                !(sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER);
+            // SAFETY: as above.
+            st = unsafe { (self.ucp.ucp_ep_create)(self.worker, &p, &mut ep) };
+        }
+        if st != sys::UCS_OK {
+            return Err(Error::peer(
+                "ucx worker",
+                format!("ucp_ep_create failed: {}", self.ucp.status_string(st)),
+            ));
+        }
+        self.ep_count.fetch_add(1, Ordering::AcqRel);
+        self.phys.insert(
+            id,
+            PhysEp {
+                handle: ep,
+                addr: worker_addr.to_vec(),
+                refs: 1,
+                failed: false,
+                closing: false,
+                peer_mode: !self.peer_mode_unsupported,
+                idle_since: None,
+            },
+        );
+        self.phys_by_addr.insert(worker_addr.to_vec(), id);
+        Ok(ep)
+    }
+
+    /// Drops one reference to a UCX endpoint; closes it when unused and failed (FORCE),
+    /// or when the communicator is closing, else keeps it for reuse.
+    pub(super) fn release_phys(&mut self, pid: u64, failed: bool) {
+        let closed = self.closed;
+        let Some(ph) = self.phys.get_mut(&pid) else {
+            return;
+        };
+        ph.refs -= 1;
+        if failed && !ph.failed {
+            ph.failed = true;
+            let addr = ph.addr.clone();
+            self.phys_by_addr.remove(&addr);
+        }
+        let ph = self.phys.get_mut(&pid).expect("present");
+        if ph.refs == 0 {
+            if ph.failed || closed {
+                let force = ph.failed;
+                self.close_phys(pid, force);
+            } else {
+                ph.idle_since = Some(Instant::now());
+            }
+        }
+    }
+
+    pub(super) fn close_phys(&mut self, pid: u64, force: bool) {
+        let Some(ph) = self.phys.get_mut(&pid) else {
+            return;
+        };
+        if ph.closing {
+            return;
+        }
+        ph.closing = true;
+        let force = force && ph.peer_mode;
+        let (handle, addr) = (ph.handle, ph.addr.clone());
+        if self.phys_by_addr.get(&addr) == Some(&pid) {
+            self.phys_by_addr.remove(&addr);
+        }
+        let slot = self.alloc_slot(Owner::EpClose { ep: pid });
+        let mut p = Self::param(slot);
+        if force {
+            p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
+            p.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
+        }
+        // SAFETY: a live UCX endpoint nobody uses any more (refs == 0), closed once.
+        let ret = unsafe { (self.ucp.ucp_ep_close_nbx)(handle, &p) };
+        if let Issue::Done(_) = self.settle(slot, ret) {
+            self.phys_closed(pid);
+        }
+    }
+
+    /// Gracefully closes unused UCX endpoints idle since before `older_than` (all if `None`).
+    pub(super) fn close_idle_phys(&mut self, older_than: Option<Instant>) {
+        let idle: Vec<u64> = self
+            .phys
+            .iter()
+            .filter(|(_, p)| {
+                p.refs == 0
+                    && !p.closing
+                    && older_than.is_none_or(|t| p.idle_since.is_some_and(|i| i <= t))
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        for pid in idle {
+            self.close_phys(pid, false);
+        }
+    }
+
+    pub(super) fn phys_closed(&mut self, pid: u64) {
+        if self.phys.remove(&pid).is_some() {
+            self.ep_count.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// UCX reported the endpoint to a peer worker failed: fail everything using it.
+    pub(super) fn phys_failed(&mut self, pid: u64, reason: String) {
+        if let Some(ph) = self.phys.get_mut(&pid) {
+            ph.failed = true;
+            let addr = ph.addr.clone();
+            if self.phys_by_addr.get(&addr) == Some(&pid) {
+                self.phys_by_addr.remove(&addr);
+            }
+        }
+        if self.phys.get(&pid).is_some_and(|p| p.refs == 0) {
+            self.close_phys(pid, true);
+            return;
+        }
+        let eps: Vec<u64> = self
+            .eps
+            .iter()
+            .filter(|(_, e)| e.phys == pid && e.phase != EpPhase::Closed)
+            .map(|(i, _)| *i)
+            .collect();
+        for ep in eps {
+            self.begin_ep_close(ep, Some(reason.clone()), true);
+        }
+        // A dead peer never completes what is queued for it: a FORCE close completes every
+        // outstanding request (UCS_ERR_CANCELED), so the transfers drain now instead of at
+        // `drain_timeout`. Their rkeys are destroyed right after, when the endpoints drain.
+        if self.phys.get(&pid).is_some_and(|p| p.peer_mode) {
+            self.close_phys(pid, true);
+        }
+    }
+
+    pub(super) fn ep_error(&self, ep: u64) -> Error {
+        match self.eps.get(&ep) {
+            Some(e) if e.failed.is_some() => Error::peer(
+                "ucx endpoint",
+                format!("{}; connect again", e.failed.as_deref().unwrap_or_default()),
+            ),
+            Some(e) if e.phase == EpPhase::Open => Error::peer("ucx endpoint", "usable"),
+            _ => Error::Closed("the UCX endpoint is closed".into()),
+        }
+    }
+
+    /// Starts tearing an endpoint down: `reason` marks a failure (peer gone, local close).
+    pub(super) fn begin_ep_close(&mut self, ep: u64, reason: Option<String>, peer_failed: bool) {
+        let Some(e) = self.eps.get_mut(&ep) else {
+            return;
+        };
+        e.peer_failed |= peer_failed;
+        if e.failed.is_none()
+            && let Some(r) = &reason
+        {
+            tracing::debug!(ep, reason = %r, "ucx endpoint failed");
+            e.failed = Some(r.clone());
+        }
+        if e.phase == EpPhase::Open {
+            e.phase = EpPhase::Draining;
+            e.drain_since = Some(Instant::now());
+        }
+        let keys = e.keys.clone();
+        for k in keys {
+            if let Some(k) = self.keys.get(&k) {
+                k.shared.revoke();
+            }
+        }
+        let err = self.ep_error(ep);
+        let ids: Vec<u64> = self
+            .ops
+            .iter()
+            .filter(|(_, o)| o.ep == ep)
+            .map(|(i, _)| *i)
+            .collect();
+        for id in ids {
+            let op = self.ops.get_mut(&id).expect("present");
+            if op.failure.is_none() {
+                op.failure = Some(match &err {
+                    Error::Peer { peer, reason } => Error::peer(peer, reason.clone()),
+                    _ => Error::Closed("the UCX endpoint was closed".into()),
+                });
+                op.failed_at = Some(Instant::now());
+            }
+            self.pump(id);
+        }
+        self.advance_ep(ep);
+    }
+
+    /// Moves a draining endpoint on: once nothing is in flight (or `drain_timeout` passed),
+    /// destroys its rkeys and closes it; removes it once closed and released.
+    pub(super) fn advance_ep(&mut self, ep: u64) {
+        let Some(e) = self.eps.get_mut(&ep) else {
+            return;
+        };
+        match e.phase {
+            EpPhase::Open => {}
+            EpPhase::Draining => {
+                let timed_out = e
+                    .drain_since
+                    .is_some_and(|t| t.elapsed() >= self.cfg.drain_timeout);
+                if e.inflight > 0 && !timed_out {
+                    return;
+                }
+                let leak_keys = e.inflight > 0;
+                // Only a failed peer or a stuck drain justifies FORCE: a forced close of a live
+                // connection leaves the peer's wire-up half done, which UCX 1.13 handles badly.
+                let failed = e.peer_failed || timed_out;
+                let pid = e.phys;
+                e.phase = EpPhase::Closed;
+                e.handle = std::ptr::null_mut();
+                if e.failed.is_none() {
+                    e.failed = Some("the endpoint was closed".into());
+                }
+                let keys = std::mem::take(&mut e.keys);
+                if leak_keys {
+                    tracing::warn!(
+                        ep,
+                        "ucx endpoint did not drain within drain_timeout; force-closing it and leaking its rkeys"
+                    );
+                }
+                for k in keys {
+                    if let Some(mut k) = self.keys.remove(&k) {
+                        if leak_keys {
+                            k.rkey = std::ptr::null_mut();
+                        }
+                        self.destroy_rkey(k);
+                    }
+                }
+                self.release_phys(pid, failed);
+                self.advance_ep(ep);
+            }
+            EpPhase::Closed => {
+                if e.released {
+                    self.eps.remove(&ep);
+                }
+            }
+        }
+    }
+
+    pub(super) fn ep_done(&mut self, ep: u64) {
+        if let Some(e) = self.eps.get_mut(&ep) {
+            e.inflight -= 1;
+            if e.inflight == 0 && e.phase == EpPhase::Draining {
+                self.advance_ep(ep);
+            }
+        }
+    }
+
+    /// Runs `ack` once everything issued on `ep` is complete at the target: over transports
+    /// that emulate RMA with messages, a put completes locally before the target applied it.
+    pub(super) fn flush_then(&mut self, ep: u64, ack: Ack) {
+        let handle = match self.eps.get(&ep) {
+            Some(e) if e.phase == EpPhase::Open => e.handle,
+            _ => return ack(),
+        };
+        let slot = self.alloc_slot(Owner::AckFlush { ep, ack: Some(ack) });
+        let p = Self::param(slot);
+        // SAFETY: live endpoint; flush touches no user memory.
+        let ret = unsafe { (self.ucp.ucp_ep_flush_nbx)(handle, &p) };
+        if ret.is_null() || sys::ptr_is_err(ret) {
+            let rec = self.reqs[slot].take().expect("allocated");
+            self.free_slots.push(slot);
+            if let Owner::AckFlush { ack: Some(a), .. } = rec.owner {
+                a();
+            }
+        } else {
+            self.reqs[slot].as_mut().expect("allocated").req = ret;
+            self.live_requests += 1;
+            self.eps.get_mut(&ep).expect("checked").inflight += 1;
+        }
+    }
+}

@@ -1,0 +1,543 @@
+//! The engine thread's loop: creating the context and worker, draining commands,
+//! progressing the worker, handling completion events, housekeeping (deadlines, lingering
+//! endpoints, revocation acks), parking on the event fd, and the settling shutdown.
+
+use super::*;
+
+impl State {
+    pub(super) fn new(
+        ucp: Arc<Ucp>,
+        cfg: EngineConfig,
+        wake: Arc<OwnedFd>,
+        ep_count: Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Result<State> {
+        let mut config: *mut sys::ucp_config_t = std::ptr::null_mut();
+        // SAFETY: out-parameter; NULL prefix/file mean "UCX_ environment, no file".
+        let st = unsafe { (ucp.ucp_config_read)(std::ptr::null(), std::ptr::null(), &mut config) };
+        ucp.check("ucp_config_read", st)?;
+        let release = |c| {
+            // SAFETY: `c` came from `ucp_config_read` and is released once.
+            unsafe { (ucp.ucp_config_release)(c) }
+        };
+        for (k, v) in &cfg.soft_options {
+            if let (Ok(ck), Ok(cv)) = (CString::new(k.as_str()), CString::new(v.as_str())) {
+                // SAFETY: valid config handle and NUL-terminated strings.
+                let st = unsafe { (ucp.ucp_config_modify)(config, ck.as_ptr(), cv.as_ptr()) };
+                if st != sys::UCS_OK {
+                    tracing::debug!(option = %k, status = %ucp.status_string(st), "UCX ignored a default option");
+                }
+            }
+        }
+        for (k, v) in &cfg.ucx_options {
+            let (ck, cv) = match (CString::new(k.as_str()), CString::new(v.as_str())) {
+                (Ok(a), Ok(b)) => (a, b),
+                _ => {
+                    release(config);
+                    return Err(Error::InvalidArgument(format!(
+                        "UCX option {k}={v} contains NUL"
+                    )));
+                }
+            };
+            // SAFETY: valid config handle and NUL-terminated strings.
+            let st = unsafe { (ucp.ucp_config_modify)(config, ck.as_ptr(), cv.as_ptr()) };
+            if st != sys::UCS_OK {
+                release(config);
+                return Err(Error::InvalidArgument(format!(
+                    "UCX rejected option {k}={v}: {} (names are UCX variables without the UCX_ prefix, e.g. TLS)",
+                    ucp.status_string(st)
+                )));
+            }
+        }
+        let name = CString::new(cfg.name.clone()).unwrap_or_default();
+        // SAFETY: all-zero is a valid parameter block; we set the fields we flag.
+        let mut params: sys::ucp_params_t = unsafe { std::mem::zeroed() };
+        params.field_mask = sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME;
+        params.features = sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM;
+        if cfg.wakeup {
+            params.features |= sys::UCP_FEATURE_WAKEUP;
+        }
+        params.name = name.as_ptr();
+        let mut context: sys::ucp_context_h = std::ptr::null_mut();
+        // SAFETY: valid params and config; out-parameter.
+        let st = unsafe {
+            (ucp.ucp_init_version)(
+                sys::API_MAJOR,
+                sys::API_MINOR,
+                &params,
+                config,
+                &mut context,
+            )
+        };
+        release(config);
+        ucp.check("ucp_init", st)?;
+
+        // SAFETY: as above.
+        let mut wp: sys::ucp_worker_params_t = unsafe { std::mem::zeroed() };
+        wp.field_mask = sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+        if cfg.wakeup {
+            wp.field_mask |= sys::UCP_WORKER_PARAM_FIELD_EVENTS;
+        }
+        wp.thread_mode = sys::UCS_THREAD_MODE_SINGLE;
+        wp.events = sys::UCP_WAKEUP_RMA | sys::UCP_WAKEUP_TX | sys::UCP_WAKEUP_RX;
+        let mut worker: sys::ucp_worker_h = std::ptr::null_mut();
+        // SAFETY: live context, valid params.
+        let st = unsafe { (ucp.ucp_worker_create)(context, &wp, &mut worker) };
+        if st != sys::UCS_OK {
+            // SAFETY: context is live and unused elsewhere.
+            unsafe { (ucp.ucp_cleanup)(context) };
+            return Err(ucp.error("ucp_worker_create", st));
+        }
+        let cleanup = |e: Error| {
+            // SAFETY: both handles are live and owned here.
+            unsafe {
+                (ucp.ucp_worker_destroy)(worker);
+                (ucp.ucp_cleanup)(context);
+            }
+            e
+        };
+        let mut efd = -1;
+        if cfg.wakeup {
+            // SAFETY: live worker; out-parameter.
+            let st = unsafe { (ucp.ucp_worker_get_efd)(worker, &mut efd) };
+            if st != sys::UCS_OK {
+                return Err(cleanup(ucp.error("ucp_worker_get_efd", st)));
+            }
+        }
+        let mut addr: *mut sys::ucp_address_t = std::ptr::null_mut();
+        let mut addr_len = 0usize;
+        // SAFETY: live worker; out-parameters.
+        let st = unsafe { (ucp.ucp_worker_get_address)(worker, &mut addr, &mut addr_len) };
+        if st != sys::UCS_OK {
+            return Err(cleanup(ucp.error("ucp_worker_get_address", st)));
+        }
+        // SAFETY: UCX returned `addr_len` bytes at `addr`; copied, then released once.
+        let worker_address =
+            unsafe { std::slice::from_raw_parts(addr as *const u8, addr_len) }.to_vec();
+        // SAFETY: releasing the address just obtained.
+        unsafe { (ucp.ucp_worker_release_address)(worker, addr) };
+        let am = sys::ucp_am_handler_param_t {
+            field_mask: sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_FLAGS
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
+            id: AM_ID,
+            flags: sys::UCP_AM_FLAG_WHOLE_MSG,
+            cb: Some(on_am),
+            arg: std::ptr::null_mut(),
+        };
+        // SAFETY: live worker; the callback is a plain function valid forever.
+        let st = unsafe { (ucp.ucp_worker_set_am_recv_handler)(worker, &am) };
+        if st != sys::UCS_OK {
+            return Err(cleanup(ucp.error("ucp_worker_set_am_recv_handler", st)));
+        }
+        Ok(State {
+            ucp,
+            cfg,
+            context,
+            worker,
+            efd,
+            wake,
+            worker_address,
+            next_id: 1,
+            mems: HashMap::new(),
+            eps: HashMap::new(),
+            phys: HashMap::new(),
+            phys_by_addr: HashMap::new(),
+            keys: HashMap::new(),
+            ops: HashMap::new(),
+            reqs: Vec::new(),
+            free_slots: Vec::new(),
+            pending_acks: Vec::new(),
+            notes: VecDeque::new(),
+            waiters: VecDeque::new(),
+            closed: false,
+            closed_by_user: false,
+            close_drain: None,
+            unmapped_after_close: false,
+            unsettled: false,
+            drain_gave_up: false,
+            progressed_after_unmap: false,
+            last_activity: Instant::now(),
+            live_requests: 0,
+            peer_mode_unsupported: false,
+            ep_count,
+        })
+    }
+
+    pub(super) fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    pub(super) fn run(&mut self, rx: mpsc::Receiver<Command>) {
+        let mut last_event = Instant::now();
+        loop {
+            let mut busy = false;
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => {
+                        busy = true;
+                        self.command(cmd);
+                    }
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        self.shutdown();
+                        return;
+                    }
+                }
+            }
+            while self.progress_allowed() && self.progress() {
+                busy = true;
+            }
+            self.check_settled();
+            busy |= self.handle_events();
+            self.housekeeping();
+            if busy {
+                last_event = Instant::now();
+                continue;
+            }
+            if last_event.elapsed() < self.cfg.spin || (self.efd < 0 && self.live_requests > 0) {
+                // Without an event fd nothing would wake us for in-flight requests.
+                std::hint::spin_loop();
+                continue;
+            }
+            self.park();
+            last_event = Instant::now() - self.cfg.spin / 2;
+        }
+    }
+
+    /// Arms the worker and sleeps until it, a command, or the nearest deadline wakes us.
+    pub(super) fn park(&mut self) {
+        let progress = self.progress_allowed();
+        // SAFETY: live worker on its own thread.
+        if progress
+            && self.efd >= 0
+            && unsafe { (self.ucp.ucp_worker_arm)(self.worker) } == sys::UCS_ERR_BUSY
+        {
+            return;
+        }
+        let now = Instant::now();
+        let mut until = now + self.cfg.park_max;
+        for op in self.ops.values() {
+            until = until.min(op.deadline);
+            if let Some(t) = op.failed_at {
+                until = until.min(t + self.cfg.drain_timeout);
+            }
+        }
+        for (d, _) in &self.waiters {
+            until = until.min(*d);
+        }
+        if let Some(t) = self.close_drain {
+            until = until.min(t).min(self.last_activity + SETTLE_QUIET);
+        }
+        if !self.pending_acks.is_empty() {
+            // A revocation may wait for direct copies (`KeyShared::direct_busy`), whose end
+            // wakes nobody: look again soon.
+            until = until.min(now + Duration::from_millis(1));
+        }
+        let timeout_ms = until
+            .saturating_duration_since(now)
+            .as_micros()
+            .div_ceil(1000)
+            .min(i32::MAX as u128) as i32;
+        let mut fds = [
+            libc::pollfd {
+                // A negative fd is ignored by poll(2).
+                fd: if progress { self.efd } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: self.wake.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: valid pollfd entries.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        if fds[1].revents != 0 {
+            let mut v = 0u64;
+            // SAFETY: draining the eventfd counter into a live u64.
+            unsafe { libc::read(self.wake.as_raw_fd(), &mut v as *mut u64 as *mut c_void, 8) };
+        }
+    }
+
+    /// One `ucp_worker_progress`; whether it did anything. After `close()`, work done
+    /// may have queued sends to peers, so the worker is unsettled again.
+    pub(super) fn progress(&mut self) -> bool {
+        // SAFETY: the worker is live and only used on this thread.
+        let did = unsafe { (self.ucp.ucp_worker_progress)(self.worker) } != 0;
+        if did {
+            self.last_activity = Instant::now();
+            self.progressed_after_unmap |= self.unmapped_after_close;
+            if self.closed {
+                self.unsettled = true;
+                // Work after the drain settled (our endpoints still closing): drain again,
+                // unless a drain already gave up or the drain's precondition is gone.
+                if self.close_drain.is_none()
+                    && self.closed_by_user
+                    && !self.unmapped_after_close
+                    && !self.drain_gave_up
+                {
+                    self.close_drain = Some(Instant::now() + SETTLE_LIMIT);
+                }
+            }
+        }
+        did
+    }
+
+    /// Ends the post-`close()` drain: settled once progress (allowed throughout) has been
+    /// quiet for [`SETTLE_QUIET`]; given up at [`SETTLE_LIMIT`].
+    pub(super) fn check_settled(&mut self) {
+        let Some(until) = self.close_drain else {
+            return;
+        };
+        if self.last_activity.elapsed() >= SETTLE_QUIET {
+            self.unsettled = false;
+            self.close_drain = None;
+        } else if Instant::now() >= until {
+            self.close_drain = None;
+            self.drain_gave_up = true;
+        }
+    }
+
+    /// After `close()`, once our own endpoints are closed, the worker is never progressed
+    /// again: peers' writes still queued for it (into memory the application may free after
+    /// close, when revocation can no longer reach them) are never applied. Peers see the
+    /// close as EOF on the control connection and force-close their endpoints.
+    ///
+    /// The exception is the bounded drain right after `close()` ([`SETTLE_LIMIT`]) while
+    /// every registration is still mapped; the first unmap ends it.
+    pub(super) fn progress_allowed(&self) -> bool {
+        !(self.closed && self.phys.is_empty())
+            || (!self.unmapped_after_close && self.close_drain.is_some())
+    }
+
+    pub(super) fn handle_events(&mut self) -> bool {
+        let events = EVENTS.with(|e| std::mem::take(&mut *e.borrow_mut()));
+        let any = !events.is_empty();
+        for ev in events {
+            match ev {
+                Event::Req { slot, status } => self.request_done(slot, status),
+                Event::EpError { ep, status } => {
+                    let reason = format!(
+                        "UCX reported an endpoint error: {}",
+                        self.ucp.status_string(status)
+                    );
+                    self.phys_failed(ep, reason);
+                }
+                Event::Note(n) => {
+                    if self.cfg.max_pending_notifications == 0 {
+                        // A communicator that reads none (the RPC data plane): nothing to
+                        // warn about, and a peer must not be able to flood the log.
+                        tracing::debug!(
+                            "dropping a notification: this communicator takes none \
+                             (UcxConfig::max_pending_notifications is 0)"
+                        );
+                    } else if self.notes.len() >= self.cfg.max_pending_notifications {
+                        tracing::warn!(
+                            limit = self.cfg.max_pending_notifications,
+                            "dropping a notification: max_pending_notifications reached; call \
+                             recv_notification more often or raise UcxConfig::max_pending_notifications"
+                        );
+                    } else {
+                        self.notes.push_back(n);
+                    }
+                }
+            }
+        }
+        if any {
+            self.deliver_notes();
+        }
+        any
+    }
+
+    /// Deadlines, drain limits, revocation acknowledgements, notification waiters.
+    pub(super) fn housekeeping(&mut self) {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        let mut stuck = Vec::new();
+        for (id, op) in &self.ops {
+            if op.failure.is_none() && now >= op.deadline {
+                expired.push(*id);
+            }
+            if op
+                .failed_at
+                .is_some_and(|t| now >= t + self.cfg.drain_timeout)
+            {
+                stuck.push(op.ep);
+            }
+        }
+        for id in expired {
+            let op = self.ops.get_mut(&id).expect("present");
+            op.failure = Some(Error::DeadlineExceeded {
+                during: "ucx transfer",
+                elapsed: op.started.elapsed(),
+            });
+            op.failed_at = Some(now);
+            self.cancel_requests_of(id);
+            self.pump(id);
+        }
+        for ep in stuck {
+            tracing::warn!(
+                ep,
+                "a cancelled ucx transfer did not drain within drain_timeout; force-closing its endpoint"
+            );
+            self.begin_ep_close(
+                ep,
+                Some("a cancelled transfer did not drain within drain_timeout".into()),
+                true,
+            );
+            if let Some(e) = self.eps.get_mut(&ep) {
+                e.drain_since = Some(now - self.cfg.drain_timeout);
+            }
+            self.advance_ep(ep);
+        }
+        let eps: Vec<u64> = self
+            .eps
+            .iter()
+            .filter(|(_, e)| {
+                e.phase == EpPhase::Draining
+                    && e.drain_since
+                        .is_some_and(|t| now >= t + self.cfg.drain_timeout)
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        for ep in eps {
+            self.advance_ep(ep);
+        }
+        if let Some(t) = now.checked_sub(self.cfg.ep_linger) {
+            self.close_idle_phys(Some(t));
+        }
+        // Notify deadlines: the bytes are our own copy, so answering early is safe.
+        for rec in self.reqs.iter_mut().flatten() {
+            if let Owner::Notify {
+                reply, deadline, ..
+            } = &mut rec.owner
+                && now >= *deadline
+                && let Some(r) = reply.take()
+            {
+                let _ = r.send(Err(Error::DeadlineExceeded {
+                    during: "ucx notify",
+                    elapsed: Duration::ZERO,
+                }));
+            }
+        }
+        if !self.pending_acks.is_empty() {
+            let mut i = 0;
+            while i < self.pending_acks.len() {
+                let (ep, reg_id, _) = &self.pending_acks[i];
+                let busy = self.keys.values().any(|k| {
+                    k.ep == *ep
+                        && k.reg_id == *reg_id
+                        && (k.inflight > 0 || k.shared.direct_busy.load(Ordering::SeqCst) > 0)
+                });
+                if busy {
+                    i += 1;
+                } else {
+                    let (ep, _, ack) = self.pending_acks.swap_remove(i);
+                    self.flush_then(ep, ack);
+                }
+            }
+        }
+        if !self.waiters.is_empty() {
+            let mut kept = VecDeque::with_capacity(self.waiters.len());
+            for (d, w) in self.waiters.drain(..) {
+                if w.is_canceled() {
+                    continue;
+                }
+                if now >= d {
+                    let _ = w.send(Err(Error::DeadlineExceeded {
+                        during: "ucx recv_notification",
+                        elapsed: Duration::ZERO,
+                    }));
+                    continue;
+                }
+                kept.push_back((d, w));
+            }
+            self.waiters = kept;
+        }
+    }
+
+    pub(super) fn shutdown(&mut self) {
+        self.closed = true;
+        let ids: Vec<u64> = self.eps.keys().copied().collect();
+        for ep in ids {
+            if let Some(e) = self.eps.get_mut(&ep) {
+                e.released = true;
+            }
+            self.begin_ep_close(ep, Some("the communicator was dropped".into()), false);
+        }
+        self.close_idle_phys(None);
+        let until = Instant::now() + Duration::from_secs(2);
+        while !(self.eps.is_empty() && self.phys.is_empty()) && Instant::now() < until {
+            self.progress();
+            self.handle_events();
+            self.housekeeping();
+        }
+        let quiet = self.settled();
+        for (_, k) in std::mem::take(&mut self.keys) {
+            self.destroy_rkey(k);
+        }
+        for (_, memh) in std::mem::take(&mut self.mems) {
+            // SAFETY: a mapping of this context, unmapped once.
+            unsafe { (self.ucp.ucp_mem_unmap)(self.context, memh) };
+        }
+        if quiet {
+            // SAFETY: nothing refers to the worker or context any more, and the worker
+            // holds no send (see `settled`); destroyed once.
+            unsafe {
+                (self.ucp.ucp_worker_destroy)(self.worker);
+                (self.ucp.ucp_cleanup)(self.context);
+            }
+        } else {
+            // `ucp_worker_destroy` purges the sends still queued in the worker, and UCX 1.13
+            // crashes purging its own GET replies (it reads a memory handle it never set).
+            // Leaking one worker is the lesser harm; it is never progressed again.
+            tracing::warn!(
+                name = %self.cfg.name,
+                "the UCX worker still held sends to peers that stopped reading; leaking the \
+                 worker and context instead of destroying them (UCX 1.13 crashes purging them)"
+            );
+            LEAKED_WORKERS.fetch_add(1, Ordering::Relaxed);
+        }
+        EVENTS.with(|e| e.borrow_mut().clear());
+    }
+
+    /// Whether the worker may be destroyed: nothing it did since `close()` can have left a
+    /// send queued in it. UCX offers no way to ask (`ucp_worker_flush_nbx` completes at
+    /// once over shared memory whatever is queued), so the rule is progress that stayed
+    /// quiet for [`SETTLE_QUIET`] after the last work. Where the drain after `close()`
+    /// ended unsettled, tear-down progresses the worker again, for at most
+    /// [`SETTLE_LIMIT`], if that is safe: no registration was unmapped after `close()`
+    /// (every earlier unmap revoked its key at the peers first), or the worker was
+    /// progressed after such an unmap anyway, to close its own endpoints
+    /// ([`State::progress_allowed`]); then it goes on until the worker is quiet.
+    pub(super) fn settled(&mut self) -> bool {
+        if !self.unsettled {
+            return true;
+        }
+        if self.closed_by_user && self.unmapped_after_close && !self.progressed_after_unmap {
+            return false;
+        }
+        let settled = self.progress_until_quiet(Instant::now() + SETTLE_LIMIT);
+        self.unsettled = !settled;
+        settled
+    }
+
+    /// Progresses the worker until it has been quiet for [`SETTLE_QUIET`] (true) or
+    /// `until` passes (false).
+    pub(super) fn progress_until_quiet(&mut self, until: Instant) -> bool {
+        loop {
+            if self.last_activity.elapsed() >= SETTLE_QUIET {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            self.progress();
+            self.handle_events();
+            std::thread::yield_now();
+        }
+    }
+}
