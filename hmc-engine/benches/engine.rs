@@ -239,7 +239,14 @@ async fn main() {
     let me = std::env::current_exe().unwrap();
     let mut child = Command::new(me)
         .arg("--target")
-        .args(["--sizes", &a.sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(",")])
+        .args([
+            "--sizes",
+            &a.sizes
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -266,7 +273,13 @@ async fn main() {
     // SAFETY: `local` outlives the engine's use of it (the process ends after the rows).
     unsafe {
         engine
-            .register_mem(MemDesc { addr: local_addr, len }, MemType::Host)
+            .register_mem(
+                MemDesc {
+                    addr: local_addr,
+                    len,
+                },
+                MemType::Host,
+            )
             .unwrap();
     }
     engine.connect(&name, T).await.unwrap();
@@ -320,7 +333,9 @@ async fn main() {
         }];
         let (c, ep, b) = (&bare_comm, &ep, &b);
         let (ops, secs) = timed(a.seconds, || async move {
-            c.transfer(ep, Op::Write, b, Deadline::after(T)).await.unwrap();
+            c.transfer(ep, Op::Write, b, Deadline::after(T))
+                .await
+                .unwrap();
         })
         .await;
         bare.push(Row {
@@ -355,7 +370,10 @@ async fn main() {
                 })
                 .collect();
             for r in reqs {
-                assert!(matches!(r.wait().await, hmc_engine::TransferStatus::Completed));
+                assert!(matches!(
+                    r.wait().await,
+                    hmc_engine::TransferStatus::Completed
+                ));
             }
         })
         .await;
@@ -384,7 +402,10 @@ async fn main() {
         len: 8 << 20,
     }];
     let mut kv = Vec::new();
-    for (what, descs) in [("64 x 128 KiB scattered", &scattered[..]), ("8 MiB contiguous", &contiguous[..])] {
+    for (what, descs) in [
+        ("64 x 128 KiB scattered", &scattered[..]),
+        ("8 MiB contiguous", &contiguous[..]),
+    ] {
         eprintln!("KV {what}");
         let e = &engine;
         let n = &name;
@@ -417,8 +438,12 @@ async fn main() {
         }
     };
 
-    println!("## hmc-engine (TCP transport) vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback\n");
-    println!("| op | size | hmc ops/s | hmc GB/s | hmc us/op | Mooncake ops/s | Mooncake GB/s | ops ratio |");
+    println!(
+        "## hmc-engine (TCP transport) vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback\n"
+    );
+    println!(
+        "| op | size | hmc ops/s | hmc GB/s | hmc us/op | Mooncake ops/s | Mooncake GB/s | ops ratio |"
+    );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in &rows {
         let m = mc.iter().find(|m| m.op == r.op && m.size == r.size);
@@ -460,6 +485,11 @@ async fn main() {
     println!("| --- | --- | --- |");
     let contiguous = kv.last().map(|r| r.gbs()).unwrap_or(1.0);
     for r in &kv {
-        println!("| {} | {:.2} | {:.0}% |", r.what, r.gbs(), r.gbs() / contiguous * 100.0);
+        println!(
+            "| {} | {:.2} | {:.0}% |",
+            r.what,
+            r.gbs(),
+            r.gbs() / contiguous * 100.0
+        );
     }
 }
