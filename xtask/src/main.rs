@@ -8,7 +8,7 @@
 mod tidy;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::{Command, ExitCode, Stdio};
 
 type Result<T = ()> = std::result::Result<T, String>;
 
@@ -19,7 +19,7 @@ usage: cargo xtask <command>
                        with checksums, and the RPC demo methods
   test [--long]        install what is missing, then tidy checks and the whole test suite
                        (--long adds the long-running soak tests)
-  bench <transfer|rpc|ucx|all> [--quick]
+  bench <transfer|rpc|ucx|engine|all> [--quick]
                        benchmarks side by side with iperf3 / tonic / ucx_perftest
   matrix               detect runtimes and devices, run what can run here, print the
                        support table
@@ -203,14 +203,14 @@ fn bench(args: &[String]) -> Result {
     let benches: &[(&str, &str)] = match which {
         "transfer" => &[("hmc-transport-tcp", "transfer")],
         "ucx" => &[("hmc-transport-ucx", "rma")],
-        "rpc" => &[],
+        "rpc" | "engine" => &[],
         "all" => &[
             ("hmc-transport-tcp", "transfer"),
             ("hmc-transport-ucx", "rma"),
         ],
         other => {
             return Err(format!(
-                "unknown benchmark `{other}`; choose transfer, rpc, ucx or all"
+                "unknown benchmark `{other}`; choose transfer, rpc, ucx, engine or all"
             ));
         }
     };
@@ -226,7 +226,55 @@ fn bench(args: &[String]) -> Result {
     if which == "rpc" || which == "all" {
         bench_rpc(quick)?;
     }
+    if which == "engine" || which == "all" {
+        bench_engine(quick)?;
+    }
     Ok(())
+}
+
+/// The Mooncake Transfer Engine the engine bench runs beside (PyPI, CPU-only build).
+const MOONCAKE: &str = "mooncake-transfer-engine-non-cuda==0.3.13.post1";
+
+/// `target/mooncake-venv` with Mooncake installed (made on first use), or why not.
+fn mooncake_python() -> std::result::Result<PathBuf, String> {
+    let venv = root().join("target/mooncake-venv");
+    let py = venv.join("bin/python");
+    let ready = || {
+        Command::new(&py)
+            .args(["-c", "import mooncake.engine"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if ready() {
+        return Ok(py);
+    }
+    eprintln!("xtask: installing {MOONCAKE} into {}", venv.display());
+    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
+        .map_err(|e| format!("python3 -m venv: {e}"))?;
+    run(Command::new(venv.join("bin/pip")).args(["install", "-q", MOONCAKE]))
+        .map_err(|e| format!("pip install {MOONCAKE}: {e}"))?;
+    if ready() {
+        Ok(py)
+    } else {
+        Err("mooncake.engine does not import after the install".into())
+    }
+}
+
+/// The engine bench: hmc-engine over TCP beside Mooncake's tcp protocol, two processes.
+fn bench_engine(quick: bool) -> Result {
+    let mut cmd = cargo();
+    cmd.args(["bench", "-p", "hmc-engine", "--bench", "engine", "--"]);
+    match mooncake_python() {
+        Ok(py) => {
+            cmd.arg("--mooncake-python").arg(py);
+        }
+        Err(why) => eprintln!("xtask: the engine bench runs without Mooncake: {why}"),
+    }
+    if quick {
+        cmd.arg("--quick");
+    }
+    run(&mut cmd)
 }
 
 fn bench_rpc(quick: bool) -> Result {
