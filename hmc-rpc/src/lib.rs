@@ -47,22 +47,17 @@
 
 #![deny(unsafe_code)]
 
-pub mod budget;
 pub mod client;
-pub mod codec;
 mod data_plane;
 pub mod demo;
 pub mod device;
 pub mod direct;
 pub mod dispatch;
-pub mod frame;
-mod input_pool;
 mod net;
-pub mod plane;
 pub mod pool;
-pub mod proto;
 pub mod server;
-pub mod tuning;
+
+pub use hmc_rpc_proto::{budget, codec, frame, proto};
 
 pub use budget::{HeldBudget, ServerStats};
 pub use client::{BlockingClient, CallError, CallOptions, Client, ClientConfig};

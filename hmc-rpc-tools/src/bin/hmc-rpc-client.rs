@@ -10,7 +10,7 @@ use clap::{Parser, ValueEnum};
 use hmc_core::Communicator;
 use hmc_core::PeerAddr;
 use hmc_rpc::demo::{COMPLEX, ComplexRequest, ComplexResponse, ECHO, UPPERCASE};
-use hmc_rpc::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
+use hmc_rpc_tools::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
 use hmc_rpc::{CallOptions, Client, ClientConfig, ClientDataPlane, DataPlaneConfig};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use clap::Parser;
 use hmc_core::{Communicator, PeerAddr};
-use hmc_rpc::plane::{DataPlaneKind, open_data_plane};
+use hmc_rpc_tools::plane::{DataPlaneKind, open_data_plane};
 use hmc_rpc::{
     Client, ClientConfig, ClientDataPlane, DataPlaneConfig, DirectClient, NoDataPlane, demo,
 };
@@ -770,7 +770,7 @@ fn bench_raw_tcp_processes(size: usize, secs: f64) -> Result<Cell, String> {
 /// process and port, read from the line it prints once it listens.
 fn start_server(server_bin: &PathBuf, args: &Args, extra: &[&str]) -> Result<(Proc, u16), String> {
     let mut server = Command::new(server_bin)
-        .env("GLIBC_TUNABLES", hmc_rpc::tuning::GLIBC_TUNABLES)
+        .env("GLIBC_TUNABLES", hmc_rpc_tools::tuning::GLIBC_TUNABLES)
         .args(["--port", "0", "--workers", &args.server_workers.to_string()])
         .args(["--max-inflight", "256", "--max-connections", "1024"])
         .args(["--stream-crc", &args.stream_crc.to_string()])
@@ -935,7 +935,7 @@ fn main() -> std::process::ExitCode {
             }
         };
     }
-    hmc_rpc::tuning::tune_allocator();
+    hmc_rpc_tools::tuning::tune_allocator();
     let rt = match args.client_threads {
         Some(0) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -991,7 +991,7 @@ async fn run(args: Args) -> Result<(), String> {
     let _tonic = match &tonic_bin {
         Some(b) => {
             let c = Command::new(b)
-                .env("GLIBC_TUNABLES", hmc_rpc::tuning::GLIBC_TUNABLES)
+                .env("GLIBC_TUNABLES", hmc_rpc_tools::tuning::GLIBC_TUNABLES)
                 .args(["server", &tonic_port.to_string()])
                 .stdout(Stdio::null())
                 .spawn()
