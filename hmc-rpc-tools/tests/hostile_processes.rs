@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use hmc_rpc::frame::{Flags, FrameHeader, FrameKind, HEADER_LEN, PayloadMode, payload_crc};
 use hmc_rpc::demo;
+use hmc_rpc::frame::{FrameHeader, FrameKind, HEADER_LEN, payload_crc};
 
 fn header(kind: FrameKind, id: u64) -> FrameHeader {
     let mut h = FrameHeader::new(kind, id);
@@ -59,4 +59,3 @@ fn idle_connections_cost_at_most_16_kib_each() {
     );
     drop(socks);
 }
-

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use hmc_core::PeerAddr;
-use hmc_rpc_tools::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
 use hmc_rpc::{
     ConnConfig, DataPlaneAllow, DataPlaneConfig, Dispatcher, PoolConfig, Server, ServerConfig, demo,
 };
+use hmc_rpc_tools::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
 
 #[derive(Parser, Debug)]
 #[command(about = "HMC RPC demo server: echo (1), uppercase (2), complex (3)")]
