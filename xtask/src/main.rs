@@ -541,7 +541,13 @@ fn ucx_wheel(args: &[String]) -> Result {
     run(&mut rpc)?;
     // The binaries' tests live with the binaries, in hmc-rpc-tools.
     let mut tools = cargo();
-    tools.args(["test", "-p", "hmc-rpc-tools", "--test", "data_plane_processes"]);
+    tools.args([
+        "test",
+        "-p",
+        "hmc-rpc-tools",
+        "--test",
+        "data_plane_processes",
+    ]);
     with_wheel(&mut tools);
     run(&mut tools)
 }

@@ -568,7 +568,7 @@ impl ServerConn {
     /// feeds with [`ServerConn::feed`] as it produces them (a device buffer staged out in
     /// chunks). True when the answer is on its way; false when the call was already
     /// answered, is one-way, or finished after its deadline (answered DEADLINE_EXCEEDED
-    /// instead): then the runtime stops producing. `total` must exceed [`INLINE_MAX`].
+    /// instead): then the runtime stops producing. `total` must exceed [`INLINE_MAX`](crate::frame::INLINE_MAX).
     pub fn respond_fed(
         &mut self,
         request_id: u64,

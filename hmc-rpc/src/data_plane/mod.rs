@@ -93,7 +93,7 @@ impl Default for DataPlaneConfig {
 pub struct DataPlaneStats {
     /// Calls whose request moved over the data plane.
     pub buffer_calls: u64,
-    /// Client: of those, calls whose payload was a [`RequestBuffer`] lent as is (no copy).
+    /// Client: of those, calls whose payload was a [`RequestBuffer`](crate::pool::RequestBuffer) lent as is (no copy).
     pub lent_requests: u64,
     /// Responses written one-sided into a client's region.
     pub buffer_responses: u64,
