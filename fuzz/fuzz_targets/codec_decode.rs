@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use hmc_rpc::RpcCodec;
-use hmc_rpc::demo::ComplexRequest;
+use hmc_rpc_proto::RpcCodec;
+use hmc_rpc_proto::demo::ComplexRequest;
 use libfuzzer_sys::fuzz_target;
 use serde::{Deserialize, Serialize};
 

@@ -3,7 +3,7 @@
 //! fixed up, so the fuzzer explores the checks behind the CRC too.
 #![no_main]
 
-use hmc_rpc::frame::{FrameHeader, FrameLimits, HEADER_LEN};
+use hmc_rpc_proto::frame::{FrameHeader, FrameLimits, HEADER_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fn check(data: &[u8]) {

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use hmc_rpc::Status;
-use hmc_rpc::proto::{ConnConfig, ServerConn, ServerEvent};
+use hmc_rpc_proto::Status;
+use hmc_rpc_proto::proto::{ConnConfig, ServerConn, ServerEvent};
 use libfuzzer_sys::fuzz_target;
 
 /// Turns the input into frames: 44 header bytes, a correct header CRC, then the body

@@ -1,5 +1,29 @@
-//! HMC RPC: protocol v1, the `RpcCodec` serde format, a method dispatcher, and a tokio
-//! server and pipelined client over TCP and Unix sockets.
+//! HMC RPC: a method dispatcher and a tokio server and pipelined client over TCP and Unix
+//! sockets, around the sans-IO protocol core of [`hmc_rpc_proto`] (protocol v1, the
+//! `RpcCodec` serde format).
+//!
+//! An echo method served and called on loopback:
+//!
+//! ```
+//! use bytes::Bytes;
+//! use hmc_rpc::{Client, ClientConfig, Dispatcher, Server, ServerConfig};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     const ECHO: u32 = 1;
+//!     let mut methods = Dispatcher::new();
+//!     methods.register_raw(ECHO, |_ctx, body: Bytes| async move { Ok(body) });
+//!     let server = Server::new(methods, ServerConfig::default())
+//!         .bind(&"tcp://127.0.0.1:0".parse()?)
+//!         .await?;
+//!
+//!     let client = Client::connect(server.local_addr(), ClientConfig::default()).await?;
+//!     assert_eq!(&client.call(ECHO, "hello").await?[..], b"hello");
+//!
+//!     server.shutdown().await;
+//!     Ok(())
+//! }
+//! ```
 //!
 //! # What this crate is for
 //!
@@ -9,12 +33,16 @@
 //! shutdown. Payloads up to 4 KiB travel INLINE; larger ones as bounded DATA chunks
 //! (TCP_STREAM) interleaved with other calls, or one-sided over a data plane (HMC_BUFFER).
 //!
+//! This crate links no transport: the data plane is any `C: Communicator` the caller
+//! brings. The binaries (`hmc-rpc-server`, `hmc-rpc-client`, `hmc-rpc-bench`) and the
+//! run-time choice between the TCP and UCX transports live in `hmc-rpc-tools`. Nothing
+//! here reads environment variables: every setting is a config field.
+//!
 //! # Layers
 //!
-//! - [`frame`]: header encode/decode and validation; no state.
-//! - [`proto`]: the sans-IO core (request tables, deadlines, credits, cancel, keepalive,
-//!   GOAWAY), driven by bytes and `now`; no sockets, no clock.
-//! - [`codec`]: [`RpcCodec`], the deterministic big-endian serde format.
+//! - [`frame`], [`proto`], [`codec`], [`budget`]: re-exported from [`hmc_rpc_proto`], the
+//!   sans-IO core (headers, request tables, deadlines, credits, cancel, keepalive, GOAWAY,
+//!   the codec and the held-byte budget), driven by bytes and `now`; no sockets, no clock.
 //! - [`dispatch`]: method table with typed, raw, async and blocking handlers.
 //! - [`server`] and [`client`]: the tokio runtime around the core.
 //! - [`direct`]: [`DirectClient`], the same core driven by blocking sockets on the caller's
@@ -27,8 +55,14 @@
 //! [`DataPlaneConfig::threshold`] (64 KiB) move one-sided: the client lends pooled
 //! registered buffers ([`pool`]) and sends a descriptor, the server pulls the request with a
 //! READ and pushes a large response with a WRITE ([`ClientDataPlane`],
-//! `docs/protocol.md`). [`plane::open_data_plane`] picks the TCP or UCX transport at run time
-//! through [`hmc_core::AnyCommunicator`], as the binaries' `--data-plane` does.
+//! `docs/protocol.md`). To choose the transport at run time, pass an
+//! [`hmc_core::AnyCommunicator`] (as `hmc-rpc-tools`' `plane::open_data_plane` does for the
+//! binaries' `--data-plane`).
+//!
+//! [`Server<C>`](server::Server) is generic; [`RunningServer`] is not: binding erases the
+//! data plane's type once, behind the server half's object-safe trait, so that code which
+//! holds, stops or inspects a running server does not carry `C` (the per-call path stays
+//! monomorphised inside). [`Client<C>`](client::Client) stays generic.
 //!
 //! # Safety
 //!
@@ -36,7 +70,6 @@
 //! only where memory or the OS must be touched directly:
 //! - [`NoDataPlane`]'s `Communicator::register`, which the trait declares unsafe and which
 //!   touches no memory (it always fails);
-//! - [`tuning::tune_allocator`]'s `mallopt` call;
 //! - the pool's views of registered host buffers ([`PooledBuffer::fill`],
 //!   [`PooledBuffer::as_slice`], `RequestBuffer::as_mut_slice`), used once their transfers
 //!   have completed;
@@ -47,22 +80,17 @@
 
 #![deny(unsafe_code)]
 
-pub mod budget;
 pub mod client;
-pub mod codec;
 mod data_plane;
 pub mod demo;
 pub mod device;
 pub mod direct;
 pub mod dispatch;
-pub mod frame;
-mod input_pool;
 mod net;
-pub mod plane;
 pub mod pool;
-pub mod proto;
 pub mod server;
-pub mod tuning;
+
+pub use hmc_rpc_proto::{budget, codec, frame, proto};
 
 pub use budget::{HeldBudget, ServerStats};
 pub use client::{BlockingClient, CallError, CallOptions, Client, ClientConfig};

@@ -291,7 +291,7 @@ fn bench_rpc(quick: bool) -> Result {
             manifest.display()
         );
     }
-    run(cargo().args(["build", "--release", "-p", "hmc-rpc", "--bins"]))?;
+    run(cargo().args(["build", "--release", "-p", "hmc-rpc-tools", "--bins"]))?;
     let mut cmd = Command::new(root().join("target/release/hmc-rpc-bench"));
     cmd.current_dir(root())
         .args(["--csv", "target/hmc-rpc-bench.csv"]);
@@ -338,7 +338,7 @@ fn demo() -> Result {
         "-p",
         "hmc-transport-tcp",
         "-p",
-        "hmc-rpc",
+        "hmc-rpc-tools",
         "--bins",
     ]))?;
     let bin = |name: &str| root().join("target/release").join(name);
@@ -584,10 +584,20 @@ fn ucx_wheel(args: &[String]) -> Result {
     with_wheel(&mut ucx);
     run(&mut ucx)?;
     let mut rpc = cargo();
-    rpc.args(["test", "-p", "hmc-rpc", "--test", "data_plane_ucx"])
-        .args(["--test", "data_plane_processes"]);
+    rpc.args(["test", "-p", "hmc-rpc", "--test", "data_plane_ucx"]);
     with_wheel(&mut rpc);
-    run(&mut rpc)
+    run(&mut rpc)?;
+    // The binaries' tests live with the binaries, in hmc-rpc-tools.
+    let mut tools = cargo();
+    tools.args([
+        "test",
+        "-p",
+        "hmc-rpc-tools",
+        "--test",
+        "data_plane_processes",
+    ]);
+    with_wheel(&mut tools);
+    run(&mut tools)
 }
 
 /// The value of a top-level `"field":"value"` in one line of cargo's JSON messages (paths

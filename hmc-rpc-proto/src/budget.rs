@@ -51,7 +51,7 @@ struct Counters {
     half_closed: AtomicU64,
 }
 
-/// Counters a server exposes ([`crate::RunningServer::stats`]), so that tests and operators
+/// Counters a server exposes (`hmc_rpc::RunningServer::stats`), so that tests and operators
 /// can see the limits at work without reading RSS.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use hmc_core::PeerAddr;
-use hmc_rpc::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
 use hmc_rpc::{
     ConnConfig, DataPlaneAllow, DataPlaneConfig, Dispatcher, PoolConfig, Server, ServerConfig, demo,
 };
+use hmc_rpc_tools::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
 
 #[derive(Parser, Debug)]
 #[command(about = "HMC RPC demo server: echo (1), uppercase (2), complex (3)")]
@@ -93,7 +93,7 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    hmc_rpc::tuning::tune_allocator();
+    hmc_rpc_tools::tuning::tune_allocator();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.workers.max(1))
         .enable_all()

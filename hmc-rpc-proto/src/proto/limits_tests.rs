@@ -4,6 +4,30 @@
 
 use super::*;
 
+#[allow(unused_imports)]
+use std::collections::{BTreeSet, VecDeque};
+#[allow(unused_imports)]
+use std::sync::Arc;
+#[allow(unused_imports)]
+use std::time::{Duration, Instant};
+
+#[allow(unused_imports)]
+use bytes::Bytes;
+
+#[allow(unused_imports)]
+use super::client::*;
+#[allow(unused_imports)]
+use super::framing::*;
+#[allow(unused_imports)]
+use super::server::*;
+#[allow(unused_imports)]
+use crate::budget::{Event, HeldBudget, SETTLE_SLACK, SKIPPED_STREAM_COST};
+#[allow(unused_imports)]
+use crate::frame::{
+    Flags, FrameError, FrameHeader, FrameKind, FrameLimits, HEADER_LEN, INLINE_MAX, PayloadMode,
+    Status, check_payload_crc, encode_frame, payload_crc,
+};
+
 fn header(kind: FrameKind, id: u64) -> FrameHeader {
     let mut h = FrameHeader::new(kind, id);
     h.method_id = 1;

@@ -10,8 +10,8 @@ use clap::{Parser, ValueEnum};
 use hmc_core::Communicator;
 use hmc_core::PeerAddr;
 use hmc_rpc::demo::{COMPLEX, ComplexRequest, ComplexResponse, ECHO, UPPERCASE};
-use hmc_rpc::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
 use hmc_rpc::{CallOptions, Client, ClientConfig, ClientDataPlane, DataPlaneConfig};
+use hmc_rpc_tools::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Method {

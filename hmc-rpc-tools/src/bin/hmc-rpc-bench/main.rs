@@ -1,0 +1,505 @@
+//! `hmc-rpc-bench`: echo throughput and latency over a matrix of payload size x clients x
+//! pipeline depth, every response verified, side by side with a raw TCP ping-pong baseline
+//! and the tonic (gRPC) peer; prints a markdown table with ratios and writes CSV. With
+//! `--data-planes tcp,ucx` it adds HMC_BUFFER rows (a server started with `--data-plane`)
+//! beside the TCP_STREAM path and, for UCX, `ucx_perftest -t tag_bw` on the same `UCX_TLS`
+//! (with perftest's default endpoints and with peer error handling, `-e`, as ours).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use clap::Parser;
+use hmc_core::PeerAddr;
+use hmc_rpc_tools::plane::DataPlaneKind;
+
+mod baselines;
+mod data_planes;
+mod hmc;
+mod measure;
+
+use baselines::{
+    PIPELINE_DEPTH, Proc, RAW_BATCH_MAX, bench_raw_tcp, bench_raw_tcp_processes, bench_tonic,
+    free_port, raw_echo_server, start_server, wait_port,
+};
+use data_planes::{TagBw, bench_data_planes};
+use hmc::{bench_direct, bench_hmc};
+use measure::{
+    Cell, CpuProbe, core_to_core_ns, fmt_c2c, fmt_size, idle_conn_kib, oversubscription_note,
+};
+
+#[derive(Parser, Debug)]
+#[command(about = "HMC RPC echo benchmark beside raw TCP and tonic")]
+struct Args {
+    /// Payload sizes in bytes, comma-separated.
+    #[arg(long, default_value = "64,4096,1048576", value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// Client connections, comma-separated.
+    #[arg(long, default_value = "1,8", value_delimiter = ',')]
+    clients: Vec<usize>,
+    /// Calls in flight per client (pipeline depth), comma-separated.
+    #[arg(long, default_value = "1,8", value_delimiter = ',')]
+    depths: Vec<usize>,
+    /// Seconds per cell.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// The hmc-rpc-server binary (default: next to this one).
+    #[arg(long)]
+    server_bin: Option<PathBuf>,
+    /// Server worker threads.
+    #[arg(long, default_value_t = 2)]
+    server_workers: usize,
+    /// The tonic-echo peer binary (default: $HMC_TONIC_ECHO, else
+    /// tgt/tonic/release/tonic-echo); skipped with a note when absent.
+    #[arg(long)]
+    tonic_bin: Option<PathBuf>,
+    /// Skip the tonic peer.
+    #[arg(long)]
+    no_tonic: bool,
+    /// CRC32C on hmc-rpc's DATA chunks (both directions). Off by default, as in the
+    /// library (`ConnConfig::stream_crc`): TCP's checksum covers them, as with gRPC.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    stream_crc: bool,
+    /// Worker threads of the hmc-rpc client runtime (0: a current-thread runtime). By
+    /// default tokio's default multi-thread runtime (one worker per CPU), which is what
+    /// `#[tokio::main]` gives a user and what the tonic peer's client uses.
+    #[arg(long)]
+    client_threads: Option<usize>,
+    /// Where to write the CSV.
+    #[arg(long, default_value = "target/hmc-rpc-bench.csv")]
+    csv: PathBuf,
+    /// Data planes for HMC_BUFFER rows, comma-separated (`tcp`, `ucx`); none by default.
+    #[arg(long, value_delimiter = ',')]
+    data_planes: Vec<DataPlaneKind>,
+    /// Payload sizes of the HMC_BUFFER rows.
+    #[arg(long, default_value = "1048576", value_delimiter = ',')]
+    dp_sizes: Vec<usize>,
+    /// Payloads from this many bytes go HMC_BUFFER (server and client).
+    #[arg(long, default_value_t = 64 * 1024)]
+    ucx_threshold: usize,
+    /// Runs of `ucx_perftest -t tag_bw` per payload size, each without and with `-e` (peer
+    /// error handling, as `UcxCommunicator`'s endpoints); the table shows medians and
+    /// ranges (tag_bw busy-polls on both sides, so other load on the cores moves it).
+    #[arg(long, default_value_t = 3)]
+    tag_bw_runs: usize,
+    /// The ucx_perftest binary for the tag_bw reference (skipped with a note when absent).
+    #[arg(long, default_value = "ucx_perftest")]
+    ucx_perftest: PathBuf,
+    /// HMC_BUFFER rows: each request body is built in place in a pooled registered buffer
+    /// (`ClientDataPlane::request_buffer`), as a data-plane user would, instead of in a
+    /// `Vec` the data plane then copies into one. `false`: built like the TCP_STREAM rows.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    dp_request_buffers: bool,
+    /// Idle connections opened to each server (hmc-rpc and tonic) to measure the memory
+    /// an idle connection costs (RSS growth per connection); 0 skips it.
+    #[arg(long, default_value_t = 500)]
+    idle_conns: usize,
+    /// Internal: serve the two-process raw TCP baseline (echo messages of this many bytes on
+    /// one connection), printing the port on stdout.
+    #[arg(long, hide = true)]
+    raw_echo_server: Option<usize>,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    if let Some(size) = args.raw_echo_server {
+        return match raw_echo_server(size) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: raw echo server: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
+    hmc_rpc_tools::tuning::tune_allocator();
+    let rt = match args.client_threads {
+        Some(0) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    }
+    .expect("tokio runtime");
+    match rt.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let server_bin = args
+        .server_bin
+        .clone()
+        .unwrap_or_else(|| me.with_file_name("hmc-rpc-server"));
+    // Killed when `run` returns.
+    let (server, port) = start_server(&server_bin, &args, &[])?;
+    let server_pid = server.0.id();
+    let addr = PeerAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], port)));
+
+    let tonic_bin = if args.no_tonic {
+        None
+    } else {
+        let p = args
+            .tonic_bin
+            .clone()
+            .or_else(|| std::env::var_os("HMC_TONIC_ECHO").map(PathBuf::from))
+            .unwrap_or_else(|| PathBuf::from("tgt/tonic/release/tonic-echo"));
+        if p.exists() {
+            Some(p)
+        } else {
+            eprintln!(
+                "note: tonic peer not found at {} (build /work/shared/peers/tonic-echo, or pass --tonic-bin); skipping it",
+                p.display()
+            );
+            None
+        }
+    };
+    let tonic_port = free_port();
+    let _tonic = match &tonic_bin {
+        Some(b) => {
+            let c = Command::new(b)
+                .env("GLIBC_TUNABLES", hmc_rpc_tools::tuning::GLIBC_TUNABLES)
+                .args(["server", &tonic_port.to_string()])
+                .stdout(Stdio::null())
+                .spawn()
+                .map_err(|e| e.to_string())?;
+            wait_port(tonic_port);
+            Some(Proc(c))
+        }
+        None => None,
+    };
+    let tonic_pid = _tonic.as_ref().map(|p| p.0.id());
+    // Before any load, so that the figures are the connections' own.
+    let idle = (args.idle_conns > 0).then(|| {
+        eprintln!("idle connections: {} to each server", args.idle_conns);
+        (
+            idle_conn_kib(server_pid, port, args.idle_conns),
+            tonic_pid.and_then(|pid| idle_conn_kib(pid, tonic_port, args.idle_conns)),
+        )
+    });
+
+    let mut cells: Vec<(Cell, Option<Cell>)> = Vec::new();
+    let mut raw: Vec<Cell> = Vec::new();
+    let mut raw_deep: Vec<Cell> = Vec::new();
+    let mut raw_proc: Vec<Cell> = Vec::new();
+    let mut direct: Vec<Cell> = Vec::new();
+    let total = args.sizes.len() * (1 + args.clients.len() * args.depths.len());
+    let mut step = 0;
+    for &size in &args.sizes {
+        step += 1;
+        eprintln!("[{step}/{total}] raw TCP ping-pong, {}", fmt_size(size));
+        let before = core_to_core_ns();
+        let mut r = bench_raw_tcp(size, 1, args.seconds.min(2.0)).map_err(|e| e.to_string())?;
+        let mut c2c_before = core_to_core_ns();
+        r.c2c_ns = before.zip(c2c_before);
+        raw.push(r);
+        let mut r = bench_raw_tcp_processes(size, args.seconds.min(2.0))?;
+        let after = core_to_core_ns();
+        r.c2c_ns = c2c_before.zip(after);
+        c2c_before = after;
+        raw_proc.push(r);
+        if args.clients.contains(&1) && args.depths.contains(&1) {
+            let (a, secs) = (addr.clone(), args.seconds.min(2.0));
+            let mut r = tokio::task::spawn_blocking(move || bench_direct(&a, size, secs))
+                .await
+                .map_err(|e| e.to_string())??;
+            let after = core_to_core_ns();
+            r.c2c_ns = c2c_before.zip(after);
+            c2c_before = after;
+            direct.push(r);
+        }
+        // Raw blocking TCP with as many messages in flight as the pipelining figure's deep
+        // side, beside it.
+        if args.depths.contains(&PIPELINE_DEPTH)
+            && args.clients.contains(&1)
+            && size * PIPELINE_DEPTH <= RAW_BATCH_MAX
+        {
+            let mut r = bench_raw_tcp(size, PIPELINE_DEPTH, args.seconds.min(2.0))
+                .map_err(|e| e.to_string())?;
+            let after = core_to_core_ns();
+            r.c2c_ns = c2c_before.zip(after);
+            c2c_before = after;
+            raw_deep.push(r);
+        }
+        for &clients in &args.clients {
+            for &depth in &args.depths {
+                step += 1;
+                eprintln!(
+                    "[{step}/{total}] {} x {clients} client(s) x {depth} in flight: hmc-rpc{}",
+                    fmt_size(size),
+                    if tonic_bin.is_some() { ", tonic" } else { "" }
+                );
+                let cpu = CpuProbe::start(server_pid, false);
+                let mut h =
+                    bench_hmc(&addr, size, clients, depth, args.seconds, args.stream_crc).await?;
+                h.cpu_us_per_call = cpu.per_call(h.calls);
+                let c2c_between = core_to_core_ns();
+                h.c2c_ns = c2c_before.zip(c2c_between);
+                c2c_before = c2c_between;
+                let cpu = CpuProbe::start(tonic_pid.unwrap_or(0), true);
+                let t = match &tonic_bin {
+                    Some(b) => match bench_tonic(b, tonic_port, size, clients, depth, args.seconds)
+                    {
+                        Ok(mut t) => {
+                            t.cpu_us_per_call = cpu.per_call(t.calls);
+                            let c2c_after = core_to_core_ns();
+                            t.c2c_ns = c2c_before.zip(c2c_after);
+                            c2c_before = c2c_after;
+                            Some(t)
+                        }
+                        Err(e) => {
+                            eprintln!("  tonic: {e}");
+                            None
+                        }
+                    },
+                    None => None,
+                };
+                eprintln!(
+                    "  hmc-rpc {:.0} RPC/s {:.1} MB/s p50 {:.0} us{}",
+                    h.rps,
+                    h.mbps,
+                    h.p50,
+                    t.as_ref()
+                        .map(|t| format!(
+                            " | tonic {:.0} RPC/s {:.1} MB/s p50 {:.0} us",
+                            t.rps, t.mbps, t.p50
+                        ))
+                        .unwrap_or_default()
+                );
+                cells.push((h, t));
+            }
+        }
+    }
+
+    let dp_rows = bench_data_planes(&args, &server_bin, &cells).await?;
+
+    println!(
+        "## hmc-rpc echo vs tonic (same run, {} s per cell; hmc-rpc: stream CRC {}, client runtime {}, server workers {}; tonic: tokio default runtime)\n",
+        args.seconds,
+        if args.stream_crc { "on" } else { "off" },
+        match args.client_threads {
+            Some(0) => "current-thread".to_string(),
+            Some(n) => format!("{n} threads"),
+            None => format!(
+                "tokio default ({} threads)",
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            ),
+        },
+        args.server_workers
+    );
+    println!(
+        "| payload | clients | in flight | hmc RPC/s | hmc MB/s | hmc p50 us | hmc p99 us | hmc p999 us | tonic RPC/s | tonic MB/s | tonic p50 us | RPC/s ratio | hmc CPU us/call | tonic CPU us/call | host c2c ns |"
+    );
+    println!(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
+    let cpu = |c: Option<&Cell>| {
+        c.and_then(|c| c.cpu_us_per_call)
+            .map_or("-".to_string(), |v| format!("{v:.1}"))
+    };
+    for (h, t) in &cells {
+        let (tr, tm, tp, ratio) = match t {
+            Some(t) => (
+                format!("{:.0}", t.rps),
+                format!("{:.1}", t.mbps),
+                format!("{:.0}", t.p50),
+                format!("{:.2}x", h.rps / t.rps),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "| {} | {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {tr} | {tm} | {tp} | {ratio} | {} | {} | {} |",
+            fmt_size(h.size),
+            h.clients,
+            h.depth,
+            h.rps,
+            h.mbps,
+            h.p50,
+            h.p99,
+            h.p999,
+            cpu(Some(h)),
+            cpu(t.as_ref()),
+            fmt_c2c(h)
+        );
+    }
+    println!(
+        "\nhost c2c ns: a cache line's round trip between the first two CPUs, just before/after \
+         the cell. Tens of ns: the cores share a cache; several times that: the host runs them \
+         apart (on the project's VMs about 60 against 330 ns), which slows every figure that \
+         crosses cores; the host changes it within seconds."
+    );
+    if let Some(note) = oversubscription_note(args.client_threads, args.server_workers) {
+        println!("\n{note}");
+    }
+    if let Some((hmc, tonic)) = idle {
+        let kib = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+        println!(
+            "\n## idle connections ({} that send nothing; server RSS growth per connection)\n",
+            args.idle_conns
+        );
+        println!("| hmc-rpc KiB/conn | tonic KiB/conn |\n| --- | --- |");
+        println!("| {} | {} |", kib(hmc), kib(tonic));
+    }
+    println!(
+        "\n## raw TCP ping-pong baseline (1 connection, 1 in flight, blocking; echo in a thread of this process, and in another process as hmc-rpc's server is)\n"
+    );
+    println!(
+        "| payload | round trips/s | MB/s | p50 us | p99 us | hmc-rpc 1x1 p50 us | p50 ratio | two processes: p50 us | p50 ratio | DirectClient p50 us | p50 ratio | host c2c ns |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for r in &raw {
+        let h = cells
+            .iter()
+            .find(|(h, _)| h.size == r.size && h.clients == 1 && h.depth == 1)
+            .map(|(h, _)| h.p50);
+        let p = raw_proc.iter().find(|p| p.size == r.size).map(|p| p.p50);
+        let d = direct.iter().find(|d| d.size == r.size).map(|d| d.p50);
+        println!(
+            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+            fmt_size(r.size),
+            r.rps,
+            r.mbps,
+            r.p50,
+            r.p99,
+            h.map_or("-".into(), |h| format!("{h:.0}")),
+            h.map_or("-".into(), |h| format!("{:.2}x", h / r.p50.max(1.0))),
+            p.map_or("-".into(), |p| format!("{p:.0}")),
+            h.zip(p)
+                .map_or("-".into(), |(h, p)| format!("{:.2}x", h / p.max(1.0))),
+            d.map_or("-".into(), |d| format!("{d:.0}")),
+            d.map_or("-".into(), |d| format!("{:.2}x", d / r.p50.max(1.0))),
+            fmt_c2c(r)
+        );
+    }
+    println!("\n## pipelining on one connection (1 client)\n");
+    println!(
+        "| payload | depth 1 RPC/s | depth 8 RPC/s | ratio | raw TCP depth 1 msg/s | raw TCP depth 8 msg/s | raw ratio | hmc depth 8 / raw depth 8 |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for &size in &args.sizes {
+        let find = |d: usize| {
+            cells
+                .iter()
+                .find(|(h, _)| h.size == size && h.clients == 1 && h.depth == d)
+                .map(|(h, _)| h.rps)
+        };
+        let raw1 = raw.iter().find(|r| r.size == size).map(|r| r.rps);
+        let raw8 = raw_deep
+            .iter()
+            .find(|r| r.size == size && r.depth == PIPELINE_DEPTH)
+            .map(|r| r.rps);
+        let num = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        let ratio = |a: Option<f64>, b: Option<f64>| {
+            a.zip(b)
+                .map_or("-".into(), |(a, b)| format!("{:.2}x", b / a.max(1e-9)))
+        };
+        if let (Some(a), Some(b)) = (find(1), find(PIPELINE_DEPTH)) {
+            println!(
+                "| {} | {a:.0} | {b:.0} | {:.2}x | {} | {} | {} | {} |",
+                fmt_size(size),
+                b / a,
+                num(raw1),
+                num(raw8),
+                ratio(raw1, raw8),
+                ratio(raw8, Some(b)),
+            );
+        }
+    }
+
+    if !dp_rows.is_empty() {
+        println!(
+            "\n## HMC_BUFFER echo vs TCP_STREAM and ucx_perftest tag_bw (bytes moved = request + response; UCX_TLS={})\n",
+            std::env::var("UCX_TLS").unwrap_or_else(|_| "(UCX default)".into())
+        );
+        println!(
+            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median | tag_bw -e MB/s median (range) | vs tag_bw -e median | CPU us/call (TCP_STREAM) | host c2c ns |"
+        );
+        println!(
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        );
+        for r in &dp_rows {
+            let moved = 2.0 * r.buffer.mbps;
+            let (stream, vs_stream) = match &r.stream {
+                Some(s) => (
+                    format!("{:.1}", 2.0 * s.mbps),
+                    format!("{:.2}x", r.buffer.mbps / s.mbps.max(1e-9)),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            let vs = |t: &TagBw| {
+                let (b, lo, hi) = *t;
+                (
+                    format!("{:.1} ({:.0}–{:.0})", b / 1e6, lo / 1e6, hi / 1e6),
+                    format!("{:.0}%", 100.0 * moved * 1e6 / b),
+                )
+            };
+            let none = || ("-".to_string(), "-".to_string());
+            let ((tag, vs_tag), (tag_e, vs_tag_e)) = match &r.tag_bw {
+                Some((plain, peer)) => (vs(plain), peer.as_ref().map_or_else(none, vs)),
+                None => (none(), none()),
+            };
+            let cpu = |c: Option<&Cell>| {
+                c.and_then(|c| c.cpu_us_per_call)
+                    .map_or("-".into(), |v| format!("{v:.0}"))
+            };
+            println!(
+                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} | {tag_e} | {vs_tag_e} | {} ({}) | {} |",
+                r.plane,
+                fmt_size(r.buffer.size),
+                r.buffer.clients,
+                r.buffer.depth,
+                r.buffer.rps,
+                r.buffer.p50,
+                cpu(Some(&r.buffer)),
+                cpu(r.stream.as_ref()),
+                fmt_c2c(&r.buffer)
+            );
+        }
+    }
+
+    if let Some(dir) = args.csv.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let mut csv = String::from(
+        "system,payload_bytes,clients,in_flight,calls,rps,mbps,p50_us,p99_us,p999_us,cpu_us_per_call,c2c_before_ns,c2c_after_ns\n",
+    );
+    for c in cells
+        .iter()
+        .flat_map(|(h, t)| std::iter::once(h).chain(t.iter()))
+        .chain(raw.iter())
+        .chain(raw_deep.iter())
+        .chain(raw_proc.iter())
+        .chain(direct.iter())
+        .chain(dp_rows.iter().map(|r| &r.buffer))
+    {
+        csv.push_str(&format!(
+            "{},{},{},{},{},{:.1},{:.3},{:.1},{:.1},{:.1},{},{}\n",
+            c.system,
+            c.size,
+            c.clients,
+            c.depth,
+            c.calls,
+            c.rps,
+            c.mbps,
+            c.p50,
+            c.p99,
+            c.p999,
+            c.cpu_us_per_call
+                .map_or(String::new(), |v| format!("{v:.1}")),
+            c.c2c_ns
+                .map_or(",".to_string(), |(b, a)| format!("{b:.0},{a:.0}"))
+        ));
+    }
+    std::fs::write(&args.csv, csv).map_err(|e| format!("writing {}: {e}", args.csv.display()))?;
+    eprintln!("CSV written to {}", args.csv.display());
+    Ok(())
+}

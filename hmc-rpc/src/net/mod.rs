@@ -1,0 +1,408 @@
+//! Sockets: one stream and listener type over TCP (IPv4/IPv6) and Unix domain sockets;
+//! the connection tasks' timer; and their bounded busy-polling ([`busy_poll`]).
+
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use hmc_core::{Error, PeerAddr, Result};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+use crate::proto::{ReadTarget, TxQueue};
+
+mod busy_poll;
+
+pub(crate) use busy_poll::{BusyPoll, POLL_MAX_MESSAGE};
+
+/// A connected socket.
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+// ---- The RPC peer's identity, for the HMC_BUFFER dial rule (issue 22; data_plane.rs) ----
+
+impl Stream {
+    /// Who is at the other end, as the socket says: a TCP peer's address (and ours), a
+    /// Unix peer's uid (SO_PEERCRED).
+    pub(crate) fn rpc_peer(&self) -> crate::data_plane::RpcPeer {
+        use crate::data_plane::RpcPeer;
+        match self {
+            Stream::Tcp(s) => match (s.peer_addr(), s.local_addr()) {
+                (Ok(peer), Ok(local)) => RpcPeer::Tcp { peer, local },
+                _ => RpcPeer::Unknown,
+            },
+            Stream::Unix(s) => RpcPeer::Unix {
+                uid: s.peer_cred().ok().map(|c| c.uid()),
+            },
+        }
+    }
+}
+
+// ---- end of the RPC peer's identity ----
+
+impl Stream {
+    pub(crate) async fn connect(addr: &PeerAddr) -> Result<Stream> {
+        match addr {
+            PeerAddr::Tcp(a) => {
+                let s = TcpStream::connect(a).await.map_err(|e| {
+                    Error::io(
+                        format!("connecting to tcp://{a} (is hmc-rpc-server running there?)"),
+                        e,
+                    )
+                })?;
+                s.set_nodelay(true)
+                    .map_err(|e| Error::io("setting TCP_NODELAY", e))?;
+                Ok(Stream::Tcp(s))
+            }
+            PeerAddr::Unix(p) => UnixStream::connect(p).await.map(Stream::Unix).map_err(|e| {
+                Error::io(
+                    format!(
+                        "connecting to unix://{} (is hmc-rpc-server running there?)",
+                        p.display()
+                    ),
+                    e,
+                )
+            }),
+            other => Err(Error::InvalidArgument(format!(
+                "{other} is not an RPC address; use tcp://IP:PORT or unix:///path"
+            ))),
+        }
+    }
+
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.try_write(buf),
+            Stream::Unix(s) => s.try_write(buf),
+        }
+    }
+}
+
+impl Stream {
+    /// Splits into a read half and a write half usable from one task at once.
+    pub(crate) fn into_split(self) -> (ReadHalf, WriteHalf) {
+        match self {
+            Stream::Tcp(s) => {
+                let (r, w) = s.into_split();
+                (ReadHalf::Tcp(r), WriteHalf::Tcp(w))
+            }
+            Stream::Unix(s) => {
+                let (r, w) = s.into_split();
+                (ReadHalf::Unix(r), WriteHalf::Unix(w))
+            }
+        }
+    }
+}
+
+/// The reading side of a connection.
+pub(crate) enum ReadHalf {
+    Tcp(tokio::net::tcp::OwnedReadHalf),
+    Unix(tokio::net::unix::OwnedReadHalf),
+}
+
+impl ReadHalf {
+    pub(crate) async fn readable(&self) -> io::Result<()> {
+        match self {
+            ReadHalf::Tcp(s) => s.readable().await,
+            ReadHalf::Unix(s) => s.readable().await,
+        }
+    }
+
+    /// Reads what is there now (`WouldBlock` when nothing is). Unlike `try_read`, a short
+    /// read clears the readiness, which saves the `EAGAIN` read that would follow it: the
+    /// edge-triggered poller reports new data anyway.
+    pub(crate) fn read_now(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use tokio::io::{AsyncRead, ReadBuf};
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut rb = ReadBuf::new(buf);
+        let r = match self {
+            ReadHalf::Tcp(s) => std::pin::Pin::new(s).poll_read(&mut cx, &mut rb),
+            ReadHalf::Unix(s) => std::pin::Pin::new(s).poll_read(&mut cx, &mut rb),
+        };
+        match r {
+            std::task::Poll::Ready(Ok(())) => Ok(rb.filled().len()),
+            std::task::Poll::Ready(Err(e)) => Err(e),
+            // The noop waker is replaced by the next `readable()`.
+            std::task::Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+
+    /// Like [`ReadHalf::read_now`], appending at most `max` bytes to `buf` (into its
+    /// spare capacity: nothing is zeroed or copied first).
+    pub(crate) fn read_now_append(&mut self, buf: &mut Vec<u8>, max: usize) -> io::Result<usize> {
+        use bytes::BufMut;
+        use tokio::io::AsyncReadExt;
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut dst = (&mut *buf).limit(max);
+        let r = match self {
+            ReadHalf::Tcp(s) => std::pin::pin!(s.read_buf(&mut dst)).poll(&mut cx),
+            ReadHalf::Unix(s) => std::pin::pin!(s.read_buf(&mut dst)).poll(&mut cx),
+        };
+        match r {
+            std::task::Poll::Ready(r) => r,
+            // The noop waker is replaced by the next `readable()`.
+            std::task::Poll::Pending => Err(io::ErrorKind::WouldBlock.into()),
+        }
+    }
+    fn raw_fd(&self) -> RawFd {
+        match self {
+            ReadHalf::Tcp(s) => s.as_ref().as_raw_fd(),
+            ReadHalf::Unix(s) => s.as_ref().as_raw_fd(),
+        }
+    }
+
+    /// One non-blocking `recv` into `target`, asking the socket itself rather than the
+    /// runtime's cached readiness (which only the poller sets): how a busy-polling task
+    /// sees an answer before the poller would report it. `WouldBlock` when nothing is
+    /// there. Taking bytes behind the runtime's back is safe with its edge-triggered
+    /// poller: readiness it still caches turns into one `WouldBlock` read later.
+    pub(crate) fn recv_now(&mut self, target: ReadTarget<'_>) -> io::Result<usize> {
+        let fd = self.raw_fd();
+        match target {
+            ReadTarget::Input(b) => recv_raw(fd, b.as_mut_ptr(), b.len()),
+            ReadTarget::Append(v, max) => {
+                let spare = v.spare_capacity_mut();
+                let len = spare.len().min(max);
+                if len == 0 {
+                    // Let the ordinary read path grow the buffer.
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                let n = recv_raw(fd, spare.as_mut_ptr().cast(), len)?;
+                // SAFETY: `recv` initialised the first `n <= len` bytes of the spare
+                // capacity, so the first `len() + n` bytes of `v` are initialised.
+                #[allow(unsafe_code)]
+                unsafe {
+                    v.set_len(v.len() + n)
+                };
+                Ok(n)
+            }
+        }
+    }
+}
+
+fn recv_raw(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
+    // SAFETY: `ptr..ptr + len` is writable memory borrowed from the caller for the
+    // duration of the call, and `fd` is the open socket of a live stream half.
+    #[allow(unsafe_code)]
+    let n = unsafe { libc::recv(fd, ptr.cast(), len, libc::MSG_DONTWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// The writing side of a connection.
+pub(crate) enum WriteHalf {
+    Tcp(tokio::net::tcp::OwnedWriteHalf),
+    Unix(tokio::net::unix::OwnedWriteHalf),
+}
+
+impl WriteHalf {
+    pub(crate) async fn writable(&self) -> io::Result<()> {
+        match self {
+            WriteHalf::Tcp(s) => s.writable().await,
+            WriteHalf::Unix(s) => s.writable().await,
+        }
+    }
+
+    /// Writes as much of `conn`'s queued bytes as the socket takes now (vectored, up to 64
+    /// slices a write). `Ok` also when the socket is full; an error ends the connection.
+    pub(crate) fn write_queued(&self, conn: &mut impl TxQueue) -> io::Result<()> {
+        loop {
+            let r = {
+                let mut slices = [io::IoSlice::new(&[]); 64];
+                let n = conn.tx_slices(&mut slices);
+                if n == 0 {
+                    return Ok(());
+                }
+                self.try_write_vectored(&slices[..n])
+            };
+            match r {
+                Ok(n) => conn.advance_tx(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub(crate) fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            WriteHalf::Tcp(s) => s.try_write_vectored(bufs),
+            WriteHalf::Unix(s) => s.try_write_vectored(bufs),
+        }
+    }
+
+    pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            WriteHalf::Tcp(s) => s.try_write(buf),
+            WriteHalf::Unix(s) => s.try_write(buf),
+        }
+    }
+}
+
+/// A listening socket.
+pub(crate) enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    pub(crate) async fn bind(addr: &PeerAddr) -> Result<Listener> {
+        match addr {
+            PeerAddr::Tcp(a) => TcpListener::bind(a).await.map(Listener::Tcp).map_err(|e| {
+                Error::io(
+                    format!("binding tcp://{a} (port in use? pick another --port)"),
+                    e,
+                )
+            }),
+            // A stale socket file from a previous run is reclaimed; a live one is refused.
+            PeerAddr::Unix(p) => Ok(Listener::Unix(bind_unix_listener(p)?, p.clone())),
+            other => Err(Error::InvalidArgument(format!(
+                "{other} is not a listen address; use tcp://IP:PORT or unix:///path"
+            ))),
+        }
+    }
+
+    pub(crate) fn local_addr(&self) -> Result<PeerAddr> {
+        match self {
+            Listener::Tcp(l) => l
+                .local_addr()
+                .map(PeerAddr::Tcp)
+                .map_err(|e| Error::io("reading the listener address", e)),
+            Listener::Unix(_, p) => Ok(PeerAddr::Unix(p.clone())),
+        }
+    }
+
+    pub(crate) async fn accept(&self) -> io::Result<Stream> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept().await?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+            Listener::Unix(l, _) => Ok(Stream::Unix(l.accept().await?.0)),
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, p) = self {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Binds a Unix listener at `path`, reclaiming a stale socket file from a previous run and
+/// refusing a live one or a file that is not a socket (the same rule as the TCP transport's
+/// listener, kept here so that the runtime needs no transport crate).
+fn bind_unix_listener(path: &Path) -> Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(Error::InvalidArgument(format!(
+                "{} exists and is not a socket; choose another path",
+                path.display()
+            )));
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is served by another process; stop it or choose another path",
+                    path.display()
+                )));
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                tracing::debug!(path = %path.display(), "removing a stale socket file");
+                if let Err(e) = std::fs::remove_file(path)
+                    && e.kind() != io::ErrorKind::NotFound
+                {
+                    tracing::warn!(path = %path.display(), error = %e, "could not remove the socket file");
+                }
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    format!("checking the existing socket file {}", path.display()),
+                    e,
+                ));
+            }
+        }
+    }
+    UnixListener::bind(path).map_err(|e| Error::io(format!("binding unix://{}", path.display()), e))
+}
+
+/// A connection task's one timer. It is re-armed only when the core wants a deadline
+/// earlier than the armed one: a deadline that moves later (every call and every read
+/// push the idle, keepalive and call deadlines out) costs no timer update; the timer then
+/// fires early once, the core finds nothing due (it compares against `now`), and the
+/// next wanted deadline is armed.
+pub(crate) struct ConnTimer {
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    armed: Option<Instant>,
+}
+
+impl ConnTimer {
+    pub(crate) fn new() -> Self {
+        // Not registered with the runtime until it is armed and polled.
+        let far = Instant::now() + Duration::from_secs(86_400 * 365);
+        ConnTimer {
+            sleep: Box::pin(tokio::time::sleep_until(far.into())),
+            armed: None,
+        }
+    }
+
+    /// Makes the timer fire no later than `want` (`None`: nothing is due).
+    pub(crate) fn want(&mut self, want: Option<Instant>) {
+        if let Some(w) = want
+            && self.armed.is_none_or(|a| w < a)
+        {
+            self.sleep.as_mut().reset(w.into());
+            self.armed = Some(w);
+        }
+    }
+
+    /// True while a deadline is armed.
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed.is_some()
+    }
+
+    /// Waits for the armed deadline; then nothing is armed until the next `want`.
+    pub(crate) async fn fired(&mut self) {
+        self.sleep.as_mut().await;
+        self.armed = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_timer_moves_earlier_at_once_and_later_only_after_firing() {
+        let t0 = Instant::now();
+        let mut t = ConnTimer::new();
+        assert!(!t.is_armed());
+        t.want(None);
+        assert!(!t.is_armed());
+        t.want(Some(t0 + Duration::from_secs(30)));
+        t.want(Some(t0 + Duration::from_secs(60)));
+        assert_eq!(
+            t.armed,
+            Some(t0 + Duration::from_secs(30)),
+            "later is ignored"
+        );
+        // A deadline already passed: it fires at once.
+        t.want(Some(t0));
+        assert_eq!(t.armed, Some(t0), "earlier re-arms");
+        t.fired().await;
+        assert!(!t.is_armed());
+        t.want(Some(t0 + Duration::from_secs(60)));
+        assert_eq!(t.armed, Some(t0 + Duration::from_secs(60)));
+    }
+}
