@@ -59,8 +59,10 @@ pub mod demo;
 pub mod frame;
 mod input_pool;
 pub mod proto;
+pub mod settings;
 
 pub use budget::{HeldBudget, ServerStats};
 pub use codec::{CodecError, RpcCodec};
 pub use frame::{Flags, FrameHeader, FrameKind, FrameLimits, PayloadMode, Status};
 pub use proto::{ClientConn, ConnConfig, ServerConn};
+pub use settings::{SETTINGS_METHOD, Settings};

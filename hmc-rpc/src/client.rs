@@ -13,6 +13,12 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
+mod blocking;
+mod negotiate;
+
+pub use blocking::BlockingClient;
+use negotiate::Negotiated;
+
 use crate::codec::{CodecError, RpcCodec};
 use crate::data_plane::{
     ClientDataPlane, DataPlaneConfig, DataPlaneStats, NoDataPlane, PreparedCall,
@@ -180,9 +186,13 @@ struct Inner {
     current: parking_lot::Mutex<Option<ConnHandle>>,
     credits: Arc<Semaphore>,
     next_id: AtomicU64,
-    /// The server on the current connection answered that it has no data plane: large
+    /// A v1 server on the current connection answered that it has no data plane: large
     /// payloads go TCP_STREAM until the next reconnect.
     no_buffer: AtomicBool,
+    /// Counts connections: what was negotiated belongs to one of them.
+    conn_gen: AtomicU64,
+    /// The settings exchange on connection `.0`.
+    negotiated: parking_lot::Mutex<(u64, Negotiated)>,
     /// Host staging buffers of [`Client::call_device`], made on first use.
     device_ring: std::sync::OnceLock<Arc<StagingRing<HostMemory>>>,
 }
@@ -225,6 +235,8 @@ impl Client<NoDataPlane> {
                 current: parking_lot::Mutex::new(None),
                 next_id: AtomicU64::new(1),
                 no_buffer: AtomicBool::new(false),
+                conn_gen: AtomicU64::new(0),
+                negotiated: parking_lot::Mutex::new((0, Negotiated::Unknown)),
                 device_ring: std::sync::OnceLock::new(),
             }),
             dp: None,
@@ -314,6 +326,7 @@ impl<C: Communicator> Client<C> {
             usable: usable.clone(),
         });
         self.inner.no_buffer.store(false, Ordering::Release);
+        self.inner.conn_gen.fetch_add(1, Ordering::AcqRel);
         *self.inner.current.lock() = Some(ConnHandle {
             cmd: tx.clone(),
             usable,
@@ -338,7 +351,7 @@ impl<C: Communicator> Client<C> {
         let payload = payload.into();
         if let Some(dp) = &self.dp
             && payload.len() >= dp.config.threshold
-            && !self.inner.no_buffer.load(Ordering::Acquire)
+            && self.server_takes_buffer(dp).await
         {
             let resp_len = opts.response_capacity.unwrap_or(payload.len());
             let peer = crate::pool::peer_tag(&self.inner.addr);
@@ -350,8 +363,11 @@ impl<C: Communicator> Client<C> {
                         descriptor: prep.descriptor.clone(),
                     };
                     let r = self.call_body(method, body, opts).await;
+                    // A v1 server cannot say up front that it has no data plane; it says so in
+                    // its refusal, which is the one text a client recognises.
                     if let Err(CallError::Status { status, message }) = &r
                         && *status == Status::DATA_PLANE
+                        && self.negotiated_now() == Negotiated::V1
                         && message.contains(crate::proto::NO_DATA_PLANE_MARK)
                     {
                         tracing::warn!(
@@ -480,9 +496,10 @@ impl<C: Communicator> Client<C> {
         opts: CallOptions,
     ) -> Result<M::Buffer, CallError> {
         let len = payload.len();
-        let over_data_plane = self.dp.as_ref().is_some_and(|dp| {
-            len >= dp.config.threshold && !self.inner.no_buffer.load(Ordering::Acquire)
-        });
+        let over_data_plane = match &self.dp {
+            Some(dp) => len >= dp.config.threshold && self.server_takes_buffer(dp).await,
+            None => false,
+        };
         if over_data_plane {
             // Copied device-to-host once, straight into a pooled registered buffer that the
             // call lends as it is; the response is a view of the lent response region.
@@ -894,54 +911,4 @@ fn handle_cmd(
         }
     }
     work
-}
-
-/// A blocking client: the same client driven by its own small runtime.
-pub struct BlockingClient {
-    rt: tokio::runtime::Runtime,
-    client: Client,
-}
-
-impl BlockingClient {
-    /// Connects to `addr`.
-    pub fn connect(addr: &PeerAddr, config: ClientConfig) -> Result<Self, CallError> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("hmc-rpc-client")
-            .enable_all()
-            .build()
-            .map_err(|e| CallError::Connect(Error::io("starting the client runtime", e)))?;
-        let client = rt.block_on(Client::connect(addr, config))?;
-        Ok(BlockingClient { rt, client })
-    }
-
-    /// A blocking raw call.
-    pub fn call(&self, method: u32, payload: impl Into<Bytes>) -> Result<Bytes, CallError> {
-        self.rt.block_on(self.client.call(method, payload))
-    }
-
-    /// A blocking raw call with options.
-    pub fn call_with(
-        &self,
-        method: u32,
-        payload: impl Into<Bytes>,
-        opts: CallOptions,
-    ) -> Result<Bytes, CallError> {
-        self.rt
-            .block_on(self.client.call_with(method, payload, opts))
-    }
-
-    /// A blocking typed call.
-    pub fn call_typed<Req: Serialize, Resp: DeserializeOwned>(
-        &self,
-        method: u32,
-        req: &Req,
-    ) -> Result<Resp, CallError> {
-        self.rt.block_on(self.client.call_typed(method, req))
-    }
-
-    /// The async client inside (to start calls concurrently).
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
 }

@@ -90,7 +90,7 @@ mod net;
 pub mod pool;
 pub mod server;
 
-pub use hmc_rpc_proto::{budget, codec, frame, proto};
+pub use hmc_rpc_proto::{budget, codec, frame, proto, settings};
 
 pub use budget::{HeldBudget, ServerStats};
 pub use client::{BlockingClient, CallError, CallOptions, Client, ClientConfig};

@@ -29,6 +29,7 @@ use crate::frame::PayloadMode;
 use crate::frame::{FrameHeader, FrameKind, Status};
 use crate::net::{BusyPoll, ConnTimer, Listener, POLL_MAX_MESSAGE, Stream};
 use crate::proto::{ConnConfig, IdMap, IncomingCall, ReadTarget, ServerConn, ServerEvent};
+use crate::settings::{Settings, features};
 
 /// Server limits and sizes. Every field has a default and a name used in error messages.
 #[derive(Clone, Debug)]
@@ -118,9 +119,19 @@ impl<C: Communicator> Server<C> {
         let listener = Listener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let threshold = self.dp_config.threshold as u64;
         let dp = self
             .data_plane
             .map(|c| Arc::new(ServerDp::new(c, self.dp_config)) as Arc<dyn ServerPlane>);
+        let limits = &self.config.conn.limits;
+        let settings = Settings {
+            features: features::SETTINGS | features::HALF_CLOSE | features::HELD_BYTE_BUDGETS,
+            data_planes: dp.iter().map(|d| d.transport_wire_id()).collect(),
+            data_plane_threshold: dp.as_ref().map(|_| threshold),
+            max_payload_len: Some(limits.max_payload_len),
+            max_inflight: Some(self.config.conn.max_inflight.min(u32::MAX as usize) as u32),
+            max_body_len: Some(limits.max_body_len),
+        };
         let shared = Arc::new(Shared {
             dp,
             dispatcher: self.dispatcher,
@@ -129,6 +140,7 @@ impl<C: Communicator> Server<C> {
             pool: BlockingPool::new(self.config.workers, self.config.max_inflight_total),
             connections: AtomicUsize::new(0),
             config: self.config,
+            settings,
         });
         let task = tokio::spawn(accept_loop(listener, shared.clone(), shutdown_rx));
         tracing::info!(%local_addr, "hmc-rpc server listening");
@@ -209,6 +221,8 @@ struct Shared {
     inflight: Arc<Semaphore>,
     /// Bytes held for clients, across connections.
     budget: Arc<HeldBudget>,
+    /// What connections answer in the settings exchange.
+    settings: Settings,
     pool: BlockingPool,
     connections: AtomicUsize,
     config: ServerConfig,
@@ -304,6 +318,7 @@ async fn serve_connection(
         Instant::now(),
         shared.budget.clone(),
     );
+    core.set_settings(&shared.settings);
     let mut timer = ConnTimer::new();
     let mut poll = BusyPoll::new(shared.config.conn.busy_poll);
     if shared.dp.is_some() {

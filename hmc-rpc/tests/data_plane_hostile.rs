@@ -444,9 +444,27 @@ impl HostileServer {
             .0
     }
 
-    /// Receives the next HMC_BUFFER request and imports its keys.
+    /// Receives the next HMC_BUFFER request and imports its keys (answering the settings
+    /// exchange on the way: a TCP data plane, as a genuine server would say).
     async fn next(&self, rpc: &mut TcpStream) -> Seen {
-        let (h, body) = read_frame(rpc).await;
+        let (h, body) = loop {
+            let (h, body) = read_frame(rpc).await;
+            if h.method_id != hmc_rpc::settings::SETTINGS_METHOD {
+                break (h, body);
+            }
+            let mine = hmc_rpc::settings::Settings {
+                features: hmc_rpc::settings::features::SETTINGS,
+                data_planes: vec![u16::from(hmc_core::TransportId::Tcp.wire_id())],
+                ..Default::default()
+            }
+            .encode();
+            let mut r = FrameHeader::new(FrameKind::Response, h.request_id);
+            r.method_id = h.method_id;
+            r.payload_len = mine.len() as u64;
+            r.body_len = mine.len() as u32;
+            r.payload_crc = hmc_rpc::frame::payload_crc(&mine);
+            send_frame(rpc, r, &mine).await;
+        };
         assert_eq!(h.mode, PayloadMode::HmcBuffer);
         let (reply_to, req, resp) = parse_descriptor(&body);
         let resp = resp.expect("a response region is lent");

@@ -62,6 +62,22 @@ fn examples() -> Vec<(&'static str, Vec<u8>)> {
     };
     vec![
         (
+            "settings-request",
+            inline(
+                FrameKind::Request,
+                1,
+                hmc_rpc::settings::SETTINGS_METHOD,
+                Status::OK,
+                &hmc_rpc::settings::Settings {
+                    features: hmc_rpc::settings::features::SETTINGS,
+                    data_planes: vec![1],
+                    ..Default::default()
+                }
+                .encode(),
+                0,
+            ),
+        ),
+        (
             "request-uppercase",
             inline(
                 FrameKind::Request,

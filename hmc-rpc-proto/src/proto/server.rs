@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use crate::budget::{Event, HeldBudget, SETTLE_SLACK, SKIPPED_STREAM_COST};
 use crate::frame::{Flags, FrameHeader, FrameKind, PayloadMode, Status, check_payload_crc};
+use crate::settings::{SETTINGS_METHOD, Settings};
 
 use super::framing::{Framing, Message, Parsed};
 use super::{ConnConfig, IdMap, NO_DATA_PLANE_TEXT, StagedPayload, StreamSink, goaway};
@@ -104,6 +105,10 @@ pub struct ServerConn {
     pub(super) next_probe: Option<Instant>,
     /// Bytes written as of the instant: the write-stall clock.
     pub(super) tx_progress: (u64, Instant),
+    /// This server's settings, encoded, when it takes part in the settings exchange.
+    pub(super) settings: Option<Bytes>,
+    /// What the client said in the exchange.
+    pub(super) peer_settings: Option<Settings>,
 }
 
 impl ServerConn {
@@ -131,6 +136,8 @@ impl ServerConn {
             last_activity: now,
             peer_closed: false,
             next_probe: None,
+            settings: None,
+            peer_settings: None,
             tx_progress: (0, now),
         }
     }
@@ -368,6 +375,11 @@ impl ServerConn {
         if self.inflight.contains_key(&id) || self.f.streams_in.contains_key(&id) {
             return Err(format!("duplicate request id {id} while it is in flight"));
         }
+        if h.method_id == SETTINGS_METHOD
+            && let Some(mine) = self.settings.clone()
+        {
+            return self.on_settings(h, body, mine);
+        }
         let streaming = h.mode == PayloadMode::TcpStream;
         let refuse = |me: &mut Self, status: Status, why: &str| {
             if streaming {
@@ -495,6 +507,51 @@ impl ServerConn {
             }));
         }
         Ok(())
+    }
+
+    /// The settings exchange: answered here, outside the request table and the handlers.
+    fn on_settings(&mut self, h: FrameHeader, body: Bytes, mine: Bytes) -> Result<(), String> {
+        let id = h.request_id;
+        if h.mode != PayloadMode::Inline {
+            if h.mode == PayloadMode::TcpStream {
+                // Keep the connection in step: its DATA is read and dropped.
+                self.f.open_in_stream(h, true, None, self.last_activity);
+            }
+            let why = "the settings request is sent INLINE";
+            self.answer(
+                id,
+                h.method_id,
+                Status::BAD_PAYLOAD,
+                Bytes::from_static(why.as_bytes()),
+            );
+            return Ok(());
+        }
+        check_payload_crc(id, h.payload_crc, &body).map_err(|e| e.to_string())?;
+        let one_way = h.flags.contains(Flags::ONE_WAY);
+        match Settings::decode(&body) {
+            Ok(peer) => {
+                self.peer_settings = Some(peer);
+                if !one_way {
+                    self.answer(id, h.method_id, Status::OK, mine);
+                }
+            }
+            Err(why) if !one_way => {
+                self.answer(id, h.method_id, Status::BAD_PAYLOAD, Bytes::from(why));
+            }
+            Err(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Takes part in the settings exchange with `settings` (see [`crate::settings`]);
+    /// without it, a settings request goes to the handlers like any call (a v1 server).
+    pub fn set_settings(&mut self, settings: &Settings) {
+        self.settings = Some(Bytes::from(settings.encode()));
+    }
+
+    /// What the client said in the settings exchange, if it took part.
+    pub fn peer_settings(&self) -> Option<&Settings> {
+        self.peer_settings.as_ref()
     }
 
     /// Queues a response outside the request table (refusals).

@@ -61,8 +61,9 @@ struct Args {
     #[arg(long)]
     data_plane_auth_secret_file: Option<PathBuf>,
     /// Payloads from this many bytes go HMC_BUFFER.
-    #[arg(long, default_value_t = 64 * 1024)]
-    ucx_threshold: usize,
+    /// (`--ucx-threshold` is the former name, still accepted.)
+    #[arg(long, alias = "ucx-threshold", default_value_t = 64 * 1024)]
+    data_plane_threshold: usize,
     /// IP address the data plane listens on (the server connects there).
     #[arg(long, default_value = "127.0.0.1")]
     data_plane_bind: IpAddr,
@@ -103,7 +104,7 @@ async fn run(args: &Args) -> Result<(), String> {
         None => PeerAddr::Tcp(SocketAddr::new(args.server_address, args.port)),
     };
     let dp_config = DataPlaneConfig {
-        threshold: args.ucx_threshold,
+        threshold: args.data_plane_threshold,
         ..DataPlaneConfig::default()
     };
     // One data plane (one pool of registered buffers) for every connection cycle.

@@ -68,8 +68,9 @@ struct Args {
     #[arg(long)]
     data_plane_auth_secret_file: Option<PathBuf>,
     /// Responses from this many bytes are written into the client's region one-sided.
-    #[arg(long, default_value_t = 64 * 1024)]
-    ucx_threshold: usize,
+    /// (`--ucx-threshold` is the former name, still accepted.)
+    #[arg(long, alias = "ucx-threshold", default_value_t = 64 * 1024)]
+    data_plane_threshold: usize,
     /// Bytes the data plane may register at once (`max_pool_bytes`).
     #[arg(long, default_value_t = 1 << 30)]
     max_pool_bytes: usize,
@@ -143,7 +144,7 @@ async fn run(args: Args) -> hmc_core::Result<()> {
     )?
     .map(std::sync::Arc::new);
     let dp_config = DataPlaneConfig {
-        threshold: args.ucx_threshold,
+        threshold: args.data_plane_threshold,
         pool: PoolConfig {
             max_total_bytes: args.max_pool_bytes,
             ..PoolConfig::default()

@@ -52,8 +52,9 @@ use crate::pool::{PoolConfig, PoolStats};
 /// Data-plane settings shared by server and client. Every limit has a default and a name.
 #[derive(Clone, Debug)]
 pub struct DataPlaneConfig {
-    /// Payloads of at least this many bytes move over the data plane (`ucx_threshold`,
-    /// default 64 KiB; `--ucx-threshold`). Smaller ones travel INLINE or TCP_STREAM.
+    /// Payloads of at least this many bytes move over the data plane
+    /// (`data_plane_threshold`, default 64 KiB; `--data-plane-threshold`, formerly
+    /// `--ucx-threshold`). Smaller ones travel INLINE or TCP_STREAM.
     pub threshold: usize,
     /// The registered buffer pool (`max_pool_bytes`, …).
     pub pool: PoolConfig,

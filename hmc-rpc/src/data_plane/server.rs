@@ -122,6 +122,8 @@ pub(crate) trait ServerPlane: Send + Sync + 'static {
         deadline: Deadline,
         work: Work,
     ) -> BoxFuture<'static, Served>;
+    /// The wire id of the data plane's transport (for the settings exchange).
+    fn transport_wire_id(&self) -> u16;
     /// Counters.
     fn stats(&self) -> DataPlaneStats;
     /// The connection closed: endpoints no other open connection uses are dropped.
@@ -524,6 +526,10 @@ impl<C: Communicator> ServerDp<C> {
 }
 
 impl<C: Communicator> ServerPlane for ServerDp<C> {
+    fn transport_wire_id(&self) -> u16 {
+        u16::from(self.comm.transport().wire_id())
+    }
+
     fn serve(
         self: Arc<Self>,
         conn: Arc<ConnUse>,

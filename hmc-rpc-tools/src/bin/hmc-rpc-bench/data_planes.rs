@@ -146,8 +146,8 @@ pub(crate) async fn bench_data_planes(
             &[
                 "--data-plane",
                 &format!("{plane:?}").to_lowercase(),
-                "--ucx-threshold",
-                &args.ucx_threshold.to_string(),
+                "--data-plane-threshold",
+                &args.data_plane_threshold.to_string(),
             ],
         ) {
             Ok(s) => s,
@@ -167,7 +167,7 @@ pub(crate) async fn bench_data_planes(
         let dp = Arc::new(ClientDataPlane::new(
             comm,
             DataPlaneConfig {
-                threshold: args.ucx_threshold,
+                threshold: args.data_plane_threshold,
                 ..DataPlaneConfig::default()
             },
         ));

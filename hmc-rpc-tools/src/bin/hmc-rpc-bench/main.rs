@@ -75,8 +75,9 @@ struct Args {
     #[arg(long, default_value = "1048576", value_delimiter = ',')]
     dp_sizes: Vec<usize>,
     /// Payloads from this many bytes go HMC_BUFFER (server and client).
-    #[arg(long, default_value_t = 64 * 1024)]
-    ucx_threshold: usize,
+    /// (`--ucx-threshold` is the former name, still accepted.)
+    #[arg(long, alias = "ucx-threshold", default_value_t = 64 * 1024)]
+    data_plane_threshold: usize,
     /// Runs of `ucx_perftest -t tag_bw` per payload size, each without and with `-e` (peer
     /// error handling, as `UcxCommunicator`'s endpoints); the table shows medians and
     /// ranges (tag_bw busy-polls on both sides, so other load on the cores moves it).
