@@ -311,7 +311,7 @@ impl Memory for CudaMemory {
     type Buffer = CudaBuffer;
 
     fn device(&self) -> Device {
-        Device::new(DeviceKind::Cuda, self.ctx.ordinal)
+        Device::new(DeviceKind::CUDA, self.ctx.ordinal)
     }
 
     fn alloc(&self, len: usize) -> Result<CudaBuffer> {
@@ -446,7 +446,7 @@ pub struct CudaBuffer {
 impl DeviceBuffer for CudaBuffer {
     fn region(&self) -> Region {
         Region {
-            device: Device::new(DeviceKind::Cuda, self.ctx.ordinal),
+            device: Device::new(DeviceKind::CUDA, self.ctx.ordinal),
             addr: self.ptr,
             len: self.len,
         }
@@ -501,7 +501,7 @@ pub struct IpcMapping {
 impl DeviceBuffer for IpcMapping {
     fn region(&self) -> Region {
         Region {
-            device: Device::new(DeviceKind::Cuda, self.ctx.ordinal),
+            device: Device::new(DeviceKind::CUDA, self.ctx.ordinal),
             addr: self.ptr,
             len: self.len,
         }

@@ -15,7 +15,7 @@ use std::task::Context;
 use futures::executor::block_on;
 use hmc_backend_cuda::{CudaMemory, IpcHandle};
 use hmc_core::testing::pattern;
-use hmc_core::{DeviceBuffer, Error, MemSpan, MemSpanMut, Memory};
+use hmc_core::{DeviceBuffer, DeviceErrorKind, Error, MemSpan, MemSpanMut, Memory};
 use hmc_testshim::ShimControl;
 
 const CHILD_ENV: &str = "HMC_CUDA_ABI_SHIM";
@@ -264,11 +264,14 @@ fn abi_shim_many_async_copies_complete_through_wakeups() {
 fn assert_driver_error(err: Error, function: &str, code: i64, message: &str) {
     match err {
         Error::Device {
+            kind,
             library,
             function: f,
             code: c,
             message: m,
         } => {
+            // CUDA_ERROR_OUT_OF_MEMORY (2) is classified; the vendor detail stays.
+            assert_eq!(kind == DeviceErrorKind::OutOfMemory, code == 2, "{kind:?}");
             assert_eq!(library, "libcuda");
             assert_eq!(f, function);
             assert_eq!(c, code);

@@ -154,7 +154,11 @@ mod tests {
         assert!(MemoryKinds::Any.contains(DeviceKind::from_wire_id(200)));
         assert!(MemoryKinds::host_only().contains(DeviceKind::HOST));
         assert!(!MemoryKinds::host_only().contains(DeviceKind::CUDA));
-        assert!(!CommCapabilities::none().local_memory.contains(DeviceKind::HOST));
+        assert!(
+            !CommCapabilities::none()
+                .local_memory
+                .contains(DeviceKind::HOST)
+        );
     }
 
     #[test]

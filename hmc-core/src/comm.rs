@@ -491,8 +491,8 @@ mod tests {
     /// Bytes encoded by the version-1 code of before open identifiers (transport TCP,
     /// CUDA device 3, read-only, key 1..=5).
     const V1_TCP_CUDA: [u8; 33] = [
-        1, 1, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0xde, 0xad, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0,
-        0, 5, 1, 2, 3, 4, 5,
+        1, 1, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0xde, 0xad, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0,
+        5, 1, 2, 3, 4, 5,
     ];
 
     #[test]
@@ -520,7 +520,11 @@ mod tests {
         assert_eq!(r.region.device.kind, DeviceKind::from_wire_id(kind));
         let own = TransportId::from_wire_id(transport);
         r.check_transport(own).unwrap();
-        let other = if own == TransportId::TCP { TransportId::UCX } else { TransportId::TCP };
+        let other = if own == TransportId::TCP {
+            TransportId::UCX
+        } else {
+            TransportId::TCP
+        };
         let err = r.check_transport(other).unwrap_err().to_string();
         assert!(
             err.contains(&format!("wire id {transport}")) && err.contains(&other.to_string()),

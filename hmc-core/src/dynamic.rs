@@ -20,8 +20,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::{
-    Access, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Notification, Op, PeerAddr, Region,
-    RemoteRegion, Result, TransferDesc, TransportId,
+    Access, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
+    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId,
 };
 
 /// A boxed, `Send` future: what the object-safe methods return.

@@ -276,7 +276,10 @@ mod tests {
         );
         let s = e.to_string();
         assert!(e.is_out_of_memory());
-        assert!(s.contains("cuMemAlloc") && s.contains("CUDA_ERROR_OUT_OF_MEMORY"), "{s}");
+        assert!(
+            s.contains("cuMemAlloc") && s.contains("CUDA_ERROR_OUT_OF_MEMORY"),
+            "{s}"
+        );
         assert!(s.contains("free device buffers"), "{s}");
         let other = Error::device(DeviceErrorKind::Other, "libx.so", "f", 1, "boom");
         assert!(!other.is_out_of_memory());
@@ -290,7 +293,10 @@ mod tests {
             reason: "the CPU moves the bytes".into(),
         };
         let s = e.to_string();
-        assert!(s.contains("Tcp") && s.contains("Cuda:1") && s.contains("stage"), "{s}");
+        assert!(
+            s.contains("Tcp") && s.contains("Cuda:1") && s.contains("stage"),
+            "{s}"
+        );
         assert!(e.is_permanent());
     }
 

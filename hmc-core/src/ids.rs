@@ -51,7 +51,10 @@ impl TransportId {
 
     /// The name of a transport of this repository, `None` for any other number.
     pub fn name(self) -> Option<&'static str> {
-        Self::NAMES.iter().find(|(id, _)| *id == self).map(|(_, n)| *n)
+        Self::NAMES
+            .iter()
+            .find(|(id, _)| *id == self)
+            .map(|(_, n)| *n)
     }
 }
 
@@ -120,7 +123,10 @@ impl DeviceKind {
 
     /// The name of a kind of this repository, `None` for any other number.
     pub fn name(self) -> Option<&'static str> {
-        Self::NAMES.iter().find(|(k, _)| *k == self).map(|(_, n)| *n)
+        Self::NAMES
+            .iter()
+            .find(|(k, _)| *k == self)
+            .map(|(_, n)| *n)
     }
 }
 

@@ -305,7 +305,9 @@ pub trait Memory: Send + Sync + 'static {
         let _ = (dst, src);
         Err(unsupported(
             self.device(),
-            "asynchronous copies", "use Memory::copy"))
+            "asynchronous copies",
+            "use Memory::copy",
+        ))
     }
 
     /// Exports the memory under `span` as a DMA-BUF: a file descriptor, and where `span`
@@ -321,7 +323,6 @@ pub trait Memory: Send + Sync + 'static {
         let _ = span;
         Err(unsupported(
             self.device(),
-            
             "DMA-BUF export",
             "register host memory, or stage device memory through host buffers",
         ))
@@ -333,7 +334,6 @@ pub trait Memory: Send + Sync + 'static {
         let _ = buf;
         Err(unsupported(
             self.device(),
-            
             "IPC export",
             "send the bytes through a transport instead",
         ))
@@ -350,7 +350,6 @@ pub trait Memory: Send + Sync + 'static {
         let _ = ipc;
         Err(unsupported(
             self.device(),
-            
             "IPC mappings",
             "send the bytes through a transport instead",
         ))

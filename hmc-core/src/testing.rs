@@ -235,7 +235,9 @@ pub mod communicator {
         let ep = connect(&p).await;
         let total = len + offset + 32;
         let (target, before) = buffer(&p, &p.b, total, Access::READ_WRITE, 11);
-        let key = p.a.import(&ep, &target.export().expect("export")).expect("import");
+        let key =
+            p.a.import(&ep, &target.export().expect("export"))
+                .expect("import");
         let (src, src_bytes) = buffer(&p, &p.a, len + 5, Access::READ, 12);
         let d = [desc::<C>(src.registration(), 5, &key, offset as u64, len)];
         p.a.transfer(&ep, Op::Write, &d, deadline())
@@ -270,7 +272,9 @@ pub mod communicator {
     pub async fn zero_length<C: Communicator, M: Memory>(p: Peers<C, M>) {
         let ep = connect(&p).await;
         let (target, before) = buffer(&p, &p.b, 64, Access::READ_WRITE, 21);
-        let key = p.a.import(&ep, &target.export().expect("export")).expect("import");
+        let key =
+            p.a.import(&ep, &target.export().expect("export"))
+                .expect("import");
         let (local, _) = buffer(&p, &p.a, 64, Access::READ_WRITE, 22);
         p.a.transfer(&ep, Op::Write, &[], deadline())
             .await
@@ -292,7 +296,9 @@ pub mod communicator {
         let sizes: Vec<usize> = (0..count).map(|i| 1 + (i * 7919) % 8191).collect();
         let total: usize = sizes.iter().sum();
         let (target, _) = buffer(&p, &p.b, total, Access::READ_WRITE, 31);
-        let key = p.a.import(&ep, &target.export().expect("export")).expect("import");
+        let key =
+            p.a.import(&ep, &target.export().expect("export"))
+                .expect("import");
         let (src, src_bytes) = buffer(&p, &p.a, total, Access::READ_WRITE, 32);
         // Local descriptor i takes the i-th chunk; remote descriptor i lands in reverse order.
         let mut local_off = Vec::with_capacity(count);
@@ -349,7 +355,9 @@ pub mod communicator {
     pub async fn out_of_bounds_refused<C: Communicator, M: Memory>(p: Peers<C, M>) {
         let ep = connect(&p).await;
         let (target, before) = buffer(&p, &p.b, 4096, Access::READ_WRITE, 41);
-        let key = p.a.import(&ep, &target.export().expect("export")).expect("import");
+        let key =
+            p.a.import(&ep, &target.export().expect("export"))
+                .expect("import");
         let (local, local_before) = buffer(&p, &p.a, 4096, Access::READ_WRITE, 42);
         let reg = local.registration();
         let cases = [
@@ -392,8 +400,12 @@ pub mod communicator {
         let ep = connect(&p).await;
         let (ro, ro_before) = buffer(&p, &p.b, 256, Access::READ, 51);
         let (wo, _) = buffer(&p, &p.b, 256, Access::WRITE, 52);
-        let ro_key = p.a.import(&ep, &ro.export().expect("export")).expect("import ro");
-        let wo_key = p.a.import(&ep, &wo.export().expect("export")).expect("import wo");
+        let ro_key =
+            p.a.import(&ep, &ro.export().expect("export"))
+                .expect("import ro");
+        let wo_key =
+            p.a.import(&ep, &wo.export().expect("export"))
+                .expect("import wo");
         let (local, local_before) = buffer(&p, &p.a, 256, Access::READ_WRITE, 53);
         let err =
             p.a.transfer(
@@ -496,7 +508,9 @@ pub mod communicator {
             "another transport's descriptor must be refused"
         );
         let (live, live_bytes) = buffer(&p, &p.b, 128, Access::READ, 63);
-        let key = p.a.import(&ep, &live.export().expect("export")).expect("import live");
+        let key =
+            p.a.import(&ep, &live.export().expect("export"))
+                .expect("import live");
         p.a.transfer(
             &ep,
             Op::Read,
@@ -513,7 +527,9 @@ pub mod communicator {
         let ep = connect(&p).await;
         let len = 64 << 20;
         let (target, _) = buffer(&p, &p.b, len, Access::READ_WRITE, 71);
-        let key = p.a.import(&ep, &target.export().expect("export")).expect("import");
+        let key =
+            p.a.import(&ep, &target.export().expect("export"))
+                .expect("import");
         let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 72);
         let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
         let expired = Deadline::after(Duration::ZERO);
@@ -563,7 +579,9 @@ pub mod communicator {
         let ep = connect(&p).await;
         let len = 32 << 20;
         let (target, target_bytes) = buffer(&p, &p.b, len, Access::READ_WRITE, 81);
-        let key = p.a.import(&ep, &target.export().expect("export")).expect("import");
+        let key =
+            p.a.import(&ep, &target.export().expect("export"))
+                .expect("import");
         let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 82);
         for op in [Op::Read, Op::Write] {
             let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
@@ -619,7 +637,9 @@ pub mod communicator {
         let ep = connect(&p).await;
         let len = 64 << 20;
         let (target, _) = buffer(&p, &p.b, len, Access::READ_WRITE, 91);
-        let key = p.a.import(&ep, &target.export().expect("export")).expect("import");
+        let key =
+            p.a.import(&ep, &target.export().expect("export"))
+                .expect("import");
         let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 92);
         let limit = Duration::from_secs(20);
         let start = Instant::now();
@@ -666,7 +686,9 @@ pub mod communicator {
         let ep = connect(&p).await;
         let slice = 64 * 1024 + 3;
         let (target, _) = buffer(&p, &p.b, slice * tasks, Access::READ_WRITE, 101);
-        let key = p.a.import(&ep, &target.export().expect("export")).expect("import");
+        let key =
+            p.a.import(&ep, &target.export().expect("export"))
+                .expect("import");
         let work = (0..tasks).map(|t| {
             let (p, ep, key) = (&p, &ep, &key);
             async move {

@@ -1359,11 +1359,11 @@ impl Communicator for NoDataPlane {
     type RemoteKey = ();
 
     fn transport(&self) -> TransportId {
-        TransportId::Tcp
+        TransportId::TCP
     }
     fn address(&self) -> PeerAddr {
         PeerAddr::Opaque {
-            transport: TransportId::Tcp,
+            transport: TransportId::TCP,
             bytes: Vec::new(),
         }
     }
@@ -1375,7 +1375,7 @@ impl Communicator for NoDataPlane {
     unsafe fn register(&self, _: Region, _: Access) -> Result<NoRegistration> {
         Err(unavailable())
     }
-    fn export(&self, reg: &NoRegistration) -> RemoteRegion {
+    fn export(&self, reg: &NoRegistration) -> Result<RemoteRegion> {
         match *reg {}
     }
     fn import(&self, _: &(), _: &RemoteRegion) -> Result<()> {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use hmc_backend_runtime::{IpcFormat, IpcHandle, RuntimeApi, RuntimeMemory};
 use hmc_core::testing::pattern;
-use hmc_core::{DeviceBuffer, DeviceKind, Error, MemSpan, MemSpanMut, Memory};
+use hmc_core::{DeviceBuffer, DeviceErrorKind, DeviceKind, Error, MemSpan, MemSpanMut, Memory};
 
 use crate::control::{ShimControl, from_hex, run_child_test, to_hex};
 
@@ -212,11 +212,19 @@ pub fn vendor_error_names_library_function_code_and_text<A: RuntimeApi>(
     };
     match &err {
         Error::Device {
+            kind,
             library,
             function: f,
             code: c,
             message,
         } => {
+            // Every case of an allocation failing uses the vendor's out-of-memory code.
+            let oom = matches!(call, Call::Alloc | Call::Pinned);
+            assert_eq!(
+                *kind == DeviceErrorKind::OutOfMemory,
+                oom,
+                "{function} failing with {code}: {kind:?}"
+            );
             assert_eq!(*library, vendor.library);
             assert_eq!(*f, function);
             assert_eq!(*c, code);
