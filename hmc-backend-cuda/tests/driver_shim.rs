@@ -15,7 +15,9 @@ use std::task::Context;
 use futures::executor::block_on;
 use hmc_backend_cuda::{CudaMemory, IpcHandle};
 use hmc_core::testing::pattern;
-use hmc_core::{DeviceBuffer, DeviceErrorKind, Error, MemSpan, MemSpanMut, Memory};
+use hmc_core::{
+    AnyMemory, DeviceBuffer, DeviceErrorKind, DeviceKind, Error, MemSpan, MemSpanMut, Memory,
+};
 use hmc_testshim::ShimControl;
 
 const CHILD_ENV: &str = "HMC_CUDA_ABI_SHIM";
@@ -373,6 +375,42 @@ fn abi_shim_dma_buf_export_returns_a_descriptor_for_page_aligned_ranges() {
         mem.export_dmabuf(&other, 0, 4096),
         Err(Error::InvalidArgument(_))
     ));
+}
+
+/// The trait methods, reached through `AnyMemory` as a transport would (no dependency on
+/// this crate's types): capabilities, an asynchronous copy, a DMA-BUF of an unaligned span
+/// (offset inside rounded pages), and IPC export and mapping.
+#[test]
+fn abi_shim_device_features_work_through_the_memory_trait_and_any_memory() {
+    let Some(mem) = shim_memory(1) else { return };
+    let mem = AnyMemory::new(mem);
+    let caps = mem.capabilities();
+    assert!(caps.async_copy && caps.ipc && caps.dma_buf && !caps.host_accessible);
+    let src = pattern(41, 20_000);
+    let mut dev = mem.alloc(1 << 20).unwrap();
+    {
+        let mut d = MemSpanMut::of(&mut dev);
+        let mut d = d.slice_mut(0, src.len()).unwrap();
+        let s = MemSpan::host(&src);
+        // SAFETY: the future is polled to completion here.
+        block_on(unsafe { mem.copy_async(&mut d, &s) }.unwrap()).unwrap();
+    }
+    let span = MemSpan::of(&dev).slice(4097, 100).unwrap();
+    let dmabuf = mem.export_dmabuf(&span).unwrap();
+    assert_eq!((dmabuf.offset, dmabuf.len), (1, 100));
+    let ipc = mem.export_ipc(&dev).unwrap();
+    assert_eq!(ipc.kind, DeviceKind::CUDA);
+    // SAFETY: `dev` outlives the mapping, and the descriptor is fresh.
+    let mapping = unsafe { mem.open_ipc(&ipc) }.unwrap();
+    let mut back = vec![0u8; src.len()];
+    let whole = MemSpan::of(&*mapping).slice(0, src.len()).unwrap();
+    mem.copy(&mut MemSpanMut::host(&mut back), &whole).unwrap();
+    assert_eq!(back, src);
+    let mut foreign = ipc.clone();
+    foreign.kind = DeviceKind::ROCM;
+    // SAFETY: refused before any mapping is made.
+    let err = unsafe { mem.open_ipc(&foreign) }.err().unwrap();
+    assert!(err.to_string().contains("Rocm"), "{err}");
 }
 
 const IPC_LEN: usize = 1 << 20;

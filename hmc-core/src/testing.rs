@@ -156,6 +156,58 @@ pub mod memory {
             "a refused copy moved bytes"
         );
     }
+
+    /// [`Memory::capabilities`] agrees with behaviour: the device and limit match, and
+    /// each optional feature the backend does not claim is refused as `Unsupported`; an
+    /// asynchronous copy it claims moves the bytes.
+    pub fn capabilities_match_behaviour<M: Memory>(mem: &M) {
+        let caps = mem.capabilities();
+        assert_eq!(
+            caps.device,
+            mem.device(),
+            "capabilities name another device"
+        );
+        assert_eq!(caps.max_alloc, mem.max_alloc());
+        assert_eq!(caps.host_accessible, mem.device().is_host());
+        let data = pattern(5, 4096);
+        let mut buf = mem.alloc(4096).expect("alloc");
+        {
+            let mut dst = MemSpanMut::of(&mut buf);
+            let src = MemSpan::host(&data);
+            // SAFETY: the future, if any, is driven to completion right here.
+            let started = unsafe { mem.copy_async(&mut dst, &src) };
+            let fallback = match (caps.async_copy, started) {
+                (true, Ok(fut)) => {
+                    futures::executor::block_on(fut).expect("async copy");
+                    false
+                }
+                (false, Err(Error::Unsupported(_))) => true,
+                (claimed, other) => panic!(
+                    "async_copy is {claimed} but copy_async gave {:?}",
+                    other.map(drop)
+                ),
+            };
+            if fallback {
+                mem.copy(&mut dst, &src).expect("copy");
+            }
+        }
+        assert_same("after the copy", &download(mem, &buf, 0, 4096), &data);
+        if !caps.dma_buf {
+            let r = mem.export_dmabuf(&MemSpan::of(&buf));
+            assert!(
+                matches!(r, Err(Error::Unsupported(_))),
+                "dma_buf is false but export_dmabuf gave {:?}",
+                r.map(drop)
+            );
+        }
+        if !caps.ipc {
+            let r = mem.export_ipc(&buf);
+            assert!(
+                matches!(r, Err(Error::Unsupported(_))),
+                "ipc is false but export_ipc gave {r:?}"
+            );
+        }
+    }
 }
 
 /// Two communicators and the memory their buffers come from; what a
@@ -522,6 +574,56 @@ pub mod communicator {
         assert_same("read after refusals", &contents(&local), &live_bytes);
     }
 
+    /// [`Communicator::capabilities`] agrees with behaviour: it names this transport; memory
+    /// of a kind it does not list for registration is refused with `UnsupportedMemory`;
+    /// `rekey` and `alloc_registered` do what it says; and a registration made by another
+    /// communicator (here another instance of the same transport) is refused by `export`
+    /// and `rekey`, with an error, not a crash.
+    pub async fn capabilities_match_behaviour<C: Communicator, M: Memory>(p: Peers<C, M>) {
+        let caps = p.a.capabilities();
+        assert_eq!(caps.transport, p.a.transport());
+        let mut host = vec![0u8; 64];
+        let odd_kind = crate::DeviceKind::from_wire_id(250);
+        if !caps.local_memory.contains(odd_kind) {
+            // Real host bytes under a device label: harmless even if wrongly registered.
+            let region = crate::Region {
+                device: crate::Device::new(odd_kind, 0),
+                addr: host.as_mut_ptr() as u64,
+                len: host.len(),
+            };
+            // SAFETY: `host` outlives the registration, which is dropped at once if made.
+            let r = unsafe { p.a.register(region, Access::READ_WRITE) };
+            assert!(
+                matches!(r, Err(Error::UnsupportedMemory { .. })),
+                "memory of an unlisted kind must be refused as UnsupportedMemory: {:?}",
+                r.map(drop)
+            );
+        }
+        let (own, _) = buffer(&p, &p.a, 64, Access::READ_WRITE, 111);
+        assert_eq!(
+            p.a.rekey(own.registration()).expect("rekey"),
+            caps.rekey,
+            "rekey disagrees with capabilities"
+        );
+        let fast =
+            p.a.alloc_registered(64, Access::READ)
+                .expect("alloc_registered");
+        assert_eq!(fast.is_some(), caps.alloc_registered);
+        let (theirs, _) = buffer(&p, &p.b, 64, Access::READ_WRITE, 112);
+        let err = p.a.export(theirs.registration());
+        assert!(
+            matches!(err, Err(Error::InvalidArgument(_))),
+            "exporting another communicator's registration must be refused: {:?}",
+            err.map(drop)
+        );
+        assert!(
+            p.a.rekey(theirs.registration()).is_err() || !caps.rekey,
+            "rekeying another communicator's registration must be refused"
+        );
+        p.b.export(theirs.registration())
+            .expect("the owner exports it");
+    }
+
     /// A transfer that cannot finish in time ends with `DeadlineExceeded`, promptly.
     pub async fn deadline_expiry<C: Communicator, M: Memory>(p: Peers<C, M>) {
         let ep = connect(&p).await;
@@ -811,6 +913,12 @@ macro_rules! memory_conformance {
                 let m = mem_or_skip!();
                 $crate::testing::memory::out_of_bounds_refused(&m);
             }
+
+            #[test]
+            fn capabilities_match_behaviour() {
+                let m = mem_or_skip!();
+                $crate::testing::memory::capabilities_match_behaviour(&m);
+            }
         }
     };
 }
@@ -881,6 +989,11 @@ macro_rules! communicator_conformance {
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn stale_and_forged_keys_are_refused() {
                 kit::stale_and_forged_keys_refused(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn capabilities_match_behaviour() {
+                kit::capabilities_match_behaviour(peers_or_skip!()).await;
             }
 
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
