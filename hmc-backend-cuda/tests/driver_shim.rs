@@ -400,12 +400,10 @@ fn abi_shim_device_features_work_through_the_memory_trait_and_any_memory() {
     assert_eq!((dmabuf.offset, dmabuf.len), (1, 100));
     let ipc = mem.export_ipc(&dev).unwrap();
     assert_eq!(ipc.kind, DeviceKind::CUDA);
-    // SAFETY: `dev` outlives the mapping, and the descriptor is fresh.
-    let mapping = unsafe { mem.open_ipc(&ipc) }.unwrap();
-    let mut back = vec![0u8; src.len()];
-    let whole = MemSpan::of(&*mapping).slice(0, src.len()).unwrap();
-    mem.copy(&mut MemSpanMut::host(&mut back), &whole).unwrap();
-    assert_eq!(back, src);
+    // The descriptor is the typed handle's wire form (CUDA maps it in another process
+    // only; the two-process test covers that path).
+    let handle = hmc_backend_cuda::IpcHandle::from_bytes(&ipc.bytes).unwrap();
+    assert_eq!(handle.len(), 1 << 20);
     let mut foreign = ipc.clone();
     foreign.kind = DeviceKind::ROCM;
     // SAFETY: refused before any mapping is made.

@@ -1,0 +1,249 @@
+//! The backend conformance kit: generic checks that every `Memory` and `Communicator` must pass, and the macros that turn them into rstest cases.
+//!
+//! A backend crate runs the kit from one of its integration tests:
+//!
+//! ```ignore
+//! // tests/conformance.rs of a Memory backend (dev-dependencies: rstest, hmc-core/testing)
+//! hmc_core::memory_conformance!(Some(hmc_backend_cpu::HostMemory::new()));
+//!
+//! // tests/conformance.rs of a transport (dev-dependencies: rstest, tokio, hmc-core/testing)
+//! async fn peers() -> Option<hmc_core::testing::Peers<MyComm, HostMemory>> { todo!("bind two communicators") }
+//! hmc_core::communicator_conformance!(peers);
+//! ```
+//!
+//! A factory returning `None` means "no such device or library here": the generated tests
+//! then log that they were skipped. Backends also keep a test asserting the `Unavailable`
+//! error in that case, so a skip is never silent about why.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use crate::{
+    Access, Communicator, ConnBuffer, Deadline, DeviceBuffer, Error, MemSpan, MemSpanMut, Memory,
+    Op, RegisteredBuffer, TransferDesc,
+};
+
+/// Deterministic test bytes: a xorshift stream seeded by `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+fn assert_same(what: &str, got: &[u8], want: &[u8]) {
+    assert_eq!(got.len(), want.len(), "{what}: length differs");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!(
+            "{what}: first difference at byte {i} of {} (got {:#04x}, want {:#04x})",
+            got.len(),
+            got[i],
+            want[i]
+        );
+    }
+}
+
+/// Checks for [`Memory`] implementations.
+pub mod memory;
+
+/// Two communicators and the memory their buffers come from; what a
+/// [`communicator_conformance!`](crate::communicator_conformance) factory returns.
+pub struct Peers<C: Communicator, M: Memory> {
+    /// The initiator.
+    pub a: Arc<C>,
+    /// The target.
+    pub b: Arc<C>,
+    /// Allocator for both sides' buffers.
+    pub memory: Arc<M>,
+}
+
+/// Checks for [`Communicator`] implementations. Each takes fresh [`Peers`].
+pub mod communicator;
+
+/// Generates the [`Memory`] conformance tests for the backend made by `$make`, an
+/// expression of type `Option<M>` (`None`: no such device here; the tests log a skip).
+///
+/// The calling crate needs `rstest` as a dev-dependency.
+#[macro_export]
+macro_rules! memory_conformance {
+    ($make:expr) => {
+        mod memory_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+
+            macro_rules! mem_or_skip {
+                () => {
+                    match $make {
+                        Some(m) => m,
+                        None => {
+                            ::std::eprintln!(
+                                "memory conformance skipped: the backend reports no device here"
+                            );
+                            return;
+                        }
+                    }
+                };
+            }
+
+            #[::rstest::rstest]
+            #[case::one_byte(1, 0)]
+            #[case::odd_offset(7, 3)]
+            #[case::page(4096, 0)]
+            #[case::page_plus_one(4097, 1)]
+            #[case::odd_64k(65_537, 4095)]
+            #[case::one_mib_unaligned(1 << 20, 17)]
+            #[case::sixteen_mib(16 << 20, 0)]
+            fn round_trip_at_odd_sizes_and_offsets(#[case] len: usize, #[case] offset: usize) {
+                let m = mem_or_skip!();
+                $crate::testing::memory::round_trip(&m, len, offset);
+            }
+
+            #[::rstest::rstest]
+            #[case(1)]
+            #[case(4099)]
+            #[case(8 << 20)]
+            fn device_to_device_copies(#[case] len: usize) {
+                let m = mem_or_skip!();
+                $crate::testing::memory::device_to_device(&m, len);
+            }
+
+            #[test]
+            fn zero_length_allocations_and_copies() {
+                let m = mem_or_skip!();
+                $crate::testing::memory::zero_length(&m);
+            }
+
+            #[test]
+            fn maximum_size_is_refused_and_large_works() {
+                let m = mem_or_skip!();
+                $crate::testing::memory::maximum_size(&m, 256 << 20);
+            }
+
+            #[test]
+            fn out_of_bounds_is_refused() {
+                let m = mem_or_skip!();
+                $crate::testing::memory::out_of_bounds_refused(&m);
+            }
+
+            #[test]
+            fn capabilities_match_behaviour() {
+                let m = mem_or_skip!();
+                $crate::testing::memory::capabilities_match_behaviour(&m);
+            }
+        }
+    };
+}
+
+/// Generates the [`Communicator`] conformance tests. `$peers` is an `async fn() ->
+/// Option<Peers<C, M>>` making two fresh, unconnected communicators (`None`: transport
+/// not available here; the tests log a skip).
+///
+/// The calling crate needs `rstest` and `tokio` (features `macros`, `rt-multi-thread`) as
+/// dev-dependencies; tests run on a multi-threaded runtime.
+#[macro_export]
+macro_rules! communicator_conformance {
+    ($peers:path) => {
+        mod communicator_conformance {
+            #[allow(unused_imports)]
+            use super::*;
+            use $crate::testing::communicator as kit;
+
+            macro_rules! peers_or_skip {
+                () => {
+                    match $peers().await {
+                        Some(p) => p,
+                        None => {
+                            ::std::eprintln!(
+                                "communicator conformance skipped: transport unavailable here"
+                            );
+                            return;
+                        }
+                    }
+                };
+            }
+
+            #[::rstest::rstest]
+            #[case::one_byte(1, 0)]
+            #[case::odd(7, 3)]
+            #[case::page(4096, 0)]
+            #[case::odd_64k(65_537, 13)]
+            #[case::one_mib(1 << 20, 1)]
+            #[case::eight_mib(8 << 20, 0)]
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn write_then_read_round_trip(#[case] len: usize, #[case] offset: usize) {
+                kit::single_round_trip(peers_or_skip!(), len, offset).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn zero_length_and_empty_batches() {
+                kit::zero_length(peers_or_skip!()).await;
+            }
+
+            #[::rstest::rstest]
+            #[case(2)]
+            #[case(257)]
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batches_move_every_descriptor(#[case] count: usize) {
+                kit::batch(peers_or_skip!(), count).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn out_of_bounds_is_refused_and_moves_nothing() {
+                kit::out_of_bounds_refused(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn access_rights_are_enforced() {
+                kit::access_enforced(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn stale_and_forged_keys_are_refused() {
+                kit::stale_and_forged_keys_refused(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn capabilities_match_behaviour() {
+                kit::capabilities_match_behaviour(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn deadlines_end_transfers() {
+                kit::deadline_expiry(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn dropping_a_transfer_cancels_it() {
+                kit::cancellation(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn peer_gone_mid_transfer_is_an_error_not_a_hang() {
+                kit::peer_gone(peers_or_skip!()).await;
+            }
+
+            #[::rstest::rstest]
+            #[case(8, 8)]
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn concurrent_transfers_from_many_tasks(
+                #[case] tasks: usize,
+                #[case] rounds: usize,
+            ) {
+                kit::concurrent(peers_or_skip!(), tasks, rounds).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn notifications_arrive_in_order() {
+                kit::notify_in_order(peers_or_skip!()).await;
+            }
+        }
+    };
+}
