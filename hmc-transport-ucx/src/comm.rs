@@ -548,7 +548,8 @@ impl Communicator for UcxCommunicator {
         TransportId::UCX
     }
 
-    /// See [`crate::caps`]: any memory kind, handed to UCX as is.
+    /// Any memory kind, handed to UCX as is: device memory moves however the loaded UCX
+    /// can (`DeviceMemoryPath::LibraryDependent`); UCX-allocated memory is the fast path.
     fn capabilities(&self) -> CommCapabilities {
         crate::caps::capabilities(&self.config)
     }
