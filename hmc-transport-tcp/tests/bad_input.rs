@@ -316,7 +316,7 @@ async fn keys_belong_to_their_endpoint_and_device_memory_is_refused() {
     };
     // SAFETY: the registration is refused, so the region is never touched.
     let err = unsafe { a.register(gpu, Access::READ) }.unwrap_err();
-    assert!(matches!(err, Error::Unsupported(_)), "{err:?}");
+    assert!(matches!(err, Error::UnsupportedMemory { .. }), "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
