@@ -11,7 +11,7 @@ use std::ffi::{CStr, c_char, c_int};
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{self, CUresult};
-use hmc_core::{Error, Result};
+use hmc_core::{DeviceErrorKind, Error, Result};
 
 /// The library name used in errors.
 pub(crate) const LIBRARY: &str = "libcuda";
@@ -41,7 +41,13 @@ pub(crate) fn check(function: &'static str, r: CUresult) -> Result<()> {
 
 /// The [`Error::Device`] for a failed driver call: `cuGetErrorName` and `cuGetErrorString`.
 pub(crate) fn device_error(function: &'static str, r: CUresult) -> Error {
+    let kind = if r == CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        DeviceErrorKind::OutOfMemory
+    } else {
+        DeviceErrorKind::Other
+    };
     Error::Device {
+        kind,
         library: LIBRARY,
         function,
         code: r as i64,

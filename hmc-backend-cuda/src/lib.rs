@@ -16,6 +16,11 @@
 //! with a NIC where the driver supports it. [`probe`] lists the devices for
 //! `cargo xtask matrix`.
 //!
+//! The same features are reachable through the [`hmc_core::Memory`] trait
+//! (`capabilities`, `copy_async`, `export_dmabuf` of any span, `export_ipc`/`open_ipc`), so
+//! a transport or `hmc_core::AnyMemory` uses them without depending on this crate; the
+//! inherent methods keep the typed handles and the unboxed [`CopyFuture`].
+//!
 //! Not for: kernels, modules or graphs (HMC moves bytes; compute stays with the
 //! application), nor peer-to-peer copies between two GPUs.
 //!

@@ -13,8 +13,8 @@ use std::task::{Context, Poll};
 use cudarc::driver::sys;
 use futures::task::AtomicWaker;
 use hmc_core::{
-    Device, DeviceBuffer, DeviceKind, Error, MemSpan, MemSpanMut, Memory, Region, Result,
-    check_bounds, check_copy,
+    BoxFuture, Device, DeviceBuffer, DeviceKind, DmaBuf, Error, IpcDescriptor, MemSpan, MemSpanMut,
+    Memory, MemoryCapabilities, Region, Result, check_bounds, check_copy,
 };
 
 use hmc_backend_runtime::{IpcFormat, max_alloc_error};
@@ -260,9 +260,13 @@ impl CudaMemory {
     pub fn export_dmabuf(&self, buf: &CudaBuffer, offset: usize, len: usize) -> Result<OwnedFd> {
         self.own(buf)?;
         check_bounds("DMA-BUF range", offset as u64, len as u64, buf.len as u64)?;
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-        let start = buf.ptr + offset as u64;
+        self.export_range(buf.ptr + offset as u64, len)
+    }
+
+    /// Exports `[start, start + len)` of this device's memory as a DMA-BUF; the range must
+    /// be page-aligned and inside one live allocation (the driver checks the latter).
+    fn export_range(&self, start: u64, len: usize) -> Result<OwnedFd> {
+        let page = page_size();
         if len == 0 || !start.is_multiple_of(page) || !(len as u64).is_multiple_of(page) {
             return Err(Error::InvalidArgument(format!(
                 "a DMA-BUF range must be non-empty and start and end on host page boundaries \
@@ -279,8 +283,8 @@ impl CudaMemory {
         }
         self.ctx.bind()?;
         let mut fd: c_int = -1;
-        // SAFETY: for DMA_BUF_FD the handle out-parameter is an int; the range lies in a live
-        // allocation of this context (checked above).
+        // SAFETY: for DMA_BUF_FD the handle out-parameter is an int; the range is memory of
+        // this context (the driver refuses one outside a live allocation).
         check("cuMemGetHandleForAddressRange", unsafe {
             sys::cuMemGetHandleForAddressRange(
                 &mut fd as *mut c_int as *mut c_void,
@@ -310,8 +314,67 @@ impl CudaMemory {
 impl Memory for CudaMemory {
     type Buffer = CudaBuffer;
 
+    /// Asynchronous copies, IPC, and DMA-BUF where the driver reports it (a failed query
+    /// counts as no).
+    fn capabilities(&self) -> MemoryCapabilities {
+        let mut caps = MemoryCapabilities::new(self.device(), self.max_alloc());
+        caps.async_copy = true;
+        caps.ipc = true;
+        caps.dma_buf = self.dma_buf_supported().unwrap_or(false);
+        caps
+    }
+
+    /// [`CudaMemory::copy_async`], boxed. Dropping the future waits for the copy.
+    unsafe fn copy_async<'a>(
+        &'a self,
+        dst: &'a mut MemSpanMut<'_>,
+        src: &'a MemSpan<'_>,
+    ) -> Result<BoxFuture<'a, Result<()>>> {
+        // SAFETY: the caller's promise not to leak the future is passed on unchanged.
+        let fut = unsafe { CudaMemory::copy_async(self, dst, src)? };
+        Ok(Box::pin(fut))
+    }
+
+    /// Exports the host pages around `span` ([`CudaMemory::export_dmabuf`] needs page
+    /// boundaries), with `offset` locating `span` inside them. The pages must lie in one
+    /// allocation, or the driver refuses.
+    fn export_dmabuf(&self, span: &MemSpan<'_>) -> Result<DmaBuf> {
+        let r = span.region();
+        if r.device != self.device() {
+            return Err(Error::InvalidArgument(format!(
+                "{} cannot export memory on {}; use that device's CudaMemory",
+                self.device(),
+                r.device
+            )));
+        }
+        let page = page_size();
+        let start = r.addr - r.addr % page;
+        let end = (r.addr + r.len as u64)
+            .next_multiple_of(page)
+            .max(start + page);
+        let fd = self.export_range(start, (end - start) as usize)?;
+        Ok(DmaBuf::new(fd, r.addr - start, r.len))
+    }
+
+    /// [`CudaMemory::export_ipc`]'s handle in its 72-byte wire form.
+    fn export_ipc(&self, buf: &CudaBuffer) -> Result<IpcDescriptor> {
+        let handle = CudaMemory::export_ipc(self, buf)?;
+        Ok(IpcDescriptor::new(
+            DeviceKind::CUDA,
+            handle.to_bytes().to_vec(),
+        ))
+    }
+
+    /// [`CudaMemory::open_ipc`] of a descriptor from [`Memory::export_ipc`].
+    unsafe fn open_ipc(&self, ipc: &IpcDescriptor) -> Result<Box<dyn DeviceBuffer>> {
+        ipc.check_kind(DeviceKind::CUDA)?;
+        let handle = IpcHandle::from_bytes(&ipc.bytes)?;
+        // SAFETY: the caller's promise about the handle's origin is passed on unchanged.
+        Ok(Box::new(unsafe { CudaMemory::open_ipc(self, &handle)? }))
+    }
+
     fn device(&self) -> Device {
-        Device::new(DeviceKind::Cuda, self.ctx.ordinal)
+        Device::new(DeviceKind::CUDA, self.ctx.ordinal)
     }
 
     fn alloc(&self, len: usize) -> Result<CudaBuffer> {
@@ -446,7 +509,7 @@ pub struct CudaBuffer {
 impl DeviceBuffer for CudaBuffer {
     fn region(&self) -> Region {
         Region {
-            device: Device::new(DeviceKind::Cuda, self.ctx.ordinal),
+            device: Device::new(DeviceKind::CUDA, self.ctx.ordinal),
             addr: self.ptr,
             len: self.len,
         }
@@ -501,7 +564,7 @@ pub struct IpcMapping {
 impl DeviceBuffer for IpcMapping {
     fn region(&self) -> Region {
         Region {
-            device: Device::new(DeviceKind::Cuda, self.ctx.ordinal),
+            device: Device::new(DeviceKind::CUDA, self.ctx.ordinal),
             addr: self.ptr,
             len: self.len,
         }
@@ -621,6 +684,12 @@ impl Drop for PinnedHostBuffer {
             tracing::error!(error = %e, "leaking a pinned host buffer that could not be freed");
         }
     }
+}
+
+/// The host page size, the granularity of DMA-BUF export.
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64
 }
 
 /// Every device, described (for [`crate::probe`]).

@@ -15,7 +15,9 @@ use std::task::Context;
 use futures::executor::block_on;
 use hmc_backend_cuda::{CudaMemory, IpcHandle};
 use hmc_core::testing::pattern;
-use hmc_core::{DeviceBuffer, Error, MemSpan, MemSpanMut, Memory};
+use hmc_core::{
+    AnyMemory, DeviceBuffer, DeviceErrorKind, DeviceKind, Error, MemSpan, MemSpanMut, Memory,
+};
 use hmc_testshim::ShimControl;
 
 const CHILD_ENV: &str = "HMC_CUDA_ABI_SHIM";
@@ -264,11 +266,14 @@ fn abi_shim_many_async_copies_complete_through_wakeups() {
 fn assert_driver_error(err: Error, function: &str, code: i64, message: &str) {
     match err {
         Error::Device {
+            kind,
             library,
             function: f,
             code: c,
             message: m,
         } => {
+            // CUDA_ERROR_OUT_OF_MEMORY (2) is classified; the vendor detail stays.
+            assert_eq!(kind == DeviceErrorKind::OutOfMemory, code == 2, "{kind:?}");
             assert_eq!(library, "libcuda");
             assert_eq!(f, function);
             assert_eq!(c, code);
@@ -370,6 +375,40 @@ fn abi_shim_dma_buf_export_returns_a_descriptor_for_page_aligned_ranges() {
         mem.export_dmabuf(&other, 0, 4096),
         Err(Error::InvalidArgument(_))
     ));
+}
+
+/// The trait methods, reached through `AnyMemory` as a transport would (no dependency on
+/// this crate's types): capabilities, an asynchronous copy, a DMA-BUF of an unaligned span
+/// (offset inside rounded pages), and IPC export and mapping.
+#[test]
+fn abi_shim_device_features_work_through_the_memory_trait_and_any_memory() {
+    let Some(mem) = shim_memory(1) else { return };
+    let mem = AnyMemory::new(mem);
+    let caps = mem.capabilities();
+    assert!(caps.async_copy && caps.ipc && caps.dma_buf && !caps.host_accessible);
+    let src = pattern(41, 20_000);
+    let mut dev = mem.alloc(1 << 20).unwrap();
+    {
+        let mut d = MemSpanMut::of(&mut dev);
+        let mut d = d.slice_mut(0, src.len()).unwrap();
+        let s = MemSpan::host(&src);
+        // SAFETY: the future is polled to completion here.
+        block_on(unsafe { mem.copy_async(&mut d, &s) }.unwrap()).unwrap();
+    }
+    let span = MemSpan::of(&dev).slice(4097, 100).unwrap();
+    let dmabuf = mem.export_dmabuf(&span).unwrap();
+    assert_eq!((dmabuf.offset, dmabuf.len), (1, 100));
+    let ipc = mem.export_ipc(&dev).unwrap();
+    assert_eq!(ipc.kind, DeviceKind::CUDA);
+    // The descriptor is the typed handle's wire form (CUDA maps it in another process
+    // only; the two-process test covers that path).
+    let handle = hmc_backend_cuda::IpcHandle::from_bytes(&ipc.bytes).unwrap();
+    assert_eq!(handle.len(), 1 << 20);
+    let mut foreign = ipc.clone();
+    foreign.kind = DeviceKind::ROCM;
+    // SAFETY: refused before any mapping is made.
+    let err = unsafe { mem.open_ipc(&foreign) }.err().unwrap();
+    assert!(err.to_string().contains("Rocm"), "{err}");
 }
 
 const IPC_LEN: usize = 1 << 20;

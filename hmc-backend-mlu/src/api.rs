@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use hmc_backend_runtime::{CopyDirection, IpcFormat, LibrarySpec, RuntimeApi, c_string};
-use hmc_core::{DeviceKind, Error, Result};
+use hmc_core::{DeviceErrorKind, DeviceKind, Error, Result};
 
 /// The library name used in errors.
 const LIBRARY: &str = "libcnrt";
@@ -27,6 +27,8 @@ pub const LIBRARY_CANDIDATES: &[&str] = &["libcnrt.so", "/usr/local/neuware/lib6
 type CnrtRet = c_int;
 /// `cnrtSuccess = 0` (cnrt.h, cnrtRet_t).
 const CNRT_SUCCESS: CnrtRet = 0;
+/// `cnrtErrorNoMem` (cnrt.h): the device is out of memory.
+const CNRT_ERROR_NO_MEM: CnrtRet = 100_100;
 /// `cnrtErrorNoDevice = 100004` (cnrt.h, cnrtRet_t).
 const CNRT_ERROR_NO_DEVICE: CnrtRet = 100_004;
 
@@ -178,7 +180,13 @@ impl CnrtApi {
         // SAFETY: cnrtGetErrorStr accepts any cnrtRet_t value and returns a pointer to a
         // static NUL-terminated string (or NULL, handled by `c_string`).
         let text = unsafe { c_string((self.get_error_str)(code)) };
+        let kind = if code == CNRT_ERROR_NO_MEM {
+            DeviceErrorKind::OutOfMemory
+        } else {
+            DeviceErrorKind::Other
+        };
         Error::Device {
+            kind,
             library: LIBRARY,
             function,
             code: code.into(),
@@ -195,7 +203,7 @@ impl IpcFormat for CnrtApi {
 }
 
 impl RuntimeApi for CnrtApi {
-    const KIND: DeviceKind = DeviceKind::Mlu;
+    const KIND: DeviceKind = DeviceKind::MLU;
     const MEMORY_TYPE: &'static str = "MluMemory";
     const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
         hmc_backend_mlu::probe), or check MLU_VISIBLE_DEVICES";

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use hmc_backend_runtime::{CopyDirection, IpcFormat, LibrarySpec, RuntimeApi, c_string};
-use hmc_core::{DeviceKind, Error, Result};
+use hmc_core::{DeviceErrorKind, DeviceKind, Error, Result};
 
 /// The library name used in errors.
 const LIBRARY: &str = "libmusart";
@@ -41,6 +41,8 @@ const MIN_RUNTIME_VERSION: c_int = 1;
 type MusaError = c_int;
 /// `musaSuccess = 0` (musa_runtime_api.h, enum musaError_t).
 const MUSA_SUCCESS: MusaError = 0;
+/// `musaErrorMemoryAllocation` (musa_runtime_api.h): the device is out of memory.
+const MUSA_ERROR_MEMORY_ALLOCATION: MusaError = 2;
 /// `musaErrorNoDevice = 100` (musa_runtime_api.h, enum musaError_t).
 const MUSA_ERROR_NO_DEVICE: MusaError = 100;
 
@@ -222,7 +224,13 @@ impl MusaApi {
                 c_string((self.get_error_string)(code)),
             )
         };
+        let kind = if code == MUSA_ERROR_MEMORY_ALLOCATION {
+            DeviceErrorKind::OutOfMemory
+        } else {
+            DeviceErrorKind::Other
+        };
         Error::Device {
+            kind,
             library: LIBRARY,
             function,
             code: code.into(),
@@ -239,7 +247,7 @@ impl IpcFormat for MusaApi {
 }
 
 impl RuntimeApi for MusaApi {
-    const KIND: DeviceKind = DeviceKind::Musa;
+    const KIND: DeviceKind = DeviceKind::MUSA;
     const MEMORY_TYPE: &'static str = "MusaMemory";
     const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
         hmc_backend_musa::probe), or check MUSA_VISIBLE_DEVICES";

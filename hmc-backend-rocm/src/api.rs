@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use hmc_backend_runtime::{CopyDirection, IpcFormat, LibrarySpec, RuntimeApi, c_string};
-use hmc_core::{DeviceKind, Error, Result};
+use hmc_core::{DeviceErrorKind, DeviceKind, Error, Result};
 
 /// The library name used in errors.
 const LIBRARY: &str = "libamdhip64";
@@ -38,6 +38,8 @@ const MIN_RUNTIME_VERSION: c_int = 50_000_000;
 type HipError = c_int;
 /// `hipSuccess = 0` (hip_runtime_api.h, enum hipError_t).
 const HIP_SUCCESS: HipError = 0;
+/// `hipErrorOutOfMemory` (hip_runtime_api.h): the device is out of memory.
+const HIP_ERROR_OUT_OF_MEMORY: HipError = 2;
 /// `hipErrorNoDevice = 100` (hip_runtime_api.h, enum hipError_t).
 const HIP_ERROR_NO_DEVICE: HipError = 100;
 
@@ -218,7 +220,13 @@ impl HipApi {
                 c_string((self.get_error_string)(code)),
             )
         };
+        let kind = if code == HIP_ERROR_OUT_OF_MEMORY {
+            DeviceErrorKind::OutOfMemory
+        } else {
+            DeviceErrorKind::Other
+        };
         Error::Device {
+            kind,
             library: LIBRARY,
             function,
             code: code.into(),
@@ -235,7 +243,7 @@ impl IpcFormat for HipApi {
 }
 
 impl RuntimeApi for HipApi {
-    const KIND: DeviceKind = DeviceKind::Rocm;
+    const KIND: DeviceKind = DeviceKind::ROCM;
     const MEMORY_TYPE: &'static str = "RocmMemory";
     const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \
         hmc_backend_rocm::probe), or check HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES";

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hmc_core::{
-    Device, DeviceBuffer, Error, MemSpan, MemSpanMut, Memory, Region, Result, check_copy,
+    Device, DeviceBuffer, Error, IpcDescriptor, MemSpan, MemSpanMut, Memory, MemoryCapabilities,
+    Region, Result, check_copy,
 };
 
 use crate::{CopyDirection, IpcFormat, RuntimeApi};
@@ -173,6 +174,31 @@ impl<A: RuntimeApi> RuntimeMemory<A> {
 
 impl<A: RuntimeApi> Memory for RuntimeMemory<A> {
     type Buffer = RuntimeBuffer<A>;
+
+    /// IPC export and mapping; no asynchronous copy or DMA-BUF export (the runtime
+    /// table binds neither).
+    fn capabilities(&self) -> MemoryCapabilities {
+        let mut caps = MemoryCapabilities::new(self.device(), self.max_alloc());
+        caps.ipc = true;
+        caps
+    }
+
+    /// [`RuntimeMemory::export_ipc`]'s handle in its wire form.
+    fn export_ipc(&self, buf: &RuntimeBuffer<A>) -> Result<IpcDescriptor> {
+        let handle = RuntimeMemory::export_ipc(self, buf)?;
+        Ok(IpcDescriptor::new(
+            A::KIND,
+            handle.to_bytes().as_ref().to_vec(),
+        ))
+    }
+
+    /// [`RuntimeMemory::open_ipc`] of a descriptor from [`Memory::export_ipc`].
+    unsafe fn open_ipc(&self, ipc: &IpcDescriptor) -> Result<Box<dyn DeviceBuffer>> {
+        ipc.check_kind(A::KIND)?;
+        let handle = IpcHandle::<A>::from_bytes(&ipc.bytes)?;
+        // SAFETY: the caller's promise about the handle's origin is passed on unchanged.
+        Ok(Box::new(unsafe { RuntimeMemory::open_ipc(self, &handle)? }))
+    }
 
     fn device(&self) -> Device {
         Device::new(A::KIND, self.ordinal)

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use crate::{Error, Region, Result};
+use crate::{CommCapabilities, Error, Region, Result, TransportId};
 
 /// What a peer may do to a registered region. Local code can always read and write it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -57,43 +57,6 @@ pub enum Op {
     Read,
     /// Local bytes are copied into remote memory (put). Complete when visible at the target.
     Write,
-}
-
-/// Which transport produced a descriptor. Stable numbers: they travel on the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum TransportId {
-    /// `hmc-transport-tcp`.
-    Tcp,
-    /// `hmc-transport-ucx`.
-    Ucx,
-    /// `hmc-transport-rdma`.
-    Rdma,
-}
-
-impl TransportId {
-    /// Stable wire id.
-    pub const fn wire_id(self) -> u8 {
-        match self {
-            TransportId::Tcp => 1,
-            TransportId::Ucx => 2,
-            TransportId::Rdma => 3,
-        }
-    }
-
-    /// Inverse of [`TransportId::wire_id`].
-    pub fn from_wire_id(id: u8) -> Result<Self> {
-        Ok(match id {
-            1 => TransportId::Tcp,
-            2 => TransportId::Ucx,
-            3 => TransportId::Rdma,
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown transport id {other}"
-                )));
-            }
-        })
-    }
 }
 
 /// Where a peer listens. Text form: `tcp://127.0.0.1:7000`, `tcp://[::1]:7000`,
@@ -152,7 +115,7 @@ impl FromStr for PeerAddr {
                 .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("checked hex digits"))
                 .collect();
             return Ok(PeerAddr::Opaque {
-                transport: TransportId::from_wire_id(id)?,
+                transport: TransportId::from_wire_id(id),
                 bytes,
             });
         }
@@ -217,6 +180,8 @@ impl Default for Deadline {
 ///
 /// Encoded (version 1, big-endian) as: version `u8`, transport `u8`, device kind `u8`,
 /// access `u8`, device ordinal `u32`, address `u64`, length `u64`, key length `u32`, key.
+/// Any transport and device-kind number decodes (they are open identifiers); the
+/// importing transport refuses one it does not own ([`RemoteRegion::check_transport`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RemoteRegion {
     /// The transport that can reach it.
@@ -251,7 +216,7 @@ impl RemoteRegion {
         out
     }
 
-    /// Decodes and validates a descriptor; refuses unknown versions, kinds, bits and
+    /// Decodes and validates a descriptor; refuses unknown versions, access bits, and
     /// lengths that do not match the bytes.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let bad = |why: String| Error::InvalidArgument(format!("remote region descriptor: {why}"));
@@ -271,8 +236,8 @@ impl RemoteRegion {
         }
         let be_u32 = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
         let be_u64 = |at: usize| u64::from_be_bytes(bytes[at..at + 8].try_into().unwrap());
-        let transport = TransportId::from_wire_id(bytes[1])?;
-        let kind = crate::DeviceKind::from_wire_id(bytes[2])?;
+        let transport = TransportId::from_wire_id(bytes[1]);
+        let kind = crate::DeviceKind::from_wire_id(bytes[2]);
         let access = Access::from_bits(bytes[3])?;
         let ordinal = be_u32(4);
         let addr = be_u64(8);
@@ -304,6 +269,24 @@ impl RemoteRegion {
             access,
             key: bytes[Self::FIXED_LEN..].to_vec(),
         })
+    }
+}
+
+impl RemoteRegion {
+    /// Refuses a descriptor that transport `own` did not make, naming both transports:
+    /// what every `import` does first.
+    pub fn check_transport(&self, own: TransportId) -> Result<()> {
+        if self.transport == own {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "a region descriptor of the {} transport (wire id {}) cannot be imported by the \
+             {own} transport (wire id {}); import it with the communicator of the transport \
+             that exported it",
+            self.transport,
+            self.transport.wire_id(),
+            own.wire_id()
+        )))
     }
 }
 
@@ -380,6 +363,14 @@ pub trait Communicator: Send + Sync + 'static {
     /// Which transport this is.
     fn transport(&self) -> TransportId;
 
+    /// What this transport can do: memory kinds it registers and reaches, notifications,
+    /// limits, zero-copy. Ask before trying. The default is
+    /// [`CommCapabilities::new`]'s conservative answer (host memory only); a transport
+    /// that can do more overrides it.
+    fn capabilities(&self) -> CommCapabilities {
+        CommCapabilities::new(self.transport())
+    }
+
     /// The address peers connect to.
     fn address(&self) -> PeerAddr;
 
@@ -431,9 +422,14 @@ pub trait Communicator: Send + Sync + 'static {
     }
 
     /// A portable descriptor of `reg` for a peer to [`Communicator::import`].
-    fn export(&self, reg: &Self::Registration) -> RemoteRegion;
+    ///
+    /// Refuses (with [`Error::InvalidArgument`]) a registration this communicator did not
+    /// make, including one of another instance of the same transport: the key it would
+    /// export belongs to the other instance.
+    fn export(&self, reg: &Self::Registration) -> Result<RemoteRegion>;
 
-    /// Imports a peer's descriptor for use on `ep`. Refuses descriptors of another transport.
+    /// Imports a peer's descriptor for use on `ep`. Refuses descriptors of another transport
+    /// ([`RemoteRegion::check_transport`]).
     fn import(&self, ep: &Self::Endpoint, remote: &RemoteRegion) -> Result<Self::RemoteKey>;
 
     /// Runs a batch of descriptors of one direction against one peer.
@@ -472,9 +468,9 @@ mod tests {
     #[test]
     fn remote_region_round_trips_and_refuses_damage() {
         let r = RemoteRegion {
-            transport: TransportId::Tcp,
+            transport: TransportId::TCP,
             region: Region {
-                device: Device::new(DeviceKind::Cuda, 3),
+                device: Device::new(DeviceKind::CUDA, 3),
                 addr: 0xdead_0000,
                 len: 4096,
             },
@@ -492,6 +488,50 @@ mod tests {
         assert!(RemoteRegion::decode(&bad_access).is_err());
     }
 
+    /// Bytes encoded by the version-1 code of before open identifiers (transport TCP,
+    /// CUDA device 3, read-only, key 1..=5).
+    const V1_TCP_CUDA: [u8; 33] = [
+        1, 1, 1, 1, 0, 0, 0, 3, 0, 0, 0, 0, 0xde, 0xad, 0, 0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0,
+        5, 1, 2, 3, 4, 5,
+    ];
+
+    #[test]
+    fn version_1_bytes_decode_and_re_encode_byte_for_byte() {
+        let r = RemoteRegion::decode(&V1_TCP_CUDA).unwrap();
+        assert_eq!(r.transport, TransportId::TCP);
+        assert_eq!(r.region.device, Device::new(DeviceKind::CUDA, 3));
+        assert_eq!(r.encode(), V1_TCP_CUDA);
+    }
+
+    #[rstest::rstest]
+    #[case::third_party_transport(1, 200, 0)]
+    #[case::third_party_device(2, 1, 130)]
+    #[case::reserved_ascend(2, 2, 5)]
+    fn unknown_ids_decode_and_only_a_foreign_import_refuses_them(
+        #[case] _case: u8,
+        #[case] transport: u8,
+        #[case] kind: u8,
+    ) {
+        let mut bytes = V1_TCP_CUDA;
+        bytes[1] = transport;
+        bytes[2] = kind;
+        let r = RemoteRegion::decode(&bytes).unwrap();
+        assert_eq!(r.encode(), bytes);
+        assert_eq!(r.region.device.kind, DeviceKind::from_wire_id(kind));
+        let own = TransportId::from_wire_id(transport);
+        r.check_transport(own).unwrap();
+        let other = if own == TransportId::TCP {
+            TransportId::UCX
+        } else {
+            TransportId::TCP
+        };
+        let err = r.check_transport(other).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("wire id {transport}")) && err.contains(&other.to_string()),
+            "{err}"
+        );
+    }
+
     #[test]
     fn peer_addr_text_form_round_trips() {
         for s in [
@@ -504,7 +544,8 @@ mod tests {
         assert!("127.0.0.1:7000".parse::<PeerAddr>().is_err());
         assert!("tcp://localhost:1".parse::<PeerAddr>().is_err());
         assert!("2:abc".parse::<PeerAddr>().is_err(), "odd hex length");
-        assert!("9:00".parse::<PeerAddr>().is_err(), "unknown transport id");
+        let third_party = "200:00ff".parse::<PeerAddr>().unwrap();
+        assert_eq!(third_party.to_string(), "200:00ff");
     }
 
     #[test]

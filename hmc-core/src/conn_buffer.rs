@@ -57,8 +57,9 @@ impl<M: Memory, C: Communicator> RegisteredBuffer<M, C> {
         })
     }
 
-    /// The portable descriptor a peer imports to reach this buffer.
-    pub fn export(&self) -> RemoteRegion {
+    /// The portable descriptor a peer imports to reach this buffer. Fails only where the
+    /// transport's own `export` does (a closed communicator, for some transports).
+    pub fn export(&self) -> Result<RemoteRegion> {
         self.comm.export(&self.registration)
     }
 

@@ -8,6 +8,11 @@
 //!
 //! Handles (endpoints, registrations, remote keys) are type-erased; passing a handle made by
 //! one communicator to another is refused with [`Error::InvalidArgument`], never a crash.
+//! Each registration remembers the communicator that made it, so this holds between two
+//! instances of the same transport too.
+//!
+//! The object-safe methods are named `dyn_*` so that with `use hmc_core::*` a call such as
+//! `any.register(..)` has exactly one candidate, [`Communicator::register`].
 
 use std::any::Any;
 use std::future::Future;
@@ -15,8 +20,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::{
-    Access, Communicator, Deadline, Error, LocalRegistration, Notification, Op, PeerAddr, Region,
-    RemoteRegion, Result, TransferDesc, TransportId,
+    Access, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
+    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId,
 };
 
 /// A boxed, `Send` future: what the object-safe methods return.
@@ -29,6 +34,8 @@ pub struct DynEndpoint(Arc<dyn Any + Send + Sync>);
 /// A type-erased registration; deregisters when dropped.
 pub struct DynRegistration {
     inner: Box<dyn Any + Send + Sync>,
+    /// The address of the communicator that made it, checked by every use.
+    owner: usize,
     region: Region,
     access: Access,
 }
@@ -51,20 +58,49 @@ impl LocalRegistration for DynRegistration {
     }
 }
 
+/// The identity of a communicator: its address, unique among live values.
+fn identity<C: ?Sized>(comm: &C) -> usize {
+    comm as *const C as *const () as usize
+}
+
+impl DynRegistration {
+    fn wrap<C: Communicator>(comm: &C, reg: C::Registration) -> Self {
+        DynRegistration {
+            region: reg.region(),
+            access: reg.access(),
+            owner: identity(comm),
+            inner: Box::new(reg),
+        }
+    }
+
+    /// The concrete registration, if `comm` made it.
+    fn of<C: Communicator>(&self, comm: &C) -> Result<&C::Registration> {
+        if self.owner != identity(comm) {
+            return Err(foreign("registration"));
+        }
+        self.inner
+            .downcast_ref::<C::Registration>()
+            .ok_or_else(|| foreign("registration"))
+    }
+}
+
 fn foreign(what: &str) -> Error {
     Error::InvalidArgument(format!(
         "this {what} was made by a different communicator; use handles with the communicator that made them"
     ))
 }
 
-/// The object-safe form of [`Communicator`]. Implemented for every `Communicator`.
+/// The object-safe form of [`Communicator`]. Implemented for every `Communicator`; its
+/// methods carry a `dyn_` prefix so they never shadow the generic ones.
 pub trait DynCommunicator: Send + Sync + 'static {
     /// See [`Communicator::transport`].
-    fn transport(&self) -> TransportId;
+    fn dyn_transport(&self) -> TransportId;
+    /// See [`Communicator::capabilities`].
+    fn dyn_capabilities(&self) -> CommCapabilities;
     /// See [`Communicator::address`].
-    fn address(&self) -> PeerAddr;
+    fn dyn_address(&self) -> PeerAddr;
     /// See [`Communicator::connect`].
-    fn connect<'a>(
+    fn dyn_connect<'a>(
         &'a self,
         peer: &'a PeerAddr,
         deadline: Deadline,
@@ -73,17 +109,17 @@ pub trait DynCommunicator: Send + Sync + 'static {
     ///
     /// # Safety
     /// As for [`Communicator::register`].
-    unsafe fn register(&self, region: Region, access: Access) -> Result<DynRegistration>;
+    unsafe fn dyn_register(&self, region: Region, access: Access) -> Result<DynRegistration>;
     /// See [`Communicator::alloc_registered`].
-    fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<DynRegistration>>;
+    fn dyn_alloc_registered(&self, len: usize, access: Access) -> Result<Option<DynRegistration>>;
     /// See [`Communicator::export`]; refuses another communicator's registration.
-    fn export(&self, reg: &DynRegistration) -> Result<RemoteRegion>;
+    fn dyn_export(&self, reg: &DynRegistration) -> Result<RemoteRegion>;
     /// [`Communicator::rekey`]; a registration of another communicator is refused.
-    fn rekey(&self, reg: &DynRegistration) -> Result<bool>;
+    fn dyn_rekey(&self, reg: &DynRegistration) -> Result<bool>;
     /// See [`Communicator::import`].
-    fn import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey>;
+    fn dyn_import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey>;
     /// See [`Communicator::transfer`].
-    fn transfer<'a>(
+    fn dyn_transfer<'a>(
         &'a self,
         ep: &'a DynEndpoint,
         op: Op,
@@ -91,7 +127,7 @@ pub trait DynCommunicator: Send + Sync + 'static {
         deadline: Deadline,
     ) -> BoxFuture<'a, Result<()>>;
     /// See [`Communicator::notify`].
-    fn notify<'a>(
+    fn dyn_notify<'a>(
         &'a self,
         ep: &'a DynEndpoint,
         tag: u64,
@@ -99,21 +135,25 @@ pub trait DynCommunicator: Send + Sync + 'static {
         deadline: Deadline,
     ) -> BoxFuture<'a, Result<()>>;
     /// See [`Communicator::recv_notification`].
-    fn recv_notification(&self, deadline: Deadline) -> BoxFuture<'_, Result<Notification>>;
+    fn dyn_recv_notification(&self, deadline: Deadline) -> BoxFuture<'_, Result<Notification>>;
     /// See [`Communicator::close`].
-    fn close(&self);
+    fn dyn_close(&self);
 }
 
 impl<C: Communicator> DynCommunicator for C {
-    fn transport(&self) -> TransportId {
+    fn dyn_transport(&self) -> TransportId {
         Communicator::transport(self)
     }
 
-    fn address(&self) -> PeerAddr {
+    fn dyn_capabilities(&self) -> CommCapabilities {
+        Communicator::capabilities(self)
+    }
+
+    fn dyn_address(&self) -> PeerAddr {
         Communicator::address(self)
     }
 
-    fn connect<'a>(
+    fn dyn_connect<'a>(
         &'a self,
         peer: &'a PeerAddr,
         deadline: Deadline,
@@ -124,43 +164,26 @@ impl<C: Communicator> DynCommunicator for C {
         })
     }
 
-    unsafe fn register(&self, region: Region, access: Access) -> Result<DynRegistration> {
+    unsafe fn dyn_register(&self, region: Region, access: Access) -> Result<DynRegistration> {
         // SAFETY: the caller upholds `Communicator::register`'s contract, forwarded as is.
         let reg = unsafe { Communicator::register(self, region, access)? };
-        Ok(DynRegistration {
-            region: reg.region(),
-            access: reg.access(),
-            inner: Box::new(reg),
-        })
+        Ok(DynRegistration::wrap(self, reg))
     }
 
-    fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<DynRegistration>> {
-        Ok(
-            Communicator::alloc_registered(self, len, access)?.map(|reg| DynRegistration {
-                region: reg.region(),
-                access: reg.access(),
-                inner: Box::new(reg),
-            }),
-        )
+    fn dyn_alloc_registered(&self, len: usize, access: Access) -> Result<Option<DynRegistration>> {
+        Ok(Communicator::alloc_registered(self, len, access)?
+            .map(|reg| DynRegistration::wrap(self, reg)))
     }
 
-    fn export(&self, reg: &DynRegistration) -> Result<RemoteRegion> {
-        let reg = reg
-            .inner
-            .downcast_ref::<C::Registration>()
-            .ok_or_else(|| foreign("registration"))?;
-        Ok(Communicator::export(self, reg))
+    fn dyn_export(&self, reg: &DynRegistration) -> Result<RemoteRegion> {
+        Communicator::export(self, reg.of(self)?)
     }
 
-    fn rekey(&self, reg: &DynRegistration) -> Result<bool> {
-        let reg = reg
-            .inner
-            .downcast_ref::<C::Registration>()
-            .ok_or_else(|| foreign("registration"))?;
-        Communicator::rekey(self, reg)
+    fn dyn_rekey(&self, reg: &DynRegistration) -> Result<bool> {
+        Communicator::rekey(self, reg.of(self)?)
     }
 
-    fn import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey> {
+    fn dyn_import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey> {
         let ep =
             ep.0.downcast_ref::<C::Endpoint>()
                 .ok_or_else(|| foreign("endpoint"))?;
@@ -169,7 +192,7 @@ impl<C: Communicator> DynCommunicator for C {
         )?)))
     }
 
-    fn transfer<'a>(
+    fn dyn_transfer<'a>(
         &'a self,
         ep: &'a DynEndpoint,
         op: Op,
@@ -184,11 +207,7 @@ impl<C: Communicator> DynCommunicator for C {
                 .iter()
                 .map(|d| {
                     Ok(TransferDesc::<C> {
-                        local: d
-                            .local
-                            .inner
-                            .downcast_ref()
-                            .ok_or_else(|| foreign("registration"))?,
+                        local: d.local.of(self)?,
                         local_offset: d.local_offset,
                         remote: d
                             .remote
@@ -204,7 +223,7 @@ impl<C: Communicator> DynCommunicator for C {
         })
     }
 
-    fn notify<'a>(
+    fn dyn_notify<'a>(
         &'a self,
         ep: &'a DynEndpoint,
         tag: u64,
@@ -219,11 +238,11 @@ impl<C: Communicator> DynCommunicator for C {
         })
     }
 
-    fn recv_notification(&self, deadline: Deadline) -> BoxFuture<'_, Result<Notification>> {
+    fn dyn_recv_notification(&self, deadline: Deadline) -> BoxFuture<'_, Result<Notification>> {
         Box::pin(Communicator::recv_notification(self, deadline))
     }
 
-    fn close(&self) {
+    fn dyn_close(&self) {
         Communicator::close(self)
     }
 }
@@ -249,8 +268,8 @@ impl std::fmt::Debug for AnyCommunicator {
         write!(
             f,
             "AnyCommunicator({:?} at {})",
-            self.0.transport(),
-            self.0.address()
+            self.0.dyn_transport(),
+            self.0.dyn_address()
         )
     }
 }
@@ -261,40 +280,41 @@ impl Communicator for AnyCommunicator {
     type RemoteKey = DynRemoteKey;
 
     fn transport(&self) -> TransportId {
-        self.0.transport()
+        self.0.dyn_transport()
+    }
+
+    fn capabilities(&self) -> CommCapabilities {
+        self.0.dyn_capabilities()
     }
 
     fn address(&self) -> PeerAddr {
-        self.0.address()
+        self.0.dyn_address()
     }
 
     async fn connect(&self, peer: &PeerAddr, deadline: Deadline) -> Result<DynEndpoint> {
-        self.0.connect(peer, deadline).await
+        self.0.dyn_connect(peer, deadline).await
     }
 
     unsafe fn register(&self, region: Region, access: Access) -> Result<DynRegistration> {
         // SAFETY: forwarded contract.
-        unsafe { self.0.register(region, access) }
+        unsafe { self.0.dyn_register(region, access) }
     }
 
     fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<DynRegistration>> {
-        self.0.alloc_registered(len, access)
+        self.0.dyn_alloc_registered(len, access)
     }
 
-    fn export(&self, reg: &DynRegistration) -> RemoteRegion {
-        // A registration can only come from `register` of this same wrapper (its type is not
-        // constructible elsewhere), so a mismatch is a programming error: say so loudly.
-        self.0
-            .export(reg)
-            .expect("AnyCommunicator::export given another communicator's registration")
+    /// Refuses a registration of any other communicator, wrapped or not.
+    fn export(&self, reg: &DynRegistration) -> Result<RemoteRegion> {
+        self.0.dyn_export(reg)
     }
 
     fn rekey(&self, reg: &DynRegistration) -> Result<bool> {
-        self.0.rekey(reg)
+        self.0.dyn_rekey(reg)
     }
 
     fn import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey> {
-        self.0.import(ep, remote)
+        self.0.dyn_import(ep, remote)
     }
 
     async fn transfer(
@@ -304,7 +324,7 @@ impl Communicator for AnyCommunicator {
         batch: &[TransferDesc<'_, Self>],
         deadline: Deadline,
     ) -> Result<()> {
-        self.0.transfer(ep, op, batch, deadline).await
+        self.0.dyn_transfer(ep, op, batch, deadline).await
     }
 
     async fn notify(
@@ -314,17 +334,17 @@ impl Communicator for AnyCommunicator {
         msg: &[u8],
         deadline: Deadline,
     ) -> Result<()> {
-        self.0.notify(ep, tag, msg, deadline).await
+        self.0.dyn_notify(ep, tag, msg, deadline).await
     }
 
     fn recv_notification(
         &self,
         deadline: Deadline,
     ) -> impl Future<Output = Result<Notification>> + Send {
-        self.0.recv_notification(deadline)
+        self.0.dyn_recv_notification(deadline)
     }
 
     fn close(&self) {
-        self.0.close()
+        self.0.dyn_close()
     }
 }

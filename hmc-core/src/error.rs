@@ -114,9 +114,27 @@ pub enum Error {
         len: u64,
     },
 
-    /// A vendor library call failed.
-    #[error("{library}: {function} failed with {code}: {message}")]
+    /// A transport cannot use memory of this device kind (TCP and device memory). Ask
+    /// [`Communicator::capabilities`](crate::Communicator::capabilities) first.
+    #[error(
+        "the {transport} transport cannot use memory on {device}: {reason}; stage it through \
+         host buffers or pick a transport whose capabilities list that memory kind"
+    )]
+    UnsupportedMemory {
+        /// The transport.
+        transport: crate::TransportId,
+        /// The device of the memory that was refused.
+        device: crate::Device,
+        /// Why.
+        reason: String,
+    },
+
+    /// A vendor library call failed. `kind` classifies it; the vendor detail stays in the
+    /// other fields.
+    #[error("{library}: {function} failed with {code}: {message}{}", kind.advice())]
     Device {
+        /// What kind of failure it is (out of memory, …).
+        kind: DeviceErrorKind,
         /// The library (`libcuda.so`, `libucp.so.0`, …).
         library: &'static str,
         /// The function that failed.
@@ -138,7 +156,58 @@ pub enum Error {
     },
 }
 
+/// What kind of failure an [`Error::Device`] is, across vendors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DeviceErrorKind {
+    /// The device (or the pinned host memory the driver manages) is out of memory.
+    OutOfMemory,
+    /// Any other failure; the vendor's code and message say what.
+    Other,
+}
+
+impl DeviceErrorKind {
+    fn advice(self) -> &'static str {
+        match self {
+            DeviceErrorKind::OutOfMemory => {
+                "; free device buffers you no longer need, or allocate smaller ones"
+            }
+            DeviceErrorKind::Other => "",
+        }
+    }
+}
+
 impl Error {
+    /// An [`Error::Device`].
+    pub fn device(
+        kind: DeviceErrorKind,
+        library: &'static str,
+        function: &'static str,
+        code: i64,
+        message: impl Into<String>,
+    ) -> Self {
+        Error::Device {
+            kind,
+            library,
+            function,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// True for [`Error::OutOfMemory`] and for a vendor's out-of-memory
+    /// [`Error::Device`].
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self,
+            Error::OutOfMemory { .. }
+                | Error::Device {
+                    kind: DeviceErrorKind::OutOfMemory,
+                    ..
+                }
+        )
+    }
+
     /// An [`Error::Io`] with context.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
@@ -166,6 +235,7 @@ impl Error {
                 | Error::InvalidKey(_)
                 | Error::InvalidArgument(_)
                 | Error::Unsupported(_)
+                | Error::UnsupportedMemory { .. }
         )
     }
 }
@@ -193,6 +263,41 @@ mod tests {
         assert!(check_bounds("x", 10, 0, 10).is_ok());
         assert!(check_bounds("x", 1, 10, 10).is_err());
         assert!(check_bounds("x", u64::MAX, 2, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn vendor_out_of_memory_keeps_its_detail_and_says_what_to_do() {
+        let e = Error::device(
+            DeviceErrorKind::OutOfMemory,
+            "libcuda.so",
+            "cuMemAlloc",
+            2,
+            "CUDA_ERROR_OUT_OF_MEMORY: out of memory",
+        );
+        let s = e.to_string();
+        assert!(e.is_out_of_memory());
+        assert!(
+            s.contains("cuMemAlloc") && s.contains("CUDA_ERROR_OUT_OF_MEMORY"),
+            "{s}"
+        );
+        assert!(s.contains("free device buffers"), "{s}");
+        let other = Error::device(DeviceErrorKind::Other, "libx.so", "f", 1, "boom");
+        assert!(!other.is_out_of_memory());
+    }
+
+    #[test]
+    fn unsupported_memory_names_transport_device_and_the_way_out() {
+        let e = Error::UnsupportedMemory {
+            transport: crate::TransportId::TCP,
+            device: crate::Device::new(crate::DeviceKind::CUDA, 1),
+            reason: "the CPU moves the bytes".into(),
+        };
+        let s = e.to_string();
+        assert!(
+            s.contains("Tcp") && s.contains("Cuda:1") && s.contains("stage"),
+            "{s}"
+        );
+        assert!(e.is_permanent());
     }
 
     #[test]

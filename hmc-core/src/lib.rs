@@ -1,6 +1,52 @@
 //! The vocabulary of HMC: devices, regions, the `Memory`, `ConnBuffer` and `Communicator`
 //! traits, the error type, and the backend conformance kit.
 //!
+//! ```
+//! use hmc_core::{
+//!     Communicator, Device, DeviceBuffer, DeviceKind, Error, MemSpan, MemSpanMut, Memory,
+//!     NoCommunicator, Region, Result, check_copy,
+//! };
+//!
+//! // A minimal host-memory backend: buffers are `Vec`s, copies are memcpy.
+//! struct VecMemory;
+//! struct VecBuffer(Vec<u8>);
+//! impl DeviceBuffer for VecBuffer {
+//!     fn region(&self) -> Region {
+//!         Region { device: Device::HOST, addr: self.0.as_ptr() as u64, len: self.0.len() }
+//!     }
+//! }
+//! impl Memory for VecMemory {
+//!     type Buffer = VecBuffer;
+//!     fn device(&self) -> Device { Device::HOST }
+//!     fn alloc(&self, len: usize) -> Result<VecBuffer> { Ok(VecBuffer(vec![0; len])) }
+//!     fn copy(&self, dst: &mut MemSpanMut<'_>, src: &MemSpan<'_>) -> Result<()> {
+//!         check_copy(Device::HOST, dst, src)?;
+//!         dst.as_host_slice_mut().unwrap().copy_from_slice(src.as_host_slice().unwrap());
+//!         Ok(())
+//!     }
+//! }
+//!
+//! // Round trip through the backend.
+//! let mem = VecMemory;
+//! let mut buf = mem.alloc(5)?;
+//! mem.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(b"bytes"))?;
+//! let mut back = [0u8; 5];
+//! mem.copy(&mut MemSpanMut::host(&mut back), &MemSpan::of(&buf))?;
+//! assert_eq!(&back, b"bytes");
+//!
+//! // Optional features are asked for, not discovered by failing.
+//! assert!(!mem.capabilities().dma_buf);
+//! assert!(matches!(mem.export_dmabuf(&MemSpan::of(&buf)), Err(Error::Unsupported(_))));
+//!
+//! // The always-built empty communicator: it registers nothing, and says so up front.
+//! let comm = NoCommunicator;
+//! assert!(!comm.capabilities().local_memory.contains(DeviceKind::HOST));
+//! // SAFETY: `buf` outlives the (refused) registration.
+//! let refused = unsafe { comm.register(buf.region(), hmc_core::Access::READ) };
+//! assert!(matches!(refused, Err(Error::Unavailable { .. })));
+//! # Ok::<(), Error>(())
+//! ```
+//!
 //! # What this layer is for
 //!
 //! HMC moves bytes between CPU, GPU and accelerator memories, across processes and hosts.
@@ -12,7 +58,9 @@
 //!
 //! # The three traits
 //!
-//! - [`Memory`]: one device's allocator and copy engine (host↔device, device↔device).
+//! - [`Memory`]: one device's allocator and copy engine (host↔device, device↔device), with
+//!   optional asynchronous copies, DMA-BUF and IPC export behind
+//!   [`Memory::capabilities`].
 //! - [`Communicator`]: one-sided READ/WRITE between registered regions of two peers, small
 //!   notifications, and registration of local memory. A transfer is a batch of
 //!   [`TransferDesc`]s against one endpoint with a [`Deadline`]; the remote application
@@ -47,25 +95,33 @@
 //! through `memory_conformance!` and `communicator_conformance!`; a third-party backend
 //! runs the same kit.
 
+mod caps;
 mod comm;
 mod conn_buffer;
+mod dyn_memory;
 mod dynamic;
 mod error;
+mod ids;
 mod memory;
+mod no_comm;
 mod staging;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use caps::{CommCapabilities, DeviceMemoryPath, MemoryCapabilities, MemoryKinds};
 pub use comm::{
     Access, Communicator, Deadline, LocalRegistration, Notification, Op, PeerAddr, RemoteRegion,
-    TransferDesc, TransportId,
+    TransferDesc,
 };
 pub use conn_buffer::{ConnBuffer, RegisteredBuffer};
+pub use dyn_memory::{AnyBuffer, AnyMemory, DynMemory};
 pub use dynamic::{
     AnyCommunicator, BoxFuture, DynCommunicator, DynEndpoint, DynRegistration, DynRemoteKey,
 };
-pub use error::{Error, Result, check_bounds};
+pub use error::{DeviceErrorKind, Error, Result, check_bounds};
+pub use ids::{DeviceKind, TransportId};
 pub use memory::{
-    Device, DeviceBuffer, DeviceKind, MemSpan, MemSpanMut, Memory, Region, check_copy,
+    Device, DeviceBuffer, DmaBuf, IpcDescriptor, MemSpan, MemSpanMut, Memory, Region, check_copy,
 };
+pub use no_comm::{NoCommunicator, NoRegistration};
 pub use staging::{Stager, StagingConfig};

@@ -2,53 +2,9 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::os::fd::OwnedFd;
 
-use crate::{Error, Result};
-
-/// The family of a device. New families are added without a breaking change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[non_exhaustive]
-pub enum DeviceKind {
-    /// Host (CPU) memory.
-    Host,
-    /// NVIDIA CUDA.
-    Cuda,
-    /// AMD ROCm, and HIP-compatible Hygon DCUs.
-    Rocm,
-    /// Cambricon MLU (CNRT).
-    Mlu,
-    /// Moore Threads MUSA.
-    Musa,
-}
-
-impl DeviceKind {
-    /// Stable numeric id used in wire descriptors.
-    pub const fn wire_id(self) -> u8 {
-        match self {
-            DeviceKind::Host => 0,
-            DeviceKind::Cuda => 1,
-            DeviceKind::Rocm => 2,
-            DeviceKind::Mlu => 3,
-            DeviceKind::Musa => 4,
-        }
-    }
-
-    /// Inverse of [`DeviceKind::wire_id`].
-    pub fn from_wire_id(id: u8) -> Result<Self> {
-        Ok(match id {
-            0 => DeviceKind::Host,
-            1 => DeviceKind::Cuda,
-            2 => DeviceKind::Rocm,
-            3 => DeviceKind::Mlu,
-            4 => DeviceKind::Musa,
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown device kind id {other}"
-                )));
-            }
-        })
-    }
-}
+use crate::{BoxFuture, DeviceKind, Error, MemoryCapabilities, Result};
 
 /// One device: a family and an ordinal within it. The host is `Device::HOST`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -62,7 +18,7 @@ pub struct Device {
 impl Device {
     /// Host memory.
     pub const HOST: Device = Device {
-        kind: DeviceKind::Host,
+        kind: DeviceKind::HOST,
         ordinal: 0,
     };
 
@@ -73,15 +29,15 @@ impl Device {
 
     /// True for host memory, which the CPU can read and write directly.
     pub fn is_host(&self) -> bool {
-        self.kind == DeviceKind::Host
+        self.kind == DeviceKind::HOST
     }
 }
 
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.kind {
-            DeviceKind::Host => f.write_str("host"),
-            kind => write!(f, "{kind:?}:{}", self.ordinal),
+            DeviceKind::HOST => f.write_str("host"),
+            kind => write!(f, "{kind}:{}", self.ordinal),
         }
     }
 }
@@ -318,6 +274,146 @@ pub trait Memory: Send + Sync + 'static {
     fn max_alloc(&self) -> usize {
         isize::MAX as usize
     }
+
+    /// What this backend can do beyond [`Memory::alloc`] and [`Memory::copy`]. The default
+    /// claims nothing optional: no asynchronous copy, DMA-BUF or IPC. A backend that
+    /// overrides one of the provided methods below says so here, so a caller can ask first.
+    fn capabilities(&self) -> MemoryCapabilities {
+        MemoryCapabilities::new(self.device(), self.max_alloc())
+    }
+
+    /// Starts copying `src` into `dst` and returns a future that resolves when the bytes
+    /// are in `dst`, without blocking the calling thread while the device works. Same
+    /// preconditions as [`Memory::copy`], checked before anything starts.
+    ///
+    /// Cancellation: dropping the future before it resolves must leave no copy running on
+    /// either span once the drop returns (an implementation waits for the device in its
+    /// `Drop`), so the caller may free or reuse both as soon as it regains them.
+    ///
+    /// Default: [`Error::Unsupported`]; [`MemoryCapabilities::async_copy`] says whether a
+    /// backend overrides it. Use [`Memory::copy`] otherwise.
+    ///
+    /// # Safety
+    /// The returned future must be polled to completion or dropped, never leaked
+    /// (`mem::forget`): a leaked future would let the device keep writing `dst` after its
+    /// borrow ends.
+    unsafe fn copy_async<'a>(
+        &'a self,
+        dst: &'a mut MemSpanMut<'_>,
+        src: &'a MemSpan<'_>,
+    ) -> Result<BoxFuture<'a, Result<()>>> {
+        let _ = (dst, src);
+        Err(unsupported(
+            self.device(),
+            "asynchronous copies",
+            "use Memory::copy",
+        ))
+    }
+
+    /// Exports the memory under `span` as a DMA-BUF: a file descriptor, and where `span`
+    /// starts inside it. What `ibv_reg_dmabuf_mr(pd, offset, len, iova, fd, access)` needs
+    /// to register device memory with an RDMA NIC. The exported range may be wider than
+    /// `span` (rounded out to whole pages); `offset`/`len` address `span` within it.
+    ///
+    /// The descriptor stays valid after `span` ends, but the memory behind it does not:
+    /// deregister from the NIC before freeing the buffer.
+    ///
+    /// Default: [`Error::Unsupported`]; see [`MemoryCapabilities::dma_buf`].
+    fn export_dmabuf(&self, span: &MemSpan<'_>) -> Result<DmaBuf> {
+        let _ = span;
+        Err(unsupported(
+            self.device(),
+            "DMA-BUF export",
+            "register host memory, or stage device memory through host buffers",
+        ))
+    }
+
+    /// Exports `buf` for another process on this host; the descriptor is valid while `buf`
+    /// lives. Default: [`Error::Unsupported`]; see [`MemoryCapabilities::ipc`].
+    fn export_ipc(&self, buf: &Self::Buffer) -> Result<IpcDescriptor> {
+        let _ = buf;
+        Err(unsupported(
+            self.device(),
+            "IPC export",
+            "send the bytes through a transport instead",
+        ))
+    }
+
+    /// Maps memory another process exported with [`Memory::export_ipc`] of the same
+    /// backend as a buffer of this device; unmapped when the buffer drops.
+    /// Default: [`Error::Unsupported`].
+    ///
+    /// # Safety
+    /// `ipc` must come from `export_ipc` in a process that keeps the exported buffer alive
+    /// while the mapping lives; its length cannot be checked and is trusted.
+    unsafe fn open_ipc(&self, ipc: &IpcDescriptor) -> Result<Box<dyn DeviceBuffer>> {
+        let _ = ipc;
+        Err(unsupported(
+            self.device(),
+            "IPC mappings",
+            "send the bytes through a transport instead",
+        ))
+    }
+}
+
+/// The [`Error::Unsupported`] of a provided [`Memory`] method a backend does not override.
+fn unsupported(device: Device, what: &str, instead: &str) -> Error {
+    Error::Unsupported(format!(
+        "the memory backend of {device} does not support {what}; {instead} (ask \
+         Memory::capabilities() first)"
+    ))
+}
+
+/// A DMA-BUF exported by [`Memory::export_dmabuf`]: the file descriptor (closed on drop)
+/// and where the requested memory lies inside it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct DmaBuf {
+    /// The DMA-BUF file descriptor, owned: close it after the NIC registration is gone.
+    pub fd: OwnedFd,
+    /// Where the requested memory starts inside the DMA-BUF (`offset` of
+    /// `ibv_reg_dmabuf_mr`).
+    pub offset: u64,
+    /// Length of the requested memory in bytes.
+    pub len: usize,
+}
+
+impl DmaBuf {
+    /// A descriptor of `len` bytes at `offset` within `fd`.
+    pub fn new(fd: OwnedFd, offset: u64, len: usize) -> Self {
+        DmaBuf { fd, offset, len }
+    }
+}
+
+/// A device allocation exported for another process on the same host by
+/// [`Memory::export_ipc`]: the device kind and the backend's own handle bytes. Send
+/// [`IpcDescriptor::bytes`] to the peer; only a backend of the same kind can open it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IpcDescriptor {
+    /// The family whose backend made it.
+    pub kind: DeviceKind,
+    /// The backend's wire form of its handle (vendor handle and length).
+    pub bytes: Vec<u8>,
+}
+
+impl IpcDescriptor {
+    /// A descriptor of `kind` with the backend's `bytes`.
+    pub fn new(kind: DeviceKind, bytes: Vec<u8>) -> Self {
+        IpcDescriptor { kind, bytes }
+    }
+
+    /// Refuses a descriptor made by a backend of another kind, naming both.
+    pub fn check_kind(&self, own: DeviceKind) -> Result<()> {
+        if self.kind == own {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "an IPC descriptor of {} memory cannot be opened by the {own} backend; open it \
+             with a {} backend on this host",
+            self.kind, self.kind
+        )))
+    }
 }
 
 /// Checks the common preconditions of [`Memory::copy`]: equal lengths and devices this
@@ -363,7 +459,7 @@ mod tests {
         let err = check_copy(Device::HOST, &MemSpanMut::host(&mut b), &MemSpan::host(&a));
         assert!(matches!(err, Err(Error::InvalidArgument(_))));
         let foreign = Region {
-            device: Device::new(DeviceKind::Cuda, 1),
+            device: Device::new(DeviceKind::CUDA, 1),
             addr: 0x1000,
             len: 4,
         };
@@ -371,24 +467,10 @@ mod tests {
         // SAFETY: the span is never dereferenced; only its device is inspected.
         let src = unsafe { MemSpan::from_region(foreign) };
         let err = check_copy(
-            Device::new(DeviceKind::Cuda, 0),
+            Device::new(DeviceKind::CUDA, 0),
             &MemSpanMut::host(&mut c),
             &src,
         );
         assert!(matches!(err, Err(Error::Unsupported(_))));
-    }
-
-    #[test]
-    fn device_kind_wire_ids_round_trip() {
-        for k in [
-            DeviceKind::Host,
-            DeviceKind::Cuda,
-            DeviceKind::Rocm,
-            DeviceKind::Mlu,
-            DeviceKind::Musa,
-        ] {
-            assert_eq!(DeviceKind::from_wire_id(k.wire_id()).unwrap(), k);
-        }
-        assert!(DeviceKind::from_wire_id(200).is_err());
     }
 }

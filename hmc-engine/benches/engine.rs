@@ -98,6 +98,7 @@ async fn target(len: usize) {
     let bare = unsafe { comm.register(region, Access::READ_WRITE).unwrap() };
     let hex: String = comm
         .export(&bare)
+        .unwrap()
         .encode()
         .iter()
         .map(|b| format!("{b:02x}"))

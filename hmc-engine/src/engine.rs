@@ -313,7 +313,7 @@ impl<C: Communicator> Engine<C> {
         // SAFETY: the caller guarantees the memory stays valid until deregistration, which
         // drops the registration only after transfers using it have ended.
         let reg = unsafe { s.comm.register(region, Access::READ_WRITE)? };
-        let exported = s.comm.export(&reg).encode();
+        let exported = s.comm.export(&reg)?.encode();
         let handle = MemHandle(t.next_handle);
         let entry = Arc::new(LocalReg {
             reg,

@@ -420,7 +420,7 @@ async fn serve<M: Memory, H: Memory>(
     .map_err(|e| e.to_string())?;
     println!("RPC {}", server.local_addr());
     println!("DATA {}", comm.address());
-    println!("REGION {}", hex(&region.export().encode()));
+    println!("REGION {}", hex(&region.export().unwrap().encode()));
     // Serve until the parent closes stdin.
     tokio::task::spawn_blocking(|| {
         let mut sink = Vec::new();

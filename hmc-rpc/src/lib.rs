@@ -68,7 +68,7 @@
 //!
 //! `unsafe` is denied crate-wide and allowed, each block with its `// SAFETY:` reasoning,
 //! only where memory or the OS must be touched directly:
-//! - [`NoDataPlane`]'s `Communicator::register`, which the trait declares unsafe and which
+//! - (formerly) the empty data plane's `Communicator::register`, now core's `NoCommunicator`, which
 //!   touches no memory (it always fails);
 //! - the pool's views of registered host buffers ([`PooledBuffer::fill`],
 //!   [`PooledBuffer::as_slice`], `RequestBuffer::as_mut_slice`), used once their transfers

@@ -422,7 +422,12 @@ impl<C: Communicator> PooledBuffer<C> {
     /// The portable descriptor a peer imports to reach this buffer.
     pub fn export(&self) -> RemoteRegion {
         self.inner().exported.store(true, Ordering::Release);
-        self.pool.comm.export(self.registration())
+        // The pool registered this buffer with this communicator, so its export is never
+        // refused as another communicator's (hmc-core v2 made `export` fallible for that).
+        self.pool
+            .comm
+            .export(self.registration())
+            .expect("a pooled buffer is exported by the communicator that registered it")
     }
 
     /// Who may hold live keys of this buffer (key-scoped pools; see [`mark_lent`]).

@@ -211,7 +211,7 @@ async fn forged_and_stale_descriptors_are_refused_and_the_server_lives_on() {
     let mine = tcp_comm();
     let mem = Arc::new(hmc_backend_cpu::HostMemory::new());
     let good = RegisteredBuffer::new(mem.clone(), mine.clone(), 1 << 20, Access::READ).unwrap();
-    let good_desc = good.export();
+    let good_desc = good.export().unwrap();
 
     // 1. Not a descriptor at all.
     send_buffer_request(&mut raw, 1, 1 << 20, b"garbage").await;
@@ -246,7 +246,7 @@ async fn forged_and_stale_descriptors_are_refused_and_the_server_lives_on() {
 
     // 4. A stale descriptor: the region has been deregistered since.
     let stale = RegisteredBuffer::new(mem.clone(), mine.clone(), 1 << 20, Access::READ).unwrap();
-    let stale_desc = stale.export();
+    let stale_desc = stale.export().unwrap();
     drop(stale);
     let d = descriptor(&mine.address(), &stale_desc.encode(), None);
     send_buffer_request(&mut raw, 4, 1 << 20, &d).await;
@@ -262,7 +262,7 @@ async fn forged_and_stale_descriptors_are_refused_and_the_server_lives_on() {
 
     // 6. A descriptor of another transport.
     let mut ucx = good_desc.clone();
-    ucx.transport = hmc_core::TransportId::Ucx;
+    ucx.transport = hmc_core::TransportId::UCX;
     let d = descriptor(&mine.address(), &ucx.encode(), None);
     send_buffer_request(&mut raw, 6, 1 << 20, &d).await;
     let (h, _) = read_frame(&mut raw).await;

@@ -188,7 +188,7 @@ async fn a_descriptor_naming_an_address_outside_the_rule_is_not_dialled(#[case] 
         &mut raw,
         1,
         1 << 20,
-        &descriptor(&addr, &good.export(), None),
+        &descriptor(&addr, &good.export().unwrap(), None),
     )
     .await;
     let (h, body) = read_frame(&mut raw).await;
@@ -219,7 +219,7 @@ async fn a_descriptor_naming_an_address_outside_the_rule_is_not_dialled(#[case] 
             &mut raw2,
             2,
             1 << 20,
-            &descriptor(&addr, &good.export(), None),
+            &descriptor(&addr, &good.export().unwrap(), None),
         )
         .await;
         assert!(target.sees_a_connection().await, "allow-listed: dialled");
@@ -260,7 +260,7 @@ async fn a_silent_data_plane_frees_its_slot_within_data_plane_timeout() {
     let (silent, _t) = silent_listener().await;
     let mine = tcp_comm();
     let good = genuine_region(&mine);
-    let d = descriptor(&silent, &good.export(), None);
+    let d = descriptor(&silent, &good.export().unwrap(), None);
     let started = Instant::now();
     // Three calls with no deadline of their own (30 s by default) hold three of four slots.
     let mut raw = TcpStream::connect(sa).await.unwrap();
@@ -357,7 +357,7 @@ impl Communicator for Rekeying {
         drop(old);
         Ok(true)
     }
-    fn export(&self, reg: &RekeyReg) -> RemoteRegion {
+    fn export(&self, reg: &RekeyReg) -> HmcResult<RemoteRegion> {
         self.0.export(&reg.cur.lock())
     }
     fn import(&self, ep: &TcpEndpoint, remote: &RemoteRegion) -> HmcResult<TcpRemoteKey> {
@@ -454,7 +454,7 @@ impl HostileServer {
             }
             let mine = hmc_rpc::settings::Settings {
                 features: hmc_rpc::settings::features::SETTINGS,
-                data_planes: vec![u16::from(hmc_core::TransportId::Tcp.wire_id())],
+                data_planes: vec![u16::from(hmc_core::TransportId::TCP.wire_id())],
                 ..Default::default()
             }
             .encode();

@@ -149,19 +149,21 @@ async fn forged_and_stale_ucx_descriptors_get_data_plane(
         h
     }
     let good = RegisteredBuffer::new(mem.clone(), mine.clone(), 1 << 20, Access::READ).unwrap();
-    let mut forged = good.export();
+    let mut forged = good.export().unwrap();
     let n = forged.key.len();
     forged.key[n - 1] ^= 0xFF;
     raw.write_all(&send(1, forged)).await.unwrap();
     let h = answer(&mut raw).await;
     assert_eq!((h.request_id, h.status), (1, Status::DATA_PLANE));
     let stale = RegisteredBuffer::new(mem.clone(), mine.clone(), 1 << 20, Access::READ).unwrap();
-    let stale_desc = stale.export();
+    let stale_desc = stale.export().unwrap();
     drop(stale);
     raw.write_all(&send(2, stale_desc)).await.unwrap();
     let h = answer(&mut raw).await;
     assert_eq!((h.request_id, h.status), (2, Status::DATA_PLANE));
-    raw.write_all(&send(3, good.export())).await.unwrap();
+    raw.write_all(&send(3, good.export().unwrap()))
+        .await
+        .unwrap();
     let h = answer(&mut raw).await;
     assert_eq!((h.request_id, h.status), (3, Status::OK));
     // A real client is served afterwards.

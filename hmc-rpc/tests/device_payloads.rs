@@ -61,7 +61,7 @@ async fn server(mem: Arc<RocmMemory>, data_plane: bool) -> RunningServer {
     d.register_device(INVERT_ON_DEVICE, mem, move |_ctx, buf| {
         let m = m.clone();
         async move {
-            if buf.region().device.kind != DeviceKind::Rocm {
+            if buf.region().device.kind != DeviceKind::ROCM {
                 return Err(RpcError::new(
                     Status::INTERNAL,
                     "handler was not given device memory",

@@ -84,7 +84,7 @@ async fn a_server_says_which_data_plane_it_has_and_v1_clients_need_not_ask() {
             assert!(theirs.features & features::SETTINGS != 0);
             assert!(theirs.features & features::HALF_CLOSE != 0);
             assert_eq!(theirs.max_payload_len, Some(64 << 20));
-            let tcp = u16::from(hmc_core::TransportId::Tcp.wire_id());
+            let tcp = u16::from(hmc_core::TransportId::TCP.wire_id());
             if with_plane {
                 assert_eq!(theirs.data_planes, vec![tcp]);
                 assert_eq!(theirs.data_plane_threshold, Some(64 << 10));

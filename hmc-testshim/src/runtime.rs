@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 
 use hmc_backend_runtime::{IpcFormat, IpcHandle, RuntimeApi, RuntimeMemory};
 use hmc_core::testing::pattern;
-use hmc_core::{DeviceBuffer, DeviceKind, Error, MemSpan, MemSpanMut, Memory};
+use hmc_core::{
+    AnyMemory, DeviceBuffer, DeviceErrorKind, DeviceKind, Error, MemSpan, MemSpanMut, Memory,
+};
 
 use crate::control::{ShimControl, from_hex, run_child_test, to_hex};
 
@@ -212,11 +214,19 @@ pub fn vendor_error_names_library_function_code_and_text<A: RuntimeApi>(
     };
     match &err {
         Error::Device {
+            kind,
             library,
             function: f,
             code: c,
             message,
         } => {
+            // Every case of an allocation failing uses the vendor's out-of-memory code.
+            let oom = matches!(call, Call::Alloc | Call::Pinned);
+            assert_eq!(
+                *kind == DeviceErrorKind::OutOfMemory,
+                oom,
+                "{function} failing with {code}: {kind:?}"
+            );
             assert_eq!(*library, vendor.library);
             assert_eq!(*f, function);
             assert_eq!(*c, code);
@@ -266,6 +276,39 @@ pub fn ipc_handles_round_trip_their_wire_form_and_map_in_process<A: RuntimeApi>(
     assert_eq!(mapping.len(), 10_000);
     assert_ne!(mapping.region().addr, buf.region().addr, "a second mapping");
     assert_eq!(download(&mem, &mapping), pattern(4, 10_000));
+}
+
+/// IPC through the `Memory` trait behind `AnyMemory`, as generic code reaches it: the
+/// capabilities say IPC and nothing else, the descriptor carries the device kind, a
+/// descriptor of another kind is refused naming it, and DMA-BUF export is `Unsupported`.
+pub fn ipc_works_through_the_memory_trait_and_any_memory<A: RuntimeApi>(shim: &Path) {
+    let mem = AnyMemory::new(device::<A>(shim, 1));
+    let caps = mem.capabilities();
+    assert!(caps.ipc && !caps.async_copy && !caps.dma_buf && !caps.host_accessible);
+    let mut buf = mem.alloc(4096).unwrap();
+    let bytes = pattern(6, 4096);
+    mem.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(&bytes))
+        .unwrap();
+    let ipc = mem.export_ipc(&buf).unwrap();
+    assert_eq!(ipc.kind, A::KIND);
+    // SAFETY: `buf` outlives the mapping (dropped first), and the descriptor is fresh.
+    let mapping = unsafe { mem.open_ipc(&ipc) }.unwrap();
+    let mut back = vec![0u8; 4096];
+    mem.copy(&mut MemSpanMut::host(&mut back), &MemSpan::of(&*mapping))
+        .unwrap();
+    assert_eq!(back, bytes);
+    let mut foreign = ipc.clone();
+    foreign.kind = DeviceKind::ASCEND;
+    // SAFETY: refused before any mapping is made.
+    let err = unsafe { mem.open_ipc(&foreign) }.err().unwrap();
+    assert!(
+        matches!(err, Error::InvalidArgument(_)) && err.to_string().contains("Ascend"),
+        "{err}"
+    );
+    assert!(matches!(
+        mem.export_dmabuf(&MemSpan::of(&buf)),
+        Err(Error::Unsupported(_))
+    ));
 }
 
 /// The wire form round-trips any bytes, and other lengths are refused.
@@ -541,6 +584,11 @@ macro_rules! runtime_abi_shim_tests {
             $crate::runtime::ipc_handles_round_trip_their_wire_form_and_map_in_process::<$api>(
                 shim(),
             );
+        }
+
+        #[test]
+        fn abi_shim_ipc_works_through_the_memory_trait_and_any_memory() {
+            $crate::runtime::ipc_works_through_the_memory_trait_and_any_memory::<$api>(shim());
         }
 
         #[test]

@@ -29,8 +29,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hmc_core::{
-    Access, Communicator, Deadline, Error, LocalRegistration, Notification, Op, PeerAddr, Region,
-    RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
+    Access, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
+    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::io::AsyncWriteExt;
@@ -673,7 +673,17 @@ impl Communicator for TcpCommunicator {
     type RemoteKey = TcpRemoteKey;
 
     fn transport(&self) -> TransportId {
-        TransportId::Tcp
+        TransportId::TCP
+    }
+
+    /// Host memory only, at both ends (the CPU moves the bytes through sockets, so nothing
+    /// is zero-copy); batches of any length (split into `max_batch_descs` per request);
+    /// notifications up to `max_notify_len`; `rekey` revokes keys.
+    fn capabilities(&self) -> CommCapabilities {
+        let mut caps = CommCapabilities::new(TransportId::TCP);
+        caps.max_notification_len = self.shared.config.max_notify_len;
+        caps.rekey = true;
+        caps
     }
 
     fn address(&self) -> PeerAddr {
@@ -700,11 +710,13 @@ impl Communicator for TcpCommunicator {
     unsafe fn register(&self, region: Region, access: Access) -> Result<TcpRegistration> {
         self.shared.check_open()?;
         if !region.device.is_host() {
-            return Err(Error::Unsupported(format!(
-                "the TCP transport moves bytes with the CPU and cannot register {} memory; \
-                 stage it through a host ConnBuffer or use a device-capable transport",
-                region.device
-            )));
+            return Err(Error::UnsupportedMemory {
+                transport: TransportId::TCP,
+                device: region.device,
+                reason: "the TCP transport moves bytes with the CPU and registers host memory \
+                         only"
+                    .into(),
+            });
         }
         {
             let mut used = self.shared.registered_bytes.lock();
@@ -760,26 +772,27 @@ impl Communicator for TcpCommunicator {
         Ok(true)
     }
 
-    fn export(&self, reg: &TcpRegistration) -> RemoteRegion {
+    fn export(&self, reg: &TcpRegistration) -> Result<RemoteRegion> {
+        if !Arc::ptr_eq(&reg.shared, &self.shared) {
+            return Err(Error::InvalidArgument(
+                "export: the registration belongs to another TcpCommunicator; export it with \
+                 the communicator that registered it"
+                    .into(),
+            ));
+        }
         let mut key = Vec::with_capacity(KEY_LEN);
         key.extend_from_slice(&reg.entry.id.to_be_bytes());
         key.extend_from_slice(&*reg.entry.token.lock());
-        RemoteRegion {
-            transport: TransportId::Tcp,
+        Ok(RemoteRegion {
+            transport: TransportId::TCP,
             region: reg.entry.region,
             access: reg.entry.access,
             key,
-        }
+        })
     }
 
     fn import(&self, ep: &TcpEndpoint, remote: &RemoteRegion) -> Result<TcpRemoteKey> {
-        if remote.transport != TransportId::Tcp {
-            return Err(Error::InvalidArgument(format!(
-                "a {:?} region descriptor cannot be used with the TCP transport; export the \
-                 region from the peer's TcpCommunicator",
-                remote.transport
-            )));
-        }
+        remote.check_transport(TransportId::TCP)?;
         if remote.key.len() != KEY_LEN {
             return Err(Error::InvalidKey(format!(
                 "a TCP remote key is {KEY_LEN} bytes, this one is {}",

@@ -87,7 +87,7 @@ async fn a_lying_initiator_cannot_reach_past_a_region_or_around_its_rights() {
     // Two neighbouring buffers: the lies below aim past the first into the second.
     let guarded = buffer(&target, &[0x11; 4096], Access::READ);
     let neighbour = buffer(&target, &[0x22; 4096], Access::READ_WRITE);
-    let key = guarded.export().key;
+    let key = guarded.export().unwrap().key;
     let mut s = raw(&target).await;
 
     // WRITE to a read-only region, with the bytes following: refused, drained, in step.
@@ -185,7 +185,7 @@ async fn oversized_batches_and_unknown_requests_close_only_that_connection() {
         ..TcpConfig::default()
     });
     let ep = initiator.connect(&target.address(), soon()).await.unwrap();
-    let key = initiator.import(&ep, &region.export()).unwrap();
+    let key = initiator.import(&ep, &region.export().unwrap()).unwrap();
     let local = buffer(&initiator, &[0; 64], Access::READ_WRITE);
     let batch: Vec<_> = (0..10)
         .map(|i| TransferDesc::<TcpCommunicator> {
@@ -219,7 +219,7 @@ async fn garbage_and_silent_connections_do_not_disturb_transfers() {
 
     let initiator = comm(TcpConfig::default());
     let ep = initiator.connect(&target.address(), soon()).await.unwrap();
-    let key = initiator.import(&ep, &region.export()).unwrap();
+    let key = initiator.import(&ep, &region.export().unwrap()).unwrap();
     let local = buffer(&initiator, &[0; 1024], Access::READ_WRITE);
     let d = [TransferDesc::<TcpCommunicator> {
         local: local.registration(),
@@ -292,7 +292,7 @@ async fn keys_belong_to_their_endpoint_and_device_memory_is_refused() {
     let region = buffer(&target, &[1; 64], Access::READ_WRITE);
     let ep1 = a.connect(&target.address(), soon()).await.unwrap();
     let ep2 = a.connect(&target.address(), soon()).await.unwrap();
-    let key1 = a.import(&ep1, &region.export()).unwrap();
+    let key1 = a.import(&ep1, &region.export().unwrap()).unwrap();
     let local = buffer(&a, &[0; 64], Access::READ_WRITE);
     let d = [TransferDesc::<TcpCommunicator> {
         local: local.registration(),
@@ -305,18 +305,18 @@ async fn keys_belong_to_their_endpoint_and_device_memory_is_refused() {
     assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
     a.transfer(&ep1, Op::Read, &d, soon()).await.unwrap();
 
-    let mut short = region.export();
+    let mut short = region.export().unwrap();
     short.key.pop();
     assert!(matches!(a.import(&ep1, &short), Err(Error::InvalidKey(_))));
 
     let gpu = Region {
-        device: Device::new(DeviceKind::Cuda, 0),
+        device: Device::new(DeviceKind::CUDA, 0),
         addr: 0x1000,
         len: 64,
     };
     // SAFETY: the registration is refused, so the region is never touched.
     let err = unsafe { a.register(gpu, Access::READ) }.unwrap_err();
-    assert!(matches!(err, Error::Unsupported(_)), "{err:?}");
+    assert!(matches!(err, Error::UnsupportedMemory { .. }), "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,7 +353,7 @@ async fn registration_and_notification_limits_name_themselves() {
     let sender = comm(TcpConfig::default());
     let ep = sender.connect(&small.address(), soon()).await.unwrap();
     // The key that proves `small` granted this endpoint access; notify sends it.
-    sender.import(&ep, &again.export()).unwrap();
+    sender.import(&ep, &again.export().unwrap()).unwrap();
     let err = sender.notify(&ep, 1, &[0; 17], soon()).await.unwrap_err();
     assert!(
         matches!(
@@ -416,7 +416,7 @@ async fn connections_past_the_limit_are_refused_with_the_limit_named() {
     );
     // The first endpoint is unaffected, and its connection slot frees when it is dropped.
     let region = buffer(&target, &[5; 32], Access::READ);
-    let key = a.import(&first, &region.export()).unwrap();
+    let key = a.import(&first, &region.export().unwrap()).unwrap();
     let local = buffer(&a, &[0; 32], Access::READ_WRITE);
     let d = [TransferDesc::<TcpCommunicator> {
         local: local.registration(),

@@ -81,7 +81,7 @@ async fn ranks_exchange_typed_messages_both_ways(#[case] kind: &str) {
     assert_eq!(a.recv::<Job>(1, soon()).await.unwrap(), job);
 
     let region: RemoteRegion = RemoteRegion {
-        transport: hmc_core::TransportId::Tcp,
+        transport: hmc_core::TransportId::TCP,
         region: hmc_core::Region {
             device: hmc_core::Device::HOST,
             addr: 0x1000,

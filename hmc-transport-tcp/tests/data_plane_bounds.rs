@@ -138,7 +138,7 @@ async fn a_notify_without_a_live_key_is_refused_and_pins_nothing() {
         assert_eq!(code, 3, "AccessDenied: {msg}");
         assert!(msg.contains("import one of its exported regions"), "{msg}");
     }
-    let mut forged = region.export().key;
+    let mut forged = region.export().unwrap().key;
     forged[12] ^= 1;
     s.write_all(&notify_request(Some(&forged), 1, b"forged"))
         .await
@@ -151,7 +151,7 @@ async fn a_notify_without_a_live_key_is_refused_and_pins_nothing() {
     assert_eq!(stats.refused_notifications, 65);
 
     // The same connection, with the key of a live registration: taken.
-    let key = region.export().key;
+    let key = region.export().unwrap().key;
     s.write_all(&notify_request(Some(&key), 9, b"granted"))
         .await
         .unwrap();
@@ -187,7 +187,7 @@ async fn pending_notifications_are_bounded_in_count_and_bytes(
     let region = buffer(&target, &[0; 64], Access::READ);
     let sender = comm(TcpConfig::default());
     let ep = sender.connect(&target.address(), soon()).await.unwrap();
-    sender.import(&ep, &region.export()).unwrap();
+    sender.import(&ep, &region.export().unwrap()).unwrap();
     let mut sent = 0;
     let err = loop {
         match sender.notify(&ep, sent, &[1; 60], soon()).await {
@@ -240,7 +240,7 @@ async fn idle_connections_are_closed_after_idle_timeout() {
     let region = buffer(&target, &[4; 32], Access::READ);
     let initiator = comm(quick());
     let ep = initiator.connect(&target.address(), soon()).await.unwrap();
-    let key = initiator.import(&ep, &region.export()).unwrap();
+    let key = initiator.import(&ep, &region.export().unwrap()).unwrap();
     let local = buffer(&initiator, &[0; 32], Access::READ_WRITE);
     let d = [TransferDesc::<TcpCommunicator> {
         local: local.registration(),
@@ -264,7 +264,7 @@ async fn idle_connections_are_closed_after_idle_timeout() {
 async fn a_request_that_stalls_is_closed_after_request_timeout(#[case] start_of: &[u8]) {
     let target = comm(quick());
     let region = buffer(&target, &[0; 4096], Access::READ_WRITE);
-    let key = region.export().key;
+    let key = region.export().unwrap().key;
     let mut s = raw(&target).await;
     let mut req = start_of.to_vec();
     match start_of {
@@ -308,7 +308,7 @@ async fn a_notify_announcing_four_gib_is_refused_from_its_header() {
     let region = buffer(&target, &[0; 64], Access::READ);
     let mut s = raw(&target).await;
     let mut req = vec![4u8];
-    req.extend_from_slice(&region.export().key);
+    req.extend_from_slice(&region.export().unwrap().key);
     req.extend_from_slice(&1u64.to_be_bytes());
     req.extend_from_slice(&u32::MAX.to_be_bytes());
     s.write_all(&req).await.unwrap();
@@ -363,7 +363,7 @@ async fn data_plane_authentication(
         }
         None => {
             let ep = connected.unwrap();
-            let key = initiator.import(&ep, &region.export()).unwrap();
+            let key = initiator.import(&ep, &region.export().unwrap()).unwrap();
             let local = buffer(&initiator, &[0; 64], Access::READ_WRITE);
             let d = [TransferDesc::<TcpCommunicator> {
                 local: local.registration(),
@@ -403,7 +403,7 @@ async fn an_unauthenticated_raw_peer_is_closed_before_any_request() {
     // A READ right behind the HELLO, hoping it is served.
     req.push(2);
     req.extend_from_slice(&1u32.to_be_bytes());
-    req.extend_from_slice(&region.export().key);
+    req.extend_from_slice(&region.export().unwrap().key);
     req.extend_from_slice(&0u64.to_be_bytes());
     req.extend_from_slice(&64u64.to_be_bytes());
     s.write_all(&req).await.unwrap();
@@ -426,16 +426,16 @@ async fn rekey_revokes_exported_keys_and_a_new_export_works() {
     let initiator = comm(TcpConfig::default());
     let region = buffer(&target, &[8; 256], Access::READ_WRITE);
     let ep = initiator.connect(&target.address(), soon()).await.unwrap();
-    let old = initiator.import(&ep, &region.export()).unwrap();
+    let old = initiator.import(&ep, &region.export().unwrap()).unwrap();
     let local = buffer(&initiator, &[0; 256], Access::READ_WRITE);
     let with = |key| whole(&local, key);
     initiator
         .transfer(&ep, Op::Read, &with(&old), soon())
         .await
         .unwrap();
-    let before = region.export().key;
+    let before = region.export().unwrap().key;
     assert!(target.rekey(region.registration()).unwrap());
-    let after = region.export();
+    let after = region.export().unwrap();
     assert_ne!(after.key, before, "a new token");
     assert_eq!(after.key[..8], before[..8], "the same region id");
     for op in [Op::Read, Op::Write] {

@@ -54,7 +54,7 @@ async fn a_thousand_connect_transfer_disconnect_cycles_leak_no_descriptors() {
     let soon = || Deadline::after(Duration::from_secs(10));
     let cycle = || async {
         let ep = initiator.connect(&target.address(), soon()).await.unwrap();
-        let key = initiator.import(&ep, &remote.export()).unwrap();
+        let key = initiator.import(&ep, &remote.export().unwrap()).unwrap();
         let d = [TransferDesc::<TcpCommunicator> {
             local: local.registration(),
             local_offset: 0,

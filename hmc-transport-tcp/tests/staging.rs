@@ -33,7 +33,7 @@ async fn staged_write_and_read_move_every_byte(#[case] len: usize, #[case] chunk
     let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
     let target =
         RegisteredBuffer::new(host.clone(), b.clone(), len + 8, Access::READ_WRITE).unwrap();
-    let key = a.import(&ep, &target.export()).unwrap();
+    let key = a.import(&ep, &target.export().unwrap()).unwrap();
 
     // The "device" buffer: not registered with the transport at all.
     let device = HostMemory::new();
@@ -96,7 +96,7 @@ async fn staging_refuses_bad_configuration_and_out_of_range_targets() {
     let b = bind();
     let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
     let target = RegisteredBuffer::new(host.clone(), b.clone(), 4096, Access::READ_WRITE).unwrap();
-    let key = a.import(&ep, &target.export()).unwrap();
+    let key = a.import(&ep, &target.export().unwrap()).unwrap();
     let mut stager = Stager::new(
         host.clone(),
         a.clone(),

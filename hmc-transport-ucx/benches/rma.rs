@@ -214,9 +214,9 @@ fn child(tls: &str) {
         .alloc_registered(BATCH_BYTES, Access::READ_WRITE)
         .expect("alloc_registered");
     let desc = if std::env::var_os("HMC_BENCH_CHILD_UCXMEM").is_some() {
-        c.export(&ucx)
+        c.export(&ucx).unwrap()
     } else {
-        user.export()
+        user.export().unwrap()
     };
     let hex: String = desc.encode().iter().map(|b| format!("{b:02x}")).collect();
     println!("READY {} {hex}", c.address());

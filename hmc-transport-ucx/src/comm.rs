@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use futures::channel::oneshot;
 use hmc_core::{
-    Access, Communicator, Deadline, Error, LocalRegistration, Notification, Op, PeerAddr, Region,
-    RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
+    Access, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
+    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
 };
 
 use crate::control::{Link, TargetState};
@@ -545,7 +545,13 @@ impl Communicator for UcxCommunicator {
     type RemoteKey = UcxRemoteKey;
 
     fn transport(&self) -> TransportId {
-        TransportId::Ucx
+        TransportId::UCX
+    }
+
+    /// Any memory kind, handed to UCX as is: device memory moves however the loaded UCX
+    /// can (`DeviceMemoryPath::LibraryDependent`); UCX-allocated memory is the fast path.
+    fn capabilities(&self) -> CommCapabilities {
+        crate::caps::capabilities(&self.config)
     }
 
     fn address(&self) -> PeerAddr {
@@ -590,17 +596,19 @@ impl Communicator for UcxCommunicator {
         UcxCommunicator::alloc_registered(self, len, access).map(Some)
     }
 
-    fn export(&self, reg: &UcxRegistration) -> RemoteRegion {
-        reg.export.clone()
+    fn export(&self, reg: &UcxRegistration) -> Result<RemoteRegion> {
+        if !Arc::ptr_eq(&reg.target, &self.target) {
+            return Err(Error::InvalidArgument(
+                "export: the registration belongs to another UcxCommunicator; export it with \
+                 the communicator that registered it"
+                    .into(),
+            ));
+        }
+        Ok(reg.export.clone())
     }
 
     fn import(&self, ep: &UcxEndpoint, remote: &RemoteRegion) -> Result<UcxRemoteKey> {
-        if remote.transport != TransportId::Ucx {
-            return Err(Error::InvalidArgument(format!(
-                "a {:?} descriptor cannot be imported by the UCX transport",
-                remote.transport
-            )));
-        }
+        remote.check_transport(TransportId::UCX)?;
         let (reg_id, rkey) = decode_key(&remote.key)?;
         let shared = Arc::new(KeyShared::new(remote.region.addr));
         let id = ep.0.link.validate(
@@ -717,7 +725,7 @@ impl Communicator for UcxCommunicator {
                 .map_err(|_| Error::Closed("the UCX progress thread dropped a receive".into()))??;
             let text = String::from_utf8_lossy(&raw.from);
             let from = text.parse::<PeerAddr>().unwrap_or(PeerAddr::Opaque {
-                transport: TransportId::Ucx,
+                transport: TransportId::UCX,
                 bytes: raw.from.clone(),
             });
             Ok(Notification {
@@ -778,7 +786,7 @@ impl UcxCommunicator {
         key.extend_from_slice(&id.to_be_bytes());
         key.extend_from_slice(&reg.rkey);
         let export = RemoteRegion {
-            transport: TransportId::Ucx,
+            transport: TransportId::UCX,
             region,
             access,
             key,
@@ -804,7 +812,7 @@ impl UcxCommunicator {
     fn copy_direct(&self, op: Op, batch: &[TransferDesc<'_, Self>]) -> bool {
         if batch
             .iter()
-            .any(|d| d.local.region.device.kind != hmc_core::DeviceKind::Host)
+            .any(|d| d.local.region.device.kind != hmc_core::DeviceKind::HOST)
         {
             return false;
         }

@@ -87,6 +87,7 @@
 //! each `TransferDesc` for as long as the transfer future lives, and a dropped future waits
 //! until UCX released the memory.
 
+mod caps;
 mod comm;
 mod control;
 mod engine;

@@ -12,7 +12,7 @@
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 
-use hmc_core::Error;
+use hmc_core::{DeviceErrorKind, Error};
 
 /// The library opened when `HMC_UCX_LIB` is not set.
 pub const DEFAULT_LIB: &str = "libucp.so.0";
@@ -36,6 +36,8 @@ pub type ucp_config_t = c_void;
 pub type ucp_address_t = c_void;
 
 pub const UCS_OK: ucs_status_t = 0;
+/// `UCS_ERR_NO_MEMORY` (ucs/type/status.h).
+pub const UCS_ERR_NO_MEMORY: ucs_status_t = -4;
 pub const UCS_INPROGRESS: ucs_status_t = 1;
 pub const UCS_ERR_UNREACHABLE: ucs_status_t = -6;
 pub const UCS_ERR_BUSY: ucs_status_t = -15;
@@ -365,7 +367,13 @@ impl Ucp {
 
     /// An [`Error::Device`] for a failed call.
     pub fn error(&self, function: &'static str, status: ucs_status_t) -> Error {
+        let kind = if status == UCS_ERR_NO_MEMORY {
+            DeviceErrorKind::OutOfMemory
+        } else {
+            DeviceErrorKind::Other
+        };
         Error::Device {
+            kind,
             library: DEFAULT_LIB,
             function,
             code: status as i64,

@@ -24,7 +24,7 @@ async fn thousand_cycles(tls: &str) {
         RegisteredBuffer::new(memory.clone(), a.clone(), 4096, Access::READ_WRITE).expect("l");
     let cycle = || async {
         let ep = a.connect(&b.address(), deadline()).await.expect("connect");
-        let key = a.import(&ep, &target.export()).expect("import");
+        let key = a.import(&ep, &target.export().unwrap()).expect("import");
         a.transfer(&ep, Op::Write, &[desc(&local, &key, 0, 4096)], deadline())
             .await
             .expect("write");

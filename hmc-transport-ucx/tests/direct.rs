@@ -86,7 +86,9 @@ async fn round_trip(a: &Arc<UcxCommunicator>, b: &Arc<UcxCommunicator>, ucx_targ
     let target = Target::new(b, len + off as usize, ucx_target);
     let local = user_buf(a, len);
     let ep = a.connect(&b.address(), deadline()).await.expect("connect");
-    let key = a.import(&ep, &b.export(target.reg())).expect("import");
+    let key = a
+        .import(&ep, &b.export(target.reg()).unwrap())
+        .expect("import");
     let bytes = pattern(5, len);
     write_user(&local, &bytes);
     let before = a.stats().direct_transfers;
@@ -138,7 +140,7 @@ async fn direct_transfers_check_bounds_rights_and_revocation() {
     let target = b.alloc_registered(len, Access::READ).expect("alloc");
     let local = user_buf(&a, len);
     let ep = a.connect(&b.address(), deadline()).await.expect("connect");
-    let key = a.import(&ep, &b.export(&target)).expect("import");
+    let key = a.import(&ep, &b.export(&target).unwrap()).expect("import");
     let desc = |remote_offset, len| TransferDesc {
         local: local.registration(),
         local_offset: 0,
@@ -187,7 +189,7 @@ async fn deregistration_during_direct_copies() {
     let target = b.alloc_registered(len, Access::READ_WRITE).expect("alloc");
     target.write_at(0, &pattern(8, len)).expect("fill");
     let ep = a.connect(&b.address(), deadline()).await.expect("connect");
-    let key = Arc::new(a.import(&ep, &b.export(&target)).expect("import"));
+    let key = Arc::new(a.import(&ep, &b.export(&target).unwrap()).expect("import"));
     let mut tasks = Vec::new();
     for _ in 0..4 {
         let (a, ep, key) = (a.clone(), ep.clone(), key.clone());

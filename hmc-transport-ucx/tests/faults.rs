@@ -32,7 +32,11 @@ fn child_target() {
         Access::READ_WRITE,
     )
     .expect("register");
-    println!("READY {} {}", c.address(), hex(&buf.export().encode()));
+    println!(
+        "READY {} {}",
+        c.address(),
+        hex(&buf.export().unwrap().encode())
+    );
     // Waits to be killed, and exits by itself should the test process die first (an
     // orphan would hold the inherited stderr open, and whatever reads the test output
     // would wait for it).
@@ -167,7 +171,7 @@ async fn forged_inflated_and_stale_descriptors_are_refused_at_import(#[case] tls
     let memory = Arc::new(HostMemory::new());
     let ep = a.connect(&b.address(), deadline()).await.expect("connect");
     let ro = RegisteredBuffer::new(memory.clone(), b.clone(), 4096, Access::READ).expect("ro");
-    let good = ro.export();
+    let good = ro.export().unwrap();
 
     let mut inflated_rights = good.clone();
     inflated_rights.access = Access::READ_WRITE;
@@ -225,7 +229,7 @@ async fn transfers_past_the_end_are_refused_and_move_nothing(#[case] tls: &str) 
     target
         .write_at(0, &MemSpan::host(&[7u8; 1000]))
         .expect("fill");
-    let key = a.import(&ep, &target.export()).expect("import");
+    let key = a.import(&ep, &target.export().unwrap()).expect("import");
     let local =
         RegisteredBuffer::new(memory.clone(), a.clone(), 2000, Access::READ_WRITE).expect("l");
     for (off, len) in [(0u64, 1001usize), (999, 2), (1000, 1), (u64::MAX, 1)] {
@@ -258,7 +262,7 @@ async fn registrations_are_released_exactly_once() {
             .collect();
         let keys: Vec<_> = bufs
             .iter()
-            .map(|buf| a.import(&ep, &buf.export()).expect("import"))
+            .map(|buf| a.import(&ep, &buf.export().unwrap()).expect("import"))
             .collect();
         assert_eq!(b.stats().registered, 10);
         assert_eq!(b.stats().deregistered, 0);
@@ -281,7 +285,7 @@ async fn ucx_allocated_registrations_move_bytes_and_refuse_misuse(#[case] tls: &
     let local = a.alloc_registered(len, Access::READ_WRITE).expect("local");
     let bytes = hmc_core::testing::pattern(5, len);
     local.write_at(0, &bytes).expect("fill local");
-    let key = a.import(&ep, &b.export(&target)).expect("import");
+    let key = a.import(&ep, &b.export(&target).unwrap()).expect("import");
     let d = [TransferDesc {
         local: &local,
         local_offset: 0,

@@ -45,7 +45,7 @@ async fn an_idle_connected_communicator_parks_instead_of_spinning(#[case] tls: &
     let target =
         RegisteredBuffer::new(memory.clone(), b.clone(), 4096, Access::READ_WRITE).expect("target");
     let local = RegisteredBuffer::new(memory, a.clone(), 4096, Access::READ_WRITE).expect("local");
-    let key = a.import(&ep, &target.export()).expect("import");
+    let key = a.import(&ep, &target.export().unwrap()).expect("import");
     let d = [TransferDesc {
         local: local.registration(),
         local_offset: 0,

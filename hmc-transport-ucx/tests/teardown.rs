@@ -51,7 +51,7 @@ async fn close_mid_stream(memory: Arc<HostMemory>, delay: Duration) {
     let target =
         RegisteredBuffer::new(memory.clone(), b.clone(), LEN, Access::READ_WRITE).expect("t");
     let local = RegisteredBuffer::new(memory, a.clone(), LEN, Access::READ_WRITE).expect("l");
-    let key = a.import(&ep, &target.export()).expect("import");
+    let key = a.import(&ep, &target.export().unwrap()).expect("import");
     let reads = async {
         let d = [desc(&local, &key, 0, LEN)];
         let mut r = Ok(());
@@ -161,7 +161,11 @@ async fn an_initiator_killed_mid_get_stream_does_not_crash_the_targets_teardown(
             ])
             .env(
                 CHILD_ENV,
-                format!("{} {}", b.address(), hex(&target.export().encode())),
+                format!(
+                    "{} {}",
+                    b.address(),
+                    hex(&target.export().unwrap().encode())
+                ),
             )
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())

@@ -50,7 +50,7 @@ async fn round_trip<C: Communicator>(a: &C, b: &C) {
     assert!(local.region().len >= len && target.region().len >= len);
     assert_eq!(local.access(), Access::READ_WRITE);
     let ep = a.connect(&b.address(), deadline()).await.expect("connect");
-    let key = a.import(&ep, &b.export(&target)).expect("import");
+    let key = a.import(&ep, &b.export(&target).unwrap()).expect("import");
     let bytes = hmc_core::testing::pattern(9, len);
     put(local.region(), &bytes);
     let d = [TransferDesc {

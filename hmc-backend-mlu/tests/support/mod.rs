@@ -7,7 +7,7 @@ use hmc_testshim::runtime::ShimVendor;
 pub const VENDOR: ShimVendor = ShimVendor {
     library: "libcnrt",
     env: "HMC_CNRT_LIB",
-    kind: DeviceKind::Mlu,
+    kind: DeviceKind::MLU,
     name: "MLU",
     shim_stem: "cnrt_shim",
     runtime_version: 60_701,

@@ -7,7 +7,7 @@ use hmc_testshim::runtime::ShimVendor;
 pub const VENDOR: ShimVendor = ShimVendor {
     library: "libmusart",
     env: "HMC_MUSA_LIB",
-    kind: DeviceKind::Musa,
+    kind: DeviceKind::MUSA,
     name: "MUSA",
     shim_stem: "musa_shim",
     runtime_version: 40_000,

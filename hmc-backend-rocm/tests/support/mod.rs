@@ -7,7 +7,7 @@ use hmc_testshim::runtime::ShimVendor;
 pub const VENDOR: ShimVendor = ShimVendor {
     library: "libamdhip64",
     env: "HMC_HIP_LIB",
-    kind: DeviceKind::Rocm,
+    kind: DeviceKind::ROCM,
     name: "HIP",
     shim_stem: "hip_shim",
     runtime_version: 60_200_000,

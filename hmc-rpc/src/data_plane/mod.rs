@@ -23,16 +23,12 @@
 //! the device a chunk at a time while the previous chunk is WRITTEN, so device copies and
 //! transfers overlap and two chunk-sized buffers serve any payload size.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use hmc_core::{
-    Access, BoxFuture, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
-    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId,
-};
+use hmc_core::{BoxFuture, PeerAddr};
 use parking_lot::Mutex;
 
 use crate::dispatch::{CallContext, DeviceRoute, HandlerResult};
@@ -177,97 +173,27 @@ impl ConnUse {
     }
 }
 
-/// A `Communicator` that has no data plane: every operation reports
-/// [`Error::Unavailable`]. The default type parameter of the server and client, like
-/// wgpu-hal's `empty` backend: it keeps the generic code honest without a transport.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoDataPlane;
+/// The server's and client's default data plane: none. It is core's always-built empty
+/// communicator ([`hmc_core::NoCommunicator`]), every operation of which reports
+/// [`Error::Unavailable`]; it keeps the generic code honest without a transport.
+pub type NoDataPlane = hmc_core::NoCommunicator;
 
-/// Never constructed: [`NoDataPlane::register`] always fails.
-#[derive(Debug)]
-pub enum NoRegistration {}
-
-impl LocalRegistration for NoRegistration {
-    fn region(&self) -> Region {
-        match *self {}
-    }
-    fn access(&self) -> Access {
-        match *self {}
-    }
-}
-
-fn unavailable() -> Error {
-    Error::Unavailable {
-        what: "RPC data plane".into(),
-        reason: "no Communicator was configured for HMC_BUFFER payloads".into(),
-        hint: "build the Server/Client with_data_plane(communicator), or send payloads INLINE/TCP_STREAM".into(),
-    }
-}
-
-impl Communicator for NoDataPlane {
-    type Endpoint = ();
-    type Registration = NoRegistration;
-    type RemoteKey = ();
-
-    fn transport(&self) -> TransportId {
-        TransportId::Tcp
-    }
-    fn address(&self) -> PeerAddr {
-        PeerAddr::Opaque {
-            transport: TransportId::Tcp,
-            bytes: Vec::new(),
-        }
-    }
-    fn connect(&self, _: &PeerAddr, _: Deadline) -> impl Future<Output = Result<()>> + Send {
-        std::future::ready(Err(unavailable()))
-    }
-    // The trait declares `register` unsafe; this one touches no memory and always fails.
-    #[allow(unsafe_code)]
-    unsafe fn register(&self, _: Region, _: Access) -> Result<NoRegistration> {
-        Err(unavailable())
-    }
-    fn export(&self, reg: &NoRegistration) -> RemoteRegion {
-        match *reg {}
-    }
-    fn import(&self, _: &(), _: &RemoteRegion) -> Result<()> {
-        Err(unavailable())
-    }
-    fn transfer(
-        &self,
-        _: &(),
-        _: Op,
-        _: &[TransferDesc<'_, Self>],
-        _: Deadline,
-    ) -> impl Future<Output = Result<()>> + Send {
-        std::future::ready(Err(unavailable()))
-    }
-    fn notify(
-        &self,
-        _: &(),
-        _: u64,
-        _: &[u8],
-        _: Deadline,
-    ) -> impl Future<Output = Result<()>> + Send {
-        std::future::ready(Err(unavailable()))
-    }
-    fn recv_notification(&self, _: Deadline) -> impl Future<Output = Result<Notification>> + Send {
-        std::future::ready(Err(unavailable()))
-    }
-    fn close(&self) {}
-}
+/// The registration type of [`NoDataPlane`] (never constructed).
+pub use hmc_core::NoRegistration;
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use hmc_core::{Communicator, Deadline, Error};
 
     #[tokio::test]
-    async fn every_operation_reports_unavailable_with_a_hint() {
-        let d = NoDataPlane;
+    async fn the_default_data_plane_reports_unavailable_with_a_hint() {
+        let d = hmc_core::NoCommunicator;
         let e = d
             .connect(&d.address(), Deadline::default())
             .await
             .unwrap_err();
-        assert!(e.to_string().contains("with_data_plane"), "{e}");
+        assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+        assert!(e.to_string().contains("Communicator"), "{e}");
         assert!(d.recv_notification(Deadline::default()).await.is_err());
     }
 }

@@ -226,7 +226,9 @@ async fn serve_session(
 ) -> Result<()> {
     println!("session {session}: rank {client} connected");
     control.send(client, &comm.address(), deadline()).await?;
-    control.send(client, &buf.export(), deadline()).await?;
+    control
+        .send(client, &buf.export().unwrap(), deadline())
+        .await?;
 
     let written: Checksum = control
         .recv(client, Deadline::after(Duration::from_secs(600)))

@@ -1,0 +1,622 @@
+//! Conformance checks for `Communicator` implementations; each takes fresh `Peers`.
+
+use super::*;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn deadline() -> Deadline {
+    Deadline::after(DEADLINE)
+}
+
+type Buf<C, M> = RegisteredBuffer<M, C>;
+
+fn buffer<C: Communicator, M: Memory>(
+    p: &Peers<C, M>,
+    side: &Arc<C>,
+    len: usize,
+    access: Access,
+    seed: u64,
+) -> (Buf<C, M>, Vec<u8>) {
+    let buf = RegisteredBuffer::new(p.memory.clone(), side.clone(), len, access)
+        .expect("register buffer");
+    let bytes = pattern(seed, len);
+    buf.write_at(0, &MemSpan::host(&bytes))
+        .expect("fill buffer");
+    (buf, bytes)
+}
+
+fn contents<C: Communicator, M: Memory>(buf: &Buf<C, M>) -> Vec<u8> {
+    let mut out = vec![0u8; buf.len()];
+    buf.read_at(0, &mut MemSpanMut::host(&mut out))
+        .expect("read buffer");
+    out
+}
+
+fn desc<'a, C: Communicator>(
+    local: &'a C::Registration,
+    local_offset: usize,
+    remote: &'a C::RemoteKey,
+    remote_offset: u64,
+    len: usize,
+) -> TransferDesc<'a, C> {
+    TransferDesc {
+        local,
+        local_offset,
+        remote,
+        remote_offset,
+        len,
+    }
+}
+
+async fn connect<C: Communicator, M: Memory>(p: &Peers<C, M>) -> C::Endpoint {
+    p.a.connect(&p.b.address(), deadline())
+        .await
+        .expect("connect a -> b")
+}
+
+/// One WRITE then one READ of `len` bytes at odd offsets; the target sees the written
+/// bytes the moment WRITE completes, and bytes outside the range keep their values.
+pub async fn single_round_trip<C: Communicator, M: Memory>(
+    p: Peers<C, M>,
+    len: usize,
+    offset: usize,
+) {
+    let ep = connect(&p).await;
+    let total = len + offset + 32;
+    let (target, before) = buffer(&p, &p.b, total, Access::READ_WRITE, 11);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (src, src_bytes) = buffer(&p, &p.a, len + 5, Access::READ, 12);
+    let d = [desc::<C>(src.registration(), 5, &key, offset as u64, len)];
+    p.a.transfer(&ep, Op::Write, &d, deadline())
+        .await
+        .expect("write");
+    let after = contents(&target);
+    assert_same(
+        "written bytes at target",
+        &after[offset..offset + len],
+        &src_bytes[5..5 + len],
+    );
+    assert_same(
+        "target bytes before range",
+        &after[..offset],
+        &before[..offset],
+    );
+    assert_same(
+        "target bytes after range",
+        &after[offset + len..],
+        &before[offset + len..],
+    );
+
+    let (dst, _) = buffer(&p, &p.a, len + 3, Access::WRITE, 13);
+    let d = [desc::<C>(dst.registration(), 3, &key, offset as u64, len)];
+    p.a.transfer(&ep, Op::Read, &d, deadline())
+        .await
+        .expect("read");
+    assert_same("read back", &contents(&dst)[3..], &src_bytes[5..5 + len]);
+}
+
+/// Zero-length descriptors and empty batches succeed and move nothing.
+pub async fn zero_length<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let ep = connect(&p).await;
+    let (target, before) = buffer(&p, &p.b, 64, Access::READ_WRITE, 21);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (local, _) = buffer(&p, &p.a, 64, Access::READ_WRITE, 22);
+    p.a.transfer(&ep, Op::Write, &[], deadline())
+        .await
+        .expect("empty batch");
+    let d = [desc::<C>(local.registration(), 64, &key, 64, 0)];
+    p.a.transfer(&ep, Op::Write, &d, deadline())
+        .await
+        .expect("zero-length write at the end");
+    p.a.transfer(&ep, Op::Read, &d, deadline())
+        .await
+        .expect("zero-length read at the end");
+    assert_same("target untouched", &contents(&target), &before);
+}
+
+/// A batch of `count` descriptors of varied sizes, scattered over both regions, in both
+/// directions, verified byte for byte.
+pub async fn batch<C: Communicator, M: Memory>(p: Peers<C, M>, count: usize) {
+    let ep = connect(&p).await;
+    let sizes: Vec<usize> = (0..count).map(|i| 1 + (i * 7919) % 8191).collect();
+    let total: usize = sizes.iter().sum();
+    let (target, _) = buffer(&p, &p.b, total, Access::READ_WRITE, 31);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (src, src_bytes) = buffer(&p, &p.a, total, Access::READ_WRITE, 32);
+    // Local descriptor i takes the i-th chunk; remote descriptor i lands in reverse order.
+    let mut local_off = Vec::with_capacity(count);
+    let mut acc = 0;
+    for s in &sizes {
+        local_off.push(acc);
+        acc += s;
+    }
+    let remote_off: Vec<usize> = (0..count)
+        .map(|i| total - local_off[i] - sizes[i])
+        .collect();
+    let d: Vec<_> = (0..count)
+        .map(|i| {
+            desc::<C>(
+                src.registration(),
+                local_off[i],
+                &key,
+                remote_off[i] as u64,
+                sizes[i],
+            )
+        })
+        .collect();
+    p.a.transfer(&ep, Op::Write, &d, deadline())
+        .await
+        .expect("batch write");
+    let at_target = contents(&target);
+    for i in 0..count {
+        assert_same(
+            "batch element at target",
+            &at_target[remote_off[i]..remote_off[i] + sizes[i]],
+            &src_bytes[local_off[i]..local_off[i] + sizes[i]],
+        );
+    }
+    let (dst, _) = buffer(&p, &p.a, total, Access::READ_WRITE, 33);
+    let d: Vec<_> = (0..count)
+        .map(|i| {
+            desc::<C>(
+                dst.registration(),
+                local_off[i],
+                &key,
+                remote_off[i] as u64,
+                sizes[i],
+            )
+        })
+        .collect();
+    p.a.transfer(&ep, Op::Read, &d, deadline())
+        .await
+        .expect("batch read");
+    assert_same("batch read back", &contents(&dst), &src_bytes);
+}
+
+/// Descriptors past either region's end, or whose offset+len overflows, are refused
+/// with `OutOfBounds`, and nothing in the batch moves.
+pub async fn out_of_bounds_refused<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let ep = connect(&p).await;
+    let (target, before) = buffer(&p, &p.b, 4096, Access::READ_WRITE, 41);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (local, local_before) = buffer(&p, &p.a, 4096, Access::READ_WRITE, 42);
+    let reg = local.registration();
+    let cases = [
+        desc::<C>(reg, 0, &key, 4000, 97),
+        desc::<C>(reg, 4000, &key, 0, 97),
+        desc::<C>(reg, 0, &key, u64::MAX - 1, 2),
+        desc::<C>(reg, usize::MAX - 1, &key, 0, 2),
+        desc::<C>(reg, 0, &key, 4097, 0),
+    ];
+    for bad in cases {
+        // A valid first element proves the whole batch is refused, not just the bad one.
+        let batch = [desc::<C>(reg, 0, &key, 0, 16), bad];
+        for op in [Op::Write, Op::Read] {
+            let err = p.a.transfer(&ep, op, &batch, deadline()).await;
+            assert!(
+                matches!(err, Err(Error::OutOfBounds { .. })),
+                "{op:?} {bad:?} must be OutOfBounds, got {err:?}"
+            );
+        }
+    }
+    assert_same("target after refused batches", &contents(&target), &before);
+    assert_same(
+        "initiator after refused batches",
+        &contents(&local),
+        &local_before,
+    );
+    // The endpoint still works.
+    p.a.transfer(
+        &ep,
+        Op::Read,
+        &[desc::<C>(reg, 0, &key, 0, 4096)],
+        deadline(),
+    )
+    .await
+    .expect("read after refusals");
+}
+
+/// A region exported read-only refuses WRITE; write-only refuses READ; the bytes stay.
+pub async fn access_enforced<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let ep = connect(&p).await;
+    let (ro, ro_before) = buffer(&p, &p.b, 256, Access::READ, 51);
+    let (wo, _) = buffer(&p, &p.b, 256, Access::WRITE, 52);
+    let ro_key =
+        p.a.import(&ep, &ro.export().expect("export"))
+            .expect("import ro");
+    let wo_key =
+        p.a.import(&ep, &wo.export().expect("export"))
+            .expect("import wo");
+    let (local, local_before) = buffer(&p, &p.a, 256, Access::READ_WRITE, 53);
+    let err =
+        p.a.transfer(
+            &ep,
+            Op::Write,
+            &[desc::<C>(local.registration(), 0, &ro_key, 0, 256)],
+            deadline(),
+        )
+        .await;
+    assert!(
+        matches!(err, Err(Error::AccessDenied(_))),
+        "write to read-only: {err:?}"
+    );
+    let err =
+        p.a.transfer(
+            &ep,
+            Op::Read,
+            &[desc::<C>(local.registration(), 0, &wo_key, 0, 256)],
+            deadline(),
+        )
+        .await;
+    assert!(
+        matches!(err, Err(Error::AccessDenied(_))),
+        "read of write-only: {err:?}"
+    );
+    assert_same("read-only region", &contents(&ro), &ro_before);
+    assert_same("local buffer", &contents(&local), &local_before);
+    p.a.transfer(
+        &ep,
+        Op::Read,
+        &[desc::<C>(local.registration(), 0, &ro_key, 0, 256)],
+        deadline(),
+    )
+    .await
+    .expect("read of read-only");
+    p.a.transfer(
+        &ep,
+        Op::Write,
+        &[desc::<C>(local.registration(), 0, &wo_key, 0, 256)],
+        deadline(),
+    )
+    .await
+    .expect("write to write-only");
+}
+
+/// Keys of deregistered regions, forged keys and other transports' descriptors are
+/// refused with clear errors; nothing is touched and the endpoint keeps working.
+pub async fn stale_and_forged_keys_refused<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let ep = connect(&p).await;
+    let (local, _) = buffer(&p, &p.a, 128, Access::READ_WRITE, 61);
+    let (gone, _) = buffer(&p, &p.b, 128, Access::READ_WRITE, 62);
+    let gone_desc = gone.export().expect("export");
+    let stale_key =
+        p.a.import(&ep, &gone_desc)
+            .expect("import before deregistration");
+    drop(gone);
+    for op in [Op::Write, Op::Read] {
+        let err =
+            p.a.transfer(
+                &ep,
+                op,
+                &[desc::<C>(local.registration(), 0, &stale_key, 0, 128)],
+                deadline(),
+            )
+            .await;
+        assert!(
+            matches!(err, Err(Error::InvalidKey(_))),
+            "{op:?} with a stale key: {err:?}"
+        );
+    }
+    let mut forged = gone_desc.clone();
+    for b in forged.key.iter_mut() {
+        *b = b.wrapping_add(0x5b);
+    }
+    match p.a.import(&ep, &forged) {
+        Err(e) => assert!(
+            matches!(e, Error::InvalidKey(_) | Error::InvalidArgument(_)),
+            "forged key import: {e:?}"
+        ),
+        Ok(key) => {
+            let err =
+                p.a.transfer(
+                    &ep,
+                    Op::Read,
+                    &[desc::<C>(local.registration(), 0, &key, 0, 128)],
+                    deadline(),
+                )
+                .await;
+            assert!(err.is_err(), "a forged key must not read memory");
+        }
+    }
+    let mut foreign = gone_desc;
+    foreign.transport = if p.a.transport() == crate::TransportId::TCP {
+        crate::TransportId::UCX
+    } else {
+        crate::TransportId::TCP
+    };
+    assert!(
+        matches!(p.a.import(&ep, &foreign), Err(Error::InvalidArgument(_))),
+        "another transport's descriptor must be refused"
+    );
+    let (live, live_bytes) = buffer(&p, &p.b, 128, Access::READ, 63);
+    let key =
+        p.a.import(&ep, &live.export().expect("export"))
+            .expect("import live");
+    p.a.transfer(
+        &ep,
+        Op::Read,
+        &[desc::<C>(local.registration(), 0, &key, 0, 128)],
+        deadline(),
+    )
+    .await
+    .expect("endpoint still usable");
+    assert_same("read after refusals", &contents(&local), &live_bytes);
+}
+
+/// [`Communicator::capabilities`] agrees with behaviour: it names this transport; memory
+/// of a kind it does not list for registration is refused with `UnsupportedMemory`;
+/// `rekey` and `alloc_registered` do what it says; and a registration made by another
+/// communicator (here another instance of the same transport) is refused by `export`
+/// and `rekey`, with an error, not a crash.
+pub async fn capabilities_match_behaviour<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let caps = p.a.capabilities();
+    assert_eq!(caps.transport, p.a.transport());
+    let mut host = vec![0u8; 64];
+    let odd_kind = crate::DeviceKind::from_wire_id(250);
+    if !caps.local_memory.contains(odd_kind) {
+        // Real host bytes under a device label: harmless even if wrongly registered.
+        let region = crate::Region {
+            device: crate::Device::new(odd_kind, 0),
+            addr: host.as_mut_ptr() as u64,
+            len: host.len(),
+        };
+        // SAFETY: `host` outlives the registration, which is dropped at once if made.
+        let r = unsafe { p.a.register(region, Access::READ_WRITE) };
+        assert!(
+            matches!(r, Err(Error::UnsupportedMemory { .. })),
+            "memory of an unlisted kind must be refused as UnsupportedMemory: {:?}",
+            r.map(drop)
+        );
+    }
+    let (own, _) = buffer(&p, &p.a, 64, Access::READ_WRITE, 111);
+    assert_eq!(
+        p.a.rekey(own.registration()).expect("rekey"),
+        caps.rekey,
+        "rekey disagrees with capabilities"
+    );
+    let fast =
+        p.a.alloc_registered(64, Access::READ)
+            .expect("alloc_registered");
+    assert_eq!(fast.is_some(), caps.alloc_registered);
+    let (theirs, _) = buffer(&p, &p.b, 64, Access::READ_WRITE, 112);
+    let err = p.a.export(theirs.registration());
+    assert!(
+        matches!(err, Err(Error::InvalidArgument(_))),
+        "exporting another communicator's registration must be refused: {:?}",
+        err.map(drop)
+    );
+    assert!(
+        p.a.rekey(theirs.registration()).is_err() || !caps.rekey,
+        "rekeying another communicator's registration must be refused"
+    );
+    p.b.export(theirs.registration())
+        .expect("the owner exports it");
+}
+
+/// A transfer that cannot finish in time ends with `DeadlineExceeded`, promptly.
+pub async fn deadline_expiry<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let ep = connect(&p).await;
+    let len = 64 << 20;
+    let (target, _) = buffer(&p, &p.b, len, Access::READ_WRITE, 71);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 72);
+    let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
+    let expired = Deadline::after(Duration::ZERO);
+    let err = p.a.transfer(&ep, Op::Read, &d, expired).await;
+    assert!(
+        matches!(err, Err(Error::DeadlineExceeded { .. })),
+        "expired deadline: {err:?}"
+    );
+    let start = Instant::now();
+    let err =
+        p.a.transfer(
+            &ep,
+            Op::Write,
+            &d,
+            Deadline::after(Duration::from_micros(50)),
+        )
+        .await;
+    assert!(
+        matches!(err, Err(Error::DeadlineExceeded { .. })),
+        "64 MiB in 50 us: {err:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "deadline overran by {:?}",
+        start.elapsed()
+    );
+    // The endpoint recovers.
+    let small = [desc::<C>(local.registration(), 0, &key, 0, 4096)];
+    p.a.transfer(&ep, Op::Read, &small, deadline())
+        .await
+        .expect("transfer after a deadline");
+}
+
+/// Polls a future once and drops it: what a `select!` losing branch does.
+struct PollOnce<F>(Option<Pin<Box<F>>>);
+impl<F: Future> Future for PollOnce<F> {
+    type Output = bool;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let mut fut = self.0.take().expect("polled after completion");
+        Poll::Ready(fut.as_mut().poll(cx).is_ready())
+    }
+}
+
+/// Dropping a READ mid-flight cancels it: afterwards the local buffer is reusable (not
+/// written again) and the endpoint serves new transfers.
+pub async fn cancellation<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let ep = connect(&p).await;
+    let len = 32 << 20;
+    let (target, target_bytes) = buffer(&p, &p.b, len, Access::READ_WRITE, 81);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 82);
+    for op in [Op::Read, Op::Write] {
+        let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
+        let _finished = PollOnce(Some(Box::pin(p.a.transfer(&ep, op, &d, deadline())))).await;
+        // After the drop the buffer is ours again: mark it and check nobody writes it.
+        let mark = pattern(83, len);
+        local
+            .write_at(0, &MemSpan::host(&mark))
+            .expect("reuse buffer");
+        // Round trips on the same endpoint flush whatever the cancelled batch left queued.
+        let (probe, _) = buffer(&p, &p.a, 64, Access::READ_WRITE, 84);
+        for _ in 0..4 {
+            p.a.transfer(
+                &ep,
+                Op::Read,
+                &[desc::<C>(probe.registration(), 0, &key, 0, 64)],
+                deadline(),
+            )
+            .await
+            .expect("transfer after cancel");
+        }
+        assert_same("buffer after cancel", &contents(&local), &mark);
+    }
+    // A WRITE that was cancelled may have landed partly; restore and verify a full read.
+    target
+        .write_at(0, &MemSpan::host(&target_bytes))
+        .expect("restore target");
+    let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
+    p.a.transfer(&ep, Op::Read, &d, deadline())
+        .await
+        .expect("full read after cancels");
+    assert_same("read after cancels", &contents(&local), &target_bytes);
+}
+
+/// Yields to the executor once.
+async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// When the target closes mid-transfer, the initiator gets an error well before the
+/// deadline, never a hang; new operations on the endpoint fail fast too.
+pub async fn peer_gone<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let ep = connect(&p).await;
+    let len = 64 << 20;
+    let (target, _) = buffer(&p, &p.b, len, Access::READ_WRITE, 91);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 92);
+    let limit = Duration::from_secs(20);
+    let start = Instant::now();
+    let transfers = async {
+        let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
+        let mut last = Ok(());
+        for i in 0..64 {
+            let op = if i % 2 == 0 { Op::Write } else { Op::Read };
+            last = p.a.transfer(&ep, op, &d, Deadline::after(limit)).await;
+            if last.is_err() {
+                break;
+            }
+        }
+        last
+    };
+    let closer = async {
+        for _ in 0..50 {
+            yield_now().await;
+        }
+        p.b.close();
+    };
+    let (result, ()) = futures::join!(transfers, closer);
+    let err = result.expect_err("transfers to a closed peer must fail");
+    assert!(
+        !matches!(err, Error::DeadlineExceeded { .. }),
+        "peer loss must be detected, not timed out: {err}"
+    );
+    assert!(start.elapsed() < limit, "error came after the deadline");
+    let d = [desc::<C>(local.registration(), 0, &key, 0, 16)];
+    let again =
+        p.a.transfer(&ep, Op::Read, &d, Deadline::after(Duration::from_secs(5)))
+            .await;
+    assert!(again.is_err(), "a transfer on a dead endpoint must fail");
+    drop(target);
+}
+
+/// `tasks` concurrent futures, each with its own slice of one target region, each
+/// running `rounds` WRITE+READ pairs, all verified.
+pub async fn concurrent<C: Communicator, M: Memory>(p: Peers<C, M>, tasks: usize, rounds: usize) {
+    let ep = connect(&p).await;
+    let slice = 64 * 1024 + 3;
+    let (target, _) = buffer(&p, &p.b, slice * tasks, Access::READ_WRITE, 101);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let work = (0..tasks).map(|t| {
+        let (p, ep, key) = (&p, &ep, &key);
+        async move {
+            let (src, _) = buffer(p, &p.a, slice, Access::READ_WRITE, 0);
+            let (dst, _) = buffer(p, &p.a, slice, Access::READ_WRITE, 0);
+            for r in 0..rounds {
+                let bytes = pattern((t * 1000 + r) as u64, slice);
+                src.write_at(0, &MemSpan::host(&bytes)).expect("fill");
+                let off = (t * slice) as u64;
+                p.a.transfer(
+                    ep,
+                    Op::Write,
+                    &[desc::<C>(src.registration(), 0, key, off, slice)],
+                    deadline(),
+                )
+                .await
+                .expect("concurrent write");
+                p.a.transfer(
+                    ep,
+                    Op::Read,
+                    &[desc::<C>(dst.registration(), 0, key, off, slice)],
+                    deadline(),
+                )
+                .await
+                .expect("concurrent read");
+                assert_same("concurrent round", &contents(&dst), &bytes);
+            }
+        }
+    });
+    futures::future::join_all(work).await;
+}
+
+/// Notifications arrive with their tag and bytes, in send order, from the right peer.
+pub async fn notify_in_order<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let ep = connect(&p).await;
+    for i in 0..100u64 {
+        let msg = pattern(i, (i as usize * 37) % 1000);
+        p.a.notify(&ep, i, &msg, deadline()).await.expect("notify");
+    }
+    for i in 0..100u64 {
+        let n =
+            p.b.recv_notification(deadline())
+                .await
+                .expect("receive notification");
+        assert_eq!(n.tag, i, "notifications out of order");
+        assert_eq!(n.msg, pattern(i, (i as usize * 37) % 1000));
+        assert_eq!(n.from, p.a.address());
+    }
+    let err =
+        p.b.recv_notification(Deadline::after(Duration::from_millis(50)))
+            .await;
+    assert!(
+        matches!(err, Err(Error::DeadlineExceeded { .. })),
+        "no notification pending: {err:?}"
+    );
+}
