@@ -76,7 +76,7 @@ fn open_ucx(bind: IpAddr) -> Result<Option<AnyCommunicator>> {
     let c = hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
         bind: SocketAddr::new(bind, 0),
         max_pending_notifications: 0,
-        ..Default::default()
+        ..hmc_transport_ucx::UcxConfig::from_env()
     })?;
     Ok(Some(AnyCommunicator::new(c)))
 }

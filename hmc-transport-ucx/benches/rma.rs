@@ -186,7 +186,7 @@ fn config(tls: &str, wakeup: bool) -> UcxConfig {
         .ok()
         .and_then(|v| v.parse().ok())
         .map(Duration::from_micros);
-    let defaults = UcxConfig::default();
+    let defaults = UcxConfig::from_env();
     UcxConfig {
         direct_mapped: std::env::var_os("HMC_BENCH_DIRECT_OFF").is_none(),
         spin: spin.unwrap_or(defaults.spin),

@@ -27,7 +27,8 @@ const KEY_HEADER: usize = 4 + 1 + 8;
 /// is 8K).
 pub const TCP_TX_SEG_SIZE: &str = "64K";
 
-/// Environment variable that turns [`UcxConfig::direct_mapped`] off by default when `0`.
+/// Environment variable that [`UcxConfig::from_env`] reads: `0` turns
+/// [`UcxConfig::direct_mapped`] off.
 pub const DIRECT_ENV: &str = "HMC_UCX_DIRECT";
 
 /// Configuration of a [`UcxCommunicator`]. Every limit has a default here.
@@ -88,8 +89,8 @@ pub struct UcxConfig {
     /// the progress thread. Bounds, rights, deadlines and revocation are checked as on the
     /// other path; deregistration waits for running copies. A direct transfer runs to the
     /// end once started (it is one memcpy per descriptor), so keep very large batches off
-    /// latency-sensitive async executor threads, or set this to false. The default is true
-    /// unless the environment variable `HMC_UCX_DIRECT` is `0`.
+    /// latency-sensitive async executor threads, or set this to false. Default true
+    /// ([`UcxConfig::from_env`] maps `HMC_UCX_DIRECT=0` to false, for the binaries).
     pub direct_mapped: bool,
 }
 
@@ -111,12 +112,22 @@ impl Default for UcxConfig {
             revoke_timeout: Duration::from_secs(5),
             max_notify_len: 64 << 10,
             max_pending_notifications: 4096,
-            direct_mapped: std::env::var_os(DIRECT_ENV).is_none_or(|v| v != "0"),
+            direct_mapped: true,
         }
     }
 }
 
 impl UcxConfig {
+    /// The default configuration with the environment's say applied: `HMC_UCX_DIRECT=0`
+    /// turns [`UcxConfig::direct_mapped`] off. The one place this crate reads the
+    /// environment for its configuration; binaries call it, the library's defaults do not.
+    pub fn from_env() -> Self {
+        UcxConfig {
+            direct_mapped: std::env::var_os(DIRECT_ENV).is_none_or(|v| v != "0"),
+            ..UcxConfig::default()
+        }
+    }
+
     /// The default configuration with `UCX_TLS` set to `tls`.
     pub fn with_tls(tls: &str) -> Self {
         UcxConfig {
