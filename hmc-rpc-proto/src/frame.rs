@@ -435,9 +435,9 @@ pub fn encode_frame(out: &mut Vec<u8>, header: &FrameHeader, body: &[u8]) {
 /// CRC32C (Castagnoli, the protocol's checksum) of `bytes`.
 ///
 /// `crc-fast` folds with carry-less multiplication (VPCLMULQDQ/AVX-512 where the CPU has
-/// it, PCLMULQDQ or the SSE4.2 `crc32` instruction otherwise): about twice the `crc32c`
-/// crate's rate on this project's machines (45 against 22 GB/s at 4 KiB), which took the
-/// CRCs of a pipelined 4 KiB echo from about 10% of its CPU to 5% (`docs/benchmarks.md`).
+/// it, PCLMULQDQ or the SSE4.2 `crc32` instruction otherwise): faster than the `crc32c`
+/// crate on this project's machines, which halved the CRCs' share of a pipelined 4 KiB
+/// echo's CPU (the measurement is in `docs/log/2026-12-01-benchmark-history.md`).
 pub fn crc32c(bytes: &[u8]) -> u32 {
     crc_fast::crc32_iscsi(bytes)
 }

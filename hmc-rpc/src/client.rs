@@ -207,8 +207,8 @@ struct Inner {
 ///
 /// For many small calls pipelined on one connection, a current-thread runtime (callers
 /// and connection task on one thread) can be markedly faster where waking a parked
-/// worker thread is dear: on the project's 2-core VMs, 64 B calls 8 in flight measured
-/// 253–254k calls/s there against 178–200k on the default runtime (`docs/benchmarks.md`).
+/// worker thread is dear (measured in `docs/benchmarks.md`, "Many small calls on one
+/// connection" in the README).
 pub struct Client<C: Communicator = NoDataPlane> {
     inner: Arc<Inner>,
     dp: Option<Arc<ClientDataPlane<C>>>,

@@ -5,10 +5,10 @@
 //! many threads at once. [`DirectClient`] is the other trade: the caller's thread writes
 //! the request and sleeps in `read` for the answer, exactly as a raw TCP ping-pong does,
 //! and the process runs no runtime threads at all (for embedding in synchronous code, or in
-//! processes that must not start threads behind the caller's back). Measured beside the
-//! async client (docs/benchmarks.md): on busy cores about as fast (20 against 21 µs for a
-//! 64 B call; the server's path dominates), on idle cores slower (22 against 13 µs: the
-//! async client busy-polls for the answer, a sleeping reader is woken). Calls from several
+//! processes that must not start threads behind the caller's back). Beside the async
+//! client (figures in docs/benchmarks.md): about as fast on busy cores, where the server's
+//! path dominates, and slower on idle ones, where the async client busy-polls for the
+//! answer while a sleeping reader must be woken. Calls from several
 //! threads take turns on the one connection. The protocol is the same sans-IO
 //! [`ClientConn`] the async client drives: deadlines (CANCEL on expiry), keepalive,
 //! TCP_STREAM payloads, GOAWAY. A lost connection fails the call in flight (never

@@ -74,9 +74,8 @@
 //! ([`UcxConfig::direct_mapped`], counted in [`UcxStats::direct_transfers`]).
 //! Over TCP both kinds go through the same emulation and are on par. UCX sends it in
 //! `UCX_TCP_TX_SEG_SIZE` pieces, 8 KiB by default, with which single puts of 1 MiB and more
-//! stall for tens to hundreds of milliseconds in UCX 1.13 (`ucx_perftest ucp_put_bw -s
-//! 16777216`: 25–80 MB/s) and a 1 MiB HMC_BUFFER echo takes about 3 ms; with 64 KiB pieces
-//! perftest's put reaches 3.4 GB/s and the echo about 1–1.5 ms. This transport therefore
+//! stall in UCX 1.13 (`ucx_perftest ucp_put_bw -s 16777216` shows it; figures in
+//! `docs/benchmarks.md`), and larger pieces remove the stall. This transport therefore
 //! sets 64 KiB ([`TCP_TX_SEG_SIZE`]) unless `UCX_TCP_TX_SEG_SIZE` is in the environment or
 //! `TCP_TX_SEG_SIZE` in [`UcxConfig::ucx_options`].
 //!

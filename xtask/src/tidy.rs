@@ -42,31 +42,8 @@ mod tests;
 /// Longest non-test source file, in lines.
 pub const MAX_LINES: usize = 1000;
 
-/// Non-test files allowed over [`MAX_LINES`], each with the reason. All temporary.
-pub const SIZE_ALLOWED: &[(&str, &str)] = &[
-    // Temporary: the hmc-rpc split (issue 14, rpc work: hmc-rpc-proto, hmc-rpc,
-    // hmc-rpc-tools) splits these files; remove the entries when it has merged.
-    (
-        "hmc-rpc/src/proto.rs",
-        "temporary: split into hmc-rpc-proto by the rpc work",
-    ),
-    (
-        "hmc-rpc/src/data_plane.rs",
-        "temporary: split into data_plane/ by the rpc work",
-    ),
-    (
-        "hmc-rpc/src/net.rs",
-        "temporary: split into net/ by the rpc work",
-    ),
-    (
-        "hmc-rpc/src/bin/hmc-rpc-bench.rs",
-        "temporary: moves to hmc-rpc-tools with the rpc work, still to be split",
-    ),
-    (
-        "hmc-rpc-tools/src/bin/hmc-rpc-bench/main.rs",
-        "temporary: the bench binary after the rpc work's move, still to be split",
-    ),
-];
+/// Non-test files allowed over [`MAX_LINES`], each with the reason (none today).
+pub const SIZE_ALLOWED: &[(&str, &str)] = &[];
 
 /// Library files that may read the environment, each with the reason.
 pub const ENV_ALLOWED: &[(&str, &str)] = &[
@@ -95,57 +72,9 @@ pub const ENV_ALLOWED: &[(&str, &str)] = &[
     ),
 ];
 
-/// Files whose doc comments may quote measured figures, each with the reason. All
-/// temporary: each names the work that owns the file and should move its figures to
-/// `docs/benchmarks.md`.
-pub const FIGURES_ALLOWED: &[(&str, &str)] = &[
-    // The hmc-rpc split (issue 14, rpc work) owns these; old and new paths both listed.
-    (
-        "hmc-rpc/src/proto.rs",
-        "rpc work: SipHash and CRC shares of CPU",
-    ),
-    (
-        "hmc-rpc-proto/src/proto/mod.rs",
-        "rpc work: SipHash and CRC shares of CPU",
-    ),
-    (
-        "hmc-rpc/src/frame.rs",
-        "rpc work: crc-fast against crc32c rates",
-    ),
-    (
-        "hmc-rpc-proto/src/frame.rs",
-        "rpc work: crc-fast against crc32c rates",
-    ),
-    (
-        "hmc-rpc/src/net.rs",
-        "rpc work: busy-polling window and probe results",
-    ),
-    (
-        "hmc-rpc/src/net/busy_poll.rs",
-        "rpc work: busy-polling window and probe results",
-    ),
-    (
-        "hmc-rpc/src/direct.rs",
-        "rpc work: blocking against async client latency",
-    ),
-    (
-        "hmc-rpc/src/client.rs",
-        "rpc work: current-thread against default runtime call rates",
-    ),
-    (
-        "hmc-rpc/src/bin/hmc-rpc-bench.rs",
-        "rpc work: the bench explains its own method with figures",
-    ),
-    (
-        "hmc-rpc-tools/src/bin/hmc-rpc-bench/",
-        "rpc work: the bench explains its own method with figures",
-    ),
-    // The transport/capabilities work (issue 14, core work) owns the UCX crate's lib.rs.
-    (
-        "hmc-transport-ucx/src/lib.rs",
-        "core work: the `Performance notes (UCX 1.13)` section quotes perftest and echo figures",
-    ),
-];
+/// Files whose doc comments may quote measured figures, each with the reason (none:
+/// figures live in `docs/benchmarks.md`).
+pub const FIGURES_ALLOWED: &[(&str, &str)] = &[];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {

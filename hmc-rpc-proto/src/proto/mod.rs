@@ -23,7 +23,7 @@ pub use server::{IncomingCall, ServerConn, ServerEvent, SinkFactory};
 
 /// Hashes the integer keys of the per-call tables (request ids, method ids) with one
 /// multiplication instead of SipHash: every call inserts and removes several entries, and
-/// SipHash was about 1.5% of the CPU of a pipelined 4 KiB echo (`docs/benchmarks.md`).
+/// SipHash showed up in profiles of pipelined echoes (`docs/log/2026-12-01-benchmark-history.md`).
 /// Hash flooding is not a concern here: these tables hold at most a connection's
 /// in-flight calls (`max_inflight`) or the dispatcher's methods, so even ids chosen to
 /// collide cost a probe over a few dozen entries.
@@ -83,8 +83,8 @@ pub struct ConnConfig {
     /// Compute a CRC32C for every DATA chunk sent (`stream_crc`, default false: chunks
     /// carry payload CRC 0, "not computed", and TCP's own checksum applies, as with gRPC).
     /// Received CRCs are always checked when present. Turning this on costs one pass over
-    /// large payloads on each side (a 1 MiB echo, 8 in flight: 2–37% more CPU per call in
-    /// alternated runs, `docs/benchmarks.md`); frame headers and INLINE bodies always carry
+    /// large payloads on each side (measured in `docs/log/2026-12-01-benchmark-history.md`);
+    /// frame headers and INLINE bodies always carry
     /// their CRCs.
     pub stream_crc: bool,
     /// Bytes one TCP_STREAM payload sends before the next stream's turn

@@ -30,15 +30,15 @@ pub(crate) const POLL_MAX_MESSAGE: usize = 64 * 1024;
 
 /// A wait that includes data-plane work (an HMC_BUFFER call: the server READs the request
 /// and WRITEs the response; the client consumes one and builds the next) gets one
-/// microsecond more of window per this many bytes of that work: 8 GB/s, about the rate of
-/// a copy through a shared-memory mapping here with the peer's own bookkeeping. Where the
+/// microsecond more of window per this many bytes of that work, about the rate of a copy
+/// through a shared-memory mapping with the peer's own bookkeeping. Where the
 /// work is slower (UCX over tcp), windows run out and the usual back-off mostly stops
 /// polling (polling neither helps nor hurts there: see `docs/benchmarks.md`).
 const POLL_WORK_BYTES_PER_US: u64 = 8 * 1024;
 /// A wait that covers several calls (the answers to several calls in flight, or a
 /// server's next requests after answering several) gets this much more window per call
-/// beyond the first: about the CPU a peer spends turning one call around here (the client
-/// takes an answer and builds the next call in 5-8 us). Without it, pipelined calls on one
+/// beyond the first: about the CPU a peer spends turning one call around (the client takes
+/// an answer and builds the next call). Without it, pipelined calls on one
 /// connection outlast the budget and park between every batch.
 const POLL_PER_CALL: Duration = Duration::from_micros(8);
 /// The longest window a wait with data-plane work or many calls gets.
@@ -59,10 +59,9 @@ const MAX_PAUSE: u32 = 4096;
 /// only crowds it), polling pauses for [`SLOWER_PAUSE`] waits.
 ///
 /// Waits that include data-plane work take no part: the transfer's own time varies with
-/// what else the cores do, and per-wait medians misjudged it. On shared memory the probe
-/// paused polling for 1 MiB HMC_BUFFER echoes in 4 of 5 runs (p50 109–125 µs) although
-/// runs that kept polling were faster end to end (p50 66–69 µs in 5 of 5 without the probe,
-/// 2.9–3.3x TCP_STREAM against 2.5–3.0x; `docs/benchmarks.md`).
+/// what else the cores do, and per-wait medians misjudged it: on shared memory the probe
+/// paused polling for 1 MiB HMC_BUFFER echoes although runs that kept polling were faster
+/// end to end (the runs are in `docs/log/2026-12-01-benchmark-history.md`).
 const PROBE_EVERY: u32 = 256;
 /// Waits of one comparison.
 const PROBE_WAITS: u32 = 16;

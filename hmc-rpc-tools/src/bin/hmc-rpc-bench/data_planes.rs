@@ -20,8 +20,7 @@ use crate::measure::{Cell, CpuProbe, core_to_core_ns, fmt_size};
 /// `peer_errors` adds `-e`: endpoints with peer error handling (`UCP_ERR_HANDLING_MODE_PEER`),
 /// as `UcxCommunicator` creates them, with `UCX_MM_ERROR_HANDLING=y` as it sets for shared
 /// memory (unless the environment says otherwise). UCX 1.13 then avoids its zero-copy
-/// rendezvous over tcp (a 1 MiB `tag_lat` went from 166–184 to 267–313 µs here,
-/// `docs/benchmarks.md`).
+/// rendezvous over tcp (measured in docs/design.md, "UCX: peer error handling").
 pub(crate) fn ucx_tag_bw(bin: &PathBuf, size: usize, peer_errors: bool) -> Result<f64, String> {
     let size = size.to_string();
     let e: &[&str] = if peer_errors { &["-e"] } else { &[] };

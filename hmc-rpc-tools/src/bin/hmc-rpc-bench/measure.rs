@@ -27,11 +27,10 @@ pub(crate) struct Cell {
 /// nanoseconds (the median of five rounds of 20,000), or `None` with fewer than two CPUs.
 ///
 /// It tells which state the host keeps the machine in, which moves every figure that
-/// crosses cores: on the project's 2-vCPU VMs it reads about 60 ns while the two vCPUs
-/// share an L3 cache and about 330 ns while the host runs them apart, which also halves
-/// the bandwidth of a copy from one core's writes (10 against 17 GB/s for 8 MiB) and cuts
-/// HMC_BUFFER echo over shared memory to a third. The host changes it within seconds, so
-/// each cell records it before and after.
+/// crosses cores: on the project's 2-vCPU VMs it reads several times higher while the host
+/// runs the two vCPUs apart than while they share a cache, which also slows copies across
+/// cores and HMC_BUFFER echo over shared memory (the figures are in `docs/benchmarks.md`).
+/// The host changes it within seconds, so each cell records it before and after.
 pub(crate) fn core_to_core_ns() -> Option<f64> {
     use std::sync::atomic::{AtomicU64, Ordering};
     const ROUND_TRIPS: u64 = 20_000;
@@ -228,7 +227,7 @@ pub(crate) fn fmt_size(s: usize) -> String {
 
 /// A note under the results table when the client's runtime threads and the server's
 /// workers together outnumber the CPUs: each cell then has threads waiting for a CPU, which
-/// shows in the tail (`docs/benchmarks.md`: a p999 of about 4 ms on two vCPUs with 2 + 2).
+/// shows in the tail (`docs/benchmarks.md` has the p999 this gives on two vCPUs).
 pub(crate) fn oversubscription_note(
     client_threads: Option<usize>,
     server_workers: usize,
