@@ -175,7 +175,7 @@ impl ConnUse {
 
 /// The server's and client's default data plane: none. It is core's always-built empty
 /// communicator ([`hmc_core::NoCommunicator`]), every operation of which reports
-/// [`Error::Unavailable`]; it keeps the generic code honest without a transport.
+/// [`hmc_core::Error::Unavailable`]; it keeps the generic code honest without a transport.
 pub type NoDataPlane = hmc_core::NoCommunicator;
 
 /// The registration type of [`NoDataPlane`] (never constructed).
