@@ -1,14 +1,13 @@
 //! Sockets behind one type: TCP and Unix domain streams and listeners addressed by `PeerAddr`.
 
 use std::io;
-use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use hmc_core::{Deadline, Error, PeerAddr, Result};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpStream, UnixStream};
 
 /// A connected byte stream over TCP or a Unix domain socket.
 #[derive(Debug)]
@@ -35,20 +34,7 @@ impl Stream {
     /// a request followed by a wait for the answer, which Nagle's algorithm would delay.
     pub(crate) async fn connect(addr: &PeerAddr, deadline: Deadline) -> Result<Stream> {
         let start = std::time::Instant::now();
-        let connecting = async {
-            match addr {
-                PeerAddr::Tcp(sa) => {
-                    let s = TcpStream::connect(sa).await?;
-                    s.set_nodelay(true)?;
-                    Ok(Stream::Tcp(s))
-                }
-                PeerAddr::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path).await?)),
-                _ => Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    "only tcp:// and unix:// addresses can be dialled",
-                )),
-            }
-        };
+        let connecting = async { hmc_net::connect(addr).await.map(Stream::from) };
         match tokio::time::timeout_at(deadline.instant().into(), connecting).await {
             Ok(Ok(s)) => Ok(s),
             Ok(Err(e)) if e.kind() == io::ErrorKind::Unsupported => Err(Error::InvalidArgument(
@@ -205,107 +191,39 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// A listening socket; removes its Unix socket file when dropped.
-#[derive(Debug)]
-pub(crate) enum Listener {
-    Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
+impl From<hmc_net::Conn> for Stream {
+    fn from(c: hmc_net::Conn) -> Self {
+        match c {
+            hmc_net::Conn::Tcp(s) => Stream::Tcp(s),
+            hmc_net::Conn::Unix(s) => Stream::Unix(s),
+        }
+    }
 }
+
+/// A listening socket (the layer `hmc-net` shares with the RPC runtime); removes its Unix
+/// socket file when dropped.
+#[derive(Debug)]
+pub(crate) struct Listener(hmc_net::Listener);
 
 impl Listener {
     /// Binds `addr`. `tcp://IP:0` picks a free port; [`Listener::local_addr`] tells which.
     /// Unix paths follow [`bind_unix_listener`].
     pub(crate) fn bind(addr: &PeerAddr) -> Result<Listener> {
-        match addr {
-            PeerAddr::Tcp(sa) => {
-                let std = std::net::TcpListener::bind(sa)
-                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                    .map_err(|e| Error::io(format!("binding {addr}"), e))?;
-                let l = TcpListener::from_std(std)
-                    .map_err(|e| Error::io(format!("registering listener {addr}"), e))?;
-                Ok(Listener::Tcp(l))
-            }
-            PeerAddr::Unix(path) => Ok(Listener::Unix(bind_unix_listener(path)?, path.clone())),
-            other => Err(Error::InvalidArgument(format!(
-                "cannot listen on {other}: use a tcp://IP:PORT or unix:///path address"
-            ))),
-        }
+        hmc_net::Listener::bind(addr).map(Listener)
     }
 
     /// The address peers dial, with the port the kernel chose.
     pub(crate) fn local_addr(&self) -> Result<PeerAddr> {
-        match self {
-            Listener::Tcp(l) => l
-                .local_addr()
-                .map(PeerAddr::Tcp)
-                .map_err(|e| Error::io("reading the listener's address", e)),
-            Listener::Unix(_, path) => Ok(PeerAddr::Unix(path.clone())),
-        }
+        self.0.local_addr()
     }
 
     /// Accepts one connection; TCP streams get `TCP_NODELAY`.
     pub(crate) async fn accept(&self) -> io::Result<Stream> {
-        match self {
-            Listener::Tcp(l) => {
-                let (s, _) = l.accept().await?;
-                s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
-            }
-            Listener::Unix(l, _) => Ok(Stream::Unix(l.accept().await?.0)),
-        }
+        self.0.accept().await.map(Stream::from)
     }
 }
 
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Listener::Unix(_, path) = self {
-            remove_socket_file(path);
-        }
-    }
-}
-
-/// Binds a Unix domain socket listener at `path` (within a tokio runtime). A socket file
-/// left by a process that is gone (connecting to it is refused) is removed first; a socket
-/// another process still serves, or a path that is not a socket, is refused with an error
-/// that says so, never deleted.
-pub fn bind_unix_listener(path: &Path) -> Result<UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(Error::InvalidArgument(format!(
-                "{} exists and is not a socket; choose another path",
-                path.display()
-            )));
-        }
-        match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{} is served by another process; stop it or choose another path",
-                    path.display()
-                )));
-            }
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                tracing::debug!(path = %path.display(), "removing a stale socket file");
-                remove_socket_file(path);
-            }
-            Err(e) => {
-                return Err(Error::io(
-                    format!("checking the existing socket file {}", path.display()),
-                    e,
-                ));
-            }
-        }
-    }
-    UnixListener::bind(path).map_err(|e| Error::io(format!("binding unix://{}", path.display()), e))
-}
-
-fn remove_socket_file(path: &Path) {
-    if let Err(e) = std::fs::remove_file(path)
-        && e.kind() != io::ErrorKind::NotFound
-    {
-        tracing::warn!(path = %path.display(), error = %e, "could not remove the socket file");
-    }
-}
+pub use hmc_net::bind_unix_listener;
 
 /// True for errors that mean "the other side went away" rather than a local fault.
 pub(crate) fn is_disconnect(e: &io::Error) -> bool {
@@ -322,10 +240,6 @@ pub(crate) fn is_disconnect(e: &io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn temp_path(name: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("hmc-net-{name}-{}.sock", std::process::id()))
-    }
 
     /// A connected client stream, and a peer task that reads pieces of `piece` bytes until
     /// the stream closes and returns how many it read.
@@ -406,23 +320,4 @@ mod tests {
     }
 
     const FAR: std::time::Duration = std::time::Duration::from_secs(20);
-
-    #[tokio::test]
-    async fn a_stale_socket_file_is_reclaimed_and_a_live_one_refused() {
-        let path = temp_path("reclaim");
-        let _ = std::fs::remove_file(&path);
-        // A socket file whose listener is gone: bound, then closed without removal.
-        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
-        assert!(path.exists());
-        let live = bind_unix_listener(&path).expect("a stale socket file is reclaimed");
-        let e = bind_unix_listener(&path).expect_err("a served socket is not taken over");
-        assert!(e.to_string().contains("served by another process"), "{e}");
-        drop(live);
-        std::fs::remove_file(&path).unwrap();
-        std::fs::write(&path, b"not a socket").unwrap();
-        let e = bind_unix_listener(&path).expect_err("a plain file is left alone");
-        assert!(e.to_string().contains("not a socket"), "{e}");
-        assert_eq!(std::fs::read(&path).unwrap(), b"not a socket");
-        std::fs::remove_file(&path).unwrap();
-    }
 }

@@ -4,12 +4,11 @@
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use hmc_core::{Error, PeerAddr, Result};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpStream, UnixStream};
 
 use crate::proto::{ReadTarget, TxQueue};
 
@@ -46,30 +45,15 @@ impl Stream {
 
 impl Stream {
     pub(crate) async fn connect(addr: &PeerAddr) -> Result<Stream> {
-        match addr {
-            PeerAddr::Tcp(a) => {
-                let s = TcpStream::connect(a).await.map_err(|e| {
-                    Error::io(
-                        format!("connecting to tcp://{a} (is hmc-rpc-server running there?)"),
-                        e,
-                    )
-                })?;
-                s.set_nodelay(true)
-                    .map_err(|e| Error::io("setting TCP_NODELAY", e))?;
-                Ok(Stream::Tcp(s))
-            }
-            PeerAddr::Unix(p) => UnixStream::connect(p).await.map(Stream::Unix).map_err(|e| {
-                Error::io(
-                    format!(
-                        "connecting to unix://{} (is hmc-rpc-server running there?)",
-                        p.display()
-                    ),
-                    e,
-                )
-            }),
-            other => Err(Error::InvalidArgument(format!(
-                "{other} is not an RPC address; use tcp://IP:PORT or unix:///path"
-            ))),
+        match hmc_net::connect(addr).await {
+            Ok(c) => Ok(c.into()),
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => Err(Error::InvalidArgument(
+                format!("{addr} is not an RPC address; use tcp://IP:PORT or unix:///path"),
+            )),
+            Err(e) => Err(Error::io(
+                format!("connecting to {addr} (is hmc-rpc-server running there?)"),
+                e,
+            )),
         }
     }
 
@@ -246,95 +230,30 @@ impl WriteHalf {
     }
 }
 
-/// A listening socket.
-pub(crate) enum Listener {
-    Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
+impl From<hmc_net::Conn> for Stream {
+    fn from(c: hmc_net::Conn) -> Self {
+        match c {
+            hmc_net::Conn::Tcp(s) => Stream::Tcp(s),
+            hmc_net::Conn::Unix(s) => Stream::Unix(s),
+        }
+    }
 }
+
+/// A listening socket (the layer `hmc-net` shares with the TCP transport).
+pub(crate) struct Listener(hmc_net::Listener);
 
 impl Listener {
     pub(crate) async fn bind(addr: &PeerAddr) -> Result<Listener> {
-        match addr {
-            PeerAddr::Tcp(a) => TcpListener::bind(a).await.map(Listener::Tcp).map_err(|e| {
-                Error::io(
-                    format!("binding tcp://{a} (port in use? pick another --port)"),
-                    e,
-                )
-            }),
-            // A stale socket file from a previous run is reclaimed; a live one is refused.
-            PeerAddr::Unix(p) => Ok(Listener::Unix(bind_unix_listener(p)?, p.clone())),
-            other => Err(Error::InvalidArgument(format!(
-                "{other} is not a listen address; use tcp://IP:PORT or unix:///path"
-            ))),
-        }
+        hmc_net::Listener::bind(addr).map(Listener)
     }
 
     pub(crate) fn local_addr(&self) -> Result<PeerAddr> {
-        match self {
-            Listener::Tcp(l) => l
-                .local_addr()
-                .map(PeerAddr::Tcp)
-                .map_err(|e| Error::io("reading the listener address", e)),
-            Listener::Unix(_, p) => Ok(PeerAddr::Unix(p.clone())),
-        }
+        self.0.local_addr()
     }
 
     pub(crate) async fn accept(&self) -> io::Result<Stream> {
-        match self {
-            Listener::Tcp(l) => {
-                let (s, _) = l.accept().await?;
-                s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
-            }
-            Listener::Unix(l, _) => Ok(Stream::Unix(l.accept().await?.0)),
-        }
+        self.0.accept().await.map(Stream::from)
     }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        if let Listener::Unix(_, p) = self {
-            let _ = std::fs::remove_file(p);
-        }
-    }
-}
-
-/// Binds a Unix listener at `path`, reclaiming a stale socket file from a previous run and
-/// refusing a live one or a file that is not a socket (the same rule as the TCP transport's
-/// listener, kept here so that the runtime needs no transport crate).
-fn bind_unix_listener(path: &Path) -> Result<UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(Error::InvalidArgument(format!(
-                "{} exists and is not a socket; choose another path",
-                path.display()
-            )));
-        }
-        match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{} is served by another process; stop it or choose another path",
-                    path.display()
-                )));
-            }
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                tracing::debug!(path = %path.display(), "removing a stale socket file");
-                if let Err(e) = std::fs::remove_file(path)
-                    && e.kind() != io::ErrorKind::NotFound
-                {
-                    tracing::warn!(path = %path.display(), error = %e, "could not remove the socket file");
-                }
-            }
-            Err(e) => {
-                return Err(Error::io(
-                    format!("checking the existing socket file {}", path.display()),
-                    e,
-                ));
-            }
-        }
-    }
-    UnixListener::bind(path).map_err(|e| Error::io(format!("binding unix://{}", path.display()), e))
 }
 
 /// A connection task's one timer. It is re-armed only when the core wants a deadline

@@ -1,0 +1,214 @@
+//! `hmc-net`: the socket layer `hmc-rpc` and `hmc-transport-tcp` share, so that both
+//! listen, accept and dial the same way: TCP (IPv4 or IPv6) and Unix domain sockets named
+//! by [`PeerAddr`], `TCP_NODELAY` on every TCP stream (every exchange of both is a message
+//! followed by a wait, which Nagle's algorithm would delay), and one rule for Unix socket
+//! files ([`bind_unix_listener`]): a stale file from a process that is gone is reclaimed, a
+//! live one or a file that is not a socket is refused, and a listener removes its file
+//! when dropped.
+//!
+//! Each crate wraps [`Conn`] in a stream type of its own, with the reads and writes its
+//! protocol needs (busy-polled receives for the RPC runtime, deadline-bounded bulk copies
+//! for the transport).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! use hmc_net::{Conn, Listener};
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! let l = Listener::bind(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
+//! let addr = l.local_addr().unwrap();
+//! let (client, server) = tokio::join!(hmc_net::connect(&addr), l.accept());
+//! let (Conn::Tcp(mut c), Conn::Tcp(mut s)) = (client?, server?) else { unreachable!() };
+//! c.write_all(b"hi").await?;
+//! let mut b = [0u8; 2];
+//! s.read_exact(&mut b).await?;
+//! assert_eq!(&b, b"hi");
+//! # Ok(())
+//! # }
+//! ```
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use hmc_core::{Error, PeerAddr, Result};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+/// A connected socket.
+#[derive(Debug)]
+pub enum Conn {
+    /// TCP, with `TCP_NODELAY` set.
+    Tcp(TcpStream),
+    /// A Unix domain socket.
+    Unix(UnixStream),
+}
+
+/// Dials `addr` (`tcp://…` or `unix://…`); other address forms fail with
+/// [`io::ErrorKind::Unsupported`]. Callers add their own deadline and error wording.
+pub async fn connect(addr: &PeerAddr) -> io::Result<Conn> {
+    match addr {
+        PeerAddr::Tcp(sa) => {
+            let s = TcpStream::connect(sa).await?;
+            s.set_nodelay(true)?;
+            Ok(Conn::Tcp(s))
+        }
+        PeerAddr::Unix(path) => Ok(Conn::Unix(UnixStream::connect(path).await?)),
+        _ => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "only tcp:// and unix:// addresses can be dialled",
+        )),
+    }
+}
+
+/// A listening socket; removes its Unix socket file when dropped.
+#[derive(Debug)]
+pub enum Listener {
+    /// TCP.
+    Tcp(TcpListener),
+    /// A Unix domain socket at this path.
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    /// Binds `addr` (within a tokio runtime). `tcp://IP:0` picks a free port;
+    /// [`Listener::local_addr`] tells which. Unix paths follow [`bind_unix_listener`].
+    pub fn bind(addr: &PeerAddr) -> Result<Listener> {
+        match addr {
+            PeerAddr::Tcp(sa) => {
+                let std = std::net::TcpListener::bind(sa)
+                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                    .map_err(|e| {
+                        Error::io(format!("binding {addr} (port in use? choose another)"), e)
+                    })?;
+                let l = TcpListener::from_std(std)
+                    .map_err(|e| Error::io(format!("registering the listener {addr}"), e))?;
+                Ok(Listener::Tcp(l))
+            }
+            PeerAddr::Unix(path) => Ok(Listener::Unix(bind_unix_listener(path)?, path.clone())),
+            other => Err(Error::InvalidArgument(format!(
+                "cannot listen on {other}: use a tcp://IP:PORT or unix:///path address"
+            ))),
+        }
+    }
+
+    /// The address peers dial, with the port the kernel chose.
+    pub fn local_addr(&self) -> Result<PeerAddr> {
+        match self {
+            Listener::Tcp(l) => l
+                .local_addr()
+                .map(PeerAddr::Tcp)
+                .map_err(|e| Error::io("reading the listener's address", e)),
+            Listener::Unix(_, path) => Ok(PeerAddr::Unix(path.clone())),
+        }
+    }
+
+    /// Accepts one connection; TCP streams get `TCP_NODELAY`.
+    pub async fn accept(&self) -> io::Result<Conn> {
+        match self {
+            Listener::Tcp(l) => {
+                let (s, _) = l.accept().await?;
+                s.set_nodelay(true)?;
+                Ok(Conn::Tcp(s))
+            }
+            Listener::Unix(l, _) => Ok(Conn::Unix(l.accept().await?.0)),
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, path) = self {
+            remove_socket_file(path);
+        }
+    }
+}
+
+/// Binds a Unix domain socket listener at `path` (within a tokio runtime). A socket file
+/// left by a process that is gone (connecting to it is refused) is removed first; a socket
+/// another process still serves, or a path that is not a socket, is refused with an error
+/// that says so, never deleted.
+pub fn bind_unix_listener(path: &Path) -> Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(Error::InvalidArgument(format!(
+                "{} exists and is not a socket; choose another path",
+                path.display()
+            )));
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is served by another process; stop it or choose another path",
+                    path.display()
+                )));
+            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                tracing::debug!(path = %path.display(), "removing a stale socket file");
+                remove_socket_file(path);
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    format!("checking the existing socket file {}", path.display()),
+                    e,
+                ));
+            }
+        }
+    }
+    UnixListener::bind(path).map_err(|e| Error::io(format!("binding unix://{}", path.display()), e))
+}
+
+fn remove_socket_file(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path)
+        && e.kind() != io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "could not remove the socket file");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_stale_socket_file_is_reclaimed_a_live_one_and_a_plain_file_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        // A stale file: bound, then its listener forgotten without removing the file.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let l = Listener::bind(&PeerAddr::Unix(path.clone())).expect("stale file reclaimed");
+        // A live one is refused, and left alone.
+        let e = Listener::bind(&PeerAddr::Unix(path.clone())).unwrap_err();
+        assert!(e.to_string().contains("served by another process"), "{e}");
+        assert!(path.exists());
+        let c = connect(&PeerAddr::Unix(path.clone())).await.unwrap();
+        assert!(matches!(c, Conn::Unix(_)));
+        assert!(matches!(l.accept().await.unwrap(), Conn::Unix(_)));
+        drop(l);
+        assert!(!path.exists(), "the listener removes its file");
+        // A file that is not a socket is never deleted.
+        std::fs::write(&path, b"data").unwrap();
+        let e = Listener::bind(&PeerAddr::Unix(path.clone())).unwrap_err();
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"data");
+    }
+
+    #[tokio::test]
+    async fn tcp_streams_get_nodelay_and_opaque_addresses_are_refused() {
+        let l = Listener::bind(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let (c, s) = tokio::join!(connect(&addr), l.accept());
+        let (Conn::Tcp(c), Conn::Tcp(s)) = (c.unwrap(), s.unwrap()) else {
+            panic!("TCP expected")
+        };
+        assert!(c.nodelay().unwrap() && s.nodelay().unwrap());
+        let opaque = PeerAddr::Opaque {
+            transport: hmc_core::TransportId::UCX,
+            bytes: vec![1],
+        };
+        let e = connect(&opaque).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::Unsupported);
+        assert!(Listener::bind(&opaque).is_err());
+    }
+}
