@@ -30,6 +30,45 @@ impl std::fmt::Debug for AnyBuffer {
     }
 }
 
+impl AnyBuffer {
+    /// Erases `buf` without naming the memory that allocated it (an opened IPC buffer, a
+    /// test's); [`AnyMemory`] then treats it as another backend's.
+    pub fn new<B: DeviceBuffer>(buf: B) -> AnyBuffer {
+        AnyBuffer {
+            region: buf.region(),
+            owner: 0,
+            inner: Box::new(buf),
+        }
+    }
+
+    /// Erases `buf`, a buffer `memory` allocated (so that [`AnyMemory`] over the same
+    /// backend accepts it where it checks ownership).
+    pub fn of<M: Memory>(memory: &M, buf: M::Buffer) -> AnyBuffer {
+        AnyBuffer {
+            region: buf.region(),
+            owner: identity(memory),
+            inner: Box::new(buf),
+        }
+    }
+
+    /// The concrete buffer back, when it is a `B`; otherwise the buffer, unchanged.
+    pub fn downcast<B: DeviceBuffer>(self) -> std::result::Result<B, AnyBuffer> {
+        let AnyBuffer {
+            inner,
+            region,
+            owner,
+        } = self;
+        inner
+            .downcast::<B>()
+            .map(|b| *b)
+            .map_err(|inner| AnyBuffer {
+                inner,
+                region,
+                owner,
+            })
+    }
+}
+
 impl DeviceBuffer for AnyBuffer {
     fn region(&self) -> Region {
         self.region
@@ -87,12 +126,7 @@ impl<M: Memory> DynMemory for M {
     }
 
     fn dyn_alloc(&self, len: usize) -> Result<AnyBuffer> {
-        let buf = Memory::alloc(self, len)?;
-        Ok(AnyBuffer {
-            region: buf.region(),
-            owner: identity(self),
-            inner: Box::new(buf),
-        })
+        Ok(AnyBuffer::of(self, Memory::alloc(self, len)?))
     }
 
     fn dyn_copy(&self, dst: &mut MemSpanMut<'_>, src: &MemSpan<'_>) -> Result<()> {
@@ -288,5 +322,31 @@ mod tests {
         let err = b.export_ipc(&buf).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
         a.export_ipc(&buf).unwrap();
+    }
+
+    #[test]
+    fn a_buffer_erased_with_its_memory_downcasts_back_or_stays_whole() {
+        let m = VecMemory;
+        let buf = AnyBuffer::of(&m, m.alloc(8).unwrap());
+        let region = buf.region();
+        assert_eq!(region.len, 8);
+        // Not an `Other`: the buffer comes back unchanged.
+        #[derive(Debug)]
+        struct Other;
+        impl DeviceBuffer for Other {
+            fn region(&self) -> Region {
+                unreachable!()
+            }
+        }
+        let buf = buf.downcast::<Other>().unwrap_err();
+        assert_eq!(buf.region(), region);
+        let Ok(v) = buf.downcast::<VecBuffer>() else {
+            panic!("a VecBuffer")
+        };
+        assert_eq!(v.0.len(), 8);
+        // Erased with its memory, it is that memory's for AnyMemory's ownership checks.
+        let any = AnyMemory::new(VecMemory);
+        let b = any.alloc(4).unwrap();
+        assert!(any.export_ipc(&b).is_ok());
     }
 }

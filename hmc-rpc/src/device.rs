@@ -9,11 +9,12 @@
 //! `CudaMemory::pinned()`), so the device's DMA engine copies at full speed; any host
 //! [`Memory`] works.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use hmc_core::{Error, MemSpan, MemSpanMut, Memory, Result, StagingConfig};
+use hmc_core::{
+    AnyBuffer, DeviceBuffer, Error, MemSpan, MemSpanMut, Memory, Result, StagingConfig,
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::proto::{StagedPayload, StreamSink};
@@ -181,16 +182,20 @@ impl<M: Memory> StreamSink for DeviceSink<M> {
     }
 
     fn finish(self: Box<Self>) -> StagedPayload {
-        self.buf.map(|b| Box::new(b) as Box<dyn Any + Send>)
+        let memory = self.memory;
+        self.buf.map(|b| AnyBuffer::of(&*memory, b))
     }
 }
 
 /// The device buffer a [`DeviceSink`] of `M` made.
 pub(crate) fn take_staged<M: Memory>(p: StagedPayload) -> Result<M::Buffer> {
     p.and_then(|b| {
-        b.downcast::<M::Buffer>()
-            .map(|b| *b)
-            .map_err(|_| Error::InvalidArgument("a staged payload of another memory type".into()))
+        b.downcast::<M::Buffer>().map_err(|b| {
+            Error::InvalidArgument(format!(
+                "a staged payload on {} is not a buffer of this method's memory",
+                b.region().device
+            ))
+        })
     })
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use hmc_backend_cpu::HostMemory;
-use hmc_core::{DeviceBuffer, MemSpan, MemSpanMut, Memory};
+use hmc_core::{AnyBuffer, AnyMemory, DeviceBuffer, MemSpan, MemSpanMut, Memory};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, mpsc};
@@ -146,26 +146,22 @@ pub(crate) enum DeviceReply {
     },
 }
 
-/// A device method's response, still in device memory, copied out piece by piece (the
-/// data plane WRITEs one piece while the next is copied).
-pub(crate) trait DeviceOut: Send + Sync {
+/// A device method's response where it lies: the buffer and its memory in core's erased
+/// forms, copied out piece by piece (the data plane WRITEs one piece while the next is
+/// copied).
+pub(crate) struct DeviceOut {
+    pub(crate) memory: AnyMemory,
+    pub(crate) buf: AnyBuffer,
+}
+
+impl DeviceOut {
     /// Bytes.
-    fn len(&self) -> usize;
-    /// Copies `dst.len()` bytes from `offset` into `dst` (host memory).
-    fn copy_out(&self, offset: usize, dst: &mut MemSpanMut<'_>) -> hmc_core::Result<()>;
-}
-
-struct DeviceOutOf<M: Memory> {
-    memory: Arc<M>,
-    buf: M::Buffer,
-}
-
-impl<M: Memory> DeviceOut for DeviceOutOf<M> {
-    fn len(&self) -> usize {
-        self.buf.len()
+    pub(crate) fn len(&self) -> usize {
+        self.buf.region().len
     }
 
-    fn copy_out(&self, offset: usize, dst: &mut MemSpanMut<'_>) -> hmc_core::Result<()> {
+    /// Copies `dst.len()` bytes from `offset` into `dst` (host memory).
+    pub(crate) fn copy_out(&self, offset: usize, dst: &mut MemSpanMut<'_>) -> hmc_core::Result<()> {
         self.memory
             .copy(dst, &MemSpan::of(&self.buf).slice(offset, dst.len())?)
     }
@@ -187,7 +183,7 @@ pub(crate) trait DeviceRoute: Send + Sync {
         &self,
         ctx: CallContext,
         request: DeviceRequest,
-    ) -> BoxFuture<'static, Result<Box<dyn DeviceOut>, RpcError>>;
+    ) -> BoxFuture<'static, Result<DeviceOut, RpcError>>;
 }
 
 struct DeviceMethod<M: Memory, H: Memory, F> {
@@ -248,12 +244,15 @@ where
         &self,
         ctx: CallContext,
         request: DeviceRequest,
-    ) -> BoxFuture<'static, Result<Box<dyn DeviceOut>, RpcError>> {
+    ) -> BoxFuture<'static, Result<DeviceOut, RpcError>> {
         let running = self.start(ctx, request);
         let memory = self.memory.clone();
         Box::pin(async move {
-            let buf = running?.await?;
-            Ok(Box::new(DeviceOutOf { memory, buf }) as Box<dyn DeviceOut>)
+            let buf = AnyBuffer::of(&*memory, running?.await?);
+            Ok(DeviceOut {
+                memory: AnyMemory::from_arc(memory),
+                buf,
+            })
         })
     }
 }

@@ -7,7 +7,6 @@
 //! `handle_timeout`, and reacts to events. Every race between cancel, timeout and
 //! completion is therefore a deterministic unit test.
 
-use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -155,9 +154,10 @@ impl Default for ConnConfig {
     }
 }
 
-/// What a [`StreamSink`] made of a streamed payload: the runtime downcasts it to the type
-/// its sink produces (a device buffer), or the reason staging failed.
-pub type StagedPayload = Result<Box<dyn Any + Send>, hmc_core::Error>;
+/// What a [`StreamSink`] made of a streamed payload: a device buffer in core's erased form
+/// ([`hmc_core::AnyBuffer`], which the runtime turns back into its memory's buffer type),
+/// or the reason staging failed.
+pub type StagedPayload = Result<hmc_core::AnyBuffer, hmc_core::Error>;
 
 /// Where a TCP_STREAM payload goes, chunk by chunk as its DATA frames arrive, instead of a
 /// reassembled host buffer: a device-resident payload is copied to the device while the

@@ -114,14 +114,28 @@ impl StreamSink for RecordingSink {
     fn finish(self: Box<Self>) -> StagedPayload {
         match self.error {
             Some(e) => Err(e),
-            None => Ok(Box::new(self.bytes)),
+            None => Ok(hmc_core::AnyBuffer::new(HostBytes(self.bytes))),
+        }
+    }
+}
+
+/// The test sink's product: the bytes, as a (host) device buffer.
+#[derive(Debug)]
+struct HostBytes(Vec<u8>);
+
+impl hmc_core::DeviceBuffer for HostBytes {
+    fn region(&self) -> hmc_core::Region {
+        hmc_core::Region {
+            device: hmc_core::Device::HOST,
+            addr: self.0.as_ptr() as u64,
+            len: self.0.len(),
         }
     }
 }
 
 fn staged_bytes(p: Option<StagedPayload>) -> Result<Vec<u8>, hmc_core::Error> {
     let p = p.expect("a sink took this payload")?;
-    Ok(*p.downcast::<Vec<u8>>().expect("the sink's type"))
+    Ok(p.downcast::<HostBytes>().expect("the sink's type").0)
 }
 
 fn pattern(n: usize) -> Vec<u8> {
