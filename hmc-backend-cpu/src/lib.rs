@@ -1,5 +1,19 @@
 //! Host memory for HMC: page-aligned allocations with optional huge pages and `mlock`.
 //!
+//! # Example
+//!
+//! ```
+//! use hmc_backend_cpu::HostMemory;
+//! use hmc_core::{MemSpan, MemSpanMut, Memory};
+//! let mem = HostMemory::new();
+//! let mut buf = mem.alloc(1 << 20)?; // page-aligned, huge pages when the config asks
+//! mem.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(&[1u8; 1 << 20]))?;
+//! let mut back = vec![0u8; 1 << 20];
+//! mem.copy(&mut MemSpanMut::host(&mut back), &MemSpan::of(&buf))?;
+//! assert!(back.iter().all(|&b| b == 1));
+//! # Ok::<(), hmc_core::Error>(())
+//! ```
+//!
 //! [`HostMemory`] is the [`Memory`] every machine has. Its buffers come straight from
 //! `mmap`, so they are page aligned (what NICs and DMA engines want), zero-filled, and
 //! returned to the kernel on drop.

@@ -1,6 +1,26 @@
 //! NVIDIA CUDA memory for HMC: device and pinned allocations, synchronous and asynchronous
 //! copies, same-host IPC and DMA-BUF export, through the CUDA driver API loaded at run time.
 //!
+//! # Example
+//!
+//! Allocate CUDA memory, copy host bytes in and back. Without the vendor runtime (as on
+//! the project's CI machines) the constructor answers `Unavailable` with a hint, never panics.
+//!
+//! ```
+//! use hmc_core::{MemSpan, MemSpanMut, Memory};
+//! match hmc_backend_cuda::CudaMemory::new(0) {
+//!     Ok(mem) => {
+//!         let mut buf = mem.alloc(4096)?;
+//!         mem.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(&[7u8; 4096]))?;
+//!         let mut back = vec![0u8; 4096];
+//!         mem.copy(&mut MemSpanMut::host(&mut back), &MemSpan::of(&buf))?;
+//!         assert_eq!(back, vec![7u8; 4096]);
+//!     }
+//!     Err(e) => eprintln!("no CUDA device here: {e}"),
+//! }
+//! # Ok::<(), hmc_core::Error>(())
+//! ```
+//!
 //! # What this crate is for
 //!
 //! [`CudaMemory`] implements [`hmc_core::Memory`] for one CUDA device: `cuMemAlloc`

@@ -3,6 +3,30 @@
 //! memory, pinned host memory, IPC export/import and library loading, generic over a small
 //! per-vendor trait.
 //!
+//! # Example
+//!
+//! How a vendor backend describes its library and loads it at run time; a missing library
+//! is `Unavailable` with the install hint and the environment variable to set.
+//!
+//! ```
+//! use hmc_backend_runtime::LibrarySpec;
+//! let spec = LibrarySpec {
+//!     library: "libexample_rt",
+//!     runtime: "the Example runtime",
+//!     env: "HMC_EXAMPLE_LIB",
+//!     candidates: &["libexample_rt.so.1"],
+//!     install: "install the Example SDK",
+//!     missing_symbol: "it is not an Example runtime HMC supports",
+//! };
+//! match spec.load(None) {
+//!     Ok((_lib, path)) => println!("loaded {}", path.display()),
+//!     Err(e) => {
+//!         assert!(matches!(e, hmc_core::Error::Unavailable { .. }));
+//!         assert!(e.to_string().contains("HMC_EXAMPLE_LIB"), "{e}");
+//!     }
+//! }
+//! ```
+//!
 //! # Shape
 //!
 //! A vendor crate resolves its runtime's symbols (with their header citations) into a table

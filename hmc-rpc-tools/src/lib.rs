@@ -2,6 +2,21 @@
 //! the run-time choice of data plane ([`plane`], which links the TCP and UCX transports so
 //! that the `hmc-rpc` library does not have to) and the allocator tuning ([`tuning`]).
 //!
+//! # Example
+//!
+//! The binaries' run-time choice of data plane (`--data-plane tcp|ucx|none`):
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> hmc_core::Result<()> {
+//! use hmc_rpc_tools::plane::{open_data_plane, DataPlaneKind};
+//! let dp = open_data_plane(DataPlaneKind::Tcp, [127, 0, 0, 1].into())?.expect("a TCP data plane");
+//! println!("HMC_BUFFER payloads move over {}", hmc_core::Communicator::address(&dp));
+//! assert!(open_data_plane(DataPlaneKind::None, [127, 0, 0, 1].into())?.is_none());
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Safety
 //!
 //! `unsafe` is denied crate-wide and allowed only for [`tuning::tune_allocator`]'s

@@ -1,6 +1,38 @@
 //! HMC over plain sockets: a rank-addressed control plane over TCP and Unix sockets, and a
 //! TCP `Communicator` that serves one-sided READ/WRITE for hosts without UCX or RDMA.
 //!
+//! # Example
+//!
+//! Two communicators in one process: register a buffer at the target, export its key, and
+//! WRITE into it one-sided from the initiator.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> hmc_core::Result<()> {
+//! use std::sync::Arc;
+//! use hmc_backend_cpu::HostMemory;
+//! use hmc_core::{Access, Communicator, ConnBuffer, Deadline, MemSpan, Op, RegisteredBuffer, TransferDesc};
+//! use hmc_transport_tcp::{TcpCommunicator, TcpConfig};
+//!
+//! let addr = "tcp://127.0.0.1:0".parse().unwrap();
+//! let target = Arc::new(TcpCommunicator::bind(&addr, TcpConfig::default())?);
+//! let initiator = Arc::new(TcpCommunicator::bind(&addr, TcpConfig::default())?);
+//! let mem = Arc::new(HostMemory::new());
+//! let dst = RegisteredBuffer::new(mem.clone(), target.clone(), 4096, Access::WRITE)?;
+//! let src = RegisteredBuffer::new(mem, initiator.clone(), 4096, Access::READ)?;
+//! src.write_at(0, &MemSpan::host(&[9u8; 4096]))?;
+//!
+//! let ep = initiator.connect(&target.address(), Deadline::default()).await?;
+//! let key = initiator.import(&ep, &dst.export()?)?;
+//! let batch = [TransferDesc { local: src.registration(), local_offset: 0, remote: &key, remote_offset: 0, len: 4096 }];
+//! initiator.transfer(&ep, Op::Write, &batch, Deadline::default()).await?;
+//! let mut back = vec![0u8; 4096];
+//! dst.read_at(0, &mut hmc_core::MemSpanMut::host(&mut back))?;
+//! assert_eq!(back, vec![9u8; 4096]);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # What this crate is for
 //!
 //! - [`ControlPlane`]: processes find and talk to each other by rank. Bind as rank N on

@@ -1,6 +1,23 @@
 //! UCX transport for HMC: a [`Communicator`](hmc_core::Communicator) over UCX's UCP layer,
 //! with `libucp.so.0` loaded at run time.
 //!
+//! # Example
+//!
+//! A communicator over UCX (loaded at run time); without `libucp.so.0` it answers
+//! `Unavailable` with the install hint.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use hmc_core::Communicator;
+//! use hmc_transport_ucx::{UcxCommunicator, UcxConfig};
+//! match UcxCommunicator::new(UcxConfig::default()) {
+//!     Ok(c) => println!("UCX listening at {}; it can {:?}", c.address(), c.capabilities()),
+//!     Err(e) => println!("UCX unavailable here: {e}"),
+//! }
+//! # }
+//! ```
+//!
 //! # What this crate is for
 //!
 //! One-sided READ/WRITE (UCP `put`/`get` with packed remote keys) between registered regions
