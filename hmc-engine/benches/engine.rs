@@ -25,6 +25,8 @@ struct Args {
     seconds: f64,
     mooncake_python: Option<String>,
     target: bool,
+    /// `TcpConfig::busy_poll` of both engines' transports, µs (default: the library's).
+    busy_poll_us: Option<u64>,
 }
 
 fn args() -> Args {
@@ -33,6 +35,7 @@ fn args() -> Args {
         seconds: 2.0,
         mooncake_python: None,
         target: false,
+        busy_poll_us: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -49,6 +52,9 @@ fn args() -> Args {
             "--mooncake-python" => a.mooncake_python = it.next(),
             "--quick" => a.seconds = 0.5,
             "--target" => a.target = true,
+            "--busy-poll-us" => {
+                a.busy_poll_us = Some(it.next().expect("--busy-poll-us N").parse().expect("µs"))
+            }
             // cargo bench passes --bench.
             _ => {}
         }
@@ -56,9 +62,12 @@ fn args() -> Args {
     a
 }
 
-fn open() -> TcpCommunicator {
-    TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), Default::default())
-        .expect("TCP transport")
+fn open(busy_poll_us: Option<u64>) -> TcpCommunicator {
+    let mut config = hmc_transport_tcp::TcpConfig::default();
+    if let Some(us) = busy_poll_us {
+        config.busy_poll = Duration::from_micros(us);
+    }
+    TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), config).expect("TCP transport")
 }
 
 /// Bytes each side registers: room for the largest op, and for the KV rows (two 8 MiB
@@ -69,8 +78,8 @@ fn buffer_len(sizes: &[usize]) -> usize {
 
 /// The target process: an engine with one registered buffer; prints its name, the
 /// buffer's address, and the buffer's exported region (for the bare-communicator rows).
-async fn target(len: usize) {
-    let comm = Arc::new(open());
+async fn target(len: usize, busy_poll_us: Option<u64>) {
+    let comm = Arc::new(open(busy_poll_us));
     let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())
         .await
         .unwrap();
@@ -234,12 +243,17 @@ async fn main() {
     let a = args();
     let len = buffer_len(&a.sizes);
     if a.target {
-        target(len).await;
+        target(len, a.busy_poll_us).await;
         return;
     }
     let me = std::env::current_exe().unwrap();
+    let poll_args: Vec<String> = a
+        .busy_poll_us
+        .map(|us| vec!["--busy-poll-us".to_string(), us.to_string()])
+        .unwrap_or_default();
     let mut child = Command::new(me)
         .arg("--target")
+        .args(&poll_args)
         .args([
             "--sizes",
             &a.sizes
@@ -265,7 +279,7 @@ async fn main() {
         RemoteRegion::decode(&unhex(f[4])).unwrap(),
     );
 
-    let comm = Arc::new(open());
+    let comm = Arc::new(open(a.busy_poll_us));
     let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())
         .await
         .unwrap();
@@ -310,7 +324,7 @@ async fn main() {
     }
 
     // The same transfers through the bare communicator: its own endpoint and key.
-    let bare_comm = open();
+    let bare_comm = open(a.busy_poll_us);
     let ep = bare_comm.connect(&dp, Deadline::after(T)).await.unwrap();
     let key = bare_comm.import(&ep, &region).unwrap();
     let lreg = {

@@ -51,6 +51,38 @@ impl Stream {
         }
     }
 
+    /// Busy-polls for up to `window` until the socket has bytes to read (or is closed),
+    /// yielding to the runtime's other tasks between checks; returns at once for a zero
+    /// window. An answer that comes within the window is then read without the thread
+    /// having gone to sleep: on idle cores, waking a sleeping thread costs more than a
+    /// small op itself (`TcpConfig::busy_poll`).
+    pub(crate) async fn poll_readable(&self, window: std::time::Duration) {
+        if window.is_zero() {
+            return;
+        }
+        let start = Instant::now();
+        while !self.readable_now() && start.elapsed() < window {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// One `poll(2)` with a zero timeout: true when a read would not block.
+    fn readable_now(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `p` is a valid `pollfd` on this frame and `nfds` is 1; a zero timeout
+        // makes the call return at once. The fd belongs to `self`, alive for the call.
+        unsafe { libc::poll(&mut p, 1, 0) > 0 }
+    }
+
     /// Waits until a read may make progress.
     pub(crate) async fn readable(&self) -> io::Result<()> {
         match self {

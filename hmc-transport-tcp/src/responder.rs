@@ -292,7 +292,13 @@ async fn serve(shared: &Shared, mut stream: Stream) {
     counters.open.fetch_add(1, Ordering::Relaxed);
     let _open = OpenConnection(&counters.open);
     let stall = shared.config.request_timeout;
+    let mut served = false;
     loop {
+        if served {
+            // The initiator often sends its next request right away: catch it awake.
+            stream.poll_readable(shared.config.busy_poll).await;
+        }
+        served = true;
         let kind = match tokio::time::timeout(shared.config.idle_timeout, stream.read_u8()).await {
             Ok(Ok(k)) => k,
             Ok(Err(_)) => return, // the initiator closed the connection
