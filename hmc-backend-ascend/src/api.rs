@@ -328,6 +328,10 @@ impl IpcFormat for AclApi {
 }
 
 impl RuntimeApi for AclApi {
+    fn ipc_supported(&self) -> bool {
+        self.supports_ipc()
+    }
+
     const KIND: DeviceKind = DeviceKind::ASCEND;
     const MEMORY_TYPE: &'static str = "AscendMemory";
     const ORDINAL_HINT: &'static str = "use an ordinal below the device count (see \

@@ -238,6 +238,10 @@ fn abi_shim_without_the_ipc_functions_ipc_is_unsupported_and_the_rest_works() {
     let api = <AclApi as RuntimeApi>::open_library(&lib).unwrap();
     assert!(!api.supports_ipc());
     let mem = AscendMemory::with_api(api, 1).unwrap();
+    assert!(
+        !hmc_core::Memory::capabilities(&mem).ipc,
+        "capabilities say IPC is unavailable"
+    );
     let mut buf = mem.alloc(128).unwrap();
     mem.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(&[5u8; 128]))
         .unwrap();

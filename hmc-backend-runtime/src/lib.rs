@@ -116,6 +116,11 @@ pub trait RuntimeApi: IpcFormat + Debug + Send + Sync {
     fn default_runtime() -> Result<Arc<Self>>;
     /// The runtime at `library` (a path to the vendor library or to one exporting its ABI).
     fn open_library(library: &Path) -> Result<Arc<Self>>;
+    /// Whether this runtime can export and open IPC handles (some vendor versions lack the
+    /// calls; `capabilities()` reports it). Default: yes.
+    fn ipc_supported(&self) -> bool {
+        true
+    }
     /// Where the library was loaded from.
     fn path(&self) -> &Path;
     /// The runtime's version, as the vendor encodes it.

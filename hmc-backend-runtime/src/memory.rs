@@ -179,7 +179,7 @@ impl<A: RuntimeApi> Memory for RuntimeMemory<A> {
     /// table binds neither).
     fn capabilities(&self) -> MemoryCapabilities {
         let mut caps = MemoryCapabilities::new(self.device(), self.max_alloc());
-        caps.ipc = true;
+        caps.ipc = self.api.ipc_supported();
         caps
     }
 

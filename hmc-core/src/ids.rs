@@ -96,7 +96,7 @@ impl DeviceKind {
     pub const MLU: DeviceKind = DeviceKind(3);
     /// Moore Threads MUSA.
     pub const MUSA: DeviceKind = DeviceKind(4);
-    /// Reserved for Huawei Ascend NPUs (ACL); no backend in this repository yet.
+    /// Reserved for Huawei Ascend NPUs (ACL); `hmc-backend-ascend` (ACL loaded at run time).
     pub const ASCEND: DeviceKind = DeviceKind(5);
     /// Numbers a device backend outside this repository may take without a change to
     /// `hmc-core`.
