@@ -108,11 +108,11 @@ impl Stream {
         let mut done = 0;
         while done < buf.len() {
             past(until)?;
-            self.readable().await?;
+            // Bytes already there are taken without waiting for a readiness event.
             match self.try_read(&mut buf[done..]) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.readable().await?,
                 Err(e) => return Err(e),
             }
         }
@@ -166,11 +166,39 @@ impl Stream {
         !matches!(self.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
-    /// One non-blocking `read`; `WouldBlock` when nothing is there.
+    /// One non-blocking `read`; `WouldBlock` when nothing is there. It asks the socket
+    /// directly (tokio's cached readiness may not know yet of bytes that arrived while
+    /// this task busy-polled or ran), and only on `WouldBlock` goes through tokio too, so
+    /// that a stale readiness is cleared and the next `readable()` really waits.
     pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.try_read(buf),
-            Stream::Unix(s) => s.try_read(buf),
+        match self.recv_raw(buf) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self {
+                Stream::Tcp(s) => s.try_read(buf),
+                Stream::Unix(s) => s.try_read(buf),
+            },
+            r => r,
+        }
+    }
+
+    /// One `recv(MSG_DONTWAIT)` on the socket.
+    fn recv_raw(&self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+        };
+        loop {
+            // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the call, and the
+            // fd belongs to `self`, alive for the call.
+            let n =
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
         }
     }
 
@@ -189,7 +217,17 @@ impl AsyncRead for Stream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
+        let this = self.get_mut();
+        // Bytes already there first, without a readiness event (see `Stream::try_read`).
+        match this.recv_raw(buf.initialize_unfilled()) {
+            Ok(n) => {
+                buf.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Poll::Ready(Err(e)),
+        }
+        match this {
             Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
         }

@@ -455,8 +455,11 @@ async fn recv_into(
     stall: Duration,
 ) -> io::Result<Moved> {
     let mut done = 0u64;
+    let mut wait = false;
     while done < len {
-        within(stall, stream.readable()).await?;
+        if wait {
+            within(stall, stream.readable()).await?;
+        }
         let live = entry.live.read();
         if !*live {
             return Ok(Moved::Deregistered {
@@ -474,10 +477,14 @@ async fn recv_into(
                 (len - done) as usize,
             )
         };
+        // Bytes already there are taken before waiting for a readiness event.
         match stream.try_read(dst) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-            Ok(n) => done += n as u64,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Ok(n) => {
+                done += n as u64;
+                wait = false;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait = true,
             Err(e) => return Err(e),
         }
     }
