@@ -27,6 +27,8 @@ struct Args {
     target: bool,
     /// `TcpConfig::busy_poll` of both engines' transports, µs (default: the library's).
     busy_poll_us: Option<u64>,
+    /// `tcp` (default) or `ucx` (UCX's transports from `UCX_TLS`, e.g. `posix,cma,self`).
+    transport: String,
 }
 
 fn args() -> Args {
@@ -36,6 +38,7 @@ fn args() -> Args {
         mooncake_python: None,
         target: false,
         busy_poll_us: None,
+        transport: "tcp".into(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -52,6 +55,7 @@ fn args() -> Args {
             "--mooncake-python" => a.mooncake_python = it.next(),
             "--quick" => a.seconds = 0.5,
             "--target" => a.target = true,
+            "--transport" => a.transport = it.next().expect("--transport tcp|ucx"),
             "--busy-poll-us" => {
                 a.busy_poll_us = Some(it.next().expect("--busy-poll-us N").parse().expect("µs"))
             }
@@ -62,12 +66,20 @@ fn args() -> Args {
     a
 }
 
-fn open(busy_poll_us: Option<u64>) -> TcpCommunicator {
+fn open_tcp(busy_poll_us: Option<u64>) -> TcpCommunicator {
     let mut config = hmc_transport_tcp::TcpConfig::default();
     if let Some(us) = busy_poll_us {
         config.busy_poll = Duration::from_micros(us);
     }
     TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), config).expect("TCP transport")
+}
+
+fn open_ucx() -> hmc_transport_ucx::UcxCommunicator {
+    hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
+        bind: ([127, 0, 0, 1], 0).into(),
+        ..hmc_transport_ucx::UcxConfig::from_env()
+    })
+    .expect("UCX (install libucx0, or run with --transport tcp)")
 }
 
 /// Bytes each side registers: room for the largest op, and for the KV rows (two 8 MiB
@@ -78,8 +90,8 @@ fn buffer_len(sizes: &[usize]) -> usize {
 
 /// The target process: an engine with one registered buffer; prints its name, the
 /// buffer's address, and the buffer's exported region (for the bare-communicator rows).
-async fn target(len: usize, busy_poll_us: Option<u64>) {
-    let comm = Arc::new(open(busy_poll_us));
+async fn target<C: Communicator>(len: usize, comm: C) {
+    let comm = Arc::new(comm);
     let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())
         .await
         .unwrap();
@@ -242,10 +254,17 @@ fn mooncake(py: &str, sizes: &[usize], secs: f64) -> Result<Vec<Row>, String> {
 async fn main() {
     let a = args();
     let len = buffer_len(&a.sizes);
-    if a.target {
-        target(len, a.busy_poll_us).await;
-        return;
+    let poll = a.busy_poll_us;
+    match (a.target, a.transport.as_str()) {
+        (true, "ucx") => target(len, open_ucx()).await,
+        (true, _) => target(len, open_tcp(poll)).await,
+        (false, "ucx") => run(a, open_ucx).await,
+        (false, _) => run(a, move || open_tcp(poll)).await,
     }
+}
+
+async fn run<C: Communicator>(a: Args, open: impl Fn() -> C) {
+    let len = buffer_len(&a.sizes);
     let me = std::env::current_exe().unwrap();
     let poll_args: Vec<String> = a
         .busy_poll_us
@@ -253,6 +272,7 @@ async fn main() {
         .unwrap_or_default();
     let mut child = Command::new(me)
         .arg("--target")
+        .args(["--transport", &a.transport])
         .args(&poll_args)
         .args([
             "--sizes",
@@ -279,7 +299,7 @@ async fn main() {
         RemoteRegion::decode(&unhex(f[4])).unwrap(),
     );
 
-    let comm = Arc::new(open(a.busy_poll_us));
+    let comm = Arc::new(open());
     let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())
         .await
         .unwrap();
@@ -324,7 +344,7 @@ async fn main() {
     }
 
     // The same transfers through the bare communicator: its own endpoint and key.
-    let bare_comm = open(a.busy_poll_us);
+    let bare_comm = open();
     let ep = bare_comm.connect(&dp, Deadline::after(T)).await.unwrap();
     let key = bare_comm.import(&ep, &region).unwrap();
     let lreg = {
@@ -340,7 +360,7 @@ async fn main() {
     let mut overhead = Vec::new();
     for &size in &a.sizes {
         eprintln!("engine vs bare Communicator WRITE {size} B");
-        let b = [TransferDesc::<TcpCommunicator> {
+        let b = [TransferDesc::<C> {
             local: &lreg,
             local_offset: 0,
             remote: &key,
@@ -468,7 +488,13 @@ async fn main() {
     };
 
     println!(
-        "## hmc-engine (TCP transport) vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback\n"
+        "## hmc-engine ({} transport{}) vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback\n",
+        a.transport,
+        std::env::var("UCX_TLS")
+            .ok()
+            .filter(|_| a.transport == "ucx")
+            .map(|t| format!(", UCX_TLS={t}"))
+            .unwrap_or_default()
     );
     println!(
         "| op | size | hmc ops/s | hmc GB/s | hmc us/op | Mooncake ops/s | Mooncake GB/s | ops ratio |"

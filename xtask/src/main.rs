@@ -261,20 +261,28 @@ fn mooncake_python() -> std::result::Result<PathBuf, String> {
     }
 }
 
-/// The engine bench: hmc-engine over TCP beside Mooncake's tcp protocol, two processes.
+/// The engine bench: hmc-engine over TCP, then over UCX shared memory, each beside
+/// Mooncake's tcp protocol, two processes.
 fn bench_engine(quick: bool) -> Result {
-    let mut cmd = cargo();
-    cmd.args(["bench", "-p", "hmc-engine", "--bench", "engine", "--"]);
-    match mooncake_python() {
-        Ok(py) => {
+    let py = mooncake_python()
+        .map_err(|why| eprintln!("xtask: the engine bench runs without Mooncake: {why}"))
+        .ok();
+    for (transport, tls) in [("tcp", None), ("ucx", Some("posix,cma,self"))] {
+        let mut cmd = cargo();
+        cmd.args(["bench", "-p", "hmc-engine", "--bench", "engine", "--"])
+            .args(["--transport", transport]);
+        if let Some(tls) = tls {
+            cmd.env("UCX_TLS", tls);
+        }
+        if let Some(py) = &py {
             cmd.arg("--mooncake-python").arg(py);
         }
-        Err(why) => eprintln!("xtask: the engine bench runs without Mooncake: {why}"),
+        if quick {
+            cmd.arg("--quick");
+        }
+        run(&mut cmd)?;
     }
-    if quick {
-        cmd.arg("--quick");
-    }
-    run(&mut cmd)
+    Ok(())
 }
 
 fn bench_rpc(quick: bool) -> Result {
