@@ -21,6 +21,8 @@ use crate::meta::{
 use crate::region_map::{Lookup, RegionMap};
 use crate::request::{TransferRequest, TransferStatus};
 
+mod staged;
+
 /// Where registered memory lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MemType {
@@ -89,7 +91,11 @@ struct LocalReg<C: Communicator> {
 /// What this engine has registered.
 struct LocalTable<C: Communicator> {
     map: RegionMap<Arc<LocalReg<C>>>,
-    by_handle: HashMap<MemHandle, u64>,
+    /// Device memory the transport cannot register: moved through host bounce buffers,
+    /// never exported to peers (see [`staged`]).
+    staged: RegionMap<Arc<staged::StagedReg>>,
+    /// Each handle's start address, and whether it is a staged region.
+    by_handle: HashMap<MemHandle, (u64, bool)>,
     generation: u64,
     next_handle: u64,
 }
@@ -130,6 +136,8 @@ struct Shared<C: Communicator> {
 
 struct Inner<C: Communicator> {
     shared: Arc<Shared<C>>,
+    /// Host bounce buffers for staged device memory, made on first use.
+    stager: tokio::sync::Mutex<Option<staged::EngineStager<C>>>,
     name: String,
     server: RunningServer,
     peers: RwLock<HashMap<String, Arc<Peer<C>>>>,
@@ -149,6 +157,13 @@ impl<C: Communicator> Clone for Engine<C> {
             inner: self.inner.clone(),
         }
     }
+}
+
+/// A planned transfer: runs between registered memory (one transport batch), and runs from
+/// or to staged device memory (through host bounce buffers, one by one).
+struct Plan<C: Communicator> {
+    pieces: Vec<Piece<C>>,
+    staged: Vec<staged::StagedPiece<C>>,
 }
 
 /// A piece of a planned transfer: one contiguous run on both sides.
@@ -213,6 +228,7 @@ impl<C: Communicator> Engine<C> {
             instance: random_u64(),
             local: RwLock::new(LocalTable {
                 map: RegionMap::default(),
+                staged: RegionMap::default(),
                 by_handle: HashMap::new(),
                 generation: 0,
                 next_handle: 1,
@@ -248,6 +264,7 @@ impl<C: Communicator> Engine<C> {
         Ok(Engine {
             inner: Arc::new(Inner {
                 shared,
+                stager: tokio::sync::Mutex::new(None),
                 name,
                 server,
                 peers: RwLock::new(HashMap::new()),
@@ -330,7 +347,7 @@ impl<C: Communicator> Engine<C> {
             });
         }
         t.next_handle += 1;
-        t.by_handle.insert(handle, desc.addr);
+        t.by_handle.insert(handle, (desc.addr, false));
         t.generation += 1;
         Ok(handle)
     }
@@ -339,22 +356,35 @@ impl<C: Communicator> Engine<C> {
     /// still running on it is waited for (each has its own deadline), so the caller may
     /// free the memory afterwards.
     pub async fn deregister_mem(&self, handle: MemHandle) -> Result<()> {
-        let entry = {
+        let (exported, staged) = {
             let mut t = self.inner.shared.local.write();
-            let addr = t.by_handle.remove(&handle).ok_or_else(|| {
+            let (addr, is_staged) = t.by_handle.remove(&handle).ok_or_else(|| {
                 EngineError::InvalidArgument(format!("{handle:?} is not registered here"))
             })?;
-            t.generation += 1;
-            t.map
-                .remove(addr)
-                .expect("the handle's region is in the map")
+            if is_staged {
+                let e = t.staged.remove(addr);
+                (
+                    None,
+                    Some(e.expect("the handle's region is in the staged map")),
+                )
+            } else {
+                t.generation += 1;
+                let e = t.map.remove(addr);
+                (Some(e.expect("the handle's region is in the map")), None)
+            }
         };
-        debug_assert_eq!(entry.handle, handle);
         // Transfers planned before the removal hold a reference until they end.
-        while Arc::strong_count(&entry) > 1 {
+        let in_use = || {
+            exported.as_ref().is_some_and(|e| Arc::strong_count(e) > 1)
+                || staged.as_ref().is_some_and(|e| Arc::strong_count(e) > 1)
+        };
+        while in_use() {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
-        drop(entry);
+        if let Some(e) = &exported {
+            debug_assert_eq!(e.handle, handle);
+        }
+        drop((exported, staged));
         Ok(())
     }
 
@@ -544,7 +574,7 @@ impl<C: Communicator> Engine<C> {
 
     /// Translates descriptors to pieces, merging runs contiguous on both sides. Every
     /// descriptor is checked before any byte moves.
-    fn plan(&self, peer: &Peer<C>, descs: &[TransferOpDesc]) -> Result<Vec<Piece<C>>> {
+    fn plan(&self, peer: &Peer<C>, descs: &[TransferOpDesc]) -> Result<Plan<C>> {
         let cfg = &self.inner.shared.config;
         if descs.len() > cfg.max_descs_per_transfer {
             return Err(EngineError::Limit {
@@ -556,7 +586,11 @@ impl<C: Communicator> Engine<C> {
         }
         let local = self.inner.shared.local.read();
         let remote = peer.table.read();
-        let mut pieces: Vec<Piece<C>> = Vec::with_capacity(descs.len());
+        let mut plan = Plan {
+            pieces: Vec::with_capacity(descs.len()),
+            staged: Vec::new(),
+        };
+        let pieces = &mut plan.pieces;
         for d in descs {
             if d.len == 0 {
                 return Err(EngineError::InvalidArgument(format!(
@@ -564,9 +598,23 @@ impl<C: Communicator> Engine<C> {
                 )));
             }
             let len = d.len as u64;
+            let (r, roff) = match remote.map.find(d.remote_addr, len) {
+                Lookup::Inside(r, off) => (r, off),
+                other => return Err(miss(Side::Remote, &peer.name, d.remote_addr, len, other)),
+            };
             let (l, loff) = match local.map.find(d.local_addr, len) {
                 Lookup::Inside(l, off) => (l, off),
                 other => {
+                    if let Lookup::Inside(st, off) = local.staged.find(d.local_addr, len) {
+                        plan.staged.push(staged::StagedPiece {
+                            local: st.clone(),
+                            local_off: off as usize,
+                            remote: r.clone(),
+                            remote_off: roff,
+                            len: d.len,
+                        });
+                        continue;
+                    }
                     return Err(miss(
                         Side::Local,
                         &self.inner.name,
@@ -575,10 +623,6 @@ impl<C: Communicator> Engine<C> {
                         other,
                     ));
                 }
-            };
-            let (r, roff) = match remote.map.find(d.remote_addr, len) {
-                Lookup::Inside(r, off) => (r, off),
-                other => return Err(miss(Side::Remote, &peer.name, d.remote_addr, len, other)),
             };
             if let Some(p) = pieces.last_mut()
                 && Arc::ptr_eq(&p.local, l)
@@ -597,7 +641,7 @@ impl<C: Communicator> Engine<C> {
                 len: d.len,
             });
         }
-        Ok(pieces)
+        Ok(plan)
     }
 
     /// Moves the bytes of `descs` between this engine's memory and `remote`'s, and
@@ -614,7 +658,7 @@ impl<C: Communicator> Engine<C> {
         self.check_open()?;
         let deadline = Deadline::after(timeout);
         let peer = self.peer(remote)?;
-        let pieces = match self.plan(&peer, descs) {
+        let plan = match self.plan(&peer, descs) {
             Err(EngineError::NotRegistered {
                 side: Side::Remote, ..
             })
@@ -626,6 +670,7 @@ impl<C: Communicator> Engine<C> {
             }
             other => other?,
         };
+        let Plan { pieces, staged } = plan;
         let batch: Vec<TransferDesc<'_, C>> = pieces
             .iter()
             .map(|p| TransferDesc {
@@ -643,12 +688,17 @@ impl<C: Communicator> Engine<C> {
         let comm = &self.inner.shared.comm;
         // The transport ends by the deadline; the timer is a second guard. Dropping the
         // transfer future cancels it: the transport no longer touches the memory after.
-        match tokio::time::timeout(
-            deadline.remaining(),
-            comm.transfer(&peer.ep, op, &batch, deadline),
-        )
-        .await
-        {
+        let direct = async {
+            if batch.is_empty() {
+                return Ok::<(), hmc_core::Error>(());
+            }
+            comm.transfer(&peer.ep, op, &batch, deadline).await
+        };
+        let moved = async {
+            direct.await?;
+            self.run_staged(&peer.ep, op, &staged, deadline).await
+        };
+        match tokio::time::timeout(deadline.remaining(), moved).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(hmc_core::Error::DeadlineExceeded { .. })) | Err(_) => {
                 Err(EngineError::Timeout {
@@ -665,6 +715,7 @@ impl<C: Communicator> Engine<C> {
                 // revoked): say which address is gone rather than which key.
                 drop(batch);
                 drop(pieces);
+                drop(staged);
                 if self.refresh(&peer, deadline).await.is_ok()
                     && let Err(gone) = self.plan(&peer, descs)
                 {

@@ -1,0 +1,168 @@
+//! Device memory a transport cannot register (the TCP transport refuses it): kept as a
+//! local-only region and moved through registered host bounce buffers
+//! ([`hmc_core::Stager`]), one chunk in the device copy while the previous one is on the
+//! wire. Peers cannot reach such memory (it is not in the table they fetch); this engine
+//! READs into it and WRITEs from it.
+
+use std::sync::Arc;
+
+use hmc_backend_cpu::HostMemory;
+use hmc_core::{
+    AnyMemory, CommCapabilities, Communicator, Deadline, DeviceMemoryPath, MemSpan, MemSpanMut,
+    Memory, Op, Region, Stager, StagingConfig,
+};
+
+use super::{Engine, MemDesc, MemHandle, MemType, RemoteEntry};
+use crate::error::{EngineError, Result};
+use crate::region_map::Lookup;
+
+/// A staged (local-only) device region.
+pub(crate) struct StagedReg {
+    memory: AnyMemory,
+    region: Region,
+}
+
+/// A run between staged local memory and a peer's region.
+pub(crate) struct StagedPiece<C: Communicator> {
+    pub(super) local: Arc<StagedReg>,
+    pub(super) local_off: usize,
+    pub(super) remote: Arc<RemoteEntry<C>>,
+    pub(super) remote_off: u64,
+    pub(super) len: usize,
+}
+
+/// The engine's bounce buffers.
+pub(crate) type EngineStager<C> = Stager<HostMemory, C>;
+
+impl<C: Communicator> Engine<C> {
+    /// What the transport can do ([`Communicator::capabilities`]). Device memory of a kind
+    /// outside its `local_memory`, or that it refuses, is still usable through
+    /// [`Engine::register_device_mem`], staged through host memory.
+    pub fn capabilities(&self) -> CommCapabilities {
+        self.inner.shared.comm.capabilities()
+    }
+
+    /// Registers `desc`, device memory of `memory` (its kind and ordinal). Where the
+    /// transport registers that kind of memory it is exported to peers like
+    /// [`Engine::register_mem`]'s; where it cannot ([`Engine::capabilities`]), it stays
+    /// local-only: this engine's transfers move it through registered host bounce buffers,
+    /// and peers cannot reach it.
+    ///
+    /// # Safety
+    /// As for [`Engine::register_mem`]: `desc` must be memory of `memory`'s device that
+    /// stays allocated until [`Engine::deregister_mem`] of the handle has returned.
+    pub unsafe fn register_device_mem(
+        &self,
+        desc: MemDesc,
+        memory: AnyMemory,
+    ) -> Result<MemHandle> {
+        let device = memory.device();
+        let caps = self.capabilities();
+        if caps.local_memory.contains(device.kind)
+            && caps.device_memory != DeviceMemoryPath::Refused
+        {
+            let mem_type = MemType::Device {
+                kind: device.kind,
+                ordinal: device.ordinal,
+            };
+            // SAFETY: forwarded contract.
+            return unsafe { self.register_mem(desc, mem_type) };
+        }
+        if desc.len == 0 {
+            return Err(EngineError::InvalidArgument(
+                "cannot register 0 bytes".into(),
+            ));
+        }
+        let mut t = self.inner.shared.local.write();
+        if let Lookup::Inside(..) | Lookup::Straddles { .. } = t.map.find(desc.addr, 1) {
+            return Err(EngineError::InvalidArgument(format!(
+                "{:#x} is already registered; deregister it first",
+                desc.addr
+            )));
+        }
+        let region = Region {
+            device,
+            addr: desc.addr,
+            len: desc.len,
+        };
+        let entry = Arc::new(StagedReg { memory, region });
+        if let Err((start, region_len)) = t.staged.insert(desc.addr, desc.len as u64, entry) {
+            return Err(EngineError::Overlaps {
+                addr: desc.addr,
+                len: desc.len as u64,
+                start,
+                region_len,
+            });
+        }
+        let handle = MemHandle(t.next_handle);
+        t.next_handle += 1;
+        t.by_handle.insert(handle, (desc.addr, true));
+        tracing::debug!(
+            %device,
+            len = desc.len,
+            transport = %caps.transport,
+            "device memory the transport cannot register: staged through host buffers"
+        );
+        Ok(handle)
+    }
+
+    /// Moves the staged runs of a transfer, one after the other, through the bounce
+    /// buffers (made on first use).
+    pub(super) async fn run_staged(
+        &self,
+        ep: &C::Endpoint,
+        op: Op,
+        staged: &[StagedPiece<C>],
+        deadline: Deadline,
+    ) -> hmc_core::Result<()> {
+        if staged.is_empty() {
+            return Ok(());
+        }
+        let mut guard = self.inner.stager.lock().await;
+        if guard.is_none() {
+            *guard = Some(Stager::new(
+                Arc::new(HostMemory::new()),
+                self.inner.shared.comm.clone(),
+                StagingConfig::default(),
+            )?);
+        }
+        let stager = guard.as_mut().expect("made above");
+        for p in staged {
+            let region = p.local.region.slice(p.local_off, p.len)?;
+            match op {
+                Op::Write => {
+                    // SAFETY: the plan found the run inside a staged registration, which the
+                    // caller keeps allocated while registered (`register_device_mem`), and the
+                    // piece's `Arc` keeps the registration until this transfer ends.
+                    let src = unsafe { MemSpan::from_region(region) };
+                    stager
+                        .write_from(
+                            &p.local.memory,
+                            ep,
+                            &src,
+                            &p.remote.key,
+                            p.remote_off,
+                            deadline,
+                        )
+                        .await?;
+                }
+                Op::Read => {
+                    // SAFETY: as for WRITE; peers cannot reach staged memory, so only this
+                    // transfer writes the run.
+                    let mut dst = unsafe { MemSpanMut::from_region(region) };
+                    stager
+                        .read_into(
+                            &p.local.memory,
+                            ep,
+                            &mut dst,
+                            &p.remote.key,
+                            p.remote_off,
+                            deadline,
+                        )
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,181 @@
+//! Device memory the transport cannot register (the TCP transport refuses every device
+//! kind) goes through host bounce buffers: WRITE from it and READ into it, with every byte
+//! checked, while peers cannot reach it. The "device" is host memory that calls itself a
+//! CUDA device and counts its copies: it tests the engine's staging, not a GPU.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hmc_core::{
+    AnyMemory, Device, DeviceBuffer, DeviceKind, DeviceMemoryPath, MemSpan, MemSpanMut, Memory,
+    Region, Result,
+};
+use hmc_engine::{
+    Engine, EngineConfig, EngineError, MemDesc, MemType, Side, TransferOp, TransferOpDesc,
+};
+use hmc_transport_tcp::TcpCommunicator;
+
+const T: Duration = Duration::from_secs(10);
+
+/// Host memory presenting itself as CUDA device 0; copies are memcpy, counted.
+struct FakeDevice(Arc<AtomicUsize>);
+struct FakeBuffer(Vec<u8>);
+
+impl DeviceBuffer for FakeBuffer {
+    fn region(&self) -> Region {
+        Region {
+            device: Device::new(DeviceKind::CUDA, 0),
+            addr: self.0.as_ptr() as u64,
+            len: self.0.len(),
+        }
+    }
+}
+
+impl Memory for FakeDevice {
+    type Buffer = FakeBuffer;
+    fn device(&self) -> Device {
+        Device::new(DeviceKind::CUDA, 0)
+    }
+    fn alloc(&self, len: usize) -> Result<FakeBuffer> {
+        Ok(FakeBuffer(vec![0; len]))
+    }
+    fn copy(&self, dst: &mut MemSpanMut<'_>, src: &MemSpan<'_>) -> Result<()> {
+        hmc_core::check_copy(self.device(), dst, src)?;
+        self.0.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: `check_copy` proved equal lengths; both spans are live borrows of memory
+        // this process owns (the fake device is host memory), and they do not overlap (a
+        // bounce buffer and a tensor).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.region().addr as *const u8,
+                dst.region().addr as *mut u8,
+                src.len(),
+            )
+        };
+        Ok(())
+    }
+}
+
+async fn engine() -> Engine<TcpCommunicator> {
+    let comm =
+        TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), Default::default()).unwrap();
+    Engine::initialize(Arc::new(comm), "127.0.0.1", EngineConfig::default())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_memory_the_transport_refuses_is_staged_through_host_buffers() {
+    let a = engine().await;
+    let b = engine().await;
+    let caps = a.capabilities();
+    assert_eq!(
+        caps.device_memory,
+        DeviceMemoryPath::Refused,
+        "TCP takes host memory only"
+    );
+    let copies = Arc::new(AtomicUsize::new(0));
+    let dev = AnyMemory::new(FakeDevice(copies.clone()));
+    // 9 MiB + 5: more than two 4 MiB bounce chunks, and a ragged end.
+    let len = (9 << 20) + 5;
+    let src: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(11) ^ 0x3c)
+        .collect();
+    let back = vec![0u8; len];
+    let remote = vec![0u8; len];
+    // SAFETY: the buffers outlive their registrations (the engines are dropped first).
+    let (hs, hb) = unsafe {
+        let hs = a
+            .register_device_mem(
+                MemDesc {
+                    addr: src.as_ptr() as u64,
+                    len,
+                },
+                dev.clone(),
+            )
+            .unwrap();
+        let hb = a
+            .register_device_mem(
+                MemDesc {
+                    addr: back.as_ptr() as u64,
+                    len,
+                },
+                dev.clone(),
+            )
+            .unwrap();
+        b.register_mem(
+            MemDesc {
+                addr: remote.as_ptr() as u64,
+                len,
+            },
+            MemType::Host,
+        )
+        .unwrap();
+        (hs, hb)
+    };
+    a.connect(b.name(), T).await.unwrap();
+    b.connect(a.name(), T).await.unwrap();
+    let w = TransferOpDesc {
+        local_addr: src.as_ptr() as u64,
+        remote_addr: remote.as_ptr() as u64,
+        len,
+    };
+    a.transfer(b.name(), TransferOp::Write, &[w], T)
+        .await
+        .unwrap();
+    assert_eq!(remote, src, "staged WRITE delivered every byte");
+    let written = copies.load(Ordering::Relaxed);
+    assert_eq!(written, 3, "three device-to-host chunk copies");
+    let r = TransferOpDesc {
+        local_addr: back.as_ptr() as u64,
+        remote_addr: remote.as_ptr() as u64,
+        len,
+    };
+    a.transfer(b.name(), TransferOp::Read, &[r], T)
+        .await
+        .unwrap();
+    assert_eq!(back, src, "staged READ delivered every byte");
+    assert_eq!(copies.load(Ordering::Relaxed), written + 3);
+    // Peers cannot reach staged memory: it is not in the table they fetch.
+    let e = b
+        .transfer(
+            a.name(),
+            TransferOp::Read,
+            &[TransferOpDesc {
+                local_addr: remote.as_ptr() as u64,
+                remote_addr: src.as_ptr() as u64,
+                len: 64,
+            }],
+            T,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::NotRegistered {
+                side: Side::Remote,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    a.deregister_mem(hs).await.unwrap();
+    a.deregister_mem(hb).await.unwrap();
+    // Gone: the same address is no longer usable.
+    let e = a
+        .transfer(b.name(), TransferOp::Write, &[w], T)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::NotRegistered {
+                side: Side::Local,
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
