@@ -26,6 +26,9 @@ pub struct EngineConfig {
     /// Dial a peer's data plane even when it is on another host than the engine the
     /// caller connected to (`allow_foreign_data_plane`, default false).
     pub allow_foreign_data_plane: bool,
+    /// Which transport [`crate::Engine::initialize_with`] opens (`transport`: tcp, ucx or
+    /// auto, default auto).
+    pub transport: crate::EngineTransport,
     /// The metadata service's RPC limits.
     pub rpc: hmc_rpc::ServerConfig,
     /// Timeout of the blocking API's calls that take none (default 10 s).
@@ -42,6 +45,7 @@ impl Default for EngineConfig {
             max_notify_len: 64 << 10,
             max_published_len: 1 << 20,
             allow_foreign_data_plane: false,
+            transport: crate::EngineTransport::Auto,
             rpc: hmc_rpc::ServerConfig::default(),
             default_timeout: Duration::from_secs(10),
         }
@@ -68,10 +72,11 @@ impl EngineConfig {
                     c.allow_foreign_data_plane =
                         v.parse().map_err(|_| bad("true or false".into()))?
                 }
+                "transport" => c.transport = v.parse()?,
                 "default_timeout_ms" => c.default_timeout = Duration::from_millis(num()? as u64),
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, default_timeout_ms"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, default_timeout_ms"
                     )));
                 }
             }
@@ -90,6 +95,7 @@ mod tests {
             ("max_pending_notifies", "7"),
             ("allow_foreign_data_plane", "true"),
             ("default_timeout_ms", "250"),
+            ("transport", "tcp"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -98,6 +104,7 @@ mod tests {
         assert_eq!(c.max_pending_notifies, 7);
         assert!(c.allow_foreign_data_plane);
         assert_eq!(c.default_timeout, Duration::from_millis(250));
+        assert_eq!(c.transport, crate::EngineTransport::Tcp);
         assert_eq!(c.max_regions, 65_536);
         let bad: HashMap<String, String> = [("max_region".to_string(), "1".to_string())].into();
         let e = EngineConfig::from_options(&bad).unwrap_err().to_string();

@@ -68,6 +68,7 @@ mod engine;
 mod error;
 pub mod kv;
 mod meta;
+mod open;
 mod region_map;
 mod request;
 
@@ -75,4 +76,5 @@ pub use blocking::BlockingEngine;
 pub use config::EngineConfig;
 pub use engine::{Engine, MemDesc, MemHandle, MemType, Notify, TransferOp, TransferOpDesc};
 pub use error::{EngineError, Result, Side};
+pub use open::{EngineTransport, open_transport};
 pub use request::{TransferRequest, TransferStatus};
