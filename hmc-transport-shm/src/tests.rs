@@ -1,0 +1,1 @@
+//! Unit tests of the side channel: hung peers and revocation.
