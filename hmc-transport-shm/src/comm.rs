@@ -231,6 +231,13 @@ impl std::fmt::Debug for ShmRegistration {
     }
 }
 
+impl ShmRegistration {
+    #[cfg(test)]
+    pub(crate) fn entry_addr(&self) -> u64 {
+        self.entry.region.addr
+    }
+}
+
 impl LocalRegistration for ShmRegistration {
     fn region(&self) -> Region {
         self.entry.region
