@@ -53,7 +53,13 @@ pub(crate) fn peer_cred(s: &UnixStream) -> io::Result<PeerCred> {
 /// # Safety
 /// `local..local+len` must be valid for the access (writes for a read) for the whole
 /// call, and nothing else may use it meanwhile in a way that races.
-pub(crate) unsafe fn copy(pid: i32, op: Op, local: *mut u8, remote: u64, len: usize) -> io::Result<()> {
+pub(crate) unsafe fn copy(
+    pid: i32,
+    op: Op,
+    local: *mut u8,
+    remote: u64,
+    len: usize,
+) -> io::Result<()> {
     let mut done = 0usize;
     while done < len {
         let l = libc::iovec {
@@ -122,7 +128,10 @@ pub(crate) fn diagnose(peer: PeerCred, e: &io::Error) -> Error {
                 .to_string(),
         )
     } else if code == libc::EPERM || code == libc::EACCES {
-        let mut why = vec![format!("the kernel refused to attach to pid {} ({e})", peer.pid)];
+        let mut why = vec![format!(
+            "the kernel refused to attach to pid {} ({e})",
+            peer.pid
+        )];
         if peer.uid != me {
             why.push(format!(
                 "the peer runs as uid {} and this process as uid {me}",
@@ -133,7 +142,11 @@ pub(crate) fn diagnose(peer: PeerCred, e: &io::Error) -> Error {
             Some(s) if s >= 1 => why.push(format!(
                 "Yama ptrace_scope is {s} (/proc/sys/kernel/yama/ptrace_scope): only \
                  descendants{} may be attached",
-                if s >= 2 { " of CAP_SYS_PTRACE holders" } else { "" }
+                if s >= 2 {
+                    " of CAP_SYS_PTRACE holders"
+                } else {
+                    ""
+                }
             )),
             _ => {}
         }

@@ -46,13 +46,16 @@ struct Cache {
     by_id: HashMap<u64, Arc<Lease>>,
 }
 
+/// A request awaiting its answer: the key a `Grant` asked for, and where the answer goes.
+type Pending = (Option<KeyId>, oneshot::Sender<Reply>);
+
 /// One side-channel connection, shared by the endpoint handles and its reader thread.
 struct EpShared {
     id: u64,
     peer: PeerAddr,
     cred: PeerCred,
     writer: Mutex<UnixStream>,
-    pending: Mutex<HashMap<u64, (Option<KeyId>, oneshot::Sender<Reply>)>>,
+    pending: Mutex<HashMap<u64, Pending>>,
     cache: Mutex<Cache>,
     dead: AtomicBool,
     next_req: AtomicU64,
@@ -117,7 +120,8 @@ impl EpShared {
                             *l.valid.write() = false;
                         }
                     }
-                    if wire::write_msg(&mut *self.writer.lock(), &Msg::Released { leases }).is_err() {
+                    if wire::write_msg(&mut *self.writer.lock(), &Msg::Released { leases }).is_err()
+                    {
                         break;
                     }
                     continue;
@@ -141,7 +145,12 @@ impl EpShared {
     }
 
     /// Sends a request and waits for its answer by `deadline`.
-    async fn request(&self, key: Option<KeyId>, deadline: Deadline, make: impl FnOnce(u64) -> Msg) -> Result<Reply> {
+    async fn request(
+        &self,
+        key: Option<KeyId>,
+        deadline: Deadline,
+        make: impl FnOnce(u64) -> Msg,
+    ) -> Result<Reply> {
         if self.dead.load(Ordering::Acquire) {
             return Err(self.gone());
         }
@@ -313,7 +322,8 @@ impl ShmCommunicator {
         }
         if config.allow_any_ptracer {
             // SAFETY: prctl with PR_SET_PTRACER takes plain integer arguments.
-            let rc = unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+            let rc =
+                unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
             if rc != 0 {
                 tracing::debug!(error = %std::io::Error::last_os_error(), "PR_SET_PTRACER_ANY refused (no Yama?)");
             }
@@ -329,7 +339,12 @@ impl ShmCommunicator {
         let listener = hmc_net::bind_unix_listener(&path)?
             .into_std()
             .and_then(|l| l.set_nonblocking(false).map(|()| l))
-            .map_err(|e| Error::io(format!("preparing the listener unix://{}", path.display()), e))?;
+            .map_err(|e| {
+                Error::io(
+                    format!("preparing the listener unix://{}", path.display()),
+                    e,
+                )
+            })?;
         // Only this user (and root) may dial the side channel.
         if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)) {
             tracing::debug!(error = %e, "could not restrict the socket file's permissions");
@@ -351,7 +366,10 @@ impl ShmCommunicator {
 
     fn check_open(&self) -> Result<()> {
         if self.target.closed.load(Ordering::Acquire) {
-            return Err(Error::Closed(format!("the ShmCommunicator at {} was closed", self.addr)));
+            return Err(Error::Closed(format!(
+                "the ShmCommunicator at {} was closed",
+                self.addr
+            )));
         }
         Ok(())
     }
@@ -368,7 +386,12 @@ impl ShmCommunicator {
     }
 
     /// Dials, says `Hello`, reads `Welcome`, probes. Blocking: run on a blocking thread.
-    fn dial(path: PathBuf, me: String, peer: PeerAddr, deadline: Deadline) -> Result<(UnixStream, PeerCred)> {
+    fn dial(
+        path: PathBuf,
+        me: String,
+        peer: PeerAddr,
+        deadline: Deadline,
+    ) -> Result<(UnixStream, PeerCred)> {
         let s = UnixStream::connect(&path)
             .map_err(|e| Error::peer(&peer, format!("cannot connect to the side channel: {e}")))?;
         let cred = cma::peer_cred(&s).map_err(|e| Error::io("reading SO_PEERCRED", e))?;
@@ -376,12 +399,22 @@ impl ShmCommunicator {
         s.set_read_timeout(Some(left))
             .and_then(|()| s.set_write_timeout(Some(left)))
             .map_err(|e| Error::io("setting side-channel timeouts", e))?;
-        wire::write_msg(&mut &s, &Msg::Hello { version: wire::VERSION, addr: me })
-            .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?;
+        wire::write_msg(
+            &mut &s,
+            &Msg::Hello {
+                version: wire::VERSION,
+                addr: me,
+            },
+        )
+        .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?;
         let body = wire::read_frame(&mut &s)
             .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?
             .ok_or_else(|| Error::peer(&peer, "closed the side channel during the handshake"))?;
-        let Msg::Welcome { version, probe_addr } = Msg::decode(&body)? else {
+        let Msg::Welcome {
+            version,
+            probe_addr,
+        } = Msg::decode(&body)?
+        else {
             return Err(Error::Protocol("expected Welcome".into()));
         };
         if version != wire::VERSION {
@@ -403,7 +436,14 @@ impl Drop for ShmCommunicator {
     }
 }
 
-fn refused(peer: &PeerAddr, why: Refusal, limit: u64, text: String, offset: u64, len: u64) -> Error {
+fn refused(
+    peer: &PeerAddr,
+    why: Refusal,
+    limit: u64,
+    text: String,
+    offset: u64,
+    len: u64,
+) -> Error {
     match why {
         Refusal::InvalidKey => Error::InvalidKey(text),
         Refusal::AccessDenied => Error::AccessDenied(text),
@@ -482,7 +522,9 @@ impl Communicator for ShmCommunicator {
             Ok(Err(e)) => return Err(Error::io("the connect task", std::io::Error::other(e))),
             Ok(Ok(r)) => r?,
         };
-        let reader = s.try_clone().map_err(|e| Error::io("cloning the side channel", e))?;
+        let reader = s
+            .try_clone()
+            .map_err(|e| Error::io("cloning the side channel", e))?;
         let shared = Arc::new(EpShared {
             id: self.next_endpoint.fetch_add(1, Ordering::Relaxed),
             peer: peer.clone(),
@@ -537,7 +579,8 @@ impl Communicator for ShmCommunicator {
     fn rekey(&self, reg: &ShmRegistration) -> Result<bool> {
         self.own(reg, "rekey")?;
         let token = random_token()?;
-        self.target.revoke(&reg.entry, || *reg.entry.token.lock() = token);
+        self.target
+            .revoke(&reg.entry, || *reg.entry.token.lock() = token);
         Ok(true)
     }
 
@@ -598,7 +641,12 @@ impl Communicator for ShmCommunicator {
                 ));
             }
             let local = d.local.entry.region.len as u64;
-            check_bounds("local registration", d.local_offset as u64, d.len as u64, local)?;
+            check_bounds(
+                "local registration",
+                d.local_offset as u64,
+                d.len as u64,
+                local,
+            )?;
             check_bounds("remote region", d.remote_offset, d.len as u64, d.remote.len)?;
             if !d.remote.access.allows(need) {
                 return Err(Error::AccessDenied(format!(
@@ -634,7 +682,14 @@ impl Communicator for ShmCommunicator {
                 None => {
                     let (id, token) = d.remote.key;
                     let (offset, len) = (d.remote_offset, d.len as u64);
-                    let grant = |req| Msg::Grant { req, id, token, op, offset, len };
+                    let grant = |req| Msg::Grant {
+                        req,
+                        id,
+                        token,
+                        op,
+                        offset,
+                        len,
+                    };
                     match ep.request(Some(d.remote.key), deadline, grant).await? {
                         Reply::Lease(l) => l,
                         Reply::Refused(why, limit, text) => {
@@ -647,7 +702,11 @@ impl Communicator for ShmCommunicator {
             leases.push((d.remote.key, lease));
         }
         let lease_of = |d: &TransferDesc<'_, Self>| {
-            leases.iter().find(|(k, _)| *k == d.remote.key).map(|(_, l)| l.clone()).expect("leased above")
+            leases
+                .iter()
+                .find(|(k, _)| *k == d.remote.key)
+                .map(|(_, l)| l.clone())
+                .expect("leased above")
         };
         // The target's answer is authoritative (a descriptor's length could be forged).
         for d in batch {
@@ -677,7 +736,9 @@ impl Communicator for ShmCommunicator {
                         return Err(if ep.dead.load(Ordering::Acquire) {
                             ep.gone()
                         } else {
-                            Error::InvalidKey("the region was deregistered or rekeyed during the transfer".into())
+                            Error::InvalidKey(
+                                "the region was deregistered or rekeyed during the transfer".into(),
+                            )
                         });
                     }
                     let remote = l.addr + d.remote_offset + off as u64;
@@ -699,7 +760,13 @@ impl Communicator for ShmCommunicator {
         Ok(())
     }
 
-    async fn notify(&self, ep: &ShmEndpoint, tag: u64, msg: &[u8], deadline: Deadline) -> Result<()> {
+    async fn notify(
+        &self,
+        ep: &ShmEndpoint,
+        tag: u64,
+        msg: &[u8],
+        deadline: Deadline,
+    ) -> Result<()> {
         self.check_open()?;
         let ep = &*ep.inner.shared;
         let max = self.target.config.max_notify_len;
@@ -711,10 +778,16 @@ impl Communicator for ShmCommunicator {
                 hint: "raise ShmConfig::max_notify_len on both peers, or move the bytes with a transfer".into(),
             });
         }
-        let make = |req| Msg::Notify { req, tag, msg: msg.to_vec() };
+        let make = |req| Msg::Notify {
+            req,
+            tag,
+            msg: msg.to_vec(),
+        };
         match ep.request(None, deadline, make).await? {
             Reply::Done => Ok(()),
-            Reply::Refused(why, limit, text) => Err(refused(&ep.peer, why, limit, text, 0, msg.len() as u64)),
+            Reply::Refused(why, limit, text) => {
+                Err(refused(&ep.peer, why, limit, text, 0, msg.len() as u64))
+            }
             Reply::Lease(_) => Err(Error::Protocol("Granted answering Notify".into())),
         }
     }
@@ -729,10 +802,16 @@ impl Communicator for ShmCommunicator {
                     return Ok(note);
                 }
                 if n.closed {
-                    return Err(Error::Closed(format!("the ShmCommunicator at {} was closed", self.addr)));
+                    return Err(Error::Closed(format!(
+                        "the ShmCommunicator at {} was closed",
+                        self.addr
+                    )));
                 }
             }
-            if tokio::time::timeout_at(deadline.instant().into(), ready).await.is_err() {
+            if tokio::time::timeout_at(deadline.instant().into(), ready)
+                .await
+                .is_err()
+            {
                 return Err(Error::DeadlineExceeded {
                     during: "waiting for a notification",
                     elapsed: started.elapsed(),

@@ -86,6 +86,8 @@ use hmc_core::TransportId;
 
 mod cma;
 mod comm;
+mod host;
+mod local_first;
 mod target;
 mod wire;
 
@@ -93,10 +95,10 @@ mod wire;
 mod tests;
 
 pub use comm::{ShmCommunicator, ShmEndpoint, ShmRegistration, ShmRemoteKey};
+pub use local_first::{LocalFirst, LocalFirstEndpoint, LocalFirstKey, LocalFirstRegistration};
 
-/// This transport's wire number, in the third-party range (`128..=255`) of
-/// [`TransportId`]: `hmc-core` reserves none for shared memory.
-pub const SHM_TRANSPORT: TransportId = TransportId::from_wire_id(130);
+/// This transport's wire number, [`TransportId::SHM`].
+pub const SHM_TRANSPORT: TransportId = TransportId::SHM;
 
 /// Settings of a [`ShmCommunicator`]. Every field has a default.
 #[derive(Clone, Debug, PartialEq, Eq)]

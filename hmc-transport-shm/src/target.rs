@@ -75,7 +75,11 @@ pub(crate) struct Target {
 
 impl Target {
     /// Starts serving `listener` (bound at `path`) on a thread of its own.
-    pub(crate) fn start(config: ShmConfig, path: PathBuf, listener: UnixListener) -> io::Result<Arc<Target>> {
+    pub(crate) fn start(
+        config: ShmConfig,
+        path: PathBuf,
+        listener: UnixListener,
+    ) -> io::Result<Arc<Target>> {
         let t = Arc::new(Target {
             config,
             path,
@@ -127,12 +131,8 @@ impl Target {
             let _ = conn.writer.lock().shutdown(std::net::Shutdown::Write);
         }
         tracing::trace!(conn = id, pid = peer.pid, "side channel open");
-        loop {
-            let msg = match wire::read_frame(&mut reader) {
-                Ok(Some(body)) => Msg::decode(&body),
-                _ => break,
-            };
-            match msg {
+        while let Ok(Some(body)) = wire::read_frame(&mut reader) {
+            match Msg::decode(&body) {
                 Ok(Msg::Grant {
                     req,
                     id: reg,
@@ -202,7 +202,16 @@ impl Target {
 
     /// Checks a grant request and records the lease; the answer to send.
     #[allow(clippy::too_many_arguments)]
-    fn grant(&self, conn: u64, req: u64, reg: u64, token: &[u8; TOKEN_LEN], op: Op, offset: u64, len: u64) -> Msg {
+    fn grant(
+        &self,
+        conn: u64,
+        req: u64,
+        reg: u64,
+        token: &[u8; TOKEN_LEN],
+        op: Op,
+        offset: u64,
+        len: u64,
+    ) -> Msg {
         let refuse = |why, limit, text: String| Msg::Refused {
             req,
             why,
@@ -210,10 +219,18 @@ impl Target {
             text,
         };
         if self.closed.load(Ordering::Acquire) {
-            return refuse(Refusal::Closed, 0, "the target communicator was closed".into());
+            return refuse(
+                Refusal::Closed,
+                0,
+                "the target communicator was closed".into(),
+            );
         }
         let Some(entry) = self.regs.read().get(&reg).cloned() else {
-            return refuse(Refusal::InvalidKey, 0, format!("no registration {reg} (deregistered?)"));
+            return refuse(
+                Refusal::InvalidKey,
+                0,
+                format!("no registration {reg} (deregistered?)"),
+            );
         };
         let mut leases = self.leases.lock();
         let same = entry
@@ -312,7 +329,12 @@ impl Target {
             let c = self.conns.lock().get(conn).cloned();
             if let Some(c) = c {
                 // A failed write means the connection is closing: its leases go with it.
-                let _ = wire::write_msg(&mut *c.writer.lock(), &Msg::Revoke { leases: ids.clone() });
+                let _ = wire::write_msg(
+                    &mut *c.writer.lock(),
+                    &Msg::Revoke {
+                        leases: ids.clone(),
+                    },
+                );
             }
         }
         let until = Instant::now() + self.config.revoke_timeout;
@@ -324,7 +346,11 @@ impl Target {
                 return 0;
             }
             if self.released.wait_until(&mut leases, until).timed_out() {
-                let left: Vec<u64> = ids.iter().copied().filter(|i| leases.contains_key(i)).collect();
+                let left: Vec<u64> = ids
+                    .iter()
+                    .copied()
+                    .filter(|i| leases.contains_key(i))
+                    .collect();
                 if left.is_empty() {
                     return 0;
                 }

@@ -87,8 +87,8 @@ async fn grants_are_checked_at_the_target(
     #[case] want: Option<Refusal>,
 ) {
     let t = bind(Duration::from_secs(1));
-    let buf = RegisteredBuffer::new(Arc::new(HostMemory::new()), t.clone(), 4096, Access::READ)
-        .unwrap();
+    let buf =
+        RegisteredBuffer::new(Arc::new(HostMemory::new()), t.clone(), 4096, Access::READ).unwrap();
     let (id, mut token) = key_of(&buf);
     token[3] ^= token_flip;
     let mut s = raw_client(&t);
@@ -107,11 +107,14 @@ async fn grants_are_checked_at_the_target(
 async fn revocation_waits_for_a_hung_peer_then_gives_up() {
     let revoke = Duration::from_millis(400);
     let t = bind(revoke);
-    let buf = RegisteredBuffer::new(Arc::new(HostMemory::new()), t.clone(), 4096, Access::READ)
-        .unwrap();
+    let buf =
+        RegisteredBuffer::new(Arc::new(HostMemory::new()), t.clone(), 4096, Access::READ).unwrap();
     let (id, token) = key_of(&buf);
     let mut hung = raw_client(&t);
-    assert!(matches!(ask(&mut hung, id, token, Op::Read, 0, 8), Msg::Granted { .. }));
+    assert!(matches!(
+        ask(&mut hung, id, token, Op::Read, 0, 8),
+        Msg::Granted { .. }
+    ));
     assert_eq!(t.outstanding_leases(), 1);
     let start = Instant::now();
     drop(buf); // The peer never answers Revoke.
@@ -128,15 +131,22 @@ async fn revocation_waits_for_a_hung_peer_then_gives_up() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_closing_releases_its_leases_at_once() {
     let t = bind(Duration::from_secs(5));
-    let buf = RegisteredBuffer::new(Arc::new(HostMemory::new()), t.clone(), 4096, Access::READ)
-        .unwrap();
+    let buf =
+        RegisteredBuffer::new(Arc::new(HostMemory::new()), t.clone(), 4096, Access::READ).unwrap();
     let (id, token) = key_of(&buf);
     let mut s = raw_client(&t);
-    assert!(matches!(ask(&mut s, id, token, Op::Read, 0, 8), Msg::Granted { .. }));
+    assert!(matches!(
+        ask(&mut s, id, token, Op::Read, 0, 8),
+        Msg::Granted { .. }
+    ));
     drop(s);
     let start = Instant::now();
     drop(buf);
-    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
 }
 
 #[rstest]
@@ -159,27 +169,36 @@ async fn cached_leases_die_with_their_key(#[case] rekey: bool) {
         len: 4096,
     }];
     for _ in 0..3 {
-        a.transfer(&ep, Op::Read, &d, Deadline::default()).await.unwrap();
+        a.transfer(&ep, Op::Read, &d, Deadline::default())
+            .await
+            .unwrap();
     }
     assert_eq!(ep.cached_leases(), 1, "one lease serves repeated transfers");
     assert_eq!(b.outstanding_leases(), 1);
     let start = Instant::now();
-    let _keep;
-    if rekey {
+    let _keep = if rekey {
         assert!(b.rekey(target.registration()).unwrap());
-        _keep = Some(target);
+        Some(target)
     } else {
         drop(target);
-        _keep = None;
-    }
-    assert!(start.elapsed() < Duration::from_secs(1), "a live peer releases promptly");
+        None
+    };
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "a live peer releases promptly"
+    );
     assert_eq!(ep.cached_leases(), 0);
     assert_eq!(b.outstanding_leases(), 0);
     let err = a.transfer(&ep, Op::Read, &d, Deadline::default()).await;
     assert!(matches!(err, Err(Error::InvalidKey(_))), "{err:?}");
     if let Some(t) = &_keep {
         let fresh = a.import(&ep, &t.export().unwrap()).unwrap();
-        let d = [TransferDesc { remote: &fresh, ..d[0] }];
-        a.transfer(&ep, Op::Read, &d, Deadline::default()).await.unwrap();
+        let d = [TransferDesc {
+            remote: &fresh,
+            ..d[0]
+        }];
+        a.transfer(&ep, Op::Read, &d, Deadline::default())
+            .await
+            .unwrap();
     }
 }

@@ -82,7 +82,8 @@ fn op_byte(op: Op) -> u8 {
 
 fn put_list(out: &mut Vec<u8>, ids: &[u64]) {
     out.extend_from_slice(&(ids.len() as u32).to_le_bytes());
-    ids.iter().for_each(|i| out.extend_from_slice(&i.to_le_bytes()));
+    ids.iter()
+        .for_each(|i| out.extend_from_slice(&i.to_le_bytes()));
 }
 
 impl Msg {
@@ -168,7 +169,12 @@ impl Msg {
 
     /// Decodes one frame body; anything malformed is a protocol error.
     pub(crate) fn decode(body: &[u8]) -> Result<Msg, Error> {
-        let bad = || Error::Protocol(format!("malformed side-channel message ({} bytes)", body.len()));
+        let bad = || {
+            Error::Protocol(format!(
+                "malformed side-channel message ({} bytes)",
+                body.len()
+            ))
+        };
         let mut r = Reader { b: body, at: 0 };
         let kind = r.u8().ok_or_else(bad)?;
         let msg = match kind {
@@ -179,7 +185,11 @@ impl Msg {
             2 => Msg::Grant {
                 req: r.u64().ok_or_else(bad)?,
                 id: r.u64().ok_or_else(bad)?,
-                token: r.take(TOKEN_LEN).ok_or_else(bad)?.try_into().map_err(|_| bad())?,
+                token: r
+                    .take(TOKEN_LEN)
+                    .ok_or_else(bad)?
+                    .try_into()
+                    .map_err(|_| bad())?,
                 op: match r.u8().ok_or_else(bad)? {
                     0 => Op::Read,
                     1 => Op::Write,
@@ -247,7 +257,8 @@ impl<'a> Reader<'a> {
         self.take(1).map(|s| s[0])
     }
     fn u64(&mut self) -> Option<u64> {
-        self.take(8).map(|s| u64::from_le_bytes(s.try_into().unwrap()))
+        self.take(8)
+            .map(|s| u64::from_le_bytes(s.try_into().unwrap()))
     }
     fn rest(&mut self) -> &'a [u8] {
         let s = &self.b[self.at..];
