@@ -75,7 +75,7 @@ impl EpShared {
     /// The reader thread: routes answers, serves `Revoke`, and on end of stream fails
     /// everything pending and invalidates every lease.
     fn read_loop(self: Arc<Self>, mut reader: UnixStream) {
-        while let Ok(Some(body)) = wire::read_frame(&mut reader) {
+        while let Ok(Some(body)) = wire::read_frame(&mut reader, wire::MAX_FRAME) {
             let Ok(msg) = Msg::decode(&body) else { break };
             let (req, reply) = match msg {
                 Msg::Granted {
@@ -407,7 +407,7 @@ impl ShmCommunicator {
             },
         )
         .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?;
-        let body = wire::read_frame(&mut &s)
+        let body = wire::read_frame(&mut &s, wire::MAX_FRAME)
             .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?
             .ok_or_else(|| Error::peer(&peer, "closed the side channel during the handshake"))?;
         let Msg::Welcome {

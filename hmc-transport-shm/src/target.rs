@@ -74,6 +74,12 @@ pub(crate) struct Target {
 }
 
 impl Target {
+    /// Largest side-channel frame accepted from an initiator: a notification of
+    /// `max_notify_len` bytes plus its header and lease lists.
+    fn max_frame(&self) -> usize {
+        self.config.max_notify_len.saturating_add(wire::FRAME_SLACK)
+    }
+
     /// Starts serving `listener` (bound at `path`) on a thread of its own.
     pub(crate) fn start(
         config: ShmConfig,
@@ -131,7 +137,7 @@ impl Target {
             let _ = conn.writer.lock().shutdown(std::net::Shutdown::Write);
         }
         tracing::trace!(conn = id, pid = peer.pid, "side channel open");
-        while let Ok(Some(body)) = wire::read_frame(&mut reader) {
+        while let Ok(Some(body)) = wire::read_frame(&mut reader, self.max_frame()) {
             match Msg::decode(&body) {
                 Ok(Msg::Grant {
                     req,
@@ -181,7 +187,8 @@ impl Target {
         let mut reader = s.try_clone()?;
         reader.set_read_timeout(Some(self.config.hello_timeout))?;
         s.set_write_timeout(Some(self.config.revoke_timeout))?;
-        let body = wire::read_frame(&mut reader)?.ok_or(io::ErrorKind::UnexpectedEof)?;
+        let body =
+            wire::read_frame(&mut reader, self.max_frame())?.ok_or(io::ErrorKind::UnexpectedEof)?;
         let Ok(Msg::Hello { version, addr }) = Msg::decode(&body) else {
             return Err(io::ErrorKind::InvalidData.into());
         };

@@ -42,7 +42,7 @@ fn raw_client(c: &ShmCommunicator) -> UnixStream {
         },
     )
     .unwrap();
-    let body = wire::read_frame(&mut s).unwrap().unwrap();
+    let body = wire::read_frame(&mut s, wire::MAX_FRAME).unwrap().unwrap();
     assert!(matches!(Msg::decode(&body).unwrap(), Msg::Welcome { .. }));
     s
 }
@@ -60,7 +60,7 @@ fn ask(s: &mut UnixStream, id: u64, token: [u8; TOKEN_LEN], op: Op, offset: u64,
         },
     )
     .unwrap();
-    Msg::decode(&wire::read_frame(s).unwrap().unwrap()).unwrap()
+    Msg::decode(&wire::read_frame(s, wire::MAX_FRAME).unwrap().unwrap()).unwrap()
 }
 
 fn key_of(buf: &RegisteredBuffer<HostMemory, ShmCommunicator>) -> (u64, [u8; TOKEN_LEN]) {
@@ -123,7 +123,9 @@ async fn revocation_waits_for_a_hung_peer_then_gives_up() {
     assert!(took < revoke + Duration::from_secs(1), "overran: {took:?}");
     assert_eq!(t.outstanding_leases(), 0);
     // The Revoke reached the hung peer.
-    let body = wire::read_frame(&mut hung).unwrap().unwrap();
+    let body = wire::read_frame(&mut hung, wire::MAX_FRAME)
+        .unwrap()
+        .unwrap();
     assert!(matches!(Msg::decode(&body).unwrap(), Msg::Revoke { leases } if leases.len() == 1));
     hung.flush().unwrap();
 }
@@ -201,4 +203,26 @@ async fn cached_leases_die_with_their_key(#[case] rekey: bool) {
             .await
             .unwrap();
     }
+}
+
+#[rstest]
+#[case::just_over_the_limit(1)]
+#[case::four_gib(u32::MAX as usize - (4 << 10) - wire::FRAME_SLACK)]
+fn a_frame_over_the_targets_limit_closes_the_side_channel(#[case] over: usize) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _guard = rt.enter();
+    let target = Arc::new(
+        ShmCommunicator::bind(ShmConfig {
+            max_notify_len: 4 << 10,
+            ..ShmConfig::default()
+        })
+        .unwrap(),
+    );
+    let mut s = raw_client(&target);
+    let len = (4 << 10) + wire::FRAME_SLACK + over;
+    s.write_all(&(len as u32).to_le_bytes()).unwrap();
+    // The target allocates nothing for it and hangs up.
+    let mut rest = Vec::new();
+    let n = std::io::Read::read_to_end(&mut s, &mut rest).unwrap();
+    assert_eq!(n, 0, "closed without an answer");
 }

@@ -16,8 +16,11 @@ pub(crate) const VERSION: u8 = 1;
 pub(crate) const TOKEN_LEN: usize = 16;
 /// Bytes of a packed remote key: registration id (`u64`) then token.
 pub(crate) const KEY_LEN: usize = 8 + TOKEN_LEN;
-/// Largest frame accepted (a notification plus its header; lease lists are bounded by it too).
-pub(crate) const MAX_FRAME: usize = 16 << 20;
+/// Largest frame an initiator accepts from a target (answers and lease lists).
+pub(crate) const MAX_FRAME: usize = 1 << 20;
+/// Room for a frame's header and lease lists beyond a notification's bytes: what a target
+/// accepts is `ShmConfig::max_notify_len` plus this.
+pub(crate) const FRAME_SLACK: usize = 64 << 10;
 
 /// Why a target refused a request, as a code on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -277,8 +280,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Reads one frame's body. `Ok(None)` at a clean end of stream.
-pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
+/// Reads one frame's body of at most `max` bytes. `Ok(None)` at a clean end of stream.
+pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len) {
         Ok(()) => {}
@@ -286,10 +289,13 @@ pub(crate) fn read_frame(r: &mut impl Read) -> io::Result<Option<Vec<u8>>> {
         Err(e) => return Err(e),
     }
     let len = u32::from_le_bytes(len) as usize;
-    if len == 0 || len > MAX_FRAME {
+    if len == 0 || len > max {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("side-channel frame of {len} bytes (limit {MAX_FRAME})"),
+            format!(
+                "side-channel frame of {len} bytes over the limit of {max} (a notification \
+                 longer than the receiver's ShmConfig::max_notify_len, or a broken peer)"
+            ),
         ));
     }
     let mut body = vec![0u8; len];
@@ -318,7 +324,7 @@ mod tests {
     #[case(Msg::Released { leases: vec![] })]
     fn messages_round_trip(#[case] m: Msg) {
         let frame = m.encode();
-        let body = read_frame(&mut &frame[..]).unwrap().unwrap();
+        let body = read_frame(&mut &frame[..], MAX_FRAME).unwrap().unwrap();
         assert_eq!(Msg::decode(&body).unwrap(), m);
     }
 
@@ -328,6 +334,6 @@ mod tests {
         assert!(Msg::decode(&[2, 1]).is_err());
         assert!(Msg::decode(&[0x85, 255, 255, 255, 255]).is_err());
         let huge = ((MAX_FRAME + 1) as u32).to_le_bytes();
-        assert!(read_frame(&mut &huge[..]).is_err());
+        assert!(read_frame(&mut &huge[..], MAX_FRAME).is_err());
     }
 }
