@@ -17,6 +17,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::oneshot;
 
 use crate::cma::{self, PeerCred};
+use crate::mapped::{self, FdReader, Mapping, SharedAlloc};
 use crate::target::{RegEntry, Target};
 use crate::wire::{self, KEY_LEN, Msg, Refusal, TOKEN_LEN};
 use crate::{SHM_TRANSPORT, ShmConfig};
@@ -27,6 +28,9 @@ struct Lease {
     addr: u64,
     len: u64,
     access: Access,
+    /// The registration mapped into this process (shared memory from the target's
+    /// `alloc_registered`): copies are a `memcpy` there instead of `process_vm_*`.
+    map: Option<Arc<Mapping>>,
     /// False once revoked (or the side channel closed). Copies hold the read lock for one
     /// chunk; revocation takes the write lock, so it returns after the chunk in progress.
     valid: RwLock<bool>,
@@ -59,6 +63,11 @@ struct EpShared {
     cache: Mutex<Cache>,
     dead: AtomicBool,
     next_req: AtomicU64,
+    /// Shared memory of the target mapped here, by registration id (until `Forget`).
+    maps: Mutex<HashMap<u64, Arc<Mapping>>>,
+    /// Why cross-memory attach to the peer is refused, when it is (found by the probe at
+    /// connect): then only the target's shared memory can be reached.
+    cma_refused: Option<String>,
 }
 
 impl EpShared {
@@ -74,7 +83,8 @@ impl EpShared {
 
     /// The reader thread: routes answers, serves `Revoke`, and on end of stream fails
     /// everything pending and invalidates every lease.
-    fn read_loop(self: Arc<Self>, mut reader: UnixStream) {
+    fn read_loop(self: Arc<Self>, reader: UnixStream) {
+        let mut reader = FdReader::new(reader);
         while let Ok(Some(body)) = wire::read_frame(&mut reader, wire::MAX_FRAME) {
             let Ok(msg) = Msg::decode(&body) else { break };
             let (req, reply) = match msg {
@@ -84,13 +94,26 @@ impl EpShared {
                     addr,
                     len,
                     access,
+                    map,
                 } => {
                     let key = self.pending.lock().get(&req).and_then(|p| p.0);
+                    let map = match self.mapping(&mut reader, key, map, len) {
+                        Ok(m) => m,
+                        Err(why) => {
+                            tracing::warn!(
+                                pid = self.cred.pid,
+                                why,
+                                "unusable shared memory from the target; closing the side channel"
+                            );
+                            break;
+                        }
+                    };
                     let l = Arc::new(Lease {
                         id: lease,
                         addr,
                         len,
                         access,
+                        map,
                         valid: RwLock::new(true),
                     });
                     // Cached here, before any later `Revoke` on the wire is read.
@@ -126,6 +149,13 @@ impl EpShared {
                     }
                     continue;
                 }
+                Msg::Forget { regs } => {
+                    let mut maps = self.maps.lock();
+                    regs.iter().for_each(|r| {
+                        maps.remove(r);
+                    });
+                    continue;
+                }
                 _ => break,
             };
             if let Some((_, tx)) = self.pending.lock().remove(&req) {
@@ -140,8 +170,46 @@ impl EpShared {
             c.by_id.drain().map(|(_, l)| l).collect()
         };
         leases.iter().for_each(|l| *l.valid.write() = false);
+        self.maps.lock().clear();
         // Only now may the target consider our leases released.
-        let _ = reader.shutdown(std::net::Shutdown::Both);
+        reader.shutdown();
+    }
+
+    /// The mapping a `Granted` refers to: none, the memfd that came with it (mapped and
+    /// checked here), or one mapped earlier. `Err` names what is wrong with it.
+    fn mapping(
+        &self,
+        reader: &mut FdReader,
+        key: Option<KeyId>,
+        map: u8,
+        len: u64,
+    ) -> std::result::Result<Option<Arc<Mapping>>, &'static str> {
+        let Some((reg, _)) = key else {
+            // An answer nobody waits for any more: take its descriptor out of the way.
+            if map == wire::MAP_FD {
+                reader.take_fd();
+            }
+            return Ok(None);
+        };
+        match map {
+            wire::MAP_FD => {
+                let fd = reader
+                    .take_fd()
+                    .ok_or("a Granted announced a memfd but none came")?;
+                let m = Arc::new(mapped::map_granted(fd, len)?);
+                self.maps.lock().insert(reg, m.clone());
+                Ok(Some(m))
+            }
+            wire::MAP_KNOWN => {
+                let m = self.maps.lock().get(&reg).cloned();
+                let m = m.ok_or("a Granted names a mapping never sent")?;
+                if (m.len() as u64) < len {
+                    return Err("a Granted is longer than the mapping sent for it");
+                }
+                Ok(Some(m))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// Sends a request and waits for its answer by `deadline`.
@@ -217,6 +285,17 @@ impl ShmEndpoint {
         self.inner.shared.cred.pid
     }
 
+    /// Regions of the peer's shared memory mapped into this process now.
+    pub fn mapped_regions(&self) -> usize {
+        self.inner.shared.maps.lock().len()
+    }
+
+    /// False when the kernel refuses cross-memory attach to the peer (found at connect):
+    /// then only regions the peer allocated with `alloc_registered` are reachable.
+    pub fn cross_memory_attach(&self) -> bool {
+        self.inner.shared.cma_refused.is_none()
+    }
+
     /// Leases cached on this endpoint now.
     pub fn cached_leases(&self) -> usize {
         self.inner.shared.cache.lock().by_id.len()
@@ -228,6 +307,9 @@ impl ShmEndpoint {
 pub struct ShmRegistration {
     entry: Arc<RegEntry>,
     target: Arc<Target>,
+    /// Memory this transport allocated (`alloc_registered`): unmapped after `drop` has
+    /// revoked every lease on it (fields drop after `Drop::drop`).
+    _alloc: Option<Mapping>,
 }
 
 impl std::fmt::Debug for ShmRegistration {
@@ -262,6 +344,8 @@ impl Drop for ShmRegistration {
         let entry = &self.entry;
         self.target
             .revoke(entry, || entry.live.store(false, Ordering::Release));
+        self.target.forget(entry);
+        // `alloc`, if any, is unmapped when the fields drop, after this.
     }
 }
 
@@ -385,13 +469,14 @@ impl ShmCommunicator {
         }
     }
 
-    /// Dials, says `Hello`, reads `Welcome`, probes. Blocking: run on a blocking thread.
+    /// Dials, says `Hello`, reads `Welcome`, probes; with why cross-memory attach is
+    /// refused, when it is. Blocking: run on a blocking thread.
     fn dial(
         path: PathBuf,
         me: String,
         peer: PeerAddr,
         deadline: Deadline,
-    ) -> Result<(UnixStream, PeerCred)> {
+    ) -> Result<(UnixStream, PeerCred, Option<String>)> {
         let s = UnixStream::connect(&path)
             .map_err(|e| Error::peer(&peer, format!("cannot connect to the side channel: {e}")))?;
         let cred = cma::peer_cred(&s).map_err(|e| Error::io("reading SO_PEERCRED", e))?;
@@ -423,10 +508,18 @@ impl ShmCommunicator {
                 wire::VERSION
             )));
         }
-        cma::probe(cred, probe_addr)?;
+        let cma_refused = match cma::probe(cred, probe_addr) {
+            Ok(()) => None,
+            // Shared memory from the target's `alloc_registered` still works.
+            Err(e @ Error::Unavailable { .. }) => {
+                tracing::info!(pid = cred.pid, error = %e, "cross-memory attach refused; only the peer's shared memory is reachable");
+                Some(e.to_string())
+            }
+            Err(e) => return Err(e),
+        };
         s.set_read_timeout(None)
             .map_err(|e| Error::io("setting side-channel timeouts", e))?;
-        Ok((s, cred))
+        Ok((s, cred, cma_refused))
     }
 }
 
@@ -489,12 +582,14 @@ impl Communicator for ShmCommunicator {
     }
 
     /// Host memory only, at both ends; zero-copy (the kernel copies once, between the two
-    /// address spaces); notifications up to `max_notify_len`; `rekey` revokes keys.
+    /// address spaces, or the initiator once into memory both map); notifications up to
+    /// `max_notify_len`; `rekey` revokes keys; `alloc_registered` gives shared memory.
     fn capabilities(&self) -> CommCapabilities {
         let mut caps = CommCapabilities::new(SHM_TRANSPORT);
         caps.max_notification_len = self.target.config.max_notify_len;
         caps.zero_copy = true;
         caps.rekey = true;
+        caps.alloc_registered = true;
         caps
     }
 
@@ -512,16 +607,17 @@ impl Communicator for ShmCommunicator {
         let started = Instant::now();
         let (path, me, p) = (path.clone(), self.addr.to_string(), peer.clone());
         let dial = tokio::task::spawn_blocking(move || Self::dial(path, me, p, deadline));
-        let (s, cred) = match tokio::time::timeout_at(deadline.instant().into(), dial).await {
-            Err(_) => {
-                return Err(Error::DeadlineExceeded {
-                    during: "connect",
-                    elapsed: started.elapsed(),
-                });
-            }
-            Ok(Err(e)) => return Err(Error::io("the connect task", std::io::Error::other(e))),
-            Ok(Ok(r)) => r?,
-        };
+        let (s, cred, cma_refused) =
+            match tokio::time::timeout_at(deadline.instant().into(), dial).await {
+                Err(_) => {
+                    return Err(Error::DeadlineExceeded {
+                        during: "connect",
+                        elapsed: started.elapsed(),
+                    });
+                }
+                Ok(Err(e)) => return Err(Error::io("the connect task", std::io::Error::other(e))),
+                Ok(Ok(r)) => r?,
+            };
         let reader = s
             .try_clone()
             .map_err(|e| Error::io("cloning the side channel", e))?;
@@ -534,6 +630,8 @@ impl Communicator for ShmCommunicator {
             cache: Mutex::new(Cache::default()),
             dead: AtomicBool::new(false),
             next_req: AtomicU64::new(1),
+            maps: Mutex::new(HashMap::new()),
+            cma_refused,
         });
         let s2 = shared.clone();
         std::thread::Builder::new()
@@ -566,12 +664,43 @@ impl Communicator for ShmCommunicator {
             access,
             token: Mutex::new(random_token()?),
             live: AtomicBool::new(true),
+            memfd: None,
         });
         self.target.regs.write().insert(id, entry.clone());
         Ok(ShmRegistration {
             entry,
             target: self.target.clone(),
+            _alloc: None,
         })
+    }
+
+    /// Shared memory (a sealed memfd) registered for `access`: a peer maps it at its first
+    /// grant and copies with `memcpy`, with no system call per transfer and no need for
+    /// cross-memory attach (the way to reach this process where the kernel refuses it).
+    fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<ShmRegistration>> {
+        self.check_open()?;
+        let alloc = SharedAlloc::new(len)
+            .map_err(|e| Error::io("allocating shared memory (memfd_create)", e))?;
+        let region = Region {
+            device: hmc_core::Device::HOST,
+            addr: alloc.map.ptr() as u64,
+            len,
+        };
+        let id = self.target.next_reg.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(RegEntry {
+            id,
+            region,
+            access,
+            token: Mutex::new(random_token()?),
+            live: AtomicBool::new(true),
+            memfd: Some(alloc.fd),
+        });
+        self.target.regs.write().insert(id, entry.clone());
+        Ok(Some(ShmRegistration {
+            entry,
+            target: self.target.clone(),
+            _alloc: Some(alloc.map),
+        }))
     }
 
     /// Draws a new token and revokes every lease granted under the old one, waiting (up to
@@ -712,6 +841,18 @@ impl Communicator for ShmCommunicator {
         for d in batch {
             let l = lease_of(d);
             check_bounds("remote region", d.remote_offset, d.len as u64, l.len)?;
+            if l.map.is_none()
+                && let Some(why) = &ep.cma_refused
+            {
+                return Err(Error::Unavailable {
+                    what: "this region of the peer".into(),
+                    reason: why.clone(),
+                    hint: "or have the peer allocate the region with \
+                           Communicator::alloc_registered (shared memory, which needs no \
+                           cross-memory attach)"
+                        .into(),
+                });
+            }
             if !l.access.allows(need) {
                 return Err(Error::AccessDenied(format!(
                     "the target grants {:?} but {op:?} needs {need:?}",
@@ -741,13 +882,33 @@ impl Communicator for ShmCommunicator {
                             )
                         });
                     }
-                    let remote = l.addr + d.remote_offset + off as u64;
-                    // SAFETY: the local range lies inside a registration the batch borrows
-                    // (bounds checked above), which the caller keeps allocated; the remote
-                    // range lies inside the lease, which cannot be revoked while `valid`
-                    // is held for reading.
-                    unsafe { cma::copy(ep.cred.pid, op, (base + off) as *mut u8, remote, n) }
-                        .map_err(|e| copy_error(ep, e))?;
+                    let local = (base + off) as *mut u8;
+                    match &l.map {
+                        Some(m) => {
+                            let at = d.remote_offset as usize + off;
+                            debug_assert!(at + n <= m.len(), "leases never exceed their mapping");
+                            // SAFETY: the local range is as below; the remote range lies inside
+                            // the mapping (a lease is never longer than its memfd, checked when
+                            // mapped), which lives while the lease does; ranges of two
+                            // distinct mappings or allocations cannot overlap.
+                            unsafe {
+                                let remote = m.ptr().add(at);
+                                match op {
+                                    Op::Write => std::ptr::copy_nonoverlapping(local, remote, n),
+                                    Op::Read => std::ptr::copy_nonoverlapping(remote, local, n),
+                                }
+                            }
+                        }
+                        None => {
+                            let remote = l.addr + d.remote_offset + off as u64;
+                            // SAFETY: the local range lies inside a registration the batch
+                            // borrows (bounds checked above), which the caller keeps
+                            // allocated; the remote range lies inside the lease, which cannot
+                            // be revoked while `valid` is held for reading.
+                            unsafe { cma::copy(ep.cred.pid, op, local, remote, n) }
+                                .map_err(|e| copy_error(ep, e))?;
+                        }
+                    }
                 }
                 off += n;
                 since_yield += n;

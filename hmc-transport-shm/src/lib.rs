@@ -39,8 +39,19 @@
 //! random name in the system temp dir, or [`ShmConfig::path`]). `connect` dials it and
 //! learns the target's pid from `SO_PEERCRED` (the target learns the initiator's the same
 //! way; pids never travel in messages), then reads one probe byte of the target with
-//! `process_vm_readv`: a refusal (Yama `ptrace_scope`, seccomp, another user, no
-//! `CAP_SYS_PTRACE`) ends `connect` with `Error::Unavailable` naming the cause and the fix.
+//! `process_vm_readv`. When the kernel refuses it (Yama `ptrace_scope`, seccomp, another
+//! user, no `CAP_SYS_PTRACE`), the endpoint still connects
+//! ([`ShmEndpoint::cross_memory_attach`] is false) but reaches only the peer's shared
+//! memory (below); a transfer to any other region is `Error::Unavailable`, naming the cause
+//! and the fix.
+//!
+//! **Shared memory.** [`Communicator::alloc_registered`](hmc_core::Communicator::alloc_registered)
+//! returns a sealed memfd mapping (it cannot shrink under a peer). Its first grant on a
+//! connection carries the memfd (`SCM_RIGHTS`); the initiator checks the seals and size,
+//! maps it once, and from then on copies with `memcpy`: no system call per transfer, and no
+//! cross-memory attach. Dropping the registration revokes its leases, then tells the peers
+//! to unmap it (`Forget`). The RPC data plane's buffer pool and `LocalFirst` allocate this
+//! way.
 //!
 //! Side-channel messages (length-prefixed frames): the initiator sends `Hello` (its own
 //! address), `Grant` (key id, 128-bit random token, op, offset, length), `Notify` and
@@ -88,6 +99,7 @@ mod cma;
 mod comm;
 mod host;
 mod local_first;
+mod mapped;
 mod target;
 mod wire;
 

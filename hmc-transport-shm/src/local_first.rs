@@ -15,6 +15,7 @@
 //! still arrives after its bytes: cross-memory attach has copied them when `transfer`
 //! returns.
 
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};
 
 use hmc_core::{
@@ -131,10 +132,36 @@ struct SideChannel {
 /// Memory registered with [`LocalFirst`]: with `C`, and with shared memory when it is host
 /// memory.
 pub struct LocalFirstRegistration<C: Communicator> {
-    // Declared first so it drops first: shared-memory leases are revoked before `C`
-    // lets the memory go.
-    shm: Option<ShmRegistration>,
-    net: C::Registration,
+    shm: ManuallyDrop<Option<ShmRegistration>>,
+    net: ManuallyDrop<C::Registration>,
+    /// The memory is the shared-memory transport's (`alloc_registered`): `C` lets go of it
+    /// first. Otherwise shared-memory leases are revoked before `C` lets the memory go.
+    shm_owns_memory: bool,
+}
+
+impl<C: Communicator> LocalFirstRegistration<C> {
+    fn new(shm: Option<ShmRegistration>, net: C::Registration, shm_owns_memory: bool) -> Self {
+        LocalFirstRegistration {
+            shm: ManuallyDrop::new(shm),
+            net: ManuallyDrop::new(net),
+            shm_owns_memory,
+        }
+    }
+}
+
+impl<C: Communicator> Drop for LocalFirstRegistration<C> {
+    fn drop(&mut self) {
+        // SAFETY: each field is dropped exactly once, here, and never used after.
+        unsafe {
+            if self.shm_owns_memory {
+                ManuallyDrop::drop(&mut self.net);
+                ManuallyDrop::drop(&mut self.shm);
+            } else {
+                ManuallyDrop::drop(&mut self.shm);
+                ManuallyDrop::drop(&mut self.net);
+            }
+        }
+    }
 }
 
 impl<C: Communicator> LocalFirstRegistration<C> {
@@ -355,6 +382,7 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
     fn capabilities(&self) -> CommCapabilities {
         let mut caps = self.net.capabilities();
         caps.transport = TransportId::LOCAL_FIRST;
+        caps.alloc_registered |= self.shm.is_some();
         caps
     }
 
@@ -384,26 +412,36 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
             },
             _ => None,
         };
-        Ok(LocalFirstRegistration { shm, net })
+        Ok(LocalFirstRegistration::new(shm, net, false))
     }
 
+    /// Shared memory when the shared-memory transport runs (a same-host peer maps it and
+    /// copies with `memcpy`), registered with `C` too; otherwise `C`'s own fast memory.
     fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<Self::Registration>> {
+        if let Some(shm) = &self.shm
+            && let Some(r) = shm.alloc_registered(len, access)?
+        {
+            // SAFETY: the memory is the shared-memory registration's, unmapped when it
+            // drops, which the registration's `Drop` does after dropping `net`.
+            let net = unsafe { self.net.register(r.region(), access) }?;
+            return Ok(Some(LocalFirstRegistration::new(Some(r), net, true)));
+        }
         let Some(net) = self.net.alloc_registered(len, access)? else {
             return Ok(None);
         };
         let region = net.region();
         let shm = match &self.shm {
-            // SAFETY: the memory is `net`'s, freed when `net` drops, after this
-            // registration (fields drop in declaration order).
+            // SAFETY: the memory is `net`'s, freed when `net` drops, which the
+            // registration's `Drop` does after dropping this one.
             Some(shm) if region.device.is_host() => unsafe { shm.register(region, access) }.ok(),
             _ => None,
         };
-        Ok(Some(LocalFirstRegistration { shm, net }))
+        Ok(Some(LocalFirstRegistration::new(shm, net, false)))
     }
 
     fn rekey(&self, reg: &Self::Registration) -> Result<bool> {
         let net = self.net.rekey(&reg.net)?;
-        let shm = match (&self.shm, &reg.shm) {
+        let shm = match (&self.shm, &*reg.shm) {
             (Some(shm), Some(r)) => shm.rekey(r)?,
             _ => true,
         };
@@ -412,7 +450,7 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
 
     fn export(&self, reg: &Self::Registration) -> Result<RemoteRegion> {
         let net = self.net.export(&reg.net)?;
-        let shm = match (&self.shm, &reg.shm, self.host) {
+        let shm = match (&self.shm, &*reg.shm, self.host) {
             (Some(shm), Some(r), Some(host)) => Some((host, shm.address(), shm.export(r)?)),
             _ => None,
         };
@@ -468,7 +506,7 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
         let descs: Vec<TransferDesc<'_, C>> = batch
             .iter()
             .map(|d| TransferDesc {
-                local: &d.local.net,
+                local: &*d.local.net,
                 local_offset: d.local_offset,
                 remote: &d.remote.net,
                 remote_offset: d.remote_offset,

@@ -7,8 +7,9 @@
 //! no longer reached, so that dropping a registration (or rekeying it) returns only once
 //! every peer that held a lease on it said it stopped, or `revoke_timeout` passed.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::ShmConfig;
 use crate::cma::{self, PROBE, PeerCred};
+use crate::mapped;
 use crate::wire::{self, Msg, Refusal, TOKEN_LEN};
 
 /// One registration as the target serves it.
@@ -32,6 +34,9 @@ pub(crate) struct RegEntry {
     pub(crate) token: Mutex<[u8; TOKEN_LEN]>,
     /// False once deregistered; changed under [`Target::leases`] too.
     pub(crate) live: AtomicBool,
+    /// The memfd behind memory from `alloc_registered`: sent to initiators, which map it
+    /// instead of using cross-memory attach.
+    pub(crate) memfd: Option<OwnedFd>,
 }
 
 /// Who holds a lease.
@@ -47,6 +52,8 @@ struct Conn {
     /// is recorded until the `Granted` answer is written, so a `Revoke` of that lease can
     /// never overtake its `Granted` on the wire.
     writer: Mutex<UnixStream>,
+    /// Registrations whose memfd went to this connection (changed under `writer`).
+    sent_fds: Mutex<HashSet<u64>>,
 }
 
 /// Notifications received, waiting for `recv_notification`.
@@ -131,6 +138,7 @@ impl Target {
         };
         let conn = Arc::new(Conn {
             writer: Mutex::new(s),
+            sent_fds: Mutex::new(HashSet::new()),
         });
         self.conns.lock().insert(id, conn.clone());
         if self.closed.load(Ordering::Acquire) {
@@ -147,9 +155,16 @@ impl Target {
                     offset,
                     len,
                 }) => {
-                    let mut w = conn.writer.lock();
-                    let answer = self.grant(id, req, reg, &token, op, offset, len);
-                    if wire::write_msg(&mut *w, &answer).is_err() {
+                    let w = conn.writer.lock();
+                    let (answer, memfd) = self.grant(&conn, id, req, reg, &token, op, offset, len);
+                    let sent = match &memfd {
+                        Some(e) => {
+                            let fd = e.memfd.as_ref().expect("granted with a memfd").as_fd();
+                            mapped::send_with_fd(&w, &answer.encode(), fd)
+                        }
+                        None => wire::write_msg(&mut &*w, &answer),
+                    };
+                    if sent.is_err() {
                         break;
                     }
                 }
@@ -207,10 +222,13 @@ impl Target {
         Ok((reader, peer, from))
     }
 
-    /// Checks a grant request and records the lease; the answer to send.
+    /// Checks a grant request and records the lease; the answer to send, and the
+    /// registration whose memfd goes with it (the first grant of shared memory on `c`).
+    /// The caller holds `c`'s writer lock.
     #[allow(clippy::too_many_arguments)]
     fn grant(
         &self,
+        c: &Conn,
         conn: u64,
         req: u64,
         reg: u64,
@@ -218,12 +236,15 @@ impl Target {
         op: Op,
         offset: u64,
         len: u64,
-    ) -> Msg {
-        let refuse = |why, limit, text: String| Msg::Refused {
-            req,
-            why,
-            limit,
-            text,
+    ) -> (Msg, Option<Arc<RegEntry>>) {
+        let refuse = |why, limit, text: String| {
+            let m = Msg::Refused {
+                req,
+                why,
+                limit,
+                text,
+            };
+            (m, None)
         };
         if self.closed.load(Ordering::Acquire) {
             return refuse(
@@ -270,12 +291,40 @@ impl Target {
         }
         let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
         leases.insert(lease, LeaseRec { reg, conn });
-        Msg::Granted {
+        let (map, memfd) = match &entry.memfd {
+            None => (wire::MAP_NONE, None),
+            Some(_) if c.sent_fds.lock().insert(reg) => (wire::MAP_FD, Some(entry.clone())),
+            Some(_) => (wire::MAP_KNOWN, None),
+        };
+        let granted = Msg::Granted {
             req,
             lease,
             addr: entry.region.addr,
             len: entry.region.len as u64,
             access: entry.access,
+            map,
+        };
+        (granted, memfd)
+    }
+
+    /// Tells every connection that mapped `entry`'s memfd to unmap it: after
+    /// deregistration, once its leases are revoked.
+    pub(crate) fn forget(&self, entry: &RegEntry) {
+        if entry.memfd.is_none() {
+            return;
+        }
+        let conns: Vec<Arc<Conn>> = self.conns.lock().values().cloned().collect();
+        for c in conns {
+            let w = c.writer.lock();
+            if c.sent_fds.lock().remove(&entry.id) {
+                // A failed write means the connection is closing: the mapping goes with it.
+                let _ = wire::write_msg(
+                    &mut &*w,
+                    &Msg::Forget {
+                        regs: vec![entry.id],
+                    },
+                );
+            }
         }
     }
 

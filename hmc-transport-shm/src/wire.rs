@@ -3,7 +3,7 @@
 //!
 //! Initiator to target: [`Msg::Hello`], [`Msg::Grant`], [`Msg::Notify`], [`Msg::Released`].
 //! Target to initiator: [`Msg::Welcome`], [`Msg::Granted`], [`Msg::Ok`], [`Msg::Refused`],
-//! [`Msg::Revoke`]. Requests carry an id that their answer repeats; `Revoke` and
+//! [`Msg::Revoke`], [`Msg::Forget`]. Requests carry an id that their answer repeats; `Revoke` and
 //! `Released` carry lease ids instead.
 
 use std::io::{self, Read, Write};
@@ -11,7 +11,7 @@ use std::io::{self, Read, Write};
 use hmc_core::{Access, Error, Op};
 
 /// Version of the side-channel protocol, checked in `Hello`/`Welcome`.
-pub(crate) const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 2;
 /// Bytes of a key's random token.
 pub(crate) const TOKEN_LEN: usize = 16;
 /// Bytes of a packed remote key: registration id (`u64`) then token.
@@ -21,6 +21,13 @@ pub(crate) const MAX_FRAME: usize = 1 << 20;
 /// Room for a frame's header and lease lists beyond a notification's bytes: what a target
 /// accepts is `ShmConfig::max_notify_len` plus this.
 pub(crate) const FRAME_SLACK: usize = 64 << 10;
+
+/// `Granted::map`: cross-memory attach reaches the registration.
+pub(crate) const MAP_NONE: u8 = 0;
+/// `Granted::map`: the registration's memfd is attached to the frame; map it.
+pub(crate) const MAP_FD: u8 = 1;
+/// `Granted::map`: the registration's memfd was attached to an earlier `Granted`.
+pub(crate) const MAP_KNOWN: u8 = 2;
 
 /// Why a target refused a request, as a code on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,13 +58,19 @@ pub(crate) enum Msg {
         len: u64,
     },
     /// A lease: the whole registration, at `addr` in the target, with its access rights.
+    /// `map` says whether the registration is shared memory the initiator maps instead:
+    /// [`MAP_NONE`], [`MAP_FD`] (its memfd is attached to this frame) or [`MAP_KNOWN`] (sent
+    /// earlier on this connection, and not forgotten since).
     Granted {
         req: u64,
         lease: u64,
         addr: u64,
         len: u64,
         access: Access,
+        map: u8,
     },
+    /// These registrations are gone: unmap them (target to initiator, no answer).
+    Forget { regs: Vec<u64> },
     /// A notification.
     Notify { req: u64, tag: u64, msg: Vec<u8> },
     /// Request `req` succeeded (notifications).
@@ -137,12 +150,17 @@ impl Msg {
                 addr,
                 len,
                 access,
+                map,
             } => {
                 b.push(0x82);
                 for v in [req, lease, addr, len] {
                     b.extend_from_slice(&v.to_le_bytes());
                 }
-                b.push(access.bits());
+                b.extend_from_slice(&[access.bits(), *map]);
+            }
+            Msg::Forget { regs } => {
+                b.push(0x86);
+                put_list(&mut b, regs);
             }
             Msg::Ok { req } => {
                 b.push(0x83);
@@ -219,6 +237,10 @@ impl Msg {
                 addr: r.u64().ok_or_else(bad)?,
                 len: r.u64().ok_or_else(bad)?,
                 access: Access::from_bits(r.u8().ok_or_else(bad)?)?,
+                map: match r.u8().ok_or_else(bad)? {
+                    m @ (MAP_NONE | MAP_FD | MAP_KNOWN) => m,
+                    _ => return Err(bad()),
+                },
             },
             0x83 => Msg::Ok {
                 req: r.u64().ok_or_else(bad)?,
@@ -238,6 +260,9 @@ impl Msg {
             },
             0x85 => Msg::Revoke {
                 leases: r.list().ok_or_else(bad)?,
+            },
+            0x86 => Msg::Forget {
+                regs: r.list().ok_or_else(bad)?,
             },
             _ => return Err(bad()),
         };
@@ -316,7 +341,9 @@ mod tests {
     #[case(Msg::Hello { version: 1, addr: "unix:///x".into() })]
     #[case(Msg::Welcome { version: 1, probe_addr: 42 })]
     #[case(Msg::Grant { req: 1, id: 2, token: [7; TOKEN_LEN], op: Op::Write, offset: 3, len: 4 })]
-    #[case(Msg::Granted { req: 1, lease: 2, addr: 3, len: 4, access: Access::READ })]
+    #[case(Msg::Granted { req: 1, lease: 2, addr: 3, len: 4, access: Access::READ, map: MAP_NONE })]
+    #[case(Msg::Granted { req: 1, lease: 2, addr: 3, len: 4, access: Access::WRITE, map: MAP_FD })]
+    #[case(Msg::Forget { regs: vec![5, 6] })]
     #[case(Msg::Notify { req: 9, tag: 8, msg: vec![1, 2, 3] })]
     #[case(Msg::Ok { req: 5 })]
     #[case(Msg::Refused { req: 5, why: Refusal::OutOfBounds, limit: 10, text: "no".into() })]

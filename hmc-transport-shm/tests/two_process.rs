@@ -16,6 +16,9 @@ use hmc_core::{
 };
 use hmc_transport_shm::{ShmCommunicator, ShmConfig};
 
+mod support;
+use support::{hex, unhex};
+
 const LEN: usize = 64 << 20;
 
 fn checksum(b: &[u8]) -> u64 {
@@ -26,17 +29,6 @@ fn checksum(b: &[u8]) -> u64 {
             .wrapping_mul(0x100_0000_01b3)
             .rotate_left(5)
     })
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
 }
 
 /// The peer process: registers `LEN` bytes of `pattern(5)`, prints `READY <addr> <desc>`,
