@@ -1,4 +1,6 @@
-//! Same-host one-sided transfers between two processes: `ShmCommunicator` beside a plain
+//! Same-host one-sided transfers between two processes: `ShmCommunicator` (cross-memory
+//! attach into user memory, and copies into the target's shared memory from
+//! `alloc_registered`) beside a plain
 //! single-thread `memcpy` of the same sizes and beside our UCX transport on UCX's shared
 //! memory (`UCX_TLS=posix,cma,self`), with user memory given to `register` and with memory
 //! UCX allocates itself (what `ucx_perftest` measures), in one run; prints a markdown table.
@@ -61,6 +63,14 @@ fn peer() {
         hex(&b.export().expect("export").encode())
     );
     keep.push(Box::new(b));
+    if let Ok(Some(r)) = shm.alloc_registered(BUF, Access::READ_WRITE) {
+        println!(
+            "shm-mapped {} {}",
+            shm.address(),
+            hex(&shm.export(&r).expect("export").encode())
+        );
+        keep.push(Box::new(r));
+    }
     if let Some(u) = ucx().map(Arc::new) {
         let b = RegisteredBuffer::new(mem, u.clone(), BUF, Access::READ_WRITE).expect("reg");
         println!(
@@ -239,7 +249,7 @@ fn main() {
         let ucx = ucx().map(|u| Arc::new(AnyCommunicator::new(u)));
         for (row, addr, desc) in &targets {
             match row.as_str() {
-                "shm" => {
+                "shm" | "shm-mapped" => {
                     let b =
                         RegisteredBuffer::new(mem.clone(), shm.clone(), BUF, Access::READ_WRITE)
                             .expect("reg");
@@ -273,9 +283,11 @@ fn report(cells: &[Cell], secs: f64) {
     };
     println!("\n### Same-host one-sided transfers, two processes, one operation in flight\n");
     println!(
-        "| op | size | shm ops/s | shm GB/s | shm p50 µs | memcpy GB/s | shm / memcpy | UCX user mem GB/s | shm / UCX user | UCX own mem GB/s | shm / UCX own |"
+        "| op | size | shm ops/s | shm GB/s | shm p50 µs | memcpy GB/s | shm / memcpy | shared mem ops/s | shared mem GB/s | shared / memcpy | UCX user mem GB/s | shm / UCX user | UCX own mem GB/s | shm / UCX own |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
     for op in [Op::Write, Op::Read] {
         for size in SIZES {
             let Some(s) = find("shm", op, size) else {
@@ -291,8 +303,17 @@ fn report(cells: &[Cell], secs: f64) {
             };
             let (uu, ru) = ratio("ucx-user");
             let (uo, ro) = ratio("ucx-ucxmem");
+            let mapped = match find("shm-mapped", op, size) {
+                Some(m) => format!(
+                    "{:.0} | {:.2} | {:.0}%",
+                    m.ops,
+                    gbs(m.ops, size),
+                    100.0 * gbs(m.ops, size) / copy
+                ),
+                None => "n/a | n/a | n/a".into(),
+            };
             println!(
-                "| {op:?} | {} | {:.0} | {:.2} | {:.1} | {copy:.2} | {:.0}% | {uu} | {ru} | {uo} | {ro} |",
+                "| {op:?} | {} | {:.0} | {:.2} | {:.1} | {copy:.2} | {:.0}% | {mapped} | {uu} | {ru} | {uo} | {ro} |",
                 human(size),
                 s.ops,
                 gbs(s.ops, size),
