@@ -631,10 +631,10 @@ unsafe extern "C" fn export_key<P: PluginTransport>(
             )
         };
         match g.run(|| g.comm.export(reg)) {
-            // The whole descriptor travels as the key: a transport's export may say more
-            // than the host knows of the registration.
+            // The host builds the descriptor from the registration's region and access and
+            // these key bytes, so descriptors stay those of the transport linked statically.
             // SAFETY: the out-parameters are the host's.
-            Ok(remote) => unsafe { write_out(&remote.encode(), buf, cap, len) },
+            Ok(remote) => unsafe { write_out(&remote.key, buf, cap, len) },
             Err(e) => fail(&e),
         }
     })
@@ -672,11 +672,27 @@ unsafe extern "C" fn import<P: PluginTransport>(
                 std::slice::from_raw_parts(d.key, d.key_len),
             )
         };
-        let result = RemoteRegion::decode(key)
-            .map_err(|e| {
-                Error::InvalidKey(format!("the key is not a descriptor of this plugin: {e}"))
-            })
-            .and_then(|remote| g.run(|| g.comm.import(ep, &remote)));
+        // SAFETY: `desc` is readable during the call.
+        let d = unsafe { &*desc };
+        let bits = u8::try_from(d.access).unwrap_or(0);
+        let result = Access::from_bits(bits).and_then(|access| {
+            let remote = RemoteRegion {
+                transport: P::TRANSPORT,
+                region: Region {
+                    device: hmc_core::Device::new(
+                        hmc_core::DeviceKind::from_wire_id(d.region.device_kind as u8),
+                        d.region.device_ordinal,
+                    ),
+                    addr: d.region.addr,
+                    len: usize::try_from(d.region.len).map_err(|_| {
+                        Error::InvalidArgument("region length does not fit this platform".into())
+                    })?,
+                },
+                access,
+                key: key.to_vec(),
+            };
+            g.run(|| g.comm.import(ep, &remote))
+        });
         match result {
             Ok(k) => {
                 // SAFETY: `out` is writable.

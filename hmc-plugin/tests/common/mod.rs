@@ -80,3 +80,51 @@ pub fn loopmem() -> Arc<Plugin> {
 pub fn open_loopmem() -> Arc<PluginCommunicator> {
     Arc::new(PluginCommunicator::open(loopmem(), "bind=127.0.0.1\n").expect("open loopmem"))
 }
+
+/// Builds examples-plugins/rtcp (a cdylib outside the workspace) with cargo, into the
+/// workspace's target folder, and returns the library. `release` picks the profile.
+pub fn build_rust_plugin(release: bool) -> PathBuf {
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = crate_dir().join("examples-plugins/rtcp");
+    // Resolve the plugin's dependencies as the workspace does, not to whatever is newest.
+    let lock = dir.join("Cargo.lock");
+    if !lock.exists() {
+        std::fs::copy(crate_dir().join("../Cargo.lock"), &lock).unwrap();
+    }
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rust-plugins");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(&cargo);
+    cmd.arg("build")
+        .arg("--manifest-path")
+        .arg(dir.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target);
+    if release {
+        cmd.arg("--release");
+    }
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cargo}: {e}"));
+    assert!(
+        output.status.success(),
+        "building the rtcp example plugin failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    target
+        .join(if release { "release" } else { "debug" })
+        .join("libhmc_plugin_rtcp.so")
+}
+
+/// The rtcp plugin (debug build), loaded through the search path.
+pub fn rtcp() -> Arc<Plugin> {
+    let path = build_rust_plugin(false);
+    let registry = TransportRegistry::discover(&PluginConfig {
+        search_path: vec![path],
+    });
+    registry
+        .discovery()
+        .get("rtcp")
+        .unwrap_or_else(|| panic!("rtcp not loaded:\n{}", registry.report()))
+        .clone()
+}
