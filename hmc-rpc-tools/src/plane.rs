@@ -1,10 +1,11 @@
-//! Run-time choice of the HMC_BUFFER data plane for the binaries (`--data-plane ucx|tcp|none`):
-//! one code path over [`AnyCommunicator`].
+//! Run-time choice of the HMC_BUFFER data plane for the binaries (`--data-plane ucx|tcp|none`,
+//! or a transport plugin's name): one code path over [`AnyCommunicator`].
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use hmc_core::{AnyCommunicator, PeerAddr, Result};
+use hmc_plugin::{OpenOptions, PluginConfig, TransportRegistry};
 
 /// Which data plane carries HMC_BUFFER payloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -15,6 +16,92 @@ pub enum DataPlaneKind {
     Tcp,
     /// `hmc-transport-ucx`'s `UcxCommunicator` (`UCX_TLS` chooses UCX's transports).
     Ucx,
+}
+
+/// A data plane chosen by name: one of the built-in [`DataPlaneKind`]s, or any other name,
+/// which the [`transport_registry`] resolves (a transport plugin on `HMC_PLUGIN_PATH`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataPlaneChoice {
+    /// A transport linked into the binaries.
+    Builtin(DataPlaneKind),
+    /// A name for the registry: a plugin's name, or `NAME://IP`.
+    Named(String),
+}
+
+impl DataPlaneChoice {
+    /// Parses `--data-plane`: a built-in kind's name first, any other name as a plugin's.
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        if s.is_empty() {
+            return Err("an empty data-plane name; use none, tcp, ucx or a plugin's name".into());
+        }
+        Ok(
+            match <DataPlaneKind as clap::ValueEnum>::from_str(s, true) {
+                Ok(kind) => DataPlaneChoice::Builtin(kind),
+                Err(_) => DataPlaneChoice::Named(s.to_string()),
+            },
+        )
+    }
+}
+
+impl std::fmt::Display for DataPlaneChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DataPlaneChoice::Builtin(k) => write!(f, "{k:?}"),
+            DataPlaneChoice::Named(n) => f.write_str(n),
+        }
+    }
+}
+
+/// The transports the binaries know by name: the built-in `tcp` and `ucx` (opened as
+/// [`open_data_plane_with`] opens them), then the plugins found on `HMC_PLUGIN_PATH` and
+/// `plugins.search_path`.
+pub fn transport_registry(options: &PlaneOptions, plugins: &PluginConfig) -> TransportRegistry {
+    let mut r = TransportRegistry::discover(plugins);
+    for (kind, name, about) in [
+        (
+            DataPlaneKind::Tcp,
+            "tcp",
+            "hmc-transport-tcp: one-sided READ/WRITE over TCP sockets",
+        ),
+        (
+            DataPlaneKind::Ucx,
+            "ucx",
+            "hmc-transport-ucx: UCX loaded at run time (UCX_TLS chooses)",
+        ),
+    ] {
+        let options = options.clone();
+        r.register_builtin(name, about, move |o: &OpenOptions| {
+            open_data_plane_with(kind, o.bind, &options)?.ok_or_else(|| {
+                hmc_core::Error::Unsupported(format!("the {name} data plane opened nothing"))
+            })
+        });
+    }
+    r
+}
+
+/// Opens the data plane `choice` names on `bind`: a built-in kind as
+/// [`open_data_plane_with`] does, a name through [`transport_registry`] (with
+/// `max_pending_notifications=0`: nobody reads notifications on the RPC data plane).
+pub fn open_data_plane_choice(
+    choice: &DataPlaneChoice,
+    bind: IpAddr,
+    options: &PlaneOptions,
+    plugins: &PluginConfig,
+) -> Result<Option<AnyCommunicator>> {
+    match choice {
+        DataPlaneChoice::Builtin(kind) => open_data_plane_with(*kind, bind, options),
+        DataPlaneChoice::Named(name) => {
+            if options.auth_secret_file.is_some() {
+                return Err(hmc_core::Error::InvalidArgument(format!(
+                    "--data-plane-auth-secret-file applies to the tcp data plane only; configure                      authentication of `{name}` as its plugin documents"
+                )));
+            }
+            let open = OpenOptions::new(bind).with("max_pending_notifications", 0);
+            transport_registry(options, plugins)
+                .open(name, &open)
+                .map(Some)
+        }
+    }
 }
 
 /// What the binaries may set on the data plane they open.
@@ -84,6 +171,43 @@ fn open_ucx(bind: IpAddr) -> Result<Option<AnyCommunicator>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn built_in_names_parse_as_kinds_and_others_as_plugin_names() {
+        assert_eq!(
+            DataPlaneChoice::parse("tcp").unwrap(),
+            DataPlaneChoice::Builtin(DataPlaneKind::Tcp)
+        );
+        assert_eq!(
+            DataPlaneChoice::parse("loopmem").unwrap(),
+            DataPlaneChoice::Named("loopmem".into())
+        );
+        assert!(DataPlaneChoice::parse("").is_err());
+    }
+
+    #[tokio::test]
+    async fn an_unknown_name_lists_the_transports_there_are() {
+        let e = open_data_plane_choice(
+            &DataPlaneChoice::Named("nosuch".into()),
+            [127, 0, 0, 1].into(),
+            &PlaneOptions::default(),
+            &PluginConfig::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("no transport named `nosuch`") && e.contains("tcp, ucx"),
+            "{e}"
+        );
+        let r = transport_registry(&PlaneOptions::default(), &PluginConfig::default());
+        let c = r
+            .open("tcp", &OpenOptions::new([127, 0, 0, 1].into()))
+            .unwrap();
+        assert_eq!(
+            hmc_core::Communicator::transport(&c),
+            hmc_core::TransportId::TCP
+        );
+    }
 
     #[tokio::test]
     async fn none_is_none_and_tcp_listens() {

@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use hmc_plugin::{Plugin, PluginCommunicator, PluginConfig, TransportRegistry};
 
+/// hmc-plugin's folder, also when another crate's tests include this module by path.
 pub fn crate_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../hmc-plugin"))
 }
 
 fn newer(out: &Path, inputs: &[PathBuf]) -> bool {
