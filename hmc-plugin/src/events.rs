@@ -1,4 +1,9 @@
-//! The host side of a plugin's completion signal: one thread per communicator polls the plugin's event fd and wakes the futures waiting on it, and wakes each at its deadline.
+//! The host side of a plugin's completion signal: per communicator, a task on the caller's tokio runtime (or, outside one, a thread) polls the plugin's event fd and wakes the futures waiting on it, and wakes each at its deadline.
+//!
+//! Inside a tokio runtime (with I/O and time enabled) the fd is watched by that runtime's
+//! own poller, so a completion wakes the waiting task without a thread of ours in between;
+//! the fd is duplicated first, so the runtime's registration never outlives the plugin's
+//! descriptor into a reused fd number.
 //!
 //! A future registers its waker *before* it asks the plugin (`transfer_poll`,
 //! `recv_notification`), so a signal that arrives between the question and the
@@ -27,10 +32,11 @@ struct Shared {
     stop: AtomicBool,
 }
 
-/// The waiter table and the thread that serves it.
+/// The waiter table and what serves it.
 pub(crate) struct Events {
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
+    task: Option<(tokio::task::JoinHandle<()>, Arc<tokio::sync::Notify>)>,
     next_id: AtomicU64,
 }
 
@@ -60,14 +66,22 @@ fn signal(fd: RawFd) {
 }
 
 impl Events {
-    /// Starts the thread serving `plugin_fd` (which must stay open until [`Events::stop`]
-    /// returns).
+    /// Starts serving `plugin_fd` (which must stay open until [`Events::stop`] returns):
+    /// on the current tokio runtime when there is one with I/O and time, else on a thread.
     pub(crate) fn start(plugin: &str, plugin_fd: RawFd) -> Result<Events> {
         let shared = Arc::new(Shared {
             waiters: Mutex::new(Vec::new()),
             kick: eventfd()?,
             stop: AtomicBool::new(false),
         });
+        if let Some(task) = start_task(&shared, plugin_fd) {
+            return Ok(Events {
+                shared,
+                thread: None,
+                task: Some(task),
+                next_id: AtomicU64::new(1),
+            });
+        }
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("hmc-plugin-{plugin}"))
@@ -76,6 +90,7 @@ impl Events {
         Ok(Events {
             shared,
             thread: Some(thread),
+            task: None,
             next_id: AtomicU64::new(1),
         })
     }
@@ -102,7 +117,10 @@ impl Events {
         }
         drop(w);
         if earliest.is_none_or(|e| deadline < e) {
-            signal(self.shared.kick.as_raw_fd());
+            match &self.task {
+                Some((_, notify)) => notify.notify_one(),
+                None => signal(self.shared.kick.as_raw_fd()),
+            }
         }
     }
 
@@ -118,6 +136,10 @@ impl Events {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // The task watches a duplicate of the plugin's fd, so it may end after this.
+        if let Some((task, _)) = self.task.take() {
+            task.abort();
+        }
     }
 }
 
@@ -125,6 +147,86 @@ impl Drop for Events {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Wakes every waiter when `signalled`, else those whose deadline passed.
+fn wake_due(s: &Shared, signalled: bool) {
+    let now = Instant::now();
+    let due: Vec<Waker> = {
+        let mut w = s.waiters.lock();
+        let mut due = Vec::new();
+        w.retain(|x| {
+            if signalled || x.deadline <= now {
+                due.push(x.waker.clone());
+                false
+            } else {
+                true
+            }
+        });
+        due
+    };
+    due.into_iter().for_each(Waker::wake);
+}
+
+/// Serves the waiters from a task of the current tokio runtime; `None` outside one, or in
+/// one without I/O or time.
+fn start_task(
+    shared: &Arc<Shared>,
+    plugin_fd: RawFd,
+) -> Option<(tokio::task::JoinHandle<()>, Arc<tokio::sync::Notify>)> {
+    use tokio::io::Interest;
+    use tokio::io::unix::AsyncFd;
+    let handle = tokio::runtime::Handle::try_current().ok()?;
+    // A runtime without timers panics at the first sleep: find out before relying on it.
+    let timers = std::panic::catch_unwind(|| drop(tokio::time::sleep(std::time::Duration::ZERO)));
+    if timers.is_err() {
+        return None;
+    }
+    // SAFETY: duplicates a descriptor the plugin keeps open for this call; the duplicate
+    // is owned below.
+    let dup = unsafe { libc::fcntl(plugin_fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return None;
+    }
+    // SAFETY: `dup` was just created and is owned by nobody else.
+    let owned = unsafe { OwnedFd::from_raw_fd(dup) };
+    // A runtime without I/O panics here: fall back to the thread then.
+    let afd = std::panic::catch_unwind(move || {
+        // SAFETY: `owned` is an open descriptor that the AsyncFd owns, unchanged, for its
+        // whole life.
+        unsafe { AsyncFd::register_with_interest(owned, Interest::READABLE) }
+    })
+    .ok()?
+    .ok()?;
+    let notify = Arc::new(tokio::sync::Notify::new());
+    let (s, n) = (shared.clone(), notify.clone());
+    let task = handle.spawn(async move {
+        while !s.stop.load(Ordering::Acquire) {
+            let next = s.waiters.lock().iter().map(|w| w.deadline).min();
+            let sleep = async {
+                match next {
+                    Some(d) => tokio::time::sleep_until(d.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ready = afd.readable() => match ready {
+                    Ok(mut guard) => {
+                        drain(afd.get_ref().as_raw_fd());
+                        guard.clear_ready();
+                        wake_due(&s, true);
+                    }
+                    Err(e) => {
+                        tracing::error!("watching a plugin's event fd failed: {e}");
+                        return;
+                    }
+                },
+                () = sleep => wake_due(&s, false),
+                () = n.notified() => {}
+            }
+        }
+    });
+    Some((task, notify))
 }
 
 fn run(s: &Shared, plugin_fd: RawFd) {
@@ -171,20 +273,6 @@ fn run(s: &Shared, plugin_fd: RawFd) {
         if signalled {
             drain(plugin_fd);
         }
-        let now = Instant::now();
-        let due: Vec<Waker> = {
-            let mut w = s.waiters.lock();
-            let mut due = Vec::new();
-            w.retain(|x| {
-                if signalled || x.deadline <= now {
-                    due.push(x.waker.clone());
-                    false
-                } else {
-                    true
-                }
-            });
-            due
-        };
-        due.into_iter().for_each(Waker::wake);
+        wake_due(s, signalled);
     }
 }

@@ -185,3 +185,46 @@ async fn an_oversized_batch_is_refused_naming_the_declared_limit() {
         "{e:?}"
     );
 }
+
+/// Outside any runtime the host watches the plugin's eventfd from a thread of its own:
+/// a plain executor drives transfers, notifications and deadlines.
+#[test]
+fn a_host_without_tokio_moves_bytes_and_meets_deadlines() {
+    let a = common::open_loopmem();
+    let b = common::open_loopmem();
+    let mem = Arc::new(HostMemory::new());
+    let target =
+        RegisteredBuffer::new(mem.clone(), b.clone(), 1 << 20, Access::READ_WRITE).unwrap();
+    let local = RegisteredBuffer::new(mem, a.clone(), 1 << 20, Access::READ_WRITE).unwrap();
+    hmc_core::ConnBuffer::write_at(&local, 0, &hmc_core::MemSpan::host(&vec![9u8; 1 << 20]))
+        .unwrap();
+    futures::executor::block_on(async {
+        let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+        let key = a.import(&ep, &target.export().unwrap()).unwrap();
+        let d = [TransferDesc::<PluginCommunicator> {
+            local: hmc_core::ConnBuffer::registration(&local),
+            local_offset: 0,
+            remote: &key,
+            remote_offset: 0,
+            len: 1 << 20,
+        }];
+        a.transfer(&ep, Op::Write, &d, Deadline::default())
+            .await
+            .unwrap();
+        a.notify(&ep, 5, b"done", Deadline::default())
+            .await
+            .unwrap();
+        let n = b.recv_notification(Deadline::default()).await.unwrap();
+        assert_eq!((n.tag, n.msg.as_slice()), (5, &b"done"[..]));
+        let start = std::time::Instant::now();
+        let e = b
+            .recv_notification(Deadline::after(Duration::from_millis(100)))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::DeadlineExceeded { .. }), "{e:?}");
+        assert!(start.elapsed() < Duration::from_secs(3));
+    });
+    let mut back = vec![0u8; 1 << 20];
+    hmc_core::ConnBuffer::read_at(&target, 0, &mut hmc_core::MemSpanMut::host(&mut back)).unwrap();
+    assert!(back.iter().all(|b| *b == 9));
+}
