@@ -68,6 +68,9 @@ pub struct Peers<C: Communicator, M: Memory> {
 /// Checks for [`Communicator`] implementations. Each takes fresh [`Peers`].
 pub mod communicator;
 
+/// A peer binary in a child process, killed or stopped mid-transfer.
+pub mod process;
+
 /// Generates the [`Memory`] conformance tests for the backend made by `$make`, an
 /// expression of type `Option<M>` (`None`: no such device here; the tests log a skip).
 ///

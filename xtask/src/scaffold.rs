@@ -397,10 +397,15 @@ async fn a_missing_device_is_unavailable_with_a_hint() {
 }
 "#;
 
-const TRANSPORT_TWO_PROCESS: &str = r#"//! Two processes: the peer binary serves a region; a second one writes and reads it back.
+const TRANSPORT_TWO_PROCESS: &str = r#"//! Two processes: the peer binary serves a region; a second one writes and reads it back; the peer killed or stopped mid-transfer (hmc_core::testing::process).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use hmc_backend_cpu::HostMemory;
+use hmc_core::testing::process::{self, PeerProcess};
+use {{crate}}::{ {{Ident}}Communicator, {{Ident}}Config };
 
 const PEER: &str = env!("CARGO_BIN_EXE_peer");
 
@@ -420,6 +425,26 @@ fn two_processes_move_a_mebibyte_each_way() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+fn peer() -> PeerProcess {
+    let mut cmd = Command::new(PEER);
+    cmd.arg("serve");
+    PeerProcess::spawn(cmd)
+}
+
+fn local() -> Arc<{{Ident}}Communicator> {
+    Arc::new({{Ident}}Communicator::bind({{Ident}}Config::default()).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_killed_mid_transfer_fails_it_fast() {
+    process::peer_killed_mid_transfer(local(), Arc::new(HostMemory::new()), peer(), 1 << 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_peer_times_out_and_serves_again_when_resumed() {
+    process::peer_stopped_mid_transfer(local(), Arc::new(HostMemory::new()), peer(), 1 << 20).await;
 }
 "#;
 
