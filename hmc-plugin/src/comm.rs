@@ -180,15 +180,7 @@ impl Drop for TransferHandle {
 
 /// CLOCK_MONOTONIC nanoseconds of `deadline`, as the ABI passes deadlines.
 fn deadline_ns(deadline: Deadline) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
-    let left = u64::try_from(deadline.remaining().as_nanos()).unwrap_or(u64::MAX);
-    now.saturating_add(left).min(HMC_NO_DEADLINE - 1)
+    hmc_backend_helpers::deadline::to_monotonic_ns(deadline)
 }
 
 /// Runs `f` on a thread of its own (the ABI's blocking calls), without blocking the caller.

@@ -249,17 +249,7 @@ struct GTransfer {
 }
 
 fn deadline_from_ns(ns: u64) -> Deadline {
-    if ns == HMC_NO_DEADLINE {
-        return Deadline::after(Duration::from_secs(86_400 * 365));
-    }
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes one timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
-    Deadline::after(Duration::from_nanos(ns.saturating_sub(now)))
+    hmc_backend_helpers::deadline::from_monotonic_ns(ns)
 }
 
 /// The table of plugin `P`, as `hmc_plugin_init` hands it out.
@@ -421,9 +411,13 @@ unsafe extern "C" fn comm_destroy<P: PluginTransport>(comm: *mut HmcComm) {
 }
 
 unsafe extern "C" fn comm_event_fd<P: PluginTransport>(comm: *mut HmcComm) -> i32 {
-    // SAFETY: a live communicator of this glue.
-    let g = unsafe { at::<GComm<P::Comm>, _>(comm) };
-    g.efd.as_raw_fd()
+    let mut fd = -1;
+    let code = guard(|| {
+        // SAFETY: a live communicator of this glue.
+        fd = unsafe { at::<GComm<P::Comm>, _>(comm) }.efd.as_raw_fd();
+        HMC_OK
+    });
+    if code == HMC_OK { fd } else { code }
 }
 
 /// Writes `bytes` to a `(buf, cap, *len)` out-parameter triple.
