@@ -22,6 +22,9 @@
  *   HmcTransfer   made by transfer_start, freed by transfer_release, which cancels it and
  *                 must not return while it can still touch local memory; used by one
  *                 thread at a time.
+ *   HmcMemory     made by memory_open, freed by memory_destroy once, after every buffer
+ *                 of it; any thread, concurrently.
+ *   HmcBuffer     made by memory_alloc, freed by memory_free; any thread, concurrently.
  * The host keeps every endpoint, registration and remote key a transfer names alive
  * until that transfer is released. Strings the plugin returns (names, last_error) stay
  * owned by the plugin; buffers the host passes stay owned by the host.
@@ -107,8 +110,13 @@
 // The host's ABI major differs from the plugin's (`hmc_plugin_init`).
 #define HMC_ERR_VERSION -18
 
-// `HmcTableHeader::capabilities` of an [`HmcPluginApi`]: it provides a communicator.
+// `HmcTableHeader::capabilities` of an [`HmcPluginApi`]: it provides a communicator
+// (`comm_open` through `recv_notification`).
 #define HMC_PLUGIN_PROVIDES_COMMUNICATOR 1
+
+// `HmcTableHeader::capabilities`: it provides a device memory backend (`memory_open`
+// through `memory_copy`).
+#define HMC_PLUGIN_PROVIDES_MEMORY 2
 
 // `HmcCommCaps::flags`: `notify`/`recv_notification` work.
 #define HMC_CAP_NOTIFICATIONS 1
@@ -146,11 +154,17 @@
 // Log level: debugging detail.
 #define HMC_LOG_DEBUG 4
 
+// One allocation of an [`HmcMemory`]. Opaque.
+typedef struct HmcBuffer HmcBuffer;
+
 // A communicator: one local endpoint of the transport, listening for peers. Opaque.
 typedef struct HmcComm HmcComm;
 
 // A connection from a communicator to one peer. Opaque.
 typedef struct HmcEndpoint HmcEndpoint;
+
+// A device memory backend: one device's allocator and copy engine. Opaque.
+typedef struct HmcMemory HmcMemory;
 
 // Local memory registered with a communicator. Opaque.
 typedef struct HmcReg HmcReg;
@@ -264,6 +278,18 @@ typedef struct HmcNotification {
   size_t msg_len;
 } HmcNotification;
 
+// What a memory backend serves (`memory_info`). Appended to like the tables.
+typedef struct HmcMemoryInfo {
+  // Bytes the plugin filled; the host zeroes the struct and passes its size here.
+  size_t struct_size;
+  // The device family's wire number (128–255 for third parties).
+  uint32_t device_kind;
+  // The device's ordinal.
+  uint32_t device_ordinal;
+  // Largest single allocation in bytes.
+  uint64_t max_alloc;
+} HmcMemoryInfo;
+
 // What a plugin provides: filled by `hmc_plugin_init`. Every function is thread-safe
 // unless the module docs' handle table says otherwise; every function returning `int32_t`
 // returns [`HMC_OK`] or a negative `HMC_ERR_*` and, on error, sets the calling thread's
@@ -355,6 +381,27 @@ typedef struct HmcPluginApi {
   // Takes the next notification without blocking: `HMC_OK` with `out` filled, or
   // `HMC_PENDING` when none is queued.
   int32_t (*recv_notification)(struct HmcComm *comm, struct HmcNotification *out);
+  // Opens the memory backend of one device; `config` as for `comm_open` (hosts pass
+  // `ordinal=N`). Thread-safe handle, freed by `memory_destroy` after its buffers.
+  int32_t (*memory_open)(const uint8_t *config, size_t len, struct HmcMemory **out);
+  // Frees a memory backend, after the host freed every buffer of it.
+  void (*memory_destroy)(struct HmcMemory *mem);
+  // Fills `out` up to `out->struct_size` bytes and sets `struct_size` to what it filled.
+  int32_t (*memory_info)(struct HmcMemory *mem, struct HmcMemoryInfo *out);
+  // Allocates `len` bytes (0 allowed) on the device; `*addr` is where they are in the
+  // device's address space, stable until `memory_free`. `HMC_ERR_OUT_OF_MEMORY` when
+  // it cannot.
+  int32_t (*memory_alloc)(struct HmcMemory *mem,
+                          uint64_t len,
+                          struct HmcBuffer **out,
+                          uint64_t *addr);
+  // Frees an allocation.
+  void (*memory_free)(struct HmcMemory *mem, struct HmcBuffer *buf);
+  // Copies `src` to `dst` (equal lengths; each host memory or this device's) and
+  // returns when the bytes are there. The host checks lengths and devices first.
+  int32_t (*memory_copy)(struct HmcMemory *mem,
+                         const struct HmcRegion *dst,
+                         const struct HmcRegion *src);
 } HmcPluginApi;
 
 // The signature of `hmc_plugin_init`, the one symbol a plugin exports. Returns `HMC_OK`

@@ -22,6 +22,8 @@
 //! | [`HmcReg`] | `register_mem` | `deregister` (returns only when no peer can touch the memory) | any thread, concurrently |
 //! | [`HmcRemoteKey`] | `import` | `remote_key_release` | any thread, concurrently |
 //! | [`HmcTransfer`] | `transfer_start` | `transfer_release` (cancels; returns only when the transfer no longer touches local memory) | one thread at a time |
+//! | [`HmcMemory`] | `memory_open` | `memory_destroy`, once, after every buffer of it | any thread, concurrently |
+//! | [`HmcBuffer`] | `memory_alloc` | `memory_free` | any thread, concurrently |
 //!
 //! The host keeps every endpoint, registration and remote key named by a transfer alive
 //! until that transfer is released, and releases every handle before the communicator.
@@ -75,8 +77,12 @@ pub const HMC_ERR_TOO_SMALL: i32 = -17;
 /// The host's ABI major differs from the plugin's (`hmc_plugin_init`).
 pub const HMC_ERR_VERSION: i32 = -18;
 
-/// `HmcTableHeader::capabilities` of an [`HmcPluginApi`]: it provides a communicator.
+/// `HmcTableHeader::capabilities` of an [`HmcPluginApi`]: it provides a communicator
+/// (`comm_open` through `recv_notification`).
 pub const HMC_PLUGIN_PROVIDES_COMMUNICATOR: u64 = 1;
+/// `HmcTableHeader::capabilities`: it provides a device memory backend (`memory_open`
+/// through `memory_copy`).
+pub const HMC_PLUGIN_PROVIDES_MEMORY: u64 = 2;
 
 /// `HmcCommCaps::flags`: `notify`/`recv_notification` work.
 pub const HMC_CAP_NOTIFICATIONS: u32 = 1;
@@ -149,6 +155,30 @@ pub struct HmcRemoteKey {
 /// One transfer batch in progress. Opaque.
 pub struct HmcTransfer {
     _opaque: [u8; 0],
+}
+
+/// A device memory backend: one device's allocator and copy engine. Opaque.
+pub struct HmcMemory {
+    _opaque: [u8; 0],
+}
+
+/// One allocation of an [`HmcMemory`]. Opaque.
+pub struct HmcBuffer {
+    _opaque: [u8; 0],
+}
+
+/// What a memory backend serves (`memory_info`). Appended to like the tables.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HmcMemoryInfo {
+    /// Bytes the plugin filled; the host zeroes the struct and passes its size here.
+    pub struct_size: usize,
+    /// The device family's wire number (128–255 for third parties).
+    pub device_kind: u32,
+    /// The device's ordinal.
+    pub device_ordinal: u32,
+    /// Largest single allocation in bytes.
+    pub max_alloc: u64,
 }
 
 /// A range of one device's memory.
@@ -372,6 +402,38 @@ pub struct HmcPluginApi {
     /// `HMC_PENDING` when none is queued.
     pub recv_notification:
         Option<unsafe extern "C" fn(comm: *mut HmcComm, out: *mut HmcNotification) -> i32>,
+    /// Opens the memory backend of one device; `config` as for `comm_open` (hosts pass
+    /// `ordinal=N`). Thread-safe handle, freed by `memory_destroy` after its buffers.
+    pub memory_open: Option<
+        unsafe extern "C" fn(config: *const u8, len: usize, out: *mut *mut HmcMemory) -> i32,
+    >,
+    /// Frees a memory backend, after the host freed every buffer of it.
+    pub memory_destroy: Option<unsafe extern "C" fn(mem: *mut HmcMemory)>,
+    /// Fills `out` up to `out->struct_size` bytes and sets `struct_size` to what it filled.
+    pub memory_info:
+        Option<unsafe extern "C" fn(mem: *mut HmcMemory, out: *mut HmcMemoryInfo) -> i32>,
+    /// Allocates `len` bytes (0 allowed) on the device; `*addr` is where they are in the
+    /// device's address space, stable until `memory_free`. `HMC_ERR_OUT_OF_MEMORY` when
+    /// it cannot.
+    pub memory_alloc: Option<
+        unsafe extern "C" fn(
+            mem: *mut HmcMemory,
+            len: u64,
+            out: *mut *mut HmcBuffer,
+            addr: *mut u64,
+        ) -> i32,
+    >,
+    /// Frees an allocation.
+    pub memory_free: Option<unsafe extern "C" fn(mem: *mut HmcMemory, buf: *mut HmcBuffer)>,
+    /// Copies `src` to `dst` (equal lengths; each host memory or this device's) and
+    /// returns when the bytes are there. The host checks lengths and devices first.
+    pub memory_copy: Option<
+        unsafe extern "C" fn(
+            mem: *mut HmcMemory,
+            dst: *const HmcRegion,
+            src: *const HmcRegion,
+        ) -> i32,
+    >,
 }
 
 /// The signature of `hmc_plugin_init`, the one symbol a plugin exports. Returns `HMC_OK`
@@ -385,11 +447,11 @@ pub type HmcPluginInitFn = unsafe extern "C" fn(
     out_size: usize,
 ) -> i32;
 
-/// The bytes of [`HmcPluginApi`] that ABI 1.0 requires: through `recv_notification`.
+/// The bytes of [`HmcPluginApi`] that ABI 1.0 requires: through `memory_copy`.
 /// Fixed when fields are appended: a 1.0 plugin fills this much and no more.
 ///
 /// cbindgen:ignore
-pub const HMC_PLUGIN_API_V1_0_SIZE: usize = std::mem::offset_of!(HmcPluginApi, recv_notification)
+pub const HMC_PLUGIN_API_V1_0_SIZE: usize = std::mem::offset_of!(HmcPluginApi, memory_copy)
     + std::mem::size_of::<Option<unsafe extern "C" fn()>>();
 
 /// A name for a status code, for error messages.

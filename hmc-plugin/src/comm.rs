@@ -248,6 +248,13 @@ impl PluginCommunicator {
     /// Opens a communicator of `plugin` with `config` (`key=value` lines; every host
     /// passes `bind=IP`).
     pub fn open(plugin: Arc<Plugin>, config: &str) -> Result<Self> {
+        if !plugin.provides_communicator() {
+            return Err(Error::Unsupported(format!(
+                "plugin `{}` ({}) provides no communicator, only memory",
+                plugin.name(),
+                plugin.path().display()
+            )));
+        }
         let api = plugin.api;
         let mut comm: *mut HmcComm = std::ptr::null_mut();
         // SAFETY: `config` is readable for its length during the call; `comm` is written.

@@ -284,6 +284,12 @@ fn table<P: PluginTransport>() -> HmcPluginApi {
         transfer_release: Some(transfer_release::<P>),
         notify: Some(notify::<P>),
         recv_notification: Some(recv_notification::<P>),
+        memory_open: None,
+        memory_destroy: None,
+        memory_info: None,
+        memory_alloc: None,
+        memory_free: None,
+        memory_copy: None,
     }
 }
 

@@ -23,8 +23,10 @@
 //! names to built-in transports and plugins (`--data-plane NAME`, the engine's
 //! `transport` option).
 //!
-//! It is not for device memory allocators yet: plugins provide communicators only
-//! (`HMC_PLUGIN_PROVIDES_COMMUNICATOR`).
+//! A plugin provides a communicator (`HMC_PLUGIN_PROVIDES_COMMUNICATOR`), a device memory
+//! backend (`HMC_PLUGIN_PROVIDES_MEMORY`, wrapped by [`PluginMemory`], which implements
+//! `hmc_core::Memory`), or both. Rust plugins export communicators only
+//! ([`export_plugin!`]).
 //!
 //! # The ABI in short
 //!
@@ -56,6 +58,7 @@ mod error;
 mod events;
 pub mod export;
 mod load;
+mod memory;
 mod registry;
 
 pub use comm::{PluginCommunicator, PluginEndpoint, PluginRegistration, PluginRemoteKey};
@@ -63,4 +66,5 @@ pub use error::PluginError;
 /// Re-exported for [`export_plugin!`]'s expansion.
 pub use hmc_core;
 pub use load::{Discovery, Plugin, PluginConfig};
+pub use memory::{PluginBuffer, PluginMemory};
 pub use registry::{Factory, OpenOptions, TransportRegistry};

@@ -97,29 +97,43 @@ unsafe extern "C" fn host_log(level: u32, msg: *const u8, len: usize) {
     });
 }
 
-/// The functions ABI 1.0 requires, by name, for the refusal message.
+/// The functions ABI 1.0 requires of what the plugin says it provides, by name, for the
+/// refusal message.
 fn missing_functions(api: &HmcPluginApi) -> Vec<&'static str> {
-    let required = [
-        ("last_error", api.last_error.is_some()),
-        ("comm_open", api.comm_open.is_some()),
-        ("comm_close", api.comm_close.is_some()),
-        ("comm_destroy", api.comm_destroy.is_some()),
-        ("comm_event_fd", api.comm_event_fd.is_some()),
-        ("comm_address", api.comm_address.is_some()),
-        ("comm_capabilities", api.comm_capabilities.is_some()),
-        ("connect", api.connect.is_some()),
-        ("endpoint_release", api.endpoint_release.is_some()),
-        ("register_mem", api.register_mem.is_some()),
-        ("deregister", api.deregister.is_some()),
-        ("export_key", api.export_key.is_some()),
-        ("import", api.import.is_some()),
-        ("remote_key_release", api.remote_key_release.is_some()),
-        ("transfer_start", api.transfer_start.is_some()),
-        ("transfer_poll", api.transfer_poll.is_some()),
-        ("transfer_release", api.transfer_release.is_some()),
-        ("notify", api.notify.is_some()),
-        ("recv_notification", api.recv_notification.is_some()),
-    ];
+    let provides = api.header.capabilities;
+    let mut required = vec![("last_error", api.last_error.is_some())];
+    if provides & HMC_PLUGIN_PROVIDES_COMMUNICATOR != 0 {
+        required.extend([
+            ("comm_open", api.comm_open.is_some()),
+            ("comm_close", api.comm_close.is_some()),
+            ("comm_destroy", api.comm_destroy.is_some()),
+            ("comm_event_fd", api.comm_event_fd.is_some()),
+            ("comm_address", api.comm_address.is_some()),
+            ("comm_capabilities", api.comm_capabilities.is_some()),
+            ("connect", api.connect.is_some()),
+            ("endpoint_release", api.endpoint_release.is_some()),
+            ("register_mem", api.register_mem.is_some()),
+            ("deregister", api.deregister.is_some()),
+            ("export_key", api.export_key.is_some()),
+            ("import", api.import.is_some()),
+            ("remote_key_release", api.remote_key_release.is_some()),
+            ("transfer_start", api.transfer_start.is_some()),
+            ("transfer_poll", api.transfer_poll.is_some()),
+            ("transfer_release", api.transfer_release.is_some()),
+            ("notify", api.notify.is_some()),
+            ("recv_notification", api.recv_notification.is_some()),
+        ]);
+    }
+    if provides & HMC_PLUGIN_PROVIDES_MEMORY != 0 {
+        required.extend([
+            ("memory_open", api.memory_open.is_some()),
+            ("memory_destroy", api.memory_destroy.is_some()),
+            ("memory_info", api.memory_info.is_some()),
+            ("memory_alloc", api.memory_alloc.is_some()),
+            ("memory_free", api.memory_free.is_some()),
+            ("memory_copy", api.memory_copy.is_some()),
+        ]);
+    }
     required
         .iter()
         .filter(|(_, present)| !present)
@@ -236,23 +250,26 @@ impl Plugin {
                  --data-plane NAME)"
             )));
         }
-        if api.header.capabilities & HMC_PLUGIN_PROVIDES_COMMUNICATOR == 0 {
-            return Err(table(
-                "header.capabilities lacks HMC_PLUGIN_PROVIDES_COMMUNICATOR, the only kind of \
-                 plugin this host loads"
-                    .into(),
-            ));
+        let known = HMC_PLUGIN_PROVIDES_COMMUNICATOR | HMC_PLUGIN_PROVIDES_MEMORY;
+        if api.header.capabilities & known == 0 {
+            return Err(table(format!(
+                "header.capabilities is {:#x}: it provides neither a communicator \
+                 (HMC_PLUGIN_PROVIDES_COMMUNICATOR) nor memory (HMC_PLUGIN_PROVIDES_MEMORY)",
+                api.header.capabilities
+            )));
         }
         let missing = missing_functions(&api);
         if !missing.is_empty() {
             return Err(table(format!(
-                "required functions are NULL: {}; ABI 1.0 requires every function but rekey",
+                "required functions are NULL: {}; ABI 1.0 requires every function of what \
+                 header.capabilities provides, but rekey",
                 missing.join(", ")
             )));
         }
+        let communicates = api.header.capabilities & HMC_PLUGIN_PROVIDES_COMMUNICATOR != 0;
         let transport = u8::try_from(api.transport_id)
             .ok()
-            .filter(|id| *id != 0)
+            .filter(|id| *id != 0 || !communicates)
             .map(TransportId::from_wire_id)
             .ok_or_else(|| {
                 table(format!(
@@ -287,6 +304,16 @@ impl Plugin {
     /// The transport wire number its descriptors carry.
     pub fn transport(&self) -> TransportId {
         self.transport
+    }
+
+    /// True when it provides a communicator.
+    pub fn provides_communicator(&self) -> bool {
+        self.api.header.capabilities & HMC_PLUGIN_PROVIDES_COMMUNICATOR != 0
+    }
+
+    /// True when it provides a device memory backend.
+    pub fn provides_memory(&self) -> bool {
+        self.api.header.capabilities & HMC_PLUGIN_PROVIDES_MEMORY != 0
     }
 
     /// The calling thread's last error in this plugin, if it set one.
@@ -395,9 +422,14 @@ impl Discovery {
         let _ = writeln!(s, "found {} candidate file(s)", self.found.len());
         for p in &self.loaded {
             let (major, minor) = p.abi();
+            let provides = match (p.provides_communicator(), p.provides_memory()) {
+                (true, true) => "communicator and memory",
+                (true, false) => "communicator",
+                _ => "memory",
+            };
             let _ = writeln!(
                 s,
-                "loaded  {:<12} {} (ABI {major}.{minor}, transport wire id {})",
+                "loaded  {:<12} {} (ABI {major}.{minor}, {provides}, transport wire id {})",
                 p.name(),
                 p.path().display(),
                 p.transport().wire_id()

@@ -228,3 +228,40 @@ fn a_host_without_tokio_moves_bytes_and_meets_deadlines() {
     hmc_core::ConnBuffer::read_at(&target, 0, &mut hmc_core::MemSpanMut::host(&mut back)).unwrap();
     assert!(back.iter().all(|b| *b == 9));
 }
+
+/// The C plugin's memory backend through the loader: the hmc-core memory kit.
+mod memory_kit {
+    hmc_core::memory_conformance!(Some(
+        hmc_plugin::PluginMemory::open(crate::common::loopmem(), "ordinal=3\n")
+            .expect("open loopmem memory")
+    ));
+}
+
+#[test]
+fn the_memory_backend_reports_its_device_and_refuses_foreign_copies() {
+    use hmc_core::{Device, DeviceKind, MemSpan, MemSpanMut, Memory};
+    let m = hmc_plugin::PluginMemory::open(common::loopmem(), "ordinal=3\n").unwrap();
+    assert_eq!(m.device(), Device::new(DeviceKind::from_wire_id(200), 3));
+    assert_eq!(m.max_alloc(), 1 << 30);
+    let mut buf = m.alloc(16).unwrap();
+    let other = m.alloc(16).unwrap();
+    // A span labelled with another ordinal of the same kind is refused by the host check.
+    let foreign = hmc_core::Region {
+        device: Device::new(DeviceKind::from_wire_id(200), 4),
+        ..hmc_core::DeviceBuffer::region(&other)
+    };
+    // SAFETY: the span is never dereferenced: the copy is refused before any byte moves.
+    let src = unsafe { MemSpan::from_region(foreign) };
+    let e = m.copy(&mut MemSpanMut::of(&mut buf), &src).unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)), "{e:?}");
+    // A communicator-only request of a memory-capable plugin still works, and the report
+    // says what it provides.
+    let d = hmc_plugin::Discovery::search(&hmc_plugin::PluginConfig {
+        search_path: vec![common::build_c_plugin("loopmem", &[])],
+    });
+    assert!(
+        d.report().contains("communicator and memory"),
+        "{}",
+        d.report()
+    );
+}

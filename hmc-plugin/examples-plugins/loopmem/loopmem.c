@@ -13,6 +13,9 @@
  * changed is refused. Everything shared is guarded by one process-wide mutex; memcpy runs
  * outside it with the target registration pinned.
  *
+ * It also provides a memory backend: "device" memory of a third-party device kind that is
+ * host memory underneath (malloc and memmove), the smallest thing the memory kit accepts.
+ *
  * Built by hmc-plugin's tests with `cc -std=c11 -Wall -Wextra -Werror -shared -fPIC`.
  * The BROKEN_* macros build the deliberately broken variants the tests refuse.
  */
@@ -42,6 +45,9 @@
 #define LOOPMEM_DEFAULT_MAX_PENDING 4096u
 #define LOOPMEM_MAX_BATCH 4096u
 #define LOOPMEM_KEY_LEN 24u
+/* A third-party device kind (128-255) for the memory backend. */
+#define LOOPMEM_DEVICE_KIND 200u
+#define LOOPMEM_MAX_ALLOC (1ull << 30)
 
 static _Thread_local char last_err[512];
 
@@ -621,6 +627,68 @@ static int32_t lm_recv_notification(HmcComm *comm, HmcNotification *out) {
     return HMC_OK;
 }
 
+/* The memory backend: one device per open; buffers are host memory underneath. */
+struct lm_mem { uint32_t ordinal; };
+struct lm_buf { void *bytes; };
+
+static int32_t lm_memory_open(const uint8_t *config, size_t len, HmcMemory **out) {
+    struct lm_mem *m = calloc(1, sizeof *m);
+    if (!m) return fail(HMC_ERR_OUT_OF_MEMORY, "loopmem: out of memory");
+    const char *key = "ordinal=";
+    size_t k = strlen(key);
+    for (size_t i = 0; i < len; i++)
+        if ((i == 0 || config[i - 1] == '\n') && len - i > k && !memcmp(config + i, key, k))
+            m->ordinal = (uint32_t)strtoul((const char *)config + i + k, NULL, 10);
+    *out = (HmcMemory *)m;
+    return HMC_OK;
+}
+
+static void lm_memory_destroy(HmcMemory *mem) { free(mem); }
+
+static int32_t lm_memory_info(HmcMemory *mem, HmcMemoryInfo *out) {
+    HmcMemoryInfo info;
+    memset(&info, 0, sizeof info);
+    info.device_kind = LOOPMEM_DEVICE_KIND;
+    info.device_ordinal = ((struct lm_mem *)mem)->ordinal;
+    info.max_alloc = LOOPMEM_MAX_ALLOC;
+    size_t room = out->struct_size < sizeof info ? out->struct_size : sizeof info;
+    info.struct_size = room;
+    memcpy(out, &info, room);
+    return HMC_OK;
+}
+
+static int32_t lm_memory_alloc(HmcMemory *mem, uint64_t len, HmcBuffer **out, uint64_t *addr) {
+    (void)mem;
+    if (len > LOOPMEM_MAX_ALLOC)
+        return fail(HMC_ERR_OUT_OF_MEMORY, "loopmem: %llu bytes is over its max_alloc", (unsigned long long)len);
+    struct lm_buf *b = malloc(sizeof *b);
+    if (!b || !(b->bytes = malloc(len ? (size_t)len : 1))) {
+        free(b);
+        return fail(HMC_ERR_OUT_OF_MEMORY, "loopmem: cannot allocate %llu bytes", (unsigned long long)len);
+    }
+    *addr = (uint64_t)(uintptr_t)b->bytes;
+    *out = (HmcBuffer *)b;
+    return HMC_OK;
+}
+
+static void lm_memory_free(HmcMemory *mem, HmcBuffer *buf) {
+    (void)mem;
+    struct lm_buf *b = (struct lm_buf *)buf;
+    free(b->bytes);
+    free(b);
+}
+
+static int32_t lm_memory_copy(HmcMemory *mem, const HmcRegion *dst, const HmcRegion *src) {
+    uint32_t own = ((struct lm_mem *)mem)->ordinal;
+    const HmcRegion *r[2] = {dst, src};
+    for (int i = 0; i < 2; i++)
+        if (r[i]->device_kind != 0 && (r[i]->device_kind != LOOPMEM_DEVICE_KIND || r[i]->device_ordinal != own))
+            return fail(HMC_ERR_UNSUPPORTED, "loopmem: a copy touches another device");
+    if (dst->len != src->len) return fail(HMC_ERR_INVALID_ARGUMENT, "loopmem: copy lengths differ");
+    memmove((void *)(uintptr_t)dst->addr, (const void *)(uintptr_t)src->addr, (size_t)dst->len);
+    return HMC_OK;
+}
+
 int32_t hmc_plugin_init(uint32_t host_abi_major, uint32_t host_abi_minor, const HmcHostApi *host,
                         HmcPluginApi *out, size_t out_size);
 
@@ -643,7 +711,7 @@ int32_t hmc_plugin_init(uint32_t host_abi_major, uint32_t host_abi_minor, const 
     api.header.abi_major = HMC_PLUGIN_ABI_MAJOR + 1;
 #endif
     api.header.name = LOOPMEM_NAME;
-    api.header.capabilities = HMC_PLUGIN_PROVIDES_COMMUNICATOR;
+    api.header.capabilities = HMC_PLUGIN_PROVIDES_COMMUNICATOR | HMC_PLUGIN_PROVIDES_MEMORY;
     api.transport_id = LOOPMEM_TRANSPORT_ID;
     api.last_error = lm_last_error;
     api.comm_open = lm_comm_open;
@@ -665,6 +733,12 @@ int32_t hmc_plugin_init(uint32_t host_abi_major, uint32_t host_abi_minor, const 
     api.transfer_release = lm_transfer_release;
     api.notify = lm_notify;
     api.recv_notification = lm_recv_notification;
+    api.memory_open = lm_memory_open;
+    api.memory_destroy = lm_memory_destroy;
+    api.memory_info = lm_memory_info;
+    api.memory_alloc = lm_memory_alloc;
+    api.memory_free = lm_memory_free;
+    api.memory_copy = lm_memory_copy;
 #ifdef BROKEN_STRUCT_SIZE
     api.header.struct_size = sizeof(HmcTableHeader) + 8; /* claims a truncated table */
 #endif
