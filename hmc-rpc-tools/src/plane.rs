@@ -20,7 +20,7 @@ pub enum DataPlaneKind {
 
 /// A data plane chosen by name: one of the built-in [`DataPlaneKind`]s, or any other name,
 /// which the [`transport_registry`] resolves (a transport plugin on `HMC_PLUGIN_PATH`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum DataPlaneChoice {
     /// A transport linked into the binaries.
     Builtin(DataPlaneKind),
@@ -40,6 +40,25 @@ impl DataPlaneChoice {
                 Err(_) => DataPlaneChoice::Named(s.to_string()),
             },
         )
+    }
+}
+
+impl DataPlaneChoice {
+    /// The name `--data-plane` takes for it (`tcp`, `ucx`, a plugin's name).
+    pub fn cli_name(&self) -> String {
+        match self {
+            DataPlaneChoice::Builtin(k) => clap::ValueEnum::to_possible_value(k)
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_else(|| format!("{k:?}").to_lowercase()),
+            DataPlaneChoice::Named(n) => n.clone(),
+        }
+    }
+}
+
+/// As `Display` (`Tcp`, `Ucx`, a plugin's name), so tables keep the kinds' names.
+impl std::fmt::Debug for DataPlaneChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }
 
@@ -183,6 +202,11 @@ mod tests {
             DataPlaneChoice::Named("loopmem".into())
         );
         assert!(DataPlaneChoice::parse("").is_err());
+        assert_eq!(DataPlaneChoice::parse("ucx").unwrap().cli_name(), "ucx");
+        assert_eq!(
+            format!("{:?}", DataPlaneChoice::parse("tcp").unwrap()),
+            "Tcp"
+        );
     }
 
     #[tokio::test]
