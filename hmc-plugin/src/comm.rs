@@ -354,6 +354,15 @@ impl PluginCommunicator {
         ))
     }
 
+    /// A plugin bug: `function` returned `HMC_OK` without a handle.
+    fn null_handle(&self, function: &str) -> Error {
+        Error::Protocol(format!(
+            "plugin `{}`: {function} returned HMC_OK without a handle (a plugin bug; report \
+             it to the plugin's authors)",
+            self.inner.plugin.name()
+        ))
+    }
+
     fn comm_ptr(&self) -> *mut HmcComm {
         self.inner.comm.0
     }
@@ -487,6 +496,9 @@ impl Communicator for PluginCommunicator {
             )
         };
         self.inner.check("register", code)?;
+        if reg.is_null() {
+            return Err(self.null_handle("register_mem"));
+        }
         Ok(PluginRegistration {
             comm: self.inner.clone(),
             reg: Handle(reg),
@@ -562,6 +574,9 @@ impl Communicator for PluginCommunicator {
             self.inner.api().import.expect("checked")(self.comm_ptr(), ep.0.ep.0, &desc, &mut key)
         };
         self.inner.check("import", code)?;
+        if key.is_null() {
+            return Err(self.null_handle("import"));
+        }
         Ok(PluginRemoteKey {
             ep: ep.0.clone(),
             key: Handle(key),
@@ -619,6 +634,9 @@ impl Communicator for PluginCommunicator {
             };
             if code != HMC_OK {
                 return Err(self.inner.error("transfer_start", code, started));
+            }
+            if t.0.is_null() {
+                return Err(self.null_handle("transfer_start"));
             }
             TransferHandle {
                 comm: self.inner.clone(),

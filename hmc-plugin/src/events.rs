@@ -269,6 +269,14 @@ fn run(s: &Shared, plugin_fd: RawFd) {
         if fds[1].revents != 0 {
             drain(kick);
         }
+        if fds[0].revents & (libc::POLLNVAL | libc::POLLERR) != 0 {
+            tracing::error!(
+                "a plugin's event fd is invalid; its operations now wake only at their deadlines"
+            );
+            wake_due(s, true);
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            continue;
+        }
         let signalled = fds[0].revents != 0;
         if signalled {
             drain(plugin_fd);

@@ -176,6 +176,12 @@ impl Memory for PluginMemory {
             )
         };
         self.inner.check("memory_alloc", code)?;
+        if buf.is_null() {
+            return Err(Error::Protocol(format!(
+                "plugin `{}`: memory_alloc returned HMC_OK without a buffer (a plugin bug)",
+                self.inner.plugin.name()
+            )));
+        }
         Ok(PluginBuffer {
             inner: self.inner.clone(),
             buf,
