@@ -68,6 +68,9 @@ pub struct Peers<C: Communicator, M: Memory> {
 /// Checks for [`Communicator`] implementations. Each takes fresh [`Peers`].
 pub mod communicator;
 
+/// A peer binary in a child process, killed or stopped mid-transfer.
+pub mod process;
+
 /// Generates the [`Memory`] conformance tests for the backend made by `$make`, an
 /// expression of type `Option<M>` (`None`: no such device here; the tests log a skip).
 ///
@@ -148,6 +151,30 @@ macro_rules! memory_conformance {
 ///
 /// The calling crate needs `rstest` and `tokio` (features `macros`, `rt-multi-thread`) as
 /// dev-dependencies; tests run on a multi-threaded runtime.
+///
+/// Every case, what it checks, and the [`Error`] it expects (functions of
+/// [`testing::communicator`](crate::testing::communicator)):
+///
+/// | case | checks | expected error |
+/// | --- | --- | --- |
+/// | `write_then_read_round_trip` | WRITE then READ at odd sizes (1 B to 8 MiB) and offsets; bytes outside the range unchanged | none |
+/// | `zero_length_and_empty_batches` | an empty batch and zero-length descriptors at a region's end succeed and move nothing | none |
+/// | `batches_move_every_descriptor` | 2 and 257 descriptors of varied sizes, scattered, both directions | none |
+/// | `out_of_bounds_is_refused_and_moves_nothing` | descriptors past either end or overflowing, in a batch with a valid one | `OutOfBounds` |
+/// | `access_rights_are_enforced` | WRITE to a read-only region, READ of a write-only one | `AccessDenied` |
+/// | `stale_and_forged_keys_are_refused` | a deregistered region's key; every key byte changed; another transport's descriptor | `InvalidKey` (stale); `InvalidKey`/`InvalidArgument` at import or any error at transfer (forged); `InvalidArgument` (foreign) |
+/// | `forged_keys_with_one_byte_changed_are_refused` | one key byte flipped, each position: the secret is checked, not only a magic | `InvalidKey`/`InvalidArgument` at import, or any error at transfer; no byte moves |
+/// | `capabilities_match_behaviour` | memory of an unlisted kind; `rekey` and `alloc_registered` as declared; another communicator's registration | `UnsupportedMemory`; `InvalidArgument` (foreign registration) |
+/// | `deadlines_end_transfers` | an expired deadline; 64 MiB in 50 µs (needs checks between chunks); the endpoint recovers | `DeadlineExceeded` |
+/// | `dropping_a_transfer_cancels_it` | a READ/WRITE polled once and dropped: the buffer is ours again, the endpoint works | none |
+/// | `peer_gone_mid_transfer_is_an_error_not_a_hang` | the target closes mid-transfer | any error but `DeadlineExceeded`, before the deadline |
+/// | `initiator_close_ends_its_transfers` | the initiator closes itself mid-transfer | any error but `DeadlineExceeded`, before the deadline |
+/// | `deregistration_during_a_transfer_waits_or_fails_cleanly` | the target frees a region a WRITE is filling | none or any error but `DeadlineExceeded`; no crash |
+/// | `concurrent_transfers_from_many_tasks` | 8 tasks x 8 WRITE+READ rounds on one endpoint | none |
+/// | `notifications_arrive_in_order` | 100 notifications: tags, bytes, sender, order; none pending after | `DeadlineExceeded` (nothing pending) |
+/// | `notifications_from_two_senders` | two senders to one receiver: all arrive, in order per sender, with the right `from` | none |
+/// | `connecting_to_a_silent_listener_ends_by_the_deadline` | a TCP listener that never answers | any error, by the deadline |
+/// | `an_oversized_batch_is_refused` | `max_batch_len + 1` descriptors (skipped without a declared limit) | `LimitExceeded { limit: "max_batch_len" }` |
 #[macro_export]
 macro_rules! communicator_conformance {
     ($peers:path) => {
@@ -243,6 +270,37 @@ macro_rules! communicator_conformance {
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn notifications_arrive_in_order() {
                 kit::notify_in_order(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn forged_keys_with_one_byte_changed_are_refused() {
+                kit::forged_key_one_byte(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn deregistration_during_a_transfer_waits_or_fails_cleanly() {
+                kit::deregistration_during_transfer(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn notifications_from_two_senders() {
+                let first = peers_or_skip!();
+                kit::notify_from_two_senders(first, peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn initiator_close_ends_its_transfers() {
+                kit::initiator_close(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn connecting_to_a_silent_listener_ends_by_the_deadline() {
+                kit::connect_to_silent_listener(peers_or_skip!()).await;
+            }
+
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn an_oversized_batch_is_refused() {
+                kit::oversized_batch(peers_or_skip!()).await;
             }
         }
     };

@@ -26,9 +26,12 @@ pub struct EngineConfig {
     /// Dial a peer's data plane even when it is on another host than the engine the
     /// caller connected to (`allow_foreign_data_plane`, default false).
     pub allow_foreign_data_plane: bool,
-    /// Which transport [`crate::Engine::initialize_with`] opens (`transport`: tcp, ucx or
-    /// auto, default auto).
+    /// Which transport [`crate::Engine::initialize_with`] opens (`transport`: tcp, ucx,
+    /// auto or a transport plugin's name, default auto).
     pub transport: crate::EngineTransport,
+    /// Files or folders searched for transport plugins after `HMC_PLUGIN_PATH`'s
+    /// (`plugin_path`, `:`-separated; default none).
+    pub plugin_path: Vec<std::path::PathBuf>,
     /// The metadata service's RPC limits.
     pub rpc: hmc_rpc::ServerConfig,
     /// Timeout of the blocking API's calls that take none (default 10 s).
@@ -46,6 +49,7 @@ impl Default for EngineConfig {
             max_published_len: 1 << 20,
             allow_foreign_data_plane: false,
             transport: crate::EngineTransport::Auto,
+            plugin_path: Vec::new(),
             rpc: hmc_rpc::ServerConfig::default(),
             default_timeout: Duration::from_secs(10),
         }
@@ -73,10 +77,11 @@ impl EngineConfig {
                         v.parse().map_err(|_| bad("true or false".into()))?
                 }
                 "transport" => c.transport = v.parse()?,
+                "plugin_path" => c.plugin_path = std::env::split_paths(v).collect(),
                 "default_timeout_ms" => c.default_timeout = Duration::from_millis(num()? as u64),
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, default_timeout_ms"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms"
                     )));
                 }
             }

@@ -76,5 +76,5 @@ pub use blocking::BlockingEngine;
 pub use config::EngineConfig;
 pub use engine::{Engine, MemDesc, MemHandle, MemType, Notify, TransferOp, TransferOpDesc};
 pub use error::{EngineError, Result, Side};
-pub use open::{EngineTransport, open_transport};
+pub use open::{EngineTransport, open_transport, open_transport_with};
 pub use request::{TransferRequest, TransferStatus};

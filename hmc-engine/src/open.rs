@@ -1,19 +1,21 @@
-//! Run-time choice of the engine's transport (`transport = tcp | ucx | shm | auto`), over
+//! Run-time choice of the engine's transport (`transport = tcp | ucx | shm | auto | NAME`), over
 //! [`AnyCommunicator`]: the string-keyed way HIXL users pick one, and what the Python
-//! package exposes.
+//! package exposes. Any other name is a transport plugin's, resolved by hmc-plugin's
+//! registry on `HMC_PLUGIN_PATH`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
 
 use hmc_core::{AnyCommunicator, PeerAddr};
+use hmc_plugin::{OpenOptions, PluginConfig, TransportRegistry};
 
 use crate::config::EngineConfig;
 use crate::engine::{Engine, parse_engine_addr};
 use crate::error::{EngineError, Result};
 
 /// Which transport moves an engine's bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub enum EngineTransport {
     /// `hmc-transport-tcp`: host memory, any network.
     Tcp,
@@ -26,6 +28,8 @@ pub enum EngineTransport {
     /// job must use the same setting.
     #[default]
     Auto,
+    /// A transport plugin by its name (or `NAME://IP`), found on `HMC_PLUGIN_PATH`.
+    Named(String),
 }
 
 impl FromStr for EngineTransport {
@@ -36,21 +40,33 @@ impl FromStr for EngineTransport {
             "ucx" => Ok(EngineTransport::Ucx),
             "shm" => Ok(EngineTransport::Shm),
             "auto" => Ok(EngineTransport::Auto),
-            other => Err(EngineError::InvalidArgument(format!(
-                "transport `{other}`: use tcp, ucx, shm or auto"
-            ))),
+            "" => Err(EngineError::InvalidArgument(
+                "an empty transport name: use tcp, ucx, shm, auto or a transport plugin's name"
+                    .into(),
+            )),
+            other => Ok(EngineTransport::Named(other.to_string())),
         }
     }
 }
 
-/// Opens `transport` with its data plane on `ip` (port chosen by the system).
+/// Opens `transport` with its data plane on `ip` (port chosen by the system); plugins are
+/// searched on `HMC_PLUGIN_PATH` only.
 pub fn open_transport(transport: EngineTransport, ip: IpAddr) -> Result<AnyCommunicator> {
+    open_transport_with(transport, ip, &PluginConfig::default())
+}
+
+/// [`open_transport`], searching `plugins`' path for a named transport too.
+pub fn open_transport_with(
+    transport: EngineTransport,
+    ip: IpAddr,
+    plugins: &PluginConfig,
+) -> Result<AnyCommunicator> {
     let bind = SocketAddr::new(ip, 0);
-    let tcp = || -> Result<AnyCommunicator> {
+    let tcp = move || -> hmc_core::Result<AnyCommunicator> {
         let c = hmc_transport_tcp::TcpCommunicator::bind(&PeerAddr::Tcp(bind), Default::default())?;
         Ok(AnyCommunicator::new(c))
     };
-    let ucx = || -> Result<AnyCommunicator> {
+    let ucx = move || -> hmc_core::Result<AnyCommunicator> {
         let c = hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
             bind,
             ..hmc_transport_ucx::UcxConfig::default()
@@ -59,8 +75,8 @@ pub fn open_transport(transport: EngineTransport, ip: IpAddr) -> Result<AnyCommu
     };
     let shm = || hmc_transport_shm::ShmCommunicator::bind(Default::default());
     match transport {
-        EngineTransport::Tcp => tcp(),
-        EngineTransport::Ucx => ucx(),
+        EngineTransport::Tcp => Ok(tcp()?),
+        EngineTransport::Ucx => Ok(ucx()?),
         EngineTransport::Shm => Ok(AnyCommunicator::new(shm()?)),
         EngineTransport::Auto => {
             let net = ucx().or_else(|e| {
@@ -75,6 +91,13 @@ pub fn open_transport(transport: EngineTransport, ip: IpAddr) -> Result<AnyCommu
                 }
             }))
         }
+        EngineTransport::Named(name) => {
+            let mut registry = TransportRegistry::discover(plugins);
+            registry
+                .register_builtin("tcp", "hmc-transport-tcp", move |_| tcp())
+                .register_builtin("ucx", "hmc-transport-ucx", move |_| ucx());
+            Ok(registry.open(&name, &OpenOptions::new(ip))?)
+        }
     }
 }
 
@@ -84,13 +107,16 @@ impl Engine<AnyCommunicator> {
     /// option map read by [`EngineConfig::from_options`], `transport=tcp|ucx|auto`). Must
     /// run inside a tokio runtime.
     pub async fn initialize_with(local: &str, config: EngineConfig) -> Result<Self> {
-        let transport = config.transport;
+        let transport = config.transport.clone();
         let ip = match parse_engine_addr(local, Some(0))? {
             PeerAddr::Tcp(a) => a.ip(),
             // A Unix-socket engine's data plane stays on this host.
             _ => IpAddr::from([127, 0, 0, 1]),
         };
-        let comm = open_transport(transport, ip)?;
+        let plugins = PluginConfig {
+            search_path: config.plugin_path.clone(),
+        };
+        let comm = open_transport_with(transport, ip, &plugins)?;
         Engine::initialize(Arc::new(comm), local, config).await
     }
 }
@@ -109,8 +135,19 @@ mod tests {
             "auto".parse::<EngineTransport>().unwrap(),
             EngineTransport::Auto
         );
-        let e = "rdma".parse::<EngineTransport>().unwrap_err().to_string();
-        assert!(e.contains("tcp, ucx, shm or auto"), "{e}");
+        assert_eq!(
+            "rdma".parse::<EngineTransport>().unwrap(),
+            EngineTransport::Named("rdma".into())
+        );
+        assert!("".parse::<EngineTransport>().is_err());
+        let lo: IpAddr = [127, 0, 0, 1].into();
+        let e = open_transport(EngineTransport::Named("nosuch".into()), lo)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("no transport named `nosuch`") && e.contains("tcp, ucx"),
+            "{e}"
+        );
     }
 
     #[rstest::rstest]

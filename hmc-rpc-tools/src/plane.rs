@@ -1,11 +1,12 @@
 //! Run-time choice of the HMC_BUFFER data plane for the binaries
-//! (`--data-plane tcp|ucx|shm|auto|none`):
-//! one code path over [`AnyCommunicator`].
+//! (`--data-plane tcp|ucx|shm|auto|none`, or a transport plugin's name): one code path over
+//! [`AnyCommunicator`].
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use hmc_core::{AnyCommunicator, PeerAddr, Result};
+use hmc_plugin::{OpenOptions, PluginConfig, TransportRegistry};
 
 /// Which data plane carries HMC_BUFFER payloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -22,6 +23,123 @@ pub enum DataPlaneKind {
     /// Shared memory to clients on this host and, to the others, UCX where it loads and
     /// TCP otherwise (`hmc_transport_shm::LocalFirst`). Both sides must choose `auto`.
     Auto,
+}
+
+/// A data plane chosen by name: one of the built-in [`DataPlaneKind`]s, or any other name,
+/// which the [`transport_registry`] resolves (a transport plugin on `HMC_PLUGIN_PATH`).
+#[derive(Clone, PartialEq, Eq)]
+pub enum DataPlaneChoice {
+    /// A transport linked into the binaries.
+    Builtin(DataPlaneKind),
+    /// A name for the registry: a plugin's name, or `NAME://IP`.
+    Named(String),
+}
+
+impl DataPlaneChoice {
+    /// Parses `--data-plane`: a built-in kind's name first, any other name as a plugin's.
+    pub fn parse(s: &str) -> std::result::Result<Self, String> {
+        if s.is_empty() {
+            return Err(
+                "an empty data-plane name; use none, tcp, ucx, shm, auto or a plugin's name".into(),
+            );
+        }
+        Ok(
+            match <DataPlaneKind as clap::ValueEnum>::from_str(s, true) {
+                Ok(kind) => DataPlaneChoice::Builtin(kind),
+                Err(_) => DataPlaneChoice::Named(s.to_string()),
+            },
+        )
+    }
+}
+
+impl DataPlaneChoice {
+    /// The name `--data-plane` takes for it (`tcp`, `ucx`, a plugin's name).
+    pub fn cli_name(&self) -> String {
+        match self {
+            DataPlaneChoice::Builtin(k) => clap::ValueEnum::to_possible_value(k)
+                .map(|v| v.get_name().to_string())
+                .unwrap_or_else(|| format!("{k:?}").to_lowercase()),
+            DataPlaneChoice::Named(n) => n.clone(),
+        }
+    }
+}
+
+/// As `Display` (`Tcp`, `Ucx`, a plugin's name), so tables keep the kinds' names.
+impl std::fmt::Debug for DataPlaneChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
+impl std::fmt::Display for DataPlaneChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DataPlaneChoice::Builtin(k) => write!(f, "{k:?}"),
+            DataPlaneChoice::Named(n) => f.write_str(n),
+        }
+    }
+}
+
+/// The transports the binaries know by name: the built-in `tcp` and `ucx` (opened as
+/// [`open_data_plane_with`] opens them), then the plugins found on `HMC_PLUGIN_PATH` and
+/// `plugins.search_path`.
+pub fn transport_registry(options: &PlaneOptions, plugins: &PluginConfig) -> TransportRegistry {
+    let mut r = TransportRegistry::discover(plugins);
+    for (kind, name, about) in [
+        (
+            DataPlaneKind::Tcp,
+            "tcp",
+            "hmc-transport-tcp: one-sided READ/WRITE over TCP sockets",
+        ),
+        (
+            DataPlaneKind::Ucx,
+            "ucx",
+            "hmc-transport-ucx: UCX loaded at run time (UCX_TLS chooses)",
+        ),
+        (
+            DataPlaneKind::Shm,
+            "shm",
+            "hmc-transport-shm: cross-memory attach and shared memory, this host only",
+        ),
+        (
+            DataPlaneKind::Auto,
+            "auto",
+            "shm to peers on this host, ucx (or tcp) to the others",
+        ),
+    ] {
+        let options = options.clone();
+        r.register_builtin(name, about, move |o: &OpenOptions| {
+            open_data_plane_with(kind, o.bind, &options)?.ok_or_else(|| {
+                hmc_core::Error::Unsupported(format!("the {name} data plane opened nothing"))
+            })
+        });
+    }
+    r
+}
+
+/// Opens the data plane `choice` names on `bind`: a built-in kind as
+/// [`open_data_plane_with`] does, a name through [`transport_registry`] (with
+/// `max_pending_notifications=0`: nobody reads notifications on the RPC data plane).
+pub fn open_data_plane_choice(
+    choice: &DataPlaneChoice,
+    bind: IpAddr,
+    options: &PlaneOptions,
+    plugins: &PluginConfig,
+) -> Result<Option<AnyCommunicator>> {
+    match choice {
+        DataPlaneChoice::Builtin(kind) => open_data_plane_with(*kind, bind, options),
+        DataPlaneChoice::Named(name) => {
+            if options.auth_secret_file.is_some() {
+                return Err(hmc_core::Error::InvalidArgument(format!(
+                    "--data-plane-auth-secret-file applies to the tcp data plane only; configure                      authentication of `{name}` as its plugin documents"
+                )));
+            }
+            let open = OpenOptions::new(bind).with("max_pending_notifications", 0);
+            transport_registry(options, plugins)
+                .open(name, &open)
+                .map(Some)
+        }
+    }
 }
 
 /// What the binaries may set on the data plane they open.
@@ -127,6 +245,48 @@ fn open_ucx(bind: IpAddr) -> Result<hmc_transport_ucx::UcxCommunicator> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn built_in_names_parse_as_kinds_and_others_as_plugin_names() {
+        assert_eq!(
+            DataPlaneChoice::parse("tcp").unwrap(),
+            DataPlaneChoice::Builtin(DataPlaneKind::Tcp)
+        );
+        assert_eq!(
+            DataPlaneChoice::parse("loopmem").unwrap(),
+            DataPlaneChoice::Named("loopmem".into())
+        );
+        assert!(DataPlaneChoice::parse("").is_err());
+        assert_eq!(DataPlaneChoice::parse("ucx").unwrap().cli_name(), "ucx");
+        assert_eq!(
+            format!("{:?}", DataPlaneChoice::parse("tcp").unwrap()),
+            "Tcp"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unknown_name_lists_the_transports_there_are() {
+        let e = open_data_plane_choice(
+            &DataPlaneChoice::Named("nosuch".into()),
+            [127, 0, 0, 1].into(),
+            &PlaneOptions::default(),
+            &PluginConfig::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("no transport named `nosuch`") && e.contains("tcp, ucx"),
+            "{e}"
+        );
+        let r = transport_registry(&PlaneOptions::default(), &PluginConfig::default());
+        let c = r
+            .open("tcp", &OpenOptions::new([127, 0, 0, 1].into()))
+            .unwrap();
+        assert_eq!(
+            hmc_core::Communicator::transport(&c),
+            hmc_core::TransportId::TCP
+        );
+    }
 
     #[tokio::test]
     async fn none_is_none_and_tcp_listens() {

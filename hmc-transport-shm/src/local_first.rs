@@ -222,6 +222,8 @@ impl Parts {
             out.extend_from_slice(&(shm.len() as u32).to_be_bytes());
             out.extend_from_slice(&shm);
         }
+        let sum = checksum(&out);
+        out.extend_from_slice(&sum.to_be_bytes());
         out
     }
 
@@ -232,7 +234,16 @@ impl Parts {
                  on both sides"
             ))
         };
-        let mut r = Reader(key);
+        // The halves travel as one: a key damaged anywhere is refused whole, so neither
+        // path can be taken with the other half's bytes changed.
+        let Some(body_len) = key.len().checked_sub(8) else {
+            return Err(bad("truncated"));
+        };
+        let (body, sum) = key.split_at(body_len);
+        if checksum(body).to_be_bytes() != sum {
+            return Err(bad("checksum mismatch"));
+        }
+        let mut r = Reader(body);
         if r.take(1).ok_or_else(|| bad("empty"))?[0] != KEY_VERSION {
             return Err(bad("unknown version"));
         }
@@ -260,6 +271,14 @@ impl Parts {
             shm: Some((HostId::from_bytes(host), addr, shm)),
         })
     }
+}
+
+/// FNV-1a over `b`: catches a damaged or spliced key (each half's secret is checked by its
+/// own transport).
+fn checksum(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ u64::from(*x)).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -466,6 +485,13 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
     fn import(&self, ep: &Self::Endpoint, remote: &RemoteRegion) -> Result<Self::RemoteKey> {
         remote.check_transport(TransportId::LOCAL_FIRST)?;
         let parts = Parts::decode(&remote.key)?;
+        if parts.net.region != remote.region || parts.net.access != remote.access {
+            return Err(Error::InvalidArgument(
+                "a LocalFirst descriptor's region or access differs from its key's; export it \
+                 again"
+                    .into(),
+            ));
+        }
         let net = self.net.import(&ep.net, &parts.net)?;
         let shm = match parts.shm {
             Some((host, addr, desc)) if self.shm.is_some() && Some(host) == self.host => {

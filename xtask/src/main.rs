@@ -5,6 +5,7 @@
 //! machine. Nothing here is needed to *build* the libraries: vendor libraries are loaded at
 //! run time.
 
+mod scaffold;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -34,6 +35,9 @@ usage: cargo xtask <command>
                        wheel into target/ucx-wheel/V and run the UCX tests against it
                        (HMC_UCX_LIB): binding layout, conformance, faults, RPC data plane
   tidy                 the cheap source checks that `test` also runs
+  new-backend NAME [--transport|--memory] [--dir DIR]
+                       scaffold an out-of-tree backend crate (default ../NAME) that passes
+                       the conformance kit on its first `cargo test`
 ";
 
 /// The UCX that `cargo xtask ucx-wheel` checks by default (PyPI `libucx-cu12`).
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         Some("gpu-bundle") => gpu_bundle(),
         Some("tidy") => tidy::run(&root()),
         Some("ucx-wheel") => ucx_wheel(&args[1..]),
+        Some("new-backend") => scaffold::run(&root(), &args[1..]).map(drop),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             Ok(())

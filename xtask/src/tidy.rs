@@ -62,6 +62,10 @@ pub const ENV_ALLOWED: &[(&str, &str)] = &[
          them too to know which soft options UCX will accept",
     ),
     (
+        "hmc-plugin/src/load.rs",
+        "plugin loader: `$HMC_PLUGIN_PATH` is searched before `PluginConfig::search_path`",
+    ),
+    (
         "hmc-testshim/src/lib.rs",
         "test-support crate (publish = false): `$CC` compiles the C shims at test time",
     ),

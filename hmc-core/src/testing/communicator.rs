@@ -620,3 +620,258 @@ pub async fn notify_in_order<C: Communicator, M: Memory>(p: Peers<C, M>) {
         "no notification pending: {err:?}"
     );
 }
+
+/// Keys with exactly one byte changed (each position, up to 64 spread over the key) are
+/// refused: at `import` with `InvalidKey`/`InvalidArgument`, or at `transfer` with an
+/// error; no byte of the target or the initiator changes. A transport whose key carries a
+/// fixed magic but never checks its secret fails here.
+pub async fn forged_key_one_byte<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let ep = connect(&p).await;
+    let (target, target_bytes) = buffer(&p, &p.b, 256, Access::READ_WRITE, 121);
+    let (local, local_bytes) = buffer(&p, &p.a, 256, Access::READ_WRITE, 122);
+    let good = target.export().expect("export");
+    let n = good.key.len();
+    let step = n.div_ceil(64).max(1);
+    for i in (0..n).step_by(step) {
+        for flip in [0x01u8, 0x80] {
+            let mut forged = good.clone();
+            forged.key[i] ^= flip;
+            let key = match p.a.import(&ep, &forged) {
+                Ok(key) => key,
+                Err(e) => {
+                    assert!(
+                        matches!(e, Error::InvalidKey(_) | Error::InvalidArgument(_)),
+                        "key byte {i} ^ {flip:#x} refused at import with {e:?}; want InvalidKey or InvalidArgument"
+                    );
+                    continue;
+                }
+            };
+            for op in [Op::Read, Op::Write] {
+                let d = [desc::<C>(local.registration(), 0, &key, 0, 256)];
+                let r = p.a.transfer(&ep, op, &d, deadline()).await;
+                assert!(
+                    r.is_err(),
+                    "a key with byte {i} ^ {flip:#x} must not {op:?} the region"
+                );
+            }
+        }
+    }
+    assert_same(
+        "target after forged keys",
+        &contents(&target),
+        &target_bytes,
+    );
+    assert_same(
+        "initiator after forged keys",
+        &contents(&local),
+        &local_bytes,
+    );
+    let key = p.a.import(&ep, &good).expect("the genuine key");
+    let d = [desc::<C>(local.registration(), 0, &key, 0, 256)];
+    p.a.transfer(&ep, Op::Read, &d, deadline())
+        .await
+        .expect("the genuine key still works");
+}
+
+/// The target drops (deregisters and frees) a region while a large WRITE into it runs:
+/// the drop waits until no peer can touch the memory, the transfer completes or fails
+/// (`InvalidKey`, `Peer`, `Cancelled`; not by its deadline), nothing crashes, and the
+/// endpoint serves a new region afterwards.
+pub async fn deregistration_during_transfer<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let ep = connect(&p).await;
+    let len = 64 << 20;
+    let (target, _) = buffer(&p, &p.b, len, Access::READ_WRITE, 131);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 132);
+    let limit = Duration::from_secs(20);
+    let start = Instant::now();
+    let write = async {
+        let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
+        p.a.transfer(&ep, Op::Write, &d, Deadline::after(limit))
+            .await
+    };
+    let dropper = async move {
+        for _ in 0..20 {
+            yield_now().await;
+        }
+        drop(target);
+    };
+    let (result, ()) = futures::join!(write, dropper);
+    if let Err(e) = &result {
+        assert!(
+            !matches!(e, Error::DeadlineExceeded { .. }),
+            "deregistration must end the transfer, not its deadline: {e}"
+        );
+    }
+    assert!(
+        start.elapsed() < limit,
+        "the transfer outlived its deadline"
+    );
+    let (fresh, fresh_bytes) = buffer(&p, &p.b, 4096, Access::READ, 133);
+    let key =
+        p.a.import(&ep, &fresh.export().expect("export"))
+            .expect("import a new region");
+    let d = [desc::<C>(local.registration(), 0, &key, 0, 4096)];
+    p.a.transfer(&ep, Op::Read, &d, deadline())
+        .await
+        .expect("the endpoint serves a new region");
+    assert_same(
+        "read after deregistration",
+        &contents(&local)[..4096],
+        &fresh_bytes,
+    );
+}
+
+/// Two senders (the initiators of two fresh pairs) notify one receiver: every message
+/// arrives once, in order per sender, with its sender's address.
+pub async fn notify_from_two_senders<C: Communicator, M: Memory>(
+    p: Peers<C, M>,
+    other: Peers<C, M>,
+) {
+    let receiver = &p.b;
+    let senders = [&p.a, &other.a];
+    let mut eps = Vec::new();
+    for s in senders {
+        eps.push(
+            s.connect(&receiver.address(), deadline())
+                .await
+                .expect("connect to the receiver"),
+        );
+    }
+    let per = 50u64;
+    let sends = senders
+        .iter()
+        .zip(&eps)
+        .enumerate()
+        .map(|(k, (s, ep))| async move {
+            for i in 0..per {
+                let msg = pattern(k as u64 * 1000 + i, 1 + (i as usize * 13) % 200);
+                s.notify(ep, i, &msg, deadline()).await.expect("notify");
+                yield_now().await;
+            }
+        });
+    futures::future::join_all(sends).await;
+    let mut next = [0u64; 2];
+    for _ in 0..2 * per {
+        let n = receiver
+            .recv_notification(deadline())
+            .await
+            .expect("receive notification");
+        let k = senders
+            .iter()
+            .position(|s| s.address() == n.from)
+            .unwrap_or_else(|| panic!("a notification from an unknown sender {}", n.from));
+        assert_eq!(n.tag, next[k], "sender {k}'s notifications out of order");
+        let want = pattern(k as u64 * 1000 + n.tag, 1 + (n.tag as usize * 13) % 200);
+        assert_eq!(n.msg, want, "sender {k}'s message {} differs", n.tag);
+        next[k] += 1;
+    }
+    assert_eq!(next, [per, per]);
+}
+
+/// The initiator closes itself while its transfers run: they end with an error well
+/// before their deadline (`Closed`, `Cancelled` or `Peer`), never a hang, and later calls
+/// on it fail fast.
+pub async fn initiator_close<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let ep = connect(&p).await;
+    let len = 64 << 20;
+    let (target, _) = buffer(&p, &p.b, len, Access::READ_WRITE, 141);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 142);
+    let limit = Duration::from_secs(20);
+    let start = Instant::now();
+    let transfers = async {
+        let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
+        let mut last = Ok(());
+        for i in 0..64 {
+            let op = if i % 2 == 0 { Op::Write } else { Op::Read };
+            last = p.a.transfer(&ep, op, &d, Deadline::after(limit)).await;
+            if last.is_err() {
+                break;
+            }
+        }
+        last
+    };
+    let closer = async {
+        for _ in 0..50 {
+            yield_now().await;
+        }
+        p.a.close();
+    };
+    let (result, ()) = futures::join!(transfers, closer);
+    let err = result.expect_err("transfers of a closed initiator must fail");
+    assert!(
+        !matches!(err, Error::DeadlineExceeded { .. }),
+        "a closed initiator must fail its transfers, not time them out: {err}"
+    );
+    assert!(start.elapsed() < limit, "error came after the deadline");
+    let d = [desc::<C>(local.registration(), 0, &key, 0, 16)];
+    let again =
+        p.a.transfer(&ep, Op::Read, &d, Deadline::after(Duration::from_secs(5)))
+            .await;
+    assert!(again.is_err(), "a transfer after close must fail");
+    drop(target);
+}
+
+/// Connecting to a TCP listener that accepts and never answers ends by the deadline with
+/// an error (for a transport that connects lazily: the first notification does), never
+/// a hang.
+pub async fn connect_to_silent_listener<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a silent listener");
+    let addr = crate::PeerAddr::Tcp(listener.local_addr().expect("its address"));
+    let limit = Duration::from_millis(500);
+    let slack = Duration::from_secs(3);
+    let start = Instant::now();
+    let result = match p.a.connect(&addr, Deadline::after(limit)).await {
+        Err(e) => Err(e),
+        Ok(ep) => p.a.notify(&ep, 1, b"anyone?", Deadline::after(limit)).await,
+    };
+    assert!(
+        result.is_err(),
+        "a silent listener cannot be a working peer"
+    );
+    assert!(
+        start.elapsed() < limit * 2 + slack,
+        "a silent listener held the caller for {:?}",
+        start.elapsed()
+    );
+    drop(listener);
+}
+
+/// A batch longer than [`crate::CommCapabilities::max_batch_len`] is refused with
+/// `LimitExceeded` naming `max_batch_len`, and moves nothing. Skipped (with a note) for a
+/// transport that declares no batch limit.
+pub async fn oversized_batch<C: Communicator, M: Memory>(p: Peers<C, M>) {
+    let max = p.a.capabilities().max_batch_len;
+    if max >= 1 << 20 {
+        eprintln!("oversized batch: skipped, the transport declares no batch limit ({max})");
+        return;
+    }
+    let ep = connect(&p).await;
+    let (target, before) = buffer(&p, &p.b, 64, Access::READ_WRITE, 151);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (local, _) = buffer(&p, &p.a, 64, Access::READ_WRITE, 152);
+    let batch = vec![desc::<C>(local.registration(), 0, &key, 0, 1); max + 1];
+    let err = p.a.transfer(&ep, Op::Write, &batch, deadline()).await;
+    assert!(
+        matches!(
+            err,
+            Err(Error::LimitExceeded {
+                limit: "max_batch_len",
+                ..
+            })
+        ),
+        "a batch of max_batch_len + 1 must be LimitExceeded(max_batch_len): {err:?}"
+    );
+    assert_same(
+        "target after an oversized batch",
+        &contents(&target),
+        &before,
+    );
+}

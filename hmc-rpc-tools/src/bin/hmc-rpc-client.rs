@@ -11,7 +11,9 @@ use hmc_core::Communicator;
 use hmc_core::PeerAddr;
 use hmc_rpc::demo::{COMPLEX, ComplexRequest, ComplexResponse, ECHO, UPPERCASE};
 use hmc_rpc::{CallOptions, Client, ClientConfig, ClientDataPlane, DataPlaneConfig};
-use hmc_rpc_tools::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
+use hmc_rpc_tools::plane::{
+    DataPlaneChoice, PlaneOptions, open_data_plane_choice, transport_registry,
+};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Method {
@@ -54,8 +56,17 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     cycles: u32,
     /// Data plane for HMC_BUFFER payloads (the server must use the same one).
-    #[arg(long, value_enum, default_value = "none")]
-    data_plane: DataPlaneKind,
+    /// `none`, `tcp`, `ucx`, or the name of a transport plugin on `HMC_PLUGIN_PATH` /
+    /// `--plugin-path` (`--list-transports` shows them).
+    #[arg(long, default_value = "none", value_parser = DataPlaneChoice::parse)]
+    data_plane: DataPlaneChoice,
+    /// Files or folders searched for transport plugins after `HMC_PLUGIN_PATH`'s.
+    #[arg(long)]
+    plugin_path: Vec<PathBuf>,
+    /// Lists the transports: built-in, plugins loaded, plugin candidates refused and why;
+    /// then exits.
+    #[arg(long)]
+    list_transports: bool,
     /// Authenticate every TCP data-plane connection with the pre-shared secret in this
     /// file (at least 16 bytes; both sides need the same). Recommended beyond loopback.
     #[arg(long)]
@@ -71,6 +82,11 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if args.list_transports {
+        let (plane_options, plugins) = plane_settings(&args);
+        print!("{}", transport_registry(&plane_options, &plugins).report());
+        return std::process::ExitCode::SUCCESS;
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -91,6 +107,18 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// The data-plane options and plugin search path the flags give.
+fn plane_settings(args: &Args) -> (PlaneOptions, hmc_plugin::PluginConfig) {
+    (
+        PlaneOptions {
+            auth_secret_file: args.data_plane_auth_secret_file.clone(),
+        },
+        hmc_plugin::PluginConfig {
+            search_path: args.plugin_path.clone(),
+        },
+    )
+}
+
 fn pattern(len: usize, seed: u32) -> Bytes {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
@@ -108,12 +136,12 @@ async fn run(args: &Args) -> Result<(), String> {
         ..DataPlaneConfig::default()
     };
     // One data plane (one pool of registered buffers) for every connection cycle.
-    let dp = open_data_plane_with(
-        args.data_plane,
+    let (plane_options, plugins) = plane_settings(args);
+    let dp = open_data_plane_choice(
+        &args.data_plane,
         args.data_plane_bind,
-        &PlaneOptions {
-            auth_secret_file: args.data_plane_auth_secret_file.clone(),
-        },
+        &plane_options,
+        &plugins,
     )
     .map_err(|e| e.to_string())?
     .map(|c| std::sync::Arc::new(ClientDataPlane::new(std::sync::Arc::new(c), dp_config)));

@@ -10,7 +10,9 @@ use hmc_core::PeerAddr;
 use hmc_rpc::{
     ConnConfig, DataPlaneAllow, DataPlaneConfig, Dispatcher, PoolConfig, Server, ServerConfig, demo,
 };
-use hmc_rpc_tools::plane::{DataPlaneKind, PlaneOptions, open_data_plane_with};
+use hmc_rpc_tools::plane::{
+    DataPlaneChoice, PlaneOptions, open_data_plane_choice, transport_registry,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "HMC RPC demo server: echo (1), uppercase (2), complex (3)")]
@@ -61,8 +63,17 @@ struct Args {
     #[arg(long, default_value_t = 30)]
     stream_idle_timeout_secs: u64,
     /// Data plane for HMC_BUFFER payloads (clients must use the same one).
-    #[arg(long, value_enum, default_value = "none")]
-    data_plane: DataPlaneKind,
+    /// `none`, `tcp`, `ucx`, or the name of a transport plugin on `HMC_PLUGIN_PATH` /
+    /// `--plugin-path` (`--list-transports` shows them).
+    #[arg(long, default_value = "none", value_parser = DataPlaneChoice::parse)]
+    data_plane: DataPlaneChoice,
+    /// Files or folders searched for transport plugins after `HMC_PLUGIN_PATH`'s.
+    #[arg(long)]
+    plugin_path: Vec<PathBuf>,
+    /// Lists the transports: built-in, plugins loaded, plugin candidates refused and why;
+    /// then exits.
+    #[arg(long)]
+    list_transports: bool,
     /// Authenticate every TCP data-plane connection with the pre-shared secret in this
     /// file (at least 16 bytes; both sides need the same). Recommended beyond loopback.
     #[arg(long)]
@@ -85,6 +96,18 @@ struct Args {
     data_plane_allow: Vec<DataPlaneAllow>,
 }
 
+/// The data-plane options and plugin search path the flags give.
+fn plane_settings(args: &Args) -> (PlaneOptions, hmc_plugin::PluginConfig) {
+    (
+        PlaneOptions {
+            auth_secret_file: args.data_plane_auth_secret_file.clone(),
+        },
+        hmc_plugin::PluginConfig {
+            search_path: args.plugin_path.clone(),
+        },
+    )
+}
+
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -94,6 +117,11 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if args.list_transports {
+        let (plane_options, plugins) = plane_settings(&args);
+        print!("{}", transport_registry(&plane_options, &plugins).report());
+        return std::process::ExitCode::SUCCESS;
+    }
     hmc_rpc_tools::tuning::tune_allocator();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.workers.max(1))
@@ -135,12 +163,12 @@ async fn run(args: Args) -> hmc_core::Result<()> {
         workers: args.workers.max(1),
         ..ServerConfig::default()
     };
-    let dp = open_data_plane_with(
-        args.data_plane,
+    let (plane_options, plugins) = plane_settings(&args);
+    let dp = open_data_plane_choice(
+        &args.data_plane,
         args.bind_address,
-        &PlaneOptions {
-            auth_secret_file: args.data_plane_auth_secret_file.clone(),
-        },
+        &plane_options,
+        &plugins,
     )?
     .map(std::sync::Arc::new);
     let dp_config = DataPlaneConfig {
@@ -172,7 +200,7 @@ async fn run(args: Args) -> hmc_core::Result<()> {
     }
     if let Some(dp) = &dp {
         eprintln!(
-            "hmc-rpc-server data plane {:?} at {}",
+            "hmc-rpc-server data plane {} at {}",
             args.data_plane,
             hmc_core::Communicator::address(&**dp)
         );

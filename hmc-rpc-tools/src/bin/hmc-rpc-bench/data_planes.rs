@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hmc_core::PeerAddr;
 use hmc_rpc::{ClientDataPlane, DataPlaneConfig};
-use hmc_rpc_tools::plane::{DataPlaneKind, open_data_plane};
+use hmc_rpc_tools::plane::{DataPlaneChoice, DataPlaneKind, PlaneOptions, open_data_plane_choice};
 
 use crate::Args;
 use crate::baselines::{Proc, free_port, start_server};
@@ -92,7 +92,7 @@ pub(crate) fn ucx_tag_bw(bin: &PathBuf, size: usize, peer_errors: bool) -> Resul
 }
 
 pub(crate) struct DpRow {
-    pub(crate) plane: DataPlaneKind,
+    pub(crate) plane: DataPlaneChoice,
     pub(crate) buffer: Cell,
     pub(crate) stream: Option<Cell>,
     /// tag_bw in bytes/s (median, min, max over `--tag-bw-runs`): perftest's default
@@ -138,13 +138,13 @@ pub(crate) async fn bench_data_planes(
     stream_cells: &[(Cell, Option<Cell>)],
 ) -> Result<Vec<DpRow>, String> {
     let mut rows = Vec::new();
-    for &plane in &args.data_planes {
+    for plane in args.data_planes.iter().cloned() {
         let (_server, port) = match start_server(
             server_bin,
             args,
             &[
                 "--data-plane",
-                &format!("{plane:?}").to_lowercase(),
+                &plane.cli_name(),
                 "--data-plane-threshold",
                 &args.data_plane_threshold.to_string(),
             ],
@@ -155,7 +155,12 @@ pub(crate) async fn bench_data_planes(
                 continue;
             }
         };
-        let comm = match open_data_plane(plane, [127, 0, 0, 1].into()) {
+        let comm = match open_data_plane_choice(
+            &plane,
+            [127, 0, 0, 1].into(),
+            &PlaneOptions::default(),
+            &hmc_plugin::PluginConfig::default(),
+        ) {
             Ok(Some(c)) => Arc::new(c),
             Ok(None) => continue,
             Err(e) => {
@@ -172,7 +177,7 @@ pub(crate) async fn bench_data_planes(
         ));
         let addr = PeerAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], port)));
         for &size in &args.dp_sizes {
-            let tag_bw = if plane == DataPlaneKind::Ucx {
+            let tag_bw = if plane == DataPlaneChoice::Builtin(DataPlaneKind::Ucx) {
                 match ucx_tag_bw_runs(&args.ucx_perftest, size, args.tag_bw_runs) {
                     Ok(b) => Some(b),
                     Err(e) => {
@@ -208,7 +213,7 @@ pub(crate) async fn bench_data_planes(
                         .find(|(h, _)| h.size == size && h.clients == clients && h.depth == depth)
                         .map(|(h, _)| h.clone());
                     rows.push(DpRow {
-                        plane,
+                        plane: plane.clone(),
                         buffer,
                         stream,
                         tag_bw,

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 use clap::Parser;
 use hmc_core::PeerAddr;
-use hmc_rpc_tools::plane::DataPlaneKind;
+use hmc_rpc_tools::plane::DataPlaneChoice;
 
 mod baselines;
 mod data_planes;
@@ -68,9 +68,10 @@ struct Args {
     /// Where to write the CSV.
     #[arg(long, default_value = "target/hmc-rpc-bench.csv")]
     csv: PathBuf,
-    /// Data planes for HMC_BUFFER rows, comma-separated (`tcp`, `ucx`); none by default.
-    #[arg(long, value_delimiter = ',')]
-    data_planes: Vec<DataPlaneKind>,
+    /// Data planes for HMC_BUFFER rows, comma-separated (`tcp`, `ucx`, or a transport
+    /// plugin's name on `HMC_PLUGIN_PATH`); none by default.
+    #[arg(long, value_delimiter = ',', value_parser = DataPlaneChoice::parse)]
+    data_planes: Vec<DataPlaneChoice>,
     /// Payload sizes of the HMC_BUFFER rows.
     #[arg(long, default_value = "1048576", value_delimiter = ',')]
     dp_sizes: Vec<usize>,

@@ -1,0 +1,51 @@
+//! The engine over a transport plugin chosen by name (`transport = loopmem`, `plugin_path`): the example C plugin of hmc-plugin, built here, moves an engine's WRITE unchanged.
+
+#[path = "../../hmc-plugin/tests/common/mod.rs"]
+mod plugins;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use hmc_engine::{Engine, EngineConfig, MemDesc, MemType, TransferOp, TransferOpDesc};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_choose_the_c_plugin_by_name_and_move_bytes() {
+    let lib = plugins::build_c_plugin("loopmem", &[]);
+    let opts: HashMap<String, String> = [
+        ("transport".to_string(), "loopmem".to_string()),
+        ("plugin_path".to_string(), lib.display().to_string()),
+    ]
+    .into();
+    let config = EngineConfig::from_options(&opts).unwrap();
+    let a = Engine::initialize_with("127.0.0.1", config.clone())
+        .await
+        .unwrap();
+    let b = Engine::initialize_with("127.0.0.1", config).await.unwrap();
+    assert_eq!(
+        a.capabilities().transport.wire_id(),
+        200,
+        "the plugin's transport id"
+    );
+    let src: Vec<u8> = (0..1 << 20).map(|i| (i * 7) as u8).collect();
+    let dst = vec![0u8; 1 << 20];
+    let desc = |b: &Vec<u8>| MemDesc {
+        addr: b.as_ptr() as u64,
+        len: b.len(),
+    };
+    // SAFETY: both buffers outlive the engines' registrations (the engines drop first).
+    unsafe {
+        a.register_mem(desc(&src), MemType::Host).unwrap();
+        b.register_mem(desc(&dst), MemType::Host).unwrap();
+    }
+    let t = Duration::from_secs(10);
+    a.connect(b.name(), t).await.unwrap();
+    let d = TransferOpDesc {
+        local_addr: src.as_ptr() as u64,
+        remote_addr: dst.as_ptr() as u64,
+        len: src.len(),
+    };
+    a.transfer(b.name(), TransferOp::Write, &[d], t)
+        .await
+        .unwrap();
+    assert!(dst == src, "the peer's memory holds the written bytes");
+}

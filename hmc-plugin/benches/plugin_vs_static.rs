@@ -1,0 +1,117 @@
+//! What the plugin boundary costs: hmc-transport-tcp linked statically against the same transport loaded as the rtcp example plugin (release build), one-sided WRITE and READ of 64 KiB and 1 MiB on loopback, median and p90 per op, the two measured in alternating blocks.
+//!
+//! `cargo bench -p hmc-plugin --bench plugin_vs_static [-- --iters N]`
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hmc_backend_cpu::HostMemory;
+use hmc_core::{Access, Communicator, ConnBuffer, Deadline, Op, RegisteredBuffer, TransferDesc};
+use hmc_plugin::{Plugin, PluginCommunicator};
+use hmc_transport_tcp::TcpCommunicator;
+
+/// Two communicators, a target region and a local one: everything one op needs.
+struct Rig<C: Communicator> {
+    a: Arc<C>,
+    ep: C::Endpoint,
+    key: C::RemoteKey,
+    local: RegisteredBuffer<HostMemory, C>,
+    _target: RegisteredBuffer<HostMemory, C>,
+    len: usize,
+    times: Vec<f64>,
+}
+
+impl<C: Communicator> Rig<C> {
+    async fn new(a: Arc<C>, b: Arc<C>, len: usize) -> Self {
+        let mem = Arc::new(HostMemory::new());
+        let target =
+            RegisteredBuffer::new(mem.clone(), b.clone(), len, Access::READ_WRITE).unwrap();
+        let local = RegisteredBuffer::new(mem, a.clone(), len, Access::READ_WRITE).unwrap();
+        let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+        let key = a.import(&ep, &target.export().unwrap()).unwrap();
+        Rig {
+            a,
+            ep,
+            key,
+            local,
+            _target: target,
+            len,
+            times: Vec::new(),
+        }
+    }
+
+    /// `n` ops of direction `op`, each timed (`keep`: recorded).
+    async fn run(&mut self, op: Op, n: usize, keep: bool) {
+        let d = [TransferDesc::<C> {
+            local: self.local.registration(),
+            local_offset: 0,
+            remote: &self.key,
+            remote_offset: 0,
+            len: self.len,
+        }];
+        for _ in 0..n {
+            let start = Instant::now();
+            self.a
+                .transfer(&self.ep, op, &d, Deadline::after(Duration::from_secs(10)))
+                .await
+                .unwrap();
+            if keep {
+                self.times.push(start.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+    }
+
+    /// Median and p90 of what was recorded, in µs; clears the record.
+    fn take(&mut self) -> (f64, f64) {
+        let mut t = std::mem::take(&mut self.times);
+        t.sort_by(f64::total_cmp);
+        (t[t.len() / 2], t[t.len() * 9 / 10])
+    }
+}
+
+fn main() {
+    let iters: usize = std::env::args()
+        .skip_while(|a| a != "--iters")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(2000);
+    let lib = common::build_rust_plugin(true);
+    let plugin = Plugin::load(&lib).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    println!("| op | size | static median µs (p90) | plugin median µs (p90) | plugin / static |");
+    println!("| --- | --- | --- | --- | --- |");
+    rt.block_on(async {
+        for (len, n) in [(64 << 10, iters), (1 << 20, iters / 4)] {
+            for op in [Op::Write, Op::Read] {
+                let addr = "tcp://127.0.0.1:0".parse().unwrap();
+                let tcp = || Arc::new(TcpCommunicator::bind(&addr, Default::default()).unwrap());
+                let open = || {
+                    Arc::new(PluginCommunicator::open(plugin.clone(), "bind=127.0.0.1\n").unwrap())
+                };
+                let mut native = Rig::new(tcp(), tcp(), len).await;
+                let mut plugged = Rig::new(open(), open(), len).await;
+                // Warm up, then alternate blocks so both see the same load on a shared host.
+                native.run(op, n / 10, false).await;
+                plugged.run(op, n / 10, false).await;
+                let blocks = 20;
+                for _ in 0..blocks {
+                    native.run(op, n / blocks, true).await;
+                    plugged.run(op, n / blocks, true).await;
+                }
+                let ((s50, s90), (p50, p90)) = (native.take(), plugged.take());
+                println!(
+                    "| {op:?} | {} KiB | {s50:.1} ({s90:.1}) | {p50:.1} ({p90:.1}) | {:.3} |",
+                    len >> 10,
+                    p50 / s50
+                );
+            }
+        }
+    });
+}

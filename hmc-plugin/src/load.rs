@@ -1,0 +1,474 @@
+//! Finding and loading plugins: the search path (`HMC_PLUGIN_PATH`, then `PluginConfig::search_path`), `dlopen(RTLD_NOW | RTLD_LOCAL)`, the version handshake and the table checks, and the report of what was found, loaded and refused.
+
+use std::ffi::{CStr, c_char};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hmc_core::TransportId;
+
+use crate::abi::*;
+use crate::error::PluginError;
+
+/// Where to look for plugins.
+#[derive(Clone, Debug, Default)]
+pub struct PluginConfig {
+    /// Files or folders searched after `HMC_PLUGIN_PATH`'s, in order. A folder contributes
+    /// its `*.so` files in name order.
+    pub search_path: Vec<PathBuf>,
+}
+
+impl PluginConfig {
+    /// The environment variable whose `:`-separated entries are searched first.
+    pub const ENV: &'static str = "HMC_PLUGIN_PATH";
+
+    /// The full search path: `HMC_PLUGIN_PATH`'s entries, then [`PluginConfig::search_path`].
+    pub fn resolved_path(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = std::env::var_os(Self::ENV)
+            .map(|v| {
+                std::env::split_paths(&v)
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.extend(self.search_path.iter().cloned());
+        out
+    }
+}
+
+/// A loaded plugin. Its library stays mapped for the life of the process (plugins are
+/// never unloaded: a thread or destructor of theirs may still run).
+pub struct Plugin {
+    name: String,
+    path: PathBuf,
+    pub(crate) api: HmcPluginApi,
+    abi: (u32, u32),
+    transport: TransportId,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.name)
+            .field("path", &self.path)
+            .field("abi", &self.abi)
+            .field("transport", &self.transport)
+            .finish()
+    }
+}
+
+// SAFETY: the table holds function pointers and a pointer to a static name; the ABI
+// requires every function to be callable from any thread.
+unsafe impl Send for Plugin {}
+// SAFETY: as above; the table is never written after loading.
+unsafe impl Sync for Plugin {}
+
+/// The host's table, handed to every plugin.
+static HOST_API: HostApi = HostApi(HmcHostApi {
+    header: HmcTableHeader {
+        struct_size: std::mem::size_of::<HmcHostApi>(),
+        abi_major: HMC_PLUGIN_ABI_MAJOR,
+        abi_minor: HMC_PLUGIN_ABI_MINOR,
+        name: c"hmc".as_ptr(),
+        capabilities: 0,
+    },
+    log: Some(host_log),
+});
+
+struct HostApi(HmcHostApi);
+// SAFETY: the table is immutable; its name points to a static C string.
+unsafe impl Sync for HostApi {}
+
+/// The host's log callback: a plugin's log lines go to `tracing` under target
+/// `hmc_plugin::plugin`.
+unsafe extern "C" fn host_log(level: u32, msg: *const u8, len: usize) {
+    let _ = std::panic::catch_unwind(|| {
+        if msg.is_null() {
+            return;
+        }
+        // SAFETY: the ABI says `msg` points to `len` readable bytes for this call.
+        let bytes = unsafe { std::slice::from_raw_parts(msg, len) };
+        let text = String::from_utf8_lossy(bytes);
+        match level {
+            HMC_LOG_ERROR => tracing::error!(target: "hmc_plugin::plugin", "{text}"),
+            HMC_LOG_WARN => tracing::warn!(target: "hmc_plugin::plugin", "{text}"),
+            HMC_LOG_INFO => tracing::info!(target: "hmc_plugin::plugin", "{text}"),
+            _ => tracing::debug!(target: "hmc_plugin::plugin", "{text}"),
+        }
+    });
+}
+
+/// The functions ABI 1.0 requires of what the plugin says it provides, by name, for the
+/// refusal message.
+fn missing_functions(api: &HmcPluginApi) -> Vec<&'static str> {
+    let provides = api.header.capabilities;
+    let mut required = vec![("last_error", api.last_error.is_some())];
+    if provides & HMC_PLUGIN_PROVIDES_COMMUNICATOR != 0 {
+        required.extend([
+            ("comm_open", api.comm_open.is_some()),
+            ("comm_close", api.comm_close.is_some()),
+            ("comm_destroy", api.comm_destroy.is_some()),
+            ("comm_event_fd", api.comm_event_fd.is_some()),
+            ("comm_address", api.comm_address.is_some()),
+            ("comm_capabilities", api.comm_capabilities.is_some()),
+            ("connect", api.connect.is_some()),
+            ("endpoint_release", api.endpoint_release.is_some()),
+            ("register_mem", api.register_mem.is_some()),
+            ("deregister", api.deregister.is_some()),
+            ("export_key", api.export_key.is_some()),
+            ("import", api.import.is_some()),
+            ("remote_key_release", api.remote_key_release.is_some()),
+            ("transfer_start", api.transfer_start.is_some()),
+            ("transfer_poll", api.transfer_poll.is_some()),
+            ("transfer_release", api.transfer_release.is_some()),
+            ("notify", api.notify.is_some()),
+            ("recv_notification", api.recv_notification.is_some()),
+        ]);
+    }
+    if provides & HMC_PLUGIN_PROVIDES_MEMORY != 0 {
+        required.extend([
+            ("memory_open", api.memory_open.is_some()),
+            ("memory_destroy", api.memory_destroy.is_some()),
+            ("memory_info", api.memory_info.is_some()),
+            ("memory_alloc", api.memory_alloc.is_some()),
+            ("memory_free", api.memory_free.is_some()),
+            ("memory_copy", api.memory_copy.is_some()),
+        ]);
+    }
+    required
+        .iter()
+        .filter(|(_, present)| !present)
+        .map(|(n, _)| *n)
+        .collect()
+}
+
+impl Plugin {
+    /// Loads the plugin at `path`: `dlopen(RTLD_NOW | RTLD_LOCAL)`, `hmc_plugin_init` with
+    /// this host's ABI version, and the checks of the table it filled. Each file is loaded
+    /// once per process; loading it again returns the same plugin.
+    pub fn load(path: &Path) -> Result<Arc<Plugin>, PluginError> {
+        load_cached(path)
+    }
+
+    fn load_uncached(path: &Path) -> Result<Arc<Plugin>, PluginError> {
+        let path = path.to_path_buf();
+        // SAFETY: loading a library runs its initialisers; loading a plugin is exactly the
+        // trust the caller extends by putting it on the search path.
+        let lib = unsafe {
+            libloading::os::unix::Library::open(
+                Some(&path),
+                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL,
+            )
+        }
+        .map_err(|e| PluginError::Open {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        // Never unloaded: a plugin's threads, or destructors it registered, may still run
+        // after the last handle is gone.
+        let lib: &'static libloading::os::unix::Library = Box::leak(Box::new(lib));
+        // SAFETY: the symbol has the signature include/hmc_plugin.h declares for it.
+        let init = unsafe { lib.get::<HmcPluginInitFn>(b"hmc_plugin_init\0") }
+            .map_err(|_| PluginError::NoEntry { path: path.clone() })?;
+        // SAFETY: an all-zero table is valid (null pointers, `None` functions).
+        let mut api: HmcPluginApi = unsafe { std::mem::zeroed() };
+        let size = std::mem::size_of::<HmcPluginApi>();
+        // SAFETY: `api` is a writable table of `size` bytes and HOST_API lives forever.
+        let code = unsafe {
+            init(
+                HMC_PLUGIN_ABI_MAJOR,
+                HMC_PLUGIN_ABI_MINOR,
+                &HOST_API.0,
+                &mut api,
+                size,
+            )
+        };
+        Self::check(path, api, code)
+    }
+
+    fn check(path: PathBuf, mut api: HmcPluginApi, code: i32) -> Result<Arc<Plugin>, PluginError> {
+        let table = |problem: String| PluginError::Table {
+            path: path.clone(),
+            problem,
+        };
+        let header_size = std::mem::size_of::<HmcTableHeader>();
+        let filled = api.header.struct_size;
+        if code == HMC_ERR_VERSION
+            || (filled >= header_size && api.header.abi_major != HMC_PLUGIN_ABI_MAJOR)
+        {
+            return Err(PluginError::Version {
+                path,
+                plugin_major: api.header.abi_major,
+                plugin_minor: api.header.abi_minor,
+                host_major: HMC_PLUGIN_ABI_MAJOR,
+                host_minor: HMC_PLUGIN_ABI_MINOR,
+            });
+        }
+        if code != HMC_OK {
+            let message = last_error(&api).unwrap_or_else(|| {
+                "(the plugin set no last-error message; it must, with every error)".into()
+            });
+            return Err(PluginError::Init {
+                path,
+                code,
+                message,
+            });
+        }
+        if filled == 0 {
+            return Err(table(
+                "hmc_plugin_init returned HMC_OK but filled nothing (struct_size 0); fill the \
+                 table and set header.struct_size to the bytes filled"
+                    .into(),
+            ));
+        }
+        if filled > std::mem::size_of::<HmcPluginApi>() {
+            return Err(table(format!(
+                "header.struct_size is {filled} bytes, more than the {} the host offered; \
+                 fill at most out_size bytes and say how many",
+                std::mem::size_of::<HmcPluginApi>()
+            )));
+        }
+        if filled < HMC_PLUGIN_API_V1_0_SIZE {
+            return Err(table(format!(
+                "header.struct_size is {filled} bytes, ABI 1.0 needs at least \
+                 {HMC_PLUGIN_API_V1_0_SIZE} (through recv_notification); build against \
+                 hmc_plugin.h and set struct_size = sizeof(HmcPluginApi)"
+            )));
+        }
+        // Fields past what the plugin filled are absent, whatever the memory holds.
+        zero_tail(&mut api, filled);
+        if api.header.name.is_null() {
+            return Err(table("header.name is NULL; every plugin has a name".into()));
+        }
+        // SAFETY: the ABI says `name` is a NUL-terminated string that lives forever.
+        let name = unsafe { CStr::from_ptr(api.header.name) }
+            .to_str()
+            .map_err(|_| table("header.name is not UTF-8".into()))?
+            .to_string();
+        if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == ':') {
+            return Err(table(format!(
+                "name `{name}` must be non-empty, without spaces or `:` (it is used as \
+                 --data-plane NAME)"
+            )));
+        }
+        let known = HMC_PLUGIN_PROVIDES_COMMUNICATOR | HMC_PLUGIN_PROVIDES_MEMORY;
+        if api.header.capabilities & known == 0 {
+            return Err(table(format!(
+                "header.capabilities is {:#x}: it provides neither a communicator \
+                 (HMC_PLUGIN_PROVIDES_COMMUNICATOR) nor memory (HMC_PLUGIN_PROVIDES_MEMORY)",
+                api.header.capabilities
+            )));
+        }
+        let missing = missing_functions(&api);
+        if !missing.is_empty() {
+            return Err(table(format!(
+                "required functions are NULL: {}; ABI 1.0 requires every function of what \
+                 header.capabilities provides, but rekey",
+                missing.join(", ")
+            )));
+        }
+        let communicates = api.header.capabilities & HMC_PLUGIN_PROVIDES_COMMUNICATOR != 0;
+        let transport = u8::try_from(api.transport_id)
+            .ok()
+            .filter(|id| *id != 0 || !communicates)
+            .map(TransportId::from_wire_id)
+            .ok_or_else(|| {
+                table(format!(
+                    "transport_id {} is not a wire number 1..=255 (third parties: 128..=255)",
+                    api.transport_id
+                ))
+            })?;
+        Ok(Arc::new(Plugin {
+            name,
+            path,
+            abi: (api.header.abi_major, api.header.abi_minor),
+            transport,
+            api,
+        }))
+    }
+
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The file it was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The ABI version it was built for.
+    pub fn abi(&self) -> (u32, u32) {
+        self.abi
+    }
+
+    /// The transport wire number its descriptors carry.
+    pub fn transport(&self) -> TransportId {
+        self.transport
+    }
+
+    /// True when it provides a communicator.
+    pub fn provides_communicator(&self) -> bool {
+        self.api.header.capabilities & HMC_PLUGIN_PROVIDES_COMMUNICATOR != 0
+    }
+
+    /// True when it provides a device memory backend.
+    pub fn provides_memory(&self) -> bool {
+        self.api.header.capabilities & HMC_PLUGIN_PROVIDES_MEMORY != 0
+    }
+
+    /// The calling thread's last error in this plugin, if it set one.
+    pub(crate) fn last_error(&self) -> Option<String> {
+        last_error(&self.api)
+    }
+}
+
+fn last_error(api: &HmcPluginApi) -> Option<String> {
+    let f = api.last_error?;
+    // SAFETY: ABI: returns NULL or a NUL-terminated string valid until the next call
+    // into the plugin on this thread; it is copied at once.
+    let p: *const c_char = unsafe { f() };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: as above.
+    let s = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+    (!s.is_empty()).then_some(s)
+}
+
+/// Zeroes every byte of `api` at or past `filled`.
+fn zero_tail(api: &mut HmcPluginApi, filled: usize) {
+    let size = std::mem::size_of::<HmcPluginApi>();
+    if filled >= size {
+        return;
+    }
+    // SAFETY: `filled < size`, so the range lies inside `api`; all-zero bytes are a valid
+    // value for every field (null pointers, `None` function pointers, zero integers).
+    unsafe {
+        std::ptr::write_bytes(
+            (api as *mut HmcPluginApi as *mut u8).add(filled),
+            0,
+            size - filled,
+        )
+    };
+}
+
+/// What a search found: every candidate file, the plugins loaded, and why each other
+/// candidate was refused.
+#[derive(Debug, Default)]
+pub struct Discovery {
+    /// Where it looked, in order (entries that do not exist included).
+    pub searched: Vec<PathBuf>,
+    /// Candidate files, in search order.
+    pub found: Vec<PathBuf>,
+    /// Plugins loaded, in search order.
+    pub loaded: Vec<Arc<Plugin>>,
+    /// Candidates refused, with the reason.
+    pub rejected: Vec<PluginError>,
+}
+
+impl Discovery {
+    /// Searches `config`'s resolved path and loads every candidate. Nothing here fails:
+    /// each refusal is recorded with its reason.
+    pub fn search(config: &PluginConfig) -> Discovery {
+        let mut d = Discovery {
+            searched: config.resolved_path(),
+            ..Discovery::default()
+        };
+        for entry in d.searched.clone() {
+            d.found.extend(candidates(&entry));
+        }
+        for path in d.found.clone() {
+            match load_cached(&path) {
+                Ok(p) => match d.loaded.iter().find(|l| l.name() == p.name()) {
+                    Some(first) => d.rejected.push(PluginError::Duplicate {
+                        path,
+                        name: p.name().to_string(),
+                        first: first.path().to_path_buf(),
+                    }),
+                    None => d.loaded.push(p),
+                },
+                Err(e) => d.rejected.push(e),
+            }
+        }
+        for p in &d.loaded {
+            tracing::debug!(name = p.name(), path = %p.path().display(), "transport plugin loaded");
+        }
+        for e in &d.rejected {
+            tracing::info!("transport plugin refused: {e}");
+        }
+        d
+    }
+
+    /// The loaded plugin named `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<Plugin>> {
+        self.loaded.iter().find(|p| p.name() == name)
+    }
+
+    /// A human-readable report: where it looked, what loaded, what was refused and why.
+    pub fn report(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(s, "plugin search path ({} first):", PluginConfig::ENV);
+        if self.searched.is_empty() {
+            let _ = writeln!(
+                s,
+                "  (empty: set {} to files or folders)",
+                PluginConfig::ENV
+            );
+        }
+        for p in &self.searched {
+            let _ = writeln!(s, "  {}", p.display());
+        }
+        let _ = writeln!(s, "found {} candidate file(s)", self.found.len());
+        for p in &self.loaded {
+            let (major, minor) = p.abi();
+            let provides = match (p.provides_communicator(), p.provides_memory()) {
+                (true, true) => "communicator and memory",
+                (true, false) => "communicator",
+                _ => "memory",
+            };
+            let _ = writeln!(
+                s,
+                "loaded  {:<12} {} (ABI {major}.{minor}, {provides}, transport wire id {})",
+                p.name(),
+                p.path().display(),
+                p.transport().wire_id()
+            );
+        }
+        for e in &self.rejected {
+            let _ = writeln!(s, "refused {e}");
+        }
+        s
+    }
+}
+
+/// The plugin files an entry of the search path names.
+fn candidates(entry: &Path) -> Vec<PathBuf> {
+    if entry.is_file() {
+        return vec![entry.to_path_buf()];
+    }
+    let Ok(dir) = std::fs::read_dir(entry) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = dir
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "so"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Loads each file once per process: a second search returns the same plugin (its
+/// `hmc_plugin_init` is not run twice).
+fn load_cached(path: &Path) -> Result<Arc<Plugin>, PluginError> {
+    static LOADED: parking_lot::Mutex<Vec<(PathBuf, Arc<Plugin>)>> =
+        parking_lot::Mutex::new(Vec::new());
+    let key = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let mut loaded = LOADED.lock();
+    if let Some((_, p)) = loaded.iter().find(|(k, _)| *k == key) {
+        return Ok(p.clone());
+    }
+    let p = Plugin::load_uncached(path)?;
+    loaded.push((key, p.clone()));
+    Ok(p)
+}

@@ -1,0 +1,267 @@
+//! The example C plugin (examples-plugins/loopmem, compiled here) through the loader: the hmc-core communicator conformance kit, and the refusal of deliberately broken variants, each with a clear error.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hmc_backend_cpu::HostMemory;
+use hmc_core::testing::Peers;
+use hmc_core::{Access, Communicator, Deadline, Error, Op, RegisteredBuffer, TransferDesc};
+use hmc_plugin::{Plugin, PluginCommunicator};
+
+mod kit {
+    use super::*;
+
+    async fn peers() -> Option<Peers<PluginCommunicator, HostMemory>> {
+        Some(Peers {
+            a: common::open_loopmem(),
+            b: common::open_loopmem(),
+            memory: Arc::new(HostMemory::new()),
+        })
+    }
+
+    hmc_core::communicator_conformance!(peers);
+}
+
+#[test]
+fn the_plugin_reports_its_name_abi_and_transport_id() {
+    let p = common::loopmem();
+    assert_eq!(p.name(), "loopmem");
+    assert_eq!(p.abi(), (1, 0));
+    assert_eq!(p.transport().wire_id(), 200);
+    let c = common::open_loopmem();
+    assert!(
+        c.address().to_string().starts_with("unix://"),
+        "{}",
+        c.address()
+    );
+    let caps = c.capabilities();
+    assert_eq!(caps.max_batch_len, 4096);
+    assert!(caps.notifications);
+}
+
+fn load_error(name: &str, defines: &[&str]) -> String {
+    let path = common::build_c_plugin(name, defines);
+    Plugin::load(&path)
+        .expect_err("a broken plugin must be refused")
+        .to_string()
+}
+
+#[rstest::rstest]
+#[case::wrong_struct_size("broken-size", "BROKEN_STRUCT_SIZE", &["struct_size is 40 bytes", "ABI 1.0 needs at least"])]
+#[case::null_table("broken-null", "BROKEN_NULL_TABLE", &["filled nothing (struct_size 0)"])]
+#[case::failing_init("broken-init", "BROKEN_INIT_FAILS", &["hmc_plugin_init failed with -15 (HMC_ERR_UNAVAILABLE)", "its device is missing"])]
+#[case::other_major("broken-major", "BROKEN_MAJOR", &["built for HMC plugin ABI 2.0", "this host speaks 1.0", "rebuild the plugin"])]
+#[case::missing_function("broken-fn", "BROKEN_MISSING_FUNCTION", &["required functions are NULL: transfer_poll"])]
+fn broken_plugins_are_refused_with_a_clear_error(
+    #[case] name: &str,
+    #[case] define: &str,
+    #[case] wanted: &[&str],
+) {
+    let e = load_error(name, &[define]);
+    assert!(e.contains(&format!("lib{name}.so")), "names the file: {e}");
+    for w in wanted {
+        assert!(e.contains(w), "`{w}` missing from: {e}");
+    }
+}
+
+#[test]
+fn a_file_that_is_not_a_plugin_is_refused_and_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let junk = dir.path().join("libjunk.so");
+    std::fs::write(&junk, b"not an ELF file").unwrap();
+    let good = common::build_c_plugin("loopmem", &[]);
+    let broken = common::build_c_plugin("broken-init", &["BROKEN_INIT_FAILS"]);
+    std::fs::copy(&good, dir.path().join("libloopmem.so")).unwrap();
+    std::fs::copy(&broken, dir.path().join("libbroken-init.so")).unwrap();
+    let d = hmc_plugin::Discovery::search(&hmc_plugin::PluginConfig {
+        search_path: vec![dir.path().to_path_buf(), good.clone()],
+    });
+    let report = d.report();
+    assert_eq!(d.found.len(), 4, "{report}");
+    assert_eq!(d.loaded.len(), 1, "{report}");
+    assert!(report.contains("loaded  loopmem"), "{report}");
+    assert!(report.contains("libjunk.so: cannot be loaded"), "{report}");
+    assert!(report.contains("its device is missing"), "{report}");
+    // The same name again further down the path: refused as a duplicate, naming the first.
+    assert!(
+        report.contains("a plugin named `loopmem` was already loaded from"),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_without_a_message_is_named_as_such() {
+    let path = common::build_c_plugin("broken-nomsg", &["BROKEN_NO_MESSAGE"]);
+    let p = Plugin::load(&path).unwrap();
+    let c = PluginCommunicator::open(p, "bind=127.0.0.1\n").unwrap();
+    let e = c
+        .connect(
+            &"unix:///nonexistent.sock".parse().unwrap(),
+            Deadline::default(),
+        )
+        .await
+        .expect_err("no such peer");
+    assert!(matches!(e, Error::Peer { .. }), "{e:?}");
+    let s = e.to_string();
+    assert!(
+        s.contains("connect returned -7 (HMC_ERR_PEER) without a message")
+            && s.contains("must set its last-error string"),
+        "{s}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_the_plugin_never_completes_ends_at_its_deadline() {
+    let path = common::build_c_plugin("broken-hang", &["BROKEN_NEVER_COMPLETES"]);
+    let p = Plugin::load(&path).unwrap();
+    let a = Arc::new(PluginCommunicator::open(p.clone(), "").unwrap());
+    let b = Arc::new(PluginCommunicator::open(p, "").unwrap());
+    let mem = Arc::new(HostMemory::new());
+    let target = RegisteredBuffer::new(mem.clone(), b.clone(), 4096, Access::READ_WRITE).unwrap();
+    let local = RegisteredBuffer::new(mem, a.clone(), 4096, Access::READ_WRITE).unwrap();
+    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+    let key = a.import(&ep, &target.export().unwrap()).unwrap();
+    let d = [TransferDesc::<PluginCommunicator> {
+        local: hmc_core::ConnBuffer::registration(&local),
+        local_offset: 0,
+        remote: &key,
+        remote_offset: 0,
+        len: 4096,
+    }];
+    let start = std::time::Instant::now();
+    let e = a
+        .transfer(
+            &ep,
+            Op::Write,
+            &d,
+            Deadline::after(Duration::from_millis(200)),
+        )
+        .await
+        .expect_err("never completes");
+    assert!(
+        matches!(e, Error::DeadlineExceeded { during, .. } if during.contains("did not end by its deadline")),
+        "{e:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_batch_is_refused_naming_the_declared_limit() {
+    let a = common::open_loopmem();
+    let b = common::open_loopmem();
+    let mem = Arc::new(HostMemory::new());
+    let target = RegisteredBuffer::new(mem.clone(), b.clone(), 64, Access::READ_WRITE).unwrap();
+    let local = RegisteredBuffer::new(mem, a.clone(), 64, Access::READ_WRITE).unwrap();
+    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+    let key = a.import(&ep, &target.export().unwrap()).unwrap();
+    let one = TransferDesc::<PluginCommunicator> {
+        local: hmc_core::ConnBuffer::registration(&local),
+        local_offset: 0,
+        remote: &key,
+        remote_offset: 0,
+        len: 1,
+    };
+    let batch = vec![one; 4097];
+    let e = a
+        .transfer(&ep, Op::Write, &batch, Deadline::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::LimitExceeded {
+                limit: "max_batch_len",
+                value: 4097,
+                max: 4096,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+}
+
+/// Outside any runtime the host watches the plugin's eventfd from a thread of its own:
+/// a plain executor drives transfers, notifications and deadlines.
+#[test]
+fn a_host_without_tokio_moves_bytes_and_meets_deadlines() {
+    let a = common::open_loopmem();
+    let b = common::open_loopmem();
+    let mem = Arc::new(HostMemory::new());
+    let target =
+        RegisteredBuffer::new(mem.clone(), b.clone(), 1 << 20, Access::READ_WRITE).unwrap();
+    let local = RegisteredBuffer::new(mem, a.clone(), 1 << 20, Access::READ_WRITE).unwrap();
+    hmc_core::ConnBuffer::write_at(&local, 0, &hmc_core::MemSpan::host(&vec![9u8; 1 << 20]))
+        .unwrap();
+    futures::executor::block_on(async {
+        let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+        let key = a.import(&ep, &target.export().unwrap()).unwrap();
+        let d = [TransferDesc::<PluginCommunicator> {
+            local: hmc_core::ConnBuffer::registration(&local),
+            local_offset: 0,
+            remote: &key,
+            remote_offset: 0,
+            len: 1 << 20,
+        }];
+        a.transfer(&ep, Op::Write, &d, Deadline::default())
+            .await
+            .unwrap();
+        a.notify(&ep, 5, b"done", Deadline::default())
+            .await
+            .unwrap();
+        let n = b.recv_notification(Deadline::default()).await.unwrap();
+        assert_eq!((n.tag, n.msg.as_slice()), (5, &b"done"[..]));
+        let start = std::time::Instant::now();
+        let e = b
+            .recv_notification(Deadline::after(Duration::from_millis(100)))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::DeadlineExceeded { .. }), "{e:?}");
+        assert!(start.elapsed() < Duration::from_secs(3));
+    });
+    let mut back = vec![0u8; 1 << 20];
+    hmc_core::ConnBuffer::read_at(&target, 0, &mut hmc_core::MemSpanMut::host(&mut back)).unwrap();
+    assert!(back.iter().all(|b| *b == 9));
+}
+
+/// The C plugin's memory backend through the loader: the hmc-core memory kit.
+mod memory_kit {
+    hmc_core::memory_conformance!(Some(
+        hmc_plugin::PluginMemory::open(crate::common::loopmem(), "ordinal=3\n")
+            .expect("open loopmem memory")
+    ));
+}
+
+#[test]
+fn the_memory_backend_reports_its_device_and_refuses_foreign_copies() {
+    use hmc_core::{Device, DeviceKind, MemSpan, MemSpanMut, Memory};
+    let m = hmc_plugin::PluginMemory::open(common::loopmem(), "ordinal=3\n").unwrap();
+    assert_eq!(m.device(), Device::new(DeviceKind::from_wire_id(200), 3));
+    assert_eq!(m.max_alloc(), 1 << 30);
+    let mut buf = m.alloc(16).unwrap();
+    let other = m.alloc(16).unwrap();
+    // A span labelled with another ordinal of the same kind is refused by the host check.
+    let foreign = hmc_core::Region {
+        device: Device::new(DeviceKind::from_wire_id(200), 4),
+        ..hmc_core::DeviceBuffer::region(&other)
+    };
+    // SAFETY: the span is never dereferenced: the copy is refused before any byte moves.
+    let src = unsafe { MemSpan::from_region(foreign) };
+    let e = m.copy(&mut MemSpanMut::of(&mut buf), &src).unwrap_err();
+    assert!(matches!(e, Error::Unsupported(_)), "{e:?}");
+    // A communicator-only request of a memory-capable plugin still works, and the report
+    // says what it provides.
+    let d = hmc_plugin::Discovery::search(&hmc_plugin::PluginConfig {
+        search_path: vec![common::build_c_plugin("loopmem", &[])],
+    });
+    assert!(
+        d.report().contains("communicator and memory"),
+        "{}",
+        d.report()
+    );
+}

@@ -1,0 +1,672 @@
+//! `cargo xtask new-backend NAME [--transport|--memory] [--dir DIR]`: scaffolds an out-of-tree backend crate that passes its first `cargo test`.
+//!
+//! A transport crate starts as a working transport (it delegates to hmc-transport-tcp under
+//! a third-party wire number, so the kit passes from the first run) with the kit wired, a
+//! test of its `Unavailable` path, a two-process test over a peer binary, and a bench. A
+//! memory crate starts as host memory labelled with a third-party device kind. The author
+//! replaces the delegation (or the memcpy) with the real thing, one kit case at a time;
+//! docs/backend-guide.md is the contract.
+
+use std::path::{Path, PathBuf};
+
+/// What to scaffold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A `Communicator`.
+    Transport,
+    /// A `Memory` backend.
+    Memory,
+}
+
+/// Parses `NAME [--transport|--memory] [--dir DIR]` and writes the crate; returns its folder.
+pub fn run(root: &Path, args: &[String]) -> Result<PathBuf, String> {
+    let usage = "usage: cargo xtask new-backend NAME [--transport|--memory] [--dir DIR]";
+    let mut name = None;
+    let mut kind = Kind::Transport;
+    let mut dir = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--transport" => kind = Kind::Transport,
+            "--memory" => kind = Kind::Memory,
+            "--dir" => dir = Some(PathBuf::from(it.next().ok_or(usage)?)),
+            other if other.starts_with('-') => {
+                return Err(format!("unknown flag `{other}`; {usage}"));
+            }
+            other => name = Some(other.to_string()),
+        }
+    }
+    let name = name.ok_or(usage)?;
+    let dir = dir.unwrap_or_else(|| root.join("..").join(&name));
+    generate(root, &name, kind, &dir)?;
+    println!(
+        "xtask: wrote the {kind:?} crate `{name}` in {}; `cd {} && cargo test` runs the \
+         conformance kit (docs/backend-guide.md says what each case expects)",
+        dir.display(),
+        dir.display()
+    );
+    Ok(dir)
+}
+
+/// `hmc-foo_bar` → `HmcFooBar`.
+fn camel(name: &str) -> String {
+    name.split(['-', '_'])
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let mut c = p.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Writes the crate for `name` of `kind` into `dir`, depending on the crates of the
+/// checkout at `root` by path.
+pub fn generate(root: &Path, name: &str, kind: Kind, dir: &Path) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !valid {
+        return Err(format!(
+            "`{name}` is not a crate name: lower-case letters, digits, `-` and `_`, starting with a letter"
+        ));
+    }
+    if dir.exists() {
+        return Err(format!("{} exists; pick another --dir", dir.display()));
+    }
+    let root = root
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", root.display()))?;
+    let ident = camel(name);
+    let krate = name.replace('-', "_");
+    let fill = |t: &str| {
+        t.replace("{{name}}", name)
+            .replace("{{crate}}", &krate)
+            .replace("{{Ident}}", &ident)
+            .replace("{{root}}", &root.display().to_string())
+    };
+    let files: &[(&str, &str)] = match kind {
+        Kind::Transport => &[
+            ("Cargo.toml", TRANSPORT_CARGO),
+            ("src/lib.rs", TRANSPORT_LIB),
+            ("src/bin/peer.rs", TRANSPORT_PEER),
+            ("tests/conformance.rs", TRANSPORT_KIT),
+            ("tests/two_process.rs", TRANSPORT_TWO_PROCESS),
+            ("benches/transfer.rs", TRANSPORT_BENCH),
+            ("README.md", README),
+        ],
+        Kind::Memory => &[
+            ("Cargo.toml", MEMORY_CARGO),
+            ("src/lib.rs", MEMORY_LIB),
+            ("tests/conformance.rs", MEMORY_KIT),
+            ("benches/copy.rs", MEMORY_BENCH),
+            ("README.md", README),
+        ],
+    };
+    for (path, template) in files {
+        let p = dir.join(path);
+        std::fs::create_dir_all(p.parent().expect("a file in a folder"))
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+        std::fs::write(&p, fill(template)).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    // Resolve dependencies as this checkout does.
+    let lock = root.join("Cargo.lock");
+    if lock.exists() {
+        std::fs::copy(&lock, dir.join("Cargo.lock")).map_err(|e| format!("Cargo.lock: {e}"))?;
+    }
+    Ok(())
+}
+
+const README: &str = r#"# {{name}}
+
+An HMC backend scaffolded by `cargo xtask new-backend`. `cargo test` runs the hmc-core
+conformance kit against it; the HMC checkout's `docs/backend-guide.md` is the contract
+(what each kit case expects, ids, shipping as a plugin).
+
+Replace the stand-in in `src/lib.rs` with the real thing, one kit case at a time. Claim a
+third-party wire number (128-255) as the guide says and change `WIRE_ID`.
+"#;
+
+const TRANSPORT_CARGO: &str = r#"[package]
+name = "{{name}}"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+hmc-core = { path = "{{root}}/hmc-core", version = "0.1.0" }
+# The stand-in this crate starts from; remove it when the transport is your own.
+hmc-transport-tcp = { path = "{{root}}/hmc-transport-tcp", version = "0.1.0", default-features = false }
+hmc-backend-cpu = { path = "{{root}}/hmc-backend-cpu", version = "0.1.0" }
+tokio = { version = "1", features = ["rt-multi-thread", "net", "time", "sync", "io-util", "macros"] }
+
+[dev-dependencies]
+hmc-core = { path = "{{root}}/hmc-core", version = "0.1.0", features = ["testing"] }
+rstest = "0.29"
+
+[[bench]]
+name = "transfer"
+harness = false
+
+[workspace]
+"#;
+
+const TRANSPORT_LIB: &str = r#"//! {{name}}: an HMC transport. It starts as a stand-in that delegates to hmc-transport-tcp under its own wire number, so the conformance kit passes from the first `cargo test`; replace the delegation with your transport.
+
+use std::path::PathBuf;
+
+use hmc_core::{
+    Access, CommCapabilities, Communicator, Deadline, Error, Notification, Op, PeerAddr, Region,
+    RemoteRegion, Result, TransferDesc, TransportId,
+};
+use hmc_transport_tcp::{AuthSecret, TcpCommunicator, TcpConfig};
+
+/// This transport's wire number: a third-party one (128-255). Claim yours as
+/// docs/backend-guide.md ("Ids") says.
+pub const WIRE_ID: u8 = 201;
+/// This transport's id.
+pub const TRANSPORT: TransportId = TransportId::from_wire_id(WIRE_ID);
+
+/// Settings.
+#[derive(Clone, Debug)]
+pub struct {{Ident}}Config {
+    /// Where to listen.
+    pub bind: PeerAddr,
+    /// A device (or library) the transport needs; missing means `Error::Unavailable`.
+    pub device: Option<PathBuf>,
+    /// Pre-shared secret for peer authentication (at least 16 bytes).
+    pub auth_secret: Option<Vec<u8>>,
+}
+
+impl Default for {{Ident}}Config {
+    fn default() -> Self {
+        {{Ident}}Config {
+            bind: PeerAddr::Tcp(([127, 0, 0, 1], 0).into()),
+            device: None,
+            auth_secret: None,
+        }
+    }
+}
+
+/// The communicator.
+pub struct {{Ident}}Communicator {
+    inner: TcpCommunicator,
+}
+
+impl {{Ident}}Communicator {
+    /// Opens a communicator; `Error::Unavailable` when what it needs is not here. Call it
+    /// inside a tokio runtime (the stand-in runs on tokio).
+    pub fn bind(config: {{Ident}}Config) -> Result<Self> {
+        if let Some(dev) = &config.device
+            && !dev.exists()
+        {
+            return Err(Error::Unavailable {
+                what: "{{name}}".into(),
+                reason: format!("{} does not exist", dev.display()),
+                hint: "install the device's driver, or point {{Ident}}Config::device at it".into(),
+            });
+        }
+        let tcp = TcpConfig {
+            auth_secret: config.auth_secret.map(AuthSecret::new).transpose()?,
+            ..TcpConfig::default()
+        };
+        Ok({{Ident}}Communicator {
+            inner: TcpCommunicator::bind(&config.bind, tcp)?,
+        })
+    }
+}
+
+impl Communicator for {{Ident}}Communicator {
+    type Endpoint = <TcpCommunicator as Communicator>::Endpoint;
+    type Registration = <TcpCommunicator as Communicator>::Registration;
+    type RemoteKey = <TcpCommunicator as Communicator>::RemoteKey;
+
+    fn transport(&self) -> TransportId {
+        TRANSPORT
+    }
+
+    fn capabilities(&self) -> CommCapabilities {
+        let mut caps = self.inner.capabilities();
+        caps.transport = TRANSPORT;
+        caps
+    }
+
+    fn address(&self) -> PeerAddr {
+        self.inner.address()
+    }
+
+    async fn connect(&self, peer: &PeerAddr, deadline: Deadline) -> Result<Self::Endpoint> {
+        self.inner.connect(peer, deadline).await
+    }
+
+    unsafe fn register(&self, region: Region, access: Access) -> Result<Self::Registration> {
+        // SAFETY: the caller's promise (the region outlives the registration) is forwarded.
+        unsafe { self.inner.register(region, access) }
+    }
+
+    fn rekey(&self, reg: &Self::Registration) -> Result<bool> {
+        self.inner.rekey(reg)
+    }
+
+    fn export(&self, reg: &Self::Registration) -> Result<RemoteRegion> {
+        let mut remote = self.inner.export(reg)?;
+        remote.transport = TRANSPORT;
+        Ok(remote)
+    }
+
+    fn import(&self, ep: &Self::Endpoint, remote: &RemoteRegion) -> Result<Self::RemoteKey> {
+        remote.check_transport(TRANSPORT)?;
+        let mut inner = remote.clone();
+        inner.transport = TransportId::TCP;
+        self.inner.import(ep, &inner)
+    }
+
+    async fn transfer(
+        &self,
+        ep: &Self::Endpoint,
+        op: Op,
+        batch: &[TransferDesc<'_, Self>],
+        deadline: Deadline,
+    ) -> Result<()> {
+        let inner: Vec<TransferDesc<'_, TcpCommunicator>> = batch
+            .iter()
+            .map(|d| TransferDesc {
+                local: d.local,
+                local_offset: d.local_offset,
+                remote: d.remote,
+                remote_offset: d.remote_offset,
+                len: d.len,
+            })
+            .collect();
+        self.inner.transfer(ep, op, &inner, deadline).await
+    }
+
+    async fn notify(&self, ep: &Self::Endpoint, tag: u64, msg: &[u8], deadline: Deadline) -> Result<()> {
+        self.inner.notify(ep, tag, msg, deadline).await
+    }
+
+    async fn recv_notification(&self, deadline: Deadline) -> Result<Notification> {
+        self.inner.recv_notification(deadline).await
+    }
+
+    fn close(&self) {
+        self.inner.close()
+    }
+}
+"#;
+
+const TRANSPORT_PEER: &str = r#"//! The peer binary for two-process tests: `peer serve` prints its address and a region's descriptor and serves until killed; `peer check ADDR HEX` writes a pattern there and reads it back.
+
+use std::sync::Arc;
+
+use hmc_backend_cpu::HostMemory;
+use hmc_core::{Access, Communicator, ConnBuffer, Deadline, MemSpan, MemSpanMut, Op, RegisteredBuffer, RemoteRegion, TransferDesc};
+use {{crate}}::{ {{Ident}}Communicator, {{Ident}}Config };
+
+const LEN: usize = 1 << 20;
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let comm = Arc::new({{Ident}}Communicator::bind({{Ident}}Config::default()).expect("bind"));
+    let mem = Arc::new(HostMemory::new());
+    match args.first().map(String::as_str) {
+        Some("serve") => {
+            let region = RegisteredBuffer::new(mem, comm.clone(), LEN, Access::READ_WRITE).expect("register");
+            println!("{} {}", comm.address(), hex(&region.export().expect("export").encode()));
+            std::future::pending::<()>().await;
+        }
+        Some("check") => {
+            let peer = args[1].parse().expect("address");
+            let remote = RemoteRegion::decode(&unhex(&args[2])).expect("descriptor");
+            let ep = comm.connect(&peer, Deadline::default()).await.expect("connect");
+            let key = comm.import(&ep, &remote).expect("import");
+            let src = RegisteredBuffer::new(mem.clone(), comm.clone(), LEN, Access::READ).expect("register");
+            let dst = RegisteredBuffer::new(mem, comm.clone(), LEN, Access::WRITE).expect("register");
+            let bytes: Vec<u8> = (0..LEN).map(|i| (i * 31 % 251) as u8).collect();
+            src.write_at(0, &MemSpan::host(&bytes)).expect("fill");
+            let write = [TransferDesc::<{{Ident}}Communicator> {
+                local: src.registration(), local_offset: 0, remote: &key, remote_offset: 0, len: LEN,
+            }];
+            comm.transfer(&ep, Op::Write, &write, Deadline::default()).await.expect("write");
+            let read = [TransferDesc::<{{Ident}}Communicator> {
+                local: dst.registration(), local_offset: 0, remote: &key, remote_offset: 0, len: LEN,
+            }];
+            comm.transfer(&ep, Op::Read, &read, Deadline::default()).await.expect("read");
+            let mut back = vec![0u8; LEN];
+            dst.read_at(0, &mut MemSpanMut::host(&mut back)).expect("read back");
+            assert!(back == bytes, "the bytes read back differ");
+            println!("verified {LEN} bytes");
+        }
+        _ => eprintln!("usage: peer serve | peer check ADDR DESCRIPTOR_HEX"),
+    }
+}
+"#;
+
+const TRANSPORT_KIT: &str = r#"//! The hmc-core conformance kit against {{name}}, and its `Unavailable` path.
+
+use std::sync::Arc;
+
+use hmc_backend_cpu::HostMemory;
+use hmc_core::Error;
+use hmc_core::testing::Peers;
+use {{crate}}::{ {{Ident}}Communicator, {{Ident}}Config };
+
+fn open() -> Result<Arc<{{Ident}}Communicator>, Error> {
+    // The kit notifies before any region is imported: the stand-in takes that only from
+    // authenticated peers.
+    let config = {{Ident}}Config {
+        auth_secret: Some(b"scaffold-kit-secret-0123".to_vec()),
+        ..{{Ident}}Config::default()
+    };
+    {{Ident}}Communicator::bind(config).map(Arc::new)
+}
+
+async fn peers() -> Option<Peers<{{Ident}}Communicator, HostMemory>> {
+    match (open(), open()) {
+        (Ok(a), Ok(b)) => Some(Peers { a, b, memory: Arc::new(HostMemory::new()) }),
+        (Err(e), _) | (_, Err(e)) => {
+            // Skipped where the hardware is absent; the test below keeps the reason honest.
+            assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+            None
+        }
+    }
+}
+
+hmc_core::communicator_conformance!(peers);
+
+#[tokio::test]
+async fn a_missing_device_is_unavailable_with_a_hint() {
+    let config = {{Ident}}Config {
+        device: Some("/nonexistent/{{name}}-device".into()),
+        ..{{Ident}}Config::default()
+    };
+    let e = {{Ident}}Communicator::bind(config).err().expect("no such device");
+    assert!(matches!(&e, Error::Unavailable { hint, .. } if !hint.is_empty()), "{e}");
+}
+"#;
+
+const TRANSPORT_TWO_PROCESS: &str = r#"//! Two processes: the peer binary serves a region; a second one writes and reads it back; the peer killed or stopped mid-transfer (hmc_core::testing::process).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use hmc_backend_cpu::HostMemory;
+use hmc_core::testing::process::{self, PeerProcess};
+use {{crate}}::{ {{Ident}}Communicator, {{Ident}}Config };
+
+const PEER: &str = env!("CARGO_BIN_EXE_peer");
+
+#[test]
+fn two_processes_move_a_mebibyte_each_way() {
+    let mut server = Command::new(PEER).arg("serve").stdout(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let mut parts = line.split_whitespace();
+    let (addr, desc) = (parts.next().unwrap(), parts.next().unwrap());
+    let out = Command::new(PEER).args(["check", addr, desc]).output().unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("verified"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn peer() -> PeerProcess {
+    let mut cmd = Command::new(PEER);
+    cmd.arg("serve");
+    PeerProcess::spawn(cmd)
+}
+
+fn local() -> Arc<{{Ident}}Communicator> {
+    Arc::new({{Ident}}Communicator::bind({{Ident}}Config::default()).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_killed_mid_transfer_fails_it_fast() {
+    process::peer_killed_mid_transfer(local(), Arc::new(HostMemory::new()), peer(), 1 << 20).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_peer_times_out_and_serves_again_when_resumed() {
+    process::peer_stopped_mid_transfer(local(), Arc::new(HostMemory::new()), peer(), 1 << 20).await;
+}
+"#;
+
+const TRANSPORT_BENCH: &str = r#"//! One-sided WRITE of 64 KiB and 1 MiB on loopback: median per op (`cargo bench`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hmc_backend_cpu::HostMemory;
+use hmc_core::{Access, Communicator, ConnBuffer, Deadline, Op, RegisteredBuffer, TransferDesc};
+use {{crate}}::{ {{Ident}}Communicator, {{Ident}}Config };
+
+#[tokio::main]
+async fn main() {
+    let a = Arc::new({{Ident}}Communicator::bind({{Ident}}Config::default()).unwrap());
+    let b = Arc::new({{Ident}}Communicator::bind({{Ident}}Config::default()).unwrap());
+    let mem = Arc::new(HostMemory::new());
+    for len in [64 << 10, 1 << 20] {
+        let target = RegisteredBuffer::new(mem.clone(), b.clone(), len, Access::READ_WRITE).unwrap();
+        let local = RegisteredBuffer::new(mem.clone(), a.clone(), len, Access::READ).unwrap();
+        let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+        let key = a.import(&ep, &target.export().unwrap()).unwrap();
+        let d = [TransferDesc::<{{Ident}}Communicator> {
+            local: local.registration(), local_offset: 0, remote: &key, remote_offset: 0, len,
+        }];
+        let mut t = Vec::new();
+        for _ in 0..500 {
+            let start = Instant::now();
+            a.transfer(&ep, Op::Write, &d, Deadline::after(Duration::from_secs(10))).await.unwrap();
+            t.push(start.elapsed());
+        }
+        t.sort();
+        println!("WRITE {} KiB: median {:?}", len >> 10, t[t.len() / 2]);
+    }
+}
+"#;
+
+const MEMORY_CARGO: &str = r#"[package]
+name = "{{name}}"
+version = "0.1.0"
+edition = "2024"
+publish = false
+
+[dependencies]
+hmc-core = { path = "{{root}}/hmc-core", version = "0.1.0" }
+
+[dev-dependencies]
+hmc-core = { path = "{{root}}/hmc-core", version = "0.1.0", features = ["testing"] }
+rstest = "0.29"
+
+[[bench]]
+name = "copy"
+harness = false
+
+[workspace]
+"#;
+
+const MEMORY_LIB: &str = r#"//! {{name}}: an HMC memory backend. It starts as host memory labelled with a third-party device kind, so the memory kit passes from the first `cargo test`; replace the allocation and the memcpy with your device's.
+
+use std::path::PathBuf;
+
+use hmc_core::{Device, DeviceBuffer, DeviceKind, Error, MemSpan, MemSpanMut, Memory, Region, Result, check_copy};
+
+/// This backend's device kind: a third-party wire number (128-255). Claim yours as
+/// docs/backend-guide.md ("Ids") says.
+pub const KIND: DeviceKind = DeviceKind::from_wire_id(201);
+
+/// The largest allocation this backend makes.
+pub const MAX_ALLOC: usize = 1 << 30;
+
+/// One allocation.
+pub struct {{Ident}}Buffer {
+    bytes: Box<[u8]>,
+    device: Device,
+}
+
+impl DeviceBuffer for {{Ident}}Buffer {
+    fn region(&self) -> Region {
+        Region { device: self.device, addr: self.bytes.as_ptr() as u64, len: self.bytes.len() }
+    }
+}
+
+/// The allocator and copy engine of one device.
+pub struct {{Ident}}Memory {
+    device: Device,
+}
+
+impl {{Ident}}Memory {
+    /// Device `ordinal`; `Error::Unavailable` when `requires` names something absent.
+    pub fn open(ordinal: u32, requires: Option<PathBuf>) -> Result<Self> {
+        if let Some(p) = requires
+            && !p.exists()
+        {
+            return Err(Error::Unavailable {
+                what: "{{name}}".into(),
+                reason: format!("{} does not exist", p.display()),
+                hint: "install the device's driver".into(),
+            });
+        }
+        Ok({{Ident}}Memory { device: Device::new(KIND, ordinal) })
+    }
+}
+
+impl Memory for {{Ident}}Memory {
+    type Buffer = {{Ident}}Buffer;
+
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn max_alloc(&self) -> usize {
+        MAX_ALLOC
+    }
+
+    fn alloc(&self, len: usize) -> Result<{{Ident}}Buffer> {
+        if len > MAX_ALLOC {
+            return Err(Error::OutOfMemory { device: self.device, len: len as u64 });
+        }
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { device: self.device, len: len as u64 })?;
+        v.resize(len, 0);
+        Ok({{Ident}}Buffer { bytes: v.into_boxed_slice(), device: self.device })
+    }
+
+    fn copy(&self, dst: &mut MemSpanMut<'_>, src: &MemSpan<'_>) -> Result<()> {
+        check_copy(self.device, dst, src)?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: both spans are live (they borrow their owners), of equal length (checked),
+        // and this stand-in's device memory is host memory.
+        unsafe {
+            std::ptr::copy(src.region().addr as *const u8, dst.region().addr as *mut u8, dst.len())
+        };
+        Ok(())
+    }
+}
+"#;
+
+const MEMORY_KIT: &str = r#"//! The hmc-core memory kit against {{name}}, and its `Unavailable` path.
+
+use hmc_core::Error;
+use {{crate}}::{{Ident}}Memory;
+
+hmc_core::memory_conformance!({{Ident}}Memory::open(0, None).ok());
+
+#[test]
+fn a_missing_device_is_unavailable_with_a_hint() {
+    let e = {{Ident}}Memory::open(0, Some("/nonexistent/{{name}}".into())).err().expect("absent");
+    assert!(matches!(&e, Error::Unavailable { hint, .. } if !hint.is_empty()), "{e}");
+}
+"#;
+
+const MEMORY_BENCH: &str = r#"//! Host-to-device copies of 1 MiB: median per copy (`cargo bench`).
+
+use std::time::Instant;
+
+use hmc_core::{MemSpan, MemSpanMut, Memory};
+use {{crate}}::{{Ident}}Memory;
+
+fn main() {
+    let m = {{Ident}}Memory::open(0, None).unwrap();
+    let mut buf = m.alloc(1 << 20).unwrap();
+    let src = vec![7u8; 1 << 20];
+    let mut t = Vec::new();
+    for _ in 0..200 {
+        let start = Instant::now();
+        m.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(&src)).unwrap();
+        t.push(start.elapsed());
+    }
+    t.sort();
+    println!("copy 1 MiB: median {:?}", t[t.len() / 2]);
+}
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_become_idents_and_bad_names_are_refused() {
+        assert_eq!(camel("my-nic_transport"), "MyNicTransport");
+        let dir = std::env::temp_dir().join(format!("hmc-scaffold-{}", std::process::id()));
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let e = generate(&root, "Bad Name", Kind::Memory, &dir).unwrap_err();
+        assert!(e.contains("not a crate name"), "{e}");
+    }
+
+    /// Scaffolds both kinds and runs their first `cargo test` (a few minutes: it builds
+    /// the dependencies of a crate outside the workspace), with `HMC_LONG_TESTS=1`
+    /// (`cargo xtask test --long`).
+    #[rstest::rstest]
+    #[case::transport(Kind::Transport)]
+    #[case::memory(Kind::Memory)]
+    fn a_scaffolded_crate_passes_its_first_cargo_test(#[case] kind: Kind) {
+        if std::env::var("HMC_LONG_TESTS").is_err() {
+            eprintln!("skipped without HMC_LONG_TESTS=1 (cargo xtask test --long)");
+            return;
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let tmp = root.join("target/scaffold-test");
+        let dir = tmp.join(format!("{kind:?}").to_lowercase());
+        let _ = std::fs::remove_dir_all(&dir);
+        generate(&root, "my-backend", kind, &dir).unwrap();
+        let out = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+            .arg("test")
+            .arg("--manifest-path")
+            .arg(dir.join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(tmp.join("target"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Every kit case ran (a skip needs an `Unavailable`, which the defaults never give).
+        assert!(
+            text.contains("conformance::") && text.contains(" ok"),
+            "{text}"
+        );
+    }
+}
