@@ -1,27 +1,12 @@
 //! Runs the engine's two samples as a user would (each starts its second process itself):
 //! the HIXL quick-start flow and the prefill -> decode KV pull, every byte checked.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-/// `target/<profile>/examples/<name>`, which `cargo test` builds with the tests.
-fn example(name: &str) -> PathBuf {
-    let deps = std::env::current_exe().expect("the test binary's path");
-    let profile = deps
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>/deps/<test>");
-    let exe = profile.join("examples").join(name);
-    assert!(
-        exe.exists(),
-        "{} is missing: run the whole suite (`cargo test -p hmc-engine`), which builds the examples",
-        exe.display()
-    );
-    exe
-}
+use hmc_core::testing::example_binary;
 
 fn run(name: &str, args: &[&str]) -> String {
-    let out = Command::new(example(name))
+    let out = Command::new(example_binary(name))
         .args(args)
         .output()
         .expect("run the example");

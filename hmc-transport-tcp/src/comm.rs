@@ -667,8 +667,9 @@ impl TcpCommunicator {
         let start = Instant::now();
         let mut closed = self.shared.closed.subscribe();
         tokio::select! {
-            r = tokio::time::timeout_at(deadline.instant().into(), work) => {
-                r.unwrap_or_else(|_| Err(Error::DeadlineExceeded { during, elapsed: start.elapsed() }))
+            r = work => r,
+            _ = crate::wait::sleep_until_precise(deadline.instant()) => {
+                Err(Error::DeadlineExceeded { during, elapsed: start.elapsed() })
             }
             _ = closed.wait_for(|c| *c) => Err(Error::Closed(format!(
                 "the TcpCommunicator at {} was closed during {during}", self.shared.addr
