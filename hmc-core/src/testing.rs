@@ -62,6 +62,23 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
     exe
 }
 
+/// Runs example `name` ([`example_binary`]) with `args` and returns its standard output,
+/// failing the test with both outputs when it exits unsuccessfully.
+pub fn run_example(name: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(example_binary(name))
+        .args(args)
+        .output()
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "example {name} {args:?}: exit {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 fn assert_same(what: &str, got: &[u8], want: &[u8]) {
     assert_eq!(got.len(), want.len(), "{what}: length differs");
     if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {

@@ -45,12 +45,22 @@ pub fn open_transport(transport: EngineTransport, ip: IpAddr) -> Result<AnyCommu
         let c = hmc_transport_tcp::TcpCommunicator::bind(&PeerAddr::Tcp(bind), Default::default())?;
         Ok(AnyCommunicator::new(c))
     };
+    #[cfg(feature = "ucx")]
     let ucx = || -> Result<AnyCommunicator> {
         let c = hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
             bind,
             ..hmc_transport_ucx::UcxConfig::default()
         })?;
         Ok(AnyCommunicator::new(c))
+    };
+    #[cfg(not(feature = "ucx"))]
+    let ucx = || -> Result<AnyCommunicator> {
+        Err(hmc_core::Error::Unavailable {
+            what: "the UCX transport".into(),
+            reason: "this build of hmc-engine leaves out its `ucx` feature".into(),
+            hint: "build hmc-engine with its `ucx` feature (a default one), or choose tcp".into(),
+        }
+        .into())
     };
     match transport {
         EngineTransport::Tcp => tcp(),

@@ -2,21 +2,11 @@
 
 use std::process::Command;
 
-use hmc_core::testing::example_binary;
+use hmc_core::testing::{example_binary, run_example};
 
 #[test]
 fn one_sided_example_writes_and_reads_between_two_processes() {
-    let out = Command::new(example_binary("one_sided"))
-        .args(["--mib", "3"])
-        .output()
-        .expect("run the example");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "exit {:?}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_example("one_sided", &["--mib", "3"]);
     assert!(
         stdout.contains("[initiator] READ 3145728 bytes, checked"),
         "{stdout}"
@@ -40,4 +30,28 @@ fn one_sided_example_refuses_a_malformed_ticket() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not a region ticket"), "{stderr}");
+}
+
+#[test]
+fn the_readme_embedding_program_is_the_embed_example_and_runs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("../README.md")).expect("README.md");
+    let block = readme
+        .split_once("<!-- embed.rs -->\n```rust\n")
+        .and_then(|(_, rest)| rest.split_once("```\n<!-- /embed.rs -->"))
+        .map(|(block, _)| block)
+        .expect("the README's Embedding section holds the program between its markers");
+    let example = std::fs::read_to_string(root.join("examples/embed.rs")).unwrap();
+    assert_eq!(
+        block, example,
+        "README.md and examples/embed.rs differ: copy one to the other"
+    );
+    let out = Command::new(example_binary("embed"))
+        .output()
+        .expect("run the example");
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains("wrote 1048576 bytes through hmc-region:tcp://")
+    );
 }

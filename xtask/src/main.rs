@@ -348,6 +348,9 @@ fn demo() -> Result {
         "-p",
         "hmc-rpc-tools",
         "--bins",
+        // The peer binary is not a default feature of the library.
+        "--features",
+        "hmc-transport-tcp/peer-bin",
     ]))?;
     let bin = |name: &str| root().join("target/release").join(name);
     demo::one_sided(&bin("hmc-tcp-peer"))?;
