@@ -21,8 +21,11 @@ usage: cargo xtask <command>
                        (--long adds the long-running soak tests)
   bench <transfer|rpc|ucx|engine|all> [--quick]
                        benchmarks side by side with iperf3 / tonic / ucx_perftest
-  matrix               detect runtimes and devices, run what can run here, print the
-                       support table
+  matrix [CRATE...] [--json PATH]
+                       per crate (all by default): build it alone with and without its
+                       default features, run its tests as `test` does (failing tests
+                       named); detect runtimes and devices; print the support table
+                       (JSON: target/matrix.json)
   gpu-bundle           build the GPU check (CUDA tests, copy bandwidth, device-staged RPC
                        and one-sided transfers) as release binaries in target/gpu-bundle
                        with run.sh, for a GPU machine that has no Rust toolchain
@@ -45,7 +48,7 @@ fn main() -> ExitCode {
         Some("demo") => demo(),
         Some("test") => test(args.iter().any(|a| a == "--long")),
         Some("bench") => bench(&args[1..]),
-        Some("matrix") => matrix(),
+        Some("matrix") => matrix(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         Some("gpu-bundle") => gpu_bundle(),
         Some("tidy") => tidy::run(&root()),
@@ -183,17 +186,42 @@ fn ensure_system_packages() -> Result {
 fn test(long: bool) -> Result {
     ensure_system_packages()?;
     tidy::run(&root())?;
-    // Benchmarks and examples are built (so they cannot rot) but not run: benchmarks are
-    // `cargo xtask bench`'s job, and the examples need hardware.
-    run(cargo().args(["build", "--workspace", "--benches", "--examples"]))?;
-    let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--lib", "--bins", "--tests"]);
-    if long {
-        cmd.env("HMC_LONG_TESTS", "1");
+    for mut step in test_steps(&["--workspace"], true, long) {
+        run(&mut step)?;
     }
-    run(&mut cmd)?;
+    Ok(())
+}
+
+/// The cargo commands of `cargo xtask test` for `scope` (`--workspace`, or `-p <crate>`
+/// for `cargo xtask matrix`, which runs the same ones per crate so that both give the
+/// same verdict). `lib`: the scope has a library (its tests and doc tests run).
+fn test_steps(scope: &[&str], lib: bool, long: bool) -> Vec<Command> {
+    // Benchmarks and examples are built first (so they cannot rot, and so that the tests
+    // that run an example find it in target/<profile>/examples; `cargo test
+    // --all-targets` would build examples only as test harnesses). Benchmarks are `cargo
+    // xtask bench`'s job to run.
+    let mut build = cargo();
+    build
+        .args(["build"])
+        .args(scope)
+        .args(["--benches", "--examples"]);
+    let mut tests = cargo();
+    tests.arg("test").args(scope);
+    if lib {
+        tests.arg("--lib");
+    }
+    tests.args(["--bins", "--tests"]);
+    if long {
+        tests.env("HMC_LONG_TESTS", "1");
+    }
+    let mut steps = vec![build, tests];
     // Doc tests are not part of --all-targets.
-    run(cargo().args(["test", "--workspace", "--doc"]))
+    if lib {
+        let mut doc = cargo();
+        doc.arg("test").args(scope).arg("--doc");
+        steps.push(doc);
+    }
+    steps
 }
 
 fn bench(args: &[String]) -> Result {
@@ -360,8 +388,8 @@ fn demo() -> Result {
 mod demo;
 mod matrix;
 
-fn matrix() -> Result {
-    matrix::run()
+fn matrix(args: &[String]) -> Result {
+    matrix::run(args)
 }
 
 fn fuzz(args: &[String]) -> Result {
