@@ -381,6 +381,12 @@ impl<C: Communicator + ?Sized> fmt::Debug for TransferDesc<'_, C> {
 }
 
 /// A small message received from a peer with [`Communicator::notify`].
+///
+/// There is no reply channel on the connection it came on. To answer, connect to `from`
+/// and notify back; a transport may accept that only from a peer it trusts (the TCP
+/// transport: one that holds a live key of one of its regions, or that shares its
+/// authentication secret), so hand the sender a ticket of a region of yours first, or
+/// give both sides the same secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Notification {
     /// The sender's listening address, as it announced it.
