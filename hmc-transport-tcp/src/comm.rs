@@ -450,7 +450,18 @@ impl TcpEndpoint {
         };
         let stream = match pooled {
             Some(s) => s,
-            None => TcpCommunicator::dial(shared, &self.inner.peer, deadline).await?,
+            // The endpoint's peer was reachable once: failing to reach it again means it
+            // went away (Error::Peer), the same shape as losing it mid-transfer; only
+            // `connect` reports a refusal as the io::Error it is.
+            None => TcpCommunicator::dial(shared, &self.inner.peer, deadline)
+                .await
+                .map_err(|e| match e {
+                    Error::Io { source, .. } => Error::peer(
+                        &self.inner.peer,
+                        format!("gone: reconnecting to it failed ({source}); connect again once it is back"),
+                    ),
+                    e => e,
+                })?,
         };
         Ok((slot, stream))
     }

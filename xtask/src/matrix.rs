@@ -345,7 +345,14 @@ fn check_crate(root: &Path, krate: &str) -> CrateRow {
                 .map(|a| a.to_string_lossy().into_owned())
                 .collect::<Vec<_>>()
                 .join(" ");
+            // The whole output, for the failures' messages.
+            let log = root.join("target/matrix-logs").join(format!("{krate}.log"));
+            let _ = std::fs::create_dir_all(log.parent().expect("a folder"));
+            let saved = std::fs::write(&log, format!("$ cargo {what}\n{stdout}\n{stderr}")).is_ok();
             tests.error = Some(format!("`cargo {what}`: {why}"));
+            if saved {
+                eprintln!("xtask: matrix: {krate}: output in {}", log.display());
+            }
             break;
         }
     }
