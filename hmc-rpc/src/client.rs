@@ -153,9 +153,11 @@ struct Inner {
 /// - **`block_on` on a multi-thread runtime.** Driving each call with
 ///   `runtime.block_on(client.call(..))` from outside the runtime parks and wakes a thread
 ///   per call, and with several callers pipelining small calls that costs more than the
-///   call. Call from tasks inside the runtime (`tokio::spawn`, or `async fn main`), or give
-///   blocking code a current-thread runtime of its own ([`BlockingClient`] does), or use
-///   the socket-level [`DirectClient`](crate::DirectClient), which needs no runtime.
+///   call. Call from tasks inside the runtime (`tokio::spawn`, or `async fn main`), or
+///   drive calls with `block_on` on a current-thread runtime, or use the socket-level
+///   [`DirectClient`](crate::DirectClient), which needs no runtime. [`BlockingClient`]
+///   (its own one-worker runtime) pays two thread hops per call: fine for occasional
+///   calls, not for many small ones.
 /// - **`Vec<u8>` in typed calls.** [`Client::call_typed`] encodes with
 ///   [`RpcCodec`]; a `Vec<u8>` field goes byte by byte. Mark it `#[serde(with =
 ///   "serde_bytes")]` or use `bytes::Bytes`, or send bytes with [`Client::call`] (see
