@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 use crate::{CommCapabilities, Error, Region, Result, TransportId};
 
 /// What a peer may do to a registered region. Local code can always read and write it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+///
+/// Rights combine with `|` (`Access::READ | Access::WRITE == Access::READ_WRITE`); `Debug`
+/// and `Display` name them (`Access(READ | WRITE)`, `READ | WRITE`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Access(u8);
 
 impl Access {
@@ -47,6 +50,38 @@ impl Access {
             )));
         }
         Ok(Access(bits))
+    }
+
+    const NAMES: [(Access, &'static str); 2] = [(Access::READ, "READ"), (Access::WRITE, "WRITE")];
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut sep = "";
+        for (right, name) in Self::NAMES {
+            if self.allows(right) {
+                write!(f, "{sep}{name}")?;
+                sep = " | ";
+            }
+        }
+        // `from_bits` refuses other bits, so only an empty value (never constructed) is left.
+        if sep.is_empty() {
+            f.write_str("NONE")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Access({self})")
     }
 }
 
@@ -305,6 +340,29 @@ pub struct TransferDesc<'a, C: Communicator + ?Sized> {
     pub len: usize,
 }
 
+impl<'a, C: Communicator + ?Sized> TransferDesc<'a, C> {
+    /// `len` bytes between `local` at `local_offset` and `remote` at `remote_offset`.
+    ///
+    /// The same as the struct literal; prefer it inside `async` blocks and closures,
+    /// where naming the associated-type fields in a literal (or struct-update syntax) has
+    /// tripped the compiler.
+    pub fn new(
+        local: &'a C::Registration,
+        local_offset: usize,
+        remote: &'a C::RemoteKey,
+        remote_offset: u64,
+        len: usize,
+    ) -> Self {
+        TransferDesc {
+            local,
+            local_offset,
+            remote,
+            remote_offset,
+            len,
+        }
+    }
+}
+
 impl<C: Communicator + ?Sized> Clone for TransferDesc<'_, C> {
     fn clone(&self) -> Self {
         *self
@@ -323,6 +381,12 @@ impl<C: Communicator + ?Sized> fmt::Debug for TransferDesc<'_, C> {
 }
 
 /// A small message received from a peer with [`Communicator::notify`].
+///
+/// There is no reply channel on the connection it came on. To answer, connect to `from`
+/// and notify back; a transport may accept that only from a peer it trusts (the TCP
+/// transport: one that holds a live key of one of its regions, or that shares its
+/// authentication secret), so hand the sender a ticket of a region of yours first, or
+/// give both sides the same secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Notification {
     /// The sender's listening address, as it announced it.
@@ -554,6 +618,19 @@ mod tests {
         assert!(!Access::READ.allows(Access::WRITE));
         assert_eq!(Access::required_by(Op::Write), Access::WRITE);
         assert!(Access::from_bits(0).is_err());
+        assert_eq!(Access::READ | Access::WRITE, Access::READ_WRITE);
+    }
+
+    #[rstest::rstest]
+    #[case::read(Access::READ, "Access(READ)")]
+    #[case::write(Access::WRITE, "Access(WRITE)")]
+    #[case::both(Access::READ_WRITE, "Access(READ | WRITE)")]
+    fn access_debug_names_its_rights(#[case] access: Access, #[case] debug: &str) {
+        assert_eq!(format!("{access:?}"), debug);
+        assert_eq!(
+            format!("{{{access}}}"),
+            format!("{{{}}}", &debug[7..debug.len() - 1])
+        );
     }
 
     #[test]

@@ -9,6 +9,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 ///
 /// Backends map their vendor errors into these variants; a vendor error keeps the library,
 /// the function and the vendor's own message in [`Error::Device`].
+///
+/// # Telling conditions apart
+///
+/// Without matching on message text: each condition has one shape across the HMC crates.
+///
+/// | condition | shape | helper |
+/// | --- | --- | --- |
+/// | a deadline passed | [`Error::DeadlineExceeded`] | [`Error::is_deadline`] |
+/// | nobody listens at the address | [`Error::Io`] whose source is `ConnectionRefused` | [`Error::is_connection_refused`], [`Error::io_kind`] |
+/// | the peer went away, or is not connected | [`Error::Peer`] | [`Error::is_retryable`] |
+/// | a budget of the peer or of this process is full | [`Error::LimitExceeded`] | its `limit` names it |
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -240,6 +251,52 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The OS error's kind, for an [`Error::Io`] (a refused connection is
+    /// `Some(io::ErrorKind::ConnectionRefused)`).
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            Error::Io { source, .. } => Some(source.kind()),
+            _ => None,
+        }
+    }
+
+    /// True when nothing listens at the address that was dialled.
+    pub fn is_connection_refused(&self) -> bool {
+        self.io_kind() == Some(std::io::ErrorKind::ConnectionRefused)
+    }
+
+    /// True for [`Error::DeadlineExceeded`].
+    pub fn is_deadline(&self) -> bool {
+        matches!(self, Error::DeadlineExceeded { .. })
+    }
+
+    /// True when the same operation may succeed if tried again later, unchanged: its
+    /// deadline passed, the peer went away or refused the connection (it may be
+    /// restarting), or a transient OS error. A transfer whose deadline passed may have
+    /// moved some of its bytes; a retry moves them again, which one-sided READ/WRITE
+    /// allows. Never true for what [`Error::is_permanent`] covers.
+    pub fn is_retryable(&self) -> bool {
+        use std::io::ErrorKind as K;
+        match self {
+            Error::DeadlineExceeded { .. } | Error::Peer { .. } => true,
+            Error::Io { source, .. } => matches!(
+                source.kind(),
+                K::ConnectionRefused
+                    | K::ConnectionReset
+                    | K::ConnectionAborted
+                    | K::BrokenPipe
+                    | K::NotConnected
+                    | K::UnexpectedEof
+                    | K::TimedOut
+                    | K::Interrupted
+                    | K::WouldBlock
+            ),
+            _ => false,
+        }
+    }
+}
+
 /// Checks that `offset + len` fits within `limit`, without overflow.
 pub fn check_bounds(what: &'static str, offset: u64, len: u64, limit: u64) -> Result<()> {
     match offset.checked_add(len) {
@@ -298,6 +355,28 @@ mod tests {
             "{s}"
         );
         assert!(e.is_permanent());
+    }
+
+    #[test]
+    fn helpers_classify_without_reading_messages() {
+        let refused = Error::io(
+            "connecting to tcp://127.0.0.1:1",
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        );
+        assert!(refused.is_connection_refused() && refused.is_retryable());
+        assert!(!refused.is_permanent() && !refused.is_deadline());
+        let late = Error::DeadlineExceeded {
+            during: "transfer",
+            elapsed: Duration::from_millis(1),
+        };
+        assert!(late.is_deadline() && late.is_retryable() && late.io_kind().is_none());
+        assert!(Error::peer("rank 3", "went away").is_retryable());
+        let denied = Error::io(
+            "opening a file",
+            std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        );
+        assert!(!denied.is_retryable());
+        assert!(!Error::InvalidArgument("x".into()).is_retryable());
     }
 
     #[test]

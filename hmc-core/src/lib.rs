@@ -107,6 +107,7 @@ mod no_comm;
 mod staging;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod ticket;
 
 pub use caps::{CommCapabilities, DeviceMemoryPath, MemoryCapabilities, MemoryKinds};
 pub use comm::{
@@ -125,3 +126,4 @@ pub use memory::{
 };
 pub use no_comm::{NoCommunicator, NoRegistration};
 pub use staging::{Stager, StagingConfig};
+pub use ticket::RegionTicket;

@@ -39,6 +39,46 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// The path of example `name` of the package whose integration test calls this:
+/// `target/<profile>/examples/<name>`, beside the test's own `target/<profile>/deps/`.
+///
+/// `cargo test -p <crate>` and `cargo xtask test` build every example there before the
+/// tests run. `cargo test --all-targets` (or `--tests` alone) does not: it builds examples
+/// with the test harness, or not at all. The panic message says which command to run.
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    let test = std::env::current_exe().expect("the test binary's path");
+    let profile = test
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the test binary lives in target/<profile>/deps/");
+    let exe = profile.join("examples").join(name);
+    assert!(
+        exe.exists(),
+        "{} is missing: build it with `cargo build --examples -p <this crate>` (what `cargo test \
+         -p <this crate>` and `cargo xtask test` do first; `--all-targets` builds examples \
+         only as test harnesses)",
+        exe.display()
+    );
+    exe
+}
+
+/// Runs example `name` ([`example_binary`]) with `args` and returns its standard output,
+/// failing the test with both outputs when it exits unsuccessfully.
+pub fn run_example(name: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(example_binary(name))
+        .args(args)
+        .output()
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "example {name} {args:?}: exit {:?}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 fn assert_same(what: &str, got: &[u8], want: &[u8]) {
     assert_eq!(got.len(), want.len(), "{what}: length differs");
     if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {

@@ -412,7 +412,13 @@ impl<C: Communicator> Engine<C> {
         )
         .await
         .map_err(|_| timed_out())?
-        .map_err(|e| meta_err(e.to_string()))?;
+        .map_err(|e| match e {
+            // One shape per condition: a refusal keeps its io::Error, a slow connect is
+            // a timeout, as from the transport.
+            hmc_rpc::CallError::Connect(e) if e.is_deadline() => timed_out(),
+            hmc_rpc::CallError::Connect(e) => EngineError::Transport(e),
+            other => meta_err(other.to_string()),
+        })?;
         let info = self
             .fetch_info(&rpc, deadline)
             .await

@@ -129,5 +129,33 @@ pub enum EngineError {
     Finalized,
 }
 
+impl EngineError {
+    /// True when an operation ran out of time: [`EngineError::Timeout`], or a transport
+    /// deadline.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            EngineError::Timeout { .. } => true,
+            EngineError::Transport(e) => e.is_deadline(),
+            _ => false,
+        }
+    }
+
+    /// True when nobody listens at the address connected to (the transport's
+    /// `io::ErrorKind::ConnectionRefused`, kept as the source).
+    pub fn is_connection_refused(&self) -> bool {
+        matches!(self, EngineError::Transport(e) if e.is_connection_refused())
+    }
+
+    /// True when the same operation may succeed if tried again later, unchanged: a
+    /// timeout, or a transport failure that [`hmc_core::Error::is_retryable`] calls so.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            EngineError::Timeout { .. } => true,
+            EngineError::Transport(e) => e.is_retryable(),
+            _ => false,
+        }
+    }
+}
+
 /// The engine's result type.
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -66,12 +66,22 @@ pub fn open_transport_with(
         let c = hmc_transport_tcp::TcpCommunicator::bind(&PeerAddr::Tcp(bind), Default::default())?;
         Ok(AnyCommunicator::new(c))
     };
+    #[cfg(feature = "ucx")]
     let ucx = move || -> hmc_core::Result<AnyCommunicator> {
         let c = hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
             bind,
             ..hmc_transport_ucx::UcxConfig::default()
         })?;
         Ok(AnyCommunicator::new(c))
+    };
+    #[cfg(not(feature = "ucx"))]
+    let ucx = move || -> hmc_core::Result<AnyCommunicator> {
+        let _ = bind;
+        Err(hmc_core::Error::Unavailable {
+            what: "the UCX transport".into(),
+            reason: "this build of hmc-engine leaves out its `ucx` feature".into(),
+            hint: "build hmc-engine with its `ucx` feature (a default one), or choose tcp".into(),
+        })
     };
     let shm = || hmc_transport_shm::ShmCommunicator::bind(Default::default());
     match transport {

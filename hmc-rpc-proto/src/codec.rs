@@ -82,6 +82,20 @@ impl From<CodecError> for hmc_core::Error {
 }
 
 /// The codec's entry points.
+///
+/// # What to know before using it for an API
+///
+/// - **Byte fields.** serde gives this codec a `Vec<u8>` or `[u8]` field as a sequence of
+///   `u8`s, each a serde call. A field marked `#[serde(with = "serde_bytes")]`, a
+///   `serde_bytes::ByteBuf`, or a `bytes::Bytes` (feature `serde` of `bytes`) arrives as
+///   one byte string and is copied at once. The encoding is the same (a `u32` length,
+///   then the bytes), so either side may switch without the other noticing.
+/// - **No type tag.** The format is not self-describing and carries no type name or
+///   schema id: which type a payload holds is known only from the method id it came
+///   with. Decoding refuses truncated payloads and trailing bytes
+///   ([`CodecError::TrailingBytes`]), which catches most mismatched types, but two types
+///   of the same layout decode as each other. When a type's shape changes, give its
+///   method a new id, or lead the type with a version field that the receiver checks.
 pub struct RpcCodec;
 
 impl RpcCodec {

@@ -73,8 +73,9 @@ impl PayloadMode {
     }
 }
 
-/// Frame flags (byte 5).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// Frame flags (byte 5). `Debug` names them: `Flags(END | ONE_WAY)`, `Flags(NONE)`, and
+/// bits v1 does not define in hex (`Flags(END | 0x80)`).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Flags(pub u8);
 
 impl Flags {
@@ -88,6 +89,23 @@ impl Flags {
     /// True when every bit of `other` is set.
     pub fn contains(self, other: Flags) -> bool {
         self.0 & other.0 == other.0
+    }
+}
+
+impl fmt::Debug for Flags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut names = [(Flags::END, "END"), (Flags::ONE_WAY, "ONE_WAY")]
+            .into_iter()
+            .filter(|(flag, _)| self.contains(*flag))
+            .map(|(_, name)| name.to_string())
+            .collect::<Vec<_>>();
+        if self.0 & !Self::KNOWN != 0 {
+            names.push(format!("{:#x}", self.0 & !Self::KNOWN));
+        }
+        if names.is_empty() {
+            names.push("NONE".into());
+        }
+        write!(f, "Flags({})", names.join(" | "))
     }
 }
 
@@ -625,5 +643,14 @@ mod tests {
         assert_eq!(Status::OVERLOADED.to_string(), "OVERLOADED");
         assert_eq!(Status(1234).to_string(), "APP(1234)");
         assert_eq!(Status(50).to_string(), "RESERVED(50)");
+    }
+
+    #[rstest]
+    #[case::none(Flags(0), "Flags(NONE)")]
+    #[case::end(Flags::END, "Flags(END)")]
+    #[case::both(Flags::END | Flags::ONE_WAY, "Flags(END | ONE_WAY)")]
+    #[case::unknown_bits(Flags(0x81), "Flags(END | 0x80)")]
+    fn flags_debug_names_the_bits(#[case] flags: Flags, #[case] debug: &str) {
+        assert_eq!(format!("{flags:?}"), debug);
     }
 }

@@ -93,7 +93,7 @@ fn client_reports_a_missing_server_clearly() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("is hmc-rpc-server running there?"), "{err}");
+    assert!(err.contains("is an RPC server listening there?"), "{err}");
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! The device-staging check of the GPU check: a device-staged RPC echo and one-sided WRITE/READ between two processes, beside the same operations on host memory and the device's own copy bandwidth, in one run.
 //!
 //! ```text
-//! cargo run --release -p hmc-rpc --example device_staged -- --memory cuda [--mib 64] [--iters 5]
+//! cargo run --release -p hmc-rpc --example device_staged -- --memory cuda|rocm [--mib 64] [--iters 5]
 //! cargo run -p hmc-rpc --example device_staged -- --memory host --mib 4 --iters 2
 //! ```
 //!
@@ -65,7 +65,7 @@ fn parse_args() -> Result<Args, String> {
             "--serve" => a.serve = true,
             _ => {
                 return Err(format!(
-                    "unknown flag {flag}; usage: device_staged --memory host|cuda [--mib N] [--iters N]"
+                    "unknown flag {flag}; usage: device_staged --memory host|cuda|rocm [--mib N] [--iters N]"
                 ));
             }
         }
@@ -100,7 +100,17 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         },
-        other => Err(format!("--memory {other}: use host or cuda")),
+        "rocm" => match hmc_backend_rocm::RocmMemory::new(0) {
+            Ok(mem) => {
+                let pinned = Arc::new(mem.pinned());
+                rt.block_on(run(Arc::new(mem), pinned, &args))
+            }
+            Err(e) => {
+                eprintln!("no ROCm device: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        other => Err(format!("--memory {other}: use host, cuda or rocm")),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

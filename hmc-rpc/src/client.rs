@@ -14,12 +14,14 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 
 mod blocking;
+mod error;
 mod negotiate;
 
 pub use blocking::BlockingClient;
+pub use error::CallError;
 use negotiate::Negotiated;
 
-use crate::codec::{CodecError, RpcCodec};
+use crate::codec::RpcCodec;
 use crate::data_plane::{
     ClientDataPlane, DataPlaneConfig, DataPlaneStats, NoDataPlane, PreparedCall,
 };
@@ -60,70 +62,6 @@ pub struct CallOptions {
     /// HMC_BUFFER calls: bytes of the response region lent to the server (default: the
     /// request's length; 0 lends none). A larger response comes back TCP_STREAM.
     pub response_capacity: Option<usize>,
-}
-
-/// Why a call failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CallError {
-    /// The server answered with a non-OK status.
-    #[error("server answered {status}: {message}")]
-    Status {
-        /// The status.
-        status: Status,
-        /// The server's explanation.
-        message: String,
-    },
-    /// The deadline passed before the answer came; a CANCEL was sent.
-    #[error("deadline exceeded after {0:?}; pass a longer timeout in CallOptions")]
-    DeadlineExceeded(Duration),
-    /// The connection was lost after the call was sent: it may or may not have run, and
-    /// it is not replayed. The next call reconnects.
-    #[error(
-        "connection lost while the call was in flight ({0}); it may have run and is not replayed"
-    )]
-    ConnectionLost(String),
-    /// Could not connect.
-    #[error("connect failed: {0}")]
-    Connect(#[source] Error),
-    /// The call could not be started (payload over the limit, …).
-    #[error("call refused locally: {0}")]
-    Refused(#[from] StartError),
-    /// The request could not be encoded or the response decoded.
-    #[error("codec: {0}")]
-    Codec(#[from] CodecError),
-    /// Staging a device-resident payload or response through host memory failed.
-    #[error("device staging: {0}")]
-    Device(#[source] Error),
-}
-
-impl CallError {
-    /// The server's status, if it answered.
-    pub fn status(&self) -> Option<Status> {
-        match self {
-            CallError::Status { status, .. } => Some(*status),
-            CallError::DeadlineExceeded(_) => Some(Status::DEADLINE_EXCEEDED),
-            _ => None,
-        }
-    }
-}
-
-impl From<CallError> for Error {
-    fn from(e: CallError) -> Self {
-        match e {
-            CallError::Connect(e) => e,
-            CallError::DeadlineExceeded(d) => Error::DeadlineExceeded {
-                during: "RPC call",
-                elapsed: d,
-            },
-            CallError::Status { status, message } if status == Status::CANCELLED => {
-                Error::Cancelled(message)
-            }
-            CallError::ConnectionLost(why) => Error::peer("rpc server", why),
-            CallError::Device(e) => e,
-            other => Error::Protocol(other.to_string()),
-        }
-    }
 }
 
 /// What a call sends.
@@ -209,6 +147,38 @@ struct Inner {
 /// and connection task on one thread) can be markedly faster where waking a parked
 /// worker thread is dear (measured in `docs/benchmarks.md`, "Many small calls on one
 /// connection" in the README).
+///
+/// # Performance traps
+///
+/// - **`block_on` on a multi-thread runtime.** Driving each call with
+///   `runtime.block_on(client.call(..))` from outside the runtime parks and wakes a thread
+///   per call, and with several callers pipelining small calls that costs more than the
+///   call. Call from tasks inside the runtime (`tokio::spawn`, or `async fn main`), or
+///   drive calls with `block_on` on a current-thread runtime, or use the socket-level
+///   [`DirectClient`](crate::DirectClient), which needs no runtime. [`BlockingClient`]
+///   (its own one-worker runtime) pays two thread hops per call: fine for occasional
+///   calls, not for many small ones.
+/// - **`Vec<u8>` in typed calls.** [`Client::call_typed`] encodes with
+///   [`RpcCodec`]; a `Vec<u8>` field goes byte by byte. Mark it `#[serde(with =
+///   "serde_bytes")]` or use `bytes::Bytes`, or send bytes with [`Client::call`] (see
+///   [`Dispatcher`](crate::Dispatcher), "Typed methods: what to know").
+/// - **Type tags.** A typed payload carries no type tag; the method id is the type. A
+///   request of the wrong type with the same layout decodes at the server (see
+///   [`Dispatcher`](crate::Dispatcher)).
+///
+/// # Errors
+///
+/// [`CallError`] has one shape per condition; see its table.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), hmc_rpc::CallError> {
+/// use hmc_rpc::{Client, ClientConfig};
+///
+/// let client = Client::connect(&"tcp://127.0.0.1:7100".parse().unwrap(), ClientConfig::default())
+///     .await?;
+/// let sum: u64 = client.call_typed(7, &(2u64, 3u64)).await?;
+/// # let _ = sum; Ok(()) }
+/// ```
 pub struct Client<C: Communicator = NoDataPlane> {
     inner: Arc<Inner>,
     dp: Option<Arc<ClientDataPlane<C>>>,
@@ -699,10 +669,7 @@ async fn run_connection(
                                 None => Reply::Payload(payload),
                             })
                         } else {
-                            Err(CallError::Status {
-                                status,
-                                message: String::from_utf8_lossy(&payload).into_owned(),
-                            })
+                            Err(CallError::answered(status, &payload))
                         };
                         let _ = tx.send(r);
                         answered += 1;

@@ -46,14 +46,14 @@ impl Sock {
         match addr {
             PeerAddr::Tcp(a) => {
                 let s = TcpStream::connect_timeout(a, timeout).map_err(io(format!(
-                    "connecting to tcp://{a} (is hmc-rpc-server running there?)"
+                    "connecting to tcp://{a} (is an RPC server listening there?)"
                 )))?;
                 s.set_nodelay(true)
                     .map_err(io("setting TCP_NODELAY".into()))?;
                 Ok(Sock::Tcp(s))
             }
             PeerAddr::Unix(p) => UnixStream::connect(p).map(Sock::Unix).map_err(io(format!(
-                "connecting to unix://{} (is hmc-rpc-server running there?)",
+                "connecting to unix://{} (is an RPC server listening there?)",
                 p.display()
             ))),
             other => Err(CallError::Connect(Error::InvalidArgument(format!(
@@ -297,10 +297,7 @@ impl DirectClient {
                         return if status == Status::OK {
                             Ok(payload)
                         } else {
-                            Err(CallError::Status {
-                                status,
-                                message: String::from_utf8_lossy(&payload).into_owned(),
-                            })
+                            Err(CallError::answered(status, &payload))
                         };
                     }
                     ClientEvent::TimedOut { request_id } if request_id == id => {

@@ -276,6 +276,57 @@ where
 }
 
 /// Method id → handler.
+///
+/// # Cancellation
+///
+/// A call ends early when the client cancels it (drops its future), its deadline passes,
+/// or its connection goes away. Then, always in this order:
+///
+/// 1. The call's [`CallContext::cancel`] token fires, and the client is answered
+///    (`DEADLINE_EXCEEDED` or `CANCELLED`) without waiting for the handler.
+/// 2. An async handler is polled on for up to
+///    [`ServerConfig::handler_cancel_grace`](crate::ServerConfig::handler_cancel_grace)
+///    (100 ms): a handler that awaits `ctx.cancel.cancelled()` (in a `select!` beside its
+///    work) runs its cancel branch every time, and whatever it returns is discarded.
+/// 3. A handler still running after the grace is dropped at its current `.await`: put
+///    cleanup that must happen even then in a `Drop` guard, not after an `.await`.
+///
+/// Blocking handlers are never interrupted: they check [`CallContext::is_cancelled`] or
+/// [`CallContext::remaining`] themselves, and their answer is discarded.
+///
+/// ```no_run
+/// use hmc_rpc::{Dispatcher, RpcError, Status};
+///
+/// let mut d = Dispatcher::new();
+/// d.register(7, |ctx, n: u64| async move {
+///     tokio::select! {
+///         _ = tokio::time::sleep(std::time::Duration::from_millis(n)) => Ok(n),
+///         // Runs whenever the call is cancelled or expires while the sleep is pending.
+///         _ = ctx.cancel.cancelled() => Err(RpcError::new(Status::CANCELLED, "gave up")),
+///     }
+/// });
+/// ```
+///
+/// # Typed methods: what to know
+///
+/// - **Byte fields.** serde hands a `Vec<u8>` (or `[u8]`) field to [`RpcCodec`] as a
+///   sequence, one byte at a time, while a field marked `#[serde(with = "serde_bytes")]`,
+///   a `serde_bytes::ByteBuf`, or a `bytes::Bytes` (with `bytes`' `serde` feature) goes
+///   as one byte string: the same bytes on the wire, encoded and decoded as one copy
+///   instead of a serde call per byte, which dominates a call's cost for large fields.
+///   For payloads
+///   that are bytes only, skip the codec: [`Dispatcher::register_raw`] and
+///   [`Client::call`](crate::Client::call) move [`Bytes`] without a copy.
+/// - **No type tag on the wire.** A typed payload is its fields, nothing else: the method
+///   id is the only thing that says which type it is. The codec refuses a payload with
+///   bytes left over or too few, which catches most mismatches, but a request of another
+///   type with the same layout (`u64` vs `i64`, two structs of the same fields) decodes
+///   "successfully". Give every request type its own method id, and when a type changes
+///   shape, give it a new id (or make its first field a version or schema number your
+///   handler checks).
+/// - **Where handlers run.** A handler that is ready at once is answered on the
+///   connection's task; one that waits is spawned. Long CPU work belongs in
+///   [`Dispatcher::register_blocking`], which runs on the server's worker pool.
 #[derive(Clone, Default)]
 pub struct Dispatcher {
     methods: IdMap<u32, Handler>,

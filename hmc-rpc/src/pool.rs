@@ -305,7 +305,7 @@ impl<C: Communicator> BufferPool<C> {
             limit: "max_pool_bytes",
             value: len as u64,
             max: self.0.config.max_total_bytes as u64,
-            hint: "raise PoolConfig::max_total_bytes (--max-pool-bytes) or send less".into(),
+            hint: "raise PoolConfig::max_total_bytes or send less".into(),
         };
         let (class, size) = self.class_of(len).ok_or_else(too_large)?;
         let (reused, foreign) = {
@@ -349,7 +349,7 @@ impl<C: Communicator> BufferPool<C> {
                         limit: "max_pool_bytes",
                         value: (self.0.registered_bytes.load(Ordering::Acquire) + size) as u64,
                         max: max as u64,
-                        hint: "raise PoolConfig::max_total_bytes (--max-pool-bytes); calls fall back to TCP_STREAM meanwhile".into(),
+                        hint: "raise PoolConfig::max_total_bytes; calls fall back to TCP_STREAM meanwhile".into(),
                     });
                 }
                 match blocking(|| self.0.register(size)) {

@@ -50,6 +50,11 @@ pub struct ServerConfig {
     pub workers: usize,
     /// How long a graceful shutdown waits for calls in flight (`shutdown_grace`, 30 s).
     pub shutdown_grace: Duration,
+    /// How long an async handler keeps running after its call is cancelled
+    /// (`handler_cancel_grace`, 100 ms): the handler's `ctx.cancel` has fired, and the
+    /// runtime goes on polling it for up to this long so that it can see the token, clean
+    /// up and return; then its future is dropped. See [`Dispatcher`]'s "Cancellation".
+    pub handler_cancel_grace: Duration,
 }
 
 impl Default for ServerConfig {
@@ -61,6 +66,7 @@ impl Default for ServerConfig {
             max_held_bytes: 1 << 30,
             workers: 4,
             shutdown_grace: Duration::from_secs(30),
+            handler_cancel_grace: Duration::from_millis(100),
         }
     }
 }
@@ -276,8 +282,9 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>, mut shutdown: watc
 }
 
 fn refuse_connection(stream: &Stream, max: usize) {
-    let why =
-        format!("limit `max_connections` ({max}) reached; retry later or raise --max-connections");
+    let why = format!(
+        "limit `max_connections` ({max}) reached; retry later or raise the server's ServerConfig::max_connections"
+    );
     let mut h = FrameHeader::new(FrameKind::GoAway, 0);
     h.status = Status::OVERLOADED;
     h.body_len = why.len() as u32;
@@ -515,6 +522,41 @@ fn respond_now(core: &mut ServerConn, c: Completion, now: Instant) {
     }
 }
 
+/// Runs a handler's future until it completes; once `token` fires (the call was
+/// cancelled, expired or lost its connection), goes on polling it for up to `grace` so
+/// that a handler waiting on `ctx.cancel` always sees it and returns, and only then
+/// drops it, answering with `on_cancel()`. The handler's own answer after a cancel is
+/// used as the completion (the core discards completions of abandoned calls).
+async fn until_cancelled<T>(
+    fut: impl Future<Output = T>,
+    token: &CancelToken,
+    grace: Duration,
+    on_cancel: impl FnOnce() -> T,
+) -> T {
+    let mut fut = std::pin::pin!(fut);
+    tokio::select! {
+        // The handler first: a handler that completes in the same wake-up as the cancel
+        // keeps its answer.
+        biased;
+        r = &mut fut => return r,
+        _ = token.cancelled() => {}
+    }
+    match tokio::time::timeout(grace, fut).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::debug!(
+                ?grace,
+                "a cancelled handler did not return within `handler_cancel_grace`; dropping it"
+            );
+            on_cancel()
+        }
+    }
+}
+
+fn cancelled() -> RpcError {
+    RpcError::new(Status::CANCELLED, "cancelled")
+}
+
 fn start_call(
     shared: &Arc<Shared>,
     conn_use: &Arc<ConnUse>,
@@ -588,11 +630,10 @@ fn start_call(
             None => Work::Bytes(runner(shared.clone(), handler.clone(), ctx)),
         };
         let serving = dp.serve(conn_use, payload, len, deadline, work);
+        let grace = shared.config.handler_cancel_grace;
         tokio::spawn(async move {
-            let served = tokio::select! {
-                s = serving => s,
-                _ = token.cancelled() => Served::Answer(Err(RpcError::new(Status::CANCELLED, "cancelled"))),
-            };
+            let served =
+                until_cancelled(serving, &token, grace, || Served::Answer(Err(cancelled()))).await;
             drop(permit);
             let (result, in_buffer) = match served {
                 Served::Answer(r) => (r, None),
@@ -616,12 +657,12 @@ fn start_call(
             None => DeviceRequest::Host(payload),
         };
         let token = ctx.cancel.clone();
-        let running = route.run(ctx, request);
+        let running = AssertUnwindSafe(route.run(ctx, request)).catch_unwind();
+        let grace = shared.config.handler_cancel_grace;
         tokio::spawn(async move {
-            let r = tokio::select! {
-                r = AssertUnwindSafe(running).catch_unwind() => r.unwrap_or_else(|p| Err(panicked(method, p))),
-                _ = token.cancelled() => Err(RpcError::new(Status::CANCELLED, "cancelled")),
-            };
+            let r = until_cancelled(running, &token, grace, || Ok(Err(cancelled())))
+                .await
+                .unwrap_or_else(|p| Err(panicked(method, p)));
             drop(permit);
             let (result, fed) = match r {
                 Ok(DeviceReply::Host(b)) => (Ok(b), None),
@@ -677,11 +718,11 @@ fn start_call(
                 respond_now(core, c, Instant::now());
                 return;
             }
+            let grace = shared.config.handler_cancel_grace;
             tokio::spawn(async move {
-                let result = tokio::select! {
-                    r = fut => r.unwrap_or_else(|p| Err(panicked(method, p))),
-                    _ = token.cancelled() => Err(RpcError::new(Status::CANCELLED, "cancelled")),
-                };
+                let result = until_cancelled(fut, &token, grace, || Ok(Err(cancelled())))
+                    .await
+                    .unwrap_or_else(|p| Err(panicked(method, p)));
                 drop(permit);
                 let _ = done.send(Completion {
                     request_id: id,

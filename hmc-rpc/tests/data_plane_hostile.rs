@@ -195,7 +195,7 @@ async fn a_descriptor_naming_an_address_outside_the_rule_is_not_dialled(#[case] 
     let why = String::from_utf8_lossy(&body);
     assert_eq!((h.request_id, h.status), (1, Status::DATA_PLANE), "{why}");
     assert!(
-        why.contains("refusing to dial") && why.contains("--data-plane-allow"),
+        why.contains("refusing to dial") && why.contains("DataPlaneConfig::allow"),
         "names the rule and the flag: {why}"
     );
     assert!(

@@ -1,27 +1,12 @@
 //! Runs the GPU check's device-staging example (`examples/device_staged.rs`) with host memory standing in for the device, so the script a GPU machine runs is itself tested here: two processes, every byte checked, a table printed.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-/// `target/<profile>/examples/device_staged`, which `cargo test` builds with the tests.
-fn example() -> PathBuf {
-    let deps = std::env::current_exe().expect("the test binary's path");
-    let profile = deps
-        .parent()
-        .and_then(|d| d.parent())
-        .expect("target/<profile>/deps/<test>");
-    let exe = profile.join("examples").join("device_staged");
-    assert!(
-        exe.exists(),
-        "{} is missing: run the whole suite (`cargo test -p hmc-rpc`), which builds the examples",
-        exe.display()
-    );
-    exe
-}
+use hmc_core::testing::example_binary;
 
 #[test]
 fn device_staged_check_runs_between_two_processes_with_host_memory() {
-    let out = Command::new(example())
+    let out = Command::new(example_binary("device_staged"))
         .args(["--memory", "host", "--mib", "3", "--iters", "2"])
         .output()
         .expect("run the example");
@@ -47,7 +32,7 @@ fn device_staged_check_runs_between_two_processes_with_host_memory() {
 
 #[test]
 fn device_staged_check_refuses_bad_flags_and_reports_a_missing_gpu() {
-    let out = Command::new(example())
+    let out = Command::new(example_binary("device_staged"))
         .args(["--mib", "0"])
         .output()
         .expect("run the example");
@@ -55,7 +40,7 @@ fn device_staged_check_refuses_bad_flags_and_reports_a_missing_gpu() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("at least 1"));
     // Without a CUDA driver (these machines), `--memory cuda` says so and exits 2;
     // with one, this only checks that the flag is accepted.
-    let out = Command::new(example())
+    let out = Command::new(example_binary("device_staged"))
         .args(["--memory", "cuda", "--mib", "1", "--iters", "1"])
         .output()
         .expect("run the example");

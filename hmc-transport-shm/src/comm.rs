@@ -477,8 +477,14 @@ impl ShmCommunicator {
         peer: PeerAddr,
         deadline: Deadline,
     ) -> Result<(UnixStream, PeerCred, Option<String>)> {
-        let s = UnixStream::connect(&path)
-            .map_err(|e| Error::peer(&peer, format!("cannot connect to the side channel: {e}")))?;
+        // The OS error stays the source, as from every transport's connect (a refusal is
+        // `io::ErrorKind::ConnectionRefused`).
+        let s = UnixStream::connect(&path).map_err(|e| {
+            Error::io(
+                format!("connecting to {peer}'s side channel (is a peer listening there?)"),
+                e,
+            )
+        })?;
         let cred = cma::peer_cred(&s).map_err(|e| Error::io("reading SO_PEERCRED", e))?;
         let left = deadline.remaining().max(Duration::from_millis(1));
         s.set_read_timeout(Some(left))

@@ -450,7 +450,18 @@ impl TcpEndpoint {
         };
         let stream = match pooled {
             Some(s) => s,
-            None => TcpCommunicator::dial(shared, &self.inner.peer, deadline).await?,
+            // The endpoint's peer was reachable once: failing to reach it again means it
+            // went away (Error::Peer), the same shape as losing it mid-transfer; only
+            // `connect` reports a refusal as the io::Error it is.
+            None => TcpCommunicator::dial(shared, &self.inner.peer, deadline)
+                .await
+                .map_err(|e| match e {
+                    Error::Io { source, .. } => Error::peer(
+                        &self.inner.peer,
+                        format!("gone: reconnecting to it failed ({source}); connect again once it is back"),
+                    ),
+                    e => e,
+                })?,
         };
         Ok((slot, stream))
     }
@@ -667,8 +678,9 @@ impl TcpCommunicator {
         let start = Instant::now();
         let mut closed = self.shared.closed.subscribe();
         tokio::select! {
-            r = tokio::time::timeout_at(deadline.instant().into(), work) => {
-                r.unwrap_or_else(|_| Err(Error::DeadlineExceeded { during, elapsed: start.elapsed() }))
+            r = work => r,
+            _ = crate::wait::sleep_until_precise(deadline.instant()) => {
+                Err(Error::DeadlineExceeded { during, elapsed: start.elapsed() })
             }
             _ = closed.wait_for(|c| *c) => Err(Error::Closed(format!(
                 "the TcpCommunicator at {} was closed during {during}", self.shared.addr

@@ -40,9 +40,11 @@ impl Stream {
             Ok(Err(e)) if e.kind() == io::ErrorKind::Unsupported => Err(Error::InvalidArgument(
                 format!("cannot dial {addr}: use a tcp://IP:PORT or unix:///path address"),
             )),
-            Ok(Err(e)) => Err(Error::peer(
-                addr,
-                format!("connect failed: {e}; check that the peer is listening there"),
+            // The OS error stays the source, so a caller can tell a refusal
+            // (`io::ErrorKind::ConnectionRefused`) from an unreachable host.
+            Ok(Err(e)) => Err(Error::io(
+                format!("connecting to {addr} (is a peer listening there?)"),
+                e,
             )),
             Err(_) => Err(Error::DeadlineExceeded {
                 during: "connect",

@@ -160,7 +160,7 @@ async fn accept_hello(
             return refuse(
                 format!(
                     "{} requires authentication with a pre-shared secret: set the same \
-                     TcpConfig::auth_secret on the dialler (hmc-tcp-peer: --auth-secret-file)",
+                     TcpConfig::auth_secret on the dialler",
                     shared.addr
                 ),
                 version,

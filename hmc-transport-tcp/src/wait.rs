@@ -1,10 +1,30 @@
 //! Waiting on shared state: a `Notify` paired with a mutex, bounded by a `Deadline`.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hmc_core::{Deadline, Error, Result};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
+
+/// How long before an operation's deadline [`sleep_until_precise`] stops trusting the
+/// timer and yields to the runtime instead.
+const PRECISE_TAIL: Duration = Duration::from_millis(2);
+
+/// Completes once `until` has passed, within microseconds of it on an idle runtime.
+///
+/// Tokio's timer rounds a deadline up to its next millisecond tick, and a parked worker
+/// wakes some time after that, so on the timer alone a deadline a millisecond away ends
+/// an operation late by more than the deadline itself. This sleeps on the timer until [`PRECISE_TAIL`] before `until`, then yields to the
+/// runtime until the instant passes: CPU is spent only in an operation's last
+/// [`PRECISE_TAIL`], and only while it is still running then.
+pub(crate) async fn sleep_until_precise(until: Instant) {
+    if let Some(coarse) = until.checked_sub(PRECISE_TAIL) {
+        tokio::time::sleep_until(coarse.into()).await;
+    }
+    while Instant::now() < until {
+        tokio::task::yield_now().await;
+    }
+}
 
 /// State guarded by a mutex, with a `Notify` that is fired after every change.
 #[derive(Debug, Default)]

@@ -282,7 +282,12 @@ async fn connecting_to_something_that_is_not_a_peer_fails_clearly() {
         .connect(&"tcp://127.0.0.1:1".parse().unwrap(), soon())
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::Peer { .. }), "{err:?}");
+    assert_eq!(
+        err.io_kind(),
+        Some(std::io::ErrorKind::ConnectionRefused),
+        "{err:?}"
+    );
+    assert!(err.is_connection_refused() && err.is_retryable(), "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -936,7 +936,11 @@ fn connect_thread(
                 elapsed: Duration::ZERO,
             }
         } else {
-            Error::peer(addr, format!("control connection failed: {e}"))
+            // The OS error stays the source: a refusal is `io::ErrorKind::ConnectionRefused`.
+            Error::io(
+                format!("connecting to tcp://{addr} (is a UCX peer listening there?)"),
+                e,
+            )
         }
     };
     let remaining = deadline.remaining();

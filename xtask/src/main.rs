@@ -22,11 +22,17 @@ usage: cargo xtask <command>
                        (--long adds the long-running soak tests)
   bench <transfer|rpc|ucx|shm|engine|all> [--quick]
                        benchmarks side by side with iperf3 / tonic / ucx_perftest
-  matrix               detect runtimes and devices, run what can run here, print the
-                       support table
+  matrix [CRATE...] [--json PATH]
+                       per crate (all by default): build it alone with and without its
+                       default features, run its tests as `test` does (failing tests
+                       named); detect runtimes and devices; print the support table
+                       (JSON: target/matrix.json)
   gpu-bundle           build the GPU check (CUDA tests, copy bandwidth, device-staged RPC
                        and one-sided transfers) as release binaries in target/gpu-bundle
                        with run.sh, for a GPU machine that has no Rust toolchain
+  hw-bundle <cuda|rocm|mlu|musa|ascend|rdma>
+                       the same for one backend, in target/hw-bundle/<kind>: its tests and
+                       examples; run.sh prints the support-table row it verifies
   fuzz [target] [--seconds N]
                        build the libFuzzer targets in fuzz/ with stable rustc and run each
                        for N seconds (default 60)
@@ -49,9 +55,10 @@ fn main() -> ExitCode {
         Some("demo") => demo(),
         Some("test") => test(args.iter().any(|a| a == "--long")),
         Some("bench") => bench(&args[1..]),
-        Some("matrix") => matrix(),
+        Some("matrix") => matrix(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         Some("gpu-bundle") => gpu_bundle(),
+        Some("hw-bundle") => hw_bundle(&args[1..]),
         Some("tidy") => tidy::run(&root()),
         Some("ucx-wheel") => ucx_wheel(&args[1..]),
         Some("new-backend") => scaffold::run(&root(), &args[1..]).map(drop),
@@ -188,17 +195,42 @@ fn ensure_system_packages() -> Result {
 fn test(long: bool) -> Result {
     ensure_system_packages()?;
     tidy::run(&root())?;
-    // Benchmarks and examples are built (so they cannot rot) but not run: benchmarks are
-    // `cargo xtask bench`'s job, and the examples need hardware.
-    run(cargo().args(["build", "--workspace", "--benches", "--examples"]))?;
-    let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--lib", "--bins", "--tests"]);
-    if long {
-        cmd.env("HMC_LONG_TESTS", "1");
+    for mut step in test_steps(&["--workspace"], true, long) {
+        run(&mut step)?;
     }
-    run(&mut cmd)?;
+    Ok(())
+}
+
+/// The cargo commands of `cargo xtask test` for `scope` (`--workspace`, or `-p <crate>`
+/// for `cargo xtask matrix`, which runs the same ones per crate so that both give the
+/// same verdict). `lib`: the scope has a library (its tests and doc tests run).
+fn test_steps(scope: &[&str], lib: bool, long: bool) -> Vec<Command> {
+    // Benchmarks and examples are built first (so they cannot rot, and so that the tests
+    // that run an example find it in target/<profile>/examples; `cargo test
+    // --all-targets` would build examples only as test harnesses). Benchmarks are `cargo
+    // xtask bench`'s job to run.
+    let mut build = cargo();
+    build
+        .args(["build"])
+        .args(scope)
+        .args(["--benches", "--examples"]);
+    let mut tests = cargo();
+    tests.arg("test").args(scope);
+    if lib {
+        tests.arg("--lib");
+    }
+    tests.args(["--bins", "--tests"]);
+    if long {
+        tests.env("HMC_LONG_TESTS", "1");
+    }
+    let mut steps = vec![build, tests];
     // Doc tests are not part of --all-targets.
-    run(cargo().args(["test", "--workspace", "--doc"]))
+    if lib {
+        let mut doc = cargo();
+        doc.arg("test").args(scope).arg("--doc");
+        steps.push(doc);
+    }
+    steps
 }
 
 fn bench(args: &[String]) -> Result {
@@ -382,6 +414,9 @@ fn demo() -> Result {
         "-p",
         "hmc-rpc-tools",
         "--bins",
+        // The peer binary is not a default feature of the library.
+        "--features",
+        "hmc-transport-tcp/peer-bin",
     ]))?;
     let bin = |name: &str| root().join("target/release").join(name);
     demo::one_sided(&bin("hmc-tcp-peer"))?;
@@ -391,8 +426,8 @@ fn demo() -> Result {
 mod demo;
 mod matrix;
 
-fn matrix() -> Result {
-    matrix::run()
+fn matrix(args: &[String]) -> Result {
+    matrix::run(args)
 }
 
 fn fuzz(args: &[String]) -> Result {
@@ -459,113 +494,20 @@ fn fuzz(args: &[String]) -> Result {
     Ok(())
 }
 
-/// Builds the GPU check as plain release binaries in `target/gpu-bundle/` with a `run.sh`
-/// that runs them all and writes `cuda-check.txt` to `$OUT` (or the bundle): the way to
-/// run it on a lent GPU machine, which has no Rust toolchain. Same steps as
-/// `hmc-backend-cuda/gpu-check.sh`, which needs cargo.
+/// The GPU check (`cargo xtask hw-bundle cuda`) in `target/gpu-bundle/`, where the README
+/// and the device tool's notes have always found it.
 fn gpu_bundle() -> Result {
-    let dir = root().join("target/gpu-bundle");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    // The CUDA crate's own tests (unit, memory conformance kit, device tests; the ABI-shim
-    // test needs a C compiler and checks nothing a real GPU would not).
-    let out = cargo()
-        .args([
-            "test",
-            "--release",
-            "--no-run",
-            "--message-format=json",
-            "-p",
-            "hmc-backend-cuda",
-            "--lib",
-            "--test",
-            "conformance",
-            "--test",
-            "cuda",
-        ])
-        .output()
-        .map_err(|e| format!("cargo test --no-run: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "building the CUDA tests failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let mut tests = Vec::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if let Some(exe) = json_string_field(line, "executable") {
-            let src = PathBuf::from(exe);
-            let name = src
-                .file_name()
-                .ok_or(format!("odd test path {}", src.display()))?
-                .to_string_lossy()
-                .into_owned();
-            std::fs::copy(&src, dir.join(&name)).map_err(|e| format!("copying {name}: {e}"))?;
-            tests.push(name);
-        }
-    }
-    if tests.len() != 3 {
-        return Err(format!("expected 3 CUDA test binaries, found {tests:?}"));
-    }
-    run(cargo().args([
-        "build",
-        "--release",
-        "-p",
-        "hmc-backend-cuda",
-        "--example",
-        "cuda_bandwidth",
-        "-p",
-        "hmc-rpc",
-        "--example",
-        "device_staged",
-    ]))?;
-    for ex in ["cuda_bandwidth", "device_staged"] {
-        let built = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| root().join("target"))
-            .join("release/examples")
-            .join(ex);
-        std::fs::copy(&built, dir.join(ex)).map_err(|e| format!("copying {ex}: {e}"))?;
-    }
-    let mut script = String::from(
-        "#!/usr/bin/env bash\n\
-         # The GPU check, built by `cargo xtask gpu-bundle`: CUDA tests, copy bandwidth\n\
-         # beside a plain cuMemcpy loop, device-staged RPC echo and one-sided transfers.\n\
-         set -uo pipefail\n\
-         cd \"$(dirname \"$0\")\"\n\
-         out=\"${OUT:-.}/cuda-check.txt\"\n\
-         {\n\
-         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true\n",
-    );
-    for t in &tests {
-        script.push_str(&format!("echo \"== {t}\"; ./{t} --test-threads=1 2>&1\n"));
-    }
-    script.push_str(
-        "echo '== cuda_bandwidth'; ./cuda_bandwidth 256 20 2>&1\n\
-         echo '== device_staged'; ./device_staged --memory cuda --mib 64 --iters 5 2>&1\n\
-         } | tee \"$out\"\n",
-    );
-    // Without debug info the bundle is a few MiB (the device tool carries at most 64).
-    let mut strip = Command::new("strip");
-    for f in tests
-        .iter()
-        .map(String::as_str)
-        .chain(["cuda_bandwidth", "device_staged"])
-    {
-        strip.arg(dir.join(f));
-    }
-    run(&mut strip)?;
-    let sh = dir.join("run.sh");
-    std::fs::write(&sh, script).map_err(|e| format!("writing {}: {e}", sh.display()))?;
-    run(Command::new("chmod").arg("+x").arg(&sh))?;
-    eprintln!(
-        "xtask: GPU check bundled in {} ({} test binaries, 2 examples); on the GPU machine run \
-         `bash target/gpu-bundle/run.sh` (device tool: carry [\"target/gpu-bundle\"])",
-        dir.display(),
-        tests.len()
-    );
-    Ok(())
+    bundle::build("cuda", &root().join("target/gpu-bundle"))
 }
+
+fn hw_bundle(args: &[String]) -> Result {
+    let kind = args
+        .first()
+        .ok_or_else(|| format!("hw-bundle needs a kind: {}", bundle::kinds().join("|")))?;
+    bundle::build(kind, &root().join("target/hw-bundle").join(kind))
+}
+
+mod bundle;
 
 /// Fetches a newer UCX than Debian's from PyPI (RAPIDS' `libucx-cu12` wheel: libucp, its
 /// transports including CUDA ones, headers and `ucx_perftest`) and runs the UCX crate's

@@ -39,13 +39,7 @@ fn desc<'a, C: Communicator>(
     remote_offset: u64,
     len: usize,
 ) -> TransferDesc<'a, C> {
-    TransferDesc {
-        local,
-        local_offset,
-        remote,
-        remote_offset,
-        len,
-    }
+    TransferDesc::new(local, local_offset, remote, remote_offset, len)
 }
 
 async fn connect<C: Communicator, M: Memory>(p: &Peers<C, M>) -> C::Endpoint {

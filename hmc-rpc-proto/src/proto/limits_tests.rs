@@ -154,7 +154,11 @@ fn incomplete_streams_are_admitted_only_within_the_connection_budget_and_expire(
     assert_eq!(a.len(), 1, "{a:?}");
     assert_eq!((a[0].0, a[0].1), (3, Status::OVERLOADED));
     assert!(a[0].2.contains("max_conn_held_bytes"), "{}", a[0].2);
-    assert!(a[0].2.contains("--max-conn-held-bytes"), "{}", a[0].2);
+    assert!(
+        a[0].2.contains("ConnConfig::max_conn_held_bytes"),
+        "{}",
+        a[0].2
+    );
     s.settle(now);
     assert!(budget.held() >= 8 << 20, "both admitted bodies are charged");
     assert_eq!(budget.stats().refused_conn_budget, 1);
@@ -272,7 +276,11 @@ fn the_process_budget_is_shared_by_connections() {
     let got = answers(&mut b);
     assert_eq!(got[0].1, Status::OVERLOADED);
     assert!(got[0].2.contains("max_held_bytes"), "{}", got[0].2);
-    assert!(got[0].2.contains("--max-held-bytes"), "{}", got[0].2);
+    assert!(
+        got[0].2.contains("ServerConfig::max_held_bytes"),
+        "{}",
+        got[0].2
+    );
     assert_eq!(budget.stats().refused_process_budget, 1);
     // Connection a goes away: its bytes are released and b's next call is admitted.
     drop(a);

@@ -417,7 +417,7 @@ impl ServerConn {
         }
         if self.inflight.len() >= self.f.cfg.max_inflight {
             let why = format!(
-                "limit `max_inflight_per_conn` reached ({}); wait for answers or raise --max-inflight",
+                "limit `max_inflight_per_conn` reached ({}); wait for answers or raise the server's ConnConfig::max_inflight",
                 self.f.cfg.max_inflight
             );
             refuse(self, Status::OVERLOADED, &why);
@@ -435,7 +435,7 @@ impl ServerConn {
         if held.saturating_add(need) > conn_limit {
             self.budget.bump(Event::RefusedConnBudget);
             let why = format!(
-                "limit `max_conn_held_bytes` ({conn_limit}) reached: this connection's calls and unread answers hold {held} bytes and this request needs {need}; read the answers, wait for calls to finish, or raise the server's --max-conn-held-bytes"
+                "limit `max_conn_held_bytes` ({conn_limit}) reached: this connection's calls and unread answers hold {held} bytes and this request needs {need}; read the answers, wait for calls to finish, or raise the server's ConnConfig::max_conn_held_bytes"
             );
             refuse(self, Status::OVERLOADED, &why);
             return Ok(());
@@ -444,7 +444,7 @@ impl ServerConn {
         if total.saturating_add(need) > self.budget.limit() {
             self.budget.bump(Event::RefusedProcessBudget);
             let why = format!(
-                "limit `max_held_bytes` ({}) reached: the server holds {total} bytes for its clients and this request needs {need}; retry later or raise the server's --max-held-bytes",
+                "limit `max_held_bytes` ({}) reached: the server holds {total} bytes for its clients and this request needs {need}; retry later or raise the server's ServerConfig::max_held_bytes",
                 self.budget.limit()
             );
             refuse(self, Status::OVERLOADED, &why);
@@ -760,7 +760,7 @@ impl ServerConn {
             if !skipped {
                 self.budget.bump(Event::StreamStalled);
                 let why = format!(
-                    "the request body stalled: no DATA for `stream_idle_timeout` ({idle:?}); send whole bodies promptly or raise the server's --stream-idle-timeout-secs"
+                    "the request body stalled: no DATA for `stream_idle_timeout` ({idle:?}); send whole bodies promptly or raise the server's ConnConfig::stream_idle_timeout"
                 );
                 self.abandon(id, Status::DEADLINE_EXCEEDED, &why);
             }
@@ -793,7 +793,7 @@ impl ServerConn {
         if self.f.has_tx() && now >= self.tx_progress.1 + self.f.cfg.write_stall_timeout {
             self.budget.bump(Event::ClosedWriteStall);
             let why = format!(
-                "the client read none of its answers for `write_stall_timeout` ({:?}); read answers as they come or raise the server's --write-stall-timeout-secs",
+                "the client read none of its answers for `write_stall_timeout` ({:?}); read answers as they come or raise the server's ConnConfig::write_stall_timeout",
                 self.f.cfg.write_stall_timeout
             );
             self.close(Status::OVERLOADED, &why);

@@ -115,7 +115,7 @@ pub(super) fn in_net(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
 }
 
 /// The hint every dial refusal ends with.
-pub(super) const ALLOW_HINT: &str = "if this address is meant, start the server with --data-plane-allow CIDR|unix-path-prefix (DataPlaneConfig::allow)";
+pub(super) const ALLOW_HINT: &str = "if this address is meant, add it to the server's DataPlaneConfig::allow (a CIDR or a Unix socket path prefix)";
 
 /// The dial rule: may the server connect to `addr`, named by a descriptor that came over
 /// the RPC connection from `peer`? Nothing is sent anywhere to decide. `Err` says which
@@ -392,7 +392,7 @@ mod tests {
         );
         let e = ok(&remote, "tcp://192.0.2.8:40000").unwrap_err();
         assert!(
-            e.contains("RPC peer's own IP") && e.contains("--data-plane-allow"),
+            e.contains("RPC peer's own IP") && e.contains("DataPlaneConfig::allow"),
             "{e}"
         );
         let e = ok(&remote, "tcp://192.0.2.7:22").unwrap_err();

@@ -246,7 +246,7 @@ impl<C: Communicator> ServerDp<C> {
     ) -> std::result::Result<(), RpcError> {
         if r.transport != self.comm.transport() {
             return Err(dp_error(format!(
-                "the {what} region is a {:?} region but this server's data plane is {:?};                  start both peers with the same --data-plane",
+                "the {what} region is a {:?} region but this server's data plane is {:?}; give both peers a data plane over the same transport",
                 r.transport,
                 self.comm.transport()
             )));

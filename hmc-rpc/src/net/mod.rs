@@ -51,7 +51,7 @@ impl Stream {
                 format!("{addr} is not an RPC address; use tcp://IP:PORT or unix:///path"),
             )),
             Err(e) => Err(Error::io(
-                format!("connecting to {addr} (is hmc-rpc-server running there?)"),
+                format!("connecting to {addr} (is an RPC server listening there?)"),
                 e,
             )),
         }

@@ -102,8 +102,7 @@ pub(super) async fn read_hello(inner: &Inner, stream: &mut Stream) -> std::io::R
         (Some(_), HELLO_VERSION) => Ok(refuse(
             format!(
                 "rank {} requires authentication with a pre-shared secret: set the same \
-                 ControlPlaneConfig::auth_secret on the dialler (hmc-tcp-peer: \
-                 --auth-secret-file)",
+                 ControlPlaneConfig::auth_secret on the dialler",
                 inner.rank
             ),
             true,
