@@ -94,6 +94,21 @@ pub fn build_shim(source: &Path, name: &str, out_dir: &Path) -> Result<PathBuf, 
     Ok(out)
 }
 
+/// Compiles the user-space stand-in for `libibverbs.so.1` (`shim/ibverbs_standin.c`,
+/// written against the installed `<infiniband/verbs.h>`, so `libibverbs-dev` must be
+/// installed) into `out_dir` and returns its path, for `HMC_IBVERBS_LIB`.
+///
+/// The stand-in is a per-process fake NIC that moves bytes between real processes over
+/// abstract Unix sockets (see the file's opening comment for what it enforces and its
+/// fault injection variables). It checks the RDMA transport's use of verbs, not a NIC.
+pub fn build_ibverbs_standin(out_dir: &Path) -> Result<PathBuf, String> {
+    build_shim(
+        &core_include_dir().join("ibverbs_standin.c"),
+        "ibverbs",
+        out_dir,
+    )
+}
+
 fn is_fresh(out: &Path, inputs: &[&Path]) -> bool {
     let Ok(built) = std::fs::metadata(out).and_then(|m| m.modified()) else {
         return false;

@@ -146,6 +146,16 @@ const PACKAGES: &[SystemPackage] = &[
         present: || on_path("iperf3"),
     },
     SystemPackage {
+        name: "libibverbs1",
+        why: "the RDMA binding test checks its symbols against rdma-core's libibverbs.so.1",
+        present: || lib_present("libibverbs.so.1"),
+    },
+    SystemPackage {
+        name: "libibverbs-dev",
+        why: "the RDMA binding test and its libibverbs stand-in are compiled against verbs.h",
+        present: || file_exists_any(&["/usr/include/infiniband/verbs.h"]),
+    },
+    SystemPackage {
         name: "gcc",
         why: "the device ABI shims are compiled at test time",
         present: || on_path("cc"),
