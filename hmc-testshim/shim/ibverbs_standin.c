@@ -32,6 +32,7 @@
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -65,6 +66,13 @@ struct wire_req {
     uint64_t raddr;
     uint8_t src_gid[16];
 };
+
+/* The NIC's threads run this library's code: never let a dlclose unmap it. */
+__attribute__((constructor)) static void pin_library(void) {
+    Dl_info info;
+    if (dladdr((void *)pin_library, &info) && info.dli_fname)
+        dlopen(info.dli_fname, RTLD_NOW | RTLD_NODELETE | RTLD_NOLOAD);
+}
 
 /* ---------- process-wide state ---------- */
 

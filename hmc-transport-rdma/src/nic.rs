@@ -56,7 +56,7 @@ pub(crate) struct NicChoice<'a> {
 
 /// One opened device with its PD, CQ and completion channel.
 pub(crate) struct Nic {
-    pub verbs: Verbs,
+    pub verbs: Arc<Verbs>,
     pub ctx: *mut ibv_context,
     pub pd: *mut ibv_pd,
     pub channel: *mut ibv_comp_channel,
@@ -107,30 +107,18 @@ impl Nic {
         // SAFETY: `list` holds `n` device pointers.
         let devices: Vec<*mut ibv_device> =
             (0..n as usize).map(|i| unsafe { *list.add(i) }).collect();
-        let result = Self::open_from(verbs, &devices, choice);
-        // The list can go once a device is opened (the context keeps its device alive);
-        // `open_from` moved `verbs` in, so free through the copy it returns or leak-free
-        // path below.
-        match result {
-            Ok(nic) => {
-                // SAFETY: the list came from this library's ibv_get_device_list.
-                unsafe { (nic.verbs.ibv_free_device_list)(list) };
-                Ok(nic)
-            }
-            Err((verbs, e)) => {
-                // SAFETY: as above.
-                unsafe { (verbs.ibv_free_device_list)(list) };
-                Err(e)
-            }
-        }
+        let result = Self::open_from(&verbs, &devices, choice);
+        // SAFETY: the list came from this library's ibv_get_device_list; an opened context
+        // keeps its device alive.
+        unsafe { (verbs.ibv_free_device_list)(list) };
+        result
     }
 
-    #[allow(clippy::result_large_err)]
     fn open_from(
-        verbs: Verbs,
+        verbs: &Arc<Verbs>,
         devices: &[*mut ibv_device],
         choice: &NicChoice<'_>,
-    ) -> std::result::Result<Arc<Nic>, (Verbs, Error)> {
+    ) -> Result<Arc<Nic>> {
         let mut names = Vec::new();
         let mut why = Vec::new();
         for &dev in devices {
@@ -151,8 +139,8 @@ impl Nic {
                 ));
                 continue;
             }
-            match Self::probe(&verbs, ctx, choice) {
-                Ok(p) => return Self::finish(verbs, ctx, name, p, choice.cq_depth),
+            match Self::probe(verbs, ctx, choice) {
+                Ok(p) => return Self::finish(verbs.clone(), ctx, name, p, choice.cq_depth),
                 Err(e) => {
                     why.push(format!("{name}: {e}"));
                     // SAFETY: opened above, nothing else made from it.
@@ -160,7 +148,7 @@ impl Nic {
                 }
             }
         }
-        let e = Error::Unavailable {
+        Err(Error::Unavailable {
             what: match choice.device {
                 Some(d) => format!("RDMA device {d}"),
                 None => "an RDMA device with an active port".into(),
@@ -177,8 +165,7 @@ impl Nic {
             hint: "check `ibv_devinfo` (a port must be PORT_ACTIVE), or name another device \
                    and port in RdmaConfig"
                 .into(),
-        };
-        Err((verbs, e))
+        })
     }
 
     fn probe(verbs: &Verbs, ctx: *mut ibv_context, choice: &NicChoice<'_>) -> Result<Probe> {
@@ -264,14 +251,13 @@ impl Nic {
         })
     }
 
-    #[allow(clippy::result_large_err)]
     fn finish(
-        verbs: Verbs,
+        verbs: Arc<Verbs>,
         ctx: *mut ibv_context,
         name: String,
         p: Probe,
         cq_depth: u32,
-    ) -> std::result::Result<Arc<Nic>, (Verbs, Error)> {
+    ) -> Result<Arc<Nic>> {
         let cq_depth = cq_depth.min(p.dev.max_cqe.max(1) as u32);
         // SAFETY: `ctx` is open; every object made here is freed in `Drop` or on failure.
         let pd = unsafe { (verbs.ibv_alloc_pd)(ctx) };
@@ -301,10 +287,7 @@ impl Nic {
                 }
                 (verbs.ibv_close_device)(ctx);
             }
-            return Err((
-                verbs,
-                verbs_error("ibv_alloc_pd/ibv_create_cq", code, &name),
-            ));
+            return Err(verbs_error("ibv_alloc_pd/ibv_create_cq", code, &name));
         }
         // SAFETY: the channel's fd belongs to the channel; non-blocking so that
         // ibv_get_cq_event returns EAGAIN instead of sleeping.
@@ -652,5 +635,97 @@ impl Drop for Mr {
         if rc != 0 {
             tracing::warn!(rc, "ibv_dereg_mr failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn standin_nic() -> Arc<Nic> {
+        static LIB: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+        let lib = LIB.get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("hmc-rdma-nic-{}", std::process::id()));
+            hmc_testshim::build_ibverbs_standin(&dir).expect("build the stand-in")
+        });
+        Nic::open(&NicChoice {
+            library: Some(lib),
+            device: None,
+            port: None,
+            gid_index: None,
+            cq_depth: 1024,
+        })
+        .expect("open the stand-in's device")
+    }
+
+    fn params() -> QpParams {
+        QpParams {
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        }
+    }
+
+    #[test]
+    fn the_qp_walk_follows_the_rc_state_machine_and_refuses_shortcuts() {
+        let nic = standin_nic();
+        // RoCE v2, IPv4-mapped, chosen over the v1 link-local entry at index 0.
+        assert_eq!(nic.gid_index, 1);
+        assert_eq!(&nic.gid[10..12], &[0xff, 0xff]);
+        let a = Qp::create(&nic, 16).unwrap();
+        let b = Qp::create(&nic, 16).unwrap();
+        let ra = nic.record(a.qpn(), 100, 5);
+        let rb = nic.record(b.qpn(), 200, 5);
+        // RESET -> RTR skips INIT: refused.
+        assert!(a.to_rtr(&rb, 5).is_err());
+        a.to_init().unwrap();
+        // INIT -> RTS skips RTR: refused.
+        assert!(a.to_rts(100, &params()).is_err());
+        // A path MTU above the port's active MTU: refused.
+        let mut big = ibv_qp_attr {
+            qp_state: IBV_QPS_RTR,
+            path_mtu: 6,
+            ..Default::default()
+        };
+        assert!(a.modify(&mut big, masks::RTR, "test").is_err());
+        // INIT -> RTR without the address vector: refused (mask check).
+        let mut no_av = ibv_qp_attr {
+            qp_state: IBV_QPS_RTR,
+            path_mtu: 5,
+            ..Default::default()
+        };
+        assert!(
+            a.modify(&mut no_av, masks::RTR & !IBV_QP_AV, "test")
+                .is_err()
+        );
+        a.to_rtr(&rb, 5).unwrap();
+        a.to_rts(100, &params()).unwrap();
+        b.connect(&ra, 5, 200, &params()).unwrap();
+        // ERR and back through RESET to RTS: how a QP is re-established.
+        a.to_err().unwrap();
+        a.to_reset().unwrap();
+        a.connect(&rb, 5, 300, &params()).unwrap();
+    }
+
+    #[test]
+    fn registrations_get_distinct_local_and_remote_keys() {
+        let nic = standin_nic();
+        let mut buf = vec![0u8; 4096];
+        let mr = Mr::register(
+            &nic,
+            buf.as_mut_ptr() as u64,
+            buf.len(),
+            IBV_ACCESS_LOCAL_WRITE,
+        )
+        .unwrap();
+        let other =
+            Mr::register(&nic, buf.as_mut_ptr() as u64, 16, IBV_ACCESS_LOCAL_WRITE).unwrap();
+        assert_ne!(mr.lkey(), mr.rkey());
+        assert_ne!(mr.rkey(), other.rkey());
+        // Remote write without local write is invalid (IB spec), and says so.
+        let err = Mr::register(&nic, buf.as_mut_ptr() as u64, 16, IBV_ACCESS_REMOTE_WRITE)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("ibv_reg_mr"), "{err}");
     }
 }

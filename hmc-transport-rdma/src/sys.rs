@@ -12,11 +12,14 @@
 
 #![allow(non_camel_case_types, missing_docs)]
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use hmc_core::{Error, Result};
 use libloading::Library;
+use parking_lot::Mutex;
 
 /// The library's soname.
 pub const LIBRARY: &str = "libibverbs.so.1";
@@ -567,11 +570,25 @@ fn missing(path: &str, symbol: &str, e: libloading::Error) -> Error {
 impl Verbs {
     /// Opens `path`, else `$HMC_IBVERBS_LIB`, else `libibverbs.so.1` from the loader's
     /// search path, and resolves every required symbol.
-    pub fn load(path: Option<&Path>) -> Result<Verbs> {
+    ///
+    /// A library is loaded once per process and path, and stays loaded: rdma-core keeps
+    /// provider state and threads that must not outlive its code, so it is never unloaded.
+    pub fn load(path: Option<&Path>) -> Result<Arc<Verbs>> {
+        static LOADED: OnceLock<Mutex<HashMap<String, Arc<Verbs>>>> = OnceLock::new();
         let chosen = match path {
             Some(p) => p.display().to_string(),
             None => std::env::var(LIB_ENV).unwrap_or_else(|_| LIBRARY.to_string()),
         };
+        let mut loaded = LOADED.get_or_init(Mutex::default).lock();
+        if let Some(v) = loaded.get(&chosen) {
+            return Ok(v.clone());
+        }
+        let verbs = Arc::new(Verbs::open(chosen.clone())?);
+        loaded.insert(chosen, verbs.clone());
+        Ok(verbs)
+    }
+
+    fn open(chosen: String) -> Result<Verbs> {
         // SAFETY: loading libibverbs runs its constructors, which only set up its own
         // state (provider discovery happens at ibv_get_device_list).
         let lib = unsafe { Library::new(&chosen) }.map_err(|e| Error::Unavailable {

@@ -3,10 +3,5 @@
 mod common;
 
 use common::peers;
-use hmc_backend_cpu::HostMemory;
-use hmc_transport_rdma::RdmaCommunicator;
 
 hmc_core::communicator_conformance!(peers);
-
-#[allow(dead_code)]
-fn types(_: Option<hmc_core::testing::Peers<RdmaCommunicator, HostMemory>>) {}
