@@ -1,4 +1,4 @@
-//! Run-time choice of the HMC_BUFFER data plane for the binaries (`--data-plane ucx|tcp|none`):
+//! Run-time choice of the HMC_BUFFER data plane for the binaries (`--data-plane ucx|tcp|rdma|none`):
 //! one code path over [`AnyCommunicator`].
 
 use std::net::{IpAddr, SocketAddr};
@@ -15,6 +15,9 @@ pub enum DataPlaneKind {
     Tcp,
     /// `hmc-transport-ucx`'s `UcxCommunicator` (`UCX_TLS` chooses UCX's transports).
     Ucx,
+    /// `hmc-transport-rdma`'s `RdmaCommunicator` (`HMC_IBVERBS_LIB` names the
+    /// `libibverbs.so.1` to load; the first device with an active port).
+    Rdma,
 }
 
 /// What the binaries may set on the data plane they open.
@@ -66,6 +69,21 @@ pub fn open_data_plane_with(
                 ));
             }
             open_ucx(bind)
+        }
+        DataPlaneKind::Rdma => {
+            if options.auth_secret_file.is_some() {
+                return Err(hmc_core::Error::InvalidArgument(
+                    "--data-plane-auth-secret-file applies to the tcp data plane only; the RDMA \
+                     control plane has no such authentication here"
+                        .into(),
+                ));
+            }
+            let c = hmc_transport_rdma::RdmaCommunicator::new(hmc_transport_rdma::RdmaConfig {
+                bind: PeerAddr::Tcp(SocketAddr::new(bind, 0)),
+                max_pending_notifications: 0,
+                ..Default::default()
+            })?;
+            Ok(Some(AnyCommunicator::new(c)))
         }
     }
 }
