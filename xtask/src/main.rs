@@ -19,7 +19,7 @@ usage: cargo xtask <command>
                        with checksums, and the RPC demo methods
   test [--long]        install what is missing, then tidy checks and the whole test suite
                        (--long adds the long-running soak tests)
-  bench <transfer|rpc|ucx|engine|all> [--quick]
+  bench <transfer|rpc|ucx|rdma|engine|all> [--quick]
                        benchmarks side by side with iperf3 / tonic / ucx_perftest
   matrix               detect runtimes and devices, run what can run here, print the
                        support table
@@ -213,14 +213,16 @@ fn bench(args: &[String]) -> Result {
     let benches: &[(&str, &str)] = match which {
         "transfer" => &[("hmc-transport-tcp", "transfer")],
         "ucx" => &[("hmc-transport-ucx", "rma")],
+        "rdma" => &[("hmc-transport-rdma", "overhead")],
         "rpc" | "engine" => &[],
         "all" => &[
             ("hmc-transport-tcp", "transfer"),
             ("hmc-transport-ucx", "rma"),
+            ("hmc-transport-rdma", "overhead"),
         ],
         other => {
             return Err(format!(
-                "unknown benchmark `{other}`; choose transfer, rpc, ucx, engine or all"
+                "unknown benchmark `{other}`; choose transfer, rpc, ucx, rdma, engine or all"
             ));
         }
     };
