@@ -27,6 +27,12 @@
 //! Each backend keeps its own vendor source in `tests/shim/` (error codes and texts, and
 //! the functions whose shape is its own).
 //!
+//! # Binding layout checks
+//!
+//! [`layout::c_values`] compiles a C program against a library's header and reads back the
+//! size, offset or value of every item a hand-written binding declares (the UCX and RDMA
+//! transports' `tests/layout.rs`).
+//!
 //! # Shared test bodies
 //!
 //! [`ShimControl`] drives a loaded shim (failure injection, live allocation count, current
@@ -41,6 +47,7 @@
 //! signatures `devshim_core.h` declares (cited beside each call).
 
 mod control;
+pub mod layout;
 pub mod runtime;
 
 pub use control::{ShimControl, from_hex, run_child_test, test_name, to_hex};
@@ -118,6 +125,34 @@ fn is_fresh(out: &Path, inputs: &[&Path]) -> bool {
             .and_then(|m| m.modified())
             .is_ok_and(|t| t <= built)
     })
+}
+
+/// CPU time (clock ticks, `USER_HZ`) used so far by this process's threads whose name
+/// starts with `prefix` (from `/proc/self/task/*/stat`): how the transports' idle tests
+/// show that a progress or completion thread sleeps instead of spinning.
+pub fn thread_cpu_ticks(prefix: &str) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task")
+        .expect("/proc")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+        let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or_default();
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        total += field(11) + field(12);
+    }
+    total
 }
 
 #[cfg(test)]

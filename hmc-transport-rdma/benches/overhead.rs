@@ -23,22 +23,10 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// CPU time of the completion threads (`hmc-rdma-cq`), from /proc (clock ticks).
+/// CPU time of the completion threads (`hmc-rdma-cq`), from /proc (clock ticks of
+/// `USER_HZ`, 100 on Linux).
 fn completion_cpu() -> Duration {
-    let hz = 100.0; // USER_HZ on Linux
-    let mut ticks = 0u64;
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("hmc-rdma-cq") {
-            continue;
-        }
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or_default();
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        ticks += f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    }
-    Duration::from_secs_f64(ticks as f64 / hz)
+    Duration::from_secs_f64(hmc_testshim::thread_cpu_ticks("hmc-rdma-cq") as f64 / 100.0)
 }
 
 struct Case {

@@ -89,20 +89,7 @@ async fn connect_transfer_disconnect_cycles_leave_nothing_behind() {
 
 /// CPU time (clock ticks) used so far by this process's completion threads.
 fn completion_thread_ticks() -> u64 {
-    let mut total = 0;
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("hmc-rdma-cq") {
-            continue;
-        }
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        // After the parenthesised name: utime is field 14, stime 15 (11 and 12 here).
-        let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or_default();
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        total += f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-            + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    }
-    total
+    hmc_testshim::thread_cpu_ticks("hmc-rdma-cq")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,10 +1,9 @@
 //! Checks the binding against rdma-core: every struct size, field offset and constant `sys` declares against the installed `<infiniband/verbs.h>` (a C program compiled at test time), and every symbol it loads against the real `libibverbs.so.1` (present), the inline data-path calls too (absent).
 
-use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
 use std::path::Path;
-use std::process::Command;
 
+use hmc_testshim::layout::c_values;
 use hmc_transport_rdma::sys::*;
 
 macro_rules! layout {
@@ -302,39 +301,18 @@ fn rust_constants() -> Vec<(String, i64)> {
     ]
 }
 
-fn c_expr(what: &str) -> String {
-    if let Some(ty) = what.strip_prefix("sizeof ") {
-        return format!("sizeof({ty})");
+/// The C expression where the key's default form does not fit: the anonymous `wr.rdma`
+/// member of `ibv_send_wr`.
+fn special(key: &str) -> Option<String> {
+    const RDMA: &str = "struct { uint64_t remote_addr; uint32_t rkey; }";
+    if key == format!("sizeof {RDMA}") {
+        return Some("sizeof(((struct ibv_send_wr *)0)->wr)".into());
     }
-    let rest = what.strip_prefix("offsetof ").expect("offsetof");
-    // Split at the first '.' after the type (the anonymous struct's text has none).
-    let at = rest.find('.').expect("type.field");
-    let (ty, field) = (&rest[..at], &rest[at + 1..]);
-    if ty.starts_with("struct {") {
-        return format!(
+    key.strip_prefix(&format!("offsetof {RDMA}.")).map(|field| {
+        format!(
             "offsetof(struct ibv_send_wr, wr.rdma.{field}) - offsetof(struct ibv_send_wr, wr.rdma)"
-        );
-    }
-    format!("offsetof({ty}, {field})")
-}
-
-fn c_program(layouts: &[(String, usize)], constants: &[(String, i64)]) -> String {
-    let mut src = String::from(
-        "#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n",
-    );
-    for (what, _) in layouts {
-        let expr = if what == "sizeof struct { uint64_t remote_addr; uint32_t rkey; }" {
-            "sizeof(((struct ibv_send_wr *)0)->wr)".to_string()
-        } else {
-            c_expr(what)
-        };
-        src += &format!("  printf(\"{what}=%zu\\n\", (size_t)({expr}));\n");
-    }
-    for (what, _) in constants {
-        let name = what.strip_prefix("const ").expect("const");
-        src += &format!("  printf(\"{what}=%lld\\n\", (long long)({name}));\n");
-    }
-    src + "  return 0;\n}\n"
+        )
+    })
 }
 
 #[test]
@@ -346,49 +324,28 @@ fn struct_layouts_and_constants_match_the_installed_verbs_header() {
          `cargo xtask test` does) to run this check",
         header.display()
     );
-    let layouts = rust_layouts();
-    let constants = rust_constants();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let c = dir.path().join("layout.c");
-    let exe = dir.path().join("layout");
-    std::fs::write(&c, c_program(&layouts, &constants)).expect("write C program");
-    let out = Command::new("cc")
-        .arg(&c)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("run cc (a C compiler is needed for this check)");
-    assert!(
-        out.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let run = Command::new(&exe).output().expect("run the layout program");
-    let text = String::from_utf8(run.stdout).expect("utf-8");
-    let c_values: HashMap<String, i64> = text
-        .lines()
-        .map(|l| {
-            let (k, v) = l.rsplit_once('=').expect("key=value");
-            (k.to_string(), v.parse().expect("number"))
-        })
+    let rust: Vec<(String, i64)> = rust_layouts()
+        .into_iter()
+        .map(|(k, v)| (k, v as i64))
+        .chain(rust_constants())
         .collect();
-    let mut mismatches = Vec::new();
-    for (what, rust) in layouts
+    let keys: Vec<&str> = rust.iter().map(|(k, _)| k.as_str()).collect();
+    let c = c_values(
+        Path::new("/usr/include"),
+        "infiniband/verbs.h",
+        &keys,
+        special,
+    );
+    let mismatches: Vec<String> = rust
         .iter()
-        .map(|(k, v)| (k, *v as i64))
-        .chain(constants.iter().map(|(k, v)| (k, *v)))
-    {
-        let c = c_values[what];
-        if c != rust {
-            mismatches.push(format!("{what}: C {c}, Rust {rust}"));
-        }
-    }
+        .filter(|(k, v)| c[k] != *v)
+        .map(|(k, v)| format!("{k}: C {}, Rust {v}", c[k]))
+        .collect();
     assert!(
         mismatches.is_empty(),
         "layout differs from verbs.h:\n{}",
         mismatches.join("\n")
     );
-    assert_eq!(c_values.len(), layouts.len() + constants.len());
 }
 
 /// The real library, not the stand-in: every symbol `Verbs::load` resolves is exported,
