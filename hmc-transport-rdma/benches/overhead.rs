@@ -1,7 +1,10 @@
 //! Our own overhead per operation, measured against the user-space `libibverbs.so.1` stand-in (no NIC needed): CPU time of the calling thread per posted batch (validation, splitting, chaining, `post_send` through the ops table, the wake-up), CPU of the completion thread per completion, and completions per second; prints a markdown table.
 //!
 //! `cargo bench -p hmc-transport-rdma --bench overhead` (or `cargo xtask bench rdma`).
-//! `HMC_BENCH_QUICK=1` runs fewer batches. The stand-in moves bytes through Unix sockets
+//! `HMC_BENCH_QUICK=1` runs fewer batches. `HMC_RDMA_HARDWARE=1` uses the installed
+//! `libibverbs.so.1` and a real NIC (`HMC_RDMA_DEVICE`) instead of the stand-in (what the
+//! hardware bundle's `run.sh` does, beside `ib_write_bw`/`ib_read_bw`). A second table
+//! gives bandwidth of 16 MiB batches of 64 KiB, 1 MiB and 16 MiB descriptors. The stand-in moves bytes through Unix sockets
 //! and threads of its own, so the wall-clock columns say how fast the stand-in is, not a
 //! NIC; the CPU columns of our threads are what regressions show in. On a NIC, compare
 //! with `ib_write_bw` instead (see the README's hardware notes).
@@ -37,11 +40,17 @@ struct Case {
 
 fn main() {
     let quick = std::env::var_os("HMC_BENCH_QUICK").is_some();
-    let dir =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tmp/ibverbs-standin");
-    let lib = hmc_testshim::build_ibverbs_standin(&dir).expect("build the libibverbs stand-in");
+    let hardware = std::env::var_os("HMC_RDMA_HARDWARE").is_some();
+    let lib = (!hardware).then(|| {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/tmp/ibverbs-standin");
+        hmc_testshim::build_ibverbs_standin(&dir).expect("build the libibverbs stand-in")
+    });
     let config = || RdmaConfig {
-        library: Some(lib.clone()),
+        library: lib.clone(),
+        device: std::env::var("HMC_RDMA_DEVICE")
+            .ok()
+            .filter(|d| !d.is_empty()),
         ..RdmaConfig::default()
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -139,6 +148,41 @@ fn main() {
                 completions as f64 / wall.as_secs_f64(),
                 wall.as_secs_f64() * 1e6 / n as f64,
             );
+        }
+        println!();
+        println!("| op | descriptor size | descriptors per batch | batches | GB/s |");
+        println!("| --- | ---: | ---: | ---: | ---: |");
+        let batch_bytes = 16usize << 20;
+        let target =
+            RegisteredBuffer::new(mem.clone(), b.clone(), batch_bytes, Access::READ_WRITE).unwrap();
+        let local =
+            RegisteredBuffer::new(mem.clone(), a.clone(), batch_bytes, Access::READ_WRITE).unwrap();
+        let key = a.import(&ep, &target.export().unwrap()).unwrap();
+        for op in [Op::Write, Op::Read] {
+            for size in [64usize << 10, 1 << 20, 16 << 20] {
+                let count = batch_bytes / size;
+                let batch: Vec<_> = (0..count)
+                    .map(|i| TransferDesc {
+                        local: local.registration(),
+                        local_offset: i * size,
+                        remote: &key,
+                        remote_offset: (i * size) as u64,
+                        len: size,
+                    })
+                    .collect();
+                let n = if quick { 3 } else { 20 };
+                a.transfer(&ep, op, &batch, Deadline::default())
+                    .await
+                    .unwrap();
+                let t0 = Instant::now();
+                for _ in 0..n {
+                    a.transfer(&ep, op, &batch, Deadline::default())
+                        .await
+                        .unwrap();
+                }
+                let gbs = (n * batch_bytes) as f64 / t0.elapsed().as_secs_f64() / 1e9;
+                println!("| {op:?} | {} KiB | {count} | {n} | {gbs:.2} |", size >> 10);
+            }
         }
     });
 }

@@ -236,7 +236,7 @@ impl RdmaCommunicator {
         op: Op,
         batch: &Arc<Batch>,
         deadline: Instant,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let shared = &self.inner.shared;
         let chain_max = (self.inner.config.max_chain.max(1) as usize)
             .min(link.inner.lock().qp.max_send_wr as usize);
@@ -277,13 +277,13 @@ impl RdmaCommunicator {
                 drop(timer);
                 match step {
                     Step::Posted => break,
-                    Step::Stop => return Ok(()),
+                    Step::Stop => return Ok(false),
                     Step::Failed(e) => return Err(e),
                     Step::Reestablish => ep.reestablish(link, &self.inner)?,
                 }
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     fn post_chain(
@@ -341,17 +341,29 @@ impl RdmaCommunicator {
                 .post_send(li.qp.raw, reqs.as_mut_ptr(), &mut bad)
         };
         if rc != 0 {
-            // Nothing of a refused chain is reported by the CQ when the first WR is the
-            // bad one; otherwise the posted prefix completes unsignalled and cannot be
-            // told apart, so the QP is moved to ERR and re-established.
+            // A refused first WR posted nothing: forget the chain. A refusal further down
+            // posted a prefix whose completions cannot be told from the rest, and the
+            // chain's last WR (the one that frees its slot) is not among them: move the QP
+            // to ERR and post the remainder there, where the NIC flushes it at once, so
+            // every WR of the chain completes (flushed) and the slot is freed as usual.
             let first_bad = bad == reqs.as_mut_ptr();
-            if first_bad {
+            let mut released = first_bad;
+            if !first_bad {
+                let _ = li.qp.to_err();
+                li.state = LinkState::Broken;
+                let mut bad2: *mut ibv_send_wr = std::ptr::null_mut();
+                // SAFETY: as above; `bad` points into `reqs`, still alive.
+                let rc2 = unsafe { shared.nic.verbs.post_send(li.qp.raw, bad, &mut bad2) };
+                if rc2 != 0 {
+                    tracing::error!(rc2, "cannot flush the rest of a refused chain");
+                    released = true; // give up on its completions; the new QP generation
+                    // makes any that still arrive stale
+                }
+            }
+            if released {
                 shared.remove(slot);
                 li.outstanding -= chain.len() as u32;
                 batch.state.lock().outstanding -= 1;
-            } else {
-                let _ = li.qp.to_err();
-                li.state = LinkState::Broken;
             }
             return Err(crate::nic::verbs_error(
                 "ibv_post_send",
@@ -394,7 +406,8 @@ impl RdmaCommunicator {
                 used: per_link.iter().map(|v| !v.is_empty()).collect(),
                 armed: true,
             };
-            let mut posted = Ok(());
+            // Not everything is posted when the deadline passes (or a chain fails) first.
+            let mut posted = Ok(true);
             for (i, link_wrs) in per_link.iter().enumerate() {
                 if link_wrs.is_empty() {
                     continue;
@@ -409,7 +422,7 @@ impl RdmaCommunicator {
                         deadline.instant(),
                     )
                     .await;
-                if posted.is_err() {
+                if !matches!(posted, Ok(true)) {
                     break;
                 }
             }
@@ -431,12 +444,12 @@ impl RdmaCommunicator {
             let timed_out = batch.state.lock().outstanding > 0;
             guard.cancel();
             drop(guard);
-            posted?;
+            let all_posted = posted?;
             let mut b = batch.state.lock();
             if let Some(e) = b.error.take() {
                 return Err(e);
             }
-            if timed_out {
+            if timed_out || !all_posted {
                 return Err(expired());
             }
             if !b.retry {

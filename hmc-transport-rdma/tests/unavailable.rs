@@ -57,6 +57,7 @@ fn child_without_devices() {
 
 #[test]
 fn enosys_from_the_device_list_is_unavailable_saying_so() {
+    standin_only!();
     common::standin();
     run_child_test(
         &test_name(module_path!(), "child_without_devices"),
@@ -67,6 +68,7 @@ fn enosys_from_the_device_list_is_unavailable_saying_so() {
 
 #[test]
 fn a_device_that_is_not_there_is_unavailable_and_lists_what_is() {
+    standin_only!();
     let err = RdmaCommunicator::new(RdmaConfig {
         device: Some("mlx5_9".into()),
         ..common::config()

@@ -26,6 +26,8 @@ usage: cargo xtask <command>
   gpu-bundle           build the GPU check (CUDA tests, copy bandwidth, device-staged RPC
                        and one-sided transfers) as release binaries in target/gpu-bundle
                        with run.sh, for a GPU machine that has no Rust toolchain
+  rdma-bundle          build the RDMA check (the transport's tests on a real NIC, our bench,
+                       ib_write_bw/ib_read_bw beside it) in target/rdma-bundle with run.sh
   fuzz [target] [--seconds N]
                        build the libFuzzer targets in fuzz/ with stable rustc and run each
                        for N seconds (default 60)
@@ -48,6 +50,7 @@ fn main() -> ExitCode {
         Some("matrix") => matrix(),
         Some("fuzz") => fuzz(&args[1..]),
         Some("gpu-bundle") => gpu_bundle(),
+        Some("rdma-bundle") => rdma_bundle::rdma_bundle(),
         Some("tidy") => tidy::run(&root()),
         Some("ucx-wheel") => ucx_wheel(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
@@ -368,6 +371,7 @@ fn demo() -> Result {
 
 mod demo;
 mod matrix;
+mod rdma_bundle;
 
 fn matrix() -> Result {
     matrix::run()

@@ -20,12 +20,39 @@ pub fn standin() -> PathBuf {
     .clone()
 }
 
-/// A configuration that loads the stand-in.
+/// `HMC_RDMA_HARDWARE=1` (set by the hardware bundle's `run.sh`): the tests use the
+/// installed `libibverbs.so.1` (or `$HMC_IBVERBS_LIB`) and a real NIC
+/// (`HMC_RDMA_DEVICE` names one; else the first with an active port) instead of the
+/// stand-in, and the checks that need the stand-in's fault injection or counters skip.
+pub fn hardware() -> bool {
+    std::env::var_os("HMC_RDMA_HARDWARE").is_some()
+}
+
+/// A configuration that loads the stand-in (a real NIC in [`hardware`] mode).
 pub fn config() -> RdmaConfig {
+    if hardware() {
+        return RdmaConfig {
+            device: std::env::var("HMC_RDMA_DEVICE")
+                .ok()
+                .filter(|d| !d.is_empty()),
+            ..RdmaConfig::default()
+        };
+    }
     RdmaConfig {
         library: Some(standin()),
         ..RdmaConfig::default()
     }
+}
+
+/// Skips (returns from) a test that needs the stand-in when running on hardware.
+#[macro_export]
+macro_rules! standin_only {
+    () => {
+        if common::hardware() {
+            eprintln!("skipped on hardware: this check needs the libibverbs stand-in");
+            return;
+        }
+    };
 }
 
 /// A communicator over the stand-in.
