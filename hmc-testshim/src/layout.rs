@@ -41,7 +41,7 @@ pub fn c_values(
     let dir = tempfile::tempdir().expect("temp dir");
     let (c, exe) = (dir.path().join("layout.c"), dir.path().join("layout"));
     std::fs::write(&c, src).expect("write the C program");
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let cc = crate::c_compiler();
     let out = Command::new(&cc)
         .arg("-I")
         .arg(include)

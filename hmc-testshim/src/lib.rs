@@ -79,7 +79,7 @@ pub fn build_shim(source: &Path, name: &str, out_dir: &Path) -> Result<PathBuf, 
         return Ok(out);
     }
     let tmp = out_dir.join(format!("lib{name}.so.{}.tmp", std::process::id()));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let cc = c_compiler();
     let output = Command::new(&cc)
         .args(["-shared", "-fPIC", "-O1", "-Wall", "-pthread"])
         .arg("-I")
@@ -114,6 +114,11 @@ pub fn build_ibverbs_standin(out_dir: &Path) -> Result<PathBuf, String> {
         "ibverbs",
         out_dir,
     )
+}
+
+/// The C compiler the shims and layout checks use: `$CC` when set, else `cc`.
+pub fn c_compiler() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".to_string())
 }
 
 fn is_fresh(out: &Path, inputs: &[&Path]) -> bool {
