@@ -728,4 +728,83 @@ mod tests {
             .unwrap();
         assert!(err.to_string().contains("ibv_reg_mr"), "{err}");
     }
+
+    /// Posts one signalled WR and polls for its completion (the stand-in completes it from
+    /// its own thread).
+    fn post_and_wait(
+        nic: &Nic,
+        qp: &Qp,
+        op: u32,
+        local: (u64, u32, u32),
+        remote: (u64, u32),
+    ) -> ibv_wc {
+        let mut sge = ibv_sge {
+            addr: local.0,
+            length: local.1,
+            lkey: local.2,
+        };
+        let mut wr = ibv_send_wr {
+            wr_id: 7,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: op,
+            send_flags: IBV_SEND_SIGNALED,
+            ..Default::default()
+        };
+        wr.rdma.remote_addr = remote.0;
+        wr.rdma.rkey = remote.1;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: a live QP in RTS; the WR and its SGE outlive the call; registered memory.
+        assert_eq!(unsafe { nic.verbs.post_send(qp.raw, &mut wr, &mut bad) }, 0);
+        let mut wc = ibv_wc::default();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // SAFETY: the NIC's CQ; room for one entry.
+        while unsafe { nic.verbs.poll_cq(nic.cq, 1, &mut wc) } == 0 {
+            assert!(std::time::Instant::now() < until, "no completion");
+            std::thread::yield_now();
+        }
+        wc
+    }
+
+    #[test]
+    fn the_nic_enforces_remote_rights_and_flushes_after_an_error() {
+        let nic = standin_nic();
+        let (a, b) = (Qp::create(&nic, 16).unwrap(), Qp::create(&nic, 16).unwrap());
+        a.connect(&nic.record(b.qpn(), 1, 5), 5, 2, &params())
+            .unwrap();
+        b.connect(&nic.record(a.qpn(), 2, 5), 5, 1, &params())
+            .unwrap();
+        let mut src = vec![1u8; 64];
+        let mut dst = vec![0u8; 64];
+        let local =
+            Mr::register(&nic, src.as_mut_ptr() as u64, 64, IBV_ACCESS_LOCAL_WRITE).unwrap();
+        let read_only = Mr::register(
+            &nic,
+            dst.as_mut_ptr() as u64,
+            64,
+            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ,
+        )
+        .unwrap();
+        let l = (src.as_ptr() as u64, 64, local.lkey());
+        let r = (dst.as_ptr() as u64, read_only.rkey());
+        // READ is allowed.
+        let wc = post_and_wait(&nic, &a, IBV_WR_RDMA_READ, l, r);
+        assert_eq!((wc.status, wc.wr_id), (IBV_WC_SUCCESS, 7));
+        // WRITE is not: a remote access error, and the bytes stay.
+        let wc = post_and_wait(&nic, &a, IBV_WR_RDMA_WRITE, l, r);
+        assert_eq!(wc.status, IBV_WC_REM_ACCESS_ERR);
+        assert!(dst.iter().all(|&x| x == 0));
+        // The requester's QP is in ERR now: what follows is flushed, not executed.
+        let wc = post_and_wait(&nic, &a, IBV_WR_RDMA_READ, l, r);
+        assert_eq!(wc.status, IBV_WC_WR_FLUSH_ERR);
+        // An rkey nobody registered: a remote access error too (after re-establishing).
+        a.to_reset().unwrap();
+        b.to_reset().unwrap();
+        a.connect(&nic.record(b.qpn(), 3, 5), 5, 4, &params())
+            .unwrap();
+        b.connect(&nic.record(a.qpn(), 4, 5), 5, 3, &params())
+            .unwrap();
+        let wc = post_and_wait(&nic, &a, IBV_WR_RDMA_READ, l, (r.0, r.1 ^ 0x100));
+        assert_eq!(wc.status, IBV_WC_REM_ACCESS_ERR);
+    }
 }

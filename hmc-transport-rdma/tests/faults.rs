@@ -504,3 +504,34 @@ async fn a_deadline_passing_while_posting_is_deadline_exceeded_not_success() {
     target.read_at(0, &mut MemSpanMut::host(&mut got)).unwrap();
     assert!(got == bytes);
 }
+
+/// The control plane over a Unix socket: the handshake, key confirmation and a transfer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_runs_over_a_unix_socket_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rdma.sock");
+    let b = common::comm_with(hmc_transport_rdma::RdmaConfig {
+        bind: PeerAddr::Unix(path.clone()),
+        ..common::config()
+    });
+    assert_eq!(b.address(), PeerAddr::Unix(path));
+    let a = common::comm();
+    let mem = Arc::new(HostMemory::new());
+    let target = RegisteredBuffer::new(mem.clone(), b.clone(), 4096, Access::READ_WRITE).unwrap();
+    let local = RegisteredBuffer::new(mem, a.clone(), 4096, Access::READ_WRITE).unwrap();
+    let bytes = pattern(9, 4096);
+    local.write_at(0, &MemSpan::host(&bytes)).unwrap();
+    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+    let key = a.import(&ep, &target.export().unwrap()).unwrap();
+    a.transfer(
+        &ep,
+        Op::Write,
+        &desc(local.registration(), &key, 4096),
+        Deadline::default(),
+    )
+    .await
+    .unwrap();
+    let mut got = vec![0u8; 4096];
+    target.read_at(0, &mut MemSpanMut::host(&mut got)).unwrap();
+    assert!(got == bytes);
+}
