@@ -27,6 +27,14 @@
 //! Each backend keeps its own vendor source in `tests/shim/` (error codes and texts, and
 //! the functions whose shape is its own).
 //!
+//! # The libibverbs stand-in
+//!
+//! [`build_ibverbs_standin`] compiles `shim/ibverbs_standin.c`, a user-space
+//! `libibverbs.so.1` for `hmc-transport-rdma`'s tests: a per-process NIC that moves bytes
+//! between real processes, with the RC state machine, MR rights and fault injection (the
+//! file's opening comment lists them). Like the device shims it checks the binding and
+//! its use, not hardware.
+//!
 //! # Binding layout checks
 //!
 //! [`layout::c_values`] compiles a C program against a library's header and reads back the
