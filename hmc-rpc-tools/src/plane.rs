@@ -1,6 +1,6 @@
 //! Run-time choice of the HMC_BUFFER data plane for the binaries
-//! (`--data-plane tcp|ucx|shm|auto|none`, or a transport plugin's name): one code path over
-//! [`AnyCommunicator`].
+//! (`--data-plane tcp|ucx|shm|auto|rdma|none`, or a transport plugin's name): one code path
+//! over [`AnyCommunicator`].
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -17,6 +17,9 @@ pub enum DataPlaneKind {
     Tcp,
     /// `hmc-transport-ucx`'s `UcxCommunicator` (`UCX_TLS` chooses UCX's transports).
     Ucx,
+    /// `hmc-transport-rdma`'s `RdmaCommunicator` (`HMC_IBVERBS_LIB` names the
+    /// `libibverbs.so.1` to load; the first device with an active port).
+    Rdma,
     /// `hmc-transport-shm`'s `ShmCommunicator`: cross-memory attach, clients on this host
     /// only.
     Shm,
@@ -40,7 +43,8 @@ impl DataPlaneChoice {
     pub fn parse(s: &str) -> std::result::Result<Self, String> {
         if s.is_empty() {
             return Err(
-                "an empty data-plane name; use none, tcp, ucx, shm, auto or a plugin's name".into(),
+                "an empty data-plane name; use none, tcp, ucx, shm, auto, rdma or a plugin's name"
+                    .into(),
             );
         }
         Ok(
@@ -105,6 +109,11 @@ pub fn transport_registry(options: &PlaneOptions, plugins: &PluginConfig) -> Tra
             DataPlaneKind::Auto,
             "auto",
             "shm to peers on this host, ucx (or tcp) to the others",
+        ),
+        (
+            DataPlaneKind::Rdma,
+            "rdma",
+            "hmc-transport-rdma: RDMA verbs (libibverbs.so.1 loaded at run time)",
         ),
     ] {
         let options = options.clone();
@@ -205,6 +214,21 @@ pub fn open_data_plane_with(
                 }
             };
             Ok(Some(AnyCommunicator::new(lf)))
+        }
+        DataPlaneKind::Rdma => {
+            if options.auth_secret_file.is_some() {
+                return Err(hmc_core::Error::InvalidArgument(
+                    "--data-plane-auth-secret-file applies to the tcp data plane only; the RDMA \
+                     control plane has no such authentication here"
+                        .into(),
+                ));
+            }
+            let c = hmc_transport_rdma::RdmaCommunicator::new(hmc_transport_rdma::RdmaConfig {
+                bind: PeerAddr::Tcp(SocketAddr::new(bind, 0)),
+                max_pending_notifications: 0,
+                ..Default::default()
+            })?;
+            Ok(Some(AnyCommunicator::new(c)))
         }
     }
 }

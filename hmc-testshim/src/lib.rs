@@ -27,6 +27,20 @@
 //! Each backend keeps its own vendor source in `tests/shim/` (error codes and texts, and
 //! the functions whose shape is its own).
 //!
+//! # The libibverbs stand-in
+//!
+//! [`build_ibverbs_standin`] compiles `shim/ibverbs_standin.c`, a user-space
+//! `libibverbs.so.1` for `hmc-transport-rdma`'s tests: a per-process NIC that moves bytes
+//! between real processes, with the RC state machine, MR rights and fault injection (the
+//! file's opening comment lists them). Like the device shims it checks the binding and
+//! its use, not hardware.
+//!
+//! # Binding layout checks
+//!
+//! [`layout::c_values`] compiles a C program against a library's header and reads back the
+//! size, offset or value of every item a hand-written binding declares (the UCX and RDMA
+//! transports' `tests/layout.rs`).
+//!
 //! # Shared test bodies
 //!
 //! [`ShimControl`] drives a loaded shim (failure injection, live allocation count, current
@@ -41,6 +55,7 @@
 //! signatures `devshim_core.h` declares (cited beside each call).
 
 mod control;
+pub mod layout;
 pub mod runtime;
 
 pub use control::{ShimControl, from_hex, run_child_test, test_name, to_hex};
@@ -72,7 +87,7 @@ pub fn build_shim(source: &Path, name: &str, out_dir: &Path) -> Result<PathBuf, 
         return Ok(out);
     }
     let tmp = out_dir.join(format!("lib{name}.so.{}.tmp", std::process::id()));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let cc = c_compiler();
     let output = Command::new(&cc)
         .args(["-shared", "-fPIC", "-O1", "-Wall", "-pthread"])
         .arg("-I")
@@ -94,6 +109,26 @@ pub fn build_shim(source: &Path, name: &str, out_dir: &Path) -> Result<PathBuf, 
     Ok(out)
 }
 
+/// Compiles the user-space stand-in for `libibverbs.so.1` (`shim/ibverbs_standin.c`,
+/// written against the installed `<infiniband/verbs.h>`, so `libibverbs-dev` must be
+/// installed) into `out_dir` and returns its path, for `HMC_IBVERBS_LIB`.
+///
+/// The stand-in is a per-process fake NIC that moves bytes between real processes over
+/// abstract Unix sockets (see the file's opening comment for what it enforces and its
+/// fault injection variables). It checks the RDMA transport's use of verbs, not a NIC.
+pub fn build_ibverbs_standin(out_dir: &Path) -> Result<PathBuf, String> {
+    build_shim(
+        &core_include_dir().join("ibverbs_standin.c"),
+        "ibverbs",
+        out_dir,
+    )
+}
+
+/// The C compiler the shims and layout checks use: `$CC` when set, else `cc`.
+pub fn c_compiler() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".to_string())
+}
+
 fn is_fresh(out: &Path, inputs: &[&Path]) -> bool {
     let Ok(built) = std::fs::metadata(out).and_then(|m| m.modified()) else {
         return false;
@@ -103,6 +138,34 @@ fn is_fresh(out: &Path, inputs: &[&Path]) -> bool {
             .and_then(|m| m.modified())
             .is_ok_and(|t| t <= built)
     })
+}
+
+/// CPU time (clock ticks, `USER_HZ`) used so far by this process's threads whose name
+/// starts with `prefix` (from `/proc/self/task/*/stat`): how the transports' idle tests
+/// show that a progress or completion thread sleeps instead of spinning.
+pub fn thread_cpu_ticks(prefix: &str) -> u64 {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task")
+        .expect("/proc")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+        let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or_default();
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        total += field(11) + field(12);
+    }
+    total
 }
 
 #[cfg(test)]

@@ -10,24 +10,7 @@ use rstest::rstest;
 
 /// CPU time (clock ticks) used so far by this process's UCX progress threads.
 fn progress_thread_ticks() -> u64 {
-    let mut total = 0;
-    for task in std::fs::read_dir("/proc/self/task")
-        .expect("/proc")
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("hmc-ucx-127") {
-            continue;
-        }
-        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-        // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
-        let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or_default();
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let utime: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0);
-        let stime: u64 = fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-        total += utime + stime;
-    }
-    total
+    hmc_testshim::thread_cpu_ticks("hmc-ucx-127")
 }
 
 #[rstest]

@@ -2,8 +2,8 @@
 
 use std::mem::{offset_of, size_of};
 use std::path::Path;
-use std::process::Command;
 
+use hmc_testshim::layout::c_values;
 use hmc_transport_ucx::sys::*;
 
 macro_rules! layout {
@@ -165,27 +165,6 @@ fn rust_constants() -> Vec<(String, i64)> {
     ]
 }
 
-fn c_program(layouts: &[(String, usize)], constants: &[(String, i64)]) -> String {
-    let mut src = String::from(
-        "#include <stdio.h>\n#include <stddef.h>\n#include <ucp/api/ucp.h>\nint main(void) {\n",
-    );
-    for (what, _) in layouts {
-        let expr = if let Some(ty) = what.strip_prefix("sizeof ") {
-            format!("sizeof({ty})")
-        } else {
-            let rest = what.strip_prefix("offsetof ").expect("offsetof");
-            let (ty, field) = rest.split_once('.').expect("type.field");
-            format!("offsetof({ty}, {field})")
-        };
-        src += &format!("  printf(\"{what} %zu\\n\", (size_t){expr});\n");
-    }
-    for (what, _) in constants {
-        let name = what.strip_prefix("const ").expect("const");
-        src += &format!("  printf(\"{what} %lld\\n\", (long long)({name}));\n");
-    }
-    src + "  return 0;\n}\n"
-}
-
 #[test]
 fn struct_layouts_and_constants_match_the_installed_ucx_headers() {
     // `HMC_UCX_INCLUDE` checks another UCX's headers (`cargo xtask ucx-wheel` points it at
@@ -200,31 +179,12 @@ fn struct_layouts_and_constants_match_the_installed_ucx_headers() {
     );
     let layouts = rust_layouts();
     let constants = rust_constants();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let c = dir.path().join("layout.c");
-    let exe = dir.path().join("layout");
-    std::fs::write(&c, c_program(&layouts, &constants)).expect("write C program");
-    let out = Command::new("cc")
-        .arg(format!("-I{include}"))
-        .arg(&c)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("run cc (a C compiler is needed for this check)");
-    assert!(
-        out.status.success(),
-        "cc failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let run = Command::new(&exe).output().expect("run layout program");
-    let text = String::from_utf8(run.stdout).expect("utf-8");
-    let c_values: std::collections::HashMap<String, i64> = text
-        .lines()
-        .map(|l| {
-            let (k, v) = l.rsplit_once(' ').expect("key value");
-            (k.to_string(), v.parse().expect("number"))
-        })
+    let keys: Vec<&str> = layouts
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .chain(constants.iter().map(|(k, _)| k.as_str()))
         .collect();
+    let c_values = c_values(Path::new(&include), "ucp/api/ucp.h", &keys, |_| None);
     let mut mismatches = Vec::new();
     for (what, rust) in layouts
         .iter()
@@ -246,7 +206,6 @@ fn struct_layouts_and_constants_match_the_installed_ucx_headers() {
         "layout differs from the headers:\n{}",
         mismatches.join("\n")
     );
-    assert_eq!(c_values.len(), layouts.len() + constants.len());
 }
 
 #[test]

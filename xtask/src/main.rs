@@ -20,7 +20,7 @@ usage: cargo xtask <command>
                        with checksums, and the RPC demo methods
   test [--long]        install what is missing, then tidy checks and the whole test suite
                        (--long adds the long-running soak tests)
-  bench <transfer|rpc|ucx|shm|engine|all> [--quick]
+  bench <transfer|rpc|ucx|shm|rdma|engine|all> [--quick]
                        benchmarks side by side with iperf3 / tonic / ucx_perftest
   matrix [CRATE...] [--json PATH]
                        per crate (all by default): build it alone with and without its
@@ -33,6 +33,8 @@ usage: cargo xtask <command>
   hw-bundle <cuda|rocm|mlu|musa|ascend|rdma>
                        the same for one backend, in target/hw-bundle/<kind>: its tests and
                        examples; run.sh prints the support-table row it verifies
+  rdma-bundle          build the RDMA check (the transport's tests on a real NIC, our bench,
+                       ib_write_bw/ib_read_bw beside it) in target/rdma-bundle with run.sh
   fuzz [target] [--seconds N]
                        build the libFuzzer targets in fuzz/ with stable rustc and run each
                        for N seconds (default 60)
@@ -59,6 +61,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz(&args[1..]),
         Some("gpu-bundle") => gpu_bundle(),
         Some("hw-bundle") => hw_bundle(&args[1..]),
+        Some("rdma-bundle") => rdma_bundle::rdma_bundle(),
         Some("tidy") => tidy::run(&root()),
         Some("ucx-wheel") => ucx_wheel(&args[1..]),
         Some("new-backend") => scaffold::run(&root(), &args[1..]).map(drop),
@@ -158,6 +161,16 @@ const PACKAGES: &[SystemPackage] = &[
         present: || on_path("iperf3"),
     },
     SystemPackage {
+        name: "libibverbs1",
+        why: "the RDMA binding test checks its symbols against rdma-core's libibverbs.so.1",
+        present: || lib_present("libibverbs.so.1"),
+    },
+    SystemPackage {
+        name: "libibverbs-dev",
+        why: "the RDMA binding test and its libibverbs stand-in are compiled against verbs.h",
+        present: || file_exists_any(&["/usr/include/infiniband/verbs.h"]),
+    },
+    SystemPackage {
         name: "gcc",
         why: "the device ABI shims are compiled at test time",
         present: || on_path("cc"),
@@ -241,15 +254,17 @@ fn bench(args: &[String]) -> Result {
         "transfer" => &[("hmc-transport-tcp", "transfer")],
         "ucx" => &[("hmc-transport-ucx", "rma")],
         "shm" => &[("hmc-transport-shm", "shm")],
+        "rdma" => &[("hmc-transport-rdma", "overhead")],
         "rpc" | "engine" => &[],
         "all" => &[
             ("hmc-transport-tcp", "transfer"),
             ("hmc-transport-ucx", "rma"),
             ("hmc-transport-shm", "shm"),
+            ("hmc-transport-rdma", "overhead"),
         ],
         other => {
             return Err(format!(
-                "unknown benchmark `{other}`; choose transfer, rpc, ucx, shm, engine or all"
+                "unknown benchmark `{other}`; choose transfer, rpc, ucx, shm, rdma, engine or all"
             ));
         }
     };
@@ -425,6 +440,7 @@ fn demo() -> Result {
 
 mod demo;
 mod matrix;
+mod rdma_bundle;
 
 fn matrix(args: &[String]) -> Result {
     matrix::run(args)

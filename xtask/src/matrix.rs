@@ -58,6 +58,14 @@ const COMPONENTS: &[Component] = &[
         probe: None,
     },
     Component {
+        name: "RDMA verbs transport",
+        krate: "hmc-transport-rdma",
+        libs: &["libibverbs.so.1"],
+        env: Some("HMC_IBVERBS_LIB"),
+        devices: &["/dev/infiniband/uverbs0"],
+        probe: None,
+    },
+    Component {
         name: "RPC runtime",
         krate: "hmc-rpc",
         libs: &[],

@@ -48,6 +48,10 @@ pub const SIZE_ALLOWED: &[(&str, &str)] = &[];
 /// Library files that may read the environment, each with the reason.
 pub const ENV_ALLOWED: &[(&str, &str)] = &[
     (
+        "hmc-transport-rdma/src/sys.rs",
+        "library loader: `$HMC_IBVERBS_LIB` names the libibverbs to open when the config names none",
+    ),
+    (
         "hmc-transport-ucx/src/sys.rs",
         "library loader: `$HMC_UCX_LIB` names the libucp to open when the config names none",
     ),
