@@ -34,6 +34,7 @@ usage: cargo xtask <command>
                        wheel into target/ucx-wheel/V and run the UCX tests against it
                        (HMC_UCX_LIB): binding layout, conformance, faults, RPC data plane
   tidy                 the cheap source checks that `test` also runs
+  deps                 install the system packages the build and tests need (apt, as root)
 ";
 
 /// The UCX that `cargo xtask ucx-wheel` checks by default (PyPI `libucx-cu12`).
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
         Some("fuzz") => fuzz(&args[1..]),
         Some("gpu-bundle") => gpu_bundle(),
         Some("tidy") => tidy::run(&root()),
+        Some("deps") => ensure_system_packages(),
         Some("ucx-wheel") => ucx_wheel(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
@@ -144,6 +146,21 @@ const PACKAGES: &[SystemPackage] = &[
         name: "iperf3",
         why: "iperf3 is the TCP benchmark baseline",
         present: || on_path("iperf3"),
+    },
+    SystemPackage {
+        name: "etcd-server",
+        why: "hmc-meta's and the engine's discovery tests start etcd",
+        present: || on_path("etcd"),
+    },
+    SystemPackage {
+        name: "protobuf-compiler",
+        why: "etcd-client (hmc-meta) compiles etcd's .proto files with protoc at build time",
+        present: || on_path("protoc"),
+    },
+    SystemPackage {
+        name: "libprotobuf-dev",
+        why: "protoc needs protobuf's well-known .proto files to compile etcd's",
+        present: || file_exists_any(&["/usr/include/google/protobuf/descriptor.proto"]),
     },
     SystemPackage {
         name: "gcc",
