@@ -491,7 +491,7 @@ impl MetadataStore for EtcdStore {
         format!(
             "etcd://{}{}",
             self.shared.endpoints.join(","),
-            self.shared.prefix
+            self.shared.prefix.trim_end_matches("/members/")
         )
     }
 
