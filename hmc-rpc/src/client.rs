@@ -98,6 +98,21 @@ pub enum CallError {
 }
 
 impl CallError {
+    /// A short name of the failure's kind (a metrics label): the server's status in lower
+    /// case, or `deadline_exceeded`, `connection_lost`, `connect`, `refused`, `codec`,
+    /// `device`.
+    pub fn kind(&self) -> String {
+        match self {
+            CallError::Status { status, .. } => status.name().to_lowercase(),
+            CallError::DeadlineExceeded(_) => "deadline_exceeded".into(),
+            CallError::ConnectionLost(_) => "connection_lost".into(),
+            CallError::Connect(_) => "connect".into(),
+            CallError::Refused(_) => "refused".into(),
+            CallError::Codec(_) => "codec".into(),
+            CallError::Device(_) => "device".into(),
+        }
+    }
+
     /// The server's status, if it answered.
     pub fn status(&self) -> Option<Status> {
         match self {
@@ -326,7 +341,8 @@ impl<C: Communicator> Client<C> {
             usable: usable.clone(),
         });
         self.inner.no_buffer.store(false, Ordering::Release);
-        self.inner.conn_gen.fetch_add(1, Ordering::AcqRel);
+        let before = self.inner.conn_gen.fetch_add(1, Ordering::AcqRel);
+        crate::metrics::client_connected(before > 0);
         *self.inner.current.lock() = Some(ConnHandle {
             cmd: tx.clone(),
             usable,
@@ -349,6 +365,18 @@ impl<C: Communicator> Client<C> {
         opts: CallOptions,
     ) -> Result<Bytes, CallError> {
         let payload = payload.into();
+        let m = crate::metrics::ClientCall::start(payload.len());
+        let r = self.call_with_inner(method, payload, opts).await;
+        m.finish(r.as_ref().map(|b| b.len()));
+        r
+    }
+
+    async fn call_with_inner(
+        &self,
+        method: u32,
+        payload: Bytes,
+        opts: CallOptions,
+    ) -> Result<Bytes, CallError> {
         if let Some(dp) = &self.dp
             && payload.len() >= dp.config.threshold
             && self.server_takes_buffer(dp).await
