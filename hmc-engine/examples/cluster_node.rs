@@ -138,7 +138,14 @@ async fn attach(e: &Engine<AnyCommunicator>, peer: &str, within: Duration) -> (u
                 let (a, l, c) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
                 return (a, l as usize, c);
             }
-            Ok(None) => panic!("{peer} published no buffer"),
+            // Registered, but not published yet (it is starting): as not back yet.
+            Ok(None) => {
+                assert!(
+                    start.elapsed() < within,
+                    "{peer} published no buffer in time"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             Err(err) => {
                 assert!(
                     start.elapsed() < within,

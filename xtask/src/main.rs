@@ -5,6 +5,7 @@
 //! machine. Nothing here is needed to *build* the libraries: vendor libraries are loaded at
 //! run time.
 
+mod cluster;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -34,6 +35,9 @@ usage: cargo xtask <command>
                        wheel into target/ucx-wheel/V and run the UCX tests against it
                        (HMC_UCX_LIB): binding layout, conformance, faults, RPC data plane
   tidy                 the cheap source checks that `test` also runs
+  cluster-test [--quick]
+                       hosts as network namespaces (root): etcd, engines, and faults
+                       (link down, SIGKILL, SIGSTOP, etcd restart, tc tbf) with figures
   deps                 install the system packages the build and tests need (apt, as root)
 ";
 
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
         Some("gpu-bundle") => gpu_bundle(),
         Some("tidy") => tidy::run(&root()),
         Some("deps") => ensure_system_packages(),
+        Some("cluster-test") => cluster::run(&root(), args.iter().any(|a| a == "--quick")),
         Some("ucx-wheel") => ucx_wheel(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
@@ -210,7 +215,9 @@ fn test(long: bool) -> Result {
     }
     run(&mut cmd)?;
     // Doc tests are not part of --all-targets.
-    run(cargo().args(["test", "--workspace", "--doc"]))
+    run(cargo().args(["test", "--workspace", "--doc"]))?;
+    // Engines on three network namespaces, a link cut and a process killed (root only).
+    cluster::run(&root(), true)
 }
 
 fn bench(args: &[String]) -> Result {
