@@ -231,3 +231,32 @@ async fn a_hung_peer_is_gone_within_its_lease_and_its_transfer_in_flight_fails()
 fn tracing_note(e: &EngineError) {
     eprintln!("not back yet: {e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_restarted_under_its_name_is_dropped_and_found_again() {
+    let etcd = EtcdProcess::start();
+    let url = etcd.url("restart").to_string();
+    let (mut child, _out) = serve(&url, "target", 1);
+    let a = engine(&url, None).await;
+    a.connect("target", T).await.unwrap();
+    child.kill().unwrap();
+    let _ = child.wait();
+    // Restarted at once: its new record replaces the old one before the old lease lapses.
+    let t = Instant::now();
+    let (mut child, _out) = serve(&url, "target", 1);
+    while !a.peers().is_empty() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the old instance is still connected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("restarted peer dropped after {:?}", t.elapsed());
+    a.connect("target", T).await.unwrap();
+    // The new instance answers (its own table and directory).
+    let second = a.lookup("target", "buffer", T).await.unwrap();
+    assert_eq!(second.map(|v| !v.is_empty()), Some(true));
+    drop(child.stdin.take());
+    let _ = child.wait();
+    a.finalize().await;
+}
