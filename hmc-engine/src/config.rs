@@ -36,6 +36,16 @@ pub struct EngineConfig {
     pub rpc: hmc_rpc::ServerConfig,
     /// Timeout of the blocking API's calls that take none (default 10 s).
     pub default_timeout: Duration,
+    /// Where engines find each other (`metadata`: `embedded`, the default, or
+    /// `etcd://host:port[,host:port]/namespace`; see `hmc_meta`).
+    pub metadata: hmc_meta::MetadataUrl,
+    /// This engine's name in the metadata namespace (`name`; default: its address). Only
+    /// with an etcd `metadata`: without a directory, an engine's name is its address.
+    pub name: Option<String>,
+    /// etcd settings and limits (`lease_ttl_ms`, `etcd_op_timeout_ms`,
+    /// `etcd_retry_initial_ms`, `etcd_retry_max_ms`, `max_value_len`, `max_members`,
+    /// `watch_backlog`).
+    pub etcd: hmc_meta::EtcdConfig,
 }
 
 impl Default for EngineConfig {
@@ -52,6 +62,9 @@ impl Default for EngineConfig {
             plugin_path: Vec::new(),
             rpc: hmc_rpc::ServerConfig::default(),
             default_timeout: Duration::from_secs(10),
+            metadata: hmc_meta::MetadataUrl::Embedded,
+            name: None,
+            etcd: hmc_meta::EtcdConfig::default(),
         }
     }
 }
@@ -65,6 +78,7 @@ impl EngineConfig {
             let bad =
                 |why: String| EngineError::InvalidArgument(format!("option `{k}` = `{v}`: {why}"));
             let num = || v.parse::<usize>().map_err(|e| bad(e.to_string()));
+            let ms = || num().map(|n| Duration::from_millis(n as u64));
             match k.as_str() {
                 "max_regions" => c.max_regions = num()?,
                 "max_remote_regions" => c.max_remote_regions = num()?,
@@ -78,10 +92,23 @@ impl EngineConfig {
                 }
                 "transport" => c.transport = v.parse()?,
                 "plugin_path" => c.plugin_path = std::env::split_paths(v).collect(),
-                "default_timeout_ms" => c.default_timeout = Duration::from_millis(num()? as u64),
+                "default_timeout_ms" => c.default_timeout = ms()?,
+                "metadata" => {
+                    c.metadata = v
+                        .parse()
+                        .map_err(|e: hmc_meta::MetaError| bad(e.to_string()))?
+                }
+                "name" => c.name = Some(v.clone()),
+                "lease_ttl_ms" => c.etcd.lease_ttl = ms()?,
+                "etcd_op_timeout_ms" => c.etcd.op_timeout = ms()?,
+                "etcd_retry_initial_ms" => c.etcd.retry_initial = ms()?,
+                "etcd_retry_max_ms" => c.etcd.retry_max = ms()?,
+                "max_value_len" => c.etcd.max_value_len = num()?,
+                "max_members" => c.etcd.max_members = num()?,
+                "watch_backlog" => c.etcd.watch_backlog = num()?,
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, watch_backlog"
                     )));
                 }
             }
@@ -101,6 +128,10 @@ mod tests {
             ("allow_foreign_data_plane", "true"),
             ("default_timeout_ms", "250"),
             ("transport", "tcp"),
+            ("metadata", "etcd://10.0.0.1:2379/job"),
+            ("name", "prefill-0"),
+            ("lease_ttl_ms", "3000"),
+            ("watch_backlog", "9"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -111,6 +142,14 @@ mod tests {
         assert_eq!(c.default_timeout, Duration::from_millis(250));
         assert_eq!(c.transport, crate::EngineTransport::Tcp);
         assert_eq!(c.max_regions, 65_536);
+        assert_eq!(c.metadata.to_string(), "etcd://10.0.0.1:2379/job");
+        assert_eq!(c.name.as_deref(), Some("prefill-0"));
+        assert_eq!(c.etcd.lease_ttl, Duration::from_secs(3));
+        assert_eq!(c.etcd.watch_backlog, 9);
+        let bad: HashMap<String, String> =
+            [("metadata".to_string(), "etcd://x/".to_string())].into();
+        let e = EngineConfig::from_options(&bad).unwrap_err().to_string();
+        assert!(e.contains("etcd://host:port"), "{e}");
         let bad: HashMap<String, String> = [("max_region".to_string(), "1".to_string())].into();
         let e = EngineConfig::from_options(&bad).unwrap_err().to_string();
         assert!(e.contains("unknown option `max_region`"), "{e}");

@@ -21,6 +21,7 @@ use crate::meta::{
 use crate::region_map::{Lookup, RegionMap};
 use crate::request::{TransferRequest, TransferStatus};
 
+mod membership;
 mod staged;
 
 /// Where registered memory lives.
@@ -121,6 +122,9 @@ struct Peer<C: Communicator> {
     table: RwLock<PeerTable<C>>,
     /// Serialises table refreshes.
     refreshing: tokio::sync::Mutex<()>,
+    /// Set (with the reason) when the peer left the metadata namespace: its transfers in
+    /// flight end with [`EngineError::PeerGone`].
+    gone: tokio::sync::watch::Sender<Option<String>>,
 }
 
 /// State the metadata service's handlers share with the engine.
@@ -139,6 +143,8 @@ struct Inner<C: Communicator> {
     /// Host bounce buffers for staged device memory, made on first use.
     stager: tokio::sync::Mutex<Option<staged::EngineStager<C>>>,
     name: String,
+    /// Where this engine is registered and peers are found (`hmc_meta`).
+    meta: Arc<dyn hmc_meta::MetadataStore>,
     server: RunningServer,
     peers: RwLock<HashMap<String, Arc<Peer<C>>>>,
     runtime: tokio::runtime::Handle,
@@ -209,6 +215,14 @@ fn same_host(meta: &PeerAddr, dp: &PeerAddr) -> bool {
     }
 }
 
+/// The key of a peer in the engine's table: its address when `remote` is one (in a
+/// canonical spelling), else the name it is registered under.
+fn peer_key(remote: &str) -> String {
+    parse_engine_addr(remote, None)
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| remote.to_string())
+}
+
 fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     // A failure leaves zeros: the instance id only tells restarts apart.
@@ -259,19 +273,26 @@ impl<C: Communicator> Engine<C> {
             .bind(&addr)
             .await
             .map_err(EngineError::Transport)?;
-        let name = server.local_addr().to_string();
-        tracing::info!(%name, data_plane = %shared.comm.address(), "engine initialized");
-        Ok(Engine {
+        let address = server.local_addr().to_string();
+        let (name, meta) = membership::open_store(&config, &address, &shared.info()).await?;
+        tracing::info!(%name, %address, metadata = %meta.describe(), data_plane = %shared.comm.address(), "engine initialized");
+        let events = meta.subscribe();
+        let engine = Engine {
             inner: Arc::new(Inner {
                 shared,
                 stager: tokio::sync::Mutex::new(None),
                 name,
+                meta,
                 server,
                 peers: RwLock::new(HashMap::new()),
                 runtime: tokio::runtime::Handle::current(),
                 finalized: false.into(),
             }),
-        })
+        };
+        if let Some(events) = events {
+            membership::watch_members(Arc::downgrade(&engine.inner), events);
+        }
+        Ok(engine)
     }
 
     /// This engine's name: the address peers pass to [`Engine::connect`].
@@ -349,6 +370,15 @@ impl<C: Communicator> Engine<C> {
         t.next_handle += 1;
         t.by_handle.insert(handle, (desc.addr, false));
         t.generation += 1;
+        drop(t);
+        if let Err(e) = self.republish() {
+            // Over the store's record limit: peers could not learn of it, so undo.
+            let mut t = s.local.write();
+            t.by_handle.remove(&handle);
+            t.map.remove(desc.addr);
+            t.generation += 1;
+            return Err(e);
+        }
         Ok(handle)
     }
 
@@ -378,6 +408,10 @@ impl<C: Communicator> Engine<C> {
             exported.as_ref().is_some_and(|e| Arc::strong_count(e) > 1)
                 || staged.as_ref().is_some_and(|e| Arc::strong_count(e) > 1)
         };
+        if exported.is_some() {
+            // A smaller table always fits.
+            let _ = self.republish();
+        }
         while in_use() {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
@@ -392,12 +426,12 @@ impl<C: Communicator> Engine<C> {
     /// address and region table, connects the data plane and imports every region.
     pub async fn connect(&self, remote: &str, timeout: Duration) -> Result<()> {
         self.check_open()?;
-        let addr = parse_engine_addr(remote, None)?;
-        let key = addr.to_string();
+        let key = peer_key(remote);
         if self.inner.peers.read().contains_key(&key) {
             return Err(EngineError::AlreadyConnected(key));
         }
         let deadline = Deadline::after(timeout);
+        let addr = self.resolve(remote, deadline).await?;
         let timed_out = || EngineError::Timeout {
             what: format!("connecting to `{key}`"),
             after: timeout,
@@ -446,12 +480,14 @@ impl<C: Communicator> Engine<C> {
             instance: info.instance,
             table: RwLock::new(table),
             refreshing: tokio::sync::Mutex::new(()),
+            gone: tokio::sync::watch::channel(None).0,
         });
         let mut peers = self.inner.peers.write();
         if peers.contains_key(&key) {
             return Err(EngineError::AlreadyConnected(key));
         }
         peers.insert(key, peer);
+        metrics::counter!("hmc_engine_connects_total").increment(1);
         Ok(())
     }
 
@@ -559,7 +595,7 @@ impl<C: Communicator> Engine<C> {
 
     /// Closes the connection to `remote`. Transfers already running finish.
     pub async fn disconnect(&self, remote: &str) -> Result<()> {
-        let key = parse_engine_addr(remote, None)?.to_string();
+        let key = peer_key(remote);
         self.inner
             .peers
             .write()
@@ -569,7 +605,7 @@ impl<C: Communicator> Engine<C> {
     }
 
     fn peer(&self, remote: &str) -> Result<Arc<Peer<C>>> {
-        let key = parse_engine_addr(remote, None)?.to_string();
+        let key = peer_key(remote);
         self.inner
             .peers
             .read()
@@ -661,6 +697,19 @@ impl<C: Communicator> Engine<C> {
         descs: &[TransferOpDesc],
         timeout: Duration,
     ) -> Result<()> {
+        let m = membership::TransferMetrics::start(op, descs);
+        let r = self.transfer_inner(remote, op, descs, timeout).await;
+        m.finish(&r);
+        r
+    }
+
+    async fn transfer_inner(
+        &self,
+        remote: &str,
+        op: TransferOp,
+        descs: &[TransferOpDesc],
+        timeout: Duration,
+    ) -> Result<()> {
         self.check_open()?;
         let deadline = Deadline::after(timeout);
         let peer = self.peer(remote)?;
@@ -704,9 +753,26 @@ impl<C: Communicator> Engine<C> {
             direct.await?;
             self.run_staged(&peer.ep, op, &staged, deadline).await
         };
+        let mut gone = peer.gone.subscribe();
+        let moved = async {
+            tokio::select! {
+                r = moved => Ok(r),
+                why = gone.wait_for(Option::is_some) => Err(why.ok().and_then(|w| w.clone())
+                    .unwrap_or_else(|| "disconnected".into())),
+            }
+        };
+        let moved = async {
+            match moved.await {
+                Ok(r) => r.map_err(EngineError::from),
+                Err(why) => Err(EngineError::PeerGone {
+                    peer: peer.name.clone(),
+                    why,
+                }),
+            }
+        };
         match tokio::time::timeout(deadline.remaining(), moved).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(hmc_core::Error::DeadlineExceeded { .. })) | Err(_) => {
+            Ok(Err(EngineError::Transport(hmc_core::Error::DeadlineExceeded { .. }))) | Err(_) => {
                 Err(EngineError::Timeout {
                     what: format!(
                         "a transfer of {} descriptor(s) with `{}`",
@@ -716,7 +782,7 @@ impl<C: Communicator> Engine<C> {
                     after: timeout,
                 })
             }
-            Ok(Err(e @ hmc_core::Error::InvalidKey(_))) => {
+            Ok(Err(e @ EngineError::Transport(hmc_core::Error::InvalidKey(_)))) => {
                 // The peer deregistered memory since its table was fetched (its key is
                 // revoked): say which address is gone rather than which key.
                 drop(batch);
@@ -727,9 +793,9 @@ impl<C: Communicator> Engine<C> {
                 {
                     return Err(gone);
                 }
-                Err(e.into())
+                Err(e)
             }
-            Ok(Err(e)) => Err(e.into()),
+            Ok(Err(e)) => Err(e),
         }
     }
 
@@ -853,6 +919,7 @@ impl<C: Communicator> Engine<C> {
             .finalized
             .store(true, std::sync::atomic::Ordering::Release);
         self.inner.peers.write().clear();
+        self.inner.meta.close().await;
         self.inner.server.shutdown().await;
     }
 }

@@ -124,6 +124,19 @@ pub enum EngineError {
     /// The transport failed (connect, register, transfer).
     #[error("transport: {0}")]
     Transport(#[from] hmc_core::Error),
+    /// The peer left the metadata namespace (its lease lapsed: dead, hung or cut off, or
+    /// it restarted under the same name): transfers in flight with it fail with this, and
+    /// it is disconnected.
+    #[error("peer `{peer}` is gone: {why}; connect again once it is back")]
+    PeerGone {
+        /// The peer's name.
+        peer: String,
+        /// How it was seen to go.
+        why: String,
+    },
+    /// The metadata store (etcd) failed: unreachable within the timeout, or a limit.
+    #[error("metadata store: {0}")]
+    Store(#[from] hmc_meta::MetaError),
     /// `finalize` was called.
     #[error("the engine was finalized; initialize a new one")]
     Finalized,

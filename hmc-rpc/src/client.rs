@@ -296,7 +296,8 @@ impl<C: Communicator> Client<C> {
             usable: usable.clone(),
         });
         self.inner.no_buffer.store(false, Ordering::Release);
-        self.inner.conn_gen.fetch_add(1, Ordering::AcqRel);
+        let before = self.inner.conn_gen.fetch_add(1, Ordering::AcqRel);
+        crate::metrics::client_connected(before > 0);
         *self.inner.current.lock() = Some(ConnHandle {
             cmd: tx.clone(),
             usable,
@@ -319,6 +320,18 @@ impl<C: Communicator> Client<C> {
         opts: CallOptions,
     ) -> Result<Bytes, CallError> {
         let payload = payload.into();
+        let m = crate::metrics::ClientCall::start(payload.len());
+        let r = self.call_with_inner(method, payload, opts).await;
+        m.finish(r.as_ref().map(|b| b.len()));
+        r
+    }
+
+    async fn call_with_inner(
+        &self,
+        method: u32,
+        payload: Bytes,
+        opts: CallOptions,
+    ) -> Result<Bytes, CallError> {
         if let Some(dp) = &self.dp
             && payload.len() >= dp.config.threshold
             && self.server_takes_buffer(dp).await

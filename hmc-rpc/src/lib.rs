@@ -86,6 +86,7 @@ pub mod demo;
 pub mod device;
 pub mod direct;
 pub mod dispatch;
+mod metrics;
 mod net;
 pub mod pool;
 pub mod server;

@@ -318,6 +318,7 @@ async fn serve_connection(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let _counted = crate::metrics::ServerConnection::open();
     let conn_use = Arc::new(ConnUse::for_peer(stream.rpc_peer()));
     let (mut rd, wr) = stream.into_split();
     let mut core = ServerConn::with_budget(
@@ -511,14 +512,20 @@ fn respond_now(core: &mut ServerConn, c: Completion, now: Instant) {
         return;
     }
     match c.result {
-        Ok(b) => core.respond(c.request_id, c.method_id, Status::OK, b, now),
-        Err(e) => core.respond(
-            c.request_id,
-            c.method_id,
-            e.status,
-            Bytes::from(e.message),
-            now,
-        ),
+        Ok(b) => {
+            crate::metrics::server_answered(Status::OK, b.len());
+            core.respond(c.request_id, c.method_id, Status::OK, b, now)
+        }
+        Err(e) => {
+            crate::metrics::server_answered(e.status, e.message.len());
+            core.respond(
+                c.request_id,
+                c.method_id,
+                e.status,
+                Bytes::from(e.message),
+                now,
+            )
+        }
     }
 }
 
@@ -571,6 +578,7 @@ fn start_call(
     let id = call.request_id;
     let method = call.method_id;
     let refuse = |core: &mut ServerConn, status: Status, why: String| {
+        crate::metrics::server_answered(status, 0);
         core.respond(id, method, status, Bytes::from(why), now);
     };
     let Some(handler) = shared.dispatcher.get(method) else {
@@ -590,7 +598,12 @@ fn start_call(
         );
         return;
     }
-    let Ok(permit) = shared.inflight.clone().try_acquire_owned() else {
+    let Ok(permit) = shared
+        .inflight
+        .clone()
+        .try_acquire_owned()
+        .map(|p| crate::metrics::ServerCall::admit(p, call.payload_len))
+    else {
         refuse(
             core,
             Status::OVERLOADED,

@@ -5,6 +5,7 @@
 //! machine. Nothing here is needed to *build* the libraries: vendor libraries are loaded at
 //! run time.
 
+mod cluster;
 mod scaffold;
 mod tidy;
 
@@ -46,6 +47,10 @@ usage: cargo xtask <command>
   new-backend NAME [--transport|--memory] [--dir DIR]
                        scaffold an out-of-tree backend crate (default ../NAME) that passes
                        the conformance kit on its first `cargo test`
+  cluster-test [--quick]
+                       hosts as network namespaces (root): etcd, engines, and faults
+                       (link down, SIGKILL, SIGSTOP, etcd restart, tc tbf) with figures
+  deps                 install the system packages the build and tests need (apt, as root)
 ";
 
 /// The UCX that `cargo xtask ucx-wheel` checks by default (PyPI `libucx-cu12`).
@@ -63,6 +68,8 @@ fn main() -> ExitCode {
         Some("hw-bundle") => hw_bundle(&args[1..]),
         Some("rdma-bundle") => rdma_bundle::rdma_bundle(),
         Some("tidy") => tidy::run(&root()),
+        Some("deps") => ensure_system_packages(),
+        Some("cluster-test") => cluster::run(&root(), args.iter().any(|a| a == "--quick")),
         Some("ucx-wheel") => ucx_wheel(&args[1..]),
         Some("new-backend") => scaffold::run(&root(), &args[1..]).map(drop),
         Some("-h" | "--help" | "help") | None => {
@@ -171,6 +178,21 @@ const PACKAGES: &[SystemPackage] = &[
         present: || file_exists_any(&["/usr/include/infiniband/verbs.h"]),
     },
     SystemPackage {
+        name: "etcd-server",
+        why: "hmc-meta's and the engine's discovery tests start etcd",
+        present: || on_path("etcd"),
+    },
+    SystemPackage {
+        name: "protobuf-compiler",
+        why: "etcd-client (hmc-meta) compiles etcd's .proto files with protoc at build time",
+        present: || on_path("protoc"),
+    },
+    SystemPackage {
+        name: "libprotobuf-dev",
+        why: "protoc needs protobuf's well-known .proto files to compile etcd's",
+        present: || file_exists_any(&["/usr/include/google/protobuf/descriptor.proto"]),
+    },
+    SystemPackage {
         name: "gcc",
         why: "the device ABI shims are compiled at test time",
         present: || on_path("cc"),
@@ -211,7 +233,8 @@ fn test(long: bool) -> Result {
     for mut step in test_steps(&["--workspace"], true, long) {
         run(&mut step)?;
     }
-    Ok(())
+    // Engines on three network namespaces, a link cut and a process killed (root only).
+    cluster::run(&root(), true)
 }
 
 /// The cargo commands of `cargo xtask test` for `scope` (`--workspace`, or `-p <crate>`

@@ -94,6 +94,10 @@ struct Args {
     /// below 1024): a CIDR (10.0.0.0/8, ::1/128) or an absolute unix path prefix. Repeatable.
     #[arg(long, value_name = "CIDR|unix-path-prefix")]
     data_plane_allow: Vec<DataPlaneAllow>,
+    /// Serve Prometheus metrics (calls, bytes, errors by status, in-flight, handler time,
+    /// connections) at http://ADDR/metrics.
+    #[arg(long, value_name = "IP:PORT")]
+    metrics_addr: Option<SocketAddr>,
 }
 
 /// The data-plane options and plugin search path the flags give.
@@ -144,6 +148,17 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> hmc_core::Result<()> {
+    if let Some(addr) = args.metrics_addr {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .map_err(|e| {
+                hmc_core::Error::InvalidArgument(format!(
+                    "--metrics-addr {addr}: {e}; pick a free port"
+                ))
+            })?;
+        eprintln!("hmc-rpc-server metrics at http://{addr}/metrics");
+    }
     let mut d = Dispatcher::new();
     demo::register_demo(&mut d);
     let config = ServerConfig {

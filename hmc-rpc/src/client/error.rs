@@ -60,6 +60,21 @@ pub enum CallError {
 }
 
 impl CallError {
+    /// A short name of the failure's kind (a metrics label): the server's status in lower
+    /// case, or `deadline_exceeded`, `connection_lost`, `connect`, `refused`, `codec`,
+    /// `device`.
+    pub fn kind(&self) -> String {
+        match self {
+            CallError::Status { status, .. } => status.name().to_lowercase(),
+            CallError::DeadlineExceeded(_) => "deadline_exceeded".into(),
+            CallError::ConnectionLost(_) => "connection_lost".into(),
+            CallError::Connect(_) => "connect".into(),
+            CallError::Refused(_) => "refused".into(),
+            CallError::Codec(_) => "codec".into(),
+            CallError::Device(_) => "device".into(),
+        }
+    }
+
     /// The error for a non-OK answer: `DEADLINE_EXCEEDED` becomes
     /// [`CallError::DeadlineExceeded`] (the caller fills in the time the call took), so an
     /// expired call has one shape whichever side noticed first.

@@ -1,0 +1,177 @@
+//! The engine in a metadata namespace (`hmc_meta`): registering its address and region
+//! table, resolving peers by name, and dropping peers that leave (their transfers in
+//! flight fail with [`EngineError::PeerGone`]).
+
+use std::sync::{Arc, Weak};
+
+use hmc_core::{Communicator, Deadline, PeerAddr};
+use hmc_meta::{MemberEvent, MemberEvents, MetadataStore, MetadataUrl};
+use hmc_rpc::RpcCodec;
+
+use super::{Engine, Inner, parse_engine_addr};
+use crate::config::EngineConfig;
+use crate::error::{EngineError, Result};
+use crate::meta::EngineInfo;
+
+/// Opens the configured store and registers this engine in it; returns the engine's name
+/// (what peers pass to `connect`) and the store.
+pub(super) async fn open_store(
+    config: &EngineConfig,
+    address: &str,
+    info: &EngineInfo,
+) -> Result<(String, Arc<dyn MetadataStore>)> {
+    let name = match (&config.metadata, &config.name) {
+        (MetadataUrl::Embedded, Some(n)) => {
+            return Err(EngineError::InvalidArgument(format!(
+                "option `name` = `{n}` needs a directory to be found by: set `metadata` to etcd://host:port/namespace, or leave `name` out (the engine's name is then its address)"
+            )));
+        }
+        (_, Some(n)) => n.clone(),
+        (MetadataUrl::Embedded, None) => address.to_string(),
+        // Keys cannot hold `/`: the address as `connect` also takes it.
+        (_, None) => address
+            .strip_prefix("tcp://")
+            .map(str::to_string)
+            .unwrap_or_else(|| address.replace('/', "_")),
+    };
+    let record = RpcCodec::encode(info).map_err(|e| EngineError::InvalidArgument(e.to_string()))?;
+    let store = hmc_meta::open(
+        &config.metadata,
+        config.etcd.clone(),
+        &name,
+        address,
+        record,
+    )
+    .await?;
+    Ok((name, store))
+}
+
+/// Follows membership events for as long as the engine lives: a connected peer that
+/// leaves (or comes back as another instance) is disconnected, its transfers failed.
+pub(super) fn watch_members<C: Communicator>(inner: Weak<Inner<C>>, mut events: MemberEvents) {
+    tokio::spawn(async move {
+        while let Some(ev) = events.next().await {
+            let Some(inner) = inner.upgrade() else { return };
+            let engine = Engine { inner };
+            match ev {
+                Ok(MemberEvent::Left { name }) => engine.peer_gone(
+                    &name,
+                    format!(
+                        "it left the metadata namespace (its lease lapsed within lease_ttl = {:?}: dead, hung or cut off)",
+                        engine.inner.shared.config.etcd.lease_ttl
+                    ),
+                ),
+                Ok(MemberEvent::Updated(m)) | Ok(MemberEvent::Joined(m)) => {
+                    let restarted = engine.peer(&m.name).ok().is_some_and(|p| {
+                        RpcCodec::decode::<EngineInfo>(&m.record)
+                            .is_ok_and(|info| info.instance != p.instance)
+                    });
+                    if restarted {
+                        engine.peer_gone(&m.name, "it restarted under the same name".into());
+                    }
+                }
+                Err(e) => {
+                    // Events were dropped: check every connected peer against the store.
+                    tracing::warn!(error = %e, "membership events lost; re-reading members");
+                    let timeout = engine.inner.shared.config.etcd.op_timeout;
+                    if let Ok(members) = engine.inner.meta.members(timeout).await {
+                        for p in engine.peers() {
+                            if parse_engine_addr(&p, None).is_err()
+                                && !members.iter().any(|m| m.name == p)
+                            {
+                                engine.peer_gone(&p, "it left the metadata namespace".into());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+impl<C: Communicator> Engine<C> {
+    /// Writes this engine's current record (data plane and region table) to the store.
+    pub(super) fn republish(&self) -> Result<()> {
+        let info = self.inner.shared.info();
+        let record =
+            RpcCodec::encode(&info).map_err(|e| EngineError::InvalidArgument(e.to_string()))?;
+        Ok(self.inner.meta.publish(record)?)
+    }
+
+    /// Where to reach `remote`: its address when it is one, else what the store says
+    /// the member of that name registered.
+    pub(super) async fn resolve(&self, remote: &str, deadline: Deadline) -> Result<PeerAddr> {
+        if let Ok(a) = parse_engine_addr(remote, None) {
+            return Ok(a);
+        }
+        let store = &self.inner.meta;
+        let member = store
+            .resolve(remote, deadline.remaining())
+            .await?
+            .ok_or_else(|| EngineError::Metadata {
+                peer: remote.to_string(),
+                why: format!(
+                    "no engine of that name is registered in {}; start it, or check the name and namespace",
+                    store.describe()
+                ),
+            })?;
+        parse_engine_addr(&member.address, None)
+    }
+
+    /// Disconnects `name` and fails its transfers in flight with `why`.
+    pub(super) fn peer_gone(&self, name: &str, why: String) {
+        let Some(peer) = self.inner.peers.write().remove(name) else {
+            return;
+        };
+        tracing::warn!(peer = %name, %why, "peer gone");
+        metrics::counter!("hmc_engine_peers_gone_total").increment(1);
+        peer.gone.send_replace(Some(why));
+    }
+}
+
+/// A transfer's counters (`metrics` facade; names prefixed `hmc_engine_`): `transfers_total`
+/// and `transfer_bytes_total` (label `op`), `transfer_errors_total` (label `kind`),
+/// `transfers_inflight`, `transfer_seconds`; and `connects_total`, `peers_gone_total`.
+pub(super) struct TransferMetrics {
+    start: std::time::Instant,
+}
+
+impl TransferMetrics {
+    pub(super) fn start(op: crate::TransferOp, descs: &[crate::TransferOpDesc]) -> Self {
+        let op = match op {
+            crate::TransferOp::Read => "read",
+            crate::TransferOp::Write => "write",
+        };
+        let bytes: u64 = descs.iter().map(|d| d.len as u64).sum();
+        metrics::counter!("hmc_engine_transfers_total", "op" => op).increment(1);
+        metrics::counter!("hmc_engine_transfer_bytes_total", "op" => op).increment(bytes);
+        metrics::gauge!("hmc_engine_transfers_inflight").increment(1.0);
+        TransferMetrics {
+            start: std::time::Instant::now(),
+        }
+    }
+
+    pub(super) fn finish(&self, r: &Result<()>) {
+        metrics::histogram!("hmc_engine_transfer_seconds")
+            .record(self.start.elapsed().as_secs_f64());
+        if let Err(e) = r {
+            let kind = match e {
+                EngineError::Timeout { .. } => "timeout",
+                EngineError::PeerGone { .. } => "peer_gone",
+                EngineError::NotConnected(_) => "not_connected",
+                EngineError::NotRegistered { .. } | EngineError::Straddles { .. } => "bad_address",
+                EngineError::Limit { .. } => "limit",
+                EngineError::Transport(_) => "transport",
+                EngineError::Metadata { .. } | EngineError::Store(_) => "metadata",
+                _ => "other",
+            };
+            metrics::counter!("hmc_engine_transfer_errors_total", "kind" => kind).increment(1);
+        }
+    }
+}
+
+impl Drop for TransferMetrics {
+    fn drop(&mut self) {
+        metrics::gauge!("hmc_engine_transfers_inflight").decrement(1.0);
+    }
+}

@@ -1,0 +1,588 @@
+//! [`EtcdStore`]: members registered in etcd under a lease kept alive by a background
+//! task, which also watches the namespace and re-registers after an outage.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions, WatchResponse,
+};
+use tokio::sync::{Notify, broadcast};
+
+use crate::error::{MetaError, Result};
+use crate::url::MetadataUrl;
+use crate::{BoxFuture, Member, MemberEvent, MemberEvents, MetadataStore};
+
+/// The record format version (first byte of every value).
+const FORMAT: u8 = 1;
+
+/// Settings and limits of [`EtcdStore`]. Every field is also an engine option.
+#[derive(Clone, Debug)]
+pub struct EtcdConfig {
+    /// The lease's time to live (`lease_ttl_ms`, default 5 s; etcd rounds it up to whole
+    /// seconds). A member that stops renewing is gone for everyone within about this long.
+    /// The lease is renewed every third of it.
+    pub lease_ttl: Duration,
+    /// One etcd request, and one connection attempt (`etcd_op_timeout_ms`, default 2 s).
+    pub op_timeout: Duration,
+    /// First wait between attempts while etcd is unreachable (`etcd_retry_initial_ms`,
+    /// default 100 ms); doubled each attempt up to `retry_max`.
+    pub retry_initial: Duration,
+    /// Longest wait between attempts (`etcd_retry_max_ms`, default 2 s).
+    pub retry_max: Duration,
+    /// Bytes of one member's value, its own and each one read (`max_value_len`, default
+    /// 1 MiB; etcd's own default request limit is 1.5 MiB).
+    pub max_value_len: usize,
+    /// Members read by one listing of the namespace (`max_members`, default 4096).
+    pub max_members: usize,
+    /// Membership events queued for one subscriber (`watch_backlog`, default 1024).
+    pub watch_backlog: usize,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig {
+            lease_ttl: Duration::from_secs(5),
+            op_timeout: Duration::from_secs(2),
+            retry_initial: Duration::from_millis(100),
+            retry_max: Duration::from_secs(2),
+            max_value_len: 1 << 20,
+            max_members: 4096,
+            watch_backlog: 1024,
+        }
+    }
+}
+
+/// State the background task shares with callers.
+struct Shared {
+    endpoints: Vec<String>,
+    prefix: String,
+    name: String,
+    address: String,
+    config: EtcdConfig,
+    /// The encoded value this member publishes.
+    value: parking_lot::Mutex<Vec<u8>>,
+    /// Wakes the task to write `value` again.
+    republish: Notify,
+    /// The connected client, while a session is up.
+    client: parking_lot::Mutex<Option<Client>>,
+    /// Members as last seen (listing plus watch), to turn a fresh listing after an outage
+    /// into joins and leaves.
+    known: parking_lot::Mutex<HashMap<String, Member>>,
+    events: broadcast::Sender<MemberEvent>,
+    /// Sessions established (1 after start; each re-registration adds one).
+    sessions: std::sync::atomic::AtomicU64,
+}
+
+/// Members in etcd (see the crate documentation). Dropping it stops the background task;
+/// the lease then lapses after its TTL (or call [`EtcdStore::close`] to leave at once).
+pub struct EtcdStore {
+    shared: Arc<Shared>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for EtcdStore {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn encode(address: &str, record: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(5 + address.len() + record.len());
+    v.push(FORMAT);
+    v.extend_from_slice(&(address.len() as u32).to_le_bytes());
+    v.extend_from_slice(address.as_bytes());
+    v.extend_from_slice(record);
+    v
+}
+
+fn decode(name: &str, v: &[u8], max: usize) -> Result<Member> {
+    let bad = |why: String| MetaError::BadRecord {
+        name: name.to_string(),
+        why,
+    };
+    if v.len() > max {
+        return Err(MetaError::Limit {
+            limit: "max_value_len",
+            value: v.len() as u64,
+            max: max as u64,
+            hint: "a member published more than this process reads; raise EtcdConfig::max_value_len (engine option max_value_len)",
+        });
+    }
+    if v.first() != Some(&FORMAT) || v.len() < 5 {
+        return Err(bad(format!(
+            "format {:?}, this build reads {FORMAT}; use matching versions",
+            v.first()
+        )));
+    }
+    let n = u32::from_le_bytes(v[1..5].try_into().expect("4 bytes")) as usize;
+    let address = v
+        .get(5..5 + n)
+        .ok_or_else(|| bad("address runs past the value".into()))?;
+    let address = std::str::from_utf8(address)
+        .map_err(|e| bad(e.to_string()))?
+        .to_string();
+    Ok(Member {
+        name: name.to_string(),
+        address,
+        record: v[5 + n..].to_vec(),
+    })
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if name.is_empty() || name.len() > 255 || name.contains('/') || name.contains('\0') {
+        return Err(MetaError::Invalid(format!(
+            "member name `{name}`: use 1-255 bytes without `/`"
+        )));
+    }
+    Ok(())
+}
+
+impl EtcdStore {
+    /// Connects to etcd, registers `name` at `address` with `record` under a lease, and
+    /// starts the task that keeps it alive. Fails if etcd cannot be reached within
+    /// `config.op_timeout` (retrying with backoff meanwhile).
+    pub async fn start(
+        url: &MetadataUrl,
+        config: EtcdConfig,
+        name: &str,
+        address: &str,
+        record: Vec<u8>,
+    ) -> Result<Self> {
+        let MetadataUrl::Etcd { endpoints, .. } = url else {
+            return Err(MetaError::Invalid(format!(
+                "`{url}` is not an etcd URL; use etcd://host:port/namespace"
+            )));
+        };
+        check_name(name)?;
+        let value = encode(address, &record);
+        check_len(value.len(), &config)?;
+        let (events, _) = broadcast::channel(config.watch_backlog.max(1));
+        let shared = Arc::new(Shared {
+            endpoints: endpoints.clone(),
+            prefix: url.members_prefix(),
+            name: name.to_string(),
+            address: address.to_string(),
+            config,
+            value: parking_lot::Mutex::new(value),
+            republish: Notify::new(),
+            client: parking_lot::Mutex::new(None),
+            known: parking_lot::Mutex::new(HashMap::new()),
+            events,
+            sessions: 0.into(),
+        });
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(run(shared.clone(), ready_tx)).abort_handle();
+        let store = EtcdStore { shared, task };
+        let wait = store.shared.config.op_timeout * 2;
+        match tokio::time::timeout(wait, ready_rx).await {
+            Ok(Ok(())) => Ok(store),
+            Ok(Err(_)) => Err(MetaError::Closed),
+            Err(_) => Err(store
+                .shared
+                .unavailable(wait, 1, "registration did not complete")),
+        }
+    }
+
+    /// This member's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// How many times this member has registered (1 after start; one more after each
+    /// outage of etcd or lapse of the lease).
+    pub fn registrations(&self) -> u64 {
+        self.shared
+            .sessions
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+fn check_len(len: usize, config: &EtcdConfig) -> Result<()> {
+    if len > config.max_value_len {
+        return Err(MetaError::Limit {
+            limit: "max_value_len",
+            value: len as u64,
+            max: config.max_value_len as u64,
+            hint: "publish less (fewer, larger regions), or raise EtcdConfig::max_value_len (engine option max_value_len) on every member",
+        });
+    }
+    Ok(())
+}
+
+impl Shared {
+    fn unavailable(&self, after: Duration, attempts: u32, why: &str) -> MetaError {
+        MetaError::Unavailable {
+            endpoints: self.endpoints.join(","),
+            after,
+            attempts,
+            why: why.to_string(),
+        }
+    }
+
+    fn emit(&self, e: MemberEvent) {
+        // No subscriber is fine.
+        let _ = self.events.send(e);
+    }
+
+    /// Folds a member's new value into `known` and emits the event it amounts to.
+    fn saw_put(&self, m: Member) {
+        let mut known = self.known.lock();
+        let event = match known.get(&m.name) {
+            None => MemberEvent::Joined(m.clone()),
+            Some(old) if *old == m => return,
+            Some(_) => MemberEvent::Updated(m.clone()),
+        };
+        known.insert(m.name.clone(), m);
+        drop(known);
+        self.emit(event);
+    }
+
+    fn saw_delete(&self, name: &str) {
+        if self.known.lock().remove(name).is_some() {
+            self.emit(MemberEvent::Left {
+                name: name.to_string(),
+            });
+        }
+    }
+
+    /// Runs `op` on the session's client, retrying with backoff until `timeout`.
+    async fn with_retry<T, F>(&self, timeout: Duration, op: F) -> Result<T>
+    where
+        F: Fn(Client) -> BoxFuture<'static, Result<T>>,
+    {
+        let start = tokio::time::Instant::now();
+        let mut backoff = self.config.retry_initial;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let client = self.client.lock().clone();
+            let why = match client {
+                Some(c) => match tokio::time::timeout(self.config.op_timeout, op(c)).await {
+                    Ok(Ok(v)) => return Ok(v),
+                    Ok(Err(e @ (MetaError::Limit { .. } | MetaError::BadRecord { .. }))) => {
+                        return Err(e);
+                    }
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => format!("no answer within {:?}", self.config.op_timeout),
+                },
+                None => "not connected (reconnecting with backoff)".to_string(),
+            };
+            let elapsed = start.elapsed();
+            if elapsed + backoff > timeout {
+                return Err(self.unavailable(elapsed, attempts, &why));
+            }
+            tracing::debug!(%why, ?backoff, "etcd lookup failed; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(self.config.retry_max);
+        }
+    }
+
+    /// Lists the namespace (at most `max_members`), with the revision read at.
+    async fn list(&self, c: &mut Client) -> Result<(Vec<Member>, i64)> {
+        let max = self.config.max_members;
+        let opts = GetOptions::new().with_prefix().with_limit(max as i64 + 1);
+        let resp = c
+            .get(self.prefix.clone(), Some(opts))
+            .await
+            .map_err(etcd_err)?;
+        if resp.kvs().len() > max {
+            return Err(MetaError::Limit {
+                limit: "max_members",
+                value: resp.count() as u64,
+                max: max as u64,
+                hint: "the namespace holds more members than this process reads; use a namespace per job, or raise EtcdConfig::max_members (engine option max_members)",
+            });
+        }
+        let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let mut out = Vec::with_capacity(resp.kvs().len());
+        for kv in resp.kvs() {
+            let name = String::from_utf8_lossy(&kv.key()[self.prefix.len()..]).into_owned();
+            match decode(&name, kv.value(), self.config.max_value_len) {
+                Ok(m) => out.push(m),
+                Err(e) => tracing::warn!(error = %e, "skipping a member's record"),
+            }
+        }
+        Ok((out, rev))
+    }
+}
+
+fn etcd_err(e: etcd_client::Error) -> MetaError {
+    MetaError::Unavailable {
+        endpoints: String::new(),
+        after: Duration::ZERO,
+        attempts: 1,
+        why: e.to_string(),
+    }
+}
+
+/// The background task: sessions one after another, with backoff between them.
+async fn run(shared: Arc<Shared>, ready: tokio::sync::oneshot::Sender<()>) {
+    let mut ready = Some(ready);
+    let mut backoff = shared.config.retry_initial;
+    loop {
+        match session(&shared, &mut ready, &mut backoff).await {
+            Ok(()) => return,
+            Err(e) => {
+                *shared.client.lock() = None;
+                tracing::warn!(error = %e, ?backoff, endpoints = %shared.endpoints.join(","), "etcd session ended; reconnecting");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(shared.config.retry_max);
+    }
+}
+
+/// One session: connect, grant a lease, write this member, list and watch the namespace,
+/// renew the lease, until something fails.
+async fn session(
+    shared: &Arc<Shared>,
+    ready: &mut Option<tokio::sync::oneshot::Sender<()>>,
+    backoff: &mut Duration,
+) -> Result<()> {
+    let cfg = &shared.config;
+    let t = cfg.op_timeout;
+    let timed = |what: &str| MetaError::Unavailable {
+        endpoints: shared.endpoints.join(","),
+        after: t,
+        attempts: 1,
+        why: format!("{what}: no answer"),
+    };
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(t)
+        .with_timeout(t)
+        .with_keep_alive(t, t);
+    let mut client = tokio::time::timeout(t, Client::connect(&shared.endpoints, Some(opts)))
+        .await
+        .map_err(|_| timed("connect"))?
+        .map_err(etcd_err)?;
+    let ttl = cfg.lease_ttl.as_secs().max(1) as i64;
+    let lease = tokio::time::timeout(t, client.lease_grant(ttl, None))
+        .await
+        .map_err(|_| timed("lease grant"))?
+        .map_err(etcd_err)?
+        .id();
+    let key = format!("{}{}", shared.prefix, shared.name);
+    let put = |mut c: Client| {
+        let key = key.clone();
+        let value = shared.value.lock().clone();
+        async move {
+            tokio::time::timeout(
+                t,
+                c.put(key, value, Some(PutOptions::new().with_lease(lease))),
+            )
+            .await
+        }
+    };
+    put(client.clone())
+        .await
+        .map_err(|_| timed("put"))?
+        .map_err(etcd_err)?;
+    let (mut keeper, mut keep_stream) = tokio::time::timeout(t, client.lease_keep_alive(lease))
+        .await
+        .map_err(|_| timed("keep-alive"))?
+        .map_err(etcd_err)?;
+    let (members, rev) = tokio::time::timeout(t, shared.list(&mut client))
+        .await
+        .map_err(|_| timed("list"))??;
+    // A fresh listing: whoever is missing left while we were away.
+    let gone: Vec<String> = {
+        let known = shared.known.lock();
+        known
+            .keys()
+            .filter(|k| !members.iter().any(|m| &m.name == *k))
+            .cloned()
+            .collect()
+    };
+    for g in gone {
+        shared.saw_delete(&g);
+    }
+    for m in members {
+        shared.saw_put(m);
+    }
+    let mut watch = tokio::time::timeout(
+        t,
+        client.watch(
+            shared.prefix.clone(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(rev + 1),
+            ),
+        ),
+    )
+    .await
+    .map_err(|_| timed("watch"))?
+    .map_err(etcd_err)?;
+    *shared.client.lock() = Some(client.clone());
+    let n = shared
+        .sessions
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    tracing::info!(name = %shared.name, address = %shared.address, lease, registrations = n + 1, "registered in etcd");
+    if let Some(r) = ready.take() {
+        let _ = r.send(());
+    }
+    *backoff = cfg.retry_initial;
+    let mut tick = tokio::time::interval((cfg.lease_ttl / 3).max(Duration::from_millis(100)));
+    // The last answer to a keep-alive; past the TTL without one, the lease may be gone.
+    let mut last_renewed = tokio::time::Instant::now();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if last_renewed.elapsed() > cfg.lease_ttl {
+                    return Err(timed("lease renewal"));
+                }
+                keeper.keep_alive().await.map_err(etcd_err)?;
+            }
+            m = keep_stream.message() => {
+                match m.map_err(etcd_err)? {
+                    Some(r) if r.ttl() > 0 => last_renewed = tokio::time::Instant::now(),
+                    Some(_) => return Err(MetaError::Unavailable {
+                        endpoints: shared.endpoints.join(","),
+                        after: cfg.lease_ttl,
+                        attempts: 1,
+                        why: "our lease expired (etcd did not hear from us within lease_ttl); registering again".into(),
+                    }),
+                    None => return Err(timed("keep-alive stream closed")),
+                }
+            }
+            w = watch.message() => {
+                match w.map_err(etcd_err)? {
+                    Some(resp) => on_watch(shared, resp)?,
+                    None => return Err(timed("watch stream closed")),
+                }
+            }
+            _ = shared.republish.notified() => {
+                put(client.clone()).await.map_err(|_| timed("put"))?.map_err(etcd_err)?;
+            }
+        }
+    }
+}
+
+fn on_watch(shared: &Shared, resp: WatchResponse) -> Result<()> {
+    if resp.canceled() {
+        return Err(MetaError::Unavailable {
+            endpoints: shared.endpoints.join(","),
+            after: Duration::ZERO,
+            attempts: 1,
+            why: format!("watch canceled by etcd: {}", resp.cancel_reason()),
+        });
+    }
+    for ev in resp.events() {
+        let Some(kv) = ev.kv() else { continue };
+        let Some(name) = kv.key().get(shared.prefix.len()..) else {
+            continue;
+        };
+        let name = String::from_utf8_lossy(name).into_owned();
+        match ev.event_type() {
+            EventType::Put => match decode(&name, kv.value(), shared.config.max_value_len) {
+                Ok(m) => shared.saw_put(m),
+                Err(e) => tracing::warn!(error = %e, "ignoring a member's record"),
+            },
+            EventType::Delete => shared.saw_delete(&name),
+        }
+    }
+    Ok(())
+}
+
+impl MetadataStore for EtcdStore {
+    fn describe(&self) -> String {
+        format!(
+            "etcd://{}{}",
+            self.shared.endpoints.join(","),
+            self.shared.prefix.trim_end_matches("/members/")
+        )
+    }
+
+    fn publish(&self, record: Vec<u8>) -> Result<()> {
+        let value = encode(&self.shared.address, &record);
+        check_len(value.len(), &self.shared.config)?;
+        *self.shared.value.lock() = value;
+        self.shared.republish.notify_one();
+        Ok(())
+    }
+
+    fn resolve<'a>(
+        &'a self,
+        name: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Option<Member>>> {
+        Box::pin(async move {
+            check_name(name)?;
+            let key = format!("{}{name}", self.shared.prefix);
+            let max = self.shared.config.max_value_len;
+            let name = name.to_string();
+            self.shared
+                .with_retry(timeout, |mut c| {
+                    let key = key.clone();
+                    let name = name.clone();
+                    Box::pin(async move {
+                        let resp = c.get(key, None).await.map_err(etcd_err)?;
+                        resp.kvs()
+                            .first()
+                            .map(|kv| decode(&name, kv.value(), max))
+                            .transpose()
+                    })
+                })
+                .await
+        })
+    }
+
+    fn members(&self, timeout: Duration) -> BoxFuture<'_, Result<Vec<Member>>> {
+        Box::pin(async move {
+            self.shared
+                .with_retry(timeout, |mut c| {
+                    let shared = self.shared.clone();
+                    Box::pin(async move { shared.list(&mut c).await.map(|(m, _)| m) })
+                })
+                .await
+        })
+    }
+
+    fn subscribe(&self) -> Option<MemberEvents> {
+        Some(MemberEvents {
+            rx: self.shared.events.subscribe(),
+            backlog: self.shared.config.watch_backlog,
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.task.abort();
+            let client = self.shared.client.lock().take();
+            if let Some(mut c) = client {
+                let key = format!("{}{}", self.shared.prefix, self.shared.name);
+                let _ =
+                    tokio::time::timeout(self.shared.config.op_timeout, c.delete(key, None)).await;
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_bad_ones_are_named() {
+        let v = encode("127.0.0.1:7000", b"table");
+        let m = decode("a", &v, 1 << 20).unwrap();
+        assert_eq!(m.address, "127.0.0.1:7000");
+        assert_eq!(m.record, b"table");
+        let e = decode("a", &v, 4).unwrap_err().to_string();
+        assert!(e.contains("max_value_len"), "{e}");
+        let e = decode("a", b"\x02xxxx", 1 << 20).unwrap_err().to_string();
+        assert!(e.contains("record of `a`"), "{e}");
+        let mut short = encode("127.0.0.1:7000", b"");
+        short.truncate(8);
+        assert!(decode("a", &short, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn member_names_without_slashes_only() {
+        assert!(check_name("prefill-0").is_ok());
+        assert!(check_name("a/b").is_err());
+        assert!(check_name("").is_err());
+    }
+}

@@ -1,0 +1,234 @@
+//! The etcd store against a real etcd process: registration and lookup by name, joins and
+//! leaves, a lease that lapses, etcd killed and restarted, and every limit.
+
+use std::time::{Duration, Instant};
+
+use hmc_meta::testing::EtcdProcess;
+use hmc_meta::{EtcdConfig, EtcdStore, MemberEvent, MetaError, MetadataStore, MetadataUrl};
+
+fn config() -> EtcdConfig {
+    EtcdConfig {
+        lease_ttl: Duration::from_secs(2),
+        op_timeout: Duration::from_secs(2),
+        retry_initial: Duration::from_millis(50),
+        retry_max: Duration::from_millis(500),
+        ..EtcdConfig::default()
+    }
+}
+
+async fn member(url: &MetadataUrl, name: &str, cfg: EtcdConfig) -> EtcdStore {
+    EtcdStore::start(
+        url,
+        cfg,
+        name,
+        &format!("10.0.0.1:{}", name.len()),
+        name.as_bytes().to_vec(),
+    )
+    .await
+    .expect("register in etcd")
+}
+
+/// The next event, or a panic naming what was awaited.
+async fn next_event(ev: &mut hmc_meta::MemberEvents, within: Duration, what: &str) -> MemberEvent {
+    tokio::time::timeout(within, ev.next())
+        .await
+        .unwrap_or_else(|_| panic!("no event within {within:?} while waiting for {what}"))
+        .expect("store open")
+        .expect("no lag")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_find_each_other_by_name_and_see_records_change() {
+    let etcd = EtcdProcess::start();
+    let url = etcd.url("job-a");
+    let a = member(&url, "prefill-0", config()).await;
+    let b = member(&url, "decode-0", config()).await;
+    let found = a
+        .resolve("decode-0", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("decode-0 is registered");
+    assert_eq!(found.address, "10.0.0.1:8");
+    assert_eq!(found.record, b"decode-0");
+    assert!(
+        a.resolve("nobody", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let mut names: Vec<String> = a
+        .members(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["decode-0", "prefill-0"]);
+    // Another namespace sees none of them.
+    let other = member(&etcd.url("job-b"), "x", config()).await;
+    assert_eq!(
+        other.members(Duration::from_secs(5)).await.unwrap().len(),
+        1
+    );
+
+    let mut ev = a.subscribe().expect("etcd watches");
+    b.publish(b"new table".to_vec()).unwrap();
+    match next_event(&mut ev, Duration::from_secs(10), "decode-0's update").await {
+        MemberEvent::Updated(m) => assert_eq!(
+            (m.name.as_str(), m.record.as_slice()),
+            ("decode-0", &b"new table"[..])
+        ),
+        other => panic!("expected an update, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_deliver_joins_and_leaves() {
+    let etcd = EtcdProcess::start();
+    let url = etcd.url("scale");
+    let a = member(&url, "a", config()).await;
+    let mut ev = a.subscribe().unwrap();
+    let b = member(&url, "b", config()).await;
+    assert!(
+        matches!(next_event(&mut ev, Duration::from_secs(10), "b's join").await, MemberEvent::Joined(m) if m.name == "b")
+    );
+    b.close().await;
+    assert_eq!(
+        next_event(&mut ev, Duration::from_secs(10), "b's leave").await,
+        MemberEvent::Left { name: "b".into() }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_stops_renewing_is_gone_within_its_lease_ttl() {
+    let etcd = EtcdProcess::start();
+    let url = etcd.url("lapse");
+    let a = member(&url, "a", config()).await;
+    let mut ev = a.subscribe().unwrap();
+    let b = member(&url, "b", config()).await;
+    let _ = next_event(&mut ev, Duration::from_secs(10), "b's join").await;
+    // Dropping the store stops its keep-alives without deleting its key, as a hung or
+    // killed process would.
+    let t = Instant::now();
+    drop(b);
+    let e = next_event(&mut ev, Duration::from_secs(20), "b's lease to lapse").await;
+    assert_eq!(e, MemberEvent::Left { name: "b".into() });
+    let took = t.elapsed();
+    println!("lease_ttl 2 s: b seen gone after {took:?}");
+    assert!(
+        a.resolve("b", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_down_fails_lookups_clearly_and_etcd_back_re_registers() {
+    let mut etcd = EtcdProcess::start();
+    let url = etcd.url("outage");
+    let a = member(&url, "a", config()).await;
+    let b = member(&url, "b", config()).await;
+    assert_eq!(a.registrations(), 1);
+    etcd.kill();
+    let t = Instant::now();
+    let e = a.resolve("b", Duration::from_secs(2)).await.unwrap_err();
+    assert!(
+        matches!(e, MetaError::Unavailable { attempts, .. } if attempts > 1),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&etcd.endpoint()) && msg.contains("existing connections keep working"),
+        "{msg}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "failed after {:?}",
+        t.elapsed()
+    );
+    // Starting a member while etcd is down fails naming the endpoints.
+    let e = EtcdStore::start(&url, config(), "c", "10.0.0.1:1", vec![])
+        .await
+        .err()
+        .expect("no etcd");
+    assert!(e.to_string().contains(&etcd.endpoint()), "{e}");
+
+    etcd.restart();
+    // A lookup made while etcd comes back retries until it answers.
+    let found = a.resolve("b", Duration::from_secs(20)).await.unwrap();
+    assert_eq!(found.map(|m| m.address), Some("10.0.0.1:1".to_string()));
+    let t = Instant::now();
+    while a.registrations() < 2 || b.registrations() < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "not re-registered: {} {}",
+            a.registrations(),
+            b.registrations()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Re-registered under fresh leases: both are still there after the old leases' TTL.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(b.members(Duration::from_secs(5)).await.unwrap().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_limit_is_named_when_reached() {
+    let etcd = EtcdProcess::start();
+    let url = etcd.url("limits");
+    let small = EtcdConfig {
+        max_value_len: 64,
+        max_members: 2,
+        watch_backlog: 1,
+        ..config()
+    };
+    let a = member(&url, "a", small.clone()).await;
+    let e = a.publish(vec![0; 100]).unwrap_err().to_string();
+    assert!(e.contains("max_value_len"), "{e}");
+    // A peer that publishes more than we read is refused by name.
+    let _big = member(
+        &url,
+        "big",
+        EtcdConfig {
+            max_value_len: 1 << 20,
+            ..config()
+        },
+    )
+    .await;
+    _big.publish(vec![1; 1000]).unwrap();
+    let t = Instant::now();
+    let e = loop {
+        match a.resolve("big", Duration::from_secs(5)).await {
+            Err(e) => break e.to_string(),
+            Ok(_) if t.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Ok(m) => panic!("read an oversized record: {m:?}"),
+        }
+    };
+    assert!(e.contains("max_value_len"), "{e}");
+    let _c = member(&url, "c", config()).await;
+    let e = a
+        .members(Duration::from_secs(5))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("max_members"), "{e}");
+
+    // A subscriber that does not read falls behind its backlog of one event.
+    let url = etcd.url("backlog");
+    let w = member(&url, "w", small).await;
+    let mut ev = w.subscribe().unwrap();
+    let _x = member(&url, "x", config()).await;
+    let _y = member(&url, "y", config()).await;
+    let _z = member(&url, "z", config()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let e = tokio::time::timeout(Duration::from_secs(5), ev.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_err();
+    assert!(e.to_string().contains("watch_backlog"), "{e}");
+}
