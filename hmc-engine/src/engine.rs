@@ -740,7 +740,15 @@ impl<C: Communicator> Engine<C> {
         let engine = self.clone();
         let remote = remote.to_string();
         self.inner.runtime.spawn(async move {
-            let status = match engine.transfer(&remote, op, &descs, timeout).await {
+            let cancel = done.cancel.clone();
+            // Dropping the transfer future cancels it (the transport's contract).
+            let outcome = tokio::select! {
+                r = engine.transfer(&remote, op, &descs, timeout) => r,
+                _ = cancel.notified() => Err(EngineError::Cancelled(format!(
+                    "a transfer of {} descriptor(s) with `{remote}`", descs.len()
+                ))),
+            };
+            let status = match outcome {
                 Ok(()) => TransferStatus::Completed,
                 Err(EngineError::Timeout { .. }) => TransferStatus::TimedOut,
                 Err(e) => TransferStatus::Failed(Arc::new(e)),

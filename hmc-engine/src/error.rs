@@ -124,6 +124,10 @@ pub enum EngineError {
     /// The transport failed (connect, register, transfer).
     #[error("transport: {0}")]
     Transport(#[from] hmc_core::Error),
+    /// The caller cancelled the operation ([`crate::TransferRequest::cancel`]); the
+    /// transport no longer touches its memory.
+    #[error("{0} was cancelled; start it again if it is still wanted")]
+    Cancelled(String),
     /// `finalize` was called.
     #[error("the engine was finalized; initialize a new one")]
     Finalized,
