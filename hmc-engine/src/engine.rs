@@ -413,10 +413,10 @@ impl<C: Communicator> Engine<C> {
         .await
         .map_err(|_| timed_out())?
         .map_err(|e| meta_err(e.to_string()))?;
-        let info = self
-            .fetch_info(&rpc, deadline)
-            .await
-            .map_err(|e| meta_err(e.to_string()))?;
+        let info = self.fetch_info(&rpc, deadline).await.map_err(|e| match e {
+            EngineError::Timeout { .. } => timed_out(),
+            e => meta_err(e.to_string()),
+        })?;
         let dp: PeerAddr = info
             .data_plane
             .parse()
@@ -461,9 +461,16 @@ impl<C: Communicator> Engine<C> {
         let info: EngineInfo = rpc
             .call_typed_with(METHOD_INFO, &hello, opts)
             .await
-            .map_err(|e| EngineError::Metadata {
-                peer: "peer".into(),
-                why: e.to_string(),
+            .map_err(|e| match e {
+                // A peer that accepts but never answers: a timeout, not a broken peer.
+                hmc_rpc::CallError::DeadlineExceeded(after) => EngineError::Timeout {
+                    what: "the metadata exchange".into(),
+                    after,
+                },
+                e => EngineError::Metadata {
+                    peer: "peer".into(),
+                    why: e.to_string(),
+                },
             })?;
         if info.version != VERSION {
             return Err(EngineError::Metadata {

@@ -349,6 +349,20 @@ async fn a_cancelled_request_ends_failed_and_a_finished_one_keeps_its_status() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_a_silent_peer_times_out() {
+    // Accepts connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let a = engine(EngineConfig::default()).await;
+    let e = a
+        .connect(&addr.to_string(), Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, EngineError::Timeout { .. }), "{e}");
+    assert!(e.to_string().contains("pass a longer timeout"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notifications_arrive_in_order_and_are_bounded() {
     let a = engine(EngineConfig::default()).await;
     let b = engine(EngineConfig {
