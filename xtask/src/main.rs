@@ -5,6 +5,7 @@
 //! machine. Nothing here is needed to *build* the libraries: vendor libraries are loaded at
 //! run time.
 
+mod python;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -19,8 +20,9 @@ usage: cargo xtask <command>
                        with checksums, and the RPC demo methods
   test [--long]        install what is missing, then tidy checks and the whole test suite
                        (--long adds the long-running soak tests)
-  bench <transfer|rpc|ucx|engine|all> [--quick]
-                       benchmarks side by side with iperf3 / tonic / ucx_perftest
+  bench <transfer|rpc|ucx|engine|python|all> [--quick]
+                       benchmarks side by side with iperf3 / tonic / ucx_perftest /
+                       Mooncake (engine, python)
   matrix               detect runtimes and devices, run what can run here, print the
                        support table
   gpu-bundle           build the GPU check (CUDA tests, copy bandwidth, device-staged RPC
@@ -146,6 +148,29 @@ const PACKAGES: &[SystemPackage] = &[
         present: || on_path("iperf3"),
     },
     SystemPackage {
+        name: "python3-venv",
+        why: "the Python package's tests run in a venv under target/",
+        present: || {
+            Command::new("python3")
+                .args(["-c", "import ensurepip, venv"])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        },
+    },
+    SystemPackage {
+        name: "python3-pip",
+        why: "pip installs maturin, pytest and numpy into that venv",
+        present: || {
+            Command::new("python3")
+                .args(["-m", "pip", "--version"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        },
+    },
+    SystemPackage {
         name: "gcc",
         why: "the device ABI shims are compiled at test time",
         present: || on_path("cc"),
@@ -193,7 +218,9 @@ fn test(long: bool) -> Result {
     }
     run(&mut cmd)?;
     // Doc tests are not part of --all-targets.
-    run(cargo().args(["test", "--workspace", "--doc"]))
+    run(cargo().args(["test", "--workspace", "--doc"]))?;
+    // The Python package: its wheel into target/py-venv, then pytest.
+    python::test()
 }
 
 fn bench(args: &[String]) -> Result {
@@ -203,14 +230,14 @@ fn bench(args: &[String]) -> Result {
     let benches: &[(&str, &str)] = match which {
         "transfer" => &[("hmc-transport-tcp", "transfer")],
         "ucx" => &[("hmc-transport-ucx", "rma")],
-        "rpc" | "engine" => &[],
+        "rpc" | "engine" | "python" => &[],
         "all" => &[
             ("hmc-transport-tcp", "transfer"),
             ("hmc-transport-ucx", "rma"),
         ],
         other => {
             return Err(format!(
-                "unknown benchmark `{other}`; choose transfer, rpc, ucx, engine or all"
+                "unknown benchmark `{other}`; choose transfer, rpc, ucx, engine, python or all"
             ));
         }
     };
@@ -228,6 +255,9 @@ fn bench(args: &[String]) -> Result {
     }
     if which == "engine" || which == "all" {
         bench_engine(quick)?;
+    }
+    if which == "python" || which == "all" {
+        python::bench(quick)?;
     }
     Ok(())
 }
