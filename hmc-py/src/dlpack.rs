@@ -185,3 +185,161 @@ pub(crate) fn consume(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
         keep,
     })
 }
+
+/// DLPack's `DLPackVersion`.
+#[repr(C)]
+struct DLPackVersion {
+    major: u32,
+    minor: u32,
+}
+
+/// DLPack's `DLManagedTensorVersioned` (DLPack 1.0).
+#[repr(C)]
+struct DLManagedTensorVersioned {
+    version: DLPackVersion,
+    manager_ctx: *mut c_void,
+    deleter: Option<unsafe extern "C" fn(*mut DLManagedTensorVersioned)>,
+    flags: u64,
+    dl_tensor: DLTensor,
+}
+
+const DLTENSOR_VERSIONED: &CStr = c"dltensor_versioned";
+
+/// What an exported tensor keeps: the exporting object (alive while the consumer holds
+/// the tensor) and what to run once the consumer is done.
+struct Keepalive {
+    owner: Option<Py<PyAny>>,
+    release: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl Keepalive {
+    fn end(mut self) {
+        Python::attach(|_| drop(self.owner.take()));
+        if let Some(release) = self.release.take() {
+            release();
+        }
+    }
+}
+
+/// An exported legacy tensor; the managed struct first, so a pointer to it is a pointer
+/// to the whole.
+#[repr(C)]
+struct Exported {
+    managed: DLManagedTensor,
+    shape: [i64; 1],
+    keep: Keepalive,
+}
+
+/// An exported DLPack 1.0 tensor, laid out as [`Exported`].
+#[repr(C)]
+struct ExportedVersioned {
+    managed: DLManagedTensorVersioned,
+    shape: [i64; 1],
+    keep: Keepalive,
+}
+
+unsafe extern "C" fn exported_deleter(m: *mut DLManagedTensor) {
+    // SAFETY: `m` is the first field of a boxed `Exported` made by `export`, and DLPack
+    // consumers call the deleter once.
+    unsafe { Box::from_raw(m.cast::<Exported>()) }.keep.end();
+}
+
+unsafe extern "C" fn exported_versioned_deleter(m: *mut DLManagedTensorVersioned) {
+    // SAFETY: as `exported_deleter`, for `ExportedVersioned`.
+    unsafe { Box::from_raw(m.cast::<ExportedVersioned>()) }
+        .keep
+        .end();
+}
+
+/// The capsules' destructor: a tensor nobody consumed (the capsule keeps its name) is
+/// deleted here; a consumed one (renamed `used_...`) is the consumer's to delete.
+unsafe extern "C" fn capsule_destructor(capsule: *mut ffi::PyObject) {
+    // SAFETY: called by Python with a live capsule whose pointer is one of ours.
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, DLTENSOR.as_ptr()) == 1 {
+            let m = ffi::PyCapsule_GetPointer(capsule, DLTENSOR.as_ptr());
+            exported_deleter(m.cast());
+        } else if ffi::PyCapsule_IsValid(capsule, DLTENSOR_VERSIONED.as_ptr()) == 1 {
+            let m = ffi::PyCapsule_GetPointer(capsule, DLTENSOR_VERSIONED.as_ptr());
+            exported_versioned_deleter(m.cast());
+        }
+    }
+}
+
+fn host_bytes(addr: u64) -> DLTensor {
+    DLTensor {
+        data: addr as *mut c_void,
+        device: DLDevice {
+            device_type: 1, // kDLCPU
+            device_id: 0,
+        },
+        ndim: 1,
+        dtype: DLDataType {
+            code: 1, // kDLUInt
+            bits: 8,
+            lanes: 1,
+        },
+        shape: std::ptr::null_mut(),
+        strides: std::ptr::null_mut(),
+        byte_offset: 0,
+    }
+}
+
+/// A DLPack capsule over `len` writable host bytes at `addr`, as a 1-D `uint8` tensor:
+/// DLPack 1.0 (`dltensor_versioned`) when `versioned`, the legacy `dltensor` otherwise.
+/// `owner` stays alive, and `release` runs, until the consumer deletes the tensor.
+pub(crate) fn export<'py>(
+    py: Python<'py>,
+    owner: Py<PyAny>,
+    addr: u64,
+    len: usize,
+    versioned: bool,
+    release: Box<dyn FnOnce() + Send>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let keep = Keepalive {
+        owner: Some(owner),
+        release: Some(release),
+    };
+    let (ptr, name, undo): (*mut c_void, &CStr, Box<dyn FnOnce()>) = if versioned {
+        let mut e = Box::new(ExportedVersioned {
+            managed: DLManagedTensorVersioned {
+                version: DLPackVersion { major: 1, minor: 0 },
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(exported_versioned_deleter),
+                flags: 0, // writable, not a copy
+                dl_tensor: host_bytes(addr),
+            },
+            shape: [len as i64],
+            keep,
+        });
+        e.managed.dl_tensor.shape = e.shape.as_mut_ptr();
+        let p = Box::into_raw(e);
+        // SAFETY: run only when no capsule took `p` (then nothing else owns it).
+        let undo = Box::new(move || unsafe { exported_versioned_deleter(p.cast()) });
+        (p.cast(), DLTENSOR_VERSIONED, undo)
+    } else {
+        let mut e = Box::new(Exported {
+            managed: DLManagedTensor {
+                dl_tensor: host_bytes(addr),
+                manager_ctx: std::ptr::null_mut(),
+                deleter: Some(exported_deleter),
+            },
+            shape: [len as i64],
+            keep,
+        });
+        e.managed.dl_tensor.shape = e.shape.as_mut_ptr();
+        let p = Box::into_raw(e);
+        // SAFETY: run only when no capsule took `p` (then nothing else owns it).
+        let undo = Box::new(move || unsafe { exported_deleter(p.cast()) });
+        (p.cast(), DLTENSOR, undo)
+    };
+    // SAFETY: `ptr` is a live export whose first field is the managed tensor; the
+    // capsule's destructor deletes it unless a consumer took it.
+    let capsule = unsafe { ffi::PyCapsule_New(ptr, name.as_ptr(), Some(capsule_destructor)) };
+    if capsule.is_null() {
+        undo();
+        return Err(PyErr::fetch(py));
+    }
+    // SAFETY: a new reference from PyCapsule_New.
+    Ok(unsafe { Bound::from_owned_ptr(py, capsule) })
+}

@@ -393,7 +393,10 @@ impl Engine {
     /// device memory). The engine holds ``obj`` until ``deregister_mem``: peers may read
     /// and write it at any time until then. A read-only buffer may be registered as the
     /// source of WRITEs, never as the target of a READ.
-    #[pyo3(signature = (obj, mem_type = MemType::Host, device = None))]
+    #[pyo3(
+        signature = (obj, mem_type = MemType::Host, device = None),
+        text_signature = "(self, /, obj, mem_type=MemType.HOST, device=None)"
+    )]
     fn register_mem(
         &self,
         obj: &Bound<'_, PyAny>,
@@ -543,10 +546,12 @@ impl Engine {
         self.finalize_py(py)
     }
 
+    /// The engine itself (``with hmc.Engine() as e:``).
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
 
+    /// Finalizes the engine; exceptions propagate.
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> bool {
         self.finalize(py);
@@ -560,9 +565,11 @@ impl Engine {
         }
     }
 
-    /// Benchmark aid: ``iters`` synchronous transfers of one descriptor from Rust, as
-    /// ``transfer_sync`` makes them but without Python in the loop. Returns the seconds
-    /// taken (``cargo xtask bench python`` compares it with the Python loop).
+    /// Benchmark aid: ``iters`` synchronous transfers of one descriptor made by plain Rust
+    /// (the runtime's ``block_on`` of the engine's transfer, as ``hmc_engine::
+    /// BlockingEngine::transfer_sync`` does, the GIL released once for the loop). Returns
+    /// the seconds taken; ``cargo xtask bench python`` compares it with the same op
+    /// through ``transfer_sync``.
     #[pyo3(signature = (remote, op, desc, iters, timeout_ms = 1000))]
     fn _transfer_sync_loop(
         &self,
@@ -579,16 +586,16 @@ impl Engine {
             remote_addr: desc.remote_addr,
             len: desc.length as usize,
         }];
-        let start = std::time::Instant::now();
-        for _ in 0..iters {
-            wait(
-                py,
-                live.engine
-                    .transfer(remote, op.into(), &d, millis(timeout_ms)),
-            )?
-            .map_err(errors::engine)?;
-        }
-        Ok(start.elapsed().as_secs_f64())
+        let rt = runtime()?;
+        let (op, t) = (op.into(), millis(timeout_ms));
+        py.detach(|| {
+            let start = std::time::Instant::now();
+            for _ in 0..iters {
+                rt.block_on(live.engine.transfer(remote, op, &d, t))?;
+            }
+            Ok(start.elapsed().as_secs_f64())
+        })
+        .map_err(errors::engine)
     }
 }
 

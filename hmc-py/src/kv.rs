@@ -99,7 +99,10 @@ pub struct CacheDesc {
 #[pymethods]
 impl CacheDesc {
     #[new]
-    #[pyo3(signature = (num_tensors, dtype, shape, placement = MemType::Host, device = None))]
+    #[pyo3(
+        signature = (num_tensors, dtype, shape, placement = MemType::Host, device = None),
+        text_signature = "(num_tensors, dtype, shape, placement=MemType.HOST, device=None)"
+    )]
     fn new(
         num_tensors: u32,
         dtype: DataType,
@@ -379,6 +382,57 @@ impl CacheTensor {
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {
         self.views.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A DLPack capsule over the tensor (1-D ``uint8`` on the CPU, zero-copy), for
+    /// ``numpy.from_dlpack`` and other DLPack consumers; counts as an open view until the
+    /// consumer lets go.
+    #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
+    fn __dlpack__<'py>(
+        slf: &Bound<'py, Self>,
+        stream: Option<Py<PyAny>>,
+        max_version: Option<Py<PyAny>>,
+        dl_device: Option<(i32, i32)>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _ = stream;
+        // DLPack 1.0 when the consumer speaks it (numpy >= 2 asks with max_version):
+        // only the versioned struct can say "writable".
+        let versioned = match max_version {
+            Some(v) => v
+                .bind(slf.py())
+                .extract::<(u32, u32)>()
+                .is_ok_and(|(major, _)| major >= 1),
+            None => false,
+        };
+        let t = slf.get();
+        if !t.live.load(Ordering::Acquire) {
+            return Err(PyBufferError::new_err(
+                "the cache was deallocated; its tensors have no memory any more",
+            ));
+        }
+        if dl_device.is_some_and(|d| d != (1, 0)) || copy == Some(true) {
+            return Err(PyBufferError::new_err(
+                "a cache tensor is exported in place on the CPU only (dl_device=(1, 0), copy=False or None)",
+            ));
+        }
+        t.views.fetch_add(1, Ordering::AcqRel);
+        let views = t.views.clone();
+        crate::dlpack::export(
+            slf.py(),
+            slf.clone().into_any().unbind(),
+            t.addr,
+            t.len,
+            versioned,
+            Box::new(move || {
+                views.fetch_sub(1, Ordering::AcqRel);
+            }),
+        )
+    }
+
+    /// ``(1, 0)``: DLPack's CPU device.
+    fn __dlpack_device__(&self) -> (i32, i32) {
+        (1, 0)
     }
 
     /// Bytes in the tensor.
@@ -802,10 +856,12 @@ impl DataDist {
         }
     }
 
+    /// The DataDist itself (``with DataDist(...) as dd:``).
     fn __enter__(slf: Py<Self>) -> Py<Self> {
         slf
     }
 
+    /// Finalizes the DataDist; exceptions propagate.
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> bool {
         self.finalize(py);

@@ -303,11 +303,13 @@ impl Server {
         Ok(())
     }
 
+    /// Starts the server (``with Server(...) as s:``).
     fn __enter__(slf: Py<Self>, py: Python<'_>) -> PyResult<Py<Self>> {
         slf.get().start(py)?;
         Ok(slf)
     }
 
+    /// Shuts the server down; exceptions propagate.
     #[pyo3(signature = (*_args))]
     fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
         self.shutdown(py)?;

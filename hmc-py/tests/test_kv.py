@@ -105,6 +105,18 @@ def test_a_datadist_over_an_engine_of_the_caller():
     assert dd.local_address == e.local_address
     c = dd.allocate_cache(kv.CacheDesc(1, kv.DataType.U8, [4, 4]))
     assert len(c.tensors[0]) == 16 and bytes(c.tensors[0]) == bytes(16)
+    # DLPack: in place, and an open view until the consumer lets go.
+    t = c.tensors[0]
+    assert t.__dlpack_device__() == (1, 0)
+    arr = np.from_dlpack(t)
+    assert arr.dtype == np.uint8 and arr.shape == (16,) and arr.ctypes.data == t.addr
+    arr[3] = 7
+    assert bytes(t)[3] == 7
+    with pytest.raises(hmc.StateError, match="still open"):
+        dd.deallocate_cache(c)
+    del arr
+    t.__dlpack__()  # capsules nobody consumes release their view when dropped
+    t.__dlpack__(max_version=(1, 0))
     dd.deallocate_cache(c)
     with pytest.raises(BufferError, match="deallocated"):
         memoryview(c.tensors[0])

@@ -1,9 +1,8 @@
 """Type stubs of the extension module ``hmc._hmc`` (re-exported by ``hmc``, ``hmc.kv``
 and ``hmc.rpc``)."""
 
-import enum
 from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
-from typing import Any, Optional, Union
+from typing import Any, ClassVar, Optional, Union
 
 from typing_extensions import Buffer, Self
 
@@ -15,25 +14,28 @@ DescLike = Union["TransferOpDesc", tuple[int, int, int]]
 
 SIGNAL_CHECK_MS: int
 
-class MemType(enum.Enum):
+class MemType:
     """Where memory lives."""
 
-    HOST = ...
-    DEVICE = ...
+    HOST: ClassVar[MemType]
+    DEVICE: ClassVar[MemType]
+    def __int__(self) -> int: ...
 
-class TransferOp(enum.Enum):
+class TransferOp:
     """``READ``: remote to local; ``WRITE``: local to remote."""
 
-    READ = ...
-    WRITE = ...
+    READ: ClassVar[TransferOp]
+    WRITE: ClassVar[TransferOp]
+    def __int__(self) -> int: ...
 
-class TransferStatus(enum.Enum):
+class TransferStatus:
     """Where an asynchronous transfer stands."""
 
-    WAITING = ...
-    COMPLETED = ...
-    TIMEOUT = ...
-    FAILED = ...
+    WAITING: ClassVar[TransferStatus]
+    COMPLETED: ClassVar[TransferStatus]
+    TIMEOUT: ClassVar[TransferStatus]
+    FAILED: ClassVar[TransferStatus]
+    def __int__(self) -> int: ...
 
 class TransferOpDesc:
     """``length`` bytes between ``local_addr`` and ``remote_addr``."""
@@ -90,22 +92,24 @@ class Engine:
 
 # hmc.kv
 
-class Role(enum.Enum):
+class Role:
     """A cluster's role."""
 
-    PROMPT = ...
-    DECODER = ...
+    PROMPT: ClassVar[Role]
+    DECODER: ClassVar[Role]
+    def __int__(self) -> int: ...
 
-class DataType(enum.Enum):
+class DataType:
     """Element type of a cache's tensors."""
 
-    FP8 = ...
-    F16 = ...
-    BF16 = ...
-    F32 = ...
-    I8 = ...
-    U8 = ...
-    I32 = ...
+    FP8: ClassVar[DataType]
+    F16: ClassVar[DataType]
+    BF16: ClassVar[DataType]
+    F32: ClassVar[DataType]
+    I8: ClassVar[DataType]
+    U8: ClassVar[DataType]
+    I32: ClassVar[DataType]
+    def __int__(self) -> int: ...
 
 class CacheDesc:
     """``num_tensors`` tensors of ``dtype`` and ``shape``."""
@@ -147,7 +151,15 @@ class CacheTensor(Buffer):
 
     addr: int
     def __len__(self) -> int: ...
-    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Any = None,
+        max_version: Optional[tuple[int, int]] = None,
+        dl_device: Optional[tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
 
 class Cache:
     """A registered cache."""
