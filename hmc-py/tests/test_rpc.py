@@ -103,3 +103,22 @@ def test_serve_blocks_until_shutdown():
     s.shutdown()
     t.join(10)
     assert not t.is_alive()
+
+
+def test_a_handler_may_drive_the_engine(pair):
+    """Handlers run on worker threads outside the runtime, so blocking hmc calls work in
+    them: here a call makes the server's engine WRITE into the caller's buffer."""
+    a, b = pair
+    src, dst = bytearray(b"r" * 4096), bytearray(4096)
+    hs, hd = a.register_mem(src), b.register_mem(dst)
+    a.connect(b.local_address)
+
+    def push(payload):
+        a.transfer_sync(b.local_address, hmc.TransferOp.WRITE, [(hs.addr, int(payload), 4096)])
+        return b"ok"
+
+    s = rpc.Server("127.0.0.1:0", demo=False)
+    s.register(1000, push)
+    with s:  # starts it, and shuts it down at the end
+        assert rpc.Client(s.address).call(1000, str(hd.addr).encode()) == b"ok"
+    assert dst == src
