@@ -240,18 +240,19 @@ impl Live {
 
     /// Deregisters everything still registered (waiting for transfers on it), then
     /// finalizes the engine, then releases the Python memory.
-    fn shut(&self) {
-        let handles: Vec<hmc_engine::MemHandle> = self.held.lock().keys().copied().collect();
-        let engine = self.engine.clone();
-        let Ok(rt) = runtime() else { return };
-        rt.block_on(async move {
+    fn shut(self: Arc<Self>) {
+        crate::finish(async move {
+            let handles: Vec<hmc_engine::MemHandle> = self.held.lock().keys().copied().collect();
             for h in handles {
-                let _ = engine.deregister_mem(h).await;
+                let _ = self.engine.deregister_mem(h).await;
             }
-            engine.finalize().await;
+            self.engine.finalize().await;
+            // Taken out first: dropping Python objects attaches to the interpreter, which
+            // must not happen under a lock a Python thread may be waiting for.
+            let held = std::mem::take(&mut *self.held.lock());
+            drop(held);
+            self.readonly.write().clear();
         });
-        self.held.lock().clear();
-        self.readonly.write().clear();
     }
 }
 
@@ -282,15 +283,17 @@ pub(crate) fn descs(list: &Bound<'_, PyAny>) -> PyResult<Vec<hmc_engine::Transfe
 /// address, synchronously or asynchronously. Safe to use from many threads; a context
 /// manager (``with hmc.Engine() as e:`` finalizes it on exit).
 ///
-/// Example::
+/// Example:
 ///
-///     e = hmc.Engine()
-///     e.initialize("127.0.0.1:0")
-///     buf = bytearray(4096)
-///     h = e.register_mem(buf)
-///     e.connect(peer_address)
-///     e.transfer_sync(peer_address, hmc.TransferOp.WRITE,
-///                     [hmc.TransferOpDesc(h.addr, remote_addr, 4096)])
+/// ```python
+/// e = hmc.Engine()
+/// e.initialize("127.0.0.1:0")
+/// buf = bytearray(4096)
+/// h = e.register_mem(buf)
+/// e.connect(peer_address)
+/// e.transfer_sync(peer_address, hmc.TransferOp.WRITE,
+///                 [hmc.TransferOpDesc(h.addr, remote_addr, 4096)])
+/// ```
 #[pyclass(module = "hmc", frozen)]
 pub struct Engine {
     live: RwLock<Option<Arc<Live>>>,
@@ -333,10 +336,10 @@ impl Engine {
     }
 
     /// See `finalize`.
-    pub(crate) fn finalize_py(&self, py: Python<'_>) {
+    pub(crate) fn finalize_py(&self, _py: Python<'_>) {
         let live = self.live.write().take();
         if let Some(live) = live {
-            py.detach(|| live.shut());
+            live.shut();
         }
     }
 
@@ -352,7 +355,7 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         if let Some(live) = self.live.get_mut().take() {
-            Python::attach(|py| py.detach(|| live.shut()));
+            live.shut();
         }
     }
 }

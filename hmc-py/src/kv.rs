@@ -288,15 +288,13 @@ impl Drop for Cache {
             t.get().live.store(false, Ordering::Release);
         }
         let dd = self.dd.clone();
-        if let Ok(rt) = crate::runtime() {
-            Python::attach(|py| {
-                py.detach(|| {
-                    if let Err(e) = rt.block_on(dd.deallocate_cache(c)) {
-                        tracing::warn!(error = %e, "deallocating a dropped KV cache failed");
-                    }
-                })
-            });
-        }
+        let held = std::mem::take(self.held.get_mut());
+        crate::finish(async move {
+            if let Err(e) = dd.deallocate_cache(c).await {
+                tracing::warn!(error = %e, "deallocating a dropped KV cache failed");
+            }
+            drop(held);
+        });
     }
 }
 

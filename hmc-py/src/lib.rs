@@ -91,6 +91,23 @@ where
     }
 }
 
+/// Runs clean-up `fut` to its end: blocking, with the interpreter detached, or as a task
+/// of its own on a thread inside the runtime (where blocking is not allowed: an object
+/// dropped there).
+pub(crate) fn finish<F>(fut: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    Python::attach(|py| {
+        let Ok(rt) = runtime() else { return };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            rt.spawn(fut);
+        } else {
+            py.detach(|| rt.block_on(fut));
+        }
+    });
+}
+
 /// Milliseconds from Python as a `Duration`.
 pub(crate) fn millis(ms: u64) -> Duration {
     Duration::from_millis(ms)
