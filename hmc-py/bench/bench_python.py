@@ -7,7 +7,8 @@ loop on the same engine (``Engine._transfer_sync_loop``).
     python bench_python.py [--seconds S] [--no-mooncake]
     python bench_python.py hmc-target BYTES   (internal: the hmc target process)
 
-Prints a Markdown table on stdout.
+Each cell alternates the two systems three times and reports the medians. Prints Markdown
+tables on stdout.
 """
 
 import argparse
@@ -53,81 +54,115 @@ def timed(seconds, call):
             return n / secs
 
 
-def bench_hmc(seconds):
-    p, address, remote = start([sys.executable, __file__, "hmc-target", str(max(SIZES))])
-    e = hmc.Engine()
-    e.initialize("127.0.0.1:0", {"transport": "tcp"})
-    local = bytearray(max(SIZES))
-    h = e.register_mem(local)
-    e.connect(address)
-    out, overhead = {}, {}
-    for opname, op in (("write", hmc.TransferOp.WRITE), ("read", hmc.TransferOp.READ)):
-        for size in SIZES:
-            descs = [hmc.TransferOpDesc(h.addr, remote, size)]
-            out[(opname, size)] = timed(
-                seconds, lambda: e.transfer_sync(address, op, descs, timeout_ms=10_000)
-            )
-        # Python overhead per op: the same 4 KiB op, Python loop against Rust loop,
-        # alternated three times (the machine is shared: take the best of each).
-        d = hmc.TransferOpDesc(h.addr, remote, 4096)
-        descs = [d]
-        py, rust = [], []
-        for _ in range(3):
-            n = 20_000 if seconds >= 1 else 5_000
-            t0 = time.perf_counter()
-            for _ in range(n):
-                e.transfer_sync(address, op, descs, timeout_ms=10_000)
-            py.append((time.perf_counter() - t0) / n)
-            rust.append(e._transfer_sync_loop(address, op, d, n) / n)
-        overhead[opname] = (min(py) * 1e6, min(rust) * 1e6)
-    e.finalize()
-    p.stdin.close()
-    p.wait(10)
-    return out, overhead
+class Hmc:
+    """hmc's side: a target process and an engine here, connected."""
+
+    def __init__(self):
+        self.proc, self.address, self.remote = start(
+            [sys.executable, __file__, "hmc-target", str(max(SIZES))]
+        )
+        self.e = hmc.Engine()
+        self.e.initialize("127.0.0.1:0", {"transport": "tcp"})
+        self.local = bytearray(max(SIZES))
+        self.h = self.e.register_mem(self.local)
+        self.e.connect(self.address)
+
+    def op(self, opname, size):
+        op = hmc.TransferOp.WRITE if opname == "write" else hmc.TransferOp.READ
+        descs = [hmc.TransferOpDesc(self.h.addr, self.remote, size)]
+        e, address = self.e, self.address
+        return lambda: e.transfer_sync(address, op, descs, timeout_ms=10_000)
+
+    def overhead(self, opname, n):
+        """(Python us/op, Rust us/op) of the same 4 KiB op on this engine."""
+        op = hmc.TransferOp.WRITE if opname == "write" else hmc.TransferOp.READ
+        d = hmc.TransferOpDesc(self.h.addr, self.remote, 4096)
+        call = self.op(opname, 4096)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        py = (time.perf_counter() - t0) / n
+        rust = self.e._transfer_sync_loop(self.address, op, d, n) / n
+        return py * 1e6, rust * 1e6
+
+    def close(self):
+        self.e.finalize()
+        self.proc.stdin.close()
+        self.proc.wait(10)
 
 
-def bench_mooncake(seconds):
-    from mooncake.engine import TransferEngine
+class Mooncake:
+    """Mooncake's side: its target process (hmc-engine/benches/mooncake_peer.py) and a
+    TransferEngine here."""
 
-    p, port, remote = start([sys.executable, MOONCAKE_PEER, "target", str(max(SIZES))])
-    te = TransferEngine()
-    if te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
-        sys.exit("mooncake initialize failed")
-    peer = f"127.0.0.1:{port}"
-    local = te.allocate_managed_buffer(max(SIZES))
-    out = {}
-    for opname in ("write", "read"):
+    def __init__(self):
+        from mooncake.engine import TransferEngine
+
+        self.proc, port, self.remote = start(
+            [sys.executable, MOONCAKE_PEER, "target", str(max(SIZES))]
+        )
+        self.te = TransferEngine()
+        if self.te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+            sys.exit("mooncake initialize failed")
+        self.peer = f"127.0.0.1:{port}"
+        self.local = self.te.allocate_managed_buffer(max(SIZES))
+
+    def op(self, opname, size):
+        te, peer, local, remote = self.te, self.peer, self.local, self.remote
         call = te.transfer_sync_write if opname == "write" else te.transfer_sync_read
-        for size in SIZES:
 
-            def one():
-                if call(peer, local, remote, size) != 0:
-                    sys.exit(f"mooncake {opname} of {size} bytes failed")
+        def one():
+            if call(peer, local, remote, size) != 0:
+                sys.exit(f"mooncake {opname} of {size} bytes failed")
 
-            out[(opname, size)] = timed(seconds, one)
-    p.stdin.close()
-    p.wait(10)
-    return out
+        return one
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--seconds", type=float, default=2.0, help="per cell and system")
     ap.add_argument("--no-mooncake", action="store_true")
     a = ap.parse_args()
-    ours, overhead = bench_hmc(a.seconds)
-    theirs = {} if a.no_mooncake else bench_mooncake(a.seconds)
+    ours = Hmc()
+    theirs = None if a.no_mooncake else Mooncake()
+    # Each cell alternates the two systems three times (a third of the time each) and
+    # keeps the median: the machine is shared, and load comes and goes.
+    rows = []
+    for opname in ("write", "read"):
+        for size in SIZES:
+            h, m = [], []
+            for _ in range(3):
+                h.append(timed(a.seconds / 3, ours.op(opname, size)))
+                if theirs:
+                    m.append(timed(a.seconds / 3, theirs.op(opname, size)))
+            rows.append((opname, size, median(h), median(m) if m else None))
+    overhead = {}
+    n = 3_000 if a.seconds >= 1 else 1_000
+    for opname in ("write", "read"):
+        runs = [ours.overhead(opname, n) for _ in range(9)]
+        overhead[opname] = (min(r[0] for r in runs), min(r[1] for r in runs))
+    ours.close()
+    if theirs:
+        theirs.close()
     print("## Python API: hmc vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback\n")
     print("| op | size | hmc ops/s | hmc GB/s | Mooncake ops/s | Mooncake GB/s | ratio |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for (op, size), ops in ours.items():
-        m = theirs.get((op, size))
+    for op, size, ops, m in rows:
         gb = lambda o: o * size / 1e9  # noqa: E731
         print(
             f"| {op} | {size} | {ops:.0f} | {gb(ops):.3f} | "
             + (f"{m:.0f} | {gb(m):.3f} | {ops / m:.2f}x |" if m else "- | - | - |")
         )
-    print("\n## Python overhead per sync op (4 KiB, same engine and peer, best of 3)\n")
+    print("\n## Python overhead per sync op (4 KiB, same engine and peer, 9 alternated runs, best of each)\n")
     print("| op | Python loop us/op | Rust loop us/op | Python adds us |")
     print("| --- | --- | --- | --- |")
     for op, (py, rust) in overhead.items():
