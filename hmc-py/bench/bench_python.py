@@ -73,16 +73,19 @@ class Hmc:
         e, address = self.e, self.address
         return lambda: e.transfer_sync(address, op, descs, timeout_ms=10_000)
 
-    def overhead(self, opname, n):
-        """(Python us/op, Rust us/op) of the same 4 KiB op on this engine."""
+    def overhead(self, opname, n, size):
+        """(Python us/op, Rust us/op) of the same op on this engine: one descriptor of
+        ``size`` bytes, or (size 0) an empty batch, which the engine completes without
+        I/O, so only the cost of the call itself remains."""
         op = hmc.TransferOp.WRITE if opname == "write" else hmc.TransferOp.READ
-        d = hmc.TransferOpDesc(self.h.addr, self.remote, 4096)
-        call = self.op(opname, 4096)
+        d = hmc.TransferOpDesc(self.h.addr, self.remote, size) if size else None
+        descs = [d] if d else []
+        e, address = self.e, self.address
         t0 = time.perf_counter()
         for _ in range(n):
-            call()
+            e.transfer_sync(address, op, descs, timeout_ms=10_000)
         py = (time.perf_counter() - t0) / n
-        rust = self.e._transfer_sync_loop(self.address, op, d, n) / n
+        rust = e._transfer_sync_loop(address, op, d, n) / n
         return py * 1e6, rust * 1e6
 
     def close(self):
@@ -148,8 +151,9 @@ def main():
     overhead = {}
     n = 3_000 if a.seconds >= 1 else 1_000
     for opname in ("write", "read"):
-        runs = [ours.overhead(opname, n) for _ in range(9)]
-        overhead[opname] = (min(r[0] for r in runs), min(r[1] for r in runs))
+        for size, label in ((4096, "4 KiB"), (0, "empty batch (no I/O)")):
+            runs = [ours.overhead(opname, n * (10 if size == 0 else 1), size) for _ in range(9)]
+            overhead[(opname, label)] = (min(r[0] for r in runs), min(r[1] for r in runs))
     ours.close()
     if theirs:
         theirs.close()
@@ -162,11 +166,11 @@ def main():
             f"| {op} | {size} | {ops:.0f} | {gb(ops):.3f} | "
             + (f"{m:.0f} | {gb(m):.3f} | {ops / m:.2f}x |" if m else "- | - | - |")
         )
-    print("\n## Python overhead per sync op (4 KiB, same engine and peer, 9 alternated runs, best of each)\n")
-    print("| op | Python loop us/op | Rust loop us/op | Python adds us |")
-    print("| --- | --- | --- | --- |")
-    for op, (py, rust) in overhead.items():
-        print(f"| {op} | {py:.2f} | {rust:.2f} | {py - rust:.2f} |")
+    print("\n## Python overhead per sync op (same engine and peer, 9 alternated runs, best of each)\n")
+    print("| op | call | Python loop us/op | Rust loop us/op | Python adds us |")
+    print("| --- | --- | --- | --- | --- |")
+    for (op, label), (py, rust) in overhead.items():
+        print(f"| {op} | {label} | {py:.2f} | {rust:.2f} | {py - rust:.2f} |")
 
 
 if __name__ == "__main__":

@@ -568,27 +568,31 @@ impl Engine {
         }
     }
 
-    /// Benchmark aid: ``iters`` synchronous transfers of one descriptor made by plain Rust
-    /// (the runtime's ``block_on`` of the engine's transfer, as ``hmc_engine::
-    /// BlockingEngine::transfer_sync`` does, the GIL released once for the loop). Returns
-    /// the seconds taken; ``cargo xtask bench python`` compares it with the same op
-    /// through ``transfer_sync``.
+    /// Benchmark aid: ``iters`` synchronous transfers of ``desc`` (none: an empty batch,
+    /// which the engine completes without I/O) made by plain Rust (the runtime's
+    /// ``block_on`` of the engine's transfer, as ``hmc_engine::BlockingEngine::
+    /// transfer_sync`` does, the GIL released once for the loop). Returns the seconds
+    /// taken; ``cargo xtask bench python`` compares it with the same calls through
+    /// ``transfer_sync``.
     #[pyo3(signature = (remote, op, desc, iters, timeout_ms = 1000))]
     fn _transfer_sync_loop(
         &self,
         py: Python<'_>,
         remote: &str,
         op: TransferOp,
-        desc: TransferOpDesc,
+        desc: Option<TransferOpDesc>,
         iters: u64,
         timeout_ms: u64,
     ) -> PyResult<f64> {
         let live = self.live()?;
-        let d = [hmc_engine::TransferOpDesc {
-            local_addr: desc.local_addr,
-            remote_addr: desc.remote_addr,
-            len: desc.length as usize,
-        }];
+        let d: Vec<hmc_engine::TransferOpDesc> = desc
+            .map(|d| hmc_engine::TransferOpDesc {
+                local_addr: d.local_addr,
+                remote_addr: d.remote_addr,
+                len: d.length as usize,
+            })
+            .into_iter()
+            .collect();
         let rt = runtime()?;
         let (op, t) = (op.into(), millis(timeout_ms));
         py.detach(|| {

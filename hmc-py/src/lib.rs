@@ -30,6 +30,7 @@
 
 use std::future::Future;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use pyo3::prelude::*;
@@ -44,30 +45,34 @@ pub mod rpc;
 /// How often a blocking call wakes to run Python's signal handlers (Ctrl-C).
 pub const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 
-struct Runtime {
-    rt: tokio::runtime::Runtime,
-    pid: u32,
-}
+static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
 
-static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+/// Set in a child forked after the runtime started (its threads did not come along).
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn mark_forked() {
+    FORKED.store(true, Ordering::Relaxed);
+}
 
 /// The process's runtime, started on first use.
 pub(crate) fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
-    let r = RUNTIME.get_or_init(|| Runtime {
-        rt: tokio::runtime::Builder::new_multi_thread()
+    let rt = RUNTIME.get_or_init(|| {
+        // SAFETY: registers a handler that only stores to an atomic (async-signal-safe,
+        // as a fork child handler must be).
+        unsafe { libc::pthread_atfork(None, None, Some(mark_forked)) };
+        tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("hmc-py")
             .enable_all()
             .build()
-            .expect("a tokio runtime starts"),
-        pid: std::process::id(),
+            .expect("a tokio runtime starts")
     });
-    if r.pid != std::process::id() {
+    if FORKED.load(Ordering::Relaxed) {
         return Err(errors::state(
             "this process was forked from one that had already used hmc, and the runtime's threads do not survive a fork; start worker processes with multiprocessing's 'spawn' (or 'forkserver') start method",
         ));
     }
-    Ok(&r.rt)
+    Ok(rt)
 }
 
 /// Runs `fut` to completion on the runtime with the interpreter detached, waking every

@@ -187,3 +187,20 @@ def test_cancelled_requests(pair):
     assert req.wait() == hmc.TransferStatus.FAILED
     err = req.error()
     assert isinstance(err, hmc.CancelledError) and "was cancelled" in str(err)
+
+
+def test_a_forked_child_is_told_to_use_spawn(pair):
+    import os
+
+    pid = os.fork()
+    if pid == 0:  # the child: the runtime's threads stayed in the parent
+        code = 1
+        try:
+            hmc.Engine().initialize("127.0.0.1:0", {"transport": "tcp"})
+        except hmc.StateError as e:
+            code = 0 if "'spawn'" in str(e) else 2
+        except BaseException:  # noqa: BLE001 - any other outcome fails the test
+            code = 3
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

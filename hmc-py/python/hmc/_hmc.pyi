@@ -87,7 +87,12 @@ class Engine:
     def __enter__(self) -> Self: ...
     def __exit__(self, *args: object) -> bool: ...
     def _transfer_sync_loop(
-        self, remote: str, op: TransferOp, desc: TransferOpDesc, iters: int, timeout_ms: int = 1000
+        self,
+        remote: str,
+        op: TransferOp,
+        desc: Optional[TransferOpDesc],
+        iters: int,
+        timeout_ms: int = 1000,
     ) -> float: ...
 
 # hmc.kv
