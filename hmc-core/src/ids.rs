@@ -27,15 +27,22 @@ impl TransportId {
     pub const UCX: TransportId = TransportId(2);
     /// Reserved for an RDMA verbs transport (`hmc-transport-rdma`).
     pub const RDMA: TransportId = TransportId(3);
+    /// `hmc-transport-shm`: processes of one host, by cross-memory attach.
+    pub const SHM: TransportId = TransportId(4);
+    /// `hmc-transport-shm`'s `LocalFirst`: shared memory to peers on the same host, a
+    /// network transport to the rest (its descriptors carry both keys).
+    pub const LOCAL_FIRST: TransportId = TransportId(5);
     /// Numbers a transport outside this repository may take without a change to
     /// `hmc-core`. Pick one, document it in the crate, and refuse others' descriptors.
     pub const THIRD_PARTY: RangeInclusive<u8> = 128..=255;
 
-    const NAMES: [(TransportId, &'static str); 4] = [
+    const NAMES: [(TransportId, &'static str); 6] = [
         (Self::NONE, "None"),
         (Self::TCP, "Tcp"),
         (Self::UCX, "Ucx"),
         (Self::RDMA, "Rdma"),
+        (Self::SHM, "Shm"),
+        (Self::LOCAL_FIRST, "LocalFirst"),
     ];
 
     /// The transport with wire number `id`. Every number is accepted: an unknown one is

@@ -1,4 +1,4 @@
-//! Run-time choice of the engine's transport (`transport = tcp | ucx | auto`), over
+//! Run-time choice of the engine's transport (`transport = tcp | ucx | shm | auto`), over
 //! [`AnyCommunicator`]: the string-keyed way HIXL users pick one, and what the Python
 //! package exposes.
 
@@ -19,7 +19,11 @@ pub enum EngineTransport {
     Tcp,
     /// `hmc-transport-ucx` (UCX's own transports: `UCX_TLS`), loaded at run time.
     Ucx,
-    /// UCX where it loads, TCP otherwise.
+    /// `hmc-transport-shm` alone: cross-memory attach, peers on this host only.
+    Shm,
+    /// Shared memory (`hmc-transport-shm`) to peers on this host, and to the others UCX
+    /// where it loads, TCP otherwise (`hmc_transport_shm::LocalFirst`). Every engine of a
+    /// job must use the same setting.
     #[default]
     Auto,
 }
@@ -30,9 +34,10 @@ impl FromStr for EngineTransport {
         match s {
             "tcp" => Ok(EngineTransport::Tcp),
             "ucx" => Ok(EngineTransport::Ucx),
+            "shm" => Ok(EngineTransport::Shm),
             "auto" => Ok(EngineTransport::Auto),
             other => Err(EngineError::InvalidArgument(format!(
-                "transport `{other}`: use tcp, ucx or auto (RDMA comes with hmc-transport-rdma)"
+                "transport `{other}`: use tcp, ucx, shm or auto"
             ))),
         }
     }
@@ -52,13 +57,24 @@ pub fn open_transport(transport: EngineTransport, ip: IpAddr) -> Result<AnyCommu
         })?;
         Ok(AnyCommunicator::new(c))
     };
+    let shm = || hmc_transport_shm::ShmCommunicator::bind(Default::default());
     match transport {
         EngineTransport::Tcp => tcp(),
         EngineTransport::Ucx => ucx(),
-        EngineTransport::Auto => ucx().or_else(|e| {
-            tracing::info!(reason = %e, "UCX unavailable; the engine uses the TCP transport");
-            tcp()
-        }),
+        EngineTransport::Shm => Ok(AnyCommunicator::new(shm()?)),
+        EngineTransport::Auto => {
+            let net = ucx().or_else(|e| {
+                tracing::info!(reason = %e, "UCX unavailable; the engine uses the TCP transport");
+                tcp()
+            })?;
+            Ok(AnyCommunicator::new(match shm() {
+                Ok(shm) => hmc_transport_shm::LocalFirst::new(net, shm),
+                Err(e) => {
+                    tracing::warn!(reason = %e, "shared memory unavailable; peers on this host use the network transport too");
+                    hmc_transport_shm::LocalFirst::net_only(net)
+                }
+            }))
+        }
     }
 }
 
@@ -94,13 +110,17 @@ mod tests {
             EngineTransport::Auto
         );
         let e = "rdma".parse::<EngineTransport>().unwrap_err().to_string();
-        assert!(e.contains("tcp, ucx or auto"), "{e}");
+        assert!(e.contains("tcp, ucx, shm or auto"), "{e}");
     }
 
+    #[rstest::rstest]
+    #[case::tcp("tcp")]
+    #[case::shm("shm")]
+    #[case::auto("auto")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn engines_from_an_option_map_move_bytes() {
+    async fn engines_from_an_option_map_move_bytes(#[case] transport: &str) {
         let opts: std::collections::HashMap<String, String> =
-            [("transport".to_string(), "tcp".to_string())].into();
+            [("transport".to_string(), transport.to_string())].into();
         let config = EngineConfig::from_options(&opts).unwrap();
         let a = Engine::initialize_with("127.0.0.1", config.clone())
             .await
@@ -138,9 +158,9 @@ mod tests {
             hmc_core::Communicator::transport(&tcp),
             hmc_core::TransportId::TCP
         );
-        // UCX or, where it does not load, TCP: either way a working transport.
+        // Shared memory to this host's peers, UCX or TCP to the others.
         let auto = open_transport(EngineTransport::Auto, lo).unwrap();
         let id = hmc_core::Communicator::transport(&auto);
-        assert!(id == hmc_core::TransportId::UCX || id == hmc_core::TransportId::TCP);
+        assert_eq!(id, hmc_core::TransportId::LOCAL_FIRST);
     }
 }

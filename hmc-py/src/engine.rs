@@ -369,7 +369,7 @@ impl Engine {
 
     /// Starts the engine at ``local`` (``"IP:PORT"``; port 0 picks a free one, then see
     /// ``local_address``). ``options`` are HIXL-style string options: ``transport``
-    /// (``tcp``, ``ucx`` or ``auto``, the default), ``max_regions``,
+    /// (``tcp``, ``ucx``, ``shm`` or ``auto``, the default), ``max_regions``,
     /// ``max_remote_regions``, ``max_descs_per_transfer``, ``max_pending_notifies``,
     /// ``max_notify_len``, ``max_published_len``, ``allow_foreign_data_plane``,
     /// ``default_timeout_ms``. An unknown key raises ``InvalidArgumentError``.

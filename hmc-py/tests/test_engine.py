@@ -205,3 +205,18 @@ def test_help_reads_well():
                  "capabilities", "finalize"]:
         assert getattr(hmc.Engine, name).__doc__, name
     assert "timeout_ms=1000" in hmc.Engine.transfer_sync.__text_signature__
+
+
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_each_transport_option_moves_bytes(transport):
+    """``auto`` (the default) is shared memory to engines on this host and UCX or TCP to
+    the rest; ``tcp`` is what the other tests use."""
+    with hmc.Engine() as a, hmc.Engine() as b:
+        a.initialize("127.0.0.1:0", {"transport": transport})
+        b.initialize("127.0.0.1:0", {"transport": transport})
+        src = np.frombuffer(pattern(1 << 16, 11).tobytes(), dtype=np.uint8).copy()
+        dst = bytearray(1 << 16)
+        hs, hd = a.register_mem(src), b.register_mem(dst)
+        a.connect(b.local_address)
+        a.transfer_sync(b.local_address, hmc.TransferOp.WRITE, [(hs.addr, hd.addr, 1 << 16)])
+        assert digest(dst) == digest(src)

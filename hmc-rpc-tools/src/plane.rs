@@ -1,4 +1,5 @@
-//! Run-time choice of the HMC_BUFFER data plane for the binaries (`--data-plane ucx|tcp|none`):
+//! Run-time choice of the HMC_BUFFER data plane for the binaries
+//! (`--data-plane tcp|ucx|shm|auto|none`):
 //! one code path over [`AnyCommunicator`].
 
 use std::net::{IpAddr, SocketAddr};
@@ -15,6 +16,12 @@ pub enum DataPlaneKind {
     Tcp,
     /// `hmc-transport-ucx`'s `UcxCommunicator` (`UCX_TLS` chooses UCX's transports).
     Ucx,
+    /// `hmc-transport-shm`'s `ShmCommunicator`: cross-memory attach, clients on this host
+    /// only.
+    Shm,
+    /// Shared memory to clients on this host and, to the others, UCX where it loads and
+    /// TCP otherwise (`hmc_transport_shm::LocalFirst`). Both sides must choose `auto`.
+    Auto,
 }
 
 /// What the binaries may set on the data plane they open.
@@ -41,36 +48,72 @@ pub fn open_data_plane_with(
     bind: IpAddr,
     options: &PlaneOptions,
 ) -> Result<Option<AnyCommunicator>> {
+    let only_tcp = |what: &str| {
+        if options.auth_secret_file.is_some() {
+            return Err(hmc_core::Error::InvalidArgument(format!(
+                "--data-plane-auth-secret-file applies to the tcp data plane only; {what} has no such authentication here"
+            )));
+        }
+        Ok(())
+    };
     match kind {
         DataPlaneKind::None => Ok(None),
-        DataPlaneKind::Tcp => {
-            let addr = PeerAddr::Tcp(SocketAddr::new(bind, 0));
-            let auth_secret = options
-                .auth_secret_file
-                .as_deref()
-                .map(hmc_transport_tcp::AuthSecret::from_file)
-                .transpose()?;
-            let config = hmc_transport_tcp::TcpConfig {
-                max_pending_notifications: 0,
-                auth_secret,
-                ..Default::default()
-            };
-            let c = hmc_transport_tcp::TcpCommunicator::bind(&addr, config)?;
-            Ok(Some(AnyCommunicator::new(c)))
-        }
+        DataPlaneKind::Tcp => Ok(Some(AnyCommunicator::new(open_tcp(bind, options)?))),
         DataPlaneKind::Ucx => {
-            if options.auth_secret_file.is_some() {
-                return Err(hmc_core::Error::InvalidArgument(
-                    "--data-plane-auth-secret-file applies to the tcp data plane only; UCX has no such authentication here"
-                        .into(),
-                ));
-            }
-            open_ucx(bind)
+            only_tcp("UCX")?;
+            Ok(Some(AnyCommunicator::new(open_ucx(bind)?)))
+        }
+        DataPlaneKind::Shm => {
+            only_tcp("shared memory (it admits processes of this user only)")?;
+            Ok(Some(AnyCommunicator::new(open_shm()?)))
+        }
+        DataPlaneKind::Auto => {
+            // UCX where it loads, unless a TCP secret was asked for.
+            let net = match options.auth_secret_file {
+                Some(_) => AnyCommunicator::new(open_tcp(bind, options)?),
+                None => match open_ucx(bind) {
+                    Ok(c) => AnyCommunicator::new(c),
+                    Err(e) => {
+                        tracing::info!(reason = %e, "UCX unavailable; the data plane uses TCP");
+                        AnyCommunicator::new(open_tcp(bind, options)?)
+                    }
+                },
+            };
+            let lf = match open_shm() {
+                Ok(shm) => hmc_transport_shm::LocalFirst::new(net, shm),
+                Err(e) => {
+                    tracing::warn!(reason = %e, "shared memory unavailable; clients on this host use the network data plane");
+                    hmc_transport_shm::LocalFirst::net_only(net)
+                }
+            };
+            Ok(Some(AnyCommunicator::new(lf)))
         }
     }
 }
 
-fn open_ucx(bind: IpAddr) -> Result<Option<AnyCommunicator>> {
+fn open_tcp(bind: IpAddr, options: &PlaneOptions) -> Result<hmc_transport_tcp::TcpCommunicator> {
+    let addr = PeerAddr::Tcp(SocketAddr::new(bind, 0));
+    let auth_secret = options
+        .auth_secret_file
+        .as_deref()
+        .map(hmc_transport_tcp::AuthSecret::from_file)
+        .transpose()?;
+    let config = hmc_transport_tcp::TcpConfig {
+        max_pending_notifications: 0,
+        auth_secret,
+        ..Default::default()
+    };
+    hmc_transport_tcp::TcpCommunicator::bind(&addr, config)
+}
+
+fn open_shm() -> Result<hmc_transport_shm::ShmCommunicator> {
+    hmc_transport_shm::ShmCommunicator::bind(hmc_transport_shm::ShmConfig {
+        max_pending_notifications: 0,
+        ..Default::default()
+    })
+}
+
+fn open_ucx(bind: IpAddr) -> Result<hmc_transport_ucx::UcxCommunicator> {
     // UCX_TLS (when set) chooses UCX's transports, as it does for ucx_perftest.
     // Nobody reads notifications on the RPC data plane: queue none.
     let c = hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
@@ -78,7 +121,7 @@ fn open_ucx(bind: IpAddr) -> Result<Option<AnyCommunicator>> {
         max_pending_notifications: 0,
         ..hmc_transport_ucx::UcxConfig::from_env()
     })?;
-    Ok(Some(AnyCommunicator::new(c)))
+    Ok(c)
 }
 
 #[cfg(test)]

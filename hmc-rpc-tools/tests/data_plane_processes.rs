@@ -33,6 +33,15 @@ const UCX_SHM: Plane = Plane {
     name: "ucx",
     ucx_tls: Some("posix,cma,self"),
 };
+const SHM: Plane = Plane {
+    name: "shm",
+    ucx_tls: None,
+};
+/// Shared memory to this host's client, UCX (over tcp here) or TCP to the others.
+const AUTO: Plane = Plane {
+    name: "auto",
+    ucx_tls: Some("tcp"),
+};
 
 impl Plane {
     fn envs(self) -> Vec<(&'static str, &'static str)> {
@@ -58,6 +67,8 @@ impl Plane {
 #[case::tcp(TCP)]
 #[case::ucx_tcp(UCX_TCP)]
 #[case::ucx_shared_memory(UCX_SHM)]
+#[case::shm(SHM)]
+#[case::auto(AUTO)]
 fn two_processes_echo_one_mib(#[case] plane: Plane) {
     let server = plane.server();
     let out = check(
@@ -97,6 +108,7 @@ fn two_processes_echo_one_mib(#[case] plane: Plane) {
 #[case::tcp(TCP)]
 #[case::ucx_tcp(UCX_TCP)]
 #[case::ucx_shared_memory(UCX_SHM)]
+#[case::shm(SHM)]
 fn soak_connect_call_disconnect_from_four_client_processes(#[case] plane: Plane) {
     let long = std::env::var("HMC_LONG_TESTS").is_ok_and(|v| v == "1");
     let cycles = if long { 2_500 } else { 25 };

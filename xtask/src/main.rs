@@ -20,9 +20,9 @@ usage: cargo xtask <command>
                        with checksums, and the RPC demo methods
   test [--long]        install what is missing, then tidy checks and the whole test suite
                        (--long adds the long-running soak tests)
-  bench <transfer|rpc|ucx|engine|python|all> [--quick]
+  bench <transfer|rpc|ucx|shm|engine|python|all> [--quick]
                        benchmarks side by side with iperf3 / tonic / ucx_perftest /
-                       Mooncake (engine, python)
+                       memcpy / Mooncake (engine, python)
   matrix               detect runtimes and devices, run what can run here, print the
                        support table
   gpu-bundle           build the GPU check (CUDA tests, copy bandwidth, device-staged RPC
@@ -230,14 +230,16 @@ fn bench(args: &[String]) -> Result {
     let benches: &[(&str, &str)] = match which {
         "transfer" => &[("hmc-transport-tcp", "transfer")],
         "ucx" => &[("hmc-transport-ucx", "rma")],
+        "shm" => &[("hmc-transport-shm", "shm")],
         "rpc" | "engine" | "python" => &[],
         "all" => &[
             ("hmc-transport-tcp", "transfer"),
             ("hmc-transport-ucx", "rma"),
+            ("hmc-transport-shm", "shm"),
         ],
         other => {
             return Err(format!(
-                "unknown benchmark `{other}`; choose transfer, rpc, ucx, engine, python or all"
+                "unknown benchmark `{other}`; choose transfer, rpc, ucx, shm, engine, python or all"
             ));
         }
     };
@@ -256,10 +258,37 @@ fn bench(args: &[String]) -> Result {
     if which == "engine" || which == "all" {
         bench_engine(quick)?;
     }
+    if which == "shm" || which == "all" {
+        bench_rpc_shm(quick)?;
+    }
     if which == "python" || which == "all" {
         python::bench(quick)?;
     }
     Ok(())
+}
+
+/// HMC_BUFFER RPC echo with the shared-memory data plane beside the TCP one and the
+/// TCP_STREAM path, 1 MiB payloads, client and server processes on this host.
+fn bench_rpc_shm(quick: bool) -> Result {
+    run(cargo().args(["build", "--release", "-p", "hmc-rpc-tools", "--bins"]))?;
+    run(Command::new(root().join("target/release/hmc-rpc-bench"))
+        .current_dir(root())
+        .args([
+            "--no-tonic",
+            "--sizes",
+            "1048576",
+            "--clients",
+            "1,8",
+            "--depths",
+            "1,8",
+        ])
+        .args([
+            "--data-planes",
+            "shm,tcp",
+            "--csv",
+            "target/hmc-rpc-bench-dp-shm.csv",
+        ])
+        .args(["--seconds", if quick { "0.5" } else { "2" }]))
 }
 
 /// The Mooncake Transfer Engine the engine bench runs beside (PyPI, CPU-only build).

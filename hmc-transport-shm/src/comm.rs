@@ -1,0 +1,831 @@
+//! `ShmCommunicator`: the initiator side (endpoints, the lease cache, chunked
+//! `process_vm_*` copies) and the `Communicator` implementation.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use hmc_core::{
+    Access, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
+    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
+};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::oneshot;
+
+use crate::cma::{self, PeerCred};
+use crate::target::{RegEntry, Target};
+use crate::wire::{self, KEY_LEN, Msg, Refusal, TOKEN_LEN};
+use crate::{SHM_TRANSPORT, ShmConfig};
+
+/// A lease the target granted: its whole registration, at `addr` in the target process.
+struct Lease {
+    id: u64,
+    addr: u64,
+    len: u64,
+    access: Access,
+    /// False once revoked (or the side channel closed). Copies hold the read lock for one
+    /// chunk; revocation takes the write lock, so it returns after the chunk in progress.
+    valid: RwLock<bool>,
+}
+
+type KeyId = (u64, [u8; TOKEN_LEN]);
+
+enum Reply {
+    Lease(Arc<Lease>),
+    Done,
+    Refused(Refusal, u64, String),
+}
+
+#[derive(Default)]
+struct Cache {
+    by_key: HashMap<KeyId, Arc<Lease>>,
+    by_id: HashMap<u64, Arc<Lease>>,
+}
+
+/// A request awaiting its answer: the key a `Grant` asked for, and where the answer goes.
+type Pending = (Option<KeyId>, oneshot::Sender<Reply>);
+
+/// One side-channel connection, shared by the endpoint handles and its reader thread.
+struct EpShared {
+    id: u64,
+    peer: PeerAddr,
+    cred: PeerCred,
+    writer: Mutex<UnixStream>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    cache: Mutex<Cache>,
+    dead: AtomicBool,
+    next_req: AtomicU64,
+}
+
+impl EpShared {
+    fn gone(&self) -> Error {
+        Error::peer(
+            &self.peer,
+            format!(
+                "the side channel to pid {} closed (the peer closed or exited)",
+                self.cred.pid
+            ),
+        )
+    }
+
+    /// The reader thread: routes answers, serves `Revoke`, and on end of stream fails
+    /// everything pending and invalidates every lease.
+    fn read_loop(self: Arc<Self>, mut reader: UnixStream) {
+        while let Ok(Some(body)) = wire::read_frame(&mut reader, wire::MAX_FRAME) {
+            let Ok(msg) = Msg::decode(&body) else { break };
+            let (req, reply) = match msg {
+                Msg::Granted {
+                    req,
+                    lease,
+                    addr,
+                    len,
+                    access,
+                } => {
+                    let key = self.pending.lock().get(&req).and_then(|p| p.0);
+                    let l = Arc::new(Lease {
+                        id: lease,
+                        addr,
+                        len,
+                        access,
+                        valid: RwLock::new(true),
+                    });
+                    // Cached here, before any later `Revoke` on the wire is read.
+                    let mut c = self.cache.lock();
+                    c.by_id.insert(lease, l.clone());
+                    if let Some(key) = key {
+                        c.by_key.insert(key, l.clone());
+                    }
+                    (req, Reply::Lease(l))
+                }
+                Msg::Ok { req } => (req, Reply::Done),
+                Msg::Refused {
+                    req,
+                    why,
+                    limit,
+                    text,
+                } => (req, Reply::Refused(why, limit, text)),
+                Msg::Revoke { leases } => {
+                    for id in &leases {
+                        let l = {
+                            let mut c = self.cache.lock();
+                            c.by_key.retain(|_, l| l.id != *id);
+                            c.by_id.remove(id)
+                        };
+                        if let Some(l) = l {
+                            // Waits for the chunk in progress under this lease.
+                            *l.valid.write() = false;
+                        }
+                    }
+                    if wire::write_msg(&mut *self.writer.lock(), &Msg::Released { leases }).is_err()
+                    {
+                        break;
+                    }
+                    continue;
+                }
+                _ => break,
+            };
+            if let Some((_, tx)) = self.pending.lock().remove(&req) {
+                let _ = tx.send(reply);
+            }
+        }
+        self.dead.store(true, Ordering::Release);
+        self.pending.lock().clear();
+        let leases: Vec<Arc<Lease>> = {
+            let mut c = self.cache.lock();
+            c.by_key.clear();
+            c.by_id.drain().map(|(_, l)| l).collect()
+        };
+        leases.iter().for_each(|l| *l.valid.write() = false);
+        // Only now may the target consider our leases released.
+        let _ = reader.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Sends a request and waits for its answer by `deadline`.
+    async fn request(
+        &self,
+        key: Option<KeyId>,
+        deadline: Deadline,
+        make: impl FnOnce(u64) -> Msg,
+    ) -> Result<Reply> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(self.gone());
+        }
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().insert(req, (key, tx));
+        struct Forget<'a>(&'a EpShared, u64);
+        impl Drop for Forget<'_> {
+            fn drop(&mut self) {
+                self.0.pending.lock().remove(&self.1);
+            }
+        }
+        let _forget = Forget(self, req);
+        if wire::write_msg(&mut *self.writer.lock(), &make(req)).is_err() {
+            return Err(self.gone());
+        }
+        let started = Instant::now();
+        match tokio::time::timeout_at(deadline.instant().into(), rx).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(_)) => Err(self.gone()),
+            Err(_) => Err(Error::DeadlineExceeded {
+                during: "waiting for the target's answer on the side channel",
+                elapsed: started.elapsed(),
+            }),
+        }
+    }
+}
+
+/// The user's handle on a connection; the last clone's drop closes it.
+struct EpHandle {
+    shared: Arc<EpShared>,
+}
+
+impl Drop for EpHandle {
+    fn drop(&mut self) {
+        let _ = self.shared.writer.lock().shutdown(std::net::Shutdown::Both);
+    }
+}
+
+/// A connection to one peer. Cheap to clone.
+#[derive(Clone)]
+pub struct ShmEndpoint {
+    inner: Arc<EpHandle>,
+}
+
+impl std::fmt::Debug for ShmEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.inner.shared;
+        f.debug_struct("ShmEndpoint")
+            .field("peer", &s.peer)
+            .field("pid", &s.cred.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShmEndpoint {
+    /// The peer's address.
+    pub fn peer(&self) -> &PeerAddr {
+        &self.inner.shared.peer
+    }
+
+    /// The peer's process id, from `SO_PEERCRED`.
+    pub fn peer_pid(&self) -> i32 {
+        self.inner.shared.cred.pid
+    }
+
+    /// Leases cached on this endpoint now.
+    pub fn cached_leases(&self) -> usize {
+        self.inner.shared.cache.lock().by_id.len()
+    }
+}
+
+/// Local memory registered with a [`ShmCommunicator`]; deregistered (its leases revoked,
+/// waiting up to `revoke_timeout` for peers) when dropped.
+pub struct ShmRegistration {
+    entry: Arc<RegEntry>,
+    target: Arc<Target>,
+}
+
+impl std::fmt::Debug for ShmRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmRegistration")
+            .field("id", &self.entry.id)
+            .field("region", &self.entry.region)
+            .field("access", &self.entry.access)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ShmRegistration {
+    #[cfg(test)]
+    pub(crate) fn entry_addr(&self) -> u64 {
+        self.entry.region.addr
+    }
+}
+
+impl LocalRegistration for ShmRegistration {
+    fn region(&self) -> Region {
+        self.entry.region
+    }
+    fn access(&self) -> Access {
+        self.entry.access
+    }
+}
+
+impl Drop for ShmRegistration {
+    fn drop(&mut self) {
+        self.target.regs.write().remove(&self.entry.id);
+        let entry = &self.entry;
+        self.target
+            .revoke(entry, || entry.live.store(false, Ordering::Release));
+    }
+}
+
+/// A peer's region imported for one endpoint.
+pub struct ShmRemoteKey {
+    endpoint: u64,
+    key: KeyId,
+    len: u64,
+    access: Access,
+}
+
+impl std::fmt::Debug for ShmRemoteKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: never logged.
+        f.debug_struct("ShmRemoteKey")
+            .field("id", &self.key.0)
+            .field("len", &self.len)
+            .field("access", &self.access)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A [`Communicator`] over cross-memory attach. Share it with `Arc`; dropping it closes it.
+pub struct ShmCommunicator {
+    target: Arc<Target>,
+    addr: PeerAddr,
+    endpoints: Mutex<Vec<Weak<EpShared>>>,
+    next_endpoint: AtomicU64,
+}
+
+impl std::fmt::Debug for ShmCommunicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmCommunicator")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn random_token() -> Result<[u8; TOKEN_LEN]> {
+    let mut t = [0u8; TOKEN_LEN];
+    getrandom::fill(&mut t).map_err(|e| Error::Unavailable {
+        what: "the OS random number generator".into(),
+        reason: e.to_string(),
+        hint: "remote keys need unguessable tokens; check /dev/urandom or getrandom(2)".into(),
+    })?;
+    Ok(t)
+}
+
+impl ShmCommunicator {
+    /// Listens on `config.path` (or a fresh random path in the system temp dir) and starts
+    /// serving peers. Must be called inside a tokio runtime (the socket is bound through
+    /// `hmc-net`, and transfers wait with tokio timers).
+    pub fn bind(config: ShmConfig) -> Result<ShmCommunicator> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::InvalidArgument(
+                "ShmCommunicator::bind must be called inside a tokio runtime".into(),
+            ));
+        }
+        if config.allow_any_ptracer {
+            // SAFETY: prctl with PR_SET_PTRACER takes plain integer arguments.
+            let rc =
+                unsafe { libc::prctl(libc::PR_SET_PTRACER, libc::PR_SET_PTRACER_ANY, 0, 0, 0) };
+            if rc != 0 {
+                tracing::debug!(error = %std::io::Error::last_os_error(), "PR_SET_PTRACER_ANY refused (no Yama?)");
+            }
+        }
+        let path = match &config.path {
+            Some(p) => p.clone(),
+            None => {
+                let t = random_token()?;
+                let name: String = t[..8].iter().map(|b| format!("{b:02x}")).collect();
+                std::env::temp_dir().join(format!("hmc-shm-{}-{name}.sock", std::process::id()))
+            }
+        };
+        let listener = hmc_net::bind_unix_listener(&path)?
+            .into_std()
+            .and_then(|l| l.set_nonblocking(false).map(|()| l))
+            .map_err(|e| {
+                Error::io(
+                    format!("preparing the listener unix://{}", path.display()),
+                    e,
+                )
+            })?;
+        // Only this user (and root) may dial the side channel.
+        if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)) {
+            tracing::debug!(error = %e, "could not restrict the socket file's permissions");
+        }
+        let target = Target::start(config, path.clone(), listener)
+            .map_err(|e| Error::io("starting the side-channel thread", e))?;
+        Ok(ShmCommunicator {
+            target,
+            addr: PeerAddr::Unix(path),
+            endpoints: Mutex::new(Vec::new()),
+            next_endpoint: AtomicU64::new(1),
+        })
+    }
+
+    /// Leases this communicator granted to peers and that are not yet released.
+    pub fn outstanding_leases(&self) -> usize {
+        self.target.lease_count()
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.target.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed(format!(
+                "the ShmCommunicator at {} was closed",
+                self.addr
+            )));
+        }
+        Ok(())
+    }
+
+    fn own(&self, reg: &ShmRegistration, what: &str) -> Result<()> {
+        if Arc::ptr_eq(&reg.target, &self.target) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{what}: the registration belongs to another ShmCommunicator; use the one that \
+                 registered it"
+            )))
+        }
+    }
+
+    /// Dials, says `Hello`, reads `Welcome`, probes. Blocking: run on a blocking thread.
+    fn dial(
+        path: PathBuf,
+        me: String,
+        peer: PeerAddr,
+        deadline: Deadline,
+    ) -> Result<(UnixStream, PeerCred)> {
+        let s = UnixStream::connect(&path)
+            .map_err(|e| Error::peer(&peer, format!("cannot connect to the side channel: {e}")))?;
+        let cred = cma::peer_cred(&s).map_err(|e| Error::io("reading SO_PEERCRED", e))?;
+        let left = deadline.remaining().max(Duration::from_millis(1));
+        s.set_read_timeout(Some(left))
+            .and_then(|()| s.set_write_timeout(Some(left)))
+            .map_err(|e| Error::io("setting side-channel timeouts", e))?;
+        wire::write_msg(
+            &mut &s,
+            &Msg::Hello {
+                version: wire::VERSION,
+                addr: me,
+            },
+        )
+        .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?;
+        let body = wire::read_frame(&mut &s, wire::MAX_FRAME)
+            .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?
+            .ok_or_else(|| Error::peer(&peer, "closed the side channel during the handshake"))?;
+        let Msg::Welcome {
+            version,
+            probe_addr,
+        } = Msg::decode(&body)?
+        else {
+            return Err(Error::Protocol("expected Welcome".into()));
+        };
+        if version != wire::VERSION {
+            return Err(Error::Protocol(format!(
+                "the peer speaks side-channel version {version}, this build {}",
+                wire::VERSION
+            )));
+        }
+        cma::probe(cred, probe_addr)?;
+        s.set_read_timeout(None)
+            .map_err(|e| Error::io("setting side-channel timeouts", e))?;
+        Ok((s, cred))
+    }
+}
+
+impl Drop for ShmCommunicator {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn refused(
+    peer: &PeerAddr,
+    why: Refusal,
+    limit: u64,
+    text: String,
+    offset: u64,
+    len: u64,
+) -> Error {
+    match why {
+        Refusal::InvalidKey => Error::InvalidKey(text),
+        Refusal::AccessDenied => Error::AccessDenied(text),
+        Refusal::OutOfBounds => Error::OutOfBounds {
+            what: "remote region",
+            offset,
+            len,
+            limit,
+        },
+        Refusal::Limit => Error::LimitExceeded {
+            limit: if text == "max_notify_len" {
+                "max_notify_len"
+            } else {
+                "max_pending_notifications"
+            },
+            value: len,
+            max: limit,
+            hint: "raise the target's ShmConfig limit, or receive notifications sooner".into(),
+        },
+        Refusal::Closed => Error::peer(peer, text),
+    }
+}
+
+fn copy_error(ep: &EpShared, e: std::io::Error) -> Error {
+    match e.raw_os_error() {
+        Some(libc::ESRCH) => Error::peer(&ep.peer, format!("process {} is gone", ep.cred.pid)),
+        Some(libc::EPERM) | Some(libc::ENOSYS) => cma::diagnose(ep.cred, &e),
+        Some(libc::EFAULT) => Error::peer(
+            &ep.peer,
+            format!("a granted range of pid {} is not mapped: {e}", ep.cred.pid),
+        ),
+        _ => Error::io(format!("process_vm_* with pid {}", ep.cred.pid), e),
+    }
+}
+
+impl Communicator for ShmCommunicator {
+    type Endpoint = ShmEndpoint;
+    type Registration = ShmRegistration;
+    type RemoteKey = ShmRemoteKey;
+
+    fn transport(&self) -> TransportId {
+        SHM_TRANSPORT
+    }
+
+    /// Host memory only, at both ends; zero-copy (the kernel copies once, between the two
+    /// address spaces); notifications up to `max_notify_len`; `rekey` revokes keys.
+    fn capabilities(&self) -> CommCapabilities {
+        let mut caps = CommCapabilities::new(SHM_TRANSPORT);
+        caps.max_notification_len = self.target.config.max_notify_len;
+        caps.zero_copy = true;
+        caps.rekey = true;
+        caps
+    }
+
+    fn address(&self) -> PeerAddr {
+        self.addr.clone()
+    }
+
+    async fn connect(&self, peer: &PeerAddr, deadline: Deadline) -> Result<ShmEndpoint> {
+        self.check_open()?;
+        let PeerAddr::Unix(path) = peer else {
+            return Err(Error::InvalidArgument(format!(
+                "the shm transport dials unix:///path addresses, not {peer}"
+            )));
+        };
+        let started = Instant::now();
+        let (path, me, p) = (path.clone(), self.addr.to_string(), peer.clone());
+        let dial = tokio::task::spawn_blocking(move || Self::dial(path, me, p, deadline));
+        let (s, cred) = match tokio::time::timeout_at(deadline.instant().into(), dial).await {
+            Err(_) => {
+                return Err(Error::DeadlineExceeded {
+                    during: "connect",
+                    elapsed: started.elapsed(),
+                });
+            }
+            Ok(Err(e)) => return Err(Error::io("the connect task", std::io::Error::other(e))),
+            Ok(Ok(r)) => r?,
+        };
+        let reader = s
+            .try_clone()
+            .map_err(|e| Error::io("cloning the side channel", e))?;
+        let shared = Arc::new(EpShared {
+            id: self.next_endpoint.fetch_add(1, Ordering::Relaxed),
+            peer: peer.clone(),
+            cred,
+            writer: Mutex::new(s),
+            pending: Mutex::new(HashMap::new()),
+            cache: Mutex::new(Cache::default()),
+            dead: AtomicBool::new(false),
+            next_req: AtomicU64::new(1),
+        });
+        let s2 = shared.clone();
+        std::thread::Builder::new()
+            .name("hmc-shm-ep".into())
+            .spawn(move || s2.read_loop(reader))
+            .map_err(|e| Error::io("starting the endpoint's reader thread", e))?;
+        {
+            let mut eps = self.endpoints.lock();
+            eps.retain(|w| w.strong_count() > 0);
+            eps.push(Arc::downgrade(&shared));
+        }
+        Ok(ShmEndpoint {
+            inner: Arc::new(EpHandle { shared }),
+        })
+    }
+
+    unsafe fn register(&self, region: Region, access: Access) -> Result<ShmRegistration> {
+        self.check_open()?;
+        if !region.device.is_host() {
+            return Err(Error::UnsupportedMemory {
+                transport: SHM_TRANSPORT,
+                device: region.device,
+                reason: "cross-memory attach reaches host memory only".into(),
+            });
+        }
+        let id = self.target.next_reg.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(RegEntry {
+            id,
+            region,
+            access,
+            token: Mutex::new(random_token()?),
+            live: AtomicBool::new(true),
+        });
+        self.target.regs.write().insert(id, entry.clone());
+        Ok(ShmRegistration {
+            entry,
+            target: self.target.clone(),
+        })
+    }
+
+    /// Draws a new token and revokes every lease granted under the old one, waiting (up to
+    /// `revoke_timeout`) until the peers holding them have stopped copying.
+    fn rekey(&self, reg: &ShmRegistration) -> Result<bool> {
+        self.own(reg, "rekey")?;
+        let token = random_token()?;
+        self.target
+            .revoke(&reg.entry, || *reg.entry.token.lock() = token);
+        Ok(true)
+    }
+
+    fn export(&self, reg: &ShmRegistration) -> Result<RemoteRegion> {
+        self.own(reg, "export")?;
+        let mut key = Vec::with_capacity(KEY_LEN);
+        key.extend_from_slice(&reg.entry.id.to_be_bytes());
+        key.extend_from_slice(&*reg.entry.token.lock());
+        Ok(RemoteRegion {
+            transport: SHM_TRANSPORT,
+            region: reg.entry.region,
+            access: reg.entry.access,
+            key,
+        })
+    }
+
+    fn import(&self, ep: &ShmEndpoint, remote: &RemoteRegion) -> Result<ShmRemoteKey> {
+        remote.check_transport(SHM_TRANSPORT)?;
+        if remote.key.len() != KEY_LEN {
+            return Err(Error::InvalidKey(format!(
+                "an shm remote key is {KEY_LEN} bytes, this one is {}",
+                remote.key.len()
+            )));
+        }
+        if !remote.region.device.is_host() {
+            return Err(Error::UnsupportedMemory {
+                transport: SHM_TRANSPORT,
+                device: remote.region.device,
+                reason: "cross-memory attach reaches host memory only".into(),
+            });
+        }
+        let id = u64::from_be_bytes(remote.key[..8].try_into().expect("8 bytes"));
+        let token: [u8; TOKEN_LEN] = remote.key[8..].try_into().expect("16 bytes");
+        Ok(ShmRemoteKey {
+            endpoint: ep.inner.shared.id,
+            key: (id, token),
+            len: remote.region.len as u64,
+            access: remote.access,
+        })
+    }
+
+    async fn transfer(
+        &self,
+        ep: &ShmEndpoint,
+        op: Op,
+        batch: &[TransferDesc<'_, Self>],
+        deadline: Deadline,
+    ) -> Result<()> {
+        self.check_open()?;
+        let ep = &*ep.inner.shared;
+        let need = Access::required_by(op);
+        for d in batch {
+            if d.remote.endpoint != ep.id {
+                return Err(Error::InvalidArgument(
+                    "a remote key was imported for another endpoint; import the region on this \
+                     endpoint"
+                        .into(),
+                ));
+            }
+            let local = d.local.entry.region.len as u64;
+            check_bounds(
+                "local registration",
+                d.local_offset as u64,
+                d.len as u64,
+                local,
+            )?;
+            check_bounds("remote region", d.remote_offset, d.len as u64, d.remote.len)?;
+            if !d.remote.access.allows(need) {
+                return Err(Error::AccessDenied(format!(
+                    "the remote region allows {:?} but {op:?} needs {need:?}; export it with \
+                     that access",
+                    d.remote.access
+                )));
+            }
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let expired = || Error::DeadlineExceeded {
+            during: "transfer",
+            elapsed: started.elapsed(),
+        };
+        if deadline.is_expired() {
+            return Err(expired());
+        }
+        if ep.dead.load(Ordering::Acquire) {
+            return Err(ep.gone());
+        }
+        // One lease per distinct key, from the cache or a grant round trip.
+        let mut leases: Vec<(KeyId, Arc<Lease>)> = Vec::new();
+        for d in batch {
+            if leases.iter().any(|(k, _)| *k == d.remote.key) {
+                continue;
+            }
+            let cached = ep.cache.lock().by_key.get(&d.remote.key).cloned();
+            let lease = match cached.filter(|l| *l.valid.read() && l.access.allows(need)) {
+                Some(l) => l,
+                None => {
+                    let (id, token) = d.remote.key;
+                    let (offset, len) = (d.remote_offset, d.len as u64);
+                    let grant = |req| Msg::Grant {
+                        req,
+                        id,
+                        token,
+                        op,
+                        offset,
+                        len,
+                    };
+                    match ep.request(Some(d.remote.key), deadline, grant).await? {
+                        Reply::Lease(l) => l,
+                        Reply::Refused(why, limit, text) => {
+                            return Err(refused(&ep.peer, why, limit, text, offset, len));
+                        }
+                        Reply::Done => return Err(Error::Protocol("Ok answering Grant".into())),
+                    }
+                }
+            };
+            leases.push((d.remote.key, lease));
+        }
+        let lease_of = |d: &TransferDesc<'_, Self>| {
+            leases
+                .iter()
+                .find(|(k, _)| *k == d.remote.key)
+                .map(|(_, l)| l.clone())
+                .expect("leased above")
+        };
+        // The target's answer is authoritative (a descriptor's length could be forged).
+        for d in batch {
+            let l = lease_of(d);
+            check_bounds("remote region", d.remote_offset, d.len as u64, l.len)?;
+            if !l.access.allows(need) {
+                return Err(Error::AccessDenied(format!(
+                    "the target grants {:?} but {op:?} needs {need:?}",
+                    l.access
+                )));
+            }
+        }
+        let chunk = self.target.config.chunk_len.max(1);
+        let mut since_yield = 0usize;
+        for d in batch {
+            let l = lease_of(d);
+            let base = d.local.entry.region.addr as usize + d.local_offset;
+            let mut off = 0usize;
+            while off < d.len {
+                if deadline.is_expired() {
+                    return Err(expired());
+                }
+                let n = chunk.min(d.len - off);
+                {
+                    let valid = l.valid.read();
+                    if !*valid {
+                        return Err(if ep.dead.load(Ordering::Acquire) {
+                            ep.gone()
+                        } else {
+                            Error::InvalidKey(
+                                "the region was deregistered or rekeyed during the transfer".into(),
+                            )
+                        });
+                    }
+                    let remote = l.addr + d.remote_offset + off as u64;
+                    // SAFETY: the local range lies inside a registration the batch borrows
+                    // (bounds checked above), which the caller keeps allocated; the remote
+                    // range lies inside the lease, which cannot be revoked while `valid`
+                    // is held for reading.
+                    unsafe { cma::copy(ep.cred.pid, op, (base + off) as *mut u8, remote, n) }
+                        .map_err(|e| copy_error(ep, e))?;
+                }
+                off += n;
+                since_yield += n;
+                if since_yield >= chunk {
+                    since_yield = 0;
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn notify(
+        &self,
+        ep: &ShmEndpoint,
+        tag: u64,
+        msg: &[u8],
+        deadline: Deadline,
+    ) -> Result<()> {
+        self.check_open()?;
+        let ep = &*ep.inner.shared;
+        let max = self.target.config.max_notify_len;
+        if msg.len() > max {
+            return Err(Error::LimitExceeded {
+                limit: "max_notify_len",
+                value: msg.len() as u64,
+                max: max as u64,
+                hint: "raise ShmConfig::max_notify_len on both peers, or move the bytes with a transfer".into(),
+            });
+        }
+        let make = |req| Msg::Notify {
+            req,
+            tag,
+            msg: msg.to_vec(),
+        };
+        match ep.request(None, deadline, make).await? {
+            Reply::Done => Ok(()),
+            Reply::Refused(why, limit, text) => {
+                Err(refused(&ep.peer, why, limit, text, 0, msg.len() as u64))
+            }
+            Reply::Lease(_) => Err(Error::Protocol("Granted answering Notify".into())),
+        }
+    }
+
+    async fn recv_notification(&self, deadline: Deadline) -> Result<Notification> {
+        let started = Instant::now();
+        loop {
+            let ready = self.target.notes_ready.notified();
+            {
+                let mut n = self.target.notes.lock();
+                if let Some(note) = n.queue.pop_front() {
+                    return Ok(note);
+                }
+                if n.closed {
+                    return Err(Error::Closed(format!(
+                        "the ShmCommunicator at {} was closed",
+                        self.addr
+                    )));
+                }
+            }
+            if tokio::time::timeout_at(deadline.instant().into(), ready)
+                .await
+                .is_err()
+            {
+                return Err(Error::DeadlineExceeded {
+                    during: "waiting for a notification",
+                    elapsed: started.elapsed(),
+                });
+            }
+        }
+    }
+
+    fn close(&self) {
+        self.target.close();
+        for ep in self.endpoints.lock().drain(..) {
+            if let Some(ep) = ep.upgrade() {
+                let _ = ep.writer.lock().shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Unit tests of the side channel: grants refused on the wire, revocation waiting for a hung
+//! peer (one that took a lease and never releases it), and cached leases invalidated by
+//! deregistration and rekey.
+
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hmc_backend_cpu::HostMemory;
+use hmc_core::{
+    Access, Communicator, ConnBuffer, Deadline, Error, MemSpan, Op, PeerAddr, RegisteredBuffer,
+    TransferDesc,
+};
+use rstest::rstest;
+
+use crate::wire::{self, Msg, Refusal, TOKEN_LEN};
+use crate::{ShmCommunicator, ShmConfig};
+
+fn bind(revoke: Duration) -> Arc<ShmCommunicator> {
+    Arc::new(
+        ShmCommunicator::bind(ShmConfig {
+            revoke_timeout: revoke,
+            ..ShmConfig::default()
+        })
+        .unwrap(),
+    )
+}
+
+/// A raw side-channel client: says Hello, reads Welcome.
+fn raw_client(c: &ShmCommunicator) -> UnixStream {
+    let PeerAddr::Unix(path) = c.address() else {
+        panic!("unix address expected")
+    };
+    let mut s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    wire::write_msg(
+        &mut s,
+        &Msg::Hello {
+            version: wire::VERSION,
+            addr: "unix:///raw".into(),
+        },
+    )
+    .unwrap();
+    let body = wire::read_frame(&mut s, wire::MAX_FRAME).unwrap().unwrap();
+    assert!(matches!(Msg::decode(&body).unwrap(), Msg::Welcome { .. }));
+    s
+}
+
+fn ask(s: &mut UnixStream, id: u64, token: [u8; TOKEN_LEN], op: Op, offset: u64, len: u64) -> Msg {
+    wire::write_msg(
+        s,
+        &Msg::Grant {
+            req: 7,
+            id,
+            token,
+            op,
+            offset,
+            len,
+        },
+    )
+    .unwrap();
+    Msg::decode(&wire::read_frame(s, wire::MAX_FRAME).unwrap().unwrap()).unwrap()
+}
+
+fn key_of(buf: &RegisteredBuffer<HostMemory, ShmCommunicator>) -> (u64, [u8; TOKEN_LEN]) {
+    let k = buf.export().unwrap().key;
+    (
+        u64::from_be_bytes(k[..8].try_into().unwrap()),
+        k[8..].try_into().unwrap(),
+    )
+}
+
+#[rstest]
+#[case::forged_token(1, 0, Op::Read, 0, 16, Some(Refusal::InvalidKey))]
+#[case::unknown_id(0, 99, Op::Read, 0, 16, Some(Refusal::InvalidKey))]
+#[case::past_the_end(0, 0, Op::Read, 4000, 200, Some(Refusal::OutOfBounds))]
+#[case::write_to_read_only(0, 0, Op::Write, 0, 16, Some(Refusal::AccessDenied))]
+#[case::good(0, 0, Op::Read, 4000, 96, None)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_are_checked_at_the_target(
+    #[case] token_flip: u8,
+    #[case] id_shift: u64,
+    #[case] op: Op,
+    #[case] offset: u64,
+    #[case] len: u64,
+    #[case] want: Option<Refusal>,
+) {
+    let t = bind(Duration::from_secs(1));
+    let buf =
+        RegisteredBuffer::new(Arc::new(HostMemory::new()), t.clone(), 4096, Access::READ).unwrap();
+    let (id, mut token) = key_of(&buf);
+    token[3] ^= token_flip;
+    let mut s = raw_client(&t);
+    match (ask(&mut s, id + id_shift, token, op, offset, len), want) {
+        (Msg::Refused { why, .. }, Some(w)) => assert_eq!(why, w),
+        (Msg::Granted { len: l, addr, .. }, None) => {
+            assert_eq!((l, addr), (4096, buf.registration().entry_addr()));
+        }
+        (m, w) => panic!("{m:?} when {w:?} was expected"),
+    }
+    assert_eq!(t.outstanding_leases(), usize::from(want.is_none()));
+    drop(s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_waits_for_a_hung_peer_then_gives_up() {
+    let revoke = Duration::from_millis(400);
+    let t = bind(revoke);
+    let buf =
+        RegisteredBuffer::new(Arc::new(HostMemory::new()), t.clone(), 4096, Access::READ).unwrap();
+    let (id, token) = key_of(&buf);
+    let mut hung = raw_client(&t);
+    assert!(matches!(
+        ask(&mut hung, id, token, Op::Read, 0, 8),
+        Msg::Granted { .. }
+    ));
+    assert_eq!(t.outstanding_leases(), 1);
+    let start = Instant::now();
+    drop(buf); // The peer never answers Revoke.
+    let took = start.elapsed();
+    assert!(took >= revoke, "gave up early, after {took:?}");
+    assert!(took < revoke + Duration::from_secs(1), "overran: {took:?}");
+    assert_eq!(t.outstanding_leases(), 0);
+    // The Revoke reached the hung peer.
+    let body = wire::read_frame(&mut hung, wire::MAX_FRAME)
+        .unwrap()
+        .unwrap();
+    assert!(matches!(Msg::decode(&body).unwrap(), Msg::Revoke { leases } if leases.len() == 1));
+    hung.flush().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_closing_releases_its_leases_at_once() {
+    let t = bind(Duration::from_secs(5));
+    let buf =
+        RegisteredBuffer::new(Arc::new(HostMemory::new()), t.clone(), 4096, Access::READ).unwrap();
+    let (id, token) = key_of(&buf);
+    let mut s = raw_client(&t);
+    assert!(matches!(
+        ask(&mut s, id, token, Op::Read, 0, 8),
+        Msg::Granted { .. }
+    ));
+    drop(s);
+    let start = Instant::now();
+    drop(buf);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+#[rstest]
+#[case::deregistered(false)]
+#[case::rekeyed(true)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_leases_die_with_their_key(#[case] rekey: bool) {
+    let (a, b) = (bind(Duration::from_secs(5)), bind(Duration::from_secs(5)));
+    let mem = Arc::new(HostMemory::new());
+    let target = RegisteredBuffer::new(mem.clone(), b.clone(), 4096, Access::READ_WRITE).unwrap();
+    target.write_at(0, &MemSpan::host(&[3u8; 4096])).unwrap();
+    let local = RegisteredBuffer::new(mem, a.clone(), 4096, Access::READ_WRITE).unwrap();
+    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+    let key = a.import(&ep, &target.export().unwrap()).unwrap();
+    let d = [TransferDesc {
+        local: local.registration(),
+        local_offset: 0,
+        remote: &key,
+        remote_offset: 0,
+        len: 4096,
+    }];
+    for _ in 0..3 {
+        a.transfer(&ep, Op::Read, &d, Deadline::default())
+            .await
+            .unwrap();
+    }
+    assert_eq!(ep.cached_leases(), 1, "one lease serves repeated transfers");
+    assert_eq!(b.outstanding_leases(), 1);
+    let start = Instant::now();
+    let _keep = if rekey {
+        assert!(b.rekey(target.registration()).unwrap());
+        Some(target)
+    } else {
+        drop(target);
+        None
+    };
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "a live peer releases promptly"
+    );
+    assert_eq!(ep.cached_leases(), 0);
+    assert_eq!(b.outstanding_leases(), 0);
+    let err = a.transfer(&ep, Op::Read, &d, Deadline::default()).await;
+    assert!(matches!(err, Err(Error::InvalidKey(_))), "{err:?}");
+    if let Some(t) = &_keep {
+        let fresh = a.import(&ep, &t.export().unwrap()).unwrap();
+        let d = [TransferDesc {
+            remote: &fresh,
+            ..d[0]
+        }];
+        a.transfer(&ep, Op::Read, &d, Deadline::default())
+            .await
+            .unwrap();
+    }
+}
+
+#[rstest]
+#[case::just_over_the_limit(1)]
+#[case::four_gib(u32::MAX as usize - (4 << 10) - wire::FRAME_SLACK)]
+fn a_frame_over_the_targets_limit_closes_the_side_channel(#[case] over: usize) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _guard = rt.enter();
+    let target = Arc::new(
+        ShmCommunicator::bind(ShmConfig {
+            max_notify_len: 4 << 10,
+            ..ShmConfig::default()
+        })
+        .unwrap(),
+    );
+    let mut s = raw_client(&target);
+    let len = (4 << 10) + wire::FRAME_SLACK + over;
+    s.write_all(&(len as u32).to_le_bytes()).unwrap();
+    // The target allocates nothing for it and hangs up.
+    let mut rest = Vec::new();
+    let n = std::io::Read::read_to_end(&mut s, &mut rest).unwrap();
+    assert_eq!(n, 0, "closed without an answer");
+}
