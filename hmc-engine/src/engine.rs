@@ -21,6 +21,7 @@ use crate::meta::{
 use crate::region_map::{Lookup, RegionMap};
 use crate::request::{TransferRequest, TransferStatus};
 
+mod directory;
 mod membership;
 mod staged;
 
@@ -453,10 +454,10 @@ impl<C: Communicator> Engine<C> {
             hmc_rpc::CallError::Connect(e) => EngineError::Transport(e),
             other => meta_err(other.to_string()),
         })?;
-        let info = self
-            .fetch_info(&rpc, deadline)
-            .await
-            .map_err(|e| meta_err(e.to_string()))?;
+        let info = self.fetch_info(&rpc, deadline).await.map_err(|e| match e {
+            EngineError::Timeout { .. } => timed_out(),
+            e => meta_err(e.to_string()),
+        })?;
         let dp: PeerAddr = info
             .data_plane
             .parse()
@@ -503,9 +504,16 @@ impl<C: Communicator> Engine<C> {
         let info: EngineInfo = rpc
             .call_typed_with(METHOD_INFO, &hello, opts)
             .await
-            .map_err(|e| EngineError::Metadata {
-                peer: "peer".into(),
-                why: e.to_string(),
+            .map_err(|e| match e {
+                // A peer that accepts but never answers: a timeout, not a broken peer.
+                hmc_rpc::CallError::DeadlineExceeded(after) => EngineError::Timeout {
+                    what: "the metadata exchange".into(),
+                    after,
+                },
+                e => EngineError::Metadata {
+                    peer: "peer".into(),
+                    why: e.to_string(),
+                },
             })?;
         if info.version != VERSION {
             return Err(EngineError::Metadata {
@@ -812,7 +820,15 @@ impl<C: Communicator> Engine<C> {
         let engine = self.clone();
         let remote = remote.to_string();
         self.inner.runtime.spawn(async move {
-            let status = match engine.transfer(&remote, op, &descs, timeout).await {
+            let cancel = done.cancel.clone();
+            // Dropping the transfer future cancels it (the transport's contract).
+            let outcome = tokio::select! {
+                r = engine.transfer(&remote, op, &descs, timeout) => r,
+                _ = cancel.notified() => Err(EngineError::Cancelled(format!(
+                    "a transfer of {} descriptor(s) with `{remote}`", descs.len()
+                ))),
+            };
+            let status = match outcome {
                 Ok(()) => TransferStatus::Completed,
                 Err(EngineError::Timeout { .. }) => TransferStatus::TimedOut,
                 Err(e) => TransferStatus::Failed(Arc::new(e)),
@@ -844,57 +860,6 @@ impl<C: Communicator> Engine<C> {
         };
         peer.rpc
             .call_typed_with::<_, ()>(METHOD_NOTIFY, &n, opts)
-            .await
-            .map_err(|e| EngineError::Metadata {
-                peer: peer.name.clone(),
-                why: e.to_string(),
-            })
-    }
-
-    /// Publishes `value` under `name` for peers to [`Engine::lookup`] (replacing what was
-    /// there): how layers above the engine describe memory to each other, such as the KV
-    /// caches of [`crate::kv`].
-    pub fn publish(&self, name: &str, value: Vec<u8>) -> Result<()> {
-        let max = self.inner.shared.config.max_published_len;
-        if value.len() > max {
-            return Err(EngineError::Limit {
-                limit: "max_published_len",
-                value: value.len() as u64,
-                max: max as u64,
-                hint: "publish less (fewer tensors per key), or raise EngineConfig::max_published_len",
-            });
-        }
-        self.inner
-            .shared
-            .directory
-            .write()
-            .insert(name.to_string(), value);
-        Ok(())
-    }
-
-    /// Removes what was published under `name`.
-    pub fn unpublish(&self, name: &str) {
-        self.inner.shared.directory.write().remove(name);
-    }
-
-    /// The value `remote` published under `name`, if any.
-    pub async fn lookup(
-        &self,
-        remote: &str,
-        name: &str,
-        timeout: Duration,
-    ) -> Result<Option<Vec<u8>>> {
-        self.check_open()?;
-        let peer = self.peer(remote)?;
-        let opts = CallOptions {
-            timeout: Some(timeout),
-            ..CallOptions::default()
-        };
-        let req = crate::meta::Lookup {
-            name: name.to_string(),
-        };
-        peer.rpc
-            .call_typed_with(METHOD_LOOKUP, &req, opts)
             .await
             .map_err(|e| EngineError::Metadata {
                 peer: peer.name.clone(),

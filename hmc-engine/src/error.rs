@@ -137,6 +137,10 @@ pub enum EngineError {
     /// The metadata store (etcd) failed: unreachable within the timeout, or a limit.
     #[error("metadata store: {0}")]
     Store(#[from] hmc_meta::MetaError),
+    /// The caller cancelled the operation ([`crate::TransferRequest::cancel`]); the
+    /// transport no longer touches its memory.
+    #[error("{0} was cancelled; start it again if it is still wanted")]
+    Cancelled(String),
     /// `finalize` was called.
     #[error("the engine was finalized; initialize a new one")]
     Finalized,

@@ -28,30 +28,49 @@ impl TransferStatus {
 }
 
 /// A transfer started with [`crate::Engine::transfer_async`]. Dropping the handle does
-/// not cancel the transfer: it runs to completion or to its timeout.
+/// not cancel the transfer: it runs to completion, to its timeout, or until
+/// [`TransferRequest::cancel`].
 #[derive(Clone)]
 pub struct TransferRequest {
     status: Arc<Mutex<TransferStatus>>,
     done: watch::Receiver<bool>,
+    cancel: Arc<tokio::sync::Notify>,
 }
 
 /// The engine's end of a request: reports its outcome once.
 pub(crate) struct Completer {
     status: Arc<Mutex<TransferStatus>>,
     done: watch::Sender<bool>,
+    /// Signalled by [`TransferRequest::cancel`] (a stored permit, so a cancel before the
+    /// transfer starts waiting is not lost).
+    pub(crate) cancel: Arc<tokio::sync::Notify>,
 }
 
 impl TransferRequest {
     pub(crate) fn new() -> (TransferRequest, Completer) {
         let status = Arc::new(Mutex::new(TransferStatus::Waiting));
         let (tx, rx) = watch::channel(false);
+        let cancel = Arc::new(tokio::sync::Notify::new());
         (
             TransferRequest {
                 status: status.clone(),
                 done: rx,
+                cancel: cancel.clone(),
             },
-            Completer { status, done: tx },
+            Completer {
+                status,
+                done: tx,
+                cancel,
+            },
         )
+    }
+
+    /// Cancels the transfer if it is still running: it ends `Failed` with
+    /// [`EngineError::Cancelled`], and once [`TransferRequest::wait`] reports that, the
+    /// transport no longer touches its memory (bytes already moved stay moved). A request
+    /// that already ended keeps its status.
+    pub fn cancel(&self) {
+        self.cancel.notify_one();
     }
 
     /// The status now.

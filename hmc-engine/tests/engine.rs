@@ -312,6 +312,57 @@ async fn many_async_requests_complete_and_a_timeout_really_ends_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_request_ends_failed_and_a_finished_one_keeps_its_status() {
+    let a = engine(EngineConfig::default()).await;
+    let b = engine(EngineConfig::default()).await;
+    let src = pattern(64 << 20, 3);
+    let dst = vec![0u8; 64 << 20];
+    reg(&a, &src);
+    reg(&b, &dst);
+    a.connect(b.name(), T).await.unwrap();
+    let d = TransferOpDesc {
+        local_addr: addr(&src),
+        remote_addr: addr(&dst),
+        len: 64 << 20,
+    };
+    // Cancelled before the runtime even starts it: the stored signal is not lost.
+    let r = a
+        .transfer_async(b.name(), TransferOp::Write, vec![d], T)
+        .unwrap();
+    r.cancel();
+    match r.wait().await {
+        TransferStatus::Failed(e) => {
+            assert!(matches!(*e, EngineError::Cancelled(_)), "{e}");
+            assert!(e.to_string().contains("was cancelled"), "{e}");
+        }
+        other => panic!("expected a cancelled transfer, got {other:?}"),
+    }
+    // The engine is still usable, and cancelling a finished request changes nothing.
+    let small = TransferOpDesc { len: 4096, ..d };
+    let r = a
+        .transfer_async(b.name(), TransferOp::Write, vec![small], T)
+        .unwrap();
+    assert!(matches!(r.wait().await, TransferStatus::Completed));
+    r.cancel();
+    assert!(matches!(r.status(), TransferStatus::Completed));
+    assert_eq!(dst[..4096], src[..4096]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_a_silent_peer_times_out() {
+    // Accepts connections and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let a = engine(EngineConfig::default()).await;
+    let e = a
+        .connect(&addr.to_string(), Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, EngineError::Timeout { .. }), "{e}");
+    assert!(e.to_string().contains("pass a longer timeout"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notifications_arrive_in_order_and_are_bounded() {
     let a = engine(EngineConfig::default()).await;
     let b = engine(EngineConfig {

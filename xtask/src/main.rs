@@ -6,6 +6,7 @@
 //! run time.
 
 mod cluster;
+mod python;
 mod scaffold;
 mod tidy;
 
@@ -21,8 +22,9 @@ usage: cargo xtask <command>
                        with checksums, and the RPC demo methods
   test [--long]        install what is missing, then tidy checks and the whole test suite
                        (--long adds the long-running soak tests)
-  bench <transfer|rpc|ucx|shm|rdma|engine|all> [--quick]
-                       benchmarks side by side with iperf3 / tonic / ucx_perftest
+  bench <transfer|rpc|ucx|shm|rdma|engine|python|all> [--quick]
+                       benchmarks side by side with iperf3 / tonic / ucx_perftest /
+                       memcpy / Mooncake (engine, python)
   matrix [CRATE...] [--json PATH]
                        per crate (all by default): build it alone with and without its
                        default features, run its tests as `test` does (failing tests
@@ -193,6 +195,29 @@ const PACKAGES: &[SystemPackage] = &[
         present: || file_exists_any(&["/usr/include/google/protobuf/descriptor.proto"]),
     },
     SystemPackage {
+        name: "python3-venv",
+        why: "the Python package's tests run in a venv under target/",
+        present: || {
+            Command::new("python3")
+                .args(["-c", "import ensurepip, venv"])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        },
+    },
+    SystemPackage {
+        name: "python3-pip",
+        why: "pip installs maturin, pytest and numpy into that venv",
+        present: || {
+            Command::new("python3")
+                .args(["-m", "pip", "--version"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        },
+    },
+    SystemPackage {
         name: "gcc",
         why: "the device ABI shims are compiled at test time",
         present: || on_path("cc"),
@@ -234,7 +259,9 @@ fn test(long: bool) -> Result {
         run(&mut step)?;
     }
     // Engines on three network namespaces, a link cut and a process killed (root only).
-    cluster::run(&root(), true)
+    cluster::run(&root(), true)?;
+    // The Python package: its wheel into target/py-venv, then pytest.
+    python::test()
 }
 
 /// The cargo commands of `cargo xtask test` for `scope` (`--workspace`, or `-p <crate>`
@@ -278,7 +305,7 @@ fn bench(args: &[String]) -> Result {
         "ucx" => &[("hmc-transport-ucx", "rma")],
         "shm" => &[("hmc-transport-shm", "shm")],
         "rdma" => &[("hmc-transport-rdma", "overhead")],
-        "rpc" | "engine" => &[],
+        "rpc" | "engine" | "python" => &[],
         "all" => &[
             ("hmc-transport-tcp", "transfer"),
             ("hmc-transport-ucx", "rma"),
@@ -287,7 +314,7 @@ fn bench(args: &[String]) -> Result {
         ],
         other => {
             return Err(format!(
-                "unknown benchmark `{other}`; choose transfer, rpc, ucx, shm, rdma, engine or all"
+                "unknown benchmark `{other}`; choose transfer, rpc, ucx, shm, rdma, engine, python or all"
             ));
         }
     };
@@ -308,6 +335,9 @@ fn bench(args: &[String]) -> Result {
     }
     if which == "shm" || which == "all" {
         bench_rpc_shm(quick)?;
+    }
+    if which == "python" || which == "all" {
+        python::bench(quick)?;
     }
     Ok(())
 }

@@ -1,0 +1,180 @@
+"""`cargo xtask bench python`: the Python API's synchronous one-sided ops, hmc against
+Mooncake Transfer Engine's Python API (tcp protocol, P2PHANDSHAKE, transfer_sync_write /
+transfer_sync_read), the same loop side by side in one run, two processes on loopback;
+and the Python overhead per op: hmc's Python loop against the same calls made by a Rust
+loop on the same engine (``Engine._transfer_sync_loop``).
+
+    python bench_python.py [--seconds S] [--no-mooncake]
+    python bench_python.py hmc-target BYTES   (internal: the hmc target process)
+
+Each cell alternates the two systems three times and reports the medians. Prints Markdown
+tables on stdout.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import hmc
+
+SIZES = [4096, 65536, 1 << 20]
+HERE = os.path.dirname(os.path.abspath(__file__))
+MOONCAKE_PEER = os.path.join(HERE, "..", "..", "hmc-engine", "benches", "mooncake_peer.py")
+
+
+def hmc_target(size):
+    e = hmc.Engine()
+    e.initialize("127.0.0.1:0", {"transport": "tcp"})
+    buf = bytearray(size)
+    h = e.register_mem(buf)
+    print(f"READY {e.local_address} {h.addr}", flush=True)
+    sys.stdin.read()
+    e.finalize()
+
+
+def start(cmd):
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = p.stdout.readline().split()
+    if not line or line[0] != "READY":
+        p.kill()
+        sys.exit(f"target {cmd} did not start")
+    return p, line[1], int(line[2])
+
+
+def timed(seconds, call):
+    call()  # warm-up
+    n, t0 = 0, time.perf_counter()
+    while True:
+        call()
+        n += 1
+        secs = time.perf_counter() - t0
+        if secs >= seconds and n >= 3:
+            return n / secs
+
+
+class Hmc:
+    """hmc's side: a target process and an engine here, connected."""
+
+    def __init__(self):
+        self.proc, self.address, self.remote = start(
+            [sys.executable, __file__, "hmc-target", str(max(SIZES))]
+        )
+        self.e = hmc.Engine()
+        self.e.initialize("127.0.0.1:0", {"transport": "tcp"})
+        self.local = bytearray(max(SIZES))
+        self.h = self.e.register_mem(self.local)
+        self.e.connect(self.address)
+
+    def op(self, opname, size):
+        op = hmc.TransferOp.WRITE if opname == "write" else hmc.TransferOp.READ
+        descs = [hmc.TransferOpDesc(self.h.addr, self.remote, size)]
+        e, address = self.e, self.address
+        return lambda: e.transfer_sync(address, op, descs, timeout_ms=10_000)
+
+    def overhead(self, opname, n, size):
+        """(Python us/op, Rust us/op) of the same op on this engine: one descriptor of
+        ``size`` bytes, or (size 0) an empty batch, which the engine completes without
+        I/O, so only the cost of the call itself remains."""
+        op = hmc.TransferOp.WRITE if opname == "write" else hmc.TransferOp.READ
+        d = hmc.TransferOpDesc(self.h.addr, self.remote, size) if size else None
+        descs = [d] if d else []
+        e, address = self.e, self.address
+        t0 = time.perf_counter()
+        for _ in range(n):
+            e.transfer_sync(address, op, descs, timeout_ms=10_000)
+        py = (time.perf_counter() - t0) / n
+        rust = e._transfer_sync_loop(address, op, d, n) / n
+        return py * 1e6, rust * 1e6
+
+    def close(self):
+        self.e.finalize()
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+class Mooncake:
+    """Mooncake's side: its target process (hmc-engine/benches/mooncake_peer.py) and a
+    TransferEngine here."""
+
+    def __init__(self):
+        from mooncake.engine import TransferEngine
+
+        self.proc, port, self.remote = start(
+            [sys.executable, MOONCAKE_PEER, "target", str(max(SIZES))]
+        )
+        self.te = TransferEngine()
+        if self.te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
+            sys.exit("mooncake initialize failed")
+        self.peer = f"127.0.0.1:{port}"
+        self.local = self.te.allocate_managed_buffer(max(SIZES))
+
+    def op(self, opname, size):
+        te, peer, local, remote = self.te, self.peer, self.local, self.remote
+        call = te.transfer_sync_write if opname == "write" else te.transfer_sync_read
+
+        def one():
+            if call(peer, local, remote, size) != 0:
+                sys.exit(f"mooncake {opname} of {size} bytes failed")
+
+        return one
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seconds", type=float, default=2.0, help="per cell and system")
+    ap.add_argument("--no-mooncake", action="store_true")
+    a = ap.parse_args()
+    ours = Hmc()
+    theirs = None if a.no_mooncake else Mooncake()
+    # Each cell alternates the two systems three times (a third of the time each) and
+    # keeps the median: the machine is shared, and load comes and goes.
+    rows = []
+    for opname in ("write", "read"):
+        for size in SIZES:
+            h, m = [], []
+            for _ in range(3):
+                h.append(timed(a.seconds / 3, ours.op(opname, size)))
+                if theirs:
+                    m.append(timed(a.seconds / 3, theirs.op(opname, size)))
+            rows.append((opname, size, median(h), median(m) if m else None))
+    overhead = {}
+    n = 3_000 if a.seconds >= 1 else 1_000
+    for opname in ("write", "read"):
+        for size, label in ((4096, "4 KiB"), (0, "empty batch (no I/O)")):
+            runs = [ours.overhead(opname, n * (10 if size == 0 else 1), size) for _ in range(9)]
+            overhead[(opname, label)] = (min(r[0] for r in runs), min(r[1] for r in runs))
+    ours.close()
+    if theirs:
+        theirs.close()
+    print("## Python API: hmc vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback\n")
+    print("| op | size | hmc ops/s | hmc GB/s | Mooncake ops/s | Mooncake GB/s | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for op, size, ops, m in rows:
+        gb = lambda o: o * size / 1e9  # noqa: E731
+        print(
+            f"| {op} | {size} | {ops:.0f} | {gb(ops):.3f} | "
+            + (f"{m:.0f} | {gb(m):.3f} | {ops / m:.2f}x |" if m else "- | - | - |")
+        )
+    print("\n## Python overhead per sync op (same engine and peer, 9 alternated runs, best of each)\n")
+    print("| op | call | Python loop us/op | Rust loop us/op | Python adds us |")
+    print("| --- | --- | --- | --- | --- |")
+    for (op, label), (py, rust) in overhead.items():
+        print(f"| {op} | {label} | {py:.2f} | {rust:.2f} | {py - rust:.2f} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "hmc-target":
+        hmc_target(int(sys.argv[2]))
+    else:
+        main()

@@ -1,0 +1,719 @@
+//! `hmc.Engine` and its types: HIXL's calls in snake_case over
+//! [`hmc_engine::Engine`], with Python objects registered in place.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use hmc_core::AnyCommunicator;
+use hmc_engine::{EngineConfig, EngineError, MemDesc};
+use parking_lot::{Mutex, RwLock};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use crate::buffer::{self, Held};
+use crate::dlpack::Placement;
+use crate::{errors, millis, runtime, wait};
+
+type RustEngine = hmc_engine::Engine<AnyCommunicator>;
+
+/// Where memory lives: ``MemType.HOST`` (host memory, the default) or ``MemType.DEVICE``
+/// (device memory: a DLPack device tensor, or ``(addr, length)`` with ``device=``).
+#[pyclass(module = "hmc", frozen, eq, eq_int, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum MemType {
+    /// Host memory.
+    #[pyo3(name = "HOST")]
+    Host,
+    /// Device memory.
+    #[pyo3(name = "DEVICE")]
+    Device,
+}
+
+/// The direction of a transfer seen from the caller: ``READ`` moves remote memory into
+/// local memory, ``WRITE`` local memory into remote memory.
+#[pyclass(module = "hmc", frozen, eq, eq_int, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum TransferOp {
+    /// Remote to local.
+    #[pyo3(name = "READ")]
+    Read,
+    /// Local to remote.
+    #[pyo3(name = "WRITE")]
+    Write,
+}
+
+impl From<TransferOp> for hmc_engine::TransferOp {
+    fn from(op: TransferOp) -> Self {
+        match op {
+            TransferOp::Read => hmc_engine::TransferOp::Read,
+            TransferOp::Write => hmc_engine::TransferOp::Write,
+        }
+    }
+}
+
+/// Where an asynchronous transfer stands: ``WAITING`` (still moving), ``COMPLETED``,
+/// ``TIMEOUT`` (its timeout passed; its memory is no longer touched) or ``FAILED``.
+#[pyclass(module = "hmc", frozen, eq, eq_int, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum TransferStatus {
+    /// Still moving bytes.
+    #[pyo3(name = "WAITING")]
+    Waiting,
+    /// Every descriptor is done.
+    #[pyo3(name = "COMPLETED")]
+    Completed,
+    /// Its timeout passed.
+    #[pyo3(name = "TIMEOUT")]
+    Timeout,
+    /// It failed (``TransferReq.error()`` says why).
+    #[pyo3(name = "FAILED")]
+    Failed,
+}
+
+/// One element of a transfer: ``length`` bytes between ``local_addr`` (this engine's
+/// registered memory) and ``remote_addr`` (the peer's).
+#[pyclass(module = "hmc", frozen, eq, from_py_object)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct TransferOpDesc {
+    /// Address in this engine's registered memory.
+    #[pyo3(get)]
+    pub local_addr: u64,
+    /// Address in the peer's registered memory.
+    #[pyo3(get)]
+    pub remote_addr: u64,
+    /// Bytes to move.
+    #[pyo3(get)]
+    pub length: u64,
+}
+
+#[pymethods]
+impl TransferOpDesc {
+    #[new]
+    fn new(local_addr: u64, remote_addr: u64, length: u64) -> Self {
+        TransferOpDesc {
+            local_addr,
+            remote_addr,
+            length,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "TransferOpDesc(local_addr={:#x}, remote_addr={:#x}, length={})",
+            self.local_addr, self.remote_addr, self.length
+        )
+    }
+}
+
+/// A registration made by ``Engine.register_mem``: give it to ``Engine.deregister_mem``.
+/// ``addr`` and ``length`` are the registered range (use them in ``TransferOpDesc``).
+#[pyclass(module = "hmc", frozen, from_py_object)]
+#[derive(Clone)]
+pub struct MemHandle {
+    /// Start address of the registered memory.
+    #[pyo3(get)]
+    pub addr: u64,
+    /// Its length in bytes.
+    #[pyo3(get)]
+    pub length: u64,
+    /// Whether the memory is read-only (it may not be the target of a READ).
+    #[pyo3(get)]
+    pub readonly: bool,
+    pub(crate) handle: hmc_engine::MemHandle,
+}
+
+#[pymethods]
+impl MemHandle {
+    fn __repr__(&self) -> String {
+        format!(
+            "MemHandle(addr={:#x}, length={}{})",
+            self.addr,
+            self.length,
+            if self.readonly { ", readonly" } else { "" }
+        )
+    }
+}
+
+/// An initialized engine and the Python memory it holds.
+pub(crate) struct Live {
+    pub(crate) engine: RustEngine,
+    /// Registered Python memory, kept alive until deregistered.
+    held: Mutex<HashMap<hmc_engine::MemHandle, Held>>,
+    /// Read-only registered ranges (refused as READ targets).
+    readonly: RwLock<Vec<(u64, u64)>>,
+}
+
+impl Live {
+    pub(crate) fn new(engine: RustEngine) -> Self {
+        Live {
+            engine,
+            held: Mutex::new(HashMap::new()),
+            readonly: RwLock::new(Vec::new()),
+        }
+    }
+
+    /// Registers the memory of `obj` (see [`buffer::hold`]).
+    pub(crate) fn register(
+        &self,
+        obj: &Bound<'_, PyAny>,
+        mem_type: MemType,
+        device: Option<&str>,
+    ) -> PyResult<MemHandle> {
+        let device = device.map(buffer::parse_device).transpose()?;
+        if mem_type == MemType::Device && device.is_none() && obj.cast::<PyTuple>().is_ok() {
+            return Err(errors::invalid(
+                "device memory given as (addr, length) needs device= (cuda:0, rocm:1, ...)",
+            ));
+        }
+        let held = buffer::hold(obj, device)?;
+        if mem_type == MemType::Host && device.is_some() {
+            return Err(errors::invalid(
+                "device= names device memory; pass mem_type=MemType.DEVICE with it",
+            ));
+        }
+        if mem_type == MemType::Device && held.placement == Placement::Host {
+            return Err(errors::invalid(
+                "mem_type=DEVICE but the object is host memory; leave mem_type out for host buffers",
+            ));
+        }
+        let rust_type = match held.placement {
+            Placement::Host => hmc_engine::MemType::Host,
+            Placement::Device(kind, ordinal) => hmc_engine::MemType::Device { kind, ordinal },
+        };
+        let desc = MemDesc {
+            addr: held.addr,
+            len: held.len,
+        };
+        // SAFETY: `held` keeps the memory alive (a held Py_buffer or DLPack tensor; for a
+        // raw range, the caller's word) and is dropped only after `deregister_mem` of the
+        // handle has returned (`deregister`, `finalize`, `Drop`).
+        let handle =
+            unsafe { self.engine.register_mem(desc, rust_type) }.map_err(errors::engine)?;
+        let h = MemHandle {
+            addr: held.addr,
+            length: held.len as u64,
+            readonly: held.readonly,
+            handle,
+        };
+        if held.readonly {
+            self.readonly.write().push((held.addr, held.len as u64));
+        }
+        self.held.lock().insert(handle, held);
+        Ok(h)
+    }
+
+    /// Deregisters and releases the Python memory of `h`.
+    pub(crate) fn deregister(&self, py: Python<'_>, h: &MemHandle) -> PyResult<()> {
+        wait(py, self.engine.deregister_mem(h.handle))?.map_err(errors::engine)?;
+        let held = self.held.lock().remove(&h.handle);
+        if let Some(held) = &held
+            && held.readonly
+        {
+            self.readonly
+                .write()
+                .retain(|&(a, l)| (a, l) != (held.addr, held.len as u64));
+        }
+        drop(held);
+        Ok(())
+    }
+
+    /// Refuses a READ into read-only memory.
+    fn check_writable(&self, op: TransferOp, descs: &[hmc_engine::TransferOpDesc]) -> PyResult<()> {
+        if op != TransferOp::Read {
+            return Ok(());
+        }
+        let ro = self.readonly.read();
+        if ro.is_empty() {
+            return Ok(());
+        }
+        for d in descs {
+            let (a, end) = (d.local_addr, d.local_addr + d.len as u64);
+            if let Some(&(s, l)) = ro.iter().find(|&&(s, l)| a < s + l && s < end) {
+                return Err(errors::invalid(format!(
+                    "a READ into {a:#x}+{} would write the read-only buffer registered at {s:#x}+{l}; register a writable object (bytearray, a writeable numpy array) as the target",
+                    d.len
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Deregisters everything still registered (waiting for transfers on it), then
+    /// finalizes the engine, then releases the Python memory.
+    fn shut(self: Arc<Self>) {
+        crate::finish(async move {
+            let handles: Vec<hmc_engine::MemHandle> = self.held.lock().keys().copied().collect();
+            for h in handles {
+                let _ = self.engine.deregister_mem(h).await;
+            }
+            self.engine.finalize().await;
+            // Taken out first: dropping Python objects attaches to the interpreter, which
+            // must not happen under a lock a Python thread may be waiting for.
+            let held = std::mem::take(&mut *self.held.lock());
+            drop(held);
+            self.readonly.write().clear();
+        });
+    }
+}
+
+/// Converts a Python list of ``TransferOpDesc`` (or ``(local, remote, length)`` tuples).
+pub(crate) fn descs(list: &Bound<'_, PyAny>) -> PyResult<Vec<hmc_engine::TransferOpDesc>> {
+    let mut out = Vec::with_capacity(list.len().unwrap_or(0));
+    for item in list.try_iter()? {
+        let item = item?;
+        let d = if let Ok(d) = item.cast::<TransferOpDesc>() {
+            *d.get()
+        } else {
+            let (l, r, n): (u64, u64, u64) = item.extract().map_err(|_| {
+                errors::invalid("transfer descriptors are TransferOpDesc(local_addr, remote_addr, length) or 3-tuples of ints")
+            })?;
+            TransferOpDesc::new(l, r, n)
+        };
+        out.push(hmc_engine::TransferOpDesc {
+            local_addr: d.local_addr,
+            remote_addr: d.remote_addr,
+            len: d.length as usize,
+        });
+    }
+    Ok(out)
+}
+
+/// A one-sided transfer engine (HIXL's ``Engine``): register memory, connect to peer
+/// engines by address, and move bytes between registered memory on both sides by
+/// address, synchronously or asynchronously. Safe to use from many threads; a context
+/// manager (``with hmc.Engine() as e:`` finalizes it on exit).
+///
+/// Example:
+///
+/// ```python
+/// e = hmc.Engine()
+/// e.initialize("127.0.0.1:0")
+/// buf = bytearray(4096)
+/// h = e.register_mem(buf)
+/// e.connect(peer_address)
+/// e.transfer_sync(peer_address, hmc.TransferOp.WRITE,
+///                 [hmc.TransferOpDesc(h.addr, remote_addr, 4096)])
+/// ```
+#[pyclass(module = "hmc", frozen)]
+pub struct Engine {
+    live: RwLock<Option<Arc<Live>>>,
+}
+
+impl Engine {
+    /// An engine not yet initialized.
+    pub(crate) fn new_py() -> Self {
+        Engine {
+            live: RwLock::new(None),
+        }
+    }
+
+    /// The Rust engine (a clone: the same engine).
+    pub(crate) fn rust(&self) -> PyResult<RustEngine> {
+        Ok(self.live()?.engine.clone())
+    }
+
+    /// See `initialize`.
+    pub(crate) fn initialize_py(
+        &self,
+        py: Python<'_>,
+        local: &str,
+        options: Option<HashMap<String, String>>,
+    ) -> PyResult<()> {
+        if self.live.read().is_some() {
+            return Err(errors::state(
+                "the engine is already initialized; make a new Engine for another address",
+            ));
+        }
+        let config =
+            EngineConfig::from_options(&options.unwrap_or_default()).map_err(errors::engine)?;
+        let local = local.to_string();
+        let engine = wait(py, async move {
+            RustEngine::initialize_with(&local, config).await
+        })?
+        .map_err(errors::engine)?;
+        *self.live.write() = Some(Arc::new(Live::new(engine)));
+        Ok(())
+    }
+
+    /// See `finalize`.
+    pub(crate) fn finalize_py(&self, _py: Python<'_>) {
+        let live = self.live.write().take();
+        if let Some(live) = live {
+            live.shut();
+        }
+    }
+
+    fn live(&self) -> PyResult<Arc<Live>> {
+        self.live.read().clone().ok_or_else(|| {
+            errors::state(
+                "the engine is not initialized (or was finalized); call initialize(local) first",
+            )
+        })
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(live) = self.live.get_mut().take() {
+            live.shut();
+        }
+    }
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    fn new() -> Self {
+        Self::new_py()
+    }
+
+    /// Starts the engine at ``local`` (``"IP:PORT"``; port 0 picks a free one, then see
+    /// ``local_address``). ``options`` are HIXL-style string options: ``transport``
+    /// (``tcp``, ``ucx``, ``shm`` or ``auto``, the default), ``max_regions``,
+    /// ``max_remote_regions``, ``max_descs_per_transfer``, ``max_pending_notifies``,
+    /// ``max_notify_len``, ``max_published_len``, ``allow_foreign_data_plane``,
+    /// ``default_timeout_ms``. An unknown key raises ``InvalidArgumentError``.
+    #[pyo3(signature = (local, options = None))]
+    fn initialize(
+        &self,
+        py: Python<'_>,
+        local: &str,
+        options: Option<HashMap<String, String>>,
+    ) -> PyResult<()> {
+        self.initialize_py(py, local, options)
+    }
+
+    /// The address peers connect to (``"IP:PORT"``, with the port chosen if 0 was given).
+    #[getter]
+    fn local_address(&self) -> PyResult<String> {
+        Ok(self.live()?.engine.name().to_string())
+    }
+
+    /// Registers memory for transfers by this engine and its peers, in place (no copy).
+    /// ``obj`` is a buffer-protocol object (bytearray, memoryview, numpy array), an object
+    /// with ``__dlpack__`` (its device decides where it lives), or ``(addr, length)`` for
+    /// raw memory you keep alive yourself (``device="cuda:0"`` with ``MemType.DEVICE`` for
+    /// device memory). The engine holds ``obj`` until ``deregister_mem``: peers may read
+    /// and write it at any time until then. A read-only buffer may be registered as the
+    /// source of WRITEs, never as the target of a READ.
+    #[pyo3(
+        signature = (obj, mem_type = MemType::Host, device = None),
+        text_signature = "(self, /, obj, mem_type=MemType.HOST, device=None)"
+    )]
+    fn register_mem(
+        &self,
+        obj: &Bound<'_, PyAny>,
+        mem_type: MemType,
+        device: Option<&str>,
+    ) -> PyResult<MemHandle> {
+        self.live()?.register(obj, mem_type, device)
+    }
+
+    /// Deregisters memory: peers can no longer reach it once this returns (transfers
+    /// still using it are waited for), and the engine lets go of the object.
+    fn deregister_mem(&self, py: Python<'_>, handle: MemHandle) -> PyResult<()> {
+        self.live()?.deregister(py, &handle)
+    }
+
+    /// Connects to the engine at ``remote`` (its ``local_address``): fetches its table of
+    /// registered memory and connects the data plane.
+    #[pyo3(signature = (remote, timeout_ms = 1000))]
+    fn connect(&self, py: Python<'_>, remote: &str, timeout_ms: u64) -> PyResult<()> {
+        let live = self.live()?;
+        wait(py, live.engine.connect(remote, millis(timeout_ms)))?.map_err(errors::engine)
+    }
+
+    /// Closes the connection to ``remote``; transfers already running finish.
+    #[pyo3(signature = (remote, timeout_ms = 1000))]
+    fn disconnect(&self, py: Python<'_>, remote: &str, timeout_ms: u64) -> PyResult<()> {
+        let live = self.live()?;
+        let t = millis(timeout_ms);
+        match wait(py, tokio::time::timeout(t, live.engine.disconnect(remote)))? {
+            Ok(r) => r.map_err(errors::engine),
+            Err(_) => Err(errors::engine(EngineError::Timeout {
+                what: format!("disconnecting from `{remote}`"),
+                after: t,
+            })),
+        }
+    }
+
+    /// Moves the bytes of ``descs`` (``TransferOpDesc`` or ``(local, remote, length)``)
+    /// between this engine's memory and ``remote``'s, and returns once all are done (for
+    /// a WRITE: visible at the peer). Every descriptor is checked before any byte moves.
+    /// The GIL is released meanwhile; Ctrl-C cancels the transfer.
+    #[pyo3(signature = (remote, op, descs, timeout_ms = 1000))]
+    fn transfer_sync(
+        &self,
+        py: Python<'_>,
+        remote: &str,
+        op: TransferOp,
+        descs: &Bound<'_, PyAny>,
+        timeout_ms: u64,
+    ) -> PyResult<()> {
+        let live = self.live()?;
+        let descs = self::descs(descs)?;
+        live.check_writable(op, &descs)?;
+        wait(
+            py,
+            live.engine
+                .transfer(remote, op.into(), &descs, millis(timeout_ms)),
+        )?
+        .map_err(errors::engine)
+    }
+
+    /// Starts a transfer and returns a ``TransferReq`` at once (``status()``,
+    /// ``wait()``, ``cancel()``, ``await req``).
+    #[pyo3(signature = (remote, op, descs, timeout_ms = 1000))]
+    fn transfer_async(
+        &self,
+        remote: &str,
+        op: TransferOp,
+        descs: &Bound<'_, PyAny>,
+        timeout_ms: u64,
+    ) -> PyResult<TransferReq> {
+        let live = self.live()?;
+        let descs = self::descs(descs)?;
+        live.check_writable(op, &descs)?;
+        let req = live
+            .engine
+            .transfer_async(remote, op.into(), descs, millis(timeout_ms))
+            .map_err(errors::engine)?;
+        Ok(TransferReq { req })
+    }
+
+    /// Sends ``msg`` to ``remote``'s queue; it reads it with ``get_notifies()``.
+    #[pyo3(signature = (remote, msg, timeout_ms = 1000))]
+    fn send_notify(
+        &self,
+        py: Python<'_>,
+        remote: &str,
+        msg: &[u8],
+        timeout_ms: u64,
+    ) -> PyResult<()> {
+        let live = self.live()?;
+        let msg = msg.to_vec();
+        wait(
+            py,
+            live.engine
+                .send_notify(remote, "", &msg, millis(timeout_ms)),
+        )?
+        .map_err(errors::engine)
+    }
+
+    /// Takes every notification received so far, oldest first, as ``(sender, bytes)``.
+    fn get_notifies<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items: Vec<(String, Bound<'py, PyBytes>)> = self
+            .live()?
+            .engine
+            .get_notifies()
+            .into_iter()
+            .map(|n| (n.from, PyBytes::new(py, &n.msg)))
+            .collect();
+        PyList::new(py, items)
+    }
+
+    /// What the transport can do: ``transport``, ``local_memory`` and ``remote_memory``
+    /// (device kinds, or ``"any"``), ``device_memory`` (``refused``,
+    /// ``library_dependent``, ``direct``), ``notifications``, ``max_transfer_len``,
+    /// ``max_batch_len``, ``zero_copy``.
+    fn capabilities<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.live()?.engine.capabilities();
+        let kinds = |k: &hmc_core::MemoryKinds| -> Vec<String> {
+            match k {
+                hmc_core::MemoryKinds::Only(v) => v.iter().map(|d| d.to_string()).collect(),
+                _ => vec!["any".to_string()],
+            }
+        };
+        let d = PyDict::new(py);
+        d.set_item("transport", c.transport.to_string())?;
+        d.set_item("local_memory", kinds(&c.local_memory))?;
+        d.set_item("remote_memory", kinds(&c.remote_memory))?;
+        d.set_item(
+            "device_memory",
+            match c.device_memory {
+                hmc_core::DeviceMemoryPath::Refused => "refused",
+                hmc_core::DeviceMemoryPath::Direct => "direct",
+                _ => "library_dependent",
+            },
+        )?;
+        d.set_item("notifications", c.notifications)?;
+        d.set_item("max_transfer_len", c.max_transfer_len)?;
+        d.set_item("max_batch_len", c.max_batch_len)?;
+        d.set_item("zero_copy", c.zero_copy)?;
+        Ok(d)
+    }
+
+    /// Deregisters all memory (waiting for transfers on it), disconnects every peer and
+    /// stops the engine; later calls raise ``StateError``. Idempotent.
+    fn finalize(&self, py: Python<'_>) {
+        self.finalize_py(py)
+    }
+
+    /// The engine itself (``with hmc.Engine() as e:``).
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Finalizes the engine; exceptions propagate.
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> bool {
+        self.finalize(py);
+        false
+    }
+
+    fn __repr__(&self) -> String {
+        match self.live.read().as_ref() {
+            Some(l) => format!("Engine(local_address={:?})", l.engine.name()),
+            None => "Engine(not initialized)".to_string(),
+        }
+    }
+
+    /// Benchmark aid: ``iters`` synchronous transfers of ``desc`` (none: an empty batch,
+    /// which the engine completes without I/O) made by plain Rust (the runtime's
+    /// ``block_on`` of the engine's transfer, as ``hmc_engine::BlockingEngine::
+    /// transfer_sync`` does, the GIL released once for the loop). Returns the seconds
+    /// taken; ``cargo xtask bench python`` compares it with the same calls through
+    /// ``transfer_sync``.
+    #[pyo3(signature = (remote, op, desc, iters, timeout_ms = 1000))]
+    fn _transfer_sync_loop(
+        &self,
+        py: Python<'_>,
+        remote: &str,
+        op: TransferOp,
+        desc: Option<TransferOpDesc>,
+        iters: u64,
+        timeout_ms: u64,
+    ) -> PyResult<f64> {
+        let live = self.live()?;
+        let d: Vec<hmc_engine::TransferOpDesc> = desc
+            .map(|d| hmc_engine::TransferOpDesc {
+                local_addr: d.local_addr,
+                remote_addr: d.remote_addr,
+                len: d.length as usize,
+            })
+            .into_iter()
+            .collect();
+        let rt = runtime()?;
+        let (op, t) = (op.into(), millis(timeout_ms));
+        py.detach(|| {
+            let start = std::time::Instant::now();
+            for _ in 0..iters {
+                rt.block_on(live.engine.transfer(remote, op, &d, t))?;
+            }
+            Ok(start.elapsed().as_secs_f64())
+        })
+        .map_err(errors::engine)
+    }
+}
+
+/// An asynchronous transfer from ``Engine.transfer_async``. ``status()`` polls,
+/// ``wait(timeout_ms)`` blocks (GIL released, Ctrl-C cancels it), ``await req`` waits in
+/// asyncio and raises the transfer's error if it failed, ``cancel()`` ends it. Dropping
+/// the request does not cancel it.
+#[pyclass(module = "hmc", frozen)]
+pub struct TransferReq {
+    req: hmc_engine::TransferRequest,
+}
+
+fn status_of(s: &hmc_engine::TransferStatus) -> TransferStatus {
+    match s {
+        hmc_engine::TransferStatus::Waiting => TransferStatus::Waiting,
+        hmc_engine::TransferStatus::Completed => TransferStatus::Completed,
+        hmc_engine::TransferStatus::TimedOut => TransferStatus::Timeout,
+        _ => TransferStatus::Failed,
+    }
+}
+
+/// The exception of an ended request (None when it completed or still runs).
+fn error_of(s: &hmc_engine::TransferStatus) -> Option<PyErr> {
+    match s {
+        hmc_engine::TransferStatus::Failed(e) => Some(errors::engine_ref(e)),
+        hmc_engine::TransferStatus::TimedOut => Some(errors::new(
+            "TimeoutError",
+            "the asynchronous transfer timed out; its memory is no longer touched; pass a longer timeout_ms",
+        )),
+        _ => None,
+    }
+}
+
+#[pymethods]
+impl TransferReq {
+    /// The status now.
+    fn status(&self) -> TransferStatus {
+        status_of(&self.req.status())
+    }
+
+    /// Blocks until the transfer ends or ``timeout_ms`` passes (``None``: no limit) and
+    /// returns the status (``WAITING`` if it is still running). Ctrl-C raises
+    /// ``KeyboardInterrupt`` and cancels the transfer.
+    #[pyo3(signature = (timeout_ms = None))]
+    fn wait(&self, py: Python<'_>, timeout_ms: Option<u64>) -> PyResult<TransferStatus> {
+        let req = self.req.clone();
+        let waited = wait(py, async move {
+            match timeout_ms {
+                Some(t) => tokio::time::timeout(millis(t), req.wait()).await.ok(),
+                None => Some(req.wait().await),
+            }
+        });
+        match waited {
+            Ok(Some(s)) => Ok(status_of(&s)),
+            Ok(None) => Ok(TransferStatus::Waiting),
+            Err(e) => {
+                self.req.cancel();
+                Err(e)
+            }
+        }
+    }
+
+    /// The exception the transfer ended with (``TimeoutError``, ``CancelledError``, ...),
+    /// or ``None`` while it runs or if it completed.
+    fn error(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        error_of(&self.req.status()).map(|e| e.into_value(py).into_any())
+    }
+
+    /// Cancels the transfer if it still runs: it ends ``FAILED`` with ``CancelledError``,
+    /// and its memory is no longer touched once ``wait`` reports that.
+    fn cancel(&self) {
+        self.req.cancel();
+    }
+
+    fn __await__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let asyncio = py.import("asyncio")?;
+        let lp = asyncio.call_method0("get_running_loop")?;
+        let fut = lp.call_method0("create_future")?;
+        let resolve = py.import("hmc._errors")?.getattr("_resolve")?.unbind();
+        let (lp_obj, fut_obj) = (lp.unbind(), fut.clone().unbind());
+        let req = self.req.clone();
+        runtime()?.spawn(async move {
+            let status = req.wait().await;
+            Python::attach(|py| {
+                let exc = error_of(&status).map(|e| e.into_value(py).into_any());
+                let r = lp_obj.bind(py).call_method1(
+                    "call_soon_threadsafe",
+                    (resolve.bind(py), fut_obj.bind(py), exc),
+                );
+                if let Err(e) = r {
+                    // The loop closed before the transfer ended: nobody awaits any more.
+                    tracing::debug!(error = %e, "could not resolve an awaited transfer");
+                }
+            });
+        });
+        fut.call_method0("__await__")
+    }
+
+    fn __repr__(&self) -> String {
+        format!("TransferReq(status={:?})", self.status())
+    }
+}
+
+/// Adds the engine's classes to the module.
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Engine>()?;
+    m.add_class::<MemType>()?;
+    m.add_class::<MemHandle>()?;
+    m.add_class::<TransferOp>()?;
+    m.add_class::<TransferOpDesc>()?;
+    m.add_class::<TransferStatus>()?;
+    m.add_class::<TransferReq>()?;
+    Ok(())
+}

@@ -1,0 +1,72 @@
+"""Bodies of the peer processes the tests spawn (importable by the ``spawn`` start
+method, unlike functions defined in test modules run by pytest's rewriting importer)."""
+
+import hashlib
+
+import numpy as np
+
+import hmc
+
+OPTS = {"transport": "tcp"}
+
+
+def digest(buf) -> str:
+    return hashlib.sha256(memoryview(buf).cast("B")).hexdigest()
+
+
+def pattern(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def buffers_peer(conn, n):
+    """Registers a numpy array and a bytearray of ``n`` bytes, sends their addresses,
+    then answers ``digest`` requests until told to stop."""
+    e = hmc.Engine()
+    e.initialize("127.0.0.1:0", OPTS)
+    arr = np.zeros(n // 8, dtype=np.float64)  # written by the test process
+    ba = bytearray(pattern(n, 7).tobytes())  # read by the test process
+    ha, hb = e.register_mem(arr), e.register_mem(ba)
+    conn.send((e.local_address, ha.addr, hb.addr, digest(ba)))
+    while True:
+        msg = conn.recv()
+        if msg == "digest":
+            conn.send((digest(arr), digest(ba)))
+        elif msg == "notifies":
+            conn.send(e.get_notifies())
+        else:
+            break
+    e.deregister_mem(ha)
+    e.deregister_mem(hb)
+    e.finalize()
+    conn.send("bye")
+
+
+def prompt_peer(conn, cluster_id, desc_args, blocks):
+    """A prompt cluster: a paged KV cache under BlocksCacheKey(cluster_id), its
+    ``blocks`` filled with a pattern; sends (address, per-tensor digests of those blocks),
+    then answers ``digest`` requests for block lists until told to stop."""
+    dd = hmc.kv.DataDist(cluster_id, hmc.kv.Role.PROMPT)
+    dd.initialize("127.0.0.1:0", OPTS)
+    n, dtype, shape = desc_args
+    desc = hmc.kv.CacheDesc(n, getattr(hmc.kv.DataType, dtype), shape)
+    cache = dd.allocate_cache(desc, blocks_key=hmc.kv.BlocksCacheKey(cluster_id))
+    nblocks = desc.shape[0]
+    views = [np.frombuffer(t, dtype=np.uint8).reshape(nblocks, -1) for t in cache.tensors]
+    for i, v in enumerate(views):
+        for b in blocks:
+            v[b] = pattern(v.shape[1], 1000 * i + b)
+
+    def block_digests(ids):
+        return [digest(np.ascontiguousarray(v[ids])) for v in views]
+
+    conn.send((dd.local_address, block_digests(blocks)))
+    while True:
+        msg = conn.recv()
+        if isinstance(msg, tuple) and msg[0] == "digest":
+            conn.send(block_digests(list(msg[1])))
+        else:
+            break
+    del views, v  # the loop variable is a view too
+    dd.deallocate_cache(cache)
+    dd.finalize()
+    conn.send("bye")

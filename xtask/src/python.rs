@@ -1,0 +1,109 @@
+//! The Python package `hmc` (crate `hmc-py`) in `cargo xtask test` and `cargo xtask bench
+//! python`: a venv under `target/`, the wheel built with maturin and installed into it,
+//! then the pytest suite or the benchmark beside Mooncake's Python API.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::{Result, root, run};
+
+/// The maturin that builds the wheel (also the PEP 517 backend of hmc-py/pyproject.toml).
+const MATURIN: &str = "maturin==1.16.0";
+
+/// `target/py-venv` with maturin, pytest and numpy (made on first use); its python.
+fn venv() -> Result<PathBuf> {
+    let venv = root().join("target/py-venv");
+    let py = venv.join("bin/python");
+    let ready = || {
+        Command::new(&py)
+            .args(["-c", "import maturin, pytest, numpy"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if ready() {
+        return Ok(py);
+    }
+    eprintln!(
+        "xtask: making {} (maturin, pytest, numpy from PyPI)",
+        venv.display()
+    );
+    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
+        .map_err(|e| format!("python3 -m venv: {e} (apt-get install python3-venv)"))?;
+    run(Command::new(&py).args(["-m", "pip", "install", "-q", MATURIN, "pytest", "numpy"]))?;
+    if ready() {
+        Ok(py)
+    } else {
+        Err(format!(
+            "{} lacks maturin, pytest or numpy after the install",
+            venv.display()
+        ))
+    }
+}
+
+/// Builds the wheel (`--release` or the dev profile) into `target/py-wheels/<profile>` and
+/// installs it into the environment of `python`.
+fn install_wheel(venv_py: &Path, python: &Path, release: bool) -> Result {
+    let profile = if release { "release" } else { "dev" };
+    let out = root().join("target/py-wheels").join(profile);
+    let _ = std::fs::remove_dir_all(&out);
+    let maturin = venv_py.with_file_name("maturin");
+    let mut build = Command::new(&maturin);
+    build
+        .current_dir(root())
+        .args(["build", "-q", "-m", "hmc-py/Cargo.toml", "-o"])
+        .arg(&out)
+        .args(["--interpreter"])
+        .arg(python);
+    if release {
+        build.arg("--release");
+    }
+    run(&mut build)?;
+    let wheel = std::fs::read_dir(&out)
+        .map_err(|e| format!("reading {}: {e}", out.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .ok_or(format!("maturin left no wheel in {}", out.display()))?;
+    run(Command::new(python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--force-reinstall",
+            "--no-deps",
+        ])
+        .arg(&wheel))
+}
+
+/// Builds the wheel into `target/py-venv` and runs the pytest suite (hmc-py/tests).
+pub fn test() -> Result {
+    let py = venv()?;
+    install_wheel(&py, &py, false)?;
+    run(Command::new(&py)
+        .current_dir(root().join("hmc-py"))
+        .args(["-m", "pytest", "-q", "tests"]))
+}
+
+/// `cargo xtask bench python`: a release wheel installed beside Mooncake (in
+/// `target/mooncake-venv`, or alone in `target/py-venv` when Mooncake cannot be installed),
+/// then `hmc-py/bench/bench_python.py`.
+pub fn bench(quick: bool) -> Result {
+    let venv_py = venv()?;
+    let (python, mooncake) = match crate::mooncake_python() {
+        Ok(p) => (p, true),
+        Err(why) => {
+            eprintln!("xtask: the Python bench runs without Mooncake: {why}");
+            (venv_py.clone(), false)
+        }
+    };
+    install_wheel(&venv_py, &python, true)?;
+    let mut cmd = Command::new(&python);
+    cmd.current_dir(root())
+        .arg("hmc-py/bench/bench_python.py")
+        .args(["--seconds", if quick { "0.5" } else { "2" }]);
+    if !mooncake {
+        cmd.arg("--no-mooncake");
+    }
+    run(&mut cmd)
+}
