@@ -33,7 +33,7 @@ fn sh(args: &[&str]) -> Result {
     Ok(())
 }
 
-/// Namespaces `<p>-sw` (the bridge) and `<p>-h1..hN`, host i at 10.<net>.0.i/24; all
+/// Namespaces `<p>-sw` (the bridge) and `<p>-h1..hN`, host i at `10.<net>.0.i/24`; all
 /// deleted on drop.
 struct Net {
     prefix: String,
