@@ -60,6 +60,37 @@ impl PeerProcess {
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "kill -{signal} {} failed", self.pid());
+        if signal == "STOP" {
+            self.wait_stopped();
+        }
+    }
+
+    /// Waits (up to 5 s) until every thread of the peer is stopped: `kill` returns once the
+    /// signal is queued, and a thread running on another CPU may still answer a request
+    /// before it stops.
+    fn wait_stopped(&self) {
+        let task_dir = format!("/proc/{}/task", self.pid());
+        let stopped = || {
+            let Ok(tasks) = std::fs::read_dir(&task_dir) else {
+                return false;
+            };
+            tasks.flatten().all(|t| {
+                std::fs::read_to_string(t.path().join("stat")).is_ok_and(|stat| {
+                    // The state follows the parenthesised command name.
+                    stat.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('T') || rest.starts_with('t'))
+                })
+            })
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while !stopped() {
+            assert!(
+                std::time::Instant::now() < until,
+                "peer {} did not stop within 5 s of SIGSTOP",
+                self.pid()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
 
