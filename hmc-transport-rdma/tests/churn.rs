@@ -12,6 +12,10 @@ use hmc_core::{
     TransferDesc,
 };
 
+/// The tests of this binary run one at a time: the churn test counts the process's file
+/// descriptors and the stand-in's live QPs and MRs, which the other test opens too.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
@@ -42,6 +46,7 @@ fn cycles() -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_transfer_disconnect_cycles_leave_nothing_behind() {
+    let _one_at_a_time = SERIAL.lock().await;
     let a = common::comm();
     let b = common::comm();
     let mem = Arc::new(HostMemory::new());
@@ -96,6 +101,7 @@ fn completion_thread_ticks() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_communicator_sleeps_on_the_completion_channel() {
+    let _one_at_a_time = SERIAL.lock().await;
     let a = common::comm();
     let b = common::comm();
     let mem = Arc::new(HostMemory::new());
