@@ -73,6 +73,8 @@ fn core_class(e: &hmc_core::Error) -> &'static str {
         E::DeadlineExceeded { .. } => "TimeoutError",
         E::Cancelled(_) => "CancelledError",
         E::Unsupported(_) | E::UnsupportedMemory { .. } => "UnsupportedError",
+        // A refused connect keeps its io::Error (one shape across crates): nobody listens.
+        _ if e.is_connection_refused() => "UnavailableError",
         _ => "HmcError",
     }
 }
