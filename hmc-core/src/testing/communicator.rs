@@ -507,46 +507,7 @@ async fn yield_now() {
 /// When the target closes mid-transfer, the initiator gets an error well before the
 /// deadline, never a hang; new operations on the endpoint fail fast too.
 pub async fn peer_gone<C: Communicator, M: Memory>(p: Peers<C, M>) {
-    let ep = connect(&p).await;
-    let len = 64 << 20;
-    let (target, _) = buffer(&p, &p.b, len, Access::READ_WRITE, 91);
-    let key =
-        p.a.import(&ep, &target.export().expect("export"))
-            .expect("import");
-    let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 92);
-    let limit = Duration::from_secs(20);
-    let start = Instant::now();
-    let transfers = async {
-        let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
-        let mut last = Ok(());
-        for i in 0..64 {
-            let op = if i % 2 == 0 { Op::Write } else { Op::Read };
-            last = p.a.transfer(&ep, op, &d, Deadline::after(limit)).await;
-            if last.is_err() {
-                break;
-            }
-        }
-        last
-    };
-    let closer = async {
-        for _ in 0..50 {
-            yield_now().await;
-        }
-        p.b.close();
-    };
-    let (result, ()) = futures::join!(transfers, closer);
-    let err = result.expect_err("transfers to a closed peer must fail");
-    assert!(
-        !matches!(err, Error::DeadlineExceeded { .. }),
-        "peer loss must be detected, not timed out: {err}"
-    );
-    assert!(start.elapsed() < limit, "error came after the deadline");
-    let d = [desc::<C>(local.registration(), 0, &key, 0, 16)];
-    let again =
-        p.a.transfer(&ep, Op::Read, &d, Deadline::after(Duration::from_secs(5)))
-            .await;
-    assert!(again.is_err(), "a transfer on a dead endpoint must fail");
-    drop(target);
+    closed_mid_transfer(p, false, (91, 92)).await;
 }
 
 /// `tasks` concurrent futures, each with its own slice of one target region, each
@@ -769,46 +730,7 @@ pub async fn notify_from_two_senders<C: Communicator, M: Memory>(
 /// before their deadline (`Closed`, `Cancelled` or `Peer`), never a hang, and later calls
 /// on it fail fast.
 pub async fn initiator_close<C: Communicator, M: Memory>(p: Peers<C, M>) {
-    let ep = connect(&p).await;
-    let len = 64 << 20;
-    let (target, _) = buffer(&p, &p.b, len, Access::READ_WRITE, 141);
-    let key =
-        p.a.import(&ep, &target.export().expect("export"))
-            .expect("import");
-    let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, 142);
-    let limit = Duration::from_secs(20);
-    let start = Instant::now();
-    let transfers = async {
-        let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
-        let mut last = Ok(());
-        for i in 0..64 {
-            let op = if i % 2 == 0 { Op::Write } else { Op::Read };
-            last = p.a.transfer(&ep, op, &d, Deadline::after(limit)).await;
-            if last.is_err() {
-                break;
-            }
-        }
-        last
-    };
-    let closer = async {
-        for _ in 0..50 {
-            yield_now().await;
-        }
-        p.a.close();
-    };
-    let (result, ()) = futures::join!(transfers, closer);
-    let err = result.expect_err("transfers of a closed initiator must fail");
-    assert!(
-        !matches!(err, Error::DeadlineExceeded { .. }),
-        "a closed initiator must fail its transfers, not time them out: {err}"
-    );
-    assert!(start.elapsed() < limit, "error came after the deadline");
-    let d = [desc::<C>(local.registration(), 0, &key, 0, 16)];
-    let again =
-        p.a.transfer(&ep, Op::Read, &d, Deadline::after(Duration::from_secs(5)))
-            .await;
-    assert!(again.is_err(), "a transfer after close must fail");
-    drop(target);
+    closed_mid_transfer(p, true, (141, 142)).await;
 }
 
 /// Connecting to a TCP listener that accepts and never answers ends by the deadline with
@@ -868,4 +790,62 @@ pub async fn oversized_batch<C: Communicator, M: Memory>(p: Peers<C, M>) {
         &contents(&target),
         &before,
     );
+}
+
+/// Transfers of 64 MiB run while one side closes (`close_initiator`: `p.a`, else `p.b`):
+/// they end with an error well before their deadline, and the endpoint fails fast after.
+async fn closed_mid_transfer<C: Communicator, M: Memory>(
+    p: Peers<C, M>,
+    close_initiator: bool,
+    seeds: (u64, u64),
+) {
+    let who = if close_initiator {
+        "a closed initiator"
+    } else {
+        "a closed peer"
+    };
+    let ep = connect(&p).await;
+    let len = 64 << 20;
+    let (target, _) = buffer(&p, &p.b, len, Access::READ_WRITE, seeds.0);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (local, _) = buffer(&p, &p.a, len, Access::READ_WRITE, seeds.1);
+    let limit = Duration::from_secs(20);
+    let start = Instant::now();
+    let transfers = async {
+        let d = [desc::<C>(local.registration(), 0, &key, 0, len)];
+        let mut last = Ok(());
+        for i in 0..64 {
+            let op = if i % 2 == 0 { Op::Write } else { Op::Read };
+            last = p.a.transfer(&ep, op, &d, Deadline::after(limit)).await;
+            if last.is_err() {
+                break;
+            }
+        }
+        last
+    };
+    let closer = async {
+        for _ in 0..50 {
+            yield_now().await;
+        }
+        if close_initiator {
+            p.a.close();
+        } else {
+            p.b.close();
+        }
+    };
+    let (result, ()) = futures::join!(transfers, closer);
+    let err = result.expect_err(&format!("transfers with {who} must fail"));
+    assert!(
+        !matches!(err, Error::DeadlineExceeded { .. }),
+        "{who} must fail the transfers, not time them out: {err}"
+    );
+    assert!(start.elapsed() < limit, "error came after the deadline");
+    let d = [desc::<C>(local.registration(), 0, &key, 0, 16)];
+    let again =
+        p.a.transfer(&ep, Op::Read, &d, Deadline::after(Duration::from_secs(5)))
+            .await;
+    assert!(again.is_err(), "a transfer with {who} must fail");
+    drop(target);
 }
