@@ -3,6 +3,7 @@
 //! flight fail with [`EngineError::PeerGone`]).
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use hmc_core::{Communicator, Deadline, PeerAddr};
 use hmc_meta::{MemberEvent, MemberEvents, MetadataStore, MetadataUrl};
@@ -149,6 +150,16 @@ impl TransferMetrics {
         TransferMetrics {
             start: std::time::Instant::now(),
         }
+    }
+
+    /// The transfer's deadline, `timeout` after its start (the start's clock read serves
+    /// both), with the timeout it came from for error messages.
+    pub(super) fn deadline(&self, timeout: Duration) -> (Deadline, Duration) {
+        let at = self
+            .start
+            .checked_add(timeout)
+            .unwrap_or(self.start + Duration::from_secs(86_400 * 365));
+        (Deadline::at(at), timeout)
     }
 
     pub(super) fn finish(&self, r: &Result<()>) {
