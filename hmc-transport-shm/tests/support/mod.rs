@@ -1,4 +1,13 @@
-//! What the process tests share: descriptors as hex on a child's standard output.
+//! What the process tests share: descriptors as hex on a child's standard output, and a
+//! peer process (this test binary run again as one of its tests) driven by lines on its
+//! standard input. Each test binary uses a part of it.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use hmc_core::{PeerAddr, RemoteRegion};
 
 /// `b` as lowercase hex.
 pub fn hex(b: &[u8]) -> String {
@@ -11,4 +20,94 @@ pub fn unhex(s: &str) -> Vec<u8> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex digits"))
         .collect()
+}
+
+/// A hash of `b` that any change to a byte changes: what peers answer to `check`.
+pub fn checksum(b: &[u8]) -> u64 {
+    b.chunks(8).fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
+        let mut w = [0u8; 8];
+        w[..c.len()].copy_from_slice(c);
+        (h ^ u64::from_le_bytes(w))
+            .wrapping_mul(0x100_0000_01b3)
+            .rotate_left(5)
+    })
+}
+
+/// A peer process: this test binary running its test `child_peer` with `env`, which
+/// prints `READY <addr> <descriptor hex>` and then answers commands, one per line.
+/// Killed when dropped.
+pub struct Peer {
+    pub child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    pub addr: PeerAddr,
+    pub desc: RemoteRegion,
+}
+
+impl Peer {
+    pub fn spawn(env: &[(&str, &OsStr)]) -> Peer {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["child_peer", "--exact", "--nocapture", "--test-threads=1"])
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let ready = answer(&mut stdout, "READY ");
+        let (a, d) = ready.split_once(' ').unwrap();
+        Peer {
+            child,
+            stdin,
+            stdout,
+            addr: a.parse().unwrap(),
+            desc: RemoteRegion::decode(&unhex(d)).unwrap(),
+        }
+    }
+
+    /// Sends `command`; the rest of the answer line after `prefix`.
+    pub fn ask(&mut self, command: &str, prefix: &str) -> String {
+        writeln!(self.stdin, "{command}").unwrap();
+        answer(&mut self.stdout, prefix)
+    }
+
+    /// The peer's checksum of its registered memory (`check`, answered `SUM <n>`).
+    pub fn sum(&mut self) -> u64 {
+        self.ask("check", "SUM ").parse().unwrap()
+    }
+}
+
+/// The rest of the peer's next output line that contains `prefix` (libtest may print its
+/// "test child_peer ... " before the first one, on the same line).
+fn answer(stdout: &mut BufReader<ChildStdout>, prefix: &str) -> String {
+    loop {
+        let mut line = String::new();
+        assert!(
+            stdout.read_line(&mut line).unwrap() > 0,
+            "the peer exited before answering {prefix:?}"
+        );
+        if let Some((_, rest)) = line.trim().split_once(prefix) {
+            return rest.to_string();
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The runtime of a `child_peer` test when this process runs as the peer (`var` is set),
+/// else `None`: then the test is the parent's own run of it and does nothing.
+pub fn child_runtime(var: &str) -> Option<tokio::runtime::Runtime> {
+    std::env::var_os(var)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    Some(rt)
 }
