@@ -20,7 +20,8 @@ use hmc_backend_rocm::{RocmBuffer, RocmMemory};
 use hmc_core::testing::pattern;
 use hmc_core::{
     Access, AnyMemory, Communicator, ConnBuffer, Deadline, Device, DeviceBuffer, DeviceKind, Error,
-    MemSpan, MemSpanMut, Memory, Op, Region, RegisteredBuffer, RemoteRegion, TransferDesc,
+    LocalRegistration, MemSpan, MemSpanMut, Memory, Op, Region, RegisteredBuffer, RemoteRegion,
+    TransferDesc,
 };
 use hmc_testshim::ShimControl;
 use hmc_transport_shm::{ShmCommunicator, ShmConfig, ShmEndpoint, ShmRemoteKey};
@@ -32,6 +33,10 @@ use support::{Peer, checksum, hex, unhex};
 const LEN: usize = 8 << 20;
 /// The shim device the peer allocates on.
 const PEER_DEVICE: u32 = 2;
+
+/// The tests run one at a time: they count the shim's live allocations per device, which
+/// every test's buffers and mappings change.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The HIP shim, built once per test binary (and by the child from the same path).
 fn hip_shim() -> &'static Path {
@@ -132,6 +137,7 @@ async fn settle(shim: &ShimControl, device: i32, want: i32) -> i32 {
 /// one IPC opening per local device for all of them, seen by the endpoint and by the shim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_memory_moves_between_two_processes_through_one_cached_ipc_mapping() {
+    let _one_at_a_time = SERIAL.lock().await;
     let mut peer = spawn_peer();
     let shim = ShimControl::open(hip_shim());
     let comm = Arc::new(
@@ -248,6 +254,7 @@ async fn device_memory_moves_between_two_processes_through_one_cached_ipc_mappin
 /// same, and the key is refused for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revocation_closes_the_mapping_and_stale_keys_are_refused() {
+    let _one_at_a_time = SERIAL.lock().await;
     let mut peer = spawn_peer();
     let shim = ShimControl::open(hip_shim());
     let comm = Arc::new(ShmCommunicator::bind(ShmConfig::default()).unwrap());
@@ -319,6 +326,7 @@ fn acl_shim_without_ipc() -> PathBuf {
 
 #[tokio::test]
 async fn a_backend_without_ipc_is_refused_at_register_device_with_the_reason() {
+    let _one_at_a_time = SERIAL.lock().await;
     let comm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
     let mem = AscendMemory::with_library(acl_shim_without_ipc(), 1).unwrap();
     let buf = mem.alloc(4096).unwrap();
@@ -336,6 +344,7 @@ async fn a_backend_without_ipc_is_refused_at_register_device_with_the_reason() {
 
 #[tokio::test]
 async fn a_failing_export_is_the_vendors_error_and_registers_nothing() {
+    let _one_at_a_time = SERIAL.lock().await;
     let comm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
     let mem = RocmMemory::with_library(hip_shim(), 1).unwrap();
     let buf = mem.alloc(4096).unwrap();
@@ -352,6 +361,7 @@ async fn a_failing_export_is_the_vendors_error_and_registers_nothing() {
 
 #[tokio::test]
 async fn device_regions_point_at_register_device_and_add_memory() {
+    let _one_at_a_time = SERIAL.lock().await;
     let comm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
     let device = Device::new(DeviceKind::ROCM, 0);
     let region = Region {
@@ -380,4 +390,123 @@ async fn device_regions_point_at_register_device_and_add_memory() {
     ));
     assert!(comm.capabilities().remote_memory.contains(DeviceKind::ROCM));
     comm.import(&ep, &remote).unwrap();
+}
+
+/// Fills or reads a registration of this process's host memory.
+fn host_bytes(reg: &impl LocalRegistration) -> &mut [u8] {
+    let r = reg.region();
+    // SAFETY: the test's own registered host memory, alive while `reg` is borrowed, and
+    // untouched by peers while the test looks.
+    unsafe { std::slice::from_raw_parts_mut(r.addr as *mut u8, r.len) }
+}
+
+/// Device memory here against a peer's host memory: reached by cross-memory attach (through
+/// a host bounce buffer, as the kernel cannot reach device memory) and by the peer's shared
+/// mapping (`alloc_registered`, copied by the device's engine), both ways, with a partial
+/// last chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_memory_here_reaches_peer_host_memory_by_attach_and_by_mapping() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let len = (3 << 20) + 5;
+    let small_chunks = ShmConfig {
+        chunk_len: 1 << 20,
+        ..ShmConfig::default()
+    };
+    let me = ShmCommunicator::bind(small_chunks).unwrap();
+    let peer = Arc::new(ShmCommunicator::bind(ShmConfig::default()).unwrap());
+    let attach = RegisteredBuffer::new(
+        Arc::new(HostMemory::new()),
+        peer.clone(),
+        len,
+        Access::READ_WRITE,
+    )
+    .unwrap();
+    let shared = peer
+        .alloc_registered(len, Access::READ_WRITE)
+        .unwrap()
+        .expect("shared memory");
+    host_bytes(attach.registration()).copy_from_slice(&pattern(31, len));
+    host_bytes(&shared).copy_from_slice(&pattern(32, len));
+
+    let dev = RocmMemory::with_library(hip_shim(), 1).unwrap();
+    let mut local = dev.alloc(len).unwrap();
+    // SAFETY: `local` outlives `reg` (declared before it, dropped after).
+    let reg = unsafe { me.register_device(&dev, &local, Access::READ_WRITE) }.unwrap();
+    let ep = me.connect(&peer.address(), deadline()).await.unwrap();
+    for (what, remote, seed) in [
+        ("attach", attach.registration(), 31),
+        ("mapping", &shared, 32),
+    ] {
+        let key = me.import(&ep, &peer.export(remote).unwrap()).unwrap();
+        run(&me, &ep, Op::Read, &reg, &key, 0, len).await.unwrap();
+        assert_eq!(download(&dev, &local), pattern(seed, len), "READ by {what}");
+        upload(&dev, &mut local, &pattern(seed + 10, len));
+        run(&me, &ep, Op::Write, &reg, &key, 0, len).await.unwrap();
+        assert_eq!(
+            host_bytes(remote).to_vec(),
+            pattern(seed + 10, len),
+            "WRITE by {what}"
+        );
+    }
+    assert_eq!(ep.mapped_regions(), 1, "the shared memory was mapped");
+    assert_eq!(ep.ipc_opens(), 0, "no IPC for host memory");
+}
+
+/// Dropping a device registration while a peer copies from it: the drop waits for the
+/// chunk in progress, the peer's transfer ends with `InvalidKey`, and the mapping is
+/// closed by the time the drop returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_device_registration_mid_transfer_ends_it_and_closes_the_mapping() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let len = 16 << 20;
+    let shim = ShimControl::open(hip_shim());
+    let target = ShmCommunicator::bind(ShmConfig::default()).unwrap();
+    let me = Arc::new(
+        ShmCommunicator::bind(ShmConfig {
+            chunk_len: 64 << 10,
+            ..ShmConfig::default()
+        })
+        .unwrap(),
+    );
+    me.add_memory(AnyMemory::new(
+        RocmMemory::with_library(hip_shim(), 3).unwrap(),
+    ));
+    let dev = RocmMemory::with_library(hip_shim(), 2).unwrap();
+    let buf = dev.alloc(len).unwrap();
+    // SAFETY: `buf` outlives `reg`, which is dropped in the blocking task joined below.
+    let reg = unsafe { target.register_device(&dev, &buf, Access::READ) }.unwrap();
+    let host =
+        RegisteredBuffer::new(Arc::new(HostMemory::new()), me.clone(), len, Access::WRITE).unwrap();
+    let ep = me.connect(&target.address(), deadline()).await.unwrap();
+    let key = me.import(&ep, &target.export(&reg).unwrap()).unwrap();
+    run(&me, &ep, Op::Read, host.registration(), &key, 0, len)
+        .await
+        .unwrap();
+    assert_eq!(shim.live_on_device(3), 1, "opened");
+    let transfers = async {
+        loop {
+            if let Err(e) = run(&me, &ep, Op::Read, host.registration(), &key, 0, len).await {
+                return e;
+            }
+        }
+    };
+    let dropper = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::task::spawn_blocking(move || {
+            drop(reg);
+            // Counted here, as the drop returns: the reader thread closed the mapping
+            // before it answered `Released`.
+            ShimControl::open(hip_shim()).live_on_device(3)
+        })
+        .await
+        .unwrap()
+    };
+    let (err, live_after_drop) = tokio::join!(transfers, dropper);
+    assert!(matches!(err, Error::InvalidKey(_)), "{err:?}");
+    assert_eq!(
+        live_after_drop, 0,
+        "the mapping was closed before the drop returned"
+    );
+    assert_eq!(target.outstanding_leases(), 0);
+    drop(buf);
 }
