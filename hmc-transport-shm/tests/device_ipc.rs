@@ -20,14 +20,13 @@ use hmc_backend_rocm::{RocmBuffer, RocmMemory};
 use hmc_core::testing::pattern;
 use hmc_core::{
     Access, AnyMemory, Communicator, ConnBuffer, Deadline, Device, DeviceBuffer, DeviceKind, Error,
-    LocalRegistration, MemSpan, MemSpanMut, Memory, Op, Region, RegisteredBuffer, RemoteRegion,
-    TransferDesc,
+    MemSpan, MemSpanMut, Memory, Op, Region, RegisteredBuffer, RemoteRegion, TransferDesc,
 };
 use hmc_testshim::ShimControl;
 use hmc_transport_shm::{ShmCommunicator, ShmConfig, ShmEndpoint, ShmRemoteKey};
 
 mod support;
-use support::{Peer, checksum, hex, unhex};
+use support::{Peer, checksum, contents, fill, hex, unhex};
 
 /// The peer's device buffer: 8 chunks of the initiator's 1 MiB `chunk_len`.
 const LEN: usize = 8 << 20;
@@ -392,14 +391,6 @@ async fn device_regions_point_at_register_device_and_add_memory() {
     comm.import(&ep, &remote).unwrap();
 }
 
-/// Fills or reads a registration of this process's host memory.
-fn host_bytes(reg: &impl LocalRegistration) -> &mut [u8] {
-    let r = reg.region();
-    // SAFETY: the test's own registered host memory, alive while `reg` is borrowed, and
-    // untouched by peers while the test looks.
-    unsafe { std::slice::from_raw_parts_mut(r.addr as *mut u8, r.len) }
-}
-
 /// Device memory here against a peer's host memory: reached by cross-memory attach (through
 /// a host bounce buffer, as the kernel cannot reach device memory) and by the peer's shared
 /// mapping (`alloc_registered`, copied by the device's engine), both ways, with a partial
@@ -425,8 +416,8 @@ async fn device_memory_here_reaches_peer_host_memory_by_attach_and_by_mapping() 
         .alloc_registered(len, Access::READ_WRITE)
         .unwrap()
         .expect("shared memory");
-    host_bytes(attach.registration()).copy_from_slice(&pattern(31, len));
-    host_bytes(&shared).copy_from_slice(&pattern(32, len));
+    fill(attach.registration(), &pattern(31, len));
+    fill(&shared, &pattern(32, len));
 
     let dev = RocmMemory::with_library(hip_shim(), 1).unwrap();
     let mut local = dev.alloc(len).unwrap();
@@ -442,11 +433,7 @@ async fn device_memory_here_reaches_peer_host_memory_by_attach_and_by_mapping() 
         assert_eq!(download(&dev, &local), pattern(seed, len), "READ by {what}");
         upload(&dev, &mut local, &pattern(seed + 10, len));
         run(&me, &ep, Op::Write, &reg, &key, 0, len).await.unwrap();
-        assert_eq!(
-            host_bytes(remote).to_vec(),
-            pattern(seed + 10, len),
-            "WRITE by {what}"
-        );
+        assert_eq!(contents(remote), pattern(seed + 10, len), "WRITE by {what}");
     }
     assert_eq!(ep.mapped_regions(), 1, "the shared memory was mapped");
     assert_eq!(ep.ipc_opens(), 0, "no IPC for host memory");

@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use hmc_core::{PeerAddr, RemoteRegion};
+use hmc_core::{LocalRegistration, PeerAddr, RemoteRegion};
 
 /// `b` as lowercase hex.
 pub fn hex(b: &[u8]) -> String {
@@ -110,4 +110,20 @@ pub fn child_runtime(var: &str) -> Option<tokio::runtime::Runtime> {
         .build()
         .unwrap();
     Some(rt)
+}
+
+/// Copies `data` into the memory of `reg` (registered host memory).
+pub fn fill(reg: &impl LocalRegistration, data: &[u8]) {
+    let r = reg.region();
+    assert_eq!(r.len, data.len());
+    // SAFETY: host memory the transport keeps mapped while `reg` lives; the tests touch it
+    // only between transfers.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), r.addr as *mut u8, r.len) }
+}
+
+/// The bytes of `reg`'s memory.
+pub fn contents(reg: &impl LocalRegistration) -> Vec<u8> {
+    let r = reg.region();
+    // SAFETY: as in `fill`.
+    unsafe { std::slice::from_raw_parts(r.addr as *const u8, r.len) }.to_vec()
 }
