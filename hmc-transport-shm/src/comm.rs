@@ -556,9 +556,13 @@ impl Communicator for ShmCommunicator {
         SHM_TRANSPORT
     }
 
-    /// Host memory only, at both ends; zero-copy (the kernel copies once, between the two
-    /// address spaces, or the initiator once into memory both map); notifications up to
-    /// `max_notify_len`; `rekey` revokes keys; `alloc_registered` gives shared memory.
+    /// `register` takes host memory only (device memory is registered by buffer with
+    /// [`ShmCommunicator::register_device`]); peers' regions may be host memory or device
+    /// memory of a kind this communicator has a backend for ([`ShmCommunicator::add_memory`],
+    /// `register_device`). Zero-copy (the kernel copies once, between the two address
+    /// spaces, or the initiator once into memory both map, or the device's engine once
+    /// between an IPC mapping and local memory); notifications up to `max_notify_len`;
+    /// `rekey` revokes keys; `alloc_registered` gives shared memory.
     fn capabilities(&self) -> CommCapabilities {
         let mut caps = CommCapabilities::new(SHM_TRANSPORT);
         caps.max_notification_len = self.target.config.max_notify_len;
@@ -794,10 +798,10 @@ impl Communicator for ShmCommunicator {
             let l = lease_of(d);
             check_bounds("remote region", d.remote_offset, d.len as u64, l.len)?;
             let remote = l.ipc.as_ref().map(IpcLease::kind);
-            if remote.is_none() != d.remote.device.is_host() {
+            let granted = remote.unwrap_or(hmc_core::DeviceKind::HOST);
+            if granted != d.remote.device.kind {
                 return Err(Error::Protocol(format!(
-                    "the peer granted {} memory for a region exported as {}",
-                    remote.map_or("host".into(), |k| k.to_string()),
+                    "the peer granted {granted} memory for a region exported as {}",
                     d.remote.device
                 )));
             }

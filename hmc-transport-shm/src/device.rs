@@ -255,6 +255,24 @@ impl ShmCommunicator {
     /// A host buffer is registered as [`Communicator::register`](hmc_core::Communicator::register)
     /// would. As the local side of a transfer, the registration copies with `memory`.
     ///
+    /// ```no_run
+    /// # async fn demo() -> hmc_core::Result<()> {
+    /// use hmc_backend_rocm::RocmMemory;
+    /// use hmc_core::{Access, Communicator, Memory};
+    /// use hmc_transport_shm::{ShmCommunicator, ShmConfig};
+    ///
+    /// let comm = ShmCommunicator::bind(ShmConfig::default())?;
+    /// let gpu = RocmMemory::new(0)?;
+    /// let kv = gpu.alloc(64 << 20)?;
+    /// // SAFETY: `kv` outlives `reg` (dropped first, below).
+    /// let reg = unsafe { comm.register_device(&gpu, &kv, Access::READ_WRITE)? };
+    /// let descriptor = comm.export(&reg)?; // send to a peer on this host
+    /// # drop(descriptor);
+    /// drop(reg);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
     /// # Errors
     /// [`Error::UnsupportedMemory`] naming the reason when the backend cannot export IPC
     /// handles ([`Memory::capabilities`]`.ipc` false, or `export_ipc` unsupported), and

@@ -418,6 +418,15 @@ mod tests {
         assert!(Msg::decode(&[0x99]).is_err());
         assert!(Msg::decode(&[2, 1]).is_err());
         assert!(Msg::decode(&[0x85, 255, 255, 255, 255]).is_err());
+        // A `Granted` announcing an IPC descriptor without its device kind.
+        let mut granted = vec![0x82];
+        granted.extend_from_slice(&[0; 32]);
+        granted.extend_from_slice(&[Access::READ.bits(), MAP_IPC]);
+        assert!(Msg::decode(&granted).is_err());
+        granted.push(DeviceKind::ROCM.wire_id());
+        assert!(Msg::decode(&granted).is_ok());
+        granted[34] = 9;
+        assert!(Msg::decode(&granted).is_err(), "an unknown map kind");
         let huge = ((MAX_FRAME + 1) as u32).to_le_bytes();
         assert!(read_frame(&mut &huge[..], MAX_FRAME).is_err());
     }

@@ -26,7 +26,7 @@ use hmc_testshim::ShimControl;
 use hmc_transport_shm::{ShmCommunicator, ShmConfig, ShmEndpoint, ShmRemoteKey};
 
 mod support;
-use support::{Peer, checksum, contents, fill, hex, unhex};
+use support::{Peer, checksum, contents, fill, host_buffer, unhex};
 
 /// The peer's device buffer: 8 chunks of the initiator's 1 MiB `chunk_len`.
 const LEN: usize = 8 << 20;
@@ -60,9 +60,8 @@ fn download(mem: &RocmMemory, buf: &RocmBuffer) -> Vec<u8> {
     out
 }
 
-/// The peer process: a device buffer of `pattern(21)` registered by IPC; prints
-/// `READY <addr> <desc>`, then answers `check` (`SUM <checksum>`), `rekey` (`DESC <desc>`)
-/// and `drop` (`DROPPED`, once the registration's drop returned); exits at end of input.
+/// The peer process ([`support::serve_device_peer`]): a shim device buffer of
+/// `pattern(21)` registered by IPC.
 #[test]
 fn child_peer() {
     let Some(rt) = support::child_runtime("HMC_SHM_DEVICE_CHILD") else {
@@ -71,28 +70,7 @@ fn child_peer() {
     let _guard = rt.enter();
     // Loaded through the vendor's variable, as a deployment would.
     let mem = RocmMemory::new(PEER_DEVICE).expect("HMC_HIP_LIB names the shim");
-    let comm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
-    let mut buf = mem.alloc(LEN).unwrap();
-    upload(&mem, &mut buf, &pattern(21, LEN));
-    // SAFETY: `buf` outlives the registration (dropped first, below or at the end).
-    let mut reg = Some(unsafe { comm.register_device(&mem, &buf, Access::READ_WRITE) }.unwrap());
-    let desc = |reg: &Option<_>| hex(&comm.export(reg.as_ref().unwrap()).unwrap().encode());
-    println!("READY {} {}", comm.address(), desc(&reg));
-    for line in std::io::stdin().lines() {
-        match line.unwrap().trim() {
-            "check" => println!("SUM {}", checksum(&download(&mem, &buf))),
-            "rekey" => {
-                assert!(comm.rekey(reg.as_ref().unwrap()).unwrap());
-                println!("DESC {}", desc(&reg));
-            }
-            "drop" => {
-                reg = None;
-                println!("DROPPED {}", comm.outstanding_leases());
-            }
-            other => panic!("unknown command {other:?}"),
-        }
-    }
-    drop(reg);
+    support::serve_device_peer(mem, LEN, 21);
 }
 
 fn spawn_peer() -> Peer {
@@ -161,13 +139,7 @@ async fn device_memory_moves_between_two_processes_through_one_cached_ipc_mappin
     );
 
     // Host memory here: the device-0 backend opens the handle and copies.
-    let host = RegisteredBuffer::new(
-        Arc::new(HostMemory::new()),
-        comm.clone(),
-        LEN,
-        Access::READ_WRITE,
-    )
-    .unwrap();
+    let host = host_buffer(&comm, LEN);
     run(&comm, &ep, Op::Read, host.registration(), &key, 0, LEN)
         .await
         .unwrap();
@@ -262,13 +234,7 @@ async fn revocation_closes_the_mapping_and_stale_keys_are_refused() {
     ));
     let ep = comm.connect(&peer.addr, deadline()).await.unwrap();
     let key = comm.import(&ep, &peer.desc).unwrap();
-    let host = RegisteredBuffer::new(
-        Arc::new(HostMemory::new()),
-        comm.clone(),
-        4096,
-        Access::READ_WRITE,
-    )
-    .unwrap();
+    let host = host_buffer(&comm, 4096);
     let reg = host.registration();
     run(&comm, &ep, Op::Read, reg, &key, 0, 4096).await.unwrap();
     assert_eq!(shim.live_on_device(3), 1);
@@ -405,13 +371,7 @@ async fn device_memory_here_reaches_peer_host_memory_by_attach_and_by_mapping() 
     };
     let me = ShmCommunicator::bind(small_chunks).unwrap();
     let peer = Arc::new(ShmCommunicator::bind(ShmConfig::default()).unwrap());
-    let attach = RegisteredBuffer::new(
-        Arc::new(HostMemory::new()),
-        peer.clone(),
-        len,
-        Access::READ_WRITE,
-    )
-    .unwrap();
+    let attach = host_buffer(&peer, len);
     let shared = peer
         .alloc_registered(len, Access::READ_WRITE)
         .unwrap()

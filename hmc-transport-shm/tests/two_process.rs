@@ -15,7 +15,7 @@ use hmc_core::{
 use hmc_transport_shm::{ShmCommunicator, ShmConfig};
 
 mod support;
-use support::{Peer, checksum, hex};
+use support::{Peer, checksum, hex, host_buffer};
 
 const LEN: usize = 64 << 20;
 
@@ -32,13 +32,7 @@ fn child_peer() {
     };
     let _guard = rt.enter();
     let comm = Arc::new(ShmCommunicator::bind(ShmConfig::default()).unwrap());
-    let buf = RegisteredBuffer::new(
-        Arc::new(HostMemory::new()),
-        comm.clone(),
-        LEN,
-        Access::READ_WRITE,
-    )
-    .unwrap();
+    let buf = host_buffer(&comm, LEN);
     buf.write_at(0, &MemSpan::host(&pattern(5, LEN))).unwrap();
     println!(
         "READY {} {}",
@@ -54,16 +48,6 @@ fn child_peer() {
     }
 }
 
-fn local(comm: &Arc<ShmCommunicator>) -> RegisteredBuffer<HostMemory, ShmCommunicator> {
-    RegisteredBuffer::new(
-        Arc::new(HostMemory::new()),
-        comm.clone(),
-        LEN,
-        Access::READ_WRITE,
-    )
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_mib_each_way_between_two_processes() {
     let _one_at_a_time = SERIAL.lock().await;
@@ -75,7 +59,7 @@ async fn sixty_four_mib_each_way_between_two_processes() {
         .unwrap();
     assert_eq!(ep.peer_pid() as u32, peer.child.id());
     let key = me.import(&ep, &peer.desc).unwrap();
-    let buf = local(&me);
+    let buf = host_buffer(&me, LEN);
     let d = [TransferDesc {
         local: buf.registration(),
         local_offset: 0,
@@ -114,7 +98,7 @@ async fn a_peer_killed_mid_transfer_fails_the_transfer_before_the_deadline() {
         .await
         .unwrap();
     let key = me.import(&ep, &peer.desc).unwrap();
-    let buf = local(&me);
+    let buf = host_buffer(&me, LEN);
     let d = [TransferDesc {
         local: buf.registration(),
         local_offset: 0,

@@ -6,8 +6,16 @@
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
 
-use hmc_core::{LocalRegistration, PeerAddr, RemoteRegion};
+use hmc_backend_cpu::HostMemory;
+use hmc_core::RegisteredBuffer;
+use hmc_core::testing::pattern;
+use hmc_core::{
+    Access, Communicator, DeviceBuffer, LocalRegistration, MemSpan, MemSpanMut, Memory, PeerAddr,
+    RemoteRegion,
+};
+use hmc_transport_shm::{ShmCommunicator, ShmConfig};
 
 /// `b` as lowercase hex.
 pub fn hex(b: &[u8]) -> String {
@@ -126,4 +134,51 @@ pub fn contents(reg: &impl LocalRegistration) -> Vec<u8> {
     let r = reg.region();
     // SAFETY: as in `fill`.
     unsafe { std::slice::from_raw_parts(r.addr as *const u8, r.len) }.to_vec()
+}
+
+/// The peer of the device tests (inside a runtime): `len` bytes of `pattern(seed)` on
+/// `mem`, registered by IPC with `register_device`; prints `READY <addr> <desc>`, then
+/// answers `check` (`SUM <checksum>`), `rekey` (`DESC <desc>`) and `drop` (`DROPPED <leases
+/// still outstanding>`, once the registration's drop returned); exits at end of input.
+pub fn serve_device_peer<M: Memory + Clone>(mem: M, len: usize, seed: u64) {
+    let comm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
+    let mut buf = mem.alloc(len).unwrap();
+    mem.copy(
+        &mut MemSpanMut::of(&mut buf),
+        &MemSpan::host(&pattern(seed, len)),
+    )
+    .unwrap();
+    // SAFETY: `buf` outlives the registration (dropped first, below or at the end).
+    let mut reg = Some(unsafe { comm.register_device(&mem, &buf, Access::READ_WRITE) }.unwrap());
+    let desc = |reg: &Option<_>| hex(&comm.export(reg.as_ref().unwrap()).unwrap().encode());
+    println!("READY {} {}", comm.address(), desc(&reg));
+    for line in std::io::stdin().lines() {
+        match line.unwrap().trim() {
+            "check" => {
+                let mut out = vec![0u8; buf.len()];
+                mem.copy(&mut MemSpanMut::host(&mut out), &MemSpan::of(&buf))
+                    .unwrap();
+                println!("SUM {}", checksum(&out));
+            }
+            "rekey" => {
+                assert!(comm.rekey(reg.as_ref().unwrap()).unwrap());
+                println!("DESC {}", desc(&reg));
+            }
+            "drop" => {
+                reg = None;
+                println!("DROPPED {}", comm.outstanding_leases());
+            }
+            other => panic!("unknown command {other:?}"),
+        }
+    }
+    drop(reg);
+}
+
+/// `len` bytes of host memory registered with `comm` for READ and WRITE.
+pub fn host_buffer(
+    comm: &Arc<ShmCommunicator>,
+    len: usize,
+) -> RegisteredBuffer<HostMemory, ShmCommunicator> {
+    let memory = Arc::new(HostMemory::new());
+    RegisteredBuffer::new(memory, comm.clone(), len, Access::READ_WRITE).unwrap()
 }
