@@ -1,9 +1,9 @@
-//! Device memory through vendor IPC between two real processes, against the HIP ABI shim of
-//! `hmc-backend-rocm` (`libamdhip64`'s symbols over host memory; its IPC handles open the
-//! exporter's memfd through `/proc/<pid>/fd`, so they cross processes for real). This test
-//! binary runs itself as the peer (`HMC_SHM_DEVICE_CHILD=1`), which registers a shim
-//! device buffer with `register_device` and answers checksums, rekeys and drops on its
-//! standard input. What it checks is the transport's use of IPC (keys, the per-region
+//! Device memory through vendor IPC between two real processes, against the ABI shims of
+//! the runtime-shaped backends (HIP for `hmc-backend-rocm`, MUSA, MLU's CNRT: the vendor's
+//! symbols over host memory; their IPC handles open the exporter's memfd through
+//! `/proc/<pid>/fd`, so they cross processes for real). This test binary runs itself as the
+//! peer (`HMC_SHM_DEVICE_CHILD=<vendor>`), which registers a shim device buffer with
+//! `register_device` and answers checksums, rekeys and drops on its standard input. What it checks is the transport's use of IPC (keys, the per-region
 //! cache, revocation, which engine copies), not a GPU.
 //!
 //! The last tests need no peer: a backend without IPC (the ACL shim built without its
@@ -11,12 +11,14 @@
 //! `add_memory`.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hmc_backend_ascend::AscendMemory;
 use hmc_backend_cpu::HostMemory;
-use hmc_backend_rocm::{RocmBuffer, RocmMemory};
+use hmc_backend_mlu::MluMemory;
+use hmc_backend_musa::MusaMemory;
+use hmc_backend_rocm::RocmMemory;
 use hmc_core::testing::pattern;
 use hmc_core::{
     Access, AnyMemory, Communicator, ConnBuffer, Deadline, Device, DeviceBuffer, DeviceKind, Error,
@@ -37,46 +39,94 @@ const PEER_DEVICE: u32 = 2;
 /// every test's buffers and mappings change.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The HIP shim, built once per test binary (and by the child from the same path).
-fn hip_shim() -> &'static Path {
-    static SHIM: OnceLock<PathBuf> = OnceLock::new();
-    SHIM.get_or_init(|| {
-        let src =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../hmc-backend-rocm/tests/shim/hip_shim.c");
-        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hip_shim");
-        hmc_testshim::build_shim(&src, "hip_shim", &out).expect("build the HIP ABI shim")
-    })
+/// A runtime-shaped vendor whose ABI shim the tests load: its name, device kind and the
+/// shim's C source in its backend crate.
+struct Vendor {
+    name: &'static str,
+    kind: DeviceKind,
+    source: &'static str,
+    stem: &'static str,
 }
 
-fn upload(mem: &RocmMemory, buf: &mut RocmBuffer, bytes: &[u8]) {
+const HIP: Vendor = Vendor {
+    name: "HIP",
+    kind: DeviceKind::ROCM,
+    source: "../hmc-backend-rocm/tests/shim/hip_shim.c",
+    stem: "hip_shim",
+};
+const MUSA: Vendor = Vendor {
+    name: "MUSA",
+    kind: DeviceKind::MUSA,
+    source: "../hmc-backend-musa/tests/shim/musa_shim.c",
+    stem: "musa_shim",
+};
+const MLU: Vendor = Vendor {
+    name: "MLU",
+    kind: DeviceKind::MLU,
+    source: "../hmc-backend-mlu/tests/shim/cnrt_shim.c",
+    stem: "cnrt_shim",
+};
+
+/// `vendor`'s shim, built (once per test binary; the child loads it from the same path).
+fn shim(vendor: &Vendor) -> PathBuf {
+    static BUILT: Mutex<Vec<(&'static str, PathBuf)>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap();
+    if let Some((_, path)) = built.iter().find(|(stem, _)| *stem == vendor.stem) {
+        return path.clone();
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(vendor.source);
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(vendor.stem);
+    let path = hmc_testshim::build_shim(&src, vendor.stem, &out)
+        .unwrap_or_else(|e| panic!("build the {} ABI shim: {e}", vendor.name));
+    built.push((vendor.stem, path.clone()));
+    path
+}
+
+fn hip_shim() -> PathBuf {
+    shim(&HIP)
+}
+
+fn upload<M: Memory>(mem: &M, buf: &mut M::Buffer, bytes: &[u8]) {
     mem.copy(&mut MemSpanMut::of(buf), &MemSpan::host(bytes))
         .unwrap();
 }
 
-fn download(mem: &RocmMemory, buf: &RocmBuffer) -> Vec<u8> {
+fn download<M: Memory>(mem: &M, buf: &M::Buffer) -> Vec<u8> {
     let mut out = vec![0u8; buf.len()];
     mem.copy(&mut MemSpanMut::host(&mut out), &MemSpan::of(buf))
         .unwrap();
     out
 }
 
-/// The peer process ([`support::serve_device_peer`]): a shim device buffer of
-/// `pattern(21)` registered by IPC.
+/// The peer process ([`support::serve_device_peer`]): a device buffer of `pattern(21)` of
+/// the vendor `HMC_SHM_DEVICE_CHILD` names, its shim at `HMC_SHM_DEVICE_SHIM`, registered
+/// by IPC.
 #[test]
 fn child_peer() {
     let Some(rt) = support::child_runtime("HMC_SHM_DEVICE_CHILD") else {
         return;
     };
     let _guard = rt.enter();
-    // Loaded through the vendor's variable, as a deployment would.
-    let mem = RocmMemory::new(PEER_DEVICE).expect("HMC_HIP_LIB names the shim");
-    support::serve_device_peer(mem, LEN, 21);
+    let vendor = std::env::var("HMC_SHM_DEVICE_CHILD").unwrap();
+    let lib = std::env::var_os("HMC_SHM_DEVICE_SHIM").expect("the shim's path");
+    match vendor.as_str() {
+        "HIP" => {
+            support::serve_device_peer(RocmMemory::with_library(lib, PEER_DEVICE).unwrap(), LEN, 21)
+        }
+        "MUSA" => {
+            support::serve_device_peer(MusaMemory::with_library(lib, PEER_DEVICE).unwrap(), LEN, 21)
+        }
+        "MLU" => {
+            support::serve_device_peer(MluMemory::with_library(lib, PEER_DEVICE).unwrap(), LEN, 21)
+        }
+        other => panic!("no vendor {other}"),
+    }
 }
 
-fn spawn_peer() -> Peer {
+fn spawn_peer(vendor: &Vendor) -> Peer {
     Peer::spawn(&[
-        ("HMC_SHM_DEVICE_CHILD", "1".as_ref()),
-        ("HMC_HIP_LIB", hip_shim().as_os_str()),
+        ("HMC_SHM_DEVICE_CHILD", vendor.name.as_ref()),
+        ("HMC_SHM_DEVICE_SHIM", shim(vendor).as_os_str()),
     ])
 }
 
@@ -113,10 +163,30 @@ async fn settle(shim: &ShimControl, device: i32, want: i32) -> i32 {
 /// and WRITE of the whole region (8 chunks) with checksums, 64 small transfers more, and
 /// one IPC opening per local device for all of them, seen by the endpoint and by the shim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn device_memory_moves_between_two_processes_through_one_cached_ipc_mapping() {
+async fn hip_device_memory_moves_between_two_processes_through_one_cached_ipc_mapping() {
+    moves_between_two_processes(&HIP, RocmMemory::with_library).await;
+}
+
+/// As for HIP, over MUSA's shim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn musa_device_memory_moves_between_two_processes_through_one_cached_ipc_mapping() {
+    moves_between_two_processes(&MUSA, MusaMemory::with_library).await;
+}
+
+/// As for HIP, over CNRT's shim (MLU).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mlu_device_memory_moves_between_two_processes_through_one_cached_ipc_mapping() {
+    moves_between_two_processes(&MLU, MluMemory::with_library).await;
+}
+
+async fn moves_between_two_processes<M: Memory + Clone>(
+    vendor: &Vendor,
+    open: fn(PathBuf, u32) -> hmc_core::Result<M>,
+) {
     let _one_at_a_time = SERIAL.lock().await;
-    let mut peer = spawn_peer();
-    let shim = ShimControl::open(hip_shim());
+    let mut peer = spawn_peer(vendor);
+    let lib = shim(vendor);
+    let shim = ShimControl::open(&lib);
     let comm = Arc::new(
         ShmCommunicator::bind(ShmConfig {
             chunk_len: 1 << 20,
@@ -124,13 +194,13 @@ async fn device_memory_moves_between_two_processes_through_one_cached_ipc_mappin
         })
         .unwrap(),
     );
-    let host_engine = RocmMemory::with_library(hip_shim(), 0).unwrap();
+    let host_engine = open(lib.clone(), 0).unwrap();
     comm.add_memory(AnyMemory::new(host_engine));
     let ep = comm.connect(&peer.addr, deadline()).await.unwrap();
     let key = comm.import(&ep, &peer.desc).unwrap();
     assert_eq!(
         peer.desc.region.device,
-        Device::new(DeviceKind::ROCM, PEER_DEVICE)
+        Device::new(vendor.kind, PEER_DEVICE)
     );
     assert_eq!(
         peer.desc.key.len(),
@@ -181,7 +251,7 @@ async fn device_memory_moves_between_two_processes_through_one_cached_ipc_mappin
 
     // Device memory here (device 1): that device's backend opens the handle on it and
     // copies device to device.
-    let dev = RocmMemory::with_library(hip_shim(), 1).unwrap();
+    let dev = open(lib.clone(), 1).unwrap();
     let mut local = dev.alloc(LEN).unwrap();
     // SAFETY: `local` outlives `reg` (dropped at the end of this test, after it).
     let reg = unsafe { comm.register_device(&dev, &local, Access::READ_WRITE) }.unwrap();
@@ -226,7 +296,7 @@ async fn device_memory_moves_between_two_processes_through_one_cached_ipc_mappin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revocation_closes_the_mapping_and_stale_keys_are_refused() {
     let _one_at_a_time = SERIAL.lock().await;
-    let mut peer = spawn_peer();
+    let mut peer = spawn_peer(&HIP);
     let shim = ShimControl::open(hip_shim());
     let comm = Arc::new(ShmCommunicator::bind(ShmConfig::default()).unwrap());
     comm.add_memory(AnyMemory::new(
