@@ -30,8 +30,8 @@ use hmc_transport_shm::{ShmCommunicator, ShmConfig, ShmEndpoint, ShmRemoteKey};
 mod support;
 use support::{Peer, checksum, contents, fill, host_buffer, unhex};
 
-/// The peer's device buffer: 8 chunks of the initiator's 1 MiB `chunk_len`.
-const LEN: usize = 8 << 20;
+/// The peer's device buffer: 8 chunks of the initiator's 512 KiB `chunk_len`.
+const LEN: usize = 4 << 20;
 /// The shim device the peer allocates on.
 const PEER_DEVICE: u32 = 2;
 
@@ -189,7 +189,7 @@ async fn moves_between_two_processes<M: Memory + Clone>(
     let shim = ShimControl::open(&lib);
     let comm = Arc::new(
         ShmCommunicator::bind(ShmConfig {
-            chunk_len: 1 << 20,
+            chunk_len: 512 << 10,
             ..ShmConfig::default()
         })
         .unwrap(),
