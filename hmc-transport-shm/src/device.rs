@@ -360,4 +360,55 @@ mod tests {
             "one backend per device"
         );
     }
+
+    /// A "device" whose capabilities claim IPC but which keeps `Memory::export_ipc`'s
+    /// default (`Unsupported`): its buffers are host bytes labelled as device memory,
+    /// never dereferenced here.
+    #[derive(Clone)]
+    struct ClaimsIpc;
+    struct Labelled(Vec<u8>);
+
+    impl DeviceBuffer for Labelled {
+        fn region(&self) -> Region {
+            Region {
+                device: Device::new(DeviceKind::CUDA, 0),
+                addr: self.0.as_ptr() as u64,
+                len: self.0.len(),
+            }
+        }
+    }
+
+    impl Memory for ClaimsIpc {
+        type Buffer = Labelled;
+        fn device(&self) -> Device {
+            Device::new(DeviceKind::CUDA, 0)
+        }
+        fn alloc(&self, len: usize) -> Result<Labelled> {
+            Ok(Labelled(vec![0; len]))
+        }
+        fn copy(&self, _: &mut MemSpanMut<'_>, _: &MemSpan<'_>) -> Result<()> {
+            unreachable!("register_device copies nothing")
+        }
+        fn capabilities(&self) -> hmc_core::MemoryCapabilities {
+            let mut caps = hmc_core::MemoryCapabilities::new(self.device(), self.max_alloc());
+            caps.ipc = true;
+            caps
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unsupported_export_is_unsupported_memory_with_the_backends_reason() {
+        let comm = ShmCommunicator::bind(crate::ShmConfig::default()).unwrap();
+        let buf = ClaimsIpc.alloc(64).unwrap();
+        // SAFETY: refused before anything is registered.
+        let err = unsafe { comm.register_device(&ClaimsIpc, &buf, Access::READ) }.unwrap_err();
+        let Error::UnsupportedMemory { reason, .. } = &err else {
+            panic!("expected UnsupportedMemory, got {err:?}");
+        };
+        assert!(
+            reason.contains("does not support IPC export") && reason.contains("stage the bytes"),
+            "{err}"
+        );
+        assert!(comm.devices.kinds().is_empty(), "no backend was added");
+    }
 }

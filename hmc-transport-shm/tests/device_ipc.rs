@@ -339,7 +339,7 @@ async fn revocation_closes_the_mapping_and_stale_keys_are_refused() {
 
 /// The ACL shim built without its `aclrtIpcMem*` functions, as an older CANN.
 fn acl_shim_without_ipc() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("acl_shim_no_ipc");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shm_acl_shim_no_ipc");
     std::fs::create_dir_all(&dir).unwrap();
     let full = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../hmc-backend-ascend/tests/shim/acl_shim.c")
