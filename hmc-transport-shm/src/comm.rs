@@ -4,19 +4,21 @@
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hmc_core::{
-    Access, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
-    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
+    Access, AnyMemory, CommCapabilities, Communicator, Deadline, Error, IpcDescriptor,
+    LocalRegistration, MemoryKinds, Notification, Op, PeerAddr, Region, RemoteRegion, Result,
+    TransferDesc, TransportId, check_bounds,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::oneshot;
 
+use crate::chunk::{self, Chunk};
 use crate::cma::{self, PeerCred};
+use crate::device::{Devices, IpcLease};
 use crate::mapped::{self, FdReader, Mapping, SharedAlloc};
 use crate::target::{RegEntry, Target};
 use crate::wire::{self, KEY_LEN, Msg, Refusal, TOKEN_LEN};
@@ -31,6 +33,9 @@ struct Lease {
     /// The registration mapped into this process (shared memory from the target's
     /// `alloc_registered`): copies are a `memcpy` there instead of `process_vm_*`.
     map: Option<Arc<Mapping>>,
+    /// The registration is device memory: its IPC descriptor and the mappings opened from
+    /// it, closed when the lease is revoked or the side channel closes.
+    ipc: Option<IpcLease>,
     /// False once revoked (or the side channel closed). Copies hold the read lock for one
     /// chunk; revocation takes the write lock, so it returns after the chunk in progress.
     valid: RwLock<bool>,
@@ -68,6 +73,8 @@ struct EpShared {
     /// Why cross-memory attach to the peer is refused, when it is (found by the probe at
     /// connect): then only the target's shared memory can be reached.
     cma_refused: Option<String>,
+    /// IPC handles of the peer's device memory opened so far.
+    ipc_opens: AtomicU64,
 }
 
 impl EpShared {
@@ -95,6 +102,7 @@ impl EpShared {
                     len,
                     access,
                     map,
+                    ipc,
                 } => {
                     let key = self.pending.lock().get(&req).and_then(|p| p.0);
                     let map = match self.mapping(&mut reader, key, map, len) {
@@ -114,6 +122,7 @@ impl EpShared {
                         len,
                         access,
                         map,
+                        ipc: ipc.map(IpcLease::new),
                         valid: RwLock::new(true),
                     });
                     // Cached here, before any later `Revoke` on the wire is read.
@@ -139,8 +148,7 @@ impl EpShared {
                             c.by_id.remove(id)
                         };
                         if let Some(l) = l {
-                            // Waits for the chunk in progress under this lease.
-                            *l.valid.write() = false;
+                            l.invalidate();
                         }
                     }
                     if wire::write_msg(&mut *self.writer.lock(), &Msg::Released { leases }).is_err()
@@ -169,7 +177,7 @@ impl EpShared {
             c.by_key.clear();
             c.by_id.drain().map(|(_, l)| l).collect()
         };
-        leases.iter().for_each(|l| *l.valid.write() = false);
+        leases.iter().for_each(|l| l.invalidate());
         self.maps.lock().clear();
         // Only now may the target consider our leases released.
         reader.shutdown();
@@ -247,6 +255,17 @@ impl EpShared {
     }
 }
 
+impl Lease {
+    /// Ends the lease: waits for the chunk in progress under it (which holds the read
+    /// lock), then closes the IPC mappings opened under it.
+    fn invalidate(&self) {
+        *self.valid.write() = false;
+        if let Some(ipc) = &self.ipc {
+            ipc.close();
+        }
+    }
+}
+
 /// The user's handle on a connection; the last clone's drop closes it.
 struct EpHandle {
     shared: Arc<EpShared>,
@@ -300,6 +319,23 @@ impl ShmEndpoint {
     pub fn cached_leases(&self) -> usize {
         self.inner.shared.cache.lock().by_id.len()
     }
+
+    /// IPC handles of the peer's device memory opened on this endpoint so far: one per
+    /// region (and local device), however many transfers use it, and one more after the
+    /// peer revokes (drops or rekeys) a region and it is used again.
+    pub fn ipc_opens(&self) -> u64 {
+        self.inner.shared.ipc_opens.load(Ordering::Relaxed)
+    }
+
+    /// IPC mappings of the peer's device memory open on this endpoint now.
+    pub fn ipc_mappings(&self) -> usize {
+        let c = self.inner.shared.cache.lock();
+        c.by_id
+            .values()
+            .filter_map(|l| l.ipc.as_ref())
+            .map(IpcLease::open_mappings)
+            .sum()
+    }
 }
 
 /// Local memory registered with a [`ShmCommunicator`]; deregistered (its leases revoked,
@@ -310,6 +346,8 @@ pub struct ShmRegistration {
     /// Memory this transport allocated (`alloc_registered`): unmapped after `drop` has
     /// revoked every lease on it (fields drop after `Drop::drop`).
     _alloc: Option<Mapping>,
+    /// The backend of device memory registered by buffer: the local side's copy engine.
+    memory: Option<AnyMemory>,
 }
 
 impl std::fmt::Debug for ShmRegistration {
@@ -352,6 +390,7 @@ impl Drop for ShmRegistration {
 /// A peer's region imported for one endpoint.
 pub struct ShmRemoteKey {
     endpoint: u64,
+    device: hmc_core::Device,
     key: KeyId,
     len: u64,
     access: Access,
@@ -374,6 +413,8 @@ pub struct ShmCommunicator {
     addr: PeerAddr,
     endpoints: Mutex<Vec<Weak<EpShared>>>,
     next_endpoint: AtomicU64,
+    /// Memory backends that open peers' device memory and copy with it.
+    pub(crate) devices: Devices,
 }
 
 impl std::fmt::Debug for ShmCommunicator {
@@ -440,6 +481,7 @@ impl ShmCommunicator {
             addr: PeerAddr::Unix(path),
             endpoints: Mutex::new(Vec::new()),
             next_endpoint: AtomicU64::new(1),
+            devices: Devices::default(),
         })
     }
 
@@ -448,7 +490,36 @@ impl ShmCommunicator {
         self.target.lease_count()
     }
 
-    fn check_open(&self) -> Result<()> {
+    /// A registration of `region`, served by the target from now on.
+    pub(crate) fn new_registration(
+        &self,
+        region: Region,
+        access: Access,
+        shared: Option<SharedAlloc>,
+        ipc: Option<IpcDescriptor>,
+        memory: Option<AnyMemory>,
+    ) -> Result<ShmRegistration> {
+        let (memfd, alloc) = shared.map(|s| (s.fd, s.map)).unzip();
+        let id = self.target.next_reg.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(RegEntry {
+            id,
+            region,
+            access,
+            token: Mutex::new(random_token()?),
+            live: AtomicBool::new(true),
+            memfd,
+            ipc,
+        });
+        self.target.regs.write().insert(id, entry.clone());
+        Ok(ShmRegistration {
+            entry,
+            target: self.target.clone(),
+            _alloc: alloc,
+            memory,
+        })
+    }
+
+    pub(crate) fn check_open(&self) -> Result<()> {
         if self.target.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(format!(
                 "the ShmCommunicator at {} was closed",
@@ -468,113 +539,11 @@ impl ShmCommunicator {
             )))
         }
     }
-
-    /// Dials, says `Hello`, reads `Welcome`, probes; with why cross-memory attach is
-    /// refused, when it is. Blocking: run on a blocking thread.
-    fn dial(
-        path: PathBuf,
-        me: String,
-        peer: PeerAddr,
-        deadline: Deadline,
-    ) -> Result<(UnixStream, PeerCred, Option<String>)> {
-        // The OS error stays the source, as from every transport's connect (a refusal is
-        // `io::ErrorKind::ConnectionRefused`).
-        let s = UnixStream::connect(&path).map_err(|e| {
-            Error::io(
-                format!("connecting to {peer}'s side channel (is a peer listening there?)"),
-                e,
-            )
-        })?;
-        let cred = cma::peer_cred(&s).map_err(|e| Error::io("reading SO_PEERCRED", e))?;
-        let left = deadline.remaining().max(Duration::from_millis(1));
-        s.set_read_timeout(Some(left))
-            .and_then(|()| s.set_write_timeout(Some(left)))
-            .map_err(|e| Error::io("setting side-channel timeouts", e))?;
-        wire::write_msg(
-            &mut &s,
-            &Msg::Hello {
-                version: wire::VERSION,
-                addr: me,
-            },
-        )
-        .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?;
-        let body = wire::read_frame(&mut &s, wire::MAX_FRAME)
-            .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?
-            .ok_or_else(|| Error::peer(&peer, "closed the side channel during the handshake"))?;
-        let Msg::Welcome {
-            version,
-            probe_addr,
-        } = Msg::decode(&body)?
-        else {
-            return Err(Error::Protocol("expected Welcome".into()));
-        };
-        if version != wire::VERSION {
-            return Err(Error::Protocol(format!(
-                "the peer speaks side-channel version {version}, this build {}",
-                wire::VERSION
-            )));
-        }
-        let cma_refused = match cma::probe(cred, probe_addr) {
-            Ok(()) => None,
-            // Shared memory from the target's `alloc_registered` still works.
-            Err(e @ Error::Unavailable { .. }) => {
-                tracing::info!(pid = cred.pid, error = %e, "cross-memory attach refused; only the peer's shared memory is reachable");
-                Some(e.to_string())
-            }
-            Err(e) => return Err(e),
-        };
-        s.set_read_timeout(None)
-            .map_err(|e| Error::io("setting side-channel timeouts", e))?;
-        Ok((s, cred, cma_refused))
-    }
 }
 
 impl Drop for ShmCommunicator {
     fn drop(&mut self) {
         self.close();
-    }
-}
-
-fn refused(
-    peer: &PeerAddr,
-    why: Refusal,
-    limit: u64,
-    text: String,
-    offset: u64,
-    len: u64,
-) -> Error {
-    match why {
-        Refusal::InvalidKey => Error::InvalidKey(text),
-        Refusal::AccessDenied => Error::AccessDenied(text),
-        Refusal::OutOfBounds => Error::OutOfBounds {
-            what: "remote region",
-            offset,
-            len,
-            limit,
-        },
-        Refusal::Limit => Error::LimitExceeded {
-            limit: if text == "max_notify_len" {
-                "max_notify_len"
-            } else {
-                "max_pending_notifications"
-            },
-            value: len,
-            max: limit,
-            hint: "raise the target's ShmConfig limit, or receive notifications sooner".into(),
-        },
-        Refusal::Closed => Error::peer(peer, text),
-    }
-}
-
-fn copy_error(ep: &EpShared, e: std::io::Error) -> Error {
-    match e.raw_os_error() {
-        Some(libc::ESRCH) => Error::peer(&ep.peer, format!("process {} is gone", ep.cred.pid)),
-        Some(libc::EPERM) | Some(libc::ENOSYS) => cma::diagnose(ep.cred, &e),
-        Some(libc::EFAULT) => Error::peer(
-            &ep.peer,
-            format!("a granted range of pid {} is not mapped: {e}", ep.cred.pid),
-        ),
-        _ => Error::io(format!("process_vm_* with pid {}", ep.cred.pid), e),
     }
 }
 
@@ -587,15 +556,23 @@ impl Communicator for ShmCommunicator {
         SHM_TRANSPORT
     }
 
-    /// Host memory only, at both ends; zero-copy (the kernel copies once, between the two
-    /// address spaces, or the initiator once into memory both map); notifications up to
-    /// `max_notify_len`; `rekey` revokes keys; `alloc_registered` gives shared memory.
+    /// `register` takes host memory only (device memory is registered by buffer with
+    /// [`ShmCommunicator::register_device`]); peers' regions may be host memory or device
+    /// memory of a kind this communicator has a backend for ([`ShmCommunicator::add_memory`],
+    /// `register_device`). Zero-copy (the kernel copies once, between the two address
+    /// spaces, or the initiator once into memory both map, or the device's engine once
+    /// between an IPC mapping and local memory); notifications up to `max_notify_len`;
+    /// `rekey` revokes keys; `alloc_registered` gives shared memory.
     fn capabilities(&self) -> CommCapabilities {
         let mut caps = CommCapabilities::new(SHM_TRANSPORT);
         caps.max_notification_len = self.target.config.max_notify_len;
         caps.zero_copy = true;
         caps.rekey = true;
         caps.alloc_registered = true;
+        let mut remote = vec![hmc_core::DeviceKind::HOST];
+        remote.extend(self.devices.kinds());
+        remote.dedup();
+        caps.remote_memory = MemoryKinds::Only(remote);
         caps
     }
 
@@ -612,7 +589,7 @@ impl Communicator for ShmCommunicator {
         };
         let started = Instant::now();
         let (path, me, p) = (path.clone(), self.addr.to_string(), peer.clone());
-        let dial = tokio::task::spawn_blocking(move || Self::dial(path, me, p, deadline));
+        let dial = tokio::task::spawn_blocking(move || cma::dial(path, me, p, deadline));
         let (s, cred, cma_refused) =
             match tokio::time::timeout_at(deadline.instant().into(), dial).await {
                 Err(_) => {
@@ -638,6 +615,7 @@ impl Communicator for ShmCommunicator {
             next_req: AtomicU64::new(1),
             maps: Mutex::new(HashMap::new()),
             cma_refused,
+            ipc_opens: AtomicU64::new(0),
         });
         let s2 = shared.clone();
         std::thread::Builder::new()
@@ -660,24 +638,12 @@ impl Communicator for ShmCommunicator {
             return Err(Error::UnsupportedMemory {
                 transport: SHM_TRANSPORT,
                 device: region.device,
-                reason: "cross-memory attach reaches host memory only".into(),
+                reason: "a Region of device memory does not carry its vendor IPC handle; \
+                         register the buffer with ShmCommunicator::register_device"
+                    .into(),
             });
         }
-        let id = self.target.next_reg.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(RegEntry {
-            id,
-            region,
-            access,
-            token: Mutex::new(random_token()?),
-            live: AtomicBool::new(true),
-            memfd: None,
-        });
-        self.target.regs.write().insert(id, entry.clone());
-        Ok(ShmRegistration {
-            entry,
-            target: self.target.clone(),
-            _alloc: None,
-        })
+        self.new_registration(region, access, None, None, None)
     }
 
     /// Shared memory (a sealed memfd) registered for `access`: a peer maps it at its first
@@ -692,21 +658,8 @@ impl Communicator for ShmCommunicator {
             addr: alloc.map.ptr() as u64,
             len,
         };
-        let id = self.target.next_reg.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(RegEntry {
-            id,
-            region,
-            access,
-            token: Mutex::new(random_token()?),
-            live: AtomicBool::new(true),
-            memfd: Some(alloc.fd),
-        });
-        self.target.regs.write().insert(id, entry.clone());
-        Ok(Some(ShmRegistration {
-            entry,
-            target: self.target.clone(),
-            _alloc: Some(alloc.map),
-        }))
+        self.new_registration(region, access, Some(alloc), None, None)
+            .map(Some)
     }
 
     /// Draws a new token and revokes every lease granted under the old one, waiting (up to
@@ -740,17 +693,12 @@ impl Communicator for ShmCommunicator {
                 remote.key.len()
             )));
         }
-        if !remote.region.device.is_host() {
-            return Err(Error::UnsupportedMemory {
-                transport: SHM_TRANSPORT,
-                device: remote.region.device,
-                reason: "cross-memory attach reaches host memory only".into(),
-            });
-        }
+        self.devices.check_reachable(remote.region.device)?;
         let id = u64::from_be_bytes(remote.key[..8].try_into().expect("8 bytes"));
         let token: [u8; TOKEN_LEN] = remote.key[8..].try_into().expect("16 bytes");
         Ok(ShmRemoteKey {
             endpoint: ep.inner.shared.id,
+            device: remote.region.device,
             key: (id, token),
             len: remote.region.len as u64,
             access: remote.access,
@@ -828,7 +776,7 @@ impl Communicator for ShmCommunicator {
                     match ep.request(Some(d.remote.key), deadline, grant).await? {
                         Reply::Lease(l) => l,
                         Reply::Refused(why, limit, text) => {
-                            return Err(refused(&ep.peer, why, limit, text, offset, len));
+                            return Err(wire::refused(&ep.peer, why, limit, text, offset, len));
                         }
                         Reply::Done => return Err(Error::Protocol("Ok answering Grant".into())),
                     }
@@ -843,11 +791,27 @@ impl Communicator for ShmCommunicator {
                 .map(|(_, l)| l.clone())
                 .expect("leased above")
         };
-        // The target's answer is authoritative (a descriptor's length could be forged).
+        // The target's answer is authoritative (a descriptor's length could be forged), and
+        // so is the memory kind its grant names.
+        let mut engines = Vec::with_capacity(batch.len());
         for d in batch {
             let l = lease_of(d);
             check_bounds("remote region", d.remote_offset, d.len as u64, l.len)?;
+            let remote = l.ipc.as_ref().map(IpcLease::kind);
+            let granted = remote.unwrap_or(hmc_core::DeviceKind::HOST);
+            if granted != d.remote.device.kind {
+                return Err(Error::Protocol(format!(
+                    "the peer granted {granted} memory for a region exported as {}",
+                    d.remote.device
+                )));
+            }
+            let local = &d.local.entry.region;
+            engines.push(
+                self.devices
+                    .engine(local.device, d.local.memory.as_ref(), remote)?,
+            );
             if l.map.is_none()
+                && l.ipc.is_none()
                 && let Some(why) = &ep.cma_refused
             {
                 return Err(Error::Unavailable {
@@ -868,9 +832,17 @@ impl Communicator for ShmCommunicator {
         }
         let chunk = self.target.config.chunk_len.max(1);
         let mut since_yield = 0usize;
-        for d in batch {
+        for (d, engine) in batch.iter().zip(&engines) {
             let l = lease_of(d);
-            let base = d.local.entry.region.addr as usize + d.local_offset;
+            let peer = chunk::Peer {
+                addr: &ep.peer,
+                cred: ep.cred,
+                base: l.addr,
+                len: l.len,
+                map: l.map.as_deref(),
+                ipc: l.ipc.as_ref(),
+                opens: &ep.ipc_opens,
+            };
             let mut off = 0usize;
             while off < d.len {
                 if deadline.is_expired() {
@@ -888,33 +860,16 @@ impl Communicator for ShmCommunicator {
                             )
                         });
                     }
-                    let local = (base + off) as *mut u8;
-                    match &l.map {
-                        Some(m) => {
-                            let at = d.remote_offset as usize + off;
-                            debug_assert!(at + n <= m.len(), "leases never exceed their mapping");
-                            // SAFETY: the local range is as below; the remote range lies inside
-                            // the mapping (a lease is never longer than its memfd, checked when
-                            // mapped), which lives while the lease does; ranges of two
-                            // distinct mappings or allocations cannot overlap.
-                            unsafe {
-                                let remote = m.ptr().add(at);
-                                match op {
-                                    Op::Write => std::ptr::copy_nonoverlapping(local, remote, n),
-                                    Op::Read => std::ptr::copy_nonoverlapping(remote, local, n),
-                                }
-                            }
-                        }
-                        None => {
-                            let remote = l.addr + d.remote_offset + off as u64;
-                            // SAFETY: the local range lies inside a registration the batch
-                            // borrows (bounds checked above), which the caller keeps
-                            // allocated; the remote range lies inside the lease, which cannot
-                            // be revoked while `valid` is held for reading.
-                            unsafe { cma::copy(ep.cred.pid, op, local, remote, n) }
-                                .map_err(|e| copy_error(ep, e))?;
-                        }
-                    }
+                    let c = Chunk {
+                        op,
+                        local: d.local.entry.region.slice(d.local_offset + off, n)?,
+                        at: d.remote_offset + off as u64,
+                        engine: engine.as_ref(),
+                    };
+                    // SAFETY: the local range lies inside a registration the batch borrows
+                    // (bounds checked above), which the caller keeps allocated; the lease
+                    // cannot be revoked while `valid` is held for reading.
+                    unsafe { chunk::copy(&c, &peer) }?;
                 }
                 off += n;
                 since_yield += n;
@@ -952,9 +907,14 @@ impl Communicator for ShmCommunicator {
         };
         match ep.request(None, deadline, make).await? {
             Reply::Done => Ok(()),
-            Reply::Refused(why, limit, text) => {
-                Err(refused(&ep.peer, why, limit, text, 0, msg.len() as u64))
-            }
+            Reply::Refused(why, limit, text) => Err(wire::refused(
+                &ep.peer,
+                why,
+                limit,
+                text,
+                0,
+                msg.len() as u64,
+            )),
             Reply::Lease(_) => Err(Error::Protocol("Granted answering Notify".into())),
         }
     }
