@@ -143,7 +143,11 @@ impl<C: Communicator> Server<C> {
             dp,
             dispatcher: self.dispatcher,
             inflight: Arc::new(Semaphore::new(self.config.max_inflight_total)),
-            budget: Arc::new(HeldBudget::new(self.config.max_held_bytes)),
+            budget: Arc::new(
+                HeldBudget::new(self.config.max_held_bytes)
+                    .with_observer(crate::metrics::held_bytes_settled),
+            ),
+            _held_limit: crate::metrics::HeldLimit::open(self.config.max_held_bytes),
             pool: BlockingPool::new(self.config.workers, self.config.max_inflight_total),
             connections: AtomicUsize::new(0),
             config: self.config,
@@ -228,6 +232,8 @@ struct Shared {
     inflight: Arc<Semaphore>,
     /// Bytes held for clients, across connections.
     budget: Arc<HeldBudget>,
+    /// Its limit, counted in the metrics while the server lives.
+    _held_limit: crate::metrics::HeldLimit,
     /// What connections answer in the settings exchange.
     settings: Settings,
     pool: BlockingPool,
