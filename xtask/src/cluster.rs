@@ -2,9 +2,11 @@
 //! veth pairs through a bridge in a switch namespace), etcd in one, an engine serving a
 //! buffer in another and an engine pulling it by name in a third, and faults injected
 //! while bytes move: a link set down and up, the serving process SIGKILLed and restarted
-//! under its name, SIGSTOPped and continued, etcd killed and restarted, and a slow link
-//! (`tc tbf`). Each fault prints a figure: time to detect, transfers failed cleanly,
-//! resumed, bytes verified. Needs root (skipped with a message otherwise).
+//! under its name, its host's address changed (the serving process restarted at the new
+//! address, as a supervisor would, and found there through etcd), SIGSTOPped and continued,
+//! etcd killed and restarted, and a slow link (`tc tbf`). Each fault prints a figure: time
+//! to detect, transfers failed cleanly, resumed, bytes verified. Needs root (skipped with a
+//! message otherwise).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -82,6 +84,31 @@ impl Net {
     }
     fn ip(&self, i: usize) -> String {
         format!("{}.{i}", self.subnet)
+    }
+    /// Replaces host i's address `from` by `to` (both in the /24): sockets bound to `from`
+    /// reach nothing from then on.
+    fn readdress(&self, i: usize, from: &str, to: &str) -> Result {
+        let ns = self.ns(i);
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "del",
+            &format!("{from}/24"),
+            "dev",
+            "eth0",
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{to}/24"),
+            "dev",
+            "eth0",
+        ])
     }
     fn link(&self, i: usize, up: bool) -> Result {
         let state = if up { "up" } else { "down" };
@@ -183,6 +210,8 @@ struct Cluster {
     url: String,
     etcd: Option<Proc>,
     target: Option<Proc>,
+    /// The target host's address now (it changes in the address fault).
+    target_ip: String,
 }
 
 impl Cluster {
@@ -228,7 +257,7 @@ impl Cluster {
             "--name",
             "target",
             "--ip",
-            &self.net.ip(2),
+            &self.target_ip,
             "--mib",
             "16",
             "--lease-ttl-ms",
@@ -243,7 +272,11 @@ impl Cluster {
             &args,
             &self.dir.join("target.log"),
         )?;
-        p.wait("READY", Duration::from_secs(30))?;
+        let (_, ready, _) = p.wait("READY", Duration::from_secs(30))?;
+        // `READY <name> <data-plane address>`: at the host's address of now.
+        if !ready.contains(&format!("//{}:", self.target_ip)) {
+            return Err(format!("the target is not at {}: {ready}", self.target_ip));
+        }
         self.target = Some(p);
         Ok(())
     }
@@ -308,8 +341,8 @@ fn cargo_build_node(root: &Path) -> Result<PathBuf> {
     Ok(root.join("target/debug/examples/cluster_node"))
 }
 
-/// `cargo xtask cluster-test [--quick]`: `--quick` injects the link fault and the SIGKILL
-/// only (what `cargo xtask test` runs).
+/// `cargo xtask cluster-test [--quick]`: `--quick` injects the link fault, the SIGKILL and
+/// the address change only (what `cargo xtask test` runs).
 pub fn run(root: &Path, quick: bool) -> Result {
     if !crate::is_root() {
         println!("cluster-test: skipped (needs root to create network namespaces)");
@@ -362,7 +395,9 @@ pub fn run(root: &Path, quick: bool) -> Result {
         url,
         etcd: None,
         target: None,
+        target_ip: String::new(),
     };
+    c.target_ip = c.net.ip(2);
     c.start_etcd()?;
     c.start_target()?;
     let pull_args: Vec<String> = [
@@ -403,6 +438,24 @@ pub fn run(root: &Path, quick: bool) -> Result {
             Ok(())
         },
         Duration::ZERO,
+        |c| c.start_target(),
+    )?);
+    // The target's host gets another address: what the target listens on reaches nothing,
+    // and its transfer in flight can only end by its lease. A supervisor restarts it at the
+    // new address (an engine's listeners are bound to the address it was started with),
+    // and the puller finds it there by name: the old address exists nowhere any more.
+    figures.push(fail_and_recover(
+        &mut c,
+        &pull,
+        "address changed, restarted at it",
+        |c| {
+            let new = c.net.ip(if c.target_ip == c.net.ip(2) { 12 } else { 2 });
+            c.net.readdress(2, &c.target_ip, &new)?;
+            c.target_ip = new;
+            drop(c.target.take());
+            Ok(())
+        },
+        Duration::from_secs(3),
         |c| c.start_target(),
     )?);
     if !quick {
