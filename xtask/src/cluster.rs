@@ -35,6 +35,35 @@ fn sh(args: &[&str]) -> Result {
     Ok(())
 }
 
+/// `etcd` on `PATH`, or how to install it.
+pub(crate) fn etcd_binary() -> Result<PathBuf> {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("etcd"))
+                .find(|p| p.is_file())
+        })
+        .ok_or_else(|| "no etcd: apt-get install etcd-server (cargo xtask deps)".to_string())
+}
+
+/// The arguments of a one-member etcd at `ip` keeping its data in `dir`, with the short
+/// election timings that let 1-second leases be granted.
+pub(crate) fn etcd_args(dir: &Path, ip: &str, client_port: u16, peer_port: u16) -> Vec<String> {
+    let client = format!("http://{ip}:{client_port}");
+    let peer = format!("http://{ip}:{peer_port}");
+    vec![
+        "--name=hmc".to_string(),
+        format!("--data-dir={}", dir.join("etcd").display()),
+        format!("--listen-client-urls={client}"),
+        format!("--advertise-client-urls={client}"),
+        format!("--listen-peer-urls={peer}"),
+        format!("--initial-advertise-peer-urls={peer}"),
+        format!("--initial-cluster=hmc={peer}"),
+        "--heartbeat-interval=50".into(),
+        "--election-timeout=500".into(),
+    ]
+}
+
 /// Namespaces `<p>-sw` (the bridge) and `<p>-h1..hN`, host i at `10.<net>.0.i/24`; all
 /// deleted on drop.
 struct Net {
@@ -217,18 +246,7 @@ struct Cluster {
 impl Cluster {
     fn start_etcd(&mut self) -> Result {
         let ip = self.net.ip(1);
-        let args: Vec<String> = [
-            "--name=hmc".to_string(),
-            format!("--data-dir={}", self.dir.join("etcd").display()),
-            format!("--listen-client-urls=http://{ip}:2379"),
-            format!("--advertise-client-urls=http://{ip}:2379"),
-            format!("--listen-peer-urls=http://{ip}:2380"),
-            format!("--initial-advertise-peer-urls=http://{ip}:2380"),
-            format!("--initial-cluster=hmc=http://{ip}:2380"),
-            "--heartbeat-interval=50".into(),
-            "--election-timeout=500".into(),
-        ]
-        .into();
+        let args = etcd_args(&self.dir, &ip, 2379, 2380);
         let log = self.dir.join("etcd.log");
         self.etcd = Some(Proc::spawn(&self.net.ns(1), &self.etcd_bin, &args, &log)?);
         // Ready when its client port answers.
@@ -336,7 +354,8 @@ fn rounds_over(pull: &Proc, d: Duration) -> Result<usize> {
     Ok(lines.iter().filter(|l| l.starts_with("OK")).count())
 }
 
-fn cargo_build_node(root: &Path) -> Result<PathBuf> {
+/// Builds the engine's `cluster_node` example (debug) and says where it is.
+pub(crate) fn cargo_build_node(root: &Path) -> Result<PathBuf> {
     crate::run(crate::cargo().args(["build", "-p", "hmc-engine", "--example", "cluster_node"]))?;
     Ok(root.join("target/debug/examples/cluster_node"))
 }
@@ -366,13 +385,7 @@ pub fn run(root: &Path, quick: bool) -> Result {
         return Ok(());
     }
     let _ = sh(&["ip", "netns", "del", &probe]);
-    let etcd_bin = std::env::var_os("PATH")
-        .and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("etcd"))
-                .find(|p| p.is_file())
-        })
-        .ok_or("no etcd: apt-get install etcd-server (cargo xtask deps)")?;
+    let etcd_bin = etcd_binary()?;
     let node = cargo_build_node(root)?;
     let dir = std::env::temp_dir().join(format!("hmc-cluster-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
