@@ -263,18 +263,22 @@ impl<C: Communicator> Client<C> {
         &self.inner.addr
     }
 
-    async fn connection(&self) -> Result<ConnHandle, CallError> {
+    /// The current connection's command queue and local address, connecting first if
+    /// there is none (or it was lost).
+    async fn connection(
+        &self,
+    ) -> Result<(mpsc::UnboundedSender<Cmd>, Option<SocketAddr>), CallError> {
         // Fast path: the current connection, without touching the async reconnect lock.
         if let Some(h) = self.inner.current.lock().as_ref()
             && h.is_usable()
         {
-            return Ok(h.clone());
+            return Ok((h.cmd.clone(), h.local));
         }
         let mut g = self.inner.conn.lock().await;
         if let Some(h) = g.as_ref()
             && h.is_usable()
         {
-            return Ok(h.clone());
+            return Ok((h.cmd.clone(), h.local));
         }
         let stream = tokio::time::timeout(
             self.inner.config.connect_timeout,
@@ -306,8 +310,9 @@ impl<C: Communicator> Client<C> {
         self.inner.no_buffer.store(false, Ordering::Release);
         let before = self.inner.conn_gen.fetch_add(1, Ordering::AcqRel);
         crate::metrics::client_connected(before > 0);
-        *self.inner.current.lock() = Some(handle.clone());
-        Ok(handle)
+        let r = (handle.cmd.clone(), handle.local);
+        *self.inner.current.lock() = Some(handle);
+        Ok(r)
     }
 
     /// Calls `method` with raw bytes and the default deadline.
@@ -420,10 +425,9 @@ impl<C: Communicator> Client<C> {
                 .await
                 .map_err(|_| CallError::DeadlineExceeded(timeout))?
                 .expect("the credit semaphore is never closed");
-        let conn = self.connection().await?;
-        let cmd = conn.cmd;
+        let (cmd, local) = self.connection().await?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        crate::trace::sent(span, id, || conn.local);
+        crate::trace::sent(span, id, || local);
         let (reply, rx) = oneshot::channel();
         let guard = CancelOnDrop {
             id,
