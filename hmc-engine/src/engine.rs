@@ -148,6 +148,8 @@ struct Inner<C: Communicator> {
     meta: Arc<dyn hmc_meta::MetadataStore>,
     server: RunningServer,
     peers: RwLock<HashMap<String, Arc<Peer<C>>>>,
+    /// Peers dropped as gone, until connected again (a reconnect, counted).
+    lost: membership::LostPeers,
     runtime: tokio::runtime::Handle,
     finalized: std::sync::atomic::AtomicBool,
 }
@@ -286,6 +288,7 @@ impl<C: Communicator> Engine<C> {
                 meta,
                 server,
                 peers: RwLock::new(HashMap::new()),
+                lost: Default::default(),
                 runtime: tokio::runtime::Handle::current(),
                 finalized: false.into(),
             }),
@@ -487,8 +490,8 @@ impl<C: Communicator> Engine<C> {
         if peers.contains_key(&key) {
             return Err(EngineError::AlreadyConnected(key));
         }
+        self.inner.lost.connected(&key);
         peers.insert(key, peer);
-        metrics::counter!("hmc_engine_connects_total").increment(1);
         Ok(())
     }
 
