@@ -5,6 +5,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
@@ -15,8 +16,8 @@ use hmc_core::{
 use parking_lot::Mutex;
 
 use super::{
-    Config, LAST_ERROR, at, config_from, fail, guard, guard_void, region_of, set_error, status,
-    write_out, write_sized,
+    Config, LAST_ERROR, at, config_from, fail, guard, guard_void, region_of, set_error, slice_of,
+    status, write_out, write_sized,
 };
 use crate::abi::*;
 
@@ -60,9 +61,15 @@ impl Wake for FdWaker {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
+        FdWaker::signal(&self.0);
+    }
+}
+
+impl FdWaker {
+    fn signal(efd: &OwnedFd) {
         let one = 1u64;
-        // SAFETY: writes 8 bytes to an eventfd this waker keeps open.
-        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        // SAFETY: writes 8 bytes to an eventfd the caller keeps open.
+        unsafe { libc::write(efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 }
 
@@ -137,8 +144,44 @@ impl<C: Communicator> GComm<C> {
 
 struct GTransfer {
     fut: Option<BoxFut<Result<()>>>,
+    wake: Arc<TransferWaker>,
     done: Option<i32>,
     message: String,
+}
+
+/// How many times in a row a transfer that wakes itself while being polled is polled again
+/// in place before the host is asked to come back through the eventfd (letting the host's
+/// other tasks run in between).
+const REPOLLS_IN_PLACE: usize = 64;
+
+const IDLE: u8 = 0;
+const POLLING: u8 = 1;
+const WOKEN_WHILE_POLLING: u8 = 2;
+
+/// One transfer's waker. A wake while its future is being polled (a future that yields,
+/// such as the TCP transport busy-polling its socket) only marks it, and the glue polls it
+/// again in place: going through the eventfd, the host's poller and a task switch for every
+/// yield would cost more than the op. A wake at any other time signals the eventfd.
+struct TransferWaker {
+    efd: Arc<OwnedFd>,
+    state: AtomicU8,
+}
+
+impl Wake for TransferWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        let marked = self.state.compare_exchange(
+            POLLING,
+            WOKEN_WHILE_POLLING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if marked == Err(IDLE) {
+            FdWaker::signal(&self.efd);
+        }
+    }
 }
 
 fn deadline_from_ns(ns: u64) -> Deadline {
@@ -285,12 +328,7 @@ unsafe extern "C" fn connect<P: PluginTransport>(
 ) -> i32 {
     guard(|| {
         // SAFETY: a live communicator; `addr` has `addr_len` readable bytes.
-        let (g, text) = unsafe {
-            (
-                at::<GComm<P::Comm>, _>(comm),
-                std::slice::from_raw_parts(addr, addr_len),
-            )
-        };
+        let (g, text) = unsafe { (at::<GComm<P::Comm>, _>(comm), slice_of(addr, addr_len)) };
         let peer = match std::str::from_utf8(text)
             .map_err(|_| "not UTF-8".to_string())
             .and_then(|t| PeerAddr::from_str(t).map_err(|e| e.to_string()))
@@ -424,7 +462,7 @@ unsafe extern "C" fn import<P: PluginTransport>(
             (
                 at::<GComm<P::Comm>, _>(comm),
                 at::<<P::Comm as Communicator>::Endpoint, _>(ep),
-                std::slice::from_raw_parts(d.key, d.key_len),
+                slice_of(d.key, d.key_len),
             )
         };
         // SAFETY: `desc` is readable during the call.
@@ -493,12 +531,8 @@ unsafe extern "C" fn transfer_start<P: PluginTransport>(
                 at::<'static, <C<P> as Communicator>::Endpoint, _>(ep),
             )
         };
-        let raw = if count == 0 {
-            &[][..]
-        } else {
-            // SAFETY: `descs` has `count` readable elements during this call.
-            unsafe { std::slice::from_raw_parts(descs, count) }
-        };
+        // SAFETY: `descs` has `count` readable elements during this call.
+        let raw = unsafe { slice_of(descs, count) };
         let batch: Vec<TransferDesc<'static, C<P>>> = raw
             .iter()
             .map(|d| TransferDesc {
@@ -516,6 +550,10 @@ unsafe extern "C" fn transfer_start<P: PluginTransport>(
             Box::pin(async move { comm_ref.transfer(ep, op, &batch, deadline).await });
         let mut t = GTransfer {
             fut: Some(fut),
+            wake: Arc::new(TransferWaker {
+                efd: g.efd.clone(),
+                state: AtomicU8::new(IDLE),
+            }),
             done: None,
             message: String::new(),
         };
@@ -526,11 +564,32 @@ unsafe extern "C" fn transfer_start<P: PluginTransport>(
     })
 }
 
-/// Polls a transfer's future once, inside the communicator's scope.
+/// Polls a transfer's future inside the communicator's scope: again in place while it
+/// wakes itself during the poll (up to [`REPOLLS_IN_PLACE`] times), else until its next
+/// wake signals the eventfd.
 fn poll_transfer<C: Communicator>(g: &GComm<C>, t: &mut GTransfer) {
     let Some(fut) = t.fut.as_mut() else { return };
-    let mut cx = Context::from_waker(&g.waker);
-    if let Poll::Ready(r) = g.run(|| fut.as_mut().poll(&mut cx)) {
+    let waker = Waker::from(t.wake.clone());
+    let mut cx = Context::from_waker(&waker);
+    let state = &t.wake.state;
+    let ready = g.run(|| {
+        for _ in 0..REPOLLS_IN_PLACE {
+            state.store(POLLING, Ordering::Release);
+            if let Poll::Ready(r) = fut.as_mut().poll(&mut cx) {
+                state.store(IDLE, Ordering::Release);
+                return Some(r);
+            }
+            let idle = state.compare_exchange(POLLING, IDLE, Ordering::AcqRel, Ordering::Acquire);
+            if idle.is_ok() {
+                return None; // Not woken yet: its next wake signals the eventfd.
+            }
+        }
+        // Still yielding: the host polls it again after its other tasks.
+        state.store(IDLE, Ordering::Release);
+        FdWaker::signal(&g.efd);
+        None
+    });
+    if let Some(r) = ready {
         let code = status(r);
         if code != HMC_OK {
             LAST_ERROR.with(|l| t.message = l.borrow().to_string_lossy().into_owned());
@@ -590,11 +649,7 @@ unsafe extern "C" fn notify<P: PluginTransport>(
             (
                 at::<GComm<P::Comm>, _>(comm),
                 at::<<P::Comm as Communicator>::Endpoint, _>(ep),
-                if len == 0 {
-                    &[][..]
-                } else {
-                    std::slice::from_raw_parts(msg, len)
-                },
+                slice_of(msg, len),
             )
         };
         status(block_on(

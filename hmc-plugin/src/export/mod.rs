@@ -86,7 +86,12 @@ fn set_error(msg: &str) {
 }
 
 fn clear_error() {
-    LAST_ERROR.with(|l| *l.borrow_mut() = CString::default());
+    // Every entry clears; only an error left from an earlier call costs an allocation.
+    LAST_ERROR.with(|l| {
+        if !l.borrow().is_empty() {
+            *l.borrow_mut() = CString::default();
+        }
+    });
 }
 
 /// The status code of `e`, with its text as the thread's last error.
@@ -247,9 +252,26 @@ unsafe fn write_out(bytes: &[u8], buf: *mut u8, cap: usize, len: *mut usize) -> 
         ));
         return HMC_ERR_TOO_SMALL;
     }
-    // SAFETY: `bytes.len() <= cap`.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
+    if !bytes.is_empty() {
+        // SAFETY: `bytes.len() <= cap`, so `buf` has that many writable bytes (and, with
+        // a non-zero capacity, is not NULL).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
+    }
     HMC_OK
+}
+
+/// The host's `(pointer, length)` slice; an empty one may come with any pointer, NULL
+/// included (C has no dangling non-null convention).
+///
+/// # Safety
+/// When `len` is not 0, `p` points to `len` readable elements that stay unchanged for `'a`.
+unsafe fn slice_of<'a, T>(p: *const T, len: usize) -> &'a [T] {
+    if len == 0 {
+        &[]
+    } else {
+        // SAFETY: per this function's contract.
+        unsafe { std::slice::from_raw_parts(p, len) }
+    }
 }
 
 /// The host's `(config, len)` as a [`Config`].
@@ -257,12 +279,8 @@ unsafe fn write_out(bytes: &[u8], buf: *mut u8, cap: usize, len: *mut usize) -> 
 /// # Safety
 /// `config` has `len` readable bytes (or `len` is 0).
 unsafe fn config_from(config: *const u8, len: usize) -> Result<Config> {
-    let text = if len == 0 {
-        &[][..]
-    } else {
-        // SAFETY: per this function's contract.
-        unsafe { std::slice::from_raw_parts(config, len) }
-    };
+    // SAFETY: per this function's contract.
+    let text = unsafe { slice_of(config, len) };
     std::str::from_utf8(text)
         .map_err(|_| Error::InvalidArgument("plugin configuration is not UTF-8".into()))
         .and_then(Config::parse)
