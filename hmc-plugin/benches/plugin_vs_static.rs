@@ -107,9 +107,11 @@ fn main() {
                 native.run(op, n / 10, false).await;
                 plugged.run(op, n / 10, false).await;
                 let blocks = 100;
+                // At least one op per block, whatever `--iters` says.
+                let per_block = (n / blocks).max(1);
                 for _ in 0..blocks {
-                    native.run(op, n / blocks, true).await;
-                    plugged.run(op, n / blocks, true).await;
+                    native.run(op, per_block, true).await;
+                    plugged.run(op, per_block, true).await;
                 }
                 let ((s50, s10, s90), (p50, p10, p90)) = (native.take(), plugged.take());
                 println!(
