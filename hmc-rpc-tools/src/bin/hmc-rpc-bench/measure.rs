@@ -210,9 +210,15 @@ pub(crate) fn idle_conn_kib(pid: u32, port: u16, n: usize) -> Option<f64> {
         .collect();
     std::thread::sleep(Duration::from_millis(800));
     let after = rss_kib(pid)?;
-    let opened = conns.len().max(1);
+    let opened = conns.len();
     drop(conns);
-    Some(after.saturating_sub(before) as f64 / opened as f64)
+    Some(bytes_per_conn(before, after, opened) / 1024.0)
+}
+
+/// Bytes of RSS growth per connection, from the RSS in KiB before and after `n`
+/// connections were opened (0 when it did not grow; `n` of 0 counts as one).
+pub(crate) fn bytes_per_conn(before_kib: u64, after_kib: u64, n: usize) -> f64 {
+    after_kib.saturating_sub(before_kib) as f64 * 1024.0 / n.max(1) as f64
 }
 
 pub(crate) fn fmt_size(s: usize) -> String {
@@ -288,6 +294,29 @@ mod tests {
 
     /// The raw baseline verifies every echoed batch (it asserts), and counts messages, not
     /// rounds, at depth 8.
+
+    #[rstest::rstest]
+    #[case(1000, 1000, 10, 0.0)]
+    #[case(1000, 2024, 1024, 1024.0)]
+    #[case(1000, 1064, 1, 65536.0)]
+    // RSS that shrank (the allocator returned pages) is no growth, not a negative cost.
+    #[case(2000, 1000, 8, 0.0)]
+    #[case(1000, 1001, 0, 1024.0)]
+    fn memory_per_connection_is_rss_growth_in_bytes_over_the_connections(
+        #[case] before_kib: u64,
+        #[case] after_kib: u64,
+        #[case] n: usize,
+        #[case] bytes: f64,
+    ) {
+        assert_eq!(bytes_per_conn(before_kib, after_kib, n), bytes);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn rss_of_this_process_is_read() {
+        let kib = rss_kib(std::process::id()).expect("/proc/PID/status has VmRSS");
+        assert!(kib > 0);
+    }
 
     #[test]
     #[cfg(target_os = "linux")]
