@@ -103,9 +103,9 @@ struct Args {
     /// idle connection at each connection count (`max` last: keep doubling until connects
     /// fail, after raising RLIMIT_NOFILE to its hard limit). Without a list:
     /// 1,2,4,…,1024,max.
-    #[arg(long, num_args = 0..=1, default_missing_value = sweep::DEFAULT_STEPS,
-          value_parser = sweep::SweepPlan::parse, value_name = "N,N,…[,max]")]
-    conn_sweep: Option<sweep::SweepPlan>,
+    #[arg(long, num_args = 0..=1, default_missing_value = hmc_rpc_tools::sweep::DEFAULT_STEPS,
+          value_parser = hmc_rpc_tools::sweep::SweepPlan::parse, value_name = "N,N,…[,max]")]
+    conn_sweep: Option<hmc_rpc_tools::sweep::SweepPlan>,
     /// Calls in flight per connection in the sweep.
     #[arg(long, default_value_t = 1)]
     sweep_depth: usize,

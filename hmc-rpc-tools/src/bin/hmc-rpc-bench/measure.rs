@@ -5,6 +5,8 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hmc_rpc_tools::sweep::{bytes_per_conn, rss_kib};
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Cell {
     pub(crate) system: &'static str,
@@ -191,14 +193,6 @@ pub(crate) fn cell_from(
     }
 }
 
-/// Resident memory of a process, KiB.
-pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
 /// KiB of the server's RSS per connection, for `n` connections that send nothing (opened
 /// after one warm-up connection, measured once the server has accepted them all).
 pub(crate) fn idle_conn_kib(pid: u32, port: u16, n: usize) -> Option<f64> {
@@ -213,12 +207,6 @@ pub(crate) fn idle_conn_kib(pid: u32, port: u16, n: usize) -> Option<f64> {
     let opened = conns.len();
     drop(conns);
     Some(bytes_per_conn(before, after, opened) / 1024.0)
-}
-
-/// Bytes of RSS growth per connection, from the RSS in KiB before and after `n`
-/// connections were opened (0 when it did not grow; `n` of 0 counts as one).
-pub(crate) fn bytes_per_conn(before_kib: u64, after_kib: u64, n: usize) -> f64 {
-    after_kib.saturating_sub(before_kib) as f64 * 1024.0 / n.max(1) as f64
 }
 
 pub(crate) fn fmt_size(s: usize) -> String {
@@ -294,29 +282,6 @@ mod tests {
 
     /// The raw baseline verifies every echoed batch (it asserts), and counts messages, not
     /// rounds, at depth 8.
-
-    #[rstest::rstest]
-    #[case(1000, 1000, 10, 0.0)]
-    #[case(1000, 2024, 1024, 1024.0)]
-    #[case(1000, 1064, 1, 65536.0)]
-    // RSS that shrank (the allocator returned pages) is no growth, not a negative cost.
-    #[case(2000, 1000, 8, 0.0)]
-    #[case(1000, 1001, 0, 1024.0)]
-    fn memory_per_connection_is_rss_growth_in_bytes_over_the_connections(
-        #[case] before_kib: u64,
-        #[case] after_kib: u64,
-        #[case] n: usize,
-        #[case] bytes: f64,
-    ) {
-        assert_eq!(bytes_per_conn(before_kib, after_kib, n), bytes);
-    }
-
-    #[test]
-    #[cfg(target_os = "linux")]
-    fn rss_of_this_process_is_read() {
-        let kib = rss_kib(std::process::id()).expect("/proc/PID/status has VmRSS");
-        assert!(kib > 0);
-    }
 
     #[test]
     #[cfg(target_os = "linux")]
