@@ -8,6 +8,12 @@
 //!
 //! Arguments: `--sizes 4096,65536,1048576,16777216 --seconds 2 --mooncake-python PATH`
 //! (Mooncake is skipped with a note when the interpreter is absent). Internal: `--target`.
+//! With `--conn-sweep [1,2,…,1024,max]` it runs, instead, the connection sweep
+//! (`conn_sweep`): WRITE ops/s and the target's memory per connected engine from one
+//! initiator engine to as many as the machine allows.
+
+#[path = "support/conn_sweep.rs"]
+mod conn_sweep;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -29,6 +35,10 @@ struct Args {
     busy_poll_us: Option<u64>,
     /// `tcp` (default) or `ucx` (UCX's transports from `UCX_TLS`, e.g. `posix,cma,self`).
     transport: String,
+    /// The connection sweep's steps, instead of the rows.
+    conn_sweep: Option<hmc_rpc_tools::sweep::SweepPlan>,
+    /// Bytes of each WRITE in the sweep.
+    sweep_size: usize,
 }
 
 fn args() -> Args {
@@ -39,8 +49,10 @@ fn args() -> Args {
         target: false,
         busy_poll_us: None,
         transport: "tcp".into(),
+        conn_sweep: None,
+        sweep_size: 64,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = std::env::args().skip(1).peekable();
     while let Some(k) = it.next() {
         match k.as_str() {
             "--sizes" => {
@@ -56,6 +68,18 @@ fn args() -> Args {
             "--quick" => a.seconds = 0.5,
             "--target" => a.target = true,
             "--transport" => a.transport = it.next().expect("--transport tcp|ucx"),
+            "--conn-sweep" => {
+                // The list is optional: the default steps when the next word is a flag.
+                let list = match it.next_if(|v| !v.starts_with("--")) {
+                    Some(v) => v,
+                    None => hmc_rpc_tools::sweep::DEFAULT_STEPS.to_string(),
+                };
+                a.conn_sweep =
+                    Some(hmc_rpc_tools::sweep::SweepPlan::parse(&list).expect("--conn-sweep"));
+            }
+            "--sweep-size" => {
+                a.sweep_size = it.next().expect("--sweep-size N").parse().expect("bytes")
+            }
             "--busy-poll-us" => {
                 a.busy_poll_us = Some(it.next().expect("--busy-poll-us N").parse().expect("µs"))
             }
@@ -92,7 +116,10 @@ fn buffer_len(sizes: &[usize]) -> usize {
 /// buffer's address, and the buffer's exported region (for the bare-communicator rows).
 async fn target<C: Communicator>(len: usize, comm: C) {
     let comm = Arc::new(comm);
-    let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())
+    let mut config = EngineConfig::default();
+    // The connection sweep measures the machine, not the engine's default limit.
+    config.rpc.max_connections = 1 << 20;
+    let engine = Engine::initialize(comm.clone(), "127.0.0.1", config)
         .await
         .unwrap();
     let buf = vec![1u8; len];
@@ -263,8 +290,17 @@ async fn main() {
     }
 }
 
-async fn run<C: Communicator>(a: Args, open: impl Fn() -> C) {
-    let len = buffer_len(&a.sizes);
+/// The target process (this bench with `--target`), and what it printed once ready: its
+/// engine's name, its buffer's address, its data-plane address and the buffer's region.
+struct TargetProc {
+    child: std::process::Child,
+    name: String,
+    remote_buf: u64,
+    dp: hmc_core::PeerAddr,
+    region: RemoteRegion,
+}
+
+fn spawn_target(a: &Args) -> TargetProc {
     let me = std::env::current_exe().unwrap();
     let poll_args: Vec<String> = a
         .busy_poll_us
@@ -292,12 +328,27 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> C) {
         .unwrap();
     let f: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(f.first(), Some(&"READY"), "target said `{line}`");
-    let (name, remote_buf, dp, region) = (
-        f[1].to_string(),
-        f[2].parse::<u64>().unwrap(),
-        f[3].parse().unwrap(),
-        RemoteRegion::decode(&unhex(f[4])).unwrap(),
-    );
+    TargetProc {
+        name: f[1].to_string(),
+        remote_buf: f[2].parse::<u64>().unwrap(),
+        dp: f[3].parse().unwrap(),
+        region: RemoteRegion::decode(&unhex(f[4])).unwrap(),
+        child,
+    }
+}
+
+async fn run<C: Communicator>(a: Args, open: impl Fn() -> C) {
+    if let Some(plan) = &a.conn_sweep {
+        return conn_sweep::run(&a, plan, open).await;
+    }
+    let len = buffer_len(&a.sizes);
+    let TargetProc {
+        mut child,
+        name,
+        remote_buf,
+        dp,
+        region,
+    } = spawn_target(&a);
 
     let comm = Arc::new(open());
     let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())

@@ -139,26 +139,30 @@ pub fn raise_fd_limit() -> Option<(libc::rlim_t, libc::rlim_t)> {
     Some((lim.rlim_cur, lim.rlim_max))
 }
 
-/// Prints the sweep's two markdown tables: `## <name> (<setup>)` with one row per step,
+/// The sweep's two markdown tables (the binaries print them): `## <name> (<setup>)` with one row per step,
 /// `rate` naming the rate's column (`RPC/s`), then `## <name> summary` against the targets,
 /// with why the sweep `stopped` and the fd limit it ran under.
-pub fn print_tables(
+pub fn tables(
     name: &str,
     setup: &str,
     rate: &str,
     points: &[SweepPoint],
     stopped: &str,
     limits: Option<(libc::rlim_t, libc::rlim_t)>,
-) {
+) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
     let kib = |b: Option<f64>| b.map_or("-".into(), |b| format!("{:.1}", b / 1024.0));
-    println!("\n## {name} ({setup})\n");
-    println!(
+    let _ = writeln!(out, "\n## {name} ({setup})\n");
+    let _ = writeln!(
+        out,
         "| connections | {rate} | p50 us | p99 us | share of peak | server KiB/idle conn | server KiB/conn after load |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(out, "| --- | --- | --- | --- | --- | --- | --- |");
     let peak = points.iter().map(|p| p.rate).fold(0.0, f64::max);
     for p in points {
-        println!(
+        let _ = writeln!(
+            out,
             "| {} | {:.0} | {:.0} | {:.0} | {:.0}% | {} | {} |",
             p.conns,
             p.rate,
@@ -169,18 +173,20 @@ pub fn print_tables(
             kib(p.loaded_bytes_per_conn)
         );
     }
-    println!("\n## {name} summary\n");
-    println!(
+    let _ = writeln!(out, "\n## {name} summary\n");
+    let _ = writeln!(
+        out,
         "| peak {rate} | peak at connections | {rate} at 1024 | at 1024 / peak (target ≥ {:.0}%) | server KiB/idle conn at 1024 (target ≤ {:.0}) | most connections | stopped | RLIMIT_NOFILE |",
         100.0 * TARGET_SHARE_OF_PEAK,
         TARGET_IDLE_BYTES / 1024.0
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(out, "| --- | --- | --- | --- | --- | --- | --- | --- |");
     if let Some(s) = summarize(points) {
         let (at, share) = s.at_1024.map_or(("-".into(), "-".into()), |(r, share)| {
             (format!("{r:.0}"), format!("{:.0}%", 100.0 * share))
         });
-        println!(
+        let _ = writeln!(
+            out,
             "| {:.0} | {} | {at} | {share} | {} | {} | {} | {} |",
             s.peak,
             s.peak_conns,
@@ -190,6 +196,7 @@ pub fn print_tables(
             limits.map_or("-".into(), |(soft, _)| soft.to_string())
         );
     }
+    out
 }
 
 #[cfg(test)]
@@ -254,6 +261,29 @@ mod tests {
         let s = summarize(&pts[..2]).unwrap();
         assert_eq!(s.at_1024, None);
         assert_eq!(summarize(&[]), None);
+    }
+
+    #[test]
+    fn the_tables_name_the_rate_and_say_why_the_sweep_stopped() {
+        let pts = [
+            point(1, 10_000.0, Some(2048.0)),
+            point(1024, 9_000.0, Some(4096.0)),
+        ];
+        let t = tables(
+            "engine connection sweep",
+            "64 B",
+            "WRITE ops/s",
+            &pts,
+            "a | b",
+            Some((20, 20)),
+        );
+        assert!(t.contains("## engine connection sweep (64 B)\n"), "{t}");
+        assert!(t.contains("| connections | WRITE ops/s |"), "{t}");
+        assert!(t.contains("| 1024 | 9000 | 0 | 0 | 90% | 4.0 | - |"), "{t}");
+        assert!(
+            t.contains("| 10000 | 1 | 9000 | 90% | 4.0 | 1024 | a / b | 20 |"),
+            "{t}"
+        );
     }
 
     #[rstest]

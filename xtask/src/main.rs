@@ -409,7 +409,7 @@ fn mooncake_python() -> std::result::Result<PathBuf, String> {
 }
 
 /// The engine bench: hmc-engine over TCP, then over UCX shared memory, each beside
-/// Mooncake's tcp protocol, two processes.
+/// Mooncake's tcp protocol, two processes; then its connection sweep over TCP.
 fn bench_engine(rec: &mut report::Recorder, quick: bool) -> Result {
     let py = mooncake_python()
         .map_err(|why| eprintln!("xtask: the engine bench runs without Mooncake: {why}"))
@@ -429,7 +429,18 @@ fn bench_engine(rec: &mut report::Recorder, quick: bool) -> Result {
         }
         rec.run("engine", &mut cmd)?;
     }
-    Ok(())
+    // The connection sweep over TCP: 1 to 1,024 initiator engines and on until connects
+    // fail (quick: to 1,024).
+    let mut cmd = cargo();
+    cmd.args(["bench", "-p", "hmc-engine", "--bench", "engine", "--"])
+        .arg("--conn-sweep")
+        .arg(if quick {
+            "1,2,4,8,16,32,64,128,256,512,1024"
+        } else {
+            "1,2,4,8,16,32,64,128,256,512,1024,max"
+        })
+        .args(["--seconds", if quick { "0.5" } else { "2" }]);
+    rec.run("engine", &mut cmd)
 }
 
 fn bench_rpc(rec: &mut report::Recorder, quick: bool) -> Result {

@@ -207,6 +207,33 @@ const SPECS: &[Spec] = &[
         target: Target::Level(64.0, "target: 64 KiB idle"),
     },
     Spec {
+        bench: "engine",
+        table: "engine connection sweep (",
+        id: "engine-sweep-ops",
+        title: "Engine connection sweep: 64 B sync WRITE ops/s by connected engines",
+        filter: None,
+        x: &["connections"],
+        log2_x: true,
+        series: &[("WRITE ops/s", "hmc-engine")],
+        y_label: "WRITE ops/s",
+        target: Target::ShareOfPeak(0.8, 0, "target at 1,024: 80% of the peak"),
+    },
+    Spec {
+        bench: "engine",
+        table: "engine connection sweep (",
+        id: "engine-sweep-memory",
+        title: "Engine connection sweep: target memory per connected engine",
+        filter: None,
+        x: &["connections"],
+        log2_x: true,
+        series: &[
+            ("server KiB/idle conn", "idle"),
+            ("server KiB/conn after load", "after the load"),
+        ],
+        y_label: "KiB of target RSS per engine",
+        target: Target::Level(64.0, "target: 64 KiB idle"),
+    },
+    Spec {
         bench: "transfer",
         table: "",
         id: "tcp-vs-iperf3",
@@ -793,6 +820,20 @@ mod tests {
             doc.descendants()
                 .any(|n| n.attribute("stroke") == Some(&hex(TARGET)))
         );
+    }
+
+    #[test]
+    fn the_engine_sweep_has_its_own_figures_and_the_rpc_ones_do_not_take_it() {
+        let text = SWEEP
+            .replace("## connection sweep", "## engine connection sweep")
+            .replace("| RPC/s |", "| WRITE ops/s |");
+        let run = run_of(&text);
+        let ids: Vec<String> = plots_for("engine", &run, &run.tables[0])
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        assert_eq!(ids, ["engine-sweep-ops", "engine-sweep-memory"]);
+        assert!(plots_for("rpc", &run, &run.tables[0]).is_empty());
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::baselines::start_server;
 use crate::hmc::bench_conns;
 use crate::measure::fmt_size;
 use hmc_rpc_tools::sweep::{
-    SweepPlan, SweepPoint, bytes_per_conn, print_tables, raise_fd_limit, rss_kib,
+    SweepPlan, SweepPoint, bytes_per_conn, raise_fd_limit, rss_kib, tables,
 };
 
 /// How long one connect (and the first call on it) may take before the step stops with
@@ -73,13 +73,16 @@ pub(crate) async fn run_sweep(
         args.seconds,
         args.server_workers
     );
-    print_tables(
-        "connection sweep",
-        &setup,
-        "RPC/s",
-        &points,
-        &stopped,
-        limits,
+    print!(
+        "{}",
+        tables(
+            "connection sweep",
+            &setup,
+            "RPC/s",
+            &points,
+            &stopped,
+            limits,
+        )
     );
     if points.is_empty() {
         return Err(format!("no sweep step completed ({stopped})"));
