@@ -63,6 +63,46 @@ impl SweepPlan {
     }
 }
 
+impl SweepPlan {
+    /// Runs `step(n)` for each step's connection count until the plan ends or a step fails;
+    /// the completed steps and why the sweep stopped. `progress` gets a line per step
+    /// (the binaries print it on stderr).
+    pub async fn run<F, Fut>(
+        &self,
+        mut step: F,
+        mut progress: impl FnMut(String),
+    ) -> (Vec<SweepPoint>, String)
+    where
+        F: FnMut(usize) -> Fut,
+        Fut: std::future::Future<Output = Result<SweepPoint, String>>,
+    {
+        let mut points: Vec<SweepPoint> = Vec::new();
+        let (mut index, mut done) = (0, 0);
+        while let Some(n) = self.next(index, done) {
+            index += 1;
+            progress(format!("[sweep step {index}] {n} connection(s)"));
+            match step(n).await {
+                Ok(p) => {
+                    progress(format!(
+                        "  {:.0}/s, p50 {:.0} us, server {} B/idle connection",
+                        p.rate,
+                        p.p50_us,
+                        p.idle_bytes_per_conn
+                            .map_or("-".into(), |b| format!("{b:.0}"))
+                    ));
+                    points.push(p);
+                    done = n;
+                }
+                Err(why) => {
+                    progress(format!("  stopped: {why}"));
+                    return (points, format!("{n} connections: {why}"));
+                }
+            }
+        }
+        (points, "every listed step ran".into())
+    }
+}
+
 /// One step's figures.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SweepPoint {
@@ -261,6 +301,34 @@ mod tests {
         let s = summarize(&pts[..2]).unwrap();
         assert_eq!(s.at_1024, None);
         assert_eq!(summarize(&[]), None);
+    }
+
+    #[tokio::test]
+    async fn a_failing_step_stops_the_sweep_and_is_its_reason() {
+        let plan = SweepPlan::parse("1,2,max").unwrap();
+        let mut lines = Vec::new();
+        let step = |n: usize| async move {
+            if n > 8 {
+                Err("Too many open files (os error 24)".to_string())
+            } else {
+                Ok(point(n, n as f64, None))
+            }
+        };
+        let (points, stopped) = plan.run(step, |l| lines.push(l)).await;
+        let conns: Vec<usize> = points.iter().map(|p| p.conns).collect();
+        assert_eq!(conns, [1, 2, 4, 8]);
+        assert_eq!(stopped, "16 connections: Too many open files (os error 24)");
+        assert_eq!(
+            lines.last().unwrap(),
+            "  stopped: Too many open files (os error 24)"
+        );
+        // A plan without `max` ends after its list.
+        let plan = SweepPlan::parse("1,2").unwrap();
+        let (points, stopped) = plan.run(step, |_| {}).await;
+        assert_eq!(
+            (points.len(), stopped.as_str()),
+            (2, "every listed step ran")
+        );
     }
 
     #[test]

@@ -66,25 +66,9 @@ impl<C: Communicator> Initiator<C> {
 /// Runs the sweep and prints its tables.
 pub(crate) async fn run<C: Communicator>(a: &Args, plan: &SweepPlan, open: impl Fn() -> C) {
     let limits = raise_fd_limit();
-    let mut points = Vec::new();
-    let mut stopped = String::from("every listed step ran");
-    let (mut index, mut done) = (0, 0);
-    while let Some(n) = plan.next(index, done) {
-        index += 1;
-        eprintln!("[engine sweep step {index}] {n} engine(s)");
-        match step(a, n, &open).await {
-            Ok(p) => {
-                eprintln!("  {:.0} WRITE ops/s, p50 {:.0} us", p.rate, p.p50_us);
-                points.push(p);
-                done = n;
-            }
-            Err(why) => {
-                eprintln!("  stopped: {why}");
-                stopped = format!("{n} connections: {why}");
-                break;
-            }
-        }
-    }
+    let (points, stopped) = plan
+        .run(|n| step(a, n, &open), |line| eprintln!("{line}"))
+        .await;
     let setup = format!(
         "{} transport, {} B sync WRITEs, one in flight per initiator engine, {} s per step, a fresh target process per step; initiators are tokio tasks of one process",
         a.transport, a.sweep_size, a.seconds

@@ -41,32 +41,12 @@ pub(crate) async fn run_sweep(
         args.seconds,
         limits.map_or("unknown".into(), |(s, h)| format!("{s} (hard {h})"))
     );
-    let mut points: Vec<SweepPoint> = Vec::new();
-    let mut stopped = String::from("every listed step ran");
-    let mut index = 0;
-    let mut done = 0;
-    while let Some(n) = plan.next(index, done) {
-        index += 1;
-        eprintln!("[sweep step {index}] {n} connection(s)");
-        match sweep_step(args, server_bin, n, size, depth).await {
-            Ok(p) => {
-                eprintln!(
-                    "  {:.0} RPC/s, p50 {:.0} us, server {} B/idle connection",
-                    p.rate,
-                    p.p50_us,
-                    p.idle_bytes_per_conn
-                        .map_or("-".into(), |b| format!("{b:.0}"))
-                );
-                points.push(p);
-                done = n;
-            }
-            Err(why) => {
-                eprintln!("  stopped: {why}");
-                stopped = format!("{n} connections: {why}");
-                break;
-            }
-        }
-    }
+    let (points, stopped) = plan
+        .run(
+            |n| sweep_step(args, server_bin, n, size, depth),
+            |line| eprintln!("{line}"),
+        )
+        .await;
     let setup = format!(
         "{} echo, {depth} in flight per connection, {} s per step, a fresh server with {} workers per step; clients are tokio tasks on one runtime",
         fmt_size(size),
