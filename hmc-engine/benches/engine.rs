@@ -90,20 +90,26 @@ fn args() -> Args {
     a
 }
 
-fn open_tcp(busy_poll_us: Option<u64>) -> TcpCommunicator {
-    let mut config = hmc_transport_tcp::TcpConfig::default();
+/// A TCP transport (an error rather than a panic: the connection sweep stops on it).
+fn open_tcp(busy_poll_us: Option<u64>) -> Result<TcpCommunicator, String> {
+    let mut config = hmc_transport_tcp::TcpConfig {
+        // The connection sweep measures the machine, not the transport's default limit.
+        max_accepted_connections: 1 << 20,
+        ..Default::default()
+    };
     if let Some(us) = busy_poll_us {
         config.busy_poll = Duration::from_micros(us);
     }
-    TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), config).expect("TCP transport")
+    TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), config)
+        .map_err(|e| format!("TCP transport: {e}"))
 }
 
-fn open_ucx() -> hmc_transport_ucx::UcxCommunicator {
+fn open_ucx() -> Result<hmc_transport_ucx::UcxCommunicator, String> {
     hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
         bind: ([127, 0, 0, 1], 0).into(),
         ..hmc_transport_ucx::UcxConfig::from_env()
     })
-    .expect("UCX (install libucx0, or run with --transport tcp)")
+    .map_err(|e| format!("UCX (install libucx0, or run with --transport tcp): {e}"))
 }
 
 /// Bytes each side registers: room for the largest op, and for the KV rows (two 8 MiB
@@ -283,8 +289,8 @@ async fn main() {
     let len = buffer_len(&a.sizes);
     let poll = a.busy_poll_us;
     match (a.target, a.transport.as_str()) {
-        (true, "ucx") => target(len, open_ucx()).await,
-        (true, _) => target(len, open_tcp(poll)).await,
+        (true, "ucx") => target(len, open_ucx().unwrap()).await,
+        (true, _) => target(len, open_tcp(poll).unwrap()).await,
         (false, "ucx") => run(a, open_ucx).await,
         (false, _) => run(a, move || open_tcp(poll)).await,
     }
@@ -337,7 +343,7 @@ fn spawn_target(a: &Args) -> TargetProc {
     }
 }
 
-async fn run<C: Communicator>(a: Args, open: impl Fn() -> C) {
+async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
     if let Some(plan) = &a.conn_sweep {
         return conn_sweep::run(&a, plan, open).await;
     }
@@ -350,7 +356,7 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> C) {
         region,
     } = spawn_target(&a);
 
-    let comm = Arc::new(open());
+    let comm = Arc::new(open().unwrap());
     let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())
         .await
         .unwrap();
@@ -395,7 +401,7 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> C) {
     }
 
     // The same transfers through the bare communicator: its own endpoint and key.
-    let bare_comm = open();
+    let bare_comm = open().unwrap();
     let ep = bare_comm.connect(&dp, Deadline::after(T)).await.unwrap();
     let key = bare_comm.import(&ep, &region).unwrap();
     let lreg = {

@@ -457,12 +457,22 @@ pub fn render(dir: &Path) -> Result<PathBuf> {
 
 /// The line under every figure: when, and how loaded the machine was.
 fn run_caption(run: &Run) -> String {
+    let loaded = run
+        .load_before
+        .into_iter()
+        .chain(run.load_after)
+        .any(|l| l > run.cpus as f64);
     format!(
-        "{} UTC, {} CPUs, load average {} to {}",
+        "{} UTC, {} CPUs, load average {} to {}{}",
         utc(run.started_unix_s),
         run.cpus,
         run.load_before.map_or("?".into(), |l| format!("{l:.1}")),
         run.load_after.map_or("?".into(), |l| format!("{l:.1}")),
+        if loaded {
+            ": more runnable work than CPUs (a shared, loaded machine); compare within the figure"
+        } else {
+            ""
+        }
     )
 }
 
@@ -631,6 +641,18 @@ host c2c ns: a note
         assert!(html.contains("<td>8.00x</td>"));
         assert!(html.contains("UCX_TLS=tcp target/release/hmc-rpc-bench"));
         assert!(html.contains("load average 3.5 → ?"));
+    }
+
+    #[test]
+    fn a_caption_says_when_the_machine_was_loaded() {
+        let mut run = record().runs.remove(0);
+        assert!(run_caption(&run).contains("a shared, loaded machine"));
+        run.load_before = Some(0.5);
+        assert!(
+            !run_caption(&run).contains("loaded"),
+            "{}",
+            run_caption(&run)
+        );
     }
 
     #[test]

@@ -29,7 +29,13 @@ struct Initiator<C: Communicator> {
 
 impl<C: Communicator> Initiator<C> {
     async fn connect(comm: C, target: &str, size: usize) -> Result<Self, String> {
-        let engine = Engine::initialize(Arc::new(comm), "127.0.0.1", EngineConfig::default())
+        // The engine registers only async RPC handlers: its server's pool of threads for
+        // blocking ones sits idle, 4 threads per engine by default, which thousands of
+        // engines in one process cannot have (in a deployment each is its own process).
+        // One, the least the server takes: the only thread each initiator adds.
+        let mut config = EngineConfig::default();
+        config.rpc.workers = 1;
+        let engine = Engine::initialize(Arc::new(comm), "127.0.0.1", config)
             .await
             .map_err(|e| e.to_string())?;
         let buf = vec![7u8; size.max(1)];
@@ -64,7 +70,11 @@ impl<C: Communicator> Initiator<C> {
 }
 
 /// Runs the sweep and prints its tables.
-pub(crate) async fn run<C: Communicator>(a: &Args, plan: &SweepPlan, open: impl Fn() -> C) {
+pub(crate) async fn run<C: Communicator>(
+    a: &Args,
+    plan: &SweepPlan,
+    open: impl Fn() -> Result<C, String>,
+) {
     let limits = raise_fd_limit();
     let (points, stopped) = plan
         .run(|n| step(a, n, &open), |line| eprintln!("{line}"))
@@ -73,6 +83,7 @@ pub(crate) async fn run<C: Communicator>(a: &Args, plan: &SweepPlan, open: impl 
         "{} transport, {} B sync WRITEs, one in flight per initiator engine, {} s per step, a fresh target process per step; initiators are tokio tasks of one process",
         a.transport, a.sweep_size, a.seconds
     );
+    let failed = points.is_empty();
     print!(
         "{}",
         tables(
@@ -84,12 +95,16 @@ pub(crate) async fn run<C: Communicator>(a: &Args, plan: &SweepPlan, open: impl 
             limits,
         )
     );
+    if failed {
+        eprintln!("error: no sweep step completed ({stopped})");
+        std::process::exit(1);
+    }
 }
 
 async fn step<C: Communicator>(
     a: &Args,
     n: usize,
-    open: &impl Fn() -> C,
+    open: &impl Fn() -> Result<C, String>,
 ) -> Result<SweepPoint, String> {
     let target = spawn_target(a);
     let result = measure(a, n, open, &target).await;
@@ -102,16 +117,20 @@ async fn step<C: Communicator>(
 async fn measure<C: Communicator>(
     a: &Args,
     n: usize,
-    open: &impl Fn() -> C,
+    open: &impl Fn() -> Result<C, String>,
     target: &TargetProc,
 ) -> Result<SweepPoint, String> {
     let size = a.sweep_size;
     let (name, remote) = (target.name.as_str(), target.remote_buf);
     let pid = target.child.id();
     let connect = || async {
-        let i = tokio::time::timeout(CONNECT_TIMEOUT, Initiator::connect(open(), name, size))
+        let i = tokio::time::timeout(CONNECT_TIMEOUT, Initiator::connect(open()?, name, size))
             .await
-            .map_err(|_| format!("no connection within {CONNECT_TIMEOUT:?}"))??;
+            .map_err(|_| {
+                format!(
+                    "no connection within {CONNECT_TIMEOUT:?} (a target that can open no more sockets, e.g. at its RLIMIT_NOFILE, leaves new connections unanswered)"
+                )
+            })??;
         i.write(name, remote, size).await?;
         Ok::<_, String>(i)
     };

@@ -665,9 +665,14 @@ where
             anno.label(r.name.clone())
                 .legend(move |(lx, ly)| PathElement::new(vec![(lx, ly), (lx + 14, ly)], style));
         }
+        // Bars start low on the left more often than not; the sweeps' lines fall to the right.
+        let legend_at = match categories {
+            Some(_) => SeriesLabelPosition::UpperLeft,
+            None => SeriesLabelPosition::UpperRight,
+        };
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(legend_at)
             .background_style(WHITE.mix(0.85))
             .border_style(RGBColor(160, 160, 160))
             .label_font(("sans-serif", 12))

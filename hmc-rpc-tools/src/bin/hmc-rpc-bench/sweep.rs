@@ -144,5 +144,10 @@ async fn connect_and_call(addr: &PeerAddr, body: &Bytes) -> Result<Client, Strin
     let t = Instant::now();
     tokio::time::timeout(CONNECT_TIMEOUT, once)
         .await
-        .map_err(|_| format!("no answer within {:?}", t.elapsed()))?
+        .map_err(|_| {
+            format!(
+                "no answer within {:.1} s (a server that can open no more sockets, e.g. at its RLIMIT_NOFILE, leaves new connections unanswered)",
+                t.elapsed().as_secs_f64()
+            )
+        })?
 }
