@@ -8,6 +8,12 @@
 //!
 //! Arguments: `--sizes 4096,65536,1048576,16777216 --seconds 2 --mooncake-python PATH`
 //! (Mooncake is skipped with a note when the interpreter is absent). Internal: `--target`.
+//! With `--conn-sweep [1,2,…,1024,max]` it runs, instead, the connection sweep
+//! (`conn_sweep`): WRITE ops/s and the target's memory per connected engine from one
+//! initiator engine to as many as the machine allows.
+
+#[path = "support/conn_sweep.rs"]
+mod conn_sweep;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -30,6 +36,10 @@ struct Args {
     /// `tcp` (default), `ucx` (UCX's transports from `UCX_TLS`, e.g. `posix,cma,self`) or
     /// `shm` (`hmc-transport-shm`: cross-memory attach into the target's user memory).
     transport: String,
+    /// The connection sweep's steps, instead of the rows.
+    conn_sweep: Option<hmc_rpc_tools::sweep::SweepPlan>,
+    /// Bytes of each WRITE in the sweep.
+    sweep_size: usize,
 }
 
 fn args() -> Args {
@@ -40,8 +50,10 @@ fn args() -> Args {
         target: false,
         busy_poll_us: None,
         transport: "tcp".into(),
+        conn_sweep: None,
+        sweep_size: 64,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = std::env::args().skip(1).peekable();
     while let Some(k) = it.next() {
         match k.as_str() {
             "--sizes" => {
@@ -57,6 +69,18 @@ fn args() -> Args {
             "--quick" => a.seconds = 0.5,
             "--target" => a.target = true,
             "--transport" => a.transport = it.next().expect("--transport tcp|ucx|shm"),
+            "--conn-sweep" => {
+                // The list is optional: the default steps when the next word is a flag.
+                let list = match it.next_if(|v| !v.starts_with("--")) {
+                    Some(v) => v,
+                    None => hmc_rpc_tools::sweep::DEFAULT_STEPS.to_string(),
+                };
+                a.conn_sweep =
+                    Some(hmc_rpc_tools::sweep::SweepPlan::parse(&list).expect("--conn-sweep"));
+            }
+            "--sweep-size" => {
+                a.sweep_size = it.next().expect("--sweep-size N").parse().expect("bytes")
+            }
             "--busy-poll-us" => {
                 a.busy_poll_us = Some(it.next().expect("--busy-poll-us N").parse().expect("µs"))
             }
@@ -67,25 +91,31 @@ fn args() -> Args {
     a
 }
 
-fn open_tcp(busy_poll_us: Option<u64>) -> TcpCommunicator {
-    let mut config = hmc_transport_tcp::TcpConfig::default();
+/// A TCP transport (an error rather than a panic: the connection sweep stops on it).
+fn open_tcp(busy_poll_us: Option<u64>) -> Result<TcpCommunicator, String> {
+    let mut config = hmc_transport_tcp::TcpConfig {
+        // The connection sweep measures the machine, not the transport's default limit.
+        max_accepted_connections: 1 << 20,
+        ..Default::default()
+    };
     if let Some(us) = busy_poll_us {
         config.busy_poll = Duration::from_micros(us);
     }
-    TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), config).expect("TCP transport")
+    TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), config)
+        .map_err(|e| format!("TCP transport: {e}"))
 }
 
-fn open_ucx() -> hmc_transport_ucx::UcxCommunicator {
+fn open_ucx() -> Result<hmc_transport_ucx::UcxCommunicator, String> {
     hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
         bind: ([127, 0, 0, 1], 0).into(),
         ..hmc_transport_ucx::UcxConfig::from_env()
     })
-    .expect("UCX (install libucx0, or run with --transport tcp)")
+    .map_err(|e| format!("UCX (install libucx0, or run with --transport tcp): {e}"))
 }
 
-fn open_shm() -> hmc_transport_shm::ShmCommunicator {
+fn open_shm() -> Result<hmc_transport_shm::ShmCommunicator, String> {
     hmc_transport_shm::ShmCommunicator::bind(Default::default())
-        .expect("same-host transport (cross-memory attach refused? see its error)")
+        .map_err(|e| format!("the same-host transport: {e}"))
 }
 
 /// Bytes each side registers: room for the largest op, and for the KV rows (two 8 MiB
@@ -98,7 +128,10 @@ fn buffer_len(sizes: &[usize]) -> usize {
 /// buffer's address, and the buffer's exported region (for the bare-communicator rows).
 async fn target<C: Communicator>(len: usize, comm: C) {
     let comm = Arc::new(comm);
-    let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())
+    let mut config = EngineConfig::default();
+    // The connection sweep measures the machine, not the engine's default limit.
+    config.rpc.max_connections = 1 << 20;
+    let engine = Engine::initialize(comm.clone(), "127.0.0.1", config)
         .await
         .unwrap();
     let buf = vec![1u8; len];
@@ -262,17 +295,26 @@ async fn main() {
     let len = buffer_len(&a.sizes);
     let poll = a.busy_poll_us;
     match (a.target, a.transport.as_str()) {
-        (true, "ucx") => target(len, open_ucx()).await,
-        (true, "shm") => target(len, open_shm()).await,
-        (true, _) => target(len, open_tcp(poll)).await,
+        (true, "ucx") => target(len, open_ucx().unwrap()).await,
+        (true, "shm") => target(len, open_shm().unwrap()).await,
+        (true, _) => target(len, open_tcp(poll).unwrap()).await,
         (false, "ucx") => run(a, open_ucx).await,
         (false, "shm") => run(a, open_shm).await,
         (false, _) => run(a, move || open_tcp(poll)).await,
     }
 }
 
-async fn run<C: Communicator>(a: Args, open: impl Fn() -> C) {
-    let len = buffer_len(&a.sizes);
+/// The target process (this bench with `--target`), and what it printed once ready: its
+/// engine's name, its buffer's address, its data-plane address and the buffer's region.
+struct TargetProc {
+    child: std::process::Child,
+    name: String,
+    remote_buf: u64,
+    dp: hmc_core::PeerAddr,
+    region: RemoteRegion,
+}
+
+fn spawn_target(a: &Args) -> TargetProc {
     let me = std::env::current_exe().unwrap();
     let poll_args: Vec<String> = a
         .busy_poll_us
@@ -300,14 +342,29 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> C) {
         .unwrap();
     let f: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(f.first(), Some(&"READY"), "target said `{line}`");
-    let (name, remote_buf, dp, region) = (
-        f[1].to_string(),
-        f[2].parse::<u64>().unwrap(),
-        f[3].parse().unwrap(),
-        RemoteRegion::decode(&unhex(f[4])).unwrap(),
-    );
+    TargetProc {
+        name: f[1].to_string(),
+        remote_buf: f[2].parse::<u64>().unwrap(),
+        dp: f[3].parse().unwrap(),
+        region: RemoteRegion::decode(&unhex(f[4])).unwrap(),
+        child,
+    }
+}
 
-    let comm = Arc::new(open());
+async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
+    if let Some(plan) = &a.conn_sweep {
+        return conn_sweep::run(&a, plan, open).await;
+    }
+    let len = buffer_len(&a.sizes);
+    let TargetProc {
+        mut child,
+        name,
+        remote_buf,
+        dp,
+        region,
+    } = spawn_target(&a);
+
+    let comm = Arc::new(open().unwrap());
     let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())
         .await
         .unwrap();
@@ -352,7 +409,7 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> C) {
     }
 
     // The same transfers through the bare communicator: its own endpoint and key.
-    let bare_comm = open();
+    let bare_comm = open().unwrap();
     let ep = bare_comm.connect(&dp, Deadline::after(T)).await.unwrap();
     let key = bare_comm.import(&ep, &region).unwrap();
     let lreg = {

@@ -1,6 +1,7 @@
 //! What the HMC RPC binaries (`hmc-rpc-server`, `hmc-rpc-client`, `hmc-rpc-bench`) share:
 //! the run-time choice of data plane ([`plane`], which links the TCP and UCX transports so
-//! that the `hmc-rpc` library does not have to) and the allocator tuning ([`tuning`]).
+//! that the `hmc-rpc` library does not have to), the allocator tuning ([`tuning`]) and
+//! what the connection sweeps of `hmc-rpc-bench` and the engine bench share ([`sweep`]).
 //!
 //! # Example
 //!
@@ -20,9 +21,11 @@
 //! # Safety
 //!
 //! `unsafe` is denied crate-wide and allowed only for [`tuning::tune_allocator`]'s
-//! `mallopt` call, with its `// SAFETY:` reasoning.
+//! `mallopt` call and [`sweep::raise_fd_limit`]'s `getrlimit`/`setrlimit`, each with its
+//! `// SAFETY:` reasoning.
 
 #![deny(unsafe_code)]
 
 pub mod plane;
+pub mod sweep;
 pub mod tuning;

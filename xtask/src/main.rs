@@ -7,6 +7,7 @@
 
 mod cluster;
 mod python;
+mod report;
 mod scaffold;
 mod tidy;
 
@@ -24,9 +25,14 @@ usage: cargo xtask <command>
                        through it and move bytes (checksums verified), etcd stopped
   test [--long]        install what is missing, then tidy checks and the whole test suite
                        (--long adds the long-running soak tests)
-  bench <transfer|rpc|ucx|shm|rdma|engine|python|all> [--quick]
+  bench <transfer|rpc|ucx|shm|rdma|engine|python|plugin|all> [--quick] [--report]
                        benchmarks side by side with iperf3 / tonic / ucx_perftest /
-                       memcpy / Mooncake (engine, python)
+                       memcpy / Mooncake (engine, python); rows as JSON in
+                       target/bench-report/data; --report renders the HTML report
+  report [--record NAME -- COMMAND...] [--copy-figures DIR]
+                       render target/bench-report/index.html (SVG figures) from the
+                       recorded JSON without running anything (--record: first run
+                       COMMAND and add its tables to bench NAME's record)
   matrix [CRATE...] [--json PATH]
                        per crate (all by default): build it alone with and without its
                        default features, run its tests as `test` does (failing tests
@@ -70,6 +76,7 @@ fn main() -> ExitCode {
         Some("demo") => demo(),
         Some("test") => test(args.iter().any(|a| a == "--long")),
         Some("bench") => bench(&args[1..]),
+        Some("report") => report::command(&args[1..]),
         Some("matrix") => matrix(&args[1..]),
         Some("fuzz") => fuzz(&args[1..]),
         Some("gpu-bundle") => gpu_bundle(),
@@ -308,70 +315,76 @@ fn bench(args: &[String]) -> Result {
     ensure_system_packages()?;
     let quick = args.iter().any(|a| a == "--quick");
     let which = args.first().map(String::as_str).unwrap_or("all");
-    let benches: &[(&str, &str)] = match which {
-        "transfer" => &[("hmc-transport-tcp", "transfer")],
-        "ucx" => &[("hmc-transport-ucx", "rma")],
-        "shm" => &[("hmc-transport-shm", "shm")],
-        "rdma" => &[("hmc-transport-rdma", "overhead")],
+    // (name, crate, bench target)
+    const TRANSFER: (&str, &str, &str) = ("transfer", "hmc-transport-tcp", "transfer");
+    const UCX: (&str, &str, &str) = ("ucx", "hmc-transport-ucx", "rma");
+    const SHM: (&str, &str, &str) = ("shm", "hmc-transport-shm", "shm");
+    const RDMA: (&str, &str, &str) = ("rdma", "hmc-transport-rdma", "overhead");
+    const PLUGIN: (&str, &str, &str) = ("plugin", "hmc-plugin", "plugin_vs_static");
+    let benches: &[(&str, &str, &str)] = match which {
+        "transfer" => &[TRANSFER],
+        "ucx" => &[UCX],
+        "shm" => &[SHM],
+        "rdma" => &[RDMA],
+        "plugin" => &[PLUGIN],
         "rpc" | "engine" | "python" => &[],
-        "all" => &[
-            ("hmc-transport-tcp", "transfer"),
-            ("hmc-transport-ucx", "rma"),
-            ("hmc-transport-shm", "shm"),
-            ("hmc-transport-rdma", "overhead"),
-        ],
+        "all" => &[TRANSFER, UCX, SHM, RDMA, PLUGIN],
         other => {
             return Err(format!(
-                "unknown benchmark `{other}`; choose transfer, rpc, ucx, shm, rdma, engine, python or all"
+                "unknown benchmark `{other}`; choose transfer, rpc, ucx, shm, rdma, engine, python, plugin or all"
             ));
         }
     };
-    for (krate, bench) in benches {
+    let mut rec = report::Recorder::new(report::report_dir());
+    for (name, krate, bench) in benches {
         let mut cmd = cargo();
         cmd.args(["bench", "-p", krate, "--bench", bench, "--"]);
         if quick {
             // The TCP bench takes a flag; the UCX bench reads the environment.
             cmd.arg("--quick").env("HMC_BENCH_QUICK", "1");
         }
-        run(&mut cmd)?;
+        rec.run(name, &mut cmd)?;
     }
     if which == "rpc" || which == "all" {
-        bench_rpc(quick)?;
+        bench_rpc(&mut rec, quick)?;
     }
     if which == "engine" || which == "all" {
-        bench_engine(quick)?;
+        bench_engine(&mut rec, quick)?;
     }
     if which == "shm" || which == "all" {
-        bench_rpc_shm(quick)?;
+        bench_rpc_shm(&mut rec, quick)?;
     }
     if which == "python" || which == "all" {
-        python::bench(quick)?;
+        python::bench(&mut rec, quick)?;
+    }
+    rec.finish();
+    if args.iter().any(|a| a == "--report") {
+        let index = report::render(&report::report_dir())?;
+        eprintln!("xtask: report written to {}", index.display());
     }
     Ok(())
 }
 
 /// HMC_BUFFER RPC echo with the shared-memory data plane beside the TCP one and the
 /// TCP_STREAM path, 1 MiB payloads, client and server processes on this host.
-fn bench_rpc_shm(quick: bool) -> Result {
-    run(cargo().args(["build", "--release", "-p", "hmc-rpc-tools", "--bins"]))?;
-    run(Command::new(root().join("target/release/hmc-rpc-bench"))
-        .current_dir(root())
-        .args([
-            "--no-tonic",
-            "--sizes",
-            "1048576",
-            "--clients",
-            "1,8",
-            "--depths",
-            "1,8",
-        ])
-        .args([
-            "--data-planes",
-            "shm,tcp",
-            "--csv",
-            "target/hmc-rpc-bench-dp-shm.csv",
-        ])
-        .args(["--seconds", if quick { "0.5" } else { "2" }]))
+fn bench_rpc_shm(rec: &mut report::Recorder, quick: bool) -> Result {
+    rec.build(cargo().args(["build", "--release", "-p", "hmc-rpc-tools", "--bins"]))?;
+    rec.run(
+        "shm",
+        &mut data_plane_bench("shm,tcp", "target/hmc-rpc-bench-dp-shm.csv", quick),
+    )
+}
+
+/// `hmc-rpc-bench`'s HMC_BUFFER pass over `planes`: 1 MiB echo, 1 and 8 clients x 1 and 8
+/// in flight, beside the TCP_STREAM path, CSV to `csv`.
+fn data_plane_bench(planes: &str, csv: &str, quick: bool) -> Command {
+    let mut cmd = Command::new(root().join("target/release/hmc-rpc-bench"));
+    cmd.current_dir(root())
+        .args(["--no-tonic", "--sizes", "1048576"])
+        .args(["--clients", "1,8", "--depths", "1,8"])
+        .args(["--data-planes", planes, "--csv", csv])
+        .args(["--seconds", if quick { "0.5" } else { "2" }]);
+    cmd
 }
 
 /// The Mooncake Transfer Engine the engine bench runs beside (PyPI, CPU-only build).
@@ -404,8 +417,8 @@ fn mooncake_python() -> std::result::Result<PathBuf, String> {
 }
 
 /// The engine bench: hmc-engine over TCP, then over UCX shared memory, each beside
-/// Mooncake's tcp protocol, two processes.
-fn bench_engine(quick: bool) -> Result {
+/// Mooncake's tcp protocol, two processes; then its connection sweep over TCP.
+fn bench_engine(rec: &mut report::Recorder, quick: bool) -> Result {
     let py = mooncake_python()
         .map_err(|why| eprintln!("xtask: the engine bench runs without Mooncake: {why}"))
         .ok();
@@ -422,26 +435,39 @@ fn bench_engine(quick: bool) -> Result {
         if quick {
             cmd.arg("--quick");
         }
-        run(&mut cmd)?;
+        rec.run("engine", &mut cmd)?;
     }
-    Ok(())
+    // The connection sweep over TCP: 1 to 1,024 initiator engines and on until connects
+    // fail (quick: to 1,024).
+    let mut cmd = cargo();
+    cmd.args(["bench", "-p", "hmc-engine", "--bench", "engine", "--"])
+        .arg("--conn-sweep")
+        .arg(if quick {
+            "1,2,4,8,16,32,64,128,256,512,1024"
+        } else {
+            "1,2,4,8,16,32,64,128,256,512,1024,max"
+        })
+        .args(["--seconds", if quick { "0.5" } else { "2" }]);
+    rec.run("engine", &mut cmd)
 }
 
-fn bench_rpc(quick: bool) -> Result {
+fn bench_rpc(rec: &mut report::Recorder, quick: bool) -> Result {
     let tonic_target = root().join("target/tonic-peer");
     let manifest = root().join("../shared/peers/tonic-echo/Cargo.toml");
     if manifest.exists() {
-        run(cargo()
-            .args(["build", "--release", "--manifest-path"])
-            .arg(&manifest)
-            .env("CARGO_TARGET_DIR", &tonic_target))?;
+        rec.build(
+            cargo()
+                .args(["build", "--release", "--manifest-path"])
+                .arg(&manifest)
+                .env("CARGO_TARGET_DIR", &tonic_target),
+        )?;
     } else {
         eprintln!(
             "xtask: {} not found; the RPC bench runs without the tonic column",
             manifest.display()
         );
     }
-    run(cargo().args(["build", "--release", "-p", "hmc-rpc-tools", "--bins"]))?;
+    rec.build(cargo().args(["build", "--release", "-p", "hmc-rpc-tools", "--bins"]))?;
     let mut cmd = Command::new(root().join("target/release/hmc-rpc-bench"));
     cmd.current_dir(root())
         .args(["--csv", "target/hmc-rpc-bench.csv"]);
@@ -452,33 +478,27 @@ fn bench_rpc(quick: bool) -> Result {
         cmd.arg("--no-tonic");
     }
     cmd.args(["--seconds", if quick { "0.5" } else { "2" }]);
-    run(&mut cmd)?;
+    rec.run("rpc", &mut cmd)?;
     // HMC_BUFFER rows: the data plane over our TCP communicator and over UCX, beside the
     // TCP_STREAM path and `ucx_perftest -t tag_bw` on the same UCX_TLS; once over UCX's TCP
     // transport and once over shared memory.
     for tls in ["tcp", "posix,cma,self"] {
-        let mut cmd = Command::new(root().join("target/release/hmc-rpc-bench"));
-        cmd.current_dir(root())
-            .env("UCX_TLS", tls)
-            .args([
-                "--no-tonic",
-                "--sizes",
-                "1048576",
-                "--clients",
-                "1,8",
-                "--depths",
-                "1,8",
-            ])
-            .args([
-                "--data-planes",
-                "tcp,ucx",
-                "--csv",
-                &format!("target/hmc-rpc-bench-dp-{}.csv", tls.replace(',', "-")),
-            ])
-            .args(["--seconds", if quick { "0.5" } else { "2" }]);
-        run(&mut cmd)?;
+        let csv = format!("target/hmc-rpc-bench-dp-{}.csv", tls.replace(',', "-"));
+        let mut cmd = data_plane_bench("tcp,ucx", &csv, quick);
+        cmd.env("UCX_TLS", tls);
+        rec.run("rpc", &mut cmd)?;
     }
-    Ok(())
+    // The connection sweep, 1 to 1,024 connections and on until connects fail (quick:
+    // to 1,024).
+    let mut cmd = Command::new(root().join("target/release/hmc-rpc-bench"));
+    cmd.current_dir(root())
+        .arg(if quick {
+            "--conn-sweep=1,2,4,8,16,32,64,128,256,512,1024"
+        } else {
+            "--conn-sweep"
+        })
+        .args(["--seconds", if quick { "0.5" } else { "2" }]);
+    rec.run("rpc", &mut cmd)
 }
 
 fn demo() -> Result {

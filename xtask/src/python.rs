@@ -88,7 +88,7 @@ pub fn test() -> Result {
 /// `cargo xtask bench python`: a release wheel installed beside Mooncake (in
 /// `target/mooncake-venv`, or alone in `target/py-venv` when Mooncake cannot be installed),
 /// then `hmc-py/bench/bench_python.py`.
-pub fn bench(quick: bool) -> Result {
+pub fn bench(rec: &mut crate::report::Recorder, quick: bool) -> Result {
     let venv_py = venv()?;
     let (python, mooncake) = match crate::mooncake_python() {
         Ok(p) => (p, true),
@@ -97,7 +97,7 @@ pub fn bench(quick: bool) -> Result {
             (venv_py.clone(), false)
         }
     };
-    install_wheel(&venv_py, &python, true)?;
+    rec.build_with(|| install_wheel(&venv_py, &python, true))?;
     let mut cmd = Command::new(&python);
     cmd.current_dir(root())
         .arg("hmc-py/bench/bench_python.py")
@@ -105,5 +105,5 @@ pub fn bench(quick: bool) -> Result {
     if !mooncake {
         cmd.arg("--no-mooncake");
     }
-    run(&mut cmd)
+    rec.run("python", &mut cmd)
 }

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -125,16 +125,23 @@ pub(crate) fn bench_raw_tcp_processes(size: usize, secs: f64) -> Result<Cell, St
 
 /// Starts `hmc-rpc-server` on a port it picks itself (`--port 0`: no race with other
 /// sockets for a port chosen here) with the bench's limits and `extra` arguments; its
-/// process and port, read from the line it prints once it listens.
+/// process and port, read from the line it prints once it listens. `max_connections`: the
+/// server's limit (the matrix's 1024; the connection sweep's step and a margin).
 pub(crate) fn start_server(
-    server_bin: &PathBuf,
+    server_bin: &Path,
     args: &Args,
+    max_connections: &str,
     extra: &[&str],
 ) -> Result<(Proc, u16), String> {
     let mut server = Command::new(server_bin)
         .env("GLIBC_TUNABLES", hmc_rpc_tools::tuning::GLIBC_TUNABLES)
         .args(["--port", "0", "--workers", &args.server_workers.to_string()])
-        .args(["--max-inflight", "256", "--max-connections", "1024"])
+        .args([
+            "--max-inflight",
+            "256",
+            "--max-connections",
+            max_connections,
+        ])
         .args(["--stream-crc", &args.stream_crc.to_string()])
         .args(extra)
         .stdout(Stdio::piped())

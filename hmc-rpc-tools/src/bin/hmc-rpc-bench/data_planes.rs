@@ -1,7 +1,7 @@
 //! The HMC_BUFFER rows: the data-plane servers and `ucx_perftest -t tag_bw` beside them.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -134,7 +134,7 @@ pub(crate) fn ucx_tag_bw_runs(
 /// HMC_BUFFER rows: a server with `--data-plane`, clients with the same data plane.
 pub(crate) async fn bench_data_planes(
     args: &Args,
-    server_bin: &PathBuf,
+    server_bin: &Path,
     stream_cells: &[(Cell, Option<Cell>)],
 ) -> Result<Vec<DpRow>, String> {
     let mut rows = Vec::new();
@@ -142,6 +142,7 @@ pub(crate) async fn bench_data_planes(
         let (_server, port) = match start_server(
             server_bin,
             args,
+            "1024",
             &[
                 "--data-plane",
                 &plane.cli_name(),

@@ -3,7 +3,9 @@
 //! and the tonic (gRPC) peer; prints a markdown table with ratios and writes CSV. With
 //! `--data-planes tcp,ucx` it adds HMC_BUFFER rows (a server started with `--data-plane`)
 //! beside the TCP_STREAM path and, for UCX, `ucx_perftest -t tag_bw` on the same `UCX_TLS`
-//! (with perftest's default endpoints and with peer error handling, `-e`, as ours).
+//! (with perftest's default endpoints and with peer error handling, `-e`, as ours). With
+//! `--conn-sweep` it measures, instead, RPC/s and the server's memory per idle connection
+//! from one connection to as many as the machine allows (`sweep`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,6 +19,7 @@ mod baselines;
 mod data_planes;
 mod hmc;
 mod measure;
+mod sweep;
 
 use baselines::{
     PIPELINE_DEPTH, Proc, RAW_BATCH_MAX, bench_raw_tcp, bench_raw_tcp_processes, bench_tonic,
@@ -96,6 +99,19 @@ struct Args {
     /// an idle connection costs (RSS growth per connection); 0 skips it.
     #[arg(long, default_value_t = 500)]
     idle_conns: usize,
+    /// The connection sweep instead of the echo matrix: RPC/s and the server's memory per
+    /// idle connection at each connection count (`max` last: keep doubling until connects
+    /// fail, after raising RLIMIT_NOFILE to its hard limit). Without a list:
+    /// 1,2,4,…,1024,max.
+    #[arg(long, num_args = 0..=1, default_missing_value = hmc_rpc_tools::sweep::DEFAULT_STEPS,
+          value_parser = hmc_rpc_tools::sweep::SweepPlan::parse, value_name = "N,N,…[,max]")]
+    conn_sweep: Option<hmc_rpc_tools::sweep::SweepPlan>,
+    /// Calls in flight per connection in the sweep.
+    #[arg(long, default_value_t = 1)]
+    sweep_depth: usize,
+    /// Payload of the sweep's echo calls, bytes.
+    #[arg(long, default_value_t = 64)]
+    sweep_size: usize,
     /// Internal: serve the two-process raw TCP baseline (echo messages of this many bytes on
     /// one connection), printing the port on stdout.
     #[arg(long, hide = true)]
@@ -143,7 +159,10 @@ async fn run(args: Args) -> Result<(), String> {
         .clone()
         .unwrap_or_else(|| me.with_file_name("hmc-rpc-server"));
     // Killed when `run` returns.
-    let (server, port) = start_server(&server_bin, &args, &[])?;
+    if let Some(plan) = &args.conn_sweep {
+        return sweep::run_sweep(&args, plan, &server_bin).await;
+    }
+    let (server, port) = start_server(&server_bin, &args, "1024", &[])?;
     let server_pid = server.0.id();
     let addr = PeerAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], port)));
 

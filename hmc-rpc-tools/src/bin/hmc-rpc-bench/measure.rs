@@ -5,6 +5,8 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hmc_rpc_tools::sweep::{bytes_per_conn, rss_kib};
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Cell {
     pub(crate) system: &'static str,
@@ -191,14 +193,6 @@ pub(crate) fn cell_from(
     }
 }
 
-/// Resident memory of a process, KiB.
-pub(crate) fn rss_kib(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
 /// KiB of the server's RSS per connection, for `n` connections that send nothing (opened
 /// after one warm-up connection, measured once the server has accepted them all).
 pub(crate) fn idle_conn_kib(pid: u32, port: u16, n: usize) -> Option<f64> {
@@ -210,9 +204,9 @@ pub(crate) fn idle_conn_kib(pid: u32, port: u16, n: usize) -> Option<f64> {
         .collect();
     std::thread::sleep(Duration::from_millis(800));
     let after = rss_kib(pid)?;
-    let opened = conns.len().max(1);
+    let opened = conns.len();
     drop(conns);
-    Some(after.saturating_sub(before) as f64 / opened as f64)
+    Some(bytes_per_conn(before, after, opened) / 1024.0)
 }
 
 pub(crate) fn fmt_size(s: usize) -> String {

@@ -1,0 +1,871 @@
+//! The report's figures: which columns of which bench table are plotted against which
+//! peer, the issues' targets as reference marks, and the SVG drawing (`plotters`' SVG
+//! backend, which writes labels as `<text>` elements: no font files are read).
+
+use std::ops::Range;
+
+use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, ValueFormatter};
+use plotters::coord::types::RangedCoordf64;
+use plotters::prelude::*;
+
+use super::{Run, Table};
+use crate::Result;
+
+/// A figure ready to draw.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plot {
+    /// Part of the file name.
+    pub id: String,
+    pub title: String,
+    pub y_label: String,
+    /// What the groups or the x values are (the table's columns).
+    pub x_label: String,
+    pub x: XAxis,
+    pub series: Vec<Series>,
+    pub references: Vec<Reference>,
+}
+
+/// What runs along the bottom.
+#[derive(Clone, Debug, PartialEq)]
+pub enum XAxis {
+    /// One group of bars per name (the table's rows); x values are the indices.
+    Categories(Vec<String>),
+    /// A count on a base-2 log scale (the connection sweep), drawn as lines.
+    Log2(String),
+}
+
+/// One system's values: (x, y).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A target or a peer's single figure: horizontal marks (x from, x to, y).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reference {
+    pub name: String,
+    pub marks: Vec<(f64, f64, f64)>,
+    /// One level across the whole figure (dashed), rather than a mark per group.
+    pub level: bool,
+}
+
+/// How a figure's reference is made from its table.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    None,
+    /// `factor` times series `of`, per group (a target relative to a peer).
+    Times(f64, usize, &'static str),
+    /// One value, in the figure's y unit.
+    Level(f64, &'static str),
+    /// `share` of the highest value of series `of`.
+    ShareOfPeak(f64, usize, &'static str),
+    /// The number after the `:` of the run's note that starts with the prefix.
+    FromNote(&'static str, &'static str),
+}
+
+/// Which table a figure comes from and what it shows.
+struct Spec {
+    /// The benches whose tables it applies to, space-separated.
+    bench: &'static str,
+    /// The table's title starts with this ("" for any title).
+    table: &'static str,
+    id: &'static str,
+    title: &'static str,
+    /// Only rows whose column has this cell.
+    filter: Option<(&'static str, &'static str)>,
+    /// Columns naming each group of bars; or, with `log2_x`, the numeric x column.
+    x: &'static [&'static str],
+    log2_x: bool,
+    /// (column, legend): the first is ours, the rest the peers. The table must have them all.
+    series: &'static [(&'static str, &'static str)],
+    y_label: &'static str,
+    target: Target,
+}
+
+const RPC_ECHO: &str = "hmc-rpc echo vs tonic";
+
+const SPECS: &[Spec] = &[
+    Spec {
+        bench: "rpc",
+        table: RPC_ECHO,
+        id: "echo-64b",
+        title: "RPC echo 64 B: hmc-rpc vs tonic",
+        filter: Some(("payload", "64 B")),
+        x: &["clients", "in flight"],
+        log2_x: false,
+        series: &[("hmc RPC/s", "hmc-rpc"), ("tonic RPC/s", "tonic")],
+        y_label: "RPC/s",
+        target: Target::Times(5.0, 1, "target: 5x tonic (at 8 x 8)"),
+    },
+    Spec {
+        bench: "rpc",
+        table: RPC_ECHO,
+        id: "echo-4k",
+        title: "RPC echo 4 KiB: hmc-rpc vs tonic",
+        filter: Some(("payload", "4 KiB")),
+        x: &["clients", "in flight"],
+        log2_x: false,
+        series: &[("hmc RPC/s", "hmc-rpc"), ("tonic RPC/s", "tonic")],
+        y_label: "RPC/s",
+        target: Target::Times(3.0, 1, "target: 3x tonic (at 8 x 8)"),
+    },
+    Spec {
+        bench: "rpc",
+        table: RPC_ECHO,
+        id: "echo-1m",
+        title: "RPC echo 1 MiB: hmc-rpc vs tonic",
+        filter: Some(("payload", "1 MiB")),
+        x: &["clients", "in flight"],
+        log2_x: false,
+        series: &[("hmc MB/s", "hmc-rpc"), ("tonic MB/s", "tonic")],
+        y_label: "MB/s",
+        target: Target::Times(2.0, 1, "target: 2x tonic (at 8 x 8)"),
+    },
+    Spec {
+        bench: "rpc",
+        table: "idle connections",
+        id: "idle-conns",
+        title: "Server memory per idle connection: hmc-rpc vs tonic",
+        filter: None,
+        x: &[],
+        log2_x: false,
+        series: &[("hmc-rpc KiB/conn", "hmc-rpc"), ("tonic KiB/conn", "tonic")],
+        y_label: "KiB of server RSS per connection",
+        target: Target::Level(16.0, "target: 16 KiB (issue 22)"),
+    },
+    Spec {
+        bench: "rpc",
+        table: "raw TCP ping-pong baseline",
+        id: "one-call-p50",
+        title: "One call in flight, p50: hmc-rpc vs raw TCP ping-pong",
+        filter: None,
+        x: &["payload"],
+        log2_x: false,
+        series: &[
+            ("hmc-rpc 1x1 p50 us", "hmc-rpc"),
+            ("DirectClient p50 us", "hmc-rpc DirectClient"),
+            ("p50 us", "raw TCP, one process"),
+            ("two processes: p50 us", "raw TCP, two processes"),
+        ],
+        y_label: "p50 latency, µs (lower is better)",
+        target: Target::Times(1.25, 2, "target: at most 1.25x raw TCP"),
+    },
+    Spec {
+        bench: "rpc",
+        table: "pipelining on one connection",
+        id: "pipelining",
+        title: "Pipelining on one connection: depth 8 vs depth 1",
+        filter: None,
+        x: &["payload"],
+        log2_x: false,
+        series: &[("depth 8 RPC/s", "depth 8"), ("depth 1 RPC/s", "depth 1")],
+        y_label: "RPC/s",
+        target: Target::Times(4.0, 1, "target: 4x depth 1"),
+    },
+    Spec {
+        bench: "rpc shm",
+        table: "HMC_BUFFER echo",
+        id: "hmc-buffer",
+        title: "HMC_BUFFER echo 1 MiB vs TCP_STREAM and ucx_perftest tag_bw",
+        filter: None,
+        x: &["data plane", "clients", "in flight"],
+        log2_x: false,
+        series: &[
+            ("bytes moved MB/s", "HMC_BUFFER"),
+            ("TCP_STREAM MB/s", "TCP_STREAM"),
+            ("tag_bw MB/s median", "ucx_perftest tag_bw"),
+        ],
+        y_label: "MB/s moved",
+        target: Target::Times(0.7, 2, "target: 70% of tag_bw"),
+    },
+    Spec {
+        bench: "rpc",
+        table: "connection sweep (",
+        id: "sweep-rps",
+        title: "Connection sweep: 64 B echo RPC/s by connections",
+        filter: None,
+        x: &["connections"],
+        log2_x: true,
+        series: &[("RPC/s", "hmc-rpc")],
+        y_label: "RPC/s",
+        target: Target::ShareOfPeak(0.8, 0, "target at 1,024: 80% of the peak"),
+    },
+    Spec {
+        bench: "rpc",
+        table: "connection sweep (",
+        id: "sweep-memory",
+        title: "Connection sweep: server memory per connection",
+        filter: None,
+        x: &["connections"],
+        log2_x: true,
+        series: &[
+            ("server KiB/idle conn", "idle"),
+            ("server KiB/conn after load", "after the load"),
+        ],
+        y_label: "KiB of server RSS per connection",
+        target: Target::Level(64.0, "target: 64 KiB idle"),
+    },
+    Spec {
+        bench: "engine",
+        table: "engine connection sweep (",
+        id: "engine-sweep-ops",
+        title: "Engine connection sweep: 64 B sync WRITE ops/s by connected engines",
+        filter: None,
+        x: &["connections"],
+        log2_x: true,
+        series: &[("WRITE ops/s", "hmc-engine")],
+        y_label: "WRITE ops/s",
+        target: Target::ShareOfPeak(0.8, 0, "target at 1,024: 80% of the peak"),
+    },
+    Spec {
+        bench: "engine",
+        table: "engine connection sweep (",
+        id: "engine-sweep-memory",
+        title: "Engine connection sweep: target memory per connected engine",
+        filter: None,
+        x: &["connections"],
+        log2_x: true,
+        series: &[
+            ("server KiB/idle conn", "idle"),
+            ("server KiB/conn after load", "after the load"),
+        ],
+        y_label: "KiB of target RSS per engine",
+        target: Target::Level(64.0, "target: 64 KiB idle"),
+    },
+    Spec {
+        bench: "transfer",
+        table: "",
+        id: "tcp-vs-iperf3",
+        title: "One-sided TCP transfers vs iperf3",
+        filter: None,
+        x: &["size"],
+        log2_x: false,
+        series: &[("WRITE GB/s", "hmc WRITE"), ("READ GB/s", "hmc READ")],
+        y_label: "GB/s",
+        target: Target::FromNote("iperf3 loopback", "iperf3, one stream"),
+    },
+    Spec {
+        bench: "ucx",
+        table: "",
+        id: "ucx-vs-perftest",
+        title: "UCX put/get vs ucx_perftest",
+        filter: None,
+        x: &["row", "op", "size"],
+        log2_x: false,
+        series: &[("hmc GB/s", "hmc"), ("ucx_perftest GB/s", "ucx_perftest")],
+        y_label: "GB/s",
+        target: Target::Times(0.9, 1, "target: 90% of ucx_perftest (64 KiB+)"),
+    },
+    Spec {
+        bench: "shm",
+        table: "Same-host one-sided transfers",
+        id: "shm-vs-memcpy",
+        title: "Same-host transfers vs memcpy and UCX shared memory",
+        filter: None,
+        x: &["op", "size"],
+        log2_x: false,
+        series: &[
+            ("shm GB/s", "shm (attach)"),
+            ("shared mem GB/s", "shm (shared memory)"),
+            ("memcpy GB/s", "memcpy"),
+            ("UCX user mem GB/s", "UCX, user memory"),
+        ],
+        y_label: "GB/s",
+        target: Target::Times(0.8, 2, "target: 80% of memcpy (64 KiB, 1 MiB)"),
+    },
+    Spec {
+        bench: "engine",
+        table: "hmc-engine",
+        id: "engine-vs-mooncake",
+        title: "Engine sync ops vs Mooncake Transfer Engine",
+        filter: None,
+        x: &["op", "size"],
+        log2_x: false,
+        series: &[("hmc ops/s", "hmc-engine"), ("Mooncake ops/s", "Mooncake")],
+        y_label: "ops/s",
+        target: Target::Times(3.0, 1, "target: 3x Mooncake (4 KiB, 64 KiB)"),
+    },
+    Spec {
+        bench: "engine",
+        table: "facade overhead",
+        id: "engine-facade",
+        title: "Engine facade vs the bare Communicator",
+        filter: None,
+        x: &["size"],
+        log2_x: false,
+        series: &[
+            ("engine us/op", "engine"),
+            ("bare us/op", "bare Communicator"),
+        ],
+        y_label: "µs per op (lower is better)",
+        target: Target::Times(1.05, 1, "target: at most 5% over bare (64 KiB+)"),
+    },
+    Spec {
+        bench: "python",
+        table: "Python API",
+        id: "python-vs-mooncake",
+        title: "Python API vs Mooncake's Python API",
+        filter: None,
+        x: &["op", "size"],
+        log2_x: false,
+        series: &[("hmc ops/s", "hmc"), ("Mooncake ops/s", "Mooncake")],
+        y_label: "ops/s",
+        target: Target::Times(3.0, 1, "target: 3x Mooncake (4 KiB, 64 KiB)"),
+    },
+    Spec {
+        bench: "plugin",
+        table: "",
+        id: "plugin-vs-static",
+        title: "A transport as a plugin vs linked statically",
+        filter: None,
+        x: &["op", "size"],
+        log2_x: false,
+        series: &[
+            ("plugin median", "plugin"),
+            ("static median", "linked statically"),
+        ],
+        y_label: "median µs per op (lower is better)",
+        target: Target::Times(1.05, 1, "target: at most 5% over static"),
+    },
+    Spec {
+        bench: "rdma",
+        table: "",
+        id: "rdma-cpu",
+        title: "RDMA transport: our CPU per batch (libibverbs stand-in)",
+        filter: None,
+        x: &["op", "descriptors x size"],
+        log2_x: false,
+        series: &[("our CPU per batch", "our CPU per batch")],
+        y_label: "µs",
+        target: Target::None,
+    },
+];
+
+/// The figures of `table`, a table of `run` of `bench`.
+pub fn plots_for(bench: &str, run: &Run, table: &Table) -> Vec<Plot> {
+    SPECS
+        .iter()
+        .filter(|s| s.bench.split(' ').any(|b| b == bench) && table.title.starts_with(s.table))
+        .filter_map(|s| plot(s, run, table))
+        .collect()
+}
+
+fn plot(spec: &Spec, run: &Run, t: &Table) -> Option<Plot> {
+    let cols: Vec<usize> = spec
+        .series
+        .iter()
+        .map(|(c, _)| t.column(c))
+        .collect::<Option<_>>()?;
+    let x_cols: Vec<usize> = spec.x.iter().map(|c| t.column(c)).collect::<Option<_>>()?;
+    let rows: Vec<usize> = (0..t.rows.len())
+        .filter(|&r| {
+            spec.filter
+                .is_none_or(|(c, v)| t.column(c).is_some_and(|c| t.rows[r][c] == v))
+        })
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let x_of = |i: usize, r: usize| -> Option<f64> {
+        if spec.log2_x {
+            t.values[r][x_cols[0]]
+        } else {
+            Some(i as f64)
+        }
+    };
+    let series: Vec<Series> = spec
+        .series
+        .iter()
+        .zip(&cols)
+        .map(|((_, name), &c)| Series {
+            name: name.to_string(),
+            points: rows
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &r)| Some((x_of(i, r)?, t.values[r][c]?)))
+                .collect(),
+        })
+        .collect();
+    if series.iter().all(|s| s.points.is_empty()) {
+        return None;
+    }
+    let x = if spec.log2_x {
+        XAxis::Log2(spec.x[0].to_string())
+    } else {
+        XAxis::Categories(
+            rows.iter()
+                .map(|&r| {
+                    let name: Vec<&str> = x_cols.iter().map(|&c| t.rows[r][c].as_str()).collect();
+                    if name.is_empty() {
+                        "this run".to_string()
+                    } else {
+                        name.join(" x ")
+                    }
+                })
+                .collect(),
+        )
+    };
+    let span = match &x {
+        XAxis::Categories(n) => (-0.5, n.len() as f64 - 0.5),
+        XAxis::Log2(_) => {
+            let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+            let (lo, hi) = xs.fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
+            (lo, hi)
+        }
+    };
+    let level = |y: f64, name: &str| Reference {
+        name: name.to_string(),
+        marks: vec![(span.0, span.1, y)],
+        level: true,
+    };
+    let references = match spec.target {
+        Target::None => vec![],
+        Target::Times(factor, of, name) => vec![Reference {
+            name: name.to_string(),
+            marks: series[of]
+                .points
+                .iter()
+                .map(|&(x, y)| (x - 0.4, x + 0.4, factor * y))
+                .collect(),
+            level: false,
+        }],
+        Target::Level(y, name) => vec![level(y, name)],
+        Target::ShareOfPeak(share, of, name) => {
+            let peak = series[of].points.iter().map(|p| p.1).fold(0.0, f64::max);
+            vec![level(share * peak, name)]
+        }
+        Target::FromNote(prefix, name) => run
+            .notes
+            .iter()
+            .find(|n| n.starts_with(prefix))
+            .and_then(|n| super::cell_value(n.rsplit_once(':')?.1))
+            .map(|y| level(y, name))
+            .into_iter()
+            .collect(),
+    };
+    Some(Plot {
+        id: spec.id.to_string(),
+        title: if t.title.contains("UCX_TLS=") {
+            let tls = t.title.rsplit_once("UCX_TLS=").map_or("", |(_, v)| v);
+            format!("{} (UCX_TLS={}", spec.title, tls)
+        } else {
+            spec.title.to_string()
+        },
+        y_label: spec.y_label.to_string(),
+        x_label: spec.x.join(" x "),
+        x,
+        series,
+        references,
+    })
+}
+
+/// Category names along x, one tick per group.
+struct CategoryAxis(Vec<String>);
+
+impl Ranged for CategoryAxis {
+    type FormatOption = NoDefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
+        let n = self.0.len().max(1) as f64;
+        let frac = (v + 0.5) / n;
+        limit.0 + (frac * f64::from(limit.1 - limit.0)).round() as i32
+    }
+
+    fn key_points<H: KeyPointHint>(&self, _hint: H) -> Vec<f64> {
+        (0..self.0.len()).map(|i| i as f64).collect()
+    }
+
+    fn range(&self) -> Range<f64> {
+        -0.5..self.0.len() as f64 - 0.5
+    }
+}
+
+impl ValueFormatter<f64> for CategoryAxis {
+    fn format_ext(&self, v: &f64) -> String {
+        self.0
+            .get(v.round().max(0.0) as usize)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// 1234567 → "1.235M", 45000 → "45k", 950 → "950", 0.5 → "0.5".
+fn compact(v: f64) -> String {
+    let trim = |s: String| {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s
+        }
+    };
+    let a = v.abs();
+    if a >= 1e6 {
+        format!("{}M", trim(format!("{:.3}", v / 1e6)))
+    } else if a >= 1e4 {
+        format!("{:.0}k", v / 1e3)
+    } else if a >= 10.0 || a == 0.0 {
+        format!("{v:.0}")
+    } else {
+        trim(format!("{v:.2}"))
+    }
+}
+
+/// The colours of the series: ours first (blue), then the peers.
+const COLOURS: [RGBColor; 5] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+];
+const TARGET: RGBColor = RGBColor(214, 39, 40);
+
+const SIZE: (u32, u32) = (860, 440);
+
+/// The figure as SVG text, `caption` (when, how loaded) under it.
+pub fn render_svg(plot: &Plot, caption: &str) -> Result<String> {
+    let ys = plot
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .chain(
+            plot.references
+                .iter()
+                .flat_map(|r| r.marks.iter().map(|m| m.2)),
+        );
+    let (lo, hi) = ys.fold((f64::MAX, 0.0f64), |(a, b), v| (a.min(v), b.max(v)));
+    let hi = if hi > 0.0 { hi } else { 1.0 };
+    let log_y = lo > 0.0 && hi / lo > 30.0;
+    let y_lin: RangedCoordf64 = (0.0..hi * 1.25).into();
+    let y_log = || -> LogCoord<f64> { (lo / 1.5..hi * 2.0).log_scale().into() };
+    match &plot.x {
+        XAxis::Categories(names) => {
+            let x = CategoryAxis(names.clone());
+            if log_y {
+                draw(plot, caption, x, y_log())
+            } else {
+                draw(plot, caption, x, y_lin)
+            }
+        }
+        XAxis::Log2(_) => {
+            let xs = plot
+                .series
+                .iter()
+                .flat_map(|s| s.points.iter().map(|p| p.0));
+            let (a, b) = xs.fold((f64::MAX, 1.0f64), |(a, b), v| (a.min(v), b.max(v)));
+            let x: LogCoord<f64> = (a.clamp(0.5, 1.0)..b * 1.5).log_scale().base(2.0).into();
+            if log_y {
+                draw(plot, caption, x, y_log())
+            } else {
+                draw(plot, caption, x, y_lin)
+            }
+        }
+    }
+}
+
+fn draw<X, Y>(plot: &Plot, caption: &str, x: X, y: Y) -> Result<String>
+where
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let e = |e: DrawingAreaErrorKind<_>| format!("drawing {}: {e}", plot.title);
+    let categories = match &plot.x {
+        XAxis::Categories(n) => Some(n.len()),
+        XAxis::Log2(_) => None,
+    };
+    let y_base = y.range().start;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(e)?;
+        let (main, foot) = root.split_vertically(SIZE.1 - 24);
+        foot.draw(&Text::new(
+            caption.to_string(),
+            (12, 4),
+            ("sans-serif", 12).into_font().color(&RGBColor(90, 90, 90)),
+        ))
+        .map_err(e)?;
+        let mut chart = ChartBuilder::on(&main)
+            .caption(&plot.title, ("sans-serif", 17))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(64)
+            .build_cartesian_2d(x, y)
+            .map_err(e)?;
+        let x_fmt = |v: &f64| match &plot.x {
+            XAxis::Categories(n) => n
+                .get(v.round().max(0.0) as usize)
+                .cloned()
+                .unwrap_or_default(),
+            XAxis::Log2(_) => format!("{v:.0}"),
+        };
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .y_desc(plot.y_label.as_str())
+            .x_desc(plot.x_label.as_str())
+            .y_max_light_lines(1)
+            .x_label_formatter(&x_fmt)
+            .y_label_formatter(&|v| compact(*v))
+            .label_style(("sans-serif", 12))
+            .draw()
+            .map_err(e)?;
+        let k = plot.series.len().max(1) as f64;
+        // A peer missing from this run (no tonic binary, no Mooncake) gets no legend entry.
+        for (j, s) in plot
+            .series
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| !s.points.is_empty())
+        {
+            let colour = COLOURS[j % COLOURS.len()];
+            let anno = if categories.is_some() {
+                let w = 0.8 / k;
+                chart
+                    .draw_series(s.points.iter().map(|&(cx, v)| {
+                        let x0 = cx - 0.4 + j as f64 * w;
+                        Rectangle::new([(x0, y_base), (x0 + w * 0.92, v)], colour.filled())
+                    }))
+                    .map_err(e)?
+            } else {
+                chart
+                    .draw_series(PointSeries::of_element(
+                        s.points.clone(),
+                        4,
+                        colour.filled(),
+                        &|c, size, style| Circle::new(c, size, style),
+                    ))
+                    .map_err(e)?;
+                chart
+                    .draw_series(LineSeries::new(s.points.clone(), colour.stroke_width(2)))
+                    .map_err(e)?
+            };
+            anno.label(s.name.clone()).legend(move |(lx, ly)| {
+                Rectangle::new([(lx, ly - 5), (lx + 12, ly + 5)], colour.filled())
+            });
+        }
+        for r in plot.references.iter().filter(|r| !r.marks.is_empty()) {
+            let style = TARGET.stroke_width(2);
+            let anno = if r.level {
+                let (x0, x1, yv) = r.marks[0];
+                chart
+                    .draw_series(DashedLineSeries::new([(x0, yv), (x1, yv)], 8, 5, style))
+                    .map_err(e)?
+            } else {
+                chart
+                    .draw_series(
+                        r.marks
+                            .iter()
+                            .map(|&(x0, x1, yv)| PathElement::new(vec![(x0, yv), (x1, yv)], style)),
+                    )
+                    .map_err(e)?
+            };
+            anno.label(r.name.clone())
+                .legend(move |(lx, ly)| PathElement::new(vec![(lx, ly), (lx + 14, ly)], style));
+        }
+        // Bars start low on the left more often than not; the sweeps' lines fall to the right.
+        let legend_at = match categories {
+            Some(_) => SeriesLabelPosition::UpperLeft,
+            None => SeriesLabelPosition::UpperRight,
+        };
+        chart
+            .configure_series_labels()
+            .position(legend_at)
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(160, 160, 160))
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(e)?;
+        root.present().map_err(e)?;
+    }
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse_output, tests::RPC_OUTPUT};
+    use super::*;
+
+    fn run_of(text: &str) -> Run {
+        let (tables, notes) = parse_output(text);
+        Run {
+            command: "bench".into(),
+            started_unix_s: 0,
+            wall_s: 1.0,
+            cpus: 2,
+            load_before: None,
+            load_after: None,
+            ok: true,
+            tables,
+            notes,
+        }
+    }
+
+    /// The SVG parsed as XML: its `<text>` contents, and the fills of its `<rect>`s.
+    fn parse_svg(svg: &str) -> (Vec<String>, Vec<String>) {
+        let doc = roxmltree::Document::parse(svg).expect("well-formed SVG");
+        let root = doc.root_element();
+        assert_eq!(root.tag_name().name(), "svg");
+        let texts = root
+            .descendants()
+            .filter(|n| n.has_tag_name("text"))
+            .map(|n| n.text().unwrap_or_default().trim().to_string())
+            .collect();
+        let fills = root
+            .descendants()
+            .filter(|n| n.has_tag_name("rect"))
+            .filter_map(|n| n.attribute("fill").map(str::to_string))
+            .collect();
+        (texts, fills)
+    }
+
+    fn hex(c: RGBColor) -> String {
+        format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
+    }
+
+    #[test]
+    fn the_rpc_echo_figure_has_ours_the_peer_and_the_target_for_each_cell() {
+        let run = run_of(RPC_OUTPUT);
+        let plots = plots_for("rpc", &run, &run.tables[0]);
+        let ids: Vec<&str> = plots.iter().map(|p| p.id.as_str()).collect();
+        // No 1 MiB rows in this table: no 1 MiB figure.
+        assert_eq!(ids, ["echo-64b", "echo-4k"]);
+        let p = &plots[0];
+        assert_eq!(p.x, XAxis::Categories(vec!["1 x 1".into(), "8 x 8".into()]));
+        assert_eq!(p.series[0].points, [(0.0, 20000.0), (1.0, 400000.0)]);
+        assert_eq!(p.series[1].points, [(0.0, 9000.0), (1.0, 50000.0)]);
+        // The target is 5x tonic over each group.
+        assert_eq!(
+            p.references[0].marks,
+            [(-0.4, 0.4, 45000.0), (0.6, 1.4, 250000.0)]
+        );
+        let svg = render_svg(p, "2026-12-01 22:00 UTC, load average 7").unwrap();
+        let (texts, fills) = parse_svg(&svg);
+        for want in [
+            "RPC echo 64 B: hmc-rpc vs tonic",
+            "hmc-rpc",
+            "tonic",
+            "target: 5x tonic (at 8 x 8)",
+            "1 x 1",
+            "8 x 8",
+            "2026-12-01 22:00 UTC, load average 7",
+        ] {
+            assert!(
+                texts.iter().any(|t| t == want),
+                "no text {want:?} in {texts:?}"
+            );
+        }
+        // Two bars per series (plus its legend swatch).
+        for c in [COLOURS[0], COLOURS[1]] {
+            assert_eq!(
+                fills.iter().filter(|f| **f == hex(c)).count(),
+                3,
+                "{fills:?}"
+            );
+        }
+        assert!(texts.iter().any(|t| t == "clients x in flight"));
+        // The 4 KiB figure has no tonic values: ours is drawn, the absent peer and a target
+        // relative to it are not in the legend.
+        let (texts, fills) = parse_svg(&render_svg(&plots[1], "").unwrap());
+        assert_eq!(fills.iter().filter(|f| **f == hex(COLOURS[0])).count(), 2);
+        assert_eq!(fills.iter().filter(|f| **f == hex(COLOURS[1])).count(), 0);
+        assert!(texts.iter().any(|t| t == "hmc-rpc"));
+        assert!(
+            !texts
+                .iter()
+                .any(|t| t == "tonic" || t.starts_with("target")),
+            "{texts:?}"
+        );
+    }
+
+    const SWEEP: &str = "\
+## connection sweep (64 B echo, 1 in flight per connection)
+
+| connections | RPC/s | p50 us | p99 us | share of peak | server KiB/idle conn | server KiB/conn after load |
+| --- | --- | --- | --- | --- | --- | --- |
+| 1 | 10000 | 90 | 200 | 20% | 4.0 | 8.0 |
+| 64 | 50000 | 900 | 2000 | 100% | 9.5 | 20.0 |
+| 1024 | 42000 | 9000 | 20000 | 84% | 7.5 | 30.0 |
+";
+
+    #[test]
+    fn the_sweep_figures_plot_by_connections_with_the_peak_and_memory_targets() {
+        let run = run_of(SWEEP);
+        let plots = plots_for("rpc", &run, &run.tables[0]);
+        assert_eq!(plots.len(), 2);
+        let rps = &plots[0];
+        assert_eq!(rps.x, XAxis::Log2("connections".into()));
+        assert_eq!(
+            rps.series[0].points,
+            [(1.0, 10000.0), (64.0, 50000.0), (1024.0, 42000.0)]
+        );
+        assert_eq!(rps.references[0].marks, [(1.0, 1024.0, 40000.0)]);
+        let mem = &plots[1];
+        assert_eq!(mem.series.len(), 2);
+        assert_eq!(mem.references[0].marks[0].2, 64.0);
+        let svg = render_svg(rps, "").unwrap();
+        let (texts, _) = parse_svg(&svg);
+        assert!(
+            texts
+                .iter()
+                .any(|t| t == "target at 1,024: 80% of the peak")
+        );
+        assert!(texts.iter().any(|t| t == "1024"), "{texts:?}");
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        // The series is a line; the target a dashed line of its own.
+        let lines = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("polyline"))
+            .filter(|n| n.attribute("stroke") == Some(&hex(COLOURS[0])))
+            .count();
+        assert!(lines >= 1, "{svg}");
+        assert!(
+            doc.descendants()
+                .any(|n| n.attribute("stroke") == Some(&hex(TARGET)))
+        );
+    }
+
+    #[test]
+    fn the_engine_sweep_has_its_own_figures_and_the_rpc_ones_do_not_take_it() {
+        let text = SWEEP
+            .replace("## connection sweep", "## engine connection sweep")
+            .replace("| RPC/s |", "| WRITE ops/s |");
+        let run = run_of(&text);
+        let ids: Vec<String> = plots_for("engine", &run, &run.tables[0])
+            .into_iter()
+            .map(|p| p.id)
+            .collect();
+        assert_eq!(ids, ["engine-sweep-ops", "engine-sweep-memory"]);
+        assert!(plots_for("rpc", &run, &run.tables[0]).is_empty());
+    }
+
+    #[test]
+    fn a_peer_figure_from_a_note_becomes_a_level() {
+        let run = run_of(
+            "iperf3 loopback, one stream, best of two runs: 3.01 GB/s\n\
+             | size | WRITE GB/s | READ GB/s |\n| ---: | ---: | ---: |\n| 1 MiB | 2.5 | 2.4 |\n",
+        );
+        let plots = plots_for("transfer", &run, &run.tables[0]);
+        assert_eq!(plots[0].references[0].marks, [(-0.5, 0.5, 3.01)]);
+        assert_eq!(plots[0].references[0].name, "iperf3, one stream");
+    }
+
+    #[test]
+    fn tables_without_a_figure_or_without_its_columns_give_none() {
+        let run = run_of("## something else\n\n| a | b |\n| - | - |\n| 1 | 2 |\n");
+        assert!(plots_for("rpc", &run, &run.tables[0]).is_empty());
+        assert!(plots_for("transfer", &run, &run.tables[0]).is_empty());
+    }
+
+    #[test]
+    fn axis_numbers_are_compact() {
+        assert_eq!(compact(1_234_567.0), "1.235M");
+        assert_eq!(compact(2_000_000.0), "2M");
+        assert_eq!(compact(45_000.0), "45k");
+        assert_eq!(compact(950.0), "950");
+        assert_eq!(compact(0.5), "0.5");
+        assert_eq!(compact(0.0), "0");
+    }
+}
