@@ -17,6 +17,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::oneshot;
 
 use crate::cma::{self, PeerCred};
+use crate::control::{self, Page};
 use crate::mapped::{self, FdReader, Mapping, SharedAlloc};
 use crate::target::{RegEntry, Target};
 use crate::wire::{self, KEY_LEN, Msg, Refusal, TOKEN_LEN};
@@ -323,6 +324,11 @@ impl std::fmt::Debug for ShmRegistration {
 }
 
 impl ShmRegistration {
+    /// The control page of memory this transport allocated.
+    fn control(&self) -> Option<&Page> {
+        self._alloc.as_ref().and_then(Mapping::control)
+    }
+
     #[cfg(test)]
     pub(crate) fn entry_addr(&self) -> u64 {
         self.entry.region.addr
@@ -342,8 +348,19 @@ impl Drop for ShmRegistration {
     fn drop(&mut self) {
         self.target.regs.write().remove(&self.entry.id);
         let entry = &self.entry;
-        self.target
-            .revoke(entry, || entry.live.store(false, Ordering::Release));
+        let page = self.control();
+        self.target.revoke(entry, || {
+            entry.live.store(false, Ordering::Release);
+            page.inspect(|p| p.set_current(None));
+        });
+        let until = Instant::now() + self.target.config.revoke_timeout;
+        if page.is_some_and(|p| !p.wait_idle(until)) {
+            tracing::warn!(
+                registration = entry.id,
+                "a peer did not end its copy within revoke_timeout; unmapping anyway (its \
+                 mapping keeps the pages)"
+            );
+        }
         self.target.forget(entry);
         // `alloc`, if any, is unmapped when the fields drop, after this.
     }
@@ -529,6 +546,35 @@ impl ShmCommunicator {
     }
 }
 
+/// The batch as copies through the peer's shared memory mapped here, when every
+/// descriptor's registration has a control page that says its key is current and allows
+/// `need` within bounds. `None`: take the lease path (which also gives the errors).
+fn shared_spans(
+    ep: &EpShared,
+    need: Access,
+    batch: &[TransferDesc<'_, ShmCommunicator>],
+) -> Option<Vec<control::Span>> {
+    let maps = ep.maps.lock();
+    batch
+        .iter()
+        .map(|d| {
+            let map = maps.get(&d.remote.key.0)?.clone();
+            let word = control::token_word(&d.remote.key.1);
+            let page = map.control()?;
+            let (len, access) = page.describe();
+            let end = d.remote_offset.checked_add(d.len as u64)?;
+            let ok = page.is_current(word) && access?.allows(need) && end <= len;
+            ok.then(|| control::Span {
+                word,
+                local: d.local.entry.region.addr + d.local_offset as u64,
+                at: d.remote_offset as usize,
+                len: d.len,
+                map,
+            })
+        })
+        .collect()
+}
+
 impl Drop for ShmCommunicator {
     fn drop(&mut self) {
         self.close();
@@ -595,6 +641,8 @@ impl Communicator for ShmCommunicator {
         caps.max_notification_len = self.target.config.max_notify_len;
         caps.zero_copy = true;
         caps.rekey = true;
+        // `import` parses the key; `rekey` waits only for leases and copies in progress.
+        caps.key_ops_wait = false;
         caps.alloc_registered = true;
         caps
     }
@@ -692,12 +740,14 @@ impl Communicator for ShmCommunicator {
             addr: alloc.map.ptr() as u64,
             len,
         };
+        let token = random_token()?;
+        alloc.control().init(len, access, &token);
         let id = self.target.next_reg.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(RegEntry {
             id,
             region,
             access,
-            token: Mutex::new(random_token()?),
+            token: Mutex::new(token),
             live: AtomicBool::new(true),
             memfd: Some(alloc.fd),
         });
@@ -709,13 +759,29 @@ impl Communicator for ShmCommunicator {
         }))
     }
 
-    /// Draws a new token and revokes every lease granted under the old one, waiting (up to
-    /// `revoke_timeout`) until the peers holding them have stopped copying.
+    /// Draws a new token and revokes every lease granted under the old one (and, for
+    /// shared memory, every copy its control page announced), waiting (up to
+    /// `revoke_timeout`) until the peers holding them have stopped copying. Fails when some
+    /// peer did not stop in time: the old key is dead, but a copy may still land, so do
+    /// not reuse the memory (drop the registration).
     fn rekey(&self, reg: &ShmRegistration) -> Result<bool> {
         self.own(reg, "rekey")?;
         let token = random_token()?;
-        self.target
-            .revoke(&reg.entry, || *reg.entry.token.lock() = token);
+        let page = reg.control();
+        let started = Instant::now();
+        let given_up = self.target.revoke(&reg.entry, || {
+            *reg.entry.token.lock() = token;
+            page.inspect(|p| p.set_current(Some(&token)));
+        });
+        let until = started + self.target.config.revoke_timeout;
+        if given_up > 0 || page.is_some_and(|p| !p.wait_idle(until)) {
+            return Err(Error::DeadlineExceeded {
+                during: "rekey: waiting for peers to stop copying under the old key \
+                         (ShmConfig::revoke_timeout); the memory may still be written, drop \
+                         the registration instead of reusing it",
+                elapsed: started.elapsed(),
+            });
+        }
         Ok(true)
     }
 
@@ -804,6 +870,14 @@ impl Communicator for ShmCommunicator {
         }
         if ep.dead.load(Ordering::Acquire) {
             return Err(ep.gone());
+        }
+        // The peer's shared memory with a control page: keys checked there, no lease.
+        if let Some(spans) = shared_spans(ep, need, batch) {
+            let gone = || ep.dead.load(Ordering::Acquire).then(|| ep.gone());
+            let chunk = self.target.config.chunk_len;
+            // SAFETY: local ranges were bounds-checked above against registrations the
+            // batch borrows; remote ones by `shared_spans` against the page.
+            return unsafe { control::copy(op, &spans, chunk, deadline, gone) }.await;
         }
         // One lease per distinct key, from the cache or a grant round trip.
         let mut leases: Vec<(KeyId, Arc<Lease>)> = Vec::new();

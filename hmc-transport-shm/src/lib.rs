@@ -97,6 +97,7 @@ use hmc_core::TransportId;
 
 mod cma;
 mod comm;
+mod control;
 mod host;
 mod local_first;
 mod mapped;
