@@ -77,6 +77,12 @@
 //! Copies are split into [`ShmConfig::chunk_len`] pieces; the deadline and the lease are
 //! checked before each, and the transfer future yields between them.
 //!
+//! Shared memory from `alloc_registered` carries a control page after its data (the
+//! current key and per-process copy counters): an initiator that has it mapped checks keys
+//! there instead of asking for a lease, and `rekey` or deregistration waits for the copies
+//! announced there instead of a `Revoke` round trip; a rekey that peers do not end within
+//! `revoke_timeout` fails, so the memory is not reused. See the `control` module.
+//!
 //! **What keys protect against.** Mistakes and stale keys, not a hostile peer: a process
 //! allowed to `process_vm_writev` into yours can already reach all of your memory.
 //!
