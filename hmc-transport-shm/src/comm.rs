@@ -562,8 +562,13 @@ fn shared_spans(
             let word = control::token_word(&d.remote.key.1);
             let page = map.control()?;
             let (len, access) = page.describe();
+            // The page is the peer's to write: bound by the mapping too (its data part).
+            let data = (map.len() - control::CONTROL_LEN) as u64;
             let end = d.remote_offset.checked_add(d.len as u64)?;
-            let ok = page.is_current(word) && access?.allows(need) && end <= len;
+            let ok = page.is_current(word)
+                && access?.allows(need)
+                && end <= len.min(data)
+                && d.local.entry.region.device.is_host();
             ok.then(|| control::Span {
                 word,
                 local: d.local.entry.region.addr + d.local_offset as u64,

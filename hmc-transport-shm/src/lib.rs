@@ -125,8 +125,8 @@ pub struct ShmConfig {
     /// The Unix socket to listen on (default `None`: `hmc-shm-<pid>-<random>.sock` in the
     /// system temp dir).
     pub path: Option<PathBuf>,
-    /// Bytes per `process_vm_*` call (default 4 MiB): the deadline and revocation are
-    /// checked between chunks, and the transfer yields to the executor.
+    /// Bytes per `process_vm_*` call or announced `memcpy` (default 4 MiB): the deadline
+    /// and revocation are checked between chunks, and the transfer yields to the executor.
     pub chunk_len: usize,
     /// How long dropping or rekeying a registration waits for peers to release their
     /// leases (default 2 s); also the side channel's write timeout.
