@@ -1,12 +1,17 @@
 //! Cross-memory attach: `process_vm_readv`/`process_vm_writev` of one chunk, the peer's
-//! credentials from `SO_PEERCRED`, and the connect-time probe that turns a refusal into an
-//! `Unavailable` error naming the cause (Yama, seccomp, another user) and the fix.
+//! credentials from `SO_PEERCRED`, and the connect-time dial and probe that turns a
+//! refusal into an `Unavailable` error naming the cause (Yama, seccomp, another user) and
+//! the fix.
 
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
 
-use hmc_core::{Error, Op, Result};
+use hmc_core::{Deadline, Error, Op, PeerAddr, Result};
+
+use crate::wire::{self, Msg};
 
 /// A byte every target exposes for peers' probes (its address travels in `Welcome`).
 pub(crate) static PROBE: u8 = 0x5a;
@@ -186,6 +191,65 @@ pub(crate) fn probe(peer: PeerCred, probe_addr: u64) -> Result<()> {
         ))),
         Err(e) => Err(diagnose(peer, &e)),
     }
+}
+
+/// Dials, says `Hello`, reads `Welcome`, probes; with why cross-memory attach is
+/// refused, when it is. Blocking: run on a blocking thread.
+pub(crate) fn dial(
+    path: PathBuf,
+    me: String,
+    peer: PeerAddr,
+    deadline: Deadline,
+) -> Result<(UnixStream, PeerCred, Option<String>)> {
+    // The OS error stays the source, as from every transport's connect (a refusal is
+    // `io::ErrorKind::ConnectionRefused`).
+    let s = UnixStream::connect(&path).map_err(|e| {
+        Error::io(
+            format!("connecting to {peer}'s side channel (is a peer listening there?)"),
+            e,
+        )
+    })?;
+    let cred = peer_cred(&s).map_err(|e| Error::io("reading SO_PEERCRED", e))?;
+    let left = deadline.remaining().max(Duration::from_millis(1));
+    s.set_read_timeout(Some(left))
+        .and_then(|()| s.set_write_timeout(Some(left)))
+        .map_err(|e| Error::io("setting side-channel timeouts", e))?;
+    wire::write_msg(
+        &mut &s,
+        &Msg::Hello {
+            version: wire::VERSION,
+            addr: me,
+        },
+    )
+    .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?;
+    let body = wire::read_frame(&mut &s, wire::MAX_FRAME)
+        .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?
+        .ok_or_else(|| Error::peer(&peer, "closed the side channel during the handshake"))?;
+    let Msg::Welcome {
+        version,
+        probe_addr,
+    } = Msg::decode(&body)?
+    else {
+        return Err(Error::Protocol("expected Welcome".into()));
+    };
+    if version != wire::VERSION {
+        return Err(Error::Protocol(format!(
+            "the peer speaks side-channel version {version}, this build {}",
+            wire::VERSION
+        )));
+    }
+    let cma_refused = match probe(cred, probe_addr) {
+        Ok(()) => None,
+        // Shared memory from the target's `alloc_registered` still works.
+        Err(e @ Error::Unavailable { .. }) => {
+            tracing::info!(pid = cred.pid, error = %e, "cross-memory attach refused; only the peer's shared memory is reachable");
+            Some(e.to_string())
+        }
+        Err(e) => return Err(e),
+    };
+    s.set_read_timeout(None)
+        .map_err(|e| Error::io("setting side-channel timeouts", e))?;
+    Ok((s, cred, cma_refused))
 }
 
 #[cfg(test)]

@@ -4,10 +4,9 @@
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hmc_core::{
     Access, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
@@ -485,65 +484,6 @@ impl ShmCommunicator {
             )))
         }
     }
-
-    /// Dials, says `Hello`, reads `Welcome`, probes; with why cross-memory attach is
-    /// refused, when it is. Blocking: run on a blocking thread.
-    fn dial(
-        path: PathBuf,
-        me: String,
-        peer: PeerAddr,
-        deadline: Deadline,
-    ) -> Result<(UnixStream, PeerCred, Option<String>)> {
-        // The OS error stays the source, as from every transport's connect (a refusal is
-        // `io::ErrorKind::ConnectionRefused`).
-        let s = UnixStream::connect(&path).map_err(|e| {
-            Error::io(
-                format!("connecting to {peer}'s side channel (is a peer listening there?)"),
-                e,
-            )
-        })?;
-        let cred = cma::peer_cred(&s).map_err(|e| Error::io("reading SO_PEERCRED", e))?;
-        let left = deadline.remaining().max(Duration::from_millis(1));
-        s.set_read_timeout(Some(left))
-            .and_then(|()| s.set_write_timeout(Some(left)))
-            .map_err(|e| Error::io("setting side-channel timeouts", e))?;
-        wire::write_msg(
-            &mut &s,
-            &Msg::Hello {
-                version: wire::VERSION,
-                addr: me,
-            },
-        )
-        .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?;
-        let body = wire::read_frame(&mut &s, wire::MAX_FRAME)
-            .map_err(|e| Error::peer(&peer, format!("handshake: {e}")))?
-            .ok_or_else(|| Error::peer(&peer, "closed the side channel during the handshake"))?;
-        let Msg::Welcome {
-            version,
-            probe_addr,
-        } = Msg::decode(&body)?
-        else {
-            return Err(Error::Protocol("expected Welcome".into()));
-        };
-        if version != wire::VERSION {
-            return Err(Error::Protocol(format!(
-                "the peer speaks side-channel version {version}, this build {}",
-                wire::VERSION
-            )));
-        }
-        let cma_refused = match cma::probe(cred, probe_addr) {
-            Ok(()) => None,
-            // Shared memory from the target's `alloc_registered` still works.
-            Err(e @ Error::Unavailable { .. }) => {
-                tracing::info!(pid = cred.pid, error = %e, "cross-memory attach refused; only the peer's shared memory is reachable");
-                Some(e.to_string())
-            }
-            Err(e) => return Err(e),
-        };
-        s.set_read_timeout(None)
-            .map_err(|e| Error::io("setting side-channel timeouts", e))?;
-        Ok((s, cred, cma_refused))
-    }
 }
 
 /// The batch as copies through the peer's shared memory mapped here, when every
@@ -583,37 +523,6 @@ fn shared_spans(
 impl Drop for ShmCommunicator {
     fn drop(&mut self) {
         self.close();
-    }
-}
-
-fn refused(
-    peer: &PeerAddr,
-    why: Refusal,
-    limit: u64,
-    text: String,
-    offset: u64,
-    len: u64,
-) -> Error {
-    match why {
-        Refusal::InvalidKey => Error::InvalidKey(text),
-        Refusal::AccessDenied => Error::AccessDenied(text),
-        Refusal::OutOfBounds => Error::OutOfBounds {
-            what: "remote region",
-            offset,
-            len,
-            limit,
-        },
-        Refusal::Limit => Error::LimitExceeded {
-            limit: if text == "max_notify_len" {
-                "max_notify_len"
-            } else {
-                "max_pending_notifications"
-            },
-            value: len,
-            max: limit,
-            hint: "raise the target's ShmConfig limit, or receive notifications sooner".into(),
-        },
-        Refusal::Closed => Error::peer(peer, text),
     }
 }
 
@@ -665,7 +574,7 @@ impl Communicator for ShmCommunicator {
         };
         let started = Instant::now();
         let (path, me, p) = (path.clone(), self.addr.to_string(), peer.clone());
-        let dial = tokio::task::spawn_blocking(move || Self::dial(path, me, p, deadline));
+        let dial = tokio::task::spawn_blocking(move || cma::dial(path, me, p, deadline));
         let (s, cred, cma_refused) =
             match tokio::time::timeout_at(deadline.instant().into(), dial).await {
                 Err(_) => {
@@ -907,7 +816,7 @@ impl Communicator for ShmCommunicator {
                     match ep.request(Some(d.remote.key), deadline, grant).await? {
                         Reply::Lease(l) => l,
                         Reply::Refused(why, limit, text) => {
-                            return Err(refused(&ep.peer, why, limit, text, offset, len));
+                            return Err(wire::refused(&ep.peer, why, limit, text, offset, len));
                         }
                         Reply::Done => return Err(Error::Protocol("Ok answering Grant".into())),
                     }
@@ -1031,9 +940,14 @@ impl Communicator for ShmCommunicator {
         };
         match ep.request(None, deadline, make).await? {
             Reply::Done => Ok(()),
-            Reply::Refused(why, limit, text) => {
-                Err(refused(&ep.peer, why, limit, text, 0, msg.len() as u64))
-            }
+            Reply::Refused(why, limit, text) => Err(wire::refused(
+                &ep.peer,
+                why,
+                limit,
+                text,
+                0,
+                msg.len() as u64,
+            )),
             Reply::Lease(_) => Err(Error::Protocol("Granted answering Notify".into())),
         }
     }

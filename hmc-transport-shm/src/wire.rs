@@ -8,7 +8,7 @@
 
 use std::io::{self, Read, Write};
 
-use hmc_core::{Access, Error, Op};
+use hmc_core::{Access, Error, Op, PeerAddr};
 
 /// Version of the side-channel protocol, checked in `Hello`/`Welcome`.
 pub(crate) const VERSION: u8 = 2;
@@ -331,6 +331,38 @@ pub(crate) fn read_frame(r: &mut impl Read, max: usize) -> io::Result<Option<Vec
 /// Writes one message.
 pub(crate) fn write_msg(w: &mut impl Write, msg: &Msg) -> io::Result<()> {
     w.write_all(&msg.encode())
+}
+
+/// The error a refusal of a request for `[offset, offset + len)` stands for.
+pub(crate) fn refused(
+    peer: &PeerAddr,
+    why: Refusal,
+    limit: u64,
+    text: String,
+    offset: u64,
+    len: u64,
+) -> Error {
+    match why {
+        Refusal::InvalidKey => Error::InvalidKey(text),
+        Refusal::AccessDenied => Error::AccessDenied(text),
+        Refusal::OutOfBounds => Error::OutOfBounds {
+            what: "remote region",
+            offset,
+            len,
+            limit,
+        },
+        Refusal::Limit => Error::LimitExceeded {
+            limit: if text == "max_notify_len" {
+                "max_notify_len"
+            } else {
+                "max_pending_notifications"
+            },
+            value: len,
+            max: limit,
+            hint: "raise the target's ShmConfig limit, or receive notifications sooner".into(),
+        },
+        Refusal::Closed => Error::peer(peer, text),
+    }
 }
 
 #[cfg(test)]
