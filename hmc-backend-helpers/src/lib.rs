@@ -1,4 +1,4 @@
-//! Pieces every HMC transport ends up writing, in one small crate: deadlines that cross processes, a Unix-socket side channel's bind and peer credentials, length-prefixed frames with a named size limit, request/reply matching under deadlines, and tasks that stop when their owner drops.
+//! Pieces every HMC backend ends up writing, in one small crate: deadlines that cross processes, a Unix-socket side channel's bind and peer credentials, length-prefixed frames with a named size limit, request/reply matching under deadlines, tasks that stop when their owner drops, and ABI shims that test a backend without its hardware.
 //!
 //! ```
 //! use std::time::Duration;
@@ -13,7 +13,9 @@
 //! ```
 //!
 //! What it is not: a transport, a protocol, or a runtime. The frame and reply helpers run
-//! on tokio, as the in-tree transports do; [`deadline`], [`unix`] need none.
+//! on tokio, as the in-tree transports do; [`deadline`], [`unix`] need none. [`shim`]
+//! is for tests: it compiles an author's C stand-in for a vendor library with the
+//! system's C compiler.
 //! docs/backend-guide.md says where each fits in a backend.
 //!
 //! # Safety story
@@ -24,5 +26,6 @@
 pub mod deadline;
 pub mod frame;
 pub mod reply;
+pub mod shim;
 pub mod task;
 pub mod unix;

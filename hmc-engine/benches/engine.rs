@@ -27,7 +27,8 @@ struct Args {
     target: bool,
     /// `TcpConfig::busy_poll` of both engines' transports, µs (default: the library's).
     busy_poll_us: Option<u64>,
-    /// `tcp` (default) or `ucx` (UCX's transports from `UCX_TLS`, e.g. `posix,cma,self`).
+    /// `tcp` (default), `ucx` (UCX's transports from `UCX_TLS`, e.g. `posix,cma,self`) or
+    /// `shm` (`hmc-transport-shm`: cross-memory attach into the target's user memory).
     transport: String,
 }
 
@@ -55,7 +56,7 @@ fn args() -> Args {
             "--mooncake-python" => a.mooncake_python = it.next(),
             "--quick" => a.seconds = 0.5,
             "--target" => a.target = true,
-            "--transport" => a.transport = it.next().expect("--transport tcp|ucx"),
+            "--transport" => a.transport = it.next().expect("--transport tcp|ucx|shm"),
             "--busy-poll-us" => {
                 a.busy_poll_us = Some(it.next().expect("--busy-poll-us N").parse().expect("µs"))
             }
@@ -80,6 +81,11 @@ fn open_ucx() -> hmc_transport_ucx::UcxCommunicator {
         ..hmc_transport_ucx::UcxConfig::from_env()
     })
     .expect("UCX (install libucx0, or run with --transport tcp)")
+}
+
+fn open_shm() -> hmc_transport_shm::ShmCommunicator {
+    hmc_transport_shm::ShmCommunicator::bind(Default::default())
+        .expect("same-host transport (cross-memory attach refused? see its error)")
 }
 
 /// Bytes each side registers: room for the largest op, and for the KV rows (two 8 MiB
@@ -257,8 +263,10 @@ async fn main() {
     let poll = a.busy_poll_us;
     match (a.target, a.transport.as_str()) {
         (true, "ucx") => target(len, open_ucx()).await,
+        (true, "shm") => target(len, open_shm()).await,
         (true, _) => target(len, open_tcp(poll)).await,
         (false, "ucx") => run(a, open_ucx).await,
+        (false, "shm") => run(a, open_shm).await,
         (false, _) => run(a, move || open_tcp(poll)).await,
     }
 }

@@ -148,6 +148,8 @@ struct Inner<C: Communicator> {
     meta: Arc<dyn hmc_meta::MetadataStore>,
     server: RunningServer,
     peers: RwLock<HashMap<String, Arc<Peer<C>>>>,
+    /// Peers dropped as gone, until connected again (a reconnect, counted).
+    lost: membership::LostPeers,
     runtime: tokio::runtime::Handle,
     finalized: std::sync::atomic::AtomicBool,
 }
@@ -286,6 +288,7 @@ impl<C: Communicator> Engine<C> {
                 meta,
                 server,
                 peers: RwLock::new(HashMap::new()),
+                lost: Default::default(),
                 runtime: tokio::runtime::Handle::current(),
                 finalized: false.into(),
             }),
@@ -487,8 +490,8 @@ impl<C: Communicator> Engine<C> {
         if peers.contains_key(&key) {
             return Err(EngineError::AlreadyConnected(key));
         }
+        self.inner.lost.connected(&key);
         peers.insert(key, peer);
-        metrics::counter!("hmc_engine_connects_total").increment(1);
         Ok(())
     }
 
@@ -613,6 +616,12 @@ impl<C: Communicator> Engine<C> {
     }
 
     fn peer(&self, remote: &str) -> Result<Arc<Peer<C>>> {
+        // Callers mostly pass the spelling the table holds (a name, or the address as
+        // `connect` canonicalized it): look that up before paying for canonicalizing,
+        // which formats a string per op. Equivalent because `peer_key` is idempotent.
+        if let Some(p) = self.inner.peers.read().get(remote) {
+            return Ok(p.clone());
+        }
         let key = peer_key(remote);
         self.inner
             .peers
@@ -706,7 +715,9 @@ impl<C: Communicator> Engine<C> {
         timeout: Duration,
     ) -> Result<()> {
         let m = membership::TransferMetrics::start(op, descs);
-        let r = self.transfer_inner(remote, op, descs, timeout).await;
+        let r = self
+            .transfer_inner(remote, op, descs, m.deadline(timeout))
+            .await;
         m.finish(&r);
         r
     }
@@ -716,10 +727,9 @@ impl<C: Communicator> Engine<C> {
         remote: &str,
         op: TransferOp,
         descs: &[TransferOpDesc],
-        timeout: Duration,
+        (deadline, timeout): (Deadline, Duration),
     ) -> Result<()> {
         self.check_open()?;
-        let deadline = Deadline::after(timeout);
         let peer = self.peer(remote)?;
         let plan = match self.plan(&peer, descs) {
             Err(EngineError::NotRegistered {
@@ -728,7 +738,9 @@ impl<C: Communicator> Engine<C> {
             | Err(EngineError::Straddles {
                 side: Side::Remote, ..
             }) => {
-                self.refresh(&peer, deadline).await?;
+                // Boxed, here and below: a refresh is a metadata round trip whose state is
+                // several KiB; inline, every op's future would carry (and move) it.
+                Box::pin(self.refresh(&peer, deadline)).await?;
                 self.plan(&peer, descs)?
             }
             other => other?,
@@ -751,34 +763,30 @@ impl<C: Communicator> Engine<C> {
         let comm = &self.inner.shared.comm;
         // The transport ends by the deadline; the timer is a second guard. Dropping the
         // transfer future cancels it: the transport no longer touches the memory after.
-        let direct = async {
-            if batch.is_empty() {
-                return Ok::<(), hmc_core::Error>(());
-            }
-            comm.transfer(&peer.ep, op, &batch, deadline).await
-        };
+        // One async block and one `select!`, not futures wrapped in futures: each wrapper
+        // keeps its own copy of the inner future's state, so nesting multiplied the size of
+        // every op's future (and the bytes moved per op).
         let moved = async {
-            direct.await?;
-            self.run_staged(&peer.ep, op, &staged, deadline).await
+            if !batch.is_empty() {
+                comm.transfer(&peer.ep, op, &batch, deadline).await?;
+            }
+            if staged.is_empty() {
+                return Ok(());
+            }
+            Box::pin(self.run_staged(&peer.ep, op, &staged, deadline)).await
         };
         let mut gone = peer.gone.subscribe();
-        let moved = async {
-            tokio::select! {
-                r = moved => Ok(r),
-                why = gone.wait_for(Option::is_some) => Err(why.ok().and_then(|w| w.clone())
-                    .unwrap_or_else(|| "disconnected".into())),
-            }
+        // `Err(_)`: the guard timer fired.
+        let outcome: std::result::Result<Result<()>, ()> = tokio::select! {
+            biased;
+            r = moved => Ok(r.map_err(EngineError::from)),
+            why = gone.wait_for(Option::is_some) => Ok(Err(EngineError::PeerGone {
+                peer: peer.name.clone(),
+                why: why.ok().and_then(|w| w.clone()).unwrap_or_else(|| "disconnected".into()),
+            })),
+            _ = tokio::time::sleep_until(deadline.instant().into()) => Err(()),
         };
-        let moved = async {
-            match moved.await {
-                Ok(r) => r.map_err(EngineError::from),
-                Err(why) => Err(EngineError::PeerGone {
-                    peer: peer.name.clone(),
-                    why,
-                }),
-            }
-        };
-        match tokio::time::timeout(deadline.remaining(), moved).await {
+        match outcome {
             Ok(Ok(())) => Ok(()),
             Ok(Err(EngineError::Transport(hmc_core::Error::DeadlineExceeded { .. }))) | Err(_) => {
                 Err(EngineError::Timeout {
@@ -796,7 +804,7 @@ impl<C: Communicator> Engine<C> {
                 drop(batch);
                 drop(pieces);
                 drop(staged);
-                if self.refresh(&peer, deadline).await.is_ok()
+                if Box::pin(self.refresh(&peer, deadline)).await.is_ok()
                     && let Err(gone) = self.plan(&peer, descs)
                 {
                     return Err(gone);
@@ -980,5 +988,21 @@ mod tests {
     fn engine_addresses_parse(#[case] s: &str, #[case] want: Option<&str>) {
         let got = parse_engine_addr(s, None).ok().map(|a| a.to_string());
         assert_eq!(got.as_deref(), want);
+    }
+
+    /// `Engine::peer` looks the caller's spelling up before canonicalizing it; that is the
+    /// same lookup only if a canonical key canonicalizes to itself.
+    #[rstest]
+    #[case("127.0.0.1:80")]
+    #[case("tcp://127.0.0.1:80")]
+    #[case("tcp://[::1]:9")]
+    #[case("[::1]:9")]
+    #[case("/run/engine.sock")]
+    #[case("unix:///x")]
+    #[case("127.0.0.1")]
+    #[case("engine-a")]
+    fn peer_keys_are_idempotent(#[case] s: &str) {
+        let once = peer_key(s);
+        assert_eq!(peer_key(&once), once, "{s}");
     }
 }

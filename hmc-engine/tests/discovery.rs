@@ -2,50 +2,15 @@
 //! connecting by name, etcd going down and coming back, and a hung peer process whose
 //! lease lapses while a transfer with it is in flight.
 
+mod common;
+
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use hmc_core::AnyCommunicator;
-use hmc_engine::{Engine, EngineConfig, EngineError, MemDesc, MemType, TransferOp, TransferOpDesc};
+use common::{T, checksum, desc, engine, host, serve};
+use hmc_engine::{Engine, EngineConfig, EngineError, MemType, TransferOp, TransferOpDesc};
 use hmc_meta::testing::EtcdProcess;
-
-const T: Duration = Duration::from_secs(10);
-
-async fn engine(url: &str, name: Option<&str>) -> Engine<AnyCommunicator> {
-    let mut o: HashMap<String, String> = [
-        ("metadata", url),
-        ("transport", "tcp"),
-        ("lease_ttl_ms", "2000"),
-        ("etcd_retry_max_ms", "500"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    if let Some(n) = name {
-        o.insert("name".into(), n.into());
-    }
-    Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
-        .await
-        .expect("engine registered in etcd")
-}
-
-fn desc(local: &[u8], remote: &[u8]) -> TransferOpDesc {
-    TransferOpDesc {
-        local_addr: local.as_ptr() as u64,
-        remote_addr: remote.as_ptr() as u64,
-        len: local.len(),
-    }
-}
-
-fn host(b: &[u8]) -> MemDesc {
-    MemDesc {
-        addr: b.as_ptr() as u64,
-        len: b.len(),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_find_each_other_by_name_through_etcd() {
@@ -125,34 +90,6 @@ async fn etcd_down_keeps_connections_and_fails_new_lookups_until_it_is_back() {
     for e in [a, b, c] {
         e.finalize().await;
     }
-}
-
-/// `target/<profile>/examples/<name>`, which `cargo test` builds with the tests.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(|d| d.parent()).unwrap();
-    profile.join("examples").join(name)
-}
-
-fn serve(url: &str, name: &str, mib: u32) -> (Child, BufReader<ChildStdout>) {
-    let mut child = Command::new(example("cluster_node"))
-        .args(["serve", "--metadata", url, "--name", name])
-        .args(["--mib", &mib.to_string(), "--lease-ttl-ms", "2000"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("cluster_node example (built by `cargo test -p hmc-engine`)");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert!(line.starts_with("READY"), "{line}");
-    (child, out)
-}
-
-fn checksum(b: &[u8]) -> u64 {
-    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
-        (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

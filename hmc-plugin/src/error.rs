@@ -141,7 +141,7 @@ pub(crate) fn status_error(
         },
         HMC_ERR_OUT_OF_MEMORY => Error::device(
             hmc_core::DeviceErrorKind::OutOfMemory,
-            "a transport plugin",
+            "an HMC plugin (transport or memory)",
             function,
             code as i64,
             detail,

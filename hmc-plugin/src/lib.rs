@@ -1,4 +1,4 @@
-//! Third-party HMC transports loaded at run time: a versioned C plugin ABI, the loader, host adapters that make a plugin an `hmc_core::Communicator`, a transport registry by name, and `export_plugin!` for Rust plugins.
+//! Third-party HMC transports and memory backends loaded at run time: a versioned C plugin ABI, the loader, host adapters that make a plugin an `hmc_core::Communicator` or an `hmc_core::Memory`, a transport registry by name, and `export_plugin!` for Rust plugins.
 //!
 //! ```no_run
 //! use hmc_plugin::{OpenOptions, PluginConfig, TransportRegistry};
@@ -25,8 +25,8 @@
 //!
 //! A plugin provides a communicator (`HMC_PLUGIN_PROVIDES_COMMUNICATOR`), a device memory
 //! backend (`HMC_PLUGIN_PROVIDES_MEMORY`, wrapped by [`PluginMemory`], which implements
-//! `hmc_core::Memory`), or both. Rust plugins export communicators only
-//! ([`export_plugin!`]).
+//! `hmc_core::Memory`), or both; a Rust crate exports either or both with
+//! [`export_plugin!`].
 //!
 //! # The ABI in short
 //!

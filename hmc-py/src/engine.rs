@@ -352,6 +352,30 @@ impl Engine {
     }
 }
 
+/// `options` with the `metadata` and `name` keyword arguments of `initialize` added (the
+/// same keys; a key given both ways with different values is refused).
+pub(crate) fn with_metadata(
+    options: Option<HashMap<String, String>>,
+    metadata: Option<String>,
+    name: Option<String>,
+) -> PyResult<HashMap<String, String>> {
+    let mut options = options.unwrap_or_default();
+    for (key, value) in [("metadata", metadata), ("name", name)] {
+        let Some(value) = value else { continue };
+        match options.get(key) {
+            Some(given) if *given != value => {
+                return Err(errors::invalid(format!(
+                    "`{key}` is given twice: `{key}={value}` and options[\"{key}\"] = `{given}`; give it once"
+                )));
+            }
+            _ => {
+                options.insert(key.to_string(), value);
+            }
+        }
+    }
+    Ok(options)
+}
+
 impl Drop for Engine {
     fn drop(&mut self) {
         if let Some(live) = self.live.get_mut().take() {
@@ -372,18 +396,28 @@ impl Engine {
     /// (``tcp``, ``ucx``, ``shm`` or ``auto``, the default), ``max_regions``,
     /// ``max_remote_regions``, ``max_descs_per_transfer``, ``max_pending_notifies``,
     /// ``max_notify_len``, ``max_published_len``, ``allow_foreign_data_plane``,
-    /// ``default_timeout_ms``. An unknown key raises ``InvalidArgumentError``.
-    #[pyo3(signature = (local, options = None))]
+    /// ``default_timeout_ms``, and the metadata store's (``lease_ttl_ms``, ...). An unknown
+    /// key raises ``InvalidArgumentError``.
+    ///
+    /// ``metadata`` is where engines find each other: ``"embedded"`` (the default: no
+    /// service, an engine's name is its address) or ``"etcd://host:port[,host:port]/namespace"``,
+    /// where the engine registers under ``name`` (default: its address) and peers
+    /// ``connect`` to it by that name. The same as the ``metadata`` and ``name`` options.
+    #[pyo3(signature = (local, options = None, *, metadata = None, name = None))]
     fn initialize(
         &self,
         py: Python<'_>,
         local: &str,
         options: Option<HashMap<String, String>>,
+        metadata: Option<String>,
+        name: Option<String>,
     ) -> PyResult<()> {
-        self.initialize_py(py, local, options)
+        let options = with_metadata(options, metadata, name)?;
+        self.initialize_py(py, local, Some(options))
     }
 
-    /// The address peers connect to (``"IP:PORT"``, with the port chosen if 0 was given).
+    /// The name peers connect to: the engine's address (``"IP:PORT"``, with the port
+    /// chosen if 0 was given), or its ``name`` in an etcd ``metadata`` namespace.
     #[getter]
     fn local_address(&self) -> PyResult<String> {
         Ok(self.live()?.engine.name().to_string())

@@ -539,14 +539,18 @@ impl DataDist {
         })
     }
 
-    /// Starts an engine of its own at ``local`` (as ``Engine.initialize``).
-    #[pyo3(signature = (local, options = None))]
+    /// Starts an engine of its own at ``local`` (as ``Engine.initialize``, ``metadata`` and
+    /// ``name`` included).
+    #[pyo3(signature = (local, options = None, *, metadata = None, name = None))]
     fn initialize(
         &self,
         py: Python<'_>,
         local: &str,
         options: Option<HashMap<String, String>>,
+        metadata: Option<String>,
+        name: Option<String>,
     ) -> PyResult<()> {
+        let options = Some(crate::engine::with_metadata(options, metadata, name)?);
         if self.dd.read().is_some() {
             return Err(errors::state("the DataDist is already initialized"));
         }

@@ -37,7 +37,12 @@ pub struct HeldBudget {
     held: AtomicU64,
     peak: AtomicU64,
     counters: Counters,
+    observer: Option<SettleObserver>,
 }
+
+/// Told each time a connection settles, with the bytes it moved the total from and to
+/// (a runtime exports them as a gauge; this crate records no metrics itself).
+pub type SettleObserver = fn(from: u64, to: u64);
 
 /// Event counters a [`HeldBudget`] collects for [`ServerStats`].
 #[derive(Debug, Default)]
@@ -100,7 +105,15 @@ impl HeldBudget {
             held: AtomicU64::new(0),
             peak: AtomicU64::new(0),
             counters: Counters::default(),
+            observer: None,
         }
+    }
+
+    /// Calls `observer` whenever a connection settles (in steps of [`SETTLE_SLACK`], so
+    /// not for every small call).
+    pub fn with_observer(mut self, observer: SettleObserver) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The limit (`max_held_bytes`).
@@ -115,6 +128,9 @@ impl HeldBudget {
 
     /// Moves the total from `from` to `to` bytes for one connection.
     pub(crate) fn settle(&self, from: u64, to: u64) {
+        if let Some(observe) = self.observer {
+            observe(from, to);
+        }
         if to >= from {
             let now = self.held.fetch_add(to - from, Ordering::Relaxed) + (to - from);
             self.peak.fetch_max(now, Ordering::Relaxed);
@@ -180,5 +196,20 @@ mod tests {
         b.bump(Event::ClosedIdle);
         assert_eq!(b.stats().closed_idle, 2);
         assert_eq!(b.stats().refused_conn_budget, 0);
+    }
+
+    #[test]
+    fn the_observer_sees_every_settlement() {
+        use std::sync::atomic::AtomicI64;
+        static SEEN: AtomicI64 = AtomicI64::new(0);
+        fn observe(from: u64, to: u64) {
+            SEEN.fetch_add(to as i64 - from as i64, Ordering::Relaxed);
+        }
+        let b = HeldBudget::new(1000).with_observer(observe);
+        b.settle(0, 300);
+        b.settle(300, 100);
+        assert_eq!(SEEN.load(Ordering::Relaxed), 100);
+        b.settle(100, 0);
+        assert_eq!(SEEN.load(Ordering::Relaxed), 0);
     }
 }

@@ -2,6 +2,7 @@
 //! request id, a default deadline per call, cancel on drop, reconnect after loss (calls
 //! already sent are failed, never replayed), and a blocking wrapper.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use hmc_core::{Communicator, Error, MemSpan, MemSpanMut, Memory, PeerAddr};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tracing::{Instrument, Span};
 
 mod blocking;
 mod error;
@@ -104,9 +106,12 @@ enum Cmd {
     Cancel(u64),
 }
 
+#[derive(Clone)]
 struct ConnHandle {
     cmd: mpsc::UnboundedSender<Cmd>,
     usable: Arc<AtomicBool>,
+    /// This end's socket address (TCP), for the call spans ([`crate::trace`]).
+    local: Option<SocketAddr>,
 }
 
 impl ConnHandle {
@@ -258,18 +263,22 @@ impl<C: Communicator> Client<C> {
         &self.inner.addr
     }
 
-    async fn connection(&self) -> Result<mpsc::UnboundedSender<Cmd>, CallError> {
+    /// The current connection's command queue and local address, connecting first if
+    /// there is none (or it was lost).
+    async fn connection(
+        &self,
+    ) -> Result<(mpsc::UnboundedSender<Cmd>, Option<SocketAddr>), CallError> {
         // Fast path: the current connection, without touching the async reconnect lock.
         if let Some(h) = self.inner.current.lock().as_ref()
             && h.is_usable()
         {
-            return Ok(h.cmd.clone());
+            return Ok((h.cmd.clone(), h.local));
         }
         let mut g = self.inner.conn.lock().await;
         if let Some(h) = g.as_ref()
             && h.is_usable()
         {
-            return Ok(h.cmd.clone());
+            return Ok((h.cmd.clone(), h.local));
         }
         let stream = tokio::time::timeout(
             self.inner.config.connect_timeout,
@@ -285,24 +294,25 @@ impl<C: Communicator> Client<C> {
         .map_err(CallError::Connect)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let usable = Arc::new(AtomicBool::new(true));
+        let local = stream.local_tcp_addr();
         tokio::spawn(run_connection(
             stream,
             self.inner.config.conn.clone(),
             rx,
             usable.clone(),
         ));
-        *g = Some(ConnHandle {
-            cmd: tx.clone(),
-            usable: usable.clone(),
-        });
+        let handle = ConnHandle {
+            cmd: tx,
+            usable,
+            local,
+        };
+        *g = Some(handle.clone());
         self.inner.no_buffer.store(false, Ordering::Release);
         let before = self.inner.conn_gen.fetch_add(1, Ordering::AcqRel);
         crate::metrics::client_connected(before > 0);
-        *self.inner.current.lock() = Some(ConnHandle {
-            cmd: tx.clone(),
-            usable,
-        });
-        Ok(tx)
+        let r = (handle.cmd.clone(), handle.local);
+        *self.inner.current.lock() = Some(handle);
+        Ok(r)
     }
 
     /// Calls `method` with raw bytes and the default deadline.
@@ -321,7 +331,12 @@ impl<C: Communicator> Client<C> {
     ) -> Result<Bytes, CallError> {
         let payload = payload.into();
         let m = crate::metrics::ClientCall::start(payload.len());
-        let r = self.call_with_inner(method, payload, opts).await;
+        let span = crate::trace::call(&self.inner.addr, method);
+        let r = self
+            .call_with_inner(method, payload, opts, &span)
+            .instrument(span.clone())
+            .await;
+        crate::trace::finished(&span, &r);
         m.finish(r.as_ref().map(|b| b.len()));
         r
     }
@@ -331,6 +346,7 @@ impl<C: Communicator> Client<C> {
         method: u32,
         payload: Bytes,
         opts: CallOptions,
+        span: &Span,
     ) -> Result<Bytes, CallError> {
         if let Some(dp) = &self.dp
             && payload.len() >= dp.config.threshold
@@ -345,7 +361,7 @@ impl<C: Communicator> Client<C> {
                         response: resp_len as u64,
                         descriptor: prep.descriptor.clone(),
                     };
-                    let r = self.call_body(method, body, opts).await;
+                    let r = self.call_body(method, body, opts, span).await;
                     // A v1 server cannot say up front that it has no data plane; it says so in
                     // its refusal, which is the one text a client recognises.
                     if let Err(CallError::Status { status, message }) = &r
@@ -365,7 +381,10 @@ impl<C: Communicator> Client<C> {
                 }
             }
         }
-        match self.call_body(method, Body::Payload(payload), opts).await? {
+        match self
+            .call_body(method, Body::Payload(payload), opts, span)
+            .await?
+        {
             Reply::Payload(b) => Ok(b),
             Reply::InBuffer(_) | Reply::Staged(_) => Err(CallError::ConnectionLost(
                 "an HMC_BUFFER or staged answer to a call that asked for neither".into(),
@@ -373,13 +392,16 @@ impl<C: Communicator> Client<C> {
         }
     }
 
+    /// Sends one call and waits for its answer; `span` gets its request id
+    /// ([`crate::trace`]).
     async fn call_body(
         &self,
         method: u32,
         body: Body,
         opts: CallOptions,
+        span: &Span,
     ) -> Result<Reply, CallError> {
-        self.send_call(method, body, None, opts)
+        self.send_call(method, body, None, opts, span)
             .await?
             .answer()
             .await
@@ -393,6 +415,7 @@ impl<C: Communicator> Client<C> {
         body: Body,
         sink: Option<ResponseSink>,
         opts: CallOptions,
+        span: &Span,
     ) -> Result<SentCall, CallError> {
         let timeout = opts.timeout.unwrap_or(self.inner.config.default_timeout);
         let start = Instant::now();
@@ -402,8 +425,9 @@ impl<C: Communicator> Client<C> {
                 .await
                 .map_err(|_| CallError::DeadlineExceeded(timeout))?
                 .expect("the credit semaphore is never closed");
-        let cmd = self.connection().await?;
+        let (cmd, local) = self.connection().await?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        crate::trace::sent(span, id, || local);
         let (reply, rx) = oneshot::channel();
         let guard = CancelOnDrop {
             id,
@@ -507,34 +531,41 @@ impl<C: Communicator> Client<C> {
             let response = self.call_with(method, host, opts).await?;
             return device::upload(&**memory, &response).map_err(CallError::Device);
         }
-        let sink_mem = memory.clone();
-        let sink: ResponseSink = Box::new(move |n| DeviceSink::boxed(sink_mem, n));
-        let mut sent = self
-            .send_call(method, Body::Fed(len as u64), Some(sink), opts)
-            .await?;
-        let (id, cmd) = (sent.id, sent.cmd.clone());
-        let produced = {
-            let feeding = device::produce(&**memory, payload, ring, |piece| {
-                cmd.send(Cmd::Feed(id, piece)).is_ok()
-            });
-            tokio::select! {
-                // An early answer (refusal, deadline, lost connection) stops the copies.
-                r = &mut sent.rx => Err(r),
-                p = feeding => Ok(p),
+        let span = crate::trace::call(&self.inner.addr, method);
+        // The call's pieces are fed to the connection as they come off the device.
+        let fed = async {
+            let sink_mem = memory.clone();
+            let sink: ResponseSink = Box::new(move |n| DeviceSink::boxed(sink_mem, n));
+            let mut sent = self
+                .send_call(method, Body::Fed(len as u64), Some(sink), opts, &span)
+                .await?;
+            let (id, cmd) = (sent.id, sent.cmd.clone());
+            let produced = {
+                let feeding = device::produce(&**memory, payload, ring, |piece| {
+                    cmd.send(Cmd::Feed(id, piece)).is_ok()
+                });
+                tokio::select! {
+                    // An early answer (refusal, deadline, lost connection) stops the copies.
+                    r = &mut sent.rx => Err(r),
+                    p = feeding => Ok(p),
+                }
+            };
+            let reply = match produced {
+                Err(early) => sent.finish(early),
+                Ok(Err(e)) => return Err(CallError::Device(e)), // dropping `sent` cancels
+                Ok(Ok(_)) => sent.answer().await,
+            }?;
+            match reply {
+                Reply::Staged(p) => device::take_staged::<M>(p).map_err(CallError::Device),
+                Reply::Payload(b) => device::upload(&**memory, &b).map_err(CallError::Device),
+                Reply::InBuffer(_) => Err(CallError::ConnectionLost(
+                    "an HMC_BUFFER answer to a call that lent no region".into(),
+                )),
             }
         };
-        let reply = match produced {
-            Err(early) => sent.finish(early),
-            Ok(Err(e)) => return Err(CallError::Device(e)), // dropping `sent` cancels
-            Ok(Ok(_)) => sent.answer().await,
-        }?;
-        match reply {
-            Reply::Staged(p) => device::take_staged::<M>(p).map_err(CallError::Device),
-            Reply::Payload(b) => device::upload(&**memory, &b).map_err(CallError::Device),
-            Reply::InBuffer(_) => Err(CallError::ConnectionLost(
-                "an HMC_BUFFER answer to a call that lent no region".into(),
-            )),
-        }
+        let r = fed.instrument(span.clone()).await;
+        crate::trace::finished(&span, &r);
+        r
     }
 
     /// A typed call: encodes `req` and decodes the answer with [`RpcCodec`].

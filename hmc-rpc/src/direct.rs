@@ -62,6 +62,14 @@ impl Sock {
         }
     }
 
+    /// This end's address of a TCP connection, for the call spans.
+    fn local_tcp_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Sock::Tcp(s) => s.local_addr().ok(),
+            Sock::Unix(_) => None,
+        }
+    }
+
     /// Timeouts of the next blocking read and write; `None` blocks without limit.
     fn set_timeouts(&self, t: Option<Duration>) -> std::io::Result<()> {
         // A zero timeout means "none" to the socket API: wait at least a microsecond.
@@ -246,6 +254,19 @@ impl DirectClient {
         opts: CallOptions,
     ) -> Result<Bytes, CallError> {
         let payload = payload.into();
+        let span = crate::trace::call(&self.addr, method);
+        let r = span.in_scope(|| self.call_in_span(method, payload, opts, &span));
+        crate::trace::finished(&span, &r);
+        r
+    }
+
+    fn call_in_span(
+        &self,
+        method: u32,
+        payload: Bytes,
+        opts: CallOptions,
+        span: &tracing::Span,
+    ) -> Result<Bytes, CallError> {
         let timeout = opts.timeout.unwrap_or(self.config.default_timeout);
         let start = Instant::now();
         let deadline = start + timeout;
@@ -256,6 +277,7 @@ impl DirectClient {
         }
         let conn = guard.as_mut().expect("connected above");
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        crate::trace::sent(span, id, || conn.sock.local_tcp_addr());
         match conn
             .core
             .start_call_with_id(id, method, payload, Some(deadline), false, start)

@@ -48,6 +48,15 @@
 //! - [`direct`]: [`DirectClient`], the same core driven by blocking sockets on the caller's
 //!   thread, for synchronous callers that want no runtime and no thread hop.
 //!
+//! # Logs and metrics
+//!
+//! Logs go through `tracing`. At DEBUG, each call runs in a span carrying its request id on
+//! both sides (`rpc.call` at the client, `rpc.conn`/`rpc.handle` at the server), so that a
+//! client's log line and the server's for the same call can be joined; below DEBUG no span
+//! is made. Counters, gauges and histograms go through the `metrics` facade (names in the
+//! README's "Cluster" section; why so in `docs/design.md`, "Metrics and tracing"); both are
+//! free without a subscriber or recorder.
+//!
 //! # Large payloads over a data plane (HMC_BUFFER)
 //!
 //! [`Server<C>`](server::Server) and [`Client<C>`](client::Client) take an optional data
@@ -90,6 +99,7 @@ mod metrics;
 mod net;
 pub mod pool;
 pub mod server;
+mod trace;
 
 pub use hmc_rpc_proto::{budget, codec, frame, proto, settings};
 

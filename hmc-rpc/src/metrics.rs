@@ -8,6 +8,12 @@
 //! `client_calls_total`, `client_errors_total` (label `kind`), `client_bytes_sent_total`,
 //! `client_bytes_received_total`, `client_inflight`, `client_call_seconds`,
 //! `client_connects_total` and `client_reconnects_total`.
+//!
+//! Gauges of what peers make a process hold: `server_held_bytes` (the held-byte budget in
+//! use, all servers of the process together, moved when a connection settles, see
+//! [`crate::budget`]) and `server_held_bytes_limit` (their `max_held_bytes`, summed);
+//! `pool_registered_bytes` and `pool_in_use_bytes` (the HMC_BUFFER data plane's pools of
+//! registered buffers, client and server alike: registered now, and lent to calls now).
 
 use std::time::Instant;
 
@@ -100,6 +106,56 @@ impl Drop for ClientCall {
     fn drop(&mut self) {
         metrics::gauge!("hmc_rpc_client_inflight").decrement(1.0);
     }
+}
+
+/// Moves a gauge up or down by `n`.
+fn moved(g: metrics::Gauge, up: bool, n: u64) {
+    if up {
+        g.increment(n as f64)
+    } else {
+        g.decrement(n as f64)
+    }
+}
+
+/// A server connection settled its held bytes from `from` to `to` (a
+/// [`crate::budget::SettleObserver`]).
+pub(crate) fn held_bytes_settled(from: u64, to: u64) {
+    moved(
+        metrics::gauge!("hmc_rpc_server_held_bytes"),
+        to >= from,
+        to.abs_diff(from),
+    );
+}
+
+/// A running server's `max_held_bytes`, counted in `server_held_bytes_limit` until
+/// dropped.
+pub(crate) struct HeldLimit(u64);
+
+impl HeldLimit {
+    pub(crate) fn open(limit: u64) -> Self {
+        metrics::gauge!("hmc_rpc_server_held_bytes_limit").increment(limit as f64);
+        HeldLimit(limit)
+    }
+}
+
+impl Drop for HeldLimit {
+    fn drop(&mut self) {
+        metrics::gauge!("hmc_rpc_server_held_bytes_limit").decrement(self.0 as f64);
+    }
+}
+
+/// A buffer pool registered (`up`) or deregistered `n` bytes.
+pub(crate) fn pool_registered(up: bool, n: usize) {
+    moved(
+        metrics::gauge!("hmc_rpc_pool_registered_bytes"),
+        up,
+        n as u64,
+    );
+}
+
+/// A buffer pool lent (`up`) or took back `n` bytes.
+pub(crate) fn pool_in_use(up: bool, n: usize) {
+    moved(metrics::gauge!("hmc_rpc_pool_in_use_bytes"), up, n as u64);
 }
 
 /// A client connection made; `again` when it replaces a lost one.

@@ -194,10 +194,23 @@ pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
 }
 
 impl<C: Communicator> Inner<C> {
+    /// `size` bytes lent to a call.
+    fn lend(&self, size: usize) {
+        self.in_use_bytes.fetch_add(size, Ordering::AcqRel);
+        crate::metrics::pool_in_use(true, size);
+    }
+
+    /// `size` bytes back from a call.
+    fn take_back(&self, size: usize) {
+        self.in_use_bytes.fetch_sub(size, Ordering::AcqRel);
+        crate::metrics::pool_in_use(false, size);
+    }
+
     fn release(&self, buf: Slot<C>) {
         let len = buf.size;
         blocking(|| drop(buf));
         self.registered_bytes.fetch_sub(len, Ordering::AcqRel);
+        crate::metrics::pool_registered(false, len);
         self.deregistrations.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -233,6 +246,14 @@ impl<C: Communicator> Inner<C> {
             mark: PeerMark::default(),
             exported: Default::default(),
         })
+    }
+}
+
+impl<C: Communicator> Drop for Inner<C> {
+    fn drop(&mut self) {
+        // Lent buffers keep the pool alive: what is registered now is idle, and goes with
+        // the free lists.
+        crate::metrics::pool_registered(false, *self.registered_bytes.get_mut());
     }
 }
 
@@ -360,6 +381,7 @@ impl<C: Communicator> BufferPool<C> {
                 match blocking(|| self.0.register(size)) {
                     Ok(b) => {
                         self.0.registrations.fetch_add(1, Ordering::Relaxed);
+                        crate::metrics::pool_registered(true, size);
                         b
                     }
                     Err(e) => {
@@ -369,7 +391,7 @@ impl<C: Communicator> BufferPool<C> {
                 }
             }
         };
-        self.0.in_use_bytes.fetch_add(size, Ordering::AcqRel);
+        self.0.lend(size);
         Ok(PooledBuffer {
             buf: Some(buf),
             class,
@@ -514,7 +536,7 @@ impl<C: Communicator> PooledBuffer<C> {
     /// still be writing (a call abandoned mid-transfer).
     pub fn discard(mut self) {
         if let Some(b) = self.buf.take() {
-            self.pool.in_use_bytes.fetch_sub(b.size, Ordering::AcqRel);
+            self.pool.take_back(b.size);
             self.pool.release(b);
         }
     }
@@ -557,14 +579,14 @@ impl<C: Communicator> Drop for PooledBuffer<C> {
             };
             if !keep {
                 let b = self.buf.take().expect("checked");
-                self.pool.in_use_bytes.fetch_sub(b.size, Ordering::AcqRel);
+                self.pool.take_back(b.size);
                 self.pool.release(b);
                 return;
             }
         }
         let Some(b) = self.buf.take() else { return };
         let len = b.size;
-        self.pool.in_use_bytes.fetch_sub(len, Ordering::AcqRel);
+        self.pool.take_back(len);
         let keep = self
             .pool
             .idle_bytes

@@ -15,10 +15,11 @@ use hmc_core::{Communicator, Error, PeerAddr, Result};
 use parking_lot::Mutex;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use crate::budget::{HeldBudget, ServerStats};
 use crate::data_plane::{
-    ConnUse, DataPlaneConfig, DataPlaneStats, NoDataPlane, RunHandler, Served, ServerDp,
+    ConnUse, DataPlaneConfig, DataPlaneStats, NoDataPlane, RpcPeer, RunHandler, Served, ServerDp,
     ServerPlane, Work,
 };
 use crate::dispatch::{
@@ -142,7 +143,11 @@ impl<C: Communicator> Server<C> {
             dp,
             dispatcher: self.dispatcher,
             inflight: Arc::new(Semaphore::new(self.config.max_inflight_total)),
-            budget: Arc::new(HeldBudget::new(self.config.max_held_bytes)),
+            budget: Arc::new(
+                HeldBudget::new(self.config.max_held_bytes)
+                    .with_observer(crate::metrics::held_bytes_settled),
+            ),
+            _held_limit: crate::metrics::HeldLimit::open(self.config.max_held_bytes),
             pool: BlockingPool::new(self.config.workers, self.config.max_inflight_total),
             connections: AtomicUsize::new(0),
             config: self.config,
@@ -227,6 +232,8 @@ struct Shared {
     inflight: Arc<Semaphore>,
     /// Bytes held for clients, across connections.
     budget: Arc<HeldBudget>,
+    /// Its limit, counted in the metrics while the server lives.
+    _held_limit: crate::metrics::HeldLimit,
     /// What connections answer in the settings exchange.
     settings: Settings,
     pool: BlockingPool,
@@ -248,10 +255,15 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>, mut shutdown: watc
                     }
                     let shared2 = shared.clone();
                     let sd = shutdown.clone();
-                    conns.spawn(async move {
-                        serve_connection(stream, shared2.clone(), sd).await;
-                        shared2.connections.fetch_sub(1, Ordering::AcqRel);
-                    });
+                    let peer = stream.rpc_peer();
+                    let span = crate::trace::conn(&peer);
+                    conns.spawn(
+                        async move {
+                            serve_connection(stream, peer, shared2.clone(), sd).await;
+                            shared2.connections.fetch_sub(1, Ordering::AcqRel);
+                        }
+                        .instrument(span),
+                    );
                 }
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
@@ -315,11 +327,12 @@ const READ_CHUNK: usize = 256 * 1024;
 
 async fn serve_connection(
     stream: Stream,
+    peer: RpcPeer,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let _counted = crate::metrics::ServerConnection::open();
-    let conn_use = Arc::new(ConnUse::for_peer(stream.rpc_peer()));
+    let conn_use = Arc::new(ConnUse::for_peer(peer));
     let (mut rd, wr) = stream.into_split();
     let mut core = ServerConn::with_budget(
         shared.config.conn.clone(),
@@ -614,6 +627,8 @@ fn start_call(
         );
         return;
     };
+    // The handler runs within this span whichever way it runs (crate::trace).
+    let span = crate::trace::handle(id, method);
     let cancel = CancelToken::new();
     tokens.insert(id, cancel.clone());
     let ctx = CallContext {
@@ -644,7 +659,7 @@ fn start_call(
         };
         let serving = dp.serve(conn_use, payload, len, deadline, work);
         let grace = shared.config.handler_cancel_grace;
-        tokio::spawn(async move {
+        let task = async move {
             let served =
                 until_cancelled(serving, &token, grace, || Served::Answer(Err(cancelled()))).await;
             drop(permit);
@@ -659,7 +674,8 @@ fn start_call(
                 in_buffer,
                 fed: None,
             });
-        });
+        };
+        tokio::spawn(task.instrument(span));
         return;
     }
     if let Some(route) = shared.dispatcher.device_route(method).cloned() {
@@ -672,7 +688,7 @@ fn start_call(
         let token = ctx.cancel.clone();
         let running = AssertUnwindSafe(route.run(ctx, request)).catch_unwind();
         let grace = shared.config.handler_cancel_grace;
-        tokio::spawn(async move {
+        let task = async move {
             let r = until_cancelled(running, &token, grace, || Ok(Err(cancelled())))
                 .await
                 .unwrap_or_else(|p| Err(panicked(method, p)));
@@ -689,12 +705,14 @@ fn start_call(
                 in_buffer: None,
                 fed,
             });
-        });
+        };
+        tokio::spawn(task.instrument(span));
         return;
     }
     match handler.clone() {
         Handler::Async(h) => {
             let token = ctx.cancel.clone();
+            let entered = span.enter();
             let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| h(ctx, payload))) {
                 Ok(f) => f,
                 Err(p) => {
@@ -717,7 +735,9 @@ fn start_call(
             // is answered without a task hop; one that waits is spawned with a real waker.
             let waker = futures::task::noop_waker();
             let mut cx = std::task::Context::from_waker(&waker);
-            if let std::task::Poll::Ready(r) = std::pin::Pin::new(&mut fut).poll(&mut cx) {
+            let polled = std::pin::Pin::new(&mut fut).poll(&mut cx);
+            drop(entered);
+            if let std::task::Poll::Ready(r) = polled {
                 let result = r.unwrap_or_else(|p| Err(panicked(method, p)));
                 drop(permit);
                 tokens.remove(&id);
@@ -732,7 +752,7 @@ fn start_call(
                 return;
             }
             let grace = shared.config.handler_cancel_grace;
-            tokio::spawn(async move {
+            let task = async move {
                 let result = until_cancelled(fut, &token, grace, || Ok(Err(cancelled())))
                     .await
                     .unwrap_or_else(|p| Err(panicked(method, p)));
@@ -744,10 +764,12 @@ fn start_call(
                     in_buffer: None,
                     fed: None,
                 });
-            });
+            };
+            tokio::spawn(task.instrument(span));
         }
         Handler::Blocking(h) => {
             let job = Box::new(move || {
+                let _entered = span.enter();
                 let result = if ctx.is_cancelled() || ctx.remaining().is_some_and(|r| r.is_zero()) {
                     Err(RpcError::new(
                         Status::DEADLINE_EXCEEDED,
@@ -789,7 +811,10 @@ fn runner(shared: Arc<Shared>, handler: Handler, ctx: CallContext) -> RunHandler
         }),
         Handler::Blocking(h) => {
             let (tx, rx) = tokio::sync::oneshot::channel();
+            // The worker thread runs it within the call's span (this future's).
+            let span = tracing::Span::current();
             let job = Box::new(move || {
+                let _entered = span.enter();
                 let r = std::panic::catch_unwind(AssertUnwindSafe(|| h(&ctx, payload)))
                     .unwrap_or_else(|p| Err(panicked(method, p)));
                 let _ = tx.send(r);

@@ -21,6 +21,10 @@
 //! `hmc_core::Error`. It is **not** a hardware verification: it cannot tell whether a real
 //! driver behaves as its header promises, and it measures nothing about performance.
 //!
+//! The shims are compiled by `hmc_backend_helpers::shim`, the public builder an
+//! out-of-tree backend uses for its own (docs/backend-guide.md, "Testing your backend
+//! without the hardware"); this crate adds the in-tree shims' shared C and test bodies.
+//!
 //! The shared part of the shims (allocation table, checks, failure injection, IPC) is
 //! `shim/devshim_core.h` of this crate; `shim/devshim_cudart.h` adds every function of a
 //! runtime that mirrors the CUDA runtime name for name (HIP, MUSA) from its symbol prefix.
@@ -63,7 +67,8 @@ pub use control::{ShimControl, from_hex, run_child_test, test_name, to_hex};
 pub use hmc_backend_runtime;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use hmc_backend_helpers::shim::{self, ShimSpec};
 
 /// The folder holding `devshim_core.h` and `devshim_cudart.h`, passed to the compiler with
 /// `-I`.
@@ -71,42 +76,22 @@ pub fn core_include_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("shim")
 }
 
-/// Compiles `source` (a shim's C file) into a shared library named `lib<name>.so` under
-/// `out_dir`, and returns its path.
+/// Compiles `source` (a shim's C file, which includes the shared headers of
+/// [`core_include_dir`]) into a shared library named `lib<name>.so` under `out_dir`, and
+/// returns its path.
 ///
-/// The compiler is `$CC` when set, else `cc`. Compilation is skipped when the library is
-/// newer than `source` and the shared headers, so parallel tests of one crate rebuild it
-/// once; the output is written to a temporary name and renamed into place, so a
+/// A thin use of [`hmc_backend_helpers::shim::build_shim`], the public shim builder: the
+/// compiler is `$CC` when set, else `cc`; the library is rebuilt only when `source` or a
+/// shared header changed, and written under a temporary name and renamed into place, so a
 /// concurrent test never loads a half-written file.
 pub fn build_shim(source: &Path, name: &str, out_dir: &Path) -> Result<PathBuf, String> {
-    std::fs::create_dir_all(out_dir)
-        .map_err(|e| format!("cannot create {}: {e}", out_dir.display()))?;
-    let out = out_dir.join(format!("lib{name}.so"));
-    let shared = ["devshim_core.h", "devshim_cudart.h"].map(|h| core_include_dir().join(h));
-    if is_fresh(&out, &[source, &shared[0], &shared[1]]) {
-        return Ok(out);
+    let mut spec = ShimSpec::new(name, source)
+        .include_dir(core_include_dir())
+        .out_dir(out_dir);
+    for header in ["devshim_core.h", "devshim_cudart.h"] {
+        spec = spec.depends_on(core_include_dir().join(header));
     }
-    let tmp = out_dir.join(format!("lib{name}.so.{}.tmp", std::process::id()));
-    let cc = c_compiler();
-    let output = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-pthread"])
-        .arg("-I")
-        .arg(core_include_dir())
-        .arg("-o")
-        .arg(&tmp)
-        .arg(source)
-        .output()
-        .map_err(|e| format!("cannot run the C compiler `{cc}` (set CC or install gcc): {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "`{cc}` failed to build the ABI shim {}:\n{}",
-            source.display(),
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    std::fs::rename(&tmp, &out)
-        .map_err(|e| format!("cannot move {} into place: {e}", tmp.display()))?;
-    Ok(out)
+    shim::build_shim(&spec).map_err(|e| e.to_string())
 }
 
 /// Compiles the user-space stand-in for `libibverbs.so.1` (`shim/ibverbs_standin.c`,
@@ -125,20 +110,7 @@ pub fn build_ibverbs_standin(out_dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// The C compiler the shims and layout checks use: `$CC` when set, else `cc`.
-pub fn c_compiler() -> String {
-    std::env::var("CC").unwrap_or_else(|_| "cc".to_string())
-}
-
-fn is_fresh(out: &Path, inputs: &[&Path]) -> bool {
-    let Ok(built) = std::fs::metadata(out).and_then(|m| m.modified()) else {
-        return false;
-    };
-    inputs.iter().all(|p| {
-        std::fs::metadata(p)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t <= built)
-    })
-}
+pub use hmc_backend_helpers::shim::c_compiler;
 
 /// CPU time (clock ticks, `USER_HZ`) used so far by this process's threads whose name
 /// starts with `prefix` (from `/proc/self/task/*/stat`): how the transports' idle tests

@@ -9,14 +9,17 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use hmc_core::{
-    Access, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
-    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
+    Access, AnyMemory, CommCapabilities, Communicator, Deadline, Error, IpcDescriptor,
+    LocalRegistration, MemoryKinds, Notification, Op, PeerAddr, Region, RemoteRegion, Result,
+    TransferDesc, TransportId, check_bounds,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::oneshot;
 
+use crate::chunk::{self, Chunk};
 use crate::cma::{self, PeerCred};
 use crate::control::{self, Page};
+use crate::device::{Devices, IpcLease};
 use crate::mapped::{self, FdReader, Mapping, SharedAlloc};
 use crate::target::{RegEntry, Target};
 use crate::wire::{self, KEY_LEN, Msg, Refusal, TOKEN_LEN};
@@ -31,6 +34,9 @@ struct Lease {
     /// The registration mapped into this process (shared memory from the target's
     /// `alloc_registered`): copies are a `memcpy` there instead of `process_vm_*`.
     map: Option<Arc<Mapping>>,
+    /// The registration is device memory: its IPC descriptor and the mappings opened from
+    /// it, closed when the lease is revoked or the side channel closes.
+    ipc: Option<IpcLease>,
     /// False once revoked (or the side channel closed). Copies hold the read lock for one
     /// chunk; revocation takes the write lock, so it returns after the chunk in progress.
     valid: RwLock<bool>,
@@ -68,6 +74,8 @@ struct EpShared {
     /// Why cross-memory attach to the peer is refused, when it is (found by the probe at
     /// connect): then only the target's shared memory can be reached.
     cma_refused: Option<String>,
+    /// IPC handles of the peer's device memory opened so far.
+    ipc_opens: AtomicU64,
 }
 
 impl EpShared {
@@ -95,6 +103,7 @@ impl EpShared {
                     len,
                     access,
                     map,
+                    ipc,
                 } => {
                     let key = self.pending.lock().get(&req).and_then(|p| p.0);
                     let map = match self.mapping(&mut reader, key, map, len) {
@@ -114,6 +123,7 @@ impl EpShared {
                         len,
                         access,
                         map,
+                        ipc: ipc.map(IpcLease::new),
                         valid: RwLock::new(true),
                     });
                     // Cached here, before any later `Revoke` on the wire is read.
@@ -139,8 +149,7 @@ impl EpShared {
                             c.by_id.remove(id)
                         };
                         if let Some(l) = l {
-                            // Waits for the chunk in progress under this lease.
-                            *l.valid.write() = false;
+                            l.invalidate();
                         }
                     }
                     if wire::write_msg(&mut *self.writer.lock(), &Msg::Released { leases }).is_err()
@@ -169,7 +178,7 @@ impl EpShared {
             c.by_key.clear();
             c.by_id.drain().map(|(_, l)| l).collect()
         };
-        leases.iter().for_each(|l| *l.valid.write() = false);
+        leases.iter().for_each(|l| l.invalidate());
         self.maps.lock().clear();
         // Only now may the target consider our leases released.
         reader.shutdown();
@@ -247,6 +256,17 @@ impl EpShared {
     }
 }
 
+impl Lease {
+    /// Ends the lease: waits for the chunk in progress under it (which holds the read
+    /// lock), then closes the IPC mappings opened under it.
+    fn invalidate(&self) {
+        *self.valid.write() = false;
+        if let Some(ipc) = &self.ipc {
+            ipc.close();
+        }
+    }
+}
+
 /// The user's handle on a connection; the last clone's drop closes it.
 struct EpHandle {
     shared: Arc<EpShared>,
@@ -300,6 +320,23 @@ impl ShmEndpoint {
     pub fn cached_leases(&self) -> usize {
         self.inner.shared.cache.lock().by_id.len()
     }
+
+    /// IPC handles of the peer's device memory opened on this endpoint so far: one per
+    /// region (and local device), however many transfers use it, and one more after the
+    /// peer revokes (drops or rekeys) a region and it is used again.
+    pub fn ipc_opens(&self) -> u64 {
+        self.inner.shared.ipc_opens.load(Ordering::Relaxed)
+    }
+
+    /// IPC mappings of the peer's device memory open on this endpoint now.
+    pub fn ipc_mappings(&self) -> usize {
+        let c = self.inner.shared.cache.lock();
+        c.by_id
+            .values()
+            .filter_map(|l| l.ipc.as_ref())
+            .map(IpcLease::open_mappings)
+            .sum()
+    }
 }
 
 /// Local memory registered with a [`ShmCommunicator`]; deregistered (its leases revoked,
@@ -310,6 +347,8 @@ pub struct ShmRegistration {
     /// Memory this transport allocated (`alloc_registered`): unmapped after `drop` has
     /// revoked every lease on it (fields drop after `Drop::drop`).
     _alloc: Option<Mapping>,
+    /// The backend of device memory registered by buffer: the local side's copy engine.
+    memory: Option<AnyMemory>,
 }
 
 impl std::fmt::Debug for ShmRegistration {
@@ -356,8 +395,7 @@ impl Drop for ShmRegistration {
         if page.is_some_and(|p| !p.wait_idle(until)) {
             tracing::warn!(
                 registration = entry.id,
-                "a peer did not end its copy within revoke_timeout; unmapping anyway (its \
-                 mapping keeps the pages)"
+                "a copy outlived revoke_timeout; unmapping"
             );
         }
         self.target.forget(entry);
@@ -368,6 +406,7 @@ impl Drop for ShmRegistration {
 /// A peer's region imported for one endpoint.
 pub struct ShmRemoteKey {
     endpoint: u64,
+    device: hmc_core::Device,
     key: KeyId,
     len: u64,
     access: Access,
@@ -390,6 +429,8 @@ pub struct ShmCommunicator {
     addr: PeerAddr,
     endpoints: Mutex<Vec<Weak<EpShared>>>,
     next_endpoint: AtomicU64,
+    /// Memory backends that open peers' device memory and copy with it.
+    pub(crate) devices: Devices,
 }
 
 impl std::fmt::Debug for ShmCommunicator {
@@ -398,16 +439,6 @@ impl std::fmt::Debug for ShmCommunicator {
             .field("addr", &self.addr)
             .finish_non_exhaustive()
     }
-}
-
-fn random_token() -> Result<[u8; TOKEN_LEN]> {
-    let mut t = [0u8; TOKEN_LEN];
-    getrandom::fill(&mut t).map_err(|e| Error::Unavailable {
-        what: "the OS random number generator".into(),
-        reason: e.to_string(),
-        hint: "remote keys need unguessable tokens; check /dev/urandom or getrandom(2)".into(),
-    })?;
-    Ok(t)
 }
 
 impl ShmCommunicator {
@@ -431,7 +462,7 @@ impl ShmCommunicator {
         let path = match &config.path {
             Some(p) => p.clone(),
             None => {
-                let t = random_token()?;
+                let t = wire::random_token()?;
                 let name: String = t[..8].iter().map(|b| format!("{b:02x}")).collect();
                 std::env::temp_dir().join(format!("hmc-shm-{}-{name}.sock", std::process::id()))
             }
@@ -456,6 +487,7 @@ impl ShmCommunicator {
             addr: PeerAddr::Unix(path),
             endpoints: Mutex::new(Vec::new()),
             next_endpoint: AtomicU64::new(1),
+            devices: Devices::default(),
         })
     }
 
@@ -464,7 +496,36 @@ impl ShmCommunicator {
         self.target.lease_count()
     }
 
-    fn check_open(&self) -> Result<()> {
+    /// A registration of `region`, served by the target from now on.
+    pub(crate) fn new_registration(
+        &self,
+        region: Region,
+        access: Access,
+        shared: Option<SharedAlloc>,
+        ipc: Option<IpcDescriptor>,
+        memory: Option<AnyMemory>,
+    ) -> Result<ShmRegistration> {
+        let (memfd, alloc) = shared.map(|s| (s.fd, s.map)).unzip();
+        let id = self.target.next_reg.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(RegEntry {
+            id,
+            region,
+            access,
+            token: Mutex::new(wire::random_token()?),
+            live: AtomicBool::new(true),
+            memfd,
+            ipc,
+        });
+        self.target.regs.write().insert(id, entry.clone());
+        Ok(ShmRegistration {
+            entry,
+            target: self.target.clone(),
+            _alloc: alloc,
+            memory,
+        })
+    }
+
+    pub(crate) fn check_open(&self) -> Result<()> {
         if self.target.closed.load(Ordering::Acquire) {
             return Err(Error::Closed(format!(
                 "the ShmCommunicator at {} was closed",
@@ -486,55 +547,9 @@ impl ShmCommunicator {
     }
 }
 
-/// The batch as copies through the peer's shared memory mapped here, when every
-/// descriptor's registration has a control page that says its key is current and allows
-/// `need` within bounds. `None`: take the lease path (which also gives the errors).
-fn shared_spans(
-    ep: &EpShared,
-    need: Access,
-    batch: &[TransferDesc<'_, ShmCommunicator>],
-) -> Option<Vec<control::Span>> {
-    let maps = ep.maps.lock();
-    batch
-        .iter()
-        .map(|d| {
-            let map = maps.get(&d.remote.key.0)?.clone();
-            let word = control::token_word(&d.remote.key.1);
-            let page = map.control()?;
-            let (len, access) = page.describe();
-            // The page is the peer's to write: bound by the mapping too (its data part).
-            let data = (map.len() - control::CONTROL_LEN) as u64;
-            let end = d.remote_offset.checked_add(d.len as u64)?;
-            let ok = page.is_current(word)
-                && access?.allows(need)
-                && end <= len.min(data)
-                && d.local.entry.region.device.is_host();
-            ok.then(|| control::Span {
-                word,
-                local: d.local.entry.region.addr + d.local_offset as u64,
-                at: d.remote_offset as usize,
-                len: d.len,
-                map,
-            })
-        })
-        .collect()
-}
-
 impl Drop for ShmCommunicator {
     fn drop(&mut self) {
         self.close();
-    }
-}
-
-fn copy_error(ep: &EpShared, e: std::io::Error) -> Error {
-    match e.raw_os_error() {
-        Some(libc::ESRCH) => Error::peer(&ep.peer, format!("process {} is gone", ep.cred.pid)),
-        Some(libc::EPERM) | Some(libc::ENOSYS) => cma::diagnose(ep.cred, &e),
-        Some(libc::EFAULT) => Error::peer(
-            &ep.peer,
-            format!("a granted range of pid {} is not mapped: {e}", ep.cred.pid),
-        ),
-        _ => Error::io(format!("process_vm_* with pid {}", ep.cred.pid), e),
     }
 }
 
@@ -547,9 +562,13 @@ impl Communicator for ShmCommunicator {
         SHM_TRANSPORT
     }
 
-    /// Host memory only, at both ends; zero-copy (the kernel copies once, between the two
-    /// address spaces, or the initiator once into memory both map); notifications up to
-    /// `max_notify_len`; `rekey` revokes keys; `alloc_registered` gives shared memory.
+    /// `register` takes host memory only (device memory is registered by buffer with
+    /// [`ShmCommunicator::register_device`]); peers' regions may be host memory or device
+    /// memory of a kind this communicator has a backend for ([`ShmCommunicator::add_memory`],
+    /// `register_device`). Zero-copy (the kernel copies once, between the two address
+    /// spaces, or the initiator once into memory both map, or the device's engine once
+    /// between an IPC mapping and local memory); notifications up to `max_notify_len`;
+    /// `rekey` revokes keys; `alloc_registered` gives shared memory.
     fn capabilities(&self) -> CommCapabilities {
         let mut caps = CommCapabilities::new(SHM_TRANSPORT);
         caps.max_notification_len = self.target.config.max_notify_len;
@@ -558,6 +577,10 @@ impl Communicator for ShmCommunicator {
         // `import` parses the key; `rekey` waits only for leases and copies in progress.
         caps.key_ops_wait = false;
         caps.alloc_registered = true;
+        let mut remote = vec![hmc_core::DeviceKind::HOST];
+        remote.extend(self.devices.kinds());
+        remote.dedup();
+        caps.remote_memory = MemoryKinds::Only(remote);
         caps
     }
 
@@ -600,6 +623,7 @@ impl Communicator for ShmCommunicator {
             next_req: AtomicU64::new(1),
             maps: Mutex::new(HashMap::new()),
             cma_refused,
+            ipc_opens: AtomicU64::new(0),
         });
         let s2 = shared.clone();
         std::thread::Builder::new()
@@ -622,24 +646,12 @@ impl Communicator for ShmCommunicator {
             return Err(Error::UnsupportedMemory {
                 transport: SHM_TRANSPORT,
                 device: region.device,
-                reason: "cross-memory attach reaches host memory only".into(),
+                reason: "a Region of device memory does not carry its vendor IPC handle; \
+                         register the buffer with ShmCommunicator::register_device"
+                    .into(),
             });
         }
-        let id = self.target.next_reg.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(RegEntry {
-            id,
-            region,
-            access,
-            token: Mutex::new(random_token()?),
-            live: AtomicBool::new(true),
-            memfd: None,
-        });
-        self.target.regs.write().insert(id, entry.clone());
-        Ok(ShmRegistration {
-            entry,
-            target: self.target.clone(),
-            _alloc: None,
-        })
+        self.new_registration(region, access, None, None, None)
     }
 
     /// Shared memory (a sealed memfd) registered for `access`: a peer maps it at its first
@@ -654,33 +666,20 @@ impl Communicator for ShmCommunicator {
             addr: alloc.map.ptr() as u64,
             len,
         };
-        let token = random_token()?;
-        alloc.control().init(len, access, &token);
-        let id = self.target.next_reg.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(RegEntry {
-            id,
-            region,
-            access,
-            token: Mutex::new(token),
-            live: AtomicBool::new(true),
-            memfd: Some(alloc.fd),
-        });
-        self.target.regs.write().insert(id, entry.clone());
-        Ok(Some(ShmRegistration {
-            entry,
-            target: self.target.clone(),
-            _alloc: Some(alloc.map),
-        }))
+        // No key works until the registration's own token is made current below.
+        alloc.control().init(len, access, &[0; TOKEN_LEN]);
+        let reg = self.new_registration(region, access, Some(alloc), None, None)?;
+        let page = reg.control().expect("the page was just written");
+        page.set_current(Some(&reg.entry.token.lock()));
+        Ok(Some(reg))
     }
 
-    /// Draws a new token and revokes every lease granted under the old one (and, for
-    /// shared memory, every copy its control page announced), waiting (up to
-    /// `revoke_timeout`) until the peers holding them have stopped copying. Fails when some
-    /// peer did not stop in time: the old key is dead, but a copy may still land, so do
-    /// not reuse the memory (drop the registration).
+    /// Draws a new token and revokes every lease granted under the old one (and copies a
+    /// control page announced), waiting up to `revoke_timeout` for peers to stop copying.
+    /// Fails when one did not: the old key is dead, but do not reuse the memory.
     fn rekey(&self, reg: &ShmRegistration) -> Result<bool> {
         self.own(reg, "rekey")?;
-        let token = random_token()?;
+        let token = wire::random_token()?;
         let page = reg.control();
         let started = Instant::now();
         let given_up = self.target.revoke(&reg.entry, || {
@@ -720,17 +719,12 @@ impl Communicator for ShmCommunicator {
                 remote.key.len()
             )));
         }
-        if !remote.region.device.is_host() {
-            return Err(Error::UnsupportedMemory {
-                transport: SHM_TRANSPORT,
-                device: remote.region.device,
-                reason: "cross-memory attach reaches host memory only".into(),
-            });
-        }
+        self.devices.check_reachable(remote.region.device)?;
         let id = u64::from_be_bytes(remote.key[..8].try_into().expect("8 bytes"));
         let token: [u8; TOKEN_LEN] = remote.key[8..].try_into().expect("16 bytes");
         Ok(ShmRemoteKey {
             endpoint: ep.inner.shared.id,
+            device: remote.region.device,
             key: (id, token),
             len: remote.region.len as u64,
             access: remote.access,
@@ -786,11 +780,19 @@ impl Communicator for ShmCommunicator {
             return Err(ep.gone());
         }
         // The peer's shared memory with a control page: keys checked there, no lease.
-        if let Some(spans) = shared_spans(ep, need, batch) {
+        let wants = batch.iter().map(|d| control::Want {
+            key: d.remote.key,
+            local: d.local.entry.region,
+            local_offset: d.local_offset,
+            remote_offset: d.remote_offset,
+            len: d.len,
+        });
+        let spans = control::spans(&ep.maps.lock(), need, wants);
+        if let Some(spans) = spans {
             let gone = || ep.dead.load(Ordering::Acquire).then(|| ep.gone());
             let chunk = self.target.config.chunk_len;
             // SAFETY: local ranges were bounds-checked above against registrations the
-            // batch borrows; remote ones by `shared_spans` against the page.
+            // batch borrows; remote ones by `control::spans` against the page.
             return unsafe { control::copy(op, &spans, chunk, deadline, gone) }.await;
         }
         // One lease per distinct key, from the cache or a grant round trip.
@@ -831,11 +833,27 @@ impl Communicator for ShmCommunicator {
                 .map(|(_, l)| l.clone())
                 .expect("leased above")
         };
-        // The target's answer is authoritative (a descriptor's length could be forged).
+        // The target's answer is authoritative (a descriptor's length could be forged), and
+        // so is the memory kind its grant names.
+        let mut engines = Vec::with_capacity(batch.len());
         for d in batch {
             let l = lease_of(d);
             check_bounds("remote region", d.remote_offset, d.len as u64, l.len)?;
+            let remote = l.ipc.as_ref().map(IpcLease::kind);
+            let granted = remote.unwrap_or(hmc_core::DeviceKind::HOST);
+            if granted != d.remote.device.kind {
+                return Err(Error::Protocol(format!(
+                    "the peer granted {granted} memory for a region exported as {}",
+                    d.remote.device
+                )));
+            }
+            let local = &d.local.entry.region;
+            engines.push(
+                self.devices
+                    .engine(local.device, d.local.memory.as_ref(), remote)?,
+            );
             if l.map.is_none()
+                && l.ipc.is_none()
                 && let Some(why) = &ep.cma_refused
             {
                 return Err(Error::Unavailable {
@@ -856,9 +874,17 @@ impl Communicator for ShmCommunicator {
         }
         let chunk = self.target.config.chunk_len.max(1);
         let mut since_yield = 0usize;
-        for d in batch {
+        for (d, engine) in batch.iter().zip(&engines) {
             let l = lease_of(d);
-            let base = d.local.entry.region.addr as usize + d.local_offset;
+            let peer = chunk::Peer {
+                addr: &ep.peer,
+                cred: ep.cred,
+                base: l.addr,
+                len: l.len,
+                map: l.map.as_deref(),
+                ipc: l.ipc.as_ref(),
+                opens: &ep.ipc_opens,
+            };
             let mut off = 0usize;
             while off < d.len {
                 if deadline.is_expired() {
@@ -876,33 +902,16 @@ impl Communicator for ShmCommunicator {
                             )
                         });
                     }
-                    let local = (base + off) as *mut u8;
-                    match &l.map {
-                        Some(m) => {
-                            let at = d.remote_offset as usize + off;
-                            debug_assert!(at + n <= m.len(), "leases never exceed their mapping");
-                            // SAFETY: the local range is as below; the remote range lies inside
-                            // the mapping (a lease is never longer than its memfd, checked when
-                            // mapped), which lives while the lease does; ranges of two
-                            // distinct mappings or allocations cannot overlap.
-                            unsafe {
-                                let remote = m.ptr().add(at);
-                                match op {
-                                    Op::Write => std::ptr::copy_nonoverlapping(local, remote, n),
-                                    Op::Read => std::ptr::copy_nonoverlapping(remote, local, n),
-                                }
-                            }
-                        }
-                        None => {
-                            let remote = l.addr + d.remote_offset + off as u64;
-                            // SAFETY: the local range lies inside a registration the batch
-                            // borrows (bounds checked above), which the caller keeps
-                            // allocated; the remote range lies inside the lease, which cannot
-                            // be revoked while `valid` is held for reading.
-                            unsafe { cma::copy(ep.cred.pid, op, local, remote, n) }
-                                .map_err(|e| copy_error(ep, e))?;
-                        }
-                    }
+                    let c = Chunk {
+                        op,
+                        local: d.local.entry.region.slice(d.local_offset + off, n)?,
+                        at: d.remote_offset + off as u64,
+                        engine: engine.as_ref(),
+                    };
+                    // SAFETY: the local range lies inside a registration the batch borrows
+                    // (bounds checked above), which the caller keeps allocated; the lease
+                    // cannot be revoked while `valid` is held for reading.
+                    unsafe { chunk::copy(&c, &peer) }?;
                 }
                 off += n;
                 since_yield += n;

@@ -20,11 +20,12 @@
 //! mapped can write it whatever the page says. The page keeps honest peers holding stale
 //! keys (a pooled RPC buffer's earlier call) away from the memory's next use.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
-use hmc_core::{Access, Deadline, Error, Op, Result};
+use hmc_core::{Access, Deadline, Error, Op, Region, Result};
 
 use crate::mapped::Mapping;
 use crate::wire::TOKEN_LEN;
@@ -173,6 +174,50 @@ pub(crate) struct Span {
     /// Offset in the peer's registration.
     pub(crate) at: usize,
     pub(crate) len: usize,
+}
+
+/// One descriptor of a batch as [`spans`] sees it.
+pub(crate) struct Want {
+    /// The remote key: registration id and token.
+    pub(crate) key: (u64, [u8; TOKEN_LEN]),
+    /// The local registration's memory.
+    pub(crate) local: Region,
+    pub(crate) local_offset: usize,
+    pub(crate) remote_offset: u64,
+    pub(crate) len: usize,
+}
+
+/// The batch as copies through the peer's shared memory mapped here (`maps`, by
+/// registration id), when every descriptor's registration has a control page that says
+/// its key is current and allows `need` within bounds, and its local memory is host
+/// memory. `None`: take the lease path (which also gives the errors).
+pub(crate) fn spans(
+    maps: &HashMap<u64, Arc<Mapping>>,
+    need: Access,
+    batch: impl Iterator<Item = Want>,
+) -> Option<Vec<Span>> {
+    batch
+        .map(|d| {
+            let map = maps.get(&d.key.0)?.clone();
+            let word = token_word(&d.key.1);
+            let page = map.control()?;
+            let (len, access) = page.describe();
+            // The page is the peer's to write: bound by the mapping too (its data part).
+            let data = (map.len() - CONTROL_LEN) as u64;
+            let end = d.remote_offset.checked_add(d.len as u64)?;
+            let ok = page.is_current(word)
+                && access?.allows(need)
+                && end <= len.min(data)
+                && d.local.device.is_host();
+            ok.then(|| Span {
+                word,
+                local: d.local.addr + d.local_offset as u64,
+                at: d.remote_offset as usize,
+                len: d.len,
+                map,
+            })
+        })
+        .collect()
 }
 
 /// Copies `spans` through the peer's mappings, one announced chunk of at most `chunk`

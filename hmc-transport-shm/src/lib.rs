@@ -87,8 +87,19 @@
 //! allowed to `process_vm_writev` into yours can already reach all of your memory.
 //!
 //! Notifications are supported (`Notify` on the side channel), up to
-//! [`ShmConfig::max_notify_len`] bytes. Device memory is refused at `register` with
-//! `Error::UnsupportedMemory`.
+//! [`ShmConfig::max_notify_len`] bytes.
+//!
+//! **Device memory** goes through the vendor IPC of its memory backend, registered by
+//! buffer with [`ShmCommunicator::register_device`] (a `Region` given to `register` does
+//! not carry the allocation an IPC handle belongs to, so `register` refuses device memory
+//! with `Error::UnsupportedMemory`). Its key is the same id and token; the target's
+//! `Granted` carries the buffer's `IpcDescriptor`, which the initiator opens once per
+//! region with a memory backend of that kind ([`ShmCommunicator::add_memory`], or the
+//! backend of its own device registration) and caches under the lease; copies are that
+//! backend's `Memory::copy` between the mapping and local memory, chunk by chunk like the
+//! others. Revocation closes the mapping before `Released` is sent, and so does the end of
+//! the side channel. A backend without IPC is refused at `register_device` with
+//! `Error::UnsupportedMemory` carrying its reason.
 //!
 //! # Runtime
 //!
@@ -101,9 +112,11 @@ use std::time::Duration;
 
 use hmc_core::TransportId;
 
+mod chunk;
 mod cma;
 mod comm;
 mod control;
+mod device;
 mod host;
 mod local_first;
 mod mapped;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use hmc_core::{Access, Notification, Op, PeerAddr, Region, check_bounds};
+use hmc_core::{Access, IpcDescriptor, Notification, Op, PeerAddr, Region, check_bounds};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::ShmConfig;
@@ -37,6 +37,10 @@ pub(crate) struct RegEntry {
     /// The memfd behind memory from `alloc_registered`: sent to initiators, which map it
     /// instead of using cross-memory attach.
     pub(crate) memfd: Option<OwnedFd>,
+    /// The vendor IPC descriptor of device memory registered by buffer
+    /// (`register_device`): sent in every `Granted`, never in the exported key, so that
+    /// only a peer that proved the token learns it and a key cannot name other memory.
+    pub(crate) ipc: Option<IpcDescriptor>,
 }
 
 /// Who holds a lease.
@@ -292,6 +296,7 @@ impl Target {
         let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
         leases.insert(lease, LeaseRec { reg, conn });
         let (map, memfd) = match &entry.memfd {
+            None if entry.ipc.is_some() => (wire::MAP_IPC, None),
             None => (wire::MAP_NONE, None),
             Some(_) if c.sent_fds.lock().insert(reg) => (wire::MAP_FD, Some(entry.clone())),
             Some(_) => (wire::MAP_KNOWN, None),
@@ -303,6 +308,7 @@ impl Target {
             len: entry.region.len as u64,
             access: entry.access,
             map,
+            ipc: entry.ipc.clone(),
         };
         (granted, memfd)
     }

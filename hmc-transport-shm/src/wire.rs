@@ -8,10 +8,11 @@
 
 use std::io::{self, Read, Write};
 
-use hmc_core::{Access, Error, Op, PeerAddr};
+use hmc_core::{Access, DeviceKind, Error, IpcDescriptor, Op, PeerAddr};
 
-/// Version of the side-channel protocol, checked in `Hello`/`Welcome`.
-pub(crate) const VERSION: u8 = 2;
+/// Version of the side-channel protocol, checked in `Hello`/`Welcome` (3: `Granted` may
+/// carry a vendor IPC descriptor).
+pub(crate) const VERSION: u8 = 3;
 /// Bytes of a key's random token.
 pub(crate) const TOKEN_LEN: usize = 16;
 /// Bytes of a packed remote key: registration id (`u64`) then token.
@@ -28,6 +29,9 @@ pub(crate) const MAP_NONE: u8 = 0;
 pub(crate) const MAP_FD: u8 = 1;
 /// `Granted::map`: the registration's memfd was attached to an earlier `Granted`.
 pub(crate) const MAP_KNOWN: u8 = 2;
+/// `Granted::map`: the registration is device memory; `Granted::ipc` is its vendor IPC
+/// descriptor, which the initiator opens with a memory backend of that kind.
+pub(crate) const MAP_IPC: u8 = 3;
 
 /// Why a target refused a request, as a code on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +64,8 @@ pub(crate) enum Msg {
     /// A lease: the whole registration, at `addr` in the target, with its access rights.
     /// `map` says whether the registration is shared memory the initiator maps instead:
     /// [`MAP_NONE`], [`MAP_FD`] (its memfd is attached to this frame) or [`MAP_KNOWN`] (sent
-    /// earlier on this connection, and not forgotten since).
+    /// earlier on this connection, and not forgotten since), or device memory whose vendor
+    /// IPC descriptor is `ipc` ([`MAP_IPC`]; present exactly then).
     Granted {
         req: u64,
         lease: u64,
@@ -68,6 +73,7 @@ pub(crate) enum Msg {
         len: u64,
         access: Access,
         map: u8,
+        ipc: Option<IpcDescriptor>,
     },
     /// These registrations are gone: unmap them (target to initiator, no answer).
     Forget { regs: Vec<u64> },
@@ -151,12 +157,17 @@ impl Msg {
                 len,
                 access,
                 map,
+                ipc,
             } => {
                 b.push(0x82);
                 for v in [req, lease, addr, len] {
                     b.extend_from_slice(&v.to_le_bytes());
                 }
                 b.extend_from_slice(&[access.bits(), *map]);
+                if let Some(ipc) = ipc {
+                    b.push(ipc.kind.wire_id());
+                    b.extend_from_slice(&ipc.bytes);
+                }
             }
             Msg::Forget { regs } => {
                 b.push(0x86);
@@ -231,17 +242,28 @@ impl Msg {
                 version: r.u8().ok_or_else(bad)?,
                 probe_addr: r.u64().ok_or_else(bad)?,
             },
-            0x82 => Msg::Granted {
-                req: r.u64().ok_or_else(bad)?,
-                lease: r.u64().ok_or_else(bad)?,
-                addr: r.u64().ok_or_else(bad)?,
-                len: r.u64().ok_or_else(bad)?,
-                access: Access::from_bits(r.u8().ok_or_else(bad)?)?,
-                map: match r.u8().ok_or_else(bad)? {
-                    m @ (MAP_NONE | MAP_FD | MAP_KNOWN) => m,
+            0x82 => {
+                let (req, lease, addr, len) = (r.u64(), r.u64(), r.u64(), r.u64());
+                let access = Access::from_bits(r.u8().ok_or_else(bad)?)?;
+                let (map, ipc) = match r.u8().ok_or_else(bad)? {
+                    m @ (MAP_NONE | MAP_FD | MAP_KNOWN) => (m, None),
+                    MAP_IPC => {
+                        let kind = DeviceKind::from_wire_id(r.u8().ok_or_else(bad)?);
+                        let bytes = r.rest().to_vec();
+                        (MAP_IPC, Some(IpcDescriptor::new(kind, bytes)))
+                    }
                     _ => return Err(bad()),
-                },
-            },
+                };
+                Msg::Granted {
+                    req: req.ok_or_else(bad)?,
+                    lease: lease.ok_or_else(bad)?,
+                    addr: addr.ok_or_else(bad)?,
+                    len: len.ok_or_else(bad)?,
+                    access,
+                    map,
+                    ipc,
+                }
+            }
             0x83 => Msg::Ok {
                 req: r.u64().ok_or_else(bad)?,
             },
@@ -365,6 +387,17 @@ pub(crate) fn refused(
     }
 }
 
+/// A fresh random token for a key.
+pub(crate) fn random_token() -> hmc_core::Result<[u8; TOKEN_LEN]> {
+    let mut t = [0u8; TOKEN_LEN];
+    getrandom::fill(&mut t).map_err(|e| Error::Unavailable {
+        what: "the OS random number generator".into(),
+        reason: e.to_string(),
+        hint: "remote keys need unguessable tokens; check /dev/urandom or getrandom(2)".into(),
+    })?;
+    Ok(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -373,8 +406,12 @@ mod tests {
     #[case(Msg::Hello { version: 1, addr: "unix:///x".into() })]
     #[case(Msg::Welcome { version: 1, probe_addr: 42 })]
     #[case(Msg::Grant { req: 1, id: 2, token: [7; TOKEN_LEN], op: Op::Write, offset: 3, len: 4 })]
-    #[case(Msg::Granted { req: 1, lease: 2, addr: 3, len: 4, access: Access::READ, map: MAP_NONE })]
-    #[case(Msg::Granted { req: 1, lease: 2, addr: 3, len: 4, access: Access::WRITE, map: MAP_FD })]
+    #[case(Msg::Granted { req: 1, lease: 2, addr: 3, len: 4, access: Access::READ, map: MAP_NONE, ipc: None })]
+    #[case(Msg::Granted { req: 1, lease: 2, addr: 3, len: 4, access: Access::WRITE, map: MAP_FD, ipc: None })]
+    #[case(Msg::Granted {
+        req: 1, lease: 2, addr: 3, len: 4, access: Access::READ_WRITE, map: MAP_IPC,
+        ipc: Some(IpcDescriptor::new(DeviceKind::ROCM, vec![7; 72])),
+    })]
     #[case(Msg::Forget { regs: vec![5, 6] })]
     #[case(Msg::Notify { req: 9, tag: 8, msg: vec![1, 2, 3] })]
     #[case(Msg::Ok { req: 5 })]
@@ -392,6 +429,15 @@ mod tests {
         assert!(Msg::decode(&[0x99]).is_err());
         assert!(Msg::decode(&[2, 1]).is_err());
         assert!(Msg::decode(&[0x85, 255, 255, 255, 255]).is_err());
+        // A `Granted` announcing an IPC descriptor without its device kind.
+        let mut granted = vec![0x82];
+        granted.extend_from_slice(&[0; 32]);
+        granted.extend_from_slice(&[Access::READ.bits(), MAP_IPC]);
+        assert!(Msg::decode(&granted).is_err());
+        granted.push(DeviceKind::ROCM.wire_id());
+        assert!(Msg::decode(&granted).is_ok());
+        granted[34] = 9;
+        assert!(Msg::decode(&granted).is_err(), "an unknown map kind");
         let huge = ((MAX_FRAME + 1) as u32).to_le_bytes();
         assert!(read_frame(&mut &huge[..], MAX_FRAME).is_err());
     }

@@ -11,34 +11,18 @@ use std::time::Duration;
 use hmc_backend_cpu::HostMemory;
 use hmc_core::testing::pattern;
 use hmc_core::{
-    Access, Communicator, ConnBuffer, Deadline, Error, LocalRegistration, MemSpan, MemSpanMut, Op,
-    PeerAddr, RegisteredBuffer, RemoteRegion, TransferDesc,
+    Access, Communicator, ConnBuffer, Deadline, Error, MemSpan, MemSpanMut, Op, PeerAddr,
+    RegisteredBuffer, RemoteRegion, TransferDesc,
 };
 use hmc_transport_shm::{ShmCommunicator, ShmConfig};
 
 mod support;
-use support::{hex, unhex};
+use support::{contents, fill, hex, unhex};
 
 const LEN: usize = 1 << 20;
 
 fn deadline() -> Deadline {
     Deadline::after(Duration::from_secs(10))
-}
-
-/// Copies `data` into the memory of `reg` (host memory this transport allocated).
-fn fill(reg: &impl LocalRegistration, data: &[u8]) {
-    let r = reg.region();
-    assert_eq!(r.len, data.len());
-    // SAFETY: host memory the transport keeps mapped while `reg` lives; the tests touch it
-    // only between transfers.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), r.addr as *mut u8, r.len) }
-}
-
-/// The bytes of `reg`'s memory.
-fn contents(reg: &impl LocalRegistration) -> Vec<u8> {
-    let r = reg.region();
-    // SAFETY: as in `fill`.
-    unsafe { std::slice::from_raw_parts(r.addr as *const u8, r.len) }.to_vec()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

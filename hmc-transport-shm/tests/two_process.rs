@@ -3,21 +3,19 @@
 //! of it with checksums, survives the peer being killed mid-transfer, and runs 1,000
 //! connect/transfer/disconnect cycles with a flat fd count.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hmc_backend_cpu::HostMemory;
 use hmc_core::testing::pattern;
 use hmc_core::{
-    Access, Communicator, ConnBuffer, Deadline, Error, MemSpan, MemSpanMut, Op, PeerAddr,
-    RegisteredBuffer, RemoteRegion, TransferDesc,
+    Access, Communicator, ConnBuffer, Deadline, Error, MemSpan, MemSpanMut, Op, RegisteredBuffer,
+    TransferDesc,
 };
 use hmc_transport_shm::{ShmCommunicator, ShmConfig};
 
 mod support;
-use support::{hex, unhex};
+use support::{Peer, checksum, hex, host_buffer};
 
 const LEN: usize = 64 << 20;
 
@@ -25,37 +23,16 @@ const LEN: usize = 64 << 20;
 /// descriptors, which the others open and close.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn checksum(b: &[u8]) -> u64 {
-    b.chunks(8).fold(0xcbf2_9ce4_8422_2325u64, |h, c| {
-        let mut w = [0u8; 8];
-        w[..c.len()].copy_from_slice(c);
-        (h ^ u64::from_le_bytes(w))
-            .wrapping_mul(0x100_0000_01b3)
-            .rotate_left(5)
-    })
-}
-
 /// The peer process: registers `LEN` bytes of `pattern(5)`, prints `READY <addr> <desc>`,
 /// answers `check` with `SUM <checksum>`, exits at end of input.
 #[test]
 fn child_peer() {
-    if std::env::var_os("HMC_SHM_CHILD").is_none() {
+    let Some(rt) = support::child_runtime("HMC_SHM_CHILD") else {
         return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    };
     let _guard = rt.enter();
     let comm = Arc::new(ShmCommunicator::bind(ShmConfig::default()).unwrap());
-    let buf = RegisteredBuffer::new(
-        Arc::new(HostMemory::new()),
-        comm.clone(),
-        LEN,
-        Access::READ_WRITE,
-    )
-    .unwrap();
+    let buf = host_buffer(&comm, LEN);
     buf.write_at(0, &MemSpan::host(&pattern(5, LEN))).unwrap();
     println!(
         "READY {} {}",
@@ -71,79 +48,10 @@ fn child_peer() {
     }
 }
 
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    addr: PeerAddr,
-    desc: RemoteRegion,
-}
-
-impl Peer {
-    fn spawn() -> Peer {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["child_peer", "--exact", "--nocapture", "--test-threads=1"])
-            .env("HMC_SHM_CHILD", "1")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let (addr, desc) = loop {
-            let mut line = String::new();
-            assert!(
-                stdout.read_line(&mut line).unwrap() > 0,
-                "peer exited before READY"
-            );
-            // libtest prints "test child_peer ... " on the same line before the output.
-            if let Some((_, rest)) = line.trim().split_once("READY ") {
-                let (a, d) = rest.split_once(' ').unwrap();
-                break (a.parse().unwrap(), RemoteRegion::decode(&unhex(d)).unwrap());
-            }
-        };
-        Peer {
-            child,
-            stdin,
-            stdout,
-            addr,
-            desc,
-        }
-    }
-
-    fn sum(&mut self) -> u64 {
-        writeln!(self.stdin, "check").unwrap();
-        loop {
-            let mut line = String::new();
-            assert!(self.stdout.read_line(&mut line).unwrap() > 0, "peer exited");
-            if let Some(s) = line.trim().strip_prefix("SUM ") {
-                return s.parse().unwrap();
-            }
-        }
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn local(comm: &Arc<ShmCommunicator>) -> RegisteredBuffer<HostMemory, ShmCommunicator> {
-    RegisteredBuffer::new(
-        Arc::new(HostMemory::new()),
-        comm.clone(),
-        LEN,
-        Access::READ_WRITE,
-    )
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_mib_each_way_between_two_processes() {
     let _one_at_a_time = SERIAL.lock().await;
-    let mut peer = Peer::spawn();
+    let mut peer = Peer::spawn(&[("HMC_SHM_CHILD", "1".as_ref())]);
     let me = Arc::new(ShmCommunicator::bind(ShmConfig::default()).unwrap());
     let ep = me
         .connect(&peer.addr, Deadline::after(Duration::from_secs(5)))
@@ -151,7 +59,7 @@ async fn sixty_four_mib_each_way_between_two_processes() {
         .unwrap();
     assert_eq!(ep.peer_pid() as u32, peer.child.id());
     let key = me.import(&ep, &peer.desc).unwrap();
-    let buf = local(&me);
+    let buf = host_buffer(&me, LEN);
     let d = [TransferDesc {
         local: buf.registration(),
         local_offset: 0,
@@ -177,7 +85,7 @@ async fn sixty_four_mib_each_way_between_two_processes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_killed_mid_transfer_fails_the_transfer_before_the_deadline() {
     let _one_at_a_time = SERIAL.lock().await;
-    let mut peer = Peer::spawn();
+    let mut peer = Peer::spawn(&[("HMC_SHM_CHILD", "1".as_ref())]);
     let me = Arc::new(
         ShmCommunicator::bind(ShmConfig {
             chunk_len: 1 << 20,
@@ -190,7 +98,7 @@ async fn a_peer_killed_mid_transfer_fails_the_transfer_before_the_deadline() {
         .await
         .unwrap();
     let key = me.import(&ep, &peer.desc).unwrap();
-    let buf = local(&me);
+    let buf = host_buffer(&me, LEN);
     let d = [TransferDesc {
         local: buf.registration(),
         local_offset: 0,

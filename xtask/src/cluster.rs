@@ -2,9 +2,11 @@
 //! veth pairs through a bridge in a switch namespace), etcd in one, an engine serving a
 //! buffer in another and an engine pulling it by name in a third, and faults injected
 //! while bytes move: a link set down and up, the serving process SIGKILLed and restarted
-//! under its name, SIGSTOPped and continued, etcd killed and restarted, and a slow link
-//! (`tc tbf`). Each fault prints a figure: time to detect, transfers failed cleanly,
-//! resumed, bytes verified. Needs root (skipped with a message otherwise).
+//! under its name, its host's address changed (the serving process restarted at the new
+//! address, as a supervisor would, and found there through etcd), SIGSTOPped and continued,
+//! etcd killed and restarted, and a slow link (`tc tbf`). Each fault prints a figure: time
+//! to detect, transfers failed cleanly, resumed, bytes verified. Needs root (skipped with a
+//! message otherwise).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -31,6 +33,35 @@ fn sh(args: &[&str]) -> Result {
         ));
     }
     Ok(())
+}
+
+/// `etcd` on `PATH`, or how to install it.
+pub(crate) fn etcd_binary() -> Result<PathBuf> {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("etcd"))
+                .find(|p| p.is_file())
+        })
+        .ok_or_else(|| "no etcd: apt-get install etcd-server (cargo xtask deps)".to_string())
+}
+
+/// The arguments of a one-member etcd at `ip` keeping its data in `dir`, with the short
+/// election timings that let 1-second leases be granted.
+pub(crate) fn etcd_args(dir: &Path, ip: &str, client_port: u16, peer_port: u16) -> Vec<String> {
+    let client = format!("http://{ip}:{client_port}");
+    let peer = format!("http://{ip}:{peer_port}");
+    vec![
+        "--name=hmc".to_string(),
+        format!("--data-dir={}", dir.join("etcd").display()),
+        format!("--listen-client-urls={client}"),
+        format!("--advertise-client-urls={client}"),
+        format!("--listen-peer-urls={peer}"),
+        format!("--initial-advertise-peer-urls={peer}"),
+        format!("--initial-cluster=hmc={peer}"),
+        "--heartbeat-interval=50".into(),
+        "--election-timeout=500".into(),
+    ]
 }
 
 /// Namespaces `<p>-sw` (the bridge) and `<p>-h1..hN`, host i at `10.<net>.0.i/24`; all
@@ -82,6 +113,31 @@ impl Net {
     }
     fn ip(&self, i: usize) -> String {
         format!("{}.{i}", self.subnet)
+    }
+    /// Replaces host i's address `from` by `to` (both in the /24): sockets bound to `from`
+    /// reach nothing from then on.
+    fn readdress(&self, i: usize, from: &str, to: &str) -> Result {
+        let ns = self.ns(i);
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "del",
+            &format!("{from}/24"),
+            "dev",
+            "eth0",
+        ])?;
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{to}/24"),
+            "dev",
+            "eth0",
+        ])
     }
     fn link(&self, i: usize, up: bool) -> Result {
         let state = if up { "up" } else { "down" };
@@ -183,23 +239,14 @@ struct Cluster {
     url: String,
     etcd: Option<Proc>,
     target: Option<Proc>,
+    /// The target host's address now (it changes in the address fault).
+    target_ip: String,
 }
 
 impl Cluster {
     fn start_etcd(&mut self) -> Result {
         let ip = self.net.ip(1);
-        let args: Vec<String> = [
-            "--name=hmc".to_string(),
-            format!("--data-dir={}", self.dir.join("etcd").display()),
-            format!("--listen-client-urls=http://{ip}:2379"),
-            format!("--advertise-client-urls=http://{ip}:2379"),
-            format!("--listen-peer-urls=http://{ip}:2380"),
-            format!("--initial-advertise-peer-urls=http://{ip}:2380"),
-            format!("--initial-cluster=hmc=http://{ip}:2380"),
-            "--heartbeat-interval=50".into(),
-            "--election-timeout=500".into(),
-        ]
-        .into();
+        let args = etcd_args(&self.dir, &ip, 2379, 2380);
         let log = self.dir.join("etcd.log");
         self.etcd = Some(Proc::spawn(&self.net.ns(1), &self.etcd_bin, &args, &log)?);
         // Ready when its client port answers.
@@ -228,7 +275,7 @@ impl Cluster {
             "--name",
             "target",
             "--ip",
-            &self.net.ip(2),
+            &self.target_ip,
             "--mib",
             "16",
             "--lease-ttl-ms",
@@ -243,7 +290,11 @@ impl Cluster {
             &args,
             &self.dir.join("target.log"),
         )?;
-        p.wait("READY", Duration::from_secs(30))?;
+        let (_, ready, _) = p.wait("READY", Duration::from_secs(30))?;
+        // `READY <name> <data-plane address>`: at the host's address of now.
+        if !ready.contains(&format!("//{}:", self.target_ip)) {
+            return Err(format!("the target is not at {}: {ready}", self.target_ip));
+        }
         self.target = Some(p);
         Ok(())
     }
@@ -303,13 +354,14 @@ fn rounds_over(pull: &Proc, d: Duration) -> Result<usize> {
     Ok(lines.iter().filter(|l| l.starts_with("OK")).count())
 }
 
-fn cargo_build_node(root: &Path) -> Result<PathBuf> {
+/// Builds the engine's `cluster_node` example (debug) and says where it is.
+pub(crate) fn cargo_build_node(root: &Path) -> Result<PathBuf> {
     crate::run(crate::cargo().args(["build", "-p", "hmc-engine", "--example", "cluster_node"]))?;
     Ok(root.join("target/debug/examples/cluster_node"))
 }
 
-/// `cargo xtask cluster-test [--quick]`: `--quick` injects the link fault and the SIGKILL
-/// only (what `cargo xtask test` runs).
+/// `cargo xtask cluster-test [--quick]`: `--quick` injects the link fault, the SIGKILL and
+/// the address change only (what `cargo xtask test` runs).
 pub fn run(root: &Path, quick: bool) -> Result {
     if !crate::is_root() {
         println!("cluster-test: skipped (needs root to create network namespaces)");
@@ -333,13 +385,7 @@ pub fn run(root: &Path, quick: bool) -> Result {
         return Ok(());
     }
     let _ = sh(&["ip", "netns", "del", &probe]);
-    let etcd_bin = std::env::var_os("PATH")
-        .and_then(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join("etcd"))
-                .find(|p| p.is_file())
-        })
-        .ok_or("no etcd: apt-get install etcd-server (cargo xtask deps)")?;
+    let etcd_bin = etcd_binary()?;
     let node = cargo_build_node(root)?;
     let dir = std::env::temp_dir().join(format!("hmc-cluster-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -362,7 +408,9 @@ pub fn run(root: &Path, quick: bool) -> Result {
         url,
         etcd: None,
         target: None,
+        target_ip: String::new(),
     };
+    c.target_ip = c.net.ip(2);
     c.start_etcd()?;
     c.start_target()?;
     let pull_args: Vec<String> = [
@@ -403,6 +451,24 @@ pub fn run(root: &Path, quick: bool) -> Result {
             Ok(())
         },
         Duration::ZERO,
+        |c| c.start_target(),
+    )?);
+    // The target's host gets another address: what the target listens on reaches nothing,
+    // and its transfer in flight can only end by its lease. A supervisor restarts it at the
+    // new address (an engine's listeners are bound to the address it was started with),
+    // and the puller finds it there by name: the old address exists nowhere any more.
+    figures.push(fail_and_recover(
+        &mut c,
+        &pull,
+        "address changed, restarted at it",
+        |c| {
+            let new = c.net.ip(if c.target_ip == c.net.ip(2) { 12 } else { 2 });
+            c.net.readdress(2, &c.target_ip, &new)?;
+            c.target_ip = new;
+            drop(c.target.take());
+            Ok(())
+        },
+        Duration::from_secs(3),
         |c| c.start_target(),
     )?);
     if !quick {

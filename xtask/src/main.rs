@@ -20,6 +20,8 @@ usage: cargo xtask <command>
 
   demo                 server and client on loopback: control plane, one-sided WRITE/READ
                        with checksums, and the RPC demo methods
+  demo --cluster       etcd started on loopback, two engines that find each other by name
+                       through it and move bytes (checksums verified), etcd stopped
   test [--long]        install what is missing, then tidy checks and the whole test suite
                        (--long adds the long-running soak tests)
   bench <transfer|rpc|ucx|shm|rdma|engine|python|all> [--quick]
@@ -51,7 +53,8 @@ usage: cargo xtask <command>
                        the conformance kit on its first `cargo test`
   cluster-test [--quick]
                        hosts as network namespaces (root): etcd, engines, and faults
-                       (link down, SIGKILL, SIGSTOP, etcd restart, tc tbf) with figures
+                       (link down, SIGKILL, address change, SIGSTOP, etcd restart, tc tbf)
+                       with figures
   deps                 install the system packages the build and tests need (apt, as root)
 ";
 
@@ -61,6 +64,9 @@ const UCX_WHEEL_VERSION: &str = "1.22.0";
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
+        Some("demo") if args.iter().any(|a| a == "--cluster") => {
+            cluster::cargo_build_node(&root()).and_then(|node| demo::cluster(&node))
+        }
         Some("demo") => demo(),
         Some("test") => test(args.iter().any(|a| a == "--long")),
         Some("bench") => bench(&args[1..]),
@@ -260,6 +266,8 @@ fn test(long: bool) -> Result {
     }
     // Engines on three network namespaces, a link cut and a process killed (root only).
     cluster::run(&root(), true)?;
+    // `cargo xtask demo --cluster`, as a user runs it (etcd started and stopped by it).
+    demo::cluster(&root().join("target/debug/examples/cluster_node"))?;
     // The Python package: its wheel into target/py-venv, then pytest.
     python::test()
 }

@@ -3,9 +3,11 @@
 //! A transport crate starts as a working transport (it delegates to hmc-transport-tcp under
 //! a third-party wire number, so the kit passes from the first run) with the kit wired, a
 //! test of its `Unavailable` path, a two-process test over a peer binary, and a bench. A
-//! memory crate starts as host memory labelled with a third-party device kind. The author
-//! replaces the delegation (or the memcpy) with the real thing, one kit case at a time;
-//! docs/backend-guide.md is the contract.
+//! memory crate starts as a backend over a vendor library opened at run time, tested
+//! against a C stand-in of that library (built by `hmc_backend_helpers::shim`), exported
+//! as a plugin with `export_plugin!` and tested through the plugin loader too. The author
+//! replaces the delegation (or the stand-in vendor API) with the real thing, one kit case
+//! at a time; docs/backend-guide.md is the contract.
 
 use std::path::{Path, PathBuf};
 
@@ -86,6 +88,7 @@ pub fn generate(root: &Path, name: &str, kind: Kind, dir: &Path) -> Result<(), S
         t.replace("{{name}}", name)
             .replace("{{crate}}", &krate)
             .replace("{{Ident}}", &ident)
+            .replace("{{ENV}}", &krate.to_ascii_uppercase())
             .replace("{{root}}", &root.display().to_string())
     };
     let files: &[(&str, &str)] = match kind {
@@ -101,7 +104,11 @@ pub fn generate(root: &Path, name: &str, kind: Kind, dir: &Path) -> Result<(), S
         Kind::Memory => &[
             ("Cargo.toml", MEMORY_CARGO),
             ("src/lib.rs", MEMORY_LIB),
+            ("src/plugin.rs", MEMORY_PLUGIN),
             ("tests/conformance.rs", MEMORY_KIT),
+            ("tests/plugin.rs", MEMORY_PLUGIN_TEST),
+            ("tests/support/mod.rs", MEMORY_SUPPORT),
+            ("tests/shim/vendor_shim.c", MEMORY_SHIM),
             ("benches/copy.rs", MEMORY_BENCH),
             ("README.md", README),
         ],
@@ -127,7 +134,12 @@ conformance kit against it; the HMC checkout's `docs/backend-guide.md` is the co
 (what each kit case expects, ids, shipping as a plugin).
 
 Replace the stand-in in `src/lib.rs` with the real thing, one kit case at a time. Claim a
-third-party wire number (128-255) as the guide says and change `WIRE_ID`.
+third-party wire number (128-255) as the guide says and change `WIRE_ID` (or `KIND`).
+
+A memory crate also runs its kit over `tests/shim/vendor_shim.c`, a C stand-in for the
+vendor library that `hmc_backend_helpers::shim::build_shim` compiles at test time (the
+guide's "Testing your backend without the hardware"), and ships as a plugin: its cdylib
+exports the backend with `hmc_plugin::export_plugin!`, and `tests/plugin.rs` loads it.
 "#;
 
 const TRANSPORT_CARGO: &str = r#"[package]
@@ -482,143 +494,16 @@ async fn main() {
 }
 "#;
 
-const MEMORY_CARGO: &str = r#"[package]
-name = "{{name}}"
-version = "0.1.0"
-edition = "2024"
-publish = false
-
-[dependencies]
-hmc-core = { path = "{{root}}/hmc-core", version = "0.1.0" }
-
-[dev-dependencies]
-hmc-core = { path = "{{root}}/hmc-core", version = "0.1.0", features = ["testing"] }
-rstest = "0.29"
-
-[[bench]]
-name = "copy"
-harness = false
-
-[workspace]
-"#;
-
-const MEMORY_LIB: &str = r#"//! {{name}}: an HMC memory backend. It starts as host memory labelled with a third-party device kind, so the memory kit passes from the first `cargo test`; replace the allocation and the memcpy with your device's.
-
-use std::path::PathBuf;
-
-use hmc_core::{Device, DeviceBuffer, DeviceKind, Error, MemSpan, MemSpanMut, Memory, Region, Result, check_copy};
-
-/// This backend's device kind: a third-party wire number (128-255). Claim yours as
-/// docs/backend-guide.md ("Ids") says.
-pub const KIND: DeviceKind = DeviceKind::from_wire_id(201);
-
-/// The largest allocation this backend makes.
-pub const MAX_ALLOC: usize = 1 << 30;
-
-/// One allocation.
-pub struct {{Ident}}Buffer {
-    bytes: Box<[u8]>,
-    device: Device,
-}
-
-impl DeviceBuffer for {{Ident}}Buffer {
-    fn region(&self) -> Region {
-        Region { device: self.device, addr: self.bytes.as_ptr() as u64, len: self.bytes.len() }
-    }
-}
-
-/// The allocator and copy engine of one device.
-pub struct {{Ident}}Memory {
-    device: Device,
-}
-
-impl {{Ident}}Memory {
-    /// Device `ordinal`; `Error::Unavailable` when `requires` names something absent.
-    pub fn open(ordinal: u32, requires: Option<PathBuf>) -> Result<Self> {
-        if let Some(p) = requires
-            && !p.exists()
-        {
-            return Err(Error::Unavailable {
-                what: "{{name}}".into(),
-                reason: format!("{} does not exist", p.display()),
-                hint: "install the device's driver".into(),
-            });
-        }
-        Ok({{Ident}}Memory { device: Device::new(KIND, ordinal) })
-    }
-}
-
-impl Memory for {{Ident}}Memory {
-    type Buffer = {{Ident}}Buffer;
-
-    fn device(&self) -> Device {
-        self.device
-    }
-
-    fn max_alloc(&self) -> usize {
-        MAX_ALLOC
-    }
-
-    fn alloc(&self, len: usize) -> Result<{{Ident}}Buffer> {
-        if len > MAX_ALLOC {
-            return Err(Error::OutOfMemory { device: self.device, len: len as u64 });
-        }
-        let mut v = Vec::new();
-        v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory { device: self.device, len: len as u64 })?;
-        v.resize(len, 0);
-        Ok({{Ident}}Buffer { bytes: v.into_boxed_slice(), device: self.device })
-    }
-
-    fn copy(&self, dst: &mut MemSpanMut<'_>, src: &MemSpan<'_>) -> Result<()> {
-        check_copy(self.device, dst, src)?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        // SAFETY: both spans are live (they borrow their owners), of equal length (checked),
-        // and this stand-in's device memory is host memory.
-        unsafe {
-            std::ptr::copy(src.region().addr as *const u8, dst.region().addr as *mut u8, dst.len())
-        };
-        Ok(())
-    }
-}
-"#;
-
-const MEMORY_KIT: &str = r#"//! The hmc-core memory kit against {{name}}, and its `Unavailable` path.
-
-use hmc_core::Error;
-use {{crate}}::{{Ident}}Memory;
-
-hmc_core::memory_conformance!({{Ident}}Memory::open(0, None).ok());
-
-#[test]
-fn a_missing_device_is_unavailable_with_a_hint() {
-    let e = {{Ident}}Memory::open(0, Some("/nonexistent/{{name}}".into())).err().expect("absent");
-    assert!(matches!(&e, Error::Unavailable { hint, .. } if !hint.is_empty()), "{e}");
-}
-"#;
-
-const MEMORY_BENCH: &str = r#"//! Host-to-device copies of 1 MiB: median per copy (`cargo bench`).
-
-use std::time::Instant;
-
-use hmc_core::{MemSpan, MemSpanMut, Memory};
-use {{crate}}::{{Ident}}Memory;
-
-fn main() {
-    let m = {{Ident}}Memory::open(0, None).unwrap();
-    let mut buf = m.alloc(1 << 20).unwrap();
-    let src = vec![7u8; 1 << 20];
-    let mut t = Vec::new();
-    for _ in 0..200 {
-        let start = Instant::now();
-        m.copy(&mut MemSpanMut::of(&mut buf), &MemSpan::host(&src)).unwrap();
-        t.push(start.elapsed());
-    }
-    t.sort();
-    println!("copy 1 MiB: median {:?}", t[t.len() / 2]);
-}
-"#;
+// The memory crate's files, under xtask/templates/memory (not `.rs`: they are templates,
+// not modules of xtask).
+const MEMORY_CARGO: &str = include_str!("../templates/memory/Cargo.toml.in");
+const MEMORY_LIB: &str = include_str!("../templates/memory/lib.rs.in");
+const MEMORY_PLUGIN: &str = include_str!("../templates/memory/plugin.rs.in");
+const MEMORY_KIT: &str = include_str!("../templates/memory/conformance.rs.in");
+const MEMORY_PLUGIN_TEST: &str = include_str!("../templates/memory/plugin_test.rs.in");
+const MEMORY_SUPPORT: &str = include_str!("../templates/memory/support.rs.in");
+const MEMORY_SHIM: &str = include_str!("../templates/memory/vendor_shim.c.in");
+const MEMORY_BENCH: &str = include_str!("../templates/memory/copy.rs.in");
 
 #[cfg(test)]
 mod tests {
@@ -663,10 +548,20 @@ mod tests {
             "{text}{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        // Every kit case ran (a skip needs an `Unavailable`, which the defaults never give).
+        // Every kit case ran (a skip needs an `Unavailable`, which the defaults never give;
+        // the memory crate's real-device kit is the one that skips here, by design).
         assert!(
             text.contains("conformance::") && text.contains(" ok"),
             "{text}"
         );
+        if kind == Kind::Memory {
+            for ran in [
+                "shim::memory_conformance::",
+                "loaded::memory_conformance::",
+                "a_vendor_error_names_the_function_code_and_text ... ok",
+            ] {
+                assert!(text.contains(ran), "`{ran}` did not run:\n{text}");
+            }
+        }
     }
 }

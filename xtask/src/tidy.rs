@@ -70,8 +70,9 @@ pub const ENV_ALLOWED: &[(&str, &str)] = &[
         "plugin loader: `$HMC_PLUGIN_PATH` is searched before `PluginConfig::search_path`",
     ),
     (
-        "hmc-testshim/src/lib.rs",
-        "test-support crate (publish = false): `$CC` compiles the C shims at test time",
+        "hmc-backend-helpers/src/shim.rs",
+        "test-time shim builder: `$CC` names the C compiler and `$OUT_DIR` a build script's \
+         output folder, as for every C build run from cargo",
     ),
     (
         "hmc-testshim/src/runtime.rs",

@@ -3,6 +3,7 @@
 //! flight fail with [`EngineError::PeerGone`]).
 
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use hmc_core::{Communicator, Deadline, PeerAddr};
 use hmc_meta::{MemberEvent, MemberEvents, MetadataStore, MetadataUrl};
@@ -125,13 +126,42 @@ impl<C: Communicator> Engine<C> {
         };
         tracing::warn!(peer = %name, %why, "peer gone");
         metrics::counter!("hmc_engine_peers_gone_total").increment(1);
+        self.inner.lost.gone(name);
         peer.gone.send_replace(Some(why));
+    }
+}
+
+/// Peers dropped as gone ([`Engine::peer_gone`]) and not connected since: connecting to one
+/// again is a reconnect (`hmc_engine_reconnects_total`). At most [`LostPeers::MAX`] names
+/// are kept (peers that never come back would otherwise pile up); past it, a reconnect to
+/// a peer not remembered counts as a first connect.
+#[derive(Default)]
+pub(super) struct LostPeers(parking_lot::Mutex<std::collections::HashSet<String>>);
+
+impl LostPeers {
+    /// Names remembered at most.
+    pub(super) const MAX: usize = 4096;
+
+    fn gone(&self, name: &str) {
+        let mut lost = self.0.lock();
+        if lost.len() < Self::MAX {
+            lost.insert(name.to_string());
+        }
+    }
+
+    /// A connection to `name` was made: counts it, as a reconnect when `name` was lost.
+    pub(super) fn connected(&self, name: &str) {
+        metrics::counter!("hmc_engine_connects_total").increment(1);
+        if self.0.lock().remove(name) {
+            metrics::counter!("hmc_engine_reconnects_total").increment(1);
+        }
     }
 }
 
 /// A transfer's counters (`metrics` facade; names prefixed `hmc_engine_`): `transfers_total`
 /// and `transfer_bytes_total` (label `op`), `transfer_errors_total` (label `kind`),
-/// `transfers_inflight`, `transfer_seconds`; and `connects_total`, `peers_gone_total`.
+/// `transfers_inflight`, `transfer_seconds`; and `connects_total`, `reconnects_total`
+/// (a connect to a peer that was dropped as gone), `peers_gone_total`.
 pub(super) struct TransferMetrics {
     start: std::time::Instant,
 }
@@ -149,6 +179,16 @@ impl TransferMetrics {
         TransferMetrics {
             start: std::time::Instant::now(),
         }
+    }
+
+    /// The transfer's deadline, `timeout` after its start (the start's clock read serves
+    /// both), with the timeout it came from for error messages.
+    pub(super) fn deadline(&self, timeout: Duration) -> (Deadline, Duration) {
+        let at = self
+            .start
+            .checked_add(timeout)
+            .unwrap_or(self.start + Duration::from_secs(86_400 * 365));
+        (Deadline::at(at), timeout)
     }
 
     pub(super) fn finish(&self, r: &Result<()>) {

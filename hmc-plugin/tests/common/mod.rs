@@ -1,11 +1,12 @@
-//! Test support: builds the example C plugin (and its deliberately broken variants) with the system C compiler, and opens communicators through the loader.
+//! Test support: builds the example C plugin (and its deliberately broken variants) with the system C compiler (hmc-backend-helpers' shim builder), and opens communicators through the loader.
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
+use hmc_backend_helpers::shim::{ShimSpec, build_shim};
 use hmc_plugin::{Plugin, PluginCommunicator, PluginConfig, TransportRegistry};
 
 /// hmc-plugin's folder, also when another crate's tests include this module by path.
@@ -13,55 +14,26 @@ pub fn crate_dir() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../hmc-plugin"))
 }
 
-fn newer(out: &Path, inputs: &[PathBuf]) -> bool {
-    let Ok(built) = std::fs::metadata(out).and_then(|m| m.modified()) else {
-        return false;
-    };
-    inputs.iter().all(|i| {
-        std::fs::metadata(i)
-            .and_then(|m| m.modified())
-            .is_ok_and(|t| t <= built)
-    })
-}
-
 /// Compiles examples-plugins/loopmem/loopmem.c as `lib<name>.so` with `defines`
-/// (`-D` arguments), C11, `-Wall -Wextra -Werror`; rebuilt only when a source changed.
+/// (`-D` arguments), C11, `-Wall -Wextra -Werror`, through hmc-backend-helpers' shim
+/// builder (rebuilt only when the source, the header or the command changed).
 pub fn build_c_plugin(name: &str, defines: &[&str]) -> PathBuf {
-    // One build at a time in this process; the rename keeps other processes safe.
-    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("c-plugins");
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("lib{name}.so"));
-    let source = crate_dir().join("examples-plugins/loopmem/loopmem.c");
-    let header = crate_dir().join("include/hmc_plugin.h");
-    if newer(&out, &[source.clone(), header]) {
-        return out;
+    let mut spec = ShimSpec::new(name, crate_dir().join("examples-plugins/loopmem/loopmem.c"))
+        .include_dir(crate_dir().join("include"))
+        .depends_on(crate_dir().join("include/hmc_plugin.h"))
+        .out_dir(PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("c-plugins"))
+        .define(format!("LOOPMEM_NAME=\"{name}\""));
+    for flag in ["-std=c11", "-O2", "-Wextra", "-Werror"] {
+        spec = spec.flag(flag);
     }
-    let tmp = dir.join(format!("lib{name}.so.{}.tmp", std::process::id()));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let output = Command::new(&cc)
-        .args([
-            "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread",
-        ])
-        .arg(format!("-DLOOPMEM_NAME=\"{name}\""))
-        .args(defines.iter().map(|d| format!("-D{d}")))
+    for d in defines {
+        spec = spec.define(*d);
+    }
+    if !defines.is_empty() {
         // A broken variant leaves some functions out of its table.
-        .args((!defines.is_empty()).then_some("-Wno-unused-function"))
-        .arg("-I")
-        .arg(crate_dir().join("include"))
-        .arg(&source)
-        .arg("-o")
-        .arg(&tmp)
-        .output()
-        .unwrap_or_else(|e| panic!("running {cc}: {e}"));
-    assert!(
-        output.status.success(),
-        "{cc} fails on loopmem.c ({defines:?}):\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    std::fs::rename(&tmp, &out).unwrap();
-    out
+        spec = spec.flag("-Wno-unused-function");
+    }
+    build_shim(&spec).unwrap_or_else(|e| panic!("loopmem.c ({defines:?}): {e}"))
 }
 
 /// The loopmem plugin, found and loaded through the search path.

@@ -65,7 +65,14 @@ class Engine:
     """A one-sided transfer engine."""
 
     def __init__(self) -> None: ...
-    def initialize(self, local: str, options: Optional[Mapping[str, str]] = None) -> None: ...
+    def initialize(
+        self,
+        local: str,
+        options: Optional[Mapping[str, str]] = None,
+        *,
+        metadata: Optional[str] = None,
+        name: Optional[str] = None,
+    ) -> None: ...
     @property
     def local_address(self) -> str: ...
     def register_mem(
@@ -180,7 +187,14 @@ class DataDist:
     cluster_id: int
     role: Role
     def __init__(self, cluster_id: int, role: Role, engine: Optional[Engine] = None) -> None: ...
-    def initialize(self, local: str, options: Optional[Mapping[str, str]] = None) -> None: ...
+    def initialize(
+        self,
+        local: str,
+        options: Optional[Mapping[str, str]] = None,
+        *,
+        metadata: Optional[str] = None,
+        name: Optional[str] = None,
+    ) -> None: ...
     @property
     def local_address(self) -> str: ...
     def link_clusters(

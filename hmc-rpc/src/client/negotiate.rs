@@ -66,6 +66,8 @@ impl<C: Communicator> Client<C> {
                 SETTINGS_METHOD,
                 Body::Payload(Bytes::from(mine.encode())),
                 opts,
+                // Not the caller's call: its span keeps the caller's request id.
+                &tracing::Span::none(),
             )
             .await;
         let found = match answer {

@@ -63,6 +63,14 @@ impl Stream {
             Stream::Unix(s) => s.try_write(buf),
         }
     }
+
+    /// This end's address of a TCP connection (a client's names it in its call spans).
+    pub(crate) fn local_tcp_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Stream::Tcp(s) => s.local_addr().ok(),
+            Stream::Unix(_) => None,
+        }
+    }
 }
 
 impl Stream {

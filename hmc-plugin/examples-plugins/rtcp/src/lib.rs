@@ -1,17 +1,21 @@
-//! rtcp: hmc-transport-tcp's `TcpCommunicator` exported as an HMC transport plugin with `hmc_plugin::export_plugin!`, and not one `unsafe` here.
+//! rtcp: hmc-transport-tcp's `TcpCommunicator` and hmc-backend-cpu's `HostMemory` exported as one HMC plugin (a transport and a memory backend) with `hmc_plugin::export_plugin!`, and not one `unsafe` here.
 //!
-//! It shows that any Rust `Communicator` becomes a plugin with one macro call, and it is
+//! It shows that any Rust `Communicator` and any `Memory` become a plugin with one macro
+//! call, and it is
 //! the plugin side of the plugin-versus-static measurement (the same transport, linked
 //! statically, is the other). The TCP transport runs on tokio, so the plugin owns a
 //! runtime and asks the glue to run every call inside it (`Exported::with_scope`); the
 //! host needs no tokio of its own for that.
 //!
-//! Configuration lines: `bind=IP` (from every host), `auth_secret=TEXT` (at least 16
-//! bytes; both peers need the same), `max_pending_notifications=N`.
+//! Transport configuration lines: `bind=IP` (from every host), `auth_secret=TEXT` (at
+//! least 16 bytes; both peers need the same), `max_pending_notifications=N`. Memory
+//! configuration lines: `ordinal=0` (from every host; host memory has no other),
+//! `huge_pages=true`, `mlock=true`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::LazyLock;
 
+use hmc_backend_cpu::{HostMemory, HostMemoryConfig};
 use hmc_core::{Error, PeerAddr, Result, TransportId};
 use hmc_plugin::export::{Config, Exported};
 use hmc_transport_tcp::{AuthSecret, TcpCommunicator, TcpConfig};
@@ -36,9 +40,9 @@ fn open(config: &Config) -> Result<Exported<TcpCommunicator>> {
         tcp.auth_secret = Some(AuthSecret::new(secret.as_bytes())?);
     }
     if let Some(n) = config.get("max_pending_notifications") {
-        tcp.max_pending_notifications = n.parse().map_err(|e| {
-            Error::InvalidArgument(format!("rtcp: max_pending_notifications: {e}"))
-        })?;
+        tcp.max_pending_notifications = n
+            .parse()
+            .map_err(|e| Error::InvalidArgument(format!("rtcp: max_pending_notifications: {e}")))?;
     }
     let addr = PeerAddr::Tcp(SocketAddr::new(ip, 0));
     let comm = {
@@ -51,9 +55,30 @@ fn open(config: &Config) -> Result<Exported<TcpCommunicator>> {
     }))
 }
 
+fn flag(config: &Config, key: &str) -> Result<bool> {
+    config.get(key).map_or(Ok(false), |v| {
+        v.parse()
+            .map_err(|_| Error::InvalidArgument(format!("rtcp: {key}={v}: say true or false")))
+    })
+}
+
+fn open_memory(config: &Config) -> Result<HostMemory> {
+    if let Some(n) = config.get("ordinal").filter(|n| *n != "0") {
+        return Err(Error::InvalidArgument(format!(
+            "rtcp: ordinal={n}: its memory is host memory, which has ordinal 0 only"
+        )));
+    }
+    Ok(HostMemory::with_config(HostMemoryConfig {
+        huge_pages: flag(config, "huge_pages")?,
+        mlock: flag(config, "mlock")?,
+    }))
+}
+
 hmc_plugin::export_plugin! {
     name: "rtcp",
     transport: TransportId::TCP,
     comm: TcpCommunicator,
     open: open,
+    memory: HostMemory,
+    open_memory: open_memory,
 }

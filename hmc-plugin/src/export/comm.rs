@@ -1,41 +1,30 @@
-//! The plugin side for Rust authors: any `hmc_core::Communicator` exported over the C ABI by [`export_plugin!`](crate::export_plugin), with no `unsafe` in the author's code.
-//!
-//! The glue here owns the `unsafe`: it turns the host's raw handles back into the
-//! communicator's own types, runs each transfer's future inside `transfer_poll` with a
-//! waker that signals the communicator's eventfd (so no executor and no tokio is needed on
-//! either side), maps `hmc_core::Error` to status codes plus the per-thread last-error
-//! string, and catches every panic at the boundary.
-//!
-//! A transport that needs a runtime context while its futures run (the TCP transport
-//! needs tokio's) says so with [`Exported::with_scope`]: every call into the communicator
-//! then runs inside that scope.
+//! The transport half of the Rust plugin glue: an `hmc_core::Communicator` behind the table's `comm_*`, `connect` … `recv_notification` functions.
 
-use std::cell::RefCell;
-use std::ffi::{CStr, CString, c_char};
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use hmc_core::{
-    Access, Communicator, Deadline, Error, Notification, Op, PeerAddr, Region, RemoteRegion,
-    Result, TransferDesc, TransportId,
+    Access, Communicator, Deadline, Error, Notification, Op, PeerAddr, RemoteRegion, Result,
+    TransferDesc, TransportId,
 };
 use parking_lot::Mutex;
 
+use super::{
+    Config, LAST_ERROR, at, config_from, fail, guard, guard_void, region_of, set_error, slice_of,
+    status, write_out, write_sized,
+};
 use crate::abi::*;
 
 /// A Rust transport exported as a plugin; implemented by [`export_plugin!`](crate::export_plugin).
 pub trait PluginTransport: 'static {
     /// The communicator type.
     type Comm: Communicator;
-    /// The plugin's name (`--data-plane NAME`), NUL-terminated.
-    const NAME: &'static CStr;
     /// The transport wire number its descriptors carry.
     const TRANSPORT: TransportId;
     /// Opens a communicator from the host's configuration.
@@ -64,127 +53,6 @@ impl<C: Communicator> Exported<C> {
         self
     }
 }
-
-/// The host's configuration for `comm_open`: `key=value` lines.
-#[derive(Clone, Debug, Default)]
-pub struct Config {
-    entries: Vec<(String, String)>,
-}
-
-impl Config {
-    /// Parses `key=value` lines; blank lines and lines starting with `#` are skipped.
-    pub fn parse(text: &str) -> Result<Config> {
-        let mut entries = Vec::new();
-        for line in text.lines().map(str::trim) {
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let (k, v) = line.split_once('=').ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "plugin configuration line `{line}` is not key=value"
-                ))
-            })?;
-            entries.push((k.trim().to_string(), v.trim().to_string()));
-        }
-        Ok(Config { entries })
-    }
-
-    /// The last value of `key`.
-    pub fn get(&self, key: &str) -> Option<&str> {
-        self.entries
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// Every entry, in order.
-    pub fn entries(&self) -> &[(String, String)] {
-        &self.entries
-    }
-}
-
-thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
-}
-
-fn set_error(msg: &str) {
-    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|l| *l.borrow_mut() = c);
-}
-
-fn clear_error() {
-    LAST_ERROR.with(|l| *l.borrow_mut() = CString::default());
-}
-
-/// The status code of `e`, with its text as the thread's last error.
-fn fail(e: &Error) -> i32 {
-    set_error(&e.to_string());
-    match e {
-        Error::InvalidArgument(_) => HMC_ERR_INVALID_ARGUMENT,
-        Error::OutOfBounds { .. } => HMC_ERR_OUT_OF_BOUNDS,
-        Error::AccessDenied(_) => HMC_ERR_ACCESS_DENIED,
-        Error::InvalidKey(_) => HMC_ERR_INVALID_KEY,
-        Error::DeadlineExceeded { .. } => HMC_ERR_DEADLINE,
-        Error::Cancelled(_) => HMC_ERR_CANCELLED,
-        Error::Peer { .. } => HMC_ERR_PEER,
-        Error::Closed(_) => HMC_ERR_CLOSED,
-        Error::Protocol(_) => HMC_ERR_PROTOCOL,
-        Error::Unsupported(_) => HMC_ERR_UNSUPPORTED,
-        Error::UnsupportedMemory { .. } => HMC_ERR_UNSUPPORTED_MEMORY,
-        Error::LimitExceeded { .. } => HMC_ERR_LIMIT,
-        Error::Io { .. } => HMC_ERR_IO,
-        Error::Unavailable { .. } => HMC_ERR_UNAVAILABLE,
-        e if e.is_out_of_memory() => HMC_ERR_OUT_OF_MEMORY,
-        _ => HMC_ERR_INTERNAL,
-    }
-}
-
-fn status(r: Result<()>) -> i32 {
-    match r {
-        Ok(()) => HMC_OK,
-        Err(e) => fail(&e),
-    }
-}
-
-/// Runs `f`, turning a panic into `HMC_ERR_INTERNAL` with the panic's text.
-fn guard(f: impl FnOnce() -> i32) -> i32 {
-    clear_error();
-    match std::panic::catch_unwind(AssertUnwindSafe(f)) {
-        Ok(code) => code,
-        Err(p) => {
-            let what = p
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
-            set_error(&format!("the plugin panicked: {what}"));
-            HMC_ERR_INTERNAL
-        }
-    }
-}
-
-/// Runs `f` for a function without a status; a panic is logged through the host.
-fn guard_void(f: impl FnOnce()) {
-    if guard(|| {
-        f();
-        HMC_OK
-    }) != HMC_OK
-    {
-        LAST_ERROR.with(|l| log(HMC_LOG_ERROR, &l.borrow().to_string_lossy()));
-    }
-}
-
-static HOST_LOG: OnceLock<unsafe extern "C" fn(u32, *const u8, usize)> = OnceLock::new();
-
-/// Writes `msg` to the host's log at `level` (`HMC_LOG_*`); nothing before init.
-pub fn log(level: u32, msg: &str) {
-    if let Some(f) = HOST_LOG.get() {
-        // SAFETY: the host's log function reads `len` bytes at `msg` during the call.
-        unsafe { f(level, msg.as_ptr(), msg.len()) };
-    }
-}
-
 /// Signals an eventfd when woken.
 struct FdWaker(Arc<OwnedFd>);
 
@@ -193,13 +61,45 @@ impl Wake for FdWaker {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
+        FdWaker::signal(&self.0);
+    }
+}
+
+impl FdWaker {
+    fn signal(efd: &OwnedFd) {
         let one = 1u64;
-        // SAFETY: writes 8 bytes to an eventfd this waker keeps open.
-        unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        // SAFETY: writes 8 bytes to an eventfd the caller keeps open.
+        unsafe { libc::write(efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 }
 
 type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Sets the transport functions of `P` in `api`, its transport id and
+/// `HMC_PLUGIN_PROVIDES_COMMUNICATOR`; [`export_plugin!`](crate::export_plugin) calls it.
+pub fn fill_transport<P: PluginTransport>(api: &mut HmcPluginApi) {
+    api.header.capabilities |= HMC_PLUGIN_PROVIDES_COMMUNICATOR;
+    api.transport_id = P::TRANSPORT.wire_id() as u32;
+    api.comm_open = Some(comm_open::<P>);
+    api.comm_close = Some(comm_close::<P>);
+    api.comm_destroy = Some(comm_destroy::<P>);
+    api.comm_event_fd = Some(comm_event_fd::<P>);
+    api.comm_address = Some(comm_address::<P>);
+    api.comm_capabilities = Some(comm_capabilities::<P>);
+    api.connect = Some(connect::<P>);
+    api.endpoint_release = Some(endpoint_release::<P>);
+    api.register_mem = Some(register::<P>);
+    api.deregister = Some(deregister::<P>);
+    api.export_key = Some(export_key::<P>);
+    api.rekey = Some(rekey::<P>);
+    api.import = Some(import::<P>);
+    api.remote_key_release = Some(remote_key_release::<P>);
+    api.transfer_start = Some(transfer_start::<P>);
+    api.transfer_poll = Some(transfer_poll::<P>);
+    api.transfer_release = Some(transfer_release::<P>);
+    api.notify = Some(notify::<P>);
+    api.recv_notification = Some(recv_notification::<P>);
+}
 
 /// The communicator behind an `HmcComm*`.
 struct GComm<C: Communicator> {
@@ -244,114 +144,48 @@ impl<C: Communicator> GComm<C> {
 
 struct GTransfer {
     fut: Option<BoxFut<Result<()>>>,
+    wake: Arc<TransferWaker>,
     done: Option<i32>,
     message: String,
 }
 
-fn deadline_from_ns(ns: u64) -> Deadline {
-    hmc_backend_helpers::deadline::from_monotonic_ns(ns)
+/// How many times in a row a transfer that wakes itself while being polled is polled again
+/// in place before the host is asked to come back through the eventfd (letting the host's
+/// other tasks run in between).
+const REPOLLS_IN_PLACE: usize = 64;
+
+const IDLE: u8 = 0;
+const POLLING: u8 = 1;
+const WOKEN_WHILE_POLLING: u8 = 2;
+
+/// One transfer's waker. A wake while its future is being polled (a future that yields,
+/// such as the TCP transport busy-polling its socket) only marks it, and the glue polls it
+/// again in place: going through the eventfd, the host's poller and a task switch for every
+/// yield would cost more than the op. A wake at any other time signals the eventfd.
+struct TransferWaker {
+    efd: Arc<OwnedFd>,
+    state: AtomicU8,
 }
 
-/// The table of plugin `P`, as `hmc_plugin_init` hands it out.
-fn table<P: PluginTransport>() -> HmcPluginApi {
-    HmcPluginApi {
-        header: HmcTableHeader {
-            struct_size: std::mem::size_of::<HmcPluginApi>(),
-            abi_major: HMC_PLUGIN_ABI_MAJOR,
-            abi_minor: HMC_PLUGIN_ABI_MINOR,
-            name: P::NAME.as_ptr(),
-            capabilities: HMC_PLUGIN_PROVIDES_COMMUNICATOR,
-        },
-        transport_id: P::TRANSPORT.wire_id() as u32,
-        reserved: 0,
-        last_error: Some(last_error),
-        comm_open: Some(comm_open::<P>),
-        comm_close: Some(comm_close::<P>),
-        comm_destroy: Some(comm_destroy::<P>),
-        comm_event_fd: Some(comm_event_fd::<P>),
-        comm_address: Some(comm_address::<P>),
-        comm_capabilities: Some(comm_capabilities::<P>),
-        connect: Some(connect::<P>),
-        endpoint_release: Some(endpoint_release::<P>),
-        register_mem: Some(register::<P>),
-        deregister: Some(deregister::<P>),
-        export_key: Some(export_key::<P>),
-        rekey: Some(rekey::<P>),
-        import: Some(import::<P>),
-        remote_key_release: Some(remote_key_release::<P>),
-        transfer_start: Some(transfer_start::<P>),
-        transfer_poll: Some(transfer_poll::<P>),
-        transfer_release: Some(transfer_release::<P>),
-        notify: Some(notify::<P>),
-        recv_notification: Some(recv_notification::<P>),
-        memory_open: None,
-        memory_destroy: None,
-        memory_info: None,
-        memory_alloc: None,
-        memory_free: None,
-        memory_copy: None,
+impl Wake for TransferWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        let marked = self.state.compare_exchange(
+            POLLING,
+            WOKEN_WHILE_POLLING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if marked == Err(IDLE) {
+            FdWaker::signal(&self.efd);
+        }
     }
 }
 
-/// `hmc_plugin_init` of plugin `P`; [`export_plugin!`](crate::export_plugin) exports it.
-///
-/// # Safety
-/// Called by the host as include/hmc_plugin.h describes: `out` points to `out_size`
-/// writable bytes and `host` is NULL or valid for the life of the process.
-pub unsafe fn init<P: PluginTransport>(
-    host_major: u32,
-    host_minor: u32,
-    host: *const HmcHostApi,
-    out: *mut HmcPluginApi,
-    out_size: usize,
-) -> i32 {
-    guard(|| {
-        let table = table::<P>();
-        let header = std::mem::size_of::<HmcTableHeader>();
-        if out.is_null() || out_size < header {
-            set_error("hmc_plugin_init: the host's table is smaller than its header");
-            return HMC_ERR_TOO_SMALL;
-        }
-        let n = out_size.min(std::mem::size_of::<HmcPluginApi>());
-        // SAFETY: `out` has `out_size >= n` writable bytes; `table` has `n` readable ones.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (&table as *const HmcPluginApi).cast::<u8>(),
-                out.cast::<u8>(),
-                n,
-            );
-            (*out).header.struct_size = n;
-        }
-        if host_major != HMC_PLUGIN_ABI_MAJOR {
-            set_error(&format!(
-                "plugin `{}` speaks HMC plugin ABI {HMC_PLUGIN_ABI_MAJOR}.{HMC_PLUGIN_ABI_MINOR}, \
-                 the host {host_major}.{host_minor}",
-                P::NAME.to_string_lossy()
-            ));
-            return HMC_ERR_VERSION;
-        }
-        // SAFETY: `host` is NULL or a table valid for the life of the process.
-        if let Some(h) = unsafe { host.as_ref() }
-            && h.header.struct_size >= std::mem::size_of::<HmcHostApi>()
-            && let Some(f) = h.log
-        {
-            let _ = HOST_LOG.set(f);
-        }
-        HMC_OK
-    })
-}
-
-unsafe extern "C" fn last_error() -> *const c_char {
-    LAST_ERROR.with(|l| l.borrow().as_ptr())
-}
-
-/// The glue's view of a raw handle.
-///
-/// # Safety
-/// `p` must be a live handle of type `T` made by this glue.
-unsafe fn at<'a, T, U>(p: *mut U) -> &'a T {
-    // SAFETY: per this function's contract.
-    unsafe { &*(p as *const T) }
+fn deadline_from_ns(ns: u64) -> Deadline {
+    hmc_backend_helpers::deadline::from_monotonic_ns(ns)
 }
 
 unsafe extern "C" fn comm_open<P: PluginTransport>(
@@ -361,11 +195,7 @@ unsafe extern "C" fn comm_open<P: PluginTransport>(
 ) -> i32 {
     guard(|| {
         // SAFETY: the host passes `len` readable bytes.
-        let text = unsafe { std::slice::from_raw_parts(config, len) };
-        let opened = std::str::from_utf8(text)
-            .map_err(|_| Error::InvalidArgument("plugin configuration is not UTF-8".into()))
-            .and_then(Config::parse)
-            .and_then(|c| P::open(&c));
+        let opened = unsafe { config_from(config, len) }.and_then(|c| P::open(&c));
         let exported = match opened {
             Ok(e) => e,
             Err(e) => return fail(&e),
@@ -426,25 +256,6 @@ unsafe extern "C" fn comm_event_fd<P: PluginTransport>(comm: *mut HmcComm) -> i3
     if code == HMC_OK { fd } else { code }
 }
 
-/// Writes `bytes` to a `(buf, cap, *len)` out-parameter triple.
-///
-/// # Safety
-/// `buf` has `cap` writable bytes; `len` is writable.
-unsafe fn write_out(bytes: &[u8], buf: *mut u8, cap: usize, len: *mut usize) -> i32 {
-    // SAFETY: per this function's contract.
-    unsafe { *len = bytes.len() };
-    if bytes.len() > cap {
-        set_error(&format!(
-            "a buffer of {cap} bytes is too small for {}",
-            bytes.len()
-        ));
-        return HMC_ERR_TOO_SMALL;
-    }
-    // SAFETY: `bytes.len() <= cap`.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len()) };
-    HMC_OK
-}
-
 unsafe extern "C" fn comm_address<P: PluginTransport>(
     comm: *mut HmcComm,
     buf: *mut u8,
@@ -497,17 +308,8 @@ unsafe extern "C" fn comm_capabilities<P: PluginTransport>(
                 kind_mask_set(&mut caps.remote_kinds, k);
             }
         }
-        // SAFETY: the host's struct is writable for its struct_size.
-        let room = unsafe { (*out).struct_size }.min(std::mem::size_of::<HmcCommCaps>());
-        caps.struct_size = room;
-        // SAFETY: `room` bytes fit both structs.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                (&caps as *const HmcCommCaps).cast::<u8>(),
-                out.cast::<u8>(),
-                room,
-            )
-        };
+        // SAFETY: the host's struct is writable for its struct_size, its first field.
+        unsafe { write_sized(caps, out) };
         HMC_OK
     })
 }
@@ -526,12 +328,7 @@ unsafe extern "C" fn connect<P: PluginTransport>(
 ) -> i32 {
     guard(|| {
         // SAFETY: a live communicator; `addr` has `addr_len` readable bytes.
-        let (g, text) = unsafe {
-            (
-                at::<GComm<P::Comm>, _>(comm),
-                std::slice::from_raw_parts(addr, addr_len),
-            )
-        };
+        let (g, text) = unsafe { (at::<GComm<P::Comm>, _>(comm), slice_of(addr, addr_len)) };
         let peer = match std::str::from_utf8(text)
             .map_err(|_| "not UTF-8".to_string())
             .and_then(|t| PeerAddr::from_str(t).map_err(|e| e.to_string()))
@@ -582,13 +379,9 @@ unsafe extern "C" fn register<P: PluginTransport>(
             Ok(a) => a,
             Err(()) => return fail(&Error::InvalidArgument(format!("access bits {access:#x}"))),
         };
-        let region = Region {
-            device: hmc_core::Device::new(
-                hmc_core::DeviceKind::from_wire_id(r.device_kind as u8),
-                r.device_ordinal,
-            ),
-            addr: r.addr,
-            len: r.len as usize,
+        let region = match region_of(&r) {
+            Ok(region) => region,
+            Err(e) => return fail(&e),
         };
         // SAFETY: the host keeps the memory allocated until deregister returns (ABI).
         match g.run(|| unsafe { g.comm.register(region, access) }) {
@@ -669,7 +462,7 @@ unsafe extern "C" fn import<P: PluginTransport>(
             (
                 at::<GComm<P::Comm>, _>(comm),
                 at::<<P::Comm as Communicator>::Endpoint, _>(ep),
-                std::slice::from_raw_parts(d.key, d.key_len),
+                slice_of(d.key, d.key_len),
             )
         };
         // SAFETY: `desc` is readable during the call.
@@ -678,16 +471,7 @@ unsafe extern "C" fn import<P: PluginTransport>(
         let result = Access::from_bits(bits).and_then(|access| {
             let remote = RemoteRegion {
                 transport: P::TRANSPORT,
-                region: Region {
-                    device: hmc_core::Device::new(
-                        hmc_core::DeviceKind::from_wire_id(d.region.device_kind as u8),
-                        d.region.device_ordinal,
-                    ),
-                    addr: d.region.addr,
-                    len: usize::try_from(d.region.len).map_err(|_| {
-                        Error::InvalidArgument("region length does not fit this platform".into())
-                    })?,
-                },
+                region: region_of(&d.region)?,
                 access,
                 key: key.to_vec(),
             };
@@ -747,12 +531,8 @@ unsafe extern "C" fn transfer_start<P: PluginTransport>(
                 at::<'static, <C<P> as Communicator>::Endpoint, _>(ep),
             )
         };
-        let raw = if count == 0 {
-            &[][..]
-        } else {
-            // SAFETY: `descs` has `count` readable elements during this call.
-            unsafe { std::slice::from_raw_parts(descs, count) }
-        };
+        // SAFETY: `descs` has `count` readable elements during this call.
+        let raw = unsafe { slice_of(descs, count) };
         let batch: Vec<TransferDesc<'static, C<P>>> = raw
             .iter()
             .map(|d| TransferDesc {
@@ -770,6 +550,10 @@ unsafe extern "C" fn transfer_start<P: PluginTransport>(
             Box::pin(async move { comm_ref.transfer(ep, op, &batch, deadline).await });
         let mut t = GTransfer {
             fut: Some(fut),
+            wake: Arc::new(TransferWaker {
+                efd: g.efd.clone(),
+                state: AtomicU8::new(IDLE),
+            }),
             done: None,
             message: String::new(),
         };
@@ -780,11 +564,32 @@ unsafe extern "C" fn transfer_start<P: PluginTransport>(
     })
 }
 
-/// Polls a transfer's future once, inside the communicator's scope.
+/// Polls a transfer's future inside the communicator's scope: again in place while it
+/// wakes itself during the poll (up to [`REPOLLS_IN_PLACE`] times), else until its next
+/// wake signals the eventfd.
 fn poll_transfer<C: Communicator>(g: &GComm<C>, t: &mut GTransfer) {
     let Some(fut) = t.fut.as_mut() else { return };
-    let mut cx = Context::from_waker(&g.waker);
-    if let Poll::Ready(r) = g.run(|| fut.as_mut().poll(&mut cx)) {
+    let waker = Waker::from(t.wake.clone());
+    let mut cx = Context::from_waker(&waker);
+    let state = &t.wake.state;
+    let ready = g.run(|| {
+        for _ in 0..REPOLLS_IN_PLACE {
+            state.store(POLLING, Ordering::Release);
+            if let Poll::Ready(r) = fut.as_mut().poll(&mut cx) {
+                state.store(IDLE, Ordering::Release);
+                return Some(r);
+            }
+            let idle = state.compare_exchange(POLLING, IDLE, Ordering::AcqRel, Ordering::Acquire);
+            if idle.is_ok() {
+                return None; // Not woken yet: its next wake signals the eventfd.
+            }
+        }
+        // Still yielding: the host polls it again after its other tasks.
+        state.store(IDLE, Ordering::Release);
+        FdWaker::signal(&g.efd);
+        None
+    });
+    if let Some(r) = ready {
         let code = status(r);
         if code != HMC_OK {
             LAST_ERROR.with(|l| t.message = l.borrow().to_string_lossy().into_owned());
@@ -844,11 +649,7 @@ unsafe extern "C" fn notify<P: PluginTransport>(
             (
                 at::<GComm<P::Comm>, _>(comm),
                 at::<<P::Comm as Communicator>::Endpoint, _>(ep),
-                if len == 0 {
-                    &[][..]
-                } else {
-                    std::slice::from_raw_parts(msg, len)
-                },
+                slice_of(msg, len),
             )
         };
         status(block_on(
@@ -904,66 +705,4 @@ unsafe extern "C" fn recv_notification<P: PluginTransport>(
         st.ready = None;
         HMC_OK
     })
-}
-
-/// Exports a Rust [`Communicator`] as an HMC transport plugin: defines `hmc_plugin_init`
-/// for a `cdylib` crate. The author writes no `unsafe`:
-///
-/// ```ignore
-/// fn open(config: &hmc_plugin::export::Config) -> hmc_core::Result<hmc_plugin::export::Exported<MyComm>> {
-///     Ok(hmc_plugin::export::Exported::new(MyComm::bind(config.get("bind"))?))
-/// }
-/// hmc_plugin::export_plugin! {
-///     name: "mytransport",
-///     transport: hmc_core::TransportId::from_wire_id(200),
-///     comm: MyComm,
-///     open: open,
-/// }
-/// ```
-#[macro_export]
-macro_rules! export_plugin {
-    (name: $name:literal, transport: $transport:expr, comm: $comm:ty, open: $open:path $(,)?) => {
-        #[doc(hidden)]
-        pub struct __HmcExportedPlugin;
-
-        impl $crate::export::PluginTransport for __HmcExportedPlugin {
-            type Comm = $comm;
-            const NAME: &'static ::std::ffi::CStr =
-                match ::std::ffi::CStr::from_bytes_with_nul(::std::concat!($name, "\0").as_bytes())
-                {
-                    Ok(n) => n,
-                    Err(_) => panic!("a plugin name must not contain NUL"),
-                };
-            const TRANSPORT: $crate::hmc_core::TransportId = $transport;
-            fn open(
-                config: &$crate::export::Config,
-            ) -> $crate::hmc_core::Result<$crate::export::Exported<$comm>> {
-                $open(config)
-            }
-        }
-
-        /// The plugin's entry point (include/hmc_plugin.h).
-        ///
-        /// # Safety
-        /// Called by an HMC host as the header describes.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn hmc_plugin_init(
-            host_abi_major: u32,
-            host_abi_minor: u32,
-            host: *const $crate::abi::HmcHostApi,
-            out: *mut $crate::abi::HmcPluginApi,
-            out_size: usize,
-        ) -> i32 {
-            // SAFETY: forwarded from the host, which follows the header's contract.
-            unsafe {
-                $crate::export::init::<__HmcExportedPlugin>(
-                    host_abi_major,
-                    host_abi_minor,
-                    host,
-                    out,
-                    out_size,
-                )
-            }
-        }
-    };
 }
