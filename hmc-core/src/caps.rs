@@ -74,12 +74,17 @@ pub struct CommCapabilities {
     pub rekey: bool,
     /// `alloc_registered` has a fast path (returns `Ok(Some(_))`).
     pub alloc_registered: bool,
+    /// `rekey` and `import` may wait on a peer (a round trip, or peers ending their
+    /// copies), so callers on an async runtime run them where blocking is allowed. False:
+    /// both return without waiting on a peer in the common case, and may be called in
+    /// place.
+    pub key_ops_wait: bool,
 }
 
 impl CommCapabilities {
     /// The conservative default: host memory only, both ends; notifications of up to
     /// 4 KiB; no declared transfer or batch limit; not zero-copy; no rekey, no
-    /// transport-allocated memory.
+    /// transport-allocated memory; key operations that may wait.
     pub fn new(transport: TransportId) -> Self {
         CommCapabilities {
             transport,
@@ -93,6 +98,7 @@ impl CommCapabilities {
             zero_copy: false,
             rekey: false,
             alloc_registered: false,
+            key_ops_wait: true,
         }
     }
 

@@ -165,6 +165,10 @@ struct Inner<C: Communicator> {
     config: PoolConfig,
     /// Rekey (or quarantine) buffers on return; see the module doc.
     key_scoped: bool,
+    /// The transport's `rekey` may wait on peers ([`hmc_core::CommCapabilities::key_ops_wait`]):
+    /// run it through [`blocking`]. Otherwise in place, without handing the worker's other
+    /// tasks to another thread for a call that returns at once.
+    rekey_waits: bool,
     free: Mutex<Vec<Vec<Slot<C>>>>,
     idle_bytes: AtomicUsize,
     registered_bytes: AtomicUsize,
@@ -282,6 +286,7 @@ impl<C: Communicator> BufferPool<C> {
         };
         BufferPool(Arc::new(Inner {
             memory: Arc::new(HostMemory::new()),
+            rekey_waits: comm.capabilities().key_ops_wait,
             comm,
             access,
             config,
@@ -465,7 +470,12 @@ impl<C: Communicator> PooledBuffer<C> {
         if !slot.exported.load(Ordering::Acquire) {
             return Ok(true);
         }
-        let done = blocking(|| self.pool.comm.rekey(slot.registration()))?;
+        let rekey = || self.pool.comm.rekey(slot.registration());
+        let done = if self.pool.rekey_waits {
+            blocking(rekey)
+        } else {
+            rekey()
+        }?;
         if done {
             slot.exported.store(false, Ordering::Release);
             slot.mark.store(CLEAN, Ordering::Release);

@@ -17,6 +17,7 @@ use hmc_rpc::{
     Client, ClientConfig, ClientDataPlane, DataPlaneConfig, Dispatcher, RunningServer, Server,
     ServerConfig, Status, demo,
 };
+use hmc_transport_shm::{ShmCommunicator, ShmConfig};
 use hmc_transport_tcp::{TcpCommunicator, TcpConfig, TcpEndpoint, TcpRegistration, TcpRemoteKey};
 use parking_lot::Mutex;
 use rstest::rstest;
@@ -404,24 +405,23 @@ impl Communicator for Rekeying {
 
 /// A raw RPC server that keeps every key it is given: its RPC listener, its data plane
 /// and a scratch buffer for its transfers.
-struct HostileServer {
+struct HostileServer<S: Communicator> {
     listener: TcpListener,
-    comm: Arc<TcpCommunicator>,
-    scratch: RegisteredBuffer<hmc_backend_cpu::HostMemory, TcpCommunicator>,
+    comm: Arc<S>,
+    scratch: RegisteredBuffer<hmc_backend_cpu::HostMemory, S>,
 }
 
 /// One call as the hostile server saw it: its endpoint to the client and imported keys.
-struct Seen {
+struct Seen<S: Communicator> {
     id: u64,
-    ep: TcpEndpoint,
-    req: TcpRemoteKey,
-    resp: TcpRemoteKey,
+    ep: S::Endpoint,
+    req: S::RemoteKey,
+    resp: S::RemoteKey,
     len: usize,
 }
 
-impl HostileServer {
-    async fn new() -> Self {
-        let comm = tcp_comm();
+impl<S: Communicator> HostileServer<S> {
+    async fn new(comm: Arc<S>) -> Self {
         let mem = Arc::new(hmc_backend_cpu::HostMemory::new());
         let scratch =
             RegisteredBuffer::new(mem, comm.clone(), 1 << 20, Access::READ_WRITE).unwrap();
@@ -446,7 +446,7 @@ impl HostileServer {
 
     /// Receives the next HMC_BUFFER request and imports its keys (answering the settings
     /// exchange on the way: a TCP data plane, as a genuine server would say).
-    async fn next(&self, rpc: &mut TcpStream) -> Seen {
+    async fn next(&self, rpc: &mut TcpStream) -> Seen<S> {
         let (h, body) = loop {
             let (h, body) = read_frame(rpc).await;
             if h.method_id != hmc_rpc::settings::SETTINGS_METHOD {
@@ -454,7 +454,7 @@ impl HostileServer {
             }
             let mine = hmc_rpc::settings::Settings {
                 features: hmc_rpc::settings::features::SETTINGS,
-                data_planes: vec![u16::from(hmc_core::TransportId::TCP.wire_id())],
+                data_planes: vec![u16::from(self.comm.transport().wire_id())],
                 ..Default::default()
             }
             .encode();
@@ -499,9 +499,9 @@ impl HostileServer {
 
     async fn op(
         &self,
-        ep: &TcpEndpoint,
+        ep: &S::Endpoint,
         op: Op,
-        key: &TcpRemoteKey,
+        key: &S::RemoteKey,
         len: usize,
     ) -> HmcResult<Vec<u8>> {
         let d = [TransferDesc {
@@ -519,32 +519,37 @@ impl HostileServer {
         Ok(out)
     }
 
-    async fn read(&self, s: &Seen, key: &TcpRemoteKey, len: usize) -> HmcResult<Vec<u8>> {
+    async fn read(&self, s: &Seen<S>, key: &S::RemoteKey, len: usize) -> HmcResult<Vec<u8>> {
         self.op(&s.ep, Op::Read, key, len).await
     }
 
-    async fn write(&self, s: &Seen, key: &TcpRemoteKey, bytes: &[u8]) -> HmcResult<()> {
+    async fn write(&self, s: &Seen<S>, key: &S::RemoteKey, bytes: &[u8]) -> HmcResult<()> {
         self.scratch.write_at(0, &MemSpan::host(bytes))?;
         self.op(&s.ep, Op::Write, key, bytes.len()).await.map(drop)
     }
+}
 
-    /// Answers OK with the response in the client's region (`n` bytes written there).
-    async fn answer_in_buffer(rpc: &mut TcpStream, id: u64, n: usize) {
-        let mut h = FrameHeader::new(FrameKind::Response, id);
-        h.method_id = demo::ECHO;
-        h.mode = PayloadMode::HmcBuffer;
-        h.status = Status::OK;
-        h.payload_len = n as u64;
-        send_frame(rpc, h, &[]).await;
-    }
+/// Answers OK with the response in the client's region (`n` bytes written there).
+async fn answer_in_buffer(rpc: &mut TcpStream, id: u64, n: usize) {
+    let mut h = FrameHeader::new(FrameKind::Response, id);
+    h.method_id = demo::ECHO;
+    h.mode = PayloadMode::HmcBuffer;
+    h.status = Status::OK;
+    h.payload_len = n as u64;
+    send_frame(rpc, h, &[]).await;
 }
 
 /// Call 1 to server A, call 2 to server B; A keeps call 1's keys and tries them while
-/// call 2 is in flight; with `same_peer`, a call 3 back to A as well.
-async fn keys_die_with_their_call<C: Communicator>(dp: Arc<ClientDataPlane<C>>, revokes: bool) {
+/// call 2 is in flight; with `same_peer`, a call 3 back to A as well. The hostile servers'
+/// data planes come from `comm`.
+async fn keys_die_with_their_call<C: Communicator, S: Communicator>(
+    dp: Arc<ClientDataPlane<C>>,
+    revokes: bool,
+    comm: impl Fn() -> Arc<S>,
+) {
     let len = 256 << 10;
-    let a = HostileServer::new().await;
-    let b = HostileServer::new().await;
+    let a = HostileServer::new(comm()).await;
+    let b = HostileServer::new(comm()).await;
     let ca = Client::connect(&a.addr(), ClientConfig::default())
         .await
         .unwrap()
@@ -575,7 +580,7 @@ async fn keys_die_with_their_call<C: Communicator>(dp: Arc<ClientDataPlane<C>>, 
         "response key READ: {e}"
     );
     a.write(&s1, &s1.resp, &p1).await.unwrap();
-    HostileServer::answer_in_buffer(&mut rpc_a, s1.id, len).await;
+    answer_in_buffer(&mut rpc_a, s1.id, len).await;
     let r1 = call1.await.unwrap().unwrap();
     assert!(r1 == p1);
     if revokes {
@@ -609,7 +614,7 @@ async fn keys_die_with_their_call<C: Communicator>(dp: Arc<ClientDataPlane<C>>, 
         ),
     }
     let _ = a.write(&s1, &s1.resp, &[0xEE; 16]).await;
-    HostileServer::answer_in_buffer(&mut rpc_b, s2.id, len).await;
+    answer_in_buffer(&mut rpc_b, s2.id, len).await;
     let r2 = call2.await.unwrap().unwrap();
     assert!(
         r2 == answer,
@@ -634,7 +639,7 @@ async fn keys_die_with_their_call<C: Communicator>(dp: Arc<ClientDataPlane<C>>, 
     }
     assert_eq!(a.read(&s3, &s3.req, s3.len).await.unwrap(), p3.to_vec());
     a.write(&s3, &s3.resp, &p3).await.unwrap();
-    HostileServer::answer_in_buffer(&mut rpc_a, s3.id, len).await;
+    answer_in_buffer(&mut rpc_a, s3.id, len).await;
     assert!(call3.await.unwrap().unwrap() == p3);
 
     let st = dp.stats();
@@ -659,7 +664,7 @@ async fn keys_die_with_their_call<C: Communicator>(dp: Arc<ClientDataPlane<C>>, 
 async fn a_key_dies_with_its_call_where_the_transport_rekeys() {
     let comm = Arc::new(Rekeying(tcp_comm()));
     let dp = Arc::new(ClientDataPlane::new(comm, DataPlaneConfig::default()));
-    keys_die_with_their_call(dp, true).await;
+    keys_die_with_their_call(dp, true, tcp_comm).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -671,7 +676,16 @@ async fn a_key_reaches_nothing_of_another_peers_call_with_the_tcp_transport() {
     let revokes = comm.rekey(probe.registration()).unwrap();
     drop(probe);
     let dp = Arc::new(ClientDataPlane::new(comm, DataPlaneConfig::default()));
-    keys_die_with_their_call(dp, revokes).await;
+    keys_die_with_their_call(dp, revokes, tcp_comm).await;
+}
+
+/// Over shared memory (keys checked on the control page of the pooled buffers after their
+/// first use): a hostile server's keys of call 1 reach nothing of call 2 or 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_dies_with_its_call_over_shared_memory() {
+    let shm = || Arc::new(ShmCommunicator::bind(ShmConfig::default()).unwrap());
+    let dp = Arc::new(ClientDataPlane::new(shm(), DataPlaneConfig::default()));
+    keys_die_with_their_call(dp, true, shm).await;
 }
 
 /// What quarantine costs a client that switches servers: one deregistration and one

@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::chunk::{self, Chunk};
 use crate::cma::{self, PeerCred};
+use crate::control::{self, Page};
 use crate::device::{Devices, IpcLease};
 use crate::mapped::{self, FdReader, Mapping, SharedAlloc};
 use crate::target::{RegEntry, Target};
@@ -361,6 +362,11 @@ impl std::fmt::Debug for ShmRegistration {
 }
 
 impl ShmRegistration {
+    /// The control page of memory this transport allocated.
+    fn control(&self) -> Option<&Page> {
+        self._alloc.as_ref().and_then(Mapping::control)
+    }
+
     #[cfg(test)]
     pub(crate) fn entry_addr(&self) -> u64 {
         self.entry.region.addr
@@ -380,8 +386,18 @@ impl Drop for ShmRegistration {
     fn drop(&mut self) {
         self.target.regs.write().remove(&self.entry.id);
         let entry = &self.entry;
-        self.target
-            .revoke(entry, || entry.live.store(false, Ordering::Release));
+        let page = self.control();
+        self.target.revoke(entry, || {
+            entry.live.store(false, Ordering::Release);
+            page.inspect(|p| p.set_current(None));
+        });
+        let until = Instant::now() + self.target.config.revoke_timeout;
+        if page.is_some_and(|p| !p.wait_idle(until)) {
+            tracing::warn!(
+                registration = entry.id,
+                "a copy outlived revoke_timeout; unmapping"
+            );
+        }
         self.target.forget(entry);
         // `alloc`, if any, is unmapped when the fields drop, after this.
     }
@@ -425,16 +441,6 @@ impl std::fmt::Debug for ShmCommunicator {
     }
 }
 
-fn random_token() -> Result<[u8; TOKEN_LEN]> {
-    let mut t = [0u8; TOKEN_LEN];
-    getrandom::fill(&mut t).map_err(|e| Error::Unavailable {
-        what: "the OS random number generator".into(),
-        reason: e.to_string(),
-        hint: "remote keys need unguessable tokens; check /dev/urandom or getrandom(2)".into(),
-    })?;
-    Ok(t)
-}
-
 impl ShmCommunicator {
     /// Listens on `config.path` (or a fresh random path in the system temp dir) and starts
     /// serving peers. Must be called inside a tokio runtime (the socket is bound through
@@ -456,7 +462,7 @@ impl ShmCommunicator {
         let path = match &config.path {
             Some(p) => p.clone(),
             None => {
-                let t = random_token()?;
+                let t = wire::random_token()?;
                 let name: String = t[..8].iter().map(|b| format!("{b:02x}")).collect();
                 std::env::temp_dir().join(format!("hmc-shm-{}-{name}.sock", std::process::id()))
             }
@@ -505,7 +511,7 @@ impl ShmCommunicator {
             id,
             region,
             access,
-            token: Mutex::new(random_token()?),
+            token: Mutex::new(wire::random_token()?),
             live: AtomicBool::new(true),
             memfd,
             ipc,
@@ -568,6 +574,8 @@ impl Communicator for ShmCommunicator {
         caps.max_notification_len = self.target.config.max_notify_len;
         caps.zero_copy = true;
         caps.rekey = true;
+        // `import` parses the key; `rekey` waits only for leases and copies in progress.
+        caps.key_ops_wait = false;
         caps.alloc_registered = true;
         let mut remote = vec![hmc_core::DeviceKind::HOST];
         remote.extend(self.devices.kinds());
@@ -658,17 +666,35 @@ impl Communicator for ShmCommunicator {
             addr: alloc.map.ptr() as u64,
             len,
         };
-        self.new_registration(region, access, Some(alloc), None, None)
-            .map(Some)
+        // No key works until the registration's own token is made current below.
+        alloc.control().init(len, access, &[0; TOKEN_LEN]);
+        let reg = self.new_registration(region, access, Some(alloc), None, None)?;
+        let page = reg.control().expect("the page was just written");
+        page.set_current(Some(&reg.entry.token.lock()));
+        Ok(Some(reg))
     }
 
-    /// Draws a new token and revokes every lease granted under the old one, waiting (up to
-    /// `revoke_timeout`) until the peers holding them have stopped copying.
+    /// Draws a new token and revokes every lease granted under the old one (and copies a
+    /// control page announced), waiting up to `revoke_timeout` for peers to stop copying.
+    /// Fails when one did not: the old key is dead, but do not reuse the memory.
     fn rekey(&self, reg: &ShmRegistration) -> Result<bool> {
         self.own(reg, "rekey")?;
-        let token = random_token()?;
-        self.target
-            .revoke(&reg.entry, || *reg.entry.token.lock() = token);
+        let token = wire::random_token()?;
+        let page = reg.control();
+        let started = Instant::now();
+        let given_up = self.target.revoke(&reg.entry, || {
+            *reg.entry.token.lock() = token;
+            page.inspect(|p| p.set_current(Some(&token)));
+        });
+        let until = started + self.target.config.revoke_timeout;
+        if given_up > 0 || page.is_some_and(|p| !p.wait_idle(until)) {
+            return Err(Error::DeadlineExceeded {
+                during: "rekey: waiting for peers to stop copying under the old key \
+                         (ShmConfig::revoke_timeout); the memory may still be written, drop \
+                         the registration instead of reusing it",
+                elapsed: started.elapsed(),
+            });
+        }
         Ok(true)
     }
 
@@ -752,6 +778,22 @@ impl Communicator for ShmCommunicator {
         }
         if ep.dead.load(Ordering::Acquire) {
             return Err(ep.gone());
+        }
+        // The peer's shared memory with a control page: keys checked there, no lease.
+        let wants = batch.iter().map(|d| control::Want {
+            key: d.remote.key,
+            local: d.local.entry.region,
+            local_offset: d.local_offset,
+            remote_offset: d.remote_offset,
+            len: d.len,
+        });
+        let spans = control::spans(&ep.maps.lock(), need, wants);
+        if let Some(spans) = spans {
+            let gone = || ep.dead.load(Ordering::Acquire).then(|| ep.gone());
+            let chunk = self.target.config.chunk_len;
+            // SAFETY: local ranges were bounds-checked above against registrations the
+            // batch borrows; remote ones by `control::spans` against the page.
+            return unsafe { control::copy(op, &spans, chunk, deadline, gone) }.await;
         }
         // One lease per distinct key, from the cache or a grant round trip.
         let mut leases: Vec<(KeyId, Arc<Lease>)> = Vec::new();

@@ -77,6 +77,12 @@
 //! Copies are split into [`ShmConfig::chunk_len`] pieces; the deadline and the lease are
 //! checked before each, and the transfer future yields between them.
 //!
+//! Shared memory from `alloc_registered` carries a control page after its data (the
+//! current key and per-process copy counters): an initiator that has it mapped checks keys
+//! there instead of asking for a lease, and `rekey` or deregistration waits for the copies
+//! announced there instead of a `Revoke` round trip; a rekey that peers do not end within
+//! `revoke_timeout` fails, so the memory is not reused. See the `control` module.
+//!
 //! **What keys protect against.** Mistakes and stale keys, not a hostile peer: a process
 //! allowed to `process_vm_writev` into yours can already reach all of your memory.
 //!
@@ -109,6 +115,7 @@ use hmc_core::TransportId;
 mod chunk;
 mod cma;
 mod comm;
+mod control;
 mod device;
 mod host;
 mod local_first;
@@ -131,8 +138,8 @@ pub struct ShmConfig {
     /// The Unix socket to listen on (default `None`: `hmc-shm-<pid>-<random>.sock` in the
     /// system temp dir).
     pub path: Option<PathBuf>,
-    /// Bytes per `process_vm_*` call (default 4 MiB): the deadline and revocation are
-    /// checked between chunks, and the transfer yields to the executor.
+    /// Bytes per `process_vm_*` call or announced `memcpy` (default 4 MiB): the deadline
+    /// and revocation are checked between chunks, and the transfer yields to the executor.
     pub chunk_len: usize,
     /// How long dropping or rekeying a registration waits for peers to release their
     /// leases (default 2 s); also the side channel's write timeout.

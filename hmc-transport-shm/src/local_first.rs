@@ -402,6 +402,7 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
         let mut caps = self.net.capabilities();
         caps.transport = TransportId::LOCAL_FIRST;
         caps.alloc_registered |= self.shm.is_some();
+        // `key_ops_wait` stays the network transport's: the shared-memory half's do not wait.
         caps
     }
 

@@ -10,6 +10,8 @@ use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
+use crate::control::{CONTROL_LEN, Page};
+
 /// A shared mapping of a memfd, unmapped on drop.
 pub(crate) struct Mapping {
     ptr: *mut u8,
@@ -55,6 +57,13 @@ impl Mapping {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// The control page at the end of the mapping, where its owner wrote one.
+    pub(crate) fn control(&self) -> Option<&Page> {
+        // SAFETY: the whole mapping lives as long as `self`; `mmap` returns page-aligned
+        // addresses and lengths here are whole pages.
+        unsafe { Page::at(self.ptr, self.len) }
+    }
 }
 
 impl Drop for Mapping {
@@ -64,7 +73,8 @@ impl Drop for Mapping {
     }
 }
 
-/// Host memory this transport allocates: a memfd of `len` bytes (whole pages), mapped.
+/// Host memory this transport allocates: a memfd of `len` bytes (whole pages) followed by
+/// its control page ([`crate::control`]), mapped.
 pub(crate) struct SharedAlloc {
     pub(crate) fd: OwnedFd,
     pub(crate) map: Mapping,
@@ -73,7 +83,7 @@ pub(crate) struct SharedAlloc {
 impl SharedAlloc {
     pub(crate) fn new(len: usize) -> io::Result<SharedAlloc> {
         let page = 4096usize;
-        let size = len.max(1).div_ceil(page) * page;
+        let size = len.max(1).div_ceil(page) * page + CONTROL_LEN;
         // SAFETY: a NUL-terminated name and flags; the result is checked.
         let raw = unsafe {
             libc::memfd_create(
@@ -99,6 +109,12 @@ impl SharedAlloc {
         }
         let map = Mapping::map(fd.as_fd(), size)?;
         Ok(SharedAlloc { fd, map })
+    }
+
+    /// The control page, for its owner to write ([`Page::init`]) and change.
+    pub(crate) fn control(&self) -> &Page {
+        // SAFETY: the mapping is `size` bytes, page aligned, and lives as long as `self`.
+        unsafe { Page::raw(self.map.ptr, self.map.len) }
     }
 }
 
@@ -241,7 +257,11 @@ mod tests {
     #[test]
     fn a_memfd_travels_with_its_frame_and_maps_the_same_bytes() {
         let alloc = SharedAlloc::new(10_000).unwrap();
-        assert_eq!(alloc.map.len(), 12_288, "whole pages");
+        assert_eq!(
+            alloc.map.len(),
+            12_288 + CONTROL_LEN,
+            "whole pages and the control page"
+        );
         // SAFETY: the mapping is ours and 12 KiB long.
         unsafe { alloc.map.ptr().add(5000).write(42) };
         let (a, b) = UnixStream::pair().unwrap();
@@ -260,7 +280,7 @@ mod tests {
         assert_eq!(&got, b"with-fd");
         let fd = r.take_fd().expect("the descriptor came with its frame");
         let other = map_granted(fd, 10_000).unwrap();
-        assert_eq!(other.len(), 12_288);
+        assert_eq!(other.len(), 12_288 + CONTROL_LEN);
         // SAFETY: both mappings are 12 KiB long.
         unsafe {
             assert_eq!(other.ptr().add(5000).read(), 42, "the same pages");
@@ -278,7 +298,7 @@ mod tests {
         let dup = |fd: &OwnedFd| fd.try_clone().unwrap();
         assert!(map_granted(dup(&alloc.fd), 4096).is_ok());
         assert_eq!(
-            map_granted(dup(&alloc.fd), 8192).err(),
+            map_granted(dup(&alloc.fd), (4096 + CONTROL_LEN + 1) as u64).err(),
             Some("the granted memfd is shorter than its registration")
         );
         // SAFETY: a name and flags; checked below.

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use hmc_backend_cpu::HostMemory;
 use hmc_core::{
-    Access, Communicator, ConnBuffer, Deadline, Error, MemSpan, Op, PeerAddr, RegisteredBuffer,
-    TransferDesc,
+    Access, Communicator, ConnBuffer, Deadline, Error, LocalRegistration, MemSpan, Op, PeerAddr,
+    RegisteredBuffer, TransferDesc,
 };
 use rstest::rstest;
 
@@ -225,4 +225,113 @@ fn a_frame_over_the_targets_limit_closes_the_side_channel(#[case] over: usize) {
     let mut rest = Vec::new();
     let n = std::io::Read::read_to_end(&mut s, &mut rest).unwrap();
     assert_eq!(n, 0, "closed without an answer");
+}
+
+/// Shared memory (`alloc_registered`) of `b` that `a` reads through its mapping, keyed by
+/// the control page from the second use on: the first transfer is granted (it carries the
+/// memfd), the rekey revokes that lease, and from then on no lease is asked for.
+async fn mapped_and_rekeyed(
+    revoke: Duration,
+) -> (
+    Arc<ShmCommunicator>,
+    Arc<ShmCommunicator>,
+    crate::ShmEndpoint,
+    crate::ShmRegistration,
+    RegisteredBuffer<HostMemory, ShmCommunicator>,
+) {
+    let (a, b) = (bind(revoke), bind(revoke));
+    let target = b
+        .alloc_registered(64 << 10, Access::READ_WRITE)
+        .unwrap()
+        .unwrap();
+    let local = RegisteredBuffer::new(
+        Arc::new(HostMemory::new()),
+        a.clone(),
+        64 << 10,
+        Access::READ_WRITE,
+    )
+    .unwrap();
+    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+    let key = a.import(&ep, &b.export(&target).unwrap()).unwrap();
+    read_all(&a, &ep, &local, &key).await.unwrap();
+    assert_eq!((ep.mapped_regions(), b.outstanding_leases()), (1, 1));
+    assert!(b.rekey(&target).unwrap());
+    assert_eq!(b.outstanding_leases(), 0);
+    (a, b, ep, target, local)
+}
+
+async fn read_all(
+    a: &ShmCommunicator,
+    ep: &crate::ShmEndpoint,
+    local: &RegisteredBuffer<HostMemory, ShmCommunicator>,
+    key: &crate::ShmRemoteKey,
+) -> hmc_core::Result<()> {
+    let d = [TransferDesc {
+        local: local.registration(),
+        local_offset: 0,
+        remote: key,
+        remote_offset: 0,
+        len: 64 << 10,
+    }];
+    a.transfer(ep, Op::Read, &d, Deadline::default()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mapped_keys_are_checked_on_the_control_page_and_stale_ones_refused() {
+    let (a, b, ep, target, local) = mapped_and_rekeyed(Duration::from_secs(5)).await;
+    let stale = a.import(&ep, &b.export(&target).unwrap()).unwrap();
+    for _ in 0..3 {
+        read_all(&a, &ep, &local, &stale).await.unwrap();
+    }
+    assert_eq!(
+        (b.outstanding_leases(), ep.cached_leases()),
+        (0, 0),
+        "copies through the mapping ask for no lease"
+    );
+    // The next use: the key of the previous one reaches nothing, the new one works.
+    let start = Instant::now();
+    assert!(b.rekey(&target).unwrap());
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "no peer to wait for"
+    );
+    let e = read_all(&a, &ep, &local, &stale).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidKey(_)), "{e}");
+    let fresh = a.import(&ep, &b.export(&target).unwrap()).unwrap();
+    read_all(&a, &ep, &local, &fresh).await.unwrap();
+    drop(target);
+    let e = read_all(&a, &ep, &local, &fresh).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidKey(_)), "deregistered: {e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_stuck_mid_chunk_fails_the_rekey_so_the_memory_is_not_reused() {
+    let revoke = Duration::from_millis(300);
+    let (a, b, ep, target, local) = mapped_and_rekeyed(revoke).await;
+    let key = a.import(&ep, &b.export(&target).unwrap()).unwrap();
+    read_all(&a, &ep, &local, &key).await.unwrap();
+    // A peer stopped in the middle of a chunk: its copy is announced on the control page
+    // (the page the peer maps is this very memory's last page) and never withdrawn.
+    let r = target.region();
+    let map_len = r.len.div_ceil(4096) * 4096 + crate::control::CONTROL_LEN;
+    // SAFETY: the allocation's own mapping, alive while `target` is.
+    let page = unsafe { crate::control::Page::at(r.addr as *mut u8, map_len) }.unwrap();
+    let export = b.export(&target).unwrap();
+    let word = crate::control::token_word(export.key[8..].try_into().unwrap());
+    let stuck = page.enter(word).expect("the key is current");
+    let start = Instant::now();
+    let e = b.rekey(&target).unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(e, Error::DeadlineExceeded { .. }), "{e}");
+    assert!(e.to_string().contains("revoke_timeout"), "{e}");
+    assert!(took >= revoke, "gave up early, after {took:?}");
+    assert!(took < revoke + Duration::from_secs(1), "overran: {took:?}");
+    // The old key is dead all the same: nothing new starts under it.
+    let e = read_all(&a, &ep, &local, &key).await.unwrap_err();
+    assert!(matches!(e, Error::InvalidKey(_)), "{e}");
+    drop(stuck);
+    assert!(
+        b.rekey(&target).unwrap(),
+        "the copy ended: rekeying works again"
+    );
 }

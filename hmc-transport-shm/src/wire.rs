@@ -387,6 +387,17 @@ pub(crate) fn refused(
     }
 }
 
+/// A fresh random token for a key.
+pub(crate) fn random_token() -> hmc_core::Result<[u8; TOKEN_LEN]> {
+    let mut t = [0u8; TOKEN_LEN];
+    getrandom::fill(&mut t).map_err(|e| Error::Unavailable {
+        what: "the OS random number generator".into(),
+        reason: e.to_string(),
+        hint: "remote keys need unguessable tokens; check /dev/urandom or getrandom(2)".into(),
+    })?;
+    Ok(t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

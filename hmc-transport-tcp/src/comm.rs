@@ -705,6 +705,8 @@ impl Communicator for TcpCommunicator {
         let mut caps = CommCapabilities::new(TransportId::TCP);
         caps.max_notification_len = self.shared.config.max_notify_len;
         caps.rekey = true;
+        // `rekey` swaps a token, `import` parses the key: neither waits on the peer.
+        caps.key_ops_wait = false;
         caps
     }
 

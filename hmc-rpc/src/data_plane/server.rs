@@ -144,11 +144,15 @@ pub(crate) struct ServerDp<C: Communicator> {
     pub(super) config: DataPlaneConfig,
     pub(super) peers: Mutex<HashMap<PeerAddr, Arc<Peer<C>>>>,
     pub(super) counters: Counters,
+    /// The transport's `import` may wait on the peer (`key_ops_wait`): run it through
+    /// `blocking`, else in place.
+    pub(super) import_waits: bool,
 }
 
 impl<C: Communicator> ServerDp<C> {
     pub(crate) fn new(comm: Arc<C>, config: DataPlaneConfig) -> Self {
         ServerDp {
+            import_waits: comm.capabilities().key_ops_wait,
             pool: BufferPool::new(comm.clone(), Access::READ, config.pool),
             comm,
             config,
@@ -223,9 +227,12 @@ impl<C: Communicator> ServerDp<C> {
         if let Some(k) = peer.keys.lock().get(&id) {
             return Ok(k.clone());
         }
-        let k = Arc::new(crate::pool::blocking(|| {
-            self.comm.import(&peer.ep, region)
-        })?);
+        let import = || self.comm.import(&peer.ep, region);
+        let k = Arc::new(if self.import_waits {
+            crate::pool::blocking(import)
+        } else {
+            import()
+        }?);
         let mut keys = peer.keys.lock();
         if keys.len() >= self.config.max_keys_per_peer {
             keys.clear();

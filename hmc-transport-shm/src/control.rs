@@ -1,0 +1,350 @@
+//! The control page at the end of every shared-memory allocation (`alloc_registered`): the
+//! registration's current key and per-process copy counters, so that an initiator that
+//! has mapped the memory checks a key itself instead of asking the target for a lease, and
+//! the owner revokes keys (rekey, deregistration) without a side-channel round trip.
+//!
+//! The handshake is Dekker's: an initiator announces a copy (increments its slot), then
+//! reads the current key, copies only if its key is the current one, and withdraws the
+//! announcement after the copy; the owner replaces the key, then waits until every slot
+//! reads zero. Both sides use sequentially consistent operations, so either the initiator
+//! sees the new key (and copies nothing) or the owner sees the announcement (and waits for
+//! that copy to end). A copy announces itself for one chunk at a time and never across an
+//! `.await`, so the owner waits at most for the chunks in progress.
+//!
+//! A slot is picked by process id; processes that share one add up, which only makes the
+//! owner wait for both. A process that dies (or is stopped) mid-chunk leaves its count
+//! behind: the owner's wait then ends at `revoke_timeout` and the revocation reports it,
+//! as it does for a peer that never releases a lease, so the memory is not reused.
+//!
+//! Trust is as for leases (`docs/design.md`, "Same host"): a peer that has the memory
+//! mapped can write it whatever the page says. The page keeps honest peers holding stale
+//! keys (a pooled RPC buffer's earlier call) away from the memory's next use.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
+
+use hmc_core::{Access, Deadline, Error, Op, Region, Result};
+
+use crate::mapped::Mapping;
+use crate::wire::TOKEN_LEN;
+
+/// Bytes of the control page that follows the data of a shared allocation.
+pub(crate) const CONTROL_LEN: usize = 4096;
+/// Marks a control page ("HMCSHMK1"); a memfd without it is served through leases only.
+const MAGIC: u64 = u64::from_le_bytes(*b"HMCSHMK1");
+/// Copy counters per page; a process uses slot `pid % SLOTS`.
+const SLOTS: usize = 512;
+
+/// The page's layout, shared by every process that maps the memory.
+#[repr(C)]
+pub(crate) struct Page {
+    magic: AtomicU64,
+    /// Bytes of the registration (at the start of the mapping, before the page).
+    len: AtomicU64,
+    /// Access bits of the registration.
+    access: AtomicU64,
+    /// The first 8 bytes of the current token; 0: no key works (deregistered).
+    current: AtomicU64,
+    busy: [AtomicU32; SLOTS],
+}
+
+const _: () = assert!(std::mem::size_of::<Page>() <= CONTROL_LEN);
+
+/// The part of a token the page holds (never 0 for a live key: see [`Page::is_current`]).
+pub(crate) fn token_word(token: &[u8; TOKEN_LEN]) -> u64 {
+    u64::from_le_bytes(token[..8].try_into().expect("8 bytes"))
+}
+
+/// This process's slot.
+fn my_slot() -> usize {
+    std::process::id() as usize % SLOTS
+}
+
+impl Page {
+    /// The page at the end of a mapping of `map_len` bytes starting at `base`, if it has
+    /// one (the magic is there and the registration it describes fits before it).
+    ///
+    /// # Safety
+    /// `base..base + map_len` is a live shared mapping, page aligned, that outlives the
+    /// returned reference.
+    pub(crate) unsafe fn at<'a>(base: *mut u8, map_len: usize) -> Option<&'a Page> {
+        let data = map_len.checked_sub(CONTROL_LEN)?;
+        // SAFETY: per this function's contract.
+        let page = unsafe { Page::raw(base, map_len) };
+        let ok = page.magic.load(Ordering::Acquire) == MAGIC
+            && page.len.load(Ordering::Acquire) <= data as u64;
+        ok.then_some(page)
+    }
+
+    /// The last [`CONTROL_LEN`] bytes of a mapping as a page, whatever they hold.
+    ///
+    /// # Safety
+    /// As [`Page::at`], and `map_len >= CONTROL_LEN`.
+    pub(crate) unsafe fn raw<'a>(base: *mut u8, map_len: usize) -> &'a Page {
+        // SAFETY: the page lies inside the mapping (the contract), 8-byte aligned (base
+        // and lengths are multiples of the page size), so the atomics are aligned; it is
+        // plain shared memory that any process may change, which atomics tolerate.
+        unsafe { &*base.add(map_len - CONTROL_LEN).cast::<Page>() }
+    }
+
+    /// Owner: writes a fresh page for a registration of `len` bytes and `access`, whose
+    /// key is `token`.
+    pub(crate) fn init(&self, len: usize, access: Access, token: &[u8; TOKEN_LEN]) {
+        self.len.store(len as u64, Ordering::Relaxed);
+        self.access
+            .store(u64::from(access.bits()), Ordering::Relaxed);
+        self.current.store(token_word(token), Ordering::SeqCst);
+        self.magic.store(MAGIC, Ordering::Release);
+    }
+
+    /// Owner: from now on only `token` works (`None`: no key does). Copies announced
+    /// before this may still be running: wait for them with [`Page::wait_idle`].
+    pub(crate) fn set_current(&self, token: Option<&[u8; TOKEN_LEN]>) {
+        self.current
+            .store(token.map_or(0, token_word), Ordering::SeqCst);
+    }
+
+    /// Owner: waits until no copy is announced, or `until`. False when some still was
+    /// (a peer stopped or dead mid-chunk).
+    pub(crate) fn wait_idle(&self, until: Instant) -> bool {
+        let mut spins = 0u32;
+        loop {
+            if self.busy.iter().all(|b| b.load(Ordering::SeqCst) == 0) {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }
+    }
+
+    /// The registration's length and access, as its owner wrote them.
+    pub(crate) fn describe(&self) -> (u64, Option<Access>) {
+        let bits = self.access.load(Ordering::Acquire);
+        let access = u8::try_from(bits)
+            .ok()
+            .and_then(|b| Access::from_bits(b).ok());
+        (self.len.load(Ordering::Acquire), access)
+    }
+
+    /// Whether `word` ([`token_word`]) is the current key.
+    pub(crate) fn is_current(&self, word: u64) -> bool {
+        word != 0 && self.current.load(Ordering::SeqCst) == word
+    }
+
+    /// Initiator: announces a copy under the key `word`; `None` (nothing announced) when
+    /// the key is not current. The copy must end before the guard drops.
+    pub(crate) fn enter(&self, word: u64) -> Option<Announced<'_>> {
+        let slot = &self.busy[my_slot()];
+        slot.fetch_add(1, Ordering::SeqCst);
+        if self.is_current(word) {
+            Some(Announced(slot))
+        } else {
+            slot.fetch_sub(1, Ordering::SeqCst);
+            None
+        }
+    }
+}
+
+/// A copy in progress, announced on a control page; withdrawn on drop.
+pub(crate) struct Announced<'a>(&'a AtomicU32);
+
+impl Drop for Announced<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// One descriptor of a batch that goes through a peer's mapping under a checked key.
+pub(crate) struct Span {
+    /// The peer's memory, mapped here; its control page was found.
+    pub(crate) map: Arc<Mapping>,
+    /// The key's [`token_word`].
+    pub(crate) word: u64,
+    /// Local address of the descriptor's first byte.
+    pub(crate) local: u64,
+    /// Offset in the peer's registration.
+    pub(crate) at: usize,
+    pub(crate) len: usize,
+}
+
+/// One descriptor of a batch as [`spans`] sees it.
+pub(crate) struct Want {
+    /// The remote key: registration id and token.
+    pub(crate) key: (u64, [u8; TOKEN_LEN]),
+    /// The local registration's memory.
+    pub(crate) local: Region,
+    pub(crate) local_offset: usize,
+    pub(crate) remote_offset: u64,
+    pub(crate) len: usize,
+}
+
+/// The batch as copies through the peer's shared memory mapped here (`maps`, by
+/// registration id), when every descriptor's registration has a control page that says
+/// its key is current and allows `need` within bounds, and its local memory is host
+/// memory. `None`: take the lease path (which also gives the errors).
+pub(crate) fn spans(
+    maps: &HashMap<u64, Arc<Mapping>>,
+    need: Access,
+    batch: impl Iterator<Item = Want>,
+) -> Option<Vec<Span>> {
+    batch
+        .map(|d| {
+            let map = maps.get(&d.key.0)?.clone();
+            let word = token_word(&d.key.1);
+            let page = map.control()?;
+            let (len, access) = page.describe();
+            // The page is the peer's to write: bound by the mapping too (its data part).
+            let data = (map.len() - CONTROL_LEN) as u64;
+            let end = d.remote_offset.checked_add(d.len as u64)?;
+            let ok = page.is_current(word)
+                && access?.allows(need)
+                && end <= len.min(data)
+                && d.local.device.is_host();
+            ok.then(|| Span {
+                word,
+                local: d.local.addr + d.local_offset as u64,
+                at: d.remote_offset as usize,
+                len: d.len,
+                map,
+            })
+        })
+        .collect()
+}
+
+/// Copies `spans` through the peer's mappings, one announced chunk of at most `chunk`
+/// bytes at a time (yielding between chunks), each only while its key is current.
+/// `gone` is checked before each chunk: the error to end with when the peer went away.
+///
+/// # Safety
+/// Each span's local range lies in a registration the caller keeps alive for the call,
+/// and its remote range in the registration its page describes (`at + len` at most the
+/// page's length, checked by the caller).
+pub(crate) async unsafe fn copy(
+    op: Op,
+    spans: &[Span],
+    chunk: usize,
+    deadline: Deadline,
+    gone: impl Fn() -> Option<Error>,
+) -> Result<()> {
+    let started = Instant::now();
+    let chunk = chunk.max(1);
+    for s in spans {
+        let page = s.map.control().expect("spans are built from pages");
+        let mut off = 0usize;
+        while off < s.len {
+            if deadline.is_expired() {
+                return Err(Error::DeadlineExceeded {
+                    during: "transfer",
+                    elapsed: started.elapsed(),
+                });
+            }
+            if let Some(e) = gone() {
+                return Err(e);
+            }
+            let n = chunk.min(s.len - off);
+            {
+                let Some(_copying) = page.enter(s.word) else {
+                    return Err(Error::InvalidKey(
+                        "the region was deregistered or rekeyed during the transfer".into(),
+                    ));
+                };
+                let local = (s.local as usize + off) as *mut u8;
+                // SAFETY: the local range is the caller's (this function's contract); the
+                // remote one lies inside the registration, before the control page, in a
+                // mapping `s.map` keeps alive; the owner does not reuse the memory while the
+                // copy is announced. Two distinct mappings or allocations do not overlap.
+                unsafe {
+                    let remote = s.map.ptr().add(s.at + off);
+                    match op {
+                        Op::Write => std::ptr::copy_nonoverlapping(local, remote, n),
+                        Op::Read => std::ptr::copy_nonoverlapping(remote, local, n),
+                    }
+                }
+            }
+            off += n;
+            if off < s.len {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    /// Two pages of zeroed, 8-byte-aligned memory (leaked: the pages outlive the test)
+    /// and the owner's view of the control page at its end.
+    fn two_pages() -> (&'static mut [u64], &'static Page) {
+        let buf: &'static mut [u64] = Box::leak(vec![0u64; 2 * CONTROL_LEN / 8].into());
+        // SAFETY: the leaked buffer, 8-byte aligned, two pages long, lives forever.
+        let raw = unsafe { Page::raw(buf.as_mut_ptr().cast(), 2 * CONTROL_LEN) };
+        (buf, raw)
+    }
+
+    /// The page as an initiator finds it in the mapping `buf`.
+    fn found(buf: &mut [u64]) -> Option<&'static Page> {
+        let len = buf.len() * 8;
+        // SAFETY: the buffer is 8-byte aligned and leaked (see `two_pages`).
+        unsafe { Page::at(buf.as_mut_ptr().cast(), len) }
+    }
+
+    #[test]
+    fn a_page_is_found_only_where_its_owner_wrote_one() {
+        let (buf, raw) = two_pages();
+        assert!(found(buf).is_none(), "no magic yet");
+        let token = [7u8; TOKEN_LEN];
+        raw.init(100, Access::READ, &token);
+        let p = found(buf).expect("a page");
+        assert_eq!(p.describe(), (100, Some(Access::READ)));
+        assert!(p.is_current(token_word(&token)));
+        p.set_current(None);
+        assert!(!p.is_current(token_word(&token)));
+        assert!(!p.is_current(0), "zero is never a key");
+    }
+
+    #[test]
+    fn a_stale_key_announces_nothing_and_the_owner_waits_for_announced_copies() {
+        let (buf, raw) = two_pages();
+        let (old, new) = ([1u8; TOKEN_LEN], [2u8; TOKEN_LEN]);
+        raw.init(64, Access::READ_WRITE, &old);
+        let p = found(buf).expect("a page");
+        let copy = p.enter(token_word(&old)).expect("current");
+        p.set_current(Some(&new));
+        assert!(p.enter(token_word(&old)).is_none(), "stale after the rekey");
+        // The owner's wait ends only once the copy announced before the rekey has ended.
+        let done = Arc::new(AtomicBool::new(false));
+        let waiter = std::thread::spawn({
+            let done = done.clone();
+            move || {
+                let idle = p.wait_idle(Instant::now() + Duration::from_secs(10));
+                done.store(true, Ordering::SeqCst);
+                idle
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!done.load(Ordering::SeqCst), "returned during a copy");
+        drop(copy);
+        assert!(waiter.join().unwrap());
+        // A copy that never ends (a stopped peer) bounds the wait, and says so.
+        let hung = p.enter(token_word(&new)).expect("current");
+        let t = Instant::now();
+        assert!(!p.wait_idle(Instant::now() + Duration::from_millis(30)));
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        drop(hung);
+        assert!(p.wait_idle(Instant::now()));
+    }
+}
