@@ -32,8 +32,8 @@ use crate::wire::TOKEN_LEN;
 
 /// Bytes of the control page that follows the data of a shared allocation.
 pub(crate) const CONTROL_LEN: usize = 4096;
-/// Marks a control page ("HMCSHMK1"); a memfd without it is served through leases only.
-const MAGIC: u64 = u64::from_le_bytes(*b"HMCSHMK1");
+/// Marks a control page ("HMCSHMK2": the whole token on the page); a memfd without it is served through leases only.
+const MAGIC: u64 = u64::from_le_bytes(*b"HMCSHMK2");
 /// Copy counters per page; a process uses slot `pid % SLOTS`.
 const SLOTS: usize = 512;
 
@@ -45,16 +45,25 @@ pub(crate) struct Page {
     len: AtomicU64,
     /// Access bits of the registration.
     access: AtomicU64,
-    /// The first 8 bytes of the current token; 0: no key works (deregistered).
-    current: AtomicU64,
+    /// The current token as two words ([`token_words`]); zeros: no key works
+    /// (deregistered). The whole token, so that a key that differs in any byte is stale.
+    current: [AtomicU64; 2],
     busy: [AtomicU32; SLOTS],
 }
 
 const _: () = assert!(std::mem::size_of::<Page>() <= CONTROL_LEN);
 
-/// The part of a token the page holds (never 0 for a live key: see [`Page::is_current`]).
-pub(crate) fn token_word(token: &[u8; TOKEN_LEN]) -> u64 {
-    u64::from_le_bytes(token[..8].try_into().expect("8 bytes"))
+/// A token as the page holds it (never all zeros for a live key: see
+/// [`Page::is_current`]).
+pub(crate) type KeyWords = [u64; 2];
+
+/// `token` as two words.
+pub(crate) fn token_words(token: &[u8; TOKEN_LEN]) -> KeyWords {
+    const _: () = assert!(TOKEN_LEN == 16);
+    [
+        u64::from_le_bytes(token[..8].try_into().expect("8 bytes")),
+        u64::from_le_bytes(token[8..].try_into().expect("8 bytes")),
+    ]
 }
 
 /// This process's slot.
@@ -95,15 +104,23 @@ impl Page {
         self.len.store(len as u64, Ordering::Relaxed);
         self.access
             .store(u64::from(access.bits()), Ordering::Relaxed);
-        self.current.store(token_word(token), Ordering::SeqCst);
+        self.store_current(token_words(token));
         self.magic.store(MAGIC, Ordering::Release);
     }
 
     /// Owner: from now on only `token` works (`None`: no key does). Copies announced
     /// before this may still be running: wait for them with [`Page::wait_idle`].
     pub(crate) fn set_current(&self, token: Option<&[u8; TOKEN_LEN]>) {
-        self.current
-            .store(token.map_or(0, token_word), Ordering::SeqCst);
+        self.store_current(token.map_or([0, 0], token_words));
+    }
+
+    /// The two words are not written as one: a reader between the stores sees one new and
+    /// one old word, which matches neither the stale key nor (but by a 2^-64 chance) the
+    /// new one, so it copies nothing; the owner's wait covers whoever read both old words
+    /// before the first store.
+    fn store_current(&self, words: KeyWords) {
+        self.current[0].store(words[0], Ordering::SeqCst);
+        self.current[1].store(words[1], Ordering::SeqCst);
     }
 
     /// Owner: waits until no copy is announced, or `until`. False when some still was
@@ -135,17 +152,19 @@ impl Page {
         (self.len.load(Ordering::Acquire), access)
     }
 
-    /// Whether `word` ([`token_word`]) is the current key.
-    pub(crate) fn is_current(&self, word: u64) -> bool {
-        word != 0 && self.current.load(Ordering::SeqCst) == word
+    /// Whether `words` ([`token_words`]) are the current key.
+    pub(crate) fn is_current(&self, words: KeyWords) -> bool {
+        words != [0, 0]
+            && self.current[0].load(Ordering::SeqCst) == words[0]
+            && self.current[1].load(Ordering::SeqCst) == words[1]
     }
 
     /// Initiator: announces a copy under the key `word`; `None` (nothing announced) when
     /// the key is not current. The copy must end before the guard drops.
-    pub(crate) fn enter(&self, word: u64) -> Option<Announced<'_>> {
+    pub(crate) fn enter(&self, words: KeyWords) -> Option<Announced<'_>> {
         let slot = &self.busy[my_slot()];
         slot.fetch_add(1, Ordering::SeqCst);
-        if self.is_current(word) {
+        if self.is_current(words) {
             Some(Announced(slot))
         } else {
             slot.fetch_sub(1, Ordering::SeqCst);
@@ -167,8 +186,8 @@ impl Drop for Announced<'_> {
 pub(crate) struct Span {
     /// The peer's memory, mapped here; its control page was found.
     pub(crate) map: Arc<Mapping>,
-    /// The key's [`token_word`].
-    pub(crate) word: u64,
+    /// The key's [`token_words`].
+    pub(crate) word: KeyWords,
     /// Local address of the descriptor's first byte.
     pub(crate) local: u64,
     /// Offset in the peer's registration.
@@ -199,7 +218,7 @@ pub(crate) fn spans(
     batch
         .map(|d| {
             let map = maps.get(&d.key.0)?.clone();
-            let word = token_word(&d.key.1);
+            let word = token_words(&d.key.1);
             let page = map.control()?;
             let (len, access) = page.describe();
             // The page is the peer's to write: bound by the mapping too (its data part).
@@ -310,10 +329,16 @@ mod tests {
         raw.init(100, Access::READ, &token);
         let p = found(buf).expect("a page");
         assert_eq!(p.describe(), (100, Some(Access::READ)));
-        assert!(p.is_current(token_word(&token)));
+        assert!(p.is_current(token_words(&token)));
+        let mut forged = token;
+        forged[TOKEN_LEN - 1] ^= 1;
+        assert!(
+            !p.is_current(token_words(&forged)),
+            "a key that differs in its last byte is not the current one"
+        );
         p.set_current(None);
-        assert!(!p.is_current(token_word(&token)));
-        assert!(!p.is_current(0), "zero is never a key");
+        assert!(!p.is_current(token_words(&token)));
+        assert!(!p.is_current([0, 0]), "zeros are never a key");
     }
 
     #[test]
@@ -322,9 +347,12 @@ mod tests {
         let (old, new) = ([1u8; TOKEN_LEN], [2u8; TOKEN_LEN]);
         raw.init(64, Access::READ_WRITE, &old);
         let p = found(buf).expect("a page");
-        let copy = p.enter(token_word(&old)).expect("current");
+        let copy = p.enter(token_words(&old)).expect("current");
         p.set_current(Some(&new));
-        assert!(p.enter(token_word(&old)).is_none(), "stale after the rekey");
+        assert!(
+            p.enter(token_words(&old)).is_none(),
+            "stale after the rekey"
+        );
         // The owner's wait ends only once the copy announced before the rekey has ended.
         let done = Arc::new(AtomicBool::new(false));
         let waiter = std::thread::spawn({
@@ -340,7 +368,7 @@ mod tests {
         drop(copy);
         assert!(waiter.join().unwrap());
         // A copy that never ends (a stopped peer) bounds the wait, and says so.
-        let hung = p.enter(token_word(&new)).expect("current");
+        let hung = p.enter(token_words(&new)).expect("current");
         let t = Instant::now();
         assert!(!p.wait_idle(Instant::now() + Duration::from_millis(30)));
         assert!(t.elapsed() >= Duration::from_millis(30));

@@ -317,7 +317,7 @@ async fn a_copy_stuck_mid_chunk_fails_the_rekey_so_the_memory_is_not_reused() {
     // SAFETY: the allocation's own mapping, alive while `target` is.
     let page = unsafe { crate::control::Page::at(r.addr as *mut u8, map_len) }.unwrap();
     let export = b.export(&target).unwrap();
-    let word = crate::control::token_word(export.key[8..].try_into().unwrap());
+    let word = crate::control::token_words(export.key[8..].try_into().unwrap());
     let stuck = page.enter(word).expect("the key is current");
     let start = Instant::now();
     let e = b.rekey(&target).unwrap_err();
