@@ -148,7 +148,7 @@ impl<C: Communicator> Server<C> {
                     .with_observer(crate::metrics::held_bytes_settled),
             ),
             _held_limit: crate::metrics::HeldLimit::open(self.config.max_held_bytes),
-            pool: BlockingPool::new(self.config.workers, self.config.max_inflight_total),
+            pool: BlockingPool::new(self.config.workers, self.config.max_inflight_total)?,
             connections: AtomicUsize::new(0),
             config: self.config,
             settings,
@@ -855,7 +855,9 @@ struct BlockingPool {
 }
 
 impl BlockingPool {
-    fn new(workers: usize, capacity: usize) -> Self {
+    /// Fails (instead of panicking) when the system refuses a thread: the workers already
+    /// started end when the pool is dropped, as their queue closes.
+    fn new(workers: usize, capacity: usize) -> Result<Self> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(capacity);
         let rx = Arc::new(std::sync::Mutex::new(rx));
         for i in 0..workers {
@@ -875,9 +877,19 @@ impl BlockingPool {
                         }
                     }
                 })
-                .expect("spawning an RPC worker thread");
+                .map_err(|e| {
+                    Error::io(
+                        format!(
+                            "starting RPC worker thread {} of {workers} \
+                             (`ServerConfig::workers`, `--workers`): lower it, or raise the \
+                             process's thread limit",
+                            i + 1
+                        ),
+                        e,
+                    )
+                })?;
         }
-        BlockingPool { tx, capacity }
+        Ok(BlockingPool { tx, capacity })
     }
 
     fn submit(&self, job: Job) -> std::result::Result<(), String> {
