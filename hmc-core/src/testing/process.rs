@@ -101,6 +101,23 @@ impl Drop for PeerProcess {
     }
 }
 
+/// Connects to `peer`, imports its region and registers a local buffer of `len` bytes.
+async fn attach<C: Communicator, M: Memory>(
+    comm: &Arc<C>,
+    memory: Arc<M>,
+    peer: &PeerProcess,
+    len: usize,
+) -> (C::Endpoint, C::RemoteKey, RegisteredBuffer<M, C>) {
+    let ep = comm
+        .connect(&peer.address, Deadline::default())
+        .await
+        .expect("connect to the peer process");
+    let key = comm.import(&ep, &peer.region).expect("import");
+    let local =
+        RegisteredBuffer::new(memory, comm.clone(), len, Access::READ_WRITE).expect("register");
+    (ep, key, local)
+}
+
 /// Repeated `len`-byte WRITEs and READs to `peer`'s region; the peer is SIGKILLed after
 /// a few: the transfers end with an error (not `DeadlineExceeded`) before their deadline,
 /// and a later transfer on the endpoint fails too.
@@ -110,13 +127,7 @@ pub async fn peer_killed_mid_transfer<C: Communicator, M: Memory>(
     peer: PeerProcess,
     len: usize,
 ) {
-    let ep = comm
-        .connect(&peer.address, Deadline::default())
-        .await
-        .expect("connect to the peer process");
-    let key = comm.import(&ep, &peer.region).expect("import");
-    let local =
-        RegisteredBuffer::new(memory, comm.clone(), len, Access::READ_WRITE).expect("register");
+    let (ep, key, local) = attach(&comm, memory, &peer, len).await;
     let limit = Duration::from_secs(20);
     let start = Instant::now();
     let d = [TransferDesc::<C> {
@@ -158,13 +169,7 @@ pub async fn peer_stopped_mid_transfer<C: Communicator, M: Memory>(
     peer: PeerProcess,
     len: usize,
 ) {
-    let ep = comm
-        .connect(&peer.address, Deadline::default())
-        .await
-        .expect("connect to the peer process");
-    let key = comm.import(&ep, &peer.region).expect("import");
-    let local =
-        RegisteredBuffer::new(memory, comm.clone(), len, Access::READ_WRITE).expect("register");
+    let (ep, key, local) = attach(&comm, memory, &peer, len).await;
     let d = [TransferDesc::<C> {
         local: local.registration(),
         local_offset: 0,
