@@ -65,7 +65,10 @@ pub struct TcpConfig {
     pub max_accepted_connections: usize,
     /// Transfers in flight per endpoint, one connection each (default 16); more wait.
     pub max_connections_per_endpoint: usize,
-    /// Idle connections an endpoint keeps for reuse (default 4).
+    /// Idle connections an endpoint keeps for reuse (default 16, as many as
+    /// `max_connections_per_endpoint`): an endpoint that runs that many transfers at once
+    /// reuses its connections instead of closing some after every round and dialing them
+    /// again (a connect and a HELLO per transfer). Idle ones close after `idle_timeout`.
     pub max_idle_per_endpoint: usize,
     /// How long an accepted connection may take to send its HELLO, and to finish the
     /// authentication exchange when [`TcpConfig::auth_secret`] is set (default 5 s).
@@ -104,7 +107,7 @@ impl Default for TcpConfig {
             max_pending_notification_bytes: 16 << 20,
             max_accepted_connections: 1024,
             max_connections_per_endpoint: 16,
-            max_idle_per_endpoint: 4,
+            max_idle_per_endpoint: 16,
             hello_timeout: Duration::from_secs(5),
             busy_poll: Duration::from_micros(50),
             idle_timeout: Duration::from_secs(60),
