@@ -46,8 +46,9 @@
 // Major version of this ABI. A plugin built for another major is refused.
 #define HMC_PLUGIN_ABI_MAJOR 1
 
-// Minor version of this ABI: fields appended to the tables since the major began.
-#define HMC_PLUGIN_ABI_MINOR 0
+// Minor version of this ABI: fields appended to the tables since the major began
+// (1.1: `HmcPluginApi::transfer_start_wake`).
+#define HMC_PLUGIN_ABI_MINOR 1
 
 // Success.
 #define HMC_OK 0
@@ -290,6 +291,12 @@ typedef struct HmcMemoryInfo {
   uint64_t max_alloc;
 } HmcMemoryInfo;
 
+// The host's wake-up for one transfer (`transfer_start_wake`): called by the plugin with
+// the `wake_ctx` it was given, from any thread, whenever that transfer may have
+// progressed. It does not block and does not call into the plugin, so the plugin may
+// call it with its own locks held.
+typedef void (*HmcWakeFn)(const void *wake_ctx);
+
 // What a plugin provides: filled by `hmc_plugin_init`. Every function is thread-safe
 // unless the module docs' handle table says otherwise; every function returning `int32_t`
 // returns [`HMC_OK`] or a negative `HMC_ERR_*` and, on error, sets the calling thread's
@@ -402,6 +409,22 @@ typedef struct HmcPluginApi {
   int32_t (*memory_copy)(struct HmcMemory *mem,
                          const struct HmcRegion *dst,
                          const struct HmcRegion *src);
+  // ABI 1.1, optional (NULL: the host uses `transfer_start` and the event fd). As
+  // `transfer_start`, but the plugin tells the host that this transfer may have
+  // progressed by calling `wake(wake_ctx)` instead of signalling the event fd: the host's
+  // waiting task is woken directly, without a trip through the event fd and the
+  // host's poller. Call it from any thread, as often as you like (the host then calls
+  // `transfer_poll`); never after `transfer_release` returned for this transfer.
+  // `wake_ctx` is the host's, valid until then.
+  int32_t (*transfer_start_wake)(struct HmcComm *comm,
+                                 struct HmcEndpoint *ep,
+                                 uint32_t op,
+                                 const struct HmcTransferDesc *descs,
+                                 size_t count,
+                                 uint64_t deadline_ns,
+                                 HmcWakeFn wake,
+                                 const void *wake_ctx,
+                                 struct HmcTransfer **out);
 } HmcPluginApi;
 
 // The signature of `hmc_plugin_init`, the one symbol a plugin exports. Returns `HMC_OK`
