@@ -19,9 +19,9 @@
  *   HmcReg        made by register, freed by deregister, which must not return while a
  *                 peer can still touch the memory; any thread, concurrently.
  *   HmcRemoteKey  made by import, freed by remote_key_release; any thread, concurrently.
- *   HmcTransfer   made by transfer_start, freed by transfer_release, which cancels it and
- *                 must not return while it can still touch local memory; used by one
- *                 thread at a time.
+ *   HmcTransfer   made by transfer_start (or transfer_start_wake), freed by
+ *                 transfer_release, which cancels it and must not return while it can
+ *                 still touch local memory; used by one thread at a time.
  *   HmcMemory     made by memory_open, freed by memory_destroy once, after every buffer
  *                 of it; any thread, concurrently.
  *   HmcBuffer     made by memory_alloc, freed by memory_free; any thread, concurrently.
@@ -33,7 +33,9 @@
  * calling thread's last-error string (last_error) to a message saying what to do.
  * Completion: a transfer is polled (transfer_poll) whenever the fd of comm_event_fd
  * polls readable; the plugin signals it when any transfer may have progressed or a
- * notification arrived. No runtime or event loop of the host's is needed.
+ * notification arrived. A transfer started with transfer_start_wake (ABI 1.1) is polled
+ * when the plugin calls its wake callback instead. No runtime or event loop of the
+ * host's is needed.
  */
 
 

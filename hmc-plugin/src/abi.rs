@@ -21,7 +21,7 @@
 //! | [`HmcEndpoint`] | `connect` | `endpoint_release` | any thread, concurrently |
 //! | [`HmcReg`] | `register_mem` | `deregister` (returns only when no peer can touch the memory) | any thread, concurrently |
 //! | [`HmcRemoteKey`] | `import` | `remote_key_release` | any thread, concurrently |
-//! | [`HmcTransfer`] | `transfer_start` | `transfer_release` (cancels; returns only when the transfer no longer touches local memory) | one thread at a time |
+//! | [`HmcTransfer`] | `transfer_start`, `transfer_start_wake` | `transfer_release` (cancels; returns only when the transfer no longer touches local memory) | one thread at a time |
 //! | [`HmcMemory`] | `memory_open` | `memory_destroy`, once, after every buffer of it | any thread, concurrently |
 //! | [`HmcBuffer`] | `memory_alloc` | `memory_free` | any thread, concurrently |
 //!
