@@ -3,7 +3,11 @@
 //! On a loaded machine the medians of both move between modes (a thread losing its core);
 //! the p10 column is the least disturbed estimate of what each path costs.
 //!
-//! `cargo bench -p hmc-plugin --bench plugin_vs_static [-- --iters N]`
+//! `cargo bench -p hmc-plugin --bench plugin_vs_static [-- --iters N] [--only static|plugin]
+//! [--op read|write] [--size 64k|1m] [--plugin PATH]`: `--only`, `--op` and `--size` narrow
+//! the run to one path, one direction or one size, for profiling one of them (`perf record
+//! -g`); `--plugin` loads another build of the rtcp plugin instead of building it (to
+//! compare two builds of the glue under the same host).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -70,18 +74,29 @@ impl<C: Communicator> Rig<C> {
     /// Median, p10 and p90 of what was recorded, in µs; clears the record.
     fn take(&mut self) -> (f64, f64, f64) {
         let mut t = std::mem::take(&mut self.times);
+        if t.is_empty() {
+            return (f64::NAN, f64::NAN, f64::NAN);
+        }
         t.sort_by(f64::total_cmp);
         (t[t.len() / 2], t[t.len() / 10], t[t.len() * 9 / 10])
     }
 }
 
+/// The value after `--name` on the command line.
+fn arg(name: &str) -> Option<String> {
+    std::env::args().skip_while(|a| a != name).nth(1)
+}
+
 fn main() {
-    let iters: usize = std::env::args()
-        .skip_while(|a| a != "--iters")
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(2000);
-    let lib = common::build_rust_plugin(true);
+    let iters: usize = arg("--iters").and_then(|n| n.parse().ok()).unwrap_or(2000);
+    let only = arg("--only");
+    let (run_static, run_plugin) = (
+        only.as_deref() != Some("plugin"),
+        only.as_deref() != Some("static"),
+    );
+    let op_filter = arg("--op").map(|o| o.to_ascii_lowercase());
+    let size_filter = arg("--size").map(|s| s.to_ascii_lowercase());
+    let lib = arg("--plugin").map_or_else(|| common::build_rust_plugin(true), Into::into);
     let plugin = Plugin::load(&lib).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -94,8 +109,17 @@ fn main() {
     );
     println!("| --- | --- | --- | --- | --- | --- |");
     rt.block_on(async {
-        for (len, n) in [(64 << 10, iters), (1 << 20, iters / 4)] {
+        for (len, n, size) in [(64 << 10, iters, "64k"), (1 << 20, iters / 4, "1m")] {
+            if size_filter.as_deref().is_some_and(|f| f != size) {
+                continue;
+            }
             for op in [Op::Write, Op::Read] {
+                if op_filter
+                    .as_deref()
+                    .is_some_and(|f| f != format!("{op:?}").to_ascii_lowercase())
+                {
+                    continue;
+                }
                 let addr = "tcp://127.0.0.1:0".parse().unwrap();
                 let tcp = || Arc::new(TcpCommunicator::bind(&addr, Default::default()).unwrap());
                 let open = || {
@@ -104,14 +128,16 @@ fn main() {
                 let mut native = Rig::new(tcp(), tcp(), len).await;
                 let mut plugged = Rig::new(open(), open(), len).await;
                 // Warm up, then alternate blocks so both see the same load on a shared host.
-                native.run(op, n / 10, false).await;
-                plugged.run(op, n / 10, false).await;
+                // With `--only`, the other path runs no op (its figures print as NaN).
+                let (sn, pn) = (usize::from(run_static), usize::from(run_plugin));
+                native.run(op, sn * n / 10, false).await;
+                plugged.run(op, pn * n / 10, false).await;
                 let blocks = 100;
                 // At least one op per block, whatever `--iters` says.
                 let per_block = (n / blocks).max(1);
                 for _ in 0..blocks {
-                    native.run(op, per_block, true).await;
-                    plugged.run(op, per_block, true).await;
+                    native.run(op, sn * per_block, true).await;
+                    plugged.run(op, pn * per_block, true).await;
                 }
                 let ((s50, s10, s90), (p50, p10, p90)) = (native.take(), plugged.take());
                 println!(

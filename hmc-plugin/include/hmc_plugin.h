@@ -19,9 +19,9 @@
  *   HmcReg        made by register, freed by deregister, which must not return while a
  *                 peer can still touch the memory; any thread, concurrently.
  *   HmcRemoteKey  made by import, freed by remote_key_release; any thread, concurrently.
- *   HmcTransfer   made by transfer_start, freed by transfer_release, which cancels it and
- *                 must not return while it can still touch local memory; used by one
- *                 thread at a time.
+ *   HmcTransfer   made by transfer_start (or transfer_start_wake), freed by
+ *                 transfer_release, which cancels it and must not return while it can
+ *                 still touch local memory; used by one thread at a time.
  *   HmcMemory     made by memory_open, freed by memory_destroy once, after every buffer
  *                 of it; any thread, concurrently.
  *   HmcBuffer     made by memory_alloc, freed by memory_free; any thread, concurrently.
@@ -33,7 +33,9 @@
  * calling thread's last-error string (last_error) to a message saying what to do.
  * Completion: a transfer is polled (transfer_poll) whenever the fd of comm_event_fd
  * polls readable; the plugin signals it when any transfer may have progressed or a
- * notification arrived. No runtime or event loop of the host's is needed.
+ * notification arrived. A transfer started with transfer_start_wake (ABI 1.1) is polled
+ * when the plugin calls its wake callback instead. No runtime or event loop of the
+ * host's is needed.
  */
 
 
@@ -46,8 +48,9 @@
 // Major version of this ABI. A plugin built for another major is refused.
 #define HMC_PLUGIN_ABI_MAJOR 1
 
-// Minor version of this ABI: fields appended to the tables since the major began.
-#define HMC_PLUGIN_ABI_MINOR 0
+// Minor version of this ABI: fields appended to the tables since the major began
+// (1.1: `HmcPluginApi::transfer_start_wake`).
+#define HMC_PLUGIN_ABI_MINOR 1
 
 // Success.
 #define HMC_OK 0
@@ -290,6 +293,12 @@ typedef struct HmcMemoryInfo {
   uint64_t max_alloc;
 } HmcMemoryInfo;
 
+// The host's wake-up for one transfer (`transfer_start_wake`): called by the plugin with
+// the `wake_ctx` it was given, from any thread, whenever that transfer may have
+// progressed. It does not block and does not call into the plugin, so the plugin may
+// call it with its own locks held.
+typedef void (*HmcWakeFn)(const void *wake_ctx);
+
 // What a plugin provides: filled by `hmc_plugin_init`. Every function is thread-safe
 // unless the module docs' handle table says otherwise; every function returning `int32_t`
 // returns [`HMC_OK`] or a negative `HMC_ERR_*` and, on error, sets the calling thread's
@@ -402,6 +411,22 @@ typedef struct HmcPluginApi {
   int32_t (*memory_copy)(struct HmcMemory *mem,
                          const struct HmcRegion *dst,
                          const struct HmcRegion *src);
+  // ABI 1.1, optional (NULL: the host uses `transfer_start` and the event fd). As
+  // `transfer_start`, but the plugin tells the host that this transfer may have
+  // progressed by calling `wake(wake_ctx)` instead of signalling the event fd: the host's
+  // waiting task is woken directly, without a trip through the event fd and the
+  // host's poller. Call it from any thread, as often as you like (the host then calls
+  // `transfer_poll`); never after `transfer_release` returned for this transfer.
+  // `wake_ctx` is the host's, valid until then.
+  int32_t (*transfer_start_wake)(struct HmcComm *comm,
+                                 struct HmcEndpoint *ep,
+                                 uint32_t op,
+                                 const struct HmcTransferDesc *descs,
+                                 size_t count,
+                                 uint64_t deadline_ns,
+                                 HmcWakeFn wake,
+                                 const void *wake_ctx,
+                                 struct HmcTransfer **out);
 } HmcPluginApi;
 
 // The signature of `hmc_plugin_init`, the one symbol a plugin exports. Returns `HMC_OK`

@@ -21,19 +21,20 @@
 //! | [`HmcEndpoint`] | `connect` | `endpoint_release` | any thread, concurrently |
 //! | [`HmcReg`] | `register_mem` | `deregister` (returns only when no peer can touch the memory) | any thread, concurrently |
 //! | [`HmcRemoteKey`] | `import` | `remote_key_release` | any thread, concurrently |
-//! | [`HmcTransfer`] | `transfer_start` | `transfer_release` (cancels; returns only when the transfer no longer touches local memory) | one thread at a time |
+//! | [`HmcTransfer`] | `transfer_start`, `transfer_start_wake` | `transfer_release` (cancels; returns only when the transfer no longer touches local memory) | one thread at a time |
 //! | [`HmcMemory`] | `memory_open` | `memory_destroy`, once, after every buffer of it | any thread, concurrently |
 //! | [`HmcBuffer`] | `memory_alloc` | `memory_free` | any thread, concurrently |
 //!
 //! The host keeps every endpoint, registration and remote key named by a transfer alive
 //! until that transfer is released, and releases every handle before the communicator.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 
 /// Major version of this ABI. A plugin built for another major is refused.
 pub const HMC_PLUGIN_ABI_MAJOR: u32 = 1;
-/// Minor version of this ABI: fields appended to the tables since the major began.
-pub const HMC_PLUGIN_ABI_MINOR: u32 = 0;
+/// Minor version of this ABI: fields appended to the tables since the major began
+/// (1.1: `HmcPluginApi::transfer_start_wake`).
+pub const HMC_PLUGIN_ABI_MINOR: u32 = 1;
 
 /// Success.
 pub const HMC_OK: i32 = 0;
@@ -434,7 +435,33 @@ pub struct HmcPluginApi {
             src: *const HmcRegion,
         ) -> i32,
     >,
+    /// ABI 1.1, optional (NULL: the host uses `transfer_start` and the event fd). As
+    /// `transfer_start`, but the plugin tells the host that this transfer may have
+    /// progressed by calling `wake(wake_ctx)` instead of signalling the event fd: the host's
+    /// waiting task is woken directly, without a trip through the event fd and the
+    /// host's poller. Call it from any thread, as often as you like (the host then calls
+    /// `transfer_poll`); never after `transfer_release` returned for this transfer.
+    /// `wake_ctx` is the host's, valid until then.
+    pub transfer_start_wake: Option<
+        unsafe extern "C" fn(
+            comm: *mut HmcComm,
+            ep: *mut HmcEndpoint,
+            op: u32,
+            descs: *const HmcTransferDesc,
+            count: usize,
+            deadline_ns: u64,
+            wake: HmcWakeFn,
+            wake_ctx: *const c_void,
+            out: *mut *mut HmcTransfer,
+        ) -> i32,
+    >,
 }
+
+/// The host's wake-up for one transfer (`transfer_start_wake`): called by the plugin with
+/// the `wake_ctx` it was given, from any thread, whenever that transfer may have
+/// progressed. It does not block and does not call into the plugin, so the plugin may
+/// call it with its own locks held.
+pub type HmcWakeFn = unsafe extern "C" fn(wake_ctx: *const c_void);
 
 /// The signature of `hmc_plugin_init`, the one symbol a plugin exports. Returns `HMC_OK`
 /// after filling at most `out_size` bytes of `out` (a zeroed table); `HMC_ERR_VERSION`

@@ -167,6 +167,22 @@ struct TransferHandle {
     comm: Arc<CommInner>,
     t: Handle<HmcTransfer>,
     waiter: u64,
+    /// The task to wake when the plugin calls [`wake_transfer`] (`transfer_start_wake`);
+    /// `None` when the plugin has only `transfer_start` and wakes through the event fd.
+    /// Dropped after `transfer_release`, so it outlives every call the plugin may make.
+    wake: Option<Arc<futures::task::AtomicWaker>>,
+}
+
+/// The host's [`HmcWakeFn`]: wakes the task waiting on one transfer.
+///
+/// # Safety
+/// `ctx` is the `AtomicWaker` a [`TransferHandle`] passed to `transfer_start_wake`, alive
+/// until its `transfer_release` returned (the ABI's promise).
+unsafe extern "C" fn wake_transfer(ctx: *const std::ffi::c_void) {
+    // SAFETY: per this function's contract.
+    let waker = unsafe { &*ctx.cast::<futures::task::AtomicWaker>() };
+    // A waker does not panic in practice; if one did, unwinding into C would abort.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| waker.wake()));
 }
 
 impl Drop for TransferHandle {
@@ -604,33 +620,58 @@ impl Communicator for PluginCommunicator {
             return Ok(());
         }
         let handle = {
-            let descs: Vec<HmcTransferDesc> = batch
-                .iter()
-                .map(|d| HmcTransferDesc {
-                    local: d.local.reg.0,
-                    local_offset: d.local_offset as u64,
-                    remote: d.remote.key.0,
-                    remote_offset: d.remote_offset,
-                    len: d.len as u64,
-                })
-                .collect();
+            let raw = |d: &TransferDesc<'_, Self>| HmcTransferDesc {
+                local: d.local.reg.0,
+                local_offset: d.local_offset as u64,
+                remote: d.remote.key.0,
+                remote_offset: d.remote_offset,
+                len: d.len as u64,
+            };
+            // One descriptor (the common case) needs no allocation.
+            let one: [HmcTransferDesc; 1];
+            let many: Vec<HmcTransferDesc>;
+            let descs: &[HmcTransferDesc] = if let [d] = batch {
+                one = [raw(d)];
+                &one
+            } else {
+                many = batch.iter().map(raw).collect();
+                &many
+            };
             let raw_op = match op {
                 Op::Read => HMC_OP_READ,
                 Op::Write => HMC_OP_WRITE,
             };
             let mut t: Handle<HmcTransfer> = Handle(std::ptr::null_mut());
+            let api = self.inner.api();
+            let wake = api
+                .transfer_start_wake
+                .map(|_| Arc::new(futures::task::AtomicWaker::new()));
             // SAFETY: `descs` is read during the call; the handles it names are borrowed by
-            // `batch` for this future's life, which outlives the transfer handle below.
+            // `batch` for this future's life, which outlives the transfer handle below. The
+            // wake context lives in that handle, which drops it after transfer_release.
             let code = unsafe {
-                self.inner.api().transfer_start.expect("checked")(
-                    self.comm_ptr(),
-                    ep.0.ep.0,
-                    raw_op,
-                    descs.as_ptr(),
-                    descs.len(),
-                    deadline_ns(deadline),
-                    &mut t.0,
-                )
+                match (api.transfer_start_wake, &wake) {
+                    (Some(start), Some(w)) => start(
+                        self.comm_ptr(),
+                        ep.0.ep.0,
+                        raw_op,
+                        descs.as_ptr(),
+                        descs.len(),
+                        deadline_ns(deadline),
+                        wake_transfer,
+                        Arc::as_ptr(w).cast(),
+                        &mut t.0,
+                    ),
+                    _ => api.transfer_start.expect("checked")(
+                        self.comm_ptr(),
+                        ep.0.ep.0,
+                        raw_op,
+                        descs.as_ptr(),
+                        descs.len(),
+                        deadline_ns(deadline),
+                        &mut t.0,
+                    ),
+                }
             };
             if code != HMC_OK {
                 return Err(self.inner.error("transfer_start", code, started));
@@ -642,11 +683,17 @@ impl Communicator for PluginCommunicator {
                 comm: self.inner.clone(),
                 t,
                 waiter: self.inner.with_events(Events::id).unwrap_or(0),
+                wake,
             }
         };
         // Whole-value captures: a field capture of the raw pointer would not be `Send`.
         let handle = &handle;
         std::future::poll_fn(move |cx| {
+            // Registered before asking the plugin, so a wake in between is not lost. The
+            // event task still wakes this task at the deadline (and at any fd signal).
+            if let Some(w) = &handle.wake {
+                w.register(cx.waker());
+            }
             self.inner
                 .with_events(|e| e.wait(handle.waiter, cx.waker(), deadline.instant()));
             // SAFETY: `handle.t` is live and polled by this future only.

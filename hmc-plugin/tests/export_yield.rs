@@ -1,8 +1,9 @@
-//! `export_plugin!`'s transfer glue, driven through the C table as a host would: a transfer that wakes itself while it is polled (a future that yields, as a busy-poll does) is polled again in place without signalling the eventfd, up to a bound; a wake from another thread signals the eventfd.
+//! `export_plugin!`'s transfer glue, driven through the C table as a host would: a transfer that wakes itself while it is polled (a future that yields, as a busy-poll does) is polled again in place without signalling the eventfd, up to a bound; a wake from another thread signals the eventfd, or calls the host's wake callback instead when the transfer was started with one (`transfer_start_wake`), and never once the transfer is released.
 
+use std::ffi::c_void;
 use std::os::fd::RawFd;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -15,6 +16,13 @@ use hmc_plugin::export::{Config, Exported};
 
 /// A batch of this length is completed by another thread, later.
 const FROM_ANOTHER_THREAD: u64 = 7777;
+
+/// A batch of this length hands its waker to a thread that wakes it when [`GO`] is set,
+/// then sets [`WOKEN_LATE`]; it never completes.
+const WAKES_WHEN_TOLD: u64 = 8888;
+
+static GO: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+static WOKEN_LATE: AtomicBool = AtomicBool::new(false);
 
 /// A communicator whose transfers yield `len` times (waking themselves each time) and then
 /// complete; nothing moves.
@@ -68,6 +76,26 @@ impl Communicator for YieldComm {
         _: Deadline,
     ) -> Result<()> {
         let len = batch[0].len as u64;
+        if len == WAKES_WHEN_TOLD {
+            let mut spawned = false;
+            return std::future::poll_fn(move |cx| {
+                if !spawned {
+                    spawned = true;
+                    let waker = cx.waker().clone();
+                    std::thread::spawn(move || {
+                        let (go, told) = &GO;
+                        let mut go = go.lock().unwrap();
+                        while !*go {
+                            go = told.wait(go).unwrap();
+                        }
+                        waker.wake();
+                        WOKEN_LATE.store(true, Ordering::Release);
+                    });
+                }
+                Poll::<Result<()>>::Pending
+            })
+            .await;
+        }
         if len == FROM_ANOTHER_THREAD {
             let done = Arc::new(AtomicBool::new(false));
             let mut spawned = false;
@@ -202,6 +230,12 @@ impl Rig {
 
     /// Starts a transfer of `len` (the number of times it yields).
     fn start(&self, len: u64) -> *mut HmcTransfer {
+        self.start_with(len, None)
+    }
+
+    /// Starts a transfer of `len`, with `transfer_start_wake` and `wakes` as its wake
+    /// context when given (which must outlive the transfer's release).
+    fn start_with(&self, len: u64, wakes: Option<&Wakes>) -> *mut HmcTransfer {
         let d = HmcTransferDesc {
             local: self.reg,
             local_offset: 0,
@@ -210,17 +244,30 @@ impl Rig {
             len,
         };
         let mut t = std::ptr::null_mut();
-        // SAFETY: live handles; `d` is read during the call.
+        // SAFETY: live handles; `d` is read during the call; `wakes` outlives the transfer.
         let code = unsafe {
-            self.api.transfer_start.unwrap()(
-                self.comm,
-                self.ep,
-                HMC_OP_WRITE,
-                &d,
-                1,
-                HMC_NO_DEADLINE,
-                &mut t,
-            )
+            match wakes {
+                None => self.api.transfer_start.unwrap()(
+                    self.comm,
+                    self.ep,
+                    HMC_OP_WRITE,
+                    &d,
+                    1,
+                    HMC_NO_DEADLINE,
+                    &mut t,
+                ),
+                Some(w) => self.api.transfer_start_wake.unwrap()(
+                    self.comm,
+                    self.ep,
+                    HMC_OP_WRITE,
+                    &d,
+                    1,
+                    HMC_NO_DEADLINE,
+                    Wakes::wake,
+                    (w as *const Wakes).cast(),
+                    &mut t,
+                ),
+            }
         };
         assert_eq!(code, HMC_OK);
         t
@@ -254,6 +301,33 @@ impl Rig {
         // SAFETY: one valid pollfd on this frame.
         let n = unsafe { libc::poll(&mut p, 1, 60_000) };
         assert_eq!(n, 1, "the eventfd was never signalled");
+    }
+}
+
+/// A host's wake context: counts the plugin's calls of the wake callback.
+#[derive(Default)]
+struct Wakes(AtomicUsize);
+
+impl Wakes {
+    /// The callback handed to `transfer_start_wake`.
+    unsafe extern "C" fn wake(ctx: *const c_void) {
+        // SAFETY: the test passes a `Wakes` that outlives the transfer.
+        unsafe { &*ctx.cast::<Wakes>() }
+            .0
+            .fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Waits up to a minute for a first call (only a hang fails).
+    fn wait_first(&self) {
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        while self.count() == 0 {
+            assert!(std::time::Instant::now() < give_up, "never woken");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 }
 
@@ -315,4 +389,71 @@ fn a_wake_from_another_thread_signals_the_eventfd() {
     assert!(rig.signals() > 0);
     assert_eq!(rig.poll(t), HMC_OK);
     rig.release(t);
+}
+
+#[test]
+fn a_wake_from_another_thread_calls_the_host_wake_not_the_eventfd() {
+    let rig = Rig::new();
+    rig.signals();
+    let wakes = Wakes::default();
+    // `start_with` polls once: the other thread has the waker now.
+    let t = rig.start_with(FROM_ANOTHER_THREAD, Some(&wakes));
+    wakes.wait_first();
+    assert_eq!(
+        rig.signals(),
+        0,
+        "a transfer started with a wake callback must not go through the eventfd"
+    );
+    assert_eq!(rig.poll(t), HMC_OK);
+    rig.release(t);
+    assert_eq!(wakes.count(), 1, "one wake from the other thread");
+}
+
+#[test]
+fn a_transfer_that_keeps_yielding_hands_back_through_the_host_wake() {
+    let rig = Rig::new();
+    rig.signals();
+    let wakes = Wakes::default();
+    let t = rig.start_with(1000, Some(&wakes));
+    let mut polls = 0;
+    while rig.poll(t) != HMC_OK {
+        polls += 1;
+        // Each round of in-place polls (the first in transfer_start) ends with a call of
+        // the callback.
+        assert_eq!(
+            wakes.count(),
+            polls + 1,
+            "the host must be told to poll again"
+        );
+        assert!(polls < 1000, "a bounded number of in-place polls per call");
+    }
+    assert!(
+        polls > 0,
+        "1000 yields take more than one round of in-place polls"
+    );
+    assert_eq!(rig.signals(), 0, "nothing through the eventfd");
+    rig.release(t);
+}
+
+#[test]
+fn no_host_wake_once_the_transfer_is_released() {
+    let rig = Rig::new();
+    let wakes = Wakes::default();
+    // `start_with` polls once: the transfer's waker is with the thread now.
+    let t = rig.start_with(WAKES_WHEN_TOLD, Some(&wakes));
+    assert_eq!(rig.poll(t), HMC_PENDING);
+    rig.release(t);
+    // The transport kept a clone of the waker, and now wakes it.
+    *GO.0.lock().unwrap() = true;
+    GO.1.notify_all();
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while !WOKEN_LATE.load(Ordering::Acquire) {
+        assert!(std::time::Instant::now() < give_up, "the thread never woke");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        wakes.count(),
+        0,
+        "the host's wake context ends at transfer_release: no call after it"
+    );
 }

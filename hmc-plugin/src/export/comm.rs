@@ -1,5 +1,6 @@
 //! The transport half of the Rust plugin glue: an `hmc_core::Communicator` behind the table's `comm_*`, `connect` … `recv_notification` functions.
 
+use std::ffi::c_void;
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::pin::Pin;
@@ -95,6 +96,7 @@ pub fn fill_transport<P: PluginTransport>(api: &mut HmcPluginApi) {
     api.import = Some(import::<P>);
     api.remote_key_release = Some(remote_key_release::<P>);
     api.transfer_start = Some(transfer_start::<P>);
+    api.transfer_start_wake = Some(transfer_start_wake::<P>);
     api.transfer_poll = Some(transfer_poll::<P>);
     api.transfer_release = Some(transfer_release::<P>);
     api.notify = Some(notify::<P>);
@@ -161,10 +163,41 @@ const WOKEN_WHILE_POLLING: u8 = 2;
 /// One transfer's waker. A wake while its future is being polled (a future that yields,
 /// such as the TCP transport busy-polling its socket) only marks it, and the glue polls it
 /// again in place: going through the eventfd, the host's poller and a task switch for every
-/// yield would cost more than the op. A wake at any other time signals the eventfd.
+/// yield would cost more than the op. A wake at any other time tells the host: through its
+/// wake callback when it gave one (`transfer_start_wake`), else through the eventfd.
 struct TransferWaker {
     efd: Arc<OwnedFd>,
     state: AtomicU8,
+    /// The host's callback; `None` without one and once the transfer is released (a waker
+    /// clone a transport kept may outlive the transfer, the host's context does not).
+    host: Mutex<Option<HostWake>>,
+}
+
+/// The host's wake callback and its context (`transfer_start_wake`).
+#[derive(Clone, Copy)]
+struct HostWake {
+    wake: HmcWakeFn,
+    ctx: *const c_void,
+}
+
+// SAFETY: the ABI lets the callback be called with its context from any thread, until
+// transfer_release returns (which takes it out of the waker under the lock first).
+unsafe impl Send for HostWake {}
+
+impl TransferWaker {
+    /// Tells the host to poll this transfer again.
+    fn notify_host(&self) {
+        let host = self.host.lock();
+        match *host {
+            // SAFETY: the context is valid until transfer_release, which clears `host`
+            // under this lock before it returns.
+            Some(h) => unsafe { (h.wake)(h.ctx) },
+            None => {
+                drop(host);
+                FdWaker::signal(&self.efd);
+            }
+        }
+    }
 }
 
 impl Wake for TransferWaker {
@@ -179,7 +212,7 @@ impl Wake for TransferWaker {
             Ordering::Acquire,
         );
         if marked == Err(IDLE) {
-            FdWaker::signal(&self.efd);
+            self.notify_host();
         }
     }
 }
@@ -513,6 +546,45 @@ unsafe extern "C" fn transfer_start<P: PluginTransport>(
     deadline_ns: u64,
     out: *mut *mut HmcTransfer,
 ) -> i32 {
+    // SAFETY: forwarded from the host, under the same contract.
+    unsafe { start::<P>(comm, ep, op, descs, count, deadline_ns, None, out) }
+}
+
+unsafe extern "C" fn transfer_start_wake<P: PluginTransport>(
+    comm: *mut HmcComm,
+    ep: *mut HmcEndpoint,
+    op: u32,
+    descs: *const HmcTransferDesc,
+    count: usize,
+    deadline_ns: u64,
+    wake: HmcWakeFn,
+    wake_ctx: *const c_void,
+    out: *mut *mut HmcTransfer,
+) -> i32 {
+    let host = Some(HostWake {
+        wake,
+        ctx: wake_ctx,
+    });
+    // SAFETY: forwarded from the host, under the same contract.
+    unsafe { start::<P>(comm, ep, op, descs, count, deadline_ns, host, out) }
+}
+
+/// `transfer_start` and `transfer_start_wake` (`host`: the latter's callback).
+///
+/// # Safety
+/// As `transfer_start` in the ABI: live handles, `descs` readable for `count`, `out`
+/// writable.
+#[allow(clippy::too_many_arguments)]
+unsafe fn start<P: PluginTransport>(
+    comm: *mut HmcComm,
+    ep: *mut HmcEndpoint,
+    op: u32,
+    descs: *const HmcTransferDesc,
+    count: usize,
+    deadline_ns: u64,
+    host: Option<HostWake>,
+    out: *mut *mut HmcTransfer,
+) -> i32 {
     type C<P> = <P as PluginTransport>::Comm;
     guard(|| {
         let op = match op {
@@ -553,6 +625,7 @@ unsafe extern "C" fn transfer_start<P: PluginTransport>(
             wake: Arc::new(TransferWaker {
                 efd: g.efd.clone(),
                 state: AtomicU8::new(IDLE),
+                host: Mutex::new(host),
             }),
             done: None,
             message: String::new(),
@@ -586,7 +659,7 @@ fn poll_transfer<C: Communicator>(g: &GComm<C>, t: &mut GTransfer) {
         }
         // Still yielding: the host polls it again after its other tasks.
         state.store(IDLE, Ordering::Release);
-        FdWaker::signal(&g.efd);
+        t.wake.notify_host();
         None
     });
     if let Some(r) = ready {
@@ -631,7 +704,11 @@ unsafe extern "C" fn transfer_release<P: PluginTransport>(comm: *mut HmcComm, t:
         };
         // Dropping the future cancels the batch; the Communicator contract says that once
         // the drop returns, the transport no longer touches its local memory.
+        let wake = t.wake.clone();
         g.run(|| drop(t));
+        // A waker clone the transport kept may still be woken: not into the host's
+        // context, which ends when this returns.
+        *wake.host.lock() = None;
     })
 }
 

@@ -4,9 +4,10 @@
 //! backend's own types, maps `hmc_core::Error` to status codes plus the per-thread
 //! last-error string, and catches every panic at the boundary (a panic becomes
 //! `HMC_ERR_INTERNAL` with its text). The transport side (`comm`) runs each transfer's
-//! future inside `transfer_poll` with a waker that signals the communicator's eventfd (so
-//! no executor and no tokio is needed on either side); the memory side (`memory`) is
-//! synchronous, as `Memory::alloc` and `Memory::copy` are.
+//! future inside `transfer_poll` with a waker that calls the host's wake callback
+//! (`transfer_start_wake`) or, for a host that started it without one, signals the
+//! communicator's eventfd (so no executor and no tokio is needed on either side); the
+//! memory side (`memory`) is synchronous, as `Memory::alloc` and `Memory::copy` are.
 //!
 //! A transport that needs a runtime context while its futures run (the TCP transport
 //! needs tokio's) says so with [`Exported::with_scope`]: every call into the communicator
