@@ -10,10 +10,14 @@
 //! (Mooncake is skipped with a note when the interpreter is absent). Internal: `--target`.
 //! With `--conn-sweep [1,2,…,1024,max]` it runs, instead, the connection sweep
 //! (`conn_sweep`): WRITE ops/s and the target's memory per connected engine from one
-//! initiator engine to as many as the machine allows.
+//! initiator engine to as many as the machine allows. Over TCP, the sync rows are also
+//! set beside the floor of this machine (`tcp_floor`): a spinning ping-pong of the same
+//! shapes between two processes with no runtime or protocol. Internal: `--tcp-floor`.
 
 #[path = "support/conn_sweep.rs"]
 mod conn_sweep;
+#[path = "support/tcp_floor.rs"]
+mod tcp_floor;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -68,6 +72,10 @@ fn args() -> Args {
             "--mooncake-python" => a.mooncake_python = it.next(),
             "--quick" => a.seconds = 0.5,
             "--target" => a.target = true,
+            "--tcp-floor" => {
+                tcp_floor::serve(it.next().expect("--tcp-floor LEN").parse().expect("bytes"));
+                std::process::exit(0);
+            }
             "--transport" => a.transport = it.next().expect("--transport tcp|ucx|shm"),
             "--conn-sweep" => {
                 // The list is optional: the default steps when the next word is a flag.
@@ -538,6 +546,19 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
     drop(child.stdin.take());
     let _ = child.wait();
 
+    // The floor, over TCP only (the other transports do not use sockets per op).
+    let mut floor = Vec::new();
+    if a.transport == "tcp" {
+        let max = a.sizes.iter().copied().max().unwrap_or(0);
+        let mut f = tcp_floor::Floor::start(max);
+        for (op, read) in [("WRITE", false), ("READ", true)] {
+            for &size in &a.sizes {
+                eprintln!("TCP floor {op} {size} B");
+                floor.push((op, size, f.us_per_op(read, size, a.seconds)));
+            }
+        }
+    }
+
     let mc = match &a.mooncake_python {
         None => {
             eprintln!("note: no --mooncake-python; the Mooncake column is empty");
@@ -578,6 +599,28 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
             m.map_or("-".into(), |m| format!("{:.2}", m.gbs())),
             m.map_or("-".into(), |m| format!("{:.2}x", r.ops_s() / m.ops_s())),
         );
+    }
+    if !floor.is_empty() {
+        println!(
+            "\n## the same sync ops vs this machine's TCP floor (two processes spinning on one connection, no runtime, no protocol)\n"
+        );
+        println!(
+            "| op | size | floor us/op | hmc us/op | hmc / floor | Mooncake us/op | Mooncake / floor |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- |");
+        for &(op, size, f) in &floor {
+            let Some(r) = rows.iter().find(|r| r.op == op && r.size == size) else {
+                continue;
+            };
+            let m = mc.iter().find(|m| m.op == op && m.size == size);
+            println!(
+                "| {op} | {size} | {f:.1} | {:.1} | {:.2}x | {} | {} |",
+                r.us(),
+                r.us() / f,
+                m.map_or("-".into(), |m| format!("{:.1}", m.us())),
+                m.map_or("-".into(), |m| format!("{:.2}x", m.us() / f)),
+            );
+        }
     }
     println!(
         "\n## facade overhead: engine vs the bare Communicator (WRITE; alternated, medians of 3)\n"

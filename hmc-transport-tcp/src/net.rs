@@ -1,20 +1,57 @@
 //! Sockets behind one type: TCP and Unix domain streams and listeners addressed by `PeerAddr`.
+//!
+//! A [`Stream`] is registered with the runtime's poller only while a task waits on it.
+//! Requests and answers that arrive while their reader busy-polls are read with plain
+//! non-blocking system calls; were the socket registered then, every arriving segment
+//! would also wake the worker thread parked in the poller (it holds the runtime's I/O
+//! driver), which on a machine of few cores takes the core the busy-polling reader or its
+//! peer runs on: a context switch or two per small op on each side.
 
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use hmc_core::{Deadline, Error, PeerAddr, Result};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpStream, UnixStream};
+use parking_lot::Mutex;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
-/// A connected byte stream over TCP or a Unix domain socket.
+/// A connected byte stream over TCP or a Unix domain socket, in non-blocking mode.
 #[derive(Debug)]
-pub(crate) enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
+pub(crate) struct Stream {
+    /// The poller registration, made when a task first has to wait and dropped again by
+    /// [`Stream::poll_readable`] (see the module docs). Declared before `sock`, so it is
+    /// deregistered before the socket closes.
+    reg: Mutex<Option<Arc<AsyncFd<Fd>>>>,
+    sock: Sock,
 }
+
+/// The owned socket.
+#[derive(Debug)]
+enum Sock {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+/// The socket's descriptor as the poller registration holds it (not owned: `Sock` closes it).
+#[derive(Debug)]
+struct Fd(RawFd);
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// How long [`Stream::poll_readable`] checks the socket without yielding to the runtime.
+/// A task that yields asks the multi-threaded runtime to wake a parked worker to help (a
+/// write to its wake-up descriptor, and a context switch on a core the peer may need);
+/// a small op's answer comes within this, so most ops never yield. Other tasks of the
+/// same worker wait at most this long.
+const SPIN_BEFORE_YIELD: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// The error of a bulk read or write that ran into its deadline (see
 /// [`Stream::read_exact_eager`]).
@@ -29,12 +66,38 @@ fn past(until: Instant) -> io::Result<()> {
     }
 }
 
+/// Repeats a system call interrupted by a signal; a negative result becomes the OS error.
+fn retry_eintr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 impl Stream {
+    /// Takes a connection from `hmc-net` out of the runtime's poller (see the module docs).
+    fn from_conn(c: hmc_net::Conn) -> io::Result<Stream> {
+        let sock = match c {
+            hmc_net::Conn::Tcp(s) => Sock::Tcp(s.into_std()?),
+            hmc_net::Conn::Unix(s) => Sock::Unix(s.into_std()?),
+        };
+        Ok(Stream {
+            reg: Mutex::new(None),
+            sock,
+        })
+    }
+
     /// Connects to `addr` by `deadline`. TCP streams get `TCP_NODELAY`: every exchange is
     /// a request followed by a wait for the answer, which Nagle's algorithm would delay.
     pub(crate) async fn connect(addr: &PeerAddr, deadline: Deadline) -> Result<Stream> {
         let start = std::time::Instant::now();
-        let connecting = async { hmc_net::connect(addr).await.map(Stream::from) };
+        let connecting = async { hmc_net::connect(addr).await.and_then(Stream::from_conn) };
         match tokio::time::timeout_at(deadline.instant().into(), connecting).await {
             Ok(Ok(s)) => Ok(s),
             Ok(Err(e)) if e.kind() == io::ErrorKind::Unsupported => Err(Error::InvalidArgument(
@@ -53,31 +116,67 @@ impl Stream {
         }
     }
 
+    fn fd(&self) -> RawFd {
+        match &self.sock {
+            Sock::Tcp(s) => s.as_raw_fd(),
+            Sock::Unix(s) => s.as_raw_fd(),
+        }
+    }
+
+    /// The poller registration, made on first use.
+    fn registration(&self) -> io::Result<Arc<AsyncFd<Fd>>> {
+        let mut reg = self.reg.lock();
+        if let Some(r) = &*reg {
+            return Ok(r.clone());
+        }
+        // SAFETY: the fd is `sock`'s, open until `sock` drops. The registration lives in
+        // `reg`, dropped before `sock` (field order), and in clones that only methods
+        // borrowing `self` hold, so it never outlives the descriptor.
+        let r = unsafe {
+            AsyncFd::register_with_interest(Fd(self.fd()), Interest::READABLE | Interest::WRITABLE)
+        }?;
+        let r = Arc::new(r);
+        *reg = Some(r.clone());
+        Ok(r)
+    }
+
     /// Busy-polls for up to `window` until the socket has bytes to read (or is closed),
     /// yielding to the runtime's other tasks between checks; returns at once for a zero
     /// window. An answer that comes within the window is then read without the thread
     /// having gone to sleep: on idle cores, waking a sleeping thread costs more than a
-    /// small op itself (`TcpConfig::busy_poll`).
-    pub(crate) async fn poll_readable(&self, window: std::time::Duration) {
+    /// small op itself (`TcpConfig::busy_poll`). With a window, the socket first leaves
+    /// the poller, so the bytes it waits for wake no other thread either.
+    pub(crate) async fn poll_readable(&mut self, window: std::time::Duration) {
         if window.is_zero() {
             return;
         }
+        // No task waits on the registration: the caller holds the stream mutably.
+        self.reg.get_mut().take();
         let start = Instant::now();
-        while !self.readable_now() && start.elapsed() < window {
-            tokio::task::yield_now().await;
+        while !self.readable_now() {
+            let waited = start.elapsed();
+            if waited >= window {
+                break;
+            }
+            if waited < SPIN_BEFORE_YIELD {
+                std::hint::spin_loop();
+            } else {
+                tokio::task::yield_now().await;
+            }
         }
     }
 
     /// One `poll(2)` with a zero timeout: true when a read would not block.
     fn readable_now(&self) -> bool {
-        use std::os::fd::AsRawFd;
-        let fd = match self {
-            Stream::Tcp(s) => s.as_raw_fd(),
-            Stream::Unix(s) => s.as_raw_fd(),
-        };
+        self.ready_now(libc::POLLIN)
+    }
+
+    /// One `poll(2)` for `events` with a zero timeout: true when the socket reports any of
+    /// them, or an error or hang-up (then the next call fails or ends at once too).
+    fn ready_now(&self, events: i16) -> bool {
         let mut p = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
+            fd: self.fd(),
+            events,
             revents: 0,
         };
         // SAFETY: `p` is a valid `pollfd` on this frame and `nfds` is 1; a zero timeout
@@ -85,19 +184,28 @@ impl Stream {
         unsafe { libc::poll(&mut p, 1, 0) > 0 }
     }
 
-    /// Waits until a read may make progress.
+    /// Waits until a read may make progress (bytes, end of stream or an error).
     pub(crate) async fn readable(&self) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.readable().await,
-            Stream::Unix(s) => s.readable().await,
-        }
+        self.ready(Interest::READABLE, libc::POLLIN).await
     }
 
     /// Waits until a write may make progress.
     pub(crate) async fn writable(&self) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.writable().await,
-            Stream::Unix(s) => s.writable().await,
+        self.ready(Interest::WRITABLE, libc::POLLOUT).await
+    }
+
+    /// Waits on the poller until the socket itself reports `events`. The poller's cached
+    /// readiness can be stale (bytes it reported may have been read by a busy-polling
+    /// reader since), so it is checked against the socket and cleared when the socket
+    /// disagrees; an event that arrives meanwhile is kept (its tick is newer).
+    async fn ready(&self, interest: Interest, events: i16) -> io::Result<()> {
+        let reg = self.registration()?;
+        loop {
+            let mut guard = reg.ready(interest).await?;
+            if self.ready_now(events) {
+                return Ok(());
+            }
+            guard.clear_ready();
         }
     }
 
@@ -153,11 +261,7 @@ impl Stream {
         if prefix.is_empty() {
             return self.try_write(buf);
         }
-        let bufs = [io::IoSlice::new(prefix), io::IoSlice::new(buf)];
-        match self {
-            Stream::Tcp(s) => s.try_write_vectored(&bufs),
-            Stream::Unix(s) => s.try_write_vectored(&bufs),
-        }
+        self.send_vectored(&[io::IoSlice::new(prefix), io::IoSlice::new(buf)])
     }
 
     /// True when a pooled (idle) connection can no longer carry a request: the peer closed
@@ -168,48 +272,45 @@ impl Stream {
         !matches!(self.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
-    /// One non-blocking `read`; `WouldBlock` when nothing is there. It asks the socket
-    /// directly (tokio's cached readiness may not know yet of bytes that arrived while
-    /// this task busy-polled or ran), and only on `WouldBlock` goes through tokio too, so
-    /// that a stale readiness is cleared and the next `readable()` really waits.
+    /// One non-blocking `recv`; `WouldBlock` when nothing is there.
     pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        match self.recv_raw(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => match self {
-                Stream::Tcp(s) => s.try_read(buf),
-                Stream::Unix(s) => s.try_read(buf),
-            },
-            r => r,
-        }
+        let fd = self.fd();
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the call, and the fd
+        // belongs to `self`, alive for the call.
+        retry_eintr(|| unsafe {
+            libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
+        })
     }
 
-    /// One `recv(MSG_DONTWAIT)` on the socket.
-    fn recv_raw(&self, buf: &mut [u8]) -> io::Result<usize> {
-        use std::os::fd::AsRawFd;
-        let fd = match self {
-            Stream::Tcp(s) => s.as_raw_fd(),
-            Stream::Unix(s) => s.as_raw_fd(),
-        };
-        loop {
-            // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the call, and the
-            // fd belongs to `self`, alive for the call.
-            let n =
-                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-    }
-
-    /// One non-blocking `write`; `WouldBlock` when the socket buffer is full.
+    /// One non-blocking `send`; `WouldBlock` when the socket buffer is full. A peer that
+    /// closed its end is an error (`MSG_NOSIGNAL`), never a `SIGPIPE`: a host process
+    /// such as Python's may not ignore that signal.
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.try_write(buf),
-            Stream::Unix(s) => s.try_write(buf),
-        }
+        let fd = self.fd();
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the call, and the fd
+        // belongs to `self`, alive for the call.
+        retry_eintr(|| unsafe {
+            libc::send(
+                fd,
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        })
+    }
+
+    /// One non-blocking `sendmsg` of `bufs`, as [`Stream::try_write`].
+    fn send_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let fd = self.fd();
+        // SAFETY: an all-zero `msghdr` is valid (no name, no control data).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        // `IoSlice` is ABI-compatible with `iovec` on Unix (std guarantees it); the kernel
+        // only reads the buffers.
+        msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
+        msg.msg_iovlen = bufs.len() as _;
+        // SAFETY: `msg` points at `bufs`, valid for reads for the call, and the fd belongs
+        // to `self`, alive for the call.
+        retry_eintr(|| unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
     }
 }
 
@@ -220,18 +321,21 @@ impl AsyncRead for Stream {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        // Bytes already there first, without a readiness event (see `Stream::try_read`).
-        match this.recv_raw(buf.initialize_unfilled()) {
-            Ok(n) => {
-                buf.advance(n);
-                return Poll::Ready(Ok(()));
+        loop {
+            match this.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Poll::Ready(Err(e)),
-        }
-        match this {
-            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            let reg = this.registration()?;
+            match reg.poll_read_ready(cx) {
+                Poll::Ready(Ok(mut ready)) => ready.clear_ready(),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
         }
     }
 }
@@ -242,33 +346,37 @@ impl AsyncWrite for Stream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        let this = self.get_mut();
+        loop {
+            match this.try_write(buf) {
+                Ok(n) => return Poll::Ready(Ok(n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+            let reg = this.registration()?;
+            match reg.poll_write_ready(cx) {
+                Poll::Ready(Ok(mut ready)) => ready.clear_ready(),
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
         }
     }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
-        }
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Bytes go straight to the socket: nothing is buffered here.
+        Poll::Ready(Ok(()))
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
-}
-
-impl From<hmc_net::Conn> for Stream {
-    fn from(c: hmc_net::Conn) -> Self {
-        match c {
-            hmc_net::Conn::Tcp(s) => Stream::Tcp(s),
-            hmc_net::Conn::Unix(s) => Stream::Unix(s),
-        }
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = match &self.sock {
+            Sock::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+            Sock::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+        };
+        // A peer that already went away leaves nothing to shut down.
+        Poll::Ready(match r {
+            Err(e) if e.kind() == io::ErrorKind::NotConnected => Ok(()),
+            r => r,
+        })
     }
 }
 
@@ -291,7 +399,7 @@ impl Listener {
 
     /// Accepts one connection; TCP streams get `TCP_NODELAY`.
     pub(crate) async fn accept(&self) -> io::Result<Stream> {
-        self.0.accept().await.map(Stream::from)
+        self.0.accept().await.and_then(Stream::from_conn)
     }
 }
 
