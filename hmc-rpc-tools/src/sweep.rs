@@ -1,8 +1,9 @@
 //! What the connection sweeps share (`hmc-rpc-bench --conn-sweep` and the engine bench's
 //! `--conn-sweep`): the steps (powers of two to 1,024, then as many as the machine allows),
-//! the server's memory per connection from its RSS, the summary against the targets
-//! (rate at 1,024 connections against the peak, bytes per idle connection), and the two
-//! markdown tables the report reads.
+//! the server's memory per connection from its RSS, the CPU both sides spend per operation
+//! (the figure that shows a per-connection cost on a machine too loaded for rates to
+//! compare), the summary against the targets (rate at 1,024 connections against
+//! the peak, bytes per idle connection), and the two markdown tables the report reads.
 
 /// The steps of `--conn-sweep` given without a list: powers of two to 1,024, then `max`.
 pub const DEFAULT_STEPS: &str = "1,2,4,8,16,32,64,128,256,512,1024,max";
@@ -116,6 +117,9 @@ pub struct SweepPoint {
     pub idle_bytes_per_conn: Option<f64>,
     /// The same after the load, bytes (buffers a busy connection grew and kept).
     pub loaded_bytes_per_conn: Option<f64>,
+    /// CPU time (user + system) of the client and the server process together per
+    /// operation during the load, microseconds ([`CpuMeter`]).
+    pub cpu_us_per_op: Option<f64>,
 }
 
 /// What the sweep came to: peak, the 1,024-connection step against it.
@@ -148,6 +152,53 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
     s.lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+/// Microseconds of CPU (user + system) used by process `pid` (`None`: this process) and
+/// by its children it has waited for, from `/proc/PID/stat` (Linux; `None` elsewhere).
+pub fn proc_cpu_us(pid: Option<u32>) -> Option<(f64, f64)> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".to_string(),
+    };
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the command name, from field 3 (state); proc(5) numbers utime, stime,
+    // cutime, cstime 14 to 17, in USER_HZ ticks (100 per second on Linux).
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    const US_PER_TICK: f64 = 10_000.0;
+    Some((
+        (t(11)? + t(12)?) * US_PER_TICK,
+        (t(13)? + t(14)?) * US_PER_TICK,
+    ))
+}
+
+/// The CPU time of a sweep step's two sides, this process (the clients) and the server
+/// process, from the start of its load: on a loaded machine the rate follows whatever
+/// share of the cores the step got, while the CPU per operation shows what each
+/// operation costs at that connection count.
+pub struct CpuMeter {
+    server: u32,
+    at: Option<f64>,
+}
+
+impl CpuMeter {
+    /// Starts counting, for this process and the server process `server`.
+    pub fn start(server: u32) -> Self {
+        let at = Self::both(server);
+        CpuMeter { server, at }
+    }
+
+    fn both(server: u32) -> Option<f64> {
+        Some(proc_cpu_us(None)?.0 + proc_cpu_us(Some(server))?.0)
+    }
+
+    /// Microseconds of CPU of both sides per operation since [`CpuMeter::start`]
+    /// (`None` with no operations, or where `/proc` cannot be read).
+    pub fn per_op(&self, ops: u64) -> Option<f64> {
+        let used = Self::both(self.server)? - self.at?;
+        (ops > 0).then(|| used / ops as f64)
+    }
 }
 
 /// Bytes of RSS growth per connection, from the RSS in KiB before and after `n`
@@ -196,19 +247,20 @@ pub fn tables(
     let _ = writeln!(out, "\n## {name} ({setup})\n");
     let _ = writeln!(
         out,
-        "| connections | {rate} | p50 us | p99 us | share of peak | server KiB/idle conn | server KiB/conn after load |"
+        "| connections | {rate} | p50 us | p99 us | share of peak | CPU us/op (both sides) | server KiB/idle conn | server KiB/conn after load |"
     );
-    let _ = writeln!(out, "| --- | --- | --- | --- | --- | --- | --- |");
+    let _ = writeln!(out, "| --- | --- | --- | --- | --- | --- | --- | --- |");
     let peak = points.iter().map(|p| p.rate).fold(0.0, f64::max);
     for p in points {
         let _ = writeln!(
             out,
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0}% | {} | {} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0}% | {} | {} | {} |",
             p.conns,
             p.rate,
             p.p50_us,
             p.p99_us,
             100.0 * p.rate / peak.max(f64::MIN_POSITIVE),
+            p.cpu_us_per_op.map_or("-".into(), |c| format!("{c:.1}")),
             kib(p.idle_bytes_per_conn),
             kib(p.loaded_bytes_per_conn)
         );
@@ -243,6 +295,7 @@ pub fn tables(
 mod tests {
     use super::*;
     use rstest::rstest;
+    use std::time::{Duration, Instant};
 
     #[rstest]
     #[case("1,2,4", &[1, 2, 4], false)]
@@ -282,6 +335,7 @@ mod tests {
             p99_us: 0.0,
             idle_bytes_per_conn: idle,
             loaded_bytes_per_conn: None,
+            cpu_us_per_op: (conns == 1024).then_some(12.5),
         }
     }
 
@@ -347,7 +401,14 @@ mod tests {
         );
         assert!(t.contains("## engine connection sweep (64 B)\n"), "{t}");
         assert!(t.contains("| connections | WRITE ops/s |"), "{t}");
-        assert!(t.contains("| 1024 | 9000 | 0 | 0 | 90% | 4.0 | - |"), "{t}");
+        assert!(
+            t.contains("| 1024 | 9000 | 0 | 0 | 90% | 12.5 | 4.0 | - |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| 1 | 10000 | 0 | 0 | 100% | - | 2.0 | - |"),
+            "{t}"
+        );
         assert!(
             t.contains("| 10000 | 1 | 9000 | 90% | 4.0 | 1024 | a / b | 20 |"),
             "{t}"
@@ -375,6 +436,40 @@ mod tests {
     fn rss_of_this_process_is_read() {
         let kib = rss_kib(std::process::id()).expect("/proc/PID/status has VmRSS");
         assert!(kib > 0);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn cpu_of_this_process_is_read_and_grows() {
+        let (a, _) = proc_cpu_us(None).expect("/proc/self/stat parses");
+        let mut x = 0u64;
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(50) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        let (b, _) = proc_cpu_us(None).expect("/proc/self/stat parses");
+        assert!(b >= a, "{a} -> {b} ({x})");
+        assert!(proc_cpu_us(Some(std::process::id())).is_some());
+    }
+
+    #[test]
+    fn the_cpu_meter_counts_this_process_per_operation() {
+        let me = std::process::id();
+        let cpu = || proc_cpu_us(None).expect("/proc/self/stat parses").0;
+        let m = CpuMeter::start(me);
+        // Spin until this process has used 20 ms more CPU (however loaded the machine).
+        let (from, mut x) = (cpu(), 0u64);
+        while cpu() < from + 20_000.0 {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        // This process is both sides here: its 20 ms count twice.
+        let per = m.per_op(1).expect("/proc is readable");
+        assert!(per >= 40_000.0, "{per} us ({x})");
+        assert!(
+            m.per_op(4).unwrap() <= per / 4.0 + 20_000.0,
+            "per operation"
+        );
+        assert_eq!(m.per_op(0), None, "no operations, no figure");
     }
 
     #[test]

@@ -355,6 +355,11 @@ async fn serve_connection(
     let mut feeds: Feeds = SelectAll::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
     let mut tokens: IdMap<u64, CancelToken> = Default::default();
+    // Calls handed to tasks or blocking workers whose completions have not come back:
+    // while there are none, the wait below leaves `done_rx` alone (with many connections,
+    // each connection's channel is cold memory, and touching it on every wake-up costs a
+    // cache miss for nothing).
+    let mut in_tasks: usize = 0;
     let mut shutdown_seen = false;
     // Since the busy-polling window was last opened, the last call that came in opens it
     // again once answered: one of at most `POLL_MAX_MESSAGE` bytes (work 0), or an
@@ -368,6 +373,11 @@ async fn serve_connection(
         core.begin_shutdown();
         shutdown_seen = true;
     }
+    // One wait on the shutdown signal for the connection's whole life. A fresh `changed()`
+    // in every wait below would join and leave the signal's list of waiters on every
+    // wake-up: a lock every connection of the server shares, and list nodes that live in
+    // other connections' (cold) tasks.
+    let mut shutdown_signal = std::pin::pin!(async move { shutdown.changed().await.is_ok() });
     'conn: loop {
         while let Some(ev) = core.poll_event() {
             match ev {
@@ -379,7 +389,9 @@ async fn serve_connection(
                     };
                     let calls = poll_work.map_or(0, |(_, n)| n) + 1;
                     poll_work = work.map(|w| (w, calls));
-                    start_call(&shared, &conn_use, &mut core, &mut tokens, &done_tx, call)
+                    if start_call(&shared, &conn_use, &mut core, &mut tokens, &done_tx, call) {
+                        in_tasks += 1;
+                    }
                 }
                 ServerEvent::Abandon { request_id, .. } => {
                     if let Some(t) = tokens.remove(&request_id) {
@@ -452,11 +464,13 @@ async fn serve_connection(
         timer.want(timeout);
         tokio::select! {
             biased;
-            Some(c) = done_rx.recv() => {
+            Some(c) = done_rx.recv(), if in_tasks > 0 => {
                 let now = Instant::now();
+                in_tasks -= 1;
                 tokens.remove(&c.request_id);
                 respond(&mut core, &mut feeds, c, now);
                 while let Ok(c) = done_rx.try_recv() {
+                    in_tasks = in_tasks.saturating_sub(1);
                     tokens.remove(&c.request_id);
                     respond(&mut core, &mut feeds, c, now);
                 }
@@ -485,9 +499,15 @@ async fn serve_connection(
             }
             r = wr.writable(), if want_write => { if r.is_err() { break; } }
             _ = timer.fired(), if timer.is_armed() => core.handle_timeout(Instant::now()),
-            r = shutdown.changed(), if !shutdown_seen => {
+            signalled = &mut shutdown_signal, if !shutdown_seen => {
                 shutdown_seen = true;
-                if r.is_ok() { core.begin_shutdown(); }
+                if signalled { core.begin_shutdown(); }
+            }
+            // Nothing left that could wake this connection (no reads, writes, timers,
+            // handlers or shutdown to wait for): the checks above end it before this.
+            else => {
+                tracing::debug!("nothing left to wait for; closing the connection");
+                break;
             }
         }
     }
@@ -577,6 +597,9 @@ fn cancelled() -> RpcError {
     RpcError::new(Status::CANCELLED, "cancelled")
 }
 
+/// Starts a call: answers it in place (refusals, handlers ready at once) or hands it to a
+/// task or a blocking worker; true in the second case, where its [`Completion`] comes
+/// through `done`.
 fn start_call(
     shared: &Arc<Shared>,
     conn_use: &Arc<ConnUse>,
@@ -584,7 +607,7 @@ fn start_call(
     tokens: &mut IdMap<u64, CancelToken>,
     done: &mpsc::UnboundedSender<Completion>,
     call: IncomingCall,
-) {
+) -> bool {
     // A fresh clock per call, not one per batch: an inline handler earlier in the batch may
     // have run long, and expired work must not start.
     let now = Instant::now();
@@ -601,7 +624,7 @@ fn start_call(
             Status::UNKNOWN_METHOD,
             format!("no method {method} on this server (it serves {known:?})"),
         );
-        return;
+        return false;
     };
     if call.deadline.is_some_and(|d| now >= d) {
         refuse(
@@ -609,7 +632,7 @@ fn start_call(
             Status::DEADLINE_EXCEEDED,
             "the deadline passed before the call started".into(),
         );
-        return;
+        return false;
     }
     let Ok(permit) = shared
         .inflight
@@ -625,7 +648,7 @@ fn start_call(
                 shared.config.max_inflight_total
             ),
         );
-        return;
+        return false;
     };
     // The handler runs within this span whichever way it runs (crate::trace).
     let span = crate::trace::handle(id, method);
@@ -644,7 +667,7 @@ fn start_call(
             // The core only passes HMC_BUFFER calls on when a data plane is enabled.
             tokens.remove(&id);
             refuse(core, Status::DATA_PLANE, "no data plane configured".into());
-            return;
+            return false;
         };
         let deadline = call
             .deadline
@@ -676,7 +699,7 @@ fn start_call(
             });
         };
         tokio::spawn(task.instrument(span));
-        return;
+        return true;
     }
     if let Some(route) = shared.dispatcher.device_route(method).cloned() {
         // A device method: its streamed request is on the device already; its response
@@ -707,7 +730,7 @@ fn start_call(
             });
         };
         tokio::spawn(task.instrument(span));
-        return;
+        return true;
     }
     match handler.clone() {
         Handler::Async(h) => {
@@ -727,7 +750,7 @@ fn start_call(
                         fed: None,
                     };
                     respond_now(core, c, Instant::now());
-                    return;
+                    return false;
                 }
             };
             let mut fut = AssertUnwindSafe(fut).catch_unwind();
@@ -749,7 +772,7 @@ fn start_call(
                     fed: None,
                 };
                 respond_now(core, c, Instant::now());
-                return;
+                return false;
             }
             let grace = shared.config.handler_cancel_grace;
             let task = async move {
@@ -766,6 +789,7 @@ fn start_call(
                 });
             };
             tokio::spawn(task.instrument(span));
+            true
         }
         Handler::Blocking(h) => {
             let job = Box::new(move || {
@@ -788,9 +812,13 @@ fn start_call(
                     fed: None,
                 });
             });
-            if let Err(why) = shared.pool.submit(job) {
-                tokens.remove(&id);
-                refuse(core, Status::OVERLOADED, why);
+            match shared.pool.submit(job) {
+                Ok(()) => true,
+                Err(why) => {
+                    tokens.remove(&id);
+                    refuse(core, Status::OVERLOADED, why);
+                    false
+                }
             }
         }
     }

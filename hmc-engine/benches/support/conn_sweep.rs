@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use hmc_core::Communicator;
 use hmc_engine::{Engine, EngineConfig, MemDesc, MemType, TransferOp, TransferOpDesc};
 use hmc_rpc_tools::sweep::{
-    SweepPlan, SweepPoint, bytes_per_conn, raise_fd_limit, rss_kib, tables,
+    CpuMeter, SweepPlan, SweepPoint, bytes_per_conn, raise_fd_limit, rss_kib, tables,
 };
 
 use crate::{Args, T, TargetProc, spawn_target};
@@ -150,6 +150,7 @@ async fn measure<C: Communicator>(
     let idle = before
         .zip(rss_kib(pid))
         .map(|(b, after)| bytes_per_conn(b, after, n));
+    let cpu = CpuMeter::start(pid);
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(a.seconds);
     let tasks: Vec<_> = engines
@@ -189,5 +190,6 @@ async fn measure<C: Communicator>(
         p99_us: q(0.99).unwrap_or(0) as f64,
         idle_bytes_per_conn: idle,
         loaded_bytes_per_conn: loaded,
+        cpu_us_per_op: cpu.per_op(lat.len() as u64),
     })
 }

@@ -133,7 +133,7 @@ pub(crate) fn start_server(
     max_connections: &str,
     extra: &[&str],
 ) -> Result<(Proc, u16), String> {
-    let mut server = Command::new(server_bin)
+    let server = Command::new(server_bin)
         .env("GLIBC_TUNABLES", hmc_rpc_tools::tuning::GLIBC_TUNABLES)
         .args(["--port", "0", "--workers", &args.server_workers.to_string()])
         .args([
@@ -152,11 +152,16 @@ pub(crate) fn start_server(
                 server_bin.display()
             )
         })?;
+    read_port(server)
+}
+
+/// Reads the port a freshly started server prints on its first line (`… listening on
+/// tcp://127.0.0.1:PORT`); the server is killed when the returned [`Proc`] drops.
+pub(crate) fn read_port(mut server: Child) -> Result<(Proc, u16), String> {
     let mut line = String::new();
     let read = BufReader::new(server.stdout.take().expect("piped stdout")).read_line(&mut line);
     let server = Proc(server);
     read.map_err(|e| e.to_string())?;
-    // "hmc-rpc-server listening on tcp://127.0.0.1:PORT"
     let port = line
         .trim()
         .rsplit(':')

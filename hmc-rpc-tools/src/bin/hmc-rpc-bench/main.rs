@@ -19,6 +19,7 @@ mod baselines;
 mod data_planes;
 mod hmc;
 mod measure;
+mod raw_sweep;
 mod sweep;
 
 use baselines::{
@@ -112,6 +113,15 @@ struct Args {
     /// Payload of the sweep's echo calls, bytes.
     #[arg(long, default_value_t = 64)]
     sweep_size: usize,
+    /// With `--conn-sweep`: after each step, the same connections with a raw tokio TCP echo
+    /// (the machine's own curve: how much of the growth of CPU per call with the
+    /// connection count any tokio RPC stack here pays; see `raw_sweep`).
+    #[arg(long)]
+    sweep_raw: bool,
+    /// Internal: serve the sweep's raw tokio echo baseline (messages of this many bytes,
+    /// `--server-workers` runtime threads), printing the port on stdout.
+    #[arg(long, hide = true)]
+    raw_tokio_echo_server: Option<usize>,
     /// Internal: serve the two-process raw TCP baseline (echo messages of this many bytes on
     /// one connection), printing the port on stdout.
     #[arg(long, hide = true)]
@@ -120,6 +130,15 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    if let Some(size) = args.raw_tokio_echo_server {
+        return match raw_sweep::raw_tokio_echo_server(size, args.server_workers) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: raw tokio echo server: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(size) = args.raw_echo_server {
         return match raw_echo_server(size) {
             Ok(()) => std::process::ExitCode::SUCCESS,

@@ -5,7 +5,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hmc_rpc_tools::sweep::{bytes_per_conn, rss_kib};
+use hmc_rpc_tools::sweep::{bytes_per_conn, proc_cpu_us, rss_kib};
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Cell {
@@ -106,25 +106,6 @@ pub(crate) fn pin_to_cpu(cpu: usize) {
 pub(crate) fn fmt_c2c(c: &Cell) -> String {
     c.c2c_ns
         .map_or("-".to_string(), |(b, a)| format!("{b:.0}/{a:.0}"))
-}
-
-/// Microseconds of CPU (user + system) used by process `pid` (`None`: this process) and
-/// by its children it has waited for, from `/proc/PID/stat` (Linux; `None` elsewhere).
-pub(crate) fn proc_cpu_us(pid: Option<u32>) -> Option<(f64, f64)> {
-    let path = match pid {
-        Some(p) => format!("/proc/{p}/stat"),
-        None => "/proc/self/stat".to_string(),
-    };
-    let stat = std::fs::read_to_string(path).ok()?;
-    // Fields after the command name, from field 3 (state); proc(5) numbers utime, stime,
-    // cutime, cstime 14 to 17, in USER_HZ ticks (100 per second on Linux).
-    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
-    const US_PER_TICK: f64 = 10_000.0;
-    Some((
-        (t(11)? + t(12)?) * US_PER_TICK,
-        (t(13)? + t(14)?) * US_PER_TICK,
-    ))
 }
 
 /// CPU time of a cell's two sides, read before and after it.
@@ -278,22 +259,5 @@ mod tests {
         assert!(ns > 5.0 && ns < 100_000.0, "{ns} ns");
         // Only the measuring threads were pinned, not this one.
         assert!(allowed_cpus().len() >= 2);
-    }
-
-    /// The raw baseline verifies every echoed batch (it asserts), and counts messages, not
-    /// rounds, at depth 8.
-
-    #[test]
-    #[cfg(target_os = "linux")]
-    fn cpu_of_this_process_is_read_and_grows() {
-        let (a, _) = proc_cpu_us(None).expect("/proc/self/stat parses");
-        let mut x = 0u64;
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_millis(50) {
-            x = x.wrapping_add(std::hint::black_box(1));
-        }
-        let (b, _) = proc_cpu_us(None).expect("/proc/self/stat parses");
-        assert!(b >= a, "{a} -> {b} ({x})");
-        assert!(proc_cpu_us(Some(std::process::id())).is_some());
     }
 }

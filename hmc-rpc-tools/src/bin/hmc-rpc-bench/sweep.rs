@@ -19,8 +19,9 @@ use crate::Args;
 use crate::baselines::start_server;
 use crate::hmc::bench_conns;
 use crate::measure::fmt_size;
+use crate::raw_sweep::{raw_step, raw_table};
 use hmc_rpc_tools::sweep::{
-    SweepPlan, SweepPoint, bytes_per_conn, raise_fd_limit, rss_kib, tables,
+    CpuMeter, SweepPlan, SweepPoint, bytes_per_conn, raise_fd_limit, rss_kib, tables,
 };
 
 /// How long one connect (and the first call on it) may take before the step stops with
@@ -41,9 +42,25 @@ pub(crate) async fn run_sweep(
         args.seconds,
         limits.map_or("unknown".into(), |(s, h)| format!("{s} (hard {h})"))
     );
+    let raw = std::cell::RefCell::new(Vec::new());
     let (points, stopped) = plan
         .run(
-            |n| sweep_step(args, server_bin, n, size, depth),
+            |n| {
+                let raw = &raw;
+                async move {
+                    let point = sweep_step(args, server_bin, n, size, depth).await?;
+                    if args.sweep_raw {
+                        match raw_step(args, n).await {
+                            Ok(r) => {
+                                eprintln!("  raw tokio echo: {:.0}/s", r.rate);
+                                raw.borrow_mut().push(r);
+                            }
+                            Err(e) => eprintln!("  raw tokio echo failed: {e}"),
+                        }
+                    }
+                    Ok(point)
+                }
+            },
             |line| eprintln!("{line}"),
         )
         .await;
@@ -64,6 +81,9 @@ pub(crate) async fn run_sweep(
             limits,
         )
     );
+    if args.sweep_raw {
+        print!("{}", raw_table(&raw.borrow()));
+    }
     if points.is_empty() {
         return Err(format!("no sweep step completed ({stopped})"));
     }
@@ -110,7 +130,9 @@ async fn sweep_step(
     let idle = before
         .zip(rss_kib(pid))
         .map(|(b, a)| bytes_per_conn(b, a, n));
+    let cpu = CpuMeter::start(pid);
     let cell = bench_conns(conns, size, depth, args.seconds, "hmc-rpc", None).await?;
+    let cpu_us_per_op = cpu.per_op(cell.calls);
     let loaded = before
         .zip(rss_kib(pid))
         .map(|(b, a)| bytes_per_conn(b, a, n));
@@ -123,6 +145,7 @@ async fn sweep_step(
         p99_us: cell.p99,
         idle_bytes_per_conn: idle,
         loaded_bytes_per_conn: loaded,
+        cpu_us_per_op,
     })
 }
 
