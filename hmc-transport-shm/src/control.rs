@@ -182,6 +182,36 @@ impl Drop for Announced<'_> {
     }
 }
 
+/// A use of a peer's mapping announced on its control page for as long as this value
+/// lives (a [`hmc_core::RemoteView`]), not one chunk: the owner's rekey waits for it.
+pub(crate) struct Held {
+    map: Arc<Mapping>,
+    slot: usize,
+}
+
+impl Held {
+    /// Announces a use of `map` under the key `words`; `None` when the key is not current
+    /// (or the mapping has no control page).
+    pub(crate) fn enter(map: Arc<Mapping>, words: KeyWords) -> Option<Held> {
+        let announced = map.control()?.enter(words)?;
+        // The count stays up until `Held` drops and takes it down itself.
+        std::mem::forget(announced);
+        Some(Held {
+            map,
+            slot: my_slot(),
+        })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // SAFETY: `enter` found a control page in this mapping, so it is at least
+        // CONTROL_LEN long, page aligned, and alive as long as `self.map`.
+        let page = unsafe { Page::raw(self.map.ptr(), self.map.len()) };
+        page.busy[self.slot].fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// One descriptor of a batch that goes through a peer's mapping under a checked key.
 pub(crate) struct Span {
     /// The peer's memory, mapped here; its control page was found.
