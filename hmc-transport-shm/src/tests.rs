@@ -416,3 +416,45 @@ async fn user_memory_and_regions_not_yet_mapped_have_no_view() {
     let e = a.view(&ep, &key, 0, 4096, Access::WRITE).unwrap_err();
     assert!(matches!(e, Error::AccessDenied(_)), "{e}");
 }
+
+/// A peer stopped mid-chunk makes the owner's rekey wait up to `revoke_timeout`. `rekey`
+/// is called in place on runtime workers (it rarely waits), so that wait must leave the
+/// worker to the tasks queued on it: with one worker, another task still runs while the
+/// rekey waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_rekey_waiting_for_a_stopped_peer_leaves_its_worker_to_other_tasks() {
+    let revoke = Duration::from_millis(500);
+    let (a, b, ep, target, local) = mapped_and_rekeyed(revoke).await;
+    let key = a.import(&ep, &b.export(&target).unwrap()).unwrap();
+    read_all(&a, &ep, &local, &key).await.unwrap();
+    let r = target.region();
+    let map_len = r.len.div_ceil(4096) * 4096 + crate::control::CONTROL_LEN;
+    // SAFETY: the allocation's own mapping, alive while `target` is.
+    let page = unsafe { crate::control::Page::at(r.addr as *mut u8, map_len) }.unwrap();
+    let export = b.export(&target).unwrap();
+    let word = crate::control::token_words(export.key[8..].try_into().unwrap());
+    let stuck = page.enter(word).expect("the key is current");
+    let (poke, poked) = tokio::sync::oneshot::channel::<()>();
+    let (ack, acked) = std::sync::mpsc::channel();
+    tokio::spawn(async move {
+        let _ = poked.await;
+        let _ = ack.send(Instant::now());
+    });
+    let rekeying = tokio::spawn(async move {
+        let r = b.rekey(&target);
+        (r.is_err(), Instant::now(), target)
+    });
+    // This test's body runs on its own thread, not the runtime's one worker.
+    std::thread::sleep(Duration::from_millis(100));
+    poke.send(()).unwrap();
+    let answered = acked.recv_timeout(Duration::from_secs(10)).unwrap();
+    let (failed, ended, target) = rekeying.await.unwrap();
+    // Withdrawn while the mapping it lies in is alive (`target` unmaps it when it drops).
+    drop(stuck);
+    drop(target);
+    assert!(failed, "the stopped peer's copy never ended");
+    assert!(
+        answered < ended,
+        "the other task ran only after the rekey gave up: the wait held the worker"
+    );
+}
