@@ -15,7 +15,13 @@
 //! Copies per call: the server's READ and WRITE move the bytes once each way. The client
 //! copies the request into a pooled buffer, unless the caller wrote it there in the first
 //! place ([`ClientDataPlane::request_buffer`]); the response reaches the caller as a view
-//! of the pooled response buffer, without a copy.
+//! of the pooled response buffer, without a copy. Where the transport maps the client's
+//! buffers ([`hmc_core::Communicator::view`]: shared memory, from a buffer's second use
+//! on), a handler registered with
+//! [`Dispatcher::register_raw_in_place`](crate::Dispatcher::register_raw_in_place) reads
+//! the request in place (no READ), and a large response is copied once, straight into the
+//! client's response region (no WRITE from a server buffer): an echo costs one copy on
+//! the server instead of two.
 //!
 //! Device methods ([`crate::Dispatcher::register_device`]) take a pipelined path on the
 //! server: the payload is READ a chunk at a time into one of two pooled bounce buffers
