@@ -373,6 +373,12 @@ impl<C: Communicator> ServerDp<C> {
             .as_ref()
             .is_some_and(|r| r.region.len >= resp.len());
         if resp.len() < self.config.threshold {
+            // A small answer that is a slice of a viewed request would hold the client's
+            // buffer until the frame is written: copy its few bytes and let the view go now.
+            let resp = match req {
+                None => Bytes::copy_from_slice(&resp),
+                Some(_) => resp,
+            };
             return Ok(Served::Answer(Ok(resp)));
         }
         if !fits {
