@@ -304,21 +304,30 @@ async fn mapped_keys_are_checked_on_the_control_page_and_stale_ones_refused() {
     assert!(matches!(e, Error::InvalidKey(_)), "deregistered: {e}");
 }
 
+/// A peer stopped in the middle of a chunk: its copy is announced on `target`'s control
+/// page (the page the peer maps is this very memory's last page) under the current key and
+/// never withdrawn. Drop it before `target`, which unmaps the page.
+fn stopped_peer_copy(
+    b: &ShmCommunicator,
+    target: &crate::ShmRegistration,
+) -> crate::control::Announced<'static> {
+    let r = target.region();
+    let map_len = r.len.div_ceil(4096) * 4096 + crate::control::CONTROL_LEN;
+    // SAFETY: the allocation's own mapping, alive while `target` is; callers drop the
+    // announcement before `target`.
+    let page = unsafe { crate::control::Page::at(r.addr as *mut u8, map_len) }.unwrap();
+    let export = b.export(target).unwrap();
+    let word = crate::control::token_words(export.key[8..].try_into().unwrap());
+    page.enter(word).expect("the key is current")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_stuck_mid_chunk_fails_the_rekey_so_the_memory_is_not_reused() {
     let revoke = Duration::from_millis(300);
     let (a, b, ep, target, local) = mapped_and_rekeyed(revoke).await;
     let key = a.import(&ep, &b.export(&target).unwrap()).unwrap();
     read_all(&a, &ep, &local, &key).await.unwrap();
-    // A peer stopped in the middle of a chunk: its copy is announced on the control page
-    // (the page the peer maps is this very memory's last page) and never withdrawn.
-    let r = target.region();
-    let map_len = r.len.div_ceil(4096) * 4096 + crate::control::CONTROL_LEN;
-    // SAFETY: the allocation's own mapping, alive while `target` is.
-    let page = unsafe { crate::control::Page::at(r.addr as *mut u8, map_len) }.unwrap();
-    let export = b.export(&target).unwrap();
-    let word = crate::control::token_words(export.key[8..].try_into().unwrap());
-    let stuck = page.enter(word).expect("the key is current");
+    let stuck = stopped_peer_copy(&b, &target);
     let start = Instant::now();
     let e = b.rekey(&target).unwrap_err();
     let took = start.elapsed();
@@ -427,13 +436,7 @@ async fn a_rekey_waiting_for_a_stopped_peer_leaves_its_worker_to_other_tasks() {
     let (a, b, ep, target, local) = mapped_and_rekeyed(revoke).await;
     let key = a.import(&ep, &b.export(&target).unwrap()).unwrap();
     read_all(&a, &ep, &local, &key).await.unwrap();
-    let r = target.region();
-    let map_len = r.len.div_ceil(4096) * 4096 + crate::control::CONTROL_LEN;
-    // SAFETY: the allocation's own mapping, alive while `target` is.
-    let page = unsafe { crate::control::Page::at(r.addr as *mut u8, map_len) }.unwrap();
-    let export = b.export(&target).unwrap();
-    let word = crate::control::token_words(export.key[8..].try_into().unwrap());
-    let stuck = page.enter(word).expect("the key is current");
+    let stuck = stopped_peer_copy(&b, &target);
     let (poke, poked) = tokio::sync::oneshot::channel::<()>();
     let (ack, acked) = std::sync::mpsc::channel();
     tokio::spawn(async move {
