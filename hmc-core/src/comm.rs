@@ -496,6 +496,27 @@ pub trait Communicator: Send + Sync + 'static {
     /// ([`RemoteRegion::check_transport`]).
     fn import(&self, ep: &Self::Endpoint, remote: &RemoteRegion) -> Result<Self::RemoteKey>;
 
+    /// The peer's region `remote`, `len` bytes at `offset`, mapped into this process for
+    /// `access` in place, where this transport has it mapped (shared memory): the caller
+    /// reads or writes it directly instead of through a [`Communicator::transfer`] into a
+    /// local registration, saving a copy. The key is checked as a transfer would check it
+    /// (bounds, rights, not revoked); while the view lives the key counts as in use, so the
+    /// owner's [`Communicator::rekey`] waits for it, as it waits for a transfer in progress.
+    ///
+    /// `Ok(None)` (the default): not mappable here (another transport, a region not mapped
+    /// yet, user memory); use `transfer`. A caller must handle `None` as the normal case.
+    fn view(
+        &self,
+        ep: &Self::Endpoint,
+        remote: &Self::RemoteKey,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<Option<crate::RemoteView>> {
+        let _ = (ep, remote, offset, len, access);
+        Ok(None)
+    }
+
     /// Runs a batch of descriptors of one direction against one peer.
     fn transfer(
         &self,

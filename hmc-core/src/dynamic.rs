@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use crate::{
     Access, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
-    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId,
+    PeerAddr, Region, RemoteRegion, RemoteView, Result, TransferDesc, TransportId,
 };
 
 /// A boxed, `Send` future: what the object-safe methods return.
@@ -119,6 +119,15 @@ pub trait DynCommunicator: Send + Sync + 'static {
     /// See [`Communicator::import`].
     fn dyn_import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey>;
     /// See [`Communicator::transfer`].
+    /// [`Communicator::view`].
+    fn dyn_view(
+        &self,
+        ep: &DynEndpoint,
+        remote: &DynRemoteKey,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<Option<RemoteView>>;
     fn dyn_transfer<'a>(
         &'a self,
         ep: &'a DynEndpoint,
@@ -190,6 +199,24 @@ impl<C: Communicator> DynCommunicator for C {
         Ok(DynRemoteKey(Box::new(Communicator::import(
             self, ep, remote,
         )?)))
+    }
+
+    fn dyn_view(
+        &self,
+        ep: &DynEndpoint,
+        remote: &DynRemoteKey,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<Option<RemoteView>> {
+        let ep =
+            ep.0.downcast_ref::<C::Endpoint>()
+                .ok_or_else(|| foreign("endpoint"))?;
+        let key = remote
+            .0
+            .downcast_ref::<C::RemoteKey>()
+            .ok_or_else(|| foreign("remote key"))?;
+        Communicator::view(self, ep, key, offset, len, access)
     }
 
     fn dyn_transfer<'a>(
@@ -315,6 +342,17 @@ impl Communicator for AnyCommunicator {
 
     fn import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey> {
         self.0.dyn_import(ep, remote)
+    }
+
+    fn view(
+        &self,
+        ep: &DynEndpoint,
+        remote: &DynRemoteKey,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<Option<RemoteView>> {
+        self.0.dyn_view(ep, remote, offset, len, access)
     }
 
     async fn transfer(

@@ -108,6 +108,7 @@ mod staging;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod ticket;
+mod view;
 
 pub use caps::{CommCapabilities, DeviceMemoryPath, MemoryCapabilities, MemoryKinds};
 pub use comm::{
@@ -127,3 +128,4 @@ pub use memory::{
 pub use no_comm::{NoCommunicator, NoRegistration};
 pub use staging::{Stager, StagingConfig};
 pub use ticket::RegionTicket;
+pub use view::RemoteView;

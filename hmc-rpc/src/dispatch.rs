@@ -331,6 +331,8 @@ where
 pub struct Dispatcher {
     methods: IdMap<u32, Handler>,
     devices: IdMap<u32, Arc<dyn DeviceRoute>>,
+    /// Methods registered with [`Dispatcher::register_raw_in_place`].
+    in_place: IdMap<u32, ()>,
 }
 
 impl Dispatcher {
@@ -341,6 +343,7 @@ impl Dispatcher {
 
     fn insert(&mut self, id: u32, h: Handler) -> &mut Self {
         self.devices.remove(&id);
+        self.in_place.remove(&id);
         if self.methods.insert(id, h).is_some() {
             tracing::warn!(
                 method_id = id,
@@ -476,6 +479,34 @@ impl Dispatcher {
             id,
             Handler::Async(Arc::new(move |ctx, bytes| Box::pin(handler(ctx, bytes)))),
         )
+    }
+
+    /// A raw-bytes async method whose request may be handed to it in place: over a data
+    /// plane that maps the client's memory (shared memory,
+    /// [`hmc_core::Communicator::view`]), the payload is a view of the client's request
+    /// buffer instead of a copy READ into a server buffer.
+    ///
+    /// The view is for the call: the client lent the buffer for it, and its next use of
+    /// the buffer (after rekeying it) waits until every clone of the payload is dropped.
+    /// Copy what you keep past the call (`Bytes::copy_from_slice`); a payload kept longer
+    /// makes the client's rekey wait up to its transport's revoke timeout and then drop
+    /// the buffer instead of reusing it. Where the request cannot be viewed (another
+    /// transport, a region not mapped yet, TCP_STREAM or INLINE), the payload is an
+    /// ordinary copy, as for [`Dispatcher::register_raw`].
+    pub fn register_raw_in_place<F, Fut>(&mut self, id: u32, handler: F) -> &mut Self
+    where
+        F: Fn(CallContext, Bytes) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HandlerResult> + Send + 'static,
+    {
+        self.register_raw(id, handler);
+        self.in_place.insert(id, ());
+        self
+    }
+
+    /// True when `id`'s handler takes its request in place
+    /// ([`Dispatcher::register_raw_in_place`]).
+    pub(crate) fn takes_in_place(&self, id: u32) -> bool {
+        self.in_place.contains_key(&id)
     }
 
     /// A raw-bytes blocking method, run on the worker pool.

@@ -678,7 +678,10 @@ fn start_call(
         let conn_use = conn_use.clone();
         let work = match shared.dispatcher.device_route(method) {
             Some(route) => Work::Device(ctx, route.clone()),
-            None => Work::Bytes(runner(shared.clone(), handler.clone(), ctx)),
+            None => Work::Bytes {
+                in_place: shared.dispatcher.takes_in_place(method),
+                run: runner(shared.clone(), handler.clone(), ctx),
+            },
         };
         let serving = dp.serve(conn_use, payload, len, deadline, work);
         let grace = shared.config.handler_cancel_grace;

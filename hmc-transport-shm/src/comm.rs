@@ -20,6 +20,7 @@ use crate::chunk::{self, Chunk};
 use crate::cma::{self, PeerCred};
 use crate::control::{self, Page};
 use crate::device::{Devices, IpcLease};
+use crate::key::ShmRemoteKey;
 use crate::mapped::{self, FdReader, Mapping, SharedAlloc};
 use crate::target::{RegEntry, Target};
 use crate::wire::{self, KEY_LEN, Msg, Refusal, TOKEN_LEN};
@@ -403,26 +404,6 @@ impl Drop for ShmRegistration {
     }
 }
 
-/// A peer's region imported for one endpoint.
-pub struct ShmRemoteKey {
-    endpoint: u64,
-    device: hmc_core::Device,
-    key: KeyId,
-    len: u64,
-    access: Access,
-}
-
-impl std::fmt::Debug for ShmRemoteKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The token is a secret: never logged.
-        f.debug_struct("ShmRemoteKey")
-            .field("id", &self.key.0)
-            .field("len", &self.len)
-            .field("access", &self.access)
-            .finish_non_exhaustive()
-    }
-}
-
 /// A [`Communicator`] over cross-memory attach. Share it with `Arc`; dropping it closes it.
 pub struct ShmCommunicator {
     target: Arc<Target>,
@@ -729,6 +710,19 @@ impl Communicator for ShmCommunicator {
             len: remote.region.len as u64,
             access: remote.access,
         })
+    }
+
+    fn view(
+        &self,
+        ep: &ShmEndpoint,
+        remote: &ShmRemoteKey,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<Option<hmc_core::RemoteView>> {
+        self.check_open()?;
+        let ep = &*ep.inner.shared;
+        crate::key::view(ep.id, &ep.maps.lock(), remote, offset, len, access)
     }
 
     async fn transfer(

@@ -124,23 +124,27 @@ impl Page {
     }
 
     /// Owner: waits until no copy is announced, or `until`. False when some still was
-    /// (a peer stopped or dead mid-chunk).
+    /// (a peer stopped or dead mid-chunk). Past a short spin, the wait runs through
+    /// [`off_worker`], so a stopped peer does not hold a runtime worker.
     pub(crate) fn wait_idle(&self, until: Instant) -> bool {
-        let mut spins = 0u32;
-        loop {
-            if self.busy.iter().all(|b| b.load(Ordering::SeqCst) == 0) {
+        let idle = || self.busy.iter().all(|b| b.load(Ordering::SeqCst) == 0);
+        for _ in 0..64 {
+            if idle() {
                 return true;
             }
-            if Instant::now() >= until {
-                return false;
-            }
-            spins += 1;
-            if spins < 64 {
-                std::hint::spin_loop();
-            } else {
+            std::hint::spin_loop();
+        }
+        off_worker(|| {
+            loop {
+                if idle() {
+                    return true;
+                }
+                if Instant::now() >= until {
+                    return false;
+                }
                 std::thread::sleep(std::time::Duration::from_micros(20));
             }
-        }
+        })
     }
 
     /// The registration's length and access, as its owner wrote them.
@@ -173,12 +177,57 @@ impl Page {
     }
 }
 
+/// Runs `f`, a wait on peers (revocation), so that it does not hold a tokio worker: on a
+/// multi-thread runtime's worker through `block_in_place` (the worker's other tasks move
+/// to another thread meanwhile); elsewhere (a plain thread, a current-thread runtime)
+/// directly. `rekey` and deregistration are synchronous and are called in place on
+/// workers (`CommCapabilities::key_ops_wait` is false: they rarely wait), so the rare wait
+/// for a stopped peer, up to `revoke_timeout`, must not stall the tasks queued there.
+pub(crate) fn off_worker<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 /// A copy in progress, announced on a control page; withdrawn on drop.
 pub(crate) struct Announced<'a>(&'a AtomicU32);
 
 impl Drop for Announced<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A use of a peer's mapping announced on its control page for as long as this value
+/// lives (a [`hmc_core::RemoteView`]), not one chunk: the owner's rekey waits for it.
+pub(crate) struct Held {
+    map: Arc<Mapping>,
+    slot: usize,
+}
+
+impl Held {
+    /// Announces a use of `map` under the key `words`; `None` when the key is not current
+    /// (or the mapping has no control page).
+    pub(crate) fn enter(map: Arc<Mapping>, words: KeyWords) -> Option<Held> {
+        let announced = map.control()?.enter(words)?;
+        // The count stays up until `Held` drops and takes it down itself.
+        std::mem::forget(announced);
+        Some(Held {
+            map,
+            slot: my_slot(),
+        })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // SAFETY: `enter` found a control page in this mapping, so it is at least
+        // CONTROL_LEN long, page aligned, and alive as long as `self.map`.
+        let page = unsafe { Page::raw(self.map.ptr(), self.map.len()) };
+        page.busy[self.slot].fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -118,6 +118,7 @@ mod comm;
 mod control;
 mod device;
 mod host;
+mod key;
 mod local_first;
 mod mapped;
 mod target;
@@ -126,7 +127,8 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-pub use comm::{ShmCommunicator, ShmEndpoint, ShmRegistration, ShmRemoteKey};
+pub use comm::{ShmCommunicator, ShmEndpoint, ShmRegistration};
+pub use key::ShmRemoteKey;
 pub use local_first::{LocalFirst, LocalFirstEndpoint, LocalFirstKey, LocalFirstRegistration};
 
 /// This transport's wire number, [`TransportId::SHM`].

@@ -335,6 +335,22 @@ impl<C: Communicator> LocalFirst<C> {
         connected.as_ref()
     }
 
+    /// The shared-memory half of `remote`, imported on `sep` at its first use.
+    fn shm_key<'k>(
+        shm: &ShmCommunicator,
+        sep: &ShmEndpoint,
+        remote: &'k LocalFirstKey<C>,
+    ) -> Result<&'k ShmRemoteKey> {
+        let (desc, cell) = remote.shm.as_ref().expect("checked by the caller");
+        if let Some(k) = cell.get() {
+            return Ok(k);
+        }
+        let k = shm.import(sep, desc)?;
+        // A racing import of the same key leaves an equal one in the cell.
+        let _ = cell.set(k);
+        Ok(cell.get().expect("set above"))
+    }
+
     async fn shm_transfer(
         &self,
         shm: &ShmCommunicator,
@@ -343,20 +359,10 @@ impl<C: Communicator> LocalFirst<C> {
         batch: &[TransferDesc<'_, Self>],
         deadline: Deadline,
     ) -> Result<()> {
-        let mut keys = Vec::with_capacity(batch.len());
-        for d in batch {
-            let (desc, cell) = d.remote.shm.as_ref().expect("checked by the caller");
-            let key = match cell.get() {
-                Some(k) => k,
-                None => {
-                    let k = shm.import(sep, desc)?;
-                    // A racing import of the same key leaves an equal one in the cell.
-                    let _ = cell.set(k);
-                    cell.get().expect("set above")
-                }
-            };
-            keys.push(key);
-        }
+        let keys = batch
+            .iter()
+            .map(|d| Self::shm_key(shm, sep, d.remote))
+            .collect::<Result<Vec<_>>>()?;
         let descs: Vec<TransferDesc<'_, ShmCommunicator>> = batch
             .iter()
             .zip(&keys)
@@ -511,6 +517,26 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
             _ => None,
         };
         Ok(LocalFirstKey { net, shm })
+    }
+
+    /// Through shared memory only, once this endpoint's batches go that way and the peer's
+    /// region has a shared-memory half; else `Ok(None)`.
+    fn view(
+        &self,
+        ep: &Self::Endpoint,
+        remote: &Self::RemoteKey,
+        offset: u64,
+        len: usize,
+        access: Access,
+    ) -> Result<Option<hmc_core::RemoteView>> {
+        let (Some(shm), Some(Some(sep))) = (&self.shm, ep.side.ep.get()) else {
+            return Ok(None);
+        };
+        if remote.shm.is_none() {
+            return Ok(None);
+        }
+        let key = Self::shm_key(shm, sep, remote)?;
+        shm.view(sep, key, offset, len, access)
     }
 
     async fn transfer(

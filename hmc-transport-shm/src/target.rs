@@ -402,32 +402,38 @@ impl Target {
         let until = Instant::now() + self.config.revoke_timeout;
         let ids: Vec<u64> = by_conn.into_values().flatten().collect();
         let mut leases = self.leases.lock();
-        loop {
-            let left = ids.iter().filter(|i| leases.contains_key(i)).count();
-            if left == 0 {
-                return 0;
-            }
-            if self.released.wait_until(&mut leases, until).timed_out() {
-                let left: Vec<u64> = ids
-                    .iter()
-                    .copied()
-                    .filter(|i| leases.contains_key(i))
-                    .collect();
-                if left.is_empty() {
+        if ids.iter().all(|i| !leases.contains_key(i)) {
+            return 0;
+        }
+        // Peers still hold leases: wait where it holds no runtime worker.
+        crate::control::off_worker(|| {
+            loop {
+                let left = ids.iter().filter(|i| leases.contains_key(i)).count();
+                if left == 0 {
                     return 0;
                 }
-                tracing::warn!(
-                    registration = entry.id,
-                    leases = left.len(),
-                    timeout = ?self.config.revoke_timeout,
-                    "peers did not release their leases within revoke_timeout; giving up on them"
-                );
-                left.iter().for_each(|i| {
-                    leases.remove(i);
-                });
-                return left.len();
+                if self.released.wait_until(&mut leases, until).timed_out() {
+                    let left: Vec<u64> = ids
+                        .iter()
+                        .copied()
+                        .filter(|i| leases.contains_key(i))
+                        .collect();
+                    if left.is_empty() {
+                        return 0;
+                    }
+                    tracing::warn!(
+                        registration = entry.id,
+                        leases = left.len(),
+                        timeout = ?self.config.revoke_timeout,
+                        "peers did not release their leases within revoke_timeout; giving up on them"
+                    );
+                    left.iter().for_each(|i| {
+                        leases.remove(i);
+                    });
+                    return left.len();
+                }
             }
-        }
+        })
     }
 
     /// Leases granted and not yet released (for tests and monitoring).

@@ -304,21 +304,30 @@ async fn mapped_keys_are_checked_on_the_control_page_and_stale_ones_refused() {
     assert!(matches!(e, Error::InvalidKey(_)), "deregistered: {e}");
 }
 
+/// A peer stopped in the middle of a chunk: its copy is announced on `target`'s control
+/// page (the page the peer maps is this very memory's last page) under the current key and
+/// never withdrawn. Drop it before `target`, which unmaps the page.
+fn stopped_peer_copy(
+    b: &ShmCommunicator,
+    target: &crate::ShmRegistration,
+) -> crate::control::Announced<'static> {
+    let r = target.region();
+    let map_len = r.len.div_ceil(4096) * 4096 + crate::control::CONTROL_LEN;
+    // SAFETY: the allocation's own mapping, alive while `target` is; callers drop the
+    // announcement before `target`.
+    let page = unsafe { crate::control::Page::at(r.addr as *mut u8, map_len) }.unwrap();
+    let export = b.export(target).unwrap();
+    let word = crate::control::token_words(export.key[8..].try_into().unwrap());
+    page.enter(word).expect("the key is current")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_stuck_mid_chunk_fails_the_rekey_so_the_memory_is_not_reused() {
     let revoke = Duration::from_millis(300);
     let (a, b, ep, target, local) = mapped_and_rekeyed(revoke).await;
     let key = a.import(&ep, &b.export(&target).unwrap()).unwrap();
     read_all(&a, &ep, &local, &key).await.unwrap();
-    // A peer stopped in the middle of a chunk: its copy is announced on the control page
-    // (the page the peer maps is this very memory's last page) and never withdrawn.
-    let r = target.region();
-    let map_len = r.len.div_ceil(4096) * 4096 + crate::control::CONTROL_LEN;
-    // SAFETY: the allocation's own mapping, alive while `target` is.
-    let page = unsafe { crate::control::Page::at(r.addr as *mut u8, map_len) }.unwrap();
-    let export = b.export(&target).unwrap();
-    let word = crate::control::token_words(export.key[8..].try_into().unwrap());
-    let stuck = page.enter(word).expect("the key is current");
+    let stuck = stopped_peer_copy(&b, &target);
     let start = Instant::now();
     let e = b.rekey(&target).unwrap_err();
     let took = start.elapsed();
@@ -333,5 +342,122 @@ async fn a_copy_stuck_mid_chunk_fails_the_rekey_so_the_memory_is_not_reused() {
     assert!(
         b.rekey(&target).unwrap(),
         "the copy ended: rekeying works again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_of_mapped_memory_is_used_in_place_and_holds_off_the_owners_rekey() {
+    let (a, b, ep, target, local) = mapped_and_rekeyed(Duration::from_secs(5)).await;
+    let key = a.import(&ep, &b.export(&target).unwrap()).unwrap();
+    let pattern: Vec<u8> = (0..64 << 10).map(|i| (i % 251) as u8).collect();
+    local.write_at(0, &MemSpan::host(&pattern)).unwrap();
+    let d = [TransferDesc {
+        local: local.registration(),
+        local_offset: 0,
+        remote: &key,
+        remote_offset: 0,
+        len: 64 << 10,
+    }];
+    a.transfer(&ep, Op::Write, &d, Deadline::default())
+        .await
+        .unwrap();
+    let view = a.view(&ep, &key, 100, 1000, Access::READ).unwrap();
+    let view = view.expect("mapped shared memory has a view");
+    assert_eq!(view.as_slice().unwrap(), &pattern[100..1100]);
+    let w = a.view(&ep, &key, 0, 16, Access::WRITE).unwrap().unwrap();
+    w.write(0, &[7; 16]).unwrap();
+    drop(w);
+    read_all(&a, &ep, &local, &key).await.unwrap();
+    let mut back = vec![0u8; 16];
+    local
+        .read_at(0, &mut hmc_core::MemSpanMut::host(&mut back))
+        .unwrap();
+    assert_eq!(back, [7; 16], "written in place, seen by a transfer");
+    let e = a.view(&ep, &key, 64 << 10, 1, Access::READ).unwrap_err();
+    assert!(matches!(e, Error::OutOfBounds { .. }), "{e}");
+    // The owner's rekey waits for the view, as for a copy in progress.
+    let rekey = std::thread::spawn({
+        let (b, target) = (b.clone(), Arc::new(target));
+        move || (b.rekey(&target), target)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !rekey.is_finished(),
+        "the rekey returned while a view lived"
+    );
+    drop(view);
+    let (done, _target) = rekey.join().unwrap();
+    assert!(done.unwrap(), "the view ended: the rekey completes");
+    let e = a.view(&ep, &key, 0, 16, Access::READ).unwrap_err();
+    assert!(matches!(e, Error::InvalidKey(_)), "after the rekey: {e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_held_past_the_revoke_timeout_fails_the_rekey() {
+    let revoke = Duration::from_millis(200);
+    let (a, b, ep, target, _local) = mapped_and_rekeyed(revoke).await;
+    let key = a.import(&ep, &b.export(&target).unwrap()).unwrap();
+    let view = a.view(&ep, &key, 0, 4096, Access::READ).unwrap().unwrap();
+    let e = b.rekey(&target).unwrap_err();
+    assert!(matches!(e, Error::DeadlineExceeded { .. }), "{e}");
+    assert!(
+        a.view(&ep, &key, 0, 4096, Access::READ).is_err(),
+        "the old key is dead all the same"
+    );
+    drop(view);
+    assert!(b.rekey(&target).unwrap(), "rekeying works again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_memory_and_regions_not_yet_mapped_have_no_view() {
+    let (a, b) = (bind(Duration::from_secs(2)), bind(Duration::from_secs(2)));
+    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+    let user =
+        RegisteredBuffer::new(Arc::new(HostMemory::new()), b.clone(), 4096, Access::READ).unwrap();
+    let key = a.import(&ep, &user.export().unwrap()).unwrap();
+    assert!(a.view(&ep, &key, 0, 4096, Access::READ).unwrap().is_none());
+    let shared = b.alloc_registered(4096, Access::READ).unwrap().unwrap();
+    let key = a.import(&ep, &b.export(&shared).unwrap()).unwrap();
+    assert!(
+        a.view(&ep, &key, 0, 4096, Access::READ).unwrap().is_none(),
+        "no transfer has mapped it yet"
+    );
+    let e = a.view(&ep, &key, 0, 4096, Access::WRITE).unwrap_err();
+    assert!(matches!(e, Error::AccessDenied(_)), "{e}");
+}
+
+/// A peer stopped mid-chunk makes the owner's rekey wait up to `revoke_timeout`. `rekey`
+/// is called in place on runtime workers (it rarely waits), so that wait must leave the
+/// worker to the tasks queued on it: with one worker, another task still runs while the
+/// rekey waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_rekey_waiting_for_a_stopped_peer_leaves_its_worker_to_other_tasks() {
+    let revoke = Duration::from_millis(500);
+    let (a, b, ep, target, local) = mapped_and_rekeyed(revoke).await;
+    let key = a.import(&ep, &b.export(&target).unwrap()).unwrap();
+    read_all(&a, &ep, &local, &key).await.unwrap();
+    let stuck = stopped_peer_copy(&b, &target);
+    let (poke, poked) = tokio::sync::oneshot::channel::<()>();
+    let (ack, acked) = std::sync::mpsc::channel();
+    tokio::spawn(async move {
+        let _ = poked.await;
+        let _ = ack.send(Instant::now());
+    });
+    let rekeying = tokio::spawn(async move {
+        let r = b.rekey(&target);
+        (r.is_err(), Instant::now(), target)
+    });
+    // This test's body runs on its own thread, not the runtime's one worker.
+    std::thread::sleep(Duration::from_millis(100));
+    poke.send(()).unwrap();
+    let answered = acked.recv_timeout(Duration::from_secs(10)).unwrap();
+    let (failed, ended, target) = rekeying.await.unwrap();
+    // Withdrawn while the mapping it lies in is alive (`target` unmaps it when it drops).
+    drop(stuck);
+    drop(target);
+    assert!(failed, "the stopped peer's copy never ended");
+    assert!(
+        answered < ended,
+        "the other task ran only after the rekey gave up: the wait held the worker"
     );
 }

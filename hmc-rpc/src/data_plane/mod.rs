@@ -15,7 +15,13 @@
 //! Copies per call: the server's READ and WRITE move the bytes once each way. The client
 //! copies the request into a pooled buffer, unless the caller wrote it there in the first
 //! place ([`ClientDataPlane::request_buffer`]); the response reaches the caller as a view
-//! of the pooled response buffer, without a copy.
+//! of the pooled response buffer, without a copy. Where the transport maps the client's
+//! buffers ([`hmc_core::Communicator::view`]: shared memory, from a buffer's second use
+//! on), a handler registered with
+//! [`Dispatcher::register_raw_in_place`](crate::Dispatcher::register_raw_in_place) reads
+//! the request in place (no READ), and a large response is copied once, straight into the
+//! client's response region (no WRITE from a server buffer): an echo costs one copy on
+//! the server instead of two.
 //!
 //! Device methods ([`crate::Dispatcher::register_device`]) take a pipelined path on the
 //! server: the payload is READ a chunk at a time into one of two pooled bounce buffers
@@ -94,6 +100,13 @@ pub struct DataPlaneStats {
     pub lent_requests: u64,
     /// Responses written one-sided into a client's region.
     pub buffer_responses: u64,
+    /// Server: requests handed to their handler as a view of the client's buffer
+    /// ([`Dispatcher::register_raw_in_place`](crate::Dispatcher::register_raw_in_place)),
+    /// not READ.
+    pub viewed_requests: u64,
+    /// Server: of `buffer_responses`, those copied straight into the client's mapped
+    /// response region ([`hmc_core::Communicator::view`]), not WRITTEN from a local buffer.
+    pub viewed_responses: u64,
     /// Client: large calls sent TCP_STREAM because the data plane could not be prepared.
     /// Server: large responses sent TCP_STREAM (no region, too small, pool exhausted).
     pub fallbacks: u64,
@@ -110,6 +123,8 @@ pub(crate) struct Counters {
     buffer_calls: AtomicU64,
     lent_requests: AtomicU64,
     buffer_responses: AtomicU64,
+    viewed_requests: AtomicU64,
+    viewed_responses: AtomicU64,
     fallbacks: AtomicU64,
     failures: AtomicU64,
 }
@@ -123,6 +138,8 @@ impl Counters {
             buffer_calls: self.buffer_calls.load(Ordering::Relaxed),
             lent_requests: self.lent_requests.load(Ordering::Relaxed),
             buffer_responses: self.buffer_responses.load(Ordering::Relaxed),
+            viewed_requests: self.viewed_requests.load(Ordering::Relaxed),
+            viewed_responses: self.viewed_responses.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
             failures: self.failures.load(Ordering::Relaxed),
             endpoints: 0,
@@ -144,8 +161,16 @@ pub(crate) type RunHandler = Box<dyn FnOnce(Bytes) -> BoxFuture<'static, Handler
 
 /// What an HMC_BUFFER call runs on its payload.
 pub(crate) enum Work {
-    /// A handler of host bytes: the payload is pulled whole into a pooled buffer.
-    Bytes(RunHandler),
+    /// A handler of host bytes: the payload is pulled whole into a pooled buffer, or,
+    /// for a handler that takes it `in_place` where the transport maps the client's
+    /// request region ([`hmc_core::Communicator::view`]), handed over as a view of it.
+    Bytes {
+        /// The handler.
+        run: RunHandler,
+        /// The handler was registered with
+        /// [`Dispatcher::register_raw_in_place`](crate::Dispatcher::register_raw_in_place).
+        in_place: bool,
+    },
     /// A device method: the payload is pulled chunk by chunk, each chunk copied to the
     /// device while the next is read, and a large response is copied out chunk by chunk,
     /// each chunk WRITTEN while the next is copied.

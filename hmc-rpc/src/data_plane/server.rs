@@ -317,42 +317,68 @@ impl<C: Communicator> ServerDp<C> {
         len: u64,
         mut clock: DpClock,
         run: RunHandler,
+        in_place: bool,
     ) -> std::result::Result<Served, RpcError> {
         let ph = clock.phase();
         let OpenCall { d, peer, rkey, len } = self.open_call(&conn, &desc, len, &ph).await?;
-        let buf = self.pool.acquire(len).map_err(dp_error)?;
-        let read = self
-            .comm
-            .transfer(
-                &peer.ep,
-                Op::Read,
-                &[TransferDesc {
-                    local: buf.registration(),
-                    local_offset: 0,
-                    remote: &rkey,
-                    remote_offset: 0,
-                    len,
-                }],
-                ph.deadline,
-            )
-            .await;
-        if let Err(e) = read {
+        // A handler that takes its request in place gets a view of the client's buffer
+        // where the transport has it mapped; any other payload is READ into a pooled buffer.
+        let viewed = match in_place {
+            true => self.comm.view(&peer.ep, &rkey, 0, len, Access::READ),
+            false => Ok(None),
+        };
+        let viewed = viewed.map_err(|e| {
             self.on_transfer_error(&d.reply_to, &peer, &d.request, &e);
-            return Err(ph.error(&self.config, "reading the request payload", e));
-        }
+            ph.error(&self.config, "viewing the request payload", e)
+        })?;
+        let (payload, req) = match viewed {
+            Some(view) => {
+                Counters::bump(&self.counters.viewed_requests);
+                (Bytes::from_owner(ViewBytes(view)), None)
+            }
+            None => {
+                let buf = self.pool.acquire(len).map_err(dp_error)?;
+                let read = self
+                    .comm
+                    .transfer(
+                        &peer.ep,
+                        Op::Read,
+                        &[TransferDesc {
+                            local: buf.registration(),
+                            local_offset: 0,
+                            remote: &rkey,
+                            remote_offset: 0,
+                            len,
+                        }],
+                        ph.deadline,
+                    )
+                    .await;
+                if let Err(e) = read {
+                    self.on_transfer_error(&d.reply_to, &peer, &d.request, &e);
+                    return Err(ph.error(&self.config, "reading the request payload", e));
+                }
+                let req = Arc::new(buf);
+                let payload = Bytes::from_owner(SharedView {
+                    buf: req.clone(),
+                    len,
+                });
+                (payload, Some(req))
+            }
+        };
         clock.spent(&ph);
         Counters::bump(&self.counters.buffer_calls);
-        let req = Arc::new(buf);
-        let payload = Bytes::from_owner(SharedView {
-            buf: req.clone(),
-            len,
-        });
         let resp = run(payload).await?;
         let fits = d
             .response
             .as_ref()
             .is_some_and(|r| r.region.len >= resp.len());
         if resp.len() < self.config.threshold {
+            // A small answer that is a slice of a viewed request would hold the client's
+            // buffer until the frame is written: copy its few bytes and let the view go now.
+            let resp = match req {
+                None => Bytes::copy_from_slice(&resp),
+                Some(_) => resp,
+            };
             return Ok(Served::Answer(Ok(resp)));
         }
         if !fits {
@@ -365,15 +391,33 @@ impl<C: Communicator> ServerDp<C> {
         let wkey = self
             .key(&peer, region)
             .map_err(|e| dp_error(format!("importing the response region: {e}")))?;
-        // The response is sent from a registered buffer: the request's own when the handler
-        // answered with (a slice of) the request bytes, as echo does; else a pooled copy.
-        let base = req.region().addr as usize;
+        // Straight into the client's response region where the transport maps it: one copy
+        // from wherever the handler's bytes are (the viewed request, for echo).
+        match self.write_in_place(&peer, &wkey, &resp, &ph).await {
+            Ok(true) => {
+                Counters::bump(&self.counters.buffer_responses);
+                Counters::bump(&self.counters.viewed_responses);
+                return Ok(Served::InBuffer(resp.len() as u64));
+            }
+            Ok(false) => {}
+            Err(e) => {
+                self.on_transfer_error(&d.reply_to, &peer, region, &e);
+                return Err(ph.error(&self.config, "writing the response", e));
+            }
+        }
+        // Else the response is sent from a registered buffer: the request's own when the
+        // handler answered with (a slice of) the request bytes, as echo does; else a pooled
+        // copy.
         let p = resp.as_ptr() as usize;
         let own;
-        let (local, offset) = if p >= base && p + resp.len() <= base + req.len() {
-            (req.registration(), p - base)
-        } else {
-            match self.pool.acquire(resp.len()) {
+        let in_request = req.as_ref().and_then(|req| {
+            let base = req.region().addr as usize;
+            (p >= base && p + resp.len() <= base + req.len())
+                .then(|| (req.registration(), p - base))
+        });
+        let (local, offset) = match in_request {
+            Some(at) => at,
+            None => match self.pool.acquire(resp.len()) {
                 Ok(b) => {
                     b.fill(&resp).map_err(dp_error)?;
                     own = b;
@@ -384,7 +428,7 @@ impl<C: Communicator> ServerDp<C> {
                     Counters::bump(&self.counters.fallbacks);
                     return Ok(Served::Answer(Ok(resp)));
                 }
-            }
+            },
         };
         let write = self
             .comm
@@ -515,6 +559,39 @@ impl<C: Communicator> ServerDp<C> {
         Ok(Served::InBuffer(total as u64))
     }
 
+    /// Writes `resp` into the client's response region through a view
+    /// ([`Communicator::view`]) where the transport has it mapped, [`IN_PLACE_CHUNK`] bytes
+    /// at a time with the deadline checked between them. `Ok(false)`: not mapped here;
+    /// WRITE it.
+    async fn write_in_place(
+        &self,
+        peer: &Peer<C>,
+        wkey: &C::RemoteKey,
+        resp: &[u8],
+        ph: &Phase,
+    ) -> Result<bool> {
+        let Some(view) = self
+            .comm
+            .view(&peer.ep, wkey, 0, resp.len(), Access::WRITE)?
+        else {
+            return Ok(false);
+        };
+        let started = Instant::now();
+        for (i, piece) in resp.chunks(IN_PLACE_CHUNK).enumerate() {
+            if ph.deadline.is_expired() {
+                return Err(Error::DeadlineExceeded {
+                    during: "writing the response in place",
+                    elapsed: started.elapsed(),
+                });
+            }
+            if i > 0 {
+                tokio::task::yield_now().await;
+            }
+            view.write(i * IN_PLACE_CHUNK, piece)?;
+        }
+        Ok(true)
+    }
+
     pub(super) fn on_transfer_error(
         &self,
         addr: &PeerAddr,
@@ -549,7 +626,10 @@ impl<C: Communicator> ServerPlane for ServerDp<C> {
             let me = self.clone();
             let clock = DpClock::new(deadline, self.config.timeout);
             let served = match work {
-                Work::Bytes(run) => self.serve_inner(conn, desc, len, clock, run).await,
+                Work::Bytes { run, in_place } => {
+                    self.serve_inner(conn, desc, len, clock, run, in_place)
+                        .await
+                }
                 Work::Device(ctx, route) => {
                     self.serve_device_inner(conn, desc, len, clock, ctx, route)
                         .await
@@ -586,6 +666,20 @@ impl<C: Communicator> ServerPlane for ServerDp<C> {
                 }
             }
         }
+    }
+}
+
+/// Bytes of a response written in place between checks of the deadline (and yields).
+const IN_PLACE_CHUNK: usize = 4 << 20;
+
+/// `Bytes` owner over a view of the client's request region; dropping the last clone ends
+/// the view, and with it the key's use the client's rekey waits for.
+struct ViewBytes(hmc_core::RemoteView);
+
+impl AsRef<[u8]> for ViewBytes {
+    fn as_ref(&self) -> &[u8] {
+        // Asked for READ: `as_slice` cannot refuse it.
+        self.0.as_slice().unwrap_or(&[])
     }
 }
 

@@ -99,7 +99,12 @@ pub(crate) async fn bench_conns<C: Communicator>(
                     let k = stamp.len().min(template.len());
                     let body = match &in_place {
                         Some(dp) => {
-                            let mut rb = dp.request_buffer(size).map_err(|e| e.to_string())?;
+                            // For this connection's server: where the transport cannot
+                            // rekey (`auto` over UCX), a buffer that server had is lent
+                            // again instead of a fresh registration per call.
+                            let mut rb = dp
+                                .request_buffer_for(size, c.server_addr())
+                                .map_err(|e| e.to_string())?;
                             let b = rb.as_mut_slice();
                             b.copy_from_slice(&template);
                             b[..k].copy_from_slice(&stamp[..k]);

@@ -92,8 +92,9 @@ struct Args {
     #[arg(long, default_value = "ucx_perftest")]
     ucx_perftest: PathBuf,
     /// HMC_BUFFER rows: each request body is built in place in a pooled registered buffer
-    /// (`ClientDataPlane::request_buffer`), as a data-plane user would, instead of in a
-    /// `Vec` the data plane then copies into one. `false`: built like the TCP_STREAM rows.
+    /// (`ClientDataPlane::request_buffer_for` the connection's server), as a data-plane user
+    /// would, instead of in a `Vec` the data plane then copies into one. `false`: built like
+    /// the TCP_STREAM rows.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     dp_request_buffers: bool,
     /// Idle connections opened to each server (hmc-rpc and tonic) to measure the memory
