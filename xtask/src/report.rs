@@ -420,8 +420,13 @@ pub fn render(dir: &Path) -> Result<PathBuf> {
          target as a red line or marks. Figures move with the machine's load: each run lists \
          its load average; compare within a figure, not across runs.</p>\n",
     );
+    // The page lists every bench and its figures first, then each bench's runs.
+    let mut contents = String::from("<ul>\n");
+    let mut body = String::new();
     for record in &records {
-        html.push_str(&format!("<h2>{}</h2>\n", escape(&record.bench)));
+        let mut titles = Vec::new();
+        let html = &mut body;
+        html.push_str(&format!("<h2 id=\"{0}\">{0}</h2>\n", escape(&record.bench)));
         for (ri, run) in record.runs.iter().enumerate() {
             html.push_str(&format!(
                 "<p class=\"meta\"><code>{}</code><br>{} UTC, {:.0} s, {} CPUs, load average {} → {}{}</p>\n",
@@ -444,11 +449,24 @@ pub fn render(dir: &Path) -> Result<PathBuf> {
                         "<img src=\"figures/{name}\" alt=\"{}\">\n",
                         escape(&plot.title)
                     ));
+                    titles.push(plot.title);
                 }
                 html.push_str(&table_html(table));
             }
         }
+        contents.push_str(&format!(
+            "<li><a href=\"#{0}\">{0}</a>: {1}</li>\n",
+            escape(&record.bench),
+            if titles.is_empty() {
+                "no figure (no table of this bench has one)".to_string()
+            } else {
+                escape(&titles.join("; "))
+            }
+        ));
     }
+    contents.push_str("</ul>\n");
+    html.push_str(&contents);
+    html.push_str(&body);
     html.push_str("</body></html>\n");
     let index = dir.join("index.html");
     std::fs::write(&index, html).map_err(|e| format!("writing {}: {e}", index.display()))?;
@@ -534,6 +552,16 @@ mod tests {
 
 host c2c ns: a note
 ";
+
+    /// Every bench's output in the layout it prints (`report/fixtures/`).
+    pub(super) const FIXTURES: &[(&str, &str)] = &[
+        ("transfer", include_str!("report/fixtures/transfer.md")),
+        ("ucx", include_str!("report/fixtures/ucx.md")),
+        ("shm", include_str!("report/fixtures/shm.md")),
+        ("rdma", include_str!("report/fixtures/rdma.md")),
+        ("plugin", include_str!("report/fixtures/plugin.md")),
+        ("python", include_str!("report/fixtures/python.md")),
+    ];
 
     #[rstest]
     #[case("8.79x", Some(8.79))]
@@ -641,6 +669,46 @@ host c2c ns: a note
         assert!(html.contains("<td>8.00x</td>"));
         assert!(html.contains("UCX_TLS=tcp target/release/hmc-rpc-bench"));
         assert!(html.contains("load average 3.5 → ?"));
+    }
+
+    #[test]
+    fn every_bench_round_trips_and_the_page_lists_each_with_its_figures() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut records = vec![record()];
+        for (bench, text) in FIXTURES {
+            let mut rec = record();
+            rec.bench = bench.to_string();
+            (rec.runs[0].tables, rec.runs[0].notes) = parse_output(text);
+            records.push(rec);
+        }
+        for rec in &records {
+            save(dir.path(), rec).unwrap();
+        }
+        let mut loaded = load(dir.path()).unwrap();
+        loaded.sort_by(|a, b| a.bench.cmp(&b.bench));
+        records.sort_by(|a, b| a.bench.cmp(&b.bench));
+        assert_eq!(loaded, records);
+        let html = std::fs::read_to_string(render(dir.path()).unwrap()).unwrap();
+        let contents = &html[..html.find("<h2").expect("a section per bench")];
+        for rec in &records {
+            let b = &rec.bench;
+            assert!(
+                contents.contains(&format!("<li><a href=\"#{b}\">{b}</a>: ")),
+                "{b}"
+            );
+            assert!(html.contains(&format!("<h2 id=\"{b}\">")), "{b}");
+            let svgs: Vec<String> = std::fs::read_dir(dir.path().join("figures"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&format!("{b}-0-")))
+                .collect();
+            assert!(!svgs.is_empty(), "no figure of {b}");
+            for name in svgs {
+                assert!(html.contains(&format!("src=\"figures/{name}\"")), "{name}");
+            }
+        }
+        // The contents name each figure by its title.
+        assert!(contents.contains("One-sided TCP transfers (target in another process) vs iperf3"));
     }
 
     #[test]

@@ -48,20 +48,34 @@ pub struct Reference {
     pub marks: Vec<(f64, f64, f64)>,
     /// One level across the whole figure (dashed), rather than a mark per group.
     pub level: bool,
+    /// A peer's figure (drawn grey) rather than a target (drawn red).
+    pub peer: bool,
 }
+
+/// The sizes a target applies to, in bytes (the table's `size` column); empty for all.
+type Sizes = &'static [f64];
+
+const KIB: f64 = 1024.0;
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// How a figure's reference is made from its table.
 #[derive(Clone, Copy, Debug)]
 enum Target {
-    None,
     /// `factor` times series `of`, per group (a target relative to a peer).
     Times(f64, usize, &'static str),
+    /// The same, only over the groups whose size is one of `Sizes`.
+    TimesAt(f64, usize, Sizes, &'static str),
+    /// Series `of` plus a constant, per group (an allowance in the figure's unit).
+    Plus(f64, usize, &'static str),
     /// One value, in the figure's y unit.
     Level(f64, &'static str),
+    /// One value over the groups whose size is one of `Sizes`.
+    LevelAt(f64, Sizes, &'static str),
     /// `share` of the highest value of series `of`.
     ShareOfPeak(f64, usize, &'static str),
-    /// The number after the `:` of the run's note that starts with the prefix.
-    FromNote(&'static str, &'static str),
+    /// `factor` times the number after the `:` of the run's note that starts with the
+    /// prefix; a peer's figure when `factor` is 1, else a target relative to it.
+    FromNote(&'static str, f64, &'static str),
 }
 
 /// Which table a figure comes from and what it shows.
@@ -80,7 +94,7 @@ struct Spec {
     /// (column, legend): the first is ours, the rest the peers. The table must have them all.
     series: &'static [(&'static str, &'static str)],
     y_label: &'static str,
-    target: Target,
+    targets: &'static [Target],
 }
 
 const RPC_ECHO: &str = "hmc-rpc echo vs tonic";
@@ -96,7 +110,7 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("hmc RPC/s", "hmc-rpc"), ("tonic RPC/s", "tonic")],
         y_label: "RPC/s",
-        target: Target::Times(5.0, 1, "target: 5x tonic (at 8 x 8)"),
+        targets: &[Target::Times(5.0, 1, "target: 5x tonic (at 8 x 8)")],
     },
     Spec {
         bench: "rpc",
@@ -108,7 +122,7 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("hmc RPC/s", "hmc-rpc"), ("tonic RPC/s", "tonic")],
         y_label: "RPC/s",
-        target: Target::Times(3.0, 1, "target: 3x tonic (at 8 x 8)"),
+        targets: &[Target::Times(3.0, 1, "target: 3x tonic (at 8 x 8)")],
     },
     Spec {
         bench: "rpc",
@@ -120,7 +134,7 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("hmc MB/s", "hmc-rpc"), ("tonic MB/s", "tonic")],
         y_label: "MB/s",
-        target: Target::Times(2.0, 1, "target: 2x tonic (at 8 x 8)"),
+        targets: &[Target::Times(2.0, 1, "target: 2x tonic (at 8 x 8)")],
     },
     Spec {
         bench: "rpc",
@@ -132,7 +146,7 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("hmc-rpc KiB/conn", "hmc-rpc"), ("tonic KiB/conn", "tonic")],
         y_label: "KiB of server RSS per connection",
-        target: Target::Level(16.0, "target: 16 KiB (issue 22)"),
+        targets: &[Target::Level(16.0, "target: 16 KiB (issue 22)")],
     },
     Spec {
         bench: "rpc",
@@ -149,7 +163,7 @@ const SPECS: &[Spec] = &[
             ("two processes: p50 us", "raw TCP, two processes"),
         ],
         y_label: "p50 latency, µs (lower is better)",
-        target: Target::Times(1.25, 2, "target: at most 1.25x raw TCP"),
+        targets: &[Target::Times(1.25, 2, "target: at most 1.25x raw TCP")],
     },
     Spec {
         bench: "rpc",
@@ -161,7 +175,7 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("depth 8 RPC/s", "depth 8"), ("depth 1 RPC/s", "depth 1")],
         y_label: "RPC/s",
-        target: Target::Times(4.0, 1, "target: 4x depth 1"),
+        targets: &[Target::Times(4.0, 1, "target: 4x depth 1")],
     },
     Spec {
         bench: "rpc shm",
@@ -177,7 +191,7 @@ const SPECS: &[Spec] = &[
             ("tag_bw MB/s median", "ucx_perftest tag_bw"),
         ],
         y_label: "MB/s moved",
-        target: Target::Times(0.7, 2, "target: 70% of tag_bw"),
+        targets: &[Target::Times(0.7, 2, "target: 70% of tag_bw")],
     },
     Spec {
         bench: "rpc",
@@ -189,7 +203,11 @@ const SPECS: &[Spec] = &[
         log2_x: true,
         series: &[("RPC/s", "hmc-rpc")],
         y_label: "RPC/s",
-        target: Target::ShareOfPeak(0.8, 0, "target at 1,024: 80% of the peak"),
+        targets: &[Target::ShareOfPeak(
+            0.8,
+            0,
+            "target at 1,024: 80% of the peak",
+        )],
     },
     Spec {
         bench: "rpc",
@@ -204,7 +222,7 @@ const SPECS: &[Spec] = &[
             ("server KiB/conn after load", "after the load"),
         ],
         y_label: "KiB of server RSS per connection",
-        target: Target::Level(64.0, "target: 64 KiB idle"),
+        targets: &[Target::Level(64.0, "target: 64 KiB idle")],
     },
     Spec {
         bench: "engine",
@@ -216,7 +234,11 @@ const SPECS: &[Spec] = &[
         log2_x: true,
         series: &[("WRITE ops/s", "hmc-engine")],
         y_label: "WRITE ops/s",
-        target: Target::ShareOfPeak(0.8, 0, "target at 1,024: 80% of the peak"),
+        targets: &[Target::ShareOfPeak(
+            0.8,
+            0,
+            "target at 1,024: 80% of the peak",
+        )],
     },
     Spec {
         bench: "engine",
@@ -231,31 +253,42 @@ const SPECS: &[Spec] = &[
             ("server KiB/conn after load", "after the load"),
         ],
         y_label: "KiB of target RSS per engine",
-        target: Target::Level(64.0, "target: 64 KiB idle"),
+        targets: &[Target::Level(64.0, "target: 64 KiB idle")],
     },
     Spec {
         bench: "transfer",
         table: "",
         id: "tcp-vs-iperf3",
-        title: "One-sided TCP transfers vs iperf3",
+        title: "One-sided TCP transfers (target in another process) vs iperf3",
         filter: None,
         x: &["size"],
         log2_x: false,
         series: &[("WRITE GB/s", "hmc WRITE"), ("READ GB/s", "hmc READ")],
         y_label: "GB/s",
-        target: Target::FromNote("iperf3 loopback", "iperf3, one stream"),
+        targets: &[
+            Target::FromNote("iperf3 loopback", 1.0, "iperf3, one stream"),
+            Target::FromNote(
+                "iperf3 loopback",
+                0.7,
+                "target: 70% of iperf3 (1 MiB and up)",
+            ),
+        ],
     },
     Spec {
         bench: "ucx",
         table: "",
         id: "ucx-vs-perftest",
-        title: "UCX put/get vs ucx_perftest",
+        title: "UCX put/get vs ucx_perftest (medians)",
         filter: None,
         x: &["row", "op", "size"],
         log2_x: false,
         series: &[("hmc GB/s", "hmc"), ("ucx_perftest GB/s", "ucx_perftest")],
         y_label: "GB/s",
-        target: Target::Times(0.9, 1, "target: 90% of ucx_perftest (64 KiB+)"),
+        targets: &[Target::Times(
+            0.9,
+            1,
+            "target: 90% of ucx_perftest (64 KiB+)",
+        )],
     },
     Spec {
         bench: "shm",
@@ -268,11 +301,25 @@ const SPECS: &[Spec] = &[
         series: &[
             ("shm GB/s", "shm (attach)"),
             ("shared mem GB/s", "shm (shared memory)"),
-            ("memcpy GB/s", "memcpy"),
+            ("memcpy GB/s", "memcpy, one thread"),
             ("UCX user mem GB/s", "UCX, user memory"),
+            ("UCX own mem GB/s", "UCX, its own memory"),
         ],
         y_label: "GB/s",
-        target: Target::Times(0.8, 2, "target: 80% of memcpy (64 KiB, 1 MiB)"),
+        targets: &[
+            // 300k ops/s of 4 KiB, as GB/s (the bench's GB/s are 1e9 bytes).
+            Target::LevelAt(
+                0.3e6 * 4.0 * KIB / 1e9,
+                &[4.0 * KIB],
+                "target: 300k ops/s at 4 KiB",
+            ),
+            Target::TimesAt(
+                0.8,
+                2,
+                &[64.0 * KIB, MIB],
+                "target: 80% of memcpy (64 KiB, 1 MiB)",
+            ),
+        ],
     },
     Spec {
         bench: "engine",
@@ -284,7 +331,20 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("hmc ops/s", "hmc-engine"), ("Mooncake ops/s", "Mooncake")],
         y_label: "ops/s",
-        target: Target::Times(3.0, 1, "target: 3x Mooncake (4 KiB, 64 KiB)"),
+        targets: &[
+            Target::TimesAt(
+                3.0,
+                1,
+                &[4.0 * KIB, 64.0 * KIB],
+                "target: 3x Mooncake (4, 64 KiB)",
+            ),
+            Target::TimesAt(
+                2.0,
+                1,
+                &[MIB, 16.0 * MIB],
+                "target: 2x Mooncake (1, 16 MiB)",
+            ),
+        ],
     },
     Spec {
         bench: "engine",
@@ -299,25 +359,52 @@ const SPECS: &[Spec] = &[
             ("bare us/op", "bare Communicator"),
         ],
         y_label: "µs per op (lower is better)",
-        target: Target::Times(1.05, 1, "target: at most 5% over bare (64 KiB+)"),
+        targets: &[Target::Times(
+            1.05,
+            1,
+            "target: at most 5% over bare (64 KiB+)",
+        )],
     },
     Spec {
         bench: "python",
         table: "Python API",
         id: "python-vs-mooncake",
-        title: "Python API vs Mooncake's Python API",
+        title: "Python API vs Mooncake's Python API, sync single ops",
         filter: None,
         x: &["op", "size"],
         log2_x: false,
         series: &[("hmc ops/s", "hmc"), ("Mooncake ops/s", "Mooncake")],
         y_label: "ops/s",
-        target: Target::Times(3.0, 1, "target: 3x Mooncake (4 KiB, 64 KiB)"),
+        targets: &[
+            Target::TimesAt(
+                3.0,
+                1,
+                &[4.0 * KIB, 64.0 * KIB],
+                "target: 3x Mooncake (4, 64 KiB)",
+            ),
+            Target::TimesAt(2.0, 1, &[MIB], "target: 2x Mooncake (1 MiB)"),
+        ],
+    },
+    Spec {
+        bench: "python",
+        table: "Python overhead per sync op",
+        id: "python-overhead",
+        title: "What Python adds per sync op over the same call from Rust",
+        filter: None,
+        x: &["op", "call"],
+        log2_x: false,
+        series: &[
+            ("Python loop us/op", "from Python"),
+            ("Rust loop us/op", "from Rust"),
+        ],
+        y_label: "µs per op (lower is better)",
+        targets: &[Target::Plus(3.0, 1, "target: at most 3 µs over Rust")],
     },
     Spec {
         bench: "plugin",
         table: "",
         id: "plugin-vs-static",
-        title: "A transport as a plugin vs linked statically",
+        title: "A transport as a plugin vs linked statically (median per op)",
         filter: None,
         x: &["op", "size"],
         log2_x: false,
@@ -326,19 +413,35 @@ const SPECS: &[Spec] = &[
             ("static median", "linked statically"),
         ],
         y_label: "median µs per op (lower is better)",
-        target: Target::Times(1.05, 1, "target: at most 5% over static"),
+        targets: &[Target::Times(1.05, 1, "target: at most 5% over static")],
     },
     Spec {
         bench: "rdma",
         table: "",
         id: "rdma-cpu",
-        title: "RDMA transport: our CPU per batch (libibverbs stand-in)",
+        title: "RDMA transport: our CPU per batch vs the stand-in's wall time (no NIC)",
         filter: None,
         x: &["op", "descriptors x size"],
         log2_x: false,
-        series: &[("our CPU per batch", "our CPU per batch")],
-        y_label: "µs",
-        target: Target::None,
+        series: &[
+            ("our CPU per batch", "our CPU per batch"),
+            ("wall per batch", "wall per batch (the libibverbs stand-in)"),
+        ],
+        y_label: "µs per batch",
+        // The issue's target (90% of ib_write_bw) needs a NIC.
+        targets: &[],
+    },
+    Spec {
+        bench: "rdma",
+        table: "",
+        id: "rdma-standin-bw",
+        title: "RDMA transport through the libibverbs stand-in: 16 MiB batches (no NIC)",
+        filter: None,
+        x: &["op", "descriptor size"],
+        log2_x: false,
+        series: &[("GB/s", "through the stand-in")],
+        y_label: "GB/s",
+        targets: &[],
     },
 ];
 
@@ -396,7 +499,13 @@ fn plot(spec: &Spec, run: &Run, t: &Table) -> Option<Plot> {
         XAxis::Categories(
             rows.iter()
                 .map(|&r| {
-                    let name: Vec<&str> = x_cols.iter().map(|&c| t.rows[r][c].as_str()).collect();
+                    let name: Vec<String> = x_cols
+                        .iter()
+                        .map(|&c| match t.columns[c].contains("size") {
+                            true => size_label(&t.rows[r][c]),
+                            false => t.rows[r][c].clone(),
+                        })
+                        .collect();
                     if name.is_empty() {
                         "this run".to_string()
                     } else {
@@ -414,36 +523,68 @@ fn plot(spec: &Spec, run: &Run, t: &Table) -> Option<Plot> {
             (lo, hi)
         }
     };
-    let level = |y: f64, name: &str| Reference {
+    let level = |y: f64, name: &str, peer: bool| Reference {
         name: name.to_string(),
         marks: vec![(span.0, span.1, y)],
         level: true,
+        peer,
     };
-    let references = match spec.target {
-        Target::None => vec![],
-        Target::Times(factor, of, name) => vec![Reference {
-            name: name.to_string(),
-            marks: series[of]
-                .points
-                .iter()
-                .map(|&(x, y)| (x - 0.4, x + 0.4, factor * y))
-                .collect(),
-            level: false,
-        }],
-        Target::Level(y, name) => vec![level(y, name)],
-        Target::ShareOfPeak(share, of, name) => {
-            let peak = series[of].points.iter().map(|p| p.1).fold(0.0, f64::max);
-            vec![level(share * peak, name)]
-        }
-        Target::FromNote(prefix, name) => run
-            .notes
+    // Whether the group at `x` (an index into `rows`) has one of `sizes` (empty: any).
+    let size_col = t.column("size");
+    let at = |sizes: Sizes, x: f64| {
+        sizes.is_empty()
+            || (!spec.log2_x
+                && rows
+                    .get(x as usize)
+                    .and_then(|&r| t.values[r][size_col?])
+                    .is_some_and(|v| sizes.contains(&v)))
+    };
+    let marks = |name: &str, marks: Vec<(f64, f64, f64)>| Reference {
+        name: name.to_string(),
+        marks,
+        level: false,
+        peer: false,
+    };
+    let relative = |of: usize, sizes: Sizes, f: &dyn Fn(f64) -> f64| -> Vec<(f64, f64, f64)> {
+        series[of]
+            .points
             .iter()
-            .find(|n| n.starts_with(prefix))
-            .and_then(|n| super::cell_value(n.rsplit_once(':')?.1))
-            .map(|y| level(y, name))
-            .into_iter()
-            .collect(),
+            .filter(|p| at(sizes, p.0))
+            .map(|&(x, y)| (x - 0.4, x + 0.4, f(y)))
+            .collect()
     };
+    let references = spec
+        .targets
+        .iter()
+        .filter_map(|target| match *target {
+            Target::Times(factor, of, name) => {
+                Some(marks(name, relative(of, &[], &|y| factor * y)))
+            }
+            Target::TimesAt(factor, of, sizes, name) => {
+                Some(marks(name, relative(of, sizes, &|y| factor * y)))
+            }
+            Target::Plus(add, of, name) => Some(marks(name, relative(of, &[], &|y| y + add))),
+            Target::Level(y, name) => Some(level(y, name, false)),
+            Target::LevelAt(y, sizes, name) => Some(marks(
+                name,
+                (0..rows.len())
+                    .map(|i| i as f64)
+                    .filter(|&x| at(sizes, x))
+                    .map(|x| (x - 0.4, x + 0.4, y))
+                    .collect(),
+            )),
+            Target::ShareOfPeak(share, of, name) => {
+                let peak = series[of].points.iter().map(|p| p.1).fold(0.0, f64::max);
+                Some(level(share * peak, name, false))
+            }
+            Target::FromNote(prefix, factor, name) => run
+                .notes
+                .iter()
+                .find(|n| n.starts_with(prefix))
+                .and_then(|n| super::cell_value(n.rsplit_once(':')?.1))
+                .map(|y| level(factor * y, name, factor == 1.0)),
+        })
+        .collect();
     Some(Plot {
         id: spec.id.to_string(),
         title: if t.title.contains("UCX_TLS=") {
@@ -458,6 +599,16 @@ fn plot(spec: &Spec, run: &Run, t: &Table) -> Option<Plot> {
         series,
         references,
     })
+}
+
+/// A size cell as a category label: a size printed in bytes (`65536`, as the Python bench
+/// prints them) in KiB or MiB, anything else as printed.
+fn size_label(cell: &str) -> String {
+    match cell.parse::<u64>() {
+        Ok(n) if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        Ok(n) if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        _ => cell.to_string(),
+    }
 }
 
 /// Category names along x, one tick per group.
@@ -521,6 +672,8 @@ const COLOURS: [RGBColor; 5] = [
     RGBColor(140, 86, 75),
 ];
 const TARGET: RGBColor = RGBColor(214, 39, 40);
+/// A peer's single figure (iperf3's bandwidth) drawn as a level.
+const PEER_LEVEL: RGBColor = RGBColor(90, 90, 90);
 
 const SIZE: (u32, u32) = (860, 440);
 
@@ -647,7 +800,7 @@ where
             });
         }
         for r in plot.references.iter().filter(|r| !r.marks.is_empty()) {
-            let style = TARGET.stroke_width(2);
+            let style = if r.peer { PEER_LEVEL } else { TARGET }.stroke_width(2);
             let anno = if r.level {
                 let (x0, x1, yv) = r.marks[0];
                 chart
@@ -685,8 +838,12 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::super::{parse_output, tests::RPC_OUTPUT};
+    use super::super::{
+        parse_output,
+        tests::{FIXTURES, RPC_OUTPUT},
+    };
     use super::*;
+    use rstest::rstest;
 
     fn run_of(text: &str) -> Run {
         let (tables, notes) = parse_output(text);
@@ -850,6 +1007,147 @@ mod tests {
         let plots = plots_for("transfer", &run, &run.tables[0]);
         assert_eq!(plots[0].references[0].marks, [(-0.5, 0.5, 3.01)]);
         assert_eq!(plots[0].references[0].name, "iperf3, one stream");
+    }
+
+    fn fixture(bench: &str) -> Run {
+        let text = FIXTURES
+            .iter()
+            .find(|(b, _)| *b == bench)
+            .expect("a fixture")
+            .1;
+        run_of(text)
+    }
+
+    fn all_plots(bench: &str, run: &Run) -> Vec<Plot> {
+        let plots = run.tables.iter().flat_map(|t| plots_for(bench, run, t));
+        plots.collect()
+    }
+
+    #[rstest]
+    #[case::transfer("transfer", &["tcp-vs-iperf3"])]
+    #[case::ucx("ucx", &["ucx-vs-perftest"])]
+    #[case::shm("shm", &["shm-vs-memcpy"])]
+    #[case::rdma("rdma", &["rdma-cpu", "rdma-standin-bw"])]
+    #[case::plugin("plugin", &["plugin-vs-static"])]
+    #[case::python("python", &["python-vs-mooncake", "python-overhead"])]
+    fn each_bench_gives_its_figures_with_every_series_and_target_in_the_legend(
+        #[case] bench: &str,
+        #[case] ids: &[&str],
+    ) {
+        let run = fixture(bench);
+        let plots = all_plots(bench, &run);
+        let got: Vec<&str> = plots.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(got, ids);
+        for p in &plots {
+            for s in &p.series {
+                assert!(!s.points.is_empty(), "{}: no values for {}", p.id, s.name);
+            }
+            for r in &p.references {
+                assert!(!r.marks.is_empty(), "{}: no marks for {}", p.id, r.name);
+            }
+            let (texts, _) = parse_svg(&render_svg(p, "when and how loaded").unwrap());
+            let names = p.series.iter().map(|s| &s.name);
+            for want in names
+                .chain(p.references.iter().map(|r| &r.name))
+                .chain([&p.title])
+            {
+                assert!(texts.contains(want), "{}: no {want:?} in {texts:?}", p.id);
+            }
+        }
+    }
+
+    #[test]
+    fn the_transfer_figure_has_iperf3_as_a_grey_level_and_the_target_at_70_percent_of_it() {
+        let run = fixture("transfer");
+        let p = &all_plots("transfer", &run)[0];
+        let iperf3 = run.notes[0].rsplit_once(':').unwrap().1;
+        let iperf3 = super::super::cell_value(iperf3).unwrap();
+        let (peer, target) = (&p.references[0], &p.references[1]);
+        assert!(peer.level && peer.peer && !target.peer);
+        assert_eq!(peer.marks[0].2, iperf3);
+        assert!((target.marks[0].2 - 0.7 * iperf3).abs() < 1e-9);
+        let svg = render_svg(p, "").unwrap();
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let stroked = |c: RGBColor| {
+            doc.descendants()
+                .any(|n| n.attribute("stroke") == Some(&hex(c)))
+        };
+        assert!(stroked(PEER_LEVEL) && stroked(TARGET));
+    }
+
+    /// The groups (category names) a reference has marks over.
+    fn marked(p: &Plot, reference: usize) -> Vec<String> {
+        let XAxis::Categories(names) = &p.x else {
+            panic!("{} has no categories", p.id)
+        };
+        let r = &p.references[reference];
+        r.marks
+            .iter()
+            .map(|m| names[((m.0 + m.1) / 2.0).round() as usize].clone())
+            .collect()
+    }
+
+    #[test]
+    fn size_bound_targets_mark_only_the_groups_of_their_sizes() {
+        let run = fixture("shm");
+        let p = &all_plots("shm", &run)[0];
+        // 300k ops/s at 4 KiB, as GB/s; 80% of memcpy at 64 KiB and 1 MiB.
+        assert_eq!(marked(p, 0), ["Write x 4 KiB", "Read x 4 KiB"]);
+        assert!((p.references[0].marks[0].2 - 1.2288).abs() < 1e-9);
+        assert_eq!(
+            marked(p, 1),
+            [
+                "Write x 64 KiB",
+                "Write x 1 MiB",
+                "Read x 64 KiB",
+                "Read x 1 MiB"
+            ]
+        );
+        let memcpy = &p.series[2].points;
+        assert_eq!(p.references[1].marks[0].2, 0.8 * memcpy[1].1);
+
+        // The Python bench prints sizes in bytes: the groups say KiB and MiB.
+        let run = fixture("python");
+        let p = &all_plots("python", &run)[0];
+        assert_eq!(
+            marked(p, 0),
+            [
+                "write x 4 KiB",
+                "write x 64 KiB",
+                "read x 4 KiB",
+                "read x 64 KiB"
+            ]
+        );
+        assert_eq!(marked(p, 1), ["write x 1 MiB", "read x 1 MiB"]);
+        let mooncake = &p.series[1].points;
+        assert_eq!(p.references[0].marks[0].2, 3.0 * mooncake[0].1);
+        // Python's allowance is 3 µs over the same call from Rust, per group.
+        let p = &all_plots("python", &run)[1];
+        let rust = &p.series[1].points;
+        assert_eq!(p.references[0].marks[1].2, rust[1].1 + 3.0);
+    }
+
+    #[test]
+    fn the_plugin_figure_puts_the_5_percent_allowance_over_static() {
+        let run = fixture("plugin");
+        let p = &all_plots("plugin", &run)[0];
+        assert_eq!(p.series[0].name, "plugin");
+        let stat = &p.series[1].points;
+        assert_eq!(p.references[0].marks.len(), stat.len());
+        for (m, s) in p.references[0].marks.iter().zip(stat) {
+            assert!((m.2 - 1.05 * s.1).abs() < 1e-9);
+        }
+    }
+
+    #[rstest]
+    #[case("65536", "64 KiB")]
+    #[case("1048576", "1 MiB")]
+    #[case("4096", "4 KiB")]
+    #[case("1000", "1000")]
+    #[case("64 B", "64 B")]
+    #[case("Write", "Write")]
+    fn sizes_in_bytes_read_as_kib_or_mib(#[case] cell: &str, #[case] label: &str) {
+        assert_eq!(size_label(cell), label);
     }
 
     #[test]
