@@ -337,6 +337,8 @@ fn bench(args: &[String]) -> Result {
     };
     let mut rec = report::Recorder::new(report::report_dir());
     for (name, krate, bench) in benches {
+        // Built first, so that the recorded wall time and load are the benchmark's own.
+        rec.build(cargo().args(["bench", "-p", krate, "--bench", bench, "--no-run"]))?;
         let mut cmd = cargo();
         cmd.args(["bench", "-p", krate, "--bench", bench, "--"]);
         if quick {
@@ -422,6 +424,7 @@ fn bench_engine(rec: &mut report::Recorder, quick: bool) -> Result {
     let py = mooncake_python()
         .map_err(|why| eprintln!("xtask: the engine bench runs without Mooncake: {why}"))
         .ok();
+    rec.build(cargo().args(["bench", "-p", "hmc-engine", "--bench", "engine", "--no-run"]))?;
     for (transport, tls) in [("tcp", None), ("ucx", Some("posix,cma,self"))] {
         let mut cmd = cargo();
         cmd.args(["bench", "-p", "hmc-engine", "--bench", "engine", "--"])
