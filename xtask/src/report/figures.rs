@@ -98,6 +98,7 @@ struct Spec {
 }
 
 const RPC_ECHO: &str = "hmc-rpc echo vs tonic";
+const UCX_SERIES: [(&str, &str); 2] = [("hmc GB/s", "hmc"), ("ucx_perftest GB/s", "ucx_perftest")];
 
 const SPECS: &[Spec] = &[
     Spec {
@@ -274,21 +275,63 @@ const SPECS: &[Spec] = &[
             ),
         ],
     },
+    // ucx_perftest allocates its buffers through UCX, so the `-ucxmem` rows are the like for
+    // like ones (the target's); the user-memory rows have no perftest counterpart.
     Spec {
         bench: "ucx",
         table: "",
-        id: "ucx-vs-perftest",
-        title: "UCX put/get vs ucx_perftest (medians)",
-        filter: None,
-        x: &["row", "op", "size"],
+        id: "ucx-tcp-ucxmem",
+        title: "UCX put/get over TCP vs ucx_perftest, like for like (UCX-allocated memory)",
+        filter: Some(("row", "tcp-ucxmem")),
+        x: &["op", "size"],
         log2_x: false,
-        series: &[("hmc GB/s", "hmc"), ("ucx_perftest GB/s", "ucx_perftest")],
-        y_label: "GB/s",
+        series: &UCX_SERIES,
+        y_label: "GB/s (median)",
         targets: &[Target::Times(
             0.9,
             1,
             "target: 90% of ucx_perftest (64 KiB+)",
         )],
+    },
+    Spec {
+        bench: "ucx",
+        table: "",
+        id: "ucx-shm-ucxmem",
+        title: "UCX put/get over shared memory vs ucx_perftest, like for like (UCX-allocated memory)",
+        filter: Some(("row", "shm-ucxmem")),
+        x: &["op", "size"],
+        log2_x: false,
+        series: &UCX_SERIES,
+        y_label: "GB/s (median)",
+        targets: &[Target::Times(
+            0.9,
+            1,
+            "target: 90% of ucx_perftest (64 KiB+)",
+        )],
+    },
+    Spec {
+        bench: "ucx",
+        table: "",
+        id: "ucx-tcp-user",
+        title: "UCX put/get over TCP from user memory, ucx_perftest (its own memory) beside",
+        filter: Some(("row", "tcp")),
+        x: &["op", "size"],
+        log2_x: false,
+        series: &UCX_SERIES,
+        y_label: "GB/s (median)",
+        targets: &[],
+    },
+    Spec {
+        bench: "ucx",
+        table: "",
+        id: "ucx-shm-user",
+        title: "UCX put/get over shared memory from user memory, ucx_perftest (its own memory) beside",
+        filter: Some(("row", "shm")),
+        x: &["op", "size"],
+        log2_x: false,
+        series: &UCX_SERIES,
+        y_label: "GB/s (median)",
+        targets: &[],
     },
     Spec {
         bench: "shm",
@@ -677,6 +720,17 @@ const PEER_LEVEL: RGBColor = RGBColor(90, 90, 90);
 
 const SIZE: (u32, u32) = (860, 440);
 
+/// The figure's size: wider than [`SIZE`] when its group names would not fit side by side.
+fn size_of(plot: &Plot) -> (u32, u32) {
+    let XAxis::Categories(names) = &plot.x else {
+        return SIZE;
+    };
+    let longest = names.iter().map(|n| n.chars().count()).max().unwrap_or(0) as u32;
+    // About 7 px a character at 12 px, a gap, and the y axis's labels.
+    let needed = 90 + names.len() as u32 * (longest * 7 + 16);
+    (needed.clamp(SIZE.0, 1600), SIZE.1)
+}
+
 /// The figure as SVG text, `caption` (when, how loaded) under it.
 pub fn render_svg(plot: &Plot, caption: &str) -> Result<String> {
     let ys = plot
@@ -731,9 +785,10 @@ where
     let y_base = y.range().start;
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        let size = size_of(plot);
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         root.fill(&WHITE).map_err(e)?;
-        let (main, foot) = root.split_vertically(SIZE.1 - 24);
+        let (main, foot) = root.split_vertically(size.1 - 24);
         foot.draw(&Text::new(
             caption.to_string(),
             (12, 4),
@@ -1025,7 +1080,7 @@ mod tests {
 
     #[rstest]
     #[case::transfer("transfer", &["tcp-vs-iperf3"])]
-    #[case::ucx("ucx", &["ucx-vs-perftest"])]
+    #[case::ucx("ucx", &["ucx-tcp-ucxmem", "ucx-shm-ucxmem", "ucx-tcp-user", "ucx-shm-user"])]
     #[case::shm("shm", &["shm-vs-memcpy"])]
     #[case::rdma("rdma", &["rdma-cpu", "rdma-standin-bw"])]
     #[case::plugin("plugin", &["plugin-vs-static"])]
@@ -1125,6 +1180,45 @@ mod tests {
         let p = &all_plots("python", &run)[1];
         let rust = &p.series[1].points;
         assert_eq!(p.references[0].marks[1].2, rust[1].1 + 3.0);
+    }
+
+    #[test]
+    fn the_ucx_figures_take_one_row_kind_each_and_only_like_for_like_has_the_target() {
+        let run = fixture("ucx");
+        let plots = all_plots("ucx", &run);
+        for p in &plots {
+            let XAxis::Categories(names) = &p.x else {
+                panic!("{} has no categories", p.id)
+            };
+            assert_eq!(names.len(), 6, "{}: {names:?}", p.id);
+            assert_eq!(names[0], "put x 64 KiB");
+            assert_eq!(
+                p.references.is_empty(),
+                !p.id.ends_with("-ucxmem"),
+                "{}",
+                p.id
+            );
+        }
+        // The first figure is the tcp-ucxmem rows: put 64 KiB is the table's 7th row.
+        assert_eq!(
+            plots[0].series[0].points[0],
+            (0.0, run.tables[0].values[6][3].unwrap())
+        );
+    }
+
+    #[test]
+    fn a_figure_widens_when_its_group_names_would_not_fit() {
+        let mut p = all_plots("transfer", &fixture("transfer")).remove(0);
+        assert_eq!(size_of(&p), SIZE);
+        p.x = XAxis::Categories(
+            (0..12)
+                .map(|i| format!("tcp-ucxmem x put x {i} KiB"))
+                .collect(),
+        );
+        let (w, h) = size_of(&p);
+        assert!(w > SIZE.0 && w <= 1600 && h == SIZE.1, "{w}");
+        let svg = render_svg(&p, "").unwrap();
+        assert!(svg.contains(&format!("width=\"{w}\"")), "{}", &svg[..200]);
     }
 
     #[test]
