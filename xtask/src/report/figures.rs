@@ -731,6 +731,18 @@ fn size_of(plot: &Plot) -> (u32, u32) {
     (needed.clamp(SIZE.0, 1600), SIZE.1)
 }
 
+/// The share of the plot's height the legend takes: about 16 px an entry and its margins,
+/// over a plot about 300 px high; at most half.
+fn legend_share(plot: &Plot) -> f64 {
+    let series = plot.series.iter().filter(|s| !s.points.is_empty()).count();
+    let references = plot
+        .references
+        .iter()
+        .filter(|r| !r.marks.is_empty())
+        .count();
+    (((series + references) * 16 + 30) as f64 / 300.0).min(0.5)
+}
+
 /// The figure as SVG text, `caption` (when, how loaded) under it.
 pub fn render_svg(plot: &Plot, caption: &str) -> Result<String> {
     let ys = plot
@@ -745,8 +757,14 @@ pub fn render_svg(plot: &Plot, caption: &str) -> Result<String> {
     let (lo, hi) = ys.fold((f64::MAX, 0.0f64), |(a, b), v| (a.min(v), b.max(v)));
     let hi = if hi > 0.0 { hi } else { 1.0 };
     let log_y = lo > 0.0 && hi / lo > 30.0;
-    let y_lin: RangedCoordf64 = (0.0..hi * 1.25).into();
-    let y_log = || -> LogCoord<f64> { (lo / 1.5..hi * 2.0).log_scale().into() };
+    // Room at the top for the legend (drawn inside the plot), so that it hides no bar.
+    let share = legend_share(plot);
+    let y_lin: RangedCoordf64 = (0.0..(hi / (1.0 - share)).max(hi * 1.25)).into();
+    let y_log = || -> LogCoord<f64> {
+        let lo = lo / 1.5;
+        let top = hi * (hi / lo).powf(share / (1.0 - share));
+        (lo..top.max(hi * 2.0)).log_scale().into()
+    };
     match &plot.x {
         XAxis::Categories(names) => {
             let x = CategoryAxis(names.clone());
@@ -1219,6 +1237,39 @@ mod tests {
         assert!(w > SIZE.0 && w <= 1600 && h == SIZE.1, "{w}");
         let svg = render_svg(&p, "").unwrap();
         assert!(svg.contains(&format!("width=\"{w}\"")), "{}", &svg[..200]);
+    }
+
+    #[rstest]
+    #[case::shm("shm")]
+    #[case::python("python")]
+    #[case::transfer("transfer")]
+    fn no_bar_reaches_into_the_legend(#[case] bench: &str) {
+        let run = fixture(bench);
+        for p in all_plots(bench, &run) {
+            let svg = render_svg(&p, "").unwrap();
+            let doc = roxmltree::Document::parse(&svg).unwrap();
+            let num =
+                |n: &roxmltree::Node, a: &str| -> i64 { n.attribute(a).unwrap().parse().unwrap() };
+            let legend = doc
+                .descendants()
+                .find(|n| n.has_tag_name("rect") && n.attribute("stroke") == Some("#A0A0A0"))
+                .expect("a legend box");
+            let (left, right) = (num(&legend, "x"), num(&legend, "x") + num(&legend, "width"));
+            let bottom = num(&legend, "y") + num(&legend, "height");
+            let bars = doc.descendants().filter(|n| {
+                n.has_tag_name("rect")
+                    && COLOURS
+                        .iter()
+                        .any(|c| n.attribute("fill") == Some(&hex(*c)))
+                    && num(n, "height") > 12 // not a legend swatch
+            });
+            for bar in bars {
+                let (x0, x1) = (num(&bar, "x"), num(&bar, "x") + num(&bar, "width"));
+                if x1 > left && x0 < right {
+                    assert!(num(&bar, "y") > bottom, "{}: a bar under the legend", p.id);
+                }
+            }
+        }
     }
 
     #[test]
