@@ -429,14 +429,15 @@ pub fn render(dir: &Path) -> Result<PathBuf> {
         html.push_str(&format!("<h2 id=\"{0}\">{0}</h2>\n", escape(&record.bench)));
         for (ri, run) in record.runs.iter().enumerate() {
             html.push_str(&format!(
-                "<p class=\"meta\"><code>{}</code><br>{} UTC, {:.0} s, {} CPUs, load average {} → {}{}</p>\n",
+                "<p class=\"meta\"><code>{}</code><br>{:.0} s from {}{}</p>\n",
                 escape(&run.command),
-                utc(run.started_unix_s),
                 run.wall_s,
-                run.cpus,
-                run.load_before.map_or("?".into(), |l| format!("{l:.1}")),
-                run.load_after.map_or("?".into(), |l| format!("{l:.1}")),
-                if run.ok { "" } else { " — the command failed" }
+                escape(&run_caption(run)),
+                if run.ok {
+                    ""
+                } else {
+                    " — the command failed"
+                }
             ));
             for (ti, table) in run.tables.iter().enumerate() {
                 for plot in figures::plots_for(&record.bench, run, table) {
@@ -668,7 +669,8 @@ host c2c ns: a note
         // The tables are in the page, escaped.
         assert!(html.contains("<td>8.00x</td>"));
         assert!(html.contains("UCX_TLS=tcp target/release/hmc-rpc-bench"));
-        assert!(html.contains("load average 3.5 → ?"));
+        assert!(html.contains("12 s from 2026-12-01 22:00 UTC, 2 CPUs, load average 3.5 to ?"));
+        assert!(html.contains("a shared, loaded machine"));
     }
 
     #[test]
