@@ -644,12 +644,22 @@ fn plot(spec: &Spec, run: &Run, t: &Table) -> Option<Plot> {
     })
 }
 
-/// A size cell as a category label: a size printed in bytes (`65536`, as the Python bench
-/// prints them) in KiB or MiB, anything else as printed.
+/// A size cell as a category label in its largest whole unit (`65536` as the Python bench
+/// prints it, `1024 KiB` as the RDMA bench does: `64 KiB`, `1 MiB`); anything else as
+/// printed.
 fn size_label(cell: &str) -> String {
-    match cell.parse::<u64>() {
-        Ok(n) if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
-        Ok(n) if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+    let whole = |unit: &str| {
+        let n = cell.strip_suffix(unit)?.trim_end();
+        n.parse::<u64>().ok()
+    };
+    let bytes = cell
+        .parse::<u64>()
+        .ok()
+        .or_else(|| whole(" KiB").map(|n| n << 10))
+        .or_else(|| whole(" MiB").map(|n| n << 20));
+    match bytes {
+        Some(n) if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        Some(n) if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
         _ => cell.to_string(),
     }
 }
@@ -1291,6 +1301,10 @@ mod tests {
     #[case("1000", "1000")]
     #[case("64 B", "64 B")]
     #[case("Write", "Write")]
+    #[case("1024 KiB", "1 MiB")]
+    #[case("16384 KiB", "16 MiB")]
+    #[case("64 KiB", "64 KiB")]
+    #[case("1 x 1048576 B", "1 x 1048576 B")]
     fn sizes_in_bytes_read_as_kib_or_mib(#[case] cell: &str, #[case] label: &str) {
         assert_eq!(size_label(cell), label);
     }
