@@ -179,7 +179,22 @@ const SPECS: &[Spec] = &[
         targets: &[Target::Times(4.0, 1, "target: 4x depth 1")],
     },
     Spec {
-        bench: "rpc shm",
+        bench: "shm",
+        table: "HMC_BUFFER echo",
+        id: "hmc-buffer-shm",
+        title: "HMC_BUFFER echo 1 MiB over the shared-memory data plane vs TCP_STREAM",
+        filter: Some(("data plane", "Shm")),
+        x: &["clients", "in flight"],
+        log2_x: false,
+        series: &[
+            ("bytes moved MB/s", "HMC_BUFFER, shared memory"),
+            ("TCP_STREAM MB/s", "TCP_STREAM"),
+        ],
+        y_label: "MB/s moved",
+        targets: &[Target::Times(3.0, 1, "target: 3x TCP_STREAM")],
+    },
+    Spec {
+        bench: "rpc",
         table: "HMC_BUFFER echo",
         id: "hmc-buffer",
         title: "HMC_BUFFER echo 1 MiB vs TCP_STREAM and ucx_perftest tag_bw",
@@ -848,20 +863,22 @@ where
             .label_style(("sans-serif", 12))
             .draw()
             .map_err(e)?;
-        let k = plot.series.len().max(1) as f64;
-        // A peer missing from this run (no tonic binary, no Mooncake) gets no legend entry.
-        for (j, s) in plot
+        // A peer missing from this run (no tonic binary, no Mooncake) gets no legend entry
+        // and no room in the groups; each series keeps its colour.
+        let drawn: Vec<(usize, &Series)> = plot
             .series
             .iter()
             .enumerate()
             .filter(|(_, s)| !s.points.is_empty())
-        {
+            .collect();
+        let k = drawn.len().max(1) as f64;
+        for (slot, &(j, s)) in drawn.iter().enumerate() {
             let colour = COLOURS[j % COLOURS.len()];
             let anno = if categories.is_some() {
                 let w = 0.8 / k;
                 chart
                     .draw_series(s.points.iter().map(|&(cx, v)| {
-                        let x0 = cx - 0.4 + j as f64 * w;
+                        let x0 = cx - 0.4 + slot as f64 * w;
                         Rectangle::new([(x0, y_base), (x0 + w * 0.92, v)], colour.filled())
                     }))
                     .map_err(e)?
@@ -1280,6 +1297,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_shm_bench_plots_its_shared_memory_hmc_buffer_rows_against_3x_tcp_stream() {
+        // `hmc-rpc-bench --data-planes shm,tcp` as `cargo xtask bench shm` runs it.
+        let run = run_of(include_str!("fixtures/shm-hmc-buffer.md"));
+        let plots = all_plots("shm", &run);
+        let p = &plots[0];
+        assert_eq!(plots.len(), 1);
+        assert_eq!(p.id, "hmc-buffer-shm");
+        let groups = ["1 x 1", "1 x 8", "8 x 1", "8 x 8"].map(String::from);
+        assert_eq!(p.x, XAxis::Categories(groups.to_vec()));
+        assert_eq!(p.series[0].points[0], (0.0, 4491.3));
+        let tcp_stream = p.series[1].points[0].1;
+        assert_eq!(p.references[0].marks[0], (-0.4, 0.4, 3.0 * tcp_stream));
+        // The RPC bench's figure of this table has every data plane, and no tag_bw here.
+        let rpc = &all_plots("rpc", &run)[0];
+        assert_eq!(rpc.id, "hmc-buffer");
+        assert!(rpc.series[2].points.is_empty() && rpc.references[0].marks.is_empty());
+        // An absent peer takes no room: the figure is the one drawn without it.
+        let mut without = rpc.clone();
+        without.series.remove(2);
+        assert_eq!(
+            render_svg(rpc, "").unwrap(),
+            render_svg(&without, "").unwrap()
+        );
     }
 
     #[test]
