@@ -32,7 +32,8 @@ usage: cargo xtask <command>
   report [--record NAME -- COMMAND...] [--copy-figures DIR]
                        render target/bench-report/index.html (SVG figures) from the
                        recorded JSON without running anything (--record: first run
-                       COMMAND and add its tables to bench NAME's record)
+                       COMMAND and add its tables to bench NAME's record;
+                       --copy-figures: copy the figures and the page to DIR)
   matrix [CRATE...] [--json PATH]
                        per crate (all by default): build it alone with and without its
                        default features, run its tests as `test` does (failing tests

@@ -351,7 +351,8 @@ pub fn load(dir: &Path) -> Result<Vec<BenchRecord>> {
 /// `cargo xtask report [--record NAME -- COMMAND…] [--copy-figures DIR]`: renders the
 /// report from the recorded JSON. `--record` first runs COMMAND (a bench binary with
 /// flags of one's own, e.g. a short connection sweep) and appends its tables to bench
-/// NAME's record; `--copy-figures` also copies the SVG figures to `DIR` (e.g. docs/report).
+/// NAME's record; `--copy-figures` also copies the SVG figures and the page to `DIR` (e.g.
+/// docs/report).
 pub fn command(args: &[String]) -> Result {
     let dir = report_dir();
     let (args, command) = match args.iter().position(|a| a == "--") {
@@ -385,19 +386,30 @@ pub fn command(args: &[String]) -> Result {
         .and_then(|i| args.get(i + 1))
     {
         let to = crate::root().join(to);
-        std::fs::create_dir_all(&to).map_err(|e| format!("creating {}: {e}", to.display()))?;
-        let figures = dir.join("figures");
-        for e in std::fs::read_dir(&figures)
-            .map_err(|e| format!("reading {}: {e}", figures.display()))?
-            .filter_map(|e| e.ok())
-        {
-            let dest = to.join(e.file_name());
-            std::fs::copy(e.path(), &dest)
-                .map_err(|err| format!("copying to {}: {err}", dest.display()))?;
-        }
-        eprintln!("xtask: figures copied to {}", to.display());
+        copy_figures(&dir, &to)?;
+        eprintln!("xtask: figures and the page copied to {}", to.display());
     }
     Ok(())
+}
+
+/// Copies the figures of the report in `dir` into `to`, beside the page (`to/index.html`,
+/// its figures' paths made relative to `to`), leaving other files in `to` alone.
+pub fn copy_figures(dir: &Path, to: &Path) -> Result {
+    std::fs::create_dir_all(to).map_err(|e| format!("creating {}: {e}", to.display()))?;
+    let figures = dir.join("figures");
+    for e in std::fs::read_dir(&figures)
+        .map_err(|e| format!("reading {}: {e}", figures.display()))?
+        .filter_map(|e| e.ok())
+    {
+        let dest = to.join(e.file_name());
+        std::fs::copy(e.path(), &dest)
+            .map_err(|err| format!("copying to {}: {err}", dest.display()))?;
+    }
+    let page = std::fs::read_to_string(dir.join("index.html"))
+        .map_err(|e| format!("reading {}: {e}", dir.join("index.html").display()))?;
+    let dest = to.join("index.html");
+    std::fs::write(&dest, page.replace("src=\"figures/", "src=\""))
+        .map_err(|e| format!("writing {}: {e}", dest.display()))
 }
 
 /// Renders `dir/index.html` and `dir/figures/*.svg` from `dir/data/*.json`; the page's path.
@@ -711,6 +723,29 @@ host c2c ns: a note
         }
         // The contents name each figure by its title.
         assert!(contents.contains("One-sided TCP transfers (target in another process) vs iperf3"));
+    }
+
+    #[test]
+    fn copied_figures_sit_beside_a_page_that_finds_them() {
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), &record()).unwrap();
+        render(dir.path()).unwrap();
+        let to = tempfile::tempdir().unwrap();
+        std::fs::write(to.path().join("README.md"), "kept").unwrap();
+        copy_figures(dir.path(), to.path()).unwrap();
+        let page = std::fs::read_to_string(to.path().join("index.html")).unwrap();
+        assert!(!page.contains("figures/"));
+        let mut srcs = 0;
+        for src in page.split("src=\"").skip(1) {
+            let name = &src[..src.find('"').unwrap()];
+            assert!(to.path().join(name).is_file(), "{name}");
+            srcs += 1;
+        }
+        assert!(srcs > 0);
+        assert_eq!(
+            std::fs::read_to_string(to.path().join("README.md")).unwrap(),
+            "kept"
+        );
     }
 
     #[test]
