@@ -65,8 +65,9 @@ enum Target {
     Times(f64, usize, &'static str),
     /// The same, only over the groups whose size is one of `Sizes`.
     TimesAt(f64, usize, Sizes, &'static str),
-    /// Series `of` plus a constant, per group (an allowance in the figure's unit).
-    Plus(f64, usize, &'static str),
+    /// Series `of` plus a constant (an allowance in the figure's unit), over the groups
+    /// whose size is one of `Sizes`.
+    Plus(f64, usize, Sizes, &'static str),
     /// One value, in the figure's y unit.
     Level(f64, &'static str),
     /// One value over the groups whose size is one of `Sizes`.
@@ -417,11 +418,20 @@ const SPECS: &[Spec] = &[
             ("bare us/op", "bare Communicator"),
         ],
         y_label: "µs per op (lower is better)",
-        targets: &[Target::Times(
-            1.05,
-            1,
-            "target: at most 5% over bare (64 KiB+)",
-        )],
+        targets: &[
+            Target::TimesAt(
+                1.05,
+                1,
+                &[64.0 * KIB, MIB, 16.0 * MIB],
+                "target: at most 5% over bare (64 KiB+)",
+            ),
+            Target::Plus(
+                2.0,
+                1,
+                &[4.0 * KIB],
+                "target: at most 2 µs over bare (4 KiB)",
+            ),
+        ],
     },
     Spec {
         bench: "python",
@@ -456,7 +466,7 @@ const SPECS: &[Spec] = &[
             ("Rust loop us/op", "from Rust"),
         ],
         y_label: "µs per op (lower is better)",
-        targets: &[Target::Plus(3.0, 1, "target: at most 3 µs over Rust")],
+        targets: &[Target::Plus(3.0, 1, &[], "target: at most 3 µs over Rust")],
     },
     Spec {
         bench: "plugin",
@@ -621,7 +631,9 @@ fn plot(spec: &Spec, run: &Run, t: &Table) -> Option<Plot> {
             Target::TimesAt(factor, of, sizes, name) => {
                 Some(marks(name, relative(of, sizes, &|y| factor * y)))
             }
-            Target::Plus(add, of, name) => Some(marks(name, relative(of, &[], &|y| y + add))),
+            Target::Plus(add, of, sizes, name) => {
+                Some(marks(name, relative(of, sizes, &|y| y + add)))
+            }
             Target::Level(y, name) => Some(level(y, name, false)),
             Target::LevelAt(y, sizes, name) => Some(marks(
                 name,
