@@ -574,6 +574,7 @@ host c2c ns: a note
         ("rdma", include_str!("report/fixtures/rdma.md")),
         ("plugin", include_str!("report/fixtures/plugin.md")),
         ("python", include_str!("report/fixtures/python.md")),
+        ("engine", include_str!("report/fixtures/engine.md")),
     ];
 
     #[rstest]

@@ -1142,6 +1142,7 @@ mod tests {
     #[case::rdma("rdma", &["rdma-cpu", "rdma-standin-bw"])]
     #[case::plugin("plugin", &["plugin-vs-static"])]
     #[case::python("python", &["python-vs-mooncake", "python-overhead"])]
+    #[case::engine("engine", &["engine-vs-mooncake", "engine-facade"])]
     fn each_bench_gives_its_figures_with_every_series_and_target_in_the_legend(
         #[case] bench: &str,
         #[case] ids: &[&str],
@@ -1335,6 +1336,18 @@ mod tests {
             render_svg(rpc, "").unwrap(),
             render_svg(&without, "").unwrap()
         );
+    }
+
+    #[test]
+    fn the_engine_facade_allows_2_us_at_4_kib_and_5_percent_from_64_kib() {
+        let run = fixture("engine");
+        let p = &all_plots("engine", &run)[1];
+        assert_eq!(p.id, "engine-facade");
+        assert_eq!(marked(p, 0), ["64 KiB", "1 MiB", "16 MiB"]);
+        assert_eq!(marked(p, 1), ["4 KiB"]);
+        let bare = &p.series[1].points;
+        assert!((p.references[0].marks[0].2 - 1.05 * bare[1].1).abs() < 1e-9);
+        assert!((p.references[1].marks[0].2 - (bare[0].1 + 2.0)).abs() < 1e-9);
     }
 
     #[test]
