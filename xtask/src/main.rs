@@ -32,7 +32,8 @@ usage: cargo xtask <command>
   report [--record NAME -- COMMAND...] [--copy-figures DIR]
                        render target/bench-report/index.html (SVG figures) from the
                        recorded JSON without running anything (--record: first run
-                       COMMAND and add its tables to bench NAME's record)
+                       COMMAND and add its tables to bench NAME's record;
+                       --copy-figures: copy the figures and the page to DIR)
   matrix [CRATE...] [--json PATH]
                        per crate (all by default): build it alone with and without its
                        default features, run its tests as `test` does (failing tests
@@ -337,6 +338,8 @@ fn bench(args: &[String]) -> Result {
     };
     let mut rec = report::Recorder::new(report::report_dir());
     for (name, krate, bench) in benches {
+        // Built first, so that the recorded wall time and load are the benchmark's own.
+        rec.build(cargo().args(["bench", "-p", krate, "--bench", bench, "--no-run"]))?;
         let mut cmd = cargo();
         cmd.args(["bench", "-p", krate, "--bench", bench, "--"]);
         if quick {
@@ -422,6 +425,7 @@ fn bench_engine(rec: &mut report::Recorder, quick: bool) -> Result {
     let py = mooncake_python()
         .map_err(|why| eprintln!("xtask: the engine bench runs without Mooncake: {why}"))
         .ok();
+    rec.build(cargo().args(["bench", "-p", "hmc-engine", "--bench", "engine", "--no-run"]))?;
     for (transport, tls) in [("tcp", None), ("ucx", Some("posix,cma,self"))] {
         let mut cmd = cargo();
         cmd.args(["bench", "-p", "hmc-engine", "--bench", "engine", "--"])

@@ -351,7 +351,8 @@ pub fn load(dir: &Path) -> Result<Vec<BenchRecord>> {
 /// `cargo xtask report [--record NAME -- COMMAND…] [--copy-figures DIR]`: renders the
 /// report from the recorded JSON. `--record` first runs COMMAND (a bench binary with
 /// flags of one's own, e.g. a short connection sweep) and appends its tables to bench
-/// NAME's record; `--copy-figures` also copies the SVG figures to `DIR` (e.g. docs/report).
+/// NAME's record; `--copy-figures` also copies the SVG figures and the page to `DIR` (e.g.
+/// docs/report).
 pub fn command(args: &[String]) -> Result {
     let dir = report_dir();
     let (args, command) = match args.iter().position(|a| a == "--") {
@@ -385,19 +386,30 @@ pub fn command(args: &[String]) -> Result {
         .and_then(|i| args.get(i + 1))
     {
         let to = crate::root().join(to);
-        std::fs::create_dir_all(&to).map_err(|e| format!("creating {}: {e}", to.display()))?;
-        let figures = dir.join("figures");
-        for e in std::fs::read_dir(&figures)
-            .map_err(|e| format!("reading {}: {e}", figures.display()))?
-            .filter_map(|e| e.ok())
-        {
-            let dest = to.join(e.file_name());
-            std::fs::copy(e.path(), &dest)
-                .map_err(|err| format!("copying to {}: {err}", dest.display()))?;
-        }
-        eprintln!("xtask: figures copied to {}", to.display());
+        copy_figures(&dir, &to)?;
+        eprintln!("xtask: figures and the page copied to {}", to.display());
     }
     Ok(())
+}
+
+/// Copies the figures of the report in `dir` into `to`, beside the page (`to/index.html`,
+/// its figures' paths made relative to `to`), leaving other files in `to` alone.
+pub fn copy_figures(dir: &Path, to: &Path) -> Result {
+    std::fs::create_dir_all(to).map_err(|e| format!("creating {}: {e}", to.display()))?;
+    let figures = dir.join("figures");
+    for e in std::fs::read_dir(&figures)
+        .map_err(|e| format!("reading {}: {e}", figures.display()))?
+        .filter_map(|e| e.ok())
+    {
+        let dest = to.join(e.file_name());
+        std::fs::copy(e.path(), &dest)
+            .map_err(|err| format!("copying to {}: {err}", dest.display()))?;
+    }
+    let page = std::fs::read_to_string(dir.join("index.html"))
+        .map_err(|e| format!("reading {}: {e}", dir.join("index.html").display()))?;
+    let dest = to.join("index.html");
+    std::fs::write(&dest, page.replace("src=\"figures/", "src=\""))
+        .map_err(|e| format!("writing {}: {e}", dest.display()))
 }
 
 /// Renders `dir/index.html` and `dir/figures/*.svg` from `dir/data/*.json`; the page's path.
@@ -420,18 +432,24 @@ pub fn render(dir: &Path) -> Result<PathBuf> {
          target as a red line or marks. Figures move with the machine's load: each run lists \
          its load average; compare within a figure, not across runs.</p>\n",
     );
+    // The page lists every bench and its figures first, then each bench's runs.
+    let mut contents = String::from("<ul>\n");
+    let mut body = String::new();
     for record in &records {
-        html.push_str(&format!("<h2>{}</h2>\n", escape(&record.bench)));
+        let mut titles = Vec::new();
+        let html = &mut body;
+        html.push_str(&format!("<h2 id=\"{0}\">{0}</h2>\n", escape(&record.bench)));
         for (ri, run) in record.runs.iter().enumerate() {
             html.push_str(&format!(
-                "<p class=\"meta\"><code>{}</code><br>{} UTC, {:.0} s, {} CPUs, load average {} → {}{}</p>\n",
+                "<p class=\"meta\"><code>{}</code><br>{:.0} s from {}{}</p>\n",
                 escape(&run.command),
-                utc(run.started_unix_s),
                 run.wall_s,
-                run.cpus,
-                run.load_before.map_or("?".into(), |l| format!("{l:.1}")),
-                run.load_after.map_or("?".into(), |l| format!("{l:.1}")),
-                if run.ok { "" } else { " — the command failed" }
+                escape(&run_caption(run)),
+                if run.ok {
+                    ""
+                } else {
+                    " — the command failed"
+                }
             ));
             for (ti, table) in run.tables.iter().enumerate() {
                 for plot in figures::plots_for(&record.bench, run, table) {
@@ -444,11 +462,24 @@ pub fn render(dir: &Path) -> Result<PathBuf> {
                         "<img src=\"figures/{name}\" alt=\"{}\">\n",
                         escape(&plot.title)
                     ));
+                    titles.push(plot.title);
                 }
                 html.push_str(&table_html(table));
             }
         }
+        contents.push_str(&format!(
+            "<li><a href=\"#{0}\">{0}</a>: {1}</li>\n",
+            escape(&record.bench),
+            if titles.is_empty() {
+                "no figure (no table of this bench has one)".to_string()
+            } else {
+                escape(&titles.join("; "))
+            }
+        ));
     }
+    contents.push_str("</ul>\n");
+    html.push_str(&contents);
+    html.push_str(&body);
     html.push_str("</body></html>\n");
     let index = dir.join("index.html");
     std::fs::write(&index, html).map_err(|e| format!("writing {}: {e}", index.display()))?;
@@ -534,6 +565,17 @@ mod tests {
 
 host c2c ns: a note
 ";
+
+    /// Every bench's output in the layout it prints (`report/fixtures/`).
+    pub(super) const FIXTURES: &[(&str, &str)] = &[
+        ("transfer", include_str!("report/fixtures/transfer.md")),
+        ("ucx", include_str!("report/fixtures/ucx.md")),
+        ("shm", include_str!("report/fixtures/shm.md")),
+        ("rdma", include_str!("report/fixtures/rdma.md")),
+        ("plugin", include_str!("report/fixtures/plugin.md")),
+        ("python", include_str!("report/fixtures/python.md")),
+        ("engine", include_str!("report/fixtures/engine.md")),
+    ];
 
     #[rstest]
     #[case("8.79x", Some(8.79))]
@@ -640,7 +682,71 @@ host c2c ns: a note
         // The tables are in the page, escaped.
         assert!(html.contains("<td>8.00x</td>"));
         assert!(html.contains("UCX_TLS=tcp target/release/hmc-rpc-bench"));
-        assert!(html.contains("load average 3.5 → ?"));
+        assert!(html.contains("12 s from 2026-12-01 22:00 UTC, 2 CPUs, load average 3.5 to ?"));
+        assert!(html.contains("a shared, loaded machine"));
+    }
+
+    #[test]
+    fn every_bench_round_trips_and_the_page_lists_each_with_its_figures() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut records = vec![record()];
+        for (bench, text) in FIXTURES {
+            let mut rec = record();
+            rec.bench = bench.to_string();
+            (rec.runs[0].tables, rec.runs[0].notes) = parse_output(text);
+            records.push(rec);
+        }
+        for rec in &records {
+            save(dir.path(), rec).unwrap();
+        }
+        let mut loaded = load(dir.path()).unwrap();
+        loaded.sort_by(|a, b| a.bench.cmp(&b.bench));
+        records.sort_by(|a, b| a.bench.cmp(&b.bench));
+        assert_eq!(loaded, records);
+        let html = std::fs::read_to_string(render(dir.path()).unwrap()).unwrap();
+        let contents = &html[..html.find("<h2").expect("a section per bench")];
+        for rec in &records {
+            let b = &rec.bench;
+            assert!(
+                contents.contains(&format!("<li><a href=\"#{b}\">{b}</a>: ")),
+                "{b}"
+            );
+            assert!(html.contains(&format!("<h2 id=\"{b}\">")), "{b}");
+            let svgs: Vec<String> = std::fs::read_dir(dir.path().join("figures"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&format!("{b}-0-")))
+                .collect();
+            assert!(!svgs.is_empty(), "no figure of {b}");
+            for name in svgs {
+                assert!(html.contains(&format!("src=\"figures/{name}\"")), "{name}");
+            }
+        }
+        // The contents name each figure by its title.
+        assert!(contents.contains("One-sided TCP transfers (target in another process) vs iperf3"));
+    }
+
+    #[test]
+    fn copied_figures_sit_beside_a_page_that_finds_them() {
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), &record()).unwrap();
+        render(dir.path()).unwrap();
+        let to = tempfile::tempdir().unwrap();
+        std::fs::write(to.path().join("README.md"), "kept").unwrap();
+        copy_figures(dir.path(), to.path()).unwrap();
+        let page = std::fs::read_to_string(to.path().join("index.html")).unwrap();
+        assert!(!page.contains("figures/"));
+        let mut srcs = 0;
+        for src in page.split("src=\"").skip(1) {
+            let name = &src[..src.find('"').unwrap()];
+            assert!(to.path().join(name).is_file(), "{name}");
+            srcs += 1;
+        }
+        assert!(srcs > 0);
+        assert_eq!(
+            std::fs::read_to_string(to.path().join("README.md")).unwrap(),
+            "kept"
+        );
     }
 
     #[test]

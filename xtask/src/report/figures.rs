@@ -48,20 +48,35 @@ pub struct Reference {
     pub marks: Vec<(f64, f64, f64)>,
     /// One level across the whole figure (dashed), rather than a mark per group.
     pub level: bool,
+    /// A peer's figure (drawn grey) rather than a target (drawn red).
+    pub peer: bool,
 }
+
+/// The sizes a target applies to, in bytes (the table's `size` column); empty for all.
+type Sizes = &'static [f64];
+
+const KIB: f64 = 1024.0;
+const MIB: f64 = 1024.0 * 1024.0;
 
 /// How a figure's reference is made from its table.
 #[derive(Clone, Copy, Debug)]
 enum Target {
-    None,
     /// `factor` times series `of`, per group (a target relative to a peer).
     Times(f64, usize, &'static str),
+    /// The same, only over the groups whose size is one of `Sizes`.
+    TimesAt(f64, usize, Sizes, &'static str),
+    /// Series `of` plus a constant (an allowance in the figure's unit), over the groups
+    /// whose size is one of `Sizes`.
+    Plus(f64, usize, Sizes, &'static str),
     /// One value, in the figure's y unit.
     Level(f64, &'static str),
+    /// One value over the groups whose size is one of `Sizes`.
+    LevelAt(f64, Sizes, &'static str),
     /// `share` of the highest value of series `of`.
     ShareOfPeak(f64, usize, &'static str),
-    /// The number after the `:` of the run's note that starts with the prefix.
-    FromNote(&'static str, &'static str),
+    /// `factor` times the number after the `:` of the run's note that starts with the
+    /// prefix; a peer's figure when `factor` is 1, else a target relative to it.
+    FromNote(&'static str, f64, &'static str),
 }
 
 /// Which table a figure comes from and what it shows.
@@ -80,10 +95,11 @@ struct Spec {
     /// (column, legend): the first is ours, the rest the peers. The table must have them all.
     series: &'static [(&'static str, &'static str)],
     y_label: &'static str,
-    target: Target,
+    targets: &'static [Target],
 }
 
 const RPC_ECHO: &str = "hmc-rpc echo vs tonic";
+const UCX_SERIES: [(&str, &str); 2] = [("hmc GB/s", "hmc"), ("ucx_perftest GB/s", "ucx_perftest")];
 
 const SPECS: &[Spec] = &[
     Spec {
@@ -96,7 +112,7 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("hmc RPC/s", "hmc-rpc"), ("tonic RPC/s", "tonic")],
         y_label: "RPC/s",
-        target: Target::Times(5.0, 1, "target: 5x tonic (at 8 x 8)"),
+        targets: &[Target::Times(5.0, 1, "target: 5x tonic (at 8 x 8)")],
     },
     Spec {
         bench: "rpc",
@@ -108,7 +124,7 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("hmc RPC/s", "hmc-rpc"), ("tonic RPC/s", "tonic")],
         y_label: "RPC/s",
-        target: Target::Times(3.0, 1, "target: 3x tonic (at 8 x 8)"),
+        targets: &[Target::Times(3.0, 1, "target: 3x tonic (at 8 x 8)")],
     },
     Spec {
         bench: "rpc",
@@ -120,7 +136,7 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("hmc MB/s", "hmc-rpc"), ("tonic MB/s", "tonic")],
         y_label: "MB/s",
-        target: Target::Times(2.0, 1, "target: 2x tonic (at 8 x 8)"),
+        targets: &[Target::Times(2.0, 1, "target: 2x tonic (at 8 x 8)")],
     },
     Spec {
         bench: "rpc",
@@ -132,7 +148,7 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("hmc-rpc KiB/conn", "hmc-rpc"), ("tonic KiB/conn", "tonic")],
         y_label: "KiB of server RSS per connection",
-        target: Target::Level(16.0, "target: 16 KiB (issue 22)"),
+        targets: &[Target::Level(16.0, "target: 16 KiB (issue 22)")],
     },
     Spec {
         bench: "rpc",
@@ -149,7 +165,7 @@ const SPECS: &[Spec] = &[
             ("two processes: p50 us", "raw TCP, two processes"),
         ],
         y_label: "p50 latency, µs (lower is better)",
-        target: Target::Times(1.25, 2, "target: at most 1.25x raw TCP"),
+        targets: &[Target::Times(1.25, 2, "target: at most 1.25x raw TCP")],
     },
     Spec {
         bench: "rpc",
@@ -161,10 +177,25 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("depth 8 RPC/s", "depth 8"), ("depth 1 RPC/s", "depth 1")],
         y_label: "RPC/s",
-        target: Target::Times(4.0, 1, "target: 4x depth 1"),
+        targets: &[Target::Times(4.0, 1, "target: 4x depth 1")],
     },
     Spec {
-        bench: "rpc shm",
+        bench: "shm",
+        table: "HMC_BUFFER echo",
+        id: "hmc-buffer-shm",
+        title: "HMC_BUFFER echo 1 MiB over the shared-memory data plane vs TCP_STREAM",
+        filter: Some(("data plane", "Shm")),
+        x: &["clients", "in flight"],
+        log2_x: false,
+        series: &[
+            ("bytes moved MB/s", "HMC_BUFFER, shared memory"),
+            ("TCP_STREAM MB/s", "TCP_STREAM"),
+        ],
+        y_label: "MB/s moved",
+        targets: &[Target::Times(3.0, 1, "target: 3x TCP_STREAM")],
+    },
+    Spec {
+        bench: "rpc",
         table: "HMC_BUFFER echo",
         id: "hmc-buffer",
         title: "HMC_BUFFER echo 1 MiB vs TCP_STREAM and ucx_perftest tag_bw",
@@ -177,7 +208,7 @@ const SPECS: &[Spec] = &[
             ("tag_bw MB/s median", "ucx_perftest tag_bw"),
         ],
         y_label: "MB/s moved",
-        target: Target::Times(0.7, 2, "target: 70% of tag_bw"),
+        targets: &[Target::Times(0.7, 2, "target: 70% of tag_bw")],
     },
     Spec {
         bench: "rpc",
@@ -189,7 +220,11 @@ const SPECS: &[Spec] = &[
         log2_x: true,
         series: &[("RPC/s", "hmc-rpc")],
         y_label: "RPC/s",
-        target: Target::ShareOfPeak(0.8, 0, "target at 1,024: 80% of the peak"),
+        targets: &[Target::ShareOfPeak(
+            0.8,
+            0,
+            "target at 1,024: 80% of the peak",
+        )],
     },
     Spec {
         bench: "rpc",
@@ -204,7 +239,7 @@ const SPECS: &[Spec] = &[
             ("server KiB/conn after load", "after the load"),
         ],
         y_label: "KiB of server RSS per connection",
-        target: Target::Level(64.0, "target: 64 KiB idle"),
+        targets: &[Target::Level(64.0, "target: 64 KiB idle")],
     },
     Spec {
         bench: "engine",
@@ -216,7 +251,11 @@ const SPECS: &[Spec] = &[
         log2_x: true,
         series: &[("WRITE ops/s", "hmc-engine")],
         y_label: "WRITE ops/s",
-        target: Target::ShareOfPeak(0.8, 0, "target at 1,024: 80% of the peak"),
+        targets: &[Target::ShareOfPeak(
+            0.8,
+            0,
+            "target at 1,024: 80% of the peak",
+        )],
     },
     Spec {
         bench: "engine",
@@ -231,31 +270,84 @@ const SPECS: &[Spec] = &[
             ("server KiB/conn after load", "after the load"),
         ],
         y_label: "KiB of target RSS per engine",
-        target: Target::Level(64.0, "target: 64 KiB idle"),
+        targets: &[Target::Level(64.0, "target: 64 KiB idle")],
     },
     Spec {
         bench: "transfer",
         table: "",
         id: "tcp-vs-iperf3",
-        title: "One-sided TCP transfers vs iperf3",
+        title: "One-sided TCP transfers (target in another process) vs iperf3",
         filter: None,
         x: &["size"],
         log2_x: false,
         series: &[("WRITE GB/s", "hmc WRITE"), ("READ GB/s", "hmc READ")],
         y_label: "GB/s",
-        target: Target::FromNote("iperf3 loopback", "iperf3, one stream"),
+        targets: &[
+            Target::FromNote("iperf3 loopback", 1.0, "iperf3, one stream"),
+            Target::FromNote(
+                "iperf3 loopback",
+                0.7,
+                "target: 70% of iperf3 (1 MiB and up)",
+            ),
+        ],
+    },
+    // ucx_perftest allocates its buffers through UCX, so the `-ucxmem` rows are the like for
+    // like ones (the target's); the user-memory rows have no perftest counterpart.
+    Spec {
+        bench: "ucx",
+        table: "",
+        id: "ucx-tcp-ucxmem",
+        title: "UCX put/get over TCP vs ucx_perftest, like for like (UCX-allocated memory)",
+        filter: Some(("row", "tcp-ucxmem")),
+        x: &["op", "size"],
+        log2_x: false,
+        series: &UCX_SERIES,
+        y_label: "GB/s (median)",
+        targets: &[Target::Times(
+            0.9,
+            1,
+            "target: 90% of ucx_perftest (64 KiB+)",
+        )],
     },
     Spec {
         bench: "ucx",
         table: "",
-        id: "ucx-vs-perftest",
-        title: "UCX put/get vs ucx_perftest",
-        filter: None,
-        x: &["row", "op", "size"],
+        id: "ucx-shm-ucxmem",
+        title: "UCX put/get over shared memory vs ucx_perftest, like for like (UCX-allocated memory)",
+        filter: Some(("row", "shm-ucxmem")),
+        x: &["op", "size"],
         log2_x: false,
-        series: &[("hmc GB/s", "hmc"), ("ucx_perftest GB/s", "ucx_perftest")],
-        y_label: "GB/s",
-        target: Target::Times(0.9, 1, "target: 90% of ucx_perftest (64 KiB+)"),
+        series: &UCX_SERIES,
+        y_label: "GB/s (median)",
+        targets: &[Target::Times(
+            0.9,
+            1,
+            "target: 90% of ucx_perftest (64 KiB+)",
+        )],
+    },
+    Spec {
+        bench: "ucx",
+        table: "",
+        id: "ucx-tcp-user",
+        title: "UCX put/get over TCP from user memory, ucx_perftest (its own memory) beside",
+        filter: Some(("row", "tcp")),
+        x: &["op", "size"],
+        log2_x: false,
+        series: &UCX_SERIES,
+        y_label: "GB/s (median)",
+        targets: &[],
+    },
+    Spec {
+        bench: "ucx",
+        table: "",
+        id: "ucx-shm-user",
+        title: "UCX put/get over shared memory from user memory, ucx_perftest (its own memory) beside",
+        filter: Some(("row", "shm")),
+        x: &["op", "size"],
+        log2_x: false,
+        series: &UCX_SERIES,
+        y_label: "GB/s (median)",
+        targets: &[],
     },
     Spec {
         bench: "shm",
@@ -268,11 +360,25 @@ const SPECS: &[Spec] = &[
         series: &[
             ("shm GB/s", "shm (attach)"),
             ("shared mem GB/s", "shm (shared memory)"),
-            ("memcpy GB/s", "memcpy"),
+            ("memcpy GB/s", "memcpy, one thread"),
             ("UCX user mem GB/s", "UCX, user memory"),
+            ("UCX own mem GB/s", "UCX, its own memory"),
         ],
         y_label: "GB/s",
-        target: Target::Times(0.8, 2, "target: 80% of memcpy (64 KiB, 1 MiB)"),
+        targets: &[
+            // 300k ops/s of 4 KiB, as GB/s (the bench's GB/s are 1e9 bytes).
+            Target::LevelAt(
+                0.3e6 * 4.0 * KIB / 1e9,
+                &[4.0 * KIB],
+                "target: 300k ops/s at 4 KiB",
+            ),
+            Target::TimesAt(
+                0.8,
+                2,
+                &[64.0 * KIB, MIB],
+                "target: 80% of memcpy (64 KiB, 1 MiB)",
+            ),
+        ],
     },
     Spec {
         bench: "engine",
@@ -284,7 +390,20 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("hmc ops/s", "hmc-engine"), ("Mooncake ops/s", "Mooncake")],
         y_label: "ops/s",
-        target: Target::Times(3.0, 1, "target: 3x Mooncake (4 KiB, 64 KiB)"),
+        targets: &[
+            Target::TimesAt(
+                3.0,
+                1,
+                &[4.0 * KIB, 64.0 * KIB],
+                "target: 3x Mooncake (4, 64 KiB)",
+            ),
+            Target::TimesAt(
+                2.0,
+                1,
+                &[MIB, 16.0 * MIB],
+                "target: 2x Mooncake (1, 16 MiB)",
+            ),
+        ],
     },
     Spec {
         bench: "engine",
@@ -299,25 +418,61 @@ const SPECS: &[Spec] = &[
             ("bare us/op", "bare Communicator"),
         ],
         y_label: "µs per op (lower is better)",
-        target: Target::Times(1.05, 1, "target: at most 5% over bare (64 KiB+)"),
+        targets: &[
+            Target::TimesAt(
+                1.05,
+                1,
+                &[64.0 * KIB, MIB, 16.0 * MIB],
+                "target: at most 5% over bare (64 KiB+)",
+            ),
+            Target::Plus(
+                2.0,
+                1,
+                &[4.0 * KIB],
+                "target: at most 2 µs over bare (4 KiB)",
+            ),
+        ],
     },
     Spec {
         bench: "python",
         table: "Python API",
         id: "python-vs-mooncake",
-        title: "Python API vs Mooncake's Python API",
+        title: "Python API vs Mooncake's Python API, sync single ops",
         filter: None,
         x: &["op", "size"],
         log2_x: false,
         series: &[("hmc ops/s", "hmc"), ("Mooncake ops/s", "Mooncake")],
         y_label: "ops/s",
-        target: Target::Times(3.0, 1, "target: 3x Mooncake (4 KiB, 64 KiB)"),
+        targets: &[
+            Target::TimesAt(
+                3.0,
+                1,
+                &[4.0 * KIB, 64.0 * KIB],
+                "target: 3x Mooncake (4, 64 KiB)",
+            ),
+            Target::TimesAt(2.0, 1, &[MIB], "target: 2x Mooncake (1 MiB)"),
+        ],
+    },
+    Spec {
+        bench: "python",
+        table: "Python overhead per sync op",
+        id: "python-overhead",
+        title: "What Python adds per sync op over the same call from Rust",
+        filter: None,
+        x: &["op", "call"],
+        log2_x: false,
+        series: &[
+            ("Python loop us/op", "from Python"),
+            ("Rust loop us/op", "from Rust"),
+        ],
+        y_label: "µs per op (lower is better)",
+        targets: &[Target::Plus(3.0, 1, &[], "target: at most 3 µs over Rust")],
     },
     Spec {
         bench: "plugin",
         table: "",
         id: "plugin-vs-static",
-        title: "A transport as a plugin vs linked statically",
+        title: "A transport as a plugin vs linked statically (median per op)",
         filter: None,
         x: &["op", "size"],
         log2_x: false,
@@ -326,19 +481,35 @@ const SPECS: &[Spec] = &[
             ("static median", "linked statically"),
         ],
         y_label: "median µs per op (lower is better)",
-        target: Target::Times(1.05, 1, "target: at most 5% over static"),
+        targets: &[Target::Times(1.05, 1, "target: at most 5% over static")],
     },
     Spec {
         bench: "rdma",
         table: "",
         id: "rdma-cpu",
-        title: "RDMA transport: our CPU per batch (libibverbs stand-in)",
+        title: "RDMA transport: our CPU per batch vs the stand-in's wall time (no NIC)",
         filter: None,
         x: &["op", "descriptors x size"],
         log2_x: false,
-        series: &[("our CPU per batch", "our CPU per batch")],
-        y_label: "µs",
-        target: Target::None,
+        series: &[
+            ("our CPU per batch", "our CPU per batch"),
+            ("wall per batch", "wall per batch (the libibverbs stand-in)"),
+        ],
+        y_label: "µs per batch",
+        // The issue's target (90% of ib_write_bw) needs a NIC.
+        targets: &[],
+    },
+    Spec {
+        bench: "rdma",
+        table: "",
+        id: "rdma-standin-bw",
+        title: "RDMA transport through the libibverbs stand-in: 16 MiB batches (no NIC)",
+        filter: None,
+        x: &["op", "descriptor size"],
+        log2_x: false,
+        series: &[("GB/s", "through the stand-in")],
+        y_label: "GB/s",
+        targets: &[],
     },
 ];
 
@@ -396,7 +567,13 @@ fn plot(spec: &Spec, run: &Run, t: &Table) -> Option<Plot> {
         XAxis::Categories(
             rows.iter()
                 .map(|&r| {
-                    let name: Vec<&str> = x_cols.iter().map(|&c| t.rows[r][c].as_str()).collect();
+                    let name: Vec<String> = x_cols
+                        .iter()
+                        .map(|&c| match t.columns[c].contains("size") {
+                            true => size_label(&t.rows[r][c]),
+                            false => t.rows[r][c].clone(),
+                        })
+                        .collect();
                     if name.is_empty() {
                         "this run".to_string()
                     } else {
@@ -414,36 +591,70 @@ fn plot(spec: &Spec, run: &Run, t: &Table) -> Option<Plot> {
             (lo, hi)
         }
     };
-    let level = |y: f64, name: &str| Reference {
+    let level = |y: f64, name: &str, peer: bool| Reference {
         name: name.to_string(),
         marks: vec![(span.0, span.1, y)],
         level: true,
+        peer,
     };
-    let references = match spec.target {
-        Target::None => vec![],
-        Target::Times(factor, of, name) => vec![Reference {
-            name: name.to_string(),
-            marks: series[of]
-                .points
-                .iter()
-                .map(|&(x, y)| (x - 0.4, x + 0.4, factor * y))
-                .collect(),
-            level: false,
-        }],
-        Target::Level(y, name) => vec![level(y, name)],
-        Target::ShareOfPeak(share, of, name) => {
-            let peak = series[of].points.iter().map(|p| p.1).fold(0.0, f64::max);
-            vec![level(share * peak, name)]
-        }
-        Target::FromNote(prefix, name) => run
-            .notes
+    // Whether the group at `x` (an index into `rows`) has one of `sizes` (empty: any).
+    let size_col = t.column("size");
+    let at = |sizes: Sizes, x: f64| {
+        sizes.is_empty()
+            || (!spec.log2_x
+                && rows
+                    .get(x as usize)
+                    .and_then(|&r| t.values[r][size_col?])
+                    .is_some_and(|v| sizes.contains(&v)))
+    };
+    let marks = |name: &str, marks: Vec<(f64, f64, f64)>| Reference {
+        name: name.to_string(),
+        marks,
+        level: false,
+        peer: false,
+    };
+    let relative = |of: usize, sizes: Sizes, f: &dyn Fn(f64) -> f64| -> Vec<(f64, f64, f64)> {
+        series[of]
+            .points
             .iter()
-            .find(|n| n.starts_with(prefix))
-            .and_then(|n| super::cell_value(n.rsplit_once(':')?.1))
-            .map(|y| level(y, name))
-            .into_iter()
-            .collect(),
+            .filter(|p| at(sizes, p.0))
+            .map(|&(x, y)| (x - 0.4, x + 0.4, f(y)))
+            .collect()
     };
+    let references = spec
+        .targets
+        .iter()
+        .filter_map(|target| match *target {
+            Target::Times(factor, of, name) => {
+                Some(marks(name, relative(of, &[], &|y| factor * y)))
+            }
+            Target::TimesAt(factor, of, sizes, name) => {
+                Some(marks(name, relative(of, sizes, &|y| factor * y)))
+            }
+            Target::Plus(add, of, sizes, name) => {
+                Some(marks(name, relative(of, sizes, &|y| y + add)))
+            }
+            Target::Level(y, name) => Some(level(y, name, false)),
+            Target::LevelAt(y, sizes, name) => Some(marks(
+                name,
+                (0..rows.len())
+                    .map(|i| i as f64)
+                    .filter(|&x| at(sizes, x))
+                    .map(|x| (x - 0.4, x + 0.4, y))
+                    .collect(),
+            )),
+            Target::ShareOfPeak(share, of, name) => {
+                let peak = series[of].points.iter().map(|p| p.1).fold(0.0, f64::max);
+                Some(level(share * peak, name, false))
+            }
+            Target::FromNote(prefix, factor, name) => run
+                .notes
+                .iter()
+                .find(|n| n.starts_with(prefix))
+                .and_then(|n| super::cell_value(n.rsplit_once(':')?.1))
+                .map(|y| level(factor * y, name, factor == 1.0)),
+        })
+        .collect();
     Some(Plot {
         id: spec.id.to_string(),
         title: if t.title.contains("UCX_TLS=") {
@@ -458,6 +669,26 @@ fn plot(spec: &Spec, run: &Run, t: &Table) -> Option<Plot> {
         series,
         references,
     })
+}
+
+/// A size cell as a category label in its largest whole unit (`65536` as the Python bench
+/// prints it, `1024 KiB` as the RDMA bench does: `64 KiB`, `1 MiB`); anything else as
+/// printed.
+fn size_label(cell: &str) -> String {
+    let whole = |unit: &str| {
+        let n = cell.strip_suffix(unit)?.trim_end();
+        n.parse::<u64>().ok()
+    };
+    let bytes = cell
+        .parse::<u64>()
+        .ok()
+        .or_else(|| whole(" KiB").map(|n| n << 10))
+        .or_else(|| whole(" MiB").map(|n| n << 20));
+    match bytes {
+        Some(n) if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        Some(n) if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        _ => cell.to_string(),
+    }
 }
 
 /// Category names along x, one tick per group.
@@ -521,8 +752,33 @@ const COLOURS: [RGBColor; 5] = [
     RGBColor(140, 86, 75),
 ];
 const TARGET: RGBColor = RGBColor(214, 39, 40);
+/// A peer's single figure (iperf3's bandwidth) drawn as a level.
+const PEER_LEVEL: RGBColor = RGBColor(90, 90, 90);
 
 const SIZE: (u32, u32) = (860, 440);
+
+/// The figure's size: wider than [`SIZE`] when its group names would not fit side by side.
+fn size_of(plot: &Plot) -> (u32, u32) {
+    let XAxis::Categories(names) = &plot.x else {
+        return SIZE;
+    };
+    let longest = names.iter().map(|n| n.chars().count()).max().unwrap_or(0) as u32;
+    // About 7 px a character at 12 px, a gap, and the y axis's labels.
+    let needed = 90 + names.len() as u32 * (longest * 7 + 16);
+    (needed.clamp(SIZE.0, 1600), SIZE.1)
+}
+
+/// The share of the plot's height the legend takes: about 16 px an entry and its margins,
+/// over a plot about 300 px high; at most half.
+fn legend_share(plot: &Plot) -> f64 {
+    let series = plot.series.iter().filter(|s| !s.points.is_empty()).count();
+    let references = plot
+        .references
+        .iter()
+        .filter(|r| !r.marks.is_empty())
+        .count();
+    (((series + references) * 16 + 30) as f64 / 300.0).min(0.5)
+}
 
 /// The figure as SVG text, `caption` (when, how loaded) under it.
 pub fn render_svg(plot: &Plot, caption: &str) -> Result<String> {
@@ -538,8 +794,14 @@ pub fn render_svg(plot: &Plot, caption: &str) -> Result<String> {
     let (lo, hi) = ys.fold((f64::MAX, 0.0f64), |(a, b), v| (a.min(v), b.max(v)));
     let hi = if hi > 0.0 { hi } else { 1.0 };
     let log_y = lo > 0.0 && hi / lo > 30.0;
-    let y_lin: RangedCoordf64 = (0.0..hi * 1.25).into();
-    let y_log = || -> LogCoord<f64> { (lo / 1.5..hi * 2.0).log_scale().into() };
+    // Room at the top for the legend (drawn inside the plot), so that it hides no bar.
+    let share = legend_share(plot);
+    let y_lin: RangedCoordf64 = (0.0..(hi / (1.0 - share)).max(hi * 1.25)).into();
+    let y_log = || -> LogCoord<f64> {
+        let lo = lo / 1.5;
+        let top = hi * (hi / lo).powf(share / (1.0 - share));
+        (lo..top.max(hi * 2.0)).log_scale().into()
+    };
     match &plot.x {
         XAxis::Categories(names) => {
             let x = CategoryAxis(names.clone());
@@ -578,9 +840,10 @@ where
     let y_base = y.range().start;
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        let size = size_of(plot);
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         root.fill(&WHITE).map_err(e)?;
-        let (main, foot) = root.split_vertically(SIZE.1 - 24);
+        let (main, foot) = root.split_vertically(size.1 - 24);
         foot.draw(&Text::new(
             caption.to_string(),
             (12, 4),
@@ -612,20 +875,22 @@ where
             .label_style(("sans-serif", 12))
             .draw()
             .map_err(e)?;
-        let k = plot.series.len().max(1) as f64;
-        // A peer missing from this run (no tonic binary, no Mooncake) gets no legend entry.
-        for (j, s) in plot
+        // A peer missing from this run (no tonic binary, no Mooncake) gets no legend entry
+        // and no room in the groups; each series keeps its colour.
+        let drawn: Vec<(usize, &Series)> = plot
             .series
             .iter()
             .enumerate()
             .filter(|(_, s)| !s.points.is_empty())
-        {
+            .collect();
+        let k = drawn.len().max(1) as f64;
+        for (slot, &(j, s)) in drawn.iter().enumerate() {
             let colour = COLOURS[j % COLOURS.len()];
             let anno = if categories.is_some() {
                 let w = 0.8 / k;
                 chart
                     .draw_series(s.points.iter().map(|&(cx, v)| {
-                        let x0 = cx - 0.4 + j as f64 * w;
+                        let x0 = cx - 0.4 + slot as f64 * w;
                         Rectangle::new([(x0, y_base), (x0 + w * 0.92, v)], colour.filled())
                     }))
                     .map_err(e)?
@@ -647,7 +912,7 @@ where
             });
         }
         for r in plot.references.iter().filter(|r| !r.marks.is_empty()) {
-            let style = TARGET.stroke_width(2);
+            let style = if r.peer { PEER_LEVEL } else { TARGET }.stroke_width(2);
             let anno = if r.level {
                 let (x0, x1, yv) = r.marks[0];
                 chart
@@ -685,8 +950,12 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::super::{parse_output, tests::RPC_OUTPUT};
+    use super::super::{
+        parse_output,
+        tests::{FIXTURES, RPC_OUTPUT},
+    };
     use super::*;
+    use rstest::rstest;
 
     fn run_of(text: &str) -> Run {
         let (tables, notes) = parse_output(text);
@@ -850,6 +1119,262 @@ mod tests {
         let plots = plots_for("transfer", &run, &run.tables[0]);
         assert_eq!(plots[0].references[0].marks, [(-0.5, 0.5, 3.01)]);
         assert_eq!(plots[0].references[0].name, "iperf3, one stream");
+    }
+
+    fn fixture(bench: &str) -> Run {
+        let text = FIXTURES
+            .iter()
+            .find(|(b, _)| *b == bench)
+            .expect("a fixture")
+            .1;
+        run_of(text)
+    }
+
+    fn all_plots(bench: &str, run: &Run) -> Vec<Plot> {
+        let plots = run.tables.iter().flat_map(|t| plots_for(bench, run, t));
+        plots.collect()
+    }
+
+    #[rstest]
+    #[case::transfer("transfer", &["tcp-vs-iperf3"])]
+    #[case::ucx("ucx", &["ucx-tcp-ucxmem", "ucx-shm-ucxmem", "ucx-tcp-user", "ucx-shm-user"])]
+    #[case::shm("shm", &["shm-vs-memcpy"])]
+    #[case::rdma("rdma", &["rdma-cpu", "rdma-standin-bw"])]
+    #[case::plugin("plugin", &["plugin-vs-static"])]
+    #[case::python("python", &["python-vs-mooncake", "python-overhead"])]
+    #[case::engine("engine", &["engine-vs-mooncake", "engine-facade"])]
+    fn each_bench_gives_its_figures_with_every_series_and_target_in_the_legend(
+        #[case] bench: &str,
+        #[case] ids: &[&str],
+    ) {
+        let run = fixture(bench);
+        let plots = all_plots(bench, &run);
+        let got: Vec<&str> = plots.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(got, ids);
+        for p in &plots {
+            for s in &p.series {
+                assert!(!s.points.is_empty(), "{}: no values for {}", p.id, s.name);
+            }
+            for r in &p.references {
+                assert!(!r.marks.is_empty(), "{}: no marks for {}", p.id, r.name);
+            }
+            let (texts, _) = parse_svg(&render_svg(p, "when and how loaded").unwrap());
+            let names = p.series.iter().map(|s| &s.name);
+            for want in names
+                .chain(p.references.iter().map(|r| &r.name))
+                .chain([&p.title])
+            {
+                assert!(texts.contains(want), "{}: no {want:?} in {texts:?}", p.id);
+            }
+        }
+    }
+
+    #[test]
+    fn the_transfer_figure_has_iperf3_as_a_grey_level_and_the_target_at_70_percent_of_it() {
+        let run = fixture("transfer");
+        let p = &all_plots("transfer", &run)[0];
+        let iperf3 = run.notes[0].rsplit_once(':').unwrap().1;
+        let iperf3 = super::super::cell_value(iperf3).unwrap();
+        let (peer, target) = (&p.references[0], &p.references[1]);
+        assert!(peer.level && peer.peer && !target.peer);
+        assert_eq!(peer.marks[0].2, iperf3);
+        assert!((target.marks[0].2 - 0.7 * iperf3).abs() < 1e-9);
+        let svg = render_svg(p, "").unwrap();
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let stroked = |c: RGBColor| {
+            doc.descendants()
+                .any(|n| n.attribute("stroke") == Some(&hex(c)))
+        };
+        assert!(stroked(PEER_LEVEL) && stroked(TARGET));
+    }
+
+    /// The groups (category names) a reference has marks over.
+    fn marked(p: &Plot, reference: usize) -> Vec<String> {
+        let XAxis::Categories(names) = &p.x else {
+            panic!("{} has no categories", p.id)
+        };
+        let r = &p.references[reference];
+        r.marks
+            .iter()
+            .map(|m| names[((m.0 + m.1) / 2.0).round() as usize].clone())
+            .collect()
+    }
+
+    #[test]
+    fn size_bound_targets_mark_only_the_groups_of_their_sizes() {
+        let run = fixture("shm");
+        let p = &all_plots("shm", &run)[0];
+        // 300k ops/s at 4 KiB, as GB/s; 80% of memcpy at 64 KiB and 1 MiB.
+        assert_eq!(marked(p, 0), ["Write x 4 KiB", "Read x 4 KiB"]);
+        assert!((p.references[0].marks[0].2 - 1.2288).abs() < 1e-9);
+        assert_eq!(
+            marked(p, 1),
+            [
+                "Write x 64 KiB",
+                "Write x 1 MiB",
+                "Read x 64 KiB",
+                "Read x 1 MiB"
+            ]
+        );
+        let memcpy = &p.series[2].points;
+        assert_eq!(p.references[1].marks[0].2, 0.8 * memcpy[1].1);
+
+        // The Python bench prints sizes in bytes: the groups say KiB and MiB.
+        let run = fixture("python");
+        let p = &all_plots("python", &run)[0];
+        assert_eq!(
+            marked(p, 0),
+            [
+                "write x 4 KiB",
+                "write x 64 KiB",
+                "read x 4 KiB",
+                "read x 64 KiB"
+            ]
+        );
+        assert_eq!(marked(p, 1), ["write x 1 MiB", "read x 1 MiB"]);
+        let mooncake = &p.series[1].points;
+        assert_eq!(p.references[0].marks[0].2, 3.0 * mooncake[0].1);
+        // Python's allowance is 3 µs over the same call from Rust, per group.
+        let p = &all_plots("python", &run)[1];
+        let rust = &p.series[1].points;
+        assert_eq!(p.references[0].marks[1].2, rust[1].1 + 3.0);
+    }
+
+    #[test]
+    fn the_ucx_figures_take_one_row_kind_each_and_only_like_for_like_has_the_target() {
+        let run = fixture("ucx");
+        let plots = all_plots("ucx", &run);
+        for p in &plots {
+            let XAxis::Categories(names) = &p.x else {
+                panic!("{} has no categories", p.id)
+            };
+            assert_eq!(names.len(), 6, "{}: {names:?}", p.id);
+            assert_eq!(names[0], "put x 64 KiB");
+            assert_eq!(
+                p.references.is_empty(),
+                !p.id.ends_with("-ucxmem"),
+                "{}",
+                p.id
+            );
+        }
+        // The first figure is the tcp-ucxmem rows: put 64 KiB is the table's 7th row.
+        assert_eq!(
+            plots[0].series[0].points[0],
+            (0.0, run.tables[0].values[6][3].unwrap())
+        );
+    }
+
+    #[test]
+    fn a_figure_widens_when_its_group_names_would_not_fit() {
+        let mut p = all_plots("transfer", &fixture("transfer")).remove(0);
+        assert_eq!(size_of(&p), SIZE);
+        p.x = XAxis::Categories(
+            (0..12)
+                .map(|i| format!("tcp-ucxmem x put x {i} KiB"))
+                .collect(),
+        );
+        let (w, h) = size_of(&p);
+        assert!(w > SIZE.0 && w <= 1600 && h == SIZE.1, "{w}");
+        let svg = render_svg(&p, "").unwrap();
+        assert!(svg.contains(&format!("width=\"{w}\"")), "{}", &svg[..200]);
+    }
+
+    #[rstest]
+    #[case::shm("shm")]
+    #[case::python("python")]
+    #[case::transfer("transfer")]
+    fn no_bar_reaches_into_the_legend(#[case] bench: &str) {
+        let run = fixture(bench);
+        for p in all_plots(bench, &run) {
+            let svg = render_svg(&p, "").unwrap();
+            let doc = roxmltree::Document::parse(&svg).unwrap();
+            let num =
+                |n: &roxmltree::Node, a: &str| -> i64 { n.attribute(a).unwrap().parse().unwrap() };
+            let legend = doc
+                .descendants()
+                .find(|n| n.has_tag_name("rect") && n.attribute("stroke") == Some("#A0A0A0"))
+                .expect("a legend box");
+            let (left, right) = (num(&legend, "x"), num(&legend, "x") + num(&legend, "width"));
+            let bottom = num(&legend, "y") + num(&legend, "height");
+            let bars = doc.descendants().filter(|n| {
+                n.has_tag_name("rect")
+                    && COLOURS
+                        .iter()
+                        .any(|c| n.attribute("fill") == Some(&hex(*c)))
+                    && num(n, "height") > 12 // not a legend swatch
+            });
+            for bar in bars {
+                let (x0, x1) = (num(&bar, "x"), num(&bar, "x") + num(&bar, "width"));
+                if x1 > left && x0 < right {
+                    assert!(num(&bar, "y") > bottom, "{}: a bar under the legend", p.id);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_shm_bench_plots_its_shared_memory_hmc_buffer_rows_against_3x_tcp_stream() {
+        // `hmc-rpc-bench --data-planes shm,tcp` as `cargo xtask bench shm` runs it.
+        let run = run_of(include_str!("fixtures/shm-hmc-buffer.md"));
+        let plots = all_plots("shm", &run);
+        let p = &plots[0];
+        assert_eq!(plots.len(), 1);
+        assert_eq!(p.id, "hmc-buffer-shm");
+        let groups = ["1 x 1", "1 x 8", "8 x 1", "8 x 8"].map(String::from);
+        assert_eq!(p.x, XAxis::Categories(groups.to_vec()));
+        assert_eq!(p.series[0].points[0], (0.0, 4491.3));
+        let tcp_stream = p.series[1].points[0].1;
+        assert_eq!(p.references[0].marks[0], (-0.4, 0.4, 3.0 * tcp_stream));
+        // The RPC bench's figure of this table has every data plane, and no tag_bw here.
+        let rpc = &all_plots("rpc", &run)[0];
+        assert_eq!(rpc.id, "hmc-buffer");
+        assert!(rpc.series[2].points.is_empty() && rpc.references[0].marks.is_empty());
+        // An absent peer takes no room: the figure is the one drawn without it.
+        let mut without = rpc.clone();
+        without.series.remove(2);
+        assert_eq!(
+            render_svg(rpc, "").unwrap(),
+            render_svg(&without, "").unwrap()
+        );
+    }
+
+    #[test]
+    fn the_engine_facade_allows_2_us_at_4_kib_and_5_percent_from_64_kib() {
+        let run = fixture("engine");
+        let p = &all_plots("engine", &run)[1];
+        assert_eq!(p.id, "engine-facade");
+        assert_eq!(marked(p, 0), ["64 KiB", "1 MiB", "16 MiB"]);
+        assert_eq!(marked(p, 1), ["4 KiB"]);
+        let bare = &p.series[1].points;
+        assert!((p.references[0].marks[0].2 - 1.05 * bare[1].1).abs() < 1e-9);
+        assert!((p.references[1].marks[0].2 - (bare[0].1 + 2.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_plugin_figure_puts_the_5_percent_allowance_over_static() {
+        let run = fixture("plugin");
+        let p = &all_plots("plugin", &run)[0];
+        assert_eq!(p.series[0].name, "plugin");
+        let stat = &p.series[1].points;
+        assert_eq!(p.references[0].marks.len(), stat.len());
+        for (m, s) in p.references[0].marks.iter().zip(stat) {
+            assert!((m.2 - 1.05 * s.1).abs() < 1e-9);
+        }
+    }
+
+    #[rstest]
+    #[case("65536", "64 KiB")]
+    #[case("1048576", "1 MiB")]
+    #[case("4096", "4 KiB")]
+    #[case("1000", "1000")]
+    #[case("64 B", "64 B")]
+    #[case("Write", "Write")]
+    #[case("1024 KiB", "1 MiB")]
+    #[case("16384 KiB", "16 MiB")]
+    #[case("64 KiB", "64 KiB")]
+    #[case("1 x 1048576 B", "1 x 1048576 B")]
+    fn sizes_in_bytes_read_as_kib_or_mib(#[case] cell: &str, #[case] label: &str) {
+        assert_eq!(size_label(cell), label);
     }
 
     #[test]
