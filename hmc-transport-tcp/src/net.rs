@@ -26,7 +26,38 @@ pub(crate) struct Stream {
     /// [`Stream::poll_readable`] (see the module docs). Declared before `sock`, so it is
     /// deregistered before the socket closes.
     reg: Mutex<Option<Arc<AsyncFd<Fd>>>>,
+    /// Bytes read ahead of a small read (see [`READ_AHEAD`]); every read takes them first.
+    ahead: Mutex<ReadAhead>,
     sock: Sock,
+}
+
+/// How many bytes a small read (a request's or an answer's header, field by field) asks
+/// the socket for at once. A request of one descriptor is 46 bytes before its data, and
+/// was read in four system calls; now the first takes the whole header (and, for a small
+/// WRITE, the first bytes of its data). The protocol is request then answer on each
+/// connection, so the bytes read ahead never belong to a later message.
+const READ_AHEAD: usize = 256;
+
+/// Bytes received ahead of the reads that take them: `buf[start..end]`.
+#[derive(Debug)]
+struct ReadAhead {
+    buf: [u8; READ_AHEAD],
+    start: usize,
+    end: usize,
+}
+
+impl ReadAhead {
+    /// Moves up to `out.len()` buffered bytes into `out`; how many (0 when empty).
+    fn take(&mut self, out: &mut [u8]) -> usize {
+        let n = out.len().min(self.end - self.start);
+        out[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
+        n
+    }
+
+    fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
 }
 
 /// The owned socket.
@@ -89,6 +120,11 @@ impl Stream {
         };
         Ok(Stream {
             reg: Mutex::new(None),
+            ahead: Mutex::new(ReadAhead {
+                buf: [0; READ_AHEAD],
+                start: 0,
+                end: 0,
+            }),
             sock,
         })
     }
@@ -168,7 +204,7 @@ impl Stream {
 
     /// One `poll(2)` with a zero timeout: true when a read would not block.
     fn readable_now(&self) -> bool {
-        self.ready_now(libc::POLLIN)
+        !self.ahead.lock().is_empty() || self.ready_now(libc::POLLIN)
     }
 
     /// One `poll(2)` for `events` with a zero timeout: true when the socket reports any of
@@ -199,6 +235,9 @@ impl Stream {
     /// reader since), so it is checked against the socket and cleared when the socket
     /// disagrees; an event that arrives meanwhile is kept (its tick is newer).
     async fn ready(&self, interest: Interest, events: i16) -> io::Result<()> {
+        if interest.is_readable() && !self.ahead.lock().is_empty() {
+            return Ok(());
+        }
         let reg = self.registration()?;
         loop {
             let mut guard = reg.ready(interest).await?;
@@ -272,14 +311,41 @@ impl Stream {
         !matches!(self.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
-    /// One non-blocking `recv`; `WouldBlock` when nothing is there.
+    /// Bytes read ahead, else one non-blocking `recv`; `WouldBlock` when nothing is there.
     pub(crate) fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let buffered = self.ahead.lock().take(buf);
+        if buffered > 0 || buf.is_empty() {
+            return Ok(buffered);
+        }
+        self.recv_raw(buf)
+    }
+
+    /// One non-blocking `recv` straight into `buf`.
+    fn recv_raw(&self, buf: &mut [u8]) -> io::Result<usize> {
         let fd = self.fd();
         // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the call, and the fd
         // belongs to `self`, alive for the call.
         retry_eintr(|| unsafe {
             libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
         })
+    }
+
+    /// As [`Stream::try_read`], but a read smaller than [`READ_AHEAD`] with nothing
+    /// buffered asks the socket for [`READ_AHEAD`] bytes and keeps what `buf` cannot take.
+    fn read_small_or_direct(&self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.len() >= READ_AHEAD {
+            return self.try_read(buf);
+        }
+        let mut ahead = self.ahead.lock();
+        if ahead.is_empty() {
+            let n = self.recv_raw(&mut ahead.buf)?;
+            ahead.start = 0;
+            ahead.end = n;
+            if n == 0 {
+                return Ok(0); // end of stream
+            }
+        }
+        Ok(ahead.take(buf))
     }
 
     /// One non-blocking `send`; `WouldBlock` when the socket buffer is full. A peer that
@@ -322,7 +388,7 @@ impl AsyncRead for Stream {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         loop {
-            match this.try_read(buf.initialize_unfilled()) {
+            match this.read_small_or_direct(buf.initialize_unfilled()) {
                 Ok(n) => {
                     buf.advance(n);
                     return Poll::Ready(Ok(()));
@@ -499,5 +565,45 @@ mod tests {
         );
     }
 
+    /// A small read takes a whole header in one system call and keeps the rest; the
+    /// bytes kept count as readable (the socket itself is empty by then, so a wait on the
+    /// poller would never end) and every kind of read takes them first, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn bytes_read_ahead_are_readable_and_come_first() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = Listener::bind(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut c = Stream::connect(&addr, Deadline::after(FAR)).await.unwrap();
+        let mut s = l.accept().await.unwrap();
+        let message: Vec<u8> = (0..100u8).collect();
+        c.write_all(&message).await.unwrap();
+        // The whole message is in before the first read.
+        s.poll_readable(FAR).await;
+        assert_eq!(s.read_u8().await.unwrap(), 0);
+        assert!(s.readable_now(), "bytes read ahead are readable");
+        tokio::time::timeout(Duration::from_secs(5), s.readable())
+            .await
+            .expect("a wait with bytes read ahead returns at once")
+            .unwrap();
+        let mut four = [0u8; 4];
+        s.read_exact(&mut four).await.unwrap();
+        assert_eq!(four, [1, 2, 3, 4]);
+        let mut rest = vec![0u8; 95];
+        s.read_exact_eager(&mut rest, Instant::now() + FAR)
+            .await
+            .unwrap();
+        assert_eq!(rest, &message[5..]);
+        // Nothing is left: the next read would block, and a later message reads whole.
+        assert_eq!(
+            s.try_read(&mut [0u8; 8]).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        c.write_all(&[7, 8]).await.unwrap();
+        let mut two = [0u8; 2];
+        s.read_exact(&mut two).await.unwrap();
+        assert_eq!(two, [7, 8]);
+    }
+
     const FAR: std::time::Duration = std::time::Duration::from_secs(20);
+    use std::time::Duration;
 }
