@@ -118,8 +118,7 @@ pub trait DynCommunicator: Send + Sync + 'static {
     fn dyn_rekey(&self, reg: &DynRegistration) -> Result<bool>;
     /// See [`Communicator::import`].
     fn dyn_import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey>;
-    /// See [`Communicator::transfer`].
-    /// [`Communicator::view`].
+    /// See [`Communicator::view`].
     fn dyn_view(
         &self,
         ep: &DynEndpoint,
@@ -128,6 +127,7 @@ pub trait DynCommunicator: Send + Sync + 'static {
         len: usize,
         access: Access,
     ) -> Result<Option<RemoteView>>;
+    /// See [`Communicator::transfer`].
     fn dyn_transfer<'a>(
         &'a self,
         ep: &'a DynEndpoint,
