@@ -280,14 +280,14 @@ impl Stream {
         let mut done = 0;
         while done < buf.len() || !prefix.is_empty() {
             past(until)?;
-            self.writable().await?;
+            // Room in the socket buffer is used before waiting for a readiness event.
             match self.try_write_prefixed(prefix, &buf[done..]) {
                 Ok(n) => {
                     let from_prefix = n.min(prefix.len());
                     prefix = &prefix[from_prefix..];
                     done += n - from_prefix;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
                 Err(e) => return Err(e),
             }
         }
@@ -602,6 +602,26 @@ mod tests {
         let mut two = [0u8; 2];
         s.read_exact(&mut two).await.unwrap();
         assert_eq!(two, [7, 8]);
+    }
+
+    /// A bulk write that fits the socket buffer leaves at once: it never waits for a
+    /// readiness event first. (A stream that has just left the poller registers again
+    /// when it must wait, and a fresh registration learns of readiness only at the I/O
+    /// driver's next turn: a 64 KiB WRITE waited that turn before its first byte.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bulk_write_with_room_in_the_socket_buffer_never_waits_on_the_poller() {
+        let (mut c, drain) = stream_to_a_counting_peer(1).await;
+        c.poll_readable(Duration::from_micros(1)).await;
+        assert!(c.reg.get_mut().is_none(), "busy-polling leaves the poller");
+        c.write_all_eager(b"hdr", &[5u8; 1024], Instant::now() + FAR)
+            .await
+            .unwrap();
+        assert!(
+            c.reg.get_mut().is_none(),
+            "the write waited on the poller although the socket had room"
+        );
+        drop(c);
+        assert_eq!(drain.await.unwrap(), 3 + 1024);
     }
 
     const FAR: std::time::Duration = std::time::Duration::from_secs(20);

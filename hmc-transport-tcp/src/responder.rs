@@ -504,8 +504,11 @@ async fn send_from(
 ) -> io::Result<Moved> {
     let mut done = 0u64;
     let prefix_len = prefix.len();
+    let mut wait = false;
     while done < len || !prefix.is_empty() {
-        within(stall, stream.writable()).await?;
+        if wait {
+            within(stall, stream.writable()).await?;
+        }
         let live = entry.live.read();
         if !*live {
             return Ok(Moved::Deregistered {
@@ -520,13 +523,15 @@ async fn send_from(
                 (len - done) as usize,
             )
         };
+        // Room in the socket buffer is used before waiting for a readiness event.
         match stream.try_write_prefixed(prefix, src) {
             Ok(n) => {
                 let from_prefix = n.min(prefix.len());
                 prefix = &prefix[from_prefix..];
                 done += (n - from_prefix) as u64;
+                wait = false;
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait = true,
             Err(e) => return Err(e),
         }
     }
