@@ -2,7 +2,8 @@
 //! hmc-engine over the TCP transport side by side with Mooncake Transfer Engine (its tcp
 //! protocol, through its Python API, one op at a time as our sync path), in one run.
 //!
-//! Rows: sync single ops at each size (ops/s, GB/s, ratio to Mooncake); async (8 in flight);
+//! Rows: sync single ops at each size (ops/s, GB/s, ratio to Mooncake; each cell alternates
+//! the systems round by round and keeps their median rounds); async (8 in flight);
 //! the engine against the same transfers through the bare `Communicator` (facade overhead);
 //! and 64 scattered 128 KiB KV blocks against one contiguous 8 MiB transfer.
 //!
@@ -12,10 +13,14 @@
 //! (`conn_sweep`): WRITE ops/s and the target's memory per connected engine from one
 //! initiator engine to as many as the machine allows. Over TCP, the sync rows are also
 //! set beside the floor of this machine (`tcp_floor`): a spinning ping-pong of the same
-//! shapes between two processes with no runtime or protocol. Internal: `--tcp-floor`.
+//! shapes between two processes with no runtime or protocol. `--floor-variants` prints,
+//! instead of the rows, that floor under each way of driving the sockets it tried (larger
+//! socket buffers, sends in pieces, blocking calls). Internal: `--tcp-floor`.
 
 #[path = "support/conn_sweep.rs"]
 mod conn_sweep;
+#[path = "support/mooncake.rs"]
+mod mooncake;
 #[path = "support/tcp_floor.rs"]
 mod tcp_floor;
 
@@ -44,6 +49,8 @@ struct Args {
     conn_sweep: Option<hmc_rpc_tools::sweep::SweepPlan>,
     /// Bytes of each WRITE in the sweep.
     sweep_size: usize,
+    /// Instead of the rows: the TCP floor under each of its variants (`tcp_floor`).
+    floor_variants: bool,
 }
 
 fn args() -> Args {
@@ -56,6 +63,7 @@ fn args() -> Args {
         transport: "tcp".into(),
         conn_sweep: None,
         sweep_size: 64,
+        floor_variants: false,
     };
     let mut it = std::env::args().skip(1).peekable();
     while let Some(k) = it.next() {
@@ -73,9 +81,12 @@ fn args() -> Args {
             "--quick" => a.seconds = 0.5,
             "--target" => a.target = true,
             "--tcp-floor" => {
-                tcp_floor::serve(it.next().expect("--tcp-floor LEN").parse().expect("bytes"));
+                let len = it.next().expect("--tcp-floor LEN VARIANT");
+                let v = it.next().expect("--tcp-floor LEN VARIANT");
+                tcp_floor::serve(len.parse().expect("bytes"), v.parse().expect("variant"));
                 std::process::exit(0);
             }
+            "--floor-variants" => a.floor_variants = true,
             "--transport" => a.transport = it.next().expect("--transport tcp|ucx|shm"),
             "--conn-sweep" => {
                 // The list is optional: the default steps when the next word is a flag.
@@ -211,6 +222,15 @@ where
     (n, start.elapsed().as_secs_f64())
 }
 
+/// Rounds per sync cell, alternated between the systems (see `run`).
+const ROUNDS: usize = 3;
+
+/// The round of median time per op among `(ops, seconds)` rounds.
+fn median_round(mut r: Vec<(u64, f64)>) -> (u64, f64) {
+    r.sort_by(|a, b| (a.1 / a.0 as f64).total_cmp(&(b.1 / b.0 as f64)));
+    r[r.len() / 2]
+}
+
 struct Row {
     what: String,
     op: &'static str,
@@ -229,72 +249,6 @@ impl Row {
     fn us(&self) -> f64 {
         self.secs * 1e6 / self.ops as f64
     }
-}
-
-fn mooncake(py: &str, sizes: &[usize], secs: f64) -> Result<Vec<Row>, String> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/mooncake_peer.py");
-    let len = buffer_len(sizes);
-    let mut t = Command::new(py)
-        .args([script, "target", &len.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("starting {py}: {e}"))?;
-    let mut line = String::new();
-    BufReader::new(t.stdout.take().unwrap())
-        .read_line(&mut line)
-        .map_err(|e| e.to_string())?;
-    let f: Vec<&str> = line.split_whitespace().collect();
-    if f.len() != 3 || f[0] != "READY" {
-        let _ = t.kill();
-        return Err(format!("the Mooncake target said `{}`", line.trim()));
-    }
-    let sizes_s: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
-    let out = Command::new(py)
-        .args([
-            script,
-            "initiator",
-            f[1],
-            f[2],
-            &sizes_s.join(","),
-            &secs.to_string(),
-        ])
-        .stderr(Stdio::null())
-        .output()
-        .map_err(|e| e.to_string())?;
-    let _ = t.kill();
-    let _ = t.wait();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut rows = Vec::new();
-    for l in text.lines() {
-        // {"system": "mooncake", "op": "write", "size": 4096, "ops": 12500, "secs": 1.0}
-        let field = |k: &str| -> Option<&str> {
-            let at = l.find(&format!("\"{k}\": "))? + k.len() + 4;
-            let rest = &l[at..];
-            let end = rest.find([',', '}']).unwrap_or(rest.len());
-            Some(rest[..end].trim().trim_matches('"'))
-        };
-        let (Some(op), Some(size), Some(ops), Some(s)) =
-            (field("op"), field("size"), field("ops"), field("secs"))
-        else {
-            continue;
-        };
-        rows.push(Row {
-            what: "mooncake".into(),
-            op: if op == "write" { "WRITE" } else { "READ" },
-            size: size.parse().unwrap_or(0),
-            ops: ops.parse().unwrap_or(0),
-            secs: s.parse().unwrap_or(1.0),
-        });
-    }
-    if rows.is_empty() {
-        return Err(format!(
-            "the Mooncake initiator printed nothing usable (exit {})",
-            out.status
-        ));
-    }
-    Ok(rows)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -363,6 +317,9 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
     if let Some(plan) = &a.conn_sweep {
         return conn_sweep::run(&a, plan, open).await;
     }
+    if a.floor_variants {
+        return tcp_floor::variants(&a.sizes, a.seconds);
+    }
     let len = buffer_len(&a.sizes);
     let TargetProc {
         mut child,
@@ -391,30 +348,71 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
             .unwrap();
     }
     engine.connect(&name, T).await.unwrap();
-    let mut rows = Vec::new();
+
+    // The sync rows: each cell alternates hmc-engine, Mooncake and (over TCP) the floor,
+    // ROUNDS rounds of a third of `--seconds` each, and keeps each system's median round.
+    let mut mc = match &a.mooncake_python {
+        None => {
+            eprintln!("note: no --mooncake-python; the Mooncake column is empty");
+            None
+        }
+        Some(py) => mooncake::Mooncake::start(py, &a.sizes, len)
+            .map_err(|e| eprintln!("note: Mooncake skipped: {e}"))
+            .ok(),
+    };
+    let mut floor_proc =
+        (a.transport == "tcp").then(|| tcp_floor::Floor::start(len, tcp_floor::Variant::default()));
+    let (mut rows, mut mc_rows, mut floor) = (Vec::new(), Vec::new(), Vec::new());
+    let round = a.seconds / ROUNDS as f64;
     for (op, top) in [("WRITE", TransferOp::Write), ("READ", TransferOp::Read)] {
         for &size in &a.sizes {
-            eprintln!("hmc-engine {op} {size} B");
+            eprintln!("{op} {size} B: hmc-engine, Mooncake, TCP floor; {ROUNDS} rounds");
             let d = [TransferOpDesc {
                 local_addr,
                 remote_addr: remote_buf,
                 len: size,
             }];
-            let e = &engine;
-            let n = &name;
-            let (ops, secs) = timed(a.seconds, || async move {
-                e.transfer(n, top, &d, T).await.unwrap();
-            })
-            .await;
-            rows.push(Row {
-                what: "hmc-engine".into(),
+            let (mut h, mut m, mut f) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..ROUNDS {
+                let (e, n) = (&engine, &name);
+                h.push(
+                    timed(round, || async move {
+                        e.transfer(n, top, &d, T).await.unwrap();
+                    })
+                    .await,
+                );
+                if let Some(p) = mc.as_mut() {
+                    match p.step(op == "WRITE", size, round) {
+                        Ok(r) => m.push(r),
+                        Err(e) => {
+                            eprintln!("note: Mooncake dropped: {e}");
+                            mc = None;
+                        }
+                    }
+                }
+                if let Some(fp) = floor_proc.as_mut() {
+                    f.push(fp.us_per_op(op == "READ", size, round));
+                }
+            }
+            let row = |what: &str, (ops, secs)| Row {
+                what: what.into(),
                 op,
                 size,
                 ops,
                 secs,
-            });
+            };
+            rows.push(row("hmc-engine", median_round(h)));
+            if m.len() == ROUNDS {
+                mc_rows.push(row("mooncake", median_round(m)));
+            }
+            if !f.is_empty() {
+                f.sort_by(f64::total_cmp);
+                floor.push((op, size, f[f.len() / 2]));
+            }
         }
     }
+    drop(mc);
+    drop(floor_proc);
 
     // The same transfers through the bare communicator: its own endpoint and key.
     let bare_comm = open().unwrap();
@@ -546,35 +544,10 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
     drop(child.stdin.take());
     let _ = child.wait();
 
-    // The floor, over TCP only (the other transports do not use sockets per op).
-    let mut floor = Vec::new();
-    if a.transport == "tcp" {
-        let max = a.sizes.iter().copied().max().unwrap_or(0);
-        let mut f = tcp_floor::Floor::start(max);
-        for (op, read) in [("WRITE", false), ("READ", true)] {
-            for &size in &a.sizes {
-                eprintln!("TCP floor {op} {size} B");
-                floor.push((op, size, f.us_per_op(read, size, a.seconds)));
-            }
-        }
-    }
-
-    let mc = match &a.mooncake_python {
-        None => {
-            eprintln!("note: no --mooncake-python; the Mooncake column is empty");
-            Vec::new()
-        }
-        Some(py) => {
-            eprintln!("Mooncake Transfer Engine (tcp)");
-            mooncake(py, &a.sizes, a.seconds).unwrap_or_else(|e| {
-                eprintln!("note: Mooncake skipped: {e}");
-                Vec::new()
-            })
-        }
-    };
+    let mc = mc_rows;
 
     println!(
-        "## hmc-engine ({} transport{}) vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback\n",
+        "## hmc-engine ({} transport{}) vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback (alternated rounds, medians of 3)\n",
         a.transport,
         std::env::var("UCX_TLS")
             .ok()

@@ -6,6 +6,10 @@ P2PHANDSHAKE metadata, one op at a time with transfer_sync_write/read).
              prints "READY <rpc port> <buffer address>", serves until stdin closes
   initiator: python mooncake_peer.py initiator PORT REMOTE_ADDR SIZES SECONDS
              prints one JSON object per (op, size): system, op, size, ops, secs
+  steps:     python mooncake_peer.py steps PORT REMOTE_ADDR SIZES
+             warms every (op, size) up, prints "READY", then runs one timed loop per
+             stdin line "OP SIZE SECONDS" (op write|read) and prints its JSON object;
+             the engine bench alternates these steps with its own rounds
 """
 
 import json
@@ -39,21 +43,42 @@ def initiator(port, remote, sizes, seconds):
     if not local:
         sys.exit("mooncake: allocate_managed_buffer failed")
     for op in ("write", "read"):
-        call = te.transfer_sync_write if op == "write" else te.transfer_sync_read
         for size in sizes:
-            if call(peer, local, remote, size) != 0:  # warm-up, and the handshake
+            timed_loop(te, peer, local, remote, op, size, seconds)
+
+
+def timed_loop(te, peer, local, remote, op, size, seconds):
+    """One warm-up op, then ops of `size` bytes until `seconds` passed; prints the JSON row."""
+    call = te.transfer_sync_write if op == "write" else te.transfer_sync_read
+    if call(peer, local, remote, size) != 0:  # warm-up, and the handshake
+        sys.exit(f"mooncake {op} of {size} bytes failed")
+    n = 0
+    start = time.perf_counter()
+    while True:
+        if call(peer, local, remote, size) != 0:
+            sys.exit(f"mooncake {op} of {size} bytes failed")
+        n += 1
+        secs = time.perf_counter() - start
+        if secs >= seconds:
+            break
+    print(json.dumps({"system": "mooncake", "op": op, "size": size,
+                      "ops": n, "secs": secs}), flush=True)
+
+
+def steps(port, remote, sizes):
+    te = engine()
+    peer = f"127.0.0.1:{port}"
+    local = te.allocate_managed_buffer(max(sizes))
+    if not local:
+        sys.exit("mooncake: allocate_managed_buffer failed")
+    for op, call in (("write", te.transfer_sync_write), ("read", te.transfer_sync_read)):
+        for size in sizes:
+            if call(peer, local, remote, size) != 0:
                 sys.exit(f"mooncake {op} of {size} bytes failed")
-            n = 0
-            start = time.perf_counter()
-            while True:
-                if call(peer, local, remote, size) != 0:
-                    sys.exit(f"mooncake {op} of {size} bytes failed")
-                n += 1
-                secs = time.perf_counter() - start
-                if secs >= seconds:
-                    break
-            print(json.dumps({"system": "mooncake", "op": op, "size": size,
-                              "ops": n, "secs": secs}), flush=True)
+    print("READY", flush=True)
+    for line in sys.stdin:
+        op, size, seconds = line.split()
+        timed_loop(te, peer, local, remote, op, int(size), float(seconds))
 
 
 if __name__ == "__main__":
@@ -63,5 +88,7 @@ if __name__ == "__main__":
     elif role == "initiator":
         initiator(int(sys.argv[2]), int(sys.argv[3]),
                   [int(s) for s in sys.argv[4].split(",")], float(sys.argv[5]))
+    elif role == "steps":
+        steps(int(sys.argv[2]), int(sys.argv[3]), [int(s) for s in sys.argv[4].split(",")])
     else:
         sys.exit(__doc__)
