@@ -43,6 +43,10 @@ use crate::net::{Listener, Stream};
 use crate::wait::Watched;
 use crate::wire::{self, KEY_LEN, TOKEN_LEN, WireDesc};
 
+/// How long a connection must have been idle in the endpoint's pool before it is probed
+/// for a close by the peer (one non-blocking read) when it is taken for a request.
+const PROBE_IDLE_AFTER: Duration = Duration::from_millis(1);
+
 /// Limits of a [`TcpCommunicator`]. Every field has a default.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TcpConfig {
@@ -441,13 +445,16 @@ impl TcpEndpoint {
             .await
             .map_err(|_| Error::Closed("endpoint closed".into()))?;
         // The target closes connections idle for its `idle_timeout`: skip pooled ones that
-        // are close to it, or that it has already closed.
+        // are close to it, or that it has already closed. A connection back in the pool
+        // for less than `PROBE_IDLE_AFTER` is not probed: the probe is a system call per op
+        // in a loop of small ops, and it could not see a close that comes after it anyway.
         let max_idle = shared.config.idle_timeout / 2;
         let pooled = loop {
             let Some((s, since)) = self.inner.idle.lock().pop() else {
                 break None;
             };
-            if since.elapsed() < max_idle && !s.closed_by_peer() {
+            let idle = since.elapsed();
+            if idle < max_idle && (idle < PROBE_IDLE_AFTER || !s.closed_by_peer()) {
                 break Some(s);
             }
         };
@@ -469,10 +476,19 @@ impl TcpEndpoint {
         Ok((slot, stream))
     }
 
-    fn checkin(&self, shared: &Shared, stream: Stream) {
+    /// Returns a connection to the pool. `refused`: its last request was refused, and
+    /// the target may have closed it after saying so (a NOTIFY over `max_notify_len`, a
+    /// request it could not parse): it is probed before it is used again, however soon.
+    fn checkin(&self, shared: &Shared, stream: Stream, refused: bool) {
         let mut idle = self.inner.idle.lock();
         if idle.len() < shared.config.max_idle_per_endpoint {
-            idle.push((stream, Instant::now()));
+            let now = Instant::now();
+            let since = if refused {
+                now.checked_sub(PROBE_IDLE_AFTER).unwrap_or(now)
+            } else {
+                now
+            };
+            idle.push((stream, since));
         }
     }
 }
@@ -883,13 +899,13 @@ impl Communicator for TcpCommunicator {
                     }
                     Err(e) => return Err(broken(&ep.inner.peer, e)),
                     Ok(Err(refused)) => {
-                        ep.checkin(shared, stream);
+                        ep.checkin(shared, stream, true);
                         return Err(refused);
                     }
                     Ok(Ok(())) => {}
                 }
             }
-            ep.checkin(shared, stream);
+            ep.checkin(shared, stream, false);
             Ok(())
         };
         self.bounded("transfer", deadline, work).await
@@ -938,7 +954,7 @@ impl Communicator for TcpCommunicator {
             match sent.await {
                 Err(e) => Err(broken(&ep.inner.peer, e)),
                 Ok(status) => {
-                    ep.checkin(shared, stream);
+                    ep.checkin(shared, stream, status.is_err());
                     status
                 }
             }
