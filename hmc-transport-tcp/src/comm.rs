@@ -696,7 +696,11 @@ impl TcpCommunicator {
     ) -> Result<T> {
         let start = Instant::now();
         let mut closed = self.shared.closed.subscribe();
+        // `work` first: an op that completes in its first poll (a small one, busy-polled)
+        // then never arms the timer or the watch, which the other order did in two polls
+        // of three.
         tokio::select! {
+            biased;
             r = work => r,
             _ = crate::wait::sleep_until_precise(deadline.instant()) => {
                 Err(Error::DeadlineExceeded { during, elapsed: start.elapsed() })
