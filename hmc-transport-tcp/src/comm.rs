@@ -609,7 +609,7 @@ fn local_ptr(d: &TransferDesc<'_, TcpCommunicator>) -> *mut u8 {
 /// one is a refusal the target reported with the connection still in step.
 async fn run_request(
     stream: &mut Stream,
-    peer: &str,
+    peer: &PeerAddr,
     op: Op,
     descs: &[TransferDesc<'_, TcpCommunicator>],
     wire_descs: &[WireDesc],
@@ -877,7 +877,8 @@ impl Communicator for TcpCommunicator {
             });
         }
         let shared = &self.shared;
-        let peer = ep.inner.peer.to_string();
+        // Formatted only into an error: an op's path does not build the string.
+        let peer = &ep.inner.peer;
         let started = Instant::now();
         let work = async {
             let (_slot, mut stream) = ep.checkout(shared, deadline).await?;
@@ -885,7 +886,7 @@ impl Communicator for TcpCommunicator {
             for (descs, wire_descs) in batch.chunks(per).zip(wire_descs.chunks(per)) {
                 match run_request(
                     &mut stream,
-                    &peer,
+                    peer,
                     op,
                     descs,
                     wire_descs,
@@ -935,7 +936,7 @@ impl Communicator for TcpCommunicator {
             });
         }
         let shared = &self.shared;
-        let peer = ep.inner.peer.to_string();
+        let peer = &ep.inner.peer;
         let work = async {
             let (_slot, mut stream) = ep.checkout(shared, deadline).await?;
             let mut req = Vec::with_capacity(13 + KEY_LEN + msg.len());
@@ -953,7 +954,7 @@ impl Communicator for TcpCommunicator {
             req.extend_from_slice(msg);
             let sent = async {
                 stream.write_all(&req).await?;
-                wire::read_status(&mut stream, &peer).await
+                wire::read_status(&mut stream, peer).await
             };
             match sent.await {
                 Err(e) => Err(broken(&ep.inner.peer, e)),

@@ -242,7 +242,7 @@ pub(crate) fn encode_error(e: &Error) -> Vec<u8> {
 /// reported (the connection is still in step), `Err` when the stream failed.
 pub(crate) async fn read_status<R: AsyncRead + Unpin>(
     r: &mut R,
-    peer: &str,
+    peer: &(impl std::fmt::Display + ?Sized),
 ) -> io::Result<Result<(), Error>> {
     let code = r.read_u8().await?;
     if code == 0 {
