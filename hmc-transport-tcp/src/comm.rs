@@ -476,9 +476,8 @@ impl TcpEndpoint {
         Ok((slot, stream))
     }
 
-    /// Returns a connection to the pool. `refused`: its last request was refused, and
-    /// the target may have closed it after saying so (a NOTIFY over `max_notify_len`, a
-    /// request it could not parse): it is probed before it is used again, however soon.
+    /// Returns a connection to the pool. `refused`: the target refused its last request and
+    /// may have closed it after saying so; it is probed before it is used again, however soon.
     fn checkin(&self, shared: &Shared, stream: Stream, refused: bool) {
         let mut idle = self.inner.idle.lock();
         if idle.len() < shared.config.max_idle_per_endpoint {
@@ -877,8 +876,7 @@ impl Communicator for TcpCommunicator {
             });
         }
         let shared = &self.shared;
-        // Formatted only into an error: an op's path does not build the string.
-        let peer = &ep.inner.peer;
+        let peer = &ep.inner.peer; // formatted only into an error
         let started = Instant::now();
         let work = async {
             let (_slot, mut stream) = ep.checkout(shared, deadline).await?;
