@@ -409,8 +409,9 @@ pub struct TcpEndpoint {
 struct EndpointInner {
     id: u64,
     peer: PeerAddr,
-    /// Pooled connections and when each went idle.
-    idle: Mutex<Vec<(Stream, Instant)>>,
+    /// Pooled connections, when each went idle, and whether it must be probed before reuse
+    /// however soon (its last request was refused: the target may have closed it).
+    idle: Mutex<Vec<(Stream, Instant, bool)>>,
     slots: Semaphore,
     /// The key (id, token) of the peer's region imported last on this endpoint: a NOTIFY
     /// carries it to prove that the peer granted this side access.
@@ -450,11 +451,12 @@ impl TcpEndpoint {
         // in a loop of small ops, and it could not see a close that comes after it anyway.
         let max_idle = shared.config.idle_timeout / 2;
         let pooled = loop {
-            let Some((s, since)) = self.inner.idle.lock().pop() else {
+            let Some((s, since, refused)) = self.inner.idle.lock().pop() else {
                 break None;
             };
             let idle = since.elapsed();
-            if idle < max_idle && (idle < PROBE_IDLE_AFTER || !s.closed_by_peer()) {
+            let probe = refused || idle >= PROBE_IDLE_AFTER;
+            if idle < max_idle && !(probe && s.closed_by_peer()) {
                 break Some(s);
             }
         };
@@ -476,18 +478,11 @@ impl TcpEndpoint {
         Ok((slot, stream))
     }
 
-    /// Returns a connection to the pool. `refused`: the target refused its last request and
-    /// may have closed it after saying so; it is probed before it is used again, however soon.
+    /// Returns a connection to the pool; `refused`: the target refused its last request.
     fn checkin(&self, shared: &Shared, stream: Stream, refused: bool) {
         let mut idle = self.inner.idle.lock();
         if idle.len() < shared.config.max_idle_per_endpoint {
-            let now = Instant::now();
-            let since = if refused {
-                now.checked_sub(PROBE_IDLE_AFTER).unwrap_or(now)
-            } else {
-                now
-            };
-            idle.push((stream, since));
+            idle.push((stream, Instant::now(), refused));
         }
     }
 }
@@ -746,7 +741,7 @@ impl Communicator for TcpCommunicator {
             inner: Arc::new(EndpointInner {
                 id: shared.next_endpoint.fetch_add(1, Ordering::Relaxed),
                 peer: peer.clone(),
-                idle: Mutex::new(vec![(stream, Instant::now())]),
+                idle: Mutex::new(vec![(stream, Instant::now(), false)]),
                 slots: Semaphore::new(shared.config.max_connections_per_endpoint.max(1)),
                 notify_key: Mutex::new(None),
             }),
@@ -900,7 +895,7 @@ impl Communicator for TcpCommunicator {
                             elapsed: started.elapsed(),
                         });
                     }
-                    Err(e) => return Err(broken(&ep.inner.peer, e)),
+                    Err(e) => return Err(broken(peer, e)),
                     Ok(Err(refused)) => {
                         ep.checkin(shared, stream, true);
                         return Err(refused);

@@ -221,12 +221,8 @@ impl Stream {
         if ahead.is_ready() {
             return true;
         }
-        match self.recv_raw(&mut ahead.buf) {
-            Ok(n) => {
-                ahead.start = 0;
-                ahead.end = n;
-                true
-            }
+        match self.refill(&mut ahead) {
+            Ok(_) => true,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
             Err(e) => {
                 ahead.failed = Some(e);
@@ -374,15 +370,18 @@ impl Stream {
         if let Some(e) = ahead.failed.take() {
             return Err(e);
         }
-        if ahead.is_empty() {
-            let n = self.recv_raw(&mut ahead.buf)?;
-            ahead.start = 0;
-            ahead.end = n;
-            if n == 0 {
-                return Ok(0); // end of stream
-            }
+        if ahead.is_empty() && self.refill(&mut ahead)? == 0 {
+            return Ok(0); // end of stream
         }
         Ok(ahead.take(buf))
+    }
+
+    /// One non-blocking `recv` into the empty read-ahead buffer; how many bytes it holds.
+    fn refill(&self, ahead: &mut ReadAhead) -> io::Result<usize> {
+        let n = self.recv_raw(&mut ahead.buf)?;
+        ahead.start = 0;
+        ahead.end = n;
+        Ok(n)
     }
 
     /// One non-blocking `send`; `WouldBlock` when the socket buffer is full. A peer that
