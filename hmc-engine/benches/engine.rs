@@ -228,6 +228,12 @@ const ROUNDS: usize = 3;
 /// Pairs of rounds (engine, then the bare communicator) per facade-overhead cell.
 const FACADE_PAIRS: usize = 9;
 
+/// The median of `v` (its upper middle for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 /// The round of median time per op among `(ops, seconds)` rounds.
 fn median_round(mut r: Vec<(u64, f64)>) -> (u64, f64) {
     r.sort_by(|a, b| (a.1 / a.0 as f64).total_cmp(&(b.1 / b.0 as f64)));
@@ -409,8 +415,7 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
                 mc_rows.push(row("mooncake", median_round(m)));
             }
             if !f.is_empty() {
-                f.sort_by(f64::total_cmp);
-                floor.push((op, size, f[f.len() / 2]));
+                floor.push((op, size, median(f)));
             }
         }
     }
@@ -463,10 +468,6 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
             .await;
             raw.push(secs * 1e6 / ops as f64);
         }
-        let median = |mut v: Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
         // The overhead is the median of the pairs' differences: neighbouring rounds share
         // the host's placement of the vCPUs, which moves the op by more than the facade.
         let diffs = eng.iter().zip(&raw).map(|(e, r)| e - r).collect();

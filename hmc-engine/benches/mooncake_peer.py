@@ -4,8 +4,6 @@ P2PHANDSHAKE metadata, one op at a time with transfer_sync_write/read).
 
   target:    python mooncake_peer.py target BYTES
              prints "READY <rpc port> <buffer address>", serves until stdin closes
-  initiator: python mooncake_peer.py initiator PORT REMOTE_ADDR SIZES SECONDS
-             prints one JSON object per (op, size): system, op, size, ops, secs
   steps:     python mooncake_peer.py steps PORT REMOTE_ADDR SIZES
              warms every (op, size) up, prints "READY", then runs one timed loop per
              stdin line "OP SIZE SECONDS" (op write|read) and prints its JSON object;
@@ -36,19 +34,9 @@ def target(size):
     sys.stdin.read()
 
 
-def initiator(port, remote, sizes, seconds):
-    te = engine()
-    peer = f"127.0.0.1:{port}"
-    local = te.allocate_managed_buffer(max(sizes))
-    if not local:
-        sys.exit("mooncake: allocate_managed_buffer failed")
-    for op in ("write", "read"):
-        for size in sizes:
-            timed_loop(te, peer, local, remote, op, size, seconds)
-
-
 def timed_loop(te, peer, local, remote, op, size, seconds):
-    """One warm-up op, then ops of `size` bytes until `seconds` passed; prints the JSON row."""
+    """One warm-up op, then ops of `size` bytes until `seconds` passed; prints the JSON row:
+    system, op, size, ops, secs."""
     call = te.transfer_sync_write if op == "write" else te.transfer_sync_read
     if call(peer, local, remote, size) != 0:  # warm-up, and the handshake
         sys.exit(f"mooncake {op} of {size} bytes failed")
@@ -85,9 +73,6 @@ if __name__ == "__main__":
     role = sys.argv[1]
     if role == "target":
         target(int(sys.argv[2]))
-    elif role == "initiator":
-        initiator(int(sys.argv[2]), int(sys.argv[3]),
-                  [int(s) for s in sys.argv[4].split(",")], float(sys.argv[5]))
     elif role == "steps":
         steps(int(sys.argv[2]), int(sys.argv[3]), [int(s) for s in sys.argv[4].split(",")])
     else:
