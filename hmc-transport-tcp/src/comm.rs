@@ -37,7 +37,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::{Semaphore, SemaphorePermit, watch};
 use tokio::task::AbortHandle;
 
-use crate::AuthSecret;
+use crate::TcpConfig;
 use crate::auth::{NONCE_LEN, PROOF_LEN};
 use crate::net::{Listener, Stream};
 use crate::wait::Watched;
@@ -46,81 +46,6 @@ use crate::wire::{self, KEY_LEN, TOKEN_LEN, WireDesc};
 /// How long a connection must have been idle in the endpoint's pool before it is probed
 /// for a close by the peer (one non-blocking read) when it is taken for a request.
 const PROBE_IDLE_AFTER: Duration = Duration::from_millis(1);
-
-/// Limits of a [`TcpCommunicator`]. Every field has a default.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TcpConfig {
-    /// Descriptors per request on the wire (default 65 536). Larger batches are sent as
-    /// several requests on one connection; a target refuses requests over its own limit.
-    pub max_batch_descs: usize,
-    /// Largest `notify` message in bytes (default 64 KiB).
-    pub max_notify_len: usize,
-    /// Notifications held until [`Communicator::recv_notification`] takes them
-    /// (default 4096); past it, `notify` fails at the sender with `LimitExceeded`. Zero
-    /// means this communicator takes no notifications at all: every NOTIFY is refused, and
-    /// its sender gets `LimitExceeded { limit: "max_pending_notifications", max: 0 }` (for
-    /// a data plane that never calls `recv_notification`).
-    pub max_pending_notifications: usize,
-    /// Bytes of notification messages held until received (default 16 MiB); past it,
-    /// `notify` fails at the sender with `LimitExceeded` naming
-    /// `max_pending_notification_bytes`.
-    pub max_pending_notification_bytes: usize,
-    /// Connections this communicator's responder serves at once (default 1024).
-    pub max_accepted_connections: usize,
-    /// Transfers in flight per endpoint, one connection each (default 16); more wait.
-    pub max_connections_per_endpoint: usize,
-    /// Idle connections an endpoint keeps for reuse (default 16, as many as
-    /// `max_connections_per_endpoint`): an endpoint that runs that many transfers at once
-    /// reuses its connections instead of closing some after every round and dialing them
-    /// again (a connect and a HELLO per transfer). Idle ones close after `idle_timeout`.
-    pub max_idle_per_endpoint: usize,
-    /// How long an accepted connection may take to send its HELLO, and to finish the
-    /// authentication exchange when [`TcpConfig::auth_secret`] is set (default 5 s).
-    pub hello_timeout: Duration,
-    /// Busy-poll for a request's answer, and a responder for the next request on its
-    /// connection, for up to this long before sleeping (`busy_poll`, default 50 µs; zero
-    /// turns it off). On idle cores a small op finishes well within it, and a sleeping
-    /// thread takes longer to wake than the op takes; the price is that CPU while ops flow.
-    pub busy_poll: Duration,
-    /// How long an accepted connection may sit between requests (default 60 s); then the
-    /// responder closes it. Initiators drop pooled connections idle for half of their own
-    /// `idle_timeout` and probe the others before reuse, so peers with the same setting
-    /// never send a request into a connection that is being closed.
-    pub idle_timeout: Duration,
-    /// How long a request may take to arrive once its first byte is in (default 10 s):
-    /// its header, and a NOTIFY's message, must arrive whole within it, and the bulk bytes
-    /// of a WRITE (or the initiator's reading of a READ's answer) must make progress at
-    /// least once per `request_timeout`. Past it the responder closes the connection.
-    pub request_timeout: Duration,
-    /// Bytes registered at once (default 64 GiB).
-    pub max_registered_bytes: u64,
-    /// A pre-shared secret for peer authentication (default `None`: off). When set, every
-    /// data-plane connection starts with an HMAC-SHA256 challenge in both directions (see
-    /// [`crate::AuthSecret`]); a peer without the same secret is refused before any
-    /// request is read, and so is a peer that has one when this side has none. Both
-    /// peers need the same setting.
-    pub auth_secret: Option<AuthSecret>,
-}
-
-impl Default for TcpConfig {
-    fn default() -> Self {
-        TcpConfig {
-            max_batch_descs: 65_536,
-            max_notify_len: 64 << 10,
-            max_pending_notifications: 4096,
-            max_pending_notification_bytes: 16 << 20,
-            max_accepted_connections: 1024,
-            max_connections_per_endpoint: 16,
-            max_idle_per_endpoint: 16,
-            hello_timeout: Duration::from_secs(5),
-            busy_poll: Duration::from_micros(50),
-            idle_timeout: Duration::from_secs(60),
-            request_timeout: Duration::from_secs(10),
-            max_registered_bytes: 64 << 30,
-            auth_secret: None,
-        }
-    }
-}
 
 /// One registered region as the responder sees it.
 pub(crate) struct RegEntry {

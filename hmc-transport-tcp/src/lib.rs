@@ -73,6 +73,7 @@
 
 mod auth;
 mod comm;
+mod config;
 mod control;
 mod net;
 mod responder;
@@ -80,6 +81,7 @@ mod wait;
 mod wire;
 
 pub use auth::{AuthSecret, MIN_SECRET_LEN};
-pub use comm::{TcpCommunicator, TcpConfig, TcpEndpoint, TcpRegistration, TcpRemoteKey, TcpStats};
+pub use comm::{TcpCommunicator, TcpEndpoint, TcpRegistration, TcpRemoteKey, TcpStats};
+pub use config::TcpConfig;
 pub use control::{ControlMessage, ControlPlane, ControlPlaneConfig, ControlPlaneStats, Rank};
 pub use net::bind_unix_listener;
