@@ -775,16 +775,24 @@ impl<C: Communicator> Engine<C> {
             }
             Box::pin(self.run_staged(&peer.ep, op, &staged, deadline)).await
         };
-        let mut gone = peer.gone.subscribe();
+        // The watch and the timer are async blocks: nothing is subscribed or armed before
+        // their first poll, and a small op that completes in its first poll never polls them.
+        let gone = async {
+            let mut gone = peer.gone.subscribe();
+            gone.wait_for(Option::is_some)
+                .await
+                .ok()
+                .and_then(|w| w.clone())
+        };
         // `Err(_)`: the guard timer fired.
         let outcome: std::result::Result<Result<()>, ()> = tokio::select! {
             biased;
             r = moved => Ok(r.map_err(EngineError::from)),
-            why = gone.wait_for(Option::is_some) => Ok(Err(EngineError::PeerGone {
+            why = gone => Ok(Err(EngineError::PeerGone {
                 peer: peer.name.clone(),
-                why: why.ok().and_then(|w| w.clone()).unwrap_or_else(|| "disconnected".into()),
+                why: why.unwrap_or_else(|| "disconnected".into()),
             })),
-            _ = tokio::time::sleep_until(deadline.instant().into()) => Err(()),
+            _ = async { tokio::time::sleep_until(deadline.instant().into()).await } => Err(()),
         };
         match outcome {
             Ok(Ok(())) => Ok(()),

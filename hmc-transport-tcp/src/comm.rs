@@ -363,6 +363,7 @@ impl TcpEndpoint {
         &self,
         shared: &Shared,
         deadline: Deadline,
+        now: Instant,
     ) -> Result<(SemaphorePermit<'_>, Stream)> {
         let slot = self
             .inner
@@ -379,7 +380,7 @@ impl TcpEndpoint {
             let Some((s, since, refused)) = self.inner.idle.lock().pop() else {
                 break None;
             };
-            let idle = since.elapsed();
+            let idle = now.saturating_duration_since(since);
             let probe = refused || idle >= PROBE_IDLE_AFTER;
             if idle < max_idle && !(probe && s.closed_by_peer()) {
                 break Some(s);
@@ -535,7 +536,8 @@ async fn run_request(
     until: Instant,
     poll: Duration,
 ) -> std::io::Result<Result<()>> {
-    let mut header = Vec::with_capacity(5 + wire_descs.len() * WireDesc::LEN);
+    // Room for the padding too (a byte and up to 63), so no push reallocates.
+    let mut header = Vec::with_capacity(5 + wire_descs.len() * WireDesc::LEN + 64);
     header.push(match op {
         Op::Write => wire::REQ_WRITE,
         Op::Read => wire::REQ_READ,
@@ -544,8 +546,11 @@ async fn run_request(
     wire_descs.iter().for_each(|d| d.encode(&mut header));
     let total: usize = descs.iter().map(|d| d.len).sum();
     match op {
-        Op::Write if total <= wire::COALESCE_LEN => {
-            // Small batches travel in one write: one segment, one wakeup at the target.
+        Op::Write
+            if total <= wire::COALESCE_LEN && descs.iter().filter(|d| d.len > 0).count() != 1 =>
+        {
+            // Small batches travel in one write: one segment, one wakeup at the target (one
+            // descriptor's bytes leave with the header below, in one `sendmsg`, uncopied).
             header.push(0);
             for d in descs.iter().filter(|d| d.len > 0) {
                 // SAFETY: `check_batch` proved [local_offset, local_offset+len) lies in the
@@ -556,7 +561,7 @@ async fn run_request(
                     .extend_from_slice(unsafe { std::slice::from_raw_parts(local_ptr(d), d.len) });
             }
             stream.write_all(&header).await?;
-            stream.poll_readable(poll).await;
+            stream.poll_readable(poll, 0).await;
             wire::read_status(stream, peer).await
         }
         Op::Write => {
@@ -576,12 +581,13 @@ async fn run_request(
                 stream.write_all_eager(prefix, bytes, until).await?;
                 prefix = &[];
             }
-            stream.poll_readable(poll).await;
+            stream.poll_readable(poll, 0).await;
             wire::read_status(stream, peer).await
         }
         Op::Read => {
             stream.write_all(&header).await?;
-            stream.poll_readable(poll).await;
+            // The whole answer of a small READ (status, padding, data) in one `recv`.
+            stream.poll_readable(poll, 2 + 63 + total).await;
             let status = wire::read_status(stream, peer).await?;
             if status.is_ok() {
                 wire::skip_pad(stream).await?;
@@ -607,26 +613,29 @@ fn broken(peer: &PeerAddr, e: std::io::Error) -> Error {
 
 impl TcpCommunicator {
     /// Runs `work` until it ends, the deadline passes, or the communicator closes.
+    /// `start`: when the call began (its clock read, shared with the caller).
     async fn bounded<T>(
         &self,
         during: &'static str,
-        deadline: Deadline,
+        (start, deadline): (Instant, Deadline),
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        let start = Instant::now();
-        let mut closed = self.shared.closed.subscribe();
         // `work` first: an op that completes in its first poll (a small one, busy-polled)
-        // then never arms the timer or the watch, which the other order did in two polls
+        // then never arms the timer or subscribes to the watch (each an async block, so
+        // nothing is made before its first poll), which the other order did in two polls
         // of three.
         tokio::select! {
             biased;
             r = work => r,
-            _ = crate::wait::sleep_until_precise(deadline.instant()) => {
+            _ = async { crate::wait::sleep_until_precise(deadline.instant()).await } => {
                 Err(Error::DeadlineExceeded { during, elapsed: start.elapsed() })
             }
-            _ = closed.wait_for(|c| *c) => Err(Error::Closed(format!(
-                "the TcpCommunicator at {} was closed during {during}", self.shared.addr
-            ))),
+            _ = async { self.shared.closed.subscribe().wait_for(|c| *c).await.is_ok() } => {
+                Err(Error::Closed(format!(
+                    "the TcpCommunicator at {} was closed during {during}",
+                    self.shared.addr
+                )))
+            }
         }
     }
 }
@@ -660,7 +669,11 @@ impl Communicator for TcpCommunicator {
         self.shared.check_open()?;
         let shared = &self.shared;
         let stream = self
-            .bounded("connect", deadline, Self::dial(shared, peer, deadline))
+            .bounded(
+                "connect",
+                (Instant::now(), deadline),
+                Self::dial(shared, peer, deadline),
+            )
             .await?;
         Ok(TcpEndpoint {
             inner: Arc::new(EndpointInner {
@@ -789,7 +802,9 @@ impl Communicator for TcpCommunicator {
         if batch.is_empty() {
             return Ok(());
         }
-        if deadline.is_expired() {
+        // One clock read for the expiry check, the pool's idle check and the error's time.
+        let started = Instant::now();
+        if started >= deadline.instant() {
             return Err(Error::DeadlineExceeded {
                 during: "transfer",
                 elapsed: Duration::ZERO,
@@ -797,9 +812,8 @@ impl Communicator for TcpCommunicator {
         }
         let shared = &self.shared;
         let peer = &ep.inner.peer; // formatted only into an error
-        let started = Instant::now();
         let work = async {
-            let (_slot, mut stream) = ep.checkout(shared, deadline).await?;
+            let (_slot, mut stream) = ep.checkout(shared, deadline, started).await?;
             let per = shared.config.max_batch_descs.max(1);
             for (descs, wire_descs) in batch.chunks(per).zip(wire_descs.chunks(per)) {
                 match run_request(
@@ -831,7 +845,7 @@ impl Communicator for TcpCommunicator {
             ep.checkin(shared, stream, false);
             Ok(())
         };
-        self.bounded("transfer", deadline, work).await
+        self.bounded("transfer", (started, deadline), work).await
     }
 
     async fn notify(
@@ -855,8 +869,9 @@ impl Communicator for TcpCommunicator {
         }
         let shared = &self.shared;
         let peer = &ep.inner.peer;
+        let started = Instant::now();
         let work = async {
-            let (_slot, mut stream) = ep.checkout(shared, deadline).await?;
+            let (_slot, mut stream) = ep.checkout(shared, deadline, started).await?;
             let mut req = Vec::with_capacity(13 + KEY_LEN + msg.len());
             match *ep.inner.notify_key.lock() {
                 Some((id, token)) => {
@@ -882,7 +897,7 @@ impl Communicator for TcpCommunicator {
                 }
             }
         };
-        self.bounded("notify", deadline, work).await
+        self.bounded("notify", (started, deadline), work).await
     }
 
     async fn recv_notification(&self, deadline: Deadline) -> Result<Notification> {

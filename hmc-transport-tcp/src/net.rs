@@ -38,10 +38,17 @@ pub(crate) struct Stream {
 /// connection, so the bytes read ahead never belong to a later message.
 const READ_AHEAD: usize = 256;
 
+/// The most a busy-poll's check ([`Stream::poll_readable`]) takes ahead: a whole small
+/// message, its header with the data coalesced after it (up to [`crate::wire::COALESCE_LEN`]).
+/// A 4 KiB message then arrives in one `recv` and one copy instead of two `recv`s (the
+/// header's, then the data's): on loopback a system call costs more than copying 4 KiB.
+const READ_AHEAD_MAX: usize = crate::wire::COALESCE_LEN + 512;
+
 /// Bytes received ahead of the reads that take them: `buf[start..end]`.
 #[derive(Debug)]
 struct ReadAhead {
-    buf: [u8; READ_AHEAD],
+    /// [`READ_AHEAD_MAX`] bytes.
+    buf: Box<[u8]>,
     start: usize,
     end: usize,
     /// An error a busy-poll's `recv` met (see [`Stream::readable_now`]), kept for the next
@@ -129,7 +136,7 @@ impl Stream {
         Ok(Stream {
             reg: Mutex::new(None),
             ahead: Mutex::new(ReadAhead {
-                buf: [0; READ_AHEAD],
+                buf: vec![0; READ_AHEAD_MAX].into_boxed_slice(),
                 start: 0,
                 end: 0,
                 failed: None,
@@ -191,14 +198,18 @@ impl Stream {
     /// having gone to sleep: on idle cores, waking a sleeping thread costs more than a
     /// small op itself (`TcpConfig::busy_poll`). With a window, the socket first leaves
     /// the poller, so the bytes it waits for wake no other thread either.
-    pub(crate) async fn poll_readable(&mut self, window: std::time::Duration) {
+    ///
+    /// `expect` bytes is how much of the coming message the caller will read: the check
+    /// takes up to that many (at least [`READ_AHEAD`], at most [`READ_AHEAD_MAX`]).
+    pub(crate) async fn poll_readable(&mut self, window: std::time::Duration, expect: usize) {
         if window.is_zero() {
             return;
         }
         // No task waits on the registration: the caller holds the stream mutably.
         self.reg.get_mut().take();
         let start = Instant::now();
-        while !self.readable_now() {
+        let ask = expect.clamp(READ_AHEAD, READ_AHEAD_MAX);
+        while !self.readable_now(ask) {
             let waited = start.elapsed();
             if waited >= window {
                 break;
@@ -216,12 +227,12 @@ impl Stream {
     /// for the next read to report (the end of the stream repeats by itself). A busy-poll
     /// that checked with `poll(2)` and then read made two system calls where the bytes
     /// needed one, and on two cores the second cost about as much as the first.
-    fn readable_now(&self) -> bool {
+    fn readable_now(&self, ask: usize) -> bool {
         let mut ahead = self.ahead.lock();
         if ahead.is_ready() {
             return true;
         }
-        match self.refill(&mut ahead) {
+        match self.refill(&mut ahead, ask) {
             Ok(_) => true,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => false,
             Err(e) => {
@@ -370,15 +381,16 @@ impl Stream {
         if let Some(e) = ahead.failed.take() {
             return Err(e);
         }
-        if ahead.is_empty() && self.refill(&mut ahead)? == 0 {
+        if ahead.is_empty() && self.refill(&mut ahead, READ_AHEAD)? == 0 {
             return Ok(0); // end of stream
         }
         Ok(ahead.take(buf))
     }
 
-    /// One non-blocking `recv` into the empty read-ahead buffer; how many bytes it holds.
-    fn refill(&self, ahead: &mut ReadAhead) -> io::Result<usize> {
-        let n = self.recv_raw(&mut ahead.buf)?;
+    /// One non-blocking `recv` of at most `ask` bytes into the empty read-ahead buffer;
+    /// how many bytes it holds.
+    fn refill(&self, ahead: &mut ReadAhead, ask: usize) -> io::Result<usize> {
+        let n = self.recv_raw(&mut ahead.buf[..ask.min(READ_AHEAD_MAX)])?;
         ahead.start = 0;
         ahead.end = n;
         Ok(n)
@@ -614,9 +626,9 @@ mod tests {
         let message: Vec<u8> = (0..100u8).collect();
         c.write_all(&message).await.unwrap();
         // The whole message is in before the first read.
-        s.poll_readable(FAR).await;
+        s.poll_readable(FAR, 0).await;
         assert_eq!(s.read_u8().await.unwrap(), 0);
-        assert!(s.readable_now(), "bytes read ahead are readable");
+        assert!(s.readable_now(READ_AHEAD), "bytes read ahead are readable");
         tokio::time::timeout(Duration::from_secs(5), s.readable())
             .await
             .expect("a wait with bytes read ahead returns at once")
@@ -640,6 +652,46 @@ mod tests {
         assert_eq!(two, [7, 8]);
     }
 
+    /// A busy-poll told how much of the coming message its caller will read takes all of
+    /// a small one (a 4 KiB READ's answer) in one `recv`, not just the first
+    /// [`READ_AHEAD`] bytes; told nothing, it takes no more than those.
+    #[rstest::rstest]
+    #[case::told_the_size(4096 + 65, 4096 + 10)]
+    #[case::told_nothing(0, READ_AHEAD)]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_poll_takes_as_much_of_a_small_message_as_the_caller_expects(
+        #[case] expect: usize,
+        #[case] taken: usize,
+    ) {
+        let l = Listener::bind(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = Stream::connect(&addr, Deadline::after(FAR)).await.unwrap();
+        let mut s = l.accept().await.unwrap();
+        let message: Vec<u8> = (0..4096 + 10).map(|i| (i % 251) as u8).collect();
+        c.write_all_eager(&[], &message, Instant::now() + FAR)
+            .await
+            .unwrap();
+        // The peer sent it in one system call; on loopback it is all in once any is.
+        let until = Instant::now() + FAR;
+        while queued(&s) < message.len() && Instant::now() < until {
+            std::thread::yield_now();
+        }
+        s.poll_readable(FAR, expect).await;
+        {
+            let ahead = s.ahead.lock();
+            assert_eq!(
+                ahead.end - ahead.start,
+                taken,
+                "bytes taken by the busy-poll"
+            );
+        }
+        let mut got = vec![0u8; message.len()];
+        s.read_exact_eager(&mut got, Instant::now() + FAR)
+            .await
+            .unwrap();
+        assert_eq!(got, message);
+    }
+
     /// A bulk write that fits the socket buffer leaves at once: it never waits for a
     /// readiness event first. (A stream that has just left the poller registers again
     /// when it must wait, and a fresh registration learns of readiness only at the I/O
@@ -647,7 +699,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_bulk_write_with_room_in_the_socket_buffer_never_waits_on_the_poller() {
         let (mut c, drain) = stream_to_a_counting_peer(1).await;
-        c.poll_readable(Duration::from_micros(1)).await;
+        c.poll_readable(Duration::from_micros(1), 0).await;
         assert!(c.reg.get_mut().is_none(), "busy-polling leaves the poller");
         c.write_all_eager(b"hdr", &[5u8; 1024], Instant::now() + FAR)
             .await
@@ -685,9 +737,19 @@ mod tests {
         };
         assert_eq!(rc, 0);
         drop(s); // closing with a zero linger sends a reset
-        c.poll_readable(FAR).await;
+        c.poll_readable(FAR, 0).await;
         let e = c.try_read(&mut [0u8; 8]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
+    }
+
+    /// Bytes waiting in `s`'s receive queue (`FIONREAD`).
+    fn queued(s: &Stream) -> usize {
+        let mut n: libc::c_int = 0;
+        // SAFETY: `n` lives on this frame for the call, the size FIONREAD writes; the fd is
+        // `s`'s, open for the call.
+        let rc = unsafe { libc::ioctl(s.fd(), libc::FIONREAD, &mut n) };
+        assert_eq!(rc, 0, "FIONREAD: {}", io::Error::last_os_error());
+        n as usize
     }
 
     const FAR: std::time::Duration = std::time::Duration::from_secs(20);

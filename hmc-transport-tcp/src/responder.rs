@@ -296,7 +296,9 @@ async fn serve(shared: &Shared, mut stream: Stream) {
     loop {
         if served {
             // The initiator often sends its next request right away: catch it awake.
-            stream.poll_readable(shared.config.busy_poll).await;
+            stream
+                .poll_readable(shared.config.busy_poll, usize::MAX)
+                .await;
         }
         served = true;
         let kind = match tokio::time::timeout(shared.config.idle_timeout, stream.read_u8()).await {
@@ -596,8 +598,12 @@ async fn serve_batch(
             }
             send(stream, &[0], stall).await?;
         }
-        Op::Read if total <= wire::COALESCE_LEN as u64 => {
-            // Small answers go out in one write with their status: one segment, one wakeup.
+        Op::Read
+            if total <= wire::COALESCE_LEN as u64
+                && descs.iter().filter(|d| d.len > 0).count() != 1 =>
+        {
+            // Small answers go out in one write with their status: one segment, one wakeup
+            // (one descriptor's bytes leave with the status below, in one `sendmsg`, uncopied).
             let answer = small_answer(shared, &descs, &entries, total as usize);
             send(stream, &answer, stall).await?;
         }

@@ -168,13 +168,21 @@ pub(super) struct TransferMetrics {
 
 impl TransferMetrics {
     pub(super) fn start(op: crate::TransferOp, descs: &[crate::TransferOpDesc]) -> Self {
-        let op = match op {
-            crate::TransferOp::Read => "read",
-            crate::TransferOp::Write => "write",
-        };
         let bytes: u64 = descs.iter().map(|d| d.len as u64).sum();
-        metrics::counter!("hmc_engine_transfers_total", "op" => op).increment(1);
-        metrics::counter!("hmc_engine_transfer_bytes_total", "op" => op).increment(bytes);
+        // Literal labels make static keys: a label from a variable would allocate and hash
+        // a key on every transfer, recorder or not.
+        let (ops, moved) = match op {
+            crate::TransferOp::Read => (
+                metrics::counter!("hmc_engine_transfers_total", "op" => "read"),
+                metrics::counter!("hmc_engine_transfer_bytes_total", "op" => "read"),
+            ),
+            crate::TransferOp::Write => (
+                metrics::counter!("hmc_engine_transfers_total", "op" => "write"),
+                metrics::counter!("hmc_engine_transfer_bytes_total", "op" => "write"),
+            ),
+        };
+        ops.increment(1);
+        moved.increment(bytes);
         metrics::gauge!("hmc_engine_transfers_inflight").increment(1.0);
         TransferMetrics {
             start: std::time::Instant::now(),
