@@ -587,7 +587,10 @@ async fn run_request(
         Op::Read => {
             stream.write_all(&header).await?;
             // The whole answer of a small READ (status, padding, data) in one `recv`.
-            stream.poll_readable(poll, 2 + 63 + total).await;
+            let small = total <= wire::COALESCE_LEN;
+            stream
+                .poll_readable(poll, if small { 2 + 63 + total } else { 0 })
+                .await;
             let status = wire::read_status(stream, peer).await?;
             if status.is_ok() {
                 wire::skip_pad(stream).await?;
@@ -595,7 +598,7 @@ async fn run_request(
                     // SAFETY: as for WRITE; peers and local code that touch the same bytes
                     // concurrently accepted DMA semantics when registering.
                     let bytes = unsafe { std::slice::from_raw_parts_mut(local_ptr(d), d.len) };
-                    stream.read_exact_eager(bytes, until).await?;
+                    stream.read_exact_eager(bytes, until, poll).await?;
                 }
             }
             Ok(status)

@@ -35,10 +35,11 @@ pub struct TcpConfig {
     /// How long an accepted connection may take to send its HELLO, and to finish the
     /// authentication exchange when [`TcpConfig::auth_secret`] is set (default 5 s).
     pub hello_timeout: Duration,
-    /// Busy-poll for a request's answer, and a responder for the next request on its
-    /// connection, for up to this long before sleeping (`busy_poll`, default 50 µs; zero
-    /// turns it off). On idle cores a small op finishes well within it, and a sleeping
-    /// thread takes longer to wake than the op takes; the price is that CPU while ops flow.
+    /// Busy-poll for a request's answer, a responder for the next request on its
+    /// connection, and a READ's bulk data each time the socket runs dry mid-way, for up to
+    /// this long before sleeping (`busy_poll`, default 50 µs; zero turns it off). On idle
+    /// cores a small op finishes well within it, and a sleeping thread takes longer to wake
+    /// than the op takes; the price is that CPU while ops flow.
     pub busy_poll: Duration,
     /// How long an accepted connection may sit between requests (default 60 s); then the
     /// responder closes it. Initiators drop pooled connections idle for half of their own

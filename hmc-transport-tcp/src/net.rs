@@ -288,15 +288,39 @@ impl Stream {
     /// read until the next readiness event although the sender keeps the socket fed.
     /// Fails with [`io::ErrorKind::TimedOut`] once `until` has passed: a socket that never
     /// runs dry never yields, so a timeout around the call alone could not stop it.
-    pub(crate) async fn read_exact_eager(&self, buf: &mut [u8], until: Instant) -> io::Result<()> {
+    ///
+    /// A socket that runs dry mid-way is polled for up to `spin` (as
+    /// [`Stream::poll_readable`] does) before the read waits on the poller: a reader that
+    /// drains faster than its peer sends runs dry many times per megabyte, and each wait
+    /// on the poller costs a wake-up of this thread by the runtime's I/O driver.
+    pub(crate) async fn read_exact_eager(
+        &self,
+        buf: &mut [u8],
+        until: Instant,
+        spin: std::time::Duration,
+    ) -> io::Result<()> {
         let mut done = 0;
+        let mut dry: Option<Instant> = None;
         while done < buf.len() {
             past(until)?;
             // Bytes already there are taken without waiting for a readiness event.
             match self.try_read(&mut buf[done..]) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.readable().await?,
+                Ok(n) => {
+                    done += n;
+                    dry = None;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let waited = dry.get_or_insert_with(Instant::now).elapsed();
+                    if waited >= spin {
+                        self.readable().await?;
+                        dry = None;
+                    } else if waited < SPIN_BEFORE_YIELD {
+                        std::hint::spin_loop();
+                    } else {
+                        tokio::task::yield_now().await;
+                    }
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -545,7 +569,7 @@ mod tests {
             let mut buf = vec![0u8; piece];
             let mut pieces = 0u64;
             while s
-                .read_exact_eager(&mut buf, Instant::now() + FAR)
+                .read_exact_eager(&mut buf, Instant::now() + FAR, Duration::ZERO)
                 .await
                 .is_ok()
             {
@@ -575,7 +599,7 @@ mod tests {
             .unwrap();
         let mut back = [0u8; 16];
         let e = c
-            .read_exact_eager(&mut back, Instant::now())
+            .read_exact_eager(&mut back, Instant::now(), Duration::ZERO)
             .await
             .unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
@@ -637,7 +661,7 @@ mod tests {
         s.read_exact(&mut four).await.unwrap();
         assert_eq!(four, [1, 2, 3, 4]);
         let mut rest = vec![0u8; 95];
-        s.read_exact_eager(&mut rest, Instant::now() + FAR)
+        s.read_exact_eager(&mut rest, Instant::now() + FAR, Duration::ZERO)
             .await
             .unwrap();
         assert_eq!(rest, &message[5..]);
@@ -650,6 +674,38 @@ mod tests {
         let mut two = [0u8; 2];
         s.read_exact(&mut two).await.unwrap();
         assert_eq!(two, [7, 8]);
+    }
+
+    /// A bulk read that runs dry mid-way polls the socket for its `spin` window before it
+    /// waits on the poller: bytes that come within the window are read without the stream
+    /// registering (a wait there is a wake-up by the I/O driver, many per megabyte).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bulk_read_that_runs_dry_polls_before_it_waits_on_the_poller() {
+        let l = Listener::bind(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = Stream::connect(&addr, Deadline::after(FAR)).await.unwrap();
+        let mut s = l.accept().await.unwrap();
+        let half = vec![9u8; 1000];
+        c.write_all_eager(&[], &half, Instant::now() + FAR)
+            .await
+            .unwrap();
+        let sender = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            c.write_all_eager(&[], &[9u8; 1000], Instant::now() + FAR)
+                .await
+                .unwrap();
+            c
+        });
+        let mut got = vec![0u8; 2000];
+        s.read_exact_eager(&mut got, Instant::now() + FAR, FAR)
+            .await
+            .unwrap();
+        assert!(got.iter().all(|&b| b == 9));
+        assert!(
+            s.reg.get_mut().is_none(),
+            "the read waited on the poller although the bytes came within its spin window"
+        );
+        drop(sender.await.unwrap());
     }
 
     /// A busy-poll told how much of the coming message its caller will read takes all of
@@ -686,7 +742,7 @@ mod tests {
             );
         }
         let mut got = vec![0u8; message.len()];
-        s.read_exact_eager(&mut got, Instant::now() + FAR)
+        s.read_exact_eager(&mut got, Instant::now() + FAR, Duration::ZERO)
             .await
             .unwrap();
         assert_eq!(got, message);
