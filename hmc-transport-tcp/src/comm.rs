@@ -24,6 +24,7 @@
 //! get a fresh key for each use.
 
 use std::collections::HashMap;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -616,12 +617,14 @@ fn broken(peer: &PeerAddr, e: std::io::Error) -> Error {
 
 impl TcpCommunicator {
     /// Runs `work` until it ends, the deadline passes, or the communicator closes.
-    /// `start`: when the call began (its clock read, shared with the caller).
+    /// `start`: when the call began (its clock read, shared with the caller). `work` is
+    /// pinned by the caller: an async fn keeps its arguments apart from its state, so a
+    /// future taken by value would be stored twice in every op's future.
     async fn bounded<T>(
         &self,
         during: &'static str,
         (start, deadline): (Instant, Deadline),
-        work: impl Future<Output = Result<T>>,
+        work: Pin<&mut impl Future<Output = Result<T>>>,
     ) -> Result<T> {
         // `work` first: an op that completes in its first poll (a small one, busy-polled)
         // then never arms the timer or subscribes to the watch (each an async block, so
@@ -675,7 +678,7 @@ impl Communicator for TcpCommunicator {
             .bounded(
                 "connect",
                 (Instant::now(), deadline),
-                Self::dial(shared, peer, deadline),
+                pin!(Self::dial(shared, peer, deadline)),
             )
             .await?;
         Ok(TcpEndpoint {
@@ -848,7 +851,8 @@ impl Communicator for TcpCommunicator {
             ep.checkin(shared, stream, false);
             Ok(())
         };
-        self.bounded("transfer", (started, deadline), work).await
+        self.bounded("transfer", (started, deadline), pin!(work))
+            .await
     }
 
     async fn notify(
@@ -900,7 +904,8 @@ impl Communicator for TcpCommunicator {
                 }
             }
         };
-        self.bounded("notify", (started, deadline), work).await
+        self.bounded("notify", (started, deadline), pin!(work))
+            .await
     }
 
     async fn recv_notification(&self, deadline: Deadline) -> Result<Notification> {
