@@ -38,6 +38,12 @@ pub(crate) struct Stream {
 /// connection, so the bytes read ahead never belong to a later message.
 const READ_AHEAD: usize = 256;
 
+/// The most one bulk send hands the kernel. A single `sendmsg` of megabytes holds the
+/// socket's lock while it copies everything that fits, so the receiver starts copying out
+/// only when the call ends; in pieces, the receiver copies one out while the sender copies
+/// the next in (a 64 KiB op is one piece).
+const SEND_PIECE: usize = 256 << 10;
+
 /// The most a busy-poll's check ([`Stream::poll_readable`]) takes ahead: a whole small
 /// message, its header with the data coalesced after it (up to [`crate::wire::COALESCE_LEN`]).
 /// A 4 KiB message then arrives in one `recv` and one copy instead of two `recv`s (the
@@ -356,6 +362,7 @@ impl Stream {
     /// One non-blocking write of `prefix` followed by `buf` (a vectored write when the
     /// prefix is not empty); returns the bytes written from both together.
     pub(crate) fn try_write_prefixed(&self, prefix: &[u8], buf: &[u8]) -> io::Result<usize> {
+        let buf = &buf[..buf.len().min(SEND_PIECE)];
         if prefix.is_empty() {
             return self.try_write(buf);
         }
@@ -706,6 +713,23 @@ mod tests {
             "the read waited on the poller although the bytes came within its spin window"
         );
         drop(sender.await.unwrap());
+    }
+
+    /// A bulk send hands the kernel at most [`SEND_PIECE`] bytes per system call, although
+    /// the socket takes more (on a fresh loopback connection one non-blocking `send` of
+    /// 1 MiB goes in whole), so the receiver can copy out one piece while the next goes in.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bulk_send_hands_the_kernel_one_piece_per_call() {
+        let l = Listener::bind(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let c = Stream::connect(&addr, Deadline::after(FAR)).await.unwrap();
+        let _s = l.accept().await.unwrap();
+        let big = vec![1u8; 1 << 20];
+        // At most: a host with smaller socket buffers may take less.
+        let n = c.try_write_prefixed(&[], &big).unwrap();
+        assert!(n > 0 && n <= SEND_PIECE, "one send took {n} bytes");
+        let n = c.try_write_prefixed(b"hdr", &big).unwrap();
+        assert!(n <= 3 + SEND_PIECE, "one send took {n} bytes");
     }
 
     /// A busy-poll told how much of the coming message its caller will read takes all of
