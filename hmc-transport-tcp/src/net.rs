@@ -42,7 +42,10 @@ const READ_AHEAD: usize = 256;
 /// socket's lock while it copies everything that fits, so the receiver starts copying out
 /// only when the call ends; in pieces, the receiver copies one out while the sender copies
 /// the next in (a 64 KiB op is one piece).
-const SEND_PIECE: usize = 256 << 10;
+pub(crate) const SEND_PIECE: usize = 256 << 10;
+
+/// Buffers one gathering send takes at most (see [`Stream::try_write_gather`]).
+pub(crate) const MAX_GATHER: usize = 64;
 
 /// The most a busy-poll's check ([`Stream::poll_readable`]) takes ahead: a whole small
 /// message, its header with the data coalesced after it (up to [`crate::wire::COALESCE_LEN`]).
@@ -362,11 +365,32 @@ impl Stream {
     /// One non-blocking write of `prefix` followed by `buf` (a vectored write when the
     /// prefix is not empty); returns the bytes written from both together.
     pub(crate) fn try_write_prefixed(&self, prefix: &[u8], buf: &[u8]) -> io::Result<usize> {
-        let buf = &buf[..buf.len().min(SEND_PIECE)];
-        if prefix.is_empty() {
-            return self.try_write(buf);
+        self.try_write_gather(prefix, &[buf])
+    }
+
+    /// As [`Stream::try_write_prefixed`], with the bytes of `bufs` one after another: one
+    /// non-blocking `sendmsg` of the prefix and at most [`SEND_PIECE`] bytes of them.
+    pub(crate) fn try_write_gather(&self, prefix: &[u8], bufs: &[&[u8]]) -> io::Result<usize> {
+        let mut slices = [io::IoSlice::new(&[]); 1 + MAX_GATHER];
+        let mut n = 0;
+        if !prefix.is_empty() {
+            slices[0] = io::IoSlice::new(prefix);
+            n = 1;
         }
-        self.send_vectored(&[io::IoSlice::new(prefix), io::IoSlice::new(buf)])
+        let mut room = SEND_PIECE;
+        for b in bufs.iter().take(MAX_GATHER) {
+            if room == 0 {
+                break;
+            }
+            let take = b.len().min(room);
+            slices[n] = io::IoSlice::new(&b[..take]);
+            n += 1;
+            room -= take;
+        }
+        if n == 1 {
+            return self.try_write(&slices[0]);
+        }
+        self.send_vectored(&slices[..n])
     }
 
     /// True when a pooled (idle) connection can no longer carry a request: the peer closed

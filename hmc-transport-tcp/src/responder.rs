@@ -30,7 +30,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::auth::{self, NONCE_LEN, PROOF_LEN};
 use crate::comm::{Counters, RegEntry, Shared};
-use crate::net::{Listener, Stream};
+use crate::net::{Listener, MAX_GATHER, Stream};
 use crate::wire::{self, TOKEN_LEN, WireDesc};
 
 /// The `context` of data-plane authentication proofs (see [`crate::auth`]).
@@ -497,17 +497,19 @@ async fn recv_into(
     Ok(Moved::Done)
 }
 
-/// Writes `prefix` (a status) and then `len` bytes of `entry` at `offset` to the socket,
-/// the prefix in the same system call as the first bytes, giving up after `stall` without
-/// progress.
+/// Writes `prefix` (a status) and then the bytes of `entry` at each `(offset, len)` of
+/// `spans` to the socket, the prefix in the same system call as the first bytes, giving up
+/// after `stall` without progress. Consecutive spans leave together, up to
+/// [`crate::net::SEND_PIECE`] per system call: scattered KV blocks of one region move in
+/// the same pieces as one contiguous block.
 async fn send_from(
     stream: &Stream,
     entry: &RegEntry,
-    offset: u64,
-    len: u64,
+    spans: &[(u64, u64)],
     mut prefix: &[u8],
     stall: Duration,
 ) -> io::Result<Moved> {
+    let len: u64 = spans.iter().map(|s| s.1).sum();
     let mut done = 0u64;
     let prefix_len = prefix.len();
     let mut wait = false;
@@ -522,15 +524,30 @@ async fn send_from(
                 started: done > 0 || prefix.len() < prefix_len,
             });
         }
-        // SAFETY: as in `recv_into`; the bytes are only read.
-        let src = unsafe {
-            std::slice::from_raw_parts(
-                (entry.region.addr + offset + done) as *const u8,
-                (len - done) as usize,
-            )
-        };
+        // The spans' bytes not sent yet, from `done` on.
+        let mut skip = done;
+        let mut bufs: [&[u8]; MAX_GATHER] = [&[]; MAX_GATHER];
+        let mut n_bufs = 0;
+        for &(offset, span) in spans {
+            if skip >= span {
+                skip -= span;
+                continue;
+            }
+            if n_bufs == MAX_GATHER {
+                break;
+            }
+            // SAFETY: as in `recv_into`; the bytes are only read.
+            bufs[n_bufs] = unsafe {
+                std::slice::from_raw_parts(
+                    (entry.region.addr + offset + skip) as *const u8,
+                    (span - skip) as usize,
+                )
+            };
+            n_bufs += 1;
+            skip = 0;
+        }
         // Room in the socket buffer is used before waiting for a readiness event.
-        match stream.try_write_prefixed(prefix, src) {
+        match stream.try_write_gather(prefix, &bufs[..n_bufs]) {
             Ok(n) => {
                 let from_prefix = n.min(prefix.len());
                 prefix = &prefix[from_prefix..];
@@ -629,8 +646,20 @@ async fn serve_batch(
             let mut prefix = [0u8; 2 + 63];
             prefix[1] = pad;
             let mut status: &[u8] = &prefix[..2 + pad as usize];
-            for (d, entry) in descs.iter().zip(&entries) {
-                let sent = send_from(stream, entry, d.offset, d.len, status, stall).await?;
+            // Runs of descriptors in the same region leave together (see `send_from`).
+            let mut i = 0;
+            while i < descs.len() {
+                let (d, entry) = (&descs[i], &entries[i]);
+                let run = entries[i..]
+                    .iter()
+                    .take_while(|e| Arc::ptr_eq(e, entry))
+                    .count();
+                let spans: Vec<(u64, u64)> = descs[i..i + run]
+                    .iter()
+                    .map(|d| (d.offset, d.len))
+                    .collect();
+                i += run;
+                let sent = send_from(stream, entry, &spans, status, stall).await?;
                 let first_call = !status.is_empty();
                 status = &[];
                 if let Moved::Deregistered { started: false, .. } = sent
