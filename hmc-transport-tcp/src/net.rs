@@ -318,6 +318,8 @@ impl Stream {
                 Ok(n) => {
                     done += n;
                     dry = None;
+                    // As in `write_all_eager`: a socket that never runs dry never waits.
+                    tokio::task::coop::consume_budget().await;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let waited = dry.get_or_insert_with(Instant::now).elapsed();
@@ -354,6 +356,10 @@ impl Stream {
                     let from_prefix = n.min(prefix.len());
                     prefix = &prefix[from_prefix..];
                     done += n - from_prefix;
+                    // A peer that keeps up never makes the loop wait: it yields to the
+                    // runtime every so often (tokio's budget), so the task's other work
+                    // and a cancellation get their turn during a large transfer.
+                    tokio::task::coop::consume_budget().await;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
                 Err(e) => return Err(e),

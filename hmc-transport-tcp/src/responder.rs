@@ -466,29 +466,34 @@ async fn recv_into(
         if wait {
             within(stall, stream.readable()).await?;
         }
-        let live = entry.live.read();
-        if !*live {
-            return Ok(Moved::Deregistered {
-                moved: done,
-                started: done > 0,
-            });
-        }
-        // SAFETY: `admit` checked offset+len against the region, which stays allocated while
-        // it is registered (the `register` contract), and `live` (held for this call only)
-        // proves it still is. Concurrent access by others follows the DMA rule that
-        // `register`'s caller accepted.
-        let dst = unsafe {
-            std::slice::from_raw_parts_mut(
-                (entry.region.addr + offset + done) as *mut u8,
-                (len - done) as usize,
-            )
+        // The guard lives in this block only: never across an `.await`.
+        let read = {
+            let live = entry.live.read();
+            if !*live {
+                return Ok(Moved::Deregistered {
+                    moved: done,
+                    started: done > 0,
+                });
+            }
+            // SAFETY: `admit` checked offset+len against the region, which stays allocated
+            // while it is registered (the `register` contract), and `live` (held for this
+            // call only) proves it still is. Concurrent access by others follows the DMA
+            // rule that `register`'s caller accepted.
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(
+                    (entry.region.addr + offset + done) as *mut u8,
+                    (len - done) as usize,
+                )
+            };
+            // Bytes already there are taken before waiting for a readiness event.
+            stream.try_read(dst)
         };
-        // Bytes already there are taken before waiting for a readiness event.
-        match stream.try_read(dst) {
+        match read {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => {
                 done += n as u64;
                 wait = false;
+                tokio::task::coop::consume_budget().await;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait = true,
             Err(e) => return Err(e),
@@ -517,42 +522,49 @@ async fn send_from(
         if wait {
             within(stall, stream.writable()).await?;
         }
-        let live = entry.live.read();
-        if !*live {
-            return Ok(Moved::Deregistered {
-                moved: done,
-                started: done > 0 || prefix.len() < prefix_len,
-            });
-        }
-        // The spans' bytes not sent yet, from `done` on.
-        let mut skip = done;
-        let mut bufs: [&[u8]; MAX_GATHER] = [&[]; MAX_GATHER];
-        let mut n_bufs = 0;
-        for &(offset, span) in spans {
-            if skip >= span {
-                skip -= span;
-                continue;
+        // The guard lives in this block only: never across an `.await`.
+        let sent = {
+            let live = entry.live.read();
+            if !*live {
+                return Ok(Moved::Deregistered {
+                    moved: done,
+                    started: done > 0 || prefix.len() < prefix_len,
+                });
             }
-            if n_bufs == MAX_GATHER {
-                break;
+            // The spans' bytes not sent yet, from `done` on.
+            let mut skip = done;
+            let mut bufs: [&[u8]; MAX_GATHER] = [&[]; MAX_GATHER];
+            let mut n_bufs = 0;
+            for &(offset, span) in spans {
+                if skip >= span {
+                    skip -= span;
+                    continue;
+                }
+                if n_bufs == MAX_GATHER {
+                    break;
+                }
+                // SAFETY: as in `recv_into`; the bytes are only read.
+                bufs[n_bufs] = unsafe {
+                    std::slice::from_raw_parts(
+                        (entry.region.addr + offset + skip) as *const u8,
+                        (span - skip) as usize,
+                    )
+                };
+                n_bufs += 1;
+                skip = 0;
             }
-            // SAFETY: as in `recv_into`; the bytes are only read.
-            bufs[n_bufs] = unsafe {
-                std::slice::from_raw_parts(
-                    (entry.region.addr + offset + skip) as *const u8,
-                    (span - skip) as usize,
-                )
-            };
-            n_bufs += 1;
-            skip = 0;
-        }
-        // Room in the socket buffer is used before waiting for a readiness event.
-        match stream.try_write_gather(prefix, &bufs[..n_bufs]) {
+            // Room in the socket buffer is used before waiting for a readiness event.
+            stream.try_write_gather(prefix, &bufs[..n_bufs])
+        };
+        match sent {
             Ok(n) => {
                 let from_prefix = n.min(prefix.len());
                 prefix = &prefix[from_prefix..];
                 done += (n - from_prefix) as u64;
                 wait = false;
+                // A reader that keeps up never makes the loop wait: yield now and then
+                // (tokio's budget) so the worker's other tasks get their turn.
+                tokio::task::coop::consume_budget().await;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait = true,
             Err(e) => return Err(e),
