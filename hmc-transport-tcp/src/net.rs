@@ -319,7 +319,9 @@ impl Stream {
                     done += n;
                     dry = None;
                     // As in `write_all_eager`: a socket that never runs dry never waits.
-                    tokio::task::coop::consume_budget().await;
+                    if done < buf.len() {
+                        tokio::task::coop::consume_budget().await;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     let waited = dry.get_or_insert_with(Instant::now).elapsed();
@@ -358,8 +360,11 @@ impl Stream {
                     done += n - from_prefix;
                     // A peer that keeps up never makes the loop wait: it yields to the
                     // runtime every so often (tokio's budget), so the task's other work
-                    // and a cancellation get their turn during a large transfer.
-                    tokio::task::coop::consume_budget().await;
+                    // and a cancellation get their turn during a large transfer. (Not
+                    // after the last bytes: a small op pays nothing.)
+                    if done < buf.len() || !prefix.is_empty() {
+                        tokio::task::coop::consume_budget().await;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
                 Err(e) => return Err(e),

@@ -493,7 +493,9 @@ async fn recv_into(
             Ok(n) => {
                 done += n as u64;
                 wait = false;
-                tokio::task::coop::consume_budget().await;
+                if done < len {
+                    tokio::task::coop::consume_budget().await;
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait = true,
             Err(e) => return Err(e),
@@ -563,8 +565,11 @@ async fn send_from(
                 done += (n - from_prefix) as u64;
                 wait = false;
                 // A reader that keeps up never makes the loop wait: yield now and then
-                // (tokio's budget) so the worker's other tasks get their turn.
-                tokio::task::coop::consume_budget().await;
+                // (tokio's budget) so the worker's other tasks get their turn (not after
+                // the last bytes: a small op pays nothing).
+                if done < len || !prefix.is_empty() {
+                    tokio::task::coop::consume_budget().await;
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait = true,
             Err(e) => return Err(e),
