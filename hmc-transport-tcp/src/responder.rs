@@ -504,19 +504,19 @@ async fn recv_into(
     Ok(Moved::Done)
 }
 
-/// Writes `prefix` (a status) and then the bytes of `entry` at each `(offset, len)` of
-/// `spans` to the socket, the prefix in the same system call as the first bytes, giving up
-/// after `stall` without progress. Consecutive spans leave together, up to
+/// Writes `prefix` (a status) and then the bytes of `entry` each of `descs` names to the
+/// socket, the prefix in the same system call as the first bytes, giving up
+/// after `stall` without progress. Consecutive descriptors leave together, up to
 /// [`crate::net::SEND_PIECE`] per system call: scattered KV blocks of one region move in
 /// the same pieces as one contiguous block.
 async fn send_from(
     stream: &Stream,
     entry: &RegEntry,
-    spans: &[(u64, u64)],
+    descs: &[WireDesc],
     mut prefix: &[u8],
     stall: Duration,
 ) -> io::Result<Moved> {
-    let len: u64 = spans.iter().map(|s| s.1).sum();
+    let len: u64 = descs.iter().map(|d| d.len).sum();
     let mut done = 0u64;
     let prefix_len = prefix.len();
     let mut wait = false;
@@ -533,11 +533,14 @@ async fn send_from(
                     started: done > 0 || prefix.len() < prefix_len,
                 });
             }
-            // The spans' bytes not sent yet, from `done` on.
+            // The descriptors' bytes not sent yet, from `done` on.
             let mut skip = done;
             let mut bufs: [&[u8]; MAX_GATHER] = [&[]; MAX_GATHER];
             let mut n_bufs = 0;
-            for &(offset, span) in spans {
+            for &WireDesc {
+                offset, len: span, ..
+            } in descs
+            {
                 if skip >= span {
                     skip -= span;
                     continue;
@@ -671,12 +674,8 @@ async fn serve_batch(
                     .iter()
                     .take_while(|e| Arc::ptr_eq(e, entry))
                     .count();
-                let spans: Vec<(u64, u64)> = descs[i..i + run]
-                    .iter()
-                    .map(|d| (d.offset, d.len))
-                    .collect();
+                let sent = send_from(stream, entry, &descs[i..i + run], status, stall).await?;
                 i += run;
-                let sent = send_from(stream, entry, &spans, status, stall).await?;
                 let first_call = !status.is_empty();
                 status = &[];
                 if let Moved::Deregistered { started: false, .. } = sent
