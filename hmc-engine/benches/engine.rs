@@ -16,6 +16,8 @@
 //! shapes between two processes with no runtime or protocol. `--floor-variants` prints,
 //! instead of the rows, that floor under each way of driving the sockets it tried (larger
 //! socket buffers, sends in pieces, blocking calls). Internal: `--tcp-floor`.
+//! `--floor-client LEN` measures that floor on request for another bench (the Python one):
+//! for each line `read|write BYTES SECONDS` on stdin it prints the µs per op.
 
 #[path = "support/conn_sweep.rs"]
 mod conn_sweep;
@@ -84,6 +86,15 @@ fn args() -> Args {
                 let len = it.next().expect("--tcp-floor LEN VARIANT");
                 let v = it.next().expect("--tcp-floor LEN VARIANT");
                 tcp_floor::serve(len.parse().expect("bytes"), v.parse().expect("variant"));
+                std::process::exit(0);
+            }
+            "--floor-client" => {
+                tcp_floor::client(
+                    it.next()
+                        .expect("--floor-client LEN")
+                        .parse()
+                        .expect("bytes"),
+                );
                 std::process::exit(0);
             }
             "--floor-variants" => a.floor_variants = true,

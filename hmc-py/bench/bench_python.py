@@ -4,11 +4,14 @@ transfer_sync_read), the same loop side by side in one run, two processes on loo
 and the Python overhead per op: hmc's Python loop against the same calls made by a Rust
 loop on the same engine (``Engine._transfer_sync_loop``).
 
-    python bench_python.py [--seconds S] [--no-mooncake]
+    python bench_python.py [--seconds S] [--no-mooncake] [--floor ENGINE_BENCH]
     python bench_python.py hmc-target BYTES   (internal: the hmc target process)
 
-Each cell alternates the two systems three times and reports the medians. Prints Markdown
-tables on stdout.
+Each cell alternates the two systems three times and reports the medians. With
+``--floor``, the path of hmc-engine's engine bench binary, each round also measures this
+machine's TCP floor for the same op (two processes spinning on one connection, no runtime,
+no protocol; that bench's ``--floor-client``), so a ratio can be read against what the
+machine allows at that moment. Prints Markdown tables on stdout.
 """
 
 import argparse
@@ -125,6 +128,30 @@ class Mooncake:
         self.proc.wait(10)
 
 
+class Floor:
+    """The TCP floor, measured on request by the engine bench's ``--floor-client``."""
+
+    def __init__(self, binary):
+        self.proc = subprocess.Popen(
+            [binary, "--floor-client", str(max(SIZES))],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def us_per_op(self, opname, size, seconds):
+        self.proc.stdin.write(f"{opname} {size} {seconds}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            sys.exit("the floor client ended early (see its error above)")
+        return float(line)
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
 def median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2]
@@ -134,20 +161,24 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=2.0, help="per cell and system")
     ap.add_argument("--no-mooncake", action="store_true")
+    ap.add_argument("--floor", metavar="ENGINE_BENCH", help="hmc-engine's engine bench binary")
     a = ap.parse_args()
     ours = Hmc()
     theirs = None if a.no_mooncake else Mooncake()
+    floor = Floor(a.floor) if a.floor else None
     # Each cell alternates the two systems three times (a third of the time each) and
     # keeps the median: the machine is shared, and load comes and goes.
     rows = []
     for opname in ("write", "read"):
         for size in SIZES:
-            h, m = [], []
+            h, m, f = [], [], []
             for _ in range(3):
                 h.append(timed(a.seconds / 3, ours.op(opname, size)))
                 if theirs:
                     m.append(timed(a.seconds / 3, theirs.op(opname, size)))
-            rows.append((opname, size, median(h), median(m) if m else None))
+                if floor:
+                    f.append(floor.us_per_op(opname, size, a.seconds / 3))
+            rows.append((opname, size, median(h), median(m) if m else None, median(f) if f else None))
     overhead = {}
     n = 3_000 if a.seconds >= 1 else 1_000
     for opname in ("write", "read"):
@@ -155,17 +186,28 @@ def main():
             runs = [ours.overhead(opname, n * (10 if size == 0 else 1), size) for _ in range(9)]
             overhead[(opname, label)] = (min(r[0] for r in runs), min(r[1] for r in runs))
     ours.close()
-    if theirs:
-        theirs.close()
+    for other in (theirs, floor):
+        if other:
+            other.close()
     print("## Python API: hmc vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback\n")
     print("| op | size | hmc ops/s | hmc GB/s | Mooncake ops/s | Mooncake GB/s | ratio |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    for op, size, ops, m in rows:
+    for op, size, ops, m, _ in rows:
         gb = lambda o: o * size / 1e9  # noqa: E731
         print(
             f"| {op} | {size} | {ops:.0f} | {gb(ops):.3f} | "
             + (f"{m:.0f} | {gb(m):.3f} | {ops / m:.2f}x |" if m else "- | - | - |")
         )
+    if floor:
+        print("\n## the same sync ops vs this machine's TCP floor (two processes spinning on one connection, no runtime, no protocol)\n")
+        print("| op | size | floor us/op | hmc us/op | hmc / floor | Mooncake us/op | Mooncake / floor |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for op, size, ops, m, f in rows:
+            us = 1e6 / ops
+            print(
+                f"| {op} | {size} | {f:.1f} | {us:.1f} | {us / f:.2f}x | "
+                + (f"{1e6 / m:.1f} | {1e6 / m / f:.2f}x |" if m else "- | - |")
+            )
     print("\n## Python overhead per sync op (same engine and peer, 9 alternated runs, best of each)\n")
     print("| op | call | Python loop us/op | Rust loop us/op | Python adds us |")
     print("| --- | --- | --- | --- | --- |")

@@ -685,6 +685,37 @@ fn ucx_wheel(args: &[String]) -> Result {
     run(&mut tools)
 }
 
+/// Builds bench `bench` of `krate` (the bench profile) and returns its executable.
+fn bench_binary(krate: &str, bench: &str) -> Result<PathBuf> {
+    let mut build = cargo();
+    build.args([
+        "bench",
+        "--no-run",
+        "--message-format=json",
+        "-p",
+        krate,
+        "--bench",
+        bench,
+    ]);
+    let out = build
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cargo bench --no-run: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "building {krate}'s bench {bench} failed (its errors are above)"
+        ));
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| json_string_field(line, "executable"))
+        .map(PathBuf::from)
+        .next_back()
+        .ok_or(format!(
+            "cargo built no executable for {krate}'s bench {bench}"
+        ))
+}
+
 /// The value of a top-level `"field":"value"` in one line of cargo's JSON messages (paths
 /// here never hold quotes or escapes).
 fn json_string_field<'a>(line: &'a str, field: &str) -> Option<&'a str> {

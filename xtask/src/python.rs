@@ -87,7 +87,7 @@ pub fn test() -> Result {
 
 /// `cargo xtask bench python`: a release wheel installed beside Mooncake (in
 /// `target/mooncake-venv`, or alone in `target/py-venv` when Mooncake cannot be installed),
-/// then `hmc-py/bench/bench_python.py`.
+/// then `hmc-py/bench/bench_python.py`, with the engine bench's TCP floor beside it.
 pub fn bench(rec: &mut crate::report::Recorder, quick: bool) -> Result {
     let venv_py = venv()?;
     let (python, mooncake) = match crate::mooncake_python() {
@@ -98,10 +98,14 @@ pub fn bench(rec: &mut crate::report::Recorder, quick: bool) -> Result {
         }
     };
     rec.build_with(|| install_wheel(&venv_py, &python, true))?;
+    // The engine bench's `--floor-client` measures the TCP floor beside each round.
+    let floor = rec.build_with(|| crate::bench_binary("hmc-engine", "engine"))?;
     let mut cmd = Command::new(&python);
     cmd.current_dir(root())
         .arg("hmc-py/bench/bench_python.py")
-        .args(["--seconds", if quick { "0.5" } else { "2" }]);
+        .args(["--seconds", if quick { "0.5" } else { "2" }])
+        .arg("--floor")
+        .arg(floor);
     if !mooncake {
         cmd.arg("--no-mooncake");
     }

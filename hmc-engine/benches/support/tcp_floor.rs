@@ -246,6 +246,29 @@ impl Drop for Floor {
     }
 }
 
+/// `--floor-client LEN`: the floor (default variant, ops up to `len` bytes) for a bench in
+/// another language, which alternates it with its own rounds: each stdin line `read|write
+/// BYTES SECONDS` is answered with one line, the µs per op. Ends at the end of stdin.
+pub fn client(len: usize) {
+    let mut floor = Floor::start(len, Variant::default());
+    let mut out = std::io::stdout().lock();
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [op, bytes, secs] = f[..] else {
+            panic!("--floor-client: expected `read|write BYTES SECONDS`, got `{line}`");
+        };
+        let bytes: usize = bytes.parse().expect("bytes");
+        assert!(
+            bytes <= len,
+            "--floor-client: {bytes} bytes exceed its {len}"
+        );
+        let us = floor.us_per_op(op == "read", bytes, secs.parse().expect("seconds"));
+        writeln!(out, "{us:.2}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
 /// `--floor-variants`: the floor's shapes at each size under each variant, alternated
 /// round by round (medians of 3), as a table.
 pub fn variants(sizes: &[usize], secs: f64) {
