@@ -5,7 +5,8 @@
 //! Rows: sync single ops at each size (ops/s, GB/s, ratio to Mooncake; each cell alternates
 //! the systems round by round and keeps their median rounds); async (8 in flight);
 //! the engine against the same transfers through the bare `Communicator` (facade overhead);
-//! and 64 scattered 128 KiB KV blocks against one contiguous 8 MiB transfer.
+//! and 64 scattered 128 KiB KV blocks against one contiguous 8 MiB transfer, pulled (READ)
+//! and pushed (WRITE).
 //!
 //! Arguments: `--sizes 4096,65536,1048576,16777216 --seconds 2 --mooncake-python PATH`
 //! (Mooncake is skipped with a note when the interpreter is absent). Internal: `--target`.
@@ -539,25 +540,37 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
         remote_addr: remote_buf,
         len: 8 << 20,
     }];
+    // READ (a decoder pulling) and WRITE (a prefill node pushing), the two shapes
+    // alternated round by round (medians of 3).
     let mut kv = Vec::new();
-    for (what, descs) in [
-        ("64 x 128 KiB scattered", &scattered[..]),
-        ("8 MiB contiguous", &contiguous[..]),
-    ] {
-        eprintln!("KV {what}");
-        let e = &engine;
-        let n = &name;
-        let (ops, secs) = timed(a.seconds, || async move {
-            e.transfer(n, TransferOp::Read, descs, T).await.unwrap();
-        })
-        .await;
-        kv.push(Row {
-            what: what.into(),
-            op: "READ",
-            size: 8 << 20,
-            ops,
-            secs,
-        });
+    for (op, op_name) in [(TransferOp::Read, "READ"), (TransferOp::Write, "WRITE")] {
+        let shapes = [
+            ("64 x 128 KiB scattered", &scattered[..]),
+            ("8 MiB contiguous", &contiguous[..]),
+        ];
+        let mut rounds: [Vec<(u64, f64)>; 2] = Default::default();
+        for _ in 0..3 {
+            for ((what, descs), r) in shapes.iter().zip(&mut rounds) {
+                eprintln!("KV {op_name} {what}");
+                let (e, n) = (&engine, &name);
+                r.push(
+                    timed(a.seconds / 3.0, || async move {
+                        e.transfer(n, op, descs, T).await.unwrap();
+                    })
+                    .await,
+                );
+            }
+        }
+        for ((what, _), r) in shapes.iter().zip(rounds) {
+            let (ops, secs) = median_round(r);
+            kv.push(Row {
+                what: (*what).into(),
+                op: op_name,
+                size: 8 << 20,
+                ops,
+                secs,
+            });
+        }
     }
     drop(child.stdin.take());
     let _ = child.wait();
@@ -630,16 +643,21 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
     for r in &asyncs {
         println!("| {} | {:.0} | {:.2} |", r.size, r.ops_s(), r.gbs());
     }
-    println!("\n## KV blocks: 64 scattered 128 KiB blocks vs one 8 MiB transfer (READ)\n");
-    println!("| transfer | GB/s | share of contiguous |");
-    println!("| --- | --- | --- |");
-    let contiguous = kv.last().map(|r| r.gbs()).unwrap_or(1.0);
-    for r in &kv {
-        println!(
-            "| {} | {:.2} | {:.0}% |",
-            r.what,
-            r.gbs(),
-            r.gbs() / contiguous * 100.0
-        );
+    println!(
+        "\n## KV blocks: 64 scattered 128 KiB blocks vs one 8 MiB transfer (alternated rounds, medians of 3)\n"
+    );
+    println!("| op | transfer | GB/s | share of contiguous |");
+    println!("| --- | --- | --- | --- |");
+    for pair in kv.chunks(2) {
+        let contiguous = pair.last().map(|r| r.gbs()).unwrap_or(1.0);
+        for r in pair {
+            println!(
+                "| {} | {} | {:.2} | {:.0}% |",
+                r.op,
+                r.what,
+                r.gbs(),
+                r.gbs() / contiguous * 100.0
+            );
+        }
     }
 }

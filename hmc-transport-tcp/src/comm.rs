@@ -574,13 +574,19 @@ async fn run_request(
             let pad = wire::align_pad(header.len() + 1, first);
             header.push(pad);
             header.resize(header.len() + pad as usize, 0);
-            // The header leaves with the first bytes.
-            let mut prefix = &header[..];
-            for d in descs.iter().filter(|d| d.len > 0) {
+            let bytes = |d: &TransferDesc<'_, TcpCommunicator>| {
                 // SAFETY: as above.
-                let bytes = unsafe { std::slice::from_raw_parts(local_ptr(d), d.len) };
-                stream.write_all_eager(prefix, bytes, until).await?;
-                prefix = &[];
+                unsafe { std::slice::from_raw_parts(local_ptr(d), d.len) }
+            };
+            // The header leaves with the first bytes, and a batch's descriptors leave
+            // gathered (one `sendmsg` per piece, as for one contiguous transfer).
+            let mut with_bytes = descs.iter().filter(|d| d.len > 0);
+            match (with_bytes.next(), with_bytes.next()) {
+                (Some(d), None) => stream.write_all_eager(&header, bytes(d), until).await?,
+                _ => {
+                    let bufs: Vec<&[u8]> = descs.iter().filter(|d| d.len > 0).map(bytes).collect();
+                    stream.write_all_gather_eager(&header, &bufs, until).await?;
+                }
             }
             stream.poll_readable(poll, 0).await;
             wire::read_status(stream, peer).await

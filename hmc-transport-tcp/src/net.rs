@@ -345,24 +345,55 @@ impl Stream {
     /// `buf`, so the peer wakes once for both.
     pub(crate) async fn write_all_eager(
         &self,
-        mut prefix: &[u8],
+        prefix: &[u8],
         buf: &[u8],
         until: Instant,
     ) -> io::Result<()> {
-        let mut done = 0;
-        while done < buf.len() || !prefix.is_empty() {
+        self.write_all_gather_eager(prefix, &[buf], until).await
+    }
+
+    /// As [`Stream::write_all_eager`] with the bytes of `bufs` one after another: each
+    /// `sendmsg` gathers as many of them as fit in [`SEND_PIECE`] (up to [`MAX_GATHER`]),
+    /// so a batch of scattered blocks costs the system calls of one contiguous transfer.
+    pub(crate) async fn write_all_gather_eager(
+        &self,
+        mut prefix: &[u8],
+        bufs: &[&[u8]],
+        until: Instant,
+    ) -> io::Result<()> {
+        // The first buffer not yet sent in full, how much of it has been, and how many
+        // bytes of all the buffers are left.
+        let (mut first, mut sent) = (0, 0);
+        let mut left: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut pending: [&[u8]; MAX_GATHER] = [&[]; MAX_GATHER];
+        while left > 0 || !prefix.is_empty() {
+            while first < bufs.len() && sent == bufs[first].len() {
+                (first, sent) = (first + 1, 0);
+            }
             past(until)?;
+            let n_bufs = (bufs.len() - first).min(MAX_GATHER);
+            for (slot, (i, b)) in pending.iter_mut().zip(bufs[first..].iter().enumerate()) {
+                *slot = if i == 0 { &b[sent..] } else { b };
+            }
             // Room in the socket buffer is used before waiting for a readiness event.
-            match self.try_write_prefixed(prefix, &buf[done..]) {
+            match self.try_write_gather(prefix, &pending[..n_bufs]) {
                 Ok(n) => {
                     let from_prefix = n.min(prefix.len());
                     prefix = &prefix[from_prefix..];
-                    done += n - from_prefix;
+                    let mut moved = n - from_prefix;
+                    left -= moved;
+                    while moved > 0 {
+                        let take = moved.min(bufs[first].len() - sent);
+                        (sent, moved) = (sent + take, moved - take);
+                        if sent == bufs[first].len() && moved > 0 {
+                            (first, sent) = (first + 1, 0);
+                        }
+                    }
                     // A peer that keeps up never makes the loop wait: it yields to the
                     // runtime every so often (tokio's budget), so the task's other work
                     // and a cancellation get their turn during a large transfer. (Not
                     // after the last bytes: a small op pays nothing.)
-                    if done < buf.len() || !prefix.is_empty() {
+                    if left > 0 || !prefix.is_empty() {
                         tokio::task::coop::consume_budget().await;
                     }
                 }
@@ -373,14 +404,9 @@ impl Stream {
         Ok(())
     }
 
-    /// One non-blocking write of `prefix` followed by `buf` (a vectored write when the
-    /// prefix is not empty); returns the bytes written from both together.
-    pub(crate) fn try_write_prefixed(&self, prefix: &[u8], buf: &[u8]) -> io::Result<usize> {
-        self.try_write_gather(prefix, &[buf])
-    }
-
-    /// As [`Stream::try_write_prefixed`], with the bytes of `bufs` one after another: one
-    /// non-blocking `sendmsg` of the prefix and at most [`SEND_PIECE`] bytes of them.
+    /// One non-blocking write of `prefix` and then the bytes of `bufs`, one after another
+    /// (a vectored write, unless that is a single buffer): at most [`SEND_PIECE`] bytes of
+    /// `bufs` and up to [`MAX_GATHER`] of them. Returns the bytes written from all together.
     pub(crate) fn try_write_gather(&self, prefix: &[u8], bufs: &[&[u8]]) -> io::Result<usize> {
         let mut slices = [io::IoSlice::new(&[]); 1 + MAX_GATHER];
         let mut n = 0;
@@ -761,10 +787,48 @@ mod tests {
         let _s = l.accept().await.unwrap();
         let big = vec![1u8; 1 << 20];
         // At most: a host with smaller socket buffers may take less.
-        let n = c.try_write_prefixed(&[], &big).unwrap();
+        let n = c.try_write_gather(&[], &[&big]).unwrap();
         assert!(n > 0 && n <= SEND_PIECE, "one send took {n} bytes");
-        let n = c.try_write_prefixed(b"hdr", &big).unwrap();
+        let n = c.try_write_gather(b"hdr", &[&big]).unwrap();
         assert!(n <= 3 + SEND_PIECE, "one send took {n} bytes");
+    }
+
+    /// A gathered write delivers the prefix and then every buffer's bytes in order, whole,
+    /// however the kernel cuts it: more buffers than one `sendmsg` gathers, empty ones
+    /// among them, and a peer reading in small pieces so that sends end mid-buffer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gathered_write_delivers_every_buffer_in_order() {
+        use tokio::io::AsyncReadExt;
+        let l = Listener::bind(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = l.local_addr().unwrap();
+        let peer = tokio::spawn(async move {
+            let mut s = l.accept().await.unwrap();
+            let (mut got, mut piece) = (Vec::new(), [0u8; 1000]);
+            loop {
+                match s.read(&mut piece).await.unwrap() {
+                    0 => return got,
+                    n => got.extend_from_slice(&piece[..n]),
+                }
+            }
+        });
+        let c = Stream::connect(&addr, Deadline::after(FAR)).await.unwrap();
+        let owned: Vec<Vec<u8>> = (0..3 * MAX_GATHER)
+            .map(|i| (0..(i * 1237) % 9000).map(|j| (i * 7 + j) as u8).collect())
+            .collect();
+        assert!(owned.iter().any(|b| b.is_empty()));
+        let bufs: Vec<&[u8]> = owned.iter().map(|b| &b[..]).collect();
+        c.write_all_gather_eager(b"hdr!", &bufs, Instant::now() + FAR)
+            .await
+            .unwrap();
+        drop(c);
+        let want: Vec<u8> = b"hdr!"
+            .iter()
+            .chain(owned.iter().flatten())
+            .copied()
+            .collect();
+        let got = peer.await.unwrap();
+        assert_eq!(got.len(), want.len());
+        assert!(got == want, "the bytes arrived out of order");
     }
 
     /// A busy-poll told how much of the coming message its caller will read takes all of
