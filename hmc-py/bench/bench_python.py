@@ -4,10 +4,14 @@ transfer_sync_read), the same loop side by side in one run, two processes on loo
 and the Python overhead per op: hmc's Python loop against the same calls made by a Rust
 loop on the same engine (``Engine._transfer_sync_loop``).
 
-    python bench_python.py [--seconds S] [--no-mooncake] [--floor ENGINE_BENCH]
-    python bench_python.py hmc-target BYTES   (internal: the hmc target process)
+    python bench_python.py [--seconds S] [--no-mooncake] [--no-default] [--floor ENGINE_BENCH]
+    python bench_python.py hmc-target BYTES TRANSPORT   (internal: the hmc target process)
 
-Each cell alternates the two systems three times and reports the medians. With
+hmc runs twice: over its tcp transport (``{"transport": "tcp"}``: the like-for-like
+comparison with Mooncake's tcp protocol) and with the engine's default options
+(``transport=auto``: to a peer on the same host, cross-memory attach; what a user who
+passes no options gets). Each cell alternates the systems three times and reports the
+medians. With
 ``--floor``, the path of hmc-engine's engine bench binary, each round also measures this
 machine's TCP floor for the same op (two processes spinning on one connection, no runtime,
 no protocol; that bench's ``--floor-client``), so a ratio can be read against what the
@@ -27,9 +31,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MOONCAKE_PEER = os.path.join(HERE, "..", "..", "hmc-engine", "benches", "mooncake_peer.py")
 
 
-def hmc_target(size):
+def options(transport):
+    """The engine options of a run: ``tcp``, or (``default``) none at all."""
+    return {"transport": "tcp"} if transport == "tcp" else {}
+
+
+def hmc_target(size, transport):
     e = hmc.Engine()
-    e.initialize("127.0.0.1:0", {"transport": "tcp"})
+    e.initialize("127.0.0.1:0", options(transport))
     buf = bytearray(size)
     h = e.register_mem(buf)
     print(f"READY {e.local_address} {h.addr}", flush=True)
@@ -58,14 +67,15 @@ def timed(seconds, call):
 
 
 class Hmc:
-    """hmc's side: a target process and an engine here, connected."""
+    """hmc's side: a target process and an engine here, connected, both with the options
+    of ``transport`` (``tcp`` or ``default``)."""
 
-    def __init__(self):
+    def __init__(self, transport):
         self.proc, self.address, self.remote = start(
-            [sys.executable, __file__, "hmc-target", str(max(SIZES))]
+            [sys.executable, __file__, "hmc-target", str(max(SIZES)), transport]
         )
         self.e = hmc.Engine()
-        self.e.initialize("127.0.0.1:0", {"transport": "tcp"})
+        self.e.initialize("127.0.0.1:0", options(transport))
         self.local = bytearray(max(SIZES))
         self.h = self.e.register_mem(self.local)
         self.e.connect(self.address)
@@ -161,24 +171,29 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=2.0, help="per cell and system")
     ap.add_argument("--no-mooncake", action="store_true")
+    ap.add_argument("--no-default", action="store_true", help="tcp only")
     ap.add_argument("--floor", metavar="ENGINE_BENCH", help="hmc-engine's engine bench binary")
     a = ap.parse_args()
-    ours = Hmc()
+    ours = Hmc("tcp")
+    default = None if a.no_default else Hmc("default")
     theirs = None if a.no_mooncake else Mooncake()
     floor = Floor(a.floor) if a.floor else None
-    # Each cell alternates the two systems three times (a third of the time each) and
+    # Each cell alternates the systems three times (a third of the time each) and
     # keeps the median: the machine is shared, and load comes and goes.
-    rows = []
+    rows, default_rows = [], []
     for opname in ("write", "read"):
         for size in SIZES:
-            h, m, f = [], [], []
+            h, d, m, f = [], [], [], []
             for _ in range(3):
                 h.append(timed(a.seconds / 3, ours.op(opname, size)))
+                if default:
+                    d.append(timed(a.seconds / 3, default.op(opname, size)))
                 if theirs:
                     m.append(timed(a.seconds / 3, theirs.op(opname, size)))
                 if floor:
                     f.append(floor.us_per_op(opname, size, a.seconds / 3))
             rows.append((opname, size, median(h), median(m) if m else None, median(f) if f else None))
+            default_rows.append((opname, size, median(d) if d else None, median(m) if m else None))
     overhead = {}
     n = 3_000 if a.seconds >= 1 else 1_000
     for opname in ("write", "read"):
@@ -186,7 +201,7 @@ def main():
             runs = [ours.overhead(opname, n * (10 if size == 0 else 1), size) for _ in range(9)]
             overhead[(opname, label)] = (min(r[0] for r in runs), min(r[1] for r in runs))
     ours.close()
-    for other in (theirs, floor):
+    for other in (default, theirs, floor):
         if other:
             other.close()
     print("## Python API: hmc vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback\n")
@@ -208,6 +223,16 @@ def main():
                 f"| {op} | {size} | {f:.1f} | {us:.1f} | {us / f:.2f}x | "
                 + (f"{1e6 / m:.1f} | {1e6 / m / f:.2f}x |" if m else "- | - |")
             )
+    if default:
+        print("\n## hmc with the default options (transport=auto: cross-memory attach to a peer on this host) vs Mooncake Transfer Engine (tcp)\n")
+        print("| op | size | hmc ops/s | hmc GB/s | hmc us/op | Mooncake ops/s | Mooncake GB/s | ratio |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for op, size, ops, m in default_rows:
+            gb = lambda o: o * size / 1e9  # noqa: E731
+            print(
+                f"| {op} | {size} | {ops:.0f} | {gb(ops):.3f} | {1e6 / ops:.1f} | "
+                + (f"{m:.0f} | {gb(m):.3f} | {ops / m:.2f}x |" if m else "- | - | - |")
+            )
     print("\n## Python overhead per sync op (same engine and peer, 9 alternated runs, best of each)\n")
     print("| op | call | Python loop us/op | Rust loop us/op | Python adds us |")
     print("| --- | --- | --- | --- | --- |")
@@ -216,7 +241,7 @@ def main():
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "hmc-target":
-        hmc_target(int(sys.argv[2]))
+    if len(sys.argv) > 3 and sys.argv[1] == "hmc-target":
+        hmc_target(int(sys.argv[2]), sys.argv[3])
     else:
         main()

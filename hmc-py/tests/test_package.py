@@ -1,9 +1,11 @@
 """The package's surface: the stubs match the extension module, every public name has a
-docstring, and the names of the issue exist."""
+docstring, the names of the issue exist, and the README's examples run."""
 
 import ast
 import importlib.resources
 import inspect
+import re
+from pathlib import Path
 
 import hmc
 from hmc import _hmc
@@ -81,3 +83,17 @@ def test_the_issue_names_exist():
         assert hasattr(hmc.rpc.Client, n), n
     for n in ["register", "serve", "shutdown", "start"]:
         assert hasattr(hmc.rpc.Server, n), n
+
+
+def readme_python_examples():
+    """The ``python`` code blocks of the README's "Python" section."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## Python\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+def test_the_readme_examples_run():
+    examples = readme_python_examples()
+    assert examples, "the README's Python section has no python code block"
+    for code in examples:
+        exec(compile(code, "README.md", "exec"), {})

@@ -24,7 +24,8 @@ usage: cargo xtask <command>
   demo --cluster       etcd started on loopback, two engines that find each other by name
                        through it and move bytes (checksums verified), etcd stopped
   test [--long]        install what is missing, then tidy checks and the whole test suite
-                       (--long adds the long-running soak tests)
+                       (--long adds the long-running soak tests and
+                       `pip install ./hmc-py` into a new venv)
   bench <transfer|rpc|ucx|shm|rdma|engine|python|plugin|all> [--quick] [--report]
                        benchmarks side by side with iperf3 / tonic / ucx_perftest /
                        memcpy / Mooncake (engine, python); rows as JSON in
@@ -277,7 +278,12 @@ fn test(long: bool) -> Result {
     // `cargo xtask demo --cluster`, as a user runs it (etcd started and stopped by it).
     demo::cluster(&root().join("target/debug/examples/cluster_node"))?;
     // The Python package: its wheel into target/py-venv, then pytest.
-    python::test()
+    python::test()?;
+    if long {
+        // `pip install ./hmc-py` as a user runs it (minutes: a release build).
+        python::pip_install()?;
+    }
+    Ok(())
 }
 
 /// The cargo commands of `cargo xtask test` for `scope` (`--workspace`, or `-p <crate>`

@@ -85,6 +85,31 @@ pub fn test() -> Result {
         .args(["-m", "pytest", "-q", "tests"]))
 }
 
+/// `cargo xtask test --long`: `pip install './hmc-py[test]'`, as the README tells a user,
+/// into a venv made afresh (`target/pip-venv`), then the package tests there (the README's
+/// example among them). The steps above build the wheel with maturin directly; this is
+/// the PEP 517 path, pip fetching maturin into a build environment of its own.
+pub fn pip_install() -> Result {
+    let venv = root().join("target/pip-venv");
+    let _ = std::fs::remove_dir_all(&venv);
+    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
+        .map_err(|e| format!("python3 -m venv: {e} (apt-get install python3-venv)"))?;
+    let py = venv.join("bin/python");
+    run(Command::new(&py).current_dir(root()).args([
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "./hmc-py[test]",
+    ]))?;
+    run(Command::new(&py).current_dir(root().join("hmc-py")).args([
+        "-m",
+        "pytest",
+        "-q",
+        "tests/test_package.py",
+    ]))
+}
+
 /// `cargo xtask bench python`: a release wheel installed beside Mooncake (in
 /// `target/mooncake-venv`, or alone in `target/py-venv` when Mooncake cannot be installed),
 /// then `hmc-py/bench/bench_python.py`, with the engine bench's TCP floor beside it.

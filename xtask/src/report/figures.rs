@@ -101,6 +101,17 @@ struct Spec {
 const RPC_ECHO: &str = "hmc-rpc echo vs tonic";
 const UCX_SERIES: [(&str, &str); 2] = [("hmc GB/s", "hmc"), ("ucx_perftest GB/s", "ucx_perftest")];
 
+/// Issue 17's targets for the Python bench's sync ops, over either of hmc's transports.
+const PYTHON_TARGETS: &[Target] = &[
+    Target::TimesAt(
+        3.0,
+        1,
+        &[4.0 * KIB, 64.0 * KIB],
+        "target: 3x Mooncake (4, 64 KiB)",
+    ),
+    Target::TimesAt(2.0, 1, &[MIB], "target: 2x Mooncake (1 MiB)"),
+];
+
 const SPECS: &[Spec] = &[
     Spec {
         bench: "rpc",
@@ -443,15 +454,19 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("hmc ops/s", "hmc"), ("Mooncake ops/s", "Mooncake")],
         y_label: "ops/s",
-        targets: &[
-            Target::TimesAt(
-                3.0,
-                1,
-                &[4.0 * KIB, 64.0 * KIB],
-                "target: 3x Mooncake (4, 64 KiB)",
-            ),
-            Target::TimesAt(2.0, 1, &[MIB], "target: 2x Mooncake (1 MiB)"),
-        ],
+        targets: PYTHON_TARGETS,
+    },
+    Spec {
+        bench: "python",
+        table: "hmc with the default options",
+        id: "python-default-vs-mooncake",
+        title: "Python API, default transport (same host) vs Mooncake (tcp), sync single ops",
+        filter: None,
+        x: &["op", "size"],
+        log2_x: false,
+        series: &[("hmc ops/s", "hmc (auto)"), ("Mooncake ops/s", "Mooncake")],
+        y_label: "ops/s",
+        targets: PYTHON_TARGETS,
     },
     Spec {
         bench: "python",
@@ -1141,7 +1156,10 @@ mod tests {
     #[case::shm("shm", &["shm-vs-memcpy"])]
     #[case::rdma("rdma", &["rdma-cpu", "rdma-standin-bw"])]
     #[case::plugin("plugin", &["plugin-vs-static"])]
-    #[case::python("python", &["python-vs-mooncake", "python-overhead"])]
+    #[case::python(
+        "python",
+        &["python-vs-mooncake", "python-default-vs-mooncake", "python-overhead"]
+    )]
     #[case::engine("engine", &["engine-vs-mooncake", "engine-facade"])]
     fn each_bench_gives_its_figures_with_every_series_and_target_in_the_legend(
         #[case] bench: &str,
@@ -1235,7 +1253,7 @@ mod tests {
         let mooncake = &p.series[1].points;
         assert_eq!(p.references[0].marks[0].2, 3.0 * mooncake[0].1);
         // Python's allowance is 3 µs over the same call from Rust, per group.
-        let p = &all_plots("python", &run)[1];
+        let p = &all_plots("python", &run)[2];
         let rust = &p.series[1].points;
         assert_eq!(p.references[0].marks[1].2, rust[1].1 + 3.0);
     }
