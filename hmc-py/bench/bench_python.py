@@ -6,16 +6,17 @@ loop on the same engine (``Engine._transfer_sync_loop``).
 
     python bench_python.py [--seconds S] [--no-mooncake] [--no-default] [--floor ENGINE_BENCH]
     python bench_python.py hmc-target BYTES TRANSPORT   (internal: the hmc target process)
+    python bench_python.py hmc-driver TRANSPORT         (internal: measures on request)
 
 hmc runs twice: over its tcp transport (``{"transport": "tcp"}``: the like-for-like
 comparison with Mooncake's tcp protocol) and with the engine's default options
 (``transport=auto``: to a peer on the same host, cross-memory attach; what a user who
-passes no options gets). Each cell alternates the systems three times and reports the
-medians. With
-``--floor``, the path of hmc-engine's engine bench binary, each round also measures this
-machine's TCP floor for the same op (two processes spinning on one connection, no runtime,
-no protocol; that bench's ``--floor-client``), so a ratio can be read against what the
-machine allows at that moment. Prints Markdown tables on stdout.
+passes no options gets), the second from a process of its own. Each cell alternates the
+systems three times and reports the medians. With ``--floor``, the path of hmc-engine's
+engine bench binary, each round also measures this machine's TCP floor for the same op
+(two processes spinning on one connection, no runtime, no protocol; that bench's
+``--floor-client``), so a ratio can be read against what the machine allows at that
+moment. Prints Markdown tables on stdout.
 """
 
 import argparse
@@ -138,28 +139,36 @@ class Mooncake:
         self.proc.wait(10)
 
 
-class Floor:
-    """The TCP floor, measured on request by the engine bench's ``--floor-client``."""
+class Remote:
+    """A measuring process of its own that answers ``OP BYTES SECONDS`` lines on stdin with
+    the µs per op it measured: the engine bench's ``--floor-client`` (the TCP floor), or this
+    script's ``hmc-driver default`` (hmc with no options: ``auto`` loads UCX, whose memory
+    hooks must not sit in the process that measures hmc's tcp and Mooncake)."""
 
-    def __init__(self, binary):
-        self.proc = subprocess.Popen(
-            [binary, "--floor-client", str(max(SIZES))],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+    def __init__(self, cmd, what):
+        self.what = what
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def us_per_op(self, opname, size, seconds):
         self.proc.stdin.write(f"{opname} {size} {seconds}\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
-            sys.exit("the floor client ended early (see its error above)")
+            sys.exit(f"{self.what} ended early (see its error above)")
         return float(line)
 
     def close(self):
         self.proc.stdin.close()
         self.proc.wait(10)
+
+
+def hmc_driver(transport):
+    """``hmc-driver TRANSPORT``: an hmc engine and its target, measuring on request."""
+    ours = Hmc(transport)
+    for line in sys.stdin:
+        opname, size, seconds = line.split()
+        print(1e6 / timed(float(seconds), ours.op(opname, int(size))), flush=True)
+    ours.close()
 
 
 def median(xs):
@@ -175,9 +184,11 @@ def main():
     ap.add_argument("--floor", metavar="ENGINE_BENCH", help="hmc-engine's engine bench binary")
     a = ap.parse_args()
     ours = Hmc("tcp")
-    default = None if a.no_default else Hmc("default")
+    default = None
+    if not a.no_default:
+        default = Remote([sys.executable, __file__, "hmc-driver", "default"], "the hmc driver")
     theirs = None if a.no_mooncake else Mooncake()
-    floor = Floor(a.floor) if a.floor else None
+    floor = Remote([a.floor, "--floor-client", str(max(SIZES))], "the floor client") if a.floor else None
     # Each cell alternates the systems three times (a third of the time each) and
     # keeps the median: the machine is shared, and load comes and goes.
     rows, default_rows = [], []
@@ -187,7 +198,7 @@ def main():
             for _ in range(3):
                 h.append(timed(a.seconds / 3, ours.op(opname, size)))
                 if default:
-                    d.append(timed(a.seconds / 3, default.op(opname, size)))
+                    d.append(1e6 / default.us_per_op(opname, size, a.seconds / 3))
                 if theirs:
                     m.append(timed(a.seconds / 3, theirs.op(opname, size)))
                 if floor:
@@ -249,5 +260,7 @@ def main():
 if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[1] == "hmc-target":
         hmc_target(int(sys.argv[2]), sys.argv[3])
+    elif len(sys.argv) > 2 and sys.argv[1] == "hmc-driver":
+        hmc_driver(sys.argv[2])
     else:
         main()
