@@ -3,11 +3,12 @@
 //! On a loaded machine the medians of both move between modes (a thread losing its core);
 //! the p10 column is the least disturbed estimate of what each path costs.
 //!
-//! `cargo bench -p hmc-plugin --bench plugin_vs_static [-- --iters N] [--only static|plugin]
-//! [--op read|write] [--size 64k|1m] [--plugin PATH]`: `--only`, `--op` and `--size` narrow
-//! the run to one path, one direction or one size, for profiling one of them (`perf record
-//! -g`); `--plugin` loads another build of the rtcp plugin instead of building it (to
-//! compare two builds of the glue under the same host).
+//! `cargo bench -p hmc-plugin --bench plugin_vs_static [-- --iters N | --quick]
+//! [--only static|plugin] [--op read|write] [--size 64k|1m] [--plugin PATH]`: `--quick` runs
+//! a fifth of the default ops; `--only`, `--op` and `--size` narrow the run to one path, one
+//! direction or one size, for profiling one of them (`perf record -g`); `--plugin` loads
+//! another build of the rtcp plugin instead of building it (to compare two builds of the
+//! glue under the same host).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -88,7 +89,11 @@ fn arg(name: &str) -> Option<String> {
 }
 
 fn main() {
-    let iters: usize = arg("--iters").and_then(|n| n.parse().ok()).unwrap_or(2000);
+    // `--quick` (as `cargo xtask bench --quick` passes it): a fifth of the ops.
+    let quick = std::env::args().any(|a| a == "--quick");
+    let iters: usize = arg("--iters")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(if quick { 400 } else { 2000 });
     let only = arg("--only");
     let (run_static, run_plugin) = (
         only.as_deref() != Some("plugin"),
