@@ -28,8 +28,7 @@ fn venv() -> Result<PathBuf> {
         "xtask: making {} (maturin, pytest, numpy from PyPI)",
         venv.display()
     );
-    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
-        .map_err(|e| format!("python3 -m venv: {e} (apt-get install python3-venv)"))?;
+    make_venv(&venv)?;
     run(Command::new(&py).args(["-m", "pip", "install", "-q", MATURIN, "pytest", "numpy"]))?;
     if ready() {
         Ok(py)
@@ -39,6 +38,13 @@ fn venv() -> Result<PathBuf> {
             venv.display()
         ))
     }
+}
+
+/// `python3 -m venv DIR`; its python.
+fn make_venv(dir: &Path) -> Result<PathBuf> {
+    run(Command::new("python3").arg("-m").arg("venv").arg(dir))
+        .map_err(|e| format!("python3 -m venv: {e} (apt-get install python3-venv)"))?;
+    Ok(dir.join("bin/python"))
 }
 
 /// Builds the wheel (`--release` or the dev profile) into `target/py-wheels/<profile>` and
@@ -92,9 +98,7 @@ pub fn test() -> Result {
 pub fn pip_install() -> Result {
     let venv = root().join("target/pip-venv");
     let _ = std::fs::remove_dir_all(&venv);
-    run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
-        .map_err(|e| format!("python3 -m venv: {e} (apt-get install python3-venv)"))?;
-    let py = venv.join("bin/python");
+    let py = make_venv(&venv)?;
     run(Command::new(&py).current_dir(root()).args([
         "-m",
         "pip",
