@@ -175,6 +175,7 @@ async fn target<C: Communicator>(len: usize, comm: C) {
                     len,
                 },
                 MemType::Host,
+                hmc_engine::Access::READ_WRITE,
             )
             .unwrap();
     }
@@ -365,6 +366,7 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
                     len,
                 },
                 MemType::Host,
+                hmc_engine::Access::READ_WRITE,
             )
             .unwrap();
     }

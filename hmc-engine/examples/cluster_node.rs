@@ -108,6 +108,7 @@ async fn serve(args: &Args) {
                 len,
             },
             MemType::Host,
+            hmc_engine::Access::READ_WRITE,
         )
         .expect("register")
     };
@@ -173,6 +174,7 @@ async fn pull(args: &Args) {
                 len,
             },
             MemType::Host,
+            hmc_engine::Access::READ_WRITE,
         )
         .expect("register")
     };

@@ -43,6 +43,7 @@ async fn target(len: usize) {
                 len,
             },
             MemType::Host,
+            hmc_engine::Access::READ_WRITE,
         )
         .unwrap()
     };
@@ -105,6 +106,7 @@ async fn initiator(len: usize) {
                     len,
                 },
                 MemType::Host,
+                hmc_engine::Access::READ_WRITE,
             )
             .unwrap();
         }

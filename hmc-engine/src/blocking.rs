@@ -52,9 +52,14 @@ impl<C: Communicator> BlockingEngine<C> {
     ///
     /// # Safety
     /// As [`Engine::register_mem`].
-    pub unsafe fn register_mem(&self, desc: MemDesc, mem_type: MemType) -> Result<MemHandle> {
+    pub unsafe fn register_mem(
+        &self,
+        desc: MemDesc,
+        mem_type: MemType,
+        access: hmc_core::Access,
+    ) -> Result<MemHandle> {
         // SAFETY: forwarded contract.
-        unsafe { self.engine.register_mem(desc, mem_type) }
+        unsafe { self.engine.register_mem(desc, mem_type, access) }
     }
 
     /// See [`Engine::deregister_mem`].

@@ -87,6 +87,9 @@ pub struct Notify {
 struct LocalReg<C: Communicator> {
     reg: C::Registration,
     handle: MemHandle,
+    /// What it was registered for: peers' ops and this engine's own (a READ writes local
+    /// memory, so it needs WRITE here).
+    access: Access,
     exported: Vec<u8>,
 }
 
@@ -105,6 +108,8 @@ struct LocalTable<C: Communicator> {
 /// A peer's region, imported on this engine's endpoint to it.
 struct RemoteEntry<C: Communicator> {
     key: C::RemoteKey,
+    /// What the peer registered it for.
+    access: Access,
     encoded: Vec<u8>,
 }
 
@@ -320,14 +325,29 @@ impl<C: Communicator> Engine<C> {
         Ok(())
     }
 
-    /// Registers `desc` for transfers by this engine and its peers (read and write).
+    /// Registers `desc` for transfers by this engine and its peers, for `access`:
+    /// [`Access::READ`] memory (read-only memory, or memory peers must not change) is only
+    /// ever read, by peers' READs and this engine's WRITEs; a peer's WRITE to it fails
+    /// `AccessDenied` before a byte moves, and so does this engine's READ into it.
+    /// [`Access::READ_WRITE`] is what a buffer that receives data needs.
+    ///
+    /// Host memory is checked against the process's mappings first: a range that is not
+    /// mapped, or is mapped read-only while `access` includes WRITE, is refused here.
     ///
     /// # Safety
     /// `desc` must be memory of `mem_type` that stays allocated until
-    /// [`Engine::deregister_mem`] of the returned handle has returned; peers may read and
-    /// write it at any time until then, as a DMA engine would.
-    pub unsafe fn register_mem(&self, desc: MemDesc, mem_type: MemType) -> Result<MemHandle> {
+    /// [`Engine::deregister_mem`] of the returned handle has returned; peers may read (and,
+    /// with WRITE access, write) it at any time until then, as a DMA engine would.
+    pub unsafe fn register_mem(
+        &self,
+        desc: MemDesc,
+        mem_type: MemType,
+        access: Access,
+    ) -> Result<MemHandle> {
         self.check_open()?;
+        if mem_type == MemType::Host && desc.len > 0 {
+            crate::mapping::check_host_range(desc.addr, desc.len, access)?;
+        }
         let device = match mem_type {
             MemType::Host => Device::HOST,
             MemType::Device { kind, ordinal } => Device::new(kind, ordinal),
@@ -354,12 +374,13 @@ impl<C: Communicator> Engine<C> {
         }
         // SAFETY: the caller guarantees the memory stays valid until deregistration, which
         // drops the registration only after transfers using it have ended.
-        let reg = unsafe { s.comm.register(region, Access::READ_WRITE)? };
+        let reg = unsafe { s.comm.register(region, access)? };
         let exported = s.comm.export(&reg)?.encode();
         let handle = MemHandle(t.next_handle);
         let entry = Arc::new(LocalReg {
             reg,
             handle,
+            access,
             exported,
         });
         if let Err((start, region_len)) = t.map.insert(desc.addr, desc.len as u64, entry) {
@@ -563,6 +584,7 @@ impl<C: Communicator> Engine<C> {
                     let key = self.inner.shared.comm.import(ep, &remote)?;
                     Arc::new(RemoteEntry {
                         key,
+                        access: remote.access,
                         encoded: bytes.clone(),
                     })
                 }
@@ -633,7 +655,13 @@ impl<C: Communicator> Engine<C> {
 
     /// Translates descriptors to pieces, merging runs contiguous on both sides. Every
     /// descriptor is checked before any byte moves.
-    fn plan(&self, peer: &Peer<C>, descs: &[TransferOpDesc]) -> Result<Plan<C>> {
+    fn plan(&self, peer: &Peer<C>, op: TransferOp, descs: &[TransferOpDesc]) -> Result<Plan<C>> {
+        // What a READ needs of the remote region (and a WRITE of the local one), and the
+        // other way round.
+        let (remote_needs, local_needs) = match op {
+            TransferOp::Read => (Access::READ, Access::WRITE),
+            TransferOp::Write => (Access::WRITE, Access::READ),
+        };
         let cfg = &self.inner.shared.config;
         if descs.len() > cfg.max_descs_per_transfer {
             return Err(EngineError::Limit {
@@ -661,7 +689,28 @@ impl<C: Communicator> Engine<C> {
                 Lookup::Inside(r, off) => (r, off),
                 other => return Err(miss(Side::Remote, &peer.name, d.remote_addr, len, other)),
             };
+            if !r.access.allows(remote_needs) {
+                return Err(EngineError::Transport(hmc_core::Error::AccessDenied(
+                    format!(
+                        "{} registered {:#x}+{len} for {:?}; a {op:?} needs {remote_needs:?} there (nothing was moved)",
+                        peer.name, d.remote_addr, r.access
+                    ),
+                )));
+            }
             let (l, loff) = match local.map.find(d.local_addr, len) {
+                Lookup::Inside(l, _) if !l.access.allows(local_needs) => {
+                    let why = if local_needs == Access::WRITE {
+                        "it is registered read-only, and a Read writes into it: register a writable buffer as the target"
+                    } else {
+                        "it is not registered for reading, and a Write reads it"
+                    };
+                    return Err(EngineError::Transport(hmc_core::Error::AccessDenied(
+                        format!(
+                            "local memory {:#x}+{len} ({:?}): {why} (nothing was moved)",
+                            d.local_addr, l.access
+                        ),
+                    )));
+                }
                 Lookup::Inside(l, off) => (l, off),
                 other => {
                     if let Lookup::Inside(st, off) = local.staged.find(d.local_addr, len) {
@@ -731,7 +780,7 @@ impl<C: Communicator> Engine<C> {
     ) -> Result<()> {
         self.check_open()?;
         let peer = self.peer(remote)?;
-        let plan = match self.plan(&peer, descs) {
+        let plan = match self.plan(&peer, op, descs) {
             Err(EngineError::NotRegistered {
                 side: Side::Remote, ..
             })
@@ -741,7 +790,7 @@ impl<C: Communicator> Engine<C> {
                 // Boxed, here and below: a refresh is a metadata round trip whose state is
                 // several KiB; inline, every op's future would carry (and move) it.
                 Box::pin(self.refresh(&peer, deadline)).await?;
-                self.plan(&peer, descs)?
+                self.plan(&peer, op, descs)?
             }
             other => other?,
         };
@@ -756,6 +805,7 @@ impl<C: Communicator> Engine<C> {
                 len: p.len,
             })
             .collect();
+        let op_in = op;
         let op = match op {
             TransferOp::Read => Op::Read,
             TransferOp::Write => Op::Write,
@@ -813,7 +863,7 @@ impl<C: Communicator> Engine<C> {
                 drop(pieces);
                 drop(staged);
                 if Box::pin(self.refresh(&peer, deadline)).await.is_ok()
-                    && let Err(gone) = self.plan(&peer, descs)
+                    && let Err(gone) = self.plan(&peer, op_in, descs)
                 {
                     return Err(gone);
                 }

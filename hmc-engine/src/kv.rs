@@ -411,6 +411,7 @@ impl<C: Communicator> DataDist<C> {
                         len: bytes as usize,
                     },
                     desc.placement,
+                    hmc_core::Access::READ_WRITE,
                 )
             };
             match h {

@@ -38,7 +38,7 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use hmc_engine::{Engine, EngineConfig, MemDesc, MemType, TransferOp, TransferOpDesc};
+//! use hmc_engine::{Access, Engine, EngineConfig, MemDesc, MemType, TransferOp, TransferOpDesc};
 //! use hmc_transport_tcp::TcpCommunicator;
 //!
 //! let open = || TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), Default::default());
@@ -48,8 +48,8 @@
 //! let dst = vec![0u8; 4096];
 //! // SAFETY: both buffers outlive their registrations (deregistered below).
 //! let (ha, hb) = unsafe {
-//!     let ha = a.register_mem(MemDesc { addr: src.as_ptr() as u64, len: 4096 }, MemType::Host)?;
-//!     let hb = b.register_mem(MemDesc { addr: dst.as_ptr() as u64, len: 4096 }, MemType::Host)?;
+//!     let ha = a.register_mem(MemDesc { addr: src.as_ptr() as u64, len: 4096 }, MemType::Host, Access::READ_WRITE)?;
+//!     let hb = b.register_mem(MemDesc { addr: dst.as_ptr() as u64, len: 4096 }, MemType::Host, Access::READ_WRITE)?;
 //!     (ha, hb)
 //! };
 //! a.connect(b.name(), Duration::from_secs(5)).await?;
@@ -67,6 +67,7 @@ mod config;
 mod engine;
 mod error;
 pub mod kv;
+mod mapping;
 mod meta;
 mod open;
 mod region_map;
@@ -76,5 +77,7 @@ pub use blocking::BlockingEngine;
 pub use config::EngineConfig;
 pub use engine::{Engine, MemDesc, MemHandle, MemType, Notify, TransferOp, TransferOpDesc};
 pub use error::{EngineError, Result, Side};
+pub use hmc_core::Access;
+pub use mapping::host_range_access;
 pub use open::{EngineTransport, open_transport, open_transport_with};
 pub use request::{TransferRequest, TransferStatus};

@@ -194,8 +194,18 @@ mod tests {
         };
         // SAFETY: both buffers outlive the engines' registrations (the engines drop first).
         unsafe {
-            a.register_mem(desc(&src), crate::MemType::Host).unwrap();
-            b.register_mem(desc(&dst), crate::MemType::Host).unwrap();
+            a.register_mem(
+                desc(&src),
+                crate::MemType::Host,
+                hmc_core::Access::READ_WRITE,
+            )
+            .unwrap();
+            b.register_mem(
+                desc(&dst),
+                crate::MemType::Host,
+                hmc_core::Access::READ_WRITE,
+            )
+            .unwrap();
         }
         let t = std::time::Duration::from_secs(5);
         a.connect(b.name(), t).await.unwrap();
@@ -253,8 +263,18 @@ mod tests {
         };
         // SAFETY: both buffers outlive the engines' registrations (the engines drop first).
         unsafe {
-            a.register_mem(desc(&src), crate::MemType::Host).unwrap();
-            b.register_mem(desc(&dst), crate::MemType::Host).unwrap();
+            a.register_mem(
+                desc(&src),
+                crate::MemType::Host,
+                hmc_core::Access::READ_WRITE,
+            )
+            .unwrap();
+            b.register_mem(
+                desc(&dst),
+                crate::MemType::Host,
+                hmc_core::Access::READ_WRITE,
+            )
+            .unwrap();
         }
         let t = std::time::Duration::from_secs(10);
         a.connect(b.name(), t).await.unwrap();

@@ -23,8 +23,10 @@ async fn engines_find_each_other_by_name_through_etcd() {
     let dst = vec![0u8; 1 << 20];
     // SAFETY: both buffers outlive the engines (finalized below, before they drop).
     unsafe {
-        a.register_mem(host(&src), MemType::Host).unwrap();
-        b.register_mem(host(&dst), MemType::Host).unwrap();
+        a.register_mem(host(&src), MemType::Host, hmc_engine::Access::READ_WRITE)
+            .unwrap();
+        b.register_mem(host(&dst), MemType::Host, hmc_engine::Access::READ_WRITE)
+            .unwrap();
     }
     a.connect("decode-0", T).await.unwrap();
     assert_eq!(a.peers(), ["decode-0"]);
@@ -60,8 +62,10 @@ async fn etcd_down_keeps_connections_and_fails_new_lookups_until_it_is_back() {
     let dst = vec![0u8; 1 << 20];
     // SAFETY: the buffers outlive the engines (finalized below).
     unsafe {
-        a.register_mem(host(&src), MemType::Host).unwrap();
-        b.register_mem(host(&dst), MemType::Host).unwrap();
+        a.register_mem(host(&src), MemType::Host, hmc_engine::Access::READ_WRITE)
+            .unwrap();
+        b.register_mem(host(&dst), MemType::Host, hmc_engine::Access::READ_WRITE)
+            .unwrap();
     }
     a.connect("b", T).await.unwrap();
     etcd.kill();
@@ -105,7 +109,10 @@ async fn a_hung_peer_is_gone_within_its_lease_and_its_transfer_in_flight_fails()
     let (addr, len, want) = (v[0], v[1] as usize, v[2]);
     let mem = vec![0u8; len];
     // SAFETY: `mem` outlives the engine (finalized below).
-    unsafe { a.register_mem(host(&mem), MemType::Host).unwrap() };
+    unsafe {
+        a.register_mem(host(&mem), MemType::Host, hmc_engine::Access::READ_WRITE)
+            .unwrap()
+    };
     let read = TransferOpDesc {
         local_addr: mem.as_ptr() as u64,
         remote_addr: addr,
@@ -151,7 +158,10 @@ async fn a_hung_peer_is_gone_within_its_lease_and_its_transfer_in_flight_fails()
     }
     let mem2 = vec![0u8; len];
     // SAFETY: as above.
-    unsafe { a.register_mem(host(&mem2), MemType::Host).unwrap() };
+    unsafe {
+        a.register_mem(host(&mem2), MemType::Host, hmc_engine::Access::READ_WRITE)
+            .unwrap()
+    };
     let read2 = TransferOpDesc {
         local_addr: mem2.as_ptr() as u64,
         ..read

@@ -44,6 +44,7 @@ fn reg(e: &Engine<TcpCommunicator>, b: &[u8]) -> MemHandle {
                 len: b.len(),
             },
             MemType::Host,
+            hmc_engine::Access::READ_WRITE,
         )
         .unwrap()
     }
@@ -207,6 +208,7 @@ async fn bad_descriptors_are_refused_before_any_byte_moves() {
                 len: 10,
             },
             MemType::Host,
+            hmc_engine::Access::READ_WRITE,
         )
     };
     assert!(
@@ -438,6 +440,7 @@ fn the_blocking_api_from_plain_threads() {
                     len: src.len(),
                 },
                 MemType::Host,
+                hmc_engine::Access::READ_WRITE,
             )
             .unwrap(),
             b.register_mem(
@@ -446,6 +449,7 @@ fn the_blocking_api_from_plain_threads() {
                     len: dst.len(),
                 },
                 MemType::Host,
+                hmc_engine::Access::READ_WRITE,
             )
             .unwrap(),
         )

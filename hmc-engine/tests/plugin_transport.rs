@@ -34,8 +34,10 @@ async fn engines_choose_the_c_plugin_by_name_and_move_bytes() {
     };
     // SAFETY: both buffers outlive the engines' registrations (the engines drop first).
     unsafe {
-        a.register_mem(desc(&src), MemType::Host).unwrap();
-        b.register_mem(desc(&dst), MemType::Host).unwrap();
+        a.register_mem(desc(&src), MemType::Host, hmc_engine::Access::READ_WRITE)
+            .unwrap();
+        b.register_mem(desc(&dst), MemType::Host, hmc_engine::Access::READ_WRITE)
+            .unwrap();
     }
     let t = Duration::from_secs(10);
     a.connect(b.name(), t).await.unwrap();

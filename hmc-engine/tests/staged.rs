@@ -110,6 +110,7 @@ async fn device_memory_the_transport_refuses_is_staged_through_host_buffers() {
                 len,
             },
             MemType::Host,
+            hmc_engine::Access::READ_WRITE,
         )
         .unwrap();
         (hs, hb)

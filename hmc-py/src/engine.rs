@@ -116,7 +116,9 @@ pub struct MemHandle {
     /// Its length in bytes.
     #[pyo3(get)]
     pub length: u64,
-    /// Whether the memory is read-only (it may not be the target of a READ).
+    /// Whether the memory is registered read-only (a read-only object, or a raw range
+    /// mapped read-only): peers may READ it and it may be the source of a WRITE, but a
+    /// READ into it and a peer's WRITE to it are refused before a byte moves.
     #[pyo3(get)]
     pub readonly: bool,
     pub(crate) handle: hmc_engine::MemHandle,
@@ -139,8 +141,6 @@ pub(crate) struct Live {
     pub(crate) engine: RustEngine,
     /// Registered Python memory, kept alive until deregistered.
     held: Mutex<HashMap<hmc_engine::MemHandle, Held>>,
-    /// Read-only registered ranges (refused as READ targets).
-    readonly: RwLock<Vec<(u64, u64)>>,
 }
 
 impl Live {
@@ -148,7 +148,6 @@ impl Live {
         Live {
             engine,
             held: Mutex::new(HashMap::new()),
-            readonly: RwLock::new(Vec::new()),
         }
     }
 
@@ -184,20 +183,27 @@ impl Live {
             addr: held.addr,
             len: held.len,
         };
+        // Read-only objects (bytes, a read-only mmap or memmap) register READ, so that a
+        // peer's WRITE is refused by the transport instead of faulting in this process. A
+        // raw host range gets what its mapping allows (the engine refuses unmapped ones).
+        let access = if held.readonly {
+            hmc_engine::Access::READ
+        } else if matches!(held._keep, buffer::Keep::Raw) && held.placement == Placement::Host {
+            hmc_engine::host_range_access(held.addr, held.len).map_err(errors::engine)?
+        } else {
+            hmc_engine::Access::READ_WRITE
+        };
         // SAFETY: `held` keeps the memory alive (a held Py_buffer or DLPack tensor; for a
         // raw range, the caller's word) and is dropped only after `deregister_mem` of the
         // handle has returned (`deregister`, `finalize`, `Drop`).
         let handle =
-            unsafe { self.engine.register_mem(desc, rust_type) }.map_err(errors::engine)?;
+            unsafe { self.engine.register_mem(desc, rust_type, access) }.map_err(errors::engine)?;
         let h = MemHandle {
             addr: held.addr,
             length: held.len as u64,
-            readonly: held.readonly,
+            readonly: !access.allows(hmc_engine::Access::WRITE),
             handle,
         };
-        if held.readonly {
-            self.readonly.write().push((held.addr, held.len as u64));
-        }
         self.held.lock().insert(handle, held);
         Ok(h)
     }
@@ -206,35 +212,7 @@ impl Live {
     pub(crate) fn deregister(&self, py: Python<'_>, h: &MemHandle) -> PyResult<()> {
         wait(py, self.engine.deregister_mem(h.handle))?.map_err(errors::engine)?;
         let held = self.held.lock().remove(&h.handle);
-        if let Some(held) = &held
-            && held.readonly
-        {
-            self.readonly
-                .write()
-                .retain(|&(a, l)| (a, l) != (held.addr, held.len as u64));
-        }
         drop(held);
-        Ok(())
-    }
-
-    /// Refuses a READ into read-only memory.
-    fn check_writable(&self, op: TransferOp, descs: &[hmc_engine::TransferOpDesc]) -> PyResult<()> {
-        if op != TransferOp::Read {
-            return Ok(());
-        }
-        let ro = self.readonly.read();
-        if ro.is_empty() {
-            return Ok(());
-        }
-        for d in descs {
-            let (a, end) = (d.local_addr, d.local_addr + d.len as u64);
-            if let Some(&(s, l)) = ro.iter().find(|&&(s, l)| a < s + l && s < end) {
-                return Err(errors::invalid(format!(
-                    "a READ into {a:#x}+{} would write the read-only buffer registered at {s:#x}+{l}; register a writable object (bytearray, a writeable numpy array) as the target",
-                    d.len
-                )));
-            }
-        }
         Ok(())
     }
 
@@ -251,7 +229,6 @@ impl Live {
             // must not happen under a lock a Python thread may be waiting for.
             let held = std::mem::take(&mut *self.held.lock());
             drop(held);
-            self.readonly.write().clear();
         });
     }
 }
@@ -428,8 +405,10 @@ impl Engine {
     /// with ``__dlpack__`` (its device decides where it lives), or ``(addr, length)`` for
     /// raw memory you keep alive yourself (``device="cuda:0"`` with ``MemType.DEVICE`` for
     /// device memory). The engine holds ``obj`` until ``deregister_mem``: peers may read
-    /// and write it at any time until then. A read-only buffer may be registered as the
-    /// source of WRITEs, never as the target of a READ.
+    /// and write it at any time until then. A read-only object (``bytes``, a read-only
+    /// ``mmap`` or ``numpy.memmap``, a raw range mapped read-only) registers read-only: the
+    /// source of WRITEs and of peers' READs; a READ into it, or a peer's WRITE to it, is
+    /// refused before a byte moves. A raw range that is not mapped is refused.
     #[pyo3(
         signature = (obj, mem_type = MemType::Host, device = None),
         text_signature = "(self, /, obj, mem_type=MemType.HOST, device=None)"
@@ -486,7 +465,6 @@ impl Engine {
     ) -> PyResult<()> {
         let live = self.live()?;
         let descs = self::descs(descs)?;
-        live.check_writable(op, &descs)?;
         wait(
             py,
             live.engine
@@ -507,7 +485,6 @@ impl Engine {
     ) -> PyResult<TransferReq> {
         let live = self.live()?;
         let descs = self::descs(descs)?;
-        live.check_writable(op, &descs)?;
         let req = live
             .engine
             .transfer_async(remote, op.into(), descs, millis(timeout_ms))

@@ -49,6 +49,7 @@ impl<C: Communicator> Initiator<C> {
                         len: buf.len(),
                     },
                     MemType::Host,
+                    hmc_engine::Access::READ_WRITE,
                 )
                 .map_err(|e| e.to_string())?;
         }

@@ -66,7 +66,7 @@ impl<C: Communicator> Engine<C> {
                 ordinal: device.ordinal,
             };
             // SAFETY: forwarded contract.
-            return unsafe { self.register_mem(desc, mem_type) };
+            return unsafe { self.register_mem(desc, mem_type, hmc_core::Access::READ_WRITE) };
         }
         if desc.len == 0 {
             return Err(EngineError::InvalidArgument(
