@@ -46,6 +46,17 @@ pub struct EngineConfig {
     /// `etcd_retry_initial_ms`, `etcd_retry_max_ms`, `max_value_len`, `max_members`,
     /// `watch_backlog`).
     pub etcd: hmc_meta::EtcdConfig,
+    /// A pre-shared secret of the job (`auth_secret`, or better `auth_secret_file`, a file
+    /// holding it; default none). Every engine of the job needs the same one. With it, the
+    /// metadata exchange (region table, notifications, lookups) is authenticated in both
+    /// directions before anything is read, and so is every data-plane connection of the
+    /// TCP transport ([`crate::open_transport_for`]). Without it, peers on this host that
+    /// run as another user are refused by both; peers on other hosts are not authenticated.
+    pub auth_secret: Option<hmc_rpc::AuthSecret>,
+    /// Bytes of notifications (names, messages and senders) held until `get_notifies`
+    /// takes them (`max_pending_notify_bytes`, default 4 MiB); past it a sender gets
+    /// OVERLOADED naming the limit.
+    pub max_pending_notify_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +76,8 @@ impl Default for EngineConfig {
             metadata: hmc_meta::MetadataUrl::Embedded,
             name: None,
             etcd: hmc_meta::EtcdConfig::default(),
+            auth_secret: None,
+            max_pending_notify_bytes: 4 << 20,
         }
     }
 }
@@ -106,9 +119,24 @@ impl EngineConfig {
                 "max_value_len" => c.etcd.max_value_len = num()?,
                 "max_members" => c.etcd.max_members = num()?,
                 "watch_backlog" => c.etcd.watch_backlog = num()?,
+                "max_pending_notify_bytes" => c.max_pending_notify_bytes = num()?,
+                "auth_secret" => {
+                    c.auth_secret = Some(
+                        // The value is never echoed in an error.
+                        hmc_rpc::AuthSecret::new(v.as_bytes().to_vec()).map_err(|e| {
+                            EngineError::InvalidArgument(format!("option `auth_secret`: {e}"))
+                        })?,
+                    )
+                }
+                "auth_secret_file" => {
+                    c.auth_secret = Some(
+                        hmc_rpc::AuthSecret::from_file(std::path::Path::new(v))
+                            .map_err(|e| bad(e.to_string()))?,
+                    )
+                }
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, watch_backlog"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, watch_backlog, max_pending_notify_bytes, auth_secret, auth_secret_file"
                     )));
                 }
             }

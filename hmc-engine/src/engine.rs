@@ -139,7 +139,7 @@ struct Shared<C: Communicator> {
     config: EngineConfig,
     instance: u64,
     local: RwLock<LocalTable<C>>,
-    notifies: Mutex<VecDeque<Notify>>,
+    notifies: Mutex<NotifyQueue>,
     /// Values published for peers to look up by name ([`Engine::publish`]).
     directory: RwLock<HashMap<String, Vec<u8>>>,
 }
@@ -223,6 +223,80 @@ fn same_host(meta: &PeerAddr, dp: &PeerAddr) -> bool {
     }
 }
 
+/// The rest of the dial rule for a peer's data plane (the RPC data plane's): a TCP port
+/// from 1024, and on this host a listener (or Unix socket) of the user whose metadata
+/// service named it, so that a peer cannot point this engine at another local service.
+fn check_data_plane(meta: &PeerAddr, dp: &PeerAddr) -> std::result::Result<(), String> {
+    use hmc_net::owner;
+    let meta_uid = || match meta {
+        PeerAddr::Tcp(m) => owner::listener_uid(*m),
+        PeerAddr::Unix(p) => {
+            std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(p).ok()?).into()
+        }
+        _ => None,
+    };
+    match dp {
+        PeerAddr::Tcp(d) => {
+            if d.port() < 1024 {
+                return Err(format!("port {} is privileged (< 1024)", d.port()));
+            }
+            if !owner::canonical_ip(d.ip()).is_loopback() {
+                return Ok(());
+            }
+            match (owner::listener_uid(*d), meta_uid()) {
+                (Some(a), Some(b)) if a == b => Ok(()),
+                (Some(a), Some(b)) => Err(format!(
+                    "the listener there belongs to uid {a}, the engine's metadata service to uid {b}"
+                )),
+                (None, _) => Err("nothing listens there on this host".into()),
+                (_, None) => {
+                    Err("cannot tell which user runs the engine's metadata service".into())
+                }
+            }
+        }
+        PeerAddr::Unix(p) => {
+            use std::os::unix::fs::{FileTypeExt, MetadataExt};
+            let m = std::fs::metadata(p).map_err(|e| format!("cannot stat the socket: {e}"))?;
+            if !m.file_type().is_socket() {
+                return Err("it is not a socket".into());
+            }
+            match meta_uid() {
+                Some(u) if u == m.uid() => Ok(()),
+                Some(u) => Err(format!(
+                    "the socket belongs to uid {}, the engine's metadata service to uid {u}",
+                    m.uid()
+                )),
+                None => Err("cannot tell which user runs the engine's metadata service".into()),
+            }
+        }
+        // Transport-specific addresses (UCX worker addresses, ...) are the transport's to
+        // dial; it reaches only what its own protocol answers.
+        _ => Ok(()),
+    }
+}
+
+/// The name a peer's notifications are delivered under: what it said at its metadata
+/// request, when that is consistent with the connection (an engine address must be on the
+/// connection's own IP), else the connection's own address.
+fn sender_name(conn: &hmc_rpc::Connection, claimed: &str) -> String {
+    match (parse_engine_addr(claimed, None), conn.peer_ip()) {
+        (Ok(PeerAddr::Tcp(a)), Some(ip)) => {
+            let (a, ip) = (
+                hmc_net::owner::canonical_ip(a.ip()),
+                hmc_net::owner::canonical_ip(ip),
+            );
+            if a == ip || (a.is_loopback() && ip.is_loopback()) {
+                claimed.to_string()
+            } else {
+                conn.peer().to_string()
+            }
+        }
+        // A name (etcd) or a Unix-socket engine: as claimed, on this connection only.
+        _ if !claimed.is_empty() && claimed.len() <= 255 => claimed.to_string(),
+        _ => conn.peer().to_string(),
+    }
+}
+
 /// The key of a peer in the engine's table: its address when `remote` is one (in a
 /// canonical spelling), else the name it is registered under.
 fn peer_key(remote: &str) -> String {
@@ -255,34 +329,57 @@ impl<C: Communicator> Engine<C> {
                 generation: 0,
                 next_handle: 1,
             }),
-            notifies: Mutex::new(VecDeque::new()),
+            notifies: Mutex::new(NotifyQueue::default()),
             directory: RwLock::new(HashMap::new()),
         });
         let mut d = Dispatcher::new();
         let s = shared.clone();
-        d.register(METHOD_INFO, move |_, hello: Hello| {
+        d.register(METHOD_INFO, move |ctx: hmc_rpc::CallContext, hello: Hello| {
             let s = s.clone();
             async move {
-                tracing::debug!(from = %hello.from, "engine metadata requested");
+                let from = sender_name(&ctx.connection, &hello.from);
+                // The connection is this peer's from now on: its notifications carry this
+                // name, whatever they claim.
+                let _ = ctx.connection.set_label(from.clone());
+                tracing::debug!(%from, peer = %ctx.connection.peer(), "engine metadata requested");
                 Ok::<_, RpcError>(s.info())
             }
         });
         let s = shared.clone();
-        d.register(METHOD_NOTIFY, move |_, n: NotifyMsg| {
-            let s = s.clone();
-            async move { s.take_notify(n) }
-        });
+        d.register(
+            METHOD_NOTIFY,
+            move |ctx: hmc_rpc::CallContext, n: NotifyMsg| {
+                let s = s.clone();
+                async move { s.take_notify(&ctx.connection, n) }
+            },
+        );
         let s = shared.clone();
         d.register(METHOD_LOOKUP, move |_, l: crate::meta::Lookup| {
             let s = s.clone();
             async move { Ok::<_, RpcError>(s.directory.read().get(&l.name).cloned()) }
         });
-        let server = Server::new(d, config.rpc.clone())
+        let mut conn = config.rpc.conn.clone();
+        // Nothing a peer sends the metadata service is larger than a notification (plus
+        // its framing); a larger call is refused from its header instead of decoded.
+        conn.limits.max_payload_len = conn
+            .limits
+            .max_payload_len
+            .min(config.max_notify_len as u64 + (64 << 10));
+        let rpc_config = hmc_rpc::ServerConfig {
+            conn,
+            auth_secret: config.auth_secret.clone(),
+            // Without a secret, this host's other users are kept out (peers elsewhere
+            // cannot be told apart: the trust table says so).
+            same_user_only: true,
+            ..config.rpc.clone()
+        };
+        let server = Server::new(d, rpc_config)
             .bind(&addr)
             .await
             .map_err(EngineError::Transport)?;
         let address = server.local_addr().to_string();
-        let (name, meta) = membership::open_store(&config, &address, &shared.info()).await?;
+        let (name, meta) =
+            membership::open_store(&config, &address, &shared.store_record()).await?;
         tracing::info!(%name, %address, metadata = %meta.describe(), data_plane = %shared.comm.address(), "engine initialized");
         let events = meta.subscribe();
         let engine = Engine {
@@ -396,14 +493,6 @@ impl<C: Communicator> Engine<C> {
         t.by_handle.insert(handle, (desc.addr, false));
         t.generation += 1;
         drop(t);
-        if let Err(e) = self.republish() {
-            // Over the store's record limit: peers could not learn of it, so undo.
-            let mut t = s.local.write();
-            t.by_handle.remove(&handle);
-            t.map.remove(desc.addr);
-            t.generation += 1;
-            return Err(e);
-        }
         Ok(handle)
     }
 
@@ -433,10 +522,6 @@ impl<C: Communicator> Engine<C> {
             exported.as_ref().is_some_and(|e| Arc::strong_count(e) > 1)
                 || staged.as_ref().is_some_and(|e| Arc::strong_count(e) > 1)
         };
-        if exported.is_some() {
-            // A smaller table always fits.
-            let _ = self.republish();
-        }
         while in_use() {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
@@ -465,19 +550,20 @@ impl<C: Communicator> Engine<C> {
             peer: key.clone(),
             why,
         };
-        let rpc = tokio::time::timeout(
-            deadline.remaining(),
-            Client::connect(&addr, ClientConfig::default()),
-        )
-        .await
-        .map_err(|_| timed_out())?
-        .map_err(|e| match e {
-            // One shape per condition: a refusal keeps its io::Error, a slow connect is
-            // a timeout, as from the transport.
-            hmc_rpc::CallError::Connect(e) if e.is_deadline() => timed_out(),
-            hmc_rpc::CallError::Connect(e) => EngineError::Transport(e),
-            other => meta_err(other.to_string()),
-        })?;
+        let client_config = ClientConfig {
+            auth_secret: self.inner.shared.config.auth_secret.clone(),
+            ..ClientConfig::default()
+        };
+        let rpc = tokio::time::timeout(deadline.remaining(), Client::connect(&addr, client_config))
+            .await
+            .map_err(|_| timed_out())?
+            .map_err(|e| match e {
+                // One shape per condition: a refusal keeps its io::Error, a slow connect is
+                // a timeout, as from the transport.
+                hmc_rpc::CallError::Connect(e) if e.is_deadline() => timed_out(),
+                hmc_rpc::CallError::Connect(e) => EngineError::Transport(e),
+                other => meta_err(other.to_string()),
+            })?;
         let info = self.fetch_info(&rpc, deadline).await.map_err(|e| match e {
             EngineError::Timeout { .. } => timed_out(),
             e => meta_err(e.to_string()),
@@ -486,10 +572,17 @@ impl<C: Communicator> Engine<C> {
             .data_plane
             .parse()
             .map_err(|e: hmc_core::Error| meta_err(e.to_string()))?;
-        if !self.inner.shared.config.allow_foreign_data_plane && !same_host(&addr, &dp) {
-            return Err(meta_err(format!(
-                "its data plane is at {dp}, another host than the engine; not dialled (set EngineConfig::allow_foreign_data_plane to allow it)"
-            )));
+        if !self.inner.shared.config.allow_foreign_data_plane {
+            if !same_host(&addr, &dp) {
+                return Err(meta_err(format!(
+                    "its data plane is at {dp}, another host than the engine; not dialled (set EngineConfig::allow_foreign_data_plane to allow it)"
+                )));
+            }
+            check_data_plane(&addr, &dp).map_err(|why| {
+                meta_err(format!(
+                    "its data plane at {dp} is not dialled: {why} (set EngineConfig::allow_foreign_data_plane to allow it)"
+                ))
+            })?;
         }
         let ep = tokio::time::timeout(
             deadline.remaining(),
@@ -935,7 +1028,9 @@ impl<C: Communicator> Engine<C> {
 
     /// Takes every notification received so far, oldest first.
     pub fn get_notifies(&self) -> Vec<Notify> {
-        self.inner.shared.notifies.lock().drain(..).collect()
+        let mut q = self.inner.shared.notifies.lock();
+        q.bytes = 0;
+        q.queue.drain(..).collect()
     }
 
     /// The engines this one is connected to.
@@ -975,6 +1070,19 @@ fn miss<V>(side: Side, owner: &str, addr: u64, len: u64, l: Lookup<'_, V>) -> En
 }
 
 impl<C: Communicator> Shared<C> {
+    /// What the metadata store holds for this engine: its instance and data plane, never
+    /// its region table (whose keys only the authenticated metadata exchange hands out:
+    /// anyone who can read the store could use them otherwise).
+    fn store_record(&self) -> EngineInfo {
+        EngineInfo {
+            version: VERSION,
+            instance: self.instance,
+            data_plane: self.comm.address().to_string(),
+            generation: 0,
+            regions: Vec::new(),
+        }
+    }
+
     fn info(&self) -> EngineInfo {
         let t = self.local.read();
         EngineInfo {
@@ -986,19 +1094,34 @@ impl<C: Communicator> Shared<C> {
         }
     }
 
-    fn take_notify(&self, n: NotifyMsg) -> std::result::Result<(), RpcError> {
-        if n.msg.len() + n.name.len() > self.config.max_notify_len {
+    fn take_notify(
+        &self,
+        conn: &hmc_rpc::Connection,
+        n: NotifyMsg,
+    ) -> std::result::Result<(), RpcError> {
+        // Who sent it is the connection's business, not the message's.
+        let from = match conn.label() {
+            Some(l) => l.to_string(),
+            None => {
+                return Err(RpcError::new(
+                    hmc_rpc::Status::UNAUTHENTICATED,
+                    "a notification on a connection that never asked for this engine's metadata: connect (Engine::connect) first",
+                ));
+            }
+        };
+        let _ = n.from;
+        let len = n.msg.len() + n.name.len() + from.len();
+        if len > self.config.max_notify_len {
             return Err(RpcError::new(
                 hmc_rpc::Status::PAYLOAD_TOO_LARGE,
                 format!(
-                    "limit `max_notify_len` ({}) exceeded by a {}-byte notification; send less, or raise EngineConfig::max_notify_len at the receiver",
+                    "limit `max_notify_len` ({}) exceeded by a {len}-byte notification (name, message and sender); send less, or raise EngineConfig::max_notify_len at the receiver",
                     self.config.max_notify_len,
-                    n.msg.len() + n.name.len()
                 ),
             ));
         }
         let mut q = self.notifies.lock();
-        if q.len() >= self.config.max_pending_notifies {
+        if q.queue.len() >= self.config.max_pending_notifies {
             return Err(RpcError::new(
                 hmc_rpc::Status::OVERLOADED,
                 format!(
@@ -1007,13 +1130,30 @@ impl<C: Communicator> Shared<C> {
                 ),
             ));
         }
-        q.push_back(Notify {
-            from: n.from,
+        if q.bytes + len > self.config.max_pending_notify_bytes {
+            return Err(RpcError::new(
+                hmc_rpc::Status::OVERLOADED,
+                format!(
+                    "limit `max_pending_notify_bytes` ({}) reached: {} bytes of notifications wait for get_notifies, and this one is {len}; retry later, or raise EngineConfig::max_pending_notify_bytes there",
+                    self.config.max_pending_notify_bytes, q.bytes
+                ),
+            ));
+        }
+        q.bytes += len;
+        q.queue.push_back(Notify {
+            from,
             name: n.name,
             msg: n.msg,
         });
         Ok(())
     }
+}
+
+/// Notifications waiting for [`Engine::get_notifies`], and their bytes.
+#[derive(Default)]
+struct NotifyQueue {
+    queue: VecDeque<Notify>,
+    bytes: usize,
 }
 
 #[cfg(test)]

@@ -79,5 +79,5 @@ pub use engine::{Engine, MemDesc, MemHandle, MemType, Notify, TransferOp, Transf
 pub use error::{EngineError, Result, Side};
 pub use hmc_core::Access;
 pub use mapping::host_range_access;
-pub use open::{EngineTransport, open_transport, open_transport_with};
+pub use open::{EngineTransport, open_transport, open_transport_for, open_transport_with};
 pub use request::{TransferRequest, TransferStatus};

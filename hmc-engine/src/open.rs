@@ -65,9 +65,35 @@ pub fn open_transport_with(
     ip: IpAddr,
     plugins: &PluginConfig,
 ) -> Result<AnyCommunicator> {
+    open_inner(transport, ip, plugins, Default::default())
+}
+
+/// The transport `config` names, as [`crate::Engine::initialize_with`] opens it: with
+/// `config.auth_secret` the TCP transport authenticates every data-plane connection;
+/// without one it refuses this host's other users (`same_user_only`). The shared-memory
+/// transport admits only this user by construction (a socket of mode 0600); UCX, RDMA and
+/// plugins get their keys only through the (authenticated) metadata exchange.
+pub fn open_transport_for(config: &EngineConfig, ip: IpAddr) -> Result<AnyCommunicator> {
+    let plugins = PluginConfig {
+        search_path: config.plugin_path.clone(),
+    };
+    let tcp = hmc_transport_tcp::TcpConfig {
+        auth_secret: config.auth_secret.clone(),
+        same_user_only: true,
+        ..Default::default()
+    };
+    open_inner(config.transport.clone(), ip, &plugins, tcp)
+}
+
+fn open_inner(
+    transport: EngineTransport,
+    ip: IpAddr,
+    plugins: &PluginConfig,
+    tcp_config: hmc_transport_tcp::TcpConfig,
+) -> Result<AnyCommunicator> {
     let bind = SocketAddr::new(ip, 0);
     let tcp = move || -> hmc_core::Result<AnyCommunicator> {
-        let c = hmc_transport_tcp::TcpCommunicator::bind(&PeerAddr::Tcp(bind), Default::default())?;
+        let c = hmc_transport_tcp::TcpCommunicator::bind(&PeerAddr::Tcp(bind), tcp_config.clone())?;
         Ok(AnyCommunicator::new(c))
     };
     #[cfg(feature = "ucx")]
@@ -130,16 +156,12 @@ impl Engine<AnyCommunicator> {
     /// option map read by [`EngineConfig::from_options`], `transport=tcp|ucx|rdma|auto`). Must
     /// run inside a tokio runtime.
     pub async fn initialize_with(local: &str, config: EngineConfig) -> Result<Self> {
-        let transport = config.transport.clone();
         let ip = match parse_engine_addr(local, Some(0))? {
             PeerAddr::Tcp(a) => a.ip(),
             // A Unix-socket engine's data plane stays on this host.
             _ => IpAddr::from([127, 0, 0, 1]),
         };
-        let plugins = PluginConfig {
-            search_path: config.plugin_path.clone(),
-        };
-        let comm = open_transport_with(transport, ip, &plugins)?;
+        let comm = open_transport_for(&config, ip)?;
         Engine::initialize(Arc::new(comm), local, config).await
     }
 }

@@ -263,3 +263,248 @@ async fn unmapped_memory_is_refused_at_registration(#[case] addr: u64, #[case] l
         Access::READ
     );
 }
+
+fn secret(s: &str) -> Option<hmc_rpc::AuthSecret> {
+    Some(hmc_rpc::AuthSecret::new(s.as_bytes().to_vec()).unwrap())
+}
+
+fn with_secret(s: Option<&str>) -> EngineConfig {
+    EngineConfig {
+        auth_secret: s.and_then(secret),
+        ..EngineConfig::default()
+    }
+}
+
+async fn engine_for(config: EngineConfig) -> Engine<AnyCommunicator> {
+    Engine::initialize_with("127.0.0.1", config).await.unwrap()
+}
+
+/// With an `auth_secret`, an engine tells nothing to a peer without it: no region table
+/// to a raw RPC client, no connection to an engine with none or another, and its TCP data
+/// plane refuses a transport without the secret; an engine with the same secret connects
+/// and moves bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_with_a_secret_serves_only_engines_that_hold_it() {
+    let mut config = with_secret(Some("the-job-secret-0123"));
+    config.transport = hmc_engine::EngineTransport::Tcp;
+    let target = engine_for(config.clone()).await;
+    let mem = vec![7u8; 4096];
+    // SAFETY: `mem` outlives the engine.
+    unsafe {
+        target.register_mem(
+            MemDesc {
+                addr: mem.as_ptr() as u64,
+                len: mem.len(),
+            },
+            MemType::Host,
+            Access::READ_WRITE,
+        )
+    }
+    .unwrap();
+    let e = fetch_info(target.name()).await.err().expect("refused");
+    let e = e.to_string();
+    assert!(
+        e.contains("closed") || e.contains("reset") || e.contains("lost"),
+        "{e}"
+    );
+    for other in [None, Some("another-secret-4567")] {
+        let mut c = with_secret(other);
+        c.transport = hmc_engine::EngineTransport::Tcp;
+        let intruder = engine_for(c).await;
+        let e = intruder
+            .connect(target.name(), Duration::from_secs(3))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("auth_secret"), "{other:?}: {e}");
+    }
+    // The data plane: a TCP communicator without the secret is refused at its HELLO.
+    let intruder = transport("tcp");
+    let dp = target.communicator().address();
+    let refused = intruder
+        .connect(&dp, Deadline::after(Duration::from_secs(3)))
+        .await;
+    assert!(
+        refused.is_err(),
+        "a data-plane connection without the secret"
+    );
+    let friend = engine_for(config).await;
+    friend.connect(target.name(), T).await.unwrap();
+    let dst = vec![0u8; 4096];
+    // SAFETY: `dst` outlives the engine.
+    unsafe {
+        friend.register_mem(
+            MemDesc {
+                addr: dst.as_ptr() as u64,
+                len: dst.len(),
+            },
+            MemType::Host,
+            Access::READ_WRITE,
+        )
+    }
+    .unwrap();
+    let d = TransferOpDesc {
+        local_addr: dst.as_ptr() as u64,
+        remote_addr: mem.as_ptr() as u64,
+        len: 4096,
+    };
+    friend
+        .transfer(target.name(), TransferOp::Read, &[d], T)
+        .await
+        .unwrap();
+    assert_eq!(dst, mem);
+}
+
+/// How many bytes a process running as `uid` gets back from `port` on loopback after
+/// sending 64 bytes of garbage: 0 when the listener closes at once (refused before
+/// reading), more when it answers (a GOAWAY, a HELLO refusal).
+fn garbage_answered_as(uid: u32, port: u16) -> usize {
+    use std::os::unix::process::CommandExt;
+    let script = format!(
+        "import socket\ns=socket.create_connection(('127.0.0.1',{port}))\ns.sendall(b'x'*64)\ns.settimeout(5)\nn=0\ntry:\n    while True:\n        b=s.recv(4096)\n        if not b: break\n        n+=len(b)\nexcept Exception: pass\nprint(n)"
+    );
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+}
+
+fn port_of(addr: &str) -> u16 {
+    match addr.parse::<hmc_core::PeerAddr>().unwrap() {
+        hmc_core::PeerAddr::Tcp(a) => a.port(),
+        other => panic!("{other}"),
+    }
+}
+
+/// Without a secret, the metadata service and the TCP data plane close at once on a
+/// process of this host that runs as another user (root runs this test as uid 65534);
+/// this process's own user gets answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_secret_another_local_user_is_refused() {
+    if hmc_net::owner::euid() != 0 {
+        eprintln!("skipped: needs root to run a client as another user");
+        return;
+    }
+    let mut c = with_secret(None);
+    c.transport = hmc_engine::EngineTransport::Tcp;
+    let target = engine_for(c).await;
+    let meta = port_of(target.name());
+    let dp = port_of(&target.communicator().address().to_string());
+    let (m, d, own) = tokio::task::spawn_blocking(move || {
+        (
+            garbage_answered_as(65534, meta),
+            garbage_answered_as(65534, dp),
+            garbage_answered_as(0, meta),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!((m, d), (0, 0), "refused before reading");
+    assert!(
+        own > 0,
+        "the same user is answered (a GOAWAY for the garbage)"
+    );
+}
+
+/// A notification's sender is the connection's peer as it named itself at its metadata
+/// request (checked against the connection's IP), not what the message says; a connection
+/// that never asked for the metadata cannot notify.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_s_sender_comes_from_its_connection() {
+    let target = engine_over("tcp", EngineConfig::default()).await;
+    let addr: hmc_core::PeerAddr = target.name().parse().unwrap();
+    let rpc = hmc_rpc::Client::connect(&addr, hmc_rpc::ClientConfig::default())
+        .await
+        .unwrap();
+    let spoof = NotifyMsg {
+        from: "prefill-0".into(),
+        name: "n".into(),
+        msg: b"m".to_vec(),
+    };
+    let e = rpc
+        .call_typed::<_, ()>(METHOD_NOTIFY, &spoof)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("connect"), "{e}");
+    // Claims an address on another host at its metadata request: named by its socket.
+    let _: EngineInfo = rpc
+        .call_typed(
+            METHOD_INFO,
+            &Hello {
+                version: 1,
+                from: "10.9.9.9:5000".into(),
+            },
+        )
+        .await
+        .unwrap();
+    rpc.call_typed::<_, ()>(METHOD_NOTIFY, &spoof)
+        .await
+        .unwrap();
+    let got = target.get_notifies();
+    assert_eq!(got.len(), 1);
+    assert!(
+        got[0].from.starts_with("tcp://127.0.0.1:"),
+        "{}",
+        got[0].from
+    );
+    // An engine's notifications carry its own name.
+    let a = engine_over("tcp", EngineConfig::default()).await;
+    a.connect(target.name(), T).await.unwrap();
+    a.send_notify(target.name(), "done", b"7", T).await.unwrap();
+    let got = target.get_notifies();
+    assert_eq!(got[0].from, a.name());
+}
+
+/// Every byte of a notification counts (a large `from` included), and queued ones are
+/// bounded in bytes as well as in number; taking them frees the budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_are_bounded_in_bytes() {
+    let config = EngineConfig {
+        max_notify_len: 16 << 10,
+        max_pending_notify_bytes: 40 << 10,
+        ..EngineConfig::default()
+    };
+    let target = engine_over("tcp", config).await;
+    let a = engine_over("tcp", EngineConfig::default()).await;
+    a.connect(target.name(), T).await.unwrap();
+    let big = vec![1u8; 15 << 10];
+    a.send_notify(target.name(), "a", &big, T).await.unwrap();
+    a.send_notify(target.name(), "b", &big, T).await.unwrap();
+    let e = a
+        .send_notify(target.name(), "c", &big, T)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("max_pending_notify_bytes"), "{e}");
+    assert_eq!(target.get_notifies().len(), 2);
+    a.send_notify(target.name(), "c", &big, T).await.unwrap();
+    let e = a
+        .send_notify(target.name(), "d", &vec![0u8; 16 << 10], T)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("max_notify_len"), "{e}");
+    // A raw peer's 1 MiB `from` is refused from its size, not queued.
+    let addr: hmc_core::PeerAddr = target.name().parse().unwrap();
+    let rpc = hmc_rpc::Client::connect(&addr, hmc_rpc::ClientConfig::default())
+        .await
+        .unwrap();
+    let _: EngineInfo = rpc
+        .call_typed(
+            METHOD_INFO,
+            &Hello {
+                version: 1,
+                from: "x".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let fat = NotifyMsg {
+        from: "f".repeat(1 << 20),
+        name: "n".into(),
+        msg: Vec::new(),
+    };
+    assert!(rpc.call_typed::<_, ()>(METHOD_NOTIFY, &fat).await.is_err());
+    assert_eq!(target.get_notifies().len(), 1);
+}

@@ -4,7 +4,9 @@
 //! followed by a wait, which Nagle's algorithm would delay), and one rule for Unix socket
 //! files ([`bind_unix_listener`]): a stale file from a process that is gone is reclaimed, a
 //! live one or a file that is not a socket is refused, and a listener removes its file
-//! when dropped.
+//! when dropped. [`owner`] says which user a peer on this host is and holds the rule for
+//! admitting local peers without a secret; [`auth`] is the pre-shared-secret
+//! authentication every listener shares.
 //!
 //! Each crate wraps [`Conn`] in a stream type of its own, with the reads and writes its
 //! protocol needs (busy-polled receives for the RPC runtime, deadline-bounded bulk copies
@@ -27,6 +29,9 @@
 //! # Ok(())
 //! # }
 //! ```
+
+pub mod auth;
+pub mod owner;
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -80,9 +80,55 @@ def test_a_read_only_buffer_is_a_write_source_never_a_read_target(pair):
     assert bytes(dst) == ro
     with pytest.raises(hmc.InvalidArgumentError, match="read-only"):
         a.transfer_sync(b.local_address, hmc.TransferOp.READ, [(hro.addr + 8, hd.addr, 16)])
-    with pytest.raises(hmc.InvalidArgumentError, match="read-only"):
-        a.transfer_async(b.local_address, hmc.TransferOp.READ, [(hro.addr, hd.addr, 1)])
+    req = a.transfer_async(b.local_address, hmc.TransferOp.READ, [(hro.addr, hd.addr, 1)])
+    assert req.wait() == hmc.TransferStatus.FAILED
+    assert isinstance(req.error(), hmc.InvalidArgumentError) and "read-only" in str(req.error())
     assert bytes(dst) == ro
+
+
+def test_read_only_objects_register_read_only_and_peers_cannot_write_them(pair, tmp_path):
+    """bytes, a read-only mmap and a read-only numpy.memmap are exported READ: a peer's
+    WRITE is refused before a byte moves (it used to crash the target with SIGSEGV on a
+    read-only page, or change an immutable bytes), and READs of them still work."""
+    import mmap
+
+    a, b = pair
+    f = tmp_path / "ro.bin"
+    f.write_bytes(pattern(4096, 5).tobytes())
+    with open(f, "rb") as fh:
+        ro_map = mmap.mmap(fh.fileno(), 4096, access=mmap.ACCESS_READ)
+    memmap = np.memmap(f, dtype=np.uint8, mode="r")
+    frozen = bytes(pattern(4096, 6))
+    src = bytearray(pattern(4096, 7).tobytes())
+    hs = a.register_mem(src)
+    a.connect(b.local_address)
+    for obj in (frozen, ro_map, memmap):
+        before = bytes(obj)
+        h = b.register_mem(obj)
+        assert h.readonly
+        with pytest.raises(hmc.InvalidArgumentError, match="READ"):
+            a.transfer_sync(b.local_address, hmc.TransferOp.WRITE, [(hs.addr, h.addr, 16)])
+        assert bytes(obj) == before
+        dst = bytearray(16)
+        hd = a.register_mem(dst)
+        a.transfer_sync(b.local_address, hmc.TransferOp.READ, [(hd.addr, h.addr, 16)])
+        assert bytes(dst) == before[:16]
+        a.deregister_mem(hd)
+        b.deregister_mem(h)
+    del memmap
+    ro_map.close()
+
+
+def test_raw_ranges_are_checked_against_the_mappings(pair):
+    a, _ = pair
+    with pytest.raises(hmc.InvalidArgumentError, match="not mapped"):
+        a.register_mem((0, 4096))
+    with pytest.raises(hmc.InvalidArgumentError, match="not mapped"):
+        a.register_mem((0x7FFF00000000, 4096))
+    buf = bytearray(64)
+    h = a.register_mem((ctypes.addressof((ctypes.c_char * 64).from_buffer(buf)), 64))
+    assert not h.readonly
+    a.deregister_mem(h)
 
 
 class Tensor:

@@ -83,6 +83,9 @@ pub struct ServerStats {
     pub streams_stalled: u64,
     /// Connections whose peer closed its sending side first (answers were still sent).
     pub half_closed: u64,
+    /// Connections refused before their first frame: a failed or missing authentication
+    /// (`auth_secret`), or a local peer of another user (`same_user_only`).
+    pub refused_peers: u64,
 }
 
 /// Which counter an event bumps.
@@ -168,6 +171,7 @@ impl HeldBudget {
             closed_skipped_streams: get(&c.closed_skipped_streams),
             streams_stalled: get(&c.streams_stalled),
             half_closed: get(&c.half_closed),
+            refused_peers: 0,
         }
     }
 }

@@ -42,8 +42,13 @@ pub struct ClientConfig {
     pub conn: ConnConfig,
     /// Deadline of a call that does not choose one (`default_timeout`, 30 s).
     pub default_timeout: Duration,
-    /// How long a (re)connect may take (`connect_timeout`, 5 s).
+    /// How long a (re)connect may take (`connect_timeout`, 5 s), the authentication
+    /// exchange included.
     pub connect_timeout: Duration,
+    /// The server's pre-shared secret (`ServerConfig::auth_secret`), proved on every
+    /// (re)connect before the first frame; the server proves it too, so no request goes to
+    /// a server without it (default none).
+    pub auth_secret: Option<crate::AuthSecret>,
 }
 
 impl Default for ClientConfig {
@@ -52,6 +57,7 @@ impl Default for ClientConfig {
             conn: ConnConfig::default(),
             default_timeout: hmc_core::Deadline::DEFAULT_TIMEOUT,
             connect_timeout: Duration::from_secs(5),
+            auth_secret: None,
         }
     }
 }
@@ -292,6 +298,15 @@ impl<C: Communicator> Client<C> {
             })
         })?
         .map_err(CallError::Connect)?;
+        let mut stream = stream;
+        if let Some(secret) = &self.inner.config.auth_secret {
+            stream
+                .authenticate_client(secret, self.inner.config.connect_timeout)
+                .await
+                .map_err(|e| {
+                    CallError::Connect(Error::io("authenticating to the RPC server", e))
+                })?;
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         let usable = Arc::new(AtomicBool::new(true));
         let local = stream.local_tcp_addr();

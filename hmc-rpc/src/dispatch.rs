@@ -85,9 +85,83 @@ impl CancelToken {
     }
 }
 
+/// The connection a call came on, as the server knows it: shared by every call of that
+/// connection, so a handler can tie what one call established (the engine's peer name at
+/// its metadata request) to the calls after it.
+#[derive(Clone, Debug)]
+pub struct Connection(Arc<ConnectionInfo>);
+
+#[derive(Debug)]
+struct ConnectionInfo {
+    id: u64,
+    peer: String,
+    peer_ip: Option<std::net::IpAddr>,
+    authenticated: bool,
+    label: std::sync::OnceLock<String>,
+}
+
+impl Connection {
+    /// A connection numbered `id` from `peer` (its address, or a Unix peer's uid).
+    pub(crate) fn new(
+        id: u64,
+        peer: String,
+        peer_ip: Option<std::net::IpAddr>,
+        authenticated: bool,
+    ) -> Self {
+        Connection(Arc::new(ConnectionInfo {
+            id,
+            peer,
+            peer_ip,
+            authenticated,
+            label: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// Unique among the server's connections.
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// Who is at the other end, as the socket says (`tcp://IP:PORT`, `unix (uid N)`).
+    pub fn peer(&self) -> &str {
+        &self.0.peer
+    }
+
+    /// A TCP peer's IP address.
+    pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
+        self.0.peer_ip
+    }
+
+    /// Whether the peer proved it holds the server's `auth_secret`.
+    pub fn authenticated(&self) -> bool {
+        self.0.authenticated
+    }
+
+    /// The label a handler gave this connection ([`Connection::set_label`]).
+    pub fn label(&self) -> Option<&str> {
+        self.0.label.get().map(String::as_str)
+    }
+
+    /// Labels the connection once (what a peer said it is, checked by the handler); a
+    /// second label is refused with the first. Lives as long as the connection.
+    pub fn set_label(&self, label: String) -> Result<(), &str> {
+        match self.0.label.set(label) {
+            Ok(()) => Ok(()),
+            Err(_) => Err(self.0.label.get().map(String::as_str).unwrap_or_default()),
+        }
+    }
+
+    /// A connection for calls made without a server (tests, in-process dispatch).
+    pub fn detached() -> Self {
+        Connection::new(0, "detached".into(), None, false)
+    }
+}
+
 /// What a handler knows about its call.
 #[derive(Clone, Debug)]
 pub struct CallContext {
+    /// The connection the call came on.
+    pub connection: Connection,
     /// The request id on its connection.
     pub request_id: u64,
     /// The method called.
@@ -542,6 +616,7 @@ mod tests {
 
     fn ctx() -> CallContext {
         CallContext {
+            connection: Connection::detached(),
             request_id: 1,
             method_id: 1,
             deadline: Some(Instant::now() + Duration::from_secs(5)),

@@ -111,8 +111,9 @@ pub use data_plane::{
 };
 pub use device::{DEFAULT_DEVICE_STAGING, StagingRing};
 pub use direct::DirectClient;
-pub use dispatch::{CallContext, CancelToken, Dispatcher, RpcError};
+pub use dispatch::{CallContext, CancelToken, Connection, Dispatcher, RpcError};
 pub use frame::{Flags, FrameHeader, FrameKind, FrameLimits, PayloadMode, Status};
+pub use hmc_net::auth::AuthSecret;
 pub use pool::{BufferPool, PoolConfig, PoolStats, PooledBuffer};
 pub use proto::ConnConfig;
 pub use server::{RunningServer, Server, ServerConfig, ShutdownHandle};

@@ -23,8 +23,8 @@ use crate::data_plane::{
     ServerPlane, Work,
 };
 use crate::dispatch::{
-    CallContext, CancelToken, DeviceReply, DeviceRequest, Dispatcher, Handler, HandlerResult,
-    RpcError,
+    CallContext, CancelToken, Connection, DeviceReply, DeviceRequest, Dispatcher, Handler,
+    HandlerResult, RpcError,
 };
 use crate::frame::PayloadMode;
 use crate::frame::{FrameHeader, FrameKind, Status};
@@ -56,6 +56,18 @@ pub struct ServerConfig {
     /// runtime goes on polling it for up to this long so that it can see the token, clean
     /// up and return; then its future is dropped. See [`Dispatcher`]'s "Cancellation".
     pub handler_cancel_grace: Duration,
+    /// A pre-shared secret every client must prove it holds before its first frame is read
+    /// (`auth_secret`, default none; see `ClientConfig::auth_secret`). The exchange is
+    /// HMAC-SHA256 in both directions; nothing is encrypted.
+    pub auth_secret: Option<crate::AuthSecret>,
+    /// Without an `auth_secret`: refuse clients on this host that run as another user
+    /// (Unix sockets by `SO_PEERCRED`, TCP from this host by the socket's owner in
+    /// `/proc/net/tcp`); clients on other hosts are admitted (`same_user_only`, default
+    /// false). The engine's metadata service turns it on.
+    pub same_user_only: bool,
+    /// How long a client may take to finish the authentication exchange (`auth_timeout`,
+    /// default 5 s).
+    pub auth_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +80,9 @@ impl Default for ServerConfig {
             workers: 4,
             shutdown_grace: Duration::from_secs(30),
             handler_cancel_grace: Duration::from_millis(100),
+            auth_secret: None,
+            same_user_only: false,
+            auth_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -150,6 +165,7 @@ impl<C: Communicator> Server<C> {
             _held_limit: crate::metrics::HeldLimit::open(self.config.max_held_bytes),
             pool: BlockingPool::new(self.config.workers, self.config.max_inflight_total)?,
             connections: AtomicUsize::new(0),
+            refused: 0.into(),
             config: self.config,
             settings,
         });
@@ -208,6 +224,7 @@ impl RunningServer {
     pub fn stats(&self) -> ServerStats {
         let mut s = self.shared.budget.stats();
         s.connections = self.connections();
+        s.refused_peers = self.shared.refused.load(Ordering::Relaxed);
         s
     }
 
@@ -238,11 +255,14 @@ struct Shared {
     settings: Settings,
     pool: BlockingPool,
     connections: AtomicUsize,
+    /// Connections refused by [`admit`].
+    refused: std::sync::atomic::AtomicU64,
     config: ServerConfig,
 }
 
 async fn accept_loop(listener: Listener, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>) {
     let mut conns = JoinSet::new();
+    let next_conn = std::sync::atomic::AtomicU64::new(1);
     loop {
         tokio::select! {
             r = listener.accept() => match r {
@@ -257,9 +277,12 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>, mut shutdown: watc
                     let sd = shutdown.clone();
                     let peer = stream.rpc_peer();
                     let span = crate::trace::conn(&peer);
+                    let id = next_conn.fetch_add(1, Ordering::Relaxed);
                     conns.spawn(
                         async move {
-                            serve_connection(stream, peer, shared2.clone(), sd).await;
+                            if let Some((stream, conn)) = admit(stream, &peer, id, &shared2).await {
+                                serve_connection(stream, peer, conn, shared2.clone(), sd).await;
+                            }
                             shared2.connections.fetch_sub(1, Ordering::AcqRel);
                         }
                         .instrument(span),
@@ -293,18 +316,66 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>, mut shutdown: watc
     }
 }
 
+/// Who may speak on an accepted connection: with an `auth_secret`, a client that proves it
+/// holds it; without one and `same_user_only`, a local client of this user (or root), or a
+/// client on another host. `None`: refused (logged, counted, the connection closed).
+async fn admit(
+    mut stream: Stream,
+    peer: &RpcPeer,
+    id: u64,
+    shared: &Shared,
+) -> Option<(Stream, Connection)> {
+    let (desc, ip) = match peer {
+        RpcPeer::Tcp { peer, .. } => (format!("tcp://{peer}"), Some(peer.ip())),
+        RpcPeer::Unix { uid: Some(u) } => (format!("unix (uid {u})"), None),
+        _ => ("unknown".to_string(), None),
+    };
+    let verdict = match &shared.config.auth_secret {
+        Some(secret) => stream
+            .authenticate_server(secret, shared.config.auth_timeout)
+            .await
+            .map(|()| true),
+        None if shared.config.same_user_only => {
+            hmc_net::owner::admit_local_peer(stream.local_peer()).map(|()| false)
+        }
+        None => Ok(false),
+    };
+    match verdict {
+        Ok(authenticated) => Some((stream, Connection::new(id, desc, ip, authenticated))),
+        Err(why) => {
+            shared.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(peer = %desc, %why, "RPC connection refused");
+            if shared.config.auth_secret.is_some() {
+                // A client without a secret reads this as the server's goodbye, and
+                // learns what to set; one with the wrong secret has its own message.
+                goaway(&stream, Status::UNAUTHENTICATED, &format!("refused: {why}"));
+                // What the client already sent is read (briefly) before the close, so
+                // that the kernel does not reset the connection over unread bytes and
+                // lose the GOAWAY.
+                stream.drain_briefly(Duration::from_millis(200)).await;
+            }
+            None
+        }
+    }
+}
+
 fn refuse_connection(stream: &Stream, max: usize) {
     let why = format!(
         "limit `max_connections` ({max}) reached; retry later or raise the server's ServerConfig::max_connections"
     );
+    goaway(stream, Status::OVERLOADED, &why);
+    tracing::warn!("{why}");
+}
+
+/// Writes a GOAWAY with `status` and `why`, as far as the socket takes it at once.
+fn goaway(stream: &Stream, status: Status, why: &str) {
     let mut h = FrameHeader::new(FrameKind::GoAway, 0);
-    h.status = Status::OVERLOADED;
+    h.status = status;
     h.body_len = why.len() as u32;
     h.payload_len = why.len() as u64;
     let mut b = h.encode().to_vec();
     b.extend_from_slice(why.as_bytes());
     let _ = stream.try_write(&b);
-    tracing::warn!("{why}");
 }
 
 struct Completion {
@@ -328,6 +399,7 @@ const READ_CHUNK: usize = 256 * 1024;
 async fn serve_connection(
     stream: Stream,
     peer: RpcPeer,
+    conn: Connection,
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
@@ -389,7 +461,15 @@ async fn serve_connection(
                     };
                     let calls = poll_work.map_or(0, |(_, n)| n) + 1;
                     poll_work = work.map(|w| (w, calls));
-                    if start_call(&shared, &conn_use, &mut core, &mut tokens, &done_tx, call) {
+                    if start_call(
+                        &shared,
+                        &conn_use,
+                        &conn,
+                        &mut core,
+                        &mut tokens,
+                        &done_tx,
+                        call,
+                    ) {
                         in_tasks += 1;
                     }
                 }
@@ -603,6 +683,7 @@ fn cancelled() -> RpcError {
 fn start_call(
     shared: &Arc<Shared>,
     conn_use: &Arc<ConnUse>,
+    conn: &Connection,
     core: &mut ServerConn,
     tokens: &mut IdMap<u64, CancelToken>,
     done: &mpsc::UnboundedSender<Completion>,
@@ -655,6 +736,7 @@ fn start_call(
     let cancel = CancelToken::new();
     tokens.insert(id, cancel.clone());
     let ctx = CallContext {
+        connection: conn.clone(),
         request_id: id,
         method_id: method,
         deadline: call.deadline,

@@ -59,6 +59,11 @@ pub struct TcpConfig {
     /// request is read, and so is a peer that has one when this side has none. Both
     /// peers need the same setting.
     pub auth_secret: Option<AuthSecret>,
+    /// Without an `auth_secret`: refuse data-plane connections from processes of this host
+    /// that run as another user (Unix sockets by `SO_PEERCRED`, TCP by the socket's owner
+    /// in `/proc/net/tcp`), counted in `auth_failures`; peers on other hosts are admitted
+    /// (default false; the engine turns it on).
+    pub same_user_only: bool,
 }
 
 impl Default for TcpConfig {
@@ -77,6 +82,7 @@ impl Default for TcpConfig {
             request_timeout: Duration::from_secs(10),
             max_registered_bytes: 64 << 30,
             auth_secret: None,
+            same_user_only: false,
         }
     }
 }

@@ -154,6 +154,42 @@ impl Stream {
         })
     }
 
+    /// Who the peer is, as this host can tell (`hmc_net::owner`): a Unix peer's uid, a TCP
+    /// peer on this host by its socket's owner, or a remote one.
+    pub(crate) fn local_peer(&self) -> hmc_net::owner::LocalPeer {
+        use hmc_net::owner::{self, LocalPeer};
+        match &self.sock {
+            Sock::Tcp(s) => match (s.peer_addr(), s.local_addr()) {
+                (Ok(p), Ok(l)) => owner::tcp_local_peer(p, l),
+                _ => LocalPeer::Unknown,
+            },
+            Sock::Unix(s) => {
+                use std::os::unix::io::AsRawFd;
+                let mut cred: libc::ucred = libc::ucred {
+                    pid: 0,
+                    uid: 0,
+                    gid: 0,
+                };
+                let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+                // SAFETY: `cred` is a writable ucred of `len` bytes; the fd is this socket's.
+                let r = unsafe {
+                    libc::getsockopt(
+                        s.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        libc::SO_PEERCRED,
+                        &mut cred as *mut libc::ucred as *mut libc::c_void,
+                        &mut len,
+                    )
+                };
+                if r == 0 {
+                    LocalPeer::User(cred.uid)
+                } else {
+                    LocalPeer::Unknown
+                }
+            }
+        }
+    }
+
     /// Connects to `addr` by `deadline`. TCP streams get `TCP_NODELAY`: every exchange is
     /// a request followed by a wait for the answer, which Nagle's algorithm would delay.
     pub(crate) async fn connect(addr: &PeerAddr, deadline: Deadline) -> Result<Stream> {

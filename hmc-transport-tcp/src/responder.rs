@@ -241,6 +241,14 @@ async fn send(stream: &mut Stream, bytes: &[u8], stall: Duration) -> io::Result<
 /// Serves one connection until it closes, breaks the protocol or runs into a timeout.
 async fn serve(shared: &Shared, mut stream: Stream) {
     let counters = &shared.counters;
+    if shared.config.same_user_only
+        && shared.config.auth_secret.is_none()
+        && let Err(why) = hmc_net::owner::admit_local_peer(stream.local_peer())
+    {
+        Counters::bump(&counters.auth_failures);
+        tracing::warn!(addr = %shared.addr, %why, "refusing a data-plane connection (same_user_only)");
+        return;
+    }
     let hello = tokio::time::timeout(
         shared.config.hello_timeout,
         accept_hello(shared, &mut stream),

@@ -1,5 +1,5 @@
-//! The engine in a metadata namespace (`hmc_meta`): registering its address and region
-//! table, resolving peers by name, and dropping peers that leave (their transfers in
+//! The engine in a metadata namespace (`hmc_meta`): registering its address, instance and
+//! data plane (never its region table), resolving peers by name, and dropping peers that leave (their transfers in
 //! flight fail with [`EngineError::PeerGone`]).
 
 use std::sync::{Arc, Weak};
@@ -91,14 +91,6 @@ pub(super) fn watch_members<C: Communicator>(inner: Weak<Inner<C>>, mut events: 
 }
 
 impl<C: Communicator> Engine<C> {
-    /// Writes this engine's current record (data plane and region table) to the store.
-    pub(super) fn republish(&self) -> Result<()> {
-        let info = self.inner.shared.info();
-        let record =
-            RpcCodec::encode(&info).map_err(|e| EngineError::InvalidArgument(e.to_string()))?;
-        Ok(self.inner.meta.publish(record)?)
-    }
-
     /// Where to reach `remote`: its address when it is one, else what the store says
     /// the member of that name registered.
     pub(super) async fn resolve(&self, remote: &str, deadline: Deadline) -> Result<PeerAddr> {

@@ -150,7 +150,7 @@ pub(crate) fn check_dial(
                         return Ok(());
                     }
                     // On this host: the listener must be the RPC peer's user's.
-                    match proc_net::connection_uid(*p, *local) {
+                    match hmc_net::owner::connection_uid(*p, *local) {
                         Some(u) => u,
                         None => return refuse("cannot tell which user the RPC peer on this host is (no /proc/net/tcp entry)".into()),
                     }
@@ -168,7 +168,7 @@ pub(crate) fn check_dial(
                     return refuse("the RPC peer's identity is unknown".into());
                 }
             };
-            match proc_net::listener_uid(*a) {
+            match hmc_net::owner::listener_uid(*a) {
                 Some(u) if u == peer_uid => Ok(()),
                 Some(u) => refuse(format!(
                     "the listener there belongs to uid {u}, the RPC peer is uid {peer_uid}"
@@ -180,7 +180,7 @@ pub(crate) fn check_dial(
             let peer_uid = match peer {
                 RpcPeer::Unix { uid: Some(u) } => *u,
                 RpcPeer::Tcp { peer: p, local } if canonical_ip(p.ip()).is_loopback() => {
-                    match proc_net::connection_uid(*p, *local) {
+                    match hmc_net::owner::connection_uid(*p, *local) {
                         Some(u) => u,
                         None => return refuse("cannot tell which user the RPC peer on this host is (no /proc/net/tcp entry)".into()),
                     }
@@ -212,120 +212,6 @@ pub(super) fn socket_owned_by(path: &Path, uid: u32) -> std::result::Result<(), 
         ));
     }
     Ok(())
-}
-
-/// Socket owners from `/proc/net/tcp{,6}` (Linux): which user a local TCP socket is.
-pub(super) mod proc_net {
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-
-    const ESTABLISHED: &str = "01";
-    const LISTEN: &str = "0A";
-
-    fn parse_addr(s: &str) -> Option<SocketAddr> {
-        let (ip, port) = s.split_once(':')?;
-        let port = u16::from_str_radix(port, 16).ok()?;
-        let word = |i: usize| -> Option<[u8; 4]> {
-            Some(
-                u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16)
-                    .ok()?
-                    .to_ne_bytes(),
-            )
-        };
-        let ip = match ip.len() {
-            8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
-            32 => {
-                let mut b = [0u8; 16];
-                for i in 0..4 {
-                    b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
-                }
-                IpAddr::V6(Ipv6Addr::from(b))
-            }
-            _ => return None,
-        };
-        Some(SocketAddr::new(super::canonical_ip(ip), port))
-    }
-
-    /// (local, remote, state, uid) of every TCP socket.
-    fn sockets() -> Vec<(SocketAddr, SocketAddr, String, u32)> {
-        let mut out = Vec::new();
-        for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
-            let Ok(text) = std::fs::read_to_string(f) else {
-                continue;
-            };
-            for line in text.lines().skip(1) {
-                let cols: Vec<&str> = line.split_whitespace().collect();
-                let (Some(l), Some(r), Some(st), Some(uid)) =
-                    (cols.get(1), cols.get(2), cols.get(3), cols.get(7))
-                else {
-                    continue;
-                };
-                if let (Some(l), Some(r), Ok(uid)) = (parse_addr(l), parse_addr(r), uid.parse()) {
-                    out.push((l, r, st.to_string(), uid));
-                }
-            }
-        }
-        out
-    }
-
-    fn canon(a: SocketAddr) -> SocketAddr {
-        SocketAddr::new(super::canonical_ip(a.ip()), a.port())
-    }
-
-    /// The uid of the process end of a TCP connection from `peer` to our `local`.
-    pub(super) fn connection_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
-        let (peer, local) = (canon(peer), canon(local));
-        sockets()
-            .into_iter()
-            .find(|(l, r, st, _)| st == ESTABLISHED && *l == peer && *r == local)
-            .map(|s| s.3)
-    }
-
-    /// The uid of the socket listening at `at` (bound to its IP or to the wildcard).
-    pub(super) fn listener_uid(at: SocketAddr) -> Option<u32> {
-        let at = canon(at);
-        sockets()
-            .into_iter()
-            .find(|(l, _, st, _)| {
-                st == LISTEN
-                    && l.port() == at.port()
-                    && (l.ip() == at.ip() || l.ip().is_unspecified())
-            })
-            .map(|s| s.3)
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        #[test]
-        fn parses_the_kernels_hex_form() {
-            assert_eq!(
-                parse_addr("0100007F:1F90"),
-                Some("127.0.0.1:8080".parse().unwrap())
-            );
-            assert_eq!(
-                parse_addr("00000000000000000000000001000000:0016"),
-                Some("[::1]:22".parse().unwrap())
-            );
-            assert_eq!(
-                parse_addr("0000000000000000FFFF00000100007F:0050"),
-                Some("127.0.0.1:80".parse().unwrap()),
-                "IPv4-mapped, as IPv4"
-            );
-        }
-
-        #[test]
-        fn finds_our_own_listener_and_connection() {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            let at = l.local_addr().unwrap();
-            #[allow(unsafe_code)]
-            // SAFETY: geteuid has no preconditions.
-            let me = unsafe { libc::geteuid() };
-            assert_eq!(listener_uid(at), Some(me));
-            let c = std::net::TcpStream::connect(at).unwrap();
-            assert_eq!(connection_uid(c.local_addr().unwrap(), at), Some(me));
-        }
-    }
 }
 
 #[cfg(test)]

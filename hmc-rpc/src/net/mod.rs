@@ -12,6 +12,7 @@ use tokio::net::{TcpStream, UnixStream};
 
 use crate::proto::{ReadTarget, TxQueue};
 
+mod auth;
 mod busy_poll;
 
 pub(crate) use busy_poll::{BusyPoll, POLL_MAX_MESSAGE};
@@ -42,6 +43,62 @@ impl Stream {
 }
 
 // ---- end of the RPC peer's identity ----
+
+impl Stream {
+    /// Who the peer is, as this host can tell (for `same_user_only`).
+    pub(crate) fn local_peer(&self) -> hmc_net::owner::LocalPeer {
+        use hmc_net::owner::{self, LocalPeer};
+        match self {
+            Stream::Tcp(s) => match (s.peer_addr(), s.local_addr()) {
+                (Ok(p), Ok(l)) => owner::tcp_local_peer(p, l),
+                _ => LocalPeer::Unknown,
+            },
+            Stream::Unix(s) => owner::unix_peer_uid(s).map_or(LocalPeer::Unknown, LocalPeer::User),
+        }
+    }
+
+    /// Reads and drops what the peer sends for up to `for_`, or until it closes.
+    pub(crate) async fn drain_briefly(&mut self, for_: Duration) {
+        use tokio::io::AsyncReadExt;
+        let mut sink = [0u8; 4096];
+        let _ = tokio::time::timeout(for_, async {
+            loop {
+                let n = match self {
+                    Stream::Tcp(s) => s.read(&mut sink).await,
+                    Stream::Unix(s) => s.read(&mut sink).await,
+                };
+                if !matches!(n, Ok(n) if n > 0) {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+
+    /// The server's side of the authentication exchange ([`auth`]).
+    pub(crate) async fn authenticate_server(
+        &mut self,
+        secret: &hmc_net::auth::AuthSecret,
+        timeout: Duration,
+    ) -> std::result::Result<(), String> {
+        match self {
+            Stream::Tcp(s) => auth::server(s, secret, timeout).await,
+            Stream::Unix(s) => auth::server(s, secret, timeout).await,
+        }
+    }
+
+    /// The client's side of the authentication exchange ([`auth`]).
+    pub(crate) async fn authenticate_client(
+        &mut self,
+        secret: &hmc_net::auth::AuthSecret,
+        timeout: Duration,
+    ) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => auth::client(s, secret, timeout).await,
+            Stream::Unix(s) => auth::client(s, secret, timeout).await,
+        }
+    }
+}
 
 impl Stream {
     pub(crate) async fn connect(addr: &PeerAddr) -> Result<Stream> {

@@ -1,0 +1,188 @@
+//! Which user is at the other end of a socket on this host: `SO_PEERCRED` for Unix
+//! sockets, the socket tables of `/proc/net/tcp{,6}` for TCP connections from this host
+//! (Linux), and the one rule every listener of the project applies to its local peers
+//! ([`admit_local_peer`]).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use crate::Conn;
+
+const ESTABLISHED: &str = "01";
+const LISTEN: &str = "0A";
+
+/// IPv4-mapped IPv6 addresses as IPv4.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// This process's effective uid.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The uid of the process at the other end of a Unix socket (`SO_PEERCRED`).
+pub fn unix_peer_uid(s: &tokio::net::UnixStream) -> Option<u32> {
+    s.peer_cred().ok().map(|c| c.uid())
+}
+
+/// Who a connection's peer is, as far as this host can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalPeer {
+    /// A process of this host running as this uid.
+    User(u32),
+    /// A TCP peer on another host: its user cannot be known here.
+    Remote,
+    /// A peer on this host whose user could not be found.
+    Unknown,
+}
+
+/// Who is at the other end of `conn`: a Unix peer's uid, a TCP peer on this host (loopback,
+/// or one of this host's own addresses) by its socket's owner, or a remote peer.
+pub fn local_peer(conn: &Conn) -> LocalPeer {
+    match conn {
+        Conn::Unix(s) => unix_peer_uid(s).map_or(LocalPeer::Unknown, LocalPeer::User),
+        Conn::Tcp(s) => match (s.peer_addr(), s.local_addr()) {
+            (Ok(peer), Ok(local)) => tcp_local_peer(peer, local),
+            _ => LocalPeer::Unknown,
+        },
+    }
+}
+
+/// [`local_peer`] of a TCP connection from `peer` to our `local`.
+pub fn tcp_local_peer(peer: SocketAddr, local: SocketAddr) -> LocalPeer {
+    let ip = canonical_ip(peer.ip());
+    if !ip.is_loopback() && ip != canonical_ip(local.ip()) {
+        return LocalPeer::Remote;
+    }
+    connection_uid(peer, local).map_or(LocalPeer::Unknown, LocalPeer::User)
+}
+
+/// The rule for a listener without a shared secret: a peer on this host must run as this
+/// process's user (or root); a peer on another host passes (its user cannot be known; a
+/// shared secret is what authenticates it). `Err` says why, for the refusal's log line.
+pub fn admit_local_peer(peer: LocalPeer) -> Result<(), String> {
+    let me = euid();
+    match peer {
+        LocalPeer::User(u) if u == me || u == 0 => Ok(()),
+        LocalPeer::User(u) => Err(format!(
+            "the peer on this host runs as uid {u}, this process as uid {me}; without a shared secret only the same user (or root) is admitted: run both as one user, or give both the same auth_secret"
+        )),
+        LocalPeer::Remote => Ok(()),
+        LocalPeer::Unknown => Err(
+            "cannot tell which user the peer on this host is (no SO_PEERCRED, no /proc/net/tcp entry); give both sides the same auth_secret".into(),
+        ),
+    }
+}
+
+/// [`admit_local_peer`] of `conn`'s peer.
+pub fn check_local_peer(conn: &Conn) -> Result<(), String> {
+    admit_local_peer(local_peer(conn))
+}
+
+fn parse_addr(s: &str) -> Option<SocketAddr> {
+    let (ip, port) = s.split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let word = |i: usize| -> Option<[u8; 4]> {
+        Some(
+            u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16)
+                .ok()?
+                .to_ne_bytes(),
+        )
+    };
+    let ip = match ip.len() {
+        8 => IpAddr::V4(Ipv4Addr::from(word(0)?)),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            IpAddr::V6(Ipv6Addr::from(b))
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(canonical_ip(ip), port))
+}
+
+/// (local, remote, state, uid) of every TCP socket.
+fn sockets() -> Vec<(SocketAddr, SocketAddr, String, u32)> {
+    let mut out = Vec::new();
+    for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let (Some(l), Some(r), Some(st), Some(uid)) =
+                (cols.get(1), cols.get(2), cols.get(3), cols.get(7))
+            else {
+                continue;
+            };
+            if let (Some(l), Some(r), Ok(uid)) = (parse_addr(l), parse_addr(r), uid.parse()) {
+                out.push((l, r, st.to_string(), uid));
+            }
+        }
+    }
+    out
+}
+
+fn canon(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(canonical_ip(a.ip()), a.port())
+}
+
+/// The uid of the process end of a TCP connection from `peer` to our `local`.
+pub fn connection_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+    let (peer, local) = (canon(peer), canon(local));
+    sockets()
+        .into_iter()
+        .find(|(l, r, st, _)| st == ESTABLISHED && *l == peer && *r == local)
+        .map(|s| s.3)
+}
+
+/// The uid of the socket listening at `at` (bound to its IP or to the wildcard).
+pub fn listener_uid(at: SocketAddr) -> Option<u32> {
+    let at = canon(at);
+    sockets()
+        .into_iter()
+        .find(|(l, _, st, _)| {
+            st == LISTEN && l.port() == at.port() && (l.ip() == at.ip() || l.ip().is_unspecified())
+        })
+        .map(|s| s.3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_kernels_hex_form() {
+        assert_eq!(
+            parse_addr("0100007F:1F90"),
+            Some("127.0.0.1:8080".parse().unwrap())
+        );
+        assert_eq!(
+            parse_addr("00000000000000000000000001000000:0016"),
+            Some("[::1]:22".parse().unwrap())
+        );
+        assert_eq!(
+            parse_addr("0000000000000000FFFF00000100007F:0050"),
+            Some("127.0.0.1:80".parse().unwrap()),
+            "IPv4-mapped, as IPv4"
+        );
+    }
+
+    #[test]
+    fn finds_our_own_listener_and_connection() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = l.local_addr().unwrap();
+        #[allow(unsafe_code)]
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        assert_eq!(listener_uid(at), Some(me));
+        let c = std::net::TcpStream::connect(at).unwrap();
+        assert_eq!(connection_uid(c.local_addr().unwrap(), at), Some(me));
+    }
+}
