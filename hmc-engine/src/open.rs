@@ -80,6 +80,9 @@ pub fn open_transport_for(config: &EngineConfig, ip: IpAddr) -> Result<AnyCommun
     let tcp = hmc_transport_tcp::TcpConfig {
         auth_secret: config.auth_secret.clone(),
         same_user_only: true,
+        // The engine's notifications go through its metadata service; it never reads the
+        // transport's own queue, which would only hold what peers pile into it.
+        max_pending_notifications: 0,
         ..Default::default()
     };
     open_inner(config.transport.clone(), ip, &plugins, tcp)
@@ -91,6 +94,13 @@ fn open_inner(
     plugins: &PluginConfig,
     tcp_config: hmc_transport_tcp::TcpConfig,
 ) -> Result<AnyCommunicator> {
+    // Queues of transport notifications, for the transports below: none where the TCP
+    // config says none (an engine's transports; see `open_transport_for`).
+    let notify_queue = if tcp_config.max_pending_notifications == 0 {
+        0
+    } else {
+        4096
+    };
     let bind = SocketAddr::new(ip, 0);
     let tcp = move || -> hmc_core::Result<AnyCommunicator> {
         let c = hmc_transport_tcp::TcpCommunicator::bind(&PeerAddr::Tcp(bind), tcp_config.clone())?;
@@ -100,6 +110,7 @@ fn open_inner(
     let ucx = move || -> hmc_core::Result<AnyCommunicator> {
         let c = hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
             bind,
+            max_pending_notifications: notify_queue,
             ..hmc_transport_ucx::UcxConfig::default()
         })?;
         Ok(AnyCommunicator::new(c))
@@ -113,10 +124,16 @@ fn open_inner(
             hint: "build hmc-engine with its `ucx` feature (a default one), or choose tcp".into(),
         })
     };
-    let shm = || hmc_transport_shm::ShmCommunicator::bind(Default::default());
+    let shm = || {
+        hmc_transport_shm::ShmCommunicator::bind(hmc_transport_shm::ShmConfig {
+            max_pending_notifications: notify_queue,
+            ..Default::default()
+        })
+    };
     let rdma = move || -> hmc_core::Result<AnyCommunicator> {
         let c = hmc_transport_rdma::RdmaCommunicator::new(hmc_transport_rdma::RdmaConfig {
             bind: PeerAddr::Tcp(bind),
+            max_pending_notifications: notify_queue,
             ..Default::default()
         })?;
         Ok(AnyCommunicator::new(c))

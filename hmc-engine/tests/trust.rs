@@ -508,3 +508,43 @@ async fn notifications_are_bounded_in_bytes() {
     assert!(rpc.call_typed::<_, ()>(METHOD_NOTIFY, &fat).await.is_err());
     assert_eq!(target.get_notifies().len(), 1);
 }
+
+/// An engine never reads its transport's own notification queue (its notifications go
+/// through its metadata service), so the transports it opens take none: a peer holding a
+/// live key cannot pin memory there.
+#[rstest]
+#[case::tcp("tcp")]
+#[case::shm("shm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_s_transport_queues_no_transport_notifications(#[case] name: &str) {
+    let mut config = EngineConfig::default();
+    config.transport = name.parse().unwrap();
+    let target = engine_for(config).await;
+    let mem = vec![0u8; 4096];
+    // SAFETY: `mem` outlives the engine.
+    unsafe {
+        target.register_mem(
+            MemDesc {
+                addr: mem.as_ptr() as u64,
+                len: mem.len(),
+            },
+            MemType::Host,
+            Access::READ_WRITE,
+        )
+    }
+    .unwrap();
+    let info = fetch_info(target.name()).await.unwrap();
+    let intruder = transport(name);
+    let ep = intruder
+        .connect(&info.data_plane.parse().unwrap(), Deadline::after(T))
+        .await
+        .unwrap();
+    // A key makes the sender one a transport would otherwise queue notifications from.
+    let region = RemoteRegion::decode(&info.regions[0]).unwrap();
+    let _key = intruder.import(&ep, &region).unwrap();
+    let e = intruder
+        .notify(&ep, 1, &[0u8; 1024], Deadline::after(T))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("max_pending_notifications"), "{e}");
+}

@@ -156,6 +156,14 @@ pub struct ShmConfig {
     /// Lets any process of this user attach to this one when Yama's `ptrace_scope` is 1
     /// (`prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY)`, process-wide; default false).
     pub allow_any_ptracer: bool,
+    /// Side-channel connections served at once (`max_connections`, default 1024; one
+    /// thread each); past it a new connection is closed unread, with a warning naming the
+    /// limit.
+    pub max_connections: usize,
+    /// How long a side-channel message may take to arrive once its first byte is in
+    /// (`frame_timeout`, default 10 s); past it the connection is closed. An idle
+    /// connection waits for its next message without a limit.
+    pub frame_timeout: Duration,
 }
 
 impl Default for ShmConfig {
@@ -168,6 +176,8 @@ impl Default for ShmConfig {
             max_notify_len: 64 << 10,
             max_pending_notifications: 4096,
             allow_any_ptracer: false,
+            max_connections: 1024,
+            frame_timeout: Duration::from_secs(10),
         }
     }
 }

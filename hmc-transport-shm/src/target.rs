@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use hmc_core::{Access, IpcDescriptor, Notification, Op, PeerAddr, Region, check_bounds};
@@ -75,6 +75,8 @@ pub(crate) struct Target {
     pub(crate) next_reg: AtomicU64,
     next_lease: AtomicU64,
     next_conn: AtomicU64,
+    /// Side-channel connections being served (`max_connections`).
+    serving: AtomicUsize,
     /// Every lease granted and not yet released, by id. Guards tokens and liveness too.
     leases: Mutex<HashMap<u64, LeaseRec>>,
     released: Condvar,
@@ -104,6 +106,7 @@ impl Target {
             next_reg: AtomicU64::new(1),
             next_lease: AtomicU64::new(1),
             next_conn: AtomicU64::new(1),
+            serving: AtomicUsize::new(0),
             leases: Mutex::new(HashMap::new()),
             released: Condvar::new(),
             conns: Mutex::new(HashMap::new()),
@@ -124,11 +127,23 @@ impl Target {
                 break;
             }
             let Ok(s) = s else { continue };
+            let max = self.config.max_connections;
+            if self.serving.fetch_add(1, Ordering::AcqRel) >= max {
+                self.serving.fetch_sub(1, Ordering::AcqRel);
+                tracing::warn!(
+                    "limit `max_connections` ({max}) of the shared-memory side channel reached; a connection was closed unread (raise ShmConfig::max_connections)"
+                );
+                continue;
+            }
             let t = self.clone();
             let spawned = std::thread::Builder::new()
                 .name("hmc-shm-conn".into())
-                .spawn(move || t.serve(s));
+                .spawn(move || {
+                    t.clone().serve(s);
+                    t.serving.fetch_sub(1, Ordering::AcqRel);
+                });
             if let Err(e) = spawned {
+                self.serving.fetch_sub(1, Ordering::AcqRel);
                 tracing::warn!(error = %e, "could not start a side-channel thread; connection dropped");
             }
         }
@@ -149,7 +164,7 @@ impl Target {
             let _ = conn.writer.lock().shutdown(std::net::Shutdown::Write);
         }
         tracing::trace!(conn = id, pid = peer.pid, "side channel open");
-        while let Ok(Some(body)) = wire::read_frame(&mut reader, self.max_frame()) {
+        while let Ok(Some(body)) = self.next_frame(&mut reader) {
             match Msg::decode(&body) {
                 Ok(Msg::Grant {
                     req,
@@ -198,6 +213,20 @@ impl Target {
         self.leases.lock().retain(|_, r| r.conn != id);
         self.released.notify_all();
         tracing::trace!(conn = id, "side channel closed");
+    }
+
+    /// The next message on a connection: waits for its first byte as long as it takes (an
+    /// idle connection is fine), then for the rest within `frame_timeout`.
+    fn next_frame(&self, reader: &mut UnixStream) -> io::Result<Option<Vec<u8>>> {
+        use std::io::Read;
+        let mut first = [0u8; 1];
+        if reader.read(&mut first)? == 0 {
+            return Ok(None);
+        }
+        reader.set_read_timeout(Some(self.config.frame_timeout))?;
+        let frame = wire::read_frame(&mut (&first[..]).chain(&mut *reader), self.max_frame());
+        reader.set_read_timeout(None)?;
+        frame
     }
 
     /// Reads `Hello` (within `hello_timeout`), answers `Welcome`.

@@ -461,3 +461,44 @@ async fn a_rekey_waiting_for_a_stopped_peer_leaves_its_worker_to_other_tasks() {
         "the other task ran only after the rekey gave up: the wait held the worker"
     );
 }
+
+/// The side channel serves at most `max_connections` at once (one more is closed unread),
+/// and a message started but not finished within `frame_timeout` closes its connection,
+/// freeing its place; an idle connection is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn side_channel_connections_and_stalled_messages_are_bounded() {
+    use std::io::Read;
+    let c = ShmCommunicator::bind(ShmConfig {
+        max_connections: 2,
+        frame_timeout: Duration::from_millis(300),
+        ..ShmConfig::default()
+    })
+    .unwrap();
+    let mut a = raw_client(&c);
+    let _b = raw_client(&c);
+    let PeerAddr::Unix(path) = c.address() else {
+        panic!("unix address expected")
+    };
+    let mut third = UnixStream::connect(&path).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert_eq!(
+        third.read(&mut byte).unwrap(),
+        0,
+        "over max_connections: closed unread"
+    );
+    // `a` starts a frame and stalls: closed after frame_timeout.
+    let started = Instant::now();
+    a.write_all(&[9, 0]).unwrap();
+    assert_eq!(a.read(&mut byte).unwrap(), 0);
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(250) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    // Its place is free again.
+    std::thread::sleep(Duration::from_millis(50));
+    let _c = raw_client(&c);
+}
