@@ -297,6 +297,24 @@ fn sender_name(conn: &hmc_rpc::Connection, claimed: &str) -> String {
     }
 }
 
+/// A transport error that may mean the peer process is gone or replaced (its
+/// connections refused, reset or closed), as opposed to a refusal of the request itself.
+fn broken_peer(e: &EngineError) -> bool {
+    match e {
+        EngineError::Transport(hmc_core::Error::Io { source, .. }) => matches!(
+            source.kind(),
+            std::io::ErrorKind::ConnectionRefused
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::NotConnected
+        ),
+        EngineError::Transport(hmc_core::Error::Peer { .. }) => true,
+        _ => false,
+    }
+}
+
 /// The key of a peer in the engine's table: its address when `remote` is one (in a
 /// canonical spelling), else the name it is registered under.
 fn peer_key(remote: &str) -> String {
@@ -698,14 +716,18 @@ impl<C: Communicator> Engine<C> {
         })
     }
 
-    /// Fetches `peer`'s table again (it registered or deregistered memory since).
+    /// Fetches `peer`'s table again (it registered or deregistered memory since). A peer
+    /// found restarted (another instance at its address or name) is dropped, and
+    /// [`EngineError::PeerGone`] says so: `connect` reaches the new instance.
     async fn refresh(&self, peer: &Peer<C>, deadline: Deadline) -> Result<()> {
         let _one = peer.refreshing.lock().await;
         let info = self.fetch_info(&peer.rpc, deadline).await?;
         if info.instance != peer.instance {
-            return Err(EngineError::Metadata {
+            let why = "the engine there restarted (a new instance): its memory and keys are new; connect to it again".to_string();
+            self.peer_gone(&peer.name, why.clone());
+            return Err(EngineError::PeerGone {
                 peer: peer.name.clone(),
-                why: "the engine there restarted; disconnect and connect again".into(),
+                why,
             });
         }
         if info.generation == peer.table.read().generation {
@@ -931,9 +953,17 @@ impl<C: Communicator> Engine<C> {
         let outcome: std::result::Result<Result<()>, ()> = tokio::select! {
             biased;
             r = moved => Ok(r.map_err(EngineError::from)),
-            why = gone => Ok(Err(EngineError::PeerGone {
-                peer: peer.name.clone(),
-                why: why.unwrap_or_else(|| "disconnected".into()),
+            why = gone => Ok(Err(if self.is_finalized() {
+                EngineError::Cancelled(format!(
+                    "a transfer of {} descriptor(s) with `{}`: this engine was finalized",
+                    descs.len(),
+                    peer.name
+                ))
+            } else {
+                EngineError::PeerGone {
+                    peer: peer.name.clone(),
+                    why: why.unwrap_or_else(|| "disconnected".into()),
+                }
             })),
             _ = async { tokio::time::sleep_until(deadline.instant().into()).await } => Err(()),
         };
@@ -951,16 +981,31 @@ impl<C: Communicator> Engine<C> {
             }
             Ok(Err(e @ EngineError::Transport(hmc_core::Error::InvalidKey(_)))) => {
                 // The peer deregistered memory since its table was fetched (its key is
-                // revoked): say which address is gone rather than which key.
+                // revoked), or restarted: say which address is gone, or that it restarted,
+                // rather than which key.
                 drop(batch);
                 drop(pieces);
                 drop(staged);
-                if Box::pin(self.refresh(&peer, deadline)).await.is_ok()
-                    && let Err(gone) = self.plan(&peer, op_in, descs)
-                {
-                    return Err(gone);
+                match Box::pin(self.refresh(&peer, deadline)).await {
+                    Ok(()) => match self.plan(&peer, op_in, descs) {
+                        Err(gone) => Err(gone),
+                        Ok(_) => Err(e),
+                    },
+                    Err(restarted @ EngineError::PeerGone { .. }) => Err(restarted),
+                    Err(_) => Err(e),
                 }
-                Err(e)
+            }
+            Ok(Err(e @ EngineError::Transport(_))) if broken_peer(&e) => {
+                // A data plane that stopped answering may belong to an engine that
+                // restarted at the same address: ask its metadata service (a new instance
+                // is reported as such, and the stale peer dropped).
+                drop(batch);
+                drop(pieces);
+                drop(staged);
+                match Box::pin(self.refresh(&peer, deadline)).await {
+                    Err(restarted @ EngineError::PeerGone { .. }) => Err(restarted),
+                    _ => Err(e),
+                }
             }
             Ok(Err(e)) => Err(e),
         }
@@ -1038,15 +1083,29 @@ impl<C: Communicator> Engine<C> {
         self.inner.peers.read().keys().cloned().collect()
     }
 
-    /// Disconnects every peer and stops the metadata service; later calls fail with
-    /// [`EngineError::Finalized`]. Registrations end when the last clone drops.
+    /// Cancels every transfer in flight (each ends with [`EngineError::Cancelled`], and
+    /// the transport no longer touches its memory: the cancellation contract), disconnects
+    /// every peer and stops the metadata service; later calls fail with
+    /// [`EngineError::Finalized`]. [`Engine::deregister_mem`] still works afterwards, and
+    /// waits for nothing. Registrations end when the last clone drops.
     pub async fn finalize(&self) {
         self.inner
             .finalized
             .store(true, std::sync::atomic::Ordering::Release);
-        self.inner.peers.write().clear();
+        let peers: Vec<Arc<Peer<C>>> = self.inner.peers.write().drain().map(|(_, p)| p).collect();
+        for p in peers {
+            // Every transfer in flight with `p` watches this (see `transfer_inner`).
+            p.gone
+                .send_replace(Some("this engine was finalized".into()));
+        }
         self.inner.meta.close().await;
         self.inner.server.shutdown().await;
+    }
+
+    fn is_finalized(&self) -> bool {
+        self.inner
+            .finalized
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 }
 

@@ -44,6 +44,29 @@ pub enum MetaError {
         /// What is wrong with it.
         why: String,
     },
+    /// The namespace holds more members than this process reads (`max_members`): at start
+    /// (the engine cannot join), in a listing, or in the watched set.
+    #[error(
+        "limit `max_members` reached: {namespace} holds more than {max} members; use a namespace per job, or raise EtcdConfig::max_members (engine option max_members) on every member"
+    )]
+    NamespaceFull {
+        /// The namespace (`etcd://…/ns`).
+        namespace: String,
+        /// The limit.
+        max: u64,
+    },
+    /// Another live member holds the name (its key, under its own lease).
+    #[error(
+        "the name `{name}` is in use in {namespace} by a live member at {holder}; choose another name, or stop that member first (its key goes when its lease lapses)"
+    )]
+    NameInUse {
+        /// The name asked for.
+        name: String,
+        /// The namespace (`etcd://…/ns`).
+        namespace: String,
+        /// The address the holder registered.
+        holder: String,
+    },
     /// The store was closed.
     #[error("the metadata store was closed")]
     Closed,

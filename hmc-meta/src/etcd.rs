@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, ConnectOptions, EventType, GetOptions, PutOptions, WatchOptions, WatchResponse,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse, WatchOptions, WatchResponse,
 };
 use tokio::sync::{Notify, broadcast};
 
@@ -73,6 +74,12 @@ struct Shared {
     events: broadcast::Sender<MemberEvent>,
     /// Sessions established (1 after start; each re-registration adds one).
     sessions: std::sync::atomic::AtomicU64,
+    /// The lease this member's key is held by (0 before the first session): a new session
+    /// may take the key over from it (its own, from before an outage), and `close`
+    /// deletes the key only while it still holds it.
+    lease: std::sync::atomic::AtomicI64,
+    /// Set once the watched set reached `max_members` (the warning is logged once).
+    over_members: std::sync::atomic::AtomicBool,
 }
 
 /// Members in etcd (see the crate documentation). Dropping it stops the background task;
@@ -171,13 +178,17 @@ impl EtcdStore {
             known: parking_lot::Mutex::new(HashMap::new()),
             events,
             sessions: 0.into(),
+            lease: 0.into(),
+            over_members: false.into(),
         });
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(run(shared.clone(), ready_tx)).abort_handle();
         let store = EtcdStore { shared, task };
         let wait = store.shared.config.op_timeout * 2;
         match tokio::time::timeout(wait, ready_rx).await {
-            Ok(Ok(())) => Ok(store),
+            Ok(Ok(Ok(()))) => Ok(store),
+            // A refusal that waiting will not change (the name is taken, a limit).
+            Ok(Ok(Err(e))) => Err(e),
             Ok(Err(_)) => Err(MetaError::Closed),
             Err(_) => Err(store
                 .shared
@@ -188,6 +199,11 @@ impl EtcdStore {
     /// This member's name.
     pub fn name(&self) -> &str {
         &self.shared.name
+    }
+
+    /// How many other members this one watches now (at most `max_members`).
+    pub fn watched(&self) -> usize {
+        self.shared.known.lock().len()
     }
 
     /// How many times this member has registered (1 after start; one more after each
@@ -212,6 +228,21 @@ fn check_len(len: usize, config: &EtcdConfig) -> Result<()> {
 }
 
 impl Shared {
+    fn namespace(&self) -> String {
+        format!(
+            "etcd://{}{}",
+            self.endpoints.join(","),
+            self.prefix.trim_end_matches("/members/")
+        )
+    }
+
+    fn namespace_full(&self) -> MetaError {
+        MetaError::NamespaceFull {
+            namespace: self.namespace(),
+            max: self.config.max_members as u64,
+        }
+    }
+
     fn unavailable(&self, after: Duration, attempts: u32, why: &str) -> MetaError {
         MetaError::Unavailable {
             endpoints: self.endpoints.join(","),
@@ -230,6 +261,21 @@ impl Shared {
     fn saw_put(&self, m: Member) {
         let mut known = self.known.lock();
         let event = match known.get(&m.name) {
+            None if known.len() >= self.config.max_members => {
+                // The watched set is bounded as a listing is: a member past the limit is
+                // not tracked (nor announced), and the limit is named once.
+                if !self
+                    .over_members
+                    .swap(true, std::sync::atomic::Ordering::AcqRel)
+                {
+                    tracing::warn!(
+                        "{} (member `{}` and later ones are not watched)",
+                        self.namespace_full(),
+                        m.name
+                    );
+                }
+                return;
+            }
             None => MemberEvent::Joined(m.clone()),
             Some(old) if *old == m => return,
             Some(_) => MemberEvent::Updated(m.clone()),
@@ -261,7 +307,11 @@ impl Shared {
             let why = match client {
                 Some(c) => match tokio::time::timeout(self.config.op_timeout, op(c)).await {
                     Ok(Ok(v)) => return Ok(v),
-                    Ok(Err(e @ (MetaError::Limit { .. } | MetaError::BadRecord { .. }))) => {
+                    Ok(Err(
+                        e @ (MetaError::Limit { .. }
+                        | MetaError::BadRecord { .. }
+                        | MetaError::NamespaceFull { .. }),
+                    )) => {
                         return Err(e);
                     }
                     Ok(Err(e)) => e.to_string(),
@@ -288,12 +338,7 @@ impl Shared {
             .await
             .map_err(etcd_err)?;
         if resp.kvs().len() > max {
-            return Err(MetaError::Limit {
-                limit: "max_members",
-                value: resp.count() as u64,
-                max: max as u64,
-                hint: "the namespace holds more members than this process reads; use a namespace per job, or raise EtcdConfig::max_members (engine option max_members)",
-            });
+            return Err(self.namespace_full());
         }
         let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
         let mut out = Vec::with_capacity(resp.kvs().len());
@@ -318,12 +363,21 @@ fn etcd_err(e: etcd_client::Error) -> MetaError {
 }
 
 /// The background task: sessions one after another, with backoff between them.
-async fn run(shared: Arc<Shared>, ready: tokio::sync::oneshot::Sender<()>) {
+async fn run(shared: Arc<Shared>, ready: tokio::sync::oneshot::Sender<Result<()>>) {
     let mut ready = Some(ready);
     let mut backoff = shared.config.retry_initial;
     loop {
         match session(&shared, &mut ready, &mut backoff).await {
             Ok(()) => return,
+            Err(e @ (MetaError::NameInUse { .. } | MetaError::NamespaceFull { .. }))
+                if ready.is_some() =>
+            {
+                // Before the first registration: `start` fails with it.
+                if let Some(r) = ready.take() {
+                    let _ = r.send(Err(e));
+                }
+                return;
+            }
             Err(e) => {
                 *shared.client.lock() = None;
                 tracing::warn!(error = %e, ?backoff, endpoints = %shared.endpoints.join(","), "etcd session ended; reconnecting");
@@ -338,7 +392,7 @@ async fn run(shared: Arc<Shared>, ready: tokio::sync::oneshot::Sender<()>) {
 /// renew the lease, until something fails.
 async fn session(
     shared: &Arc<Shared>,
-    ready: &mut Option<tokio::sync::oneshot::Sender<()>>,
+    ready: &mut Option<tokio::sync::oneshot::Sender<Result<()>>>,
     backoff: &mut Duration,
 ) -> Result<()> {
     let cfg = &shared.config;
@@ -364,28 +418,56 @@ async fn session(
         .map_err(etcd_err)?
         .id();
     let key = format!("{}{}", shared.prefix, shared.name);
+    tokio::time::timeout(t, claim(shared, &mut client, &key, lease))
+        .await
+        .map_err(|_| timed("claiming the name"))??;
+    shared
+        .lease
+        .store(lease, std::sync::atomic::Ordering::Release);
+    // Later writes of the record: only while this lease holds the key.
     let put = |mut c: Client| {
         let key = key.clone();
         let value = shared.value.lock().clone();
         async move {
-            tokio::time::timeout(
-                t,
-                c.put(key, value, Some(PutOptions::new().with_lease(lease))),
-            )
-            .await
+            let txn = Txn::new()
+                .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
+                .and_then([TxnOp::put(
+                    key,
+                    value,
+                    Some(PutOptions::new().with_lease(lease)),
+                )]);
+            match tokio::time::timeout(t, c.txn(txn)).await {
+                Err(_) => Err(MetaError::Unavailable {
+                    endpoints: String::new(),
+                    after: t,
+                    attempts: 1,
+                    why: "put: no answer".into(),
+                }),
+                Ok(Err(e)) => Err(etcd_err(e)),
+                Ok(Ok(r)) if r.succeeded() => Ok(()),
+                Ok(Ok(_)) => Err(MetaError::Unavailable {
+                    endpoints: String::new(),
+                    after: Duration::ZERO,
+                    attempts: 1,
+                    why: "our key is no longer held by our lease; registering again".into(),
+                }),
+            }
         }
     };
-    put(client.clone())
-        .await
-        .map_err(|_| timed("put"))?
-        .map_err(etcd_err)?;
     let (mut keeper, mut keep_stream) = tokio::time::timeout(t, client.lease_keep_alive(lease))
         .await
         .map_err(|_| timed("keep-alive"))?
         .map_err(etcd_err)?;
-    let (members, rev) = tokio::time::timeout(t, shared.list(&mut client))
-        .await
-        .map_err(|_| timed("list"))??;
+    let (members, rev) = match tokio::time::timeout(t, shared.list(&mut client)).await {
+        Err(_) => return Err(timed("list")),
+        Ok(Err(e @ MetaError::NamespaceFull { .. })) if ready.is_some() => {
+            // Joining would make one too many: leave again (the key goes with the lease)
+            // and let `start` fail naming the limit and the namespace.
+            let _ = tokio::time::timeout(t, client.lease_revoke(lease)).await;
+            return Err(e);
+        }
+        Ok(r) => r?,
+    };
     // A fresh listing: whoever is missing left while we were away.
     let gone: Vec<String> = {
         let known = shared.known.lock();
@@ -398,7 +480,8 @@ async fn session(
     for g in gone {
         shared.saw_delete(&g);
     }
-    for m in members {
+    // This member's own key is not among the members it watches (see `on_watch`).
+    for m in members.into_iter().filter(|m| m.name != shared.name) {
         shared.saw_put(m);
     }
     let mut watch = tokio::time::timeout(
@@ -421,7 +504,7 @@ async fn session(
         .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     tracing::info!(name = %shared.name, address = %shared.address, lease, registrations = n + 1, "registered in etcd");
     if let Some(r) = ready.take() {
-        let _ = r.send(());
+        let _ = r.send(Ok(()));
     }
     *backoff = cfg.retry_initial;
     let mut tick = tokio::time::interval((cfg.lease_ttl / 3).max(Duration::from_millis(100)));
@@ -449,18 +532,97 @@ async fn session(
             }
             w = watch.message() => {
                 match w.map_err(etcd_err)? {
-                    Some(resp) => on_watch(shared, resp)?,
+                    Some(resp) => {
+                        if on_watch(shared, resp, lease)? {
+                            // Our key was deleted, or written under another lease, while
+                            // ours is live: no member that claims names (a transaction
+                            // that refuses a live holder) did that. Write it back.
+                            tracing::warn!(name = %shared.name, "our key in etcd was changed or deleted by someone else; writing it again");
+                            let mut c = client.clone();
+                            let value = shared.value.lock().clone();
+                            tokio::time::timeout(
+                                t,
+                                c.put(key.clone(), value, Some(PutOptions::new().with_lease(lease))),
+                            )
+                            .await
+                            .map_err(|_| timed("put"))?
+                            .map_err(etcd_err)?;
+                        }
+                    }
                     None => return Err(timed("watch stream closed")),
                 }
             }
             _ = shared.republish.notified() => {
-                put(client.clone()).await.map_err(|_| timed("put"))?.map_err(etcd_err)?;
+                put(client.clone()).await?;
             }
         }
     }
 }
 
-fn on_watch(shared: &Shared, resp: WatchResponse) -> Result<()> {
+/// Takes the member's key for `lease`: creates it if absent, or takes it over from this
+/// member's own previous lease (a re-registration after an outage, before that lease
+/// lapsed). A key held by any other lease belongs to another live member:
+/// [`MetaError::NameInUse`], naming it.
+async fn claim(shared: &Shared, client: &mut Client, key: &str, lease: i64) -> Result<()> {
+    let value = shared.value.lock().clone();
+    let put = || {
+        TxnOp::put(
+            key,
+            value.clone(),
+            Some(PutOptions::new().with_lease(lease)),
+        )
+    };
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([put()])
+        .or_else([TxnOp::get(key, None)]);
+    let resp = client.txn(txn).await.map_err(etcd_err)?;
+    if resp.succeeded() {
+        return Ok(());
+    }
+    let holder = resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (kv.lease(), kv.value().to_vec())),
+        _ => None,
+    });
+    let previous = shared.lease.load(std::sync::atomic::Ordering::Acquire);
+    match holder {
+        // Deleted between the two steps: try again from the start.
+        None => Err(MetaError::Unavailable {
+            endpoints: shared.endpoints.join(","),
+            after: Duration::ZERO,
+            attempts: 1,
+            why: "the name's key changed while claiming it".into(),
+        }),
+        Some((held_by, _)) if previous != 0 && held_by == previous => {
+            let txn = Txn::new()
+                .when([Compare::lease(key, CompareOp::Equal, previous)])
+                .and_then([put()]);
+            let resp = client.txn(txn).await.map_err(etcd_err)?;
+            if resp.succeeded() {
+                Ok(())
+            } else {
+                Err(MetaError::Unavailable {
+                    endpoints: shared.endpoints.join(","),
+                    after: Duration::ZERO,
+                    attempts: 1,
+                    why: "the name's key changed while taking it over from our previous lease"
+                        .into(),
+                })
+            }
+        }
+        Some((_, value)) => Err(MetaError::NameInUse {
+            name: shared.name.clone(),
+            namespace: shared.namespace(),
+            holder: decode(&shared.name, &value, usize::MAX)
+                .map(|m| m.address)
+                .unwrap_or_else(|_| "an unreadable record".into()),
+        }),
+    }
+}
+
+/// Folds a watch response into `known`; `true` when it shows this member's own key
+/// deleted or written under another lease than `lease`.
+fn on_watch(shared: &Shared, resp: WatchResponse, lease: i64) -> Result<bool> {
     if resp.canceled() {
         return Err(MetaError::Unavailable {
             endpoints: shared.endpoints.join(","),
@@ -469,12 +631,20 @@ fn on_watch(shared: &Shared, resp: WatchResponse) -> Result<()> {
             why: format!("watch canceled by etcd: {}", resp.cancel_reason()),
         });
     }
+    let mut ours_changed = false;
     for ev in resp.events() {
         let Some(kv) = ev.kv() else { continue };
         let Some(name) = kv.key().get(shared.prefix.len()..) else {
             continue;
         };
         let name = String::from_utf8_lossy(name).into_owned();
+        if name == shared.name {
+            ours_changed |= match ev.event_type() {
+                EventType::Put => kv.lease() != lease,
+                EventType::Delete => true,
+            };
+            continue;
+        }
         match ev.event_type() {
             EventType::Put => match decode(&name, kv.value(), shared.config.max_value_len) {
                 Ok(m) => shared.saw_put(m),
@@ -483,7 +653,7 @@ fn on_watch(shared: &Shared, resp: WatchResponse) -> Result<()> {
             EventType::Delete => shared.saw_delete(&name),
         }
     }
-    Ok(())
+    Ok(ours_changed)
 }
 
 impl MetadataStore for EtcdStore {
@@ -551,10 +721,19 @@ impl MetadataStore for EtcdStore {
         Box::pin(async move {
             self.task.abort();
             let client = self.shared.client.lock().take();
-            if let Some(mut c) = client {
+            let lease = self.shared.lease.load(std::sync::atomic::Ordering::Acquire);
+            if let Some(mut c) = client
+                && lease != 0
+            {
+                // Only while our lease still holds it: a key another member took (after
+                // ours lapsed) is theirs.
                 let key = format!("{}{}", self.shared.prefix, self.shared.name);
-                let _ =
-                    tokio::time::timeout(self.shared.config.op_timeout, c.delete(key, None)).await;
+                let txn = Txn::new()
+                    .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
+                    .and_then([TxnOp::delete(key, None)]);
+                let _ = tokio::time::timeout(self.shared.config.op_timeout, c.txn(txn)).await;
+                let _ = tokio::time::timeout(self.shared.config.op_timeout, c.lease_revoke(lease))
+                    .await;
             }
         })
     }

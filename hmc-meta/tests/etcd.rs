@@ -232,3 +232,140 @@ async fn every_limit_is_named_when_reached() {
         .unwrap_err();
     assert!(e.to_string().contains("watch_backlog"), "{e}");
 }
+
+/// A live member's name cannot be taken: a second member of that name is refused at start,
+/// naming the holder, and the first keeps it. A member's key deleted or overwritten behind
+/// its back (a raw etcd client) is written back; closing deletes the member's own key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_member_keeps_its_name() {
+    let etcd = EtcdProcess::start();
+    let url = etcd.url("names");
+    let a = member(&url, "x", config()).await;
+    let e = EtcdStore::start(&url, config(), "x", "10.0.0.9:1", b"imposter".to_vec())
+        .await
+        .err()
+        .expect("the name is taken");
+    assert!(matches!(e, MetaError::NameInUse { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("`x`") && msg.contains("10.0.0.1:1") && msg.contains("names"),
+        "{msg}"
+    );
+    let found = a
+        .resolve("x", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(found.address, "10.0.0.1:1", "still the first member's");
+    // Behind its back: deleted, then overwritten under another lease.
+    let mut raw = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    raw.delete("/names/members/x", None).await.unwrap();
+    let t = Instant::now();
+    loop {
+        if let Ok(Some(m)) = a.resolve("x", Duration::from_secs(5)).await
+            && m.address == "10.0.0.1:1"
+        {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the deleted key was not written back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let other = raw.lease_grant(30, None).await.unwrap().id();
+    raw.put(
+        "/names/members/x",
+        b"\x01\x0b\x00\x00\x0010.0.0.9:99".to_vec(),
+        Some(etcd_client::PutOptions::new().with_lease(other)),
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    loop {
+        if let Ok(Some(m)) = a.resolve("x", Duration::from_secs(5)).await
+            && m.address == "10.0.0.1:1"
+        {
+            break;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the overwritten key was not written back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Leaving deletes its own key; the name is free again.
+    a.close().await;
+    assert!(
+        raw.get("/names/members/x", None)
+            .await
+            .unwrap()
+            .kvs()
+            .is_empty()
+    );
+    let b = member(&url, "x", config()).await;
+    assert_eq!(b.registrations(), 1);
+}
+
+/// Past `max_members` a member cannot start, and says which limit and which namespace;
+/// its key does not stay behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_namespace_refuses_a_new_member_by_name() {
+    let etcd = EtcdProcess::start();
+    let url = etcd.url("full");
+    let small = EtcdConfig {
+        max_members: 2,
+        ..config()
+    };
+    let _a = member(&url, "a", small.clone()).await;
+    let _b = member(&url, "b", small.clone()).await;
+    let e = EtcdStore::start(&url, small, "c", "10.0.0.1:3", vec![])
+        .await
+        .err()
+        .expect("over max_members");
+    let msg = e.to_string();
+    assert!(msg.contains("max_members") && msg.contains("full"), "{msg}");
+    let mut raw = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    assert!(
+        raw.get("/full/members/c", None)
+            .await
+            .unwrap()
+            .kvs()
+            .is_empty()
+    );
+}
+
+/// The watched set is bounded like a listing: members past `max_members` are not tracked
+/// (their records are not held), and the ones within it still are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watched_set_holds_at_most_max_members() {
+    let etcd = EtcdProcess::start();
+    let url = etcd.url("watched");
+    let w = member(
+        &url,
+        "w",
+        EtcdConfig {
+            max_members: 3,
+            ..config()
+        },
+    )
+    .await;
+    let mut ev = w.subscribe().unwrap();
+    let mut others = Vec::new();
+    for i in 0..6 {
+        others.push(member(&url, &format!("m{i}"), config()).await);
+    }
+    // w itself is not among its own watched members; m0..m2 fill the set.
+    let mut joined = Vec::new();
+    while let Ok(Some(Ok(MemberEvent::Joined(m)))) =
+        tokio::time::timeout(Duration::from_millis(1500), ev.next()).await
+    {
+        joined.push(m.name);
+    }
+    assert_eq!(joined, ["m0", "m1", "m2"]);
+    assert_eq!(w.watched(), 3);
+}

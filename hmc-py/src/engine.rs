@@ -216,19 +216,25 @@ impl Live {
         Ok(())
     }
 
-    /// Deregisters everything still registered (waiting for transfers on it), then
-    /// finalizes the engine, then releases the Python memory.
+    /// Finalizes the engine (cancelling the transfers in flight, so that nothing below
+    /// waits for their deadlines), deregisters everything still registered, then releases
+    /// the Python memory.
+    async fn shut_down(self: Arc<Self>) {
+        self.engine.finalize().await;
+        let handles: Vec<hmc_engine::MemHandle> = self.held.lock().keys().copied().collect();
+        for h in handles {
+            let _ = self.engine.deregister_mem(h).await;
+        }
+        // Taken out first: dropping Python objects attaches to the interpreter, which
+        // must not happen under a lock a Python thread may be waiting for.
+        let held = std::mem::take(&mut *self.held.lock());
+        drop(held);
+    }
+
+    /// [`Live::shut_down`] to its end, blocking (interpreter exit, a dropped engine).
     fn shut(self: Arc<Self>) {
         crate::finish(async move {
-            let handles: Vec<hmc_engine::MemHandle> = self.held.lock().keys().copied().collect();
-            for h in handles {
-                let _ = self.engine.deregister_mem(h).await;
-            }
-            self.engine.finalize().await;
-            // Taken out first: dropping Python objects attaches to the interpreter, which
-            // must not happen under a lock a Python thread may be waiting for.
-            let held = std::mem::take(&mut *self.held.lock());
-            drop(held);
+            self.shut_down().await;
         });
     }
 }
@@ -312,12 +318,15 @@ impl Engine {
         Ok(())
     }
 
-    /// See `finalize`.
-    pub(crate) fn finalize_py(&self, _py: Python<'_>) {
+    /// See `finalize`. The shutdown runs as a task of the runtime, so that Ctrl-C returns
+    /// control (KeyboardInterrupt) while it finishes on its own.
+    pub(crate) fn finalize_py(&self, py: Python<'_>) -> PyResult<()> {
         let live = self.live.write().take();
         if let Some(live) = live {
-            live.shut();
+            let task = runtime()?.spawn(live.shut_down());
+            wait(py, task)?.map_err(|e| errors::state(format!("finalize failed: {e}")))?;
         }
+        Ok(())
     }
 
     fn live(&self) -> PyResult<Arc<Live>> {
@@ -441,7 +450,12 @@ impl Engine {
     fn disconnect(&self, py: Python<'_>, remote: &str, timeout_ms: u64) -> PyResult<()> {
         let live = self.live()?;
         let t = millis(timeout_ms);
-        match wait(py, tokio::time::timeout(t, live.engine.disconnect(remote)))? {
+        // The timer is made inside the runtime (`wait` runs the future there): built on
+        // the caller's thread it panics for want of a reactor.
+        let engine = live.engine.clone();
+        match wait(py, async move {
+            tokio::time::timeout(t, engine.disconnect(remote)).await
+        })? {
             Ok(r) => r.map_err(errors::engine),
             Err(_) => Err(errors::engine(EngineError::Timeout {
                 what: format!("disconnecting from `{remote}`"),
@@ -554,9 +568,11 @@ impl Engine {
         Ok(d)
     }
 
-    /// Deregisters all memory (waiting for transfers on it), disconnects every peer and
-    /// stops the engine; later calls raise ``StateError``. Idempotent.
-    fn finalize(&self, py: Python<'_>) {
+    /// Cancels the transfers in flight (their requests end ``CANCELLED``-like: the error
+    /// is ``CancelledError``), disconnects every peer, deregisters all memory and stops the
+    /// engine; later calls raise ``StateError``. Idempotent. Ctrl-C interrupts the wait
+    /// (``KeyboardInterrupt``) while the shutdown finishes on its own.
+    fn finalize(&self, py: Python<'_>) -> PyResult<()> {
         self.finalize_py(py)
     }
 
@@ -567,9 +583,9 @@ impl Engine {
 
     /// Finalizes the engine; exceptions propagate.
     #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> bool {
-        self.finalize(py);
-        false
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.finalize(py)?;
+        Ok(false)
     }
 
     fn __repr__(&self) -> String {

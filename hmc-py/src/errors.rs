@@ -52,7 +52,7 @@ fn engine_class(e: &EngineError) -> &'static str {
             "InvalidArgumentError"
         }
         EngineError::Limit { .. } => "LimitError",
-        EngineError::Metadata { .. } => "UnavailableError",
+        EngineError::Metadata { .. } | EngineError::PeerGone { .. } => "UnavailableError",
         EngineError::UnknownKey { .. } => "UnknownKeyError",
         EngineError::Cancelled(_) => "CancelledError",
         EngineError::Transport(t) => core_class(t),

@@ -851,11 +851,12 @@ impl DataDist {
     }
 
     /// Finalizes the engine this DataDist started (an engine passed in stays yours).
-    fn finalize(&self, py: Python<'_>) {
+    fn finalize(&self, py: Python<'_>) -> PyResult<()> {
         self.dd.write().take();
         if let Some(e) = self.own.lock().take() {
-            e.get().finalize_py(py);
+            e.get().finalize_py(py)?;
         }
+        Ok(())
     }
 
     /// The DataDist itself (``with DataDist(...) as dd:``).
@@ -865,9 +866,9 @@ impl DataDist {
 
     /// Finalizes the DataDist; exceptions propagate.
     #[pyo3(signature = (*_args))]
-    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> bool {
-        self.finalize(py);
-        false
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> PyResult<bool> {
+        self.finalize(py)?;
+        Ok(false)
     }
 }
 

@@ -70,3 +70,15 @@ def prompt_peer(conn, cluster_id, desc_args, blocks):
     dd.deallocate_cache(cache)
     dd.finalize()
     conn.send("bye")
+
+
+def fixed_address_peer(conn, address, seed):
+    """An engine at ``address`` (a fixed port, so that a restart comes back there) with a
+    4 KiB bytearray of ``pattern(4096, seed)``; sends its address, waits for ``stop``."""
+    e = hmc.Engine()
+    e.initialize(address, OPTS)
+    ba = bytearray(pattern(4096, seed).tobytes())
+    h = e.register_mem(ba)
+    conn.send((e.local_address, h.addr))
+    conn.recv()
+    e.finalize()

@@ -8,7 +8,7 @@ import pytest
 
 import hmc
 from conftest import new_engine
-from peers import buffers_peer, digest, pattern
+from peers import buffers_peer, digest, fixed_address_peer, pattern
 
 
 def test_two_processes_write_and_read_numpy_arrays_and_bytearrays(peer_factory):
@@ -266,3 +266,40 @@ def test_each_transport_option_moves_bytes(transport):
         a.connect(b.local_address)
         a.transfer_sync(b.local_address, hmc.TransferOp.WRITE, [(hs.addr, hd.addr, 1 << 16)])
         assert digest(dst) == digest(src)
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_disconnect_and_reconnect_to_a_restarted_peer(peer_factory):
+    """disconnect() of a live peer works (it raised PanicException: a timer made outside
+    the runtime); a peer restarted at the same address is reported as restarted (not as an
+    invalid key), and connect() reaches the new instance."""
+    address = f"127.0.0.1:{free_port()}"
+    p = peer_factory(fixed_address_peer, address, 1)
+    name, remote = p.recv()
+    with hmc.Engine() as e:
+        e.initialize("127.0.0.1:0", {"transport": "tcp"})
+        dst = bytearray(4096)
+        hd = e.register_mem(dst)
+        e.connect(name)
+        e.transfer_sync(name, hmc.TransferOp.READ, [(hd.addr, remote, 4096)])
+        assert bytes(dst) == pattern(4096, 1).tobytes()
+        e.disconnect(name)
+        with pytest.raises(hmc.NotConnectedError):
+            e.transfer_sync(name, hmc.TransferOp.READ, [(hd.addr, remote, 4096)])
+        e.connect(name)
+        p.close()
+        q = peer_factory(fixed_address_peer, address, 2)
+        _, remote2 = q.recv()
+        with pytest.raises(hmc.UnavailableError, match="restarted"):
+            e.transfer_sync(name, hmc.TransferOp.READ, [(hd.addr, remote, 4096)])
+        e.connect(name)
+        e.transfer_sync(name, hmc.TransferOp.READ, [(hd.addr, remote2, 4096)])
+        assert bytes(dst) == pattern(4096, 2).tobytes()
+        q.conn.send("stop")

@@ -51,6 +51,22 @@ def test_timeout_against_a_silent_peer(stopped_peer):
     assert isinstance(req.error(), hmc.TimeoutError)
 
 
+def test_finalize_cancels_transfers_in_flight_instead_of_waiting_for_them(stopped_peer):
+    """finalize() with a transfer stuck on a stopped peer (15 s timeout) returns at once:
+    the transfer is cancelled (CancelledError), nothing waits for its deadline."""
+    e, address, h, remote = stopped_peer
+    req = e.transfer_async(address, hmc.TransferOp.READ, [(h.addr, remote, 1 << 20)], timeout_ms=15_000)
+    time.sleep(0.2)
+    assert req.status() == hmc.TransferStatus.WAITING
+    t = time.monotonic()
+    e.finalize()
+    assert time.monotonic() - t < 3
+    assert req.wait() == hmc.TransferStatus.FAILED
+    assert isinstance(req.error(), hmc.CancelledError), req.error()
+    with pytest.raises(hmc.StateError):
+        e.transfer_sync(address, hmc.TransferOp.READ, [(h.addr, remote, 16)])
+
+
 def test_connect_to_a_peer_that_accepts_and_never_answers_times_out():
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
