@@ -207,3 +207,33 @@ async fn a_peer_restarted_under_its_name_is_dropped_and_found_again() {
     let _ = child.wait();
     a.finalize().await;
 }
+
+/// A second engine cannot take a live engine's name (it used to replace it, then delete
+/// the original's key when it left): it fails to start naming the holder, and the first
+/// stays reachable by that name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_engine_s_name_cannot_be_taken() {
+    let etcd = EtcdProcess::start();
+    let url = etcd.url("names").to_string();
+    let a = engine(&url, Some("prefill-0")).await;
+    let o: HashMap<String, String> = [
+        ("metadata", url.as_str()),
+        ("transport", "tcp"),
+        ("name", "prefill-0"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let e = Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
+        .await
+        .err()
+        .expect("the name is taken");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("`prefill-0` is in use") && msg.contains("by a live member at tcp://127.0.0.1:"),
+        "{msg}"
+    );
+    let b = engine(&url, Some("decode-0")).await;
+    b.connect("prefill-0", T).await.unwrap();
+    drop(a);
+}
