@@ -230,7 +230,8 @@ async fn a_live_engine_s_name_cannot_be_taken() {
         .expect("the name is taken");
     let msg = e.to_string();
     assert!(
-        msg.contains("`prefill-0` is in use") && msg.contains("by a live member at tcp://127.0.0.1:"),
+        msg.contains("`prefill-0` is in use")
+            && msg.contains("by a live member at tcp://127.0.0.1:"),
         "{msg}"
     );
     let b = engine(&url, Some("decode-0")).await;

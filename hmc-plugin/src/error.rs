@@ -69,6 +69,30 @@ pub enum PluginError {
         /// What is wrong and what the plugin must do.
         problem: String,
     },
+    /// The file, or the folder it is in, could be changed by someone else than this
+    /// process's user or root (OpenSSH's StrictModes rule): loading it would run their
+    /// code. Checked before the file is opened.
+    #[error(
+        "{path}: not loaded: {reason}; plugins run inside this process, so only root or this          user may be able to change them (chmod go-w, chown)"
+    )]
+    Unsafe {
+        /// The file.
+        path: PathBuf,
+        /// What is writable, or by whom it is owned.
+        reason: String,
+    },
+    /// The plugin's name is one of the built-in transports'.
+    #[error(
+        "{path}: the plugin is named `{name}`, the name of a built-in transport; rename the          plugin (built-in names: {builtins})"
+    )]
+    Reserved {
+        /// The file.
+        path: PathBuf,
+        /// The name.
+        name: String,
+        /// The names no plugin may take.
+        builtins: String,
+    },
     /// Another plugin of the same name was found first on the search path.
     #[error(
         "{path}: a plugin named `{name}` was already loaded from {first}; the first on the \

@@ -65,6 +65,6 @@ pub use comm::{PluginCommunicator, PluginEndpoint, PluginRegistration, PluginRem
 pub use error::PluginError;
 /// Re-exported for [`export_plugin!`]'s expansion.
 pub use hmc_core;
-pub use load::{Discovery, Plugin, PluginConfig};
+pub use load::{Discovery, Plugin, PluginConfig, RESERVED_NAMES};
 pub use memory::{PluginBuffer, PluginMemory};
 pub use registry::{Factory, OpenOptions, TransportRegistry};

@@ -151,6 +151,8 @@ impl Plugin {
 
     fn load_uncached(path: &Path) -> Result<Arc<Plugin>, PluginError> {
         let path = path.to_path_buf();
+        // Before anything of the file runs: its initialisers run at dlopen.
+        check_permissions(&path)?;
         // SAFETY: loading a library runs its initialisers; loading a plugin is exactly the
         // trust the caller extends by putting it on the search path.
         let lib = unsafe {
@@ -249,6 +251,13 @@ impl Plugin {
                 "name `{name}` must be non-empty, without spaces or `:` (it is used as \
                  --data-plane NAME)"
             )));
+        }
+        if RESERVED_NAMES.contains(&name.as_str()) {
+            return Err(PluginError::Reserved {
+                path,
+                name,
+                builtins: RESERVED_NAMES.join(", "),
+            });
         }
         let known = HMC_PLUGIN_PROVIDES_COMMUNICATOR | HMC_PLUGIN_PROVIDES_MEMORY;
         if api.header.capabilities & known == 0 {
@@ -350,6 +359,52 @@ fn zero_tail(api: &mut HmcPluginApi, filled: usize) {
             size - filled,
         )
     };
+}
+
+/// Names of the project's own transports and choices, which no plugin may take (a
+/// plugin of such a name would be unreachable, or would shadow what users asked for).
+pub const RESERVED_NAMES: &[&str] = &["tcp", "ucx", "shm", "rdma", "auto", "none"];
+
+/// OpenSSH's StrictModes rule, for a plugin file and the folder it is in (symbolic links
+/// followed): neither may be writable by group or others, and each must be owned by root
+/// or by this process's user.
+fn check_permissions(path: &Path) -> Result<(), PluginError> {
+    use std::os::unix::fs::MetadataExt;
+    let unsafe_file = |reason: String| PluginError::Unsafe {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let real = path
+        .canonicalize()
+        .map_err(|e| unsafe_file(format!("cannot resolve it: {e}")))?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let folder = real.parent().unwrap_or(Path::new("/")).to_path_buf();
+    for (what, p) in [("the file", &real), ("its folder", &folder)] {
+        let m = std::fs::metadata(p)
+            .map_err(|e| unsafe_file(format!("cannot stat {what} {}: {e}", p.display())))?;
+        let mode = m.mode();
+        if mode & 0o022 != 0 {
+            return Err(unsafe_file(format!(
+                "{what} {} is writable by {} (mode {:o})",
+                p.display(),
+                if mode & 0o002 != 0 {
+                    "others"
+                } else {
+                    "its group"
+                },
+                mode & 0o7777
+            )));
+        }
+        if m.uid() != 0 && m.uid() != me {
+            return Err(unsafe_file(format!(
+                "{what} {} is owned by uid {}, neither root nor this process's uid {me}",
+                p.display(),
+                m.uid()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// What a search found: every candidate file, the plugins loaded, and why each other

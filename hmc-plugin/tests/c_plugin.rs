@@ -267,3 +267,74 @@ fn the_memory_backend_reports_its_device_and_refuses_foreign_copies() {
         d.report()
     );
 }
+
+/// A plugin anyone but root or this user could have changed is refused before it is
+/// opened (OpenSSH's StrictModes rule), naming the file and the reason; its constructors
+/// never run. So is a plugin named like a built-in transport.
+#[rstest::rstest]
+#[case::group_writable_file(0o664, 0o755, None, "writable by its group")]
+#[case::world_writable_file(0o646, 0o755, None, "writable by others")]
+#[case::world_writable_folder(0o644, 0o777, None, "its folder")]
+#[case::owned_by_another_user(0o644, 0o755, Some(65534), "owned by uid 65534")]
+fn plugins_others_could_change_are_refused_unopened(
+    #[case] file_mode: u32,
+    #[case] dir_mode: u32,
+    #[case] owner: Option<u32>,
+    #[case] wanted: &str,
+) {
+    use std::os::unix::fs::PermissionsExt;
+    if owner.is_some() && unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: needs root to give a file to another user");
+        return;
+    }
+    // One case at a time: the constructor reads one process-wide variable.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("plugins");
+    std::fs::create_dir(&folder).unwrap();
+    let built = common::build_c_plugin("marked", &["TEST_CONSTRUCTOR_MARK"]);
+    let file = folder.join("libmarked.so");
+    std::fs::copy(&built, &file).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(file_mode)).unwrap();
+    std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(dir_mode)).unwrap();
+    if let Some(uid) = owner {
+        std::os::unix::fs::chown(&file, Some(uid), Some(uid)).unwrap();
+    }
+    let mark = dir.path().join("constructor-ran");
+    // SAFETY: no other thread of this binary reads or writes this variable (only these
+    // cases, one at a time, and the plugin's constructor on this thread).
+    unsafe { std::env::set_var("HMC_TEST_CONSTRUCTOR_MARK", &mark) };
+    let d = hmc_plugin::Discovery::search(&hmc_plugin::PluginConfig {
+        search_path: vec![folder.clone()],
+    });
+    assert!(d.loaded.is_empty(), "{}", d.report());
+    let report = d.report();
+    assert!(
+        report.contains("libmarked.so: not loaded") && report.contains(wanted),
+        "{report}"
+    );
+    assert!(!mark.exists(), "the refused plugin's constructor ran");
+    // The same file, made safe, loads (and its constructor runs then).
+    std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o755)).unwrap();
+    if owner.is_some() {
+        std::os::unix::fs::chown(&file, Some(0), Some(0)).unwrap();
+    }
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let fresh = folder.join(format!("libmarked-{}.so", wanted.len()));
+    std::fs::rename(&file, &fresh).unwrap();
+    Plugin::load(&fresh).unwrap();
+    assert!(mark.exists(), "a loaded plugin's constructor runs");
+    std::fs::remove_file(&mark).unwrap();
+}
+
+#[test]
+fn a_plugin_named_like_a_built_in_transport_is_refused() {
+    for name in ["tcp", "shm"] {
+        let e = load_error(name, &[]);
+        assert!(
+            e.contains(&format!("named `{name}`, the name of a built-in transport")),
+            "{e}"
+        );
+    }
+}

@@ -715,6 +715,24 @@ fn start_call(
         );
         return false;
     }
+    // Each connection's share: once three quarters of `max_inflight_total` are taken, a
+    // connection already holding its share of the total (the total over the connections
+    // open) gets no more, so that one connection cannot take what the others need.
+    let total = shared.config.max_inflight_total;
+    if shared.inflight.available_permits() <= total / 4 {
+        let open = shared.connections.load(Ordering::Relaxed).max(1);
+        let share = (total / open).max(1);
+        if tokens.len() >= share {
+            refuse(
+                core,
+                Status::OVERLOADED,
+                format!(
+                    "limit `max_inflight_total` ({total}) nearly reached, and this connection holds its share ({share}: the total over {open} open connections); retry later or raise the server's max_inflight_total"
+                ),
+            );
+            return false;
+        }
+    }
     let Ok(permit) = shared
         .inflight
         .clone()

@@ -339,6 +339,55 @@ async fn dropping_a_call_cancels_it_on_the_server() {
     assert_eq!(&c.call(demo::ECHO, "after").await.unwrap()[..], b"after");
 }
 
+/// One connection cannot take all of `max_inflight_total` while another is open: past
+/// three quarters of it, a connection holding its share is refused, and the other's calls
+/// are still admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_connection_keeps_a_share_of_max_inflight_total() {
+    let config = ServerConfig {
+        max_inflight_total: 8,
+        ..ServerConfig::default()
+    };
+    let (s, _) = start(config).await;
+    let greedy = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let other = Client::connect(s.local_addr(), ClientConfig::default())
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let c = greedy.clone();
+        tasks.push(tokio::spawn(async move {
+            c.call_typed::<u64, u64>(SLEEP, &500).await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let theirs: Vec<_> = (0..2)
+        .map(|_| {
+            let c = other.clone();
+            tokio::spawn(async move { c.call_typed::<u64, u64>(SLEEP, &10).await })
+        })
+        .collect();
+    for t in theirs {
+        t.await
+            .unwrap()
+            .expect("the other connection's calls are admitted");
+    }
+    let (mut ok, mut refused) = (0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => ok += 1,
+            Err(e) if e.status() == Some(Status::OVERLOADED) => {
+                assert!(e.to_string().contains("max_inflight_total"), "{e}");
+                refused += 1
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!((ok, refused), (6, 6));
+}
+
 #[tokio::test]
 async fn overload_is_answered_overloaded_not_dropped() {
     let config = ServerConfig {

@@ -38,6 +38,20 @@
 #ifndef LOOPMEM_NAME
 #define LOOPMEM_NAME "loopmem"
 #endif
+
+#ifdef TEST_CONSTRUCTOR_MARK
+/* Tests only: shows whether the loader ran this library's constructors (it must not for
+ * a file it refuses). Writes the file $HMC_TEST_CONSTRUCTOR_MARK when loaded. */
+__attribute__((constructor)) static void loopmem_mark_loaded(void) {
+    const char *mark = getenv("HMC_TEST_CONSTRUCTOR_MARK");
+    if (mark) {
+        FILE *f = fopen(mark, "w");
+        if (f) {
+            fclose(f);
+        }
+    }
+}
+#endif
 /* A third-party wire number (128-255): see docs/backend-guide.md, "Ids". */
 #define LOOPMEM_TRANSPORT_ID 200
 #define LOOPMEM_CHUNK (256u * 1024u)
