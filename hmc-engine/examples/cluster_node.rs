@@ -86,6 +86,10 @@ async fn engine(args: &Args) -> Engine<AnyCommunicator> {
     if let Some(n) = args.flags.get("name") {
         options.insert("name".into(), n.clone());
     }
+    // The job's shared secret, from a file (never on the command line).
+    if let Some(f) = args.flags.get("auth-secret-file") {
+        options.insert("auth_secret_file".into(), f.clone());
+    }
     let config = EngineConfig::from_options(&options).expect("options");
     Engine::initialize_with(&args.get("ip", "127.0.0.1"), config)
         .await

@@ -188,7 +188,8 @@ async fn a_peer_restarted_under_its_name_is_dropped_and_found_again() {
     a.connect("target", T).await.unwrap();
     child.kill().unwrap();
     let _ = child.wait();
-    // Restarted at once: its new record replaces the old one before the old lease lapses.
+    // Restarted at once: it registers once the old instance's lease lapsed (the name is
+    // held until then), and its record replaces the old one.
     let t = Instant::now();
     let (mut child, _out) = serve(&url, "target", 1);
     while !a.peers().is_empty() {

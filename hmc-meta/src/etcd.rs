@@ -149,7 +149,10 @@ fn check_name(name: &str) -> Result<()> {
 impl EtcdStore {
     /// Connects to etcd, registers `name` at `address` with `record` under a lease, and
     /// starts the task that keeps it alive. Fails if etcd cannot be reached within
-    /// `config.op_timeout` (retrying with backoff meanwhile).
+    /// `lease_ttl` plus three `op_timeout`s (retrying with backoff meanwhile); with
+    /// [`MetaError::NameInUse`] if another member still holds `name` after `lease_ttl` plus
+    /// `op_timeout` (a holder that died lets go within its lease's TTL, so a restarted
+    /// member gets its name back); with [`MetaError::NamespaceFull`] past `max_members`.
     pub async fn start(
         url: &MetadataUrl,
         config: EtcdConfig,
@@ -184,7 +187,8 @@ impl EtcdStore {
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(run(shared.clone(), ready_tx)).abort_handle();
         let store = EtcdStore { shared, task };
-        let wait = store.shared.config.op_timeout * 2;
+        // Time to wait out a dead holder's lease (see `run`), then to register.
+        let wait = store.shared.config.lease_ttl + store.shared.config.op_timeout * 3;
         match tokio::time::timeout(wait, ready_rx).await {
             Ok(Ok(Ok(()))) => Ok(store),
             // A refusal that waiting will not change (the name is taken, a limit).
@@ -366,9 +370,18 @@ fn etcd_err(e: etcd_client::Error) -> MetaError {
 async fn run(shared: Arc<Shared>, ready: tokio::sync::oneshot::Sender<Result<()>>) {
     let mut ready = Some(ready);
     let mut backoff = shared.config.retry_initial;
+    let started = tokio::time::Instant::now();
+    // A holder of our name may be a process that died an instant ago (a supervisor's
+    // restart): its key goes when its lease lapses, so a start keeps trying that long.
+    let holder_may_lapse = shared.config.lease_ttl + shared.config.op_timeout;
     loop {
         match session(&shared, &mut ready, &mut backoff).await {
             Ok(()) => return,
+            Err(e @ MetaError::NameInUse { .. })
+                if ready.is_some() && started.elapsed() < holder_may_lapse =>
+            {
+                tracing::info!(error = %e, "waiting for the name's holder to renew or lapse");
+            }
             Err(e @ (MetaError::NameInUse { .. } | MetaError::NamespaceFull { .. }))
                 if ready.is_some() =>
             {
@@ -418,9 +431,14 @@ async fn session(
         .map_err(etcd_err)?
         .id();
     let key = format!("{}{}", shared.prefix, shared.name);
-    tokio::time::timeout(t, claim(shared, &mut client, &key, lease))
+    let claimed = tokio::time::timeout(t, claim(shared, &mut client, &key, lease))
         .await
-        .map_err(|_| timed("claiming the name"))??;
+        .map_err(|_| timed("claiming the name"))?;
+    if let Err(e) = claimed {
+        // The lease would otherwise live on for its TTL, holding nothing.
+        let _ = tokio::time::timeout(t, client.lease_revoke(lease)).await;
+        return Err(e);
+    }
     shared
         .lease
         .store(lease, std::sync::atomic::Ordering::Release);

@@ -369,3 +369,19 @@ async fn the_watched_set_holds_at_most_max_members() {
     assert_eq!(joined, ["m0", "m1", "m2"]);
     assert_eq!(w.watched(), 3);
 }
+
+/// A member that died (its task stopped, its lease left to lapse) gives its name back
+/// within its lease's TTL: a restart under that name waits for it, then registers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_member_gets_its_name_back_once_the_old_lease_lapses() {
+    let etcd = EtcdProcess::start();
+    let url = etcd.url("restart");
+    let a = member(&url, "x", config()).await;
+    drop(a);
+    let t = Instant::now();
+    let b = EtcdStore::start(&url, config(), "x", "10.0.0.2:1", vec![])
+        .await
+        .unwrap();
+    println!("registered again after {:?}", t.elapsed());
+    assert_eq!(b.registrations(), 1);
+}

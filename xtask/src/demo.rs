@@ -202,10 +202,27 @@ pub fn cluster(node: &Path) -> Result {
         "[etcd] listening on 127.0.0.1:{client_port} (log and data in {}); engines register under /hmc-demo/members/",
         dir.display()
     );
+    // The job's secret: both engines authenticate their metadata exchange and data plane
+    // with it (a file of mode 0600, so that it stays out of `ps` and of other users).
+    let secret = dir.join("job.secret");
+    let mut bytes = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&secret, hex).map_err(|e| format!("{}: {e}", secret.display()))?;
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(|e| format!("{}: {e}", secret.display()))?;
+    println!(
+        "[demo] the engines share the secret in {} (auth_secret_file)",
+        secret.display()
+    );
+    let secret = secret.to_string_lossy().into_owned();
     let engine = |args: &[&str]| {
         Command::new(node)
             .args(args)
             .args(["--metadata", &url, "--ip", "127.0.0.1"])
+            .args(["--auth-secret-file", &secret])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
