@@ -548,3 +548,94 @@ async fn an_engine_s_transport_queues_no_transport_notifications(#[case] name: &
         .unwrap_err();
     assert!(e.to_string().contains("max_pending_notifications"), "{e}");
 }
+
+/// The request as a fake engine reads it.
+#[derive(Deserialize)]
+struct HelloIn {
+    _version: u32,
+    _from: String,
+}
+
+/// What a fake engine answers at its metadata request: a data plane of its choosing.
+#[derive(Serialize)]
+struct FakeInfo {
+    version: u32,
+    instance: u64,
+    data_plane: String,
+    generation: u64,
+    regions: Vec<Vec<u8>>,
+}
+
+/// A metadata service that names `data_plane` as its data plane.
+async fn fake_engine(data_plane: String) -> hmc_rpc::RunningServer {
+    let mut d = hmc_rpc::Dispatcher::new();
+    d.register(METHOD_INFO, move |_, _: HelloIn| {
+        let data_plane = data_plane.clone();
+        async move {
+            Ok::<_, hmc_rpc::RpcError>(FakeInfo {
+                version: 1,
+                instance: 1,
+                data_plane,
+                generation: 1,
+                regions: Vec::new(),
+            })
+        }
+    });
+    hmc_rpc::Server::new(d, hmc_rpc::ServerConfig::default())
+        .bind(&"tcp://127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap()
+}
+
+/// A peer cannot point an engine at another service of its host: a privileged port, a
+/// port where nothing listens, or (root only) a listener of another user are not dialled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_plane_a_peer_names_is_dialled_only_by_the_rule() {
+    let e = engine_over("tcp", EngineConfig::default()).await;
+    let mut cases = vec![
+        ("tcp://127.0.0.1:22".to_string(), "privileged"),
+        ("tcp://127.0.0.1:9".to_string(), "privileged"),
+    ];
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    cases.push((format!("tcp://127.0.0.1:{port}"), "nothing listens"));
+    let mut other_user = None;
+    if hmc_net::owner::euid() == 0 {
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import socket,sys,time\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen(1)\nprint(s.getsockname()[1],flush=True)\ntime.sleep(30)",
+            ])
+            .uid(65534)
+            .gid(65534)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        cases.push((format!("tcp://127.0.0.1:{}", line.trim()), "uid 65534"));
+        other_user = Some(child);
+    }
+    for (dp, why) in cases {
+        let fake = fake_engine(dp.clone()).await;
+        let err = e
+            .connect(&fake.local_addr().to_string(), Duration::from_secs(3))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("not dialled") && err.contains(why),
+            "{dp}: {err}"
+        );
+    }
+    if let Some(mut c) = other_user {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}

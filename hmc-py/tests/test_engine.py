@@ -303,3 +303,29 @@ def test_disconnect_and_reconnect_to_a_restarted_peer(peer_factory):
         e.transfer_sync(name, hmc.TransferOp.READ, [(hd.addr, remote2, 4096)])
         assert bytes(dst) == pattern(4096, 2).tobytes()
         q.conn.send("stop")
+
+
+def test_a_shared_secret_admits_only_engines_that_hold_it(tmp_path):
+    """auth_secret_file (an option, as in the KV API): engines with the same secret move
+    bytes; one without it, or with another, cannot connect."""
+    secret = tmp_path / "job.secret"
+    secret.write_text("a-secret-of-the-job-0123456789\n")
+    secret.chmod(0o600)
+    opts = {"transport": "tcp", "auth_secret_file": str(secret)}
+    with hmc.Engine() as a, hmc.Engine() as b, hmc.Engine() as c:
+        a.initialize("127.0.0.1:0", opts)
+        b.initialize("127.0.0.1:0", opts)
+        c.initialize("127.0.0.1:0", {"transport": "tcp"})
+        src = bytearray(pattern(4096, 9).tobytes())
+        dst = bytearray(4096)
+        hs, hd = a.register_mem(src), b.register_mem(dst)
+        with pytest.raises(hmc.UnavailableError, match="auth_secret"):
+            c.connect(b.local_address, timeout_ms=3000)
+        a.connect(b.local_address)
+        a.transfer_sync(b.local_address, hmc.TransferOp.WRITE, [(hs.addr, hd.addr, 4096)])
+        assert bytes(dst) == bytes(src)
+    with pytest.raises(hmc.InvalidArgumentError, match="too short"):
+        hmc.Engine().initialize("127.0.0.1:0", {"auth_secret": "short"})
+    dd = hmc.kv.DataDist(1, hmc.kv.Role.PROMPT)
+    dd.initialize("127.0.0.1:0", opts)
+    dd.finalize()
