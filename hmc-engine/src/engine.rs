@@ -1,16 +1,15 @@
 //! The engine: registrations by raw address, connections to peer engines with their
 //! region tables, and transfers translated from addresses to (registration, offset).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hmc_core::{
-    Access, Communicator, Deadline, Device, DeviceKind, Op, PeerAddr, Region, RemoteRegion,
-    TransferDesc,
+    Access, Communicator, Deadline, Device, DeviceKind, Op, PeerAddr, Region, TransferDesc,
 };
-use hmc_rpc::{CallOptions, Client, ClientConfig, Dispatcher, RpcError, RunningServer, Server};
+use hmc_rpc::{Client, ClientConfig, Dispatcher, RpcError, RunningServer, Server};
 use parking_lot::{Mutex, RwLock};
 
 use crate::config::EngineConfig;
@@ -23,7 +22,13 @@ use crate::request::{TransferRequest, TransferStatus};
 
 mod directory;
 mod membership;
+mod notify;
+mod rules;
 mod staged;
+mod table;
+
+use notify::NotifyQueue;
+use rules::{broken_peer, check_data_plane, same_host, sender_name};
 
 /// Where registered memory lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,112 +212,6 @@ pub(crate) fn parse_engine_addr(s: &str, default_port: Option<u16>) -> Result<Pe
     Err(EngineError::InvalidArgument(format!(
         "`{s}` is not an engine address; use IP:PORT, tcp://IP:PORT, unix:///path or /path"
     )))
-}
-
-/// May a peer's data plane at `dp` be dialled, given that its metadata service is at
-/// `meta`? Only on the host the caller chose to connect to.
-fn same_host(meta: &PeerAddr, dp: &PeerAddr) -> bool {
-    match (meta, dp) {
-        (PeerAddr::Tcp(m), PeerAddr::Tcp(d)) => {
-            m.ip() == d.ip() || (m.ip().is_loopback() && d.ip().is_loopback())
-        }
-        (PeerAddr::Unix(_), PeerAddr::Tcp(d)) => d.ip().is_loopback(),
-        (PeerAddr::Unix(_), PeerAddr::Unix(_)) => true,
-        (PeerAddr::Tcp(m), PeerAddr::Unix(_)) => m.ip().is_loopback(),
-        _ => false,
-    }
-}
-
-/// The rest of the dial rule for a peer's data plane (the RPC data plane's): a TCP port
-/// from 1024, and on this host a listener (or Unix socket) of the user whose metadata
-/// service named it, so that a peer cannot point this engine at another local service.
-fn check_data_plane(meta: &PeerAddr, dp: &PeerAddr) -> std::result::Result<(), String> {
-    use hmc_net::owner;
-    let meta_uid = || match meta {
-        PeerAddr::Tcp(m) => owner::listener_uid(*m),
-        PeerAddr::Unix(p) => {
-            std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(p).ok()?).into()
-        }
-        _ => None,
-    };
-    match dp {
-        PeerAddr::Tcp(d) => {
-            if d.port() < 1024 {
-                return Err(format!("port {} is privileged (< 1024)", d.port()));
-            }
-            if !owner::canonical_ip(d.ip()).is_loopback() {
-                return Ok(());
-            }
-            match (owner::listener_uid(*d), meta_uid()) {
-                (Some(a), Some(b)) if a == b => Ok(()),
-                (Some(a), Some(b)) => Err(format!(
-                    "the listener there belongs to uid {a}, the engine's metadata service to uid {b}"
-                )),
-                (None, _) => Err("nothing listens there on this host".into()),
-                (_, None) => {
-                    Err("cannot tell which user runs the engine's metadata service".into())
-                }
-            }
-        }
-        PeerAddr::Unix(p) => {
-            use std::os::unix::fs::{FileTypeExt, MetadataExt};
-            let m = std::fs::metadata(p).map_err(|e| format!("cannot stat the socket: {e}"))?;
-            if !m.file_type().is_socket() {
-                return Err("it is not a socket".into());
-            }
-            match meta_uid() {
-                Some(u) if u == m.uid() => Ok(()),
-                Some(u) => Err(format!(
-                    "the socket belongs to uid {}, the engine's metadata service to uid {u}",
-                    m.uid()
-                )),
-                None => Err("cannot tell which user runs the engine's metadata service".into()),
-            }
-        }
-        // Transport-specific addresses (UCX worker addresses, ...) are the transport's to
-        // dial; it reaches only what its own protocol answers.
-        _ => Ok(()),
-    }
-}
-
-/// The name a peer's notifications are delivered under: what it said at its metadata
-/// request, when that is consistent with the connection (an engine address must be on the
-/// connection's own IP), else the connection's own address.
-fn sender_name(conn: &hmc_rpc::Connection, claimed: &str) -> String {
-    match (parse_engine_addr(claimed, None), conn.peer_ip()) {
-        (Ok(PeerAddr::Tcp(a)), Some(ip)) => {
-            let (a, ip) = (
-                hmc_net::owner::canonical_ip(a.ip()),
-                hmc_net::owner::canonical_ip(ip),
-            );
-            if a == ip || (a.is_loopback() && ip.is_loopback()) {
-                claimed.to_string()
-            } else {
-                conn.peer().to_string()
-            }
-        }
-        // A name (etcd) or a Unix-socket engine: as claimed, on this connection only.
-        _ if !claimed.is_empty() && claimed.len() <= 255 => claimed.to_string(),
-        _ => conn.peer().to_string(),
-    }
-}
-
-/// A transport error that may mean the peer process is gone or replaced (its
-/// connections refused, reset or closed), as opposed to a refusal of the request itself.
-fn broken_peer(e: &EngineError) -> bool {
-    match e {
-        EngineError::Transport(hmc_core::Error::Io { source, .. }) => matches!(
-            source.kind(),
-            std::io::ErrorKind::ConnectionRefused
-                | std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::BrokenPipe
-                | std::io::ErrorKind::UnexpectedEof
-                | std::io::ErrorKind::NotConnected
-        ),
-        EngineError::Transport(hmc_core::Error::Peer { .. }) => true,
-        _ => false,
-    }
 }
 
 /// The key of a peer in the engine's table: its address when `remote` is one (in a
@@ -627,120 +526,6 @@ impl<C: Communicator> Engine<C> {
         Ok(())
     }
 
-    async fn fetch_info(&self, rpc: &Client, deadline: Deadline) -> Result<EngineInfo> {
-        let hello = Hello {
-            version: VERSION,
-            from: self.inner.name.clone(),
-        };
-        let opts = CallOptions {
-            timeout: Some(deadline.remaining().max(Duration::from_millis(1))),
-            ..CallOptions::default()
-        };
-        let info: EngineInfo = rpc
-            .call_typed_with(METHOD_INFO, &hello, opts)
-            .await
-            .map_err(|e| match e {
-                // A peer that accepts but never answers: a timeout, not a broken peer.
-                hmc_rpc::CallError::DeadlineExceeded(after) => EngineError::Timeout {
-                    what: "the metadata exchange".into(),
-                    after,
-                },
-                e => EngineError::Metadata {
-                    peer: "peer".into(),
-                    why: e.to_string(),
-                },
-            })?;
-        if info.version != VERSION {
-            return Err(EngineError::Metadata {
-                peer: "peer".into(),
-                why: format!(
-                    "metadata version {} (this engine speaks {VERSION}); use matching engine versions",
-                    info.version
-                ),
-            });
-        }
-        Ok(info)
-    }
-
-    /// Builds a peer table from `info`, reusing the imports of `old` where a region's
-    /// descriptor is unchanged.
-    fn import_table(
-        &self,
-        peer: &str,
-        ep: &C::Endpoint,
-        info: &EngineInfo,
-        old: Option<&PeerTable<C>>,
-    ) -> Result<PeerTable<C>> {
-        let max = self.inner.shared.config.max_remote_regions;
-        if info.regions.len() > max {
-            return Err(EngineError::Limit {
-                limit: "max_remote_regions",
-                value: info.regions.len() as u64,
-                max: max as u64,
-                hint: "the peer registered more regions than this engine accepts; raise EngineConfig::max_remote_regions",
-            });
-        }
-        let mut reuse: HashMap<&[u8], &Arc<RemoteEntry<C>>> = HashMap::new();
-        if let Some(old) = old {
-            for (_, _, e) in old.map.iter() {
-                reuse.insert(&e.encoded, e);
-            }
-        }
-        let mut map = RegionMap::default();
-        for bytes in &info.regions {
-            let entry = match reuse.get(bytes.as_slice()) {
-                Some(e) => (*e).clone(),
-                None => {
-                    let remote = RemoteRegion::decode(bytes)?;
-                    let key = self.inner.shared.comm.import(ep, &remote)?;
-                    Arc::new(RemoteEntry {
-                        key,
-                        access: remote.access,
-                        encoded: bytes.clone(),
-                    })
-                }
-            };
-            let r = RemoteRegion::decode(&entry.encoded)?.region;
-            map.insert(r.addr, r.len as u64, entry)
-                .map_err(|(s, l)| EngineError::Metadata {
-                    peer: peer.to_string(),
-                    why: format!(
-                        "its table has overlapping regions {:#x}+{} and {s:#x}+{l}",
-                        r.addr, r.len
-                    ),
-                })?;
-        }
-        Ok(PeerTable {
-            generation: info.generation,
-            map,
-        })
-    }
-
-    /// Fetches `peer`'s table again (it registered or deregistered memory since). A peer
-    /// found restarted (another instance at its address or name) is dropped, and
-    /// [`EngineError::PeerGone`] says so: `connect` reaches the new instance.
-    async fn refresh(&self, peer: &Peer<C>, deadline: Deadline) -> Result<()> {
-        let _one = peer.refreshing.lock().await;
-        let info = self.fetch_info(&peer.rpc, deadline).await?;
-        if info.instance != peer.instance {
-            let why = "the engine there restarted (a new instance): its memory and keys are new; connect to it again".to_string();
-            self.peer_gone(&peer.name, why.clone());
-            return Err(EngineError::PeerGone {
-                peer: peer.name.clone(),
-                why,
-            });
-        }
-        if info.generation == peer.table.read().generation {
-            return Ok(());
-        }
-        let table = {
-            let old = peer.table.read();
-            self.import_table(&peer.name, &peer.ep, &info, Some(&old))?
-        };
-        *peer.table.write() = table;
-        Ok(())
-    }
-
     /// Closes the connection to `remote`. Transfers already running finish.
     pub async fn disconnect(&self, remote: &str) -> Result<()> {
         let key = peer_key(remote);
@@ -1042,42 +827,6 @@ impl<C: Communicator> Engine<C> {
         Ok(req)
     }
 
-    /// Sends a notification to `remote`; it waits in that engine's queue until
-    /// [`Engine::get_notifies`] takes it.
-    pub async fn send_notify(
-        &self,
-        remote: &str,
-        name: &str,
-        msg: &[u8],
-        timeout: Duration,
-    ) -> Result<()> {
-        self.check_open()?;
-        let peer = self.peer(remote)?;
-        let n = NotifyMsg {
-            from: self.inner.name.clone(),
-            name: name.to_string(),
-            msg: msg.to_vec(),
-        };
-        let opts = CallOptions {
-            timeout: Some(timeout),
-            ..CallOptions::default()
-        };
-        peer.rpc
-            .call_typed_with::<_, ()>(METHOD_NOTIFY, &n, opts)
-            .await
-            .map_err(|e| EngineError::Metadata {
-                peer: peer.name.clone(),
-                why: e.to_string(),
-            })
-    }
-
-    /// Takes every notification received so far, oldest first.
-    pub fn get_notifies(&self) -> Vec<Notify> {
-        let mut q = self.inner.shared.notifies.lock();
-        q.bytes = 0;
-        q.queue.drain(..).collect()
-    }
-
     /// The engines this one is connected to.
     pub fn peers(&self) -> Vec<String> {
         self.inner.peers.read().keys().cloned().collect()
@@ -1152,88 +901,12 @@ impl<C: Communicator> Shared<C> {
             regions: t.map.iter().map(|(_, _, r)| r.exported.clone()).collect(),
         }
     }
-
-    fn take_notify(
-        &self,
-        conn: &hmc_rpc::Connection,
-        n: NotifyMsg,
-    ) -> std::result::Result<(), RpcError> {
-        // Who sent it is the connection's business, not the message's.
-        let from = match conn.label() {
-            Some(l) => l.to_string(),
-            None => {
-                return Err(RpcError::new(
-                    hmc_rpc::Status::UNAUTHENTICATED,
-                    "a notification on a connection that never asked for this engine's metadata: connect (Engine::connect) first",
-                ));
-            }
-        };
-        let _ = n.from;
-        let len = n.msg.len() + n.name.len() + from.len();
-        if len > self.config.max_notify_len {
-            return Err(RpcError::new(
-                hmc_rpc::Status::PAYLOAD_TOO_LARGE,
-                format!(
-                    "limit `max_notify_len` ({}) exceeded by a {len}-byte notification (name, message and sender); send less, or raise EngineConfig::max_notify_len at the receiver",
-                    self.config.max_notify_len,
-                ),
-            ));
-        }
-        let mut q = self.notifies.lock();
-        if q.queue.len() >= self.config.max_pending_notifies {
-            return Err(RpcError::new(
-                hmc_rpc::Status::OVERLOADED,
-                format!(
-                    "limit `max_pending_notifies` ({}) reached: the receiver has not taken its notifications (get_notifies); retry later, or raise EngineConfig::max_pending_notifies there",
-                    self.config.max_pending_notifies
-                ),
-            ));
-        }
-        if q.bytes + len > self.config.max_pending_notify_bytes {
-            return Err(RpcError::new(
-                hmc_rpc::Status::OVERLOADED,
-                format!(
-                    "limit `max_pending_notify_bytes` ({}) reached: {} bytes of notifications wait for get_notifies, and this one is {len}; retry later, or raise EngineConfig::max_pending_notify_bytes there",
-                    self.config.max_pending_notify_bytes, q.bytes
-                ),
-            ));
-        }
-        q.bytes += len;
-        q.queue.push_back(Notify {
-            from,
-            name: n.name,
-            msg: n.msg,
-        });
-        Ok(())
-    }
-}
-
-/// Notifications waiting for [`Engine::get_notifies`], and their bytes.
-#[derive(Default)]
-struct NotifyQueue {
-    queue: VecDeque<Notify>,
-    bytes: usize,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use rstest::rstest;
-
-    #[rstest]
-    #[case::same_ip("tcp://10.0.0.1:5000", "tcp://10.0.0.1:6000", true)]
-    #[case::other_ip("tcp://10.0.0.1:5000", "tcp://10.0.0.2:6000", false)]
-    #[case::loopback_pair("tcp://127.0.0.1:5000", "tcp://[::1]:6000", true)]
-    #[case::unix_to_loopback("unix:///run/e.sock", "tcp://127.0.0.1:6000", true)]
-    #[case::unix_to_remote("unix:///run/e.sock", "tcp://10.0.0.2:6000", false)]
-    #[case::remote_to_unix("tcp://10.0.0.1:5000", "unix:///run/dp.sock", false)]
-    fn a_data_plane_is_dialled_only_on_the_engines_host(
-        #[case] meta: &str,
-        #[case] dp: &str,
-        #[case] ok: bool,
-    ) {
-        assert_eq!(same_host(&meta.parse().unwrap(), &dp.parse().unwrap()), ok);
-    }
 
     #[rstest]
     #[case("127.0.0.1:80", Some("tcp://127.0.0.1:80"))]

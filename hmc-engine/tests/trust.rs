@@ -137,7 +137,7 @@ async fn a_forged_write_to_read_only_memory_is_refused_by_the_target(#[case] nam
         .await
         .unwrap();
     let key = intruder.import(&ep, &region).unwrap();
-    let src = vec![0xffu8; 16];
+    let src = [0xffu8; 16];
     // SAFETY: `src` outlives its registration (dropped at the end of this scope).
     let local = unsafe {
         intruder.register(
@@ -517,8 +517,10 @@ async fn notifications_are_bounded_in_bytes() {
 #[case::shm("shm")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_s_transport_queues_no_transport_notifications(#[case] name: &str) {
-    let mut config = EngineConfig::default();
-    config.transport = name.parse().unwrap();
+    let config = EngineConfig {
+        transport: name.parse().unwrap(),
+        ..EngineConfig::default()
+    };
     let target = engine_for(config).await;
     let mem = vec![0u8; 4096];
     // SAFETY: `mem` outlives the engine.

@@ -283,7 +283,9 @@ fn plugins_others_could_change_are_refused_unopened(
     #[case] wanted: &str,
 ) {
     use std::os::unix::fs::PermissionsExt;
-    if owner.is_some() && unsafe { libc::geteuid() } != 0 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    if owner.is_some() && euid != 0 {
         eprintln!("skipped: needs root to give a file to another user");
         return;
     }

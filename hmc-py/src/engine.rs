@@ -381,9 +381,11 @@ impl Engine {
     /// ``local_address``). ``options`` are HIXL-style string options: ``transport``
     /// (``tcp``, ``ucx``, ``shm`` or ``auto``, the default), ``max_regions``,
     /// ``max_remote_regions``, ``max_descs_per_transfer``, ``max_pending_notifies``,
-    /// ``max_notify_len``, ``max_published_len``, ``allow_foreign_data_plane``,
-    /// ``default_timeout_ms``, and the metadata store's (``lease_ttl_ms``, ...). An unknown
-    /// key raises ``InvalidArgumentError``.
+    /// ``max_notify_len``, ``max_pending_notify_bytes``, ``max_published_len``,
+    /// ``allow_foreign_data_plane``, ``default_timeout_ms``, ``auth_secret_file`` (a file
+    /// holding the job's shared secret: every engine of the job needs the same; without one,
+    /// other users of this host are refused), and the metadata store's (``lease_ttl_ms``,
+    /// ...). An unknown key raises ``InvalidArgumentError``.
     ///
     /// ``metadata`` is where engines find each other: ``"embedded"`` (the default: no
     /// service, an engine's name is its address) or ``"etcd://host:port[,host:port]/namespace"``,

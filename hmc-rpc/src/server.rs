@@ -27,10 +27,14 @@ use crate::dispatch::{
     HandlerResult, RpcError,
 };
 use crate::frame::PayloadMode;
-use crate::frame::{FrameHeader, FrameKind, Status};
+use crate::frame::Status;
 use crate::net::{BusyPoll, ConnTimer, Listener, POLL_MAX_MESSAGE, Stream};
 use crate::proto::{ConnConfig, IdMap, IncomingCall, ReadTarget, ServerConn, ServerEvent};
 use crate::settings::{Settings, features};
+
+mod admit;
+
+use admit::{admit, refuse_connection};
 
 /// Server limits and sizes. Every field has a default and a name used in error messages.
 #[derive(Clone, Debug)]
@@ -314,68 +318,6 @@ async fn accept_loop(listener: Listener, shared: Arc<Shared>, mut shutdown: watc
         );
         conns.abort_all();
     }
-}
-
-/// Who may speak on an accepted connection: with an `auth_secret`, a client that proves it
-/// holds it; without one and `same_user_only`, a local client of this user (or root), or a
-/// client on another host. `None`: refused (logged, counted, the connection closed).
-async fn admit(
-    mut stream: Stream,
-    peer: &RpcPeer,
-    id: u64,
-    shared: &Shared,
-) -> Option<(Stream, Connection)> {
-    let (desc, ip) = match peer {
-        RpcPeer::Tcp { peer, .. } => (format!("tcp://{peer}"), Some(peer.ip())),
-        RpcPeer::Unix { uid: Some(u) } => (format!("unix (uid {u})"), None),
-        _ => ("unknown".to_string(), None),
-    };
-    let verdict = match &shared.config.auth_secret {
-        Some(secret) => stream
-            .authenticate_server(secret, shared.config.auth_timeout)
-            .await
-            .map(|()| true),
-        None if shared.config.same_user_only => {
-            hmc_net::owner::admit_local_peer(stream.local_peer()).map(|()| false)
-        }
-        None => Ok(false),
-    };
-    match verdict {
-        Ok(authenticated) => Some((stream, Connection::new(id, desc, ip, authenticated))),
-        Err(why) => {
-            shared.refused.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(peer = %desc, %why, "RPC connection refused");
-            if shared.config.auth_secret.is_some() {
-                // A client without a secret reads this as the server's goodbye, and
-                // learns what to set; one with the wrong secret has its own message.
-                goaway(&stream, Status::UNAUTHENTICATED, &format!("refused: {why}"));
-                // What the client already sent is read (briefly) before the close, so
-                // that the kernel does not reset the connection over unread bytes and
-                // lose the GOAWAY.
-                stream.drain_briefly(Duration::from_millis(200)).await;
-            }
-            None
-        }
-    }
-}
-
-fn refuse_connection(stream: &Stream, max: usize) {
-    let why = format!(
-        "limit `max_connections` ({max}) reached; retry later or raise the server's ServerConfig::max_connections"
-    );
-    goaway(stream, Status::OVERLOADED, &why);
-    tracing::warn!("{why}");
-}
-
-/// Writes a GOAWAY with `status` and `why`, as far as the socket takes it at once.
-fn goaway(stream: &Stream, status: Status, why: &str) {
-    let mut h = FrameHeader::new(FrameKind::GoAway, 0);
-    h.status = status;
-    h.body_len = why.len() as u32;
-    h.payload_len = why.len() as u64;
-    let mut b = h.encode().to_vec();
-    b.extend_from_slice(why.as_bytes());
-    let _ = stream.try_write(&b);
 }
 
 struct Completion {

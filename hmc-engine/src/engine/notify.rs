@@ -1,0 +1,114 @@
+//! Notifications between engines: sent through the peer's metadata service, queued at the
+//! receiver within `max_pending_notifies` and `max_pending_notify_bytes`, each delivered
+//! under the name its connection gave (see [`super::rules::sender_name`]).
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use hmc_core::Communicator;
+use hmc_rpc::{CallOptions, RpcError};
+
+use super::{Engine, Notify, Shared};
+use crate::error::{EngineError, Result};
+use crate::meta::{METHOD_NOTIFY, NotifyMsg};
+
+impl<C: Communicator> Engine<C> {
+    /// Sends a notification to `remote`; it waits in that engine's queue until
+    /// [`Engine::get_notifies`] takes it.
+    pub async fn send_notify(
+        &self,
+        remote: &str,
+        name: &str,
+        msg: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        self.check_open()?;
+        let peer = self.peer(remote)?;
+        let n = NotifyMsg {
+            from: self.inner.name.clone(),
+            name: name.to_string(),
+            msg: msg.to_vec(),
+        };
+        let opts = CallOptions {
+            timeout: Some(timeout),
+            ..CallOptions::default()
+        };
+        peer.rpc
+            .call_typed_with::<_, ()>(METHOD_NOTIFY, &n, opts)
+            .await
+            .map_err(|e| EngineError::Metadata {
+                peer: peer.name.clone(),
+                why: e.to_string(),
+            })
+    }
+
+    /// Takes every notification received so far, oldest first.
+    pub fn get_notifies(&self) -> Vec<Notify> {
+        let mut q = self.inner.shared.notifies.lock();
+        q.bytes = 0;
+        q.queue.drain(..).collect()
+    }
+}
+
+impl<C: Communicator> Shared<C> {
+    pub(super) fn take_notify(
+        &self,
+        conn: &hmc_rpc::Connection,
+        n: NotifyMsg,
+    ) -> std::result::Result<(), RpcError> {
+        // Who sent it is the connection's business, not the message's.
+        let from = match conn.label() {
+            Some(l) => l.to_string(),
+            None => {
+                return Err(RpcError::new(
+                    hmc_rpc::Status::UNAUTHENTICATED,
+                    "a notification on a connection that never asked for this engine's metadata: connect (Engine::connect) first",
+                ));
+            }
+        };
+        let _ = n.from;
+        let len = n.msg.len() + n.name.len() + from.len();
+        if len > self.config.max_notify_len {
+            return Err(RpcError::new(
+                hmc_rpc::Status::PAYLOAD_TOO_LARGE,
+                format!(
+                    "limit `max_notify_len` ({}) exceeded by a {len}-byte notification (name, message and sender); send less, or raise EngineConfig::max_notify_len at the receiver",
+                    self.config.max_notify_len,
+                ),
+            ));
+        }
+        let mut q = self.notifies.lock();
+        if q.queue.len() >= self.config.max_pending_notifies {
+            return Err(RpcError::new(
+                hmc_rpc::Status::OVERLOADED,
+                format!(
+                    "limit `max_pending_notifies` ({}) reached: the receiver has not taken its notifications (get_notifies); retry later, or raise EngineConfig::max_pending_notifies there",
+                    self.config.max_pending_notifies
+                ),
+            ));
+        }
+        if q.bytes + len > self.config.max_pending_notify_bytes {
+            return Err(RpcError::new(
+                hmc_rpc::Status::OVERLOADED,
+                format!(
+                    "limit `max_pending_notify_bytes` ({}) reached: {} bytes of notifications wait for get_notifies, and this one is {len}; retry later, or raise EngineConfig::max_pending_notify_bytes there",
+                    self.config.max_pending_notify_bytes, q.bytes
+                ),
+            ));
+        }
+        q.bytes += len;
+        q.queue.push_back(Notify {
+            from,
+            name: n.name,
+            msg: n.msg,
+        });
+        Ok(())
+    }
+}
+
+/// Notifications waiting for [`Engine::get_notifies`], and their bytes.
+#[derive(Default)]
+pub(super) struct NotifyQueue {
+    pub(super) queue: VecDeque<Notify>,
+    pub(super) bytes: usize,
+}
