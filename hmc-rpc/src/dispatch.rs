@@ -98,6 +98,8 @@ struct ConnectionInfo {
     peer_ip: Option<std::net::IpAddr>,
     authenticated: bool,
     label: std::sync::OnceLock<String>,
+    /// Calls of this connection holding a `max_inflight_total` permit.
+    calls: std::sync::atomic::AtomicUsize,
 }
 
 impl Connection {
@@ -114,6 +116,7 @@ impl Connection {
             peer_ip,
             authenticated,
             label: std::sync::OnceLock::new(),
+            calls: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 
@@ -149,6 +152,21 @@ impl Connection {
             Ok(()) => Ok(()),
             Err(_) => Err(self.0.label.get().map(String::as_str).unwrap_or_default()),
         }
+    }
+
+    /// Calls of this connection in flight (holding a `max_inflight_total` permit).
+    pub(crate) fn calls(&self) -> usize {
+        self.0.calls.load(Ordering::Relaxed)
+    }
+
+    /// Counts a call in; `true` when it is the connection's only one (it became active).
+    pub(crate) fn call_started(&self) -> bool {
+        self.0.calls.fetch_add(1, Ordering::AcqRel) == 0
+    }
+
+    /// Counts a call out; `true` when it was the last (the connection is idle again).
+    pub(crate) fn call_ended(&self) -> bool {
+        self.0.calls.fetch_sub(1, Ordering::AcqRel) == 1
     }
 
     /// A connection for calls made without a server (tests, in-process dispatch).

@@ -34,7 +34,7 @@ use crate::settings::{Settings, features};
 
 mod admit;
 
-use admit::{admit, refuse_connection};
+use admit::{CountedCall, admit, refuse_connection};
 
 /// Server limits and sizes. Every field has a default and a name used in error messages.
 #[derive(Clone, Debug)]
@@ -170,6 +170,7 @@ impl<C: Communicator> Server<C> {
             pool: BlockingPool::new(self.config.workers, self.config.max_inflight_total)?,
             connections: AtomicUsize::new(0),
             refused: 0.into(),
+            active: Arc::new(AtomicUsize::new(0)),
             config: self.config,
             settings,
         });
@@ -261,6 +262,8 @@ struct Shared {
     connections: AtomicUsize,
     /// Connections refused by [`admit`].
     refused: std::sync::atomic::AtomicU64,
+    /// Connections with calls in flight (each connection's share of `max_inflight_total`).
+    active: Arc<AtomicUsize>,
     config: ServerConfig,
 }
 
@@ -657,30 +660,14 @@ fn start_call(
         );
         return false;
     }
-    // Each connection's share: once three quarters of `max_inflight_total` are taken, a
-    // connection already holding its share of the total (the total over the connections
-    // open) gets no more, so that one connection cannot take what the others need.
-    let total = shared.config.max_inflight_total;
-    if shared.inflight.available_permits() <= total / 4 {
-        let open = shared.connections.load(Ordering::Relaxed).max(1);
-        let share = (total / open).max(1);
-        if tokens.len() >= share {
-            refuse(
-                core,
-                Status::OVERLOADED,
-                format!(
-                    "limit `max_inflight_total` ({total}) nearly reached, and this connection holds its share ({share}: the total over {open} open connections); retry later or raise the server's max_inflight_total"
-                ),
-            );
-            return false;
-        }
+    if let Some(why) = admit::over_share(shared, conn) {
+        refuse(core, Status::OVERLOADED, why);
+        return false;
     }
-    let Ok(permit) = shared
-        .inflight
-        .clone()
-        .try_acquire_owned()
-        .map(|p| crate::metrics::ServerCall::admit(p, call.payload_len))
-    else {
+    let Ok(permit) = shared.inflight.clone().try_acquire_owned().map(|p| {
+        let counted = CountedCall::start(conn, &shared.active);
+        crate::metrics::ServerCall::admit((p, counted), call.payload_len)
+    }) else {
         refuse(
             core,
             Status::OVERLOADED,

@@ -339,9 +339,9 @@ async fn dropping_a_call_cancels_it_on_the_server() {
     assert_eq!(&c.call(demo::ECHO, "after").await.unwrap()[..], b"after");
 }
 
-/// One connection cannot take all of `max_inflight_total` while another is open: past
-/// three quarters of it, a connection holding its share is refused, and the other's calls
-/// are still admitted.
+/// One connection cannot take all of `max_inflight_total` while another has calls in
+/// flight: past three quarters of it, a connection holding its share is refused, and the
+/// other's calls are still admitted. Alone, a connection may use it all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_connection_keeps_a_share_of_max_inflight_total() {
     let config = ServerConfig {
@@ -355,20 +355,15 @@ async fn each_connection_keeps_a_share_of_max_inflight_total() {
     let other = Client::connect(s.local_addr(), ClientConfig::default())
         .await
         .unwrap();
-    let mut tasks = Vec::new();
-    for _ in 0..12 {
-        let c = greedy.clone();
-        tasks.push(tokio::spawn(async move {
-            c.call_typed::<u64, u64>(SLEEP, &500).await
-        }));
-    }
+    let call = |c: &Client, ms: u64| {
+        let c = c.clone();
+        tokio::spawn(async move { c.call_typed::<u64, u64>(SLEEP, &ms).await })
+    };
+    let long = call(&other, 900);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let tasks: Vec<_> = (0..12).map(|_| call(&greedy, 500)).collect();
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let theirs: Vec<_> = (0..2)
-        .map(|_| {
-            let c = other.clone();
-            tokio::spawn(async move { c.call_typed::<u64, u64>(SLEEP, &10).await })
-        })
-        .collect();
+    let theirs: Vec<_> = (0..2).map(|_| call(&other, 10)).collect();
     for t in theirs {
         t.await
             .unwrap()
@@ -385,7 +380,13 @@ async fn each_connection_keeps_a_share_of_max_inflight_total() {
             Err(e) => panic!("{e}"),
         }
     }
-    assert_eq!((ok, refused), (6, 6));
+    assert_eq!((ok, refused), (5, 7));
+    long.await.unwrap().unwrap();
+    // Alone (the other connection idle), one connection takes all eight.
+    let all: Vec<_> = (0..8).map(|_| call(&greedy, 200)).collect();
+    for t in all {
+        t.await.unwrap().unwrap();
+    }
 }
 
 #[tokio::test]

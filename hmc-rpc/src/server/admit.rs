@@ -1,7 +1,9 @@
 //! Who may speak on an accepted connection: the `auth_secret` exchange, the
-//! `same_user_only` rule for local peers, and the GOAWAY a refused connection gets.
+//! `same_user_only` rule for local peers, the GOAWAY a refused connection gets, and each
+//! connection's share of `max_inflight_total`.
 
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use super::Shared;
@@ -70,4 +72,50 @@ fn goaway(stream: &Stream, status: Status, why: &str) {
     let mut b = h.encode().to_vec();
     b.extend_from_slice(why.as_bytes());
     let _ = stream.try_write(&b);
+}
+
+/// Each connection's share of `max_inflight_total`: once three quarters of it are taken, a
+/// connection already holding its share (the total over the connections with calls in
+/// flight, itself included) gets no more, so that one connection cannot take what the
+/// others need; alone, a connection may take it all. `Some` says why a call is refused.
+pub(super) fn over_share(shared: &Shared, conn: &Connection) -> Option<String> {
+    let total = shared.config.max_inflight_total;
+    if shared.inflight.available_permits() > total / 4 {
+        return None;
+    }
+    let mine = conn.calls();
+    let active = shared.active.load(Ordering::Relaxed) + usize::from(mine == 0);
+    let share = (total / active.max(1)).max(1);
+    (mine >= share).then(|| {
+        format!(
+            "limit `max_inflight_total` ({total}) nearly reached, and this connection holds its share ({share}: the total over {active} connections with calls in flight); retry later or raise the server's max_inflight_total"
+        )
+    })
+}
+
+/// A call counted in its connection's calls in flight, and the connection among the active
+/// ones while it has any, until dropped (with the call's permit).
+pub(super) struct CountedCall {
+    conn: Connection,
+    active: Arc<AtomicUsize>,
+}
+
+impl CountedCall {
+    pub(super) fn start(conn: &Connection, active: &Arc<AtomicUsize>) -> Self {
+        if conn.call_started() {
+            active.fetch_add(1, Ordering::AcqRel);
+        }
+        CountedCall {
+            conn: conn.clone(),
+            active: active.clone(),
+        }
+    }
+}
+
+impl Drop for CountedCall {
+    fn drop(&mut self) {
+        if self.conn.call_ended() {
+            self.active.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
 }

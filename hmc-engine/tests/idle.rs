@@ -1,0 +1,64 @@
+//! An idle engine costs no CPU: two engines with a shared secret, over each transport an
+//! engine opens by name, connected to each other with memory registered, use (almost) no
+//! CPU while nothing moves. Alone in its test binary, so that the process's CPU time is
+//! theirs.
+
+use std::time::Duration;
+
+use hmc_engine::{Access, Engine, EngineConfig, MemDesc, MemType};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_engines_use_no_cpu() {
+    let dir = tempfile_dir();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "an-idle-test-secret-0123").unwrap();
+    let mut engines = Vec::new();
+    let mem = vec![0u8; 1 << 16];
+    for transport in ["tcp", "shm", "auto"] {
+        let o: std::collections::HashMap<String, String> = [
+            ("transport", transport),
+            ("auth_secret_file", secret.to_str().unwrap()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let config = EngineConfig::from_options(&o).unwrap();
+        let a = Engine::initialize_with("127.0.0.1", config.clone())
+            .await
+            .unwrap();
+        let b = Engine::initialize_with("127.0.0.1", config).await.unwrap();
+        // SAFETY: `mem` outlives the engines (dropped after them, at the end).
+        unsafe {
+            b.register_mem(
+                MemDesc {
+                    addr: mem.as_ptr() as u64,
+                    len: mem.len(),
+                },
+                MemType::Host,
+                Access::READ,
+            )
+        }
+        .unwrap();
+        a.connect(b.name(), Duration::from_secs(10)).await.unwrap();
+        engines.push((a, b));
+    }
+    // Let connection set-up settle, then measure two idle seconds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (before, _) = hmc_rpc_tools::sweep::proc_cpu_us(None).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (after, _) = hmc_rpc_tools::sweep::proc_cpu_us(None).unwrap();
+    let used_ms = (after - before) / 1000.0;
+    // Ticks are 10 ms; a few are the runtime's and the kernel's own bookkeeping.
+    assert!(
+        used_ms <= 60.0,
+        "six idle engines used {used_ms} ms of CPU in 2 s"
+    );
+    drop(engines);
+    drop(mem);
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("hmc-idle-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
