@@ -641,3 +641,19 @@ async fn a_data_plane_a_peer_names_is_dialled_only_by_the_rule() {
         let _ = c.wait();
     }
 }
+
+/// A notification after the metadata connection idled out (the peer closed it; the client
+/// dials again) is still delivered, under the sender's name: the new connection is named
+/// by a metadata request first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_survive_an_idle_timeout_of_the_metadata_connection() {
+    let mut config = EngineConfig::default();
+    config.rpc.conn.idle_timeout = Duration::from_millis(200);
+    let target = engine_over("tcp", config).await;
+    let a = engine_over("tcp", EngineConfig::default()).await;
+    a.connect(target.name(), T).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    a.send_notify(target.name(), "late", b"x", T).await.unwrap();
+    let got = target.get_notifies();
+    assert_eq!((got.len(), got[0].from.as_str()), (1, a.name()));
+}

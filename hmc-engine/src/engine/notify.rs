@@ -29,17 +29,31 @@ impl<C: Communicator> Engine<C> {
             name: name.to_string(),
             msg: msg.to_vec(),
         };
-        let opts = CallOptions {
-            timeout: Some(timeout),
+        let deadline = hmc_core::Deadline::after(timeout);
+        let opts = || CallOptions {
+            timeout: Some(deadline.remaining().max(Duration::from_millis(1))),
             ..CallOptions::default()
         };
-        peer.rpc
-            .call_typed_with::<_, ()>(METHOD_NOTIFY, &n, opts)
+        let failed = |e: hmc_rpc::CallError| EngineError::Metadata {
+            peer: peer.name.clone(),
+            why: e.to_string(),
+        };
+        match peer
+            .rpc
+            .call_typed_with::<_, ()>(METHOD_NOTIFY, &n, opts())
             .await
-            .map_err(|e| EngineError::Metadata {
-                peer: peer.name.clone(),
-                why: e.to_string(),
-            })
+        {
+            // A new connection (the old one idled out and the client dialled again) is
+            // not yet named at the peer: name it with a metadata request, then send again.
+            Err(e) if e.status() == Some(hmc_rpc::Status::UNAUTHENTICATED) => {
+                self.fetch_info(&peer.rpc, deadline).await?;
+                peer.rpc
+                    .call_typed_with::<_, ()>(METHOD_NOTIFY, &n, opts())
+                    .await
+                    .map_err(failed)
+            }
+            r => r.map_err(failed),
+        }
     }
 
     /// Takes every notification received so far, oldest first.
