@@ -131,3 +131,30 @@ fn idle_server_with_an_idle_connection_uses_no_cpu() {
     assert!(used <= 2, "idle server used {used} CPU ticks in 2 s");
     drop(idle);
 }
+
+/// `--auth-secret-file` on both binaries: a client with the server's secret is served; one
+/// without it is refused, and says which setting is missing.
+#[test]
+fn the_binaries_authenticate_rpc_connections_with_a_secret_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "the-binaries-shared-secret\n").unwrap();
+    let secret = secret.display().to_string();
+    let server = ServerProc::start(&["--auth-secret-file", &secret], &[], None);
+    let target = [
+        "--server-address".to_string(),
+        "127.0.0.1".into(),
+        "--port".into(),
+        server.port.to_string(),
+    ];
+    let out = client(&target, &["--auth-secret-file", &secret, "--repeat", "2"]);
+    assert!(out.contains("Completed 2 echo"), "{out}");
+    let refused = Command::new(CLIENT)
+        .args(&target)
+        .args(["--timeout-ms", "3000"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("auth_secret"), "{why}");
+}

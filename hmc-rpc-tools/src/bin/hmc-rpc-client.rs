@@ -71,6 +71,11 @@ struct Args {
     /// file (at least 16 bytes; both sides need the same). Recommended beyond loopback.
     #[arg(long)]
     data_plane_auth_secret_file: Option<PathBuf>,
+    /// Authenticate the RPC connection itself with the pre-shared secret in this file (an
+    /// HMAC exchange before the first frame; both sides need the same; the file may be the
+    /// data plane's).
+    #[arg(long)]
+    auth_secret_file: Option<PathBuf>,
     /// Payloads from this many bytes go HMC_BUFFER.
     /// (`--ucx-threshold` is the former name, still accepted.)
     #[arg(long, alias = "ucx-threshold", default_value_t = 64 * 1024)]
@@ -150,8 +155,18 @@ async fn run(args: &Args) -> Result<(), String> {
         Method::Uppercase => "uppercase",
         Method::Complex => "complex",
     };
+    let auth_secret = args
+        .auth_secret_file
+        .as_deref()
+        .map(hmc_rpc::AuthSecret::from_file)
+        .transpose()
+        .map_err(|e| e.to_string())?;
     for cycle in 0..args.cycles {
-        let client = Client::connect(&addr, ClientConfig::default())
+        let config = ClientConfig {
+            auth_secret: auth_secret.clone(),
+            ..ClientConfig::default()
+        };
+        let client = Client::connect(&addr, config)
             .await
             .map_err(|e| e.to_string())?;
         match &dp {

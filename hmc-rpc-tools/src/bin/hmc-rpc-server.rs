@@ -78,6 +78,11 @@ struct Args {
     /// file (at least 16 bytes; both sides need the same). Recommended beyond loopback.
     #[arg(long)]
     data_plane_auth_secret_file: Option<PathBuf>,
+    /// Authenticate the RPC connection itself with the pre-shared secret in this file (an
+    /// HMAC exchange before the first frame; both sides need the same; the file may be the
+    /// data plane's).
+    #[arg(long)]
+    auth_secret_file: Option<PathBuf>,
     /// Responses from this many bytes are written into the client's region one-sided.
     /// (`--ucx-threshold` is the former name, still accepted.)
     #[arg(long, alias = "ucx-threshold", default_value_t = 64 * 1024)]
@@ -176,6 +181,11 @@ async fn run(args: Args) -> hmc_core::Result<()> {
         max_inflight_total: args.max_inflight_total,
         max_held_bytes: args.max_held_bytes,
         workers: args.workers.max(1),
+        auth_secret: args
+            .auth_secret_file
+            .as_deref()
+            .map(hmc_rpc::AuthSecret::from_file)
+            .transpose()?,
         ..ServerConfig::default()
     };
     let (plane_options, plugins) = plane_settings(&args);
