@@ -91,6 +91,18 @@ impl Drop for ReadOnlyPages {
 }
 
 fn transport(name: &str) -> AnyCommunicator {
+    if name == "rdma-standin" {
+        // The user-space libibverbs stand-in (not a NIC): MR rights as a NIC keeps them.
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/tmp/ibverbs-standin");
+        let lib = hmc_testshim::build_ibverbs_standin(&dir).expect("build the stand-in");
+        let c = hmc_transport_rdma::RdmaCommunicator::new(hmc_transport_rdma::RdmaConfig {
+            library: Some(lib),
+            ..Default::default()
+        })
+        .unwrap();
+        return AnyCommunicator::new(c);
+    }
     hmc_engine::open_transport(name.parse().unwrap(), [127, 0, 0, 1].into()).unwrap()
 }
 
@@ -121,6 +133,7 @@ async fn fetch_info(engine: &str) -> Result<EngineInfo, hmc_rpc::CallError> {
 #[rstest]
 #[case::tcp("tcp")]
 #[case::shm("shm")]
+#[case::rdma_standin("rdma-standin")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_write_to_read_only_memory_is_refused_by_the_target(#[case] name: &str) {
     let target = engine_over(name, EngineConfig::default()).await;
@@ -128,15 +141,20 @@ async fn a_forged_write_to_read_only_memory_is_refused_by_the_target(#[case] nam
     // SAFETY: the pages outlive the engine (dropped at the end of the test, after it).
     unsafe { target.register_mem(ro.desc(), MemType::Host, Access::READ) }.unwrap();
     let info = fetch_info(target.name()).await.unwrap();
-    let mut region = RemoteRegion::decode(&info.regions[0]).unwrap();
-    assert_eq!(region.access, Access::READ, "exported as registered");
+    let genuine = RemoteRegion::decode(&info.regions[0]).unwrap();
+    assert_eq!(genuine.access, Access::READ, "exported as registered");
+    let mut region = genuine.clone();
     region.access = Access::READ_WRITE;
     let intruder = transport(name);
     let ep = intruder
         .connect(&info.data_plane.parse().unwrap(), Deadline::after(T))
         .await
         .unwrap();
-    let key = intruder.import(&ep, &region).unwrap();
+    // RDMA's descriptors are integrity-checked: the forged one is refused at import.
+    let forged = intruder.import(&ep, &region);
+    if let Err(e) = &forged {
+        assert!(matches!(e, hmc_core::Error::InvalidKey(_)), "{e}");
+    }
     let src = [0xffu8; 16];
     // SAFETY: `src` outlives its registration (dropped at the end of this scope).
     let local = unsafe {
@@ -150,19 +168,26 @@ async fn a_forged_write_to_read_only_memory_is_refused_by_the_target(#[case] nam
         )
     }
     .unwrap();
-    let batch = [TransferDesc::new(&local, 0, &key, 0, 16)];
-    let e = intruder
-        .transfer(&ep, Op::Write, &batch, Deadline::after(T))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            e,
-            hmc_core::Error::AccessDenied(_) | hmc_core::Error::InvalidKey(_)
-        ),
-        "{e}"
-    );
+    // The genuine key, and the forged one where it was accepted: WRITEs through either
+    // are refused by the target.
+    let key = intruder.import(&ep, &genuine).unwrap();
+    let keys: Vec<_> = [Some(key), forged.ok()].into_iter().flatten().collect();
+    for key in &keys {
+        let batch = [TransferDesc::new(&local, 0, key, 0, 16)];
+        let e = intruder
+            .transfer(&ep, Op::Write, &batch, Deadline::after(T))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                hmc_core::Error::AccessDenied(_) | hmc_core::Error::InvalidKey(_)
+            ),
+            "{e}"
+        );
+    }
     assert!(ro.bytes().iter().all(|b| *b == 0x5a), "not a byte changed");
+    let key = &keys[0];
     // The target is alive and still serves READs of it.
     let dst = vec![0u8; 16];
     // SAFETY: as above.
@@ -177,7 +202,7 @@ async fn a_forged_write_to_read_only_memory_is_refused_by_the_target(#[case] nam
         )
     }
     .unwrap();
-    let batch = [TransferDesc::new(&local, 0, &key, 0, 16)];
+    let batch = [TransferDesc::new(&local, 0, key, 0, 16)];
     intruder
         .transfer(&ep, Op::Read, &batch, Deadline::after(T))
         .await
