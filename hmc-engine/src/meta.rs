@@ -42,6 +42,8 @@ pub(crate) struct EngineInfo {
 /// A notification (HIXL's NotifyDesc: a name and a message).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct NotifyMsg {
+    /// The sender's own name: still sent (the format is unchanged), never believed; the
+    /// receiver names the sender by its connection.
     pub from: String,
     pub name: String,
     pub msg: Vec<u8>,

@@ -128,8 +128,11 @@ async fn fetch_info(engine: &str) -> Result<EngineInfo, hmc_rpc::CallError> {
 }
 
 /// A peer that skips the engine's checks writes 16 bytes into memory registered read-only,
-/// with the descriptor's access bits forged to READ | WRITE: the target's transport refuses
-/// it (before a byte moves, and without faulting), on every transport that can tell.
+/// with the descriptor's access bits forged to READ | WRITE: over tcp and shm the target's
+/// transport refuses it (before a byte moves, and without faulting); against the RDMA
+/// stand-in the forged descriptor is refused earlier, by the initiator's import (it checks
+/// descriptors against what the target exported), so the target's MR rights are not what
+/// that case exercises. The genuine read-only key's WRITE is refused too.
 #[rstest]
 #[case::tcp("tcp")]
 #[case::shm("shm")]

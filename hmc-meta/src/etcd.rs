@@ -442,36 +442,6 @@ async fn session(
     shared
         .lease
         .store(lease, std::sync::atomic::Ordering::Release);
-    // Later writes of the record: only while this lease holds the key.
-    let put = |mut c: Client| {
-        let key = key.clone();
-        let value = shared.value.lock().clone();
-        async move {
-            let txn = Txn::new()
-                .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
-                .and_then([TxnOp::put(
-                    key,
-                    value,
-                    Some(PutOptions::new().with_lease(lease)),
-                )]);
-            match tokio::time::timeout(t, c.txn(txn)).await {
-                Err(_) => Err(MetaError::Unavailable {
-                    endpoints: String::new(),
-                    after: t,
-                    attempts: 1,
-                    why: "put: no answer".into(),
-                }),
-                Ok(Err(e)) => Err(etcd_err(e)),
-                Ok(Ok(r)) if r.succeeded() => Ok(()),
-                Ok(Ok(_)) => Err(MetaError::Unavailable {
-                    endpoints: String::new(),
-                    after: Duration::ZERO,
-                    attempts: 1,
-                    why: "our key is no longer held by our lease; registering again".into(),
-                }),
-            }
-        }
-    };
     let (mut keeper, mut keep_stream) = tokio::time::timeout(t, client.lease_keep_alive(lease))
         .await
         .map_err(|_| timed("keep-alive"))?
@@ -556,11 +526,10 @@ async fn session(
                             // ours is live: no member that claims names (a transaction
                             // that refuses a live holder) did that. Write it back.
                             tracing::warn!(name = %shared.name, "our key in etcd was changed or deleted by someone else; writing it again");
-                            let mut c = client.clone();
                             let value = shared.value.lock().clone();
                             tokio::time::timeout(
                                 t,
-                                c.put(key.clone(), value, Some(PutOptions::new().with_lease(lease))),
+                                client.put(key.clone(), value, Some(PutOptions::new().with_lease(lease))),
                             )
                             .await
                             .map_err(|_| timed("put"))?
@@ -571,7 +540,25 @@ async fn session(
                 }
             }
             _ = shared.republish.notified() => {
-                put(client.clone()).await?;
+                // A new record: written only while this lease holds the key.
+                let txn = Txn::new()
+                    .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
+                    .and_then([TxnOp::put(
+                        key.clone(),
+                        shared.value.lock().clone(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]);
+                let r = tokio::time::timeout(t, client.txn(txn))
+                    .await
+                    .map_err(|_| timed("put"))?
+                    .map_err(etcd_err)?;
+                if !r.succeeded() {
+                    return Err(shared.unavailable(
+                        Duration::ZERO,
+                        1,
+                        "our key is no longer held by our lease; registering again",
+                    ));
+                }
             }
         }
     }
@@ -605,12 +592,11 @@ async fn claim(shared: &Shared, client: &mut Client, key: &str, lease: i64) -> R
     let previous = shared.lease.load(std::sync::atomic::Ordering::Acquire);
     match holder {
         // Deleted between the two steps: try again from the start.
-        None => Err(MetaError::Unavailable {
-            endpoints: shared.endpoints.join(","),
-            after: Duration::ZERO,
-            attempts: 1,
-            why: "the name's key changed while claiming it".into(),
-        }),
+        None => Err(shared.unavailable(
+            Duration::ZERO,
+            1,
+            "the name's key changed while claiming it",
+        )),
         Some((held_by, _)) if previous != 0 && held_by == previous => {
             let txn = Txn::new()
                 .when([Compare::lease(key, CompareOp::Equal, previous)])
@@ -619,13 +605,11 @@ async fn claim(shared: &Shared, client: &mut Client, key: &str, lease: i64) -> R
             if resp.succeeded() {
                 Ok(())
             } else {
-                Err(MetaError::Unavailable {
-                    endpoints: shared.endpoints.join(","),
-                    after: Duration::ZERO,
-                    attempts: 1,
-                    why: "the name's key changed while taking it over from our previous lease"
-                        .into(),
-                })
+                Err(shared.unavailable(
+                    Duration::ZERO,
+                    1,
+                    "the name's key changed while taking it over from our previous lease",
+                ))
             }
         }
         Some((_, value)) => Err(MetaError::NameInUse {

@@ -1,11 +1,11 @@
 //! Which user is at the other end of a socket on this host: `SO_PEERCRED` for Unix
 //! sockets, the socket tables of `/proc/net/tcp{,6}` for TCP connections from this host
-//! (Linux), and the one rule every listener of the project applies to its local peers
-//! ([`admit_local_peer`]).
+//! (Linux), a socket file's owner, and the one rule every listener of the project applies
+//! to its local peers ([`admit_local_peer`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-
-use crate::Conn;
+use std::os::fd::AsRawFd;
+use std::path::Path;
 
 const ESTABLISHED: &str = "01";
 const LISTEN: &str = "0A";
@@ -24,9 +24,38 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// The uid of the process at the other end of a Unix socket (`SO_PEERCRED`).
-pub fn unix_peer_uid(s: &tokio::net::UnixStream) -> Option<u32> {
-    s.peer_cred().ok().map(|c| c.uid())
+/// The uid of the process at the other end of a Unix socket (`SO_PEERCRED`; std's or
+/// tokio's stream alike).
+pub fn peer_uid(s: &impl AsRawFd) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes of the sizes passed; the fd is open for
+    // the duration of the call (borrowed from `s`).
+    let rc = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(cred.uid)
+}
+
+/// The owner of the Unix socket file at `path` (symbolic links followed, as `connect`
+/// follows them); `Err` says why there is none (no such file, not a socket).
+pub fn socket_file_uid(path: &Path) -> Result<u32, String> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(path).map_err(|e| format!("cannot stat the socket file: {e}"))?;
+    if !m.file_type().is_socket() {
+        return Err("it is not a socket".into());
+    }
+    Ok(m.uid())
 }
 
 /// Who a connection's peer is, as far as this host can tell.
@@ -40,19 +69,9 @@ pub enum LocalPeer {
     Unknown,
 }
 
-/// Who is at the other end of `conn`: a Unix peer's uid, a TCP peer on this host (loopback,
-/// or one of this host's own addresses) by its socket's owner, or a remote peer.
-pub fn local_peer(conn: &Conn) -> LocalPeer {
-    match conn {
-        Conn::Unix(s) => unix_peer_uid(s).map_or(LocalPeer::Unknown, LocalPeer::User),
-        Conn::Tcp(s) => match (s.peer_addr(), s.local_addr()) {
-            (Ok(peer), Ok(local)) => tcp_local_peer(peer, local),
-            _ => LocalPeer::Unknown,
-        },
-    }
-}
-
-/// [`local_peer`] of a TCP connection from `peer` to our `local`.
+/// Who is at the other end of a TCP connection from `peer` to our `local`: a process of
+/// this host (loopback, or one of this host's own addresses) by its socket's owner, or a
+/// remote peer.
 pub fn tcp_local_peer(peer: SocketAddr, local: SocketAddr) -> LocalPeer {
     let ip = canonical_ip(peer.ip());
     if !ip.is_loopback() && ip != canonical_ip(local.ip()) {
@@ -76,11 +95,6 @@ pub fn admit_local_peer(peer: LocalPeer) -> Result<(), String> {
             "cannot tell which user the peer on this host is (no SO_PEERCRED, no /proc/net/tcp entry); give both sides the same auth_secret".into(),
         ),
     }
-}
-
-/// [`admit_local_peer`] of `conn`'s peer.
-pub fn check_local_peer(conn: &Conn) -> Result<(), String> {
-    admit_local_peer(local_peer(conn))
 }
 
 fn parse_addr(s: &str) -> Option<SocketAddr> {
@@ -178,9 +192,7 @@ mod tests {
     fn finds_our_own_listener_and_connection() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let at = l.local_addr().unwrap();
-        #[allow(unsafe_code)]
-        // SAFETY: geteuid has no preconditions.
-        let me = unsafe { libc::geteuid() };
+        let me = euid();
         assert_eq!(listener_uid(at), Some(me));
         let c = std::net::TcpStream::connect(at).unwrap();
         assert_eq!(connection_uid(c.local_addr().unwrap(), at), Some(me));

@@ -570,8 +570,8 @@ impl Engine {
         Ok(d)
     }
 
-    /// Cancels the transfers in flight (their requests end ``CANCELLED``-like: the error
-    /// is ``CancelledError``), disconnects every peer, deregisters all memory and stops the
+    /// Cancels the transfers in flight (their requests end ``FAILED`` with a
+    /// ``CancelledError``), disconnects every peer, deregisters all memory and stops the
     /// engine; later calls raise ``StateError``. Idempotent. Ctrl-C interrupts the wait
     /// (``KeyboardInterrupt``) while the shutdown finishes on its own.
     fn finalize(&self, py: Python<'_>) -> PyResult<()> {

@@ -163,30 +163,7 @@ impl Stream {
                 (Ok(p), Ok(l)) => owner::tcp_local_peer(p, l),
                 _ => LocalPeer::Unknown,
             },
-            Sock::Unix(s) => {
-                use std::os::unix::io::AsRawFd;
-                let mut cred: libc::ucred = libc::ucred {
-                    pid: 0,
-                    uid: 0,
-                    gid: 0,
-                };
-                let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-                // SAFETY: `cred` is a writable ucred of `len` bytes; the fd is this socket's.
-                let r = unsafe {
-                    libc::getsockopt(
-                        s.as_raw_fd(),
-                        libc::SOL_SOCKET,
-                        libc::SO_PEERCRED,
-                        &mut cred as *mut libc::ucred as *mut libc::c_void,
-                        &mut len,
-                    )
-                };
-                if r == 0 {
-                    LocalPeer::User(cred.uid)
-                } else {
-                    LocalPeer::Unknown
-                }
-            }
+            Sock::Unix(s) => owner::peer_uid(s).map_or(LocalPeer::Unknown, LocalPeer::User),
         }
     }
 

@@ -80,7 +80,6 @@ impl<C: Communicator> Shared<C> {
                 ));
             }
         };
-        let _ = n.from;
         let len = n.msg.len() + n.name.len() + from.len();
         if len > self.config.max_notify_len {
             return Err(RpcError::new(

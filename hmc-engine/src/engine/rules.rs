@@ -29,9 +29,7 @@ pub(super) fn check_data_plane(meta: &PeerAddr, dp: &PeerAddr) -> std::result::R
     use hmc_net::owner;
     let meta_uid = || match meta {
         PeerAddr::Tcp(m) => owner::listener_uid(*m),
-        PeerAddr::Unix(p) => {
-            std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(p).ok()?).into()
-        }
+        PeerAddr::Unix(p) => owner::socket_file_uid(p).ok(),
         _ => None,
     };
     match dp {
@@ -53,21 +51,13 @@ pub(super) fn check_data_plane(meta: &PeerAddr, dp: &PeerAddr) -> std::result::R
                 }
             }
         }
-        PeerAddr::Unix(p) => {
-            use std::os::unix::fs::{FileTypeExt, MetadataExt};
-            let m = std::fs::metadata(p).map_err(|e| format!("cannot stat the socket: {e}"))?;
-            if !m.file_type().is_socket() {
-                return Err("it is not a socket".into());
-            }
-            match meta_uid() {
-                Some(u) if u == m.uid() => Ok(()),
-                Some(u) => Err(format!(
-                    "the socket belongs to uid {}, the engine's metadata service to uid {u}",
-                    m.uid()
-                )),
-                None => Err("cannot tell which user runs the engine's metadata service".into()),
-            }
-        }
+        PeerAddr::Unix(p) => match (owner::socket_file_uid(p)?, meta_uid()) {
+            (a, Some(b)) if a == b => Ok(()),
+            (a, Some(b)) => Err(format!(
+                "the socket belongs to uid {a}, the engine's metadata service to uid {b}"
+            )),
+            (_, None) => Err("cannot tell which user runs the engine's metadata service".into()),
+        },
         // Transport-specific addresses (UCX worker addresses, ...) are the transport's to
         // dial; it reaches only what its own protocol answers.
         _ => Ok(()),

@@ -85,13 +85,7 @@ impl DataPlaneAllow {
     }
 }
 
-/// IPv4-mapped IPv6 addresses as IPv4.
-pub(super) fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    }
-}
+pub(super) use hmc_net::owner::canonical_ip;
 
 pub(super) fn in_net(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
     let mask = |bits: u32, len: u32| -> u128 {
@@ -200,18 +194,12 @@ pub(crate) fn check_dial(
 
 /// `path` (symbolic links followed, as `connect` follows them) is a socket owned by `uid`.
 pub(super) fn socket_owned_by(path: &Path, uid: u32) -> std::result::Result<(), String> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let m = std::fs::metadata(path).map_err(|e| format!("cannot stat the socket file: {e}"))?;
-    if !m.file_type().is_socket() {
-        return Err("it is not a socket".into());
+    match hmc_net::owner::socket_file_uid(path)? {
+        u if u == uid => Ok(()),
+        u => Err(format!(
+            "the socket file belongs to uid {u}, the RPC peer is uid {uid}"
+        )),
     }
-    if m.uid() != uid {
-        return Err(format!(
-            "the socket file belongs to uid {}, the RPC peer is uid {uid}",
-            m.uid()
-        ));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -53,7 +53,7 @@ impl Stream {
                 (Ok(p), Ok(l)) => owner::tcp_local_peer(p, l),
                 _ => LocalPeer::Unknown,
             },
-            Stream::Unix(s) => owner::unix_peer_uid(s).map_or(LocalPeer::Unknown, LocalPeer::User),
+            Stream::Unix(s) => owner::peer_uid(s).map_or(LocalPeer::Unknown, LocalPeer::User),
         }
     }
 
