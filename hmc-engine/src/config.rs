@@ -57,6 +57,18 @@ pub struct EngineConfig {
     /// takes them (`max_pending_notify_bytes`, default 4 MiB); past it a sender gets
     /// OVERLOADED naming the limit.
     pub max_pending_notify_bytes: usize,
+    /// How long a posted transfer ([`crate::PreparedTransfer::post`]) may go without
+    /// progress before it ends with a timeout (`no_progress_timeout_ms`, default 5 s):
+    /// its bytes move in chunks, each of which must complete within it. A transfer that
+    /// keeps moving is never cut off.
+    pub no_progress_timeout: Duration,
+    /// Most bytes of one such chunk (`progress_chunk_bytes`, default 8 MiB): progress is
+    /// seen chunk by chunk, so a transfer slower than this many bytes per
+    /// `no_progress_timeout` counts as stalled.
+    pub progress_chunk_bytes: usize,
+    /// Bytes of a metadata blob accepted by [`crate::Engine::add_remote`]
+    /// (`max_metadata_blob_len`, default 16 MiB).
+    pub max_metadata_blob_len: usize,
 }
 
 impl Default for EngineConfig {
@@ -78,6 +90,9 @@ impl Default for EngineConfig {
             etcd: hmc_meta::EtcdConfig::default(),
             auth_secret: None,
             max_pending_notify_bytes: 4 << 20,
+            no_progress_timeout: Duration::from_secs(5),
+            progress_chunk_bytes: 8 << 20,
+            max_metadata_blob_len: 16 << 20,
         }
     }
 }
@@ -120,6 +135,9 @@ impl EngineConfig {
                 "max_members" => c.etcd.max_members = num()?,
                 "watch_backlog" => c.etcd.watch_backlog = num()?,
                 "max_pending_notify_bytes" => c.max_pending_notify_bytes = num()?,
+                "no_progress_timeout_ms" => c.no_progress_timeout = ms()?,
+                "progress_chunk_bytes" => c.progress_chunk_bytes = num()?,
+                "max_metadata_blob_len" => c.max_metadata_blob_len = num()?,
                 "auth_secret" => {
                     c.auth_secret = Some(
                         // The value is never echoed in an error.
@@ -136,7 +154,7 @@ impl EngineConfig {
                 }
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, watch_backlog, max_pending_notify_bytes, auth_secret, auth_secret_file"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, watch_backlog, max_pending_notify_bytes, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, auth_secret, auth_secret_file"
                     )));
                 }
             }

@@ -15,20 +15,25 @@ use parking_lot::{Mutex, RwLock};
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result, Side};
 use crate::meta::{
-    EngineInfo, Hello, METHOD_INFO, METHOD_LOOKUP, METHOD_NOTIFY, NotifyMsg, VERSION,
+    EngineInfo, Hello, METHOD_HELLO, METHOD_INFO, METHOD_LOOKUP, METHOD_NOTIFY, NotifyMsg, VERSION,
 };
 use crate::region_map::{Lookup, RegionMap};
 use crate::request::{TransferRequest, TransferStatus};
 
+mod blob;
 mod directory;
 mod membership;
 mod notify;
+mod post;
+mod prepared;
 mod rules;
 mod staged;
 mod table;
 
 use notify::NotifyQueue;
-use rules::{broken_peer, check_data_plane, same_host, sender_name};
+pub use post::{PreparedTransfer, Telemetry};
+pub use prepared::{BlockDesc, PreparedList};
+use rules::{broken_peer, sender_name};
 
 /// Where registered memory lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +91,10 @@ pub struct Notify {
     pub name: String,
     /// Its message.
     pub msg: Vec<u8>,
+    /// `Some(why)` on a failure notice: the transfer this notification was attached to
+    /// ([`Engine::make_transfer`]) failed, and will not be retried by that post. `None` on
+    /// a standalone notification, and on one delivered after its transfer completed.
+    pub failed: Option<String>,
 }
 
 /// A registered region of this engine.
@@ -113,6 +122,8 @@ struct LocalTable<C: Communicator> {
 /// A peer's region, imported on this engine's endpoint to it.
 struct RemoteEntry<C: Communicator> {
     key: C::RemoteKey,
+    /// Where it is in the peer's memory.
+    region: Region,
     /// What the peer registered it for.
     access: Access,
     encoded: Vec<u8>,
@@ -262,6 +273,22 @@ impl<C: Communicator> Engine<C> {
                 Ok::<_, RpcError>(s.info())
             }
         });
+        let s = shared.clone();
+        d.register(
+            METHOD_HELLO,
+            move |ctx: hmc_rpc::CallContext, hello: Hello| {
+                let s = s.clone();
+                async move {
+                    // As METHOD_INFO, without the table (a peer that has it from a blob).
+                    let from = sender_name(&ctx.connection, &hello.from);
+                    let _ = ctx.connection.set_label(from);
+                    Ok::<_, RpcError>(crate::meta::Instance {
+                        version: VERSION,
+                        instance: s.instance,
+                    })
+                }
+            },
+        );
         let s = shared.clone();
         d.register(
             METHOD_NOTIFY,
@@ -485,45 +512,7 @@ impl<C: Communicator> Engine<C> {
             EngineError::Timeout { .. } => timed_out(),
             e => meta_err(e.to_string()),
         })?;
-        let dp: PeerAddr = info
-            .data_plane
-            .parse()
-            .map_err(|e: hmc_core::Error| meta_err(e.to_string()))?;
-        if !self.inner.shared.config.allow_foreign_data_plane {
-            if !same_host(&addr, &dp) {
-                return Err(meta_err(format!(
-                    "its data plane is at {dp}, another host than the engine; not dialled (set EngineConfig::allow_foreign_data_plane to allow it)"
-                )));
-            }
-            check_data_plane(&addr, &dp).map_err(|why| {
-                meta_err(format!(
-                    "its data plane at {dp} is not dialled: {why} (set EngineConfig::allow_foreign_data_plane to allow it)"
-                ))
-            })?;
-        }
-        let ep = tokio::time::timeout(
-            deadline.remaining(),
-            self.inner.shared.comm.connect(&dp, deadline),
-        )
-        .await
-        .map_err(|_| timed_out())??;
-        let table = self.import_table(&key, &ep, &info, None)?;
-        let peer = Arc::new(Peer {
-            name: key.clone(),
-            rpc,
-            ep,
-            instance: info.instance,
-            table: RwLock::new(table),
-            refreshing: tokio::sync::Mutex::new(()),
-            gone: tokio::sync::watch::channel(None).0,
-        });
-        let mut peers = self.inner.peers.write();
-        if peers.contains_key(&key) {
-            return Err(EngineError::AlreadyConnected(key));
-        }
-        self.inner.lost.connected(&key);
-        peers.insert(key, peer);
-        Ok(())
+        self.attach(key, &addr, rpc, &info, deadline, timeout).await
     }
 
     /// Closes the connection to `remote`. Transfers already running finish.

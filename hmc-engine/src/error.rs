@@ -141,6 +141,10 @@ pub enum EngineError {
     /// transport no longer touches its memory.
     #[error("{0} was cancelled; start it again if it is still wanted")]
     Cancelled(String),
+    /// A prepared list no longer matches the peer's memory (it deregistered a region under
+    /// it): a transfer made of it cannot run.
+    #[error("{0}; prepare the list again")]
+    ListInvalid(String),
     /// `finalize` was called.
     #[error("the engine was finalized; initialize a new one")]
     Finalized,

@@ -75,7 +75,10 @@ mod request;
 
 pub use blocking::BlockingEngine;
 pub use config::EngineConfig;
-pub use engine::{Engine, MemDesc, MemHandle, MemType, Notify, TransferOp, TransferOpDesc};
+pub use engine::{
+    BlockDesc, Engine, MemDesc, MemHandle, MemType, Notify, PreparedList, PreparedTransfer,
+    Telemetry, TransferOp, TransferOpDesc,
+};
 pub use error::{EngineError, Result, Side};
 pub use hmc_core::Access;
 pub use mapping::host_range_access;

@@ -37,6 +37,7 @@ struct NotifyMsg {
     from: String,
     name: String,
     msg: Vec<u8>,
+    failed: Option<String>,
 }
 
 /// A page-aligned anonymous mapping of `len` bytes filled with `fill`, then made read-only.
@@ -120,7 +121,7 @@ async fn fetch_info(engine: &str) -> Result<EngineInfo, hmc_rpc::CallError> {
     rpc.call_typed(
         METHOD_INFO,
         &Hello {
-            version: 1,
+            version: 2,
             from: "intruder".into(),
         },
     )
@@ -451,6 +452,7 @@ async fn a_notification_s_sender_comes_from_its_connection() {
         from: "prefill-0".into(),
         name: "n".into(),
         msg: b"m".to_vec(),
+        failed: None,
     };
     let e = rpc
         .call_typed::<_, ()>(METHOD_NOTIFY, &spoof)
@@ -462,7 +464,7 @@ async fn a_notification_s_sender_comes_from_its_connection() {
         .call_typed(
             METHOD_INFO,
             &Hello {
-                version: 1,
+                version: 2,
                 from: "10.9.9.9:5000".into(),
             },
         )
@@ -522,7 +524,7 @@ async fn notifications_are_bounded_in_bytes() {
         .call_typed(
             METHOD_INFO,
             &Hello {
-                version: 1,
+                version: 2,
                 from: "x".into(),
             },
         )
@@ -532,6 +534,7 @@ async fn notifications_are_bounded_in_bytes() {
         from: "f".repeat(1 << 20),
         name: "n".into(),
         msg: Vec::new(),
+        failed: None,
     };
     assert!(rpc.call_typed::<_, ()>(METHOD_NOTIFY, &fat).await.is_err());
     assert_eq!(target.get_notifies().len(), 1);
@@ -603,7 +606,7 @@ async fn fake_engine(data_plane: String) -> hmc_rpc::RunningServer {
         let data_plane = data_plane.clone();
         async move {
             Ok::<_, hmc_rpc::RpcError>(FakeInfo {
-                version: 1,
+                version: 2,
                 instance: 1,
                 data_plane,
                 generation: 1,

@@ -539,6 +539,126 @@ impl Engine {
         PyList::new(py, items)
     }
 
+    /// Takes every notification received so far, oldest first, as ``(sender, name,
+    /// bytes, failed)``: ``failed`` is ``None``, or why the transfer the notification was
+    /// attached to failed (a failure notice: no byte of it is to be expected).
+    fn get_notifications<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items: Vec<_> = self
+            .live()?
+            .engine
+            .get_notifies()
+            .into_iter()
+            .map(|n| (n.from, n.name, PyBytes::new(py, &n.msg), n.failed))
+            .collect();
+        PyList::new(py, items)
+    }
+
+    /// Prepares entries of this engine's registered memory for ``make_transfer``:
+    /// ``(addr, len)``, ``(addr, len, dev)`` or strided ``(addr, len, dev, stride,
+    /// count)`` tuples, or an N x 2, 3 or 5 integer numpy array. Each entry is resolved
+    /// now, and refused now if it is outside every registered region.
+    fn prepare_local(&self, entries: &Bound<'_, PyAny>) -> PyResult<crate::prepared::PreparedList> {
+        let live = self.live()?;
+        let e = crate::prepared::entries(entries)?;
+        let list = live.engine.prepare_local(&e).map_err(errors::engine)?;
+        Ok(crate::prepared::PreparedList { list })
+    }
+
+    /// Prepares entries (as ``prepare_local`` takes them) of the connected peer
+    /// ``remote``'s memory. The list becomes invalid when the peer deregisters a region
+    /// under it or restarts.
+    #[pyo3(signature = (remote, entries, timeout_ms = 1000))]
+    fn prepare_remote(
+        &self,
+        py: Python<'_>,
+        remote: &str,
+        entries: &Bound<'_, PyAny>,
+        timeout_ms: u64,
+    ) -> PyResult<crate::prepared::PreparedList> {
+        let live = self.live()?;
+        let e = crate::prepared::entries(entries)?;
+        let list = wait(
+            py,
+            live.engine.prepare_remote(remote, &e, millis(timeout_ms)),
+        )?
+        .map_err(errors::engine)?;
+        Ok(crate::prepared::PreparedList { list })
+    }
+
+    /// A transfer of entries ``local_idx[k]`` of ``local`` with ``remote_idx[k]`` of
+    /// ``remote`` (lists or 1-D integer numpy arrays of one length). With ``notif_msg``,
+    /// every post ends by delivering that notification (named ``notif_name``) to the peer
+    /// after the bytes, or a failure notice instead if the transfer fails.
+    #[pyo3(signature = (op, local, local_idx, remote, remote_idx, notif_msg = None, notif_name = ""))]
+    #[allow(clippy::too_many_arguments)]
+    fn make_transfer(
+        &self,
+        op: TransferOp,
+        local: &crate::prepared::PreparedList,
+        local_idx: &Bound<'_, PyAny>,
+        remote: &crate::prepared::PreparedList,
+        remote_idx: &Bound<'_, PyAny>,
+        notif_msg: Option<&[u8]>,
+        notif_name: &str,
+    ) -> PyResult<crate::prepared::PreparedXfer> {
+        let live = self.live()?;
+        let li = crate::prepared::indices(local_idx)?;
+        let ri = crate::prepared::indices(remote_idx)?;
+        let notify = notif_msg.map(|m| (notif_name.to_string(), m.to_vec()));
+        let xfer = live
+            .engine
+            .make_transfer(op.into(), &local.list, &li, &remote.list, &ri, notify)
+            .map_err(errors::engine)?;
+        Ok(crate::prepared::PreparedXfer { xfer })
+    }
+
+    /// This engine's metadata as an opaque blob for a peer's ``add_remote`` (carry it over
+    /// your own side channel).
+    fn local_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let b = self
+            .live()?
+            .engine
+            .local_metadata()
+            .map_err(errors::engine)?;
+        Ok(PyBytes::new(py, &b))
+    }
+
+    /// A blob of only the regions of ``handles`` (registered after the peer added the full
+    /// blob).
+    fn partial_metadata<'py>(
+        &self,
+        py: Python<'py>,
+        handles: Vec<MemHandle>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let h: Vec<_> = handles.iter().map(|h| h.handle).collect();
+        let b = self
+            .live()?
+            .engine
+            .partial_metadata(&h)
+            .map_err(errors::engine)?;
+        Ok(PyBytes::new(py, &b))
+    }
+
+    /// Adds the peer a blob describes (a partial blob: adds its regions) and returns its
+    /// name. A blob of an engine that restarted since is refused.
+    #[pyo3(signature = (blob, timeout_ms = 1000))]
+    fn add_remote(&self, py: Python<'_>, blob: &[u8], timeout_ms: u64) -> PyResult<String> {
+        let live = self.live()?;
+        let blob = blob.to_vec();
+        wait(py, live.engine.add_remote(&blob, millis(timeout_ms)))?.map_err(errors::engine)
+    }
+
+    /// Removes a peer added by ``add_remote`` or ``connect``.
+    fn remove_remote(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let live = self.live()?;
+        wait(py, live.engine.remove_remote(name))?.map_err(errors::engine)
+    }
+
+    /// True when ``name`` is added and not known gone.
+    fn check_remote(&self, name: &str) -> PyResult<bool> {
+        Ok(self.live()?.engine.check_remote(name))
+    }
+
     /// What the transport can do: ``transport``, ``local_memory`` and ``remote_memory``
     /// (device kinds, or ``"any"``), ``device_memory`` (``refused``,
     /// ``library_dependent``, ``direct``), ``notifications``, ``max_transfer_len``,
@@ -644,7 +764,7 @@ pub struct TransferReq {
     req: hmc_engine::TransferRequest,
 }
 
-fn status_of(s: &hmc_engine::TransferStatus) -> TransferStatus {
+pub(crate) fn status_of(s: &hmc_engine::TransferStatus) -> TransferStatus {
     match s {
         hmc_engine::TransferStatus::Waiting => TransferStatus::Waiting,
         hmc_engine::TransferStatus::Completed => TransferStatus::Completed,

@@ -47,7 +47,9 @@ fn engine_class(e: &EngineError) -> &'static str {
         EngineError::Timeout { .. } => "TimeoutError",
         EngineError::NotConnected(_) => "NotConnectedError",
         EngineError::AlreadyConnected(_) | EngineError::Finalized => "StateError",
-        EngineError::NotRegistered { .. } | EngineError::Straddles { .. } => "NotRegisteredError",
+        EngineError::NotRegistered { .. }
+        | EngineError::Straddles { .. }
+        | EngineError::ListInvalid(_) => "NotRegisteredError",
         EngineError::Overlaps { .. } | EngineError::InvalidArgument(_) | EngineError::Layout(_) => {
             "InvalidArgumentError"
         }

@@ -40,6 +40,7 @@ mod dlpack;
 pub mod engine;
 mod errors;
 pub mod kv;
+mod prepared;
 pub mod rpc;
 
 /// How often a blocking call wakes to run Python's signal handlers (Ctrl-C).
@@ -123,6 +124,7 @@ pub(crate) fn millis(ms: u64) -> Duration {
 fn _hmc(m: &Bound<'_, PyModule>) -> PyResult<()> {
     engine::add(m)?;
     kv::add(m)?;
+    prepared::add(m)?;
     rpc::add(m)?;
     m.add("SIGNAL_CHECK_MS", SIGNAL_CHECK.as_millis() as u64)?;
     Ok(())

@@ -82,3 +82,48 @@ def fixed_address_peer(conn, address, seed):
     conn.send((e.local_address, h.addr))
     conn.recv()
     e.finalize()
+
+
+def layer_pattern(layer: int, n: int, seed: int) -> np.ndarray:
+    return pattern(n, 7919 * seed + layer)
+
+
+def kv_layers_peer(conn, layers, blocks, block, opts, port=0):
+    """A KV cache of ``layers`` numpy regions of ``blocks`` x ``block`` bytes (vLLM's one
+    region per layer), filled with :func:`layer_pattern`; sends (name, metadata blob,
+    region addresses), then answers: ``sums`` (a digest per block, layer-major),
+    ``verify`` (waits for one notification, then checks at once the blocks its message
+    lists as ``layer:block:digest`` items), ``notifs``, ``dereg L``, ``stop``."""
+    e = hmc.Engine()
+    e.initialize(f"127.0.0.1:{port}", {**OPTS, **opts})
+    regions = [layer_pattern(i, blocks * block, 1).copy() for i in range(layers)]
+    handles = [e.register_mem(r) for r in regions]
+    conn.send((e.local_address, e.local_metadata(), [h.addr for h in handles]))
+
+    def block_digest(layer, b):
+        return digest(regions[layer][b * block:(b + 1) * block])
+
+    while True:
+        msg = conn.recv()
+        if msg == "sums":
+            conn.send([block_digest(i, b) for i in range(layers) for b in range(blocks)])
+        elif msg == "verify":
+            while True:
+                got = e.get_notifications()
+                if got:
+                    break
+            sender, name, body, failed = got[0]
+            ok = all(
+                block_digest(int(lay), int(b)) == d
+                for lay, b, d in (item.split(":") for item in body.decode().split(",") if item)
+            )
+            conn.send((name, ok, failed))
+        elif msg == "notifs":
+            conn.send(e.get_notifications())
+        elif isinstance(msg, tuple) and msg[0] == "dereg":
+            e.deregister_mem(handles[msg[1]])
+            conn.send("ok")
+        else:
+            break
+    e.finalize()
+    conn.send("bye")

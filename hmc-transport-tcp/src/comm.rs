@@ -414,6 +414,29 @@ impl TcpEndpoint {
     }
 }
 
+/// A connection carrying a request. Dropped before the request ended (the transfer's
+/// future dropped, its deadline passed, the peer failed), it is reset rather than closed:
+/// bytes of a WRITE still in this host's send buffer are discarded instead of delivered
+/// when the target reads again, and the target, which checks for a reset before applying
+/// each part of a WRITE, applies none of the rest. So once the initiator reports the end
+/// of a WRITE, no more of it lands, even at a target that was stopped meanwhile.
+struct InFlight(Option<Stream>);
+
+impl InFlight {
+    /// The connection, in step again: the request ended.
+    fn returned(&mut self) -> Stream {
+        self.0.take().expect("returned once")
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            s.reset_on_close();
+        }
+    }
+}
+
 /// Local memory registered with a [`TcpCommunicator`]; deregistered on drop.
 pub struct TcpRegistration {
     entry: Arc<RegEntry>,
@@ -825,11 +848,15 @@ impl Communicator for TcpCommunicator {
         let shared = &self.shared;
         let peer = &ep.inner.peer; // formatted only into an error
         let work = async {
-            let (_slot, mut stream) = ep.checkout(shared, deadline, started).await?;
+            let (_slot, stream) = ep.checkout(shared, deadline, started).await?;
+            // Dropped mid-request (a cancel, a deadline, an error), the connection is reset,
+            // not closed: see `InFlight`.
+            let mut held = InFlight(Some(stream));
+            let stream = held.0.as_mut().expect("held until returned");
             let per = shared.config.max_batch_descs.max(1);
             for (descs, wire_descs) in batch.chunks(per).zip(wire_descs.chunks(per)) {
                 match run_request(
-                    &mut stream,
+                    stream,
                     peer,
                     op,
                     descs,
@@ -848,13 +875,13 @@ impl Communicator for TcpCommunicator {
                     }
                     Err(e) => return Err(broken(peer, e)),
                     Ok(Err(refused)) => {
-                        ep.checkin(shared, stream, true);
+                        ep.checkin(shared, held.returned(), true);
                         return Err(refused);
                     }
                     Ok(Ok(())) => {}
                 }
             }
-            ep.checkin(shared, stream, false);
+            ep.checkin(shared, held.returned(), false);
             Ok(())
         };
         self.bounded("transfer", (started, deadline), pin!(work))

@@ -443,6 +443,46 @@ impl Stream {
         self.send_vectored(&slices[..n])
     }
 
+    /// True when the peer closed or reset the connection, even with bytes of it still
+    /// unread here: a target asks before applying each part of a WRITE, so the rest of a
+    /// WRITE whose initiator gave up (and reset the connection, [`Stream::reset_on_close`])
+    /// never lands. One `poll` that does not wait.
+    pub(crate) fn abandoned_by_peer(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one pollfd on this frame, its count passed with it; the fd is this
+        // stream's, open while `self` lives.
+        let rc = unsafe { libc::poll(&mut p, 1, 0) };
+        rc > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+    }
+
+    /// Makes closing this connection reset it (a zero linger): bytes not yet sent are
+    /// discarded instead of delivered once the peer reads again, and the peer sees the
+    /// reset at once ([`Stream::abandoned_by_peer`]). For a request given up half-way.
+    pub(crate) fn reset_on_close(&self) {
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: `linger` lives on this frame for the call and its size is passed with it;
+        // the fd is this stream's, open while `self` lives.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(error = %io::Error::last_os_error(), "SO_LINGER not set; the connection closes normally");
+        }
+    }
+
     /// True when a pooled (idle) connection can no longer carry a request: the peer closed
     /// it, it failed, or it holds bytes nobody asked for (then it is out of step and is
     /// dropped anyway). One non-blocking read.

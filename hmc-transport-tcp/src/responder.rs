@@ -474,6 +474,14 @@ async fn recv_into(
         if wait {
             within(stall, stream.readable()).await?;
         }
+        if stream.abandoned_by_peer() {
+            // The initiator gave up on this WRITE (its deadline, a cancel): what is left
+            // of it is not applied, so none of its bytes land after it reported the end.
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "the initiator abandoned this WRITE; the rest of it is not applied",
+            ));
+        }
         // The guard lives in this block only: never across an `.await`.
         let read = {
             let live = entry.live.read();

@@ -160,7 +160,10 @@ pub(super) struct TransferMetrics {
 
 impl TransferMetrics {
     pub(super) fn start(op: crate::TransferOp, descs: &[crate::TransferOpDesc]) -> Self {
-        let bytes: u64 = descs.iter().map(|d| d.len as u64).sum();
+        Self::start_bytes(op, descs.iter().map(|d| d.len as u64).sum())
+    }
+
+    pub(super) fn start_bytes(op: crate::TransferOp, bytes: u64) -> Self {
         // Literal labels make static keys: a label from a variable would allocate and hash
         // a key on every transfer, recorder or not.
         let (ops, moved) = match op {
@@ -201,6 +204,8 @@ impl TransferMetrics {
                 EngineError::NotConnected(_) => "not_connected",
                 EngineError::NotRegistered { .. } | EngineError::Straddles { .. } => "bad_address",
                 EngineError::Limit { .. } => "limit",
+                EngineError::Cancelled(_) => "cancelled",
+                EngineError::ListInvalid(_) => "list_invalid",
                 EngineError::Transport(_) => "transport",
                 EngineError::Metadata { .. } | EngineError::Store(_) => "metadata",
                 _ => "other",

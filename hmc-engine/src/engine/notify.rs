@@ -8,7 +8,7 @@ use std::time::Duration;
 use hmc_core::Communicator;
 use hmc_rpc::{CallOptions, RpcError};
 
-use super::{Engine, Notify, Shared};
+use super::{Engine, Notify, Peer, Shared};
 use crate::error::{EngineError, Result};
 use crate::meta::{METHOD_NOTIFY, NotifyMsg};
 
@@ -24,10 +24,23 @@ impl<C: Communicator> Engine<C> {
     ) -> Result<()> {
         self.check_open()?;
         let peer = self.peer(remote)?;
+        self.notify_peer(&peer, name, msg, None, timeout).await
+    }
+
+    /// Sends a notification (a failure notice with `failed`) to `peer`.
+    pub(super) async fn notify_peer(
+        &self,
+        peer: &Peer<C>,
+        name: &str,
+        msg: &[u8],
+        failed: Option<String>,
+        timeout: Duration,
+    ) -> Result<()> {
         let n = NotifyMsg {
             from: self.inner.name.clone(),
             name: name.to_string(),
             msg: msg.to_vec(),
+            failed,
         };
         let deadline = hmc_core::Deadline::after(timeout);
         let opts = || CallOptions {
@@ -80,7 +93,8 @@ impl<C: Communicator> Shared<C> {
                 ));
             }
         };
-        let len = n.msg.len() + n.name.len() + from.len();
+        let len =
+            n.msg.len() + n.name.len() + from.len() + n.failed.as_ref().map_or(0, String::len);
         if len > self.config.max_notify_len {
             return Err(RpcError::new(
                 hmc_rpc::Status::PAYLOAD_TOO_LARGE,
@@ -114,6 +128,7 @@ impl<C: Communicator> Shared<C> {
             from,
             name: n.name,
             msg: n.msg,
+            failed: n.failed,
         });
         Ok(())
     }

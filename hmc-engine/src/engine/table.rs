@@ -9,12 +9,76 @@ use std::time::Duration;
 use hmc_core::{Communicator, Deadline, RemoteRegion};
 use hmc_rpc::{CallOptions, Client};
 
+use hmc_core::PeerAddr;
+use parking_lot::RwLock;
+
+use super::rules::{check_data_plane, same_host};
 use super::{Engine, Peer, PeerTable, RemoteEntry};
 use crate::error::{EngineError, Result};
 use crate::meta::{EngineInfo, Hello, METHOD_INFO, VERSION};
 use crate::region_map::RegionMap;
 
 impl<C: Communicator> Engine<C> {
+    /// Connects the data plane of the peer `key` whose metadata service `rpc` reached at
+    /// `addr` and which described itself with `info`, imports its regions and adds it.
+    pub(super) async fn attach(
+        &self,
+        key: String,
+        addr: &PeerAddr,
+        rpc: Client,
+        info: &EngineInfo,
+        deadline: Deadline,
+        timeout: Duration,
+    ) -> Result<()> {
+        let timed_out = || EngineError::Timeout {
+            what: format!("connecting to `{key}`"),
+            after: timeout,
+        };
+        let meta_err = |why: String| EngineError::Metadata {
+            peer: key.clone(),
+            why,
+        };
+        let dp: PeerAddr = info
+            .data_plane
+            .parse()
+            .map_err(|e: hmc_core::Error| meta_err(e.to_string()))?;
+        if !self.inner.shared.config.allow_foreign_data_plane {
+            if !same_host(addr, &dp) {
+                return Err(meta_err(format!(
+                    "its data plane is at {dp}, another host than the engine; not dialled (set EngineConfig::allow_foreign_data_plane to allow it)"
+                )));
+            }
+            check_data_plane(addr, &dp).map_err(|why| {
+                meta_err(format!(
+                    "its data plane at {dp} is not dialled: {why} (set EngineConfig::allow_foreign_data_plane to allow it)"
+                ))
+            })?;
+        }
+        let ep = tokio::time::timeout(
+            deadline.remaining(),
+            self.inner.shared.comm.connect(&dp, deadline),
+        )
+        .await
+        .map_err(|_| timed_out())??;
+        let table = self.import_table(&key, &ep, info, None)?;
+        let peer = Arc::new(Peer {
+            name: key.clone(),
+            rpc,
+            ep,
+            instance: info.instance,
+            table: RwLock::new(table),
+            refreshing: tokio::sync::Mutex::new(()),
+            gone: tokio::sync::watch::channel(None).0,
+        });
+        let mut peers = self.inner.peers.write();
+        if peers.contains_key(&key) {
+            return Err(EngineError::AlreadyConnected(key));
+        }
+        self.inner.lost.connected(&key);
+        peers.insert(key, peer);
+        Ok(())
+    }
+
     pub(super) async fn fetch_info(&self, rpc: &Client, deadline: Deadline) -> Result<EngineInfo> {
         let hello = Hello {
             version: VERSION,
@@ -83,12 +147,13 @@ impl<C: Communicator> Engine<C> {
                     let key = self.inner.shared.comm.import(ep, &remote)?;
                     Arc::new(RemoteEntry {
                         key,
+                        region: remote.region,
                         access: remote.access,
                         encoded: bytes.clone(),
                     })
                 }
             };
-            let r = RemoteRegion::decode(&entry.encoded)?.region;
+            let r = entry.region;
             map.insert(r.addr, r.len as u64, entry)
                 .map_err(|(s, l)| EngineError::Metadata {
                     peer: peer.to_string(),

@@ -4,6 +4,8 @@
 // Each test binary uses part of this module.
 #![allow(dead_code)]
 
+pub mod kv_peer;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

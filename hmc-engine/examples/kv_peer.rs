@@ -1,0 +1,193 @@
+//! A KV-cache holder in its own process, driven line by line on standard input: the
+//! other side of the prepared-list tests (`tests/prepared.rs`) and a model of a prefill or
+//! decode engine's memory.
+//!
+//! It registers `--layers` regions of `--blocks` blocks of `--block` bytes, filled with
+//! [`pattern`] of `--seed`, and prints `READY <name> <hex metadata blob> <region addrs…>`.
+//! Commands, one per line, each answered with one line:
+//!
+//! - `sums`: `SUMS <checksum of every block, layer by layer>`;
+//! - `fill SEED`: refills every region (`OK`);
+//! - `dereg LAYER`: deregisters that layer's region (`OK`);
+//! - `notifs`: `NOTIFS <n>` and, on the same line, `name:failed` of each (`-` when
+//!   not a failure notice);
+//! - `verify`: takes notifications until one arrives, then checks at once the block
+//!   checksums its message lists (`LAYER:BLOCK:SUM,…`): `VERIFIED <name> ok|bad <failed>`;
+//! - `blob`: `BLOB <hex of the full metadata blob>`;
+//! - `quit`.
+//!
+//! `cargo run -p hmc-engine --example kv_peer -- --transport shm --layers 4`
+
+use std::collections::HashMap;
+use std::io::{BufRead, Write};
+use std::time::Duration;
+
+use hmc_core::AnyCommunicator;
+use hmc_engine::{Access, Engine, EngineConfig, MemDesc, MemHandle, MemType};
+
+/// The byte at `offset` of region `layer` filled with `seed` (the tests compute the same).
+pub fn pattern(seed: u64, layer: u64, offset: u64) -> u8 {
+    (offset
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(layer.wrapping_mul(40_503))
+        .wrapping_add(seed.wrapping_mul(97))
+        >> 7) as u8
+}
+
+fn checksum(b: &[u8]) -> u64 {
+    b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
+        (h ^ u64::from(x)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn say(line: String) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").unwrap();
+    out.flush().unwrap();
+}
+
+fn flags() -> HashMap<String, String> {
+    let mut it = std::env::args().skip(1);
+    let mut f = HashMap::new();
+    while let Some(k) = it.next() {
+        f.insert(
+            k.trim_start_matches("--").to_string(),
+            it.next().expect("every flag takes a value"),
+        );
+    }
+    f
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let f = flags();
+    let get = |k: &str, d: &str| f.get(k).cloned().unwrap_or_else(|| d.to_string());
+    let num = |k: &str, d: u64| get(k, &d.to_string()).parse::<u64>().expect("a number");
+    let (layers, blocks, block) = (num("layers", 4), num("blocks", 64), num("block", 4096));
+    let mut options: HashMap<String, String> = HashMap::new();
+    options.insert("transport".into(), get("transport", "tcp"));
+    if let Some(o) = f.get("options") {
+        for kv in o.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = kv.split_once('=').expect("options are k=v,k=v");
+            options.insert(k.into(), v.into());
+        }
+    }
+    let config = EngineConfig::from_options(&options).expect("options");
+    let local = format!("{}:{}", get("ip", "127.0.0.1"), get("port", "0"));
+    let e: Engine<AnyCommunicator> = Engine::initialize_with(&local, config)
+        .await
+        .expect("engine");
+    let len = (blocks * block) as usize;
+    let mut mem: Vec<Vec<u8>> = (0..layers).map(|_| vec![0u8; len]).collect();
+    let fill = |mem: &mut Vec<Vec<u8>>, seed: u64| {
+        for (l, m) in mem.iter_mut().enumerate() {
+            for (o, b) in m.iter_mut().enumerate() {
+                *b = pattern(seed, l as u64, o as u64);
+            }
+        }
+    };
+    fill(&mut mem, num("seed", 1));
+    let mut handles: Vec<Option<MemHandle>> = Vec::new();
+    for m in &mem {
+        // SAFETY: every region outlives its registration: `mem` is dropped after the
+        // engine is finalized and every handle deregistered (below), and never resized.
+        let h = unsafe {
+            e.register_mem(
+                MemDesc {
+                    addr: m.as_ptr() as u64,
+                    len,
+                },
+                MemType::Host,
+                Access::READ_WRITE,
+            )
+        }
+        .expect("register");
+        handles.push(Some(h));
+    }
+    let addrs: Vec<String> = mem
+        .iter()
+        .map(|m| (m.as_ptr() as u64).to_string())
+        .collect();
+    let blob = e.local_metadata().expect("metadata");
+    say(format!(
+        "READY {} {} {}",
+        e.name(),
+        hex(&blob),
+        addrs.join(" ")
+    ));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    while let Some(line) = rx.recv().await {
+        let mut w = line.split_whitespace();
+        match w.next().unwrap_or("") {
+            "sums" => {
+                let sums: Vec<String> = mem
+                    .iter()
+                    .flat_map(|m| m.chunks(block as usize).map(|b| checksum(b).to_string()))
+                    .collect();
+                say(format!("SUMS {}", sums.join(" ")));
+            }
+            "fill" => {
+                fill(&mut mem, w.next().unwrap().parse().unwrap());
+                say("OK".into());
+            }
+            "dereg" => {
+                let l: usize = w.next().unwrap().parse().unwrap();
+                if let Some(h) = handles[l].take() {
+                    e.deregister_mem(h).await.expect("deregister");
+                }
+                say("OK".into());
+            }
+            "notifs" => {
+                let n = e.get_notifies();
+                let each: Vec<String> = n
+                    .iter()
+                    .map(|n| format!("{}:{}", n.name, n.failed.is_some()))
+                    .collect();
+                say(format!("NOTIFS {} {}", n.len(), each.join(" ")));
+            }
+            "verify" => loop {
+                let n = e.get_notifies();
+                let Some(n) = n.into_iter().next() else {
+                    tokio::time::sleep(Duration::from_micros(100)).await;
+                    continue;
+                };
+                // Checked before anything else happens: were the bytes there when the
+                // notification was?
+                let msg = String::from_utf8_lossy(&n.msg).to_string();
+                let ok = msg.split(',').filter(|s| !s.is_empty()).all(|item| {
+                    let v: Vec<u64> = item.split(':').map(|x| x.parse().unwrap()).collect();
+                    let (l, b, sum) = (v[0] as usize, v[1] as usize, v[2]);
+                    let at = b * block as usize;
+                    checksum(&mem[l][at..at + block as usize]) == sum
+                });
+                say(format!(
+                    "VERIFIED {} {} {}",
+                    n.name,
+                    if ok { "ok" } else { "bad" },
+                    n.failed.is_some()
+                ));
+                break;
+            },
+            "blob" => say(format!("BLOB {}", hex(&e.local_metadata().unwrap()))),
+            "quit" | "" => break,
+            other => say(format!("ERR unknown command {other}")),
+        }
+    }
+    e.finalize().await;
+    for h in handles.into_iter().flatten() {
+        e.deregister_mem(h).await.expect("deregister");
+    }
+    drop(mem);
+}

@@ -1,0 +1,266 @@
+//! Prepared lists and the transfers made of them (`Engine.prepare_local`,
+//! `Engine.prepare_remote`, `Engine.make_transfer`), with entries and indices taken from
+//! numpy arrays (read in place through the buffer protocol) or Python sequences.
+
+use hmc_core::AnyCommunicator;
+use hmc_engine::BlockDesc;
+use pyo3::buffer::PyBuffer;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::engine::{TransferStatus, status_of};
+use crate::{errors, millis, runtime, wait};
+
+/// Integers of a buffer-protocol object (a numpy array of int64, uint64, int32 or uint32),
+/// C-contiguous, with its shape; `None` when `obj` is not such an object.
+fn int_array(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Vec<usize>, Vec<u64>)>> {
+    macro_rules! as_ints {
+        ($t:ty) => {
+            if let Ok(b) = PyBuffer::<$t>::get(obj) {
+                let shape = b.shape().to_vec();
+                if !b.is_c_contiguous() {
+                    return Err(errors::invalid(
+                        "pass a C-contiguous array (numpy.ascontiguousarray)",
+                    ));
+                }
+                // A copy: the array may change under us while we read (it is the caller's).
+                let vals = b.to_vec(obj.py())?;
+                let mut out = Vec::with_capacity(vals.len());
+                for v in vals {
+                    #[allow(unused_comparisons)]
+                    if v < 0 {
+                        return Err(errors::invalid(format!(
+                            "a negative value ({v}) in an address, length or index array"
+                        )));
+                    }
+                    out.push(v as u64);
+                }
+                return Ok(Some((shape, out)));
+            }
+        };
+    }
+    as_ints!(i64);
+    as_ints!(u64);
+    as_ints!(i32);
+    as_ints!(u32);
+    Ok(None)
+}
+
+/// Indices: a list of ints or a 1-D integer numpy array.
+pub(crate) fn indices(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    if let Some((shape, v)) = int_array(obj)? {
+        if shape.len() != 1 {
+            return Err(errors::invalid(format!(
+                "an index array must be 1-D; this one has shape {shape:?}"
+            )));
+        }
+        return Ok(v);
+    }
+    obj.try_iter()
+        .map_err(|_| errors::invalid("indices are a list of ints or a 1-D integer numpy array"))?
+        .map(|i| i?.extract::<u64>())
+        .collect()
+}
+
+/// One entry from its columns: `(addr, len)`, `(addr, len, dev)` or `(addr, len, dev,
+/// stride, count)` (NIXL's strided form; `dev` is not needed to find memory here).
+fn entry(cols: &[u64]) -> PyResult<BlockDesc> {
+    match *cols {
+        [addr, len] | [addr, len, _] => Ok(BlockDesc::block(addr, len as usize)),
+        [addr, len, _, stride, count] => Ok(BlockDesc::strided(addr, len as usize, stride, count)),
+        _ => Err(errors::invalid(format!(
+            "an entry has 2, 3 or 5 fields ((addr, len), (addr, len, dev) or (addr, len, dev, stride, count)), not {}",
+            cols.len()
+        ))),
+    }
+}
+
+/// Entries: an Nx2, Nx3 or Nx5 integer numpy array, or a sequence of such tuples.
+pub(crate) fn entries(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockDesc>> {
+    if let Some((shape, v)) = int_array(obj)? {
+        let [_, width] = shape[..] else {
+            return Err(errors::invalid(format!(
+                "an entry array is 2-D (N x 2, 3 or 5); this one has shape {shape:?}"
+            )));
+        };
+        return v.chunks(width.max(1)).map(entry).collect();
+    }
+    let it = obj.try_iter().map_err(|_| {
+        errors::invalid("entries are a list of tuples or an N x 3 / N x 5 integer numpy array")
+    })?;
+    let mut out = Vec::new();
+    for item in it {
+        let item = item?;
+        let t = item.cast::<PyTuple>().map_err(|_| {
+            errors::invalid("each entry is a tuple (addr, len[, dev[, stride, count]])")
+        })?;
+        let cols: Vec<u64> = t
+            .iter()
+            .map(|x| x.extract::<u64>())
+            .collect::<PyResult<_>>()?;
+        out.push(entry(&cols)?);
+    }
+    Ok(out)
+}
+
+/// A prepared descriptor list: made by ``Engine.prepare_local`` or
+/// ``Engine.prepare_remote``, named by index in ``Engine.make_transfer``.
+#[pyclass(module = "hmc", frozen)]
+pub struct PreparedList {
+    pub(crate) list: hmc_engine::PreparedList<AnyCommunicator>,
+}
+
+#[pymethods]
+impl PreparedList {
+    fn __len__(&self) -> usize {
+        self.list.len() as usize
+    }
+
+    /// The peer a remote list was prepared for (``None`` for a local list).
+    #[getter]
+    fn peer(&self) -> Option<String> {
+        self.list.peer().map(str::to_string)
+    }
+
+    /// Segments the entries were folded into (consecutive blocks of one region with one
+    /// length and a constant step make one).
+    #[getter]
+    fn segments(&self) -> usize {
+        self.list.segments()
+    }
+
+    /// Heap bytes the list holds.
+    #[getter]
+    fn heap_bytes(&self) -> usize {
+        self.list.heap_bytes()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.list)
+    }
+}
+
+/// A transfer over prepared lists: ``post()`` starts it, ``status()`` polls it,
+/// ``wait()`` blocks, ``release()`` ends it for good; it may be posted again once ended.
+#[pyclass(module = "hmc", frozen)]
+pub struct PreparedXfer {
+    pub(crate) xfer: hmc_engine::PreparedTransfer<AnyCommunicator>,
+}
+
+fn error_of(s: &Option<hmc_engine::TransferStatus>) -> Option<PyErr> {
+    match s {
+        Some(hmc_engine::TransferStatus::Failed(e)) => Some(errors::engine_ref(e)),
+        Some(hmc_engine::TransferStatus::TimedOut) => Some(errors::new(
+            "TimeoutError",
+            "the transfer made no progress for no_progress_timeout_ms; its memory is no longer touched on either side",
+        )),
+        _ => None,
+    }
+}
+
+#[pymethods]
+impl PreparedXfer {
+    /// Starts the transfer and returns at once (refused while a post of it is in
+    /// progress, and after ``release``).
+    fn post(&self) -> PyResult<()> {
+        let _rt = runtime()?;
+        self.xfer.post().map_err(errors::engine)
+    }
+
+    /// Where the last post stands: ``WAITING`` (also before the first post),
+    /// ``COMPLETED``, ``TIMEOUT`` (no progress) or ``FAILED``.
+    fn status(&self) -> TransferStatus {
+        self.xfer
+            .status()
+            .map_or(TransferStatus::Waiting, |s| status_of(&s))
+    }
+
+    /// True once the last post ended.
+    fn done(&self) -> bool {
+        self.xfer.status().is_some_and(|s| s.is_done())
+    }
+
+    /// Blocks until the last post ends or ``timeout_ms`` passes (``None``: until it ends;
+    /// it always does) and returns the status.
+    #[pyo3(signature = (timeout_ms = None))]
+    fn wait(&self, py: Python<'_>, timeout_ms: Option<u64>) -> PyResult<TransferStatus> {
+        let x = self.xfer.clone();
+        let s = wait(py, async move {
+            match timeout_ms {
+                Some(t) => tokio::time::timeout(millis(t), x.wait())
+                    .await
+                    .ok()
+                    .flatten(),
+                None => x.wait().await,
+            }
+        })?;
+        Ok(s.map_or(TransferStatus::Waiting, |s| status_of(&s)))
+    }
+
+    /// The exception the last post ended with, or ``None``.
+    fn error(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        error_of(&self.xfer.status()).map(|e| e.into_value(py).into_any())
+    }
+
+    /// Cancels a post in progress and waits for it to end (its memory is then no longer
+    /// touched on either side); later posts are refused.
+    fn release(&self, py: Python<'_>) -> PyResult<()> {
+        let x = self.xfer.clone();
+        wait(py, async move { x.release().await })
+    }
+
+    /// The last post's telemetry once it ended: ``posted_at`` (seconds since the epoch),
+    /// ``duration_us``, ``bytes``, ``requested_descs``, ``descs`` (runs after merging),
+    /// ``transport``, ``ok``; ``None`` before.
+    fn telemetry<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(t) = self.xfer.telemetry() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        let at = t
+            .posted_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        d.set_item("posted_at", at)?;
+        d.set_item("duration_us", t.duration.as_micros() as u64)?;
+        d.set_item("bytes", t.bytes)?;
+        d.set_item("requested_descs", t.requested_descs)?;
+        d.set_item("descs", t.descs)?;
+        d.set_item("transport", t.transport.to_string())?;
+        d.set_item("ok", t.ok)?;
+        Ok(Some(d))
+    }
+
+    /// Bytes one post moves.
+    #[getter]
+    fn bytes(&self) -> u64 {
+        self.xfer.bytes()
+    }
+
+    /// Runs after merging pairs contiguous on both sides.
+    #[getter]
+    fn runs(&self) -> usize {
+        self.xfer.runs()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("{:?}", self.xfer)
+    }
+}
+
+impl Drop for PreparedXfer {
+    fn drop(&mut self) {
+        // A transfer nobody can release any more is released (cancelled if in progress).
+        let x = self.xfer.clone();
+        if let Ok(rt) = runtime() {
+            rt.spawn(async move { x.release().await });
+        }
+    }
+}
+
+/// Adds the classes to the module.
+pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PreparedList>()?;
+    m.add_class::<PreparedXfer>()?;
+    Ok(())
+}
