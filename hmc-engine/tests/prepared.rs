@@ -619,3 +619,50 @@ async fn metadata_blobs_are_bounded_authenticated_and_partial() {
         e.finalize().await;
     }
 }
+
+/// A local list does not keep memory registered: deregistering under it returns at once,
+/// and a transfer made of it then fails with `ListInvalid`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deregistering_under_a_local_list_does_not_wait_for_it() {
+    let a = engine("tcp", &[]).await;
+    let b = engine("tcp", &[]).await;
+    let (src, dst) = (vec![1u8; 8192], vec![0u8; 8192]);
+    // SAFETY: both buffers outlive the engines (dropped at the end of the test).
+    let (ha, _hb) = unsafe {
+        (
+            a.register_mem(common::host(&dst), MemType::Host, Access::READ_WRITE)
+                .unwrap(),
+            b.register_mem(common::host(&src), MemType::Host, Access::READ_WRITE)
+                .unwrap(),
+        )
+    };
+    let name = a.add_remote(&b.local_metadata().unwrap(), T).await.unwrap();
+    let l = a
+        .prepare_local(&[BlockDesc::strided(dst.as_ptr() as u64, 4096, 4096, 2)])
+        .unwrap();
+    let r = a
+        .prepare_remote(
+            &name,
+            &[BlockDesc::strided(src.as_ptr() as u64, 4096, 4096, 2)],
+            T,
+        )
+        .await
+        .unwrap();
+    let x = a
+        .make_transfer(TransferOp::Read, &l, &[0, 1], &r, &[1, 0], None)
+        .unwrap();
+    x.post().unwrap();
+    assert!(matches!(ended(&x).await, TransferStatus::Completed));
+    assert_eq!(dst, src);
+    tokio::time::timeout(Duration::from_secs(5), a.deregister_mem(ha))
+        .await
+        .expect("deregistering does not wait for the list")
+        .unwrap();
+    x.post().unwrap();
+    match ended(&x).await {
+        TransferStatus::Failed(e) => assert!(matches!(*e, EngineError::ListInvalid(_)), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    a.finalize().await;
+    b.finalize().await;
+}

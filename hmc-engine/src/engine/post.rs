@@ -108,7 +108,7 @@ struct XferState {
     telemetry: Option<Telemetry>,
 }
 
-fn local_of<C: Communicator>(l: &ListSide<C>) -> Option<&Resolved<Arc<LocalReg<C>>>> {
+fn local_of<C: Communicator>(l: &ListSide<C>) -> Option<&Resolved<std::sync::Weak<LocalReg<C>>>> {
     match l {
         ListSide::Local(r) => Some(r),
         ListSide::Remote { .. } => None,
@@ -120,6 +120,23 @@ fn remote_of<C: Communicator>(l: &ListSide<C>) -> Option<&Resolved<Arc<RemoteEnt
         ListSide::Remote { resolved, .. } => Some(resolved),
         ListSide::Local(_) => None,
     }
+}
+
+/// A local list's registrations, or [`EngineError::ListInvalid`] if one was
+/// deregistered.
+fn live_regs<C: Communicator>(
+    l: &Resolved<std::sync::Weak<LocalReg<C>>>,
+) -> Result<Vec<Arc<LocalReg<C>>>> {
+    l.regs
+        .iter()
+        .map(|w| {
+            w.upgrade().ok_or_else(|| {
+                EngineError::ListInvalid(
+                    "local memory under a prepared local list was deregistered".into(),
+                )
+            })
+        })
+        .collect()
 }
 
 impl<C: Communicator> Engine<C> {
@@ -170,7 +187,8 @@ impl<C: Communicator> Engine<C> {
             });
         }
         let (remote_needs, local_needs) = needs(op);
-        if let Some(reg) = l.regs.iter().find(|g| !g.access.allows(local_needs)) {
+        let held = live_regs(l)?;
+        if let Some(reg) = held.iter().find(|g| !g.access.allows(local_needs)) {
             return Err(EngineError::Transport(hmc_core::Error::AccessDenied(
                 format!(
                     "local memory {:?} is registered for {:?}; a {op:?} needs {local_needs:?} there (nothing was moved)",
@@ -403,6 +421,8 @@ impl<C: Communicator> XferInner<C> {
         self.engine.check_open()?;
         self.check_peer()?;
         let l = local_of(&self.local).expect("checked at make_transfer");
+        // Held until this post ends: deregistering waits for it.
+        let held = live_regs(l)?;
         let r = remote_of(&self.remote).expect("checked at make_transfer");
         let cfg = &self.engine.inner.shared.config;
         let stall = cfg.no_progress_timeout;
@@ -424,7 +444,7 @@ impl<C: Communicator> XferInner<C> {
                     break;
                 }
                 batch.push(TransferDesc {
-                    local: &l.regs[run.l as usize].reg,
+                    local: &held[run.l as usize].reg,
                     local_offset: run.loff as usize,
                     remote: &r.regs[run.r as usize].key,
                     remote_offset: run.roff,

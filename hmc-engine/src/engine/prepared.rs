@@ -137,7 +137,8 @@ impl<R> Resolved<R> {
 
 /// Which side a list was prepared for.
 pub(super) enum ListSide<C: Communicator> {
-    Local(Resolved<Arc<LocalReg<C>>>),
+    /// Held weakly: a list does not keep memory registered (a transfer in flight does).
+    Local(Resolved<std::sync::Weak<LocalReg<C>>>),
     Remote {
         peer: Arc<Peer<C>>,
         resolved: Resolved<Arc<RemoteEntry<C>>>,
@@ -145,9 +146,10 @@ pub(super) enum ListSide<C: Communicator> {
 }
 
 /// A prepared descriptor list (see [`Engine::prepare_local`] and
-/// [`Engine::prepare_remote`]). Cheap to clone. It keeps its regions' registrations
-/// alive: [`Engine::deregister_mem`] of a region under a local list waits until the list
-/// (and every transfer made of it) is dropped.
+/// [`Engine::prepare_remote`]). Cheap to clone. A local list does not keep memory
+/// registered: [`Engine::deregister_mem`] of a region under it waits only for transfers
+/// in flight, and later posts of a transfer made of the list fail with
+/// [`EngineError::ListInvalid`].
 pub struct PreparedList<C: Communicator> {
     pub(super) inner: Arc<ListSide<C>>,
 }
@@ -265,7 +267,7 @@ impl<C: Communicator> Engine<C> {
         let resolved = resolve(
             entries,
             |addr, len| match t.map.find(addr, len) {
-                Lookup::Inside(r, off) => Ok((r.clone(), off)),
+                Lookup::Inside(r, off) => Ok((Arc::downgrade(r), off)),
                 other => {
                     if let Lookup::Inside(..) = t.staged.find(addr, len) {
                         return Err(EngineError::InvalidArgument(format!(
@@ -275,7 +277,7 @@ impl<C: Communicator> Engine<C> {
                     Err(miss(Side::Local, name, addr, len, other))
                 }
             },
-            Arc::ptr_eq,
+            std::sync::Weak::ptr_eq,
         )?;
         Ok(PreparedList {
             inner: Arc::new(ListSide::Local(resolved)),
