@@ -258,9 +258,83 @@ impl Drop for PreparedXfer {
     }
 }
 
+/// For `cargo xtask bench kv`: the loop a Python caller runs per request (make a transfer
+/// of the request's indices, post it, wait, release) run by Rust over `requests`
+/// (pairs of index arrays), the GIL released; returns the seconds it took.
+#[pyfunction]
+#[pyo3(signature = (engine, op, local, remote, requests, notif_msg = None))]
+fn _prepared_loop(
+    py: Python<'_>,
+    engine: &crate::engine::Engine,
+    op: crate::engine::TransferOp,
+    local: &PreparedList,
+    remote: &PreparedList,
+    requests: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
+    notif_msg: Option<Vec<u8>>,
+) -> PyResult<f64> {
+    let e = engine.rust()?;
+    let reqs: Vec<(Vec<u64>, Vec<u64>)> = requests
+        .iter()
+        .map(|(l, r)| Ok((indices(l)?, indices(r)?)))
+        .collect::<PyResult<_>>()?;
+    let (l, r, op) = (local.list.clone(), remote.list.clone(), op.into());
+    wait(py, async move {
+        let start = std::time::Instant::now();
+        for (li, ri) in &reqs {
+            let notify = notif_msg.clone().map(|m| (String::new(), m));
+            let x = e.make_transfer(op, &l, li, &r, ri, notify)?;
+            x.post()?;
+            match x.wait().await {
+                Some(hmc_engine::TransferStatus::Completed) => {}
+                Some(hmc_engine::TransferStatus::Failed(err)) => {
+                    return Err(hmc_engine::EngineError::InvalidArgument(err.to_string()));
+                }
+                other => {
+                    return Err(hmc_engine::EngineError::InvalidArgument(format!(
+                        "the transfer ended {other:?}"
+                    )));
+                }
+            }
+            x.release().await;
+        }
+        Ok(start.elapsed().as_secs_f64())
+    })?
+    .map_err(errors::engine)
+}
+
+/// For `cargo xtask bench kv`'s memcpy row: copies `len` bytes from each `src[k]` to
+/// `dst[k]`, `rounds` times, and returns the seconds it took. The addresses are the
+/// caller's to vouch for (as `ctypes.memmove`'s are).
+#[pyfunction]
+fn _copy_blocks(
+    py: Python<'_>,
+    dst: &Bound<'_, PyAny>,
+    src: &Bound<'_, PyAny>,
+    len: usize,
+    rounds: u64,
+) -> PyResult<f64> {
+    let (d, s) = (indices(dst)?, indices(src)?);
+    if d.len() != s.len() {
+        return Err(errors::invalid("one source per destination"));
+    }
+    Ok(py.detach(|| {
+        let start = std::time::Instant::now();
+        for _ in 0..rounds {
+            for (&d, &s) in d.iter().zip(&s) {
+                // SAFETY: the caller vouches for both ranges (a benchmark helper, named
+                // with a leading underscore, as `ctypes.memmove` would be used).
+                unsafe { std::ptr::copy_nonoverlapping(s as *const u8, d as *mut u8, len) };
+            }
+        }
+        start.elapsed().as_secs_f64()
+    }))
+}
+
 /// Adds the classes to the module.
 pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PreparedList>()?;
     m.add_class::<PreparedXfer>()?;
+    m.add_function(wrap_pyfunction!(_prepared_loop, m)?)?;
+    m.add_function(wrap_pyfunction!(_copy_blocks, m)?)?;
     Ok(())
 }
