@@ -26,7 +26,7 @@ usage: cargo xtask <command>
   test [--long]        install what is missing, then tidy checks and the whole test suite
                        (--long adds the long-running soak tests and
                        `pip install ./hmc-py` into a new venv)
-  bench <transfer|rpc|ucx|shm|rdma|engine|python|plugin|all> [--quick] [--report]
+  bench <transfer|rpc|ucx|shm|rdma|engine|python|kv|plugin|all> [--quick] [--report]
                        benchmarks side by side with iperf3 / tonic / ucx_perftest /
                        memcpy / Mooncake (engine, python); rows as JSON in
                        target/bench-report/data; --report renders the HTML report
@@ -334,11 +334,11 @@ fn bench(args: &[String]) -> Result {
         "shm" => &[SHM],
         "rdma" => &[RDMA],
         "plugin" => &[PLUGIN],
-        "rpc" | "engine" | "python" => &[],
+        "rpc" | "engine" | "python" | "kv" => &[],
         "all" => &[TRANSFER, UCX, SHM, RDMA, PLUGIN],
         other => {
             return Err(format!(
-                "unknown benchmark `{other}`; choose transfer, rpc, ucx, shm, rdma, engine, python, plugin or all"
+                "unknown benchmark `{other}`; choose transfer, rpc, ucx, shm, rdma, engine, python, kv, plugin or all"
             ));
         }
     };
@@ -365,6 +365,9 @@ fn bench(args: &[String]) -> Result {
     }
     if which == "python" || which == "all" {
         python::bench(&mut rec, quick)?;
+    }
+    if which == "kv" || which == "all" {
+        python::bench_kv(&mut rec, quick)?;
     }
     rec.finish();
     if args.iter().any(|a| a == "--report") {

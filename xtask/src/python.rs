@@ -140,3 +140,62 @@ pub fn bench(rec: &mut crate::report::Recorder, quick: bool) -> Result {
     }
     rec.run("python", &mut cmd)
 }
+
+/// NIXL's Python package the KV bench runs beside (CPU-only with DRAM over its bundled UCX;
+/// `--no-deps`: its torch requirement is only for its examples).
+const NIXL: &str = "nixl-cu12==1.5.1";
+
+/// `target/nixl-venv` with NIXL and numpy (made on first use), or why not.
+fn nixl_python() -> std::result::Result<PathBuf, String> {
+    let venv = root().join("target/nixl-venv");
+    let py = venv.join("bin/python");
+    let ready = || {
+        Command::new(&py)
+            .args(["-c", "import nixl_cu12._api, numpy"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if ready() {
+        return Ok(py);
+    }
+    eprintln!("xtask: installing {NIXL} into {}", venv.display());
+    make_venv(&venv)?;
+    run(Command::new(&py).args(["-m", "pip", "install", "-q", "--no-deps", NIXL]))?;
+    run(Command::new(&py).args(["-m", "pip", "install", "-q", "numpy"]))?;
+    if ready() {
+        Ok(py)
+    } else {
+        Err("nixl_cu12 does not import after the install".into())
+    }
+}
+
+/// `cargo xtask bench kv`: `hmc-py/bench/bench_kv.py`, a request's KV blocks in vLLM's
+/// pattern, hmc (a release wheel) beside NIXL and Mooncake (each in its venv, with the same
+/// wheel), memcpy and the engine bench's TCP floor, in one run.
+pub fn bench_kv(rec: &mut crate::report::Recorder, quick: bool) -> Result {
+    let venv_py = venv()?;
+    rec.build_with(|| install_wheel(&venv_py, &venv_py, true))?;
+    let mut cmd = Command::new(&venv_py);
+    cmd.current_dir(root()).arg("hmc-py/bench/bench_kv.py");
+    for (flag, found) in [
+        ("--nixl-python", nixl_python()),
+        ("--mooncake-python", crate::mooncake_python()),
+    ] {
+        match found {
+            Ok(py) => {
+                // The same wheel there: the driver of each system imports hmc for its
+                // helpers only when it is hmc's, but the venvs share one build.
+                rec.build_with(|| install_wheel(&venv_py, &py, true))?;
+                cmd.arg(flag).arg(py);
+            }
+            Err(why) => eprintln!("xtask: the KV bench runs without {flag}: {why}"),
+        }
+    }
+    let floor = rec.build_with(|| crate::bench_binary("hmc-engine", "engine"))?;
+    cmd.arg("--floor").arg(floor);
+    if quick {
+        cmd.args(["--rounds", "3", "--seconds", "0.3", "--prep", "100000"]);
+    }
+    rec.run("kv", &mut cmd)
+}
