@@ -108,7 +108,6 @@ def hmc_target(a):
 def nixl_target(a):
     import threading
 
-    import numpy as np
     from nixl_cu12._api import nixl_agent, nixl_agent_config
 
     agent = nixl_agent("prefill", nixl_agent_config(backends=["UCX"]))
@@ -125,7 +124,6 @@ def nixl_target(a):
     agent.add_remote_agent(peer_md)
     threading.Thread(target=drain, daemon=True).start()
     say("OK")
-    del np
     serve_digests(lambda l, b: regions[l][b * a.block:(b + 1) * a.block])
 
 

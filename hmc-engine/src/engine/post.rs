@@ -176,12 +176,12 @@ impl<C: Communicator> Engine<C> {
                 remote_idx.len()
             )));
         }
-        if let Some((max, _)) = &notify
-            && max.len() > self.inner.shared.config.max_notify_len
+        if let Some((name, _)) = &notify
+            && name.len() > self.inner.shared.config.max_notify_len
         {
             return Err(EngineError::Limit {
                 limit: "max_notify_len",
-                value: max.len() as u64,
+                value: name.len() as u64,
                 max: self.inner.shared.config.max_notify_len as u64,
                 hint: "use a shorter notification name",
             });
