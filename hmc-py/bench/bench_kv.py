@@ -23,7 +23,8 @@ Systems (each a driver process of its own with its own target process):
   (``--floor``).
 
 Bytes are checked on the first request of each system (READ: against the target's fill;
-WRITE: by the target's digests). Rounds alternate the systems; medians are printed. A
+WRITE: by the target's digests). Rounds alternate the systems; medians are printed. The systems not being measured are stopped
+(SIGSTOP of their process group) so that their idle threads do not share the 2 cores. A
 preparation table beside NIXL's: seconds and resident bytes per descriptor to build and
 prepare ``--prep`` block descriptors on both sides, and the same as strided entries.
 
@@ -36,6 +37,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -376,18 +378,29 @@ def prep(a):
 
 
 class Proc:
+    """A driver (or the floor client) in a process group of its own with its target, stopped
+    (SIGSTOP) between its rounds: an idle system's threads (NIXL's and Mooncake's progress
+    threads poll) would otherwise take CPU from the system being measured on 2 cores."""
+
     def __init__(self, cmd, env=None):
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                  start_new_session=True)
+
+    def pause(self):
+        os.killpg(self.p.pid, signal.SIGSTOP)
 
     def ask(self, line):
+        os.killpg(self.p.pid, signal.SIGCONT)
         self.p.stdin.write(line + "\n")
         self.p.stdin.flush()
         out = next((x for x in self.p.stdout if x[:1] in "{0123456789."), None)
         if not out:
             sys.exit(f"{self.p.args} ended early")
+        self.pause()
         return out
 
     def close(self):
+        os.killpg(self.p.pid, signal.SIGCONT)
         self.p.stdin.close()
         self.p.wait(30)
 
@@ -433,9 +446,12 @@ def main():
                   "--nixl-python", a.nixl_python or "", "--mooncake-python", a.mooncake_python or ""], env)
         if not expect(d.p.stdout, "READY"):
             sys.exit(f"{s}: the driver did not start")
+        d.pause()
         drivers[s] = d
     req_bytes = a.layers * a.per_request * a.block
     floor = Proc([a.floor, "--floor-client", str(req_bytes)]) if a.floor else None
+    if floor:
+        floor.pause()
     res = {(s, op): [] for s in systems for op in ("read", "write")}
     rust = {(s, op): [] for s in systems for op in ("read", "write")}
     floor_rps = {"read": [], "write": []}

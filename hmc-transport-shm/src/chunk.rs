@@ -3,13 +3,17 @@
 //! for device memory (an opened vendor IPC mapping, or local device memory against peer
 //! host memory).
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+
+use parking_lot::RwLock;
 
 use hmc_core::{AnyMemory, Device, Error, Op, PeerAddr, Region, Result};
 
 use crate::cma::{self, PeerCred};
 use crate::device::{self, IpcLease};
 use crate::mapped::Mapping;
+use crate::pool::{CopyPool, Failed, Group};
 
 /// What one chunk copies between: the local range, and the lease's view of the peer.
 pub(crate) struct Chunk<'a> {
@@ -34,6 +38,87 @@ pub(crate) struct Peer<'a> {
     pub(crate) ipc: Option<&'a IpcLease>,
     /// Counts IPC handles opened on this endpoint.
     pub(crate) opens: &'a AtomicU64,
+}
+
+/// A transfer's host-to-host pieces gathered into groups (consecutive pieces of one lease,
+/// up to [`cma::MAX_IOV`] pieces or `group_bytes`) for one round of the copy pool.
+pub(crate) struct Round {
+    groups: Vec<Group>,
+    group_bytes: usize,
+    bytes: usize,
+}
+
+impl Round {
+    /// An empty round whose groups hold up to `group_bytes` each.
+    pub(crate) fn new(group_bytes: usize) -> Round {
+        Round {
+            groups: Vec::new(),
+            group_bytes: group_bytes.max(1),
+            bytes: 0,
+        }
+    }
+
+    /// Bytes gathered.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Largest piece worth gathering: a group's bytes (a longer range is split).
+    pub(crate) fn piece_cap(&self) -> usize {
+        self.group_bytes
+    }
+
+    pub(crate) fn push(
+        &mut self,
+        valid: &Arc<RwLock<bool>>,
+        local: *mut u8,
+        remote: u64,
+        len: usize,
+    ) {
+        let joins = self.groups.last().is_some_and(|g| {
+            Arc::ptr_eq(&g.valid, valid)
+                && g.pieces.len() < cma::MAX_IOV
+                && g.bytes + len <= self.group_bytes
+        });
+        if !joins {
+            self.groups.push(Group {
+                valid: valid.clone(),
+                pieces: Vec::new(),
+                bytes: 0,
+            });
+        }
+        let g = self.groups.last_mut().expect("pushed above");
+        g.pieces.push(cma::Piece { local, remote, len });
+        g.bytes += len;
+        self.bytes += len;
+    }
+
+    /// Copies what is gathered with the peer over `pool`, and returns the bytes moved;
+    /// `lost` says why when a lease was revoked.
+    ///
+    /// # Safety
+    /// Every piece's local range lies inside a registration the batch borrows, which the
+    /// caller keeps allocated; its remote range lies inside its lease.
+    pub(crate) unsafe fn run(
+        &mut self,
+        pool: &CopyPool,
+        op: Op,
+        peer: &PeerAddr,
+        cred: PeerCred,
+        lost: impl FnOnce() -> Error,
+    ) -> Result<usize> {
+        if self.groups.is_empty() {
+            return Ok(0);
+        }
+        self.bytes = 0;
+        let groups = std::mem::take(&mut self.groups);
+        // SAFETY: per this function's contract.
+        match unsafe { pool.run(cred.pid, op, groups) } {
+            Ok(n) => Ok(n),
+            Err(Failed::Revoked) => Err(lost()),
+            Err(Failed::Io(e)) => Err(copy_error(peer, cred, e)),
+        }
+    }
 }
 
 /// Copies one chunk.
@@ -101,7 +186,7 @@ pub(crate) unsafe fn copy(c: &Chunk<'_>, p: &Peer<'_>) -> Result<()> {
     }
 }
 
-fn copy_error(peer: &PeerAddr, cred: PeerCred, e: std::io::Error) -> Error {
+pub(crate) fn copy_error(peer: &PeerAddr, cred: PeerCred, e: std::io::Error) -> Error {
     match e.raw_os_error() {
         Some(libc::ESRCH) => Error::peer(peer, format!("process {} is gone", cred.pid)),
         Some(libc::EPERM) | Some(libc::ENOSYS) => cma::diagnose(cred, &e),

@@ -102,6 +102,102 @@ pub(crate) unsafe fn copy(
     Ok(())
 }
 
+/// Most iovecs one `process_vm_*` call takes (the kernel's `UIO_MAXIOV`).
+pub(crate) const MAX_IOV: usize = 1024;
+
+/// One piece of a vectored copy: `len` bytes at `local` here and at `remote` in the peer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Piece {
+    pub(crate) local: *mut u8,
+    pub(crate) remote: u64,
+    pub(crate) len: usize,
+}
+
+// SAFETY: a piece is two addresses and a length; the contract of `copy_vectored` (the local
+// range valid for the call) is the caller's wherever the call runs.
+unsafe impl Send for Piece {}
+
+/// Copies every piece between this process and process `pid` (for [`Op::Read`] from the
+/// remote into the local bytes, for [`Op::Write`] the other way) with as few
+/// `process_vm_*` calls as the kernel allows: [`MAX_IOV`] pieces a call. The kernel's fixed
+/// cost of a call (finding the task, the ptrace check, taking its mm) is then paid once per
+/// call rather than once per block. Loops over partial transfers from where one stopped; a
+/// call that moved nothing is an error.
+///
+/// # Safety
+/// Every piece's local range must be valid for the access (writes for a read) for the whole
+/// call, and nothing else may use it meanwhile in a way that races.
+pub(crate) unsafe fn copy_vectored(pid: i32, op: Op, pieces: &[Piece]) -> io::Result<()> {
+    let mut local = Vec::with_capacity(pieces.len().min(MAX_IOV));
+    let mut remote = Vec::with_capacity(pieces.len().min(MAX_IOV));
+    // (index of the first piece not fully moved, bytes of it already moved)
+    let (mut at, mut skip) = (0usize, 0usize);
+    while at < pieces.len() {
+        local.clear();
+        remote.clear();
+        let mut want = 0usize;
+        for (k, p) in pieces[at..].iter().take(MAX_IOV).enumerate() {
+            let from = if k == 0 { skip } else { 0 };
+            local.push(libc::iovec {
+                // SAFETY: `from < p.len` (a piece is advanced past only when fully moved),
+                // inside the local range the caller vouches for.
+                iov_base: unsafe { p.local.add(from) }.cast(),
+                iov_len: p.len - from,
+            });
+            remote.push(libc::iovec {
+                iov_base: (p.remote as usize + from) as *mut libc::c_void,
+                iov_len: p.len - from,
+            });
+            want += p.len - from;
+        }
+        let count = local.len() as libc::c_ulong;
+        // SAFETY: `count` valid local iovecs (see the function's contract) and as many remote
+        // ones that the kernel checks against the target's address space; no flags.
+        let n = unsafe {
+            match op {
+                Op::Read => {
+                    libc::process_vm_readv(pid, local.as_ptr(), count, remote.as_ptr(), count, 0)
+                }
+                Op::Write => {
+                    libc::process_vm_writev(pid, local.as_ptr(), count, remote.as_ptr(), count, 0)
+                }
+            }
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 && want > 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "process_vm_* moved no bytes (the remote range is unmapped)",
+            ));
+        }
+        // Advance past what moved: whole pieces, then into the one that stopped it.
+        let mut moved = n as usize;
+        while at < pieces.len() && moved > 0 {
+            let left = pieces[at].len - skip;
+            if moved >= left {
+                moved -= left;
+                at += 1;
+                skip = 0;
+            } else {
+                skip += moved;
+                moved = 0;
+            }
+        }
+        // Zero-length pieces move nothing and never stop a call.
+        while at < pieces.len() && pieces[at].len == skip {
+            at += 1;
+            skip = 0;
+        }
+    }
+    Ok(())
+}
+
 fn yama_scope() -> Option<u8> {
     std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope")
         .ok()
@@ -268,5 +364,76 @@ mod tests {
         assert!(e.contains("CAP_SYS_PTRACE"), "{e}");
         let e = diagnose(me, &io::Error::from_raw_os_error(libc::ENOSYS)).to_string();
         assert!(e.contains("seccomp"), "{e}");
+    }
+
+    /// Scattered pieces, more than one call's worth, zero-length ones among them, both ways,
+    /// against this process (its own pid): every byte lands where its piece says.
+    #[test]
+    fn vectored_copies_move_every_piece_across_calls() {
+        let pid = std::process::id() as i32;
+        let src: Vec<u8> = (0..(3 * MAX_IOV * 7) as u32)
+            .map(|i| (i * 31 % 251) as u8)
+            .collect();
+        let mut dst = vec![0u8; src.len()];
+        // Piece k: 7 bytes of src at 7k into dst at 7 * (n-1-k) (reversed), every 5th empty.
+        let n = src.len() / 7;
+        let pieces: Vec<Piece> = (0..n)
+            .map(|k| Piece {
+                local: dst[7 * (n - 1 - k)..].as_mut_ptr(),
+                remote: src[7 * k..].as_ptr() as u64,
+                len: if k % 5 == 4 { 0 } else { 7 },
+            })
+            .collect();
+        // SAFETY: every local range lies inside `dst`, borrowed mutably for the call.
+        unsafe { copy_vectored(pid, Op::Read, &pieces) }.unwrap();
+        for k in 0..n {
+            let want: &[u8] = if k % 5 == 4 {
+                &[0; 7]
+            } else {
+                &src[7 * k..7 * k + 7]
+            };
+            assert_eq!(&dst[7 * (n - 1 - k)..7 * (n - k)], want, "piece {k}");
+        }
+        let mut back = vec![0u8; src.len()];
+        let pieces: Vec<Piece> = (0..n)
+            .map(|k| Piece {
+                local: dst[7 * (n - 1 - k)..].as_mut_ptr(),
+                remote: back[7 * k..].as_mut_ptr() as u64,
+                len: 7,
+            })
+            .collect();
+        // SAFETY: as above; the remote ranges lie inside `back`, which nothing reads meanwhile.
+        unsafe { copy_vectored(pid, Op::Write, &pieces) }.unwrap();
+        for k in (0..n).filter(|k| k % 5 != 4) {
+            assert_eq!(&back[7 * k..7 * k + 7], &src[7 * k..7 * k + 7], "piece {k}");
+        }
+    }
+
+    /// A piece whose remote range is not mapped fails the copy (it is never skipped).
+    #[test]
+    fn vectored_copy_of_an_unmapped_range_fails() {
+        let pid = std::process::id() as i32;
+        let src = [1u8; 64];
+        let mut dst = [0u8; 128];
+        let pieces = [
+            Piece {
+                local: dst.as_mut_ptr(),
+                remote: src.as_ptr() as u64,
+                len: 64,
+            },
+            Piece {
+                // SAFETY: inside `dst`.
+                local: unsafe { dst.as_mut_ptr().add(64) },
+                remote: 8, // the first page is never mapped
+                len: 64,
+            },
+        ];
+        // SAFETY: both local ranges lie inside `dst`.
+        let e = unsafe { copy_vectored(pid, Op::Read, &pieces) }.unwrap_err();
+        assert!(
+            e.raw_os_error() == Some(libc::EFAULT) || e.kind() == io::ErrorKind::UnexpectedEof,
+            "{e}"
+        );
+        assert_eq!(&dst[..64], &src[..], "the mapped piece before it moved");
     }
 }

@@ -40,7 +40,7 @@ struct Lease {
     ipc: Option<IpcLease>,
     /// False once revoked (or the side channel closed). Copies hold the read lock for one
     /// chunk; revocation takes the write lock, so it returns after the chunk in progress.
-    valid: RwLock<bool>,
+    valid: Arc<RwLock<bool>>,
 }
 
 type KeyId = (u64, [u8; TOKEN_LEN]);
@@ -80,6 +80,15 @@ struct EpShared {
 }
 
 impl EpShared {
+    /// Why a lease a transfer holds is no longer valid: the peer went, or revoked it.
+    fn lease_lost(&self) -> Error {
+        if self.dead.load(Ordering::Acquire) {
+            self.gone()
+        } else {
+            Error::InvalidKey("the region was deregistered or rekeyed during the transfer".into())
+        }
+    }
+
     fn gone(&self) -> Error {
         Error::peer(
             &self.peer,
@@ -125,7 +134,7 @@ impl EpShared {
                         access,
                         map,
                         ipc: ipc.map(IpcLease::new),
-                        valid: RwLock::new(true),
+                        valid: Arc::new(RwLock::new(true)),
                     });
                     // Cached here, before any later `Revoke` on the wire is read.
                     let mut c = self.cache.lock();
@@ -343,7 +352,7 @@ impl ShmEndpoint {
 /// Local memory registered with a [`ShmCommunicator`]; deregistered (its leases revoked,
 /// waiting up to `revoke_timeout` for peers) when dropped.
 pub struct ShmRegistration {
-    entry: Arc<RegEntry>,
+    pub(crate) entry: Arc<RegEntry>,
     target: Arc<Target>,
     /// Memory this transport allocated (`alloc_registered`): unmapped after `drop` has
     /// revoked every lease on it (fields drop after `Drop::drop`).
@@ -412,6 +421,8 @@ pub struct ShmCommunicator {
     next_endpoint: AtomicU64,
     /// Memory backends that open peers' device memory and copy with it.
     pub(crate) devices: Devices,
+    /// Threads for cross-memory-attach copies (`ShmConfig::copy_threads`).
+    copies: crate::pool::CopyPool,
 }
 
 impl std::fmt::Debug for ShmCommunicator {
@@ -461,6 +472,7 @@ impl ShmCommunicator {
         if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)) {
             tracing::debug!(error = %e, "could not restrict the socket file's permissions");
         }
+        let copy_threads = config.copy_threads;
         let target = Target::start(config, path.clone(), listener)
             .map_err(|e| Error::io("starting the side-channel thread", e))?;
         Ok(ShmCommunicator {
@@ -469,6 +481,7 @@ impl ShmCommunicator {
             endpoints: Mutex::new(Vec::new()),
             next_endpoint: AtomicU64::new(1),
             devices: Devices::default(),
+            copies: crate::pool::CopyPool::new(copy_threads),
         })
     }
 
@@ -736,28 +749,7 @@ impl Communicator for ShmCommunicator {
         let ep = &*ep.inner.shared;
         let need = Access::required_by(op);
         for d in batch {
-            if d.remote.endpoint != ep.id {
-                return Err(Error::InvalidArgument(
-                    "a remote key was imported for another endpoint; import the region on this \
-                     endpoint"
-                        .into(),
-                ));
-            }
-            let local = d.local.entry.region.len as u64;
-            check_bounds(
-                "local registration",
-                d.local_offset as u64,
-                d.len as u64,
-                local,
-            )?;
-            check_bounds("remote region", d.remote_offset, d.len as u64, d.remote.len)?;
-            if !d.remote.access.allows(need) {
-                return Err(Error::AccessDenied(format!(
-                    "the remote region allows {:?} but {op:?} needs {need:?}; export it with \
-                     that access",
-                    d.remote.access
-                )));
-            }
+            crate::key::check_desc(ep.id, op, d)?;
         }
         if batch.is_empty() {
             return Ok(());
@@ -821,11 +813,8 @@ impl Communicator for ShmCommunicator {
             leases.push((d.remote.key, lease));
         }
         let lease_of = |d: &TransferDesc<'_, Self>| {
-            leases
-                .iter()
-                .find(|(k, _)| *k == d.remote.key)
-                .map(|(_, l)| l.clone())
-                .expect("leased above")
+            let at = leases.iter().position(|(k, _)| *k == d.remote.key);
+            &leases[at.expect("leased above")].1
         };
         // The target's answer is authoritative (a descriptor's length could be forged), and
         // so is the memory kind its grant names.
@@ -868,53 +857,69 @@ impl Communicator for ShmCommunicator {
         }
         let chunk = self.target.config.chunk_len.max(1);
         let mut since_yield = 0usize;
+        // Host-to-host pieces go in rounds of up to a chunk over the copy threads (the
+        // deadline and the yield are checked between rounds; each group holds its lease).
+        let pool = &self.copies;
+        let mut round = chunk::Round::new((chunk / pool.threads()).max(64 << 10));
+        let run = |r: &mut chunk::Round| {
+            // SAFETY: the pieces' local ranges were bounds-checked against registrations the
+            // batch borrows, which the caller keeps allocated; remote ones against the lease.
+            unsafe { r.run(pool, op, &ep.peer, ep.cred, || ep.lease_lost()) }
+        };
         for (d, engine) in batch.iter().zip(&engines) {
             let l = lease_of(d);
-            let peer = chunk::Peer {
-                addr: &ep.peer,
-                cred: ep.cred,
-                base: l.addr,
-                len: l.len,
-                map: l.map.as_deref(),
-                ipc: l.ipc.as_ref(),
-                opens: &ep.ipc_opens,
-            };
+            let attach = engine.is_none() && l.map.is_none() && l.ipc.is_none();
+            if !attach {
+                since_yield += run(&mut round)?;
+            }
+            let step = if attach { round.piece_cap() } else { chunk };
             let mut off = 0usize;
             while off < d.len {
                 if deadline.is_expired() {
                     return Err(expired());
                 }
-                let n = chunk.min(d.len - off);
-                {
+                let n = step.min(d.len - off);
+                let local = d.local.entry.region.slice(d.local_offset + off, n)?;
+                let at = d.remote_offset + off as u64;
+                off += n;
+                if attach {
+                    round.push(&l.valid, local.addr as *mut u8, l.addr + at, n);
+                    if round.bytes() >= chunk {
+                        since_yield += run(&mut round)?;
+                    }
+                } else {
+                    let peer = chunk::Peer {
+                        addr: &ep.peer,
+                        cred: ep.cred,
+                        base: l.addr,
+                        len: l.len,
+                        map: l.map.as_deref(),
+                        ipc: l.ipc.as_ref(),
+                        opens: &ep.ipc_opens,
+                    };
                     let valid = l.valid.read();
                     if !*valid {
-                        return Err(if ep.dead.load(Ordering::Acquire) {
-                            ep.gone()
-                        } else {
-                            Error::InvalidKey(
-                                "the region was deregistered or rekeyed during the transfer".into(),
-                            )
-                        });
+                        return Err(ep.lease_lost());
                     }
                     let c = Chunk {
                         op,
-                        local: d.local.entry.region.slice(d.local_offset + off, n)?,
-                        at: d.remote_offset + off as u64,
+                        local,
+                        at,
                         engine: engine.as_ref(),
                     };
                     // SAFETY: the local range lies inside a registration the batch borrows
                     // (bounds checked above), which the caller keeps allocated; the lease
                     // cannot be revoked while `valid` is held for reading.
                     unsafe { chunk::copy(&c, &peer) }?;
+                    since_yield += n;
                 }
-                off += n;
-                since_yield += n;
                 if since_yield >= chunk {
                     since_yield = 0;
                     tokio::task::yield_now().await;
                 }
             }
         }
+        run(&mut round)?;
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use hmc_core::{Access, Error, RemoteView, Result, check_bounds};
+use hmc_core::{Access, Error, Op, RemoteView, Result, TransferDesc, check_bounds};
 
 use crate::control::{CONTROL_LEN, Held, token_words};
 use crate::mapped::Mapping;
@@ -30,6 +30,38 @@ impl std::fmt::Debug for ShmRemoteKey {
             .field("access", &self.access)
             .finish_non_exhaustive()
     }
+}
+
+/// Checks one descriptor of a batch on endpoint `endpoint` before any byte moves: the key
+/// was imported there, both ranges lie inside their regions, and the region's exported
+/// access allows `op`.
+pub(crate) fn check_desc(
+    endpoint: u64,
+    op: Op,
+    d: &TransferDesc<'_, crate::ShmCommunicator>,
+) -> Result<()> {
+    let (remote, local_len) = (d.remote, d.local.entry.region.len);
+    if remote.endpoint != endpoint {
+        return Err(Error::InvalidArgument(
+            "a remote key was imported for another endpoint; import the region on this endpoint"
+                .into(),
+        ));
+    }
+    check_bounds(
+        "local registration",
+        d.local_offset as u64,
+        d.len as u64,
+        local_len as u64,
+    )?;
+    check_bounds("remote region", d.remote_offset, d.len as u64, remote.len)?;
+    let need = Access::required_by(op);
+    if !remote.access.allows(need) {
+        return Err(Error::AccessDenied(format!(
+            "the remote region allows {:?} but {op:?} needs {need:?}; export it with that access",
+            remote.access
+        )));
+    }
+    Ok(())
 }
 
 /// `len` bytes at `offset` of the region `k` names, from the peer's shared memory mapped

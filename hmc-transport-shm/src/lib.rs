@@ -75,7 +75,11 @@
 //! the endpoint), or [`ShmConfig::revoke_timeout`] passed (then it warns and gives up on
 //! the hung peer). A `Granted` is always written before any `Revoke` of the same lease.
 //! Copies are split into [`ShmConfig::chunk_len`] pieces; the deadline and the lease are
-//! checked before each, and the transfer future yields between them.
+//! checked before each, and the transfer future yields between them. Host-to-host
+//! descriptors of a batch are gathered: consecutive pieces of one lease become one
+//! vectored `process_vm_*` call (up to 1,024 iovecs), and a chunk's calls are spread over
+//! [`ShmConfig::copy_threads`] threads (a block table of scattered small blocks pays one
+//! call's fixed cost per group, not per block).
 //!
 //! Shared memory from `alloc_registered` carries a control page after its data (the
 //! current key and per-process copy counters): an initiator that has it mapped checks keys
@@ -121,6 +125,7 @@ mod host;
 mod key;
 mod local_first;
 mod mapped;
+mod pool;
 mod target;
 mod wire;
 
@@ -164,6 +169,17 @@ pub struct ShmConfig {
     /// (`frame_timeout`, default 10 s); past it the connection is closed. An idle
     /// connection waits for its next message without a limit.
     pub frame_timeout: Duration,
+    /// Threads that copy one transfer's host memory with a peer by cross-memory attach
+    /// (`copy_threads`, default: the CPUs this process may use, at most 4; 1: the calling
+    /// thread alone). The kernel copies for the calling process on its CPU, so one caller
+    /// is bound by one core while the target, which a one-sided copy never wakes, leaves
+    /// the others idle. Rounds under 256 KiB stay on the calling thread.
+    pub copy_threads: usize,
+}
+
+/// The default [`ShmConfig::copy_threads`]: the CPUs this process may use, at most 4.
+pub fn default_copy_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
 }
 
 impl Default for ShmConfig {
@@ -178,6 +194,7 @@ impl Default for ShmConfig {
             allow_any_ptracer: false,
             max_connections: 1024,
             frame_timeout: Duration::from_secs(10),
+            copy_threads: default_copy_threads(),
         }
     }
 }
