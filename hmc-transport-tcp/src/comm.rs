@@ -624,12 +624,14 @@ async fn run_request(
             let status = wire::read_status(stream, peer).await?;
             if status.is_ok() {
                 wire::skip_pad(stream).await?;
-                for d in descs.iter().filter(|d| d.len > 0) {
-                    // SAFETY: as for WRITE; peers and local code that touch the same bytes
-                    // concurrently accepted DMA semantics when registering.
-                    let bytes = unsafe { std::slice::from_raw_parts_mut(local_ptr(d), d.len) };
-                    stream.read_exact_eager(bytes, until, poll).await?;
-                }
+                // Scattered into the descriptors' bytes, up to `MAX_GATHER` per `recvmsg`.
+                let pieces: Vec<crate::net::Piece> = descs
+                    .iter()
+                    .map(|d| (local_ptr(d) as usize, d.len))
+                    .collect();
+                // SAFETY: as for WRITE; peers and local code that touch the same bytes
+                // concurrently accepted DMA semantics when registering.
+                unsafe { stream.read_exact_scatter_eager(&pieces, until, poll) }.await?;
             }
             Ok(status)
         }

@@ -459,18 +459,25 @@ enum Moved {
     },
 }
 
-/// Reads `len` bytes from the socket into `entry` at `offset`, giving up after `stall`
-/// without progress.
+/// Reads the bytes of `descs` (one region, `entry`) from the socket, one after another,
+/// giving up after `stall` without progress. Each `recvmsg` scatters into up to
+/// [`MAX_GATHER`] of them, so scattered KV blocks cost the system calls of one contiguous
+/// block; before each, the target checks that the initiator has not abandoned the WRITE.
 async fn recv_into(
     stream: &Stream,
     entry: &RegEntry,
-    offset: u64,
-    len: u64,
+    descs: &[WireDesc],
     stall: Duration,
 ) -> io::Result<Moved> {
+    let pieces: Vec<crate::net::Piece> = descs
+        .iter()
+        .map(|d| ((entry.region.addr + d.offset) as usize, d.len as usize))
+        .collect();
+    let mut at = crate::net::Cursor::default();
+    at.advance(&pieces, 0);
     let mut done = 0u64;
     let mut wait = false;
-    while done < len {
+    while at.first < pieces.len() {
         if wait {
             within(stall, stream.readable()).await?;
         }
@@ -482,7 +489,8 @@ async fn recv_into(
                 "the initiator abandoned this WRITE; the rest of it is not applied",
             ));
         }
-        // The guard lives in this block only: never across an `.await`.
+        // The guard lives in this block only: never across an `.await` (nor do the
+        // iovecs' raw pointers).
         let read = {
             let live = entry.live.read();
             if !*live {
@@ -491,25 +499,22 @@ async fn recv_into(
                     started: done > 0,
                 });
             }
-            // SAFETY: `admit` checked offset+len against the region, which stays allocated
-            // while it is registered (the `register` contract), and `live` (held for this
-            // call only) proves it still is. Concurrent access by others follows the DMA
-            // rule that `register`'s caller accepted.
-            let dst = unsafe {
-                std::slice::from_raw_parts_mut(
-                    (entry.region.addr + offset + done) as *mut u8,
-                    (len - done) as usize,
-                )
-            };
-            // Bytes already there are taken before waiting for a readiness event.
-            stream.try_read(dst)
+            let mut iov = [crate::net::EMPTY_IOVEC; MAX_GATHER];
+            let n = at.iovecs(&pieces, &mut iov);
+            // SAFETY: `admit` checked every descriptor against the region, which stays
+            // allocated while it is registered (the `register` contract), and `live` (held
+            // for this call only) proves it still is. Concurrent access by others follows
+            // the DMA rule that `register`'s caller accepted. Bytes already there are taken
+            // before waiting for a readiness event.
+            unsafe { stream.try_read_iovecs(&iov[..n]) }
         };
         match read {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => {
+                at.advance(&pieces, n);
                 done += n as u64;
                 wait = false;
-                if done < len {
+                if at.first < pieces.len() {
                     tokio::task::coop::consume_budget().await;
                 }
             }
@@ -645,9 +650,18 @@ async fn serve_batch(
     match op {
         Op::Write => {
             let mut remaining = total;
-            for (d, entry) in descs.iter().zip(&entries) {
-                match recv_into(stream, entry, d.offset, d.len, stall).await? {
-                    Moved::Done => remaining -= d.len,
+            // Runs of descriptors in the same region are read together (see `recv_into`).
+            let mut i = 0;
+            while i < descs.len() {
+                let (d, entry) = (&descs[i], &entries[i]);
+                let run = entries[i..]
+                    .iter()
+                    .take_while(|e| Arc::ptr_eq(e, entry))
+                    .count();
+                let run = &descs[i..i + run];
+                i += run.len();
+                match recv_into(stream, entry, run, stall).await? {
+                    Moved::Done => remaining -= run.iter().map(|d| d.len).sum::<u64>(),
                     Moved::Deregistered { moved, .. } => {
                         drain(stream, remaining - moved, stall).await?;
                         let e = Error::InvalidKey(format!(
