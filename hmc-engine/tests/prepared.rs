@@ -124,6 +124,7 @@ async fn ended(x: &PreparedTransfer<AnyCommunicator>) -> TransferStatus {
 #[case::tcp("tcp")]
 #[case::shm("shm")]
 #[case::auto("auto")]
+#[case::ucx("ucx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prepared_lists_move_random_blocks_both_ways(#[case] transport: &str) {
     let (layers, blocks, block) = (4, 64, 4096);
