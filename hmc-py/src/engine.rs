@@ -508,21 +508,23 @@ impl Engine {
         Ok(TransferReq { req })
     }
 
-    /// Sends ``msg`` to ``remote``'s queue; it reads it with ``get_notifies()``.
-    #[pyo3(signature = (remote, msg, timeout_ms = 1000))]
+    /// Sends ``msg`` to ``remote``'s queue; it reads it with ``get_notifies()`` (or
+    /// ``get_notifications()``, which also shows ``name``).
+    #[pyo3(signature = (remote, msg, timeout_ms = 1000, name = ""))]
     fn send_notify(
         &self,
         py: Python<'_>,
         remote: &str,
         msg: &[u8],
         timeout_ms: u64,
+        name: &str,
     ) -> PyResult<()> {
         let live = self.live()?;
         let msg = msg.to_vec();
         wait(
             py,
             live.engine
-                .send_notify(remote, "", &msg, millis(timeout_ms)),
+                .send_notify(remote, name, &msg, millis(timeout_ms)),
         )?
         .map_err(errors::engine)
     }

@@ -278,7 +278,7 @@ fn test(long: bool) -> Result {
     // `cargo xtask demo --cluster`, as a user runs it (etcd started and stopped by it).
     demo::cluster(&root().join("target/debug/examples/cluster_node"))?;
     // The Python package: its wheel into target/py-venv, then pytest.
-    python::test()?;
+    python::test(long)?;
     if long {
         // `pip install ./hmc-py` as a user runs it (minutes: a release build).
         python::pip_install()?;

@@ -82,13 +82,24 @@ fn install_wheel(venv_py: &Path, python: &Path, release: bool) -> Result {
         .arg(&wheel))
 }
 
-/// Builds the wheel into `target/py-venv` and runs the pytest suite (hmc-py/tests).
-pub fn test() -> Result {
+/// Builds the wheel into `target/py-venv` and runs the pytest suite (hmc-py/tests). With
+/// `long`, the NIXL comparisons also run the real NIXL 1.5.1 (`target/nixl-venv`, made on
+/// first use) through `HMC_NIXL_PYTHON`.
+pub fn test(long: bool) -> Result {
     let py = venv()?;
     install_wheel(&py, &py, false)?;
-    run(Command::new(&py)
-        .current_dir(root().join("hmc-py"))
-        .args(["-m", "pytest", "-q", "tests"]))
+    let mut cmd = Command::new(&py);
+    cmd.current_dir(root().join("hmc-py"))
+        .args(["-m", "pytest", "-q", "tests"]);
+    if long {
+        match nixl_python() {
+            Ok(nixl) => {
+                cmd.env("HMC_NIXL_PYTHON", nixl);
+            }
+            Err(why) => eprintln!("xtask: the NIXL comparisons run without NIXL: {why}"),
+        }
+    }
+    run(&mut cmd)
 }
 
 /// `cargo xtask test --long`: `pip install './hmc-py[test]'`, as the README tells a user,

@@ -1,0 +1,30 @@
+"""NIXL's Python API on hmc: ``from hmc.nixl._api import nixl_agent`` where NIXL code says
+``from nixl._api import nixl_agent`` (the one-name change, as ``rixl`` mirrors NIXL).
+
+The layout mirrors the ``nixl`` package: :mod:`hmc.nixl._api` (the agent),
+:mod:`hmc.nixl._bindings` (status codes, memory types, descriptor lists, exceptions),
+:mod:`hmc.nixl._utils` and :mod:`hmc.nixl.logging`. An hmc agent talks to hmc agents, not to
+NIXL processes: its metadata is refused by NIXL and NIXL's by it, by name. Calls of NIXL
+that hmc does not carry (storage backends, device-side views, the listen-thread and etcd
+metadata exchange for now) raise ``NotImplementedError`` naming the call and what to use.
+"""
+
+from ._api import (
+    DEFAULT_COMM_PORT,
+    nixl_agent,
+    nixl_agent_config,
+    nixl_backend_handle,
+    nixl_prepped_dlist_handle,
+    nixl_thread_sync_t,
+    nixl_xfer_handle,
+)
+
+__all__ = [
+    "DEFAULT_COMM_PORT",
+    "nixl_agent",
+    "nixl_agent_config",
+    "nixl_backend_handle",
+    "nixl_prepped_dlist_handle",
+    "nixl_thread_sync_t",
+    "nixl_xfer_handle",
+]

@@ -1,0 +1,719 @@
+"""``nixl._api`` on hmc: ``nixl_agent`` and its configuration and handles, with NIXL 1.5.1's
+method names, argument orders, defaults, return values, state strings and exception types.
+
+An agent is one :class:`hmc.Engine`. Its metadata (``get_agent_metadata``) is the engine's
+blob with the agent's name; notifications carry the sender's agent name. NIXL's backend
+``"UCX"`` (its default, what vLLM passes) selects hmc's default transport choice (``auto``:
+cross-memory attach to a peer on this host, UCX or TCP to others); hmc's own transports
+(``tcp``, ``shm``, ``ucx``, ``rdma``, ``auto``) are backends too. One transport per agent.
+
+Intended differences from NIXL (see the README's behaviour table): a transfer that makes no
+progress for the engine's ``no_progress_timeout_ms`` ends ``"ERR"`` instead of staying
+``"PROC"``; releasing a transfer in flight cancels it (no late bytes over tcp and shm); the
+agent may be used from several threads; the failure notice hmc sends for a failed transfer
+is logged at the target, because NIXL's notification map cannot carry it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import sys
+import threading
+import time
+from enum import Enum
+from typing import Optional, Union
+
+import numpy as np
+
+import hmc
+
+from . import _bindings as nixlBind
+from .logging import get_logger
+
+logger = get_logger(__name__)
+
+DEFAULT_COMM_PORT = nixlBind.DEFAULT_COMM_PORT
+
+# The prefix of an hmc agent's metadata: a NIXL agent's (or anything else) is refused by it.
+_MAGIC = b"HMCNIXL1"
+# hmc's transports, and NIXL's name that means "the default choice".
+_TRANSPORTS = {"UCX": "auto", "auto": "auto", "tcp": "tcp", "shm": "shm", "ucx": "ucx", "rdma": "rdma"}
+# NIXL backends for storage and other fabrics that hmc does not carry.
+_STORAGE = ("POSIX", "GDS", "GDS_MT", "OBJ", "HF3FS", "AZURE_BLOB", "GUSLI", "LIBFABRIC", "UCCL", "MOONCAKE", "GPUNETIO")
+# How long a call that needs the peer may wait (its metadata, a notification).
+_TIMEOUT_MS = int(os.environ.get("HMC_NIXL_TIMEOUT_MS", "5000"))
+
+
+def _is_torch_tensor(obj: object) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _name(agent) -> str:
+    return agent.decode() if isinstance(agent, (bytes, bytearray)) else str(agent)
+
+
+def _nixl_error(e: BaseException) -> BaseException:
+    """The NIXL exception for an hmc error (its message kept)."""
+    msg = f"{type(e).__name__}: {e}"
+    if isinstance(e, hmc.NotRegisteredError):
+        return nixlBind.nixlNotFoundError(msg)
+    if isinstance(e, (hmc.InvalidArgumentError, hmc.LimitError)):
+        return nixlBind.nixlInvalidParamError(msg)
+    if isinstance(e, hmc.NotConnectedError):
+        return nixlBind.nixlNotFoundError(msg)
+    if isinstance(e, hmc.UnavailableError):
+        return nixlBind.nixlRemoteDisconnectError(msg)
+    if isinstance(e, hmc.CancelledError):
+        return nixlBind.nixlCancelledError(msg)
+    if isinstance(e, hmc.StateError):
+        return nixlBind.nixlNotAllowedError(msg)
+    if isinstance(e, hmc.UnsupportedError):
+        return nixlBind.nixlNotSupportedError(msg)
+    return nixlBind.nixlBackendError(msg)
+
+
+class nixl_prepped_dlist_handle:
+    """A prepared descriptor list (``prep_xfer_dlist``): local, or of one remote agent."""
+
+    __slots__ = ("_list", "_agent", "_remote", "_released")
+
+    def __init__(self, agent, prepared, remote: Optional[str]):
+        self._agent = agent
+        self._list = prepared
+        self._remote = remote
+        self._released = False
+
+    def __repr__(self) -> str:
+        return f"nixl_prepped_dlist_handle({self._remote or 'local'}, released={self._released})"
+
+    def release(self):
+        self._released = True
+        self._list = None
+
+    def _live(self):
+        if self._released:
+            raise nixlBind.nixlInvalidParamError("this prepared list was released")
+        return self._list
+
+
+class nixl_xfer_handle:
+    """A transfer request (``make_prepped_xfer``, ``initialize_xfer``)."""
+
+    __slots__ = ("_agent", "_xfer", "_make", "_notif", "_post_us", "_posted", "_released")
+
+    def __init__(self, agent, make, notif: bytes):
+        self._agent = agent
+        self._make = make
+        self._notif = notif
+        self._xfer = make(notif)
+        self._post_us = 0
+        self._posted = False
+        self._released = False
+
+    def __repr__(self) -> str:
+        return f"nixl_xfer_handle(released={self._released})"
+
+    def release(self):
+        if not self._released:
+            self._released = True
+            if self._xfer is not None:
+                self._xfer.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 (best effort at teardown, as NIXL's)
+            pass
+
+    def _live(self):
+        if self._released:
+            raise nixlBind.nixlInvalidParamError("this transfer handle was released")
+        return self._xfer
+
+
+nixl_backend_handle = int
+
+
+class nixl_thread_sync_t(Enum):
+    """Thread synchronisation modes (accepted; an hmc agent is thread-safe in every mode)."""
+
+    NIXL_THREAD_SYNC_NONE = nixlBind.NIXL_THREAD_SYNC_NONE
+    NIXL_THREAD_SYNC_STRICT = nixlBind.NIXL_THREAD_SYNC_STRICT
+    NIXL_THREAD_SYNC_RW = nixlBind.NIXL_THREAD_SYNC_RW
+    NIXL_THREAD_SYNC_DEFAULT = nixlBind.NIXL_THREAD_SYNC_DEFAULT
+
+
+class nixl_agent_config:
+    """NIXL's agent configuration. ``backends`` chooses the transport (above);
+    ``capture_telemetry`` enables ``get_xfer_telemetry``; the progress and listen threads,
+    their port and ``num_threads`` are accepted (hmc's engine has its own threads; the
+    listen-thread metadata exchange is not carried yet)."""
+
+    def __init__(
+        self,
+        enable_prog_thread: bool = True,
+        enable_listen_thread: bool = False,
+        listen_port: int = DEFAULT_COMM_PORT,
+        capture_telemetry: bool = False,
+        num_threads: int = 0,
+        backends: list[str] = ["UCX"],  # noqa: B006 (NIXL's signature)
+        sync_mode: Optional[nixl_thread_sync_t] = None,
+    ):
+        self.backends = backends
+        self.enable_pthread = enable_prog_thread
+        self.enable_listen = enable_listen_thread
+        self.port = listen_port
+        self.capture_telemetry = capture_telemetry
+        self.num_threads = num_threads
+        if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
+            raise TypeError(
+                f"sync_mode must be a nixl_thread_sync_t (got {type(sync_mode).__name__!r})"
+            )
+        self.sync_mode = sync_mode
+
+
+class nixl_agent:
+    """A NIXL agent on an :class:`hmc.Engine` (see the module's docs).
+
+    The engine listens on ``$HMC_NIXL_HOST`` (default ``127.0.0.1``): set it to this host's
+    address for peers on other hosts.
+    """
+
+    def __init__(
+        self,
+        agent_name: str,
+        nixl_conf: Optional[nixl_agent_config] = None,
+        instantiate_all: bool = False,
+    ):
+        if nixl_conf and instantiate_all:
+            instantiate_all = False
+            logger.warning("Ignoring instantiate_all based on the provided config in agent creation.")
+        conf = nixl_conf or nixl_agent_config()
+        self.name = agent_name
+        self._conf = conf
+        self._lock = threading.RLock()
+        self._engine: Optional[hmc.Engine] = None
+        self._transport: Optional[str] = None
+        self._regs: dict[tuple[int, int], hmc.MemHandle] = {}
+        self._remotes: dict[str, str] = {}  # agent name -> engine address
+        self._agents: dict[str, str] = {}  # engine address -> agent name
+        self.notifs: dict[str, list[bytes]] = {}
+        self._fresh: dict[str, list[bytes]] = {}
+        self.backends: dict[str, int] = {}
+        self.backend_mems: dict[str, list[str]] = {}
+        self.backend_options: dict[str, dict[str, str]] = {}
+        self.plugin_list = list(_TRANSPORTS)
+        self.nixl_mems = {
+            "DRAM": nixlBind.DRAM_SEG,
+            "VRAM": nixlBind.VRAM_SEG,
+            "FILE": nixlBind.FILE_SEG,
+            "BLOCK": nixlBind.BLK_SEG,
+            "OBJ": nixlBind.OBJ_SEG,
+            "cpu": nixlBind.DRAM_SEG,
+            "cuda": nixlBind.VRAM_SEG,
+        }
+        self.nixl_ops = {"WRITE": nixlBind.NIXL_WRITE, "READ": nixlBind.NIXL_READ}
+        for b in self.plugin_list if instantiate_all else conf.backends:
+            if b not in self.plugin_list:
+                logger.warning("Skipping backend registration %s due to the missing plugin.", b)
+            else:
+                self.create_backend(b)
+        logger.info("Initialized NIXL agent on hmc: %s", agent_name)
+
+    def __del__(self):
+        e = getattr(self, "_engine", None)
+        if e is not None:
+            try:
+                e.finalize()
+            except Exception:  # noqa: BLE001
+                pass
+
+    # ------------------------------------------------------------------ backends
+
+    def get_plugin_list(self) -> list[str]:
+        """The backends an agent can create: NIXL's ``UCX`` and hmc's transports."""
+        return list(self.plugin_list)
+
+    def get_plugin_mem_types(self, backend: str) -> list[str]:
+        self._check_backend_name(backend)
+        return ["DRAM"]
+
+    def get_plugin_params(self, backend: str) -> dict[str, str]:
+        self._check_backend_name(backend)
+        return {}
+
+    def get_backend_mem_types(self, backend: str) -> list[str]:
+        return self.backend_mems[self._created(backend)]
+
+    def get_backend_params(self, backend: str) -> dict[str, str]:
+        return self.backend_options[self._created(backend)]
+
+    def create_backend(self, backend: str, initParams: dict[str, str] = {}):  # noqa: B006, N803
+        """Creates ``backend``: the first one chooses the agent's transport; a later one of
+        another transport is refused (one transport per agent)."""
+        self._check_backend_name(backend)
+        with self._lock:
+            want = _TRANSPORTS[backend]
+            if self._engine is None:
+                e = hmc.Engine()
+                opts = {} if want == "auto" else {"transport": want}
+                e.initialize(os.environ.get("HMC_NIXL_HOST", "127.0.0.1") + ":0", opts)
+                self._engine, self._transport = e, want
+            elif want != self._transport:
+                raise nixlBind.nixlNotSupportedError(
+                    f"this agent moves bytes over `{self._transport}`; an hmc agent has one "
+                    f"transport, so `{backend}` needs an agent of its own"
+                )
+            self.backends[backend] = len(self.backends) + 1
+            self.backend_mems[backend] = ["DRAM"]
+            self.backend_options[backend] = dict(initParams)
+            logger.info("Backend %s was instantiated (hmc transport %s)", backend, want)
+
+    def _check_backend_name(self, backend: str):
+        if backend in _STORAGE:
+            raise NotImplementedError(
+                f"NIXL's {backend} backend is not carried by hmc.nixl; use NIXL for storage, "
+                "or one of " + ", ".join(self.plugin_list) + " for memory"
+            )
+        if backend not in _TRANSPORTS:
+            raise nixlBind.nixlNotFoundError(
+                f"no backend `{backend}`; hmc.nixl has " + ", ".join(self.plugin_list)
+            )
+
+    def _created(self, backend: str) -> str:
+        if backend not in self.backends:
+            raise KeyError(backend)
+        return backend
+
+    def _e(self) -> hmc.Engine:
+        if self._engine is None:
+            raise nixlBind.nixlNotAllowedError(
+                "this agent has no backend: pass backends=['UCX'] (the default) or call "
+                "create_backend"
+            )
+        return self._engine
+
+    # ------------------------------------------------------------------ memory
+
+    def register_memory(self, reg_list, mem_type: Optional[str] = None, backends: list[str] = []):  # noqa: B006
+        """Registers each region of ``reg_list`` (tuples, an N x 3 array, tensors or an
+        ``nixlRegDList``); returns the ``nixlRegDList``."""
+        descs = self.get_reg_descs(reg_list, mem_type)
+        if descs is None:
+            raise nixlBind.nixlInvalidParamError("register_memory: no descriptors could be made of the input")
+        self._check_dram(descs, "register_memory")
+        e = self._e()
+        done = []
+        try:
+            with self._lock:
+                for addr, length, _dev, _meta in descs:
+                    h = e.register_mem((addr, length))
+                    self._regs[(addr, length)] = h
+                    done.append((addr, length))
+        except hmc.HmcError as err:
+            for k in done:
+                e.deregister_mem(self._regs.pop(k))
+            raise _nixl_error(err) from err
+        return descs
+
+    def deregister_memory(self, dereg_list, backends: list[str] = []):  # noqa: B006
+        descs = self.get_reg_descs(dereg_list)
+        with self._lock:
+            keys = [(a, n) for a, n, _d, _m in descs]
+            missing = [k for k in keys if k not in self._regs]
+            if missing:
+                raise nixlBind.nixlNotFoundError(
+                    f"deregister_memory: {hex(missing[0][0])} ({missing[0][1]} bytes) is not registered"
+                )
+            for k in keys:
+                try:
+                    self._e().deregister_mem(self._regs.pop(k))
+                except hmc.HmcError as err:
+                    raise _nixl_error(err) from err
+
+    def query_memory(self, reg_list, backend: str, mem_type: Optional[str] = None):
+        """As NIXL's memory backends: not supported (it queries storage)."""
+        if backend not in self.backends:
+            raise ValueError(f"Backend '{backend}' not found. Available backends: {list(self.backends.keys())}")
+        raise nixlBind.nixlNotSupportedError("NIXL_ERR_NOT_SUPPORTED: query_memory is for storage backends")
+
+    def _check_dram(self, descs, call: str):
+        if descs.getType() != nixlBind.DRAM_SEG:
+            raise NotImplementedError(
+                f"{call}: {descs.getType().name} memory is not carried by hmc.nixl yet (device "
+                "regions peers can reach come with hmc's device-memory work); use DRAM"
+            )
+
+    # ------------------------------------------------------------------ connections and lists
+
+    def make_connection(self, remote_agent: str, backends: list[str] = []):  # noqa: B006
+        """Connected already by ``add_remote_agent``: checks that the agent is known."""
+        self._addr(remote_agent)
+
+    def _addr(self, agent) -> str:
+        name = _name(agent)
+        with self._lock:
+            addr = self._remotes.get(name)
+        if addr is None:
+            raise nixlBind.nixlNotFoundError(f"NIXL_ERR_NOT_FOUND: metadata for remote agent '{name}' not found")
+        return addr
+
+    def prep_xfer_dlist(self, agent_name, xfer_list, mem_type: Optional[str] = None, backends: list[str] = []):  # noqa: B006
+        """Prepares a descriptor list: local for ``"NIXL_INIT_AGENT"`` (or ``""``), else of
+        the remote agent ``agent_name``. An N x 5 array is strided entries (addr, len, dev,
+        stride, count) and needs ``mem_type``."""
+        strided = isinstance(xfer_list, np.ndarray) and xfer_list.ndim == 2 and xfer_list.shape[1] == 5
+        if strided:
+            if mem_type is None:
+                raise ValueError("Please specify a mem type for strided descriptors")
+            if self.nixl_mems[mem_type] != nixlBind.DRAM_SEG:
+                raise NotImplementedError(f"prep_xfer_dlist: {mem_type} memory is not carried by hmc.nixl yet; use DRAM")
+            entries = np.ascontiguousarray(xfer_list, dtype=np.uint64)
+        else:
+            descs = self.get_xfer_descs(xfer_list, mem_type)
+            if descs is None:
+                raise nixlBind.nixlInvalidParamError("prep_xfer_dlist: no descriptors could be made of the input")
+            self._check_dram(descs, "prep_xfer_dlist")
+            entries = descs._array()
+        name = _name(agent_name)
+        e = self._e()
+        try:
+            if name in ("", "NIXL_INIT_AGENT"):
+                return nixl_prepped_dlist_handle(self, e.prepare_local(entries), None)
+            if name == self.name:
+                raise NotImplementedError(
+                    "prep_xfer_dlist: loopback lists (the agent's own name) are not carried by "
+                    "hmc.nixl; make a second agent for a transfer within this process"
+                )
+            return nixl_prepped_dlist_handle(self, e.prepare_remote(self._addr(name), entries, _TIMEOUT_MS), name)
+        except hmc.HmcError as err:
+            raise _nixl_error(err) from err
+
+    def release_dlist_handle(self, handle: nixl_prepped_dlist_handle):
+        handle.release()
+
+    # ------------------------------------------------------------------ transfers
+
+    def make_prepped_xfer(
+        self,
+        operation: str,
+        local_xfer_side: nixl_prepped_dlist_handle,
+        local_indices: Union[list[int], np.ndarray],
+        remote_xfer_side: nixl_prepped_dlist_handle,
+        remote_indices: Union[list[int], np.ndarray],
+        notif_msg: bytes = b"",
+        backends: list[str] = [],  # noqa: B006
+        skip_desc_merge: bool = False,
+    ) -> nixl_xfer_handle:
+        """A transfer of the indexed entries of two prepared lists; ``notif_msg`` (when not
+        empty) reaches the remote agent once the bytes are there."""
+        op = {"READ": hmc.TransferOp.READ, "WRITE": hmc.TransferOp.WRITE}[operation]
+        local, remote = local_xfer_side._live(), remote_xfer_side._live()
+        if local_xfer_side._remote is not None or remote_xfer_side._remote is None:
+            raise nixlBind.nixlInvalidParamError(
+                "make_prepped_xfer: the local side must be prepared with NIXL_INIT_AGENT and the "
+                "remote side with a remote agent's name"
+            )
+        e = self._e()
+        li, ri = np.asarray(local_indices, dtype=np.int64), np.asarray(remote_indices, dtype=np.int64)
+
+        def make(msg: bytes):
+            try:
+                if msg:
+                    return e.make_transfer(op, local, li, remote, ri, notif_msg=bytes(msg), notif_name=self.name)
+                return e.make_transfer(op, local, li, remote, ri)
+            except hmc.HmcError as err:
+                raise _nixl_error(err) from err
+
+        return nixl_xfer_handle(self, make, _bytes(notif_msg))
+
+    def initialize_xfer(
+        self,
+        operation: str,
+        local_descs,
+        remote_descs,
+        remote_agent: str,
+        notif_msg: bytes = b"",
+        backends: list[str] = [],  # noqa: B006
+    ) -> nixl_xfer_handle:
+        """A transfer of two descriptor lists, prepared for it."""
+        lh = self.prep_xfer_dlist("NIXL_INIT_AGENT", local_descs)
+        rh = self.prep_xfer_dlist(remote_agent, remote_descs)
+        n = len(lh._list)
+        if n != len(rh._list):
+            raise nixlBind.nixlInvalidParamError("initialize_xfer: the two lists differ in length")
+        idx = np.arange(n, dtype=np.int64)
+        return self.make_prepped_xfer(operation, lh, idx, rh, idx, notif_msg)
+
+    def transfer(self, handle: nixl_xfer_handle, notif_msg: bytes = b"") -> str:
+        """Posts the transfer; ``"DONE"``, ``"PROC"`` or ``"ERR"``. A ``notif_msg`` given here
+        replaces the handle's for this and later posts."""
+        x = handle._live()
+        msg = _bytes(notif_msg)
+        if handle._posted and not x.done():
+            raise nixlBind.nixlRepostActiveError("NIXL_ERR_REPOST_ACTIVE: the transfer is still in progress")
+        if msg and msg != handle._notif:
+            x.release()
+            handle._xfer, handle._notif = handle._make(msg), msg
+            x = handle._xfer
+        t0 = time.perf_counter()
+        try:
+            x.post()
+        except hmc.StateError as err:
+            raise nixlBind.nixlRepostActiveError(f"NIXL_ERR_REPOST_ACTIVE: {err}") from err
+        except hmc.HmcError as err:
+            raise _nixl_error(err) from err
+        handle._post_us = int((time.perf_counter() - t0) * 1e6)
+        handle._posted = True
+        return self.check_xfer_state(handle)
+
+    def check_xfer_state(self, handle: nixl_xfer_handle) -> str:
+        """``"DONE"``, ``"PROC"`` or ``"ERR"``; a peer that went away raises
+        ``nixlRemoteDisconnectError``, as NIXL's does."""
+        x = handle._live()
+        s = x.status()
+        if s == hmc.TransferStatus.COMPLETED:
+            return "DONE"
+        if s == hmc.TransferStatus.WAITING:
+            return "PROC"
+        err = x.error()
+        if isinstance(err, hmc.UnavailableError) and "gone" in str(err).lower():
+            raise nixlBind.nixlRemoteDisconnectError(f"NIXL_ERR_REMOTE_DISCONNECT: {err}")
+        logger.error("transfer failed: %s", err)
+        return "ERR"
+
+    def get_xfer_telemetry(self, handle: nixl_xfer_handle) -> nixlBind.nixlXferTelemetry:
+        if not self._conf.capture_telemetry:
+            raise nixlBind.nixlNoTelemetryError(
+                "NIXL_ERR_NO_TELEMETRY: create the agent with nixl_agent_config(capture_telemetry=True)"
+            )
+        t = handle._live().telemetry()
+        if t is None:
+            raise nixlBind.nixlNotPostedError("NIXL_ERR_NOT_POSTED: the transfer has not ended a post yet")
+        return nixlBind.nixlXferTelemetry(
+            startTime=int(t["posted_at"] * 1e6),
+            postDuration=handle._post_us,
+            xferDuration=t["duration_us"],
+            totalBytes=t["bytes"],
+            descCount=t["descs"],
+        )
+
+    def query_xfer_backend(self, handle: nixl_xfer_handle) -> str:
+        handle._live()
+        return next(iter(self.backends))
+
+    def estimate_xfer_cost(self, req_handle: nixl_xfer_handle):
+        raise NotImplementedError(
+            "estimate_xfer_cost is not carried by hmc.nixl; time a post with get_xfer_telemetry"
+        )
+
+    def release_xfer_handle(self, handle: nixl_xfer_handle):
+        """Releases the handle; a transfer in flight is cancelled first."""
+        handle.release()
+
+    def prep_mem_view(self, dlist, *, backends: Optional[list[str]] = None) -> int:
+        raise NotImplementedError("prep_mem_view (NIXL's device-side API) is not carried by hmc.nixl")
+
+    def release_mem_view(self, mvh: int) -> None:
+        raise NotImplementedError("release_mem_view (NIXL's device-side API) is not carried by hmc.nixl")
+
+    # ------------------------------------------------------------------ notifications
+
+    def _poll(self) -> None:
+        for frm, name, msg, failed in self._e().get_notifications():
+            if failed is not None:
+                logger.warning("a transfer from %s failed (its notification is not delivered): %s", name or frm, failed)
+                continue
+            agent = name or self._agents.get(frm, frm)
+            self._fresh.setdefault(agent, []).append(bytes(msg))
+
+    def get_new_notifs(self, backends: list[str] = []) -> dict[str, list[bytes]]:  # noqa: B006
+        """Notifications since the last call, by sending agent."""
+        with self._lock:
+            self._poll()
+            out, self._fresh = self._fresh, {}
+            return out
+
+    def update_notifs(self, backends: list[str] = []) -> dict[str, list[bytes]]:  # noqa: B006
+        """Adds new notifications to ``self.notifs`` and returns it."""
+        with self._lock:
+            for agent, msgs in self.get_new_notifs().items():
+                self.notifs.setdefault(agent, []).extend(msgs)
+            return self.notifs
+
+    def check_remote_xfer_done(self, remote_agent_name: str, lookup_tag: bytes, backends: list[str] = [], tag_is_prefix=True) -> bool:  # noqa: B006
+        with self._lock:
+            self.update_notifs()
+            msgs = self.notifs.get(_name(remote_agent_name), [])
+            for m in msgs:
+                if (tag_is_prefix and m.startswith(lookup_tag)) or (not tag_is_prefix and lookup_tag in m):
+                    msgs.remove(m)
+                    return True
+            return False
+
+    def send_notif(self, remote_agent_name: str, notif_msg: bytes, backend: Optional[str] = None):
+        """A standalone notification to a remote agent."""
+        try:
+            self._e().send_notify(self._addr(remote_agent_name), _bytes(notif_msg), _TIMEOUT_MS, name=self.name)
+        except hmc.HmcError as err:
+            raise _nixl_error(err) from err
+
+    # ------------------------------------------------------------------ metadata
+
+    def _wrap(self, blob: bytes) -> bytes:
+        n = self.name.encode()
+        return _MAGIC + struct.pack(">H", len(n)) + n + blob
+
+    def get_agent_metadata(self) -> bytes:
+        """This agent's metadata: its name and its engine's blob."""
+        return self._wrap(self._e().local_metadata())
+
+    def get_partial_agent_metadata(self, descs, inc_conn_info: bool = False, backends: list[str] = []) -> bytes:  # noqa: B006
+        """Metadata of the registered regions ``descs`` (with connection information always:
+        ``inc_conn_info`` is accepted)."""
+        rows = self.get_reg_descs(descs) if not isinstance(descs, nixlBind.nixlRegDList) else descs
+        with self._lock:
+            try:
+                handles = [self._regs[(a, n)] for a, n, _d, _m in rows]
+            except KeyError as k:
+                raise nixlBind.nixlNotFoundError(f"get_partial_agent_metadata: {k} is not registered") from None
+        return self._wrap(self._e().partial_metadata(handles))
+
+    def add_remote_agent(self, metadata: bytes) -> bytes:
+        """Loads a remote hmc agent's metadata; returns its name (bytes, as NIXL's)."""
+        metadata = bytes(metadata)
+        if not metadata.startswith(_MAGIC):
+            raise nixlBind.nixlMismatchError(
+                "NIXL_ERR_MISMATCH: not an hmc.nixl agent's metadata (an hmc agent talks to hmc "
+                "agents only, not to NIXL processes)"
+            )
+        (n,) = struct.unpack(">H", metadata[len(_MAGIC) : len(_MAGIC) + 2])
+        at = len(_MAGIC) + 2
+        name, blob = metadata[at : at + n].decode(), metadata[at + n :]
+        try:
+            addr = self._e().add_remote(blob, _TIMEOUT_MS)
+        except hmc.HmcError as err:
+            raise _nixl_error(err) from err
+        with self._lock:
+            self._remotes[name] = addr
+            self._agents[addr] = name
+        return name.encode()
+
+    def remove_remote_agent(self, agent: str):
+        addr = self._addr(agent)
+        with self._lock:
+            self._remotes.pop(_name(agent), None)
+            self._agents.pop(addr, None)
+        try:
+            self._e().remove_remote(addr)
+        except hmc.HmcError as err:
+            raise _nixl_error(err) from err
+
+    def check_remote_metadata(self, agent: str, descs=None) -> bool:
+        """Whether the agent's metadata is loaded (and, with ``descs``, covers them)."""
+        with self._lock:
+            addr = self._remotes.get(_name(agent))
+        if addr is None or not self._e().check_remote(addr):
+            return False
+        if descs is None or len(descs) == 0:
+            return True
+        try:
+            self._e().prepare_remote(addr, self.get_xfer_descs(descs)._array(), _TIMEOUT_MS)
+            return True
+        except hmc.HmcError:
+            return False
+
+    def _no_exchange(self, call: str):
+        raise NotImplementedError(
+            f"{call}: the listen-thread and etcd metadata exchange is not carried by hmc.nixl "
+            "yet; pass get_agent_metadata() over your own side channel to add_remote_agent()"
+        )
+
+    def send_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
+        self._no_exchange("send_local_metadata")
+
+    def send_partial_agent_metadata(self, descs, inc_conn_info: bool = False, backends: list[str] = [], ip_addr: str = "", port: int = DEFAULT_COMM_PORT, label: str = ""):  # noqa: B006
+        self._no_exchange("send_partial_agent_metadata")
+
+    def fetch_remote_metadata(self, remote_agent: str, ip_addr: str = "", port: int = DEFAULT_COMM_PORT, label: str = ""):
+        self._no_exchange("fetch_remote_metadata")
+
+    def invalidate_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
+        self._no_exchange("invalidate_local_metadata")
+
+    # ------------------------------------------------------------------ descriptor lists
+
+    @staticmethod
+    def _tensor_mem_type(tensor) -> str:
+        return "DRAM" if tensor.get_device() == -1 else "VRAM"
+
+    def _tensor_rows(self, tensors):
+        rows = []
+        for t in tensors:
+            if not t.is_contiguous():
+                logger.error("Please use a list of contiguous Tensors")
+                return None, None
+            dev = t.get_device()
+            rows.append((t.data_ptr(), t.numel() * t.element_size(), 0 if dev == -1 else dev))
+        return rows, self._tensor_mem_type(tensors[0])
+
+    def get_xfer_descs(self, descs, mem_type: Optional[str] = None):
+        """An ``nixlXferDList`` from 3-tuples or an N x 3 array with ``mem_type``, a tensor
+        or a list of tensors, or a list as is."""
+        if isinstance(descs, nixlBind.nixlXferDList):
+            return descs
+        if isinstance(descs, nixlBind.nixlRegDList):
+            logger.error("RegList type detected for transfer, please use XferList")
+            return None
+        if _is_torch_tensor(descs):
+            descs = [descs]
+        if isinstance(descs, np.ndarray) or (len(descs) and isinstance(descs[0], tuple)):
+            if mem_type is None:
+                logger.error("Please specify a mem type if not using Tensors")
+                return None
+            return nixlBind.nixlXferDList(self.nixl_mems[mem_type], descs)
+        if len(descs) and _is_torch_tensor(descs[0]):
+            rows, mt = self._tensor_rows(descs)
+            return None if rows is None else nixlBind.nixlXferDList(self.nixl_mems[mt], rows)
+        return None
+
+    def get_remote_descs(self, descs, mem_type: Optional[str] = None):
+        if isinstance(descs, nixlBind.nixlRemoteDList):
+            return descs
+        if len(descs) and isinstance(descs[0], tuple) and mem_type is not None:
+            return nixlBind.nixlRemoteDList(self.nixl_mems[mem_type], descs)
+        logger.error("4-tuple list (addr, len, dev_id, agent_name) and a mem type needed for remote descriptors")
+        return None
+
+    def get_reg_descs(self, descs, mem_type: Optional[str] = None):
+        """An ``nixlRegDList`` from 4-tuples or an N x 3 array with ``mem_type``, a tensor or a
+        list of tensors, or a list as is."""
+        if isinstance(descs, nixlBind.nixlRegDList):
+            return descs
+        if isinstance(descs, nixlBind.nixlXferDList):
+            logger.error("XferList type detected for registration, please use RegList")
+            return None
+        if _is_torch_tensor(descs):
+            descs = [descs]
+        if isinstance(descs, np.ndarray) or (len(descs) and isinstance(descs[0], tuple)):
+            if mem_type is None:
+                logger.error("Please specify a mem type if not using Tensors")
+                return None
+            return nixlBind.nixlRegDList(self.nixl_mems[mem_type], descs)
+        if len(descs) and _is_torch_tensor(descs[0]):
+            rows, mt = self._tensor_rows(descs)
+            return None if rows is None else nixlBind.nixlRegDList(self.nixl_mems[mt], [r + ("",) for r in rows])
+        return None
+
+    def get_serialized_descs(self, descs) -> bytes:
+        return pickle.dumps(descs)
+
+    def deserialize_descs(self, serialized_descs: bytes):
+        return pickle.loads(serialized_descs)  # noqa: S301 (NIXL's API: the caller's bytes)
+
+
+def _bytes(msg) -> bytes:
+    return msg.encode() if isinstance(msg, str) else bytes(msg)

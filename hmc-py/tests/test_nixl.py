@@ -1,0 +1,163 @@
+"""``hmc.nixl``: NIXL's Python API on hmc. vLLM's sequence of NIXL calls between two
+processes (``nixl_vllm_pattern.py``) with checksums, the same script's results beside
+NIXL 1.5.1's when an interpreter with it is given (``HMC_NIXL_PYTHON``, set by
+``cargo xtask test --long``), and the calls hmc.nixl refuses by name."""
+
+import json
+import os
+import signal
+import time
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hmc.nixl import _bindings as nb
+from hmc.nixl._api import nixl_agent, nixl_agent_config
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "nixl_vllm_pattern.py")
+
+# What the script prints on NIXL 1.5.1 (and must on hmc.nixl): run against both, the same.
+EXPECTED = {
+    "remote_name": "prefill",
+    "remote_md_ok": True,
+    "telemetry": [131072, True, True],
+    "read_states": ["DONE", "DONE", "DONE"],
+    "read_bytes_ok": True,
+    "prefill_notifs": {"decode": ["req-0", "req-1", "req-2"]},
+    "heartbeat": {"decode": ["heartbeat"]},
+    "strided_read": ["DONE", True],
+    "write": ["DONE", True],
+    "remote_xfer_done": True,
+    "unknown_agent": "nixlNotFoundError",
+    "garbage_md": "nixlMismatchError",
+    "exceptions_exist": [True, True, True, True],
+    "statuses": [0, 1, -4],
+    "after_remove": False,
+    "end": "ok",
+}
+
+
+def run_pattern(python, package):
+    out = subprocess.run([python, SCRIPT, package], capture_output=True, text=True, timeout=120)
+    results = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            _, key, value = line.split(" ", 2)
+            results[key] = json.loads(value)
+    assert results.get("end") == "ok", f"{package}: {out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+    return results
+
+
+def test_the_vllm_sequence_runs_on_hmc_nixl():
+    assert run_pattern(sys.executable, "hmc.nixl") == EXPECTED
+
+
+@pytest.mark.skipif(not os.environ.get("HMC_NIXL_PYTHON"), reason="HMC_NIXL_PYTHON (NIXL 1.5.1) not given")
+def test_nixl_itself_gives_the_same_results():
+    assert run_pattern(os.environ["HMC_NIXL_PYTHON"], "nixl_cu12") == EXPECTED
+
+
+@pytest.fixture
+def agent():
+    a = nixl_agent("solo", nixl_agent_config(backends=["UCX"]))
+    yield a
+    a._engine.finalize()
+
+
+@pytest.mark.parametrize("backend", ["POSIX", "GDS", "OBJ"])
+def test_storage_backends_are_refused_by_name(agent, backend):
+    with pytest.raises(NotImplementedError, match=backend):
+        agent.create_backend(backend)
+
+
+def test_calls_not_carried_raise_not_implemented_naming_them(agent):
+    m = np.zeros(4096, np.uint8)
+    agent.register_memory([(m.ctypes.data, m.nbytes, 0, "")], "DRAM")
+    with pytest.raises(NotImplementedError, match="loopback"):
+        agent.prep_xfer_dlist("solo", [(m.ctypes.data, 4096, 0)], "DRAM")
+    with pytest.raises(NotImplementedError, match="VRAM"):
+        agent.register_memory([(m.ctypes.data, 16, 0, "")], "VRAM")
+    for call, args in [("prep_mem_view", (None,)), ("send_local_metadata", ()),
+                       ("fetch_remote_metadata", ("x",)), ("invalidate_local_metadata", ()),
+                       ("estimate_xfer_cost", (None,))]:
+        with pytest.raises(NotImplementedError, match=call):
+            getattr(agent, call)(*args)
+
+
+def test_telemetry_needs_capture_and_foreign_metadata_is_refused(agent):
+    other = nixl_agent("other", nixl_agent_config(backends=["UCX"]))
+    src = np.arange(8192, dtype=np.uint8)
+    dst = np.zeros(8192, np.uint8)
+    agent.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+    other.register_memory([(src.ctypes.data, src.nbytes, 0, "")], "DRAM")
+    with pytest.raises(nb.nixlNotSupportedError, match="one\\s+transport|agent of its own"):
+        agent.create_backend("tcp")  # the agent's transport is auto ("UCX")
+    name = agent.add_remote_agent(other.get_agent_metadata())
+    local = agent.get_xfer_descs([(dst.ctypes.data, 8192, 0)], "DRAM")
+    remote = agent.get_xfer_descs([(src.ctypes.data, 8192, 0)], "DRAM")
+    h = agent.initialize_xfer("READ", local, remote, name, b"x")
+    st = agent.transfer(h)
+    while st == "PROC":
+        st = agent.check_xfer_state(h)
+    assert st == "DONE" and (dst == src).all()
+    with pytest.raises(nb.nixlNoTelemetryError):
+        agent.get_xfer_telemetry(h)
+    agent.release_xfer_handle(h)
+    with pytest.raises(nb.nixlInvalidParamError):
+        agent.check_xfer_state(h)  # released
+    with pytest.raises(nb.nixlMismatchError, match="hmc agents only"):
+        agent.add_remote_agent(b"\x00" * 64)
+    other._engine.finalize()
+
+
+def test_descriptor_lists_pickle_and_keep_their_rows():
+    d = nb.nixlXferDList(nb.DRAM_SEG, [(1, 2, 0), (3, 4, 0)])
+    a = nixl_agent("lists", nixl_agent_config(backends=[]))
+    back = a.deserialize_descs(a.get_serialized_descs(d))
+    assert back == d and back.descCount() == 2 and back[1] == (3, 4, 0)
+    assert back.getType() == nb.DRAM_SEG and not back.isEmpty()
+    with pytest.raises(nb.nixlInvalidParamError):
+        nb.nixlRegDList(nb.DRAM_SEG, [(1, 2, 0)])  # a registration row has 4 fields
+
+
+def test_a_stopped_peer_ends_the_transfer_in_err_and_the_handle_works_again():
+    """NIXL's READ from a peer that stopped answering stays "PROC" over TCP (nixl#2047);
+    ours ends "ERR" after the engine's no-progress timeout, and the same handle, posted
+    again once the peer resumes, moves the bytes (an intended difference)."""
+    env = dict(os.environ, NIXL_PATTERN_BACKEND="tcp")
+    p = subprocess.Popen([sys.executable, SCRIPT, "hmc.nixl", "prefill"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        words = next(line for line in p.stdout if line.startswith("MD ")).split()[1:]
+        md, addr = bytes.fromhex(words[0]), int(words[1])
+        a = nixl_agent("decode", nixl_agent_config(backends=["tcp"]))
+        dst = np.zeros(64 * 4096, np.uint8)
+        a.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+        name = a.add_remote_agent(md)
+        lh = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(dst.ctypes.data, dst.nbytes, 0)], "DRAM")
+        rh = a.prep_xfer_dlist(name, [(addr, 64 * 4096, 0)], "DRAM")
+        h = a.make_prepped_xfer("READ", lh, [0], rh, [0])
+        p.send_signal(signal.SIGSTOP)
+        start = time.monotonic()
+        st = a.transfer(h)
+        while st == "PROC" and time.monotonic() - start < 30:
+            st = a.check_xfer_state(h)
+            time.sleep(0.01)
+        assert st == "ERR", st
+        assert time.monotonic() - start < 15
+        p.send_signal(signal.SIGCONT)
+        st = a.transfer(h)
+        while st == "PROC":
+            st = a.check_xfer_state(h)
+        assert st == "DONE"
+        want = np.random.default_rng(100).integers(0, 256, 64 * 4096, dtype=np.uint8)
+        assert (dst == want).all()
+        a.release_xfer_handle(h)
+        a._engine.finalize()
+    finally:
+        p.send_signal(signal.SIGCONT)
+        p.stdin.close()
+        p.wait(30)
