@@ -83,8 +83,9 @@ fn install_wheel(venv_py: &Path, python: &Path, release: bool) -> Result {
 }
 
 /// Builds the wheel into `target/py-venv` and runs the pytest suite (hmc-py/tests). With
-/// `long`, the NIXL comparisons also run the real NIXL 1.5.1 (`target/nixl-venv`, made on
-/// first use) through `HMC_NIXL_PYTHON`.
+/// `long`, the NIXL and Mooncake comparisons also run the real NIXL 1.5.1 and Mooncake
+/// 0.3.13 (`target/nixl-venv`, `target/mooncake-venv`, made on first use) through
+/// `HMC_NIXL_PYTHON` and `HMC_MOONCAKE_PYTHON`.
 pub fn test(long: bool) -> Result {
     let py = venv()?;
     install_wheel(&py, &py, false)?;
@@ -97,6 +98,12 @@ pub fn test(long: bool) -> Result {
                 cmd.env("HMC_NIXL_PYTHON", nixl);
             }
             Err(why) => eprintln!("xtask: the NIXL comparisons run without NIXL: {why}"),
+        }
+        match crate::mooncake_python() {
+            Ok(mc) => {
+                cmd.env("HMC_MOONCAKE_PYTHON", mc);
+            }
+            Err(why) => eprintln!("xtask: the Mooncake comparisons run without Mooncake: {why}"),
         }
     }
     run(&mut cmd)

@@ -1,0 +1,73 @@
+"""``hmc.mooncake``: Mooncake Transfer Engine's Python API on hmc. The same two-process
+script (``mooncake_pattern.py``) on ``hmc.mooncake``, with checksums, and beside Mooncake
+0.3.13 when an interpreter with it is given (``HMC_MOONCAKE_PYTHON``, set by ``cargo xtask
+test --long``); the calls hmc.mooncake refuses by name."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hmc.mooncake import TransferEngine
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mooncake_pattern.py")
+
+# What the script prints on Mooncake 0.3.13 (and must on hmc.mooncake).
+EXPECTED = {
+    "initialize": 0, "rpc_port": True, "register": 0,
+    "sync_read": 0, "sync_read_bytes": True, "sync_write": 0, "sync_write_bytes": True,
+    "batch_read": 0, "batch_read_bytes": True, "batch_write": 0, "batch_write_bytes": True,
+    "async_batch_id": True, "async_status": 0, "async_bytes": True,
+    "submit_status": 1, "submit_bytes": True,
+    "sync_with_notify": 0, "notifies": [["kv", "req-1"]],
+    "managed_nonzero": True, "write_bytes": 0, "read_bytes": "hello mooncake", "free_managed": 0,
+    "unregistered_peer_range": True, "unknown_session": -1, "async_to_unknown_session": 0,
+    "unregister": [0, -3], "end": "ok",
+}
+
+
+def run_pattern(python, module):
+    out = subprocess.run([python, SCRIPT, module], capture_output=True, text=True, timeout=120)
+    results = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            _, key, value = line.split(" ", 2)
+            results[key] = json.loads(value)
+    assert results.get("end") == "ok", f"{module}: {out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+    return results
+
+
+def test_the_calls_run_on_hmc_mooncake():
+    assert run_pattern(sys.executable, "hmc.mooncake") == EXPECTED
+
+
+@pytest.mark.skipif(not os.environ.get("HMC_MOONCAKE_PYTHON"), reason="HMC_MOONCAKE_PYTHON (Mooncake 0.3.13) not given")
+def test_mooncake_itself_gives_the_same_results():
+    assert run_pattern(os.environ["HMC_MOONCAKE_PYTHON"], "mooncake.engine") == EXPECTED
+
+
+def test_protocols_and_metadata_servers_not_carried_are_refused_by_name():
+    te = TransferEngine()
+    with pytest.raises(NotImplementedError, match="nvlink"):
+        te.initialize("127.0.0.1", "P2PHANDSHAKE", "nvlink", "")
+    with pytest.raises(NotImplementedError, match="http://meta:8080"):
+        te.initialize("127.0.0.1", "http://meta:8080", "tcp", "")
+
+
+def test_unknown_batch_ids_and_own_first_buffer():
+    te = TransferEngine()
+    assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert te.get_batch_transfer_status([12345]) == -1  # Mooncake's crashes (intended)
+    assert te.transfer_check_status(12345) == -1
+    a, b = np.zeros(4096, np.uint8), np.zeros(4096, np.uint8)
+    assert te.batch_register_memory([a.ctypes.data, b.ctypes.data], [4096, 4096]) == 0
+    assert te.get_first_buffer_address(f"127.0.0.1:{te.get_rpc_port()}") == min(a.ctypes.data, b.ctypes.data)
+    with pytest.raises(NotImplementedError, match="another engine"):
+        te.get_first_buffer_address("10.0.0.9:1234")
+    assert te.batch_unregister_memory([a.ctypes.data, b.ctypes.data]) == 0
+    assert te.batch_unregister_memory([a.ctypes.data]) == -3
+    with pytest.raises(NotImplementedError, match="get_engine_ptr"):
+        te.get_engine_ptr()
