@@ -26,7 +26,7 @@ from typing import Optional
 
 import hmc
 
-__all__ = ["TransferEngine", "TransferNotify", "TransferOpcode", "Read", "Write"]
+__all__ = ["TransferEngine", "TransferNotify", "TransferOpcode", "Read", "Write", "install_alias"]
 
 _log = logging.getLogger("hmc.mooncake")
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
@@ -313,3 +313,16 @@ class TransferEngine:
                 continue
             out.append(TransferNotify(name, bytes(msg).decode(errors="replace")))
         return out
+
+
+def install_alias(override: bool = False) -> None:
+    """Makes ``import mooncake.engine`` (and ``from mooncake.engine import TransferEngine``)
+    resolve to ``hmc.mooncake`` in this process (``HMC_ALIAS=mooncake`` does it at start-up,
+    for child processes too). Refused when the real ``mooncake`` is installed, unless
+    ``override``."""
+    import sys
+
+    from . import _alias
+
+    me = sys.modules[__name__]
+    _alias.install("mooncake", {"mooncake": _alias.package("mooncake", engine=me), "mooncake.engine": me}, override)

@@ -19,7 +19,29 @@ from ._api import (
     nixl_xfer_handle,
 )
 
+
+
+def install_alias(override: bool = False) -> None:
+    """Makes ``import nixl`` and its submodules (``nixl._api``, ``nixl._bindings``,
+    ``nixl._utils``, ``nixl.logging``) resolve to ``hmc.nixl`` in this process, so NIXL code
+    runs unchanged (``HMC_ALIAS=nixl`` does it at start-up, for child processes too).
+    Refused when the real ``nixl`` is installed, unless ``override``."""
+    import sys
+
+    from .. import _alias
+    from . import _bindings, _utils, logging
+
+    me = sys.modules[__name__]
+    _alias.install(
+        "nixl",
+        {"nixl": me, "nixl._api": sys.modules[__name__ + "._api"], "nixl._bindings": _bindings,
+         "nixl._utils": _utils, "nixl.logging": logging},
+        override,
+    )
+
+
 __all__ = [
+    "install_alias",
     "DEFAULT_COMM_PORT",
     "nixl_agent",
     "nixl_agent_config",
