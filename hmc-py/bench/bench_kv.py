@@ -18,6 +18,9 @@ Systems (each a driver process of its own with its own target process):
   notification, ``transfer``, ``check_xfer_state`` until ``DONE``, ``release_xfer_handle``;
 - ``mooncake`` (tcp, P2PHANDSHAKE): ``batch_transfer_sync_read/write`` of the request's
   blocks (no prepared lists or notifications in its API);
+- ``hmc-nixl`` and ``hmc-mooncake``: the NIXL and Mooncake loops above, unchanged, on
+  ``hmc.nixl`` (backend ``UCX``: hmc's default choice) and ``hmc.mooncake`` (tcp): what a
+  stack that only changed its import gets;
 - ``memcpy``: the same blocks copied in one process (what memory allows);
 - ``floor``: hmc-engine's engine bench TCP floor for one op of the request's bytes
   (``--floor``).
@@ -107,10 +110,25 @@ def hmc_target(a):
     serve_digests(lambda l, b: regions[l][b * a.block:(b + 1) * a.block])
 
 
+def nixl_api(a):
+    """NIXL's ``_api``, or hmc.nixl's for the ``hmc-nixl`` row (the same code on both)."""
+    import importlib
+
+    return importlib.import_module("hmc.nixl._api" if a.system == "hmc-nixl" else "nixl_cu12._api")
+
+
+def mooncake_engine(a):
+    """Mooncake's ``mooncake.engine``, or hmc.mooncake for the ``hmc-mooncake`` row."""
+    import importlib
+
+    return importlib.import_module("hmc.mooncake" if a.system == "hmc-mooncake" else "mooncake.engine")
+
+
 def nixl_target(a):
     import threading
 
-    from nixl_cu12._api import nixl_agent, nixl_agent_config
+    api = nixl_api(a)
+    nixl_agent, nixl_agent_config = api.nixl_agent, api.nixl_agent_config
 
     agent = nixl_agent("prefill", nixl_agent_config(backends=["UCX"]))
     regions = [pattern(i, a.blocks * a.block) for i in range(a.layers)]
@@ -132,7 +150,7 @@ def nixl_target(a):
 def mooncake_target(a):
     import ctypes
 
-    from mooncake.engine import TransferEngine
+    TransferEngine = mooncake_engine(a).TransferEngine  # noqa: N806
 
     te = TransferEngine()
     if te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
@@ -239,10 +257,11 @@ def driver(a):
         def rust(op, batch):
             return _hmc._prepared_loop(e, ops[op], ll, rl, batch, b"req")
 
-    elif a.system in ("nixl", "nixl-tcp"):
-        from nixl_cu12._api import nixl_agent, nixl_agent_config
+    elif a.system in ("nixl", "nixl-tcp", "hmc-nixl"):
+        api = nixl_api(a)
+        nixl_agent, nixl_agent_config = api.nixl_agent, api.nixl_agent_config
 
-        target, md, addrs = start_target(a, a.nixl_python)
+        target, md, addrs = start_target(a, None if a.system == "hmc-nixl" else a.nixl_python)
         agent = nixl_agent("decode", nixl_agent_config(backends=["UCX"]))
         agent.register_memory([(r.ctypes.data, r.nbytes, 0, "") for r in local], "DRAM")
         name = agent.add_remote_agent(bytes.fromhex(md))
@@ -261,10 +280,10 @@ def driver(a):
                 state = agent.check_xfer_state(h)
             agent.release_xfer_handle(h)
 
-    elif a.system == "mooncake":
-        from mooncake.engine import TransferEngine
+    elif a.system in ("mooncake", "hmc-mooncake"):
+        TransferEngine = mooncake_engine(a).TransferEngine  # noqa: N806
 
-        target, port, addrs = start_target(a, a.mooncake_python)
+        target, port, addrs = start_target(a, None if a.system == "hmc-mooncake" else a.mooncake_python)
         te = TransferEngine()
         if te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") != 0:
             sys.exit("mooncake initialize failed")
@@ -421,14 +440,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--prep", type=int, default=1_000_000)
-    ap.add_argument("--systems", default="hmc,hmc-tcp,nixl,nixl-tcp,mooncake,memcpy")
+    ap.add_argument("--systems", default="hmc,hmc-tcp,nixl,nixl-tcp,mooncake,memcpy,hmc-nixl,hmc-mooncake")
     ap.add_argument("--floor")
     ap.add_argument("--nixl-python")
     ap.add_argument("--mooncake-python")
     a = ap.parse_args()
     if a.role == "target":
         {"hmc": hmc_target, "hmc-tcp": hmc_target, "nixl": nixl_target, "nixl-tcp": nixl_target,
-         "mooncake": mooncake_target}[a.system](a)
+         "mooncake": mooncake_target, "hmc-nixl": nixl_target, "hmc-mooncake": mooncake_target}[a.system](a)
         return
     if a.role == "driver":
         return driver(a)
@@ -486,7 +505,8 @@ def main():
             say(f"| TCP floor (one {mib:g} MiB op) | {op} | {m:.1f} | {m * req_bytes / 1e9:.2f} | - | - |")
     say("\n## Ratios (medians)\n")
     med = {k: median(v) for k, v in res.items()}
-    pairs = [("hmc", "nixl"), ("hmc", "memcpy"), ("hmc-tcp", "nixl-tcp"), ("hmc-tcp", "mooncake")]
+    pairs = [("hmc", "nixl"), ("hmc", "memcpy"), ("hmc-tcp", "nixl-tcp"), ("hmc-tcp", "mooncake"),
+             ("hmc-nixl", "hmc"), ("hmc-mooncake", "hmc-tcp"), ("hmc-mooncake", "mooncake")]
     say("| ratio | read | write |")
     say("|---|---|---|")
     for x, y in pairs:

@@ -478,6 +478,9 @@ class nixl_agent:
         if s == hmc.TransferStatus.COMPLETED:
             return "DONE"
         if s == hmc.TransferStatus.WAITING:
+            # NIXL's callers poll in a loop: give the CPU to the copy threads between polls
+            # (on a host with fewer cores than threads, a spinning poller slows the copy).
+            os.sched_yield()
             return "PROC"
         err = x.error()
         if isinstance(err, hmc.UnavailableError) and "gone" in str(err).lower():
