@@ -123,10 +123,14 @@ def test_descriptor_lists_pickle_and_keep_their_rows():
         nb.nixlRegDList(nb.DRAM_SEG, [(1, 2, 0)])  # a registration row has 4 fields
 
 
-def test_a_stopped_peer_ends_the_transfer_in_err_and_the_handle_works_again():
+def test_a_stopped_peer_ends_the_transfer_in_err_and_the_handle_works_again(tmp_path, monkeypatch):
     """NIXL's READ from a peer that stopped answering stays "PROC" over TCP (nixl#2047);
-    ours ends "ERR" after the engine's no-progress timeout, and the same handle, posted
-    again once the peer resumes, moves the bytes (an intended difference)."""
+    ours ends "ERR" after the engine's no-progress timeout (here 1 s, from the HMC_CONFIG
+    file: what NIXL's API cannot carry), and the same handle, posted again once the peer
+    resumes, moves the bytes (an intended difference)."""
+    cfg = tmp_path / "hmc.toml"
+    cfg.write_text("no_progress_timeout_ms = 5000\n[nixl]\nno_progress_timeout_ms = 1000\n")
+    monkeypatch.setenv("HMC_CONFIG", str(cfg))
     env = dict(os.environ, NIXL_PATTERN_BACKEND="tcp")
     p = subprocess.Popen([sys.executable, SCRIPT, "hmc.nixl", "prefill"], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True, env=env)
@@ -147,7 +151,7 @@ def test_a_stopped_peer_ends_the_transfer_in_err_and_the_handle_works_again():
             st = a.check_xfer_state(h)
             time.sleep(0.01)
         assert st == "ERR", st
-        assert time.monotonic() - start < 15
+        assert time.monotonic() - start < 4, "the [nixl] table's 1 s timeout applies"
         p.send_signal(signal.SIGCONT)
         st = a.transfer(h)
         while st == "PROC":
@@ -161,3 +165,14 @@ def test_a_stopped_peer_ends_the_transfer_in_err_and_the_handle_works_again():
         p.send_signal(signal.SIGCONT)
         p.stdin.close()
         p.wait(30)
+
+
+def test_a_config_file_that_cannot_be_used_is_named(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("this is = = not toml")
+    monkeypatch.setenv("HMC_CONFIG", str(bad))
+    with pytest.raises(ValueError, match="bad.toml"):
+        nixl_agent("cfg", nixl_agent_config(backends=["UCX"]))
+    monkeypatch.setenv("HMC_CONFIG", str(tmp_path / "missing.toml"))
+    with pytest.raises(ValueError, match="missing.toml"):
+        nixl_agent("cfg", nixl_agent_config(backends=["UCX"]))

@@ -25,6 +25,7 @@ from enum import IntEnum
 from typing import Optional
 
 import hmc
+from hmc import work_alike_config
 
 __all__ = ["TransferEngine", "TransferNotify", "TransferOpcode", "Read", "Write", "install_alias"]
 
@@ -88,6 +89,7 @@ class TransferEngine:
                 + " or ".join(_PROTOCOLS)
             )
         opts = {"transport": _PROTOCOLS[protocol]}
+        opts.update(work_alike_config.load("mooncake"))
         kw = {}
         if metadata_server.startswith("etcd://"):
             hosts = metadata_server[len("etcd://"):].split("/")[0]

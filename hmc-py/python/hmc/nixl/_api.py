@@ -28,6 +28,7 @@ from typing import Optional, Union
 import numpy as np
 
 import hmc
+from hmc import work_alike_config
 
 from . import _bindings as nixlBind
 from .logging import get_logger
@@ -260,6 +261,7 @@ class nixl_agent:
             if self._engine is None:
                 e = hmc.Engine()
                 opts = {} if want == "auto" else {"transport": want}
+                opts.update(work_alike_config.load("nixl"))
                 e.initialize(os.environ.get("HMC_NIXL_HOST", "127.0.0.1") + ":0", opts)
                 self._engine, self._transport = e, want
             elif want != self._transport:
