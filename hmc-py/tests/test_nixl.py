@@ -176,3 +176,49 @@ def test_a_config_file_that_cannot_be_used_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("HMC_CONFIG", str(tmp_path / "missing.toml"))
     with pytest.raises(ValueError, match="missing.toml"):
         nixl_agent("cfg", nixl_agent_config(backends=["UCX"]))
+
+
+TWO_PEERS = os.path.join(HERE, "nixl_two_peers.py")
+TWO_PEERS_EXPECTED = {"metadata_ready": True, "state": "DONE", "bytes": True,
+                      "target_saw_invalidate": True, "end": "ok"}
+
+
+def run_two_peers(python, package, env=None):
+    out = subprocess.run([python, TWO_PEERS, package], capture_output=True, text=True, timeout=120,
+                         env=env)
+    got = {ln.split(" ", 2)[1]: json.loads(ln.split(" ", 2)[2]) for ln in out.stdout.splitlines() if ln.startswith("RESULT ")}
+    assert got.get("end") == "ok", f"{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+    return got
+
+
+def test_peers_find_each_other_through_their_listen_threads():
+    """basic_two_peers.py's flow: fetch_remote_metadata, send_local_metadata, descriptors
+    sent in a notification, initialize_xfer, invalidate_local_metadata; on hmc.nixl, and
+    unmodified (`import nixl`) through the alias."""
+    assert run_two_peers(sys.executable, "hmc.nixl") == TWO_PEERS_EXPECTED
+    assert run_two_peers(sys.executable, "nixl", dict(os.environ, HMC_ALIAS="nixl")) == TWO_PEERS_EXPECTED
+
+
+@pytest.mark.skipif(not os.environ.get("HMC_NIXL_PYTHON"), reason="HMC_NIXL_PYTHON (NIXL 1.5.1) not given")
+def test_nixl_itself_finds_peers_the_same_way():
+    assert run_two_peers(os.environ["HMC_NIXL_PYTHON"], "nixl_cu12") == TWO_PEERS_EXPECTED
+
+
+def test_a_listener_bounds_what_a_peer_sends():
+    """A message over MAX_MESSAGE_BYTES is refused from its header (nothing more is read)
+    and metadata that is not an hmc agent's is not loaded; the listener keeps serving."""
+    import socket
+    import struct
+
+    from hmc.nixl import _listen
+
+    a = nixl_agent("listening", nixl_agent_config(True, True, 0))
+    port = a._listener.port
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(struct.pack(">cI", b"S", _listen.MAX_MESSAGE_BYTES + 1))
+        assert s.recv(1) == b""  # closed
+    _listen.exchange("127.0.0.1", port, b"S", b"not metadata", False)
+    md = _listen.exchange("127.0.0.1", port, b"F", b"listening", True)
+    assert md == a.get_agent_metadata()
+    a._listener.close()
+    a._engine.finalize()

@@ -222,9 +222,20 @@ class nixl_agent:
                 logger.warning("Skipping backend registration %s due to the missing plugin.", b)
             else:
                 self.create_backend(b)
+        self._listener = None
+        if conf.enable_listen and self._engine is not None:
+            from ._listen import Listener
+
+            self._listener = Listener(
+                os.environ.get("HMC_NIXL_HOST", "127.0.0.1"), conf.port, self.add_remote_agent,
+                self.get_agent_metadata, self._drop_remote,
+            )
         logger.info("Initialized NIXL agent on hmc: %s", agent_name)
 
     def __del__(self):
+        lis = getattr(self, "_listener", None)
+        if lis is not None:
+            lis.close()
         e = getattr(self, "_engine", None)
         if e is not None:
             try:
@@ -633,21 +644,54 @@ class nixl_agent:
 
     def _no_exchange(self, call: str):
         raise NotImplementedError(
-            f"{call}: the listen-thread and etcd metadata exchange is not carried by hmc.nixl "
-            "yet; pass get_agent_metadata() over your own side channel to add_remote_agent()"
+            f"{call} without ip_addr: a central metadata server (NIXL's etcd, "
+            "NIXL_ETCD_ENDPOINTS) is not carried by hmc.nixl yet; give the peer's ip_addr and "
+            "port (its listen thread), or pass get_agent_metadata() over your own side channel"
         )
 
+    def _drop_remote(self, name: str) -> None:
+        if name in self._remotes:
+            self.remove_remote_agent(name)
+
     def send_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
-        self._no_exchange("send_local_metadata")
+        """Sends this agent's metadata to the listen thread of the peer at ``ip_addr:port``
+        (done when this returns)."""
+        if not ip_addr:
+            self._no_exchange("send_local_metadata")
+        from . import _listen
+
+        _listen.exchange(ip_addr, port, b"S", self.get_agent_metadata(), False)
 
     def send_partial_agent_metadata(self, descs, inc_conn_info: bool = False, backends: list[str] = [], ip_addr: str = "", port: int = DEFAULT_COMM_PORT, label: str = ""):  # noqa: B006
-        self._no_exchange("send_partial_agent_metadata")
+        """Sends the metadata of the registered ``descs`` to the peer at ``ip_addr:port``."""
+        if not ip_addr:
+            self._no_exchange("send_partial_agent_metadata")
+        from . import _listen
+
+        _listen.exchange(ip_addr, port, b"S", self.get_partial_agent_metadata(descs, inc_conn_info), False)
 
     def fetch_remote_metadata(self, remote_agent: str, ip_addr: str = "", port: int = DEFAULT_COMM_PORT, label: str = ""):
-        self._no_exchange("fetch_remote_metadata")
+        """Fetches the metadata of the agent listening at ``ip_addr:port`` and loads it (done
+        when this returns; an agent of another name there is refused)."""
+        if not ip_addr:
+            self._no_exchange("fetch_remote_metadata")
+        from . import _listen
+
+        md = _listen.exchange(ip_addr, port, b"F", _name(remote_agent).encode(), True)
+        got = self.add_remote_agent(md).decode()
+        if got != _name(remote_agent):
+            self.remove_remote_agent(got)
+            raise nixlBind.nixlMismatchError(
+                f"NIXL_ERR_MISMATCH: the agent at {ip_addr}:{port} is `{got}`, not `{_name(remote_agent)}`"
+            )
 
     def invalidate_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
-        self._no_exchange("invalidate_local_metadata")
+        """Tells the peer at ``ip_addr:port`` to drop this agent's metadata."""
+        if not ip_addr:
+            self._no_exchange("invalidate_local_metadata")
+        from . import _listen
+
+        _listen.exchange(ip_addr, port, b"I", self.name.encode(), False)
 
     # ------------------------------------------------------------------ descriptor lists
 

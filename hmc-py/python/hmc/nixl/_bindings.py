@@ -196,6 +196,10 @@ class nixlRegDList(_DList):
 
     _extra = "meta info"
 
+    def trim(self) -> nixlXferDList:
+        """The same regions as transfer descriptors (meta info dropped)."""
+        return nixlXferDList(self._type, [r[:3] for r in self._rows])
+
 
 class nixlRemoteDList(_DList):
     """Descriptors of a remote agent's memory: (addr, len, dev_id, agent name)."""
