@@ -222,3 +222,58 @@ def test_a_listener_bounds_what_a_peer_sends():
     assert md == a.get_agent_metadata()
     a._listener.close()
     a._engine.finalize()
+
+
+def start_prefill(backend="tcp"):
+    p = subprocess.Popen([sys.executable, SCRIPT, "hmc.nixl", "prefill"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, env=dict(os.environ, NIXL_PATTERN_BACKEND=backend))
+    words = next(line for line in p.stdout if line.startswith("MD ")).split()[1:]
+    return p, bytes.fromhex(words[0]), int(words[1])
+
+
+def test_a_restarted_peer_is_a_remote_disconnect_and_new_metadata_recovers():
+    """The prefill process dies and a new one starts under the same agent name: a transfer
+    prepared for the old one raises nixlRemoteDisconnectError (or ends "ERR"), never
+    reaching the new process; remove_remote_agent and add_remote_agent of the new metadata
+    make new lists that move the new process's bytes."""
+    a = nixl_agent("decode", nixl_agent_config(backends=["tcp"]))
+    dst = np.zeros(64 * 4096, np.uint8)
+    a.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+    lh = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(dst.ctypes.data, dst.nbytes, 0)], "DRAM")
+    p, md, addr = start_prefill()
+    name = a.add_remote_agent(md)
+    rh = a.prep_xfer_dlist(name, [(addr, dst.nbytes, 0)], "DRAM")
+    h = a.make_prepped_xfer("READ", lh, [0], rh, [0])
+    st = a.transfer(h)
+    while st == "PROC":
+        st = a.check_xfer_state(h)
+    assert st == "DONE"
+    p.kill()
+    p.wait()
+    q, md2, addr2 = start_prefill()
+    try:
+        dst[:] = 0
+        try:
+            st = a.transfer(h)
+            while st == "PROC":
+                st = a.check_xfer_state(h)
+            assert st == "ERR", st
+        except nb.nixlRemoteDisconnectError:
+            pass
+        assert not dst.any(), "no byte of the new process reached the old handle"
+        a.release_xfer_handle(h)
+        a.remove_remote_agent(name)
+        assert a.add_remote_agent(md2) == name
+        rh2 = a.prep_xfer_dlist(name, [(addr2, dst.nbytes, 0)], "DRAM")
+        h2 = a.make_prepped_xfer("READ", lh, [0], rh2, [0])
+        st = a.transfer(h2)
+        while st == "PROC":
+            st = a.check_xfer_state(h2)
+        assert st == "DONE"
+        want = np.random.default_rng(100).integers(0, 256, 64 * 4096, dtype=np.uint8)
+        assert (dst == want).all()
+        a.release_xfer_handle(h2)
+    finally:
+        q.stdin.close()
+        q.wait(30)
+        a._engine.finalize()
