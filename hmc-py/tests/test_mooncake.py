@@ -71,3 +71,18 @@ def test_unknown_batch_ids_and_own_first_buffer():
     assert te.batch_unregister_memory([a.ctypes.data]) == -3
     with pytest.raises(NotImplementedError, match="get_engine_ptr"):
         te.get_engine_ptr()
+
+
+def test_engines_find_each_other_through_etcd(etcd):
+    """Mooncake's etcd metadata server: engines registered under their local_hostname,
+    transfers addressed by it."""
+    a, b = TransferEngine(), TransferEngine()
+    assert a.initialize("node-a", f"etcd://{etcd}", "tcp", "") == 0
+    assert b.initialize("node-b", f"etcd://{etcd}", "tcp", "") == 0
+    src = np.random.default_rng(3).integers(0, 256, 65536, dtype=np.uint8)
+    dst = np.zeros(65536, np.uint8)
+    assert a.register_memory(dst.ctypes.data, dst.nbytes) == 0
+    assert b.register_memory(src.ctypes.data, src.nbytes) == 0
+    assert a.transfer_sync_read("node-b", dst.ctypes.data, src.ctypes.data, 65536) == 0
+    assert (dst == src).all()
+    assert a.transfer_sync_read("node-c", dst.ctypes.data, src.ctypes.data, 16) == -1

@@ -277,3 +277,36 @@ def test_a_restarted_peer_is_a_remote_disconnect_and_new_metadata_recovers():
         q.stdin.close()
         q.wait(30)
         a._engine.finalize()
+
+
+def test_agents_find_each_other_through_etcd(etcd, monkeypatch):
+    """NIXL_ETCD_ENDPOINTS: send_local_metadata() publishes, fetch_remote_metadata(name)
+    finds the agent by name (in the background, as NIXL's watch); bytes and notifications
+    move between them."""
+    monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", f"http://{etcd}")
+    a = nixl_agent("etcd-a", nixl_agent_config(backends=["tcp"]))
+    b = nixl_agent("etcd-b", nixl_agent_config(backends=["tcp"]))
+    src = np.random.default_rng(4).integers(0, 256, 8192, dtype=np.uint8)
+    dst = np.zeros(8192, np.uint8)
+    a.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+    b.register_memory([(src.ctypes.data, src.nbytes, 0, "")], "DRAM")
+    b.send_local_metadata()
+    a.fetch_remote_metadata("etcd-b")
+    end = time.monotonic() + 20
+    while not a.check_remote_metadata("etcd-b"):
+        assert time.monotonic() < end, "etcd-b not found through etcd"
+        time.sleep(0.01)
+    local = a.get_xfer_descs([(dst.ctypes.data, 8192, 0)], "DRAM")
+    remote = a.get_xfer_descs([(src.ctypes.data, 8192, 0)], "DRAM")
+    h = a.initialize_xfer("READ", local, remote, "etcd-b", b"via-etcd")
+    st = a.transfer(h)
+    while st == "PROC":
+        st = a.check_xfer_state(h)
+    assert st == "DONE" and (dst == src).all()
+    end, got = time.monotonic() + 10, {}
+    while not got and time.monotonic() < end:
+        got = b.get_new_notifs()
+    assert got == {"etcd-a": [b"via-etcd"]}
+    a.release_xfer_handle(h)
+    a._engine.finalize()
+    b._engine.finalize()

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import ipaddress
 import json
 import logging
+import os
 from enum import IntEnum
 from typing import Optional
 
@@ -100,6 +102,14 @@ class TransferEngine:
                 "P2PHANDSHAKE or etcd://host:port"
             )
         host = local_hostname if ":" in local_hostname else f"{local_hostname}:0"
+        if kw:
+            # Under etcd the name is what peers dial; the engine binds the name's address when
+            # it is one, else $HMC_MOONCAKE_HOST (default 127.0.0.1).
+            name_host = local_hostname.rsplit(":", 1)[0] if ":" in local_hostname else local_hostname
+            try:
+                ipaddress.ip_address(name_host)
+            except ValueError:
+                host = os.environ.get("HMC_MOONCAKE_HOST", "127.0.0.1") + ":0"
         try:
             e = hmc.Engine()
             e.initialize(host, opts, **kw)

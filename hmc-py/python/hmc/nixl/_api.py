@@ -198,6 +198,7 @@ class nixl_agent:
         self._lock = threading.RLock()
         self._engine: Optional[hmc.Engine] = None
         self._transport: Optional[str] = None
+        self._etcd = False
         self._regs: dict[tuple[int, int], hmc.MemHandle] = {}
         self._remotes: dict[str, str] = {}  # agent name -> engine address
         self._agents: dict[str, str] = {}  # engine address -> agent name
@@ -273,7 +274,16 @@ class nixl_agent:
                 e = hmc.Engine()
                 opts = {} if want == "auto" else {"transport": want}
                 opts.update(work_alike_config.load("nixl"))
-                e.initialize(os.environ.get("HMC_NIXL_HOST", "127.0.0.1") + ":0", opts)
+                kw = {}
+                etcd = os.environ.get("NIXL_ETCD_ENDPOINTS")
+                if etcd:
+                    # NIXL's central metadata server: agents registered in etcd under their
+                    # names (in NIXL_ETCD_NAMESPACE, default `nixl`), found by name.
+                    hosts = ",".join(h.split("://", 1)[-1].rstrip("/") for h in etcd.split(","))
+                    ns = os.environ.get("NIXL_ETCD_NAMESPACE", "nixl").strip("/") or "nixl"
+                    kw = {"metadata": f"etcd://{hosts}/{ns}", "name": self.name}
+                e.initialize(os.environ.get("HMC_NIXL_HOST", "127.0.0.1") + ":0", opts, **kw)
+                self._etcd = bool(kw)
                 self._engine, self._transport = e, want
             elif want != self._transport:
                 raise nixlBind.nixlNotSupportedError(
@@ -643,10 +653,16 @@ class nixl_agent:
             return False
 
     def _no_exchange(self, call: str):
+        if self._etcd:
+            raise NotImplementedError(
+                f"{call} through etcd is not carried by hmc.nixl yet (send_local_metadata and "
+                "fetch_remote_metadata are; an agent's registration ends when it is finalized); "
+                "give the peer's ip_addr and port (its listen thread) instead"
+            )
         raise NotImplementedError(
-            f"{call} without ip_addr: a central metadata server (NIXL's etcd, "
-            "NIXL_ETCD_ENDPOINTS) is not carried by hmc.nixl yet; give the peer's ip_addr and "
-            "port (its listen thread), or pass get_agent_metadata() over your own side channel"
+            f"{call} without ip_addr needs a central metadata server: set NIXL_ETCD_ENDPOINTS "
+            "(etcd), give the peer's ip_addr and port (its listen thread), or pass "
+            "get_agent_metadata() over your own side channel"
         )
 
     def _drop_remote(self, name: str) -> None:
@@ -655,8 +671,11 @@ class nixl_agent:
 
     def send_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
         """Sends this agent's metadata to the listen thread of the peer at ``ip_addr:port``
-        (done when this returns)."""
+        (done when this returns); without ``ip_addr``, to the central metadata server (with
+        ``NIXL_ETCD_ENDPOINTS`` the agent is registered there from its start: nothing to do)."""
         if not ip_addr:
+            if self._etcd:
+                return
             self._no_exchange("send_local_metadata")
         from . import _listen
 
@@ -674,6 +693,8 @@ class nixl_agent:
         """Fetches the metadata of the agent listening at ``ip_addr:port`` and loads it (done
         when this returns; an agent of another name there is refused)."""
         if not ip_addr:
+            if self._etcd:
+                return self._fetch_from_etcd(_name(remote_agent))
             self._no_exchange("fetch_remote_metadata")
         from . import _listen
 
@@ -684,6 +705,29 @@ class nixl_agent:
             raise nixlBind.nixlMismatchError(
                 f"NIXL_ERR_MISMATCH: the agent at {ip_addr}:{port} is `{got}`, not `{_name(remote_agent)}`"
             )
+
+    def _fetch_from_etcd(self, name: str) -> None:
+        """Connects to ``name`` through etcd in the background, retrying until it is
+        registered (NIXL's watch), for up to ``HMC_NIXL_FETCH_TIMEOUT_MS`` (default 60 s);
+        ``check_remote_metadata`` is true once connected."""
+        budget = int(os.environ.get("HMC_NIXL_FETCH_TIMEOUT_MS", "60000")) / 1000
+
+        def fetch():
+            end, last = time.monotonic() + budget, None
+            while time.monotonic() < end:
+                try:
+                    self._e().connect(name, _TIMEOUT_MS)
+                except hmc.HmcError as err:
+                    last = err
+                    time.sleep(0.05)
+                    continue
+                with self._lock:
+                    self._remotes[name] = name
+                    self._agents[name] = name
+                return
+            logger.error("fetch_remote_metadata(%s): not found in etcd: %s", name, last)
+
+        threading.Thread(target=fetch, name=f"hmc-nixl-fetch-{name}", daemon=True).start()
 
     def invalidate_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
         """Tells the peer at ``ip_addr:port`` to drop this agent's metadata."""
