@@ -48,6 +48,9 @@ def run_pattern(python, package):
             _, key, value = line.split(" ", 2)
             results[key] = json.loads(value)
     assert results.get("end") == "ok", f"{package}: {out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+    if package.startswith("hmc."):
+        # A clean exit (NIXL 1.5.1's processes crash in their teardown here).
+        assert out.returncode == 0, out.stderr[-2000:]
     return results
 
 
@@ -310,3 +313,45 @@ def test_agents_find_each_other_through_etcd(etcd, monkeypatch):
     a.release_xfer_handle(h)
     a._engine.finalize()
     b._engine.finalize()
+
+
+def test_one_agent_from_many_threads():
+    """Thread-safe by default (NIXL's agent is not without a sync mode): 8 threads each
+    prepare, post and check their own READs on one agent, and every byte lands."""
+    import threading
+
+    p, md, addr = start_prefill()
+    a = nixl_agent("threads", nixl_agent_config(backends=["tcp"]))
+    try:
+        name = a.add_remote_agent(md)
+        dsts = [np.zeros(64 * 4096, np.uint8) for _ in range(8)]
+        a.register_memory([(d.ctypes.data, d.nbytes, 0, "") for d in dsts], "DRAM")
+        rh = a.prep_xfer_dlist(name, [(addr + b * 4096, 4096, 0) for b in range(64)], "DRAM")
+        want = np.random.default_rng(100).integers(0, 256, 64 * 4096, dtype=np.uint8)
+        errors = []
+
+        def work(d):
+            try:
+                lh = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(d.ctypes.data + b * 4096, 4096, 0) for b in range(64)], "DRAM")
+                for _ in range(5):
+                    d[:] = 0
+                    h = a.make_prepped_xfer("READ", lh, list(range(64)), rh, list(range(64)), b"t")
+                    st = a.transfer(h)
+                    while st == "PROC":
+                        st = a.check_xfer_state(h)
+                    assert st == "DONE" and (d == want).all()
+                    a.release_xfer_handle(h)
+                a.get_new_notifs()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        ts = [threading.Thread(target=work, args=(d,)) for d in dsts]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        assert not errors, errors[0]
+    finally:
+        p.stdin.close()
+        p.wait(30)
+        a._engine.finalize()
