@@ -69,6 +69,10 @@ pub struct EngineConfig {
     /// Bytes of a metadata blob accepted by [`crate::Engine::add_remote`]
     /// (`max_metadata_blob_len`, default 16 MiB).
     pub max_metadata_blob_len: usize,
+    /// Threads that copy a transfer's host memory with a peer on this host by cross-memory
+    /// attach (`copy_threads`, default: the CPUs this process may use, at most 4; 1: the
+    /// calling thread alone): the shared-memory transport's `ShmConfig::copy_threads`.
+    pub copy_threads: usize,
 }
 
 impl Default for EngineConfig {
@@ -93,6 +97,7 @@ impl Default for EngineConfig {
             no_progress_timeout: Duration::from_secs(5),
             progress_chunk_bytes: 8 << 20,
             max_metadata_blob_len: 16 << 20,
+            copy_threads: hmc_transport_shm::default_copy_threads(),
         }
     }
 }
@@ -138,6 +143,7 @@ impl EngineConfig {
                 "no_progress_timeout_ms" => c.no_progress_timeout = ms()?,
                 "progress_chunk_bytes" => c.progress_chunk_bytes = num()?,
                 "max_metadata_blob_len" => c.max_metadata_blob_len = num()?,
+                "copy_threads" => c.copy_threads = num()?.max(1),
                 "auth_secret" => {
                     c.auth_secret = Some(
                         // The value is never echoed in an error.
@@ -154,7 +160,7 @@ impl EngineConfig {
                 }
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, watch_backlog, max_pending_notify_bytes, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, auth_secret, auth_secret_file"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, watch_backlog, max_pending_notify_bytes, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, copy_threads, auth_secret, auth_secret_file"
                     )));
                 }
             }
@@ -178,6 +184,7 @@ mod tests {
             ("name", "prefill-0"),
             ("lease_ttl_ms", "3000"),
             ("watch_backlog", "9"),
+            ("copy_threads", "1"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -192,6 +199,8 @@ mod tests {
         assert_eq!(c.name.as_deref(), Some("prefill-0"));
         assert_eq!(c.etcd.lease_ttl, Duration::from_secs(3));
         assert_eq!(c.etcd.watch_backlog, 9);
+        assert_eq!(c.copy_threads, 1);
+        assert!(EngineConfig::default().copy_threads >= 1);
         let bad: HashMap<String, String> =
             [("metadata".to_string(), "etcd://x/".to_string())].into();
         let e = EngineConfig::from_options(&bad).unwrap_err().to_string();

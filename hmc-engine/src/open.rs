@@ -65,7 +65,13 @@ pub fn open_transport_with(
     ip: IpAddr,
     plugins: &PluginConfig,
 ) -> Result<AnyCommunicator> {
-    open_inner(transport, ip, plugins, Default::default())
+    open_inner(
+        transport,
+        ip,
+        plugins,
+        Default::default(),
+        Default::default(),
+    )
 }
 
 /// The transport `config` names, as [`crate::Engine::initialize_with`] opens it: with
@@ -85,7 +91,11 @@ pub fn open_transport_for(config: &EngineConfig, ip: IpAddr) -> Result<AnyCommun
         max_pending_notifications: 0,
         ..Default::default()
     };
-    open_inner(config.transport.clone(), ip, &plugins, tcp)
+    let shm = hmc_transport_shm::ShmConfig {
+        copy_threads: config.copy_threads,
+        ..Default::default()
+    };
+    open_inner(config.transport.clone(), ip, &plugins, tcp, shm)
 }
 
 fn open_inner(
@@ -93,6 +103,7 @@ fn open_inner(
     ip: IpAddr,
     plugins: &PluginConfig,
     tcp_config: hmc_transport_tcp::TcpConfig,
+    shm_config: hmc_transport_shm::ShmConfig,
 ) -> Result<AnyCommunicator> {
     // Queues of transport notifications, for the transports below: none where the TCP
     // config says none (an engine's transports; see `open_transport_for`).
@@ -127,7 +138,7 @@ fn open_inner(
     let shm = || {
         hmc_transport_shm::ShmCommunicator::bind(hmc_transport_shm::ShmConfig {
             max_pending_notifications: notify_queue,
-            ..Default::default()
+            ..shm_config.clone()
         })
     };
     let rdma = move || -> hmc_core::Result<AnyCommunicator> {

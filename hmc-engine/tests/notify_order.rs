@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use hmc_core::AnyCommunicator;
 use hmc_engine::{
-    Access, BlockDesc, Engine, EngineConfig, EngineError, MemDesc, MemType, Notify,
-    TransferOp, TransferStatus,
+    Access, BlockDesc, Engine, EngineConfig, EngineError, MemDesc, MemType, Notify, TransferOp,
+    TransferStatus,
 };
 use rstest::rstest;
 
@@ -153,7 +153,10 @@ async fn a_notification_follows_its_bytes_and_a_failure_sends_a_notice(#[case] n
         })
     };
     let (n, ok) = next_notify(&target, "written", in_place).await;
-    assert!(ok, "{name}: the bytes were not in place when the notification arrived");
+    assert!(
+        ok,
+        "{name}: the bytes were not in place when the notification arrived"
+    );
     assert_eq!((n.msg.as_slice(), &n.failed), (&b"w"[..], &None));
     assert!(matches!(
         tokio::time::timeout(T, x.wait()).await.unwrap().unwrap(),
@@ -181,7 +184,10 @@ async fn a_notification_follows_its_bytes_and_a_failure_sends_a_notice(#[case] n
         other => panic!("{name}: {other:?}"),
     }
     let (n, _) = next_notify(&target, "doomed", |_| ()).await;
-    assert!(n.failed.is_some(), "{name}: a failed WRITE's notification is a notice");
+    assert!(
+        n.failed.is_some(),
+        "{name}: a failed WRITE's notification is a notice"
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(
         target.get_notifies().iter().all(|n| n.name != "doomed"),
