@@ -357,6 +357,11 @@ impl Memory for CudaMemory {
     }
 
     /// [`CudaMemory::export_ipc`]'s handle in its 72-byte wire form.
+    /// Page-locked host memory of this device's runtime ([`Self::pinned`]).
+    fn pinned_host(&self) -> Option<hmc_core::AnyMemory> {
+        Some(hmc_core::AnyMemory::new(self.pinned()))
+    }
+
     fn export_ipc(&self, buf: &CudaBuffer) -> Result<IpcDescriptor> {
         let handle = CudaMemory::export_ipc(self, buf)?;
         Ok(IpcDescriptor::new(

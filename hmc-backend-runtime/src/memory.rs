@@ -184,6 +184,11 @@ impl<A: RuntimeApi> Memory for RuntimeMemory<A> {
     }
 
     /// [`RuntimeMemory::export_ipc`]'s handle in its wire form.
+    /// Page-locked host memory of this device's runtime ([`Self::pinned`]).
+    fn pinned_host(&self) -> Option<hmc_core::AnyMemory> {
+        Some(hmc_core::AnyMemory::new(self.pinned()))
+    }
+
     fn export_ipc(&self, buf: &RuntimeBuffer<A>) -> Result<IpcDescriptor> {
         let handle = RuntimeMemory::export_ipc(self, buf)?;
         Ok(IpcDescriptor::new(

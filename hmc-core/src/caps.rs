@@ -44,6 +44,12 @@ pub enum DeviceMemoryPath {
     LibraryDependent,
     /// Device memory moves by DMA, with no copy through host memory.
     Direct,
+    /// Device memory registered with its backend
+    /// ([`Communicator::register_memory`](crate::Communicator::register_memory)) is
+    /// reachable by peers like host memory, and moves through host bounce buffers at this
+    /// end: the transport copies it with the device's backend, chunk by chunk, overlapping
+    /// the copies with the wire.
+    Staged,
 }
 
 /// What a [`Communicator`](crate::Communicator) can do. From
@@ -59,6 +65,10 @@ pub struct CommCapabilities {
     pub remote_memory: MemoryKinds,
     /// How accepted device memory moves.
     pub device_memory: DeviceMemoryPath,
+    /// Device kinds [`Communicator::register_memory`](crate::Communicator::register_memory)
+    /// accepts by staging (peers reach them; the bytes cross host bounce buffers here).
+    /// [`CommCapabilities::memory_path`] combines it with the fields above.
+    pub staged_memory: MemoryKinds,
     /// `notify` and `recv_notification` work.
     pub notifications: bool,
     /// Largest `notify` message in bytes (0 without notifications).
@@ -91,6 +101,7 @@ impl CommCapabilities {
             local_memory: MemoryKinds::host_only(),
             remote_memory: MemoryKinds::host_only(),
             device_memory: DeviceMemoryPath::Refused,
+            staged_memory: MemoryKinds::Only(Vec::new()),
             notifications: true,
             max_notification_len: 4096,
             max_transfer_len: u64::MAX,
@@ -113,6 +124,31 @@ impl CommCapabilities {
             max_batch_len: 0,
             ..CommCapabilities::new(TransportId::NONE)
         }
+    }
+}
+
+impl CommCapabilities {
+    /// How memory of `kind` registered here moves: host memory
+    /// [`Direct`](DeviceMemoryPath::Direct)ly; a device kind as
+    /// [`CommCapabilities::device_memory`] says where `local_memory` holds it, else
+    /// [`Staged`](DeviceMemoryPath::Staged) where `staged_memory` does, else
+    /// [`Refused`](DeviceMemoryPath::Refused). The one rule for choosing: direct first,
+    /// then staged.
+    pub fn memory_path(&self, kind: DeviceKind) -> DeviceMemoryPath {
+        if kind == DeviceKind::HOST {
+            return if self.local_memory.contains(kind) {
+                DeviceMemoryPath::Direct
+            } else {
+                DeviceMemoryPath::Refused
+            };
+        }
+        if self.local_memory.contains(kind) && self.device_memory != DeviceMemoryPath::Refused {
+            return self.device_memory;
+        }
+        if self.staged_memory.contains(kind) {
+            return DeviceMemoryPath::Staged;
+        }
+        DeviceMemoryPath::Refused
     }
 }
 
@@ -164,6 +200,26 @@ mod tests {
             !CommCapabilities::none()
                 .local_memory
                 .contains(DeviceKind::HOST)
+        );
+    }
+
+    #[rstest::rstest]
+    #[case::host(DeviceKind::HOST, DeviceMemoryPath::Direct)]
+    #[case::direct_device(DeviceKind::CUDA, DeviceMemoryPath::Direct)]
+    #[case::staged_device(DeviceKind::ROCM, DeviceMemoryPath::Staged)]
+    #[case::refused_device(DeviceKind::MLU, DeviceMemoryPath::Refused)]
+    fn the_memory_path_prefers_direct_then_staged(
+        #[case] kind: DeviceKind,
+        #[case] path: DeviceMemoryPath,
+    ) {
+        let mut caps = CommCapabilities::new(TransportId::TCP);
+        caps.local_memory = MemoryKinds::Only(vec![DeviceKind::HOST, DeviceKind::CUDA]);
+        caps.device_memory = DeviceMemoryPath::Direct;
+        caps.staged_memory = MemoryKinds::Only(vec![DeviceKind::CUDA, DeviceKind::ROCM]);
+        assert_eq!(caps.memory_path(kind), path);
+        assert_eq!(
+            CommCapabilities::none().memory_path(DeviceKind::HOST),
+            DeviceMemoryPath::Refused
         );
     }
 

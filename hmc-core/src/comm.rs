@@ -453,6 +453,45 @@ pub trait Communicator: Send + Sync + 'static {
     /// DMA engine would). [`crate::RegisteredBuffer`] is the safe way to get one.
     unsafe fn register(&self, region: Region, access: Access) -> Result<Self::Registration>;
 
+    /// Registers `region`, memory of `memory`'s device, with the backend that owns it, so
+    /// that peers reach it whatever the memory kind: a transport that moves the kind
+    /// directly registers it as [`Communicator::register`] would; one that stages it
+    /// ([`CommCapabilities::memory_path`] says [`Staged`](crate::DeviceMemoryPath::Staged))
+    /// serves peers' READs and WRITEs of it through `memory`'s copies and host bounce
+    /// buffers of its own. As the local side of this communicator's own
+    /// [`Communicator::transfer`], a staged registration is refused: stage it yourself
+    /// ([`crate::Stager`]) as an engine does.
+    ///
+    /// The default: host memory and kinds in `local_memory` go to `register`; other kinds
+    /// are refused with [`Error::UnsupportedMemory`].
+    ///
+    /// # Safety
+    /// As for [`Communicator::register`], and `region` must be memory of `memory`'s device.
+    unsafe fn register_memory(
+        &self,
+        region: Region,
+        access: Access,
+        memory: &crate::AnyMemory,
+    ) -> Result<Self::Registration> {
+        let _ = memory;
+        let caps = self.capabilities();
+        if caps.memory_path(region.device.kind) == crate::DeviceMemoryPath::Refused {
+            return Err(Error::UnsupportedMemory {
+                transport: self.transport(),
+                device: region.device,
+                reason: format!(
+                    "the {} transport neither registers nor stages {} memory; stage it \
+                     through registered host memory (hmc_core::Stager), or use a transport \
+                     whose capabilities() accept it",
+                    self.transport(),
+                    region.device.kind
+                ),
+            });
+        }
+        // SAFETY: forwarded contract.
+        unsafe { self.register(region, access) }
+    }
+
     /// Host memory of `len` bytes that the transport allocates, registers for `access` and
     /// owns until the returned registration drops, for transports where such memory is
     /// faster than user memory passed to [`Communicator::register`] (UCX maps memory it

@@ -101,6 +101,8 @@ pub trait DynMemory: Send + Sync + 'static {
         dst: &'a mut MemSpanMut<'_>,
         src: &'a MemSpan<'_>,
     ) -> Result<BoxFuture<'a, Result<()>>>;
+    /// See [`Memory::pinned_host`].
+    fn dyn_pinned_host(&self) -> Option<AnyMemory>;
     /// See [`Memory::export_dmabuf`].
     fn dyn_export_dmabuf(&self, span: &MemSpan<'_>) -> Result<DmaBuf>;
     /// See [`Memory::export_ipc`]; refuses another backend's buffer.
@@ -140,6 +142,10 @@ impl<M: Memory> DynMemory for M {
     ) -> Result<BoxFuture<'a, Result<()>>> {
         // SAFETY: the caller upholds `Memory::copy_async`'s contract, forwarded as is.
         unsafe { Memory::copy_async(self, dst, src) }
+    }
+
+    fn dyn_pinned_host(&self) -> Option<AnyMemory> {
+        Memory::pinned_host(self)
     }
 
     fn dyn_export_dmabuf(&self, span: &MemSpan<'_>) -> Result<DmaBuf> {
@@ -220,6 +226,10 @@ impl Memory for AnyMemory {
     ) -> Result<BoxFuture<'a, Result<()>>> {
         // SAFETY: forwarded contract.
         unsafe { self.0.dyn_copy_async(dst, src) }
+    }
+
+    fn pinned_host(&self) -> Option<AnyMemory> {
+        self.0.dyn_pinned_host()
     }
 
     fn export_dmabuf(&self, span: &MemSpan<'_>) -> Result<DmaBuf> {

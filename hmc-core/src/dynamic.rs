@@ -110,6 +110,16 @@ pub trait DynCommunicator: Send + Sync + 'static {
     /// # Safety
     /// As for [`Communicator::register`].
     unsafe fn dyn_register(&self, region: Region, access: Access) -> Result<DynRegistration>;
+    /// See [`Communicator::register_memory`].
+    ///
+    /// # Safety
+    /// As for [`Communicator::register_memory`].
+    unsafe fn dyn_register_memory(
+        &self,
+        region: Region,
+        access: Access,
+        memory: &crate::AnyMemory,
+    ) -> Result<DynRegistration>;
     /// See [`Communicator::alloc_registered`].
     fn dyn_alloc_registered(&self, len: usize, access: Access) -> Result<Option<DynRegistration>>;
     /// See [`Communicator::export`]; refuses another communicator's registration.
@@ -176,6 +186,17 @@ impl<C: Communicator> DynCommunicator for C {
     unsafe fn dyn_register(&self, region: Region, access: Access) -> Result<DynRegistration> {
         // SAFETY: the caller upholds `Communicator::register`'s contract, forwarded as is.
         let reg = unsafe { Communicator::register(self, region, access)? };
+        Ok(DynRegistration::wrap(self, reg))
+    }
+
+    unsafe fn dyn_register_memory(
+        &self,
+        region: Region,
+        access: Access,
+        memory: &crate::AnyMemory,
+    ) -> Result<DynRegistration> {
+        // SAFETY: the caller upholds `Communicator::register_memory`'s contract, forwarded.
+        let reg = unsafe { Communicator::register_memory(self, region, access, memory)? };
         Ok(DynRegistration::wrap(self, reg))
     }
 
@@ -325,6 +346,16 @@ impl Communicator for AnyCommunicator {
     unsafe fn register(&self, region: Region, access: Access) -> Result<DynRegistration> {
         // SAFETY: forwarded contract.
         unsafe { self.0.dyn_register(region, access) }
+    }
+
+    unsafe fn register_memory(
+        &self,
+        region: Region,
+        access: Access,
+        memory: &crate::AnyMemory,
+    ) -> Result<DynRegistration> {
+        // SAFETY: forwarded contract.
+        unsafe { self.0.dyn_register_memory(region, access, memory) }
     }
 
     fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<DynRegistration>> {

@@ -310,6 +310,14 @@ pub trait Memory: Send + Sync + 'static {
         ))
     }
 
+    /// A host allocator whose buffers this device copies to and from at full speed
+    /// (page-locked memory of its driver), for the bounce buffers a transport stages this
+    /// device's memory through. `None` (the default): plain host memory serves, slower on
+    /// hardware whose copies from pageable memory go through a driver bounce of their own.
+    fn pinned_host(&self) -> Option<crate::AnyMemory> {
+        None
+    }
+
     /// Exports the memory under `span` as a DMA-BUF: a file descriptor, and where `span`
     /// starts inside it. What `ibv_reg_dmabuf_mr(pd, offset, len, iova, fd, access)` needs
     /// to register device memory with an RDMA NIC. The exported range may be wider than

@@ -105,6 +105,10 @@ struct LocalReg<C: Communicator> {
     /// memory, so it needs WRITE here).
     access: Access,
     exported: Vec<u8>,
+    /// Device memory the transport serves to peers by staging
+    /// ([`hmc_core::DeviceMemoryPath::Staged`]): this engine's own transfers of it go
+    /// through its host bounce buffers, like a local-only staged region's.
+    staged: Option<Arc<staged::StagedReg>>,
 }
 
 /// What this engine has registered.
@@ -398,6 +402,25 @@ impl<C: Communicator> Engine<C> {
             addr: desc.addr,
             len: desc.len,
         };
+        // SAFETY: forwarded contract.
+        unsafe { self.add_registered(region, access, None) }
+    }
+
+    /// Registers `region` with the transport (with `staged`'s backend when it is device
+    /// memory the transport stages) and adds it to the table peers fetch.
+    ///
+    /// # Safety
+    /// As for [`Engine::register_mem`].
+    unsafe fn add_registered(
+        &self,
+        region: Region,
+        access: Access,
+        staged: Option<Arc<staged::StagedReg>>,
+    ) -> Result<MemHandle> {
+        let desc = MemDesc {
+            addr: region.addr,
+            len: region.len,
+        };
         let s = &self.inner.shared;
         let mut t = s.local.write();
         if t.map.len() >= s.config.max_regions {
@@ -415,7 +438,12 @@ impl<C: Communicator> Engine<C> {
         }
         // SAFETY: the caller guarantees the memory stays valid until deregistration, which
         // drops the registration only after transfers using it have ended.
-        let reg = unsafe { s.comm.register(region, access)? };
+        let reg = unsafe {
+            match &staged {
+                Some(st) => s.comm.register_memory(region, access, st.memory())?,
+                None => s.comm.register(region, access)?,
+            }
+        };
         let exported = s.comm.export(&reg)?.encode();
         let handle = MemHandle(t.next_handle);
         let entry = Arc::new(LocalReg {
@@ -423,6 +451,7 @@ impl<C: Communicator> Engine<C> {
             handle,
             access,
             exported,
+            staged,
         });
         if let Err((start, region_len)) = t.map.insert(desc.addr, desc.len as u64, entry) {
             // The registration just made drops (deregisters) here.
@@ -463,8 +492,12 @@ impl<C: Communicator> Engine<C> {
         };
         // Transfers planned before the removal hold a reference until they end.
         let in_use = || {
-            exported.as_ref().is_some_and(|e| Arc::strong_count(e) > 1)
-                || staged.as_ref().is_some_and(|e| Arc::strong_count(e) > 1)
+            exported.as_ref().is_some_and(|e| {
+                Arc::strong_count(e) > 1
+                    || e.staged
+                        .as_ref()
+                        .is_some_and(|st| Arc::strong_count(st) > 1)
+            }) || staged.as_ref().is_some_and(|e| Arc::strong_count(e) > 1)
         };
         while in_use() {
             tokio::time::sleep(Duration::from_micros(200)).await;
@@ -599,6 +632,17 @@ impl<C: Communicator> Engine<C> {
                             d.local_addr, l.access
                         ),
                     )));
+                }
+                Lookup::Inside(l, off) if l.staged.is_some() => {
+                    let st = l.staged.as_ref().expect("matched above");
+                    plan.staged.push(staged::StagedPiece {
+                        local: st.clone(),
+                        local_off: off as usize,
+                        remote: r.clone(),
+                        remote_off: roff,
+                        len: d.len,
+                    });
+                    continue;
                 }
                 Lookup::Inside(l, off) => (l, off),
                 other => {

@@ -441,6 +441,26 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
         Ok(LocalFirstRegistration::new(shm, net, false))
     }
 
+    /// Host memory as [`Communicator::register`]; device memory through the network
+    /// transport's own path for it (direct, or staged through its host chunks), so that
+    /// every peer, on this host too, reaches it there. The shared-memory half reaches
+    /// device memory only by vendor IPC of a whole buffer
+    /// ([`ShmCommunicator::register_device`]), which a `Region` does not carry.
+    unsafe fn register_memory(
+        &self,
+        region: Region,
+        access: Access,
+        memory: &hmc_core::AnyMemory,
+    ) -> Result<Self::Registration> {
+        if region.device.is_host() {
+            // SAFETY: forwarded contract.
+            return unsafe { self.register(region, access) };
+        }
+        // SAFETY: forwarded contract.
+        let net = unsafe { self.net.register_memory(region, access, memory) }?;
+        Ok(LocalFirstRegistration::new(None, net, false))
+    }
+
     /// Shared memory when the shared-memory transport runs (a same-host peer maps it and
     /// copies with `memcpy`), registered with `C` too; otherwise `C`'s own fast memory.
     fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<Self::Registration>> {

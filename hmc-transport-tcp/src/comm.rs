@@ -30,8 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hmc_core::{
-    Access, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Notification, Op,
-    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
+    Access, AnyMemory, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Memory,
+    Notification, Op, PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId,
 };
 use parking_lot::{Mutex, RwLock};
 use tokio::io::AsyncWriteExt;
@@ -41,8 +41,10 @@ use tokio::task::AbortHandle;
 use crate::TcpConfig;
 use crate::auth::{NONCE_LEN, PROOF_LEN};
 use crate::net::{Listener, Stream};
+use crate::request::{broken, check_batch, run_request};
+use crate::staged::{StagingPool, StagingStats};
 use crate::wait::Watched;
-use crate::wire::{self, KEY_LEN, TOKEN_LEN, WireDesc};
+use crate::wire::{self, KEY_LEN, TOKEN_LEN};
 
 /// How long a connection must have been idle in the endpoint's pool before it is probed
 /// for a close by the peer (one non-blocking read) when it is taken for a request.
@@ -60,6 +62,9 @@ pub(crate) struct RegEntry {
     /// into or out of the region, never across an `.await`, so deregistration waits for
     /// at most one system call.
     pub(crate) live: RwLock<bool>,
+    /// The backend of device memory registered by `register_memory`, whose bytes are
+    /// served through the staging pool ([`crate::staged`]); `None` for host memory.
+    pub(crate) memory: Option<AnyMemory>,
 }
 
 impl RegEntry {
@@ -145,6 +150,7 @@ pub(crate) struct Shared {
     pub(crate) notifications: Watched<Notifications>,
     pub(crate) tasks: Mutex<Tasks>,
     pub(crate) counters: Counters,
+    pub(crate) staging: Arc<StagingPool>,
     closed: watch::Sender<bool>,
 }
 
@@ -188,10 +194,19 @@ impl TcpCommunicator {
                 "TcpCommunicator::bind must be called inside a tokio runtime".into(),
             ));
         }
+        if config.staging_chunk == 0 || config.max_staging_bytes / config.staging_chunk < 2 {
+            return Err(Error::InvalidArgument(format!(
+                "TcpConfig::max_staging_bytes ({}) must hold at least two staging_chunk ({}) \
+                 chunks: each request on device memory takes two",
+                config.max_staging_bytes, config.staging_chunk
+            )));
+        }
         let listener = Listener::bind(addr)?;
         let addr = listener.local_addr()?;
         let (closed, _) = watch::channel(false);
+        let staging = StagingPool::new(config.staging_chunk, config.max_staging_bytes);
         let shared = Arc::new(Shared {
+            staging,
             config,
             addr,
             regions: RwLock::new(HashMap::new()),
@@ -211,6 +226,56 @@ impl TcpCommunicator {
     /// Bytes registered now.
     pub fn registered_bytes(&self) -> u64 {
         *self.shared.registered_bytes.lock()
+    }
+
+    /// Adds a registration of `region` (with `memory` when it is device memory served
+    /// through the staging pool), counted against `max_registered_bytes`.
+    fn add_region(
+        &self,
+        region: Region,
+        access: Access,
+        memory: Option<AnyMemory>,
+    ) -> Result<TcpRegistration> {
+        {
+            let mut used = self.shared.registered_bytes.lock();
+            let max = self.shared.config.max_registered_bytes;
+            let want = used.saturating_add(region.len as u64);
+            if want > max {
+                return Err(Error::LimitExceeded {
+                    limit: "max_registered_bytes",
+                    value: want,
+                    max,
+                    hint: "deregister buffers you no longer need, or raise \
+                           TcpConfig::max_registered_bytes"
+                        .into(),
+                });
+            }
+            *used = want;
+        }
+        let mut token = [0u8; TOKEN_LEN];
+        if let Err(e) = random_token(&mut token) {
+            *self.shared.registered_bytes.lock() -= region.len as u64;
+            return Err(e);
+        }
+        let id = self.shared.next_region.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(RegEntry {
+            id,
+            region,
+            access,
+            token: Mutex::new(token),
+            live: RwLock::new(true),
+            memory,
+        });
+        self.shared.regions.write().insert(id, entry.clone());
+        Ok(TcpRegistration {
+            entry,
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// What the bounce chunks of device regions served to peers have done.
+    pub fn staging_stats(&self) -> StagingStats {
+        self.shared.staging.stats()
     }
 
     /// Counters and current holdings of this communicator's responder.
@@ -329,11 +394,11 @@ impl Drop for TcpCommunicator {
 /// is dropped.
 #[derive(Clone)]
 pub struct TcpEndpoint {
-    inner: Arc<EndpointInner>,
+    pub(crate) inner: Arc<EndpointInner>,
 }
 
-struct EndpointInner {
-    id: u64,
+pub(crate) struct EndpointInner {
+    pub(crate) id: u64,
     peer: PeerAddr,
     /// Pooled connections, when each went idle, and whether it must be probed before reuse
     /// however soon (its last request was refused: the target may have closed it).
@@ -439,7 +504,7 @@ impl Drop for InFlight {
 
 /// Local memory registered with a [`TcpCommunicator`]; deregistered on drop.
 pub struct TcpRegistration {
-    entry: Arc<RegEntry>,
+    pub(crate) entry: Arc<RegEntry>,
     shared: Arc<Shared>,
 }
 
@@ -475,11 +540,11 @@ impl Drop for TcpRegistration {
 /// A peer's region imported for one endpoint.
 #[derive(Clone)]
 pub struct TcpRemoteKey {
-    endpoint: u64,
-    id: u64,
-    token: [u8; TOKEN_LEN],
-    len: u64,
-    access: Access,
+    pub(crate) endpoint: u64,
+    pub(crate) id: u64,
+    pub(crate) token: [u8; TOKEN_LEN],
+    pub(crate) len: u64,
+    pub(crate) access: Access,
 }
 
 impl std::fmt::Debug for TcpRemoteKey {
@@ -500,150 +565,6 @@ fn random_token(token: &mut [u8; TOKEN_LEN]) -> Result<()> {
         reason: e.to_string(),
         hint: "remote keys need unguessable tokens; check /dev/urandom or getrandom(2)".into(),
     })
-}
-
-/// Checks a whole batch before anything moves, and turns it into wire descriptors.
-fn check_batch(
-    ep: &TcpEndpoint,
-    op: Op,
-    batch: &[TransferDesc<'_, TcpCommunicator>],
-) -> Result<Vec<WireDesc>> {
-    let need = Access::required_by(op);
-    batch
-        .iter()
-        .map(|d| {
-            if d.remote.endpoint != ep.inner.id {
-                return Err(Error::InvalidArgument(
-                    "a remote key was imported for another endpoint; import the region on this \
-                     endpoint"
-                        .into(),
-                ));
-            }
-            check_bounds(
-                "local registration",
-                d.local_offset as u64,
-                d.len as u64,
-                d.local.entry.region.len as u64,
-            )?;
-            check_bounds("remote region", d.remote_offset, d.len as u64, d.remote.len)?;
-            if !d.remote.access.allows(need) {
-                return Err(Error::AccessDenied(format!(
-                    "the remote region allows {:?} but {op:?} needs {need:?}; export it with \
-                     that access",
-                    d.remote.access
-                )));
-            }
-            Ok(WireDesc {
-                id: d.remote.id,
-                token: d.remote.token,
-                offset: d.remote_offset,
-                len: d.len as u64,
-            })
-        })
-        .collect()
-}
-
-/// The local bytes of descriptor `d`. The batch was bounds-checked and the registration is
-/// borrowed by the batch for the whole transfer.
-fn local_ptr(d: &TransferDesc<'_, TcpCommunicator>) -> *mut u8 {
-    (d.local.entry.region.addr as usize + d.local_offset) as *mut u8
-}
-
-/// Runs one request of a batch. The outer error means the connection is broken; the inner
-/// one is a refusal the target reported with the connection still in step.
-async fn run_request(
-    stream: &mut Stream,
-    peer: &PeerAddr,
-    op: Op,
-    descs: &[TransferDesc<'_, TcpCommunicator>],
-    wire_descs: &[WireDesc],
-    until: Instant,
-    poll: Duration,
-) -> std::io::Result<Result<()>> {
-    // Room for the padding too (a byte and up to 63), so no push reallocates.
-    let mut header = Vec::with_capacity(5 + wire_descs.len() * WireDesc::LEN + 64);
-    header.push(match op {
-        Op::Write => wire::REQ_WRITE,
-        Op::Read => wire::REQ_READ,
-    });
-    header.extend_from_slice(&(wire_descs.len() as u32).to_be_bytes());
-    wire_descs.iter().for_each(|d| d.encode(&mut header));
-    let total: usize = descs.iter().map(|d| d.len).sum();
-    match op {
-        Op::Write
-            if total <= wire::COALESCE_LEN && descs.iter().filter(|d| d.len > 0).count() != 1 =>
-        {
-            // Small batches travel in one write: one segment, one wakeup at the target (one
-            // descriptor's bytes leave with the header below, in one `sendmsg`, uncopied).
-            header.push(0);
-            for d in descs.iter().filter(|d| d.len > 0) {
-                // SAFETY: `check_batch` proved [local_offset, local_offset+len) lies in the
-                // registration, whose memory the caller keeps allocated while registered
-                // (the `register` contract), and `descs` borrows the registration for the
-                // whole transfer.
-                header
-                    .extend_from_slice(unsafe { std::slice::from_raw_parts(local_ptr(d), d.len) });
-            }
-            stream.write_all(&header).await?;
-            stream.poll_readable(poll, 0).await;
-            wire::read_status(stream, peer).await
-        }
-        Op::Write => {
-            // `total` > 0 here, so there is a first descriptor with bytes.
-            let first = descs
-                .iter()
-                .find(|d| d.len > 0)
-                .map_or(0, |d| local_ptr(d) as usize);
-            let pad = wire::align_pad(header.len() + 1, first);
-            header.push(pad);
-            header.resize(header.len() + pad as usize, 0);
-            let bytes = |d: &TransferDesc<'_, TcpCommunicator>| {
-                // SAFETY: as above.
-                unsafe { std::slice::from_raw_parts(local_ptr(d), d.len) }
-            };
-            // The header leaves with the first bytes, and a batch's descriptors leave
-            // gathered (one `sendmsg` per piece, as for one contiguous transfer).
-            let mut with_bytes = descs.iter().filter(|d| d.len > 0);
-            match (with_bytes.next(), with_bytes.next()) {
-                (Some(d), None) => stream.write_all_eager(&header, bytes(d), until).await?,
-                _ => {
-                    let bufs: Vec<&[u8]> = descs.iter().filter(|d| d.len > 0).map(bytes).collect();
-                    stream.write_all_gather_eager(&header, &bufs, until).await?;
-                }
-            }
-            stream.poll_readable(poll, 0).await;
-            wire::read_status(stream, peer).await
-        }
-        Op::Read => {
-            stream.write_all(&header).await?;
-            // The whole answer of a small READ (status, padding, data) in one `recv`.
-            let small = total <= wire::COALESCE_LEN;
-            stream
-                .poll_readable(poll, if small { 2 + 63 + total } else { 0 })
-                .await;
-            let status = wire::read_status(stream, peer).await?;
-            if status.is_ok() {
-                wire::skip_pad(stream).await?;
-                // Scattered into the descriptors' bytes, up to `MAX_GATHER` per `recvmsg`.
-                let pieces: Vec<crate::net::Piece> = descs
-                    .iter()
-                    .map(|d| (local_ptr(d) as usize, d.len))
-                    .collect();
-                // SAFETY: as for WRITE; peers and local code that touch the same bytes
-                // concurrently accepted DMA semantics when registering.
-                unsafe { stream.read_exact_scatter_eager(&pieces, until, poll) }.await?;
-            }
-            Ok(status)
-        }
-    }
-}
-
-fn broken(peer: &PeerAddr, e: std::io::Error) -> Error {
-    if crate::net::is_disconnect(&e) {
-        Error::peer(peer, format!("connection lost mid-transfer: {e}"))
-    } else {
-        Error::io(format!("transfer with {peer}"), e)
-    }
 }
 
 impl TcpCommunicator {
@@ -692,6 +613,9 @@ impl Communicator for TcpCommunicator {
     fn capabilities(&self) -> CommCapabilities {
         let mut caps = CommCapabilities::new(TransportId::TCP);
         caps.max_notification_len = self.shared.config.max_notify_len;
+        // Device memory of any backend is served to peers through the staging pool.
+        caps.staged_memory = hmc_core::MemoryKinds::Any;
+        caps.remote_memory = hmc_core::MemoryKinds::Any;
         caps.rekey = true;
         // `rekey` swaps a token, `import` parses the key: neither waits on the peer.
         caps.key_ops_wait = false;
@@ -729,45 +653,37 @@ impl Communicator for TcpCommunicator {
             return Err(Error::UnsupportedMemory {
                 transport: TransportId::TCP,
                 device: region.device,
-                reason: "the TCP transport moves bytes with the CPU and registers host memory \
-                         only"
+                reason: "the TCP transport moves bytes with the CPU: a Region of device \
+                         memory is registered with register_memory and its backend, which \
+                         stages it through host chunks"
                     .into(),
             });
         }
-        {
-            let mut used = self.shared.registered_bytes.lock();
-            let max = self.shared.config.max_registered_bytes;
-            let want = used.saturating_add(region.len as u64);
-            if want > max {
-                return Err(Error::LimitExceeded {
-                    limit: "max_registered_bytes",
-                    value: want,
-                    max,
-                    hint: "deregister buffers you no longer need, or raise \
-                           TcpConfig::max_registered_bytes"
-                        .into(),
-                });
-            }
-            *used = want;
+        self.add_region(region, access, None)
+    }
+
+    /// Device memory is served to peers through a bounded pool of pinned staging chunks
+    /// (see [`TcpConfig::max_staging_bytes`](crate::TcpConfig::max_staging_bytes)); host
+    /// memory is registered as `register` does.
+    unsafe fn register_memory(
+        &self,
+        region: Region,
+        access: Access,
+        memory: &AnyMemory,
+    ) -> Result<TcpRegistration> {
+        self.shared.check_open()?;
+        if region.device.is_host() {
+            return self.add_region(region, access, None);
         }
-        let mut token = [0u8; TOKEN_LEN];
-        if let Err(e) = random_token(&mut token) {
-            *self.shared.registered_bytes.lock() -= region.len as u64;
-            return Err(e);
+        if memory.device() != region.device {
+            return Err(Error::InvalidArgument(format!(
+                "register_memory: the region is on {} and the memory backend serves {}; pass \
+                 the backend of the region's device",
+                region.device,
+                memory.device()
+            )));
         }
-        let id = self.shared.next_region.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(RegEntry {
-            id,
-            region,
-            access,
-            token: Mutex::new(token),
-            live: RwLock::new(true),
-        });
-        self.shared.regions.write().insert(id, entry.clone());
-        Ok(TcpRegistration {
-            entry,
-            shared: self.shared.clone(),
-        })
+        self.add_region(region, access, Some(memory.clone()))
     }
 
     /// Draws a new random token for `reg` under the registration's token lock: every key

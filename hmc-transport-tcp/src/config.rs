@@ -64,6 +64,17 @@ pub struct TcpConfig {
     /// in `/proc/net/tcp`), counted in `auth_failures`; peers on other hosts are admitted
     /// (default false; the engine turns it on).
     pub same_user_only: bool,
+    /// Bytes of one host bounce chunk through which device regions
+    /// ([`hmc_core::Communicator::register_memory`]) are served to peers (default 1 MiB).
+    /// A READ copies chunk *k + 1* from the device while chunk *k* is sent; a WRITE the
+    /// reverse.
+    pub staging_chunk: usize,
+    /// Bytes of bounce chunks held at once for device regions, over every request
+    /// (default 64 MiB; each request being served takes two chunks). A request that finds
+    /// none free within `request_timeout` is refused with `LimitExceeded { limit:
+    /// "max_staging_bytes" }`: peers cannot make this side hold more. At least two
+    /// chunks.
+    pub max_staging_bytes: usize,
 }
 
 impl Default for TcpConfig {
@@ -83,6 +94,8 @@ impl Default for TcpConfig {
             max_registered_bytes: 64 << 30,
             auth_secret: None,
             same_user_only: false,
+            staging_chunk: 1 << 20,
+            max_staging_bytes: 64 << 20,
         }
     }
 }

@@ -76,7 +76,9 @@ mod comm;
 mod config;
 mod control;
 mod net;
+mod request;
 mod responder;
+mod staged;
 mod wait;
 mod wire;
 
@@ -85,3 +87,4 @@ pub use comm::{TcpCommunicator, TcpEndpoint, TcpRegistration, TcpRemoteKey, TcpS
 pub use config::TcpConfig;
 pub use control::{ControlMessage, ControlPlane, ControlPlaneConfig, ControlPlaneStats, Rank};
 pub use net::bind_unix_listener;
+pub use staged::StagingStats;

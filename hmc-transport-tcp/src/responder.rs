@@ -31,6 +31,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::auth::{self, NONCE_LEN, PROOF_LEN};
 use crate::comm::{Counters, RegEntry, Shared};
 use crate::net::{Listener, MAX_GATHER, Stream};
+use crate::staged::{StagedMoved, recv_staged, send_staged};
 use crate::wire::{self, TOKEN_LEN, WireDesc};
 
 /// The `context` of data-plane authentication proofs (see [`crate::auth`]).
@@ -660,7 +661,24 @@ async fn serve_batch(
                     .count();
                 let run = &descs[i..i + run];
                 i += run.len();
-                match recv_into(stream, entry, run, stall).await? {
+                let moved = match &entry.memory {
+                    Some(memory) => {
+                        let pool = &shared.staging;
+                        match recv_staged(stream, pool, entry, memory, run, stall).await? {
+                            StagedMoved::Done => Moved::Done,
+                            StagedMoved::Deregistered { moved, started } => {
+                                Moved::Deregistered { moved, started }
+                            }
+                            StagedMoved::Refused(e) => {
+                                drain(stream, remaining, stall).await?;
+                                send(stream, &wire::encode_error(&e), stall).await?;
+                                return Ok(());
+                            }
+                        }
+                    }
+                    None => recv_into(stream, entry, run, stall).await?,
+                };
+                match moved {
                     Moved::Done => remaining -= run.iter().map(|d| d.len).sum::<u64>(),
                     Moved::Deregistered { moved, .. } => {
                         drain(stream, remaining - moved, stall).await?;
@@ -678,7 +696,8 @@ async fn serve_batch(
         }
         Op::Read
             if total <= wire::COALESCE_LEN as u64
-                && descs.iter().filter(|d| d.len > 0).count() != 1 =>
+                && descs.iter().filter(|d| d.len > 0).count() != 1
+                && entries.iter().all(|e| e.memory.is_none()) =>
         {
             // Small answers go out in one write with their status: one segment, one wakeup
             // (one descriptor's bytes leave with the status below, in one `sendmsg`, uncopied).
@@ -704,7 +723,26 @@ async fn serve_batch(
                     .iter()
                     .take_while(|e| Arc::ptr_eq(e, entry))
                     .count();
-                let sent = send_from(stream, entry, &descs[i..i + run], status, stall).await?;
+                let run_descs = &descs[i..i + run];
+                let sent = match &entry.memory {
+                    Some(memory) => {
+                        let pool = &shared.staging;
+                        match send_staged(stream, pool, entry, memory, run_descs, status, stall)
+                            .await?
+                        {
+                            StagedMoved::Done => Moved::Done,
+                            StagedMoved::Deregistered { moved, started } => {
+                                Moved::Deregistered { moved, started }
+                            }
+                            StagedMoved::Refused(e) => {
+                                // Refused only while nothing of the answer has left.
+                                send(stream, &wire::encode_error(&e), stall).await?;
+                                return Ok(());
+                            }
+                        }
+                    }
+                    None => send_from(stream, entry, run_descs, status, stall).await?,
+                };
                 i += run;
                 let first_call = !status.is_empty();
                 status = &[];

@@ -1,8 +1,10 @@
-//! Device memory a transport cannot register (the TCP transport refuses it): kept as a
-//! local-only region and moved through registered host bounce buffers
+//! Device memory the transport does not move directly. Where the transport stages it
+//! ([`DeviceMemoryPath::Staged`]: the TCP transport serves peers' READs and WRITEs of it
+//! through its own pinned host chunks), the region is exported like any other and this
+//! engine's own transfers from it go through registered host bounce buffers
 //! ([`hmc_core::Stager`]), one chunk in the device copy while the previous one is on the
-//! wire. Peers cannot reach such memory (it is not in the table they fetch); this engine
-//! READs into it and WRITEs from it.
+//! wire. Where the transport refuses the kind, the region stays local-only: this engine
+//! READs into it and WRITEs from it, and peers cannot reach it.
 
 use std::sync::Arc;
 
@@ -16,10 +18,18 @@ use super::{Engine, MemDesc, MemHandle, MemType, RemoteEntry};
 use crate::error::{EngineError, Result};
 use crate::region_map::Lookup;
 
-/// A staged (local-only) device region.
+/// A device region this engine moves through its host bounce buffers: local-only where
+/// the transport refuses the memory, exported where it stages it for peers.
 pub(crate) struct StagedReg {
     memory: AnyMemory,
     region: Region,
+}
+
+impl StagedReg {
+    /// The device's memory backend.
+    pub(super) fn memory(&self) -> &AnyMemory {
+        &self.memory
+    }
 }
 
 /// A run between staged local memory and a peer's region.
@@ -42,11 +52,13 @@ impl<C: Communicator> Engine<C> {
         self.inner.shared.comm.capabilities()
     }
 
-    /// Registers `desc`, device memory of `memory` (its kind and ordinal). Where the
-    /// transport registers that kind of memory it is exported to peers like
-    /// [`Engine::register_mem`]'s; where it cannot ([`Engine::capabilities`]), it stays
-    /// local-only: this engine's transfers move it through registered host bounce buffers,
-    /// and peers cannot reach it.
+    /// Registers `desc`, device memory of `memory` (its kind and ordinal), by the one rule
+    /// of [`CommCapabilities::memory_path`]: where the transport moves that kind directly
+    /// it is registered like [`Engine::register_mem`]'s; where it stages it (the TCP
+    /// transport, through its bounded pinned host chunks) it is exported too, so peers
+    /// READ and WRITE it, and this engine's own transfers of it are staged through host
+    /// bounce buffers; where the transport refuses the kind it stays local-only: this
+    /// engine's transfers move it through the bounce buffers, and peers cannot reach it.
     ///
     /// # Safety
     /// As for [`Engine::register_mem`]: `desc` must be memory of `memory`'s device that
@@ -58,15 +70,35 @@ impl<C: Communicator> Engine<C> {
     ) -> Result<MemHandle> {
         let device = memory.device();
         let caps = self.capabilities();
-        if caps.local_memory.contains(device.kind)
-            && caps.device_memory != DeviceMemoryPath::Refused
-        {
-            let mem_type = MemType::Device {
-                kind: device.kind,
-                ordinal: device.ordinal,
-            };
-            // SAFETY: forwarded contract.
-            return unsafe { self.register_mem(desc, mem_type, hmc_core::Access::READ_WRITE) };
+        let region = Region {
+            device,
+            addr: desc.addr,
+            len: desc.len,
+        };
+        match caps.memory_path(device.kind) {
+            DeviceMemoryPath::Refused => {}
+            DeviceMemoryPath::Staged => {
+                self.check_open()?;
+                tracing::debug!(
+                    %device,
+                    len = desc.len,
+                    transport = %caps.transport,
+                    "device memory served to peers through the transport's host chunks"
+                );
+                let entry = Arc::new(StagedReg { memory, region });
+                // SAFETY: forwarded contract.
+                return unsafe {
+                    self.add_registered(region, hmc_core::Access::READ_WRITE, Some(entry))
+                };
+            }
+            _ => {
+                let mem_type = MemType::Device {
+                    kind: device.kind,
+                    ordinal: device.ordinal,
+                };
+                // SAFETY: forwarded contract.
+                return unsafe { self.register_mem(desc, mem_type, hmc_core::Access::READ_WRITE) };
+            }
         }
         if desc.len == 0 {
             return Err(EngineError::InvalidArgument(
@@ -80,11 +112,6 @@ impl<C: Communicator> Engine<C> {
                 desc.addr
             )));
         }
-        let region = Region {
-            device,
-            addr: desc.addr,
-            len: desc.len,
-        };
         let entry = Arc::new(StagedReg { memory, region });
         if let Err((start, region_len)) = t.staged.insert(desc.addr, desc.len as u64, entry) {
             return Err(EngineError::Overlaps {

@@ -1,0 +1,323 @@
+//! Device memory a peer reaches: this process registers device regions (of the HIP ABI
+//! shim, `hmc-backend-rocm/tests/shim/hip_shim.c`, loaded by the ROCm backend's real
+//! loader) with `register_device_mem`, and another process READs and WRITEs them over
+//! `tcp` and `auto`, from host memory and from a device region of its own, with checksums
+//! on both sides. The target's staging counters show each byte crossed its bounce chunks
+//! once per direction, and an initiator killed mid-transfer leaves no chunk held. The
+//! shim's "device" is host memory behind HIP's C ABI: this checks the staging path and
+//! the binding, not a GPU.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hmc_backend_rocm::RocmMemory;
+use hmc_core::{AnyMemory, DeviceBuffer, DeviceMemoryPath, MemSpan, MemSpanMut, Memory};
+use hmc_engine::{Engine, EngineConfig, MemDesc, TransferOp, TransferOpDesc};
+use hmc_transport_shm::{LocalFirst, ShmCommunicator, ShmConfig};
+use hmc_transport_tcp::{StagingStats, TcpCommunicator, TcpConfig};
+use rstest::rstest;
+
+const T: Duration = Duration::from_secs(20);
+/// More than a few 1 MiB staging chunks, with a ragged end.
+const LEN: usize = (5 << 20) + 4099;
+const CHILD: &str = "HMC_DEVICE_PEER_CHILD";
+
+fn shim() -> PathBuf {
+    let src =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../hmc-backend-rocm/tests/shim/hip_shim.c");
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("device-peers-hip");
+    hmc_testshim::build_shim(&src, "hip_shim", &out).expect("build the HIP ABI shim")
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect()
+}
+
+fn crc(bytes: &[u8]) -> u64 {
+    // FNV-1a: enough to tell one pattern from another.
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn download(mem: &RocmMemory, buf: &impl DeviceBuffer) -> Vec<u8> {
+    let mut out = vec![0u8; buf.len()];
+    mem.copy(&mut MemSpanMut::host(&mut out), &MemSpan::of(buf))
+        .unwrap();
+    out
+}
+
+/// The target side: an engine whose transport this test can ask for its staging counters.
+enum Target {
+    Tcp(Engine<TcpCommunicator>, Arc<TcpCommunicator>),
+    Auto(
+        Engine<LocalFirst<TcpCommunicator>>,
+        Arc<LocalFirst<TcpCommunicator>>,
+    ),
+}
+
+impl Target {
+    async fn new(transport: &str) -> Target {
+        let tcp =
+            TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), TcpConfig::default())
+                .unwrap();
+        match transport {
+            "tcp" => {
+                let c = Arc::new(tcp);
+                let e = Engine::initialize(c.clone(), "127.0.0.1", EngineConfig::default())
+                    .await
+                    .unwrap();
+                Target::Tcp(e, c)
+            }
+            _ => {
+                let shm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
+                let c = Arc::new(LocalFirst::new(tcp, shm));
+                let e = Engine::initialize(c.clone(), "127.0.0.1", EngineConfig::default())
+                    .await
+                    .unwrap();
+                Target::Auto(e, c)
+            }
+        }
+    }
+
+    fn stats(&self) -> StagingStats {
+        match self {
+            Target::Tcp(_, c) => c.staging_stats(),
+            Target::Auto(_, c) => c.net().staging_stats(),
+        }
+    }
+
+    fn path(&self) -> DeviceMemoryPath {
+        let caps = match self {
+            Target::Tcp(e, _) => e.capabilities(),
+            Target::Auto(e, _) => e.capabilities(),
+        };
+        caps.memory_path(hmc_core::DeviceKind::ROCM)
+    }
+
+    /// Registers `buf` as device memory and returns this engine's metadata blob.
+    fn register(&self, mem: &RocmMemory, buf: &impl DeviceBuffer) -> Vec<u8> {
+        let desc = MemDesc {
+            addr: buf.region().addr,
+            len: buf.len(),
+        };
+        let any = AnyMemory::new(mem.clone());
+        // SAFETY: `buf` outlives both engines (dropped at the end of the test).
+        match self {
+            Target::Tcp(e, _) => {
+                unsafe { e.register_device_mem(desc, any) }.unwrap();
+                e.local_metadata().unwrap()
+            }
+            Target::Auto(e, _) => {
+                unsafe { e.register_device_mem(desc, any) }.unwrap();
+                e.local_metadata().unwrap()
+            }
+        }
+    }
+}
+
+/// The initiator, in a child process: `HMC_DEVICE_PEER_CHILD=<transport>`, the target's
+/// blob in hex and its device address on stdin.
+/// With `auto` the child runs without UCX (`HMC_UCX_LIB` names no library), so its
+/// `auto` is shared memory first over TCP, as this side's target is: `auto` over UCX
+/// hands device memory to UCX, which moves it only where its build supports the device.
+fn spawn_initiator(transport: &str, mode: &str, blob: &[u8], addr: u64) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    if transport == "auto" {
+        cmd.env("HMC_UCX_LIB", "/nonexistent/libucp.so.0");
+    }
+    let mut child = cmd
+        .args(["initiator_child", "--exact", "--ignored", "--nocapture"])
+        .env(CHILD, format!("{transport}:{mode}"))
+        .env("HMC_HIP_LIB", shim())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "{} {addr}", hmc_testshim::to_hex(blob)).unwrap();
+    child
+}
+
+/// The child's next line that starts with `key`, its rest.
+fn expect_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, key: &str) -> String {
+    for line in lines {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix(key) {
+            return rest.trim().to_string();
+        }
+    }
+    panic!("the child ended before printing `{key}`");
+}
+
+#[rstest]
+#[case::tcp("tcp")]
+#[case::auto("auto")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_reads_and_writes_device_regions_with_each_byte_staged_once(
+    #[case] transport: &str,
+) {
+    let mem = RocmMemory::with_library(shim(), 0).unwrap();
+    let target = Target::new(transport).await;
+    assert_eq!(target.path(), DeviceMemoryPath::Staged);
+    let mut kv = mem.alloc(LEN).unwrap();
+    let original = pattern(LEN, 7);
+    mem.copy(&mut MemSpanMut::of(&mut kv), &MemSpan::host(&original))
+        .unwrap();
+    let blob = target.register(&mem, &kv);
+    let child = spawn_initiator(transport, "check", &blob, kv.region().addr);
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "the initiator failed:\n{text}");
+    let mut lines = text.lines().map(|l| Ok(l.to_string()));
+    // READ into host memory and into the child's own device region: the target's bytes.
+    assert_eq!(
+        expect_line(&mut lines, "read-host"),
+        crc(&original).to_string()
+    );
+    assert_eq!(
+        expect_line(&mut lines, "read-device"),
+        crc(&original).to_string()
+    );
+    // WRITE from the child's host memory: the child's pattern lands in the device region.
+    let written: u64 = expect_line(&mut lines, "wrote").parse().unwrap();
+    assert_eq!(crc(&download(&mem, &kv)), written);
+    assert_eq!(written, crc(&pattern(LEN, 99)));
+    let s = target.stats();
+    // Two READs of the region out, one WRITE in: every byte through the chunks once each.
+    assert_eq!(s.bytes_to_peers, 2 * LEN as u64, "{s:?}");
+    assert_eq!(s.bytes_from_peers, LEN as u64, "{s:?}");
+    assert_eq!(s.chunks_held, 0, "{s:?}");
+    assert!(
+        s.chunks_allocated <= 64,
+        "bounded by max_staging_bytes: {s:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initiator_killed_mid_transfer_leaves_no_chunk_held() {
+    let mem = RocmMemory::with_library(shim(), 0).unwrap();
+    let target = Target::new("tcp").await;
+    let kv = mem.alloc(LEN).unwrap();
+    let blob = target.register(&mem, &kv);
+    let mut child = spawn_initiator("tcp", "loop", &blob, kv.region().addr);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    expect_line(&mut lines, "looping");
+    let until = Instant::now() + T;
+    while target.stats().chunks_held == 0 {
+        assert!(Instant::now() < until, "no READ was being served");
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let until = Instant::now() + T;
+    while target.stats().chunks_held != 0 {
+        assert!(
+            Instant::now() < until,
+            "chunks still held after the initiator died: {:?}",
+            target.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The pool serves the next peer.
+    let child = spawn_initiator("tcp", "check-read", &blob, kv.region().addr);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// The initiator process (run by the tests above; returns at once otherwise).
+#[test]
+#[ignore = "a child process of the tests above"]
+fn initiator_child() {
+    let Ok(what) = std::env::var(CHILD) else {
+        return;
+    };
+    let (transport, mode) = what.split_once(':').unwrap();
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    let (hex, addr) = line.trim().split_once(' ').unwrap();
+    let (blob, remote_addr) = (hmc_testshim::from_hex(hex), addr.parse::<u64>().unwrap());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let o: HashMap<String, String> = [("transport".to_string(), transport.to_string())].into();
+        let e = Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
+            .await
+            .unwrap();
+        let peer = e.add_remote(&blob, T).await.unwrap();
+        let mut host = vec![0u8; LEN];
+        // SAFETY: `host` outlives the engine's use of it (deregistered below).
+        let h = unsafe {
+            e.register_mem(
+                MemDesc {
+                    addr: host.as_ptr() as u64,
+                    len: LEN,
+                },
+                hmc_engine::MemType::Host,
+                hmc_core::Access::READ_WRITE,
+            )
+        }
+        .unwrap();
+        let one = |local: u64| TransferOpDesc {
+            local_addr: local,
+            remote_addr,
+            len: LEN,
+        };
+        if mode == "loop" {
+            println!("looping");
+            loop {
+                e.transfer(&peer, TransferOp::Read, &[one(host.as_ptr() as u64)], T)
+                    .await
+                    .unwrap();
+            }
+        }
+        e.transfer(&peer, TransferOp::Read, &[one(host.as_ptr() as u64)], T)
+            .await
+            .unwrap();
+        println!("read-host {}", crc(&host));
+        if mode == "check-read" {
+            return;
+        }
+        // Into a device region of this process: staged through its own bounce buffers.
+        let mem = RocmMemory::with_library(std::env::var("HMC_HIP_LIB").unwrap(), 1).unwrap();
+        let dev = mem.alloc(LEN).unwrap();
+        // SAFETY: `dev` outlives its registration (deregistered below).
+        let d = unsafe {
+            e.register_device_mem(
+                MemDesc {
+                    addr: dev.region().addr,
+                    len: LEN,
+                },
+                AnyMemory::new(mem.clone()),
+            )
+        }
+        .unwrap();
+        e.transfer(&peer, TransferOp::Read, &[one(dev.region().addr)], T)
+            .await
+            .unwrap();
+        println!("read-device {}", crc(&download(&mem, &dev)));
+        let mine = pattern(LEN, 99);
+        // No transfer of `host` is in flight.
+        host.copy_from_slice(&mine);
+        e.transfer(&peer, TransferOp::Write, &[one(host.as_ptr() as u64)], T)
+            .await
+            .unwrap();
+        println!("wrote {}", crc(&mine));
+        e.deregister_mem(d).await.unwrap();
+        e.deregister_mem(h).await.unwrap();
+        drop(dev);
+    });
+}
