@@ -89,6 +89,26 @@ impl CudaMemory {
         })
     }
 
+    /// Waits until the work queued on `stream` has finished: a `CUstream` of this device's
+    /// primary context made by another library (PyTorch, CuPy), or one of the driver's
+    /// default stream handles (`1` = `CU_STREAM_LEGACY`, `2` = `CU_STREAM_PER_THREAD`, as
+    /// `__cuda_array_interface__` and DLPack name them). Copies of this backend run on its
+    /// own non-blocking stream, which does not wait for other streams by itself: a caller
+    /// that registers memory a producer is still writing synchronises that producer's
+    /// stream here first. `0` is taken as the legacy default stream.
+    ///
+    /// # Safety
+    /// `stream` must be 0, 1, 2, or a live stream of this device's primary context.
+    pub unsafe fn synchronize_stream(&self, stream: usize) -> Result<()> {
+        self.ctx.bind()?;
+        let handle = if stream == 0 { 1 } else { stream };
+        // SAFETY: a default stream handle or a live stream of this context (the caller's
+        // contract); the context is current on this thread.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(handle as sys::CUstream)
+        })
+    }
+
     /// The page-locked host allocator of this device's context, for staging bounce buffers.
     pub fn pinned(&self) -> PinnedHostMemory {
         PinnedHostMemory {

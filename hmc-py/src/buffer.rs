@@ -1,10 +1,11 @@
 //! The memory behind a Python object, by address and length, with what keeps it alive:
-//! a buffer-protocol object's `Py_buffer`, a DLPack tensor, or a raw `(addr, length)`.
+//! a buffer-protocol object's `Py_buffer`, a DLPack tensor, an object with
+//! `__cuda_array_interface__` (Numba, CuPy, PyTorch), or a raw `(addr, length)`.
 
 use hmc_core::DeviceKind;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::dlpack::{self, Placement};
 use crate::errors;
@@ -15,6 +16,9 @@ pub(crate) enum Keep {
     Buffer(#[allow(dead_code)] PyUntypedBuffer),
     /// A consumed DLPack tensor (its deleter runs when this drops).
     DlPack(#[allow(dead_code)] dlpack::Managed),
+    /// The object whose `__cuda_array_interface__` gave the range (the interface's rule:
+    /// the memory lives as long as the object).
+    Object(#[allow(dead_code)] Py<PyAny>),
     /// Memory the caller vouches for, given as `(addr, length)`.
     Raw,
 }
@@ -25,6 +29,9 @@ pub(crate) struct Held {
     pub len: usize,
     pub readonly: bool,
     pub placement: Placement,
+    /// The CUDA stream the producer writes the memory on, to synchronise before this
+    /// process's copies read it (`1` is the legacy default stream); `None`: nothing to wait.
+    pub stream: Option<usize>,
     pub _keep: Keep,
 }
 
@@ -62,6 +69,7 @@ pub(crate) fn hold(obj: &Bound<'_, PyAny>, device: Option<(DeviceKind, u32)>) ->
             len,
             readonly: false,
             placement: device.map_or(Placement::Host, |(k, o)| Placement::Device(k, o)),
+            stream: None,
             _keep: Keep::Raw,
         });
     }
@@ -82,12 +90,16 @@ pub(crate) fn hold(obj: &Bound<'_, PyAny>, device: Option<(DeviceKind, u32)>) ->
                 len: buf.len_bytes(),
                 readonly: buf.readonly(),
                 placement: Placement::Host,
+                stream: None,
                 _keep: Keep::Buffer(buf),
             });
         }
+        Err(_) if !obj.hasattr("__dlpack__")? && obj.hasattr("__cuda_array_interface__")? => {
+            return cuda_array(obj, device);
+        }
         Err(e) if !obj.hasattr("__dlpack__")? => {
             return Err(errors::invalid(format!(
-                "{} is neither a buffer-protocol object, a DLPack tensor nor an (addr, length) tuple ({e})",
+                "{} is neither a buffer-protocol object, a DLPack tensor, a __cuda_array_interface__ object nor an (addr, length) tuple ({e})",
                 obj.get_type().name()?
             )));
         }
@@ -104,7 +116,118 @@ pub(crate) fn hold(obj: &Bound<'_, PyAny>, device: Option<(DeviceKind, u32)>) ->
         addr: t.addr,
         len: t.len,
         readonly: false,
+        // `__dlpack__()` without a stream asks a CUDA producer to order its writes before
+        // the legacy default stream (DLPack's rule for `stream=None`).
+        stream: matches!(t.placement, Placement::Device(k, _) if k == DeviceKind::CUDA)
+            .then_some(1),
         placement: t.placement,
         _keep: Keep::DlPack(t.keep),
     })
+}
+
+/// The memory of an object with `__cuda_array_interface__` (version 2 or 3): `data`'s
+/// pointer and `shape` by `typestr`'s item size, C-contiguous only. The interface names no
+/// device: `device=` does, else the object's own `device.index` (PyTorch) or `device.id`
+/// (CuPy), else device 0.
+fn cuda_array(obj: &Bound<'_, PyAny>, device: Option<(DeviceKind, u32)>) -> PyResult<Held> {
+    let bad = |what: &str| {
+        errors::invalid(format!(
+            "__cuda_array_interface__: {what} (see the interface's specification, version 3)"
+        ))
+    };
+    let cai = obj.getattr("__cuda_array_interface__")?;
+    let cai = cai
+        .cast::<PyDict>()
+        .map_err(|_| bad("the attribute is not a dict"))?;
+    let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
+        cai.get_item(key)?
+            .ok_or_else(|| bad(&format!("no `{key}` entry")))
+    };
+    let (ptr, readonly): (usize, bool) = get("data")?
+        .extract()
+        .map_err(|_| bad("`data` must be (pointer: int, read_only: bool)"))?;
+    let shape: Vec<u64> = get("shape")?
+        .extract()
+        .map_err(|_| bad("`shape` must be a tuple of non-negative ints"))?;
+    let typestr: String = get("typestr")?
+        .extract()
+        .map_err(|_| bad("`typestr` must be a string such as '<f4'"))?;
+    let item: u64 = typestr
+        .get(2..)
+        .and_then(|n| n.parse().ok())
+        .filter(|&n| n > 0)
+        .ok_or_else(|| bad(&format!("typestr {typestr:?} has no item size")))?;
+    if let Some(strides) = cai.get_item("strides")?.filter(|s| !s.is_none()) {
+        let strides: Vec<i64> = strides
+            .extract()
+            .map_err(|_| bad("`strides` must be None or a tuple of ints"))?;
+        let mut want = item as i64;
+        for (&dim, &stride) in shape.iter().zip(&strides).rev() {
+            if dim != 1 && stride != want {
+                return Err(errors::invalid(format!(
+                    "the __cuda_array_interface__ array is not C-contiguous (shape {shape:?}, strides {strides:?}); register a contiguous copy"
+                )));
+            }
+            want *= dim as i64;
+        }
+    }
+    if readonly {
+        return Err(errors::invalid(
+            "the __cuda_array_interface__ array is read-only; device regions are registered for READ and WRITE, so register a writable array",
+        ));
+    }
+    let len = shape
+        .iter()
+        .try_fold(item, |a, &d| a.checked_mul(d))
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| bad(&format!("shape {shape:?} is too large")))?;
+    // Version 3: an int names the stream to synchronise on (1 legacy default, 2
+    // per-thread default, else a CUstream); absent or None, nothing to wait for.
+    let stream = match cai.get_item("stream")? {
+        Some(s) if !s.is_none() => {
+            let s: usize = s
+                .extract()
+                .map_err(|_| bad("`stream` must be None or an int"))?;
+            if s == 0 {
+                return Err(bad(
+                    "`stream` 0 is disallowed (use 1 for the legacy default stream)",
+                ));
+            }
+            Some(s)
+        }
+        _ => None,
+    };
+    let ordinal = match device {
+        Some((kind, _)) if kind != DeviceKind::CUDA => {
+            return Err(errors::invalid(
+                "__cuda_array_interface__ memory is CUDA memory; pass device='cuda:N' or leave device= out",
+            ));
+        }
+        Some((_, ordinal)) => ordinal,
+        None => object_ordinal(obj)?.unwrap_or(0),
+    };
+    Ok(Held {
+        addr: ptr as u64,
+        len,
+        readonly: false,
+        placement: Placement::Device(DeviceKind::CUDA, ordinal),
+        stream,
+        _keep: Keep::Object(obj.clone().unbind()),
+    })
+}
+
+/// The CUDA ordinal an array object says it lives on: PyTorch's `device.index`, CuPy's
+/// `device.id`.
+fn object_ordinal(obj: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
+    let Ok(device) = obj.getattr("device") else {
+        return Ok(None);
+    };
+    for attr in ["index", "id"] {
+        if let Ok(v) = device.getattr(attr)
+            && let Ok(n) = v.extract::<u32>()
+        {
+            return Ok(Some(n));
+        }
+    }
+    Ok(None)
 }

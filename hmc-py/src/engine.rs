@@ -193,11 +193,34 @@ impl Live {
         } else {
             hmc_engine::Access::READ_WRITE
         };
-        // SAFETY: `held` keeps the memory alive (a held Py_buffer or DLPack tensor; for a
-        // raw range, the caller's word) and is dropped only after `deregister_mem` of the
-        // handle has returned (`deregister`, `finalize`, `Drop`).
-        let handle =
-            unsafe { self.engine.register_mem(desc, rust_type, access) }.map_err(errors::engine)?;
+        let handle = match held.placement {
+            Placement::Host => {
+                // SAFETY: `held` keeps the memory alive (a held Py_buffer or DLPack tensor;
+                // for a raw range, the caller's word) and is dropped only after
+                // `deregister_mem` of the handle has returned (`deregister`, `finalize`,
+                // `Drop`).
+                unsafe { self.engine.register_mem(desc, rust_type, access) }
+                    .map_err(errors::engine)?
+            }
+            Placement::Device(kind, ordinal) => {
+                let device = crate::devices::open(kind, ordinal)?;
+                if let Some(stream) = held.stream {
+                    // Once, here: what the producer queued before handing the memory over
+                    // lands before a peer or this engine reads it. Later writes are the
+                    // application's to order before it asks for a transfer (as with NIXL
+                    // and Mooncake): waiting on the producer's stream at every transfer
+                    // would also wait for the model's next kernels.
+                    // SAFETY: the stream came from the producer's DLPack or
+                    // `__cuda_array_interface__` export of this memory (or is a default
+                    // stream handle).
+                    unsafe { device.synchronize(stream) }?;
+                }
+                // SAFETY: as for host memory above; the memory is on `device`'s device
+                // (the producer said so, or the caller through device=).
+                unsafe { self.engine.register_device_mem(desc, device.memory) }
+                    .map_err(errors::engine)?
+            }
+        };
         let h = MemHandle {
             addr: held.addr,
             length: held.len as u64,
@@ -413,10 +436,16 @@ impl Engine {
 
     /// Registers memory for transfers by this engine and its peers, in place (no copy).
     /// ``obj`` is a buffer-protocol object (bytearray, memoryview, numpy array), an object
-    /// with ``__dlpack__`` (its device decides where it lives), or ``(addr, length)`` for
-    /// raw memory you keep alive yourself (``device="cuda:0"`` with ``MemType.DEVICE`` for
-    /// device memory). The engine holds ``obj`` until ``deregister_mem``: peers may read
-    /// and write it at any time until then. A read-only object (``bytes``, a read-only
+    /// with ``__dlpack__`` (its device decides where it lives), an object with
+    /// ``__cuda_array_interface__`` (CUDA memory of ``device=``, else of the object's
+    /// ``device``, else of device 0), or ``(addr, length)`` for raw memory you keep alive
+    /// yourself (``device="cuda:0"`` with ``MemType.DEVICE`` for device memory). The
+    /// engine holds ``obj`` until ``deregister_mem``: peers may read and write it at any
+    /// time until then. Device memory takes the path ``capabilities()["device_paths"]``
+    /// names for its kind (over ``tcp``: staged, so peers READ and WRITE it); the
+    /// producer's stream (DLPack's legacy default stream, the interface's ``stream``) is
+    /// synchronised once here, and later kernels are yours to finish before a transfer
+    /// (``torch.cuda.current_stream().synchronize()``), as with NIXL. A read-only object (``bytes``, a read-only
     /// ``mmap`` or ``numpy.memmap``, a raw range mapped read-only) registers read-only: the
     /// source of WRITEs and of peers' READs; a READ into it, or a peer's WRITE to it, is
     /// refused before a byte moves. A raw range that is not mapped is refused.
@@ -663,8 +692,11 @@ impl Engine {
 
     /// What the transport can do: ``transport``, ``local_memory`` and ``remote_memory``
     /// (device kinds, or ``"any"``), ``device_memory`` (``refused``,
-    /// ``library_dependent``, ``direct``), ``notifications``, ``max_transfer_len``,
-    /// ``max_batch_len``, ``zero_copy``.
+    /// ``library_dependent``, ``direct``, ``staged``), ``device_paths`` (per device kind,
+    /// the path its registrations take: ``direct``; ``staged``, which peers reach through
+    /// the transport's bounded pinned host chunks; or ``local_only``, which only this
+    /// engine moves), ``notifications``, ``max_transfer_len``, ``max_batch_len``,
+    /// ``zero_copy``.
     fn capabilities<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let c = self.live()?.engine.capabilities();
         let kinds = |k: &hmc_core::MemoryKinds| -> Vec<String> {
@@ -682,9 +714,30 @@ impl Engine {
             match c.device_memory {
                 hmc_core::DeviceMemoryPath::Refused => "refused",
                 hmc_core::DeviceMemoryPath::Direct => "direct",
+                hmc_core::DeviceMemoryPath::Staged => "staged",
                 _ => "library_dependent",
             },
         )?;
+        // Per device kind, the path a registration of that memory takes (the engine's one
+        // rule: direct, then staged; else local-only, which peers cannot reach).
+        let paths = PyDict::new(py);
+        // Keyed by the names `device=` takes.
+        for (name, kind) in [
+            ("cuda", hmc_core::DeviceKind::CUDA),
+            ("rocm", hmc_core::DeviceKind::ROCM),
+            ("mlu", hmc_core::DeviceKind::MLU),
+            ("musa", hmc_core::DeviceKind::MUSA),
+            ("ascend", hmc_core::DeviceKind::ASCEND),
+        ] {
+            let path = match c.memory_path(kind) {
+                hmc_core::DeviceMemoryPath::Direct => "direct",
+                hmc_core::DeviceMemoryPath::Staged => "staged",
+                hmc_core::DeviceMemoryPath::Refused => "local_only",
+                _ => "library_dependent",
+            };
+            paths.set_item(name, path)?;
+        }
+        d.set_item("device_paths", paths)?;
         d.set_item("notifications", c.notifications)?;
         d.set_item("max_transfer_len", c.max_transfer_len)?;
         d.set_item("max_batch_len", c.max_batch_len)?;

@@ -36,6 +36,7 @@ use std::time::Duration;
 use pyo3::prelude::*;
 
 mod buffer;
+mod devices;
 mod dlpack;
 pub mod engine;
 mod errors;

@@ -327,13 +327,19 @@ class nixl_agent:
         descs = self.get_reg_descs(reg_list, mem_type)
         if descs is None:
             raise nixlBind.nixlInvalidParamError("register_memory: no descriptors could be made of the input")
-        self._check_dram(descs, "register_memory")
+        self._check_kind(descs, "register_memory")
+        vram = descs.getType() == nixlBind.VRAM_SEG
         e = self._e()
         done = []
         try:
             with self._lock:
-                for addr, length, _dev, _meta in descs:
-                    h = e.register_mem((addr, length))
+                for addr, length, dev, _meta in descs:
+                    if vram:
+                        # CUDA memory of device ``dev``: over tcp the engine serves peers'
+                        # READs and WRITEs of it through its pinned host chunks.
+                        h = e.register_mem((addr, length), hmc.MemType.DEVICE, f"cuda:{int(dev)}")
+                    else:
+                        h = e.register_mem((addr, length))
                     self._regs[(addr, length)] = h
                     done.append((addr, length))
         except hmc.HmcError as err:
@@ -363,11 +369,12 @@ class nixl_agent:
             raise ValueError(f"Backend '{backend}' not found. Available backends: {list(self.backends.keys())}")
         raise nixlBind.nixlNotSupportedError("NIXL_ERR_NOT_SUPPORTED: query_memory is for storage backends")
 
-    def _check_dram(self, descs, call: str):
-        if descs.getType() != nixlBind.DRAM_SEG:
+    def _check_kind(self, descs, call: str):
+        """DRAM and VRAM (CUDA) are carried; storage segments (FILE, BLK, OBJ) are not."""
+        if descs.getType() not in (nixlBind.DRAM_SEG, nixlBind.VRAM_SEG):
             raise NotImplementedError(
-                f"{call}: {descs.getType().name} memory is not carried by hmc.nixl yet (device "
-                "regions peers can reach come with hmc's device-memory work); use DRAM"
+                f"{call}: {descs.getType().name} memory is not carried by hmc.nixl (it has no "
+                "storage backends); use DRAM or VRAM"
             )
 
     # ------------------------------------------------------------------ connections and lists
@@ -392,14 +399,14 @@ class nixl_agent:
         if strided:
             if mem_type is None:
                 raise ValueError("Please specify a mem type for strided descriptors")
-            if self.nixl_mems[mem_type] != nixlBind.DRAM_SEG:
-                raise NotImplementedError(f"prep_xfer_dlist: {mem_type} memory is not carried by hmc.nixl yet; use DRAM")
+            if self.nixl_mems[mem_type] not in (nixlBind.DRAM_SEG, nixlBind.VRAM_SEG):
+                raise NotImplementedError(f"prep_xfer_dlist: {mem_type} memory is not carried by hmc.nixl; use DRAM or VRAM")
             entries = np.ascontiguousarray(xfer_list, dtype=np.uint64)
         else:
             descs = self.get_xfer_descs(xfer_list, mem_type)
             if descs is None:
                 raise nixlBind.nixlInvalidParamError("prep_xfer_dlist: no descriptors could be made of the input")
-            self._check_dram(descs, "prep_xfer_dlist")
+            self._check_kind(descs, "prep_xfer_dlist")
             entries = descs._array()
         name = _name(agent_name)
         e = self._e()

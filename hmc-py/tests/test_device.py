@@ -1,0 +1,136 @@
+"""Device memory peers can reach, from Python: a CUDA region registered in one process
+(through ``__cuda_array_interface__`` and as ``(addr, length)`` with ``device=``) is READ
+and WRITTEN by an engine in another process over ``tcp``, checksums on both sides.
+
+The device is the project's CUDA driver ABI shim (``hmc-backend-cuda/tests/shim``),
+compiled here and loaded as ``libcuda.so`` by cudarc's real loader in a child process
+(``LD_LIBRARY_PATH``). Its device memory is host memory, so the child fills and checks it
+with ``ctypes``; the engine only ever reaches it through the CUDA backend's copies. This
+checks the Python path and the staged TCP path, not a GPU."""
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import pytest
+
+import hmc
+from conftest import new_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 3 << 20  # three 1 MiB staging chunks, so the pipelined path runs
+
+CHILD = textwrap.dedent(
+    """
+    import ctypes, json, sys, zlib
+    import hmc
+
+    cu = ctypes.CDLL("libcuda.so")
+    assert cu.cuInit(0) == 0
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+
+    def alloc(n):
+        p = ctypes.c_ulonglong()
+        assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n)) == 0
+        return p.value
+
+    n = int(sys.argv[1])
+    src, dst = alloc(n), alloc(n)
+    pattern = bytes((i * 7 + 3) % 251 for i in range(n))
+    ctypes.memmove(src, pattern, n)
+    ctypes.memset(dst, 0, n)
+
+    class CudaArray:
+        # What Numba, CuPy and PyTorch export (version 3, the legacy default stream).
+        def __init__(self, ptr, n):
+            self.__cuda_array_interface__ = {
+                "shape": (n,), "typestr": "|u1", "data": (ptr, False),
+                "strides": None, "version": 3, "stream": 1,
+            }
+
+    e = hmc.Engine()
+    e.initialize("127.0.0.1:0", {"transport": "tcp"})
+    hs = e.register_mem(CudaArray(src, n))
+    hd = e.register_mem((dst, n), hmc.MemType.DEVICE, device="cuda:0")
+    caps = e.capabilities()
+    print(json.dumps({"addr": e.local_address, "src": hs.addr, "dst": hd.addr,
+                      "path": caps["device_paths"]["cuda"], "crc": zlib.crc32(pattern)}),
+          flush=True)
+    sys.stdin.readline()  # the peer has written dst
+    print(json.dumps({"crc": zlib.crc32(ctypes.string_at(dst, n))}), flush=True)
+    sys.stdin.readline()
+    e.finalize()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def cuda_shim(tmp_path_factory):
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        pytest.fail(f"no C compiler ({cc}) to build the CUDA driver shim; install gcc")
+    out = tmp_path_factory.mktemp("cuda-shim")
+    lib = out / "libcuda.so"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O1", "-Wall", "-pthread", f"-I{ROOT / 'hmc-testshim/shim'}",
+         str(ROOT / "hmc-backend-cuda/tests/shim/cuda_shim.c"), "-o", str(lib)],
+        check=True,
+    )
+    # cudarc tries libcuda.so, then libcuda.so.1: both are the shim, so no system driver
+    # is ever picked up.
+    shutil.copy(lib, out / "libcuda.so.1")
+    return out
+
+
+def test_a_peer_reads_and_writes_cuda_memory_registered_from_python(cuda_shim):
+    env = {**os.environ, "LD_LIBRARY_PATH": str(cuda_shim)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(N)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        info = json.loads(child.stdout.readline())
+        assert info["path"] == "staged"
+        host_in, host_out = bytearray(N), bytearray(bytes((i * 13 + 1) % 253 for i in range(N)))
+        with new_engine() as e:
+            hi, ho = e.register_mem(host_in), e.register_mem(host_out)
+            e.connect(info["addr"], 5000)
+            e.transfer_sync(info["addr"], hmc.TransferOp.READ, [(hi.addr, info["src"], N)])
+            assert zlib.crc32(host_in) == info["crc"], "the peer's READ of device memory differs"
+            e.transfer_sync(info["addr"], hmc.TransferOp.WRITE, [(ho.addr, info["dst"], N)])
+            child.stdin.write("written\n")
+            child.stdin.flush()
+            got = json.loads(child.stdout.readline())
+            assert got["crc"] == zlib.crc32(host_out), "the peer's WRITE into device memory differs"
+        child.stdin.write("done\n")
+        child.stdin.flush()
+        assert child.wait(30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_cuda_array_interface_is_checked(cuda_shim):
+    class Bad:
+        def __init__(self, cai):
+            self.__cuda_array_interface__ = cai
+
+    base = {"shape": (16,), "typestr": "<f4", "data": (0x1000, False), "version": 3}
+    with new_engine() as e:
+        with pytest.raises(hmc.InvalidArgumentError, match="not C-contiguous"):
+            e.register_mem(Bad({**base, "shape": (4, 4), "strides": (4, 32)}))
+        with pytest.raises(hmc.InvalidArgumentError, match="read-only"):
+            e.register_mem(Bad({**base, "data": (0x1000, True)}))
+        with pytest.raises(hmc.InvalidArgumentError, match="stream. 0 is disallowed"):
+            e.register_mem(Bad({**base, "stream": 0}))
+        with pytest.raises(hmc.InvalidArgumentError, match="CUDA memory"):
+            e.register_mem(Bad(base), hmc.MemType.DEVICE, device="rocm:0")
