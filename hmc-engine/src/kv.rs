@@ -351,7 +351,10 @@ impl<C: Communicator> DataDist<C> {
         let addrs: Vec<u64> = owned.iter().map(|b| b.as_ptr() as u64).collect();
         // SAFETY: the buffers are owned by the record, which lives until deallocate_cache
         // has deregistered them.
-        unsafe { self.register(desc, addrs, keys, blocks_key, owned).await }
+        unsafe {
+            self.register(desc, addrs, keys, blocks_key, owned, None)
+                .await
+        }
     }
 
     /// Registers a cache in memory the caller owns (one address per tensor) and publishes
@@ -370,8 +373,48 @@ impl<C: Communicator> DataDist<C> {
     ) -> Result<Cache> {
         // SAFETY: forwarded contract.
         unsafe {
-            self.register(desc, tensor_addrs, keys, blocks_key, Vec::new())
+            self.register(desc, tensor_addrs, keys, blocks_key, Vec::new(), None)
                 .await
+        }
+    }
+
+    /// Registers a cache in device memory of `memory`'s device (one address per tensor)
+    /// with [`Engine::register_device_mem`]'s rule, so that over a transport that stages
+    /// device memory (TCP) peers pull and push it as they do host caches, and publishes it
+    /// under `keys` and `blocks_key`. `desc.placement` must name `memory`'s device.
+    ///
+    /// # Safety
+    /// As for [`DataDist::register_kv_cache`].
+    pub async unsafe fn register_device_kv_cache(
+        &self,
+        desc: CacheDesc,
+        tensor_addrs: Vec<u64>,
+        keys: &[CacheKey],
+        blocks_key: Option<BlocksCacheKey>,
+        memory: hmc_core::AnyMemory,
+    ) -> Result<Cache> {
+        let device = hmc_core::Memory::device(&memory);
+        let want = MemType::Device {
+            kind: device.kind,
+            ordinal: device.ordinal,
+        };
+        if desc.placement != want {
+            return Err(EngineError::InvalidArgument(format!(
+                "the CacheDesc places the cache on {:?} but the memory backend is {device}; give the backend of the cache's device",
+                desc.placement
+            )));
+        }
+        // SAFETY: forwarded contract.
+        unsafe {
+            self.register(
+                desc,
+                tensor_addrs,
+                keys,
+                blocks_key,
+                Vec::new(),
+                Some(memory),
+            )
+            .await
         }
     }
 
@@ -382,6 +425,7 @@ impl<C: Communicator> DataDist<C> {
         keys: &[CacheKey],
         blocks_key: Option<BlocksCacheKey>,
         owned: Vec<Box<[u8]>>,
+        memory: Option<hmc_core::AnyMemory>,
     ) -> Result<Cache> {
         let layout = desc.layout();
         let bytes = layout.tensor_bytes()?;
@@ -404,15 +448,18 @@ impl<C: Communicator> DataDist<C> {
         for &addr in &tensor_addrs {
             // SAFETY: the caller (or `allocate_cache`) keeps the tensor alive until
             // `deallocate_cache`, which deregisters first.
+            let mem = MemDesc {
+                addr,
+                len: bytes as usize,
+            };
             let h = unsafe {
-                self.engine.register_mem(
-                    MemDesc {
-                        addr,
-                        len: bytes as usize,
-                    },
-                    desc.placement,
-                    hmc_core::Access::READ_WRITE,
-                )
+                match &memory {
+                    Some(m) => self.engine.register_device_mem(mem, m.clone()),
+                    None => {
+                        self.engine
+                            .register_mem(mem, desc.placement, hmc_core::Access::READ_WRITE)
+                    }
+                }
             };
             match h {
                 Ok(h) => handles.push(h),

@@ -1,6 +1,7 @@
-//! Device memory the transport cannot register (the TCP transport refuses every device
-//! kind) goes through host bounce buffers: WRITE from it and READ into it, with every byte
-//! checked, while peers cannot reach it. The "device" is host memory that calls itself a
+//! Device memory the transport does not move directly (the TCP transport registers host
+//! memory only, and stages device memory) goes through host bounce buffers: WRITE from it
+//! and READ into it, with every byte checked, and a peer reaches it through the
+//! transport's pinned chunks. The "device" is host memory that calls itself a
 //! CUDA device and counts its copies: it tests the engine's staging, not a GPU.
 
 use std::sync::Arc;
@@ -66,7 +67,7 @@ async fn engine() -> Engine<TcpCommunicator> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn device_memory_the_transport_refuses_is_staged_through_host_buffers() {
+async fn device_memory_tcp_stages_moves_through_host_buffers_and_peers_reach_it() {
     let a = engine().await;
     let b = engine().await;
     let caps = a.capabilities();
@@ -74,6 +75,11 @@ async fn device_memory_the_transport_refuses_is_staged_through_host_buffers() {
         caps.device_memory,
         DeviceMemoryPath::Refused,
         "TCP takes host memory only"
+    );
+    assert_eq!(
+        caps.memory_path(DeviceKind::CUDA),
+        DeviceMemoryPath::Staged,
+        "and stages device memory"
     );
     let copies = Arc::new(AtomicUsize::new(0));
     let dev = AnyMemory::new(FakeDevice(copies.clone()));
@@ -138,29 +144,29 @@ async fn device_memory_the_transport_refuses_is_staged_through_host_buffers() {
         .unwrap();
     assert_eq!(back, src, "staged READ delivered every byte");
     assert_eq!(copies.load(Ordering::Relaxed), written + 3);
-    // Peers cannot reach staged memory: it is not in the table they fetch.
-    let e = b
-        .transfer(
-            a.name(),
-            TransferOp::Read,
-            &[TransferOpDesc {
-                local_addr: remote.as_ptr() as u64,
-                remote_addr: src.as_ptr() as u64,
-                len: 64,
-            }],
-            T,
-        )
-        .await
-        .unwrap_err();
+    // A peer reaches it: its READ is served by the target's device copies into pinned
+    // chunks.
+    let before = copies.load(Ordering::Relaxed);
+    b.transfer(
+        a.name(),
+        TransferOp::Read,
+        &[TransferOpDesc {
+            local_addr: remote.as_ptr() as u64,
+            remote_addr: src.as_ptr() as u64 + 7,
+            len: 4096,
+        }],
+        T,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        remote[..4096],
+        src[7..4103],
+        "the peer's READ of staged memory"
+    );
     assert!(
-        matches!(
-            e,
-            EngineError::NotRegistered {
-                side: Side::Remote,
-                ..
-            }
-        ),
-        "{e}"
+        copies.load(Ordering::Relaxed) > before,
+        "served through the device's copies"
     );
     a.deregister_mem(hs).await.unwrap();
     a.deregister_mem(hb).await.unwrap();

@@ -696,9 +696,28 @@ impl DataDist {
         let bk = blocks_key.map(|k| k.to_rust());
         // SAFETY: `held` keeps every tensor alive; it moves into the returned Cache and is
         // released only after `deallocate_cache` has deregistered the tensors.
+        // Device caches are registered with their backend, so that peers reach them (over
+        // tcp through its pinned host chunks); each producer's stream is synchronised once
+        // first (see `Engine.register_mem`).
+        let memory = match device {
+            Some((kind, ordinal)) => {
+                let opened = crate::devices::open(kind, ordinal)?;
+                for h in &held {
+                    if let Some(stream) = h.stream {
+                        // SAFETY: the stream came from the tensor's own export.
+                        unsafe { opened.synchronize(stream) }?;
+                    }
+                }
+                Some(opened.memory)
+            }
+            None => None,
+        };
         let d = dd.clone();
         let c = wait(py, async move {
-            unsafe { d.register_kv_cache(rdesc, addrs, &keys, bk).await }
+            match memory {
+                Some(m) => unsafe { d.register_device_kv_cache(rdesc, addrs, &keys, bk, m).await },
+                None => unsafe { d.register_kv_cache(rdesc, addrs, &keys, bk).await },
+            }
         })?
         .map_err(errors::engine)?;
         Self::wrap(py, dd, c, desc, held)

@@ -1,6 +1,7 @@
 """Device memory peers can reach, from Python: a CUDA region registered in one process
 (through ``__cuda_array_interface__`` and as ``(addr, length)`` with ``device=``) is READ
-and WRITTEN by an engine in another process over ``tcp``, checksums on both sides.
+and WRITTEN by an engine in another process over ``tcp``, and a prefill process's KV cache
+in device memory is pulled by a decoder, checksums on both sides.
 
 The device is the project's CUDA driver ABI shim (``hmc-backend-cuda/tests/shim``),
 compiled here and loaded as ``libcuda.so`` by cudarc's real loader in a child process
@@ -8,7 +9,6 @@ compiled here and loaded as ``libcuda.so`` by cudarc's real loader in a child pr
 with ``ctypes``; the engine only ever reaches it through the CUDA backend's copies. This
 checks the Python path and the staged TCP path, not a GPU."""
 
-import ctypes
 import json
 import os
 import shutil
@@ -22,12 +22,12 @@ import pytest
 
 import hmc
 from conftest import new_engine
+from hmc import kv
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 3 << 20  # three 1 MiB staging chunks, so the pipelined path runs
 
-CHILD = textwrap.dedent(
-    """
+SHIM_DEVICE = """
     import ctypes, json, sys, zlib
     import hmc
 
@@ -42,7 +42,11 @@ CHILD = textwrap.dedent(
         p = ctypes.c_ulonglong()
         assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n)) == 0
         return p.value
+    """
 
+CHILD = textwrap.dedent(
+    SHIM_DEVICE
+    + """
     n = int(sys.argv[1])
     src, dst = alloc(n), alloc(n)
     pattern = bytes((i * 7 + 3) % 251 for i in range(n))
@@ -72,6 +76,33 @@ CHILD = textwrap.dedent(
     """
 )
 
+# A prefill process: a paged KV cache (2 tensors of 8 blocks of 512 B) in device memory,
+# published under BlocksCacheKey(1), blocks filled with a pattern.
+PREFILL = textwrap.dedent(
+    SHIM_DEVICE
+    + """
+    from hmc import kv
+
+    blocks, block = 8, 512
+    desc = kv.CacheDesc(2, kv.DataType.F16, [blocks, block // 2],
+                        placement=hmc.MemType.DEVICE, device="cuda:0")
+    tensors = [alloc(blocks * block) for _ in range(2)]
+    for t, ptr in enumerate(tensors):
+        ctypes.memmove(ptr, bytes((i * 5 + t * 17) % 241 for i in range(blocks * block)), blocks * block)
+    dd = kv.DataDist(1, kv.Role.PROMPT)
+    dd.initialize("127.0.0.1:0", {"transport": "tcp"})
+    cache = dd.register_kv_cache(desc, [(p, blocks * block) for p in tensors],
+                                 blocks_key=kv.BlocksCacheKey(1))
+    print(json.dumps({"addr": dd.local_address}), flush=True)
+    ids = json.loads(sys.stdin.readline())
+    print(json.dumps([zlib.crc32(b"".join(ctypes.string_at(p + b * block, block) for b in ids))
+                      for p in tensors]), flush=True)
+    sys.stdin.readline()
+    dd.deallocate_cache(cache)
+    dd.finalize()
+    """
+)
+
 
 @pytest.fixture(scope="module")
 def cuda_shim(tmp_path_factory):
@@ -91,12 +122,16 @@ def cuda_shim(tmp_path_factory):
     return out
 
 
-def test_a_peer_reads_and_writes_cuda_memory_registered_from_python(cuda_shim):
+def shim_child(cuda_shim, script, *args):
     env = {**os.environ, "LD_LIBRARY_PATH": str(cuda_shim)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(N)],
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *map(str, args)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
     )
+
+
+def test_a_peer_reads_and_writes_cuda_memory_registered_from_python(cuda_shim):
+    child = shim_child(cuda_shim, CHILD, N)
     try:
         info = json.loads(child.stdout.readline())
         assert info["path"] == "staged"
@@ -111,6 +146,29 @@ def test_a_peer_reads_and_writes_cuda_memory_registered_from_python(cuda_shim):
             child.stdin.flush()
             got = json.loads(child.stdout.readline())
             assert got["crc"] == zlib.crc32(host_out), "the peer's WRITE into device memory differs"
+        child.stdin.write("done\n")
+        child.stdin.flush()
+        assert child.wait(30) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+
+
+def test_a_decoder_pulls_kv_blocks_from_a_prefill_cache_in_device_memory(cuda_shim):
+    child = shim_child(cuda_shim, PREFILL)
+    try:
+        addr = json.loads(child.stdout.readline())["addr"]
+        src_blocks, dst_blocks = [1, 2, 6], [0, 1, 2]
+        with kv.DataDist(2, kv.Role.DECODER) as dd:
+            dd.initialize("127.0.0.1:0", {"transport": "tcp"})
+            assert dd.link_clusters([(1, addr)]) == [None]
+            cache = dd.allocate_cache(kv.CacheDesc(2, kv.DataType.F16, [8, 256]))
+            dd.pull_kv_blocks(kv.BlocksCacheKey(1), cache, src_blocks, dst_blocks, timeout_ms=10_000)
+            got = [zlib.crc32(bytes(memoryview(t)[: 3 * 512])) for t in cache.tensors]
+            child.stdin.write(json.dumps(src_blocks) + "\n")
+            child.stdin.flush()
+            assert got == json.loads(child.stdout.readline()), "the pulled blocks differ"
+            dd.deallocate_cache(cache)
         child.stdin.write("done\n")
         child.stdin.flush()
         assert child.wait(30) == 0
