@@ -715,7 +715,10 @@ impl DataDist {
         let d = dd.clone();
         let c = wait(py, async move {
             match memory {
+                // SAFETY: as above; the tensors are on the backend's device (checked
+                // against the CacheDesc's placement).
                 Some(m) => unsafe { d.register_device_kv_cache(rdesc, addrs, &keys, bk, m).await },
+                // SAFETY: as above.
                 None => unsafe { d.register_kv_cache(rdesc, addrs, &keys, bk).await },
             }
         })?
