@@ -204,8 +204,9 @@ def test_dlpack_device_kinds_map_to_ours_or_are_refused(pair):
     # kDLVulkan: no HMC backend for it.
     with pytest.raises(hmc.UnsupportedError, match="device type 7 has no HMC memory backend"):
         a.register_mem(ForeignDevice(7))
-    # kDLCUDA maps to CUDA memory, which the TCP transport cannot register.
-    with pytest.raises(hmc.UnsupportedError, match="cannot use memory on"):
+    # kDLCUDA maps to CUDA memory: registered with the CUDA backend, whose driver is not on
+    # this machine (test_device.py runs the path with the driver shim).
+    with pytest.raises(hmc.UnavailableError, match="libcuda"):
         a.register_mem(ForeignDevice(2))
 
 
