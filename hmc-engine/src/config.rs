@@ -73,6 +73,14 @@ pub struct EngineConfig {
     /// attach (`copy_threads`, default: the CPUs this process may use, at most 4; 1: the
     /// calling thread alone): the shared-memory transport's `ShmConfig::copy_threads`.
     pub copy_threads: usize,
+    /// Bytes of pinned host chunks the TCP transport holds at once to serve peers' READs
+    /// and WRITEs of this engine's device regions (`max_staging_bytes`, default 64 MiB):
+    /// its `TcpConfig::max_staging_bytes`. A peer request that finds no two chunks free
+    /// within the request timeout fails `LimitExceeded` naming it.
+    pub max_staging_bytes: usize,
+    /// Bytes of one such chunk (`staging_chunk_bytes`, default 1 MiB): one device copy
+    /// each; `max_staging_bytes` must hold at least two.
+    pub staging_chunk_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -98,6 +106,8 @@ impl Default for EngineConfig {
             progress_chunk_bytes: 8 << 20,
             max_metadata_blob_len: 16 << 20,
             copy_threads: hmc_transport_shm::default_copy_threads(),
+            max_staging_bytes: hmc_transport_tcp::TcpConfig::default().max_staging_bytes,
+            staging_chunk_bytes: hmc_transport_tcp::TcpConfig::default().staging_chunk,
         }
     }
 }
@@ -144,6 +154,8 @@ impl EngineConfig {
                 "progress_chunk_bytes" => c.progress_chunk_bytes = num()?,
                 "max_metadata_blob_len" => c.max_metadata_blob_len = num()?,
                 "copy_threads" => c.copy_threads = num()?.max(1),
+                "max_staging_bytes" => c.max_staging_bytes = num()?,
+                "staging_chunk_bytes" => c.staging_chunk_bytes = num()?,
                 "auth_secret" => {
                     c.auth_secret = Some(
                         // The value is never echoed in an error.
@@ -160,7 +172,7 @@ impl EngineConfig {
                 }
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, watch_backlog, max_pending_notify_bytes, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, copy_threads, auth_secret, auth_secret_file"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, watch_backlog, max_pending_notify_bytes, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, copy_threads, max_staging_bytes, staging_chunk_bytes, auth_secret, auth_secret_file"
                     )));
                 }
             }
@@ -185,6 +197,8 @@ mod tests {
             ("lease_ttl_ms", "3000"),
             ("watch_backlog", "9"),
             ("copy_threads", "1"),
+            ("max_staging_bytes", "8388608"),
+            ("staging_chunk_bytes", "262144"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -200,6 +214,10 @@ mod tests {
         assert_eq!(c.etcd.lease_ttl, Duration::from_secs(3));
         assert_eq!(c.etcd.watch_backlog, 9);
         assert_eq!(c.copy_threads, 1);
+        assert_eq!(
+            (c.max_staging_bytes, c.staging_chunk_bytes),
+            (8 << 20, 256 << 10)
+        );
         assert!(EngineConfig::default().copy_threads >= 1);
         let bad: HashMap<String, String> =
             [("metadata".to_string(), "etcd://x/".to_string())].into();

@@ -89,6 +89,8 @@ pub fn open_transport_for(config: &EngineConfig, ip: IpAddr) -> Result<AnyCommun
         // The engine's notifications go through its metadata service; it never reads the
         // transport's own queue, which would only hold what peers pile into it.
         max_pending_notifications: 0,
+        max_staging_bytes: config.max_staging_bytes,
+        staging_chunk: config.staging_chunk_bytes,
         ..Default::default()
     };
     let shm = hmc_transport_shm::ShmConfig {

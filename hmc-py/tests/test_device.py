@@ -177,6 +177,14 @@ def test_a_decoder_pulls_kv_blocks_from_a_prefill_cache_in_device_memory(cuda_sh
             child.kill()
 
 
+def test_the_staging_limits_are_engine_options():
+    e = hmc.Engine()
+    with pytest.raises(hmc.InvalidArgumentError, match="at least two staging chunks of 1048576 bytes"):
+        e.initialize("127.0.0.1:0", {"transport": "tcp", "max_staging_bytes": str(1 << 20)})
+    with new_engine(max_staging_bytes=str(4 << 20), staging_chunk_bytes=str(256 << 10)) as e:
+        assert e.capabilities()["device_paths"]["cuda"] == "staged"
+
+
 def test_cuda_array_interface_is_checked(cuda_shim):
     class Bad:
         def __init__(self, cai):

@@ -196,8 +196,9 @@ impl TcpCommunicator {
         }
         if config.staging_chunk == 0 || config.max_staging_bytes / config.staging_chunk < 2 {
             return Err(Error::InvalidArgument(format!(
-                "TcpConfig::max_staging_bytes ({}) must hold at least two staging_chunk ({}) \
-                 chunks: each request on device memory takes two",
+                "max_staging_bytes ({}) must hold at least two staging chunks of {} bytes \
+                 (TcpConfig::staging_chunk, the engine option staging_chunk_bytes): each \
+                 request on device memory takes two",
                 config.max_staging_bytes, config.staging_chunk
             )));
         }

@@ -162,7 +162,8 @@ impl StagingPool {
             value: ((self.held.load(Ordering::Relaxed) + 2) * self.chunk) as u64,
             max: self.max_bytes as u64,
             hint: "the target's bounce chunks for device memory are all in use by other \
-                   requests; retry, or raise TcpConfig::max_staging_bytes at the target"
+                   requests; retry, or raise max_staging_bytes at the target (the engine \
+                   option, or TcpConfig::max_staging_bytes)"
                 .into(),
         };
         let mut two = tokio::time::timeout(wait, self.permits.clone().acquire_many_owned(2))
