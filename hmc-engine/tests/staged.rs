@@ -68,6 +68,18 @@ async fn engine() -> Engine<TcpCommunicator> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_memory_tcp_stages_moves_through_host_buffers_and_peers_reach_it() {
+    // This test binary's own recorder (it holds this one test).
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap();
+    let staged = |op: &str| -> f64 {
+        let name = format!("hmc_engine_staged_bytes_total{{op=\"{op}\"}}");
+        let page = metrics.render();
+        page.lines()
+            .find(|l| l.split(' ').next() == Some(name.as_str()))
+            .and_then(|l| l.split(' ').nth(1))
+            .map_or(0.0, |v| v.parse().unwrap())
+    };
     let a = engine().await;
     let b = engine().await;
     let caps = a.capabilities();
@@ -144,6 +156,11 @@ async fn device_memory_tcp_stages_moves_through_host_buffers_and_peers_reach_it(
         .unwrap();
     assert_eq!(back, src, "staged READ delivered every byte");
     assert_eq!(copies.load(Ordering::Relaxed), written + 3);
+    assert_eq!(
+        (staged("write"), staged("read")),
+        (len as f64, len as f64),
+        "the engine counts the bytes it staged, per direction"
+    );
     // A peer reaches it: its READ is served by the target's device copies into pinned
     // chunks.
     let before = copies.load(Ordering::Relaxed);

@@ -153,7 +153,9 @@ impl LostPeers {
 /// A transfer's counters (`metrics` facade; names prefixed `hmc_engine_`): `transfers_total`
 /// and `transfer_bytes_total` (label `op`), `transfer_errors_total` (label `kind`),
 /// `transfers_inflight`, `transfer_seconds`; and `connects_total`, `reconnects_total`
-/// (a connect to a peer that was dropped as gone), `peers_gone_total`.
+/// (a connect to a peer that was dropped as gone), `peers_gone_total`; `staged_bytes_total`
+/// (label `op`: bytes of this engine's own side moved through host bounce buffers, device
+/// memory its transport does not move directly).
 pub(super) struct TransferMetrics {
     start: std::time::Instant,
 }

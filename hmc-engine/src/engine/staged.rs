@@ -156,6 +156,11 @@ impl<C: Communicator> Engine<C> {
         let stager = guard.as_mut().expect("made above");
         for p in staged {
             let region = p.local.region.slice(p.local_off, p.len)?;
+            // Literal labels: static keys (see `TransferMetrics`).
+            let staged_bytes = match op {
+                Op::Write => metrics::counter!("hmc_engine_staged_bytes_total", "op" => "write"),
+                Op::Read => metrics::counter!("hmc_engine_staged_bytes_total", "op" => "read"),
+            };
             match op {
                 Op::Write => {
                     // SAFETY: the plan found the run inside a staged registration, which the
@@ -189,6 +194,7 @@ impl<C: Communicator> Engine<C> {
                         .await?;
                 }
             }
+            staged_bytes.increment(p.len as u64);
         }
         Ok(())
     }
