@@ -177,6 +177,62 @@ def test_a_decoder_pulls_kv_blocks_from_a_prefill_cache_in_device_memory(cuda_sh
             child.kill()
 
 
+# NIXL's calls on VRAM (hmc.nixl): a "prefill" agent registers CUDA memory, a "decode"
+# agent READs it with initialize_xfer and WRITEs into it through prepared lists.
+NIXL_VRAM = textwrap.dedent(
+    SHIM_DEVICE
+    + """
+    import numpy as np
+    from hmc.nixl._api import nixl_agent, nixl_agent_config
+
+    n = 1 << 20
+    vram = alloc(n)
+    ctypes.memmove(vram, bytes((i * 3 + 1) % 255 for i in range(n)), n)
+    prefill = nixl_agent("prefill", nixl_agent_config(backends=["tcp"]))
+    decode = nixl_agent("decode", nixl_agent_config(backends=["tcp"]))
+    prefill.register_memory([(vram, n, 0, "")], "VRAM")
+    dst = np.zeros(n, np.uint8)
+    src = np.random.default_rng(7).integers(0, 256, n, dtype=np.uint8)
+    decode.register_memory([(dst.ctypes.data, n, 0, ""), (src.ctypes.data, n, 0, "")], "DRAM")
+    name = decode.add_remote_agent(prefill.get_agent_metadata())
+
+    def run(h):
+        st = decode.transfer(h)
+        while st == "PROC":
+            st = decode.check_xfer_state(h)
+        decode.release_xfer_handle(h)
+        return st
+
+    out = {}
+    local = decode.get_xfer_descs([(dst.ctypes.data, n, 0)], "DRAM")
+    remote = decode.get_xfer_descs([(vram, n, 0)], "VRAM")
+    out["read"] = run(decode.initialize_xfer("READ", local, remote, name))
+    out["read_ok"] = dst.tobytes() == ctypes.string_at(vram, n)
+    lh = decode.prep_xfer_dlist("NIXL_INIT_AGENT", [(src.ctypes.data, n, 0)], "DRAM")
+    rh = decode.prep_xfer_dlist(name, [(vram, n, 0)], "VRAM")
+    out["write"] = run(decode.make_prepped_xfer("WRITE", lh, [0], rh, [0]))
+    out["write_ok"] = ctypes.string_at(vram, n) == src.tobytes()
+    try:
+        prefill.prep_xfer_dlist("NIXL_INIT_AGENT", [(vram, n, 0)], "VRAM")
+        out["local_vram_list"] = "accepted"
+    except Exception as e:
+        out["local_vram_list"] = str(e)
+    print(json.dumps(out), flush=True)
+    """
+)
+
+
+def test_hmc_nixl_reads_and_writes_vram(cuda_shim):
+    child = shim_child(cuda_shim, NIXL_VRAM)
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode == 0, out
+    got = json.loads(out.strip().splitlines()[-1])
+    assert (got["read"], got["read_ok"], got["write"], got["write_ok"]) == ("DONE", True, "DONE", True), got
+    # This engine's own side of a staged region goes through initialize_xfer, not a
+    # prepared local list: refused with the reason.
+    assert "not a prepared local list" in got["local_vram_list"], got
+
+
 def test_the_staging_limits_are_engine_options():
     e = hmc.Engine()
     with pytest.raises(hmc.InvalidArgumentError, match="at least two staging chunks of 1048576 bytes"):
