@@ -166,6 +166,10 @@ async fn prepared_lists_move_random_blocks_both_ways(#[case] transport: &str) {
     let tm = read.telemetry().unwrap();
     assert!(tm.ok);
     assert_eq!((tm.bytes, tm.requested_descs), (n as u64 * block, n as u64));
+    assert_eq!(
+        tm.staged_at_peer_bytes, 0,
+        "host memory moves on the direct path"
+    );
     assert!(tm.descs >= 1 && tm.descs <= n as u64);
     assert!(tm.duration > Duration::ZERO && tm.duration < T);
     assert_eq!(tm.transport, e.communicator().transport());

@@ -211,7 +211,8 @@ impl PreparedXfer {
 
     /// The last post's telemetry once it ended: ``posted_at`` (seconds since the epoch),
     /// ``duration_us``, ``bytes``, ``requested_descs``, ``descs`` (runs after merging),
-    /// ``transport``, ``ok``; ``None`` before.
+    /// ``staged_at_peer_bytes`` (bytes in the peer's device memory moved through its
+    /// staging chunks; 0 on the direct path), ``transport``, ``ok``; ``None`` before.
     fn telemetry<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let Some(t) = self.xfer.telemetry() else {
             return Ok(None);
@@ -226,6 +227,7 @@ impl PreparedXfer {
         d.set_item("bytes", t.bytes)?;
         d.set_item("requested_descs", t.requested_descs)?;
         d.set_item("descs", t.descs)?;
+        d.set_item("staged_at_peer_bytes", t.staged_at_peer_bytes)?;
         d.set_item("transport", t.transport.to_string())?;
         d.set_item("ok", t.ok)?;
         Ok(Some(d))

@@ -141,6 +141,17 @@ def test_a_peer_reads_and_writes_cuda_memory_registered_from_python(cuda_shim):
             e.connect(info["addr"], 5000)
             e.transfer_sync(info["addr"], hmc.TransferOp.READ, [(hi.addr, info["src"], N)])
             assert zlib.crc32(host_in) == info["crc"], "the peer's READ of device memory differs"
+            # A prepared READ of it says the bytes went through the peer's staging chunks.
+            host_in[:] = bytes(N)
+            local = e.prepare_local([(hi.addr, N, 0)])
+            remote = e.prepare_remote(info["addr"], [(info["src"], N, 0)], 5000)
+            x = e.make_transfer(hmc.TransferOp.READ, local, [0], remote, [0])
+            x.post()
+            assert x.wait(10_000) == hmc.TransferStatus.COMPLETED, x.error()
+            t = x.telemetry()
+            assert (t["bytes"], t["staged_at_peer_bytes"]) == (N, N), t
+            assert zlib.crc32(host_in) == info["crc"]
+            x.release()
             e.transfer_sync(info["addr"], hmc.TransferOp.WRITE, [(ho.addr, info["dst"], N)])
             child.stdin.write("written\n")
             child.stdin.flush()

@@ -43,6 +43,10 @@ pub struct Telemetry {
     pub requested_descs: u64,
     /// Runs after merging the descriptors contiguous on both sides.
     pub descs: u64,
+    /// Of the transfer's bytes, those in the peer's device memory that the transport
+    /// stages (over tcp: moved through the peer's pinned host chunks, see
+    /// `CommCapabilities::memory_path`); 0 when every byte moved on the direct path.
+    pub staged_at_peer_bytes: u64,
     /// The transport that moved them.
     pub transport: TransportId,
     /// True when it completed.
@@ -93,6 +97,8 @@ struct XferInner<C: Communicator> {
     remote: Arc<ListSide<C>>,
     runs: Vec<Run>,
     bytes: u64,
+    /// Bytes in the peer's device memory that the transport stages.
+    staged_at_peer: u64,
     requested: u64,
     notify: Option<(String, Vec<u8>)>,
     transport: TransportId,
@@ -209,6 +215,16 @@ impl<C: Communicator> Engine<C> {
         let max_run = caps.max_transfer_len;
         let mut runs: Vec<Run> = Vec::with_capacity(local_idx.len().min(1 << 20));
         let mut bytes = 0u64;
+        let mut staged_at_peer = 0u64;
+        // Per remote region: is it device memory this transport stages?
+        let staged: Vec<bool> = r
+            .regs
+            .iter()
+            .map(|e| {
+                !e.region.device.is_host()
+                    && caps.memory_path(e.region.device.kind) == hmc_core::DeviceMemoryPath::Staged
+            })
+            .collect();
         for (k, (&li, &ri)) in local_idx.iter().zip(remote_idx).enumerate() {
             let (lr, loff, llen) = l.entry(li).ok_or_else(|| {
                 bad(format!(
@@ -228,6 +244,9 @@ impl<C: Communicator> Engine<C> {
                 )));
             }
             bytes += llen;
+            if staged.get(rr as usize) == Some(&true) {
+                staged_at_peer += llen;
+            }
             if let Some(p) = runs.last_mut()
                 && p.l == lr
                 && p.r == rr
@@ -256,6 +275,7 @@ impl<C: Communicator> Engine<C> {
                 remote: remote.inner.clone(),
                 runs,
                 bytes,
+                staged_at_peer,
                 requested: local_idx.len() as u64,
                 notify,
                 transport: caps.transport,
@@ -313,6 +333,7 @@ impl<C: Communicator> PreparedTransfer<C> {
                 bytes: if outcome.is_ok() { me.bytes } else { moved },
                 requested_descs: me.requested,
                 descs: me.runs.len() as u64,
+                staged_at_peer_bytes: me.staged_at_peer,
                 transport: me.transport,
                 ok: outcome.is_ok(),
             };
