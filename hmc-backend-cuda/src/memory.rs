@@ -225,6 +225,53 @@ impl CudaMemory {
         Ok(IpcHandle::from_parts(&bytes, buf.len as u64))
     }
 
+    /// Exports the allocation holding `region` (found by `cuMemGetAddressRange`) for
+    /// another process, naming only `region` in it; [`Memory::open_ipc`] of the
+    /// descriptor maps exactly `region`. For memory a framework allocated, where no
+    /// [`CudaBuffer`] exists.
+    pub fn export_ipc_span(&self, region: Region) -> Result<IpcDescriptor> {
+        if region.device != self.device() || region.len == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{} cannot export {} bytes on {}; pass non-empty memory of this device",
+                self.device(),
+                region.len,
+                region.device
+            )));
+        }
+        self.ctx.bind()?;
+        let (mut base, mut len): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: valid out-pointers; the driver checks `region.addr` itself.
+        check("cuMemGetAddressRange", unsafe {
+            sys::cuMemGetAddressRange_v2(&mut base, &mut len, region.addr)
+        })?;
+        if region.addr + region.len as u64 > base + len as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "{:#x}+{} is not inside one allocation of {} (the one at {base:#x} is {len} \
+                 bytes); register each allocation separately",
+                region.addr,
+                region.len,
+                self.device()
+            )));
+        }
+        let mut raw = sys::CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: valid out-pointer; `base` is the base of the live allocation holding
+        // `region`, in this context.
+        check("cuIpcGetMemHandle", unsafe {
+            sys::cuIpcGetMemHandle(&mut raw, base)
+        })?;
+        let mut bytes = [0u8; IPC_HANDLE_SIZE];
+        for (b, c) in bytes.iter_mut().zip(raw.reserved) {
+            *b = c as u8;
+        }
+        let whole = IpcHandle::from_parts(&bytes, len as u64);
+        Ok(IpcDescriptor::of_span(
+            DeviceKind::CUDA,
+            whole.to_bytes().to_vec(),
+            region.addr - base,
+            region.len as u64,
+        ))
+    }
+
     /// Maps device memory another process exported (`cuIpcOpenMemHandle` with
     /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`) as a buffer of this device.
     ///
@@ -390,12 +437,23 @@ impl Memory for CudaMemory {
         ))
     }
 
-    /// [`CudaMemory::open_ipc`] of a descriptor from [`Memory::export_ipc`].
+    /// [`CudaMemory::export_ipc_span`] of `span`.
+    fn export_ipc_span(&self, span: &MemSpan<'_>) -> Result<IpcDescriptor> {
+        CudaMemory::export_ipc_span(self, span.region())
+    }
+
+    /// [`CudaMemory::open_ipc`] of a descriptor from [`Memory::export_ipc`], or of the
+    /// allocation an [`Memory::export_ipc_span`] descriptor names, cut to its span.
     unsafe fn open_ipc(&self, ipc: &IpcDescriptor) -> Result<Box<dyn DeviceBuffer>> {
         ipc.check_kind(DeviceKind::CUDA)?;
-        let handle = IpcHandle::from_bytes(&ipc.bytes)?;
+        let (whole, span) = ipc.split_span(IPC_HANDLE_SIZE + 8)?;
+        let handle = IpcHandle::from_bytes(whole)?;
         // SAFETY: the caller's promise about the handle's origin is passed on unchanged.
-        Ok(Box::new(unsafe { CudaMemory::open_ipc(self, &handle)? }))
+        let mapping = Box::new(unsafe { CudaMemory::open_ipc(self, &handle)? });
+        Ok(match span {
+            None => mapping,
+            Some((offset, len)) => Box::new(hmc_core::IpcSpanMapping::new(mapping, offset, len)?),
+        })
     }
 
     fn device(&self) -> Device {

@@ -461,6 +461,63 @@ fn ipc_grandchild() {
     upload(&mem, &mut mapping, &pattern(51, IPC_LEN));
 }
 
+/// A range inside an allocation (`cuMemGetAddressRange` finds the base): the other process
+/// maps exactly the range, and its write lands there, the allocation's head and tail kept.
+#[test]
+fn abi_shim_ipc_of_a_span_maps_exactly_that_span_in_another_process() {
+    let Some(mem) = shim_memory(0) else { return };
+    let (at, len) = (8192usize, IPC_LEN / 2);
+    let mut buf = mem.alloc(IPC_LEN).unwrap();
+    upload(&mem, &mut buf, &pattern(52, IPC_LEN));
+    let region = buf.region().slice(at, len).unwrap();
+    // SAFETY: `region` lies in `buf`, alive for the call.
+    let desc = Memory::export_ipc_span(&mem, &unsafe { MemSpan::from_region(region) }).unwrap();
+    assert_eq!(desc.kind, DeviceKind::CUDA);
+    let outside = hmc_core::Region {
+        len: IPC_LEN,
+        ..region
+    };
+    // SAFETY: refused before anything is read.
+    let err = Memory::export_ipc_span(&mem, &unsafe { MemSpan::from_region(outside) }).unwrap_err();
+    assert!(
+        err.to_string().contains("not inside one allocation"),
+        "{err}"
+    );
+    let hex: String = desc.bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let (ok, text) = run_self(
+        &["ipc_span_grandchild", "--exact", "--ignored", "--nocapture"],
+        &[("HMC_TEST_IPC_SPAN", &hex)],
+    );
+    assert!(ok && passed(&text) == 1, "the peer process failed:\n{text}");
+    let mut want = pattern(52, IPC_LEN);
+    want[at..at + len].copy_from_slice(&pattern(53, len));
+    assert_eq!(download(&mem, &buf), want);
+}
+
+#[test]
+#[ignore = "run by abi_shim_ipc_of_a_span_maps_exactly_that_span_in_another_process"]
+fn ipc_span_grandchild() {
+    let hex = std::env::var("HMC_TEST_IPC_SPAN").expect("run by the parent test");
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    let mem = shim_memory(0).expect("runs with the shim");
+    let desc = hmc_core::IpcDescriptor::new(DeviceKind::CUDA, bytes);
+    // SAFETY: the parent keeps the buffer alive until this process exits.
+    let mapping = unsafe { Memory::open_ipc(&mem, &desc) }.unwrap();
+    assert_eq!(mapping.len(), IPC_LEN / 2, "the span, not the allocation");
+    let mut got = vec![0u8; mapping.len()];
+    // SAFETY: the mapping is live.
+    let src = unsafe { MemSpan::from_region(mapping.region()) };
+    mem.copy(&mut MemSpanMut::host(&mut got), &src).unwrap();
+    assert_eq!(got, pattern(52, IPC_LEN)[8192..8192 + IPC_LEN / 2]);
+    // SAFETY: the mapping is live and written by nothing else meanwhile.
+    let mut dst = unsafe { MemSpanMut::from_region(mapping.region()) };
+    mem.copy(&mut dst, &MemSpan::host(&pattern(53, IPC_LEN / 2)))
+        .unwrap();
+}
+
 #[test]
 fn abi_shim_a_driver_without_devices_is_unavailable() {
     if !in_shim_child() {

@@ -92,6 +92,9 @@ type IpcOpenMemHandleFn =
     unsafe extern "C" fn(*mut *mut c_void, HipIpcMemHandle, c_uint) -> HipError;
 /// `hipError_t hipIpcCloseMemHandle(void* devPtr);`
 type IpcCloseMemHandleFn = unsafe extern "C" fn(*mut c_void) -> HipError;
+/// `hipError_t hipMemGetAddressRange(hipDeviceptr_t* pbase, size_t* psize, hipDeviceptr_t dptr);`
+type MemGetAddressRangeFn =
+    unsafe extern "C" fn(*mut *mut c_void, *mut usize, *mut c_void) -> HipError;
 /// `const char* hipGetErrorName(hipError_t hip_error);`
 type GetErrorNameFn = unsafe extern "C" fn(HipError) -> *const c_char;
 /// `const char* hipGetErrorString(hipError_t hipError);`
@@ -125,6 +128,8 @@ pub struct HipApi {
     ipc_get_mem_handle: IpcGetMemHandleFn,
     ipc_open_mem_handle: IpcOpenMemHandleFn,
     ipc_close_mem_handle: IpcCloseMemHandleFn,
+    /// Absent from some runtimes; without it memory inside an allocation has no IPC export.
+    mem_get_address_range: Option<MemGetAddressRangeFn>,
     get_error_name: GetErrorNameFn,
     get_error_string: GetErrorStringFn,
     _library: libloading::Library,
@@ -171,6 +176,7 @@ impl HipApi {
                 ipc_get_mem_handle: SPEC.symbol(&lib, &path, "hipIpcGetMemHandle")?,
                 ipc_open_mem_handle: SPEC.symbol(&lib, &path, "hipIpcOpenMemHandle")?,
                 ipc_close_mem_handle: SPEC.symbol(&lib, &path, "hipIpcCloseMemHandle")?,
+                mem_get_address_range: LibrarySpec::optional_symbol(&lib, "hipMemGetAddressRange"),
                 get_error_name: SPEC.symbol(&lib, &path, "hipGetErrorName")?,
                 get_error_string: SPEC.symbol(&lib, &path, "hipGetErrorString")?,
                 runtime_version: {
@@ -378,6 +384,18 @@ impl RuntimeApi for HipApi {
         };
         self.check("hipIpcOpenMemHandle", code)?;
         Ok(ptr)
+    }
+
+    unsafe fn address_range(&self, ptr: *const c_void) -> Result<Option<(u64, usize)>> {
+        let Some(f) = self.mem_get_address_range else {
+            return Ok(None);
+        };
+        let (mut base, mut len): (*mut c_void, usize) = (std::ptr::null_mut(), 0);
+        // SAFETY: both out-pointers are valid; the runtime checks `ptr` and fails for memory
+        // it did not allocate.
+        let code = unsafe { f(&mut base, &mut len, ptr as *mut c_void) };
+        self.check("hipMemGetAddressRange", code)?;
+        Ok(Some((base as u64, len)))
     }
 
     unsafe fn ipc_close(&self, ptr: *mut c_void) -> Result<()> {

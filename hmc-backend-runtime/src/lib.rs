@@ -170,6 +170,17 @@ pub trait RuntimeApi: IpcFormat + Debug + Send + Sync {
     /// `handle` came from [`ipc_get`](Self::ipc_get) of the same vendor in a process that
     /// keeps the allocation alive while the mapping lives.
     unsafe fn ipc_open(&self, handle: &[u8]) -> Result<*mut c_void>;
+    /// The base and length of the device allocation that holds `ptr` (the vendor's
+    /// `MemGetAddressRange`), or `Ok(None)` when this runtime's table binds no such call;
+    /// what [`hmc_core::Memory::export_ipc_span`] needs to export memory inside an
+    /// allocation. Default: `Ok(None)`.
+    ///
+    /// # Safety
+    /// None beyond the current device being set; the runtime checks `ptr` itself.
+    unsafe fn address_range(&self, ptr: *const c_void) -> Result<Option<(u64, usize)>> {
+        let _ = ptr;
+        Ok(None)
+    }
     /// Unmaps a mapping made by [`ipc_open`](Self::ipc_open).
     ///
     /// # Safety

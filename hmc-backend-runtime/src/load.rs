@@ -85,6 +85,17 @@ impl LibrarySpec {
     }
 }
 
+impl LibrarySpec {
+    /// Resolves a symbol some versions of the runtime lack: `None` when it is missing.
+    ///
+    /// # Safety
+    /// As for [`LibrarySpec::symbol`].
+    pub unsafe fn optional_symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Option<T> {
+        // SAFETY: the caller guarantees `T` matches the symbol's C signature.
+        unsafe { lib.get::<T>(name.as_bytes()) }.ok().map(|s| *s)
+    }
+}
+
 /// The process-wide runtime for the default search: `cell`'s value, or `open()`'s stored
 /// there on its first success (a failure is retried on the next call).
 pub fn default_runtime<A>(

@@ -149,6 +149,56 @@ impl<A: RuntimeApi> RuntimeMemory<A> {
         ))
     }
 
+    /// Exports the allocation holding `region` (memory of this device, found by the
+    /// runtime's address-range query) for another process, naming only `region` in it.
+    pub fn export_ipc_span(&self, region: Region) -> Result<IpcDescriptor> {
+        if region.device != self.device() || region.len == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{} cannot export {} bytes on {}; pass non-empty memory of this device",
+                self.device(),
+                region.len,
+                region.device
+            )));
+        }
+        let mut scratch = A::IPC_WIRE_ZERO;
+        let handle = &mut scratch.as_mut()[..A::IPC_HANDLE_SIZE];
+        let (base, len) = bound(&*self.api, self.ordinal, || {
+            // SAFETY: the device is current (`bound`); the runtime checks the pointer.
+            let range = unsafe { self.api.address_range(region.addr as *const c_void) }?;
+            let Some((base, len)) = range else {
+                return Err(Error::Unsupported(format!(
+                    "the {} runtime at {} binds no address-range query, so memory inside an \
+                     allocation cannot be exported by IPC; register the whole allocation's \
+                     buffer instead (ShmCommunicator::register_device, {}::export_ipc)",
+                    A::NAME,
+                    self.api.path().display(),
+                    A::MEMORY_TYPE
+                )));
+            };
+            if region.addr < base || region.addr + region.len as u64 > base + len as u64 {
+                return Err(Error::InvalidArgument(format!(
+                    "{:#x}+{} is not inside one allocation of {} (the one at {:#x} is {len} \
+                     bytes); register each allocation separately",
+                    region.addr,
+                    region.len,
+                    self.device(),
+                    base
+                )));
+            }
+            // SAFETY: `base` is the base of the live allocation holding `region`, on the
+            // current device.
+            unsafe { self.api.ipc_get(base as *mut c_void, handle) }?;
+            Ok((base, len))
+        })?;
+        let whole = IpcHandle::<A>::from_parts(&scratch.as_ref()[..A::IPC_HANDLE_SIZE], len as u64);
+        Ok(IpcDescriptor::of_span(
+            A::KIND,
+            whole.to_bytes().as_ref().to_vec(),
+            region.addr - base,
+            region.len as u64,
+        ))
+    }
+
     /// Maps memory another process exported as a buffer of this device.
     ///
     /// # Safety
@@ -197,12 +247,23 @@ impl<A: RuntimeApi> Memory for RuntimeMemory<A> {
         ))
     }
 
-    /// [`RuntimeMemory::open_ipc`] of a descriptor from [`Memory::export_ipc`].
+    /// [`RuntimeMemory::export_ipc_span`] of `span`.
+    fn export_ipc_span(&self, span: &MemSpan<'_>) -> Result<IpcDescriptor> {
+        RuntimeMemory::export_ipc_span(self, span.region())
+    }
+
+    /// [`RuntimeMemory::open_ipc`] of a descriptor from [`Memory::export_ipc`], or of the
+    /// allocation a [`Memory::export_ipc_span`] descriptor names, cut to its span.
     unsafe fn open_ipc(&self, ipc: &IpcDescriptor) -> Result<Box<dyn DeviceBuffer>> {
         ipc.check_kind(A::KIND)?;
-        let handle = IpcHandle::<A>::from_bytes(&ipc.bytes)?;
+        let (whole, span) = ipc.split_span(A::IPC_WIRE_ZERO.as_ref().len())?;
+        let handle = IpcHandle::<A>::from_bytes(whole)?;
         // SAFETY: the caller's promise about the handle's origin is passed on unchanged.
-        Ok(Box::new(unsafe { RuntimeMemory::open_ipc(self, &handle)? }))
+        let mapping = Box::new(unsafe { RuntimeMemory::open_ipc(self, &handle)? });
+        Ok(match span {
+            None => mapping,
+            Some((offset, len)) => Box::new(hmc_core::IpcSpanMapping::new(mapping, offset, len)?),
+        })
     }
 
     fn device(&self) -> Device {

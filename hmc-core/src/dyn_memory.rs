@@ -107,6 +107,8 @@ pub trait DynMemory: Send + Sync + 'static {
     fn dyn_export_dmabuf(&self, span: &MemSpan<'_>) -> Result<DmaBuf>;
     /// See [`Memory::export_ipc`]; refuses another backend's buffer.
     fn dyn_export_ipc(&self, buf: &AnyBuffer) -> Result<IpcDescriptor>;
+    /// See [`Memory::export_ipc_span`].
+    fn dyn_export_ipc_span(&self, span: &MemSpan<'_>) -> Result<IpcDescriptor>;
     /// See [`Memory::open_ipc`].
     ///
     /// # Safety
@@ -166,6 +168,10 @@ impl<M: Memory> DynMemory for M {
         }
         let buf = buf.inner.downcast_ref::<M::Buffer>().ok_or_else(foreign)?;
         Memory::export_ipc(self, buf)
+    }
+
+    fn dyn_export_ipc_span(&self, span: &MemSpan<'_>) -> Result<IpcDescriptor> {
+        Memory::export_ipc_span(self, span)
     }
 
     unsafe fn dyn_open_ipc(&self, ipc: &IpcDescriptor) -> Result<Box<dyn DeviceBuffer>> {
@@ -238,6 +244,10 @@ impl Memory for AnyMemory {
 
     fn export_ipc(&self, buf: &AnyBuffer) -> Result<IpcDescriptor> {
         self.0.dyn_export_ipc(buf)
+    }
+
+    fn export_ipc_span(&self, span: &MemSpan<'_>) -> Result<IpcDescriptor> {
+        self.0.dyn_export_ipc_span(span)
     }
 
     unsafe fn open_ipc(&self, ipc: &IpcDescriptor) -> Result<Box<dyn DeviceBuffer>> {

@@ -123,7 +123,8 @@ pub use dynamic::{
 pub use error::{DeviceErrorKind, Error, Result, check_bounds};
 pub use ids::{DeviceKind, TransportId};
 pub use memory::{
-    Device, DeviceBuffer, DmaBuf, IpcDescriptor, MemSpan, MemSpanMut, Memory, Region, check_copy,
+    Device, DeviceBuffer, DmaBuf, IpcDescriptor, IpcSpan, IpcSpanMapping, MemSpan, MemSpanMut,
+    Memory, Region, check_copy,
 };
 pub use no_comm::{NoCommunicator, NoRegistration};
 pub use staging::{Stager, StagingConfig};

@@ -347,8 +347,24 @@ pub trait Memory: Send + Sync + 'static {
         ))
     }
 
-    /// Maps memory another process exported with [`Memory::export_ipc`] of the same
-    /// backend as a buffer of this device; unmapped when the buffer drops.
+    /// Exports, for another process on this host, the device allocation that holds
+    /// `span`, naming only `span` inside it: [`Memory::open_ipc`] of the descriptor maps
+    /// exactly `span`'s bytes. This is how memory a framework allocated (a tensor inside a
+    /// caching allocator's block, where no `Self::Buffer` exists) is shared by vendor IPC;
+    /// the backend finds the allocation's base itself. The descriptor is valid while the
+    /// allocation lives. Default: [`Error::Unsupported`].
+    fn export_ipc_span(&self, span: &MemSpan<'_>) -> Result<IpcDescriptor> {
+        let _ = span;
+        Err(unsupported(
+            self.device(),
+            "IPC export of a range",
+            "stage the bytes through host memory, or send them through a transport",
+        ))
+    }
+
+    /// Maps memory another process exported with [`Memory::export_ipc`] (or
+    /// [`Memory::export_ipc_span`]) of the same backend as a buffer of this device;
+    /// unmapped when the buffer drops.
     /// Default: [`Error::Unsupported`].
     ///
     /// # Safety
@@ -411,6 +427,42 @@ impl IpcDescriptor {
         IpcDescriptor { kind, bytes }
     }
 
+    /// A descriptor of `span_len` bytes at `offset` inside the allocation that `whole`
+    /// (the backend's wire form of the allocation's handle) exports: what
+    /// [`Memory::export_ipc_span`] returns. [`IpcDescriptor::split_span`] reads it back.
+    pub fn of_span(kind: DeviceKind, mut whole: Vec<u8>, offset: u64, span_len: u64) -> Self {
+        whole.extend_from_slice(&SPAN_TAG);
+        whole.extend_from_slice(&offset.to_le_bytes());
+        whole.extend_from_slice(&span_len.to_le_bytes());
+        IpcDescriptor { kind, bytes: whole }
+    }
+
+    /// The whole allocation's handle bytes (`whole_len` of them, the backend's wire size)
+    /// and, for a descriptor of [`IpcDescriptor::of_span`], the span's `(offset, len)`.
+    /// Refuses bytes of any other length or a span outside `u64`.
+    pub fn split_span(&self, whole_len: usize) -> Result<(&[u8], Option<IpcSpan>)> {
+        let b = &self.bytes;
+        if b.len() == whole_len {
+            return Ok((b, None));
+        }
+        let bad = || {
+            Error::Protocol(format!(
+                "an IPC descriptor of {} memory is {} bytes, not {whole_len} or {}; it was \
+                 not made by this backend's export_ipc or export_ipc_span",
+                self.kind,
+                b.len(),
+                whole_len + SPAN_TRAILER
+            ))
+        };
+        if b.len() != whole_len + SPAN_TRAILER || b[whole_len..whole_len + 4] != SPAN_TAG {
+            return Err(bad());
+        }
+        let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"));
+        let (offset, len) = (word(whole_len + 4), word(whole_len + 12));
+        offset.checked_add(len).ok_or_else(bad)?;
+        Ok((&b[..whole_len], Some((offset, len))))
+    }
+
     /// Refuses a descriptor made by a backend of another kind, naming both.
     pub fn check_kind(&self, own: DeviceKind) -> Result<()> {
         if self.kind == own {
@@ -421,6 +473,55 @@ impl IpcDescriptor {
              with a {} backend on this host",
             self.kind, self.kind
         )))
+    }
+}
+
+/// A span's `(offset, len)` inside the allocation an [`IpcDescriptor`] exports.
+pub type IpcSpan = (u64, u64);
+
+/// Marks the span trailer of [`IpcDescriptor::of_span`]: the tag, then offset and length.
+const SPAN_TAG: [u8; 4] = *b"SPAN";
+const SPAN_TRAILER: usize = 4 + 8 + 8;
+
+/// `len` bytes at `offset` of an opened IPC mapping, keeping the mapping (unmapped when
+/// this drops): what a backend's [`Memory::open_ipc`] returns for a span descriptor.
+pub struct IpcSpanMapping {
+    whole: Box<dyn DeviceBuffer>,
+    region: Region,
+}
+
+impl IpcSpanMapping {
+    /// The span `(offset, len)` of `whole`; refused when it does not fit (the exporter
+    /// named more than the allocation holds).
+    pub fn new(whole: Box<dyn DeviceBuffer>, offset: u64, len: u64) -> Result<Self> {
+        let w = whole.region();
+        let fits = offset
+            .checked_add(len)
+            .is_some_and(|end| end <= w.len as u64);
+        if !fits || len == 0 {
+            return Err(Error::Protocol(format!(
+                "an IPC span of {len} bytes at offset {offset} does not fit the {}-byte \
+                 allocation it names on {}",
+                w.len, w.device
+            )));
+        }
+        let region = w.slice(offset as usize, len as usize)?;
+        Ok(IpcSpanMapping { whole, region })
+    }
+}
+
+impl DeviceBuffer for IpcSpanMapping {
+    fn region(&self) -> Region {
+        self.region
+    }
+}
+
+impl fmt::Debug for IpcSpanMapping {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IpcSpanMapping")
+            .field("region", &self.region)
+            .field("mapping", &self.whole.region())
+            .finish()
     }
 }
 
@@ -480,5 +581,40 @@ mod tests {
             &src,
         );
         assert!(matches!(err, Err(Error::Unsupported(_))));
+    }
+
+    struct Whole(Vec<u8>);
+    impl DeviceBuffer for Whole {
+        fn region(&self) -> Region {
+            Region {
+                device: Device::new(DeviceKind::ROCM, 0),
+                addr: self.0.as_ptr() as u64,
+                len: self.0.len(),
+            }
+        }
+    }
+
+    #[test]
+    fn span_descriptors_round_trip_and_refuse_what_does_not_fit() {
+        let whole = vec![9u8; 72];
+        let d = IpcDescriptor::of_span(DeviceKind::ROCM, whole.clone(), 4096, 100);
+        let (h, span) = d.split_span(72).unwrap();
+        assert_eq!((h, span), (&whole[..], Some((4096, 100))));
+        let plain = IpcDescriptor::new(DeviceKind::ROCM, whole.clone());
+        assert_eq!(plain.split_span(72).unwrap(), (&whole[..], None));
+        assert!(d.split_span(64).is_err(), "another backend's size");
+        let mut forged = d.clone();
+        forged.bytes[72] = b'X';
+        assert!(forged.split_span(72).is_err(), "no tag");
+        let overflow = IpcDescriptor::of_span(DeviceKind::ROCM, whole, u64::MAX, 2);
+        assert!(overflow.split_span(72).is_err());
+
+        let m = IpcSpanMapping::new(Box::new(Whole(vec![0; 8192])), 4096, 100).unwrap();
+        let base = m.whole.region().addr;
+        assert_eq!((m.region().addr, m.len()), (base + 4096, 100));
+        for (off, len) in [(8100, 100), (0, 0), (u64::MAX, 1)] {
+            let err = IpcSpanMapping::new(Box::new(Whole(vec![0; 8192])), off, len).unwrap_err();
+            assert!(err.to_string().contains("does not fit"), "{err}");
+        }
     }
 }

@@ -245,6 +245,18 @@ static int shim_ipc_export(void *ptr, int32_t *pid, int32_t *fd) {
   return 0;
 }
 
+/* The base and length of the device allocation (of the current device) holding `ptr`, as
+ * the vendors' MemGetAddressRange report them. */
+__attribute__((unused)) static int shim_address_range(const void *ptr, uintptr_t *base, size_t *len) {
+  struct shim_entry e;
+  if (base == NULL || len == NULL) return SHIM_ERR_INVALID_VALUE;
+  if (!shim_find((uintptr_t)ptr, &e, NULL) || e.kind != SHIM_DEVICE) return SHIM_ERR_INVALID_VALUE;
+  if (e.device != shim_current_device) return SHIM_ERR_INVALID_DEVICE;
+  *base = e.base;
+  *len = e.len;
+  return 0;
+}
+
 /* IPC import: maps the exporter's memfd into this process as device memory of the current
  * device. */
 static int shim_ipc_open(int32_t pid, int32_t fd, void **out) {

@@ -103,6 +103,14 @@ SHIM_EXPORT int SHIM_RT(IpcOpenMemHandle)(void **dev_ptr, shim_rt_ipc_handle han
   return shim_ipc_open_bytes(handle.reserved, SHIM_RT_HANDLE_MAGIC, dev_ptr);
 }
 
+SHIM_EXPORT int SHIM_RT(MemGetAddressRange)(void **base, size_t *size, void *dev_ptr) {
+  SHIM_INJECT(SHIM_RT_NAME(MemGetAddressRange));
+  uintptr_t b = 0;
+  int rc = shim_address_range(dev_ptr, &b, size);
+  if (rc == 0 && base != NULL) *base = (void *)b;
+  return base == NULL ? SHIM_ERR_INVALID_VALUE : rc;
+}
+
 SHIM_EXPORT int SHIM_RT(IpcCloseMemHandle)(void *dev_ptr) {
   SHIM_INJECT(SHIM_RT_NAME(IpcCloseMemHandle));
   return shim_release(dev_ptr, SHIM_MAPPED);

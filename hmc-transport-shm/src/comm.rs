@@ -27,7 +27,7 @@ use crate::wire::{self, KEY_LEN, Msg, Refusal, TOKEN_LEN};
 use crate::{SHM_TRANSPORT, ShmConfig};
 
 /// A lease the target granted: its whole registration, at `addr` in the target process.
-struct Lease {
+pub(crate) struct Lease {
     id: u64,
     addr: u64,
     len: u64,
@@ -37,7 +37,7 @@ struct Lease {
     map: Option<Arc<Mapping>>,
     /// The registration is device memory: its IPC descriptor and the mappings opened from
     /// it, closed when the lease is revoked or the side channel closes.
-    ipc: Option<IpcLease>,
+    pub(crate) ipc: Option<IpcLease>,
     /// False once revoked (or the side channel closed). Copies hold the read lock for one
     /// chunk; revocation takes the write lock, so it returns after the chunk in progress.
     valid: Arc<RwLock<bool>>,
@@ -52,22 +52,22 @@ enum Reply {
 }
 
 #[derive(Default)]
-struct Cache {
+pub(crate) struct Cache {
     by_key: HashMap<KeyId, Arc<Lease>>,
-    by_id: HashMap<u64, Arc<Lease>>,
+    pub(crate) by_id: HashMap<u64, Arc<Lease>>,
 }
 
 /// A request awaiting its answer: the key a `Grant` asked for, and where the answer goes.
 type Pending = (Option<KeyId>, oneshot::Sender<Reply>);
 
 /// One side-channel connection, shared by the endpoint handles and its reader thread.
-struct EpShared {
+pub(crate) struct EpShared {
     id: u64,
     peer: PeerAddr,
     cred: PeerCred,
     writer: Mutex<UnixStream>,
     pending: Mutex<HashMap<u64, Pending>>,
-    cache: Mutex<Cache>,
+    pub(crate) cache: Mutex<Cache>,
     dead: AtomicBool,
     next_req: AtomicU64,
     /// Shared memory of the target mapped here, by registration id (until `Forget`).
@@ -76,7 +76,7 @@ struct EpShared {
     /// connect): then only the target's shared memory can be reached.
     cma_refused: Option<String>,
     /// IPC handles of the peer's device memory opened so far.
-    ipc_opens: AtomicU64,
+    pub(crate) ipc_opens: AtomicU64,
 }
 
 impl EpShared {
@@ -278,8 +278,8 @@ impl Lease {
 }
 
 /// The user's handle on a connection; the last clone's drop closes it.
-struct EpHandle {
-    shared: Arc<EpShared>,
+pub(crate) struct EpHandle {
+    pub(crate) shared: Arc<EpShared>,
 }
 
 impl Drop for EpHandle {
@@ -291,7 +291,7 @@ impl Drop for EpHandle {
 /// A connection to one peer. Cheap to clone.
 #[derive(Clone)]
 pub struct ShmEndpoint {
-    inner: Arc<EpHandle>,
+    pub(crate) inner: Arc<EpHandle>,
 }
 
 impl std::fmt::Debug for ShmEndpoint {
@@ -329,23 +329,6 @@ impl ShmEndpoint {
     /// Leases cached on this endpoint now.
     pub fn cached_leases(&self) -> usize {
         self.inner.shared.cache.lock().by_id.len()
-    }
-
-    /// IPC handles of the peer's device memory opened on this endpoint so far: one per
-    /// region (and local device), however many transfers use it, and one more after the
-    /// peer revokes (drops or rekeys) a region and it is used again.
-    pub fn ipc_opens(&self) -> u64 {
-        self.inner.shared.ipc_opens.load(Ordering::Relaxed)
-    }
-
-    /// IPC mappings of the peer's device memory open on this endpoint now.
-    pub fn ipc_mappings(&self) -> usize {
-        let c = self.inner.shared.cache.lock();
-        c.by_id
-            .values()
-            .filter_map(|l| l.ipc.as_ref())
-            .map(IpcLease::open_mappings)
-            .sum()
     }
 }
 
@@ -637,15 +620,21 @@ impl Communicator for ShmCommunicator {
     unsafe fn register(&self, region: Region, access: Access) -> Result<ShmRegistration> {
         self.check_open()?;
         if !region.device.is_host() {
-            return Err(Error::UnsupportedMemory {
-                transport: SHM_TRANSPORT,
-                device: region.device,
-                reason: "a Region of device memory does not carry its vendor IPC handle; \
-                         register the buffer with ShmCommunicator::register_device"
-                    .into(),
-            });
+            return Err(crate::device::needs_backend(region));
         }
         self.new_registration(region, access, None, None, None)
+    }
+
+    /// Device memory by vendor IPC of the allocation holding it
+    /// ([`ShmCommunicator::register_span`]); host memory as `register`.
+    unsafe fn register_memory(
+        &self,
+        region: Region,
+        access: Access,
+        memory: &AnyMemory,
+    ) -> Result<ShmRegistration> {
+        // SAFETY: forwarded contract.
+        unsafe { self.register_span(region, access, memory) }
     }
 
     /// Shared memory (a sealed memfd) registered for `access`: a peer maps it at its first

@@ -4,12 +4,14 @@
 //! the IPC mappings it opened, one per peer region and local device, closed when the lease
 //! ends.
 //!
-//! Why by buffer: [`Communicator::register`](hmc_core::Communicator::register) receives a
-//! `Region`, but a vendor IPC handle belongs to an allocation
-//! ([`Memory::export_ipc`] takes the backend's `Buffer`), so device memory enters through an
-//! inherent method rather than through the trait. The key a peer imports is the same
-//! registration id and token as for host memory; the IPC descriptor travels only in the
-//! target's `Granted` answer, after the token was checked.
+//! A vendor IPC handle belongs to an allocation, not to a `Region`: device memory enters by
+//! buffer ([`Memory::export_ipc`] of the backend's `Buffer`), or as a region with its backend
+//! ([`Communicator::register_memory`](hmc_core::Communicator::register_memory), through
+//! [`Memory::export_ipc_span`], which finds the allocation holding the region, for memory a
+//! framework allocated); [`Communicator::register`](hmc_core::Communicator::register) alone
+//! refuses it. The key a peer imports is the same registration id and token as for host
+//! memory; the IPC descriptor travels only in the target's `Granted` answer, after the
+//! token was checked.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -19,7 +21,7 @@ use hmc_core::{
 };
 use parking_lot::{Mutex, RwLock};
 
-use crate::{SHM_TRANSPORT, ShmCommunicator, ShmRegistration};
+use crate::{SHM_TRANSPORT, ShmCommunicator, ShmEndpoint, ShmRegistration};
 
 /// The memory backends a communicator knows, one per device, in the order they were
 /// added: what opens peers' IPC handles and copies between them and local memory.
@@ -234,6 +236,37 @@ pub(crate) unsafe fn via_host(
     }
 }
 
+/// Why `Communicator::register` refuses device memory: it needs its backend.
+pub(crate) fn needs_backend(region: Region) -> Error {
+    Error::UnsupportedMemory {
+        transport: SHM_TRANSPORT,
+        device: region.device,
+        reason: "a Region of device memory does not carry its vendor IPC handle; register it \
+                 with its backend (Communicator::register_memory), or the buffer with \
+                 ShmCommunicator::register_device"
+            .into(),
+    }
+}
+
+impl ShmEndpoint {
+    /// IPC handles of the peer's device memory opened on this endpoint so far: one per
+    /// region (and local device), however many transfers use it, and one more after the
+    /// peer revokes (drops or rekeys) a region and it is used again.
+    pub fn ipc_opens(&self) -> u64 {
+        self.inner.shared.ipc_opens.load(Ordering::Relaxed)
+    }
+
+    /// IPC mappings of the peer's device memory open on this endpoint now.
+    pub fn ipc_mappings(&self) -> usize {
+        let c = self.inner.shared.cache.lock();
+        c.by_id
+            .values()
+            .filter_map(|l| l.ipc.as_ref())
+            .map(IpcLease::open_mappings)
+            .sum()
+    }
+}
+
 impl ShmCommunicator {
     /// Makes `memory` known to this communicator: it opens peers' IPC handles of its device
     /// kind, and copies between them and this process's host memory, when a transfer's
@@ -328,6 +361,66 @@ impl ShmCommunicator {
         let engine = AnyMemory::new(memory.clone());
         self.devices.add(engine.clone());
         self.new_registration(region, access, None, Some(ipc), Some(engine))
+    }
+
+    /// Registers `region`, memory of `memory`'s device inside one of its allocations, for
+    /// peers by vendor IPC of that allocation, naming only `region`
+    /// ([`Memory::export_ipc_span`]): as [`ShmCommunicator::register_device`] does for a
+    /// whole buffer, with the same leases, revocation and copies. Host memory is
+    /// registered as `register` would.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedMemory`] with the backend's reason when it cannot export the
+    /// range (no IPC, or no address-range query in its runtime), the driver's error when
+    /// the range is not device memory it allocated, [`Error::InvalidArgument`] for memory
+    /// of another device than `memory`'s.
+    ///
+    /// # Safety
+    /// As for [`Communicator::register`](hmc_core::Communicator::register), and `region`
+    /// must be memory of `memory`'s device.
+    pub unsafe fn register_span(
+        &self,
+        region: Region,
+        access: Access,
+        memory: &AnyMemory,
+    ) -> Result<ShmRegistration> {
+        if region.device.is_host() {
+            // SAFETY: the caller's promise is `register`'s contract.
+            return unsafe { hmc_core::Communicator::register(self, region, access) };
+        }
+        self.check_open()?;
+        if region.device != memory.device() {
+            return Err(Error::InvalidArgument(format!(
+                "register_memory: {} bytes on {} cannot be registered with the memory backend \
+                 of {}; pass the backend of the memory's own device",
+                region.len,
+                region.device,
+                memory.device()
+            )));
+        }
+        if !memory.capabilities().ipc {
+            return Err(Error::UnsupportedMemory {
+                transport: SHM_TRANSPORT,
+                device: region.device,
+                reason: format!(
+                    "the memory backend of {} cannot export IPC handles (its capabilities \
+                     say ipc: false)",
+                    region.device
+                ),
+            });
+        }
+        // SAFETY: the caller vouches that `region` is live memory of `memory`'s device.
+        let span = unsafe { MemSpan::from_region(region) };
+        let ipc = memory.export_ipc_span(&span).map_err(|e| match e {
+            Error::Unsupported(why) => Error::UnsupportedMemory {
+                transport: SHM_TRANSPORT,
+                device: region.device,
+                reason: why,
+            },
+            e => e,
+        })?;
+        self.devices.add(memory.clone());
+        self.new_registration(region, access, None, Some(ipc), Some(memory.clone()))
     }
 }
 

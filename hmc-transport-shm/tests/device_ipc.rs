@@ -290,6 +290,101 @@ async fn moves_between_two_processes<M: Memory + Clone>(
     drop(local);
 }
 
+/// A region inside a larger allocation, registered as a region with its backend
+/// (`register_memory`, as the engine and Python register a framework's tensor): the peer
+/// exports the allocation by IPC naming only the region, and a READ and a WRITE of it from
+/// device memory here move exactly its bytes, the allocation's head and tail untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_inside_an_allocation_is_shared_by_ipc_of_that_allocation() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let at = (1usize << 20) + 4096;
+    let mut peer = Peer::spawn(&[
+        ("HMC_SHM_DEVICE_CHILD", "HIP".as_ref()),
+        ("HMC_SHM_DEVICE_SHIM", hip_shim().as_os_str()),
+        ("HMC_SHM_DEVICE_SPAN", at.to_string().as_ref()),
+    ]);
+    assert_eq!(peer.desc.region.len, LEN, "the region, not the allocation");
+    let comm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
+    let dev = RocmMemory::with_library(hip_shim(), 1).unwrap();
+    let any = AnyMemory::new(dev.clone());
+    // A region at an offset of a local allocation too, registered the same way.
+    let whole = dev.alloc(LEN + 8192).unwrap();
+    let region = whole.region().slice(8192, LEN).unwrap();
+    // SAFETY: `region` lies in `whole`, which outlives `reg` (dropped first, below).
+    let reg = unsafe { comm.register_memory(region, Access::READ_WRITE, &any) }.unwrap();
+    let ep = comm.connect(&peer.addr, deadline()).await.unwrap();
+    let key = comm.import(&ep, &peer.desc).unwrap();
+
+    run(&comm, &ep, Op::Read, &reg, &key, 0, LEN).await.unwrap();
+    let got = download(&dev, &whole);
+    assert_eq!(got[..8192], [0u8; 8192], "the local head is untouched");
+    assert_eq!(checksum(&got[8192..]), checksum(&pattern(21, LEN)), "READ");
+    let theirs = pattern(24, LEN);
+    // SAFETY: `region` lies in `whole`, not otherwise accessed meanwhile.
+    let mut dst = unsafe { MemSpanMut::from_region(region) };
+    dev.copy(&mut dst, &MemSpan::host(&theirs)).unwrap();
+    run(&comm, &ep, Op::Write, &reg, &key, 0, LEN)
+        .await
+        .unwrap();
+    assert_eq!(peer.sum(), checksum(&theirs), "WRITE of exactly the region");
+    assert_eq!(ep.ipc_opens(), 1);
+    let err = run(&comm, &ep, Op::Read, &reg, &key, 4096, LEN)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::OutOfBounds { .. }),
+        "past the region: {err:?}"
+    );
+    drop(peer);
+    drop(reg);
+    drop(whole);
+}
+
+/// `register_memory` refuses what cannot be exported by IPC with the reason: a range that
+/// straddles two allocations, memory the runtime did not allocate, and a runtime whose
+/// table binds no address-range query (MUSA's), which points at `register_device`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_memory_refuses_ranges_ipc_cannot_name() {
+    let _one_at_a_time = SERIAL.lock().await;
+    let comm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
+    let dev = RocmMemory::with_library(hip_shim(), 1).unwrap();
+    let any = AnyMemory::new(dev.clone());
+    let a = dev.alloc(1 << 20).unwrap();
+    let straddling = Region {
+        len: (2 << 20) as usize,
+        ..a.region()
+    };
+    // SAFETY: refused before any registration is made.
+    let err = unsafe { comm.register_memory(straddling, Access::READ, &any) }.unwrap_err();
+    assert!(
+        err.to_string().contains("not inside one allocation"),
+        "{err}"
+    );
+    let host = vec![0u8; 4096];
+    let not_device = Region {
+        device: dev.device(),
+        addr: host.as_ptr() as u64,
+        len: host.len(),
+    };
+    // SAFETY: as above.
+    let err = unsafe { comm.register_memory(not_device, Access::READ, &any) }.unwrap_err();
+    assert!(err.to_string().contains("hipMemGetAddressRange"), "{err}");
+
+    let musa = MusaMemory::with_library(shim(&MUSA), 0).unwrap();
+    let buf = musa.alloc(4096).unwrap();
+    // SAFETY: as above.
+    let err = unsafe { comm.register_memory(buf.region(), Access::READ, &AnyMemory::new(musa)) }
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::UnsupportedMemory { .. })
+            && err.to_string().contains("register_device"),
+        "{err}"
+    );
+    // SAFETY: as above.
+    let err = unsafe { comm.register(a.region(), Access::READ) }.unwrap_err();
+    assert!(err.to_string().contains("register_memory"), "{err}");
+}
+
 /// Rekeying closes the mapping before the peer's `rekey` returns; the old key is then
 /// refused and the new one opens the handle again. Dropping the registration does the
 /// same, and the key is refused for good.

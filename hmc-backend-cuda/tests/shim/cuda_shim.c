@@ -294,6 +294,16 @@ SHIM_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr) {
                                HANDLE_MAGIC);
 }
 
+SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr) {
+  SHIM_INJECT("cuMemGetAddressRange");
+  NEED_CTX();
+  uintptr_t b = 0;
+  if (base == NULL) return SHIM_ERR_INVALID_VALUE;
+  int rc = shim_address_range((void *)(uintptr_t)dptr, &b, size);
+  *base = (CUdeviceptr)b;
+  return rc;
+}
+
 SHIM_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags) {
   SHIM_INJECT("cuIpcOpenMemHandle");
   NEED_CTX();

@@ -142,22 +142,33 @@ pub fn contents(reg: &impl LocalRegistration) -> Vec<u8> {
 /// still outstanding>`, once the registration's drop returned); exits at end of input.
 pub fn serve_device_peer<M: Memory + Clone>(mem: M, len: usize, seed: u64) {
     let comm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
-    let mut buf = mem.alloc(len).unwrap();
-    mem.copy(
-        &mut MemSpanMut::of(&mut buf),
-        &MemSpan::host(&pattern(seed, len)),
-    )
-    .unwrap();
-    // SAFETY: `buf` outlives the registration (dropped first, below or at the end).
-    let mut reg = Some(unsafe { comm.register_device(&mem, &buf, Access::READ_WRITE) }.unwrap());
+    // With HMC_SHM_DEVICE_SPAN set, the region peers reach is `len` bytes at that offset of
+    // a larger allocation, registered as a region (`register_memory`), as a framework's
+    // tensor inside a caching allocator's block is.
+    let at: usize = std::env::var("HMC_SHM_DEVICE_SPAN").map_or(0, |v| v.parse().unwrap());
+    let whole = mem.alloc(len + 2 * at).unwrap();
+    let region = whole.region().slice(at, len).unwrap();
+    // SAFETY: `region` lies in `whole`, borrowed mutably for the copy only.
+    let mut span = unsafe { MemSpanMut::from_region(region) };
+    mem.copy(&mut span, &MemSpan::host(&pattern(seed, len)))
+        .unwrap();
+    let mut reg = Some(if at == 0 {
+        // SAFETY: `whole` outlives the registration (dropped first, below or at the end).
+        unsafe { comm.register_device(&mem, &whole, Access::READ_WRITE) }.unwrap()
+    } else {
+        let any = hmc_core::AnyMemory::new(mem.clone());
+        // SAFETY: as above; `region` is memory of `mem`'s device, inside `whole`.
+        unsafe { comm.register_memory(region, Access::READ_WRITE, &any) }.unwrap()
+    });
     let desc = |reg: &Option<_>| hex(&comm.export(reg.as_ref().unwrap()).unwrap().encode());
     println!("READY {} {}", comm.address(), desc(&reg));
     for line in std::io::stdin().lines() {
         match line.unwrap().trim() {
             "check" => {
-                let mut out = vec![0u8; buf.len()];
-                mem.copy(&mut MemSpanMut::host(&mut out), &MemSpan::of(&buf))
-                    .unwrap();
+                let mut out = vec![0u8; len];
+                // SAFETY: `region` lies in `whole`, alive here.
+                let src = unsafe { MemSpan::from_region(region) };
+                mem.copy(&mut MemSpanMut::host(&mut out), &src).unwrap();
                 println!("SUM {}", checksum(&out));
             }
             "rekey" => {
