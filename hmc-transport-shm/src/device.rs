@@ -277,6 +277,12 @@ impl ShmCommunicator {
         self.devices.add(memory);
     }
 
+    /// Whether a peer's memory on `device` can be reached here: host memory, or a kind
+    /// this communicator has a backend of (to open the IPC handle with).
+    pub(crate) fn reaches(&self, device: Device) -> bool {
+        self.devices.check_reachable(device).is_ok()
+    }
+
     /// Registers the device buffer `buf` of `memory` for peers, by its vendor IPC handle
     /// ([`Memory::export_ipc`]): a peer's transfer opens the handle once per region (and
     /// per device of its own), caches the mapping, and copies on its device's own engine

@@ -443,9 +443,10 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
 
     /// Host memory as [`Communicator::register`]; device memory through the network
     /// transport's own path for it (direct, or staged through its host chunks), so that
-    /// every peer, on this host too, reaches it there. The shared-memory half reaches
-    /// device memory only by vendor IPC of a whole buffer
-    /// ([`ShmCommunicator::register_device`]), which a `Region` does not carry.
+    /// every peer reaches it there, and, when the backend exports it by vendor IPC
+    /// ([`ShmCommunicator::register_span`]), through shared memory too: a same-host peer
+    /// that can open the handle (it has a backend of that kind) then copies it on its own
+    /// device with no host bounce; one that cannot uses the network half.
     unsafe fn register_memory(
         &self,
         region: Region,
@@ -458,7 +459,18 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
         }
         // SAFETY: forwarded contract.
         let net = unsafe { self.net.register_memory(region, access, memory) }?;
-        Ok(LocalFirstRegistration::new(None, net, false))
+        let shm = match &self.shm {
+            // SAFETY: as above; the shared-memory registration drops first.
+            Some(shm) => match unsafe { shm.register_span(region, access, memory) } {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::debug!(device = %region.device, error = %e, "device memory not shared by vendor IPC; same-host peers use the network transport");
+                    None
+                }
+            },
+            None => None,
+        };
+        Ok(LocalFirstRegistration::new(shm, net, false))
     }
 
     /// Shared memory when the shared-memory transport runs (a same-host peer maps it and
@@ -566,10 +578,17 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
         batch: &[TransferDesc<'_, Self>],
         deadline: Deadline,
     ) -> Result<()> {
+        // Peer device memory goes through shared memory only where this side has a
+        // backend of its kind to open the IPC handle with.
         let all_local = !batch.is_empty()
-            && batch
-                .iter()
-                .all(|d| d.local.shm.is_some() && d.remote.shm.is_some());
+            && batch.iter().all(|d| {
+                d.local.shm.is_some()
+                    && d.remote.shm.as_ref().is_some_and(|(desc, _)| {
+                        self.shm
+                            .as_ref()
+                            .is_some_and(|s| s.reaches(desc.region.device))
+                    })
+            });
         if all_local
             && let Some(shm) = &self.shm
             && let Some(sep) = self.shm_endpoint(ep, deadline).await
