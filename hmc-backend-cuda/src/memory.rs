@@ -213,16 +213,8 @@ impl CudaMemory {
             ));
         }
         self.ctx.bind()?;
-        let mut raw = sys::CUipcMemHandle { reserved: [0; 64] };
-        // SAFETY: valid out-pointer; `buf.ptr` is a live cuMemAlloc base of this context.
-        check("cuIpcGetMemHandle", unsafe {
-            sys::cuIpcGetMemHandle(&mut raw, buf.ptr)
-        })?;
-        let mut bytes = [0u8; IPC_HANDLE_SIZE];
-        for (b, c) in bytes.iter_mut().zip(raw.reserved) {
-            *b = c as u8;
-        }
-        Ok(IpcHandle::from_parts(&bytes, buf.len as u64))
+        // SAFETY: `buf.ptr` is a live cuMemAlloc base of this context, now bound.
+        unsafe { handle_of(buf.ptr, buf.len) }
     }
 
     /// Exports the allocation holding `region` (found by `cuMemGetAddressRange`) for
@@ -244,30 +236,15 @@ impl CudaMemory {
         check("cuMemGetAddressRange", unsafe {
             sys::cuMemGetAddressRange_v2(&mut base, &mut len, region.addr)
         })?;
-        if region.addr + region.len as u64 > base + len as u64 {
-            return Err(Error::InvalidArgument(format!(
-                "{:#x}+{} is not inside one allocation of {} (the one at {base:#x} is {len} \
-                 bytes); register each allocation separately",
-                region.addr,
-                region.len,
-                self.device()
-            )));
-        }
-        let mut raw = sys::CUipcMemHandle { reserved: [0; 64] };
-        // SAFETY: valid out-pointer; `base` is the base of the live allocation holding
-        // `region`, in this context.
-        check("cuIpcGetMemHandle", unsafe {
-            sys::cuIpcGetMemHandle(&mut raw, base)
-        })?;
-        let mut bytes = [0u8; IPC_HANDLE_SIZE];
-        for (b, c) in bytes.iter_mut().zip(raw.reserved) {
-            *b = c as u8;
-        }
-        let whole = IpcHandle::from_parts(&bytes, len as u64);
+        let offset = IpcDescriptor::offset_in(region, base, len)?;
+        // SAFETY: `base` is the base of the live allocation holding `region`, in this
+        // context, bound above.
+        let whole = unsafe { handle_of(base, len) }?;
+        let bytes = whole.to_bytes().to_vec();
         Ok(IpcDescriptor::of_span(
             DeviceKind::CUDA,
-            whole.to_bytes().to_vec(),
-            region.addr - base,
+            bytes,
+            offset,
             region.len as u64,
         ))
     }
@@ -450,10 +427,7 @@ impl Memory for CudaMemory {
         let handle = IpcHandle::from_bytes(whole)?;
         // SAFETY: the caller's promise about the handle's origin is passed on unchanged.
         let mapping = Box::new(unsafe { CudaMemory::open_ipc(self, &handle)? });
-        Ok(match span {
-            None => mapping,
-            Some((offset, len)) => Box::new(hmc_core::IpcSpanMapping::new(mapping, offset, len)?),
-        })
+        hmc_core::IpcSpanMapping::cut(mapping, span)
     }
 
     fn device(&self) -> Device {
@@ -613,6 +587,23 @@ impl Drop for CudaBuffer {
             tracing::error!(error = %e, "leaking a CUDA device buffer that could not be freed");
         }
     }
+}
+
+/// The IPC handle (`cuIpcGetMemHandle`) of the allocation of `len` bytes at `base`.
+///
+/// # Safety
+/// `base` is the base of a live allocation of the context bound on this thread.
+unsafe fn handle_of(base: sys::CUdeviceptr, len: usize) -> Result<IpcHandle> {
+    let mut raw = sys::CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: valid out-pointer; the caller vouches for `base`.
+    check("cuIpcGetMemHandle", unsafe {
+        sys::cuIpcGetMemHandle(&mut raw, base)
+    })?;
+    let mut bytes = [0u8; IPC_HANDLE_SIZE];
+    for (b, c) in bytes.iter_mut().zip(raw.reserved) {
+        *b = c as u8;
+    }
+    Ok(IpcHandle::from_parts(&bytes, len as u64))
 }
 
 /// Size of `CUipcMemHandle` (`CU_IPC_HANDLE_SIZE` in cuda.h).

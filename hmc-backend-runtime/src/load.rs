@@ -83,9 +83,7 @@ impl LibrarySpec {
         })?;
         Ok(*sym)
     }
-}
 
-impl LibrarySpec {
     /// Resolves a symbol some versions of the runtime lack: `None` when it is missing.
     ///
     /// # Safety

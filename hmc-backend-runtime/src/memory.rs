@@ -136,16 +136,25 @@ impl<A: RuntimeApi> RuntimeMemory<A> {
                 "a zero-length buffer has no memory to share".into(),
             ));
         }
-        let mut scratch = A::IPC_WIRE_ZERO;
-        let handle = &mut scratch.as_mut()[..A::IPC_HANDLE_SIZE];
         bound(&*self.api, self.ordinal, || {
             // SAFETY: `buf.ptr` is the base of a live allocation of this device (checked
             // above), made current by `bound`.
-            unsafe { self.api.ipc_get(buf.ptr as *mut c_void, handle) }
-        })?;
+            unsafe { self.handle_of(buf.ptr, buf.len) }
+        })
+    }
+
+    /// The IPC handle of the allocation of `len` bytes at `base`.
+    ///
+    /// # Safety
+    /// `base` is the base of a live allocation of this device, which is current.
+    unsafe fn handle_of(&self, base: u64, len: usize) -> Result<IpcHandle<A>> {
+        let mut scratch = A::IPC_WIRE_ZERO;
+        let handle = &mut scratch.as_mut()[..A::IPC_HANDLE_SIZE];
+        // SAFETY: the caller's contract.
+        unsafe { self.api.ipc_get(base as *mut c_void, handle) }?;
         Ok(IpcHandle::from_parts(
             &scratch.as_ref()[..A::IPC_HANDLE_SIZE],
-            buf.len as u64,
+            len as u64,
         ))
     }
 
@@ -160,9 +169,7 @@ impl<A: RuntimeApi> RuntimeMemory<A> {
                 region.device
             )));
         }
-        let mut scratch = A::IPC_WIRE_ZERO;
-        let handle = &mut scratch.as_mut()[..A::IPC_HANDLE_SIZE];
-        let (base, len) = bound(&*self.api, self.ordinal, || {
+        bound(&*self.api, self.ordinal, || {
             // SAFETY: the device is current (`bound`); the runtime checks the pointer.
             let range = unsafe { self.api.address_range(region.addr as *const c_void) }?;
             let Some((base, len)) = range else {
@@ -175,28 +182,18 @@ impl<A: RuntimeApi> RuntimeMemory<A> {
                     A::MEMORY_TYPE
                 )));
             };
-            if region.addr < base || region.addr + region.len as u64 > base + len as u64 {
-                return Err(Error::InvalidArgument(format!(
-                    "{:#x}+{} is not inside one allocation of {} (the one at {:#x} is {len} \
-                     bytes); register each allocation separately",
-                    region.addr,
-                    region.len,
-                    self.device(),
-                    base
-                )));
-            }
+            let offset = IpcDescriptor::offset_in(region, base, len)?;
             // SAFETY: `base` is the base of the live allocation holding `region`, on the
             // current device.
-            unsafe { self.api.ipc_get(base as *mut c_void, handle) }?;
-            Ok((base, len))
-        })?;
-        let whole = IpcHandle::<A>::from_parts(&scratch.as_ref()[..A::IPC_HANDLE_SIZE], len as u64);
-        Ok(IpcDescriptor::of_span(
-            A::KIND,
-            whole.to_bytes().as_ref().to_vec(),
-            region.addr - base,
-            region.len as u64,
-        ))
+            let whole = unsafe { self.handle_of(base, len) }?;
+            let bytes = whole.to_bytes().as_ref().to_vec();
+            Ok(IpcDescriptor::of_span(
+                A::KIND,
+                bytes,
+                offset,
+                region.len as u64,
+            ))
+        })
     }
 
     /// Maps memory another process exported as a buffer of this device.
@@ -260,10 +257,7 @@ impl<A: RuntimeApi> Memory for RuntimeMemory<A> {
         let handle = IpcHandle::<A>::from_bytes(whole)?;
         // SAFETY: the caller's promise about the handle's origin is passed on unchanged.
         let mapping = Box::new(unsafe { RuntimeMemory::open_ipc(self, &handle)? });
-        Ok(match span {
-            None => mapping,
-            Some((offset, len)) => Box::new(hmc_core::IpcSpanMapping::new(mapping, offset, len)?),
-        })
+        hmc_core::IpcSpanMapping::cut(mapping, span)
     }
 
     fn device(&self) -> Device {

@@ -429,12 +429,32 @@ impl IpcDescriptor {
 
     /// A descriptor of `span_len` bytes at `offset` inside the allocation that `whole`
     /// (the backend's wire form of the allocation's handle) exports: what
-    /// [`Memory::export_ipc_span`] returns. [`IpcDescriptor::split_span`] reads it back.
+    /// [`Memory::export_ipc_span`] returns, the offset from [`IpcDescriptor::offset_in`].
+    /// [`IpcDescriptor::split_span`] reads it back.
     pub fn of_span(kind: DeviceKind, mut whole: Vec<u8>, offset: u64, span_len: u64) -> Self {
         whole.extend_from_slice(&SPAN_TAG);
         whole.extend_from_slice(&offset.to_le_bytes());
         whole.extend_from_slice(&span_len.to_le_bytes());
         IpcDescriptor { kind, bytes: whole }
+    }
+
+    /// Where `span` starts in the allocation of `alloc_len` bytes at `base` (what the
+    /// vendor's address-range query reported); refused, naming both, when `span` is not
+    /// inside it. Backends call it before making the allocation's handle.
+    pub fn offset_in(span: Region, base: u64, alloc_len: usize) -> Result<u64> {
+        let inside = span.addr >= base
+            && span
+                .addr
+                .checked_add(span.len as u64)
+                .is_some_and(|end| end <= base + alloc_len as u64);
+        if !inside {
+            return Err(Error::InvalidArgument(format!(
+                "{:#x}+{} is not inside one allocation of {} (the one at {base:#x} is \
+                 {alloc_len} bytes); register each allocation separately",
+                span.addr, span.len, span.device
+            )));
+        }
+        Ok(span.addr - base)
     }
 
     /// The whole allocation's handle bytes (`whole_len` of them, the backend's wire size)
@@ -507,6 +527,20 @@ impl IpcSpanMapping {
         }
         let region = w.slice(offset as usize, len as usize)?;
         Ok(IpcSpanMapping { whole, region })
+    }
+}
+
+impl IpcSpanMapping {
+    /// `whole`, an opened mapping, cut to `span` when the descriptor named one (from
+    /// [`IpcDescriptor::split_span`]); `whole` itself otherwise.
+    pub fn cut(
+        whole: Box<dyn DeviceBuffer>,
+        span: Option<IpcSpan>,
+    ) -> Result<Box<dyn DeviceBuffer>> {
+        Ok(match span {
+            None => whole,
+            Some((offset, len)) => Box::new(IpcSpanMapping::new(whole, offset, len)?),
+        })
     }
 }
 
@@ -597,16 +631,32 @@ mod tests {
     #[test]
     fn span_descriptors_round_trip_and_refuse_what_does_not_fit() {
         let whole = vec![9u8; 72];
-        let d = IpcDescriptor::of_span(DeviceKind::ROCM, whole.clone(), 4096, 100);
-        let (h, span) = d.split_span(72).unwrap();
-        assert_eq!((h, span), (&whole[..], Some((4096, 100))));
+        let dev = Device::new(DeviceKind::ROCM, 0);
+        let span = |addr, len| Region {
+            device: dev,
+            addr,
+            len,
+        };
+        let offset = IpcDescriptor::offset_in(span(1 << 20, 100), (1 << 20) - 4096, 8192).unwrap();
+        assert_eq!(offset, 4096);
+        let d = IpcDescriptor::of_span(DeviceKind::ROCM, whole.clone(), offset, 100);
+        let (h, named) = d.split_span(72).unwrap();
+        assert_eq!((h, named), (&whole[..], Some((4096, 100))));
         let plain = IpcDescriptor::new(DeviceKind::ROCM, whole.clone());
         assert_eq!(plain.split_span(72).unwrap(), (&whole[..], None));
         assert!(d.split_span(64).is_err(), "another backend's size");
         let mut forged = d.clone();
         forged.bytes[72] = b'X';
         assert!(forged.split_span(72).is_err(), "no tag");
-        let overflow = IpcDescriptor::of_span(DeviceKind::ROCM, whole, u64::MAX, 2);
+        for (addr, len) in [(4095, 10), (8190, 10), (u64::MAX, 2)] {
+            let err = IpcDescriptor::offset_in(span(addr, len), 4096, 4096).unwrap_err();
+            assert!(
+                err.to_string().contains("not inside one allocation"),
+                "{err}"
+            );
+        }
+        let mut overflow = d.clone();
+        overflow.bytes[76..84].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(overflow.split_span(72).is_err());
 
         let m = IpcSpanMapping::new(Box::new(Whole(vec![0; 8192])), 4096, 100).unwrap();

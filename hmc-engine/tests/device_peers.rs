@@ -162,7 +162,7 @@ fn expect_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, key: &
 #[case::tcp("tcp")]
 #[case::auto("auto")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_peer_reads_and_writes_device_regions_with_each_byte_staged_once(
+async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_one_host(
     #[case] transport: &str,
 ) {
     let mem = RocmMemory::with_library(shim(), 0).unwrap();

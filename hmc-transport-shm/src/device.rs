@@ -39,7 +39,7 @@ impl Devices {
     }
 
     /// The first backend added for a device of `kind`.
-    fn of_kind(&self, kind: DeviceKind) -> Option<AnyMemory> {
+    pub(crate) fn of_kind(&self, kind: DeviceKind) -> Option<AnyMemory> {
         self.0
             .read()
             .iter()
@@ -236,6 +236,36 @@ pub(crate) unsafe fn via_host(
     }
 }
 
+/// `export`'s IPC descriptor of `region` for peers, or why the same-host transport cannot
+/// reach it (a backend without IPC, `has_ipc` false, or an export it does not support) as
+/// `UnsupportedMemory`; the backend's other errors as they are.
+fn export_for_peers(
+    region: Region,
+    has_ipc: bool,
+    export: impl FnOnce() -> Result<IpcDescriptor>,
+) -> Result<IpcDescriptor> {
+    let unsupported = |why: String| Error::UnsupportedMemory {
+        transport: SHM_TRANSPORT,
+        device: region.device,
+        reason: format!(
+            "{why}; the same-host transport reaches device memory only by vendor IPC: \
+             stage the bytes through host memory registered with Communicator::register, \
+             or use a transport that moves device memory"
+        ),
+    };
+    if !has_ipc {
+        return Err(unsupported(format!(
+            "the memory backend of {} cannot export IPC handles (its capabilities say \
+             ipc: false)",
+            region.device
+        )));
+    }
+    export().map_err(|e| match e {
+        Error::Unsupported(why) => unsupported(why),
+        e => e,
+    })
+}
+
 /// Why `Communicator::register` refuses device memory: it needs its backend.
 pub(crate) fn needs_backend(region: Region) -> Error {
     Error::UnsupportedMemory {
@@ -280,7 +310,7 @@ impl ShmCommunicator {
     /// Whether a peer's memory on `device` can be reached here: host memory, or a kind
     /// this communicator has a backend of (to open the IPC handle with).
     pub(crate) fn reaches(&self, device: Device) -> bool {
-        self.devices.check_reachable(device).is_ok()
+        device.is_host() || self.devices.of_kind(device.kind).is_some()
     }
 
     /// Registers the device buffer `buf` of `memory` for peers, by its vendor IPC handle
@@ -344,26 +374,7 @@ impl ShmCommunicator {
                 memory.device()
             )));
         }
-        let unsupported = |why: String| Error::UnsupportedMemory {
-            transport: SHM_TRANSPORT,
-            device: region.device,
-            reason: format!(
-                "{why}; the same-host transport reaches device memory only by vendor IPC: \
-                 stage the bytes through host memory registered with Communicator::register, \
-                 or use a transport that moves device memory"
-            ),
-        };
-        if !memory.capabilities().ipc {
-            return Err(unsupported(format!(
-                "the memory backend of {} cannot export IPC handles (its capabilities say \
-                 ipc: false)",
-                region.device
-            )));
-        }
-        let ipc = memory.export_ipc(buf).map_err(|e| match e {
-            Error::Unsupported(why) => unsupported(why),
-            e => e,
-        })?;
+        let ipc = export_for_peers(region, memory.capabilities().ipc, || memory.export_ipc(buf))?;
         let engine = AnyMemory::new(memory.clone());
         self.devices.add(engine.clone());
         self.new_registration(region, access, None, Some(ipc), Some(engine))
@@ -404,26 +415,10 @@ impl ShmCommunicator {
                 memory.device()
             )));
         }
-        if !memory.capabilities().ipc {
-            return Err(Error::UnsupportedMemory {
-                transport: SHM_TRANSPORT,
-                device: region.device,
-                reason: format!(
-                    "the memory backend of {} cannot export IPC handles (its capabilities \
-                     say ipc: false)",
-                    region.device
-                ),
-            });
-        }
         // SAFETY: the caller vouches that `region` is live memory of `memory`'s device.
         let span = unsafe { MemSpan::from_region(region) };
-        let ipc = memory.export_ipc_span(&span).map_err(|e| match e {
-            Error::Unsupported(why) => Error::UnsupportedMemory {
-                transport: SHM_TRANSPORT,
-                device: region.device,
-                reason: why,
-            },
-            e => e,
+        let ipc = export_for_peers(region, memory.capabilities().ipc, || {
+            memory.export_ipc_span(&span)
         })?;
         self.devices.add(memory.clone());
         self.new_registration(region, access, None, Some(ipc), Some(memory.clone()))
