@@ -1,13 +1,14 @@
 //! [`EtcdStore`]: members registered in etcd under a lease kept alive by a background
 //! task, which also watches the namespace and re-registers after an outage.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    TxnOpResponse, WatchOptions, WatchResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions, PutOptions,
+    Txn, TxnOp, TxnOpResponse, WatchOptions, WatchResponse,
 };
 use tokio::sync::{Notify, broadcast};
 
@@ -64,7 +65,14 @@ struct Shared {
     config: EtcdConfig,
     /// The encoded value this member publishes.
     value: parking_lot::Mutex<Vec<u8>>,
-    /// Wakes the task to write `value` again.
+    /// The key prefix of members' labelled blobs (`<labels_root><name>/<label>`).
+    labels_root: String,
+    /// Blobs published under labels (encoded), written beside the record under its lease.
+    labels: parking_lot::Mutex<BTreeMap<String, Vec<u8>>>,
+    /// Whether this member is in the namespace (`set_listed`): while not, the task keeps
+    /// its session (and watch) but holds no key.
+    listed: std::sync::atomic::AtomicBool,
+    /// Wakes the task to write `value`, the labels and the listing again.
     republish: Notify,
     /// The connected client, while a session is up.
     client: parking_lot::Mutex<Option<Client>>,
@@ -138,12 +146,44 @@ fn decode(name: &str, v: &[u8], max: usize) -> Result<Member> {
 }
 
 fn check_name(name: &str) -> Result<()> {
-    if name.is_empty() || name.len() > 255 || name.contains('/') || name.contains('\0') {
+    check_part("member name", name)
+}
+
+fn check_part(what: &str, part: &str) -> Result<()> {
+    if part.is_empty() || part.len() > 255 || part.contains('/') || part.contains('\0') {
         return Err(MetaError::Invalid(format!(
-            "member name `{name}`: use 1-255 bytes without `/`"
+            "{what} `{part}`: use 1-255 bytes without `/`"
         )));
     }
     Ok(())
+}
+
+/// A labelled blob as stored: the format byte, then the blob.
+fn encode_label(blob: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(1 + blob.len());
+    v.push(FORMAT);
+    v.extend_from_slice(blob);
+    v
+}
+
+fn decode_label(name: &str, label: &str, v: &[u8], max: usize) -> Result<Vec<u8>> {
+    let bad = |why: String| MetaError::BadRecord {
+        name: format!("{name}` label `{label}"),
+        why,
+    };
+    if v.len() > max {
+        return Err(MetaError::Limit {
+            limit: "max_value_len",
+            value: v.len() as u64,
+            max: max as u64,
+            hint: "the member published a larger blob than this process reads; raise EtcdConfig::max_value_len (engine option max_value_len)",
+        });
+    }
+    match v.split_first() {
+        Some((&FORMAT, blob)) => Ok(blob.to_vec()),
+        Some((f, _)) => Err(bad(format!("format {f}, this build reads {FORMAT}"))),
+        None => Err(bad("empty".into())),
+    }
 }
 
 impl EtcdStore {
@@ -176,6 +216,9 @@ impl EtcdStore {
             address: address.to_string(),
             config,
             value: parking_lot::Mutex::new(value),
+            labels_root: url.labels_prefix(),
+            labels: parking_lot::Mutex::new(BTreeMap::new()),
+            listed: true.into(),
             republish: Notify::new(),
             client: parking_lot::Mutex::new(None),
             known: parking_lot::Mutex::new(HashMap::new()),
@@ -232,6 +275,11 @@ fn check_len(len: usize, config: &EtcdConfig) -> Result<()> {
 }
 
 impl Shared {
+    /// The key of `name`'s blob under `label` (with an empty label: the prefix of all).
+    fn label_key(&self, name: &str, label: &str) -> String {
+        format!("{}{name}/{label}", self.labels_root)
+    }
+
     fn namespace(&self) -> String {
         format!(
             "etcd://{}{}",
@@ -431,13 +479,24 @@ async fn session(
         .map_err(etcd_err)?
         .id();
     let key = format!("{}{}", shared.prefix, shared.name);
-    let claimed = tokio::time::timeout(t, claim(shared, &mut client, &key, lease))
-        .await
-        .map_err(|_| timed("claiming the name"))?;
-    if let Err(e) = claimed {
-        // The lease would otherwise live on for its TTL, holding nothing.
-        let _ = tokio::time::timeout(t, client.lease_revoke(lease)).await;
-        return Err(e);
+    // Whether this session holds the member's key (not while withdrawn by `set_listed`).
+    let mut held = shared.listed.load(Ordering::Acquire);
+    if held {
+        let claimed = tokio::time::timeout(t, claim(shared, &mut client, &key, lease))
+            .await
+            .map_err(|_| timed("claiming the name"))?;
+        if let Err(e) = claimed {
+            // The lease would otherwise live on for its TTL, holding nothing.
+            let _ = tokio::time::timeout(t, client.lease_revoke(lease)).await;
+            return Err(e);
+        }
+    }
+    // The labelled blobs this session wrote, as written.
+    let mut written = BTreeMap::new();
+    if held {
+        tokio::time::timeout(t, write_labels(shared, &mut client, lease, &mut written))
+            .await
+            .map_err(|_| timed("put"))??;
     }
     shared
         .lease
@@ -521,7 +580,7 @@ async fn session(
             w = watch.message() => {
                 match w.map_err(etcd_err)? {
                     Some(resp) => {
-                        if on_watch(shared, resp, lease)? {
+                        if on_watch(shared, resp, lease)? && held && shared.listed.load(Ordering::Acquire) {
                             // Our key was deleted, or written under another lease, while
                             // ours is live: no member that claims names (a transaction
                             // that refuses a live holder) did that. Write it back.
@@ -540,6 +599,29 @@ async fn session(
                 }
             }
             _ = shared.republish.notified() => {
+                let listed = shared.listed.load(Ordering::Acquire);
+                if !listed {
+                    if held {
+                        tokio::time::timeout(t, withdraw(shared, &mut client, &key, lease))
+                            .await
+                            .map_err(|_| timed("delete"))??;
+                        held = false;
+                        written.clear();
+                        tracing::info!(name = %shared.name, "withdrawn from etcd");
+                    }
+                    continue;
+                }
+                if !held {
+                    // Listed again: take the name as a new session would.
+                    tokio::time::timeout(t, claim(shared, &mut client, &key, lease))
+                        .await
+                        .map_err(|_| timed("claiming the name"))??;
+                    held = true;
+                    tracing::info!(name = %shared.name, "listed in etcd again");
+                }
+                tokio::time::timeout(t, write_labels(shared, &mut client, lease, &mut written))
+                    .await
+                    .map_err(|_| timed("put"))??;
                 // A new record: written only while this lease holds the key.
                 let txn = Txn::new()
                     .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
@@ -562,6 +644,42 @@ async fn session(
             }
         }
     }
+}
+
+/// Writes the labelled blobs that differ from what this session wrote (under `lease`).
+async fn write_labels(
+    shared: &Shared,
+    client: &mut Client,
+    lease: i64,
+    written: &mut BTreeMap<String, Vec<u8>>,
+) -> Result<()> {
+    let want = shared.labels.lock().clone();
+    for (label, value) in &want {
+        if written.get(label) != Some(value) {
+            let key = shared.label_key(&shared.name, label);
+            let opts = PutOptions::new().with_lease(lease);
+            client
+                .put(key, value.clone(), Some(opts))
+                .await
+                .map_err(etcd_err)?;
+        }
+    }
+    *written = want;
+    Ok(())
+}
+
+/// Deletes the member's key (only while `lease` holds it) and its labelled blobs.
+async fn withdraw(shared: &Shared, client: &mut Client, key: &str, lease: i64) -> Result<()> {
+    let txn = Txn::new()
+        .when([Compare::lease(key, CompareOp::Equal, lease)])
+        .and_then([TxnOp::delete(key, None)]);
+    client.txn(txn).await.map_err(etcd_err)?;
+    let prefix = DeleteOptions::new().with_prefix();
+    client
+        .delete(shared.label_key(&shared.name, ""), Some(prefix))
+        .await
+        .map_err(etcd_err)?;
+    Ok(())
 }
 
 /// Takes the member's key for `lease`: creates it if absent, or takes it over from this
@@ -710,6 +828,52 @@ impl MetadataStore for EtcdStore {
                 })
                 .await
         })
+    }
+
+    fn publish_label(&self, label: &str, blob: Vec<u8>) -> Result<()> {
+        check_part("label", label)?;
+        let value = encode_label(&blob);
+        check_len(value.len(), &self.shared.config)?;
+        self.shared.labels.lock().insert(label.to_string(), value);
+        self.shared.republish.notify_one();
+        Ok(())
+    }
+
+    fn fetch_label<'a>(
+        &'a self,
+        name: &'a str,
+        label: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Option<Vec<u8>>>> {
+        Box::pin(async move {
+            check_name(name)?;
+            check_part("label", label)?;
+            let key = self.shared.label_key(name, label);
+            let max = self.shared.config.max_value_len;
+            let (name, label) = (name.to_string(), label.to_string());
+            self.shared
+                .with_retry(timeout, |mut c| {
+                    let (key, name, label) = (key.clone(), name.clone(), label.clone());
+                    Box::pin(async move {
+                        let resp = c.get(key, None).await.map_err(etcd_err)?;
+                        resp.kvs()
+                            .first()
+                            .map(|kv| decode_label(&name, &label, kv.value(), max))
+                            .transpose()
+                    })
+                })
+                .await
+        })
+    }
+
+    fn set_listed(&self, listed: bool) -> Result<()> {
+        if !listed {
+            // NIXL's invalidation: the blobs go with the record, and are published anew.
+            self.shared.labels.lock().clear();
+        }
+        self.shared.listed.store(listed, Ordering::Release);
+        self.shared.republish.notify_one();
+        Ok(())
     }
 
     fn subscribe(&self) -> Option<MemberEvents> {

@@ -9,7 +9,8 @@
 //! - [`Embedded`] needs no service: a peer's name *is* its address, and the record is
 //!   fetched from the peer itself on connect (the engine's peer-to-peer handshake). Nothing
 //!   is watched: a peer is gone when its connection fails.
-//! - [`EtcdStore`] keeps records in etcd (v3 API) under `<namespace>/members/<name>`, each
+//! - [`EtcdStore`] keeps records in etcd (v3 API) under `<namespace>/members/<name>` (and
+//!   labelled blobs under `<namespace>/labels/<name>/<label>`), each
 //!   attached to a lease that a background task keeps alive. A member that stops renewing
 //!   (dead, hung, cut off) has its key deleted by etcd when the lease's TTL runs out, and
 //!   every watcher sees it leave ([`MemberEvent::Left`]). If etcd goes away, existing
@@ -127,6 +128,28 @@ pub trait MetadataStore: Send + Sync + 'static {
     /// ([`Embedded`]).
     fn subscribe(&self) -> Option<MemberEvents>;
 
+    /// Publishes `blob` under `label` beside this member's record, replacing what was
+    /// published under it (NIXL's labelled partial metadata: a peer fetches it by this
+    /// member's name and the label). It lives as long as this member's registration.
+    /// Fails for a label that cannot be a key part, a blob over `max_value_len`, and in a
+    /// store without a directory ([`Embedded`]).
+    fn publish_label(&self, label: &str, blob: Vec<u8>) -> Result<()>;
+
+    /// What the member `name` published under `label`, retrying like
+    /// [`MetadataStore::resolve`]. `Ok(None)`: the store answered, and there is none.
+    fn fetch_label<'a>(
+        &'a self,
+        name: &'a str,
+        label: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Option<Vec<u8>>>>;
+
+    /// Withdraws this member from the namespace (`false`: its record and labels are
+    /// deleted, and watchers see it leave, while the process goes on) or lists it again
+    /// (`true`: registered afresh, as after an outage). Returns once the background task
+    /// has it to do; in a store without a directory there is nothing to withdraw.
+    fn set_listed(&self, listed: bool) -> Result<()>;
+
     /// Leaves the namespace now (peers see this member leave at once, rather than after
     /// its lease lapses) and stops renewing. Later calls fail with [`MetaError::Closed`]
     /// or find nothing.
@@ -169,9 +192,33 @@ impl MetadataStore for Embedded {
         None
     }
 
+    fn publish_label(&self, label: &str, _blob: Vec<u8>) -> Result<()> {
+        Err(no_directory(label))
+    }
+
+    fn fetch_label<'a>(
+        &'a self,
+        _name: &'a str,
+        label: &'a str,
+        _timeout: Duration,
+    ) -> BoxFuture<'a, Result<Option<Vec<u8>>>> {
+        Box::pin(async move { Err(no_directory(label)) })
+    }
+
+    fn set_listed(&self, _listed: bool) -> Result<()> {
+        // Peers find this member by its address, from itself: there is no entry to take out.
+        Ok(())
+    }
+
     fn close(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+}
+
+fn no_directory(label: &str) -> MetaError {
+    MetaError::Invalid(format!(
+        "labelled metadata (`{label}`) needs a directory: set `metadata` to etcd://host:port/namespace, or hand the blob to the peer yourself"
+    ))
 }
 
 /// Opens the store a [`MetadataUrl`] names and registers `name` at `address` in it.

@@ -22,6 +22,14 @@ pub enum MetadataUrl {
 }
 
 impl MetadataUrl {
+    /// The key prefix of members' labelled blobs (`<prefix><name>/<label>`).
+    pub(crate) fn labels_prefix(&self) -> String {
+        match self {
+            MetadataUrl::Embedded => String::new(),
+            MetadataUrl::Etcd { namespace, .. } => format!("/{namespace}/labels/"),
+        }
+    }
+
     /// The key prefix of members' records.
     pub(crate) fn members_prefix(&self) -> String {
         match self {

@@ -385,3 +385,105 @@ async fn a_restarted_member_gets_its_name_back_once_the_old_lease_lapses() {
     println!("registered again after {:?}", t.elapsed());
     assert_eq!(b.registrations(), 1);
 }
+
+/// Polls `f` until it gives `Some`, or panics naming `what`.
+async fn eventually<T, F, Fut>(within: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < end, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labelled_blobs_are_fetched_by_name_and_label_and_go_with_a_withdrawal() {
+    let etcd = EtcdProcess::start();
+    let url = etcd.url("job-labels");
+    let a = member(&url, "prefill-0", config()).await;
+    let b = member(&url, "decode-0", config()).await;
+    let mut events = b.subscribe().expect("etcd watches");
+    let t = Duration::from_secs(5);
+    assert_eq!(
+        b.fetch_label("prefill-0", "layer-0", t).await.unwrap(),
+        None
+    );
+    a.publish_label("layer-0", b"blocks 0-7".to_vec()).unwrap();
+    a.publish_label("layer-1", b"blocks 8-15".to_vec()).unwrap();
+    let got = eventually(t, "layer-1 published", || async {
+        b.fetch_label("prefill-0", "layer-1", t).await.unwrap()
+    })
+    .await;
+    assert_eq!(got, b"blocks 8-15");
+    // Replaced under the same label.
+    a.publish_label("layer-0", b"blocks 0-3".to_vec()).unwrap();
+    eventually(t, "layer-0 replaced", || async {
+        let v = b.fetch_label("prefill-0", "layer-0", t).await.unwrap();
+        (v.as_deref() == Some(b"blocks 0-3".as_slice())).then_some(())
+    })
+    .await;
+    // Labels are key parts; blobs are bounded as records are.
+    for bad in ["", "a/b"] {
+        let e = a.publish_label(bad, vec![1]).unwrap_err();
+        assert!(matches!(e, MetaError::Invalid(_)), "{e}");
+    }
+    let e = a
+        .publish_label("big", vec![0; config().max_value_len])
+        .unwrap_err();
+    assert!(e.to_string().contains("max_value_len"), "{e}");
+
+    // Withdrawn: watchers see it leave, its record and blobs are gone, the process goes on
+    // (its session is kept: no new registration).
+    let sessions = a.registrations();
+    a.set_listed(false).unwrap();
+    loop {
+        match next_event(&mut events, t, "prefill-0 leaving").await {
+            MemberEvent::Left { name } if name == "prefill-0" => break,
+            _ => {}
+        }
+    }
+    assert!(b.resolve("prefill-0", t).await.unwrap().is_none());
+    assert_eq!(
+        b.fetch_label("prefill-0", "layer-1", t).await.unwrap(),
+        None
+    );
+    // A new record while withdrawn is kept for later, not written.
+    a.publish(b"later".to_vec()).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(b.resolve("prefill-0", t).await.unwrap().is_none());
+
+    // Listed again: joins with its latest record; blobs are published anew.
+    a.set_listed(true).unwrap();
+    loop {
+        match next_event(&mut events, t, "prefill-0 joining again").await {
+            MemberEvent::Joined(m) if m.name == "prefill-0" => {
+                assert_eq!(m.record, b"later");
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        b.fetch_label("prefill-0", "layer-1", t).await.unwrap(),
+        None
+    );
+    a.publish_label("layer-1", b"again".to_vec()).unwrap();
+    eventually(t, "layer-1 published again", || async {
+        b.fetch_label("prefill-0", "layer-1", t).await.unwrap()
+    })
+    .await;
+    assert_eq!(a.registrations(), sessions);
+
+    // A member that leaves takes its blobs with it (they live under its lease).
+    a.close().await;
+    assert_eq!(
+        b.fetch_label("prefill-0", "layer-1", t).await.unwrap(),
+        None
+    );
+}

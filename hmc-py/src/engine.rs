@@ -685,6 +685,39 @@ impl Engine {
         wait(py, live.engine.remove_remote(name))?.map_err(errors::engine)
     }
 
+    /// Publishes ``blob`` under ``label`` in the etcd namespace beside this engine's
+    /// record (NIXL's labelled partial metadata), for a peer's ``fetch_label``.
+    fn publish_label(&self, label: &str, blob: &[u8]) -> PyResult<()> {
+        self.live()?
+            .engine
+            .publish_label(label, blob.to_vec())
+            .map_err(errors::engine)
+    }
+
+    /// What the engine ``name`` published under ``label`` (``None`` while it has not).
+    #[pyo3(signature = (name, label, timeout_ms = 1000))]
+    fn fetch_label<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        label: &str,
+        timeout_ms: u64,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let live = self.live()?;
+        let got = wait(py, live.engine.fetch_label(name, label, millis(timeout_ms)))?
+            .map_err(errors::engine)?;
+        Ok(got.map(|b| PyBytes::new(py, &b)))
+    }
+
+    /// Takes this engine out of its etcd namespace (``False``: peers that watch it drop it)
+    /// or lists it again (``True``); the engine keeps running.
+    fn set_listed(&self, listed: bool) -> PyResult<()> {
+        self.live()?
+            .engine
+            .set_listed(listed)
+            .map_err(errors::engine)
+    }
+
     /// True when ``name`` is added and not known gone.
     fn check_remote(&self, name: &str) -> PyResult<bool> {
         Ok(self.live()?.engine.check_remote(name))

@@ -9,7 +9,7 @@ The sequence (vLLM's ``NixlConnectorWorker``): one region per layer registered a
 prefill's metadata handed over a side channel (here a pipe) to ``add_remote_agent``; block
 descriptors prepared once on both sides (``prep_xfer_dlist``, N x 3 arrays, and N x 5
 strided); per request ``make_prepped_xfer("READ", ..., notif_msg)``, ``transfer``,
-``check_xfer_state`` until ``DONE``, telemetry, ``release_xfer_handle``; ``get_new_notifs``
+``check_xfer_state`` until ``DONE``, telemetry, ``estimate_xfer_cost``, ``release_xfer_handle``; ``get_new_notifs``
 on the prefill side; ``send_notif`` heartbeats; a WRITE checked by the target's digests;
 ``check_remote_xfer_done``; the errors of an unknown agent and foreign metadata; teardown
 (``release_dlist_handle``, ``remove_remote_agent``, ``deregister_memory``).
@@ -126,6 +126,10 @@ def decode(pkg):
         if r == 0:
             t = agent.get_xfer_telemetry(h)
             result("telemetry", [t.totalBytes, 0 < t.descCount <= len(ours), t.xferDuration >= 0])
+        if r == 2:
+            d, m, method = agent.estimate_xfer_cost(h)
+            # NIXL's UCX answers 0 here between processes: the figure itself is not compared.
+            result("estimate", [type(d).__name__, d >= 0, type(m).__name__, m >= 0, method])
         agent.release_xfer_handle(h)
     result("read_states", states)
     result("read_bytes_ok", bool(ok))

@@ -24,6 +24,7 @@ EXPECTED = {
     "remote_name": "prefill",
     "remote_md_ok": True,
     "telemetry": [131072, True, True],
+    "estimate": ["int", True, "int", True, "UNKNOWN"],
     "read_states": ["DONE", "DONE", "DONE"],
     "read_bytes_ok": True,
     "prefill_notifs": {"decode": ["req-0", "req-1", "req-2"]},
@@ -40,8 +41,21 @@ EXPECTED = {
 }
 
 
-def run_pattern(python, package):
-    out = subprocess.run([python, SCRIPT, package], capture_output=True, text=True, timeout=120)
+# What nixl_loopback.py prints on NIXL 1.5.1 (and must on hmc.nixl).
+LOOPBACK = {
+    "own_metadata": True,
+    "prepped_read": ["DONE", True, True],
+    "notifs": {"self": ["loop"]},
+    "write": ["DONE", True],
+    "write_notifs": {"self": ["w"]},
+    "unregistered": "nixlNotFoundError",
+    "send_notif": {"self": ["to myself"]},
+    "end": "ok",
+}
+
+
+def run_pattern(python, package, script=SCRIPT):
+    out = subprocess.run([python, script, package], capture_output=True, text=True, timeout=120)
     results = {}
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -63,6 +77,77 @@ def test_nixl_itself_gives_the_same_results():
     assert run_pattern(os.environ["HMC_NIXL_PYTHON"], "nixl_cu12") == EXPECTED
 
 
+@pytest.mark.parametrize("package", ["hmc.nixl", pytest.param("nixl_cu12", marks=pytest.mark.skipif(
+    not os.environ.get("HMC_NIXL_PYTHON"), reason="HMC_NIXL_PYTHON (NIXL 1.5.1) not given"))])
+def test_loopback_lists_move_an_agents_own_memory(package):
+    python = sys.executable if package.startswith("hmc.") else os.environ["HMC_NIXL_PYTHON"]
+    assert run_pattern(python, package, os.path.join(HERE, "nixl_loopback.py")) == LOOPBACK
+
+
+# What nixl_partial_md.py prints on NIXL 1.5.1, through etcd and the listen threads.
+PARTIAL_MD = {
+    "part-1_loaded": True, "part-1_read": ["DONE", True],
+    "part-2_loaded": True, "part-2_read": ["DONE", True],
+    "invalidated": True, "sent_again": True, "read_again": ["DONE", True], "end": "ok",
+}
+
+
+@pytest.mark.parametrize("via", ["listen", "etcd"])
+@pytest.mark.parametrize("package", ["hmc.nixl", pytest.param("nixl_cu12", marks=pytest.mark.skipif(
+    not os.environ.get("HMC_NIXL_PYTHON"), reason="HMC_NIXL_PYTHON (NIXL 1.5.1) not given"))])
+def test_partial_metadata_invalidation_and_sending_again(package, via, request, monkeypatch):
+    """partial_md_example.py's flow: partial metadata in two steps (labelled in etcd, sent
+    to the initiator's listen thread otherwise), invalidated, sent again."""
+    monkeypatch.delenv("NIXL_ETCD_ENDPOINTS", raising=False)
+    if via == "etcd":
+        monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", "http://" + request.getfixturevalue("etcd"))
+        monkeypatch.setenv("NIXL_ETCD_NAMESPACE", f"partial-{package}")
+    python = sys.executable if package.startswith("hmc.") else os.environ["HMC_NIXL_PYTHON"]
+    assert run_pattern(python, package, os.path.join(HERE, "nixl_partial_md.py")) == PARTIAL_MD
+
+
+def test_the_cost_estimate_is_the_agents_own_record_of_that_peer():
+    a = nixl_agent("est-a", nixl_agent_config(backends=["UCX"], capture_telemetry=True))
+    b = nixl_agent("est-b", nixl_agent_config(backends=["UCX"]))
+    src, dst = np.arange(1 << 20, dtype=np.uint8), np.zeros(1 << 20, np.uint8)
+    a.register_memory([(dst.ctypes.data, dst.nbytes, 0, "")], "DRAM")
+    b.register_memory([(src.ctypes.data, src.nbytes, 0, "")], "DRAM")
+    a.add_remote_agent(b.get_agent_metadata())
+
+    def xfer(n):
+        return a.initialize_xfer("READ", a.get_xfer_descs([(dst.ctypes.data, n, 0)], "DRAM"),
+                                 b.get_xfer_descs([(src.ctypes.data, n, 0)], "DRAM"), "est-b")
+
+    big, small = xfer(1 << 20), xfer(4096)
+    assert a.estimate_xfer_cost(big) == (0, 0, "UNKNOWN")  # nothing completed with est-b yet
+    st = a.transfer(big)
+    while st == "PROC":
+        st = a.check_xfer_state(big)
+    took = a.get_xfer_telemetry(big).xferDuration
+    # One post: the estimate of the same request is what it took, with no margin.
+    assert a.estimate_xfer_cost(big) == (took, 0, "UNKNOWN")
+    # Learnt once per completed post, not per poll.
+    assert a.check_xfer_state(big) == "DONE" and len(a._costs["est-b"]) == 1
+    assert a.estimate_xfer_cost(small)[0] <= took
+    assert (dst == src).all()
+    for h in (big, small):
+        a.release_xfer_handle(h)
+    for x in (a, b):
+        x._engine.finalize()
+
+
+@pytest.mark.parametrize("samples, line", [
+    ([(100, 10), (200, 20), (300, 30)], (0.0, 0.1)),          # through the origin
+    ([(0, 5), (100, 15), (200, 25)], (5.0, 0.1)),             # a fixed cost per post
+    ([(100, 40), (100, 60)], (0.0, 0.5)),                     # one size: through the origin
+    ([(100, 50), (200, 10)], (0.0, 0.2)),                     # a falling fit: through the origin
+])
+def test_the_cost_line(samples, line):
+    from hmc.nixl._api import _fit_line
+
+    assert _fit_line(samples) == pytest.approx(line)
+
+
 @pytest.fixture
 def agent():
     a = nixl_agent("solo", nixl_agent_config(backends=["UCX"]))
@@ -79,14 +164,12 @@ def test_storage_backends_are_refused_by_name(agent, backend):
 def test_calls_not_carried_raise_not_implemented_naming_them(agent):
     m = np.zeros(4096, np.uint8)
     agent.register_memory([(m.ctypes.data, m.nbytes, 0, "")], "DRAM")
-    with pytest.raises(NotImplementedError, match="loopback"):
-        agent.prep_xfer_dlist("solo", [(m.ctypes.data, 4096, 0)], "DRAM")
     # VRAM is carried (test_device.py); without a CUDA driver it is refused naming it.
     with pytest.raises(Exception, match="libcuda"):
         agent.register_memory([(m.ctypes.data, 16, 0, "")], "VRAM")
     for call, args in [("prep_mem_view", (None,)), ("send_local_metadata", ()),
                        ("fetch_remote_metadata", ("x",)), ("invalidate_local_metadata", ()),
-                       ("estimate_xfer_cost", (None,))]:
+                       ("send_partial_agent_metadata", (None,))]:
         with pytest.raises(NotImplementedError, match=call):
             getattr(agent, call)(*args)
 

@@ -84,8 +84,9 @@ impl<C: Communicator> Engine<C> {
 
     /// Adds the peer a blob of [`Engine::local_metadata`] describes, as
     /// [`Engine::connect`] would, and returns its name (what transfers and
-    /// [`Engine::remove_remote`] take). A partial blob adds regions to a peer already
-    /// added. Refused: a blob over `max_metadata_blob_len`, one whose MAC does not match
+    /// [`Engine::remove_remote`] take). A partial blob adds its regions to a peer already
+    /// added, or adds the peer with those regions (further ones are fetched from it on
+    /// first use, as for any peer whose table changed). Refused: a blob over `max_metadata_blob_len`, one whose MAC does not match
     /// this engine's secret, one of another version, and one of an engine that restarted
     /// since it was made.
     pub async fn add_remote(&self, blob: &[u8], timeout: Duration) -> Result<String> {
@@ -132,7 +133,9 @@ impl<C: Communicator> Engine<C> {
             )));
         }
         let key = peer_key(&b.name);
-        if b.partial {
+        // A partial blob carries the peer's addresses too: to a peer not added yet it adds
+        // the peer with those regions (NIXL's partial metadata with connection info).
+        if b.partial && self.inner.peers.read().contains_key(&key) {
             self.add_regions(&key, &b.info)?;
             return Ok(key);
         }
@@ -182,7 +185,7 @@ impl<C: Communicator> Engine<C> {
     fn add_regions(&self, key: &str, info: &EngineInfo) -> Result<()> {
         let peer = self.peer(key).map_err(|_| {
             bad_blob(format!(
-                "it is partial, and `{key}` was not added: add its full blob first"
+                "it is partial, and `{key}` was removed while it was added: add it again"
             ))
         })?;
         if info.instance != peer.instance {

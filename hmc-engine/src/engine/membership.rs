@@ -91,6 +91,36 @@ pub(super) fn watch_members<C: Communicator>(inner: Weak<Inner<C>>, mut events: 
 }
 
 impl<C: Communicator> Engine<C> {
+    /// Publishes `blob` (a [`Engine::partial_metadata`], or any bytes) under `label` in
+    /// the metadata namespace beside this engine's record, for a peer's
+    /// [`Engine::fetch_label`] (NIXL's labelled partial metadata). It lives as long as this
+    /// engine's registration. Needs an etcd `metadata` namespace.
+    pub fn publish_label(&self, label: &str, blob: Vec<u8>) -> Result<()> {
+        self.check_open()?;
+        Ok(self.inner.meta.publish_label(label, blob)?)
+    }
+
+    /// What the engine `name` published under `label`; `None` while it has not.
+    pub async fn fetch_label(
+        &self,
+        name: &str,
+        label: &str,
+        timeout: Duration,
+    ) -> Result<Option<Vec<u8>>> {
+        self.check_open()?;
+        Ok(self.inner.meta.fetch_label(name, label, timeout).await?)
+    }
+
+    /// Takes this engine out of the metadata namespace (`false`: its record and labels
+    /// are deleted, peers that watch it drop it and fail its transfers in flight, as for
+    /// one that left) or lists it again (`true`). The engine keeps running: its own
+    /// transfers and peers added by blob are untouched (NIXL's
+    /// `invalidate_local_metadata` and a later `send_local_metadata`).
+    pub fn set_listed(&self, listed: bool) -> Result<()> {
+        self.check_open()?;
+        Ok(self.inner.meta.set_listed(listed)?)
+    }
+
     /// Where to reach `remote`: its address when it is one, else what the store says
     /// the member of that name registered.
     pub(super) async fn resolve(&self, remote: &str, deadline: Deadline) -> Result<PeerAddr> {

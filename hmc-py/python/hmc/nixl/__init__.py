@@ -5,8 +5,8 @@ The layout mirrors the ``nixl`` package: :mod:`hmc.nixl._api` (the agent),
 :mod:`hmc.nixl._bindings` (status codes, memory types, descriptor lists, exceptions),
 :mod:`hmc.nixl._utils` and :mod:`hmc.nixl.logging`. An hmc agent talks to hmc agents, not to
 NIXL processes: its metadata is refused by NIXL and NIXL's by it, by name. Calls of NIXL
-that hmc does not carry (storage backends, device-side views, the listen-thread and etcd
-metadata exchange for now) raise ``NotImplementedError`` naming the call and what to use.
+that hmc does not carry (storage backends, device-side views) raise ``NotImplementedError``
+naming the call and what to use.
 """
 
 from ._api import (

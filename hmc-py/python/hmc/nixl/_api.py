@@ -43,6 +43,8 @@ _MAGIC = b"HMCNIXL1"
 _TRANSPORTS = {"UCX": "auto", "auto": "auto", "tcp": "tcp", "shm": "shm", "ucx": "ucx", "rdma": "rdma"}
 # NIXL backends for storage and other fabrics that hmc does not carry.
 _STORAGE = ("POSIX", "GDS", "GDS_MT", "OBJ", "HF3FS", "AZURE_BLOB", "GUSLI", "LIBFABRIC", "UCCL", "MOONCAKE", "GPUNETIO")
+# How many completed posts per remote agent estimate_xfer_cost fits its line to.
+_COST_SAMPLES = 32
 # How long a call that needs the peer may wait (its metadata, a notification).
 _TIMEOUT_MS = int(os.environ.get("HMC_NIXL_TIMEOUT_MS", "5000"))
 
@@ -103,15 +105,17 @@ class nixl_prepped_dlist_handle:
 class nixl_xfer_handle:
     """A transfer request (``make_prepped_xfer``, ``initialize_xfer``)."""
 
-    __slots__ = ("_agent", "_xfer", "_make", "_notif", "_post_us", "_posted", "_released")
+    __slots__ = ("_agent", "_xfer", "_make", "_notif", "_post_us", "_posted", "_sampled", "_released", "_remote")
 
-    def __init__(self, agent, make, notif: bytes):
+    def __init__(self, agent, make, notif: bytes, remote: str):
         self._agent = agent
         self._make = make
         self._notif = notif
+        self._remote = remote
         self._xfer = make(notif)
         self._post_us = 0
         self._posted = False
+        self._sampled = True  # nothing to learn from until a post completes
         self._released = False
 
     def __repr__(self) -> str:
@@ -202,6 +206,8 @@ class nixl_agent:
         self._regs: dict[tuple[int, int], hmc.MemHandle] = {}
         self._remotes: dict[str, str] = {}  # agent name -> engine address
         self._agents: dict[str, str] = {}  # engine address -> agent name
+        self._self_addr: Optional[str] = None  # this agent's engine as its own peer (loopback)
+        self._costs: dict[str, list[tuple[int, int]]] = {}  # agent -> (bytes, us) of recent posts
         self.notifs: dict[str, list[bytes]] = {}
         self._fresh: dict[str, list[bytes]] = {}
         self.backends: dict[str, int] = {}
@@ -385,16 +391,32 @@ class nixl_agent:
 
     def _addr(self, agent) -> str:
         name = _name(agent)
+        if name == self.name and self._engine is not None:
+            return self._loopback()
         with self._lock:
             addr = self._remotes.get(name)
         if addr is None:
             raise nixlBind.nixlNotFoundError(f"NIXL_ERR_NOT_FOUND: metadata for remote agent '{name}' not found")
         return addr
 
+    def _loopback(self) -> str:
+        """This agent's own engine as a peer: NIXL's loopback (the agent's own name as the
+        remote side), the same path a remote agent's transfers take."""
+        with self._lock:
+            if self._self_addr is None:
+                e = self._e()
+                try:
+                    self._self_addr = e.add_remote(e.local_metadata(), _TIMEOUT_MS)
+                except hmc.HmcError as err:
+                    raise _nixl_error(err) from err
+                self._agents[self._self_addr] = self.name
+            return self._self_addr
+
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type: Optional[str] = None, backends: list[str] = []):  # noqa: B006
         """Prepares a descriptor list: local for ``"NIXL_INIT_AGENT"`` (or ``""``), else of
-        the remote agent ``agent_name``. An N x 5 array is strided entries (addr, len, dev,
-        stride, count) and needs ``mem_type``."""
+        the remote agent ``agent_name`` (this agent's own name: its own registered memory as
+        the remote side, for a loopback transfer). An N x 5 array is strided entries (addr,
+        len, dev, stride, count) and needs ``mem_type``."""
         strided = isinstance(xfer_list, np.ndarray) and xfer_list.ndim == 2 and xfer_list.shape[1] == 5
         if strided:
             if mem_type is None:
@@ -413,11 +435,6 @@ class nixl_agent:
         try:
             if name in ("", "NIXL_INIT_AGENT"):
                 return nixl_prepped_dlist_handle(self, e.prepare_local(entries), None)
-            if name == self.name:
-                raise NotImplementedError(
-                    "prep_xfer_dlist: loopback lists (the agent's own name) are not carried by "
-                    "hmc.nixl; make a second agent for a transfer within this process"
-                )
             return nixl_prepped_dlist_handle(self, e.prepare_remote(self._addr(name), entries, _TIMEOUT_MS), name)
         except hmc.HmcError as err:
             raise _nixl_error(err) from err
@@ -458,7 +475,7 @@ class nixl_agent:
             except hmc.HmcError as err:
                 raise _nixl_error(err) from err
 
-        return nixl_xfer_handle(self, make, _bytes(notif_msg))
+        return nixl_xfer_handle(self, make, _bytes(notif_msg), remote_xfer_side._remote)
 
     def initialize_xfer(
         self,
@@ -497,7 +514,7 @@ class nixl_agent:
         except hmc.HmcError as err:
             raise _nixl_error(err) from err
         handle._post_us = int((time.perf_counter() - t0) * 1e6)
-        handle._posted = True
+        handle._posted, handle._sampled = True, False
         return self.check_xfer_state(handle)
 
     def check_xfer_state(self, handle: nixl_xfer_handle) -> str:
@@ -506,6 +523,9 @@ class nixl_agent:
         x = handle._live()
         s = x.status()
         if s == hmc.TransferStatus.COMPLETED:
+            if not handle._sampled:
+                handle._sampled = True
+                self._learn_cost(handle._remote, x.telemetry())
             return "DONE"
         if s == hmc.TransferStatus.WAITING:
             # NIXL's callers poll in a loop: give the CPU to the copy threads between polls
@@ -538,10 +558,30 @@ class nixl_agent:
         handle._live()
         return next(iter(self.backends))
 
-    def estimate_xfer_cost(self, req_handle: nixl_xfer_handle):
-        raise NotImplementedError(
-            "estimate_xfer_cost is not carried by hmc.nixl; time a post with get_xfer_telemetry"
-        )
+    def _learn_cost(self, remote: str, t) -> None:
+        if t is None:
+            return
+        with self._lock:
+            seen = self._costs.setdefault(remote, [])
+            seen.append((int(t["bytes"]), int(t["duration_us"])))
+            del seen[:-_COST_SAMPLES]
+
+    def estimate_xfer_cost(self, req_handle: nixl_xfer_handle) -> tuple[int, int, str]:
+        """``(duration_us, err_margin_us, method)`` of the request. NIXL asks its backend's
+        analytical model; hmc's transports have none, so the estimate is this agent's own
+        record: a line ``fixed + bytes / rate`` fitted to its last completed posts with the
+        same remote agent, the error margin their mean distance from it. ``(0, 0,
+        "UNKNOWN")`` before any post to that agent has completed (NIXL's answer where its
+        backend cannot estimate); the method is ``"UNKNOWN"`` as NIXL 1.5.1's Python API
+        reports for every backend."""
+        x = req_handle._live()
+        with self._lock:
+            seen = list(self._costs.get(req_handle._remote, ()))
+        if not seen:
+            return 0, 0, "UNKNOWN"
+        fixed, per_byte = _fit_line(seen)
+        margin = sum(abs(us - (fixed + per_byte * b)) for b, us in seen) / len(seen)
+        return max(0, round(fixed + per_byte * x.bytes)), round(margin), "UNKNOWN"
 
     def release_xfer_handle(self, handle: nixl_xfer_handle):
         """Releases the handle; a transfer in flight is cancelled first."""
@@ -640,6 +680,8 @@ class nixl_agent:
         with self._lock:
             self._remotes.pop(_name(agent), None)
             self._agents.pop(addr, None)
+            if addr == self._self_addr:
+                self._self_addr = None
         try:
             self._e().remove_remote(addr)
         except hmc.HmcError as err:
@@ -647,8 +689,11 @@ class nixl_agent:
 
     def check_remote_metadata(self, agent: str, descs=None) -> bool:
         """Whether the agent's metadata is loaded (and, with ``descs``, covers them)."""
-        with self._lock:
-            addr = self._remotes.get(_name(agent))
+        if _name(agent) == self.name and self._engine is not None:
+            addr = self._loopback()
+        else:
+            with self._lock:
+                addr = self._remotes.get(_name(agent))
         if addr is None or not self._e().check_remote(addr):
             return False
         if descs is None or len(descs) == 0:
@@ -660,12 +705,6 @@ class nixl_agent:
             return False
 
     def _no_exchange(self, call: str):
-        if self._etcd:
-            raise NotImplementedError(
-                f"{call} through etcd is not carried by hmc.nixl yet (send_local_metadata and "
-                "fetch_remote_metadata are; an agent's registration ends when it is finalized); "
-                "give the peer's ip_addr and port (its listen thread) instead"
-            )
         raise NotImplementedError(
             f"{call} without ip_addr needs a central metadata server: set NIXL_ETCD_ENDPOINTS "
             "(etcd), give the peer's ip_addr and port (its listen thread), or pass "
@@ -681,17 +720,32 @@ class nixl_agent:
         (done when this returns); without ``ip_addr``, to the central metadata server (with
         ``NIXL_ETCD_ENDPOINTS`` the agent is registered there from its start: nothing to do)."""
         if not ip_addr:
-            if self._etcd:
-                return
-            self._no_exchange("send_local_metadata")
+            if not self._etcd:
+                self._no_exchange("send_local_metadata")
+            # Registered in etcd from the start; listed again after invalidate_local_metadata.
+            try:
+                return self._e().set_listed(True)
+            except hmc.HmcError as err:
+                raise _nixl_error(err) from err
         from . import _listen
 
         _listen.exchange(ip_addr, port, b"S", self.get_agent_metadata(), False)
 
     def send_partial_agent_metadata(self, descs, inc_conn_info: bool = False, backends: list[str] = [], ip_addr: str = "", port: int = DEFAULT_COMM_PORT, label: str = ""):  # noqa: B006
-        """Sends the metadata of the registered ``descs`` to the peer at ``ip_addr:port``."""
+        """Sends the metadata of the registered ``descs`` to the peer at ``ip_addr:port``;
+        without ``ip_addr``, publishes it in etcd under ``label`` (needed there) for a peer's
+        ``fetch_remote_metadata(name, label=label)``."""
         if not ip_addr:
-            self._no_exchange("send_partial_agent_metadata")
+            if not self._etcd:
+                self._no_exchange("send_partial_agent_metadata")
+            if not label:
+                raise nixlBind.nixlInvalidParamError(
+                    "NIXL_ERR_INVALID_PARAM: partial metadata sent to etcd needs a label"
+                )
+            try:
+                return self._e().publish_label(label, self.get_partial_agent_metadata(descs, inc_conn_info))
+            except hmc.HmcError as err:
+                raise _nixl_error(err) from err
         from . import _listen
 
         _listen.exchange(ip_addr, port, b"S", self.get_partial_agent_metadata(descs, inc_conn_info), False)
@@ -701,7 +755,7 @@ class nixl_agent:
         when this returns; an agent of another name there is refused)."""
         if not ip_addr:
             if self._etcd:
-                return self._fetch_from_etcd(_name(remote_agent))
+                return self._fetch_from_etcd(_name(remote_agent), label)
             self._no_exchange("fetch_remote_metadata")
         from . import _listen
 
@@ -713,33 +767,52 @@ class nixl_agent:
                 f"NIXL_ERR_MISMATCH: the agent at {ip_addr}:{port} is `{got}`, not `{_name(remote_agent)}`"
             )
 
-    def _fetch_from_etcd(self, name: str) -> None:
+    def _fetch_from_etcd(self, name: str, label: str = "") -> None:
         """Connects to ``name`` through etcd in the background, retrying until it is
         registered (NIXL's watch), for up to ``HMC_NIXL_FETCH_TIMEOUT_MS`` (default 60 s);
-        ``check_remote_metadata`` is true once connected."""
+        with a ``label``, loads the partial metadata it published under it once there.
+        ``check_remote_metadata`` is true once done."""
         budget = int(os.environ.get("HMC_NIXL_FETCH_TIMEOUT_MS", "60000")) / 1000
 
-        def fetch():
-            end, last = time.monotonic() + budget, None
-            while time.monotonic() < end:
-                try:
+        def once():
+            if not label:
+                if not self._e().check_remote(name):
                     self._e().connect(name, _TIMEOUT_MS)
-                except hmc.HmcError as err:
-                    last = err
-                    time.sleep(0.05)
-                    continue
                 with self._lock:
                     self._remotes[name] = name
                     self._agents[name] = name
-                return
-            logger.error("fetch_remote_metadata(%s): not found in etcd: %s", name, last)
+                return True
+            blob = self._e().fetch_label(name, label, _TIMEOUT_MS)
+            if blob is None:
+                return False
+            self.add_remote_agent(blob)
+            return True
+
+        def fetch():
+            end, last = time.monotonic() + budget, "not registered"
+            while time.monotonic() < end:
+                try:
+                    if once():
+                        return
+                except Exception as err:  # noqa: BLE001 (kept for the log line)
+                    last = err
+                time.sleep(0.05)
+            what = f"label `{label}` of {name}" if label else name
+            logger.error("fetch_remote_metadata(%s): not found in etcd: %s", what, last)
 
         threading.Thread(target=fetch, name=f"hmc-nixl-fetch-{name}", daemon=True).start()
 
     def invalidate_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
-        """Tells the peer at ``ip_addr:port`` to drop this agent's metadata."""
+        """Tells the peer at ``ip_addr:port`` to drop this agent's metadata; without
+        ``ip_addr``, takes the agent out of etcd (its peers there drop it, as for one that
+        left; ``send_local_metadata()`` lists it again). The agent keeps working."""
         if not ip_addr:
-            self._no_exchange("invalidate_local_metadata")
+            if not self._etcd:
+                self._no_exchange("invalidate_local_metadata")
+            try:
+                return self._e().set_listed(False)
+            except hmc.HmcError as err:
+                raise _nixl_error(err) from err
         from . import _listen
 
         _listen.exchange(ip_addr, port, b"I", self.name.encode(), False)
@@ -813,6 +886,22 @@ class nixl_agent:
 
     def deserialize_descs(self, serialized_descs: bytes):
         return pickle.loads(serialized_descs)  # noqa: S301 (NIXL's API: the caller's bytes)
+
+
+def _fit_line(samples: list[tuple[int, int]]) -> tuple[float, float]:
+    """``(fixed_us, us_per_byte)`` of the least-squares line through ``(bytes, us)``
+    samples; a line through the origin when their sizes do not differ (or the fit would
+    have a negative slope)."""
+    n = len(samples)
+    mb = sum(b for b, _ in samples) / n
+    mu = sum(us for _, us in samples) / n
+    var = sum((b - mb) ** 2 for b, _ in samples)
+    if var > 0:
+        slope = sum((b - mb) * (us - mu) for b, us in samples) / var
+        if slope >= 0:
+            return max(0.0, mu - slope * mb), slope
+    total = sum(b for b, _ in samples)
+    return 0.0, (sum(us for _, us in samples) / total if total else 0.0)
 
 
 def _bytes(msg) -> bytes:
