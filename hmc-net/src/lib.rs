@@ -32,6 +32,7 @@
 
 pub mod auth;
 pub mod owner;
+mod sock_diag;
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,6 @@
 //! Which user is at the other end of a socket on this host: `SO_PEERCRED` for Unix
-//! sockets, the socket tables of `/proc/net/tcp{,6}` for TCP connections from this host
-//! (Linux), a socket file's owner, and the one rule every listener of the project applies
+//! sockets, the kernel's socket diagnostics (`NETLINK_SOCK_DIAG`, else the socket tables of
+//! `/proc/net/tcp{,6}`) for TCP connections from this host (Linux), a socket file's owner, and the one rule every listener of the project applies
 //! to its local peers ([`admit_local_peer`]).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -150,6 +150,9 @@ fn canon(a: SocketAddr) -> SocketAddr {
 /// The uid of the process end of a TCP connection from `peer` to our `local`.
 pub fn connection_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
     let (peer, local) = (canon(peer), canon(local));
+    if let Some(answer) = crate::sock_diag::connection_uid(peer, local) {
+        return answer;
+    }
     sockets()
         .into_iter()
         .find(|(l, r, st, _)| st == ESTABLISHED && *l == peer && *r == local)
@@ -159,6 +162,9 @@ pub fn connection_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
 /// The uid of the socket listening at `at` (bound to its IP or to the wildcard).
 pub fn listener_uid(at: SocketAddr) -> Option<u32> {
     let at = canon(at);
+    if let Some(answer) = crate::sock_diag::listener_uid(at) {
+        return answer;
+    }
     sockets()
         .into_iter()
         .find(|(l, _, st, _)| {
@@ -196,5 +202,95 @@ mod tests {
         assert_eq!(listener_uid(at), Some(me));
         let c = std::net::TcpStream::connect(at).unwrap();
         assert_eq!(connection_uid(c.local_addr().unwrap(), at), Some(me));
+    }
+
+    /// The netlink answers and the `/proc` tables agree, for IPv4, IPv6, a dual-stack
+    /// listener reached over IPv4, and sockets that do not exist.
+    #[test]
+    fn socket_diagnostics_agree_with_the_proc_tables() {
+        use crate::sock_diag;
+        let from_proc_conn = |peer: SocketAddr, local: SocketAddr| {
+            sockets()
+                .into_iter()
+                .find(|(l, r, st, _)| st == ESTABLISHED && *l == canon(peer) && *r == canon(local))
+                .map(|s| s.3)
+        };
+        let me = Some(euid());
+        let mut binds = vec!["127.0.0.1:0"];
+        if std::net::TcpListener::bind("[::1]:0").is_ok() {
+            binds.push("[::1]:0");
+        }
+        for bind in binds {
+            let l = std::net::TcpListener::bind(bind).unwrap();
+            let at = l.local_addr().unwrap();
+            let c = std::net::TcpStream::connect(at).unwrap();
+            let from = c.local_addr().unwrap();
+            let Some(found) = sock_diag::connection_uid(from, at) else {
+                eprintln!("no NETLINK_SOCK_DIAG here: the /proc tables are used");
+                return;
+            };
+            assert_eq!(found, me, "{bind}");
+            assert_eq!(found, from_proc_conn(from, at), "{bind}");
+            assert_eq!(sock_diag::listener_uid(at), Some(me), "{bind}");
+            // The other direction is the server's socket, also ours; a port nobody uses
+            // has no socket.
+            let (s, _) = l.accept().unwrap();
+            assert_eq!(sock_diag::connection_uid(at, from), Some(me), "{bind}");
+            drop((s, c));
+            let gone = std::net::TcpListener::bind(bind)
+                .unwrap()
+                .local_addr()
+                .unwrap();
+            assert_eq!(sock_diag::listener_uid(gone), Some(None), "{bind}");
+            assert_eq!(sock_diag::connection_uid(from, gone), Some(None), "{bind}");
+        }
+        if let Ok(dual) = std::net::TcpListener::bind("[::]:0") {
+            let at: SocketAddr = format!("127.0.0.1:{}", dual.local_addr().unwrap().port())
+                .parse()
+                .unwrap();
+            assert_eq!(sock_diag::listener_uid(at), Some(me));
+            let c = std::net::TcpStream::connect(at).unwrap();
+            assert_eq!(
+                sock_diag::connection_uid(c.local_addr().unwrap(), at),
+                Some(me)
+            );
+        }
+    }
+
+    /// A socket of another user is reported as that user's (the test runs as root, the
+    /// socket is made by a process that dropped to uid 65534).
+    #[test]
+    fn another_users_listener_is_theirs() {
+        if euid() != 0
+            || !std::path::Path::new("/usr/bin/python3").exists()
+            || std::process::Command::new("setpriv")
+                .arg("--help")
+                .output()
+                .is_err()
+        {
+            eprintln!("skipped: needs root and setpriv");
+            return;
+        }
+        let mut child = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
+            .arg("import socket,sys; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); print(s.getsockname()[1], flush=True); sys.stdin.read()")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let at: SocketAddr = format!("127.0.0.1:{}", line.trim()).parse().unwrap();
+        assert_eq!(listener_uid(at), Some(65534));
+        // Its end of a connection to it (queued, not yet accepted) is its user's too.
+        let c = std::net::TcpStream::connect(at).unwrap();
+        assert_eq!(connection_uid(at, c.local_addr().unwrap()), Some(65534));
+        assert_eq!(connection_uid(c.local_addr().unwrap(), at), Some(0));
+        drop(child.stdin.take());
+        child.wait().unwrap();
     }
 }

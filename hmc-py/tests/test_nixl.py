@@ -167,6 +167,9 @@ def test_calls_not_carried_raise_not_implemented_naming_them(agent):
     # VRAM is carried (test_device.py); without a CUDA driver it is refused naming it.
     with pytest.raises(Exception, match="libcuda"):
         agent.register_memory([(m.ctypes.data, 16, 0, "")], "VRAM")
+    for cls in (nb.nixlAgent, nb.nixlAgentConfig):
+        with pytest.raises(NotImplementedError, match=cls.__name__):
+            cls("x")
     for call, args in [("prep_mem_view", (None,)), ("send_local_metadata", ()),
                        ("fetch_remote_metadata", ("x",)), ("invalidate_local_metadata", ()),
                        ("send_partial_agent_metadata", (None,))]:
@@ -439,3 +442,16 @@ def test_one_agent_from_many_threads():
         p.stdin.close()
         p.wait(30)
         a._engine.finalize()
+
+
+@pytest.mark.parametrize("word, level, warned", [
+    ("TRACE", "DEBUG", False), ("warn", "WARNING", False), ("FATAL", "CRITICAL", False),
+    ("loud", "INFO", True),
+])
+def test_nixl_log_level_is_read_as_nixl_reads_it(word, level, warned):
+    code = ("import logging; from hmc.nixl.logging import get_logger; l = get_logger('_api'); "
+            "print(l.name, logging.getLevelName(logging.getLogger('nixl').level))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, NIXL_LOG_LEVEL=word))
+    assert r.stdout.splitlines()[-1].split() == ["nixl.api", level], r.stdout + r.stderr
+    assert ("Invalid NIXL_LOG_LEVEL" in r.stdout) == warned

@@ -190,12 +190,18 @@ fn nixl_python() -> std::result::Result<PathBuf, String> {
 
 /// `cargo xtask bench kv`: `hmc-py/bench/bench_kv.py`, a request's KV blocks in vLLM's
 /// pattern, hmc (a release wheel) beside NIXL and Mooncake (each in its venv, with the same
-/// wheel), memcpy and the engine bench's TCP floor, in one run.
+/// wheel), memcpy and the engine bench's TCP floor, in one run; then
+/// `hmc-py/bench/bench_restart.py`, a restarted peer under NIXL's API on both.
 pub fn bench_kv(rec: &mut crate::report::Recorder, quick: bool) -> Result {
     let venv_py = venv()?;
     rec.build_with(|| install_wheel(&venv_py, &venv_py, true))?;
     let mut cmd = Command::new(&venv_py);
     cmd.current_dir(root()).arg("hmc-py/bench/bench_kv.py");
+    // The restarted-peer bench: hmc.nixl beside NIXL under NIXL's API.
+    let mut restart = Command::new(&venv_py);
+    restart
+        .current_dir(root())
+        .arg("hmc-py/bench/bench_restart.py");
     for (flag, found) in [
         ("--nixl-python", nixl_python()),
         ("--mooncake-python", crate::mooncake_python()),
@@ -205,6 +211,9 @@ pub fn bench_kv(rec: &mut crate::report::Recorder, quick: bool) -> Result {
                 // The same wheel there: the driver of each system imports hmc for its
                 // helpers only when it is hmc's, but the venvs share one build.
                 rec.build_with(|| install_wheel(&venv_py, &py, true))?;
+                if flag == "--nixl-python" {
+                    restart.arg(flag).arg(&py);
+                }
                 cmd.arg(flag).arg(py);
             }
             Err(why) => eprintln!("xtask: the KV bench runs without {flag}: {why}"),
@@ -214,6 +223,8 @@ pub fn bench_kv(rec: &mut crate::report::Recorder, quick: bool) -> Result {
     cmd.arg("--floor").arg(floor);
     if quick {
         cmd.args(["--rounds", "3", "--seconds", "0.3", "--prep", "100000"]);
+        restart.args(["--rounds", "2"]);
     }
-    rec.run("kv", &mut cmd)
+    rec.run("kv", &mut cmd)?;
+    rec.run("kv-restart", &mut restart)
 }

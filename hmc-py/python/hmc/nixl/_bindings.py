@@ -224,3 +224,24 @@ class nixlXferTelemetry:
             f"xferDuration={self.xferDuration}, totalBytes={self.totalBytes}, "
             f"descCount={self.descCount})"
         )
+
+
+class _CppAgentClass:
+    """NIXL's C++ classes bound by pybind11, which ``nixl._api`` wraps: not carried (hmc's
+    agent is Python over an :class:`hmc.Engine`)."""
+
+    _name = ""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(
+            f"{self._name} (NIXL's C++ agent binding) is not carried by hmc.nixl; use "
+            "hmc.nixl._api.nixl_agent and nixl_agent_config"
+        )
+
+
+class nixlAgent(_CppAgentClass):
+    _name = "nixlAgent"
+
+
+class nixlAgentConfig(_CppAgentClass):
+    _name = "nixlAgentConfig"
