@@ -11,6 +11,8 @@ The calls, as SGLang's and vLLM's Mooncake wrappers make them: ``initialize`` wi
 ``register_memory``/``batch_register_memory``, ``transfer_sync_read/write``,
 ``batch_transfer_sync_read/write``, ``batch_transfer_async_*`` with
 ``get_batch_transfer_status``, ``transfer_submit_write`` with ``transfer_check_status``,
+``batch_transfer_sync``/``batch_transfer_async`` with an opcode, a second engine through
+``initialize_ext`` with ``send_probe``, ``get_local_topology`` and batch (un)registration,
 managed buffers (``allocate_managed_buffer``, ``write_bytes_to_buffer``,
 ``read_bytes_from_buffer``, ``get_first_buffer_address``), notifications, and the return
 codes of failures (an unregistered peer range, an unknown session).
@@ -130,6 +132,45 @@ def initiator(mod):
     op = m.TransferOpcode.Write
     result("sync_with_notify", te.transfer_sync(session, la, raddr, 128, op, m.TransferNotify("kv", "req-1")))
     result("notifies", json.loads(ask(p, "notifies", "NOTIFIES")))
+
+    # The opcode forms, with and without a notification, and an async WRITE.
+    local[:] = 0
+    result("batch_sync_opcode", te.batch_transfer_sync(session, [la, la + 8192], [raddr + 600_000, raddr + 700_000],
+                                                       [4096, 4096], m.TransferOpcode.Read, m.TransferNotify("kv", "req-2")))
+    result("batch_sync_opcode_bytes", bool((local[:4096] == want[600_000:604_096]).all()
+                                           and (local[8192:12288] == want[700_000:704_096]).all()))
+    result("batch_notifies", json.loads(ask(p, "notifies", "NOTIFIES")))
+
+    def settle(bid):
+        end, st = time.time() + 10, None
+        while time.time() < end:
+            st = te.get_batch_transfer_status([bid])
+            if st != 1:
+                break
+            time.sleep(0.001)
+        return st
+
+    local[:] = 5
+    bid = te.batch_transfer_async(session, [la], [raddr + 800_000], [3000], m.TransferOpcode.Write)
+    result("async_opcode", [bid != 0, settle(bid)])
+    result("async_opcode_bytes", ask(p, "digest 800000 3000", "DIGEST") == digest(la, 3000))
+    local[:] = 6
+    bid = te.batch_transfer_async_write(session, [la], [raddr + 900_000], [1500])
+    result("async_write", [bid != 0, settle(bid)])
+    result("async_write_bytes", ask(p, "digest 900000 1500", "DIGEST") == digest(la, 1500))
+
+    # A second engine through initialize_ext, probing the target.
+    te2 = m.TransferEngine()
+    result("initialize_ext", te2.initialize_ext("127.0.0.1", "P2PHANDSHAKE", "tcp", "", "p2p"))
+    result("send_probe", te2.send_probe(session))
+    result("topology_is_json", isinstance(json.loads(te2.get_local_topology()), dict))
+    # Batch (un)registration.
+    extra = [np.zeros(4096, np.uint8) for _ in range(2)]
+    result("batch_register", te.batch_register_memory([x.ctypes.data for x in extra], [4096, 4096]))
+    result("batch_register_read", te.batch_transfer_sync_read(session, [x.ctypes.data for x in extra],
+                                                              [raddr + 200_000, raddr + 204_096], [4096, 4096]))
+    result("batch_register_bytes", bool((extra[0] == want[200_000:204_096]).all() and (extra[1] == want[204_096:208_192]).all()))
+    result("batch_unregister", te.batch_unregister_memory([x.ctypes.data for x in extra]))
 
     # Managed buffers.
     mb = te.allocate_managed_buffer(4096)

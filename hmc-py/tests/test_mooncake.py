@@ -23,6 +23,10 @@ EXPECTED = {
     "async_batch_id": True, "async_status": 0, "async_bytes": True,
     "submit_status": 1, "submit_bytes": True,
     "sync_with_notify": 0, "notifies": [["kv", "req-1"]],
+    "batch_sync_opcode": 0, "batch_sync_opcode_bytes": True, "batch_notifies": [["kv", "req-2"]],
+    "async_opcode": [True, 0], "async_opcode_bytes": True, "async_write": [True, 0], "async_write_bytes": True,
+    "initialize_ext": 0, "send_probe": 0, "topology_is_json": True,
+    "batch_register": 0, "batch_register_read": 0, "batch_register_bytes": True, "batch_unregister": 0,
     "managed_nonzero": True, "write_bytes": 0, "read_bytes": "hello mooncake", "free_managed": 0,
     "unregistered_peer_range": True, "unknown_session": -1, "async_to_unknown_session": 0,
     "unregister": [0, -3], "end": "ok",
@@ -86,3 +90,14 @@ def test_engines_find_each_other_through_etcd(etcd):
     assert a.transfer_sync_read("node-b", dst.ctypes.data, src.ctypes.data, 65536) == 0
     assert (dst == src).all()
     assert a.transfer_sync_read("node-c", dst.ctypes.data, src.ctypes.data, 16) == -1
+
+
+def test_the_module_has_mooncake_engines_names_and_refuses_what_it_does_not_carry():
+    import hmc.mooncake as m
+
+    assert TransferEngine.TransferOpcode.Write == m.Write == 1
+    assert not any(getattr(m, f"SUPPORT_{k}") for k in ("CUDA", "HIP", "MUSA", "EFA", "INTRA_NVLINK", "MNNVL"))
+    for name in ("CoroRPCInterface", "RpcInterface", "ReceivedData", "ReceivedTensor", "SharedSegment",
+                 "InnerTransferEngine", "create_rpc_client", "create_rpc_server"):
+        with pytest.raises(NotImplementedError, match=name):
+            getattr(m, name)()

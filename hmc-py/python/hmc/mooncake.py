@@ -67,8 +67,63 @@ def _op(opcode) -> hmc.TransferOp:
     return hmc.TransferOp.WRITE if int(opcode) == 1 else hmc.TransferOp.READ
 
 
+# Mooncake's build features, as ``mooncake.engine`` reports them: what hmc.mooncake carries
+# (host memory over tcp and rdma; none of Mooncake's device or fabric protocols).
+SUPPORT_CUDA = False
+SUPPORT_HIP = False
+SUPPORT_MUSA = False
+SUPPORT_EFA = False
+SUPPORT_INTRA_NVLINK = False
+SUPPORT_MNNVL = False
+
+
+class _NotCarried:
+    """A class of ``mooncake.engine`` that hmc.mooncake does not carry: using it raises
+    ``NotImplementedError`` naming it and what to use instead."""
+
+    _what = ""
+    _instead = ""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} ({self._what}) is not carried by hmc.mooncake; {self._instead}")
+
+
+class CoroRPCInterface(_NotCarried):
+    _what, _instead = "Mooncake's coroutine RPC", "use hmc.rpc"
+
+
+class RpcInterface(_NotCarried):
+    _what, _instead = "Mooncake's RPC", "use hmc.rpc"
+
+
+class ReceivedData(_NotCarried):
+    _what, _instead = "a message of Mooncake's RPC", "use hmc.rpc"
+
+
+class ReceivedTensor(_NotCarried):
+    _what, _instead = "a tensor of Mooncake's RPC", "use hmc.rpc"
+
+
+class SharedSegment(_NotCarried):
+    _what, _instead = "a Mooncake shared segment", "register memory with TransferEngine.register_memory"
+
+
+class InnerTransferEngine(_NotCarried):
+    _what, _instead = "Mooncake's C++ engine", "use TransferEngine"
+
+
+def create_rpc_client(*args, **kwargs):
+    raise NotImplementedError("create_rpc_client (Mooncake's RPC) is not carried by hmc.mooncake; use hmc.rpc")
+
+
+def create_rpc_server(*args, **kwargs):
+    raise NotImplementedError("create_rpc_server (Mooncake's RPC) is not carried by hmc.mooncake; use hmc.rpc")
+
+
 class TransferEngine:
     """Mooncake's ``TransferEngine`` (see the module's docs)."""
+
+    TransferOpcode = TransferOpcode
 
     def __init__(self):
         self._e: Optional[hmc.Engine] = None
