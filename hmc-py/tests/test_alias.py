@@ -8,9 +8,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from test_mooncake import EXPECTED as MOONCAKE_EXPECTED
 from test_mooncake import run_pattern as run_mooncake
 from test_nixl import EXPECTED as NIXL_EXPECTED
+from test_nixl import LOOPBACK, PARTIAL_MD, run_pattern
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -38,6 +41,13 @@ def test_nixl_code_runs_unchanged_through_the_alias():
                          env=dict(os.environ, HMC_ALIAS="nixl"))
     got = {ln.split(" ", 2)[1]: json.loads(ln.split(" ", 2)[2]) for ln in out.stdout.splitlines() if ln.startswith("RESULT ")}
     assert got == NIXL_EXPECTED, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script, expected", [("nixl_loopback.py", LOOPBACK), ("nixl_partial_md.py", PARTIAL_MD)])
+def test_nixl_flows_run_unchanged_through_the_alias(script, expected, monkeypatch):
+    monkeypatch.setenv("HMC_ALIAS", "nixl")
+    monkeypatch.delenv("NIXL_ETCD_ENDPOINTS", raising=False)
+    assert run_pattern(sys.executable, "nixl", os.path.join(HERE, script)) == expected
 
 
 def test_mooncake_code_runs_unchanged_through_the_alias(monkeypatch):
