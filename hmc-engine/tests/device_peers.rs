@@ -5,7 +5,8 @@
 //! on both sides. The target's staging counters show each byte crossed its bounce chunks
 //! once per direction over tcp, and that over auto (same host) the transfers of an
 //! initiator with a backend of the kind bypass them (vendor IPC through the shared-memory
-//! half); an initiator killed mid-transfer leaves no chunk held. The
+//! half), unless it cannot open the IPC handle (it then falls back to the staged TCP path
+//! and says why once); an initiator killed mid-transfer leaves no chunk held. The
 //! shim's "device" is host memory behind HIP's C ABI: this checks the staging path and
 //! the binding, not a GPU.
 
@@ -129,12 +130,24 @@ impl Target {
 /// With `auto` the child runs without UCX (`HMC_UCX_LIB` names no library), so its
 /// `auto` is shared memory first over TCP, as this side's target is: `auto` over UCX
 /// hands device memory to UCX, which moves it only where its build supports the device.
-fn spawn_initiator(transport: &str, mode: &str, blob: &[u8], addr: u64) -> Child {
+/// With `ipc_refused` the child's HIP shim refuses to open peers' IPC handles (as a
+/// runtime in another container does).
+fn spawn_initiator(
+    transport: &str,
+    mode: &str,
+    blob: &[u8],
+    addr: u64,
+    ipc_refused: bool,
+) -> Child {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     if transport == "auto" {
         cmd.env("HMC_UCX_LIB", "/nonexistent/libucp.so.0");
     }
+    if ipc_refused {
+        cmd.env("HMC_SHIM_IPC_REFUSE", "1");
+    }
     let mut child = cmd
+        .stderr(Stdio::piped())
         .args(["initiator_child", "--exact", "--ignored", "--nocapture"])
         .env(CHILD, format!("{transport}:{mode}"))
         .env("HMC_HIP_LIB", shim())
@@ -159,11 +172,13 @@ fn expect_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, key: &
 }
 
 #[rstest]
-#[case::tcp("tcp")]
-#[case::auto("auto")]
+#[case::tcp("tcp", false)]
+#[case::auto("auto", false)]
+#[case::auto_ipc_refused("auto", true)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_one_host(
     #[case] transport: &str,
+    #[case] ipc_refused: bool,
 ) {
     let mem = RocmMemory::with_library(shim(), 0).unwrap();
     let target = Target::new(transport).await;
@@ -173,10 +188,16 @@ async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_on
     mem.copy(&mut MemSpanMut::of(&mut kv), &MemSpan::host(&original))
         .unwrap();
     let blob = target.register(&mem, &kv);
-    let child = spawn_initiator(transport, "check", &blob, kv.region().addr);
+    let child = spawn_initiator(transport, "check", &blob, kv.region().addr, ipc_refused);
     let out = child.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "the initiator failed:\n{text}");
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "the initiator failed:\n{text}\n{log}");
+    // A refused IPC open is said once for the peer, however many transfers follow.
+    let said = log
+        .matches("cannot open the same-host peer's device memory")
+        .count();
+    assert_eq!(said, usize::from(ipc_refused), "{log}");
     let mut lines = text.lines().map(|l| Ok(l.to_string()));
     // READ into host memory and into the child's own device region: the target's bytes.
     assert_eq!(
@@ -196,8 +217,13 @@ async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_on
     // once each. Over auto the child is on this host: its first READ (into host memory,
     // before it has a HIP backend) takes the staged TCP path; once it registered device
     // memory of its own, its shared-memory side opens the region's IPC handle, and the
-    // device READ and the WRITE go by vendor IPC, past the chunks.
-    let (reads, writes) = if transport == "tcp" { (2, 1) } else { (1, 0) };
+    // device READ and the WRITE go by vendor IPC, past the chunks. An initiator that cannot
+    // open the IPC handle falls back to the staged TCP path for all of them.
+    let (reads, writes) = if transport == "tcp" || ipc_refused {
+        (2, 1)
+    } else {
+        (1, 0)
+    };
     assert_eq!(s.bytes_to_peers, reads * LEN as u64, "{s:?}");
     assert_eq!(s.bytes_from_peers, writes * LEN as u64, "{s:?}");
     assert_eq!(s.chunks_held, 0, "{s:?}");
@@ -213,7 +239,7 @@ async fn an_initiator_killed_mid_transfer_leaves_no_chunk_held() {
     let target = Target::new("tcp").await;
     let kv = mem.alloc(LEN).unwrap();
     let blob = target.register(&mem, &kv);
-    let mut child = spawn_initiator("tcp", "loop", &blob, kv.region().addr);
+    let mut child = spawn_initiator("tcp", "loop", &blob, kv.region().addr, false);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     expect_line(&mut lines, "looping");
     let until = Instant::now() + T;
@@ -233,7 +259,7 @@ async fn an_initiator_killed_mid_transfer_leaves_no_chunk_held() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // The pool serves the next peer.
-    let child = spawn_initiator("tcp", "check-read", &blob, kv.region().addr);
+    let child = spawn_initiator("tcp", "check-read", &blob, kv.region().addr, false);
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),
@@ -250,6 +276,11 @@ fn initiator_child() {
         return;
     };
     let (transport, mode) = what.split_once(':').unwrap();
+    // Warnings to stderr, where the test reads what the transports said.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter("warn")
+        .try_init();
     let mut line = String::new();
     std::io::stdin().read_line(&mut line).unwrap();
     let (hex, addr) = line.trim().split_once(' ').unwrap();

@@ -99,6 +99,9 @@ SHIM_EXPORT int SHIM_RT(IpcGetMemHandle)(shim_rt_ipc_handle *handle, void *dev_p
 SHIM_EXPORT int SHIM_RT(IpcOpenMemHandle)(void **dev_ptr, shim_rt_ipc_handle handle,
                                          unsigned int flags) {
   SHIM_INJECT(SHIM_RT_NAME(IpcOpenMemHandle));
+  /* Test control: this process cannot open peers' handles (another container, no peer
+     access), as the vendor runtimes answer then. */
+  if (getenv("HMC_SHIM_IPC_REFUSE") != NULL) return SHIM_ERR_INVALID_VALUE;
   if (flags != 1) return SHIM_ERR_INVALID_VALUE; /* <vendor>IpcMemLazyEnablePeerAccess */
   return shim_ipc_open_bytes(handle.reserved, SHIM_RT_HANDLE_MAGIC, dev_ptr);
 }

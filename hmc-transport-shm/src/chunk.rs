@@ -38,6 +38,8 @@ pub(crate) struct Peer<'a> {
     pub(crate) ipc: Option<&'a IpcLease>,
     /// Counts IPC handles opened on this endpoint.
     pub(crate) opens: &'a AtomicU64,
+    /// Keeps why an IPC handle could not be opened on this endpoint (the first reason).
+    pub(crate) refused: &'a parking_lot::Mutex<Option<String>>,
 }
 
 /// A transfer's host-to-host pieces gathered into groups (consecutive pieces of one lease,
@@ -132,7 +134,9 @@ pub(crate) unsafe fn copy(c: &Chunk<'_>, p: &Peer<'_>) -> Result<()> {
     match (c.engine, p.ipc, p.map) {
         (Some(e), Some(ipc), _) => {
             // SAFETY: the caller holds the lease live.
-            let mapped = unsafe { ipc.region(e, p.len, p.opens) }?;
+            let mapped = unsafe { ipc.region(e, p.len, p.opens) }.inspect_err(|err| {
+                p.refused.lock().get_or_insert_with(|| err.to_string());
+            })?;
             let remote = mapped.slice(c.at as usize, n)?;
             // SAFETY: both ranges are live (the registration and the open mapping).
             unsafe { device::engine_copy_op(e, c.op, c.local, remote) }

@@ -77,6 +77,8 @@ pub(crate) struct EpShared {
     cma_refused: Option<String>,
     /// IPC handles of the peer's device memory opened so far.
     pub(crate) ipc_opens: AtomicU64,
+    /// Why this side could not open the peer's IPC handle, the first time it could not.
+    pub(crate) ipc_refused: Mutex<Option<String>>,
 }
 
 impl EpShared {
@@ -601,6 +603,7 @@ impl Communicator for ShmCommunicator {
             maps: Mutex::new(HashMap::new()),
             cma_refused,
             ipc_opens: AtomicU64::new(0),
+            ipc_refused: Mutex::new(None),
         });
         let s2 = shared.clone();
         std::thread::Builder::new()
@@ -885,6 +888,7 @@ impl Communicator for ShmCommunicator {
                         map: l.map.as_deref(),
                         ipc: l.ipc.as_ref(),
                         opens: &ep.ipc_opens,
+                        refused: &ep.ipc_refused,
                     };
                     let valid = l.valid.read();
                     if !*valid {

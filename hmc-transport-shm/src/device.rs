@@ -286,6 +286,12 @@ impl ShmEndpoint {
         self.inner.shared.ipc_opens.load(Ordering::Relaxed)
     }
 
+    /// Why this side could not open one of the peer's IPC handles (the first time it
+    /// could not: another container, no peer access between the devices), or `None`.
+    pub fn ipc_refused(&self) -> Option<String> {
+        self.inner.shared.ipc_refused.lock().clone()
+    }
+
     /// IPC mappings of the peer's device memory open on this endpoint now.
     pub fn ipc_mappings(&self) -> usize {
         let c = self.inner.shared.cache.lock();

@@ -127,6 +127,9 @@ struct SideChannel {
     peer: Mutex<Option<PeerAddr>>,
     /// Connected once: `Some(None)` when it could not be, then `C` carries everything.
     ep: tokio::sync::OnceCell<Option<ShmEndpoint>>,
+    /// Set once this side could not open the peer's vendor IPC handles: its device
+    /// regions go through `C` (the network transport's staging) from then on.
+    ipc_refused: OnceLock<String>,
 }
 
 /// Memory registered with [`LocalFirst`]: with `C`, and with shared memory when it is host
@@ -579,21 +582,38 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
         deadline: Deadline,
     ) -> Result<()> {
         // Peer device memory goes through shared memory only where this side has a
-        // backend of its kind to open the IPC handle with.
+        // backend of its kind to open the IPC handle with, and has not failed to.
+        let ipc_refused = ep.side.ipc_refused.get().is_some();
+        let mut device = false;
         let all_local = !batch.is_empty()
             && batch.iter().all(|d| {
                 d.local.shm.is_some()
                     && d.remote.shm.as_ref().is_some_and(|(desc, _)| {
-                        self.shm
-                            .as_ref()
-                            .is_some_and(|s| s.reaches(desc.region.device))
+                        let dev = !desc.region.device.is_host();
+                        device |= dev;
+                        !(dev && ipc_refused)
+                            && self
+                                .shm
+                                .as_ref()
+                                .is_some_and(|s| s.reaches(desc.region.device))
                     })
             });
         if all_local
             && let Some(shm) = &self.shm
             && let Some(sep) = self.shm_endpoint(ep, deadline).await
         {
-            return self.shm_transfer(shm, sep, op, batch, deadline).await;
+            match self.shm_transfer(shm, sep, op, batch, deadline).await {
+                Err(e) if device && sep.ipc_refused().is_some() => {
+                    // The open failed before that piece's bytes moved. The whole batch
+                    // goes again through `C`, which stages the peer's device memory at
+                    // the peer (pieces already copied are copied again: the same bytes).
+                    let why = sep.ipc_refused().unwrap_or_default();
+                    if ep.side.ipc_refused.set(why.clone()).is_ok() {
+                        tracing::warn!(peer = %sep.peer(), %why, error = %e, "this side cannot open the same-host peer's device memory by vendor IPC (another container, or no peer access between the devices); its device regions go through the network transport's staging from now on");
+                    }
+                }
+                other => return other,
+            }
         }
         let descs: Vec<TransferDesc<'_, C>> = batch
             .iter()
