@@ -556,6 +556,21 @@ pub trait Communicator: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Whether a batch with device memory registered here by
+    /// [`Communicator::register_memory`] as its local side (`local`) and `remote` on `ep`
+    /// is moved by this communicator itself, device memory to device memory (same-host
+    /// vendor IPC). `false` (the default): a caller moves such memory through host buffers
+    /// of its own; only a communicator that answers `true` is handed it as a local side.
+    fn moves_device_memory(
+        &self,
+        ep: &Self::Endpoint,
+        local: &Self::Registration,
+        remote: &Self::RemoteKey,
+    ) -> bool {
+        let _ = (ep, local, remote);
+        false
+    }
+
     /// Runs a batch of descriptors of one direction against one peer.
     fn transfer(
         &self,

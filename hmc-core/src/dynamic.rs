@@ -137,6 +137,14 @@ pub trait DynCommunicator: Send + Sync + 'static {
         len: usize,
         access: Access,
     ) -> Result<Option<RemoteView>>;
+    /// See [`Communicator::moves_device_memory`]; `false` for another communicator's
+    /// endpoint, registration or key.
+    fn dyn_moves_device_memory(
+        &self,
+        ep: &DynEndpoint,
+        local: &DynRegistration,
+        remote: &DynRemoteKey,
+    ) -> bool;
     /// See [`Communicator::transfer`].
     fn dyn_transfer<'a>(
         &'a self,
@@ -220,6 +228,24 @@ impl<C: Communicator> DynCommunicator for C {
         Ok(DynRemoteKey(Box::new(Communicator::import(
             self, ep, remote,
         )?)))
+    }
+
+    fn dyn_moves_device_memory(
+        &self,
+        ep: &DynEndpoint,
+        local: &DynRegistration,
+        remote: &DynRemoteKey,
+    ) -> bool {
+        match (
+            ep.0.downcast_ref::<C::Endpoint>(),
+            local.of(self),
+            remote.0.downcast_ref::<C::RemoteKey>(),
+        ) {
+            (Some(ep), Ok(local), Some(key)) => {
+                Communicator::moves_device_memory(self, ep, local, key)
+            }
+            _ => false,
+        }
     }
 
     fn dyn_view(
@@ -373,6 +399,15 @@ impl Communicator for AnyCommunicator {
 
     fn import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey> {
         self.0.dyn_import(ep, remote)
+    }
+
+    fn moves_device_memory(
+        &self,
+        ep: &DynEndpoint,
+        local: &DynRegistration,
+        remote: &DynRemoteKey,
+    ) -> bool {
+        self.0.dyn_moves_device_memory(ep, local, remote)
     }
 
     fn view(

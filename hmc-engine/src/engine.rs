@@ -633,7 +633,16 @@ impl<C: Communicator> Engine<C> {
                         ),
                     )));
                 }
-                Lookup::Inside(l, off) if l.staged.is_some() => {
+                // Device memory the transport moves device to device itself (same-host
+                // vendor IPC it has proven for that region) goes as is; else staged.
+                Lookup::Inside(l, off)
+                    if l.staged.is_some()
+                        && !self
+                            .inner
+                            .shared
+                            .comm
+                            .moves_device_memory(&peer.ep, &l.reg, &r.key) =>
+                {
                     let st = l.staged.as_ref().expect("matched above");
                     plan.staged.push(staged::StagedPiece {
                         local: st.clone(),

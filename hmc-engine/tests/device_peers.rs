@@ -160,6 +160,17 @@ fn spawn_initiator(
     child
 }
 
+/// Bytes this process's engine moved through its host bounce buffers, by op.
+fn staged_bytes(metrics: &metrics_exporter_prometheus::PrometheusHandle, op: &str) -> u64 {
+    let name = format!("hmc_engine_staged_bytes_total{{op=\"{op}\"}}");
+    metrics
+        .render()
+        .lines()
+        .find(|l| l.split(' ').next() == Some(name.as_str()))
+        .and_then(|l| l.split(' ').nth(1))
+        .map_or(0, |v| v.parse().unwrap())
+}
+
 /// The child's next line that starts with `key`, its rest.
 fn expect_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, key: &str) -> String {
     for line in lines {
@@ -204,23 +215,35 @@ async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_on
         expect_line(&mut lines, "read-host"),
         crc(&original).to_string()
     );
-    assert_eq!(
-        expect_line(&mut lines, "read-device"),
-        crc(&original).to_string()
-    );
-    // WRITE from the child's host memory: the child's pattern lands in the device region.
+    for key in ["read-device", "read-device-again"] {
+        assert_eq!(expect_line(&mut lines, key), crc(&original).to_string());
+    }
+    // WRITE from the child's device region: its pattern lands in this device region.
     let written: u64 = expect_line(&mut lines, "wrote").parse().unwrap();
     assert_eq!(crc(&download(&mem, &kv)), written);
     assert_eq!(written, crc(&pattern(LEN, 99)));
+    // The child's own bounce buffers: over tcp (and without IPC) both device READs and the
+    // WRITE go through them; over auto only the first READ, which opened the IPC handle.
+    let direct = transport == "auto" && !ipc_refused;
+    let bounced = expect_line(&mut lines, "bounced");
+    let want = if direct {
+        format!("{LEN} 0")
+    } else {
+        format!("{} {LEN}", 2 * LEN)
+    };
+    assert_eq!(
+        bounced, want,
+        "bytes through the child's bounce buffers (read, write)"
+    );
     let s = target.stats();
-    // Two READs of the region out, one WRITE in: over tcp every byte through the chunks
+    // Three READs of the region out, one WRITE in: over tcp every byte through the chunks
     // once each. Over auto the child is on this host: its first READ (into host memory,
     // before it has a HIP backend) takes the staged TCP path; once it registered device
     // memory of its own, its shared-memory side opens the region's IPC handle, and the
     // device READ and the WRITE go by vendor IPC, past the chunks. An initiator that cannot
     // open the IPC handle falls back to the staged TCP path for all of them.
     let (reads, writes) = if transport == "tcp" || ipc_refused {
-        (2, 1)
+        (3, 1)
     } else {
         (1, 0)
     };
@@ -276,6 +299,10 @@ fn initiator_child() {
         return;
     };
     let (transport, mode) = what.split_once(':').unwrap();
+    // This engine's bounce-buffer counters (`hmc_engine_staged_bytes_total`).
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap();
     // Warnings to stderr, where the test reads what the transports said.
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -296,7 +323,7 @@ fn initiator_child() {
             .await
             .unwrap();
         let peer = e.add_remote(&blob, T).await.unwrap();
-        let mut host = vec![0u8; LEN];
+        let host = vec![0u8; LEN];
         // SAFETY: `host` outlives the engine's use of it (deregistered below).
         let h = unsafe {
             e.register_mem(
@@ -347,13 +374,32 @@ fn initiator_child() {
             .await
             .unwrap();
         println!("read-device {}", crc(&download(&mem, &dev)));
+        // Again, into a cleared region: over auto the first READ opened the target's IPC
+        // handle, so this one goes device to device (no bounce through this engine's host
+        // buffers).
+        let mut dev = dev;
+        mem.copy(
+            &mut MemSpanMut::of(&mut dev),
+            &MemSpan::host(&vec![0u8; LEN]),
+        )
+        .unwrap();
+        e.transfer(&peer, TransferOp::Read, &[one(dev.region().addr)], T)
+            .await
+            .unwrap();
+        println!("read-device-again {}", crc(&download(&mem, &dev)));
+        // A WRITE from the device region.
         let mine = pattern(LEN, 99);
-        // No transfer of `host` is in flight.
-        host.copy_from_slice(&mine);
-        e.transfer(&peer, TransferOp::Write, &[one(host.as_ptr() as u64)], T)
+        mem.copy(&mut MemSpanMut::of(&mut dev), &MemSpan::host(&mine))
+            .unwrap();
+        e.transfer(&peer, TransferOp::Write, &[one(dev.region().addr)], T)
             .await
             .unwrap();
         println!("wrote {}", crc(&mine));
+        println!(
+            "bounced {} {}",
+            staged_bytes(&metrics, "read"),
+            staged_bytes(&metrics, "write")
+        );
         e.deregister_mem(d).await.unwrap();
         e.deregister_mem(h).await.unwrap();
         drop(dev);

@@ -40,7 +40,7 @@ pub(crate) struct Lease {
     pub(crate) ipc: Option<IpcLease>,
     /// False once revoked (or the side channel closed). Copies hold the read lock for one
     /// chunk; revocation takes the write lock, so it returns after the chunk in progress.
-    valid: Arc<RwLock<bool>>,
+    pub(crate) valid: Arc<RwLock<bool>>,
 }
 
 type KeyId = (u64, [u8; TOKEN_LEN]);
@@ -53,7 +53,7 @@ enum Reply {
 
 #[derive(Default)]
 pub(crate) struct Cache {
-    by_key: HashMap<KeyId, Arc<Lease>>,
+    pub(crate) by_key: HashMap<KeyId, Arc<Lease>>,
     pub(crate) by_id: HashMap<u64, Arc<Lease>>,
 }
 

@@ -292,6 +292,15 @@ impl ShmEndpoint {
         self.inner.shared.ipc_refused.lock().clone()
     }
 
+    /// Whether the peer's region behind `key` is mapped here by vendor IPC already (an
+    /// open of its handle succeeded on this endpoint, and its lease is live).
+    pub fn ipc_opened(&self, key: &crate::ShmRemoteKey) -> bool {
+        let c = self.inner.shared.cache.lock();
+        c.by_key.get(&key.key).is_some_and(|l| {
+            *l.valid.read() && l.ipc.as_ref().is_some_and(|i| i.open_mappings() > 0)
+        })
+    }
+
     /// IPC mappings of the peer's device memory open on this endpoint now.
     pub fn ipc_mappings(&self) -> usize {
         let c = self.inner.shared.cache.lock();

@@ -574,6 +574,27 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
         shm.view(sep, key, offset, len, access)
     }
 
+    /// Device memory registered here on both halves, to a peer region whose IPC handle
+    /// this side has opened already (a transfer proved it can), is moved device to device
+    /// through shared memory.
+    fn moves_device_memory(
+        &self,
+        ep: &Self::Endpoint,
+        local: &Self::Registration,
+        remote: &Self::RemoteKey,
+    ) -> bool {
+        let (Some(_), Some(Some(sep))) = (&self.shm, ep.side.ep.get()) else {
+            return false;
+        };
+        local.shm.is_some()
+            && ep.side.ipc_refused.get().is_none()
+            && remote
+                .shm
+                .as_ref()
+                .and_then(|(_, k)| k.get())
+                .is_some_and(|k| sep.ipc_opened(k))
+    }
+
     async fn transfer(
         &self,
         ep: &Self::Endpoint,
