@@ -403,11 +403,12 @@ impl<C: Communicator> Engine<C> {
             len: desc.len,
         };
         // SAFETY: forwarded contract.
-        unsafe { self.add_registered(region, access, None) }
+        unsafe { self.add_registered(region, access, None, None) }
     }
 
-    /// Registers `region` with the transport (with `staged`'s backend when it is device
-    /// memory the transport stages) and adds it to the table peers fetch.
+    /// Registers `region` with the transport (with its device's backend `memory`, or
+    /// `staged`'s when it is device memory the transport stages) and adds it to the table
+    /// peers fetch.
     ///
     /// # Safety
     /// As for [`Engine::register_mem`].
@@ -415,6 +416,7 @@ impl<C: Communicator> Engine<C> {
         &self,
         region: Region,
         access: Access,
+        memory: Option<&hmc_core::AnyMemory>,
         staged: Option<Arc<staged::StagedReg>>,
     ) -> Result<MemHandle> {
         let desc = MemDesc {
@@ -439,9 +441,10 @@ impl<C: Communicator> Engine<C> {
         // SAFETY: the caller guarantees the memory stays valid until deregistration, which
         // drops the registration only after transfers using it have ended.
         let reg = unsafe {
-            match &staged {
-                Some(st) => s.comm.register_memory(region, access, st.memory())?,
-                None => s.comm.register(region, access)?,
+            match (memory, &staged) {
+                (_, Some(st)) => s.comm.register_memory(region, access, st.memory())?,
+                (Some(m), None) => s.comm.register_memory(region, access, m)?,
+                (None, None) => s.comm.register(region, access)?,
             }
         };
         let exported = s.comm.export(&reg)?.encode();

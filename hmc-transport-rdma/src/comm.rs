@@ -501,7 +501,10 @@ impl Communicator for RdmaCommunicator {
     fn capabilities(&self) -> CommCapabilities {
         let mut c = CommCapabilities::new(TransportId::RDMA);
         let dm = self.device_memory();
-        if dm == DeviceMemorySupport::PeerMem {
+        if dm != DeviceMemorySupport::None {
+            // CUDA memory: by the peer-memory module, or by DMA-BUF through
+            // `register_memory` (the CUDA backend exports DMA-BUFs; this workspace's other
+            // device backends do not).
             c.local_memory = MemoryKinds::Only(vec![DeviceKind::HOST, DeviceKind::CUDA]);
         }
         c.remote_memory = MemoryKinds::Any;
@@ -552,6 +555,7 @@ impl Communicator for RdmaCommunicator {
                     device: region.device,
                     reason: match self.device_memory() {
                         DeviceMemorySupport::DmaBuf => "register device memory with \
+                            Communicator::register_memory or \
                             RdmaCommunicator::register_device (DMA-BUF), not register"
                             .into(),
                         _ => "neither DMA-BUF registration nor a peer-memory module \
@@ -572,6 +576,26 @@ impl Communicator for RdmaCommunicator {
             )?)
         };
         Ok(self.make_registration(region, access, mr))
+    }
+
+    /// Device memory through a DMA-BUF of `memory` where the NIC's provider takes DMA-BUFs
+    /// ([`RdmaCommunicator::register_device`]); host memory, and device memory under the
+    /// peer-memory module, as [`Communicator::register`].
+    unsafe fn register_memory(
+        &self,
+        region: Region,
+        access: Access,
+        memory: &hmc_core::AnyMemory,
+    ) -> Result<RdmaRegistration> {
+        if region.device.is_host() || self.device_memory() != DeviceMemorySupport::DmaBuf {
+            // SAFETY: the caller's contract.
+            return unsafe { self.register(region, access) };
+        }
+        // SAFETY: the caller guarantees `region` is live memory of `memory`'s device for as
+        // long as the registration lives.
+        let span = unsafe { MemSpan::from_region(region) };
+        // SAFETY: the caller's contract.
+        unsafe { self.register_device(memory, &span, access) }
     }
 
     fn export(&self, reg: &RdmaRegistration) -> Result<RemoteRegion> {

@@ -14,7 +14,7 @@ use hmc_core::{
     Memory, Op, Region, Stager, StagingConfig,
 };
 
-use super::{Engine, MemDesc, MemHandle, MemType, RemoteEntry};
+use super::{Engine, MemDesc, MemHandle, RemoteEntry};
 use crate::error::{EngineError, Result};
 use crate::region_map::Lookup;
 
@@ -88,16 +88,17 @@ impl<C: Communicator> Engine<C> {
                 let entry = Arc::new(StagedReg { memory, region });
                 // SAFETY: forwarded contract.
                 return unsafe {
-                    self.add_registered(region, hmc_core::Access::READ_WRITE, Some(entry))
+                    self.add_registered(region, hmc_core::Access::READ_WRITE, None, Some(entry))
                 };
             }
             _ => {
-                let mem_type = MemType::Device {
-                    kind: device.kind,
-                    ordinal: device.ordinal,
-                };
+                // Registered with its backend: a transport may need it (RDMA exports a
+                // DMA-BUF of the memory for the NIC).
+                self.check_open()?;
                 // SAFETY: forwarded contract.
-                return unsafe { self.register_mem(desc, mem_type, hmc_core::Access::READ_WRITE) };
+                return unsafe {
+                    self.add_registered(region, hmc_core::Access::READ_WRITE, Some(&memory), None)
+                };
             }
         }
         if desc.len == 0 {
