@@ -63,6 +63,7 @@ enum Target {
         Engine<LocalFirst<TcpCommunicator>>,
         Arc<LocalFirst<TcpCommunicator>>,
     ),
+    Shm(Engine<ShmCommunicator>),
 }
 
 impl Target {
@@ -77,6 +78,13 @@ impl Target {
                     .await
                     .unwrap();
                 Target::Tcp(e, c)
+            }
+            "shm" => {
+                let c = Arc::new(ShmCommunicator::bind(ShmConfig::default()).unwrap());
+                let e = Engine::initialize(c, "127.0.0.1", EngineConfig::default())
+                    .await
+                    .unwrap();
+                Target::Shm(e)
             }
             _ => {
                 let shm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
@@ -93,6 +101,8 @@ impl Target {
         match self {
             Target::Tcp(_, c) => c.staging_stats(),
             Target::Auto(_, c) => c.net().staging_stats(),
+            // No TCP half: nothing is staged.
+            Target::Shm(_) => StagingStats::default(),
         }
     }
 
@@ -100,6 +110,7 @@ impl Target {
         let caps = match self {
             Target::Tcp(e, _) => e.capabilities(),
             Target::Auto(e, _) => e.capabilities(),
+            Target::Shm(e) => e.capabilities(),
         };
         caps.memory_path(hmc_core::DeviceKind::ROCM)
     }
@@ -118,6 +129,10 @@ impl Target {
                 e.local_metadata().unwrap()
             }
             Target::Auto(e, _) => {
+                unsafe { e.register_device_mem(desc, any) }.unwrap();
+                e.local_metadata().unwrap()
+            }
+            Target::Shm(e) => {
                 unsafe { e.register_device_mem(desc, any) }.unwrap();
                 e.local_metadata().unwrap()
             }
@@ -186,6 +201,7 @@ fn expect_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, key: &
 #[case::tcp("tcp", false)]
 #[case::auto("auto", false)]
 #[case::auto_ipc_refused("auto", true)]
+#[case::shm("shm", false)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_one_host(
     #[case] transport: &str,
@@ -193,7 +209,14 @@ async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_on
 ) {
     let mem = RocmMemory::with_library(shim(), 0).unwrap();
     let target = Target::new(transport).await;
-    assert_eq!(target.path(), DeviceMemoryPath::Staged);
+    // Shared memory alone moves device memory itself (vendor IPC); tcp and auto's
+    // network half stage it.
+    let path = if transport == "shm" {
+        DeviceMemoryPath::Direct
+    } else {
+        DeviceMemoryPath::Staged
+    };
+    assert_eq!(target.path(), path);
     let mut kv = mem.alloc(LEN).unwrap();
     let original = pattern(LEN, 7);
     mem.copy(&mut MemSpanMut::of(&mut kv), &MemSpan::host(&original))
@@ -224,9 +247,12 @@ async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_on
     assert_eq!(written, crc(&pattern(LEN, 99)));
     // The child's own bounce buffers: over tcp (and without IPC) both device READs and the
     // WRITE go through them; over auto only the first READ, which opened the IPC handle.
+    // Over shm the child's device region is registered with the transport: none.
     let direct = transport == "auto" && !ipc_refused;
     let bounced = expect_line(&mut lines, "bounced");
-    let want = if direct {
+    let want = if transport == "shm" {
+        "0 0".to_string()
+    } else if direct {
         format!("{LEN} 0")
     } else {
         format!("{} {LEN}", 2 * LEN)
@@ -244,6 +270,8 @@ async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_on
     // open the IPC handle falls back to the staged TCP path for all of them.
     let (reads, writes) = if transport == "tcp" || ipc_refused {
         (3, 1)
+    } else if transport == "shm" {
+        (0, 0)
     } else {
         (1, 0)
     };
@@ -349,6 +377,24 @@ fn initiator_child() {
                     .unwrap();
             }
         }
+        let mem = RocmMemory::with_library(std::env::var("HMC_HIP_LIB").unwrap(), 1).unwrap();
+        let dev = mem.alloc(LEN).unwrap();
+        let register_dev = || {
+            // SAFETY: `dev` outlives its registration (deregistered below).
+            unsafe {
+                e.register_device_mem(
+                    MemDesc {
+                        addr: dev.region().addr,
+                        len: LEN,
+                    },
+                    AnyMemory::new(mem.clone()),
+                )
+            }
+            .unwrap()
+        };
+        // Shared memory alone reaches the peer's device memory only with a backend of its
+        // kind, which registering device memory of that kind gives it.
+        let early = (transport == "shm").then(register_dev);
         e.transfer(&peer, TransferOp::Read, &[one(host.as_ptr() as u64)], T)
             .await
             .unwrap();
@@ -356,20 +402,9 @@ fn initiator_child() {
         if mode == "check-read" {
             return;
         }
-        // Into a device region of this process: staged through its own bounce buffers.
-        let mem = RocmMemory::with_library(std::env::var("HMC_HIP_LIB").unwrap(), 1).unwrap();
-        let dev = mem.alloc(LEN).unwrap();
-        // SAFETY: `dev` outlives its registration (deregistered below).
-        let d = unsafe {
-            e.register_device_mem(
-                MemDesc {
-                    addr: dev.region().addr,
-                    len: LEN,
-                },
-                AnyMemory::new(mem.clone()),
-            )
-        }
-        .unwrap();
+        // Into a device region of this process (over tcp staged through its own bounce
+        // buffers).
+        let d = early.unwrap_or_else(register_dev);
         e.transfer(&peer, TransferOp::Read, &[one(dev.region().addr)], T)
             .await
             .unwrap();

@@ -556,6 +556,10 @@ impl Communicator for ShmCommunicator {
         // `import` parses the key; `rekey` waits only for leases and copies in progress.
         caps.key_ops_wait = false;
         caps.alloc_registered = true;
+        // Device memory of any kind whose backend exports it by vendor IPC
+        // (`register_memory`), copied by that backend; refused at registration otherwise.
+        caps.local_memory = MemoryKinds::Any;
+        caps.device_memory = hmc_core::DeviceMemoryPath::Direct;
         let mut remote = vec![hmc_core::DeviceKind::HOST];
         remote.extend(self.devices.kinds());
         remote.dedup();
@@ -705,7 +709,8 @@ impl Communicator for ShmCommunicator {
                 remote.key.len()
             )));
         }
-        self.devices.check_reachable(remote.region.device)?;
+        // A device region is imported whatever backends this side has now: a transfer
+        // with it needs one of its kind (added by registering such memory), and says so.
         let id = u64::from_be_bytes(remote.key[..8].try_into().expect("8 bytes"));
         let token: [u8; TOKEN_LEN] = remote.key[8..].try_into().expect("16 bytes");
         Ok(ShmRemoteKey {
@@ -742,6 +747,7 @@ impl Communicator for ShmCommunicator {
         let need = Access::required_by(op);
         for d in batch {
             crate::key::check_desc(ep.id, op, d)?;
+            self.devices.check_reachable(d.remote.device)?;
         }
         if batch.is_empty() {
             return Ok(());

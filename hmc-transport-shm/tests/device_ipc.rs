@@ -511,7 +511,28 @@ async fn device_regions_point_at_register_device_and_add_memory() {
         access: Access::READ,
         key: vec![0; 24],
     };
-    let err = comm.import(&ep, &remote).unwrap_err();
+    // Imported (a peer table may list device regions this side never uses); a transfer
+    // with it is refused before the peer is asked, naming what to add.
+    let key = comm.import(&ep, &remote).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let local = Region {
+        device: Device::HOST,
+        addr: buf.as_mut_ptr() as u64,
+        len: buf.len(),
+    };
+    // SAFETY: `buf` outlives the registration (dropped at the end of the test).
+    let reg = unsafe { comm.register(local, Access::READ_WRITE) }.unwrap();
+    let desc = [hmc_core::TransferDesc {
+        local: &reg,
+        local_offset: 0,
+        remote: &key,
+        remote_offset: 0,
+        len: 16,
+    }];
+    let err = comm
+        .transfer(&ep, hmc_core::Op::Read, &desc, deadline())
+        .await
+        .unwrap_err();
     assert!(matches!(err, Error::UnsupportedMemory { .. }), "{err:?}");
     assert!(err.to_string().contains("add_memory"), "{err}");
     assert!(!comm.capabilities().remote_memory.contains(DeviceKind::ROCM));

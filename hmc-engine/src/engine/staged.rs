@@ -93,12 +93,25 @@ impl<C: Communicator> Engine<C> {
             }
             _ => {
                 // Registered with its backend: a transport may need it (RDMA exports a
-                // DMA-BUF of the memory for the NIC).
+                // DMA-BUF of the memory for the NIC, shared memory an IPC handle).
                 self.check_open()?;
                 // SAFETY: forwarded contract.
-                return unsafe {
+                match unsafe {
                     self.add_registered(region, hmc_core::Access::READ_WRITE, Some(&memory), None)
-                };
+                } {
+                    // This memory, not the kind, is beyond the transport (a backend without
+                    // IPC or DMA-BUF export): local-only, as for a refused kind.
+                    Err(EngineError::Transport(hmc_core::Error::UnsupportedMemory {
+                        reason,
+                        ..
+                    })) => tracing::warn!(
+                        %device,
+                        transport = %caps.transport,
+                        %reason,
+                        "the transport cannot register this device memory: moved through host buffers by this engine only, peers cannot reach it"
+                    ),
+                    other => return other,
+                }
             }
         }
         if desc.len == 0 {
