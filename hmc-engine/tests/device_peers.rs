@@ -122,17 +122,19 @@ impl Target {
             len: buf.len(),
         };
         let any = AnyMemory::new(mem.clone());
-        // SAFETY: `buf` outlives both engines (dropped at the end of the test).
         match self {
             Target::Tcp(e, _) => {
+                // SAFETY: `buf` outlives both engines (dropped at the end of the test).
                 unsafe { e.register_device_mem(desc, any) }.unwrap();
                 e.local_metadata().unwrap()
             }
             Target::Auto(e, _) => {
+                // SAFETY: as above.
                 unsafe { e.register_device_mem(desc, any) }.unwrap();
                 e.local_metadata().unwrap()
             }
             Target::Shm(e) => {
+                // SAFETY: as above.
                 unsafe { e.register_device_mem(desc, any) }.unwrap();
                 e.local_metadata().unwrap()
             }
