@@ -95,6 +95,8 @@ type IpcCloseMemHandleFn = unsafe extern "C" fn(*mut c_void) -> HipError;
 /// `hipError_t hipMemGetAddressRange(hipDeviceptr_t* pbase, size_t* psize, hipDeviceptr_t dptr);`
 type MemGetAddressRangeFn =
     unsafe extern "C" fn(*mut *mut c_void, *mut usize, *mut c_void) -> HipError;
+/// `hipError_t hipDeviceSynchronize(void);`
+type DeviceSynchronizeFn = unsafe extern "C" fn() -> HipError;
 /// `const char* hipGetErrorName(hipError_t hip_error);`
 type GetErrorNameFn = unsafe extern "C" fn(HipError) -> *const c_char;
 /// `const char* hipGetErrorString(hipError_t hipError);`
@@ -130,6 +132,7 @@ pub struct HipApi {
     ipc_close_mem_handle: IpcCloseMemHandleFn,
     /// Absent from some runtimes; without it memory inside an allocation has no IPC export.
     mem_get_address_range: Option<MemGetAddressRangeFn>,
+    device_synchronize: Option<DeviceSynchronizeFn>,
     get_error_name: GetErrorNameFn,
     get_error_string: GetErrorStringFn,
     _library: libloading::Library,
@@ -177,6 +180,7 @@ impl HipApi {
                 ipc_open_mem_handle: SPEC.symbol(&lib, &path, "hipIpcOpenMemHandle")?,
                 ipc_close_mem_handle: SPEC.symbol(&lib, &path, "hipIpcCloseMemHandle")?,
                 mem_get_address_range: LibrarySpec::optional_symbol(&lib, "hipMemGetAddressRange"),
+                device_synchronize: LibrarySpec::optional_symbol(&lib, "hipDeviceSynchronize"),
                 get_error_name: SPEC.symbol(&lib, &path, "hipGetErrorName")?,
                 get_error_string: SPEC.symbol(&lib, &path, "hipGetErrorString")?,
                 runtime_version: {
@@ -402,5 +406,15 @@ impl RuntimeApi for HipApi {
         // SAFETY: the caller guarantees `ptr` came from hipIpcOpenMemHandle, closed once.
         let code = unsafe { (self.ipc_close_mem_handle)(ptr) };
         self.check("hipIpcCloseMemHandle", code)
+    }
+
+    fn device_synchronize(&self) -> Result<bool> {
+        let Some(f) = self.device_synchronize else {
+            return Ok(false);
+        };
+        // SAFETY: no arguments; the runtime waits on the current device.
+        let code = unsafe { f() };
+        self.check("hipDeviceSynchronize", code)?;
+        Ok(true)
     }
 }

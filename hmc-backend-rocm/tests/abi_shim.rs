@@ -60,3 +60,20 @@ fn abi_shim_vendor_errors_name_library_function_code_and_text(
         text,
     );
 }
+
+/// `hipDeviceSynchronize` (what registering a DLPack tensor waits on) is bound and called
+/// on the buffer's device.
+#[test]
+fn abi_shim_device_synchronize_is_bound_and_called() {
+    let control = hmc_testshim::ShimControl::open(shim());
+    let mem = shim_device(1);
+    let before = control.device_syncs();
+    assert!(
+        mem.synchronize().unwrap(),
+        "the shim exports hipDeviceSynchronize"
+    );
+    assert_eq!(control.device_syncs(), before + 1);
+    control.fail_next("hipDeviceSynchronize", 700);
+    let err = mem.synchronize().unwrap_err().to_string();
+    assert!(err.contains("hipDeviceSynchronize"), "{err}");
+}

@@ -186,4 +186,11 @@ pub trait RuntimeApi: IpcFormat + Debug + Send + Sync {
     /// # Safety
     /// `ptr` came from `ipc_open` on the current device and is not used again.
     unsafe fn ipc_close(&self, ptr: *mut c_void) -> Result<()>;
+    /// Waits for all work queued on the current device (the vendor's
+    /// `DeviceSynchronize`): what a producer of a tensor queued before handing it over is
+    /// done. `Ok(false)` when this runtime's table binds no such call. Default:
+    /// `Ok(false)`.
+    fn device_synchronize(&self) -> Result<bool> {
+        Ok(false)
+    }
 }

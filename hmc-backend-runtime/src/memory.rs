@@ -112,6 +112,13 @@ impl<A: RuntimeApi> RuntimeMemory<A> {
         })
     }
 
+    /// Waits for the work queued on this device ([`RuntimeApi::device_synchronize`]), so
+    /// that copies see what a producer's kernels wrote; `Ok(false)` when the runtime binds
+    /// no such call (nothing was waited for).
+    pub fn synchronize(&self) -> Result<bool> {
+        bound(&*self.api, self.ordinal, || self.api.device_synchronize())
+    }
+
     /// The page-locked host allocator of this device's runtime, for staging bounce buffers.
     pub fn pinned(&self) -> PinnedHostMemory<A> {
         PinnedHostMemory {

@@ -116,10 +116,13 @@ pub(crate) fn hold(obj: &Bound<'_, PyAny>, device: Option<(DeviceKind, u32)>) ->
         addr: t.addr,
         len: t.len,
         readonly: false,
-        // `__dlpack__()` without a stream asks a CUDA producer to order its writes before
-        // the legacy default stream (DLPack's rule for `stream=None`).
-        stream: matches!(t.placement, Placement::Device(k, _) if k == DeviceKind::CUDA)
-            .then_some(1),
+        // `__dlpack__()` without a stream asks the producer to order its writes before the
+        // default stream: CUDA's legacy one (1), ROCm's (0).
+        stream: match t.placement {
+            Placement::Device(k, _) if k == DeviceKind::CUDA => Some(1),
+            Placement::Device(k, _) if k == DeviceKind::ROCM => Some(0),
+            _ => None,
+        },
         placement: t.placement,
         _keep: Keep::DlPack(t.keep),
     })

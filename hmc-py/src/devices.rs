@@ -19,6 +19,7 @@ use crate::errors;
 pub(crate) struct Opened {
     pub(crate) memory: AnyMemory,
     cuda: Option<CudaMemory>,
+    rocm: Option<hmc_backend_rocm::RocmMemory>,
 }
 
 static OPEN: OnceLock<Mutex<HashMap<(DeviceKind, u32), Opened>>> = OnceLock::new();
@@ -35,11 +36,17 @@ pub(crate) fn open(kind: DeviceKind, ordinal: u32) -> PyResult<Opened> {
         Opened {
             memory: AnyMemory::new(m.clone()),
             cuda: Some(m),
+            rocm: None,
+        }
+    } else if kind == DeviceKind::ROCM {
+        let m = hmc_backend_rocm::RocmMemory::new(ordinal).map_err(core)?;
+        Opened {
+            memory: AnyMemory::new(m.clone()),
+            cuda: None,
+            rocm: Some(m),
         }
     } else {
-        let memory = if kind == DeviceKind::ROCM {
-            AnyMemory::new(hmc_backend_rocm::RocmMemory::new(ordinal).map_err(core)?)
-        } else if kind == DeviceKind::MLU {
+        let memory = if kind == DeviceKind::MLU {
             AnyMemory::new(hmc_backend_mlu::MluMemory::new(ordinal).map_err(core)?)
         } else if kind == DeviceKind::MUSA {
             AnyMemory::new(hmc_backend_musa::MusaMemory::new(ordinal).map_err(core)?)
@@ -50,7 +57,11 @@ pub(crate) fn open(kind: DeviceKind, ordinal: u32) -> PyResult<Opened> {
                 "no device backend for {kind:?} memory; use cuda, rocm, mlu, musa or ascend"
             )));
         };
-        Opened { memory, cuda: None }
+        Opened {
+            memory,
+            cuda: None,
+            rocm: None,
+        }
     };
     tracing::debug!(
         ?kind,
@@ -64,7 +75,10 @@ pub(crate) fn open(kind: DeviceKind, ordinal: u32) -> PyResult<Opened> {
 impl Opened {
     /// Waits for the work queued on `stream` (a producer's CUDA stream, or the default
     /// stream handles 0/1/2), so that this backend's copies, on a stream of their own, see
-    /// what the producer wrote. Other device kinds carry no stream here: nothing to wait.
+    /// what the producer wrote. ROCm: the whole device (`hipDeviceSynchronize`; DLPack's
+    /// producer orders its writes before the default stream, and a peer copying by IPC
+    /// from another process is ordered by nothing else). Other kinds carry no stream here:
+    /// nothing to wait.
     ///
     /// # Safety
     /// `stream` must be a default stream handle or a live stream of the device's primary
@@ -75,7 +89,13 @@ impl Opened {
             Some(m) => {
                 unsafe { m.synchronize_stream(stream) }.map_err(|e| errors::engine(e.into()))
             }
-            None => Ok(()),
+            None => match &self.rocm {
+                Some(m) => m
+                    .synchronize()
+                    .map(|_| ())
+                    .map_err(|e| errors::engine(e.into())),
+                None => Ok(()),
+            },
         }
     }
 }

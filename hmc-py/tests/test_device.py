@@ -267,3 +267,81 @@ def test_cuda_array_interface_is_checked(cuda_shim):
             e.register_mem(Bad({**base, "stream": 0}))
         with pytest.raises(hmc.InvalidArgumentError, match="CUDA memory"):
             e.register_mem(Bad(base), hmc.MemType.DEVICE, device="rocm:0")
+
+
+
+# A ROCm tensor as a DLPack producer hands it out (DLPack's unversioned capsule, kDLROCM =
+# 10), a tcp peer READing it, and how many times the HIP shim was asked to synchronise the
+# device meanwhile. Run in a child with HMC_HIP_LIB naming the shim.
+HIP_CHILD = """
+import ctypes, json, os, sys
+import hmc
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+class RocmTensor:
+    def __init__(self, hip, n):
+        self.ptr = ctypes.c_void_p()
+        assert hip.hipMalloc(ctypes.byref(self.ptr), ctypes.c_size_t(n)) == 0
+        self.shape = (ctypes.c_int64 * 1)(n)
+        self.managed = DLManagedTensor(DLTensor(self.ptr, DLDevice(10, 0), 1, DLDataType(1, 8, 1), self.shape, None, 0), None, None)
+
+    def __dlpack_device__(self):
+        return (10, 0)
+
+    def __dlpack__(self, stream=None):
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(self.managed), b"dltensor", None)
+
+hip = ctypes.CDLL(os.environ["HMC_HIP_LIB"])
+n = int(sys.argv[1])
+t = RocmTensor(hip, n)
+src = bytes((i * 7 + 3) % 251 for i in range(n))
+assert hip.hipMemcpy(t.ptr, src, ctypes.c_size_t(n), 1) == 0
+a, b = hmc.Engine(), hmc.Engine()
+for e in (a, b):
+    e.initialize("127.0.0.1:0", {"transport": "tcp"})
+before = hip.hmc_shim_device_syncs()
+b.register_mem(t)
+syncs = hip.hmc_shim_device_syncs() - before
+dst = bytearray(n)
+hd = a.register_mem(dst)
+a.connect(b.local_address, 5000)
+a.transfer_sync(b.local_address, hmc.TransferOp.READ, [(hd.addr, t.ptr.value, n)])
+print(json.dumps({"syncs": syncs, "path": b.capabilities()["device_paths"]["rocm"], "read_ok": bytes(dst) == src}))
+"""
+
+
+@pytest.fixture(scope="module")
+def hip_shim(tmp_path_factory):
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        pytest.fail(f"no C compiler ({cc}) to build the HIP shim; install gcc")
+    lib = tmp_path_factory.mktemp("hip-shim") / "libamdhip64.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-pthread", f"-I{ROOT / 'hmc-testshim/shim'}",
+                    str(ROOT / "hmc-backend-rocm/tests/shim/hip_shim.c"), "-o", str(lib)], check=True)
+    return lib
+
+
+def test_a_rocm_dlpack_tensor_is_synchronised_once_and_reached_by_a_peer(hip_shim):
+    """DLPack's producer orders its writes before the default stream: registration waits
+    for the device (hipDeviceSynchronize) once, so a peer's READ (here over tcp, staged)
+    sees them."""
+    out = subprocess.run([sys.executable, "-c", HIP_CHILD, str(3 << 20)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "HMC_HIP_LIB": str(hip_shim)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"syncs": 1, "path": "staged", "read_ok": True}, got

@@ -106,6 +106,17 @@ SHIM_EXPORT int SHIM_RT(IpcOpenMemHandle)(void **dev_ptr, shim_rt_ipc_handle han
   return shim_ipc_open_bytes(handle.reserved, SHIM_RT_HANDLE_MAGIC, dev_ptr);
 }
 
+static int shim_device_syncs = 0;
+
+/* Test control: how many times the runtime's device synchronisation was called. */
+SHIM_EXPORT int hmc_shim_device_syncs(void) { return __atomic_load_n(&shim_device_syncs, __ATOMIC_SEQ_CST); }
+
+SHIM_EXPORT int SHIM_RT(DeviceSynchronize)(void) {
+  SHIM_INJECT(SHIM_RT_NAME(DeviceSynchronize));
+  __atomic_add_fetch(&shim_device_syncs, 1, __ATOMIC_SEQ_CST);
+  return 0;
+}
+
 SHIM_EXPORT int SHIM_RT(MemGetAddressRange)(void **base, size_t *size, void *dev_ptr) {
   SHIM_INJECT(SHIM_RT_NAME(MemGetAddressRange));
   uintptr_t b = 0;

@@ -49,6 +49,18 @@ impl ShimControl {
         }
     }
 
+    /// How many times the runtime's `DeviceSynchronize` was called (runtime-shaped shims).
+    pub fn device_syncs(&self) -> i32 {
+        // SAFETY: `int hmc_shim_device_syncs(void)` in devshim_cudart.h.
+        unsafe {
+            let f = self
+                .lib
+                .get::<unsafe extern "C" fn() -> c_int>(b"hmc_shim_device_syncs")
+                .unwrap();
+            f()
+        }
+    }
+
     /// The calling thread's current device in the shim.
     pub fn current_device(&self) -> i32 {
         // SAFETY: `int hmc_shim_current_device(void)` in devshim_core.h.
