@@ -13,7 +13,8 @@ use hmc_core::{
     Region, Result,
 };
 use hmc_engine::{
-    Engine, EngineConfig, EngineError, MemDesc, MemType, Side, TransferOp, TransferOpDesc,
+    BlockDesc, Engine, EngineConfig, EngineError, MemDesc, MemType, Side, TransferOp,
+    TransferOpDesc, TransferStatus,
 };
 use hmc_transport_tcp::TcpCommunicator;
 
@@ -97,8 +98,9 @@ async fn device_memory_tcp_stages_moves_through_host_buffers_and_peers_reach_it(
     let dev = AnyMemory::new(FakeDevice(copies.clone()));
     // 9 MiB + 5: more than two 4 MiB bounce chunks, and a ragged end.
     let len = (9 << 20) + 5;
+    // Each MiB differs from the others (the prepared transfers below reorder them).
     let src: Vec<u8> = (0..len)
-        .map(|i| (i as u8).wrapping_mul(11) ^ 0x3c)
+        .map(|i| (i as u8).wrapping_mul(11) ^ 0x3c ^ ((i >> 20) as u8).wrapping_mul(37))
         .collect();
     let back = vec![0u8; len];
     let remote = vec![0u8; len];
@@ -185,6 +187,60 @@ async fn device_memory_tcp_stages_moves_through_host_buffers_and_peers_reach_it(
         copies.load(Ordering::Relaxed) > before,
         "served through the device's copies"
     );
+    // The same staged regions in prepared lists: blocks WRITten out of `src` and READ
+    // into `back`, through the bounce buffers, reordered by the index arrays.
+    let blk = 1 << 20;
+    let blocks = |base: &[u8]| -> Vec<BlockDesc> {
+        (0..4)
+            .map(|i| BlockDesc::block(base.as_ptr() as u64 + (i * blk) as u64, blk))
+            .collect()
+    };
+    let (ls, lb) = (
+        a.prepare_local(&blocks(&src)).unwrap(),
+        a.prepare_local(&blocks(&back)).unwrap(),
+    );
+    let r = a
+        .prepare_remote(b.name(), &blocks(&remote), T)
+        .await
+        .unwrap();
+    let (staged_w, staged_r) = (staged("write"), staged("read"));
+    let x = a
+        .make_transfer(
+            TransferOp::Write,
+            &ls,
+            &[3, 2, 1, 0],
+            &r,
+            &[0, 1, 2, 3],
+            None,
+        )
+        .unwrap();
+    x.post().unwrap();
+    let done = tokio::time::timeout(T, x.wait()).await.unwrap();
+    assert!(matches!(done, Some(TransferStatus::Completed)), "{done:?}");
+    for i in 0..4 {
+        assert_eq!(
+            remote[i * blk..(i + 1) * blk],
+            src[(3 - i) * blk..(4 - i) * blk],
+            "block {i} of the prepared WRITE"
+        );
+    }
+    let x = a
+        .make_transfer(TransferOp::Read, &lb, &[0, 1], &r, &[2, 3], None)
+        .unwrap();
+    x.post().unwrap();
+    let done = tokio::time::timeout(T, x.wait()).await.unwrap();
+    assert!(matches!(done, Some(TransferStatus::Completed)), "{done:?}");
+    assert_eq!(
+        back[..2 * blk],
+        remote[2 * blk..4 * blk],
+        "the prepared READ"
+    );
+    assert_eq!(
+        (staged("write") - staged_w, staged("read") - staged_r),
+        ((4 * blk) as f64, (2 * blk) as f64),
+        "prepared transfers of staged memory go through the bounce buffers"
+    );
+    drop((ls, lb, r));
     a.deregister_mem(hs).await.unwrap();
     a.deregister_mem(hb).await.unwrap();
     // Gone: the same address is no longer usable.

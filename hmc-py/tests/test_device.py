@@ -223,11 +223,27 @@ NIXL_VRAM = textwrap.dedent(
     rh = decode.prep_xfer_dlist(name, [(vram, n, 0)], "VRAM")
     out["write"] = run(decode.make_prepped_xfer("WRITE", lh, [0], rh, [0]))
     out["write_ok"] = ctypes.string_at(vram, n) == src.tobytes()
-    try:
-        prefill.prep_xfer_dlist("NIXL_INIT_AGENT", [(vram, n, 0)], "VRAM")
-        out["local_vram_list"] = "accepted"
-    except Exception as e:
-        out["local_vram_list"] = str(e)
+    # The prefill's own VRAM in a prepared local list (vLLM's pattern): pushed to the
+    # decode's host memory in blocks, then a block pulled back into it.
+    peer = prefill.add_remote_agent(decode.get_agent_metadata())
+    blk = n // 4
+    mine = prefill.prep_xfer_dlist("NIXL_INIT_AGENT", [(vram + i * blk, blk, 0) for i in range(4)], "VRAM")
+    theirs = prefill.prep_xfer_dlist(peer, [(dst.ctypes.data + i * blk, blk, 0) for i in range(4)], "DRAM")
+    dst[:] = 0
+    want = ctypes.string_at(vram, n)
+
+    def prun(h):
+        st = prefill.transfer(h)
+        while st == "PROC":
+            st = prefill.check_xfer_state(h)
+        prefill.release_xfer_handle(h)
+        return st
+
+    out["push"] = prun(prefill.make_prepped_xfer("WRITE", mine, [3, 2, 1, 0], theirs, [0, 1, 2, 3]))
+    out["push_ok"] = all(dst[i * blk:(i + 1) * blk].tobytes() == want[(3 - i) * blk:(4 - i) * blk] for i in range(4))
+    dst[:blk] = 77
+    out["pull"] = prun(prefill.make_prepped_xfer("READ", mine, [1], theirs, [0]))
+    out["pull_ok"] = ctypes.string_at(vram + blk, blk) == bytes([77]) * blk
     print(json.dumps(out), flush=True)
     """
 )
@@ -239,9 +255,8 @@ def test_hmc_nixl_reads_and_writes_vram(cuda_shim):
     assert child.returncode == 0, out
     got = json.loads(out.strip().splitlines()[-1])
     assert (got["read"], got["read_ok"], got["write"], got["write_ok"]) == ("DONE", True, "DONE", True), got
-    # This engine's own side of a staged region goes through initialize_xfer, not a
-    # prepared local list: refused with the reason.
-    assert "not a prepared local list" in got["local_vram_list"], got
+    # This engine's own side of a staged region in prepared lists: through its bounce buffers.
+    assert (got["push"], got["push_ok"], got["pull"], got["pull_ok"]) == ("DONE", True, "DONE", True), got
 
 
 def test_the_staging_limits_are_engine_options():

@@ -454,6 +454,9 @@ impl<C: Communicator> XferInner<C> {
             TransferOp::Write => Op::Write,
         };
         let mut gone = self.peer.gone.subscribe();
+        // Runs of device memory the transport stages and does not move itself go through
+        // this engine's bounce buffers, after the others.
+        let mut staged = Vec::new();
         let mut i = 0;
         let mut batch: Vec<TransferDesc<'_, C>> = Vec::new();
         while i < self.runs.len() {
@@ -461,6 +464,20 @@ impl<C: Communicator> XferInner<C> {
             let mut chunk = 0u64;
             while i < self.runs.len() && batch.len() < self.max_batch {
                 let run = self.runs[i];
+                let (local, remote) = (&held[run.l as usize], &r.regs[run.r as usize]);
+                if let Some(st) = &local.staged
+                    && !comm.moves_device_memory(&self.peer.ep, &local.reg, &remote.key)
+                {
+                    staged.push(super::staged::StagedPiece {
+                        local: st.clone(),
+                        local_off: run.loff as usize,
+                        remote: remote.clone(),
+                        remote_off: run.roff,
+                        len: run.len as usize,
+                    });
+                    i += 1;
+                    continue;
+                }
                 if !batch.is_empty() && chunk + run.len > chunk_bytes {
                     break;
                 }
@@ -473,6 +490,9 @@ impl<C: Communicator> XferInner<C> {
                 });
                 chunk += run.len;
                 i += 1;
+            }
+            if batch.is_empty() {
+                continue;
             }
             let outcome = tokio::select! {
                 biased;
@@ -522,6 +542,33 @@ impl<C: Communicator> XferInner<C> {
             }
         }
         drop(batch);
+        for p in &staged {
+            // One piece at a time, each within the no-progress bound.
+            let one = std::slice::from_ref(p);
+            let outcome = tokio::select! {
+                biased;
+                r = Box::pin(self.engine.run_staged(&self.peer.ep, op, one, Deadline::after(stall))) => r,
+                _ = gone.wait_for(Option::is_some) => {
+                    return Err(EngineError::PeerGone {
+                        peer: self.peer.name.clone(),
+                        why: self.peer.gone.borrow().clone().unwrap_or_else(|| "disconnected".into()),
+                    });
+                }
+            };
+            match outcome {
+                Ok(()) => *moved += p.len as u64,
+                Err(hmc_core::Error::DeadlineExceeded { .. }) => {
+                    return Err(EngineError::Timeout {
+                        what: format!(
+                            "a transfer with `{}` made no progress (a staged run of {} bytes did not complete; {moved} of {} bytes moved): no_progress_timeout",
+                            self.peer.name, p.len, self.bytes
+                        ),
+                        after: stall,
+                    });
+                }
+                Err(e) => return Err(EngineError::Transport(e)),
+            }
+        }
         if let Some((name, msg)) = &self.notify {
             self.engine
                 .notify_peer(&self.peer, name, msg, None, stall)

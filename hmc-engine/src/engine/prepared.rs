@@ -267,11 +267,9 @@ impl<C: Communicator> Engine<C> {
         let resolved = resolve(
             entries,
             |addr, len| match t.map.find(addr, len) {
-                Lookup::Inside(r, _) if r.staged.is_some() => {
-                    Err(EngineError::InvalidArgument(format!(
-                        "{addr:#x}+{len} is device memory the transport stages through host buffers: peers reach it (through their prepared lists too), and this engine's own side of it goes through Engine::transfer, not a prepared local list"
-                    )))
-                }
+                // Device memory the transport stages is moved through this engine's bounce
+                // buffers by the transfers made of the list (or by the transport itself where
+                // it moves it directly).
                 Lookup::Inside(r, off) => Ok((Arc::downgrade(r), off)),
                 other => {
                     if let Lookup::Inside(..) = t.staged.find(addr, len) {
