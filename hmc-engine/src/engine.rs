@@ -406,7 +406,7 @@ impl<C: Communicator> Engine<C> {
         unsafe { self.add_registered(region, access, None, None) }
     }
 
-    /// Registers `region` with the transport (with its device's backend `memory`, or
+    /// Registers `region` with the transport (with its device's backend: `memory`, or
     /// `staged`'s when it is device memory the transport stages) and adds it to the table
     /// peers fetch.
     ///
@@ -441,10 +441,9 @@ impl<C: Communicator> Engine<C> {
         // SAFETY: the caller guarantees the memory stays valid until deregistration, which
         // drops the registration only after transfers using it have ended.
         let reg = unsafe {
-            match (memory, &staged) {
-                (_, Some(st)) => s.comm.register_memory(region, access, st.memory())?,
-                (Some(m), None) => s.comm.register_memory(region, access, m)?,
-                (None, None) => s.comm.register(region, access)?,
+            match memory.or_else(|| staged.as_deref().map(staged::StagedReg::memory)) {
+                Some(m) => s.comm.register_memory(region, access, m)?,
+                None => s.comm.register(region, access)?,
             }
         };
         let exported = s.comm.export(&reg)?.encode();

@@ -481,6 +481,8 @@ async fn session(
     let key = format!("{}{}", shared.prefix, shared.name);
     // Whether this session holds the member's key (not while withdrawn by `set_listed`).
     let mut held = shared.listed.load(Ordering::Acquire);
+    // The labelled blobs this session wrote, as written.
+    let mut written = BTreeMap::new();
     if held {
         let claimed = tokio::time::timeout(t, claim(shared, &mut client, &key, lease))
             .await
@@ -490,10 +492,6 @@ async fn session(
             let _ = tokio::time::timeout(t, client.lease_revoke(lease)).await;
             return Err(e);
         }
-    }
-    // The labelled blobs this session wrote, as written.
-    let mut written = BTreeMap::new();
-    if held {
         tokio::time::timeout(t, write_labels(shared, &mut client, lease, &mut written))
             .await
             .map_err(|_| timed("put"))??;

@@ -438,6 +438,25 @@ impl<C: Communicator> XferInner<C> {
         refused
     }
 
+    /// Why a post ended when its peer went: this engine's finalize, or the peer.
+    fn gone_error(&self) -> EngineError {
+        if self.engine.is_finalized() {
+            return EngineError::Cancelled(format!(
+                "a transfer with `{}`: this engine was finalized",
+                self.peer.name
+            ));
+        }
+        EngineError::PeerGone {
+            peer: self.peer.name.clone(),
+            why: self
+                .peer
+                .gone
+                .borrow()
+                .clone()
+                .unwrap_or_else(|| "disconnected".into()),
+        }
+    }
+
     async fn run(&self, moved: &mut u64) -> Result<()> {
         self.engine.check_open()?;
         self.check_peer()?;
@@ -497,19 +516,7 @@ impl<C: Communicator> XferInner<C> {
             let outcome = tokio::select! {
                 biased;
                 r = comm.transfer(&self.peer.ep, op, &batch, Deadline::after(stall)) => r,
-                _ = gone.wait_for(Option::is_some) => {
-                    let why = self.peer.gone.borrow().clone();
-                    return Err(if self.engine.is_finalized() {
-                        EngineError::Cancelled(format!(
-                            "a transfer with `{}`: this engine was finalized", self.peer.name
-                        ))
-                    } else {
-                        EngineError::PeerGone {
-                            peer: self.peer.name.clone(),
-                            why: why.unwrap_or_else(|| "disconnected".into()),
-                        }
-                    });
-                }
+                _ = gone.wait_for(Option::is_some) => return Err(self.gone_error()),
             };
             match outcome {
                 Ok(()) => *moved += chunk,
@@ -548,12 +555,7 @@ impl<C: Communicator> XferInner<C> {
             let outcome = tokio::select! {
                 biased;
                 r = Box::pin(self.engine.run_staged(&self.peer.ep, op, one, Deadline::after(stall))) => r,
-                _ = gone.wait_for(Option::is_some) => {
-                    return Err(EngineError::PeerGone {
-                        peer: self.peer.name.clone(),
-                        why: self.peer.gone.borrow().clone().unwrap_or_else(|| "disconnected".into()),
-                    });
-                }
+                _ = gone.wait_for(Option::is_some) => return Err(self.gone_error()),
             };
             match outcome {
                 Ok(()) => *moved += p.len as u64,

@@ -389,12 +389,16 @@ class nixl_agent:
         """Connected already by ``add_remote_agent``: checks that the agent is known."""
         self._addr(remote_agent)
 
-    def _addr(self, agent) -> str:
-        name = _name(agent)
+    def _known(self, name: str) -> Optional[str]:
+        """The engine address of agent `name` (this agent's own: its loopback), if loaded."""
         if name == self.name and self._engine is not None:
             return self._loopback()
         with self._lock:
-            addr = self._remotes.get(name)
+            return self._remotes.get(name)
+
+    def _addr(self, agent) -> str:
+        name = _name(agent)
+        addr = self._known(name)
         if addr is None:
             raise nixlBind.nixlNotFoundError(f"NIXL_ERR_NOT_FOUND: metadata for remote agent '{name}' not found")
         return addr
@@ -689,11 +693,7 @@ class nixl_agent:
 
     def check_remote_metadata(self, agent: str, descs=None) -> bool:
         """Whether the agent's metadata is loaded (and, with ``descs``, covers them)."""
-        if _name(agent) == self.name and self._engine is not None:
-            addr = self._loopback()
-        else:
-            with self._lock:
-                addr = self._remotes.get(_name(agent))
+        addr = self._known(_name(agent))
         if addr is None or not self._e().check_remote(addr):
             return False
         if descs is None or len(descs) == 0:
@@ -718,7 +718,8 @@ class nixl_agent:
     def send_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT):
         """Sends this agent's metadata to the listen thread of the peer at ``ip_addr:port``
         (done when this returns); without ``ip_addr``, to the central metadata server (with
-        ``NIXL_ETCD_ENDPOINTS`` the agent is registered there from its start: nothing to do)."""
+        ``NIXL_ETCD_ENDPOINTS`` the agent is registered there from its start; this lists it
+        again after ``invalidate_local_metadata``)."""
         if not ip_addr:
             if not self._etcd:
                 self._no_exchange("send_local_metadata")
