@@ -111,6 +111,9 @@ pub mod communicator;
 /// A peer binary in a child process, killed or stopped mid-transfer.
 pub mod process;
 
+/// Every case with its name and expected error, for runners that choose at run time.
+pub mod cases;
+
 /// Generates the [`Memory`] conformance tests for the backend made by `$make`, an
 /// expression of type `Option<M>` (`None`: no such device here; the tests log a skip).
 ///

@@ -65,7 +65,8 @@ pub const HMC_ERR_UNSUPPORTED: i32 = -10;
 pub const HMC_ERR_UNSUPPORTED_MEMORY: i32 = -11;
 /// Out of memory.
 pub const HMC_ERR_OUT_OF_MEMORY: i32 = -12;
-/// A configured limit was reached (the message names it and how to raise it).
+/// A configured limit was reached. The message reads `NAME: VALUE > MAX; how to raise it`
+/// (the host reports that named limit).
 pub const HMC_ERR_LIMIT: i32 = -13;
 /// An operating-system call failed.
 pub const HMC_ERR_IO: i32 = -14;
@@ -91,6 +92,12 @@ pub const HMC_CAP_NOTIFICATIONS: u32 = 1;
 pub const HMC_CAP_ZERO_COPY: u32 = 2;
 /// `HmcCommCaps::flags`: `rekey` revokes a live registration's keys.
 pub const HMC_CAP_REKEY: u32 = 4;
+/// `HmcCommCaps::flags`: the transport reaches communicators of its own process only (a
+/// loopback or test transport); hmc-plugin-kit then skips its two-process cases.
+pub const HMC_CAP_SAME_PROCESS_ONLY: u32 = 8;
+
+/// `max_transfer_len` and `max_batch_len` of [`HmcCommCaps`]: no limit (0 allows nothing).
+pub const HMC_NO_LIMIT: u64 = u64::MAX;
 
 /// Peers may READ a registered region.
 pub const HMC_ACCESS_READ: u32 = 1;
@@ -295,22 +302,28 @@ pub struct HmcPluginApi {
     /// Reserved, zero.
     pub reserved: u32,
     /// The last error message set on the calling thread, NUL-terminated, valid until the
-    /// next call into the plugin on this thread; NULL or "" when none.
+    /// next call into the plugin on this thread; NULL or "" when none. Set it in the table
+    /// first in `hmc_plugin_init`: an init failure's message is read through it.
     pub last_error: Option<unsafe extern "C" fn() -> *const c_char>,
     /// Opens a communicator. `config` is `key=value` lines (the host passes `bind=IP` and
-    /// may pass more; ignore keys you do not know).
+    /// may pass `max_pending_notifications=N`; ignore keys you do not know).
     pub comm_open:
         Option<unsafe extern "C" fn(config: *const u8, len: usize, out: *mut *mut HmcComm) -> i32>,
-    /// Closes: pending and later operations end with an error; handles stay valid.
+    /// Closes: transfers in flight end (their next poll returns `HMC_ERR_CLOSED` or
+    /// `HMC_ERR_CANCELLED`), later calls fail with `HMC_ERR_CLOSED`; handles stay valid and
+    /// their release functions still work.
     pub comm_close: Option<unsafe extern "C" fn(comm: *mut HmcComm)>,
     /// Frees the communicator, after the host released every handle of it.
     pub comm_destroy: Option<unsafe extern "C" fn(comm: *mut HmcComm)>,
     /// An eventfd (or any fd that polls readable) the plugin signals whenever a transfer
     /// may have progressed or a notification arrived. Owned by the plugin, valid until
-    /// `comm_destroy`; the host only polls and reads it.
+    /// `comm_destroy`; the host only polls and reads it. Returns the fd (>= 0), or a
+    /// negative `HMC_ERR_*`.
     pub comm_event_fd: Option<unsafe extern "C" fn(comm: *mut HmcComm) -> i32>,
     /// The address peers connect to, as text (`tcp://IP:PORT`, `unix:///path`, or
-    /// `<transport id>:<hex>`). `HMC_ERR_TOO_SMALL` sets `*len` to the length needed.
+    /// `<transport id>:<hex>`), without a NUL; `*len` excludes any NUL. With `cap` too
+    /// small (0 included) it returns `HMC_ERR_TOO_SMALL` and sets `*len` to the length
+    /// needed.
     pub comm_address: Option<
         unsafe extern "C" fn(comm: *mut HmcComm, buf: *mut u8, cap: usize, len: *mut usize) -> i32,
     >,
@@ -353,7 +366,8 @@ pub struct HmcPluginApi {
             len: *mut usize,
         ) -> i32,
     >,
-    /// Revokes every key exported for `reg` so far: 1 when revoked. NULL: not supported.
+    /// Revokes every key exported for `reg` so far: returns 1 when revoked, 0 when this
+    /// registration cannot be rekeyed, or a negative `HMC_ERR_*`. NULL: not supported.
     pub rekey: Option<unsafe extern "C" fn(comm: *mut HmcComm, reg: *mut HmcReg) -> i32>,
     /// Imports a peer's region for use on `ep`.
     pub import: Option<
@@ -382,7 +396,7 @@ pub struct HmcPluginApi {
         ) -> i32,
     >,
     /// `HMC_PENDING` while running, then `HMC_OK` or the error, from then on. May drive
-    /// progress; must not block.
+    /// progress; must not block. A deadline passed while running: `HMC_ERR_DEADLINE`.
     pub transfer_poll: Option<unsafe extern "C" fn(comm: *mut HmcComm, t: *mut HmcTransfer) -> i32>,
     /// Cancels if still running and frees the transfer. Must not return while the
     /// transfer can still touch its local memory.
@@ -400,7 +414,8 @@ pub struct HmcPluginApi {
         ) -> i32,
     >,
     /// Takes the next notification without blocking: `HMC_OK` with `out` filled, or
-    /// `HMC_PENDING` when none is queued.
+    /// `HMC_PENDING` when none is queued. Buffers too small: set `from_len` and `msg_len`
+    /// to the lengths needed, return `HMC_ERR_TOO_SMALL`, keep the notification queued.
     pub recv_notification:
         Option<unsafe extern "C" fn(comm: *mut HmcComm, out: *mut HmcNotification) -> i32>,
     /// Opens the memory backend of one device; `config` as for `comm_open` (hosts pass

@@ -15,7 +15,8 @@ pub enum PluginError {
     /// `dlopen` failed (not a shared library, missing dependency, wrong architecture).
     #[error(
         "{path}: cannot be loaded: {reason}; check that it is a shared library for this \
-         machine and that its dependencies resolve (ldd {path})"
+         machine and that every library and symbol it needs resolves (`ldd -r {path}` lists \
+         what is missing)"
     )]
     Open {
         /// The file.
@@ -73,7 +74,7 @@ pub enum PluginError {
     /// process's user or root (OpenSSH's StrictModes rule): loading it would run their
     /// code. Checked before the file is opened.
     #[error(
-        "{path}: not loaded: {reason}; plugins run inside this process, so only root or this          user may be able to change them (chmod go-w, chown)"
+        "{path}: not loaded: {reason}; plugins run inside this process, so only root or this user may be able to change them (chmod go-w, chown)"
     )]
     Unsafe {
         /// The file.
@@ -83,7 +84,7 @@ pub enum PluginError {
     },
     /// The plugin's name is one of the built-in transports'.
     #[error(
-        "{path}: the plugin is named `{name}`, the name of a built-in transport; rename the          plugin (built-in names: {builtins})"
+        "{path}: the plugin is named `{name}`, the name of a built-in transport; rename the plugin (built-in names: {builtins})"
     )]
     Reserved {
         /// The file.
@@ -92,6 +93,20 @@ pub enum PluginError {
         name: String,
         /// The names no plugin may take.
         builtins: String,
+    },
+    /// A folder's file promised one plugin by its name (`lib<name>.so`) and held another.
+    #[error(
+        "{path}: the file is named for plugin `{file_name}` but holds plugin `{name}`; a \
+         folder's plugins are loaded by file name, so rename it lib{name}.so (or name the \
+         file itself on HMC_PLUGIN_PATH)"
+    )]
+    Misnamed {
+        /// The file.
+        path: PathBuf,
+        /// The name its file gives.
+        file_name: String,
+        /// The name inside.
+        name: String,
     },
     /// Another plugin of the same name was found first on the search path.
     #[error(
@@ -130,7 +145,7 @@ pub(crate) fn status_error(
     message: Option<String>,
     started: std::time::Instant,
 ) -> Error {
-    let detail = match message {
+    let detail = match &message {
         Some(m) if !m.is_empty() => format!("plugin `{plugin}`: {function}: {m}"),
         _ => format!(
             "plugin `{plugin}`: {function} returned {code} ({}) without a message; the \
@@ -170,8 +185,7 @@ pub(crate) fn status_error(
             code as i64,
             detail,
         ),
-        // The plugin's message names the limit and how to raise it; no numbers cross.
-        HMC_ERR_LIMIT => Error::InvalidArgument(format!("limit reached: {detail}")),
+        HMC_ERR_LIMIT => limit_error(plugin, function, message.as_deref(), detail),
         HMC_ERR_IO => Error::io(detail, std::io::Error::other("reported by the plugin")),
         HMC_ERR_UNAVAILABLE => Error::Unavailable {
             what: format!("plugin `{plugin}`"),
@@ -186,6 +200,51 @@ pub(crate) fn status_error(
     }
 }
 
+/// `HMC_ERR_LIMIT`'s message, `NAME: VALUE > MAX; how to raise it` (hmc_plugin.h), as
+/// `Error::LimitExceeded`; another form stays a message, with a note of the expected one.
+fn limit_error(plugin: &str, function: &str, message: Option<&str>, detail: String) -> Error {
+    match message.and_then(parse_limit) {
+        Some((limit, value, max, hint)) => Error::LimitExceeded {
+            limit,
+            value,
+            max,
+            hint: format!("plugin `{plugin}`: {function}: {hint}"),
+        },
+        None => Error::InvalidArgument(format!(
+            "limit reached: {detail} (HMC_ERR_LIMIT's message should read `NAME: VALUE > MAX; \
+             how to raise it`, so that hosts see which limit)"
+        )),
+    }
+}
+
+/// Splits `NAME: VALUE > MAX; HINT`. The name is interned: limits are few and named in
+/// code, so the set stays small (past 64 distinct names, the message stays text).
+fn parse_limit(message: &str) -> Option<(&'static str, u64, u64, String)> {
+    let (name, rest) = message.split_once(": ")?;
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+    {
+        return None;
+    }
+    let (numbers, hint) = rest.split_once("; ").unwrap_or((rest, ""));
+    let (value, max) = numbers.split_once(" > ")?;
+    let (value, max) = (value.trim().parse().ok()?, max.trim().parse().ok()?);
+    static NAMES: parking_lot::Mutex<Vec<&'static str>> = parking_lot::Mutex::new(Vec::new());
+    let mut names = NAMES.lock();
+    let interned = match names.iter().find(|n| **n == name) {
+        Some(n) => *n,
+        None if names.len() < 64 => {
+            let n: &'static str = Box::leak(name.to_string().into_boxed_str());
+            names.push(n);
+            n
+        }
+        None => return None,
+    };
+    Some((interned, value, max, hint.to_string()))
+}
+
 /// An `Error::DeadlineExceeded` the host raises when a plugin left a transfer pending past
 /// its deadline.
 pub(crate) fn overran(plugin: &str, started: std::time::Instant) -> Error {
@@ -197,5 +256,60 @@ pub(crate) fn overran(plugin: &str, started: std::time::Instant) -> Error {
     Error::DeadlineExceeded {
         during: "a plugin transfer the plugin did not end by its deadline",
         elapsed: started.elapsed().max(Duration::ZERO),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[rstest::rstest]
+    #[case::named("max_pending_notifications: 4097 > 4096; receive first", Some(("max_pending_notifications", 4097, 4096, "receive first")))]
+    #[case::no_hint("max_batch_len: 5 > 4", Some(("max_batch_len", 5, 4, "")))]
+    #[case::prose("loopmem: the queue is full", None)]
+    #[case::no_numbers("max_batch_len: too many", None)]
+    #[case::spaces_in_name("a limit: 1 > 0; x", None)]
+    fn limit_messages(#[case] message: &str, #[case] wanted: Option<(&str, u64, u64, &str)>) {
+        let got = parse_limit(message);
+        assert_eq!(
+            got.as_ref().map(|(n, v, m, h)| (*n, *v, *m, h.as_str())),
+            wanted
+        );
+    }
+
+    #[test]
+    fn hmc_err_limit_becomes_the_named_limit() {
+        let e = status_error(
+            "p",
+            TransportId::from_wire_id(200),
+            "notify",
+            HMC_ERR_LIMIT,
+            Some("max_pending_notifications: 9 > 8; receive some first".into()),
+            std::time::Instant::now(),
+        );
+        assert!(
+            matches!(
+                e,
+                Error::LimitExceeded {
+                    limit: "max_pending_notifications",
+                    value: 9,
+                    max: 8,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = status_error(
+            "p",
+            TransportId::from_wire_id(200),
+            "notify",
+            HMC_ERR_LIMIT,
+            Some("the queue is full".into()),
+            std::time::Instant::now(),
+        );
+        assert!(
+            e.to_string().contains("should read `NAME: VALUE > MAX"),
+            "{e}"
+        );
     }
 }

@@ -163,7 +163,7 @@ impl Plugin {
         }
         .map_err(|e| PluginError::Open {
             path: path.clone(),
-            reason: e.to_string(),
+            reason: with_sources(&e),
         })?;
         // Never unloaded: a plugin's threads, or destructors it registered, may still run
         // after the last handle is gone.
@@ -207,7 +207,13 @@ impl Plugin {
         }
         if code != HMC_OK {
             let message = last_error(&api).unwrap_or_else(|| {
-                "(the plugin set no last-error message; it must, with every error)".into()
+                if api.last_error.is_none() {
+                    "(its message is lost: it failed before setting out->last_error; set that \
+                     first in hmc_plugin_init)"
+                        .into()
+                } else {
+                    "(the plugin set no last-error message; it must, with every error)".into()
+                }
             });
             return Err(PluginError::Init {
                 path,
@@ -344,6 +350,21 @@ fn last_error(api: &HmcPluginApi) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
+/// An error and its sources: libloading's `dlopen failed` carries dlerror()'s text (the
+/// missing library, the undefined symbol) as its source.
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let more = s.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        source = s.source();
+    }
+    text
+}
+
 /// Zeroes every byte of `api` at or past `filled`.
 fn zero_tail(api: &mut HmcPluginApi, filled: usize) {
     let size = std::mem::size_of::<HmcPluginApi>();
@@ -407,8 +428,13 @@ fn check_permissions(path: &Path) -> Result<(), PluginError> {
     Ok(())
 }
 
-/// What a search found: every candidate file, the plugins loaded, and why each other
-/// candidate was refused.
+/// What a search found: every candidate file, the plugins loaded, why each other candidate
+/// was refused, and the plugins of folders not loaded yet.
+///
+/// A file named on the search path is loaded by the search (it was asked for by name). A
+/// folder's plugins are not: each `lib<name>.so` or `<name>.so` in it is loaded only when
+/// [`Discovery::load`] asks for that name, so a process that looks up one transport runs
+/// no other plugin's code (nor crashes on a broken file beside it).
 #[derive(Debug, Default)]
 pub struct Discovery {
     /// Where it looked, in order (entries that do not exist included).
@@ -419,39 +445,89 @@ pub struct Discovery {
     pub loaded: Vec<Arc<Plugin>>,
     /// Candidates refused, with the reason.
     pub rejected: Vec<PluginError>,
+    /// Folder candidates not loaded yet: the name their file gives, and the file.
+    pub unloaded: Vec<(String, PathBuf)>,
+}
+
+/// The plugin name a folder's file stands for: `lib<name>.so` or `<name>.so`.
+pub fn name_of_file(path: &Path) -> Option<String> {
+    let stem = path.file_name()?.to_str()?.strip_suffix(".so")?;
+    let name = stem.strip_prefix("lib").unwrap_or(stem);
+    (!name.is_empty()).then(|| name.to_string())
 }
 
 impl Discovery {
-    /// Searches `config`'s resolved path and loads every candidate. Nothing here fails:
-    /// each refusal is recorded with its reason.
+    /// Searches `config`'s resolved path: loads each file it names, and notes each folder's
+    /// `*.so` files by name for [`Discovery::load`]. Nothing here fails: each refusal is
+    /// recorded with its reason.
     pub fn search(config: &PluginConfig) -> Discovery {
         let mut d = Discovery {
             searched: config.resolved_path(),
             ..Discovery::default()
         };
         for entry in d.searched.clone() {
-            d.found.extend(candidates(&entry));
-        }
-        for path in d.found.clone() {
-            match load_cached(&path) {
-                Ok(p) => match d.loaded.iter().find(|l| l.name() == p.name()) {
-                    Some(first) => d.rejected.push(PluginError::Duplicate {
-                        path,
-                        name: p.name().to_string(),
-                        first: first.path().to_path_buf(),
-                    }),
-                    None => d.loaded.push(p),
-                },
-                Err(e) => d.rejected.push(e),
+            if entry.is_file() {
+                d.found.push(entry.clone());
+                d.admit(entry, None);
+                continue;
+            }
+            for file in candidates(&entry) {
+                d.found.push(file.clone());
+                match name_of_file(&file) {
+                    Some(name) => d.unloaded.push((name, file)),
+                    None => d.admit(file, None),
+                }
             }
         }
-        for p in &d.loaded {
-            tracing::debug!(name = p.name(), path = %p.path().display(), "transport plugin loaded");
-        }
-        for e in &d.rejected {
-            tracing::info!("transport plugin refused: {e}");
-        }
         d
+    }
+
+    /// Loads `path`; `wanted` is the name its file promised, if it came from a folder.
+    fn admit(&mut self, path: PathBuf, wanted: Option<&str>) {
+        match load_cached(&path) {
+            Ok(p) if wanted.is_some_and(|w| w != p.name()) => {
+                self.rejected.push(PluginError::Misnamed {
+                    path,
+                    file_name: wanted.unwrap_or_default().to_string(),
+                    name: p.name().to_string(),
+                });
+            }
+            Ok(p) => match self.loaded.iter().find(|l| l.name() == p.name()) {
+                Some(first) if Arc::ptr_eq(first, &p) => {}
+                Some(first) => self.rejected.push(PluginError::Duplicate {
+                    path,
+                    name: p.name().to_string(),
+                    first: first.path().to_path_buf(),
+                }),
+                None => {
+                    tracing::debug!(name = p.name(), path = %p.path().display(), "transport plugin loaded");
+                    self.loaded.push(p);
+                }
+            },
+            Err(e) => {
+                tracing::info!("transport plugin refused: {e}");
+                self.rejected.push(e);
+            }
+        }
+    }
+
+    /// The plugin named `name`: loaded already, or loaded now from the first folder file
+    /// named after it (`lib<name>.so`, `<name>.so`). Other folder files stay unloaded.
+    pub fn load(&mut self, name: &str) -> Option<Arc<Plugin>> {
+        while self.get(name).is_none() {
+            let i = self.unloaded.iter().position(|(n, _)| n == name)?;
+            let (wanted, path) = self.unloaded.remove(i);
+            self.admit(path, Some(&wanted));
+        }
+        self.get(name).cloned()
+    }
+
+    /// Loads every folder candidate not loaded yet (a full check, as tests and listings
+    /// that ask for one do).
+    pub fn load_all(&mut self) {
+        for (wanted, path) in std::mem::take(&mut self.unloaded) {
+            self.admit(path, Some(&wanted));
+        }
     }
 
     /// The loaded plugin named `name`.
@@ -459,7 +535,8 @@ impl Discovery {
         self.loaded.iter().find(|p| p.name() == name)
     }
 
-    /// A human-readable report: where it looked, what loaded, what was refused and why.
+    /// A human-readable report: where it looked, what loaded, what was refused and why,
+    /// and what waits to be loaded by name.
     pub fn report(&self) -> String {
         use std::fmt::Write;
         let mut s = String::new();
@@ -490,6 +567,14 @@ impl Discovery {
                 p.transport().wire_id()
             );
         }
+        for (name, path) in &self.unloaded {
+            let _ = writeln!(
+                s,
+                "waiting {name:<12} {} (loaded when `{name}` is asked for; hmc-plugin-kit \
+                 checks it)",
+                path.display()
+            );
+        }
         for e in &self.rejected {
             let _ = writeln!(s, "refused {e}");
         }
@@ -497,11 +582,8 @@ impl Discovery {
     }
 }
 
-/// The plugin files an entry of the search path names.
+/// The plugin files in a folder of the search path, in name order.
 fn candidates(entry: &Path) -> Vec<PathBuf> {
-    if entry.is_file() {
-        return vec![entry.to_path_buf()];
-    }
     let Ok(dir) = std::fs::read_dir(entry) else {
         return Vec::new();
     };

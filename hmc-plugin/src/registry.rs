@@ -52,10 +52,11 @@ struct Builtin {
     factory: Factory,
 }
 
-/// Transports by name: built-ins first, then plugins found on the search path.
+/// Transports by name: built-ins first, then plugins found on the search path (a folder's
+/// plugin is loaded when its name is opened, [`Discovery`]).
 pub struct TransportRegistry {
     builtins: Vec<Builtin>,
-    discovery: Discovery,
+    discovery: parking_lot::Mutex<Discovery>,
 }
 
 impl TransportRegistry {
@@ -63,7 +64,7 @@ impl TransportRegistry {
     pub fn discover(config: &PluginConfig) -> Self {
         TransportRegistry {
             builtins: Vec::new(),
-            discovery: Discovery::search(config),
+            discovery: parking_lot::Mutex::new(Discovery::search(config)),
         }
     }
 
@@ -71,7 +72,7 @@ impl TransportRegistry {
     pub fn without_plugins() -> Self {
         TransportRegistry {
             builtins: Vec::new(),
-            discovery: Discovery::default(),
+            discovery: parking_lot::Mutex::new(Discovery::default()),
         }
     }
 
@@ -94,17 +95,28 @@ impl TransportRegistry {
     /// Every name that opens something, built-ins first.
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.builtins.iter().map(|b| b.name.clone()).collect();
-        for p in &self.discovery.loaded {
-            if !names.iter().any(|n| n == p.name()) {
-                names.push(p.name().to_string());
+        let d = self.discovery.lock();
+        let plugins = d
+            .loaded
+            .iter()
+            .map(|p| p.name())
+            .chain(d.unloaded.iter().map(|(n, _)| n.as_str()));
+        for name in plugins {
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
             }
         }
         names
     }
 
-    /// What the plugin search found.
-    pub fn discovery(&self) -> &Discovery {
-        &self.discovery
+    /// What the plugin search found (and loaded since).
+    pub fn discovery(&self) -> parking_lot::MutexGuard<'_, Discovery> {
+        self.discovery.lock()
+    }
+
+    /// The plugin named `name`, loading it from its folder if need be.
+    pub fn plugin(&self, name: &str) -> Option<std::sync::Arc<crate::Plugin>> {
+        self.discovery.lock().load(name)
     }
 
     /// Opens the transport `spec` names: `NAME`, or `NAME://IP` to listen on that IP
@@ -130,14 +142,15 @@ impl TransportRegistry {
         if let Some(b) = self.builtins.iter().find(|b| b.name == name) {
             return (b.factory)(&options);
         }
-        if let Some(p) = self.discovery.get(name) {
-            let comm = PluginCommunicator::open(p.clone(), &options.config_text())?;
+        if let Some(p) = self.plugin(name) {
+            let comm = PluginCommunicator::open(p, &options.config_text())?;
             return Ok(AnyCommunicator::new(comm));
         }
+        let rejected = self.discovery.lock().rejected.len();
         Err(Error::InvalidArgument(format!(
             "no transport named `{name}`; known: {}{}",
             self.names().join(", "),
-            if self.discovery.rejected.is_empty() {
+            if rejected == 0 {
                 format!(
                     " (plugins are searched on {}; list them with --list-transports)",
                     PluginConfig::ENV
@@ -145,7 +158,7 @@ impl TransportRegistry {
             } else {
                 format!(
                     " ({} plugin candidate(s) were refused; --list-transports says why)",
-                    self.discovery.rejected.len()
+                    rejected
                 )
             }
         )))
@@ -157,7 +170,8 @@ impl TransportRegistry {
         for b in &self.builtins {
             s.push_str(&format!("  {:<12} {}\n", b.name, b.about));
         }
-        for p in &self.discovery.loaded {
+        let d = self.discovery.lock();
+        for p in &d.loaded {
             if self.builtins.iter().any(|b| b.name == p.name()) {
                 s.push_str(&format!(
                     "note: plugin `{}` ({}) is shadowed by the built-in of that name\n",
@@ -166,7 +180,7 @@ impl TransportRegistry {
                 ));
             }
         }
-        s.push_str(&self.discovery.report());
+        s.push_str(&d.report());
         s
     }
 }

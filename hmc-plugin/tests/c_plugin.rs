@@ -77,9 +77,12 @@ fn a_file_that_is_not_a_plugin_is_refused_and_listed() {
     let broken = common::build_c_plugin("broken-init", &["BROKEN_INIT_FAILS"]);
     std::fs::copy(&good, dir.path().join("libloopmem.so")).unwrap();
     std::fs::copy(&broken, dir.path().join("libbroken-init.so")).unwrap();
-    let d = hmc_plugin::Discovery::search(&hmc_plugin::PluginConfig {
+    let mut d = hmc_plugin::Discovery::search(&hmc_plugin::PluginConfig {
         search_path: vec![dir.path().to_path_buf(), good.clone()],
     });
+    // The folder's files wait to be asked for by name; the named file is loaded.
+    assert_eq!(d.unloaded.len(), 3, "{}", d.report());
+    d.load_all();
     let report = d.report();
     assert_eq!(d.found.len(), 4, "{report}");
     assert_eq!(d.loaded.len(), 1, "{report}");
@@ -89,6 +92,122 @@ fn a_file_that_is_not_a_plugin_is_refused_and_listed() {
     // The same name again further down the path: refused as a duplicate, naming the first.
     assert!(
         report.contains("a plugin named `loopmem` was already loaded from"),
+        "{report}"
+    );
+}
+
+/// A folder on the search path: only the file named after the plugin asked for is
+/// loaded. Beside it lies a library whose constructor aborts the process: were it loaded,
+/// this test would not finish.
+#[test]
+fn a_folders_plugins_are_loaded_by_name_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let boom = dir.path().join("boom.c");
+    std::fs::write(
+        &boom,
+        "#include <stdlib.h>\n__attribute__((constructor)) static void boom(void) { abort(); }\n",
+    )
+    .unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(dir.path().join("libboom.so"))
+        .arg(&boom)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    std::fs::copy(
+        common::build_c_plugin("loopmem", &[]),
+        dir.path().join("libloopmem.so"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("libmislabelled.so"), b"").unwrap();
+    let registry = hmc_plugin::TransportRegistry::discover(&hmc_plugin::PluginConfig {
+        search_path: vec![dir.path().to_path_buf()],
+    });
+    let names = registry.names();
+    assert!(
+        names.contains(&"boom".to_string()) && names.contains(&"loopmem".to_string()),
+        "{names:?}"
+    );
+    let report = registry.report();
+    assert!(report.contains("waiting boom"), "{report}");
+    let comm = registry
+        .open(
+            "loopmem",
+            &hmc_plugin::OpenOptions::new([127, 0, 0, 1].into()),
+        )
+        .expect("loopmem by name");
+    drop(comm);
+    let d = registry.discovery();
+    assert_eq!(d.loaded.len(), 1, "{}", d.report());
+    assert!(d.rejected.is_empty(), "{}", d.report());
+    assert!(
+        d.unloaded.iter().any(|(n, _)| n == "boom"),
+        "{}",
+        d.report()
+    );
+}
+
+/// A plugin whose dependency is missing is refused with dlerror()'s text (the library it
+/// needs) and the command that lists what is missing.
+#[test]
+fn a_missing_dependency_is_named_with_dlerror_and_ldd() {
+    let dir = tempfile::tempdir().unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let src = dir.path().join("dep.c");
+    std::fs::write(&src, "int hmc_test_dep(void) { return 1; }\n").unwrap();
+    let ok = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(dir.path().join("libhmcdep.so"))
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let user = dir.path().join("user.c");
+    std::fs::write(
+        &user,
+        "int hmc_test_dep(void);\nint hmc_plugin_init(void) { return hmc_test_dep(); }\n",
+    )
+    .unwrap();
+    let ok = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(dir.path().join("libneedsdep.so"))
+        .arg(&user)
+        .arg("-L")
+        .arg(dir.path())
+        .arg("-lhmcdep")
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    std::fs::remove_file(dir.path().join("libhmcdep.so")).unwrap();
+    let e = Plugin::load(&dir.path().join("libneedsdep.so"))
+        .expect_err("its dependency is gone")
+        .to_string();
+    assert!(
+        e.contains("libhmcdep.so: cannot open shared object file"),
+        "{e}"
+    );
+    assert!(e.contains("ldd -r "), "{e}");
+}
+
+/// A folder's file must hold the plugin its name promises.
+#[test]
+fn a_folder_file_named_for_another_plugin_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        common::build_c_plugin("loopmem", &[]),
+        dir.path().join("libother.so"),
+    )
+    .unwrap();
+    let mut d = hmc_plugin::Discovery::search(&hmc_plugin::PluginConfig {
+        search_path: vec![dir.path().to_path_buf()],
+    });
+    assert!(d.load("other").is_none());
+    let report = d.report();
+    assert!(
+        report.contains("named for plugin `other` but holds plugin `loopmem`")
+            && report.contains("rename it libloopmem.so"),
         "{report}"
     );
 }
@@ -307,9 +426,10 @@ fn plugins_others_could_change_are_refused_unopened(
     // SAFETY: no other thread of this binary reads or writes this variable (only these
     // cases, one at a time, and the plugin's constructor on this thread).
     unsafe { std::env::set_var("HMC_TEST_CONSTRUCTOR_MARK", &mark) };
-    let d = hmc_plugin::Discovery::search(&hmc_plugin::PluginConfig {
+    let mut d = hmc_plugin::Discovery::search(&hmc_plugin::PluginConfig {
         search_path: vec![folder.clone()],
     });
+    assert!(d.load("marked").is_none(), "{}", d.report());
     assert!(d.loaded.is_empty(), "{}", d.report());
     let report = d.report();
     assert!(

@@ -63,6 +63,10 @@ usage: cargo xtask <command>
                        hosts as network namespaces (root): etcd, engines, and faults
                        (link down, SIGKILL, address change, SIGSTOP, etcd restart, tc tbf)
                        with figures
+  plugin-kit PLUGIN.so [--case NAME]... [--config KEY=VALUE]... [--list]
+                       build hmc-plugin-kit and run the conformance kit against a plugin's
+                       shared library through the real loader (each case in its own
+                       process; prints N passed, M failed and each failure's expected error)
   deps                 install the system packages the build and tests need (apt, as root)
 ";
 
@@ -89,6 +93,7 @@ fn main() -> ExitCode {
         Some("cluster-test") => cluster::run(&root(), args.iter().any(|a| a == "--quick")),
         Some("ucx-wheel") => ucx_wheel(&args[1..]),
         Some("new-backend") => scaffold::run(&root(), &args[1..]).map(drop),
+        Some("plugin-kit") => plugin_kit(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             Ok(())
@@ -101,6 +106,35 @@ fn main() -> ExitCode {
             eprintln!("xtask: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `cargo xtask plugin-kit PLUGIN.so ARGS...`: builds hmc-plugin-kit (release) and runs it
+/// from the caller's directory, so a relative plugin path means what the author typed.
+fn plugin_kit(args: &[String]) -> Result {
+    if args.is_empty() {
+        return Err(
+            "plugin-kit needs the plugin's .so: cargo xtask plugin-kit PATH [--case NAME]".into(),
+        );
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = Command::new(&cargo)
+        .current_dir(root())
+        .args(["build", "--release", "-q", "-p", "hmc-plugin-kit"])
+        .status()
+        .map_err(|e| format!("running {cargo}: {e}"))?;
+    if !built.success() {
+        return Err("building hmc-plugin-kit failed".into());
+    }
+    let kit = root().join("target/release/hmc-plugin-kit");
+    let status = Command::new(&kit)
+        .args(args)
+        .status()
+        .map_err(|e| format!("running {}: {e}", kit.display()))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err("the plugin failed the kit (each failure is listed above)".into())
     }
 }
 

@@ -119,6 +119,17 @@ fn is_library(path: &str) -> bool {
         && !path.ends_with("build.rs")
         && !path.contains("/examples/")
         && !path.starts_with("xtask/")
+        && !in_binary_crate(path)
+}
+
+/// Whether the file belongs to a crate that is only a binary (a `src/main.rs`, no
+/// `src/lib.rs`): its modules are the program's, which prints.
+fn in_binary_crate(path: &str) -> bool {
+    let Some((krate, _)) = path.split_once("/src/") else {
+        return false;
+    };
+    let src = crate::root().join(krate).join("src");
+    src.join("main.rs").exists() && !src.join("lib.rs").exists()
 }
 
 /// Index of the line where a file's trailing inline test module starts (its

@@ -17,13 +17,16 @@
  * host memory underneath (malloc and memmove), the smallest thing the memory kit accepts.
  *
  * Built by hmc-plugin's tests with `cc -std=c11 -Wall -Wextra -Werror -shared -fPIC`.
- * The BROKEN_* macros build the deliberately broken variants the tests refuse.
+ * The BROKEN_* macros build the deliberately broken variants the tests refuse, and the
+ * ones hmc-plugin-kit's tests show failing its cases (BROKEN_CRASH_ON_TRANSFER,
+ * BROKEN_IGNORES_OUT_SIZE, BROKEN_UNBOUNDED_NOTIFY).
  */
 #define _GNU_SOURCE
 #include "hmc_plugin.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -380,7 +383,8 @@ static int32_t lm_comm_capabilities(HmcComm *comm, HmcCommCaps *out) {
     (void)comm;
     HmcCommCaps caps;
     memset(&caps, 0, sizeof caps);
-    caps.flags = HMC_CAP_NOTIFICATIONS;
+    /* Peers are communicators of this process only (see the file's opening comment). */
+    caps.flags = HMC_CAP_NOTIFICATIONS | HMC_CAP_SAME_PROCESS_ONLY;
     caps.max_notification_len = LOOPMEM_MAX_NOTIFY_LEN;
     caps.max_transfer_len = UINT64_MAX;
     caps.max_batch_len = LOOPMEM_MAX_BATCH;
@@ -497,8 +501,11 @@ static int32_t lm_transfer_start(HmcComm *comm, HmcEndpoint *ep, uint32_t op, co
     struct lm_comm *c = (struct lm_comm *)comm;
     struct lm_ep *e = (struct lm_ep *)ep;
     if (op != HMC_OP_READ && op != HMC_OP_WRITE) return fail(HMC_ERR_INVALID_ARGUMENT, "loopmem: op %u", op);
+#ifdef BROKEN_CRASH_ON_TRANSFER
+    raise(SIGSEGV);
+#endif
     if (count > LOOPMEM_MAX_BATCH)
-        return fail(HMC_ERR_LIMIT, "loopmem: a batch of %zu descriptors is over max_batch_len %u; split it",
+        return fail(HMC_ERR_LIMIT, "max_batch_len: %zu > %u; loopmem takes at most that many descriptors per batch: split it",
                     count, LOOPMEM_MAX_BATCH);
     struct lm_xfer *x = calloc(1, sizeof *x);
     if (!x || (count && !(x->descs = calloc(count, sizeof *x->descs)))) {
@@ -582,7 +589,7 @@ static int32_t lm_notify(HmcComm *comm, HmcEndpoint *ep, uint64_t tag, const uin
     struct lm_ep *e = (struct lm_ep *)ep;
     (void)deadline_ns;
     if (len > LOOPMEM_MAX_NOTIFY_LEN)
-        return fail(HMC_ERR_LIMIT, "loopmem: a notification of %zu bytes is over max_notification_len %u",
+        return fail(HMC_ERR_LIMIT, "max_notification_len: %zu > %u; loopmem notifications are at most that many bytes",
                     len, LOOPMEM_MAX_NOTIFY_LEN);
     struct lm_note *n = malloc(sizeof *n + len);
     if (!n) return fail(HMC_ERR_OUT_OF_MEMORY, "loopmem: out of memory");
@@ -597,10 +604,13 @@ static int32_t lm_notify(HmcComm *comm, HmcEndpoint *ep, uint64_t tag, const uin
     int32_t code = HMC_OK;
     if (c->closed) code = fail(HMC_ERR_CLOSED, "loopmem: this communicator was closed");
     else if (!t || t->closed) code = fail(HMC_ERR_PEER, "loopmem: the peer communicator closed or went away");
+#ifndef BROKEN_UNBOUNDED_NOTIFY
     else if (t->pending >= t->max_pending)
-        code = fail(HMC_ERR_LIMIT, "loopmem: the peer holds %zu unreceived notifications, its "
-                    "max_pending_notifications; it must receive some first (or raise the limit "
-                    "with max_pending_notifications=N in its configuration)", t->pending);
+        code = fail(HMC_ERR_LIMIT, "max_pending_notifications: %zu > %zu; the loopmem peer holds "
+                    "that many unreceived notifications: it must receive some first, or raise the "
+                    "limit with max_pending_notifications=N in its configuration",
+                    t->pending + 1, t->max_pending);
+#endif
     if (code != HMC_OK) {
         pthread_mutex_unlock(&g_lock);
         free(n);
@@ -760,6 +770,9 @@ int32_t hmc_plugin_init(uint32_t host_abi_major, uint32_t host_abi_minor, const 
     api.transfer_poll = NULL;
 #endif
     size_t n = out_size < sizeof api ? out_size : sizeof api;
+#ifdef BROKEN_IGNORES_OUT_SIZE
+    n = sizeof api; /* writes past what an older host offered */
+#endif
     if (api.header.struct_size > n) api.header.struct_size = n;
     memcpy(out, &api, n);
     if (host_abi_major != HMC_PLUGIN_ABI_MAJOR)

@@ -97,7 +97,16 @@ fn clear_error() {
 
 /// The status code of `e`, with its text as the thread's last error.
 fn fail(e: &Error) -> i32 {
-    set_error(&e.to_string());
+    match e {
+        // The host reads the limit back from this form (hmc_plugin.h, HMC_ERR_LIMIT).
+        Error::LimitExceeded {
+            limit,
+            value,
+            max,
+            hint,
+        } => set_error(&format!("{limit}: {value} > {max}; {hint}")),
+        e => set_error(&e.to_string()),
+    }
     match e {
         Error::InvalidArgument(_) => HMC_ERR_INVALID_ARGUMENT,
         Error::OutOfBounds { .. } => HMC_ERR_OUT_OF_BOUNDS,

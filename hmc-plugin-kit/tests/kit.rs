@@ -1,0 +1,129 @@
+//! hmc-plugin-kit as a plugin author runs it: the binary against the example C plugin (compiled here) and the example Rust plugin, which pass, and against deliberately broken variants of the C plugin, whose failures are reported with the case, what it expected and what happened.
+
+#[path = "../../hmc-plugin/tests/common/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+/// Runs the kit; returns (success, stdout).
+fn kit(plugin: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hmc-plugin-kit"))
+        .arg(plugin)
+        .args(args)
+        .output()
+        .expect("run hmc-plugin-kit");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out.status.success(), stdout)
+}
+
+fn summary(stdout: &str) -> &str {
+    stdout
+        .lines()
+        .rev()
+        .find(|l| l.contains(" passed, "))
+        .unwrap_or("(no summary line)")
+}
+
+#[test]
+fn the_example_c_plugin_passes_every_case_that_applies() {
+    let lib = common::build_c_plugin("loopmem", &[]);
+    let (ok, out) = kit(&lib, &[]);
+    assert!(ok, "{out}");
+    // Every case but the two-process ones: loopmem reaches its own process only.
+    let total = out.lines().filter(|l| l.starts_with("ok    ")).count();
+    assert!(total >= 40, "{out}");
+    assert_eq!(
+        summary(&out),
+        format!("{total} passed, 0 failed, 2 skipped"),
+        "{out}"
+    );
+    for group in ["abi::", "plugin::", "communicator::", "memory::"] {
+        assert!(out.contains(&format!("ok    {group}")), "{group}: {out}");
+    }
+    assert!(
+        out.contains("skip  process::a_peer_killed_mid_transfer_fails_it_fast"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_example_rust_plugin_passes_every_case_with_two_processes() {
+    let lib = common::build_rust_plugin(false);
+    // The TCP transport takes notifications only from authenticated peers.
+    let (ok, out) = kit(&lib, &["--config", "auth_secret=plugin-kit-secret-0123"]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("ok    process::a_peer_killed_mid_transfer_fails_it_fast"),
+        "{out}"
+    );
+    assert!(
+        out.contains("ok    process::a_stopped_peer_times_out_and_serves_again_when_resumed"),
+        "{out}"
+    );
+    assert!(summary(&out).ends_with(" passed, 0 failed"), "{out}");
+    // It borrows the TCP transport's wire number, which the kit points out.
+    assert!(out.contains("note: transport id 1 is below 128"), "{out}");
+}
+
+#[rstest::rstest]
+#[case::crash("kit-crash", "BROKEN_CRASH_ON_TRANSFER", "communicator::batches_move_every_descriptor", &["signal 11 (SIGSEGV)", "rerun the case alone under gdb"])]
+#[case::table_overrun("kit-overrun", "BROKEN_IGNORES_OUT_SIZE", "abi::fills_no_more_than_offered", &["wrote byte", "past them", "fill at most out_size bytes"])]
+#[case::unbounded_queue("kit-unbounded", "BROKEN_UNBOUNDED_NOTIFY", "plugin::a_full_notification_queue_fails_with_a_named_limit", &["were all accepted", "honour max_pending_notifications=N"])]
+#[case::no_message("kit-nomsg", "BROKEN_NO_MESSAGE", "abi::errors_carry_a_message", &["without setting the last-error string"])]
+fn a_broken_plugin_fails_the_case_that_catches_it(
+    #[case] name: &str,
+    #[case] define: &str,
+    #[case] case: &str,
+    #[case] wanted: &[&str],
+) {
+    let lib = common::build_c_plugin(name, &[define]);
+    let (ok, out) = kit(
+        &lib,
+        &["--case", case, "--case", "abi::loads_through_the_loader"],
+    );
+    assert!(!ok, "a broken plugin must fail: {out}");
+    assert!(out.contains(&format!("FAIL  {case}")), "{out}");
+    assert!(out.contains("ok    abi::loads_through_the_loader"), "{out}");
+    assert!(out.contains("        expected: "), "{out}");
+    for w in wanted {
+        assert!(out.contains(w), "`{w}` missing: {out}");
+    }
+    let failed = out.lines().filter(|l| l.starts_with("FAIL  ")).count();
+    assert!(failed >= 1, "{out}");
+    assert!(
+        summary(&out).contains(&format!(" passed, {failed} failed")),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_file_the_loader_refuses_is_one_failure_with_the_loaders_message() {
+    let lib = common::build_c_plugin("kit-major", &["BROKEN_MAJOR"]);
+    let (ok, out) = kit(&lib, &[]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("FAIL  abi::loads_through_the_loader"), "{out}");
+    assert!(out.contains("built for HMC plugin ABI 2."), "{out}");
+    assert_eq!(summary(&out), "0 passed, 1 failed", "{out}");
+}
+
+#[test]
+fn list_names_each_case_with_what_it_expects() {
+    let lib = common::build_c_plugin("loopmem", &[]);
+    let (ok, out) = kit(
+        &lib,
+        &[
+            "--list",
+            "--case",
+            "communicator::access_rights_are_enforced",
+        ],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("communicator::access_rights_are_enforced\n"),
+        "{out}"
+    );
+    assert!(out.contains("expected: AccessDenied"), "{out}");
+    let (ok, out) = kit(&lib, &["--case", "nonesuch"]);
+    assert!(!ok && out.contains("no case matches"), "{out}");
+}
