@@ -170,11 +170,32 @@ fn open_inner(
             }))
         }
         EngineTransport::Named(name) => {
+            // Only plugins reach here (the built-in names parse to their own variants);
+            // the built-ins are registered so that an unknown name lists every choice.
             let mut registry = TransportRegistry::discover(plugins);
             registry
                 .register_builtin("tcp", "hmc-transport-tcp", move |_| tcp())
                 .register_builtin("ucx", "hmc-transport-ucx", move |_| ucx())
-                .register_builtin("rdma", "hmc-transport-rdma", move |_| rdma());
+                .register_builtin("shm", "hmc-transport-shm", |_| {
+                    Err(hmc_core::Error::Unsupported(
+                        "`shm` is opened by its own variant".into(),
+                    ))
+                })
+                .register_builtin("rdma", "hmc-transport-rdma", move |_| rdma())
+                .register_builtin(
+                    "auto",
+                    "shared memory on this host, the network otherwise",
+                    |_| {
+                        Err(hmc_core::Error::Unsupported(
+                            "`auto` is opened by its own variant".into(),
+                        ))
+                    },
+                )
+                .set_search_hint(
+                    "transport plugins are found on HMC_PLUGIN_PATH and in the engine's \
+                     `plugin_path` option (`:`-separated files or folders; Python: \
+                     initialize(addr, {\"plugin_path\": ...})); hmc-plugin-kit checks one",
+                );
             Ok(registry.open(&name, &OpenOptions::new(ip))?)
         }
     }
@@ -220,7 +241,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("no transport named `nosuch`") && e.contains("tcp, ucx"),
+            e.contains("no transport named `nosuch`; known: tcp, ucx, shm, rdma, auto")
+                && e.contains("`plugin_path` option"),
             "{e}"
         );
     }

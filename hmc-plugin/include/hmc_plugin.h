@@ -45,8 +45,10 @@
  * needed. The forms hosts parse: "tcp://IP:PORT", "unix:///absolute/path", or
  * "<transport id>:<hex bytes>" (decimal wire number, then the bytes in lower-case hex) for
  * anything else. connect receives that same text. A server that dials clients' data
- * planes (hmc-rpc-server) dials a plugin's address only when it is on that host, owned by
- * the same user, or allowed by --data-plane-allow (which takes all three forms).
+ * planes (hmc-rpc-server) dials a tcp:// or unix:// address by its rule (the client's
+ * own IP; on one host, a socket of the client's user) or when --data-plane-allow lists it
+ * (a CIDR, a unix path prefix), and a "<transport id>:<hex>" address only when
+ * --data-plane-allow lists it as opaque:<transport id>[:<hex prefix>].
  *
  * TRANSFERS. The host has checked, before transfer_start: handles belong to this
  * communicator and endpoint, bounds against the sizes it knows, access, your declared

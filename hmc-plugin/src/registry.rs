@@ -57,7 +57,13 @@ struct Builtin {
 pub struct TransportRegistry {
     builtins: Vec<Builtin>,
     discovery: parking_lot::Mutex<Discovery>,
+    /// Where plugins come from, in the words of the program's own settings.
+    search_hint: String,
 }
+
+/// The search hint of a command-line program.
+const CLI_SEARCH_HINT: &str = "plugins are searched on HMC_PLUGIN_PATH and --plugin-path; \
+                               list them with --list-transports";
 
 impl TransportRegistry {
     /// A registry with the plugins `config` finds and no built-ins yet.
@@ -65,6 +71,7 @@ impl TransportRegistry {
         TransportRegistry {
             builtins: Vec::new(),
             discovery: parking_lot::Mutex::new(Discovery::search(config)),
+            search_hint: CLI_SEARCH_HINT.into(),
         }
     }
 
@@ -73,6 +80,7 @@ impl TransportRegistry {
         TransportRegistry {
             builtins: Vec::new(),
             discovery: parking_lot::Mutex::new(Discovery::default()),
+            search_hint: CLI_SEARCH_HINT.into(),
         }
     }
 
@@ -89,6 +97,13 @@ impl TransportRegistry {
             about: about.to_string(),
             factory: Arc::new(factory),
         });
+        self
+    }
+
+    /// Says where plugins come from in the program's own terms (a library's option, not
+    /// a command-line flag), in the error for an unknown name.
+    pub fn set_search_hint(&mut self, hint: &str) -> &mut Self {
+        self.search_hint = hint.to_string();
         self
     }
 
@@ -146,21 +161,19 @@ impl TransportRegistry {
             let comm = PluginCommunicator::open(p, &options.config_text())?;
             return Ok(AnyCommunicator::new(comm));
         }
-        let rejected = self.discovery.lock().rejected.len();
+        let d = self.discovery.lock();
+        let refused = match d.rejected.first() {
+            None => String::new(),
+            Some(first) => format!(
+                "; {} plugin candidate(s) were refused, the first: {first}",
+                d.rejected.len()
+            ),
+        };
+        drop(d);
         Err(Error::InvalidArgument(format!(
-            "no transport named `{name}`; known: {}{}",
+            "no transport named `{name}`; known: {} ({}){refused}",
             self.names().join(", "),
-            if rejected == 0 {
-                format!(
-                    " (plugins are searched on {}; list them with --list-transports)",
-                    PluginConfig::ENV
-                )
-            } else {
-                format!(
-                    " ({} plugin candidate(s) were refused; --list-transports says why)",
-                    rejected
-                )
-            }
+            self.search_hint
         )))
     }
 
@@ -201,7 +214,16 @@ mod tests {
             e.contains("no transport named `nope`") && e.contains("none-such"),
             "{e}"
         );
-        assert!(e.contains("HMC_PLUGIN_PATH"), "{e}");
+        assert!(
+            e.contains("HMC_PLUGIN_PATH") && e.contains("--plugin-path"),
+            "{e}"
+        );
+        r.set_search_hint("plugins come from the plugin_path option");
+        let e = r.open("nope", &lo).unwrap_err().to_string();
+        assert!(
+            e.contains("(plugins come from the plugin_path option)"),
+            "{e}"
+        );
         let e = r
             .open("none-such://not-an-ip", &lo)
             .unwrap_err()

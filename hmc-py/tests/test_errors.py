@@ -149,7 +149,7 @@ def test_nobody_listening_is_unavailable():
 def test_invalid_arguments():
     with pytest.raises(hmc.InvalidArgumentError, match="unknown option `max_region`; known:"):
         hmc.Engine().initialize("127.0.0.1:0", {"max_region": "1"})
-    with pytest.raises(hmc.InvalidArgumentError, match="no transport named `carrier-pigeon`; known: tcp, ucx"):
+    with pytest.raises(hmc.InvalidArgumentError, match="no transport named `carrier-pigeon`; known: tcp, ucx, shm, rdma, auto .*plugin_path"):
         hmc.Engine().initialize("127.0.0.1:0", {"transport": "carrier-pigeon"})
     with new_engine() as e:
         with pytest.raises(hmc.InvalidArgumentError, match="cannot register 0 bytes"):

@@ -84,6 +84,13 @@ impl std::fmt::Display for DataPlaneChoice {
     }
 }
 
+/// `--data-plane`'s help, shared by the server and the client: every built-in choice (a
+/// test checks it against the registry) and where plugins come from.
+pub const DATA_PLANE_HELP: &str = "Data plane for HMC_BUFFER payloads (both sides must use \
+    the same one): none, tcp, ucx, shm (this host only), rdma, auto (shm on this host, ucx or \
+    tcp to others), or the name of a transport plugin on HMC_PLUGIN_PATH / --plugin-path \
+    (--list-transports shows them)";
+
 /// The transports the binaries know by name: the built-in `tcp` and `ucx` (opened as
 /// [`open_data_plane_with`] opens them), then the plugins found on `HMC_PLUGIN_PATH` and
 /// `plugins.search_path`.
@@ -269,6 +276,17 @@ fn open_ucx(bind: IpAddr) -> Result<hmc_transport_ucx::UcxCommunicator> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_help_names_every_built_in_data_plane() {
+        let r = transport_registry(&PlaneOptions::default(), &PluginConfig::default());
+        for name in r.names().iter().map(String::as_str).chain(["none"]) {
+            assert!(
+                DATA_PLANE_HELP.contains(&format!(" {name}")),
+                "--data-plane's help omits `{name}`"
+            );
+        }
+    }
 
     #[test]
     fn built_in_names_parse_as_kinds_and_others_as_plugin_names() {

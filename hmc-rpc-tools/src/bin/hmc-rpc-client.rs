@@ -55,10 +55,7 @@ struct Args {
     /// Connect, make --repeat calls, disconnect: this many times.
     #[arg(long, default_value_t = 1)]
     cycles: u32,
-    /// Data plane for HMC_BUFFER payloads (the server must use the same one).
-    /// `none`, `tcp`, `ucx`, or the name of a transport plugin on `HMC_PLUGIN_PATH` /
-    /// `--plugin-path` (`--list-transports` shows them).
-    #[arg(long, default_value = "none", value_parser = DataPlaneChoice::parse)]
+    #[arg(long, default_value = "none", value_parser = DataPlaneChoice::parse, help = hmc_rpc_tools::plane::DATA_PLANE_HELP)]
     data_plane: DataPlaneChoice,
     /// Files or folders searched for transport plugins after `HMC_PLUGIN_PATH`'s.
     #[arg(long)]

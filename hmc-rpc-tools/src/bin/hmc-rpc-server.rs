@@ -62,10 +62,7 @@ struct Args {
     /// Fail a request whose streamed body sends no DATA for this long (seconds).
     #[arg(long, default_value_t = 30)]
     stream_idle_timeout_secs: u64,
-    /// Data plane for HMC_BUFFER payloads (clients must use the same one).
-    /// `none`, `tcp`, `ucx`, or the name of a transport plugin on `HMC_PLUGIN_PATH` /
-    /// `--plugin-path` (`--list-transports` shows them).
-    #[arg(long, default_value = "none", value_parser = DataPlaneChoice::parse)]
+    #[arg(long, default_value = "none", value_parser = DataPlaneChoice::parse, help = hmc_rpc_tools::plane::DATA_PLANE_HELP)]
     data_plane: DataPlaneChoice,
     /// Files or folders searched for transport plugins after `HMC_PLUGIN_PATH`'s.
     #[arg(long)]
@@ -96,8 +93,10 @@ struct Args {
     data_plane_timeout_ms: u64,
     /// Data-plane addresses the server may dial for any client besides the default rule
     /// (the RPC peer's own IP; on this host, a socket of the RPC peer's user; never a port
-    /// below 1024): a CIDR (10.0.0.0/8, ::1/128) or an absolute unix path prefix. Repeatable.
-    #[arg(long, value_name = "CIDR|unix-path-prefix")]
+    /// below 1024): a CIDR (10.0.0.0/8, ::1/128), an absolute unix path prefix, or
+    /// `opaque:ID[:HEX]` for a transport's own addresses (`ID:HEX`, plugins' and UCX's:
+    /// those of wire number ID whose bytes start with HEX). Repeatable.
+    #[arg(long, value_name = "CIDR|unix-path-prefix|opaque:ID[:HEX]")]
     data_plane_allow: Vec<DataPlaneAllow>,
     /// Serve Prometheus metrics (calls, bytes, errors by status, in-flight, handler time,
     /// connections) at http://ADDR/metrics.

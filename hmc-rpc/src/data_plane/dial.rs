@@ -31,13 +31,39 @@ pub enum DataPlaneAllow {
     },
     /// `unix://` paths under this directory (whole path components; `/run/hmc`).
     UnixPrefix(PathBuf),
+    /// A transport's own addresses (`<transport id>:<hex>`, what plugins and UCX give):
+    /// `opaque:<id>` admits every address of that transport, `opaque:<id>:<hex>` those
+    /// whose bytes start with the hex prefix.
+    Opaque {
+        /// The transport's wire number.
+        transport: u8,
+        /// Leading address bytes that must match.
+        prefix: Vec<u8>,
+    },
 }
 
 impl std::str::FromStr for DataPlaneAllow {
     type Err = String;
-    /// `CIDR` (`10.0.0.0/8`, `fd00::/8`), a bare IP (`/32` or `/128`), or an absolute Unix
-    /// path prefix (`/run/hmc`, or `unix:///run/hmc`).
+    /// `CIDR` (`10.0.0.0/8`, `fd00::/8`), a bare IP (`/32` or `/128`), an absolute Unix
+    /// path prefix (`/run/hmc`, or `unix:///run/hmc`), or `opaque:<transport id>[:<hex>]`.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if let Some(rest) = s.strip_prefix("opaque:") {
+            let (id, hex) = rest.split_once(':').unwrap_or((rest, ""));
+            let transport = id.parse::<u8>().ok().filter(|id| *id != 0).ok_or_else(|| {
+                format!(
+                    "`{s}`: `opaque:` takes a transport wire number 1..=255, then `:HEX` optionally"
+                )
+            })?;
+            let prefix = (0..hex.len())
+                .step_by(2)
+                .map(|i| {
+                    hex.get(i..i + 2)
+                        .and_then(|b| u8::from_str_radix(b, 16).ok())
+                })
+                .collect::<Option<Vec<u8>>>()
+                .ok_or_else(|| format!("`{s}`: `{hex}` is not an even number of hex digits"))?;
+            return Ok(DataPlaneAllow::Opaque { transport, prefix });
+        }
         let t = s.strip_prefix("unix://").unwrap_or(s);
         if t.starts_with('/') {
             return Ok(DataPlaneAllow::UnixPrefix(PathBuf::from(t)));
@@ -47,7 +73,7 @@ impl std::str::FromStr for DataPlaneAllow {
             None => (s, None),
         };
         let ip: IpAddr = ip.parse().map_err(|_| {
-            format!("`{s}` is not a data-plane allow entry; use CIDR (10.0.0.0/8) or an absolute unix path prefix")
+            format!("`{s}` is not a data-plane allow entry; use CIDR (10.0.0.0/8), an absolute unix path prefix, or opaque:<transport id>[:<hex prefix>]")
         })?;
         let max = if ip.is_ipv4() { 32 } else { 128 };
         let prefix = match bits {
@@ -80,6 +106,13 @@ impl DataPlaneAllow {
                         .components()
                         .any(|c| matches!(c, std::path::Component::ParentDir))
             }
+            (
+                DataPlaneAllow::Opaque { transport, prefix },
+                PeerAddr::Opaque {
+                    transport: t,
+                    bytes,
+                },
+            ) => t.wire_id() == *transport && bytes.starts_with(prefix),
             _ => false,
         }
     }
@@ -109,7 +142,7 @@ pub(super) fn in_net(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
 }
 
 /// The hint every dial refusal ends with.
-pub(super) const ALLOW_HINT: &str = "if this address is meant, add it to the server's DataPlaneConfig::allow (a CIDR or a Unix socket path prefix)";
+pub(super) const ALLOW_HINT: &str = "if this address is meant, add it to the server's DataPlaneConfig::allow (--data-plane-allow: a CIDR, a Unix socket path prefix, or opaque:<transport id>[:<hex prefix>])";
 
 /// The dial rule: may the server connect to `addr`, named by a descriptor that came over
 /// the RPC connection from `peer`? Nothing is sent anywhere to decide. `Err` says which
@@ -188,7 +221,11 @@ pub(crate) fn check_dial(
             };
             socket_owned_by(path, peer_uid).or_else(refuse)
         }
-        _ => refuse("only tcp:// and unix:// data-plane addresses are dialled".into()),
+        _ => refuse(
+            "a transport's own (<id>:<hex>) data-plane address is dialled only when allow-listed, \
+             since its owner cannot be checked"
+                .into(),
+        ),
     }
 }
 
@@ -246,6 +283,38 @@ mod tests {
         for bad in ["10.0.0.0/33", "ten", "::/129", "1.2.3.4/x"] {
             assert!(bad.parse::<DataPlaneAllow>().is_err(), "{bad}");
         }
+    }
+
+    #[rstest::rstest]
+    #[case::any_address_of_the_transport("opaque:200", "200:0a0b0c", true)]
+    #[case::prefix("opaque:200:0a0b", "200:0a0b0c", true)]
+    #[case::other_prefix("opaque:200:0a0c", "200:0a0b0c", false)]
+    #[case::other_transport("opaque:201", "200:0a0b0c", false)]
+    #[case::not_a_tcp_address("opaque:200", "tcp://10.0.0.1:9000", false)]
+    fn plugin_addresses_are_allowed_by_transport_and_prefix(
+        #[case] entry: &str,
+        #[case] addr: &str,
+        #[case] admitted: bool,
+    ) {
+        let a: DataPlaneAllow = entry.parse().unwrap();
+        assert_eq!(a.admits(&addr.parse().unwrap()), admitted);
+        // Without the entry, such an address is not dialled, and the refusal says how.
+        if addr.starts_with("200:") {
+            let e =
+                check_dial(&tcp_peer("10.0.0.2:4000"), &addr.parse().unwrap(), &[]).unwrap_err();
+            assert!(e.contains("opaque:<transport id>"), "{e}");
+        }
+    }
+
+    #[rstest::rstest]
+    #[case("opaque:")]
+    #[case("opaque:0")]
+    #[case("opaque:300")]
+    #[case("opaque:200:abc")]
+    #[case("opaque:200:zz")]
+    fn malformed_opaque_entries_are_refused(#[case] entry: &str) {
+        let e = entry.parse::<DataPlaneAllow>().unwrap_err();
+        assert!(e.contains(entry), "{e}");
     }
 
     #[test]
