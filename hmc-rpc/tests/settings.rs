@@ -117,6 +117,13 @@ async fn a_client_with_a_data_plane_sends_large_payloads_streamed_to_a_server_wi
     }
     let st = c.data_plane_stats().unwrap();
     assert_eq!((st.buffer_calls, st.failures), (0, 0), "{st:?}");
+    // Each of them is counted as a fallback, not passed over in silence.
+    assert_eq!(st.fallbacks, 3, "{st:?}");
+    // A small call never was a data-plane call: not a fallback.
+    c.call(demo::ECHO, Bytes::from_static(b"small"))
+        .await
+        .unwrap();
+    assert_eq!(c.data_plane_stats().unwrap().fallbacks, 3);
     // And with a server that has one, the payloads go HMC_BUFFER.
     let s2 = server(true).await;
     let c2 = Client::connect(s2.local_addr(), ClientConfig::default())

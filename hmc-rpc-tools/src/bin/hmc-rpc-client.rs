@@ -84,6 +84,14 @@ struct Args {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
+    // Warnings (a data-plane fallback, a refused plugin) on stderr; RUST_LOG for more.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
     if args.list_transports {
         let (plane_options, plugins) = plane_settings(&args);
         print!("{}", transport_registry(&plane_options, &plugins).report());

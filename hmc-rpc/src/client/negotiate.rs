@@ -47,6 +47,9 @@ impl<C: Communicator> Client<C> {
             Negotiated::Unknown => None,
         };
         if let Some(yes) = decide(&self.negotiated_now()) {
+            if !yes {
+                dp.fell_back();
+            }
             return yes;
         }
         let mine = Settings {
@@ -87,9 +90,17 @@ impl<C: Communicator> Client<C> {
         };
         let yes = decide(&found).expect("decided");
         if !yes {
-            tracing::info!(
-                "the server has no data plane of this client's transport; large payloads go TCP_STREAM on this connection"
+            // Once per connection (the exchange is): every large call after it is counted.
+            let theirs = match &found {
+                Negotiated::Known(s) if s.data_planes.is_empty() => "none".to_string(),
+                Negotiated::Known(s) => format!("transport ids {:?}", s.data_planes),
+                _ => "unknown".to_string(),
+            };
+            tracing::warn!(
+                server = %self.inner.addr,
+                "the server has no data plane of this client's transport (this client's: transport id {ours}; the server's: {theirs}); large payloads go TCP_STREAM on this connection, counted as data-plane fallbacks; start both sides with the same --data-plane"
             );
+            dp.fell_back();
         }
         // The answer came on the connection current now (a reconnect in between would
         // have failed the call).

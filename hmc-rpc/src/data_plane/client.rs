@@ -182,6 +182,12 @@ impl<C: Communicator> ClientDataPlane<C> {
         }
     }
 
+    /// A large call that went TCP_STREAM because the server has no data plane of this
+    /// client's transport.
+    pub(crate) fn fell_back(&self) {
+        Counters::bump(&self.counters.fallbacks);
+    }
+
     pub(crate) fn failed(&self) {
         Counters::bump(&self.counters.failures);
     }
