@@ -63,6 +63,29 @@ fn camel(name: &str) -> String {
         .collect()
 }
 
+/// A third-party transport number (128-255) for `name`: from a hash of the name, moved on
+/// past every number the guide's claims table (docs/backend-guide.md, "Ids") lists.
+fn proposed_wire_id(root: &Path, name: &str) -> u8 {
+    let guide = std::fs::read_to_string(root.join("docs/backend-guide.md")).unwrap_or_default();
+    let claimed: Vec<u8> = guide
+        .lines()
+        .filter_map(|l| {
+            let mut cells = l.split('|').map(str::trim).skip(1);
+            let number = cells.next()?.parse::<u8>().ok()?;
+            (cells.next()? == "transport").then_some(number)
+        })
+        .collect();
+    // FNV-1a: stable across runs and platforms.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    let start = (hash % 128) as u8;
+    (0..128u8)
+        .map(|i| 128 + (start + i) % 128)
+        .find(|n| !claimed.contains(n))
+        .unwrap_or(255)
+}
+
 /// Writes the crate for `name` of `kind` into `dir`, depending on the crates of the
 /// checkout at `root` by path.
 pub fn generate(root: &Path, name: &str, kind: Kind, dir: &Path) -> Result<(), String> {
@@ -84,8 +107,10 @@ pub fn generate(root: &Path, name: &str, kind: Kind, dir: &Path) -> Result<(), S
         .map_err(|e| format!("{}: {e}", root.display()))?;
     let ident = camel(name);
     let krate = name.replace('-', "_");
+    let wire_id = proposed_wire_id(&root, name).to_string();
     let fill = |t: &str| {
         t.replace("{{name}}", name)
+            .replace("{{wire_id}}", &wire_id)
             .replace("{{crate}}", &krate)
             .replace("{{Ident}}", &ident)
             .replace("{{ENV}}", &krate.to_ascii_uppercase())
@@ -176,9 +201,10 @@ use hmc_core::{
 };
 use hmc_transport_tcp::{AuthSecret, TcpCommunicator, TcpConfig};
 
-/// This transport's wire number: a third-party one (128-255). Claim yours as
-/// docs/backend-guide.md ("Ids") says.
-pub const WIRE_ID: u8 = 201;
+/// This transport's wire number: a third-party one (128-255), proposed by the scaffold
+/// from the name and not claimed in docs/backend-guide.md ("Ids") when it ran. Claim it
+/// there as the guide says.
+pub const WIRE_ID: u8 = {{wire_id}};
 /// This transport's id.
 pub const TRANSPORT: TransportId = TransportId::from_wire_id(WIRE_ID);
 
@@ -508,6 +534,26 @@ const MEMORY_BENCH: &str = include_str!("../templates/memory/copy.rs.in");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transport_numbers_are_proposed_per_name_and_never_a_claimed_one() {
+        let root = crate::root();
+        let ids: Vec<u8> = ["acme-fabric", "nvlink-x", "foo", "bar", "loopmem"]
+            .iter()
+            .map(|n| proposed_wire_id(&root, n))
+            .collect();
+        assert!(ids.iter().all(|id| *id >= 128), "{ids:?}");
+        // 200 is loopmem's, claimed in the guide's table.
+        assert!(!ids.contains(&200), "{ids:?}");
+        let mut distinct = ids.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert!(
+            distinct.len() >= 4,
+            "names should spread over the range: {ids:?}"
+        );
+        assert_eq!(proposed_wire_id(&root, "foo"), ids[2], "stable");
+    }
 
     #[test]
     fn names_become_idents_and_bad_names_are_refused() {
