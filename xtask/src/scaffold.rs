@@ -4,8 +4,8 @@
 //! a third-party wire number, so the kit passes from the first run) with the kit wired, a
 //! test of its `Unavailable` path, a two-process test over a peer binary, and a bench. A
 //! memory crate starts as a backend over a vendor library opened at run time, tested
-//! against a C stand-in of that library (built by `hmc_backend_helpers::shim`), exported
-//! as a plugin with `export_plugin!` and tested through the plugin loader too. The author
+//! against a C stand-in of that library (built by `hmc_backend_helpers::shim`). Both are
+//! exported as a plugin with `export_plugin!` and tested through the plugin loader too. The author
 //! replaces the delegation (or the stand-in vendor API) with the real thing, one kit case
 //! at a time; docs/backend-guide.md is the contract.
 
@@ -122,7 +122,9 @@ pub fn generate(root: &Path, name: &str, kind: Kind, dir: &Path) -> Result<(), S
             ("src/lib.rs", TRANSPORT_LIB),
             ("src/bin/peer.rs", TRANSPORT_PEER),
             ("tests/conformance.rs", TRANSPORT_KIT),
+            ("src/plugin.rs", TRANSPORT_PLUGIN),
             ("tests/two_process.rs", TRANSPORT_TWO_PROCESS),
+            ("tests/plugin.rs", TRANSPORT_PLUGIN_TEST),
             ("benches/transfer.rs", TRANSPORT_BENCH),
             ("README.md", README),
         ],
@@ -161,10 +163,15 @@ conformance kit against it; the HMC checkout's `docs/backend-guide.md` is the co
 Replace the stand-in in `src/lib.rs` with the real thing, one kit case at a time. Claim a
 third-party wire number (128-255) as the guide says and change `WIRE_ID` (or `KIND`).
 
+Both kinds ship as a plugin: the cdylib exports the backend with
+`hmc_plugin::export_plugin!` (`src/plugin.rs`), and `tests/plugin.rs` loads it through the
+plugin loader and runs the kit against it. In the HMC checkout, `cargo xtask plugin-kit
+target/debug/lib<crate>.so` runs the kit against the built library, each case in a process
+of its own (a transport's kit wants `--config auth_secret=<16 bytes or more>`).
+
 A memory crate also runs its kit over `tests/shim/vendor_shim.c`, a C stand-in for the
 vendor library that `hmc_backend_helpers::shim::build_shim` compiles at test time (the
-guide's "Testing your backend without the hardware"), and ships as a plugin: its cdylib
-exports the backend with `hmc_plugin::export_plugin!`, and `tests/plugin.rs` loads it.
+guide's "Testing your backend without the hardware").
 "#;
 
 const TRANSPORT_CARGO: &str = r#"[package]
@@ -173,8 +180,14 @@ version = "0.1.0"
 edition = "2024"
 publish = false
 
+[lib]
+# rlib for Rust users; cdylib to ship as an HMC plugin (src/plugin.rs, tests/plugin.rs).
+crate-type = ["rlib", "cdylib"]
+
 [dependencies]
 hmc-core = { path = "{{root}}/hmc-core", version = "0.1.0" }
+# export_plugin!: this transport as a plugin any HMC host loads at run time.
+hmc-plugin = { path = "{{root}}/hmc-plugin", version = "0.1.0" }
 # The stand-in this crate starts from; remove it when the transport is your own.
 hmc-transport-tcp = { path = "{{root}}/hmc-transport-tcp", version = "0.1.0", default-features = false }
 hmc-backend-cpu = { path = "{{root}}/hmc-backend-cpu", version = "0.1.0" }
@@ -200,6 +213,8 @@ use hmc_core::{
     RemoteRegion, Result, TransferDesc, TransportId,
 };
 use hmc_transport_tcp::{AuthSecret, TcpCommunicator, TcpConfig};
+
+mod plugin;
 
 /// This transport's wire number: a third-party one (128-255), proposed by the scaffold
 /// from the name and not claimed in docs/backend-guide.md ("Ids") when it ran. Claim it
@@ -520,6 +535,10 @@ async fn main() {
 }
 "#;
 
+// The transport crate's plugin files, under xtask/templates/transport.
+const TRANSPORT_PLUGIN: &str = include_str!("../templates/transport/plugin.rs.in");
+const TRANSPORT_PLUGIN_TEST: &str = include_str!("../templates/transport/plugin_test.rs.in");
+
 // The memory crate's files, under xtask/templates/memory (not `.rs`: they are templates,
 // not modules of xtask).
 const MEMORY_CARGO: &str = include_str!("../templates/memory/Cargo.toml.in");
@@ -600,6 +619,15 @@ mod tests {
             text.contains("conformance::") && text.contains(" ok"),
             "{text}"
         );
+        if kind == Kind::Transport {
+            for ran in [
+                "loaded::communicator_conformance::",
+                "a_host_finds_it_by_name_in_a_plugin_folder ... ok",
+                "the_transports_errors_cross_the_plugin_boundary_with_their_text ... ok",
+            ] {
+                assert!(text.contains(ran), "`{ran}` did not run:\n{text}");
+            }
+        }
         if kind == Kind::Memory {
             for ran in [
                 "shim::memory_conformance::",
