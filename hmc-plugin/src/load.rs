@@ -449,7 +449,18 @@ pub struct Discovery {
     pub unloaded: Vec<(String, PathBuf)>,
 }
 
-/// The plugin name a folder's file stands for: `lib<name>.so` or `<name>.so`.
+/// Whether a folder file's name stands for the plugin `name`: equal, with `-` and `_` taken
+/// as one (cargo names the cdylib of crate `my-nic` `libmy_nic.so`).
+fn file_stands_for(file_name: &str, name: &str) -> bool {
+    file_name.len() == name.len()
+        && file_name
+            .bytes()
+            .zip(name.bytes())
+            .all(|(f, n)| f == n || (matches!(f, b'-' | b'_') && matches!(n, b'-' | b'_')))
+}
+
+/// The plugin name a folder's file stands for: `lib<name>.so` or `<name>.so` (a plugin
+/// named with `-` may be in a file named with `_`, as cargo names cdylibs).
 pub fn name_of_file(path: &Path) -> Option<String> {
     let stem = path.file_name()?.to_str()?.strip_suffix(".so")?;
     let name = stem.strip_prefix("lib").unwrap_or(stem);
@@ -485,7 +496,7 @@ impl Discovery {
     /// Loads `path`; `wanted` is the name its file promised, if it came from a folder.
     fn admit(&mut self, path: PathBuf, wanted: Option<&str>) {
         match load_cached(&path) {
-            Ok(p) if wanted.is_some_and(|w| w != p.name()) => {
+            Ok(p) if wanted.is_some_and(|w| !file_stands_for(w, p.name())) => {
                 self.rejected.push(PluginError::Misnamed {
                     path,
                     file_name: wanted.unwrap_or_default().to_string(),
@@ -512,10 +523,14 @@ impl Discovery {
     }
 
     /// The plugin named `name`: loaded already, or loaded now from the first folder file
-    /// named after it (`lib<name>.so`, `<name>.so`). Other folder files stay unloaded.
+    /// named after it (`lib<name>.so`, `<name>.so`; `-` and `_` alike). Other folder files
+    /// stay unloaded.
     pub fn load(&mut self, name: &str) -> Option<Arc<Plugin>> {
         while self.get(name).is_none() {
-            let i = self.unloaded.iter().position(|(n, _)| n == name)?;
+            let i = self
+                .unloaded
+                .iter()
+                .position(|(n, _)| file_stands_for(n, name))?;
             let (wanted, path) = self.unloaded.remove(i);
             self.admit(path, Some(&wanted));
         }
@@ -530,9 +545,10 @@ impl Discovery {
         }
     }
 
-    /// The loaded plugin named `name`.
+    /// The loaded plugin named `name` (`-` and `_` alike, as in file names: a listing shows
+    /// a folder file's name before the plugin is loaded).
     pub fn get(&self, name: &str) -> Option<&Arc<Plugin>> {
-        self.loaded.iter().find(|p| p.name() == name)
+        self.loaded.iter().find(|p| file_stands_for(p.name(), name))
     }
 
     /// A human-readable report: where it looked, what loaded, what was refused and why,
@@ -608,4 +624,38 @@ fn load_cached(path: &Path) -> Result<Arc<Plugin>, PluginError> {
     let p = Plugin::load_uncached(path)?;
     loaded.push((key, p.clone()));
     Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[rstest::rstest]
+    #[case::same("loopmem", "loopmem", true)]
+    #[case::cargo_cdylib_of_a_dashed_crate("my_nic", "my-nic", true)]
+    #[case::dash_for_underscore("my-nic", "my_nic", true)]
+    #[case::another_name("my_nicx", "my-nic", false)]
+    #[case::letters_differ("my_nid", "my-nic", false)]
+    #[case::underscore_is_not_a_letter("myanic", "my-nic", false)]
+    fn a_file_stands_for_its_plugin_with_dash_and_underscore_alike(
+        #[case] file: &str,
+        #[case] plugin: &str,
+        #[case] expected: bool,
+    ) {
+        assert_eq!(file_stands_for(file, plugin), expected);
+    }
+
+    #[test]
+    fn a_folder_file_gives_its_plugin_name() {
+        assert_eq!(
+            name_of_file(Path::new("/p/libmy_nic.so")).as_deref(),
+            Some("my_nic")
+        );
+        assert_eq!(
+            name_of_file(Path::new("/p/rtcp.so")).as_deref(),
+            Some("rtcp")
+        );
+        assert_eq!(name_of_file(Path::new("/p/lib.so")), None);
+        assert_eq!(name_of_file(Path::new("/p/libx.so.1")), None);
+    }
 }

@@ -166,7 +166,7 @@ third-party wire number (128-255) as the guide says and change `WIRE_ID` (or `KI
 Both kinds ship as a plugin: the cdylib exports the backend with
 `hmc_plugin::export_plugin!` (`src/plugin.rs`), and `tests/plugin.rs` loads it through the
 plugin loader and runs the kit against it. In the HMC checkout, `cargo xtask plugin-kit
-target/debug/lib<crate>.so` runs the kit against the built library, each case in a process
+target/debug/lib<crate>.so` (after `cargo build`) runs the kit against the built library, each case in a process
 of its own (a transport's kit wants `--config auth_secret=<16 bytes or more>`).
 
 A memory crate also runs its kit over `tests/shim/vendor_shim.c`, a C stand-in for the
@@ -232,6 +232,9 @@ pub struct {{Ident}}Config {
     pub device: Option<PathBuf>,
     /// Pre-shared secret for peer authentication (at least 16 bytes).
     pub auth_secret: Option<Vec<u8>>,
+    /// Notifications held for `recv_notification` before `notify` fails with
+    /// `Error::LimitExceeded` naming `max_pending_notifications`.
+    pub max_pending_notifications: usize,
 }
 
 impl Default for {{Ident}}Config {
@@ -240,6 +243,7 @@ impl Default for {{Ident}}Config {
             bind: PeerAddr::Tcp(([127, 0, 0, 1], 0).into()),
             device: None,
             auth_secret: None,
+            max_pending_notifications: TcpConfig::default().max_pending_notifications,
         }
     }
 }
@@ -264,6 +268,7 @@ impl {{Ident}}Communicator {
         }
         let tcp = TcpConfig {
             auth_secret: config.auth_secret.map(AuthSecret::new).transpose()?,
+            max_pending_notifications: config.max_pending_notifications,
             ..TcpConfig::default()
         };
         Ok({{Ident}}Communicator {
@@ -627,6 +632,21 @@ mod tests {
             ] {
                 assert!(text.contains(ran), "`{ran}` did not run:\n{text}");
             }
+            // And the kit runner a C author uses passes on its cdylib.
+            let lib = tmp.join("target/debug/deps/libmy_backend.so");
+            let kit = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+                .current_dir(&root)
+                .args(["run", "-q", "-p", "hmc-plugin-kit", "--"])
+                .arg(&lib)
+                .args(["--config", "auth_secret=scaffold-kit-secret-0123"])
+                .output()
+                .unwrap();
+            let report = String::from_utf8_lossy(&kit.stdout);
+            assert!(
+                kit.status.success() && report.contains(" passed, 0 failed"),
+                "{report}{}",
+                String::from_utf8_lossy(&kit.stderr)
+            );
         }
         if kind == Kind::Memory {
             for ran in [
