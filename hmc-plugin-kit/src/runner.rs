@@ -89,7 +89,9 @@ pub fn run(args: &Args) -> ExitCode {
         for e in &selected {
             println!(
                 "{}\n    checks:   {}\n    expected: {}",
-                e.name, e.about.checks, e.about.expects
+                e.name,
+                e.about.checks,
+                expected(e.about.expects)
             );
         }
         return ExitCode::SUCCESS;
@@ -184,6 +186,15 @@ fn run_all(args: &Args, selected: Vec<Entry>, jobs: usize) -> Vec<Finished> {
     finished
 }
 
+/// A case's expected outcome in words: the catalogue says `none` for "no error".
+fn expected(expects: &str) -> &str {
+    if expects == "none" {
+        "success (no error)"
+    } else {
+        expects
+    }
+}
+
 fn print_result(args: &Args, f: &Finished) {
     let secs = f.took.as_secs_f64();
     match &f.outcome {
@@ -191,7 +202,7 @@ fn print_result(args: &Args, f: &Finished) {
         Outcome::Failed(why) => {
             println!("FAIL  {} ({secs:.2} s)", f.entry.name);
             println!("        checks:   {}", f.entry.about.checks);
-            println!("        expected: {}", f.entry.about.expects);
+            println!("        expected: {}", expected(f.entry.about.expects));
             let mut lines = why.lines();
             println!("        got:      {}", lines.next().unwrap_or(""));
             for l in lines {

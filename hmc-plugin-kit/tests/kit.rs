@@ -66,6 +66,40 @@ fn the_example_rust_plugin_passes_every_case_with_two_processes() {
     assert!(out.contains("note: transport id 1 is below 128"), "{out}");
 }
 
+/// A call that never returns: the case's process is killed after `--timeout`, reported as
+/// that case's failure, and the run goes on to the next case.
+#[test]
+fn a_plugin_call_that_blocks_is_killed_after_the_timeout() {
+    let lib = common::build_c_plugin("kit-hang", &["BROKEN_HANG_ON_TRANSFER"]);
+    let started = std::time::Instant::now();
+    let (ok, out) = kit(
+        &lib,
+        &[
+            "--timeout",
+            "2",
+            "--case",
+            "communicator::batches_move_every_descriptor",
+            "--case",
+            "abi::loads_through_the_loader",
+        ],
+    );
+    assert!(!ok, "{out}");
+    // Both sizes of the case hang and are killed, each reported.
+    for size in ["2", "257"] {
+        let case = format!("FAIL  communicator::batches_move_every_descriptor::{size}");
+        assert!(out.contains(&case), "{out}");
+    }
+    assert!(out.contains("did not finish in 2 s (--timeout)"), "{out}");
+    assert!(out.contains("expected: success (no error)"), "{out}");
+    assert!(out.contains("ok    abi::loads_through_the_loader"), "{out}");
+    assert!(summary(&out).ends_with("1 passed, 2 failed"), "{out}");
+    // Killed, not waited for: the deadline of the case itself is longer.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "{out}"
+    );
+}
+
 #[rstest::rstest]
 #[case::crash("kit-crash", "BROKEN_CRASH_ON_TRANSFER", "communicator::batches_move_every_descriptor", &["signal 11 (SIGSEGV)", "rerun the case alone under gdb"])]
 #[case::table_overrun("kit-overrun", "BROKEN_IGNORES_OUT_SIZE", "abi::fills_no_more_than_offered", &["wrote byte", "past them", "fill at most out_size bytes"])]

@@ -19,7 +19,7 @@
  * Built by hmc-plugin's tests with `cc -std=c11 -Wall -Wextra -Werror -shared -fPIC`.
  * The BROKEN_* macros build the deliberately broken variants the tests refuse, and the
  * ones hmc-plugin-kit's tests show failing its cases (BROKEN_CRASH_ON_TRANSFER,
- * BROKEN_IGNORES_OUT_SIZE, BROKEN_UNBOUNDED_NOTIFY).
+ * BROKEN_HANG_ON_TRANSFER, BROKEN_IGNORES_OUT_SIZE, BROKEN_UNBOUNDED_NOTIFY).
  */
 #define _GNU_SOURCE
 #include "hmc_plugin.h"
@@ -503,6 +503,9 @@ static int32_t lm_transfer_start(HmcComm *comm, HmcEndpoint *ep, uint32_t op, co
     if (op != HMC_OP_READ && op != HMC_OP_WRITE) return fail(HMC_ERR_INVALID_ARGUMENT, "loopmem: op %u", op);
 #ifdef BROKEN_CRASH_ON_TRANSFER
     raise(SIGSEGV);
+#endif
+#ifdef BROKEN_HANG_ON_TRANSFER
+    for (;;) pause(); /* blocks the host's thread: no deadline reaches it */
 #endif
     if (count > LOOPMEM_MAX_BATCH)
         return fail(HMC_ERR_LIMIT, "max_batch_len: %zu > %u; loopmem takes at most that many descriptors per batch: split it",
