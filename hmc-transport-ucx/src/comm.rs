@@ -294,6 +294,12 @@ impl UcxCommunicator {
         &self.config
     }
 
+    /// The memory kinds the loaded UCX moves (`ucp_context_query`): host, and CUDA or ROCm
+    /// where it was built and could start with that support.
+    pub fn memory_kinds(&self) -> Vec<hmc_core::DeviceKind> {
+        crate::caps::memory_kinds(self.engine.memory_types)
+    }
+
     /// The loaded UCX version `(major, minor, release)`.
     pub fn ucx_version(&self) -> (u32, u32, u32) {
         self.engine.ucp.version
@@ -559,10 +565,10 @@ impl Communicator for UcxCommunicator {
         TransportId::UCX
     }
 
-    /// Any memory kind, handed to UCX as is: device memory moves however the loaded UCX
-    /// can (`DeviceMemoryPath::LibraryDependent`); UCX-allocated memory is the fast path.
+    /// Host memory, and the device kinds the loaded UCX says it moves (`crate::caps`);
+    /// UCX-allocated memory is the fast path.
     fn capabilities(&self) -> CommCapabilities {
-        crate::caps::capabilities(&self.config)
+        crate::caps::capabilities(&self.config, self.engine.memory_types)
     }
 
     fn address(&self) -> PeerAddr {
@@ -778,6 +784,7 @@ impl UcxCommunicator {
     }
 
     fn map(&self, region: Region, access: Access, allocate: bool) -> Result<UcxRegistration> {
+        crate::caps::check_kind(self.engine.memory_types, region, &self.engine.ucp.path)?;
         let reg = self.engine.call(|reply| Command::Register {
             addr: region.addr,
             len: region.len,

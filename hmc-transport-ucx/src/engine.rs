@@ -242,6 +242,8 @@ pub(crate) struct Engine {
     wake: Arc<OwnedFd>,
     pub ucp: Arc<Ucp>,
     pub worker_address: Arc<Vec<u8>>,
+    /// The memory types the context moves (`ucs_memory_type_t` bits, `ucp_context_query`).
+    pub memory_types: u64,
     /// UCX endpoints the engine holds, including ones still closing.
     pub ucx_endpoints: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -342,7 +344,8 @@ impl Engine {
                 let _live = live;
                 match State::new(thread_ucp, config, thread_wake, thread_eps) {
                     Ok(mut state) => {
-                        let _ = ready_tx.send(Ok(state.worker_address.clone()));
+                        let _ =
+                            ready_tx.send(Ok((state.worker_address.clone(), state.memory_types)));
                         state.run(rx);
                     }
                     Err(e) => {
@@ -351,7 +354,7 @@ impl Engine {
                 }
             })
             .map_err(|e| Error::io("spawning the UCX progress thread", e))?;
-        let worker_address = ready_rx.recv().map_err(|_| {
+        let (worker_address, memory_types) = ready_rx.recv().map_err(|_| {
             Error::Closed("the UCX progress thread exited during start-up".into())
         })??;
         Ok(Engine {
@@ -359,6 +362,7 @@ impl Engine {
             wake,
             ucp,
             worker_address: Arc::new(worker_address),
+            memory_types,
             ucx_endpoints,
         })
     }
@@ -570,6 +574,7 @@ struct State {
     efd: i32,
     wake: Arc<OwnedFd>,
     worker_address: Vec<u8>,
+    memory_types: u64,
     next_id: u64,
     mems: HashMap<u64, sys::ucp_mem_h>,
     eps: HashMap<u64, EpState>,

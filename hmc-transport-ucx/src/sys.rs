@@ -50,6 +50,14 @@ pub const UCP_FEATURE_RMA: u64 = 1 << 1;
 pub const UCP_FEATURE_WAKEUP: u64 = 1 << 4;
 pub const UCP_FEATURE_AM: u64 = 1 << 6;
 
+pub const UCP_ATTR_FIELD_MEMORY_TYPES: u64 = 1 << 2;
+/// `ucs_memory_type_t` values (bits of `ucp_context_attr_t::memory_types`); stable across
+/// UCX versions (later ones append kinds).
+pub const UCS_MEMORY_TYPE_HOST: u32 = 0;
+pub const UCS_MEMORY_TYPE_CUDA: u32 = 1;
+pub const UCS_MEMORY_TYPE_ROCM: u32 = 3;
+pub const UCP_ENTITY_NAME_MAX: usize = 32;
+
 pub const UCP_WORKER_PARAM_FIELD_THREAD_MODE: u64 = 1 << 0;
 pub const UCP_WORKER_PARAM_FIELD_EVENTS: u64 = 1 << 2;
 pub const UCS_THREAD_MODE_SINGLE: c_int = 0;
@@ -179,6 +187,16 @@ pub struct ucp_mem_map_params_t {
     pub memory_type: c_int,
 }
 
+/// `ucp_context_attr_t` (a newer UCX may append fields; it writes only those flagged).
+#[repr(C)]
+pub struct ucp_context_attr_t {
+    pub field_mask: u64,
+    pub request_size: usize,
+    pub thread_mode: c_int,
+    pub memory_types: u64,
+    pub name: [c_char; UCP_ENTITY_NAME_MAX],
+}
+
 /// `ucp_mem_attr_t`.
 #[repr(C)]
 pub struct ucp_mem_attr_t {
@@ -280,6 +298,7 @@ ucp_functions! {
     ucp_config_release: fn(*mut ucp_config_t);
     ucp_init_version: fn(c_uint, c_uint, *const ucp_params_t, *const ucp_config_t, *mut ucp_context_h) -> ucs_status_t;
     ucp_cleanup: fn(ucp_context_h);
+    ucp_context_query: fn(ucp_context_h, *mut ucp_context_attr_t) -> ucs_status_t;
     ucp_worker_create: fn(ucp_context_h, *const ucp_worker_params_t, *mut ucp_worker_h) -> ucs_status_t;
     ucp_worker_destroy: fn(ucp_worker_h);
     ucp_worker_get_address: fn(ucp_worker_h, *mut *mut ucp_address_t, *mut usize) -> ucs_status_t;

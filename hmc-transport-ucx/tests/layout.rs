@@ -89,6 +89,11 @@ fn rust_layouts() -> Vec<(String, usize)> {
         ]
     ));
     all.extend(layout!(
+        ucp_context_attr_t,
+        "ucp_context_attr_t",
+        [field_mask, request_size, thread_mode, memory_types, name]
+    ));
+    all.extend(layout!(
         ucp_am_handler_param_t,
         "ucp_am_handler_param_t",
         [field_mask, id, flags, cb, arg]
@@ -115,6 +120,14 @@ fn rust_constants() -> Vec<(String, i64)> {
         c("UCP_FEATURE_AM", UCP_FEATURE_AM as i64),
         c("UCP_PARAM_FIELD_NAME", UCP_PARAM_FIELD_NAME as i64),
         c("UCS_THREAD_MODE_SINGLE", UCS_THREAD_MODE_SINGLE as i64),
+        c(
+            "UCP_ATTR_FIELD_MEMORY_TYPES",
+            UCP_ATTR_FIELD_MEMORY_TYPES as i64,
+        ),
+        c("UCS_MEMORY_TYPE_HOST", UCS_MEMORY_TYPE_HOST as i64),
+        c("UCS_MEMORY_TYPE_CUDA", UCS_MEMORY_TYPE_CUDA as i64),
+        c("UCS_MEMORY_TYPE_ROCM", UCS_MEMORY_TYPE_ROCM as i64),
+        c("UCP_ENTITY_NAME_MAX", UCP_ENTITY_NAME_MAX as i64),
         c("UCP_WAKEUP_RMA", UCP_WAKEUP_RMA as i64),
         c("UCP_WAKEUP_TX", UCP_WAKEUP_TX as i64),
         c("UCP_WAKEUP_RX", UCP_WAKEUP_RX as i64),

@@ -76,7 +76,11 @@ impl<C: Communicator> Engine<C> {
             len: desc.len,
         };
         match caps.memory_path(device.kind) {
-            DeviceMemoryPath::Refused => {}
+            DeviceMemoryPath::Refused => tracing::warn!(
+                %device,
+                transport = %caps.transport,
+                "the transport does not take this memory kind: moved through host buffers by this engine only, peers cannot reach it; for peers to reach it choose transport=tcp (staged) or shm (vendor IPC), or a UCX built with the device's support (HMC_UCX_LIB)"
+            ),
             DeviceMemoryPath::Staged => {
                 self.check_open()?;
                 tracing::debug!(

@@ -70,6 +70,7 @@ impl State {
         };
         release(config);
         ucp.check("ucp_init", st)?;
+        let memory_types = context_memory_types(&ucp, context);
 
         // SAFETY: as above.
         let mut wp: sys::ucp_worker_params_t = unsafe { std::mem::zeroed() };
@@ -138,6 +139,7 @@ impl State {
             efd,
             wake,
             worker_address,
+            memory_types,
             next_id: 1,
             mems: HashMap::new(),
             eps: HashMap::new(),
@@ -539,5 +541,21 @@ impl State {
             self.handle_events();
             std::thread::yield_now();
         }
+    }
+}
+
+/// The memory types `context` moves (`ucs_memory_type_t` bits): what this UCX was built
+/// with and could start (a CUDA module needs the driver). Host only when UCX cannot say.
+fn context_memory_types(ucp: &Ucp, context: sys::ucp_context_h) -> u64 {
+    // SAFETY: all-zero is a valid attribute block; only the flagged field is written.
+    let mut attr: sys::ucp_context_attr_t = unsafe { std::mem::zeroed() };
+    attr.field_mask = sys::UCP_ATTR_FIELD_MEMORY_TYPES;
+    // SAFETY: a live context and an attribute block of at least the declared size.
+    let st = unsafe { (ucp.ucp_context_query)(context, &mut attr) };
+    if st == sys::UCS_OK {
+        attr.memory_types
+    } else {
+        tracing::debug!(status = %ucp.status_string(st), "ucp_context_query failed: host memory only");
+        1 << sys::UCS_MEMORY_TYPE_HOST
     }
 }
