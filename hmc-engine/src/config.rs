@@ -73,10 +73,12 @@ pub struct EngineConfig {
     /// attach (`copy_threads`, default: the CPUs this process may use, at most 4; 1: the
     /// calling thread alone): the shared-memory transport's `ShmConfig::copy_threads`.
     pub copy_threads: usize,
-    /// Bytes of pinned host chunks the TCP transport holds at once to serve peers' READs
-    /// and WRITEs of this engine's device regions (`max_staging_bytes`, default 64 MiB):
-    /// its `TcpConfig::max_staging_bytes`. A peer request that finds no two chunks free
-    /// within the request timeout fails `LimitExceeded` naming it.
+    /// Bytes of pinned host chunks the transport holds at once to serve peers' READs and
+    /// WRITEs of this engine's device regions (`max_staging_bytes`, default 64 MiB): the
+    /// TCP transport's `TcpConfig::max_staging_bytes`, and UCX's
+    /// `UcxConfig::max_staging_bytes` for device memory the loaded UCX cannot move. A peer
+    /// request that finds no chunk free within the request timeout fails `LimitExceeded`
+    /// naming it.
     pub max_staging_bytes: usize,
     /// Bytes of one such chunk (`staging_chunk_bytes`, default 1 MiB): one device copy
     /// each; `max_staging_bytes` must hold at least two.

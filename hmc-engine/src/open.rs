@@ -115,6 +115,8 @@ fn open_inner(
         4096
     };
     let bind = SocketAddr::new(ip, 0);
+    #[cfg(feature = "ucx")]
+    let max_staging_bytes = tcp_config.max_staging_bytes;
     let tcp = move || -> hmc_core::Result<AnyCommunicator> {
         let c = hmc_transport_tcp::TcpCommunicator::bind(&PeerAddr::Tcp(bind), tcp_config.clone())?;
         Ok(AnyCommunicator::new(c))
@@ -124,6 +126,7 @@ fn open_inner(
         let c = hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
             bind,
             max_pending_notifications: notify_queue,
+            max_staging_bytes,
             ..hmc_transport_ucx::UcxConfig::default()
         })?;
         Ok(AnyCommunicator::new(c))

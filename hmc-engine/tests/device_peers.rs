@@ -1,7 +1,8 @@
 //! Device memory a peer reaches: this process registers device regions (of the HIP ABI
 //! shim, `hmc-backend-rocm/tests/shim/hip_shim.c`, loaded by the ROCm backend's real
 //! loader) with `register_device_mem`, and another process READs and WRITEs them over
-//! `tcp` and `auto`, from host memory and from a device region of its own, with checksums
+//! `tcp`, `ucx` (a UCX without HIP support: staged over its control connection) and
+//! `auto`, from host memory and from a device region of its own, with checksums
 //! on both sides. The target's staging counters show each byte crossed its bounce chunks
 //! once per direction over tcp, and that over auto (same host) the transfers of an
 //! initiator with a backend of the kind bypass them (vendor IPC through the shared-memory
@@ -22,6 +23,7 @@ use hmc_core::{AnyMemory, DeviceBuffer, DeviceMemoryPath, MemSpan, MemSpanMut, M
 use hmc_engine::{Engine, EngineConfig, MemDesc, TransferOp, TransferOpDesc};
 use hmc_transport_shm::{LocalFirst, ShmCommunicator, ShmConfig};
 use hmc_transport_tcp::{StagingStats, TcpCommunicator, TcpConfig};
+use hmc_transport_ucx::{UcxCommunicator, UcxConfig};
 use rstest::rstest;
 
 const T: Duration = Duration::from_secs(20);
@@ -64,6 +66,11 @@ enum Target {
         Arc<LocalFirst<TcpCommunicator>>,
     ),
     Shm(Engine<ShmCommunicator>),
+    Ucx(Engine<UcxCommunicator>, Arc<UcxCommunicator>),
+    AutoUcx(
+        Engine<LocalFirst<UcxCommunicator>>,
+        Arc<LocalFirst<UcxCommunicator>>,
+    ),
 }
 
 impl Target {
@@ -78,6 +85,22 @@ impl Target {
                     .await
                     .unwrap();
                 Target::Tcp(e, c)
+            }
+            "ucx" => {
+                let c = Arc::new(UcxCommunicator::new(UcxConfig::with_tls("tcp")).unwrap());
+                let e = Engine::initialize(c.clone(), "127.0.0.1", EngineConfig::default())
+                    .await
+                    .unwrap();
+                Target::Ucx(e, c)
+            }
+            "auto-ucx" => {
+                let ucx = UcxCommunicator::new(UcxConfig::with_tls("tcp")).unwrap();
+                let shm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
+                let c = Arc::new(LocalFirst::new(ucx, shm));
+                let e = Engine::initialize(c.clone(), "127.0.0.1", EngineConfig::default())
+                    .await
+                    .unwrap();
+                Target::AutoUcx(e, c)
             }
             "shm" => {
                 let c = Arc::new(ShmCommunicator::bind(ShmConfig::default()).unwrap());
@@ -103,6 +126,19 @@ impl Target {
             Target::Auto(_, c) => c.net().staging_stats(),
             // No TCP half: nothing is staged.
             Target::Shm(_) => StagingStats::default(),
+            Target::Ucx(_, _) | Target::AutoUcx(_, _) => {
+                let s = match self {
+                    Target::Ucx(_, c) => c.staging_stats(),
+                    Target::AutoUcx(_, c) => c.net().staging_stats(),
+                    _ => unreachable!(),
+                };
+                let mut out = StagingStats::default();
+                out.chunks_held = s.chunks_held;
+                out.chunks_allocated = s.chunks_allocated;
+                out.bytes_to_peers = s.bytes_to_peers;
+                out.bytes_from_peers = s.bytes_from_peers;
+                out
+            }
         }
     }
 
@@ -111,6 +147,8 @@ impl Target {
             Target::Tcp(e, _) => e.capabilities(),
             Target::Auto(e, _) => e.capabilities(),
             Target::Shm(e) => e.capabilities(),
+            Target::Ucx(e, _) => e.capabilities(),
+            Target::AutoUcx(e, _) => e.capabilities(),
         };
         caps.memory_path(hmc_core::DeviceKind::ROCM)
     }
@@ -138,6 +176,16 @@ impl Target {
                 unsafe { e.register_device_mem(desc, any) }.unwrap();
                 e.local_metadata().unwrap()
             }
+            Target::Ucx(e, _) => {
+                // SAFETY: as above.
+                unsafe { e.register_device_mem(desc, any) }.unwrap();
+                e.local_metadata().unwrap()
+            }
+            Target::AutoUcx(e, _) => {
+                // SAFETY: as above.
+                unsafe { e.register_device_mem(desc, any) }.unwrap();
+                e.local_metadata().unwrap()
+            }
         }
     }
 }
@@ -145,8 +193,9 @@ impl Target {
 /// The initiator, in a child process: `HMC_DEVICE_PEER_CHILD=<transport>`, the target's
 /// blob in hex and its device address on stdin.
 /// With `auto` the child runs without UCX (`HMC_UCX_LIB` names no library), so its
-/// `auto` is shared memory first over TCP, as this side's target is: `auto` over UCX
-/// hands device memory to UCX, which moves it only where its build supports the device.
+/// `auto` is shared memory first over TCP, as this side's target is; with `auto-ucx` its
+/// `auto` is shared memory over UCX, whose device regions (a UCX without HIP support) are
+/// staged over UCX's control connection.
 /// With `ipc_refused` the child's HIP shim refuses to open peers' IPC handles (as a
 /// runtime in another container does).
 fn spawn_initiator(
@@ -163,6 +212,11 @@ fn spawn_initiator(
     if ipc_refused {
         cmd.env("HMC_SHIM_IPC_REFUSE", "1");
     }
+    let transport = if transport == "auto-ucx" {
+        "auto"
+    } else {
+        transport
+    };
     let mut child = cmd
         .stderr(Stdio::piped())
         .args(["initiator_child", "--exact", "--ignored", "--nocapture"])
@@ -204,6 +258,8 @@ fn expect_line(lines: &mut impl Iterator<Item = std::io::Result<String>>, key: &
 #[case::auto("auto", false)]
 #[case::auto_ipc_refused("auto", true)]
 #[case::shm("shm", false)]
+#[case::ucx("ucx", false)]
+#[case::auto_over_ucx("auto-ucx", false)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_one_host(
     #[case] transport: &str,
@@ -250,7 +306,7 @@ async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_on
     // The child's own bounce buffers: over tcp (and without IPC) both device READs and the
     // WRITE go through them; over auto only the first READ, which opened the IPC handle.
     // Over shm the child's device region is registered with the transport: none.
-    let direct = transport == "auto" && !ipc_refused;
+    let direct = transport.starts_with("auto") && !ipc_refused;
     let bounced = expect_line(&mut lines, "bounced");
     let want = if transport == "shm" {
         "0 0".to_string()
@@ -270,7 +326,7 @@ async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_on
     // memory of its own, its shared-memory side opens the region's IPC handle, and the
     // device READ and the WRITE go by vendor IPC, past the chunks. An initiator that cannot
     // open the IPC handle falls back to the staged TCP path for all of them.
-    let (reads, writes) = if transport == "tcp" || ipc_refused {
+    let (reads, writes) = if transport == "tcp" || transport == "ucx" || ipc_refused {
         (3, 1)
     } else if transport == "shm" {
         (0, 0)
@@ -286,13 +342,16 @@ async fn a_peer_reads_and_writes_device_regions_staged_over_tcp_and_by_ipc_on_on
     );
 }
 
+#[rstest]
+#[case::tcp("tcp")]
+#[case::ucx("ucx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_initiator_killed_mid_transfer_leaves_no_chunk_held() {
+async fn an_initiator_killed_mid_transfer_leaves_no_chunk_held(#[case] transport: &str) {
     let mem = RocmMemory::with_library(shim(), 0).unwrap();
-    let target = Target::new("tcp").await;
+    let target = Target::new(transport).await;
     let kv = mem.alloc(LEN).unwrap();
     let blob = target.register(&mem, &kv);
-    let mut child = spawn_initiator("tcp", "loop", &blob, kv.region().addr, false);
+    let mut child = spawn_initiator(transport, "loop", &blob, kv.region().addr, false);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     expect_line(&mut lines, "looping");
     let until = Instant::now() + T;
@@ -312,7 +371,7 @@ async fn an_initiator_killed_mid_transfer_leaves_no_chunk_held() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // The pool serves the next peer.
-    let child = spawn_initiator("tcp", "check-read", &blob, kv.region().addr, false);
+    let child = spawn_initiator(transport, "check-read", &blob, kv.region().addr, false);
     let out = child.wait_with_output().unwrap();
     assert!(
         out.status.success(),

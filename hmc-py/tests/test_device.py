@@ -1,13 +1,13 @@
 """Device memory peers can reach, from Python: a CUDA region registered in one process
 (through ``__cuda_array_interface__`` and as ``(addr, length)`` with ``device=``) is READ
-and WRITTEN by an engine in another process over ``tcp``, and a prefill process's KV cache
+and WRITTEN by an engine in another process over ``tcp`` and ``ucx``, and a prefill process's KV cache
 in device memory is pulled by a decoder, checksums on both sides.
 
 The device is the project's CUDA driver ABI shim (``hmc-backend-cuda/tests/shim``),
 compiled here and loaded as ``libcuda.so`` by cudarc's real loader in a child process
 (``LD_LIBRARY_PATH``). Its device memory is host memory, so the child fills and checks it
 with ``ctypes``; the engine only ever reaches it through the CUDA backend's copies. This
-checks the Python path and the staged TCP path, not a GPU."""
+checks the Python path and the staged TCP and UCX paths, not a GPU."""
 
 import json
 import os
@@ -47,7 +47,7 @@ SHIM_DEVICE = """
 CHILD = textwrap.dedent(
     SHIM_DEVICE
     + """
-    n = int(sys.argv[1])
+    n, transport = int(sys.argv[1]), sys.argv[2]
     src, dst = alloc(n), alloc(n)
     pattern = bytes((i * 7 + 3) % 251 for i in range(n))
     ctypes.memmove(src, pattern, n)
@@ -62,7 +62,7 @@ CHILD = textwrap.dedent(
             }
 
     e = hmc.Engine()
-    e.initialize("127.0.0.1:0", {"transport": "tcp"})
+    e.initialize("127.0.0.1:0", {"transport": transport})
     hs = e.register_mem(CudaArray(src, n))
     hd = e.register_mem((dst, n), hmc.MemType.DEVICE, device="cuda:0")
     caps = e.capabilities()
@@ -130,13 +130,16 @@ def shim_child(cuda_shim, script, *args):
     )
 
 
-def test_a_peer_reads_and_writes_cuda_memory_registered_from_python(cuda_shim):
-    child = shim_child(cuda_shim, CHILD, N)
+# Over ucx the UCX here has no CUDA support: the device regions are staged over its
+# control connection, as TCP stages them.
+@pytest.mark.parametrize("transport", ["tcp", "ucx"])
+def test_a_peer_reads_and_writes_cuda_memory_registered_from_python(cuda_shim, transport):
+    child = shim_child(cuda_shim, CHILD, N, transport)
     try:
         info = json.loads(child.stdout.readline())
         assert info["path"] == "staged"
         host_in, host_out = bytearray(N), bytearray(bytes((i * 13 + 1) % 253 for i in range(N)))
-        with new_engine() as e:
+        with new_engine(transport=transport) as e:
             hi, ho = e.register_mem(host_in), e.register_mem(host_out)
             e.connect(info["addr"], 5000)
             e.transfer_sync(info["addr"], hmc.TransferOp.READ, [(hi.addr, info["src"], N)])

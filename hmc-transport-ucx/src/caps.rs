@@ -6,8 +6,10 @@
 //! as host memory, which faults or moves garbage. So device kinds are listed by what the
 //! loaded UCX says it moves (`ucp_context_query`'s memory types): CUDA and ROCm memory are
 //! [`DeviceMemoryPath::LibraryDependent`] where it moves them (UCX picks CUDA IPC,
-//! GPUDirect RDMA or its own pipelined copies), and refused otherwise, so that the engine
-//! keeps such memory out of UCX and stages it through host buffers itself.
+//! GPUDirect RDMA or its own pipelined copies). Device memory of every other kind is
+//! [`DeviceMemoryPath::Staged`]: registered with its backend (`register_memory`), it is
+//! never handed to UCX; peers READ and WRITE it over the control connection through this
+//! side's host chunks (`crate::staged`), and plain `register` refuses it.
 
 use std::path::Path;
 
@@ -44,7 +46,8 @@ pub(crate) fn check_kind(memory_types: u64, region: Region, library: &Path) -> R
         device: region.device,
         reason: format!(
             "the loaded UCX ({}) does not move this memory type (not built or not started \
-             with its support; a CUDA-enabled UCX goes in {LIB_ENV})",
+             with its support; a CUDA-enabled UCX goes in {LIB_ENV}); register it with \
+             register_memory and its backend to have it staged for peers",
             library.display()
         ),
     })
@@ -66,6 +69,8 @@ pub(crate) fn capabilities(config: &UcxConfig, memory_types: u64) -> CommCapabil
         DeviceMemoryPath::Refused
     };
     caps.local_memory = MemoryKinds::Only(local);
+    // The rest is served through host chunks (`crate::staged`).
+    caps.staged_memory = MemoryKinds::Any;
     // A peer's region is moved by the peer's UCX at its end of the RMA: what it exported
     // is what it could register.
     caps.remote_memory = MemoryKinds::Any;
@@ -87,11 +92,11 @@ mod tests {
     const ROCM: u64 = 1 << UCS_MEMORY_TYPE_ROCM;
 
     #[rstest::rstest]
-    #[case::host_only_ucx(HOST, DeviceMemoryPath::Refused, DeviceMemoryPath::Refused)]
-    #[case::cuda_ucx(HOST | CUDA | CUDA_MANAGED, DeviceMemoryPath::LibraryDependent, DeviceMemoryPath::Refused)]
-    #[case::rocm_ucx(HOST | ROCM, DeviceMemoryPath::Refused, DeviceMemoryPath::LibraryDependent)]
-    #[case::host_bit_missing(CUDA, DeviceMemoryPath::LibraryDependent, DeviceMemoryPath::Refused)]
-    fn device_memory_is_taken_where_the_loaded_ucx_moves_it(
+    #[case::host_only_ucx(HOST, DeviceMemoryPath::Staged, DeviceMemoryPath::Staged)]
+    #[case::cuda_ucx(HOST | CUDA | CUDA_MANAGED, DeviceMemoryPath::LibraryDependent, DeviceMemoryPath::Staged)]
+    #[case::rocm_ucx(HOST | ROCM, DeviceMemoryPath::Staged, DeviceMemoryPath::LibraryDependent)]
+    #[case::host_bit_missing(CUDA, DeviceMemoryPath::LibraryDependent, DeviceMemoryPath::Staged)]
+    fn device_memory_is_direct_where_the_loaded_ucx_moves_it_and_staged_elsewhere(
         #[case] memory_types: u64,
         #[case] cuda: DeviceMemoryPath,
         #[case] rocm: DeviceMemoryPath,
@@ -102,7 +107,7 @@ mod tests {
         assert_eq!(caps.memory_path(DeviceKind::ROCM), rocm);
         assert_eq!(
             caps.memory_path(DeviceKind::ASCEND),
-            DeviceMemoryPath::Refused
+            DeviceMemoryPath::Staged
         );
         assert!(caps.remote_memory.contains(DeviceKind::CUDA));
         assert!(caps.alloc_registered && !caps.rekey);

@@ -3,7 +3,6 @@
 use std::future::Future;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
@@ -14,128 +13,20 @@ use hmc_core::{
     PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
 };
 
+use crate::config::{TCP_TX_SEG_SIZE, UcxConfig};
 use crate::control::{Link, TargetState};
 use crate::engine::{Chunk, Command, Engine, EngineConfig, KeyShared};
+use crate::staged::{StagedDesc, StagedRegion, UcxStagingStats};
 use crate::sys::Ucp;
+
+mod device;
 
 /// Magic at the start of every key this transport exports: `HMCU`, then a format version.
 const KEY_MAGIC: &[u8; 4] = b"HMCU";
 const KEY_VERSION: u8 = 1;
+/// The version byte of a staged device region's key (no UCX rkey follows).
+const KEY_STAGED: u8 = 2;
 const KEY_HEADER: usize = 4 + 1 + 8;
-
-/// The `UCX_TCP_TX_SEG_SIZE` this transport applies unless the user set one (UCX's default
-/// is 8K).
-pub const TCP_TX_SEG_SIZE: &str = "64K";
-
-/// Environment variable that [`UcxConfig::from_env`] reads: `0` turns
-/// [`UcxConfig::direct_mapped`] off.
-pub const DIRECT_ENV: &str = "HMC_UCX_DIRECT";
-
-/// Configuration of a [`UcxCommunicator`]. Every limit has a default here.
-#[derive(Clone, Debug)]
-pub struct UcxConfig {
-    /// The `libucp` to open; `None`: `$HMC_UCX_LIB`, else `libucp.so.0`.
-    pub library: Option<PathBuf>,
-    /// Where the control listener binds (peers connect here). Default `127.0.0.1:0`.
-    pub bind: SocketAddr,
-    /// UCX transports (`UCX_TLS`), e.g. `"tcp"` or `"posix,cma,self"`. `None`: the `UCX_TLS`
-    /// environment variable, else UCX's default. Set per communicator, so several transports
-    /// can run side by side in one process.
-    pub tls: Option<String>,
-    /// Further UCX options as `(name without the UCX_ prefix, value)`, e.g. `("NET_DEVICES", "lo")`.
-    pub ucx_options: Vec<(String, String)>,
-    /// Largest piece one put/get request moves (default 4 MiB). Bounds how long a cancelled
-    /// transfer takes to drain.
-    pub chunk_size: usize,
-    /// Pieces of one transfer in flight at once (default 8).
-    pub max_inflight_chunks: usize,
-    /// How long the progress thread polls after the last event before it parks (default 50 µs).
-    pub spin: Duration,
-    /// Park on the worker's event fd (`UCP_FEATURE_WAKEUP`, default true). UCX then selects
-    /// only transports that can signal events. `false` drops the feature: the progress
-    /// thread then polls while requests are in flight and sleeps `park_max` between polls
-    /// when idle (idle CPU stays low, not zero). Measured on UCX 1.13 it changes nothing for
-    /// shared memory (see the crate docs: RMA on user memory is emulated there either way).
-    pub wakeup: bool,
-    /// Longest park without a wake-up (default 100 ms): a safety net for transports whose
-    /// events do not reach the worker's event fd.
-    pub park_max: Duration,
-    /// How long a cancelled or failed transfer may take to drain before its endpoint is
-    /// force-closed (default 10 s).
-    pub drain_timeout: Duration,
-    /// How long an unused UCX endpoint to a peer worker is kept for the next `connect` to
-    /// the same peer (default 30 s). Reuse keeps connect/disconnect churn from building a new
-    /// transport connection per cycle (UCX 1.13 keeps the passive side's until its worker
-    /// goes away).
-    pub ep_linger: Duration,
-    /// Timeout of control-connection steps: handshake replies, import confirmations
-    /// (default 10 s).
-    pub control_timeout: Duration,
-    /// How long deregistration waits for each importing peer to confirm a revocation
-    /// (default 5 s); a peer that does not is disconnected.
-    pub revoke_timeout: Duration,
-    /// Largest `notify` message (default 64 KiB).
-    pub max_notify_len: usize,
-    /// Received notifications kept until [`Communicator::recv_notification`] takes them
-    /// (`max_pending_notifications`, default 4096, each at most `max_notify_len`); more are
-    /// dropped with a warning. 0: none are kept, for a communicator that never reads them.
-    pub max_pending_notifications: usize,
-    /// Move bytes with a plain memcpy on the calling thread when UCX maps the remote region
-    /// into this process (`ucp_rkey_ptr`; default true). UCX does so over shared memory
-    /// (`posix`, `sysv`) for regions the target got from
-    /// [`UcxCommunicator::alloc_registered`], which is also what UCX itself does inside
-    /// `ucp_put_nbx`/`ucp_get_nbx` for them: the transfer then skips the hand-off to the
-    /// progress thread and its wake-ups. Other regions (user memory, TCP) always go through
-    /// the progress thread. Bounds, rights, deadlines and revocation are checked as on the
-    /// other path; deregistration waits for running copies. A direct transfer runs to the
-    /// end once started (it is one memcpy per descriptor), so keep very large batches off
-    /// latency-sensitive async executor threads, or set this to false. Default true
-    /// ([`UcxConfig::from_env`] maps `HMC_UCX_DIRECT=0` to false, for the binaries).
-    pub direct_mapped: bool,
-}
-
-impl Default for UcxConfig {
-    fn default() -> Self {
-        UcxConfig {
-            library: None,
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            tls: None,
-            ucx_options: Vec::new(),
-            chunk_size: 4 << 20,
-            max_inflight_chunks: 8,
-            spin: Duration::from_micros(50),
-            wakeup: true,
-            park_max: Duration::from_millis(100),
-            drain_timeout: Duration::from_secs(10),
-            ep_linger: Duration::from_secs(30),
-            control_timeout: Duration::from_secs(10),
-            revoke_timeout: Duration::from_secs(5),
-            max_notify_len: 64 << 10,
-            max_pending_notifications: 4096,
-            direct_mapped: true,
-        }
-    }
-}
-
-impl UcxConfig {
-    /// The default configuration with the environment's say applied: `HMC_UCX_DIRECT=0`
-    /// turns [`UcxConfig::direct_mapped`] off. The one place this crate reads the
-    /// environment for its configuration; binaries call it, the library's defaults do not.
-    pub fn from_env() -> Self {
-        UcxConfig {
-            direct_mapped: std::env::var_os(DIRECT_ENV).is_none_or(|v| v != "0"),
-            ..UcxConfig::default()
-        }
-    }
-
-    /// The default configuration with `UCX_TLS` set to `tls`.
-    pub fn with_tls(tls: &str) -> Self {
-        UcxConfig {
-            tls: Some(tls.to_string()),
-            ..UcxConfig::default()
-        }
-    }
-}
 
 /// Counters for tests and monitoring.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -268,7 +159,7 @@ impl UcxCommunicator {
                 direct_mapped: config.direct_mapped,
             },
         )?;
-        let target = Arc::new(TargetState::default());
+        let target = Arc::new(TargetState::new(config.max_staging_bytes));
         let accept = listener
             .try_clone()
             .map_err(|e| Error::io("cloning the UCX control listener", e))?;
@@ -287,6 +178,11 @@ impl UcxCommunicator {
             next_op: AtomicU64::new(1),
             counters: Arc::new(Counters::default()),
         })
+    }
+
+    /// What serving peers' READs and WRITEs of staged device regions has done.
+    pub fn staging_stats(&self) -> UcxStagingStats {
+        self.target.pool.stats()
     }
 
     /// The configuration in use.
@@ -416,6 +312,8 @@ pub struct UcxRegistration {
     target: Arc<TargetState>,
     revoke_timeout: Duration,
     counters: Arc<Counters>,
+    /// A device region served through the staging pool, not mapped by UCX.
+    staged: Option<Arc<StagedRegion>>,
 }
 
 impl LocalRegistration for UcxRegistration {
@@ -465,6 +363,12 @@ impl UcxRegistration {
 impl Drop for UcxRegistration {
     fn drop(&mut self) {
         self.target.revoke(self.id, self.revoke_timeout);
+        if let Some(staged) = &self.staged {
+            self.target.staged.lock().remove(&self.id);
+            staged.retire();
+            self.counters.deregistered.fetch_add(1, Ordering::AcqRel);
+            return;
+        }
         let (tx, rx) = mpsc::sync_channel(1);
         if self
             .engine
@@ -487,6 +391,10 @@ pub struct UcxRemoteKey {
     access: Access,
     shared: Arc<KeyShared>,
     ep: UcxEndpoint,
+    /// The target stages this region (`staged.rs`): moved over the control connection.
+    staged: bool,
+    /// The target's id of the region.
+    reg_id: u64,
 }
 
 impl UcxRemoteKey {
@@ -502,7 +410,9 @@ impl UcxRemoteKey {
 
 impl Drop for UcxRemoteKey {
     fn drop(&mut self) {
-        let _ = self.ep.0.engine.send(Command::DropKey { key: self.id });
+        if !self.staged {
+            let _ = self.ep.0.engine.send(Command::DropKey { key: self.id });
+        }
     }
 }
 
@@ -546,14 +456,18 @@ impl Drop for DirectUse<'_> {
     }
 }
 
-fn decode_key(key: &[u8]) -> Result<(u64, Vec<u8>)> {
-    if key.len() <= KEY_HEADER || &key[..4] != KEY_MAGIC || key[4] != KEY_VERSION {
+/// A key's region id, UCX rkey, and whether the region is staged.
+fn decode_key(key: &[u8]) -> Result<(u64, Vec<u8>, bool)> {
+    if key.len() <= KEY_HEADER
+        || &key[..4] != KEY_MAGIC
+        || ![KEY_VERSION, KEY_STAGED].contains(&key[4])
+    {
         return Err(Error::InvalidKey(
             "not a UCX key exported by hmc-transport-ucx (bad magic, version or length)".into(),
         ));
     }
     let reg_id = u64::from_be_bytes(key[5..13].try_into().expect("8 bytes"));
-    Ok((reg_id, key[KEY_HEADER..].to_vec()))
+    Ok((reg_id, key[KEY_HEADER..].to_vec(), key[4] == KEY_STAGED))
 }
 
 impl Communicator for UcxCommunicator {
@@ -607,6 +521,18 @@ impl Communicator for UcxCommunicator {
         self.map(region, access, false)
     }
 
+    /// Memory of a kind the loaded UCX moves is mapped as by `register`; device memory of
+    /// another kind is staged: peers READ and WRITE it over the control connection through
+    /// this side's host chunks (`crate::staged`).
+    unsafe fn register_memory(
+        &self,
+        region: Region,
+        access: Access,
+        memory: &hmc_core::AnyMemory,
+    ) -> Result<UcxRegistration> {
+        self.register_device(region, access, memory)
+    }
+
     /// Always `Some`: memory UCX allocates itself is the fast path on shared memory (see
     /// the inherent [`UcxCommunicator::alloc_registered`]).
     fn alloc_registered(&self, len: usize, access: Access) -> Result<Option<UcxRegistration>> {
@@ -626,9 +552,10 @@ impl Communicator for UcxCommunicator {
 
     fn import(&self, ep: &UcxEndpoint, remote: &RemoteRegion) -> Result<UcxRemoteKey> {
         remote.check_transport(TransportId::UCX)?;
-        let (reg_id, rkey) = decode_key(&remote.key)?;
+        let (reg_id, rkey, staged) = decode_key(&remote.key)?;
         let shared = Arc::new(KeyShared::new(remote.region.addr));
         let id = ep.0.link.validate(
+            staged,
             ep.0.id,
             reg_id,
             &remote.encode(),
@@ -642,6 +569,8 @@ impl Communicator for UcxCommunicator {
             access: remote.access,
             shared,
             ep: ep.clone(),
+            staged,
+            reg_id,
         })
     }
 
@@ -653,33 +582,20 @@ impl Communicator for UcxCommunicator {
         deadline: Deadline,
     ) -> impl Future<Output = Result<()>> + Send {
         let prepared = self.prepare(ep, op, batch, deadline);
-        let engine = &self.engine;
         async move {
-            let (id, chunks) = prepared?;
-            if chunks.is_empty() {
-                return Ok(());
+            let (id, chunks, staged) = prepared?;
+            if staged.is_empty() {
+                return self.ucx_transfer(ep, op, id, chunks, batch, deadline).await;
             }
-            if self.config.direct_mapped && self.copy_direct(op, batch) {
-                return Ok(());
-            }
-            let (tx, rx) = oneshot::channel();
-            engine.send(Command::Transfer {
-                id,
-                ep: ep.0.id,
-                op,
-                chunks,
-                deadline: deadline.instant(),
-                reply: tx,
-            })?;
-            let mut guard = CancelGuard {
-                engine,
-                id,
-                armed: true,
-            };
-            let result = rx.await;
-            guard.armed = false;
-            result
-                .map_err(|_| Error::Closed("the UCX progress thread dropped a transfer".into()))?
+            // Some remote regions are staged device memory: those move over the control
+            // connection, beside the UCX part; both end before we return.
+            let ucx_part: Vec<_> = batch.iter().filter(|d| !d.remote.staged).cloned().collect();
+            let (a, b) = futures::future::join(
+                self.staged_transfer(ep, op, staged, deadline),
+                self.ucx_transfer(ep, op, id, chunks, &ucx_part, deadline),
+            )
+            .await;
+            a.and(b)
         }
     }
 
@@ -820,6 +736,7 @@ impl UcxCommunicator {
             target: self.target.clone(),
             revoke_timeout: self.config.revoke_timeout,
             counters: self.counters.clone(),
+            staged: None,
         })
     }
 
@@ -864,14 +781,52 @@ impl UcxCommunicator {
         true
     }
 
-    /// Checks a batch against bounds, rights and key state, and splits it into chunks.
+    /// Moves `chunks` of a checked batch (its descriptors with UCX-mapped remote regions)
+    /// through UCX.
+    async fn ucx_transfer(
+        &self,
+        ep: &UcxEndpoint,
+        op: Op,
+        id: u64,
+        chunks: Vec<Chunk>,
+        batch: &[TransferDesc<'_, Self>],
+        deadline: Deadline,
+    ) -> Result<()> {
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        if self.config.direct_mapped && self.copy_direct(op, batch) {
+            return Ok(());
+        }
+        let engine = &self.engine;
+        let (tx, rx) = oneshot::channel();
+        engine.send(Command::Transfer {
+            id,
+            ep: ep.0.id,
+            op,
+            chunks,
+            deadline: deadline.instant(),
+            reply: tx,
+        })?;
+        let mut guard = CancelGuard {
+            engine,
+            id,
+            armed: true,
+        };
+        let result = rx.await;
+        guard.armed = false;
+        result.map_err(|_| Error::Closed("the UCX progress thread dropped a transfer".into()))?
+    }
+
+    /// Checks a batch against bounds, rights and key state, and splits it into chunks
+    /// for UCX and descriptors of staged remote regions.
     fn prepare(
         &self,
         ep: &UcxEndpoint,
         op: Op,
         batch: &[TransferDesc<'_, Self>],
         deadline: Deadline,
-    ) -> Result<(u64, Vec<Chunk>)> {
+    ) -> Result<(u64, Vec<Chunk>, Vec<StagedDesc>)> {
         let need = Access::required_by(op);
         let mut chunks = Vec::with_capacity(batch.len());
         for d in batch {
@@ -899,6 +854,23 @@ impl UcxCommunicator {
                     d.remote.access, need
                 )));
             }
+            if d.local.staged.is_some() {
+                return Err(Error::InvalidArgument(
+                    "a staged device registration (register_memory of memory this UCX cannot \
+                     move) was passed as the local side of a transfer; stage it through \
+                     registered host memory (hmc_core::Stager) as the engine does"
+                        .into(),
+                ));
+            }
+            if d.remote.staged && d.local.region.device.kind != hmc_core::DeviceKind::HOST {
+                return Err(Error::UnsupportedMemory {
+                    transport: TransportId::UCX,
+                    device: d.local.region.device,
+                    reason: "the peer's region is device memory it stages through host \
+                             memory, which this side moves from and into host memory only"
+                        .into(),
+                });
+            }
             if d.remote.shared.revoked.load(Ordering::Acquire) {
                 return Err(Error::InvalidKey(
                     "the target deregistered this region (or the endpoint closed)".into(),
@@ -912,7 +884,17 @@ impl UcxCommunicator {
             });
         }
         let step = self.config.chunk_size.max(1);
+        let mut staged = Vec::new();
         for d in batch {
+            if d.remote.staged {
+                staged.push(StagedDesc {
+                    local: d.local.region.addr + d.local_offset as u64,
+                    len: d.len,
+                    region: d.remote.reg_id,
+                    offset: d.remote_offset,
+                });
+                continue;
+            }
             let mut done = 0usize;
             while done < d.len {
                 let n = step.min(d.len - done);
@@ -925,7 +907,7 @@ impl UcxCommunicator {
                 done += n;
             }
         }
-        Ok((self.next_op.fetch_add(1, Ordering::Relaxed), chunks))
+        Ok((self.next_op.fetch_add(1, Ordering::Relaxed), chunks, staged))
     }
 }
 

@@ -10,6 +10,12 @@
 //! | 4 VALID | target → initiator | request id `u64`, verdict `u8` (0 live, 1 unknown or deregistered, 2 differs from the export) |
 //! | 5 REVOKE | target → initiator | region id `u64` |
 //! | 6 REVOKED | initiator → target | region id `u64` |
+//! | 7 STAGED_READ | initiator → target | request id, region id, offset, length (`u64` each) |
+//! | 8 STAGED_DATA | target → initiator | request id `u64`, bytes |
+//! | 9 STAGED_DONE | target → initiator | request id `u64`, status `u8`, detail |
+//! | 10 STAGED_WRITE | initiator → target | request id, region id, offset (`u64` each), last `u8`, bytes |
+//!
+//! Frames 7-10 move device regions the loaded UCX cannot register (see `staged.rs`).
 //!
 //! Why: UCX neither checks a registration's access rights for TCP or shared memory nor
 //! invalidates an rkey when its memory is unmapped (a CMA put with a stale key writes into
@@ -23,13 +29,17 @@ use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Weak, mpsc};
 use std::time::Duration;
 
-use hmc_core::{Error, Result};
+use hmc_core::{Access, Error, Op, Result};
 use parking_lot::Mutex;
 
 use crate::engine::{Command, Engine, KeyShared};
+use crate::staged::{
+    Refusal, STAGED_CHUNK, STAGED_ID_BIT, StagedEvent, StagedRegion, StagingPool, WRITE_HEADER,
+    admit, serve_read, serve_write,
+};
 
 pub(crate) const HELLO: u8 = 1;
 pub(crate) const HELLO_ACK: u8 = 2;
@@ -37,6 +47,13 @@ pub(crate) const VALIDATE: u8 = 3;
 pub(crate) const VALID: u8 = 4;
 pub(crate) const REVOKE: u8 = 5;
 pub(crate) const REVOKED: u8 = 6;
+pub(crate) const STAGED_READ: u8 = 7;
+pub(crate) const STAGED_DATA: u8 = 8;
+pub(crate) const STAGED_DONE: u8 = 9;
+pub(crate) const STAGED_WRITE: u8 = 10;
+/// Refused WRITE requests a connection may leave unfinished (their last frame not sent
+/// yet) before the target drops it as misbehaving.
+const MAX_UNFINISHED_REFUSED: usize = 1024;
 pub(crate) const VERSION: u8 = 1;
 /// Largest control frame accepted (worker addresses and descriptors are far smaller).
 pub(crate) const MAX_FRAME: usize = 1 << 20;
@@ -47,6 +64,31 @@ pub(crate) fn write_frame(w: &mut impl Write, kind: u8, payload: &[u8]) -> std::
     buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
     buf.extend_from_slice(payload);
     w.write_all(&buf)
+}
+
+/// Writes one frame whose payload is `parts` one after the other (a data frame's header
+/// and its bytes, without copying the bytes into one buffer).
+pub(crate) fn write_frame_parts(
+    w: &mut impl Write,
+    kind: u8,
+    parts: &[&[u8]],
+) -> std::io::Result<()> {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let mut head = Vec::with_capacity(5 + parts.first().map_or(0, |p| p.len()));
+    head.push(kind);
+    head.extend_from_slice(&(len as u32).to_be_bytes());
+    let rest = match parts.split_first() {
+        Some((first, rest)) if first.len() <= 64 => {
+            head.extend_from_slice(first);
+            rest
+        }
+        _ => parts,
+    };
+    w.write_all(&head)?;
+    for p in rest {
+        w.write_all(p)?;
+    }
+    Ok(())
 }
 
 pub(crate) fn read_frame(r: &mut impl Read) -> std::io::Result<(u8, Vec<u8>)> {
@@ -70,10 +112,13 @@ fn be_u64(b: &[u8], at: usize) -> Option<u64> {
 }
 
 /// Target-side state shared by the listener, the accepted connections and registrations.
-#[derive(Default)]
 pub(crate) struct TargetState {
     /// Live exported registrations: id → the descriptor bytes as exported.
     pub regs: Mutex<HashMap<u64, Vec<u8>>>,
+    /// The device regions among them that are served through `pool` (`staged.rs`).
+    pub staged: Mutex<HashMap<u64, Arc<StagedRegion>>>,
+    pub pool: StagingPool,
+    next_staged: AtomicU64,
     pub conns: Mutex<HashMap<u64, Arc<Accepted>>>,
     pub next_conn: AtomicU64,
     pub closed: AtomicBool,
@@ -89,6 +134,102 @@ pub(crate) struct Accepted {
 }
 
 impl TargetState {
+    /// State with a staging pool of at most `max_staging_bytes`.
+    pub fn new(max_staging_bytes: usize) -> Self {
+        TargetState {
+            regs: Mutex::default(),
+            staged: Mutex::default(),
+            pool: StagingPool::new(max_staging_bytes),
+            next_staged: AtomicU64::new(1),
+            conns: Mutex::default(),
+            next_conn: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// A registration id for a staged region (never one of the progress thread's).
+    pub fn staged_id(&self) -> u64 {
+        STAGED_ID_BIT | self.next_staged.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The staged region `reg` if `conn` imported it.
+    fn staged_for(&self, conn: &Accepted, reg: u64) -> Option<Arc<StagedRegion>> {
+        if !conn.imported.lock().contains(&reg) {
+            return None;
+        }
+        self.staged.lock().get(&reg).cloned()
+    }
+
+    /// Serves a `STAGED_READ`: data frames, then the answer.
+    fn staged_read(&self, conn: &Accepted, p: &[u8], wait: Duration) -> std::io::Result<()> {
+        let (Some(req), Some(reg), Some(off), Some(len)) =
+            (be_u64(p, 0), be_u64(p, 8), be_u64(p, 16), be_u64(p, 24))
+        else {
+            return Err(invalid("short STAGED_READ"));
+        };
+        let region = self.staged_for(conn, reg);
+        let outcome = match admit(region.as_ref(), Access::required_by(Op::Read), off, len) {
+            Err(r) => Err(r),
+            Ok(r) => serve_read(&self.pool, &r, off, len, wait, |bytes| {
+                write_frame_parts(
+                    &mut *conn.writer.lock(),
+                    STAGED_DATA,
+                    &[&req.to_be_bytes(), bytes],
+                )
+            })?,
+        };
+        conn.answer(req, outcome)
+    }
+
+    /// Applies a `STAGED_WRITE` frame; answers at its request's first refusal or last frame.
+    fn staged_write(
+        &self,
+        conn: &Accepted,
+        p: &[u8],
+        refused: &mut HashSet<u64>,
+    ) -> std::io::Result<()> {
+        let (Some(req), Some(reg), Some(off), Some(&last)) =
+            (be_u64(p, 0), be_u64(p, 8), be_u64(p, 16), p.get(24))
+        else {
+            return Err(invalid("short STAGED_WRITE"));
+        };
+        let last = last != 0;
+        let data = &p[WRITE_HEADER..];
+        if data.len() > STAGED_CHUNK {
+            return Err(invalid("a STAGED_WRITE frame longer than a staging chunk"));
+        }
+        if refused.contains(&req) {
+            // Already answered: drop the rest of the request.
+            if last {
+                refused.remove(&req);
+            }
+            return Ok(());
+        }
+        let region = self.staged_for(conn, reg);
+        let outcome = admit(
+            region.as_ref(),
+            Access::required_by(Op::Write),
+            off,
+            data.len() as u64,
+        )
+        .and_then(|r| serve_write(&self.pool, &r, off, data));
+        match outcome {
+            Err(r) => {
+                if !last {
+                    if refused.len() >= MAX_UNFINISHED_REFUSED {
+                        return Err(invalid(
+                            "too many refused STAGED_WRITE requests left unfinished",
+                        ));
+                    }
+                    refused.insert(req);
+                }
+                conn.answer(req, Err(r))
+            }
+            Ok(()) if last => conn.answer(req, Ok(())),
+            Ok(()) => Ok(()),
+        }
+    }
+
     /// Serves one accepted connection until it closes.
     pub fn serve(self: &Arc<Self>, stream: TcpStream, engine: &Engine, timeout: Duration) {
         let peer = stream
@@ -129,9 +270,12 @@ impl TargetState {
         if self.closed.load(Ordering::Acquire) {
             let _ = conn.stream.shutdown(Shutdown::Both);
         }
+        let mut refused = HashSet::new();
         let result = (|| loop {
             let (kind, payload) = read_frame(&mut stream)?;
             match kind {
+                STAGED_READ => self.staged_read(&conn, &payload, timeout)?,
+                STAGED_WRITE => self.staged_write(&conn, &payload, &mut refused)?,
                 VALIDATE => {
                     let (Some(req), Some(reg)) = (be_u64(&payload, 0), be_u64(&payload, 8)) else {
                         return Err(std::io::Error::new(
@@ -214,7 +358,28 @@ impl TargetState {
     }
 }
 
+fn invalid(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string())
+}
+
+impl Accepted {
+    /// Writes a staged request's `STAGED_DONE`.
+    fn answer(&self, req: u64, outcome: std::result::Result<(), Refusal>) -> std::io::Result<()> {
+        let body = match outcome {
+            Ok(()) => {
+                let mut v = req.to_be_bytes().to_vec();
+                v.push(0);
+                v
+            }
+            Err(r) => r.encode(req),
+        };
+        write_frame(&mut *self.writer.lock(), STAGED_DONE, &body)
+    }
+}
+
 struct PendingImport {
+    /// A staged region's key: no UCX rkey to unpack.
+    staged: bool,
     ep: u64,
     reg_id: u64,
     rkey: Vec<u8>,
@@ -227,6 +392,10 @@ pub(crate) struct Link {
     pub stream: TcpStream,
     writer: Mutex<TcpStream>,
     pending: Mutex<HashMap<u64, PendingImport>>,
+    /// Staged transfers waiting for frames, by request id; `None` once the link died.
+    staged_ops: Mutex<Option<HashMap<u64, mpsc::SyncSender<StagedEvent>>>>,
+    /// Keys of staged regions imported on this link, by region id (for revocation).
+    staged_keys: Mutex<HashMap<u64, Vec<Weak<KeyShared>>>>,
     next_req: AtomicU64,
     dead: Mutex<Option<String>>,
     /// Set when the local endpoint is dropped: the EOF that follows is ours, not a failure.
@@ -256,6 +425,8 @@ impl Link {
             stream: stream.try_clone()?,
             writer: Mutex::new(stream),
             pending: Mutex::new(HashMap::new()),
+            staged_ops: Mutex::new(Some(HashMap::new())),
+            staged_keys: Mutex::new(HashMap::new()),
             next_req: AtomicU64::new(1),
             dead: Mutex::new(None),
             closing: AtomicBool::new(false),
@@ -265,8 +436,10 @@ impl Link {
 
     /// Asks the target to confirm a descriptor; on success the reader thread has the engine
     /// unpack the key (ordered before any later revocation of it) and the engine replies.
+    #[allow(clippy::too_many_arguments)]
     pub fn validate(
         &self,
+        staged: bool,
         ep: u64,
         reg_id: u64,
         descriptor: &[u8],
@@ -282,6 +455,7 @@ impl Link {
         self.pending.lock().insert(
             req,
             PendingImport {
+                staged,
                 ep,
                 reg_id,
                 rkey,
@@ -318,6 +492,50 @@ impl Link {
         }
     }
 
+    /// A fresh request id.
+    pub fn next_req(&self) -> u64 {
+        self.next_req.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Writes one frame of `parts`.
+    pub fn send(&self, kind: u8, parts: &[&[u8]]) -> std::io::Result<()> {
+        write_frame_parts(&mut *self.writer.lock(), kind, parts)
+    }
+
+    /// Routes the frames of staged request `req` to `to`; `Err` (why) once the link died.
+    pub fn add_staged(
+        &self,
+        req: u64,
+        to: mpsc::SyncSender<StagedEvent>,
+    ) -> std::result::Result<(), String> {
+        match self.staged_ops.lock().as_mut() {
+            Some(m) => {
+                m.insert(req, to);
+                Ok(())
+            }
+            None => Err(self
+                .dead_reason()
+                .unwrap_or_else(|| "the control connection closed".into())),
+        }
+    }
+
+    /// Stops routing frames of `req` (later ones are dropped).
+    pub fn remove_staged(&self, req: u64) {
+        if let Some(m) = self.staged_ops.lock().as_mut() {
+            m.remove(&req);
+        }
+    }
+
+    /// Why the link died, if it did.
+    pub fn dead_reason(&self) -> Option<String> {
+        self.dead.lock().clone()
+    }
+
+    /// Cuts the connection (the reader then reports the peer gone).
+    pub fn disconnect(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+
     /// Reads the target's frames until EOF, then reports the peer gone to the engine.
     pub fn read_loop(self: Arc<Self>, ep: u64, engine: Engine) {
         let mut stream = match self.stream.try_clone() {
@@ -346,7 +564,13 @@ impl Link {
                     let Some(p) = self.pending.lock().remove(&req) else {
                         continue;
                     };
-                    if verdict == 0 {
+                    if verdict == 0 && p.staged {
+                        let mut keys = self.staged_keys.lock();
+                        let held = keys.entry(p.reg_id).or_default();
+                        held.retain(|k| k.strong_count() > 0);
+                        held.push(Arc::downgrade(&p.shared));
+                        let _ = p.reply.send(Ok(0));
+                    } else if verdict == 0 {
                         let cmd = Command::ImportKey {
                             ep: p.ep,
                             reg_id: p.reg_id,
@@ -372,6 +596,17 @@ impl Link {
                     let Some(reg_id) = be_u64(&payload, 0) else {
                         break "malformed REVOKE frame".into();
                     };
+                    if let Some(keys) = self.staged_keys.lock().remove(&reg_id) {
+                        // The target does the copies of a staged region and stops them
+                        // itself; here the keys only learn to refuse.
+                        for k in keys.iter().filter_map(Weak::upgrade) {
+                            k.revoked.store(true, Ordering::Release);
+                        }
+                        if let Err(e) = self.send(REVOKED, &[&reg_id.to_be_bytes()]) {
+                            tracing::debug!(error = %e, "could not confirm a key revocation");
+                        }
+                        continue;
+                    }
                     let link = self.clone();
                     let ack = Box::new(move || {
                         if let Err(e) =
@@ -384,11 +619,35 @@ impl Link {
                         break "the local engine exited".into();
                     }
                 }
+                STAGED_DATA | STAGED_DONE => {
+                    let Some(req) = be_u64(&payload, 0) else {
+                        break "malformed staged frame".into();
+                    };
+                    let to = self
+                        .staged_ops
+                        .lock()
+                        .as_ref()
+                        .and_then(|m| m.get(&req).cloned());
+                    if let Some(to) = to {
+                        let ev = if kind == STAGED_DATA {
+                            StagedEvent::Data(payload)
+                        } else {
+                            StagedEvent::Done(payload)
+                        };
+                        // A transfer that ended meanwhile dropped its receiver: its frames
+                        // are dropped here.
+                        let _ = to.send(ev);
+                    }
+                }
                 other => break format!("unexpected control frame kind {other}"),
             }
         };
         *self.dead.lock() = Some(reason.clone());
         self.pending.lock().clear();
+        let waiting = self.staged_ops.lock().take().unwrap_or_default();
+        for to in waiting.into_values() {
+            let _ = to.send(StagedEvent::Gone);
+        }
         if !self.closing.load(Ordering::Acquire) {
             let _ = engine.send(Command::PeerGone { ep, reason });
         }

@@ -105,11 +105,14 @@
 
 mod caps;
 mod comm;
+mod config;
 mod control;
 mod engine;
+mod staged;
 pub mod sys;
 
 pub use comm::{
-    DIRECT_ENV, TCP_TX_SEG_SIZE, UcxCommunicator, UcxConfig, UcxEndpoint, UcxProcessStats,
-    UcxRegistration, UcxRemoteKey, UcxStats,
+    UcxCommunicator, UcxEndpoint, UcxProcessStats, UcxRegistration, UcxRemoteKey, UcxStats,
 };
+pub use config::{DIRECT_ENV, TCP_TX_SEG_SIZE, UcxConfig};
+pub use staged::UcxStagingStats;

@@ -61,9 +61,12 @@ pub const ENV_ALLOWED: &[(&str, &str)] = &[
     ),
     (
         "hmc-transport-ucx/src/comm.rs",
-        "config loader: `UcxConfig::from_env` reads `HMC_UCX_DIRECT` (defaults do not); and UCX itself reads \
-         `UCX_TLS`/`UCX_MM_ERROR_HANDLING` from the environment, so the communicator reads \
-         them too to know which soft options UCX will accept",
+        "UCX itself reads `UCX_TLS`/`UCX_MM_ERROR_HANDLING` from the environment, so the \
+         communicator reads them too to know which soft options UCX will accept",
+    ),
+    (
+        "hmc-transport-ucx/src/config.rs",
+        "config loader: `UcxConfig::from_env` reads `HMC_UCX_DIRECT` (defaults do not)",
     ),
     (
         "hmc-plugin/src/load.rs",
