@@ -14,4 +14,8 @@ out="${OUT:-.}/cuda-check.txt"
   cargo test -p hmc-backend-cuda -- --test-threads=1 2>&1
   cargo run --release -p hmc-backend-cuda --example cuda_bandwidth -- 256 20 2>&1
   cargo run --release -p hmc-rpc --example device_staged -- --memory cuda --mib 64 --iters 5 2>&1
+  # The KV pattern on VRAM beside cuMemcpy and NIXL: needs hmc installed in the python3
+  # here (pip install hmc-py/, or the wheel of cargo xtask gpu-bundle) and, for NIXL's
+  # row, nixl-cu12==1.5.1 (--no-deps, with numpy).
+  python3 hmc-py/bench/bench_kv_vram.py --rounds 5 --seconds 1 2>&1
 } | tee "$out"

@@ -127,6 +127,6 @@ pub use memory::{
     Memory, Region, check_copy,
 };
 pub use no_comm::{NoCommunicator, NoRegistration};
-pub use staging::{Stager, StagingConfig};
+pub use staging::{StagedRun, Stager, StagingConfig};
 pub use ticket::RegionTicket;
 pub use view::RemoteView;

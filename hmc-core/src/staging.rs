@@ -7,9 +7,14 @@
 //! task while the transport's own I/O carries the transfer, so the two overlap without an
 //! async runtime in this crate.
 //!
+//! Many small runs (a KV request's blocks) go together: [`Stager::write_gather`] and
+//! [`Stager::read_scatter`] pack consecutive runs into one bounce buffer and move each
+//! buffer's runs as one batch, so a request of 512 blocks costs a few transfers, not 512.
+//!
 //! The host side should be pinned memory of the device's backend (page-locked, so the
 //! device's DMA engine copies at full speed); any host [`Memory`] works.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use crate::{
@@ -199,4 +204,214 @@ impl<H: Memory, C: Communicator> Stager<H, C> {
         }
         Ok(())
     }
+
+    /// Groups of consecutive runs of `lens` that fit one bounce buffer; a run longer than a
+    /// buffer is a group of its own, moved by [`Stager::write_from`]/[`Stager::read_into`].
+    fn groups(&self, lens: impl Iterator<Item = usize>) -> Vec<Range<usize>> {
+        let mut out: Vec<Range<usize>> = Vec::new();
+        let mut fill = 0usize;
+        for (i, len) in lens.enumerate() {
+            match out.last_mut() {
+                // An oversized run's `fill` takes no follower.
+                Some(g) if len <= self.chunk && fill + len <= self.chunk => {
+                    g.end = i + 1;
+                    fill += len;
+                }
+                _ => {
+                    out.push(i..i + 1);
+                    fill = if len > self.chunk {
+                        usize::MAX / 2
+                    } else {
+                        len
+                    };
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether `group` of `runs` is one run longer than a bounce buffer.
+    fn oversized(&self, lens: &[usize], group: &Range<usize>) -> bool {
+        group.len() == 1 && lens[group.start] > self.chunk
+    }
+
+    /// The batch moving `group`'s runs between bounce buffer `i` (packed from its start) and
+    /// their remote regions.
+    fn group_descs<'a, S>(
+        &'a self,
+        i: usize,
+        runs: &'a [StagedRun<'_, C, S>],
+        group: &Range<usize>,
+        len: impl Fn(&S) -> usize,
+    ) -> Vec<TransferDesc<'a, C>> {
+        let mut at = 0usize;
+        runs[group.clone()]
+            .iter()
+            .map(|r| {
+                let n = len(&r.local);
+                let d = TransferDesc {
+                    local: self.bounce[i % self.bounce.len()].registration(),
+                    local_offset: at,
+                    remote: r.remote,
+                    remote_offset: r.remote_offset,
+                    len: n,
+                };
+                at += n;
+                d
+            })
+            .collect()
+    }
+
+    /// WRITEs every run's local memory (of `device`, or host) to its remote region, runs
+    /// packed into the bounce buffers: the device copies of buffer *i + 1*'s runs overlap
+    /// the transfer of buffer *i*'s. Complete when every byte is at the target.
+    pub async fn write_gather<D: Memory>(
+        &mut self,
+        device: &D,
+        ep: &C::Endpoint,
+        runs: &[StagedRun<'_, C, MemSpan<'_>>],
+        deadline: Deadline,
+    ) -> Result<()> {
+        let lens: Vec<usize> = runs.iter().map(|r| r.local.len()).collect();
+        let groups = self.groups(lens.iter().copied());
+        let mut k = 0usize; // bounce buffers used so far
+        let mut filled = false;
+        for (gi, g) in groups.iter().enumerate() {
+            if self.oversized(&lens, g) {
+                let r = &runs[g.start];
+                self.write_from(device, ep, &r.local, r.remote, r.remote_offset, deadline)
+                    .await?;
+                filled = false;
+                continue;
+            }
+            if !filled {
+                self.fill_group(device, k, &runs[g.clone()])?;
+            }
+            let next = groups
+                .get(gi + 1)
+                .filter(|n| !self.oversized(&lens, n))
+                .cloned();
+            let descs = self.group_descs(k, runs, g, |s: &MemSpan<'_>| s.len());
+            let send = self.comm.transfer(ep, Op::Write, &descs, deadline);
+            let prefetch = async {
+                if let Some(n) = &next {
+                    self.fill_group(device, k + 1, &runs[n.clone()])?;
+                }
+                Ok::<(), Error>(())
+            };
+            let (sent, copied) = futures::join!(send, prefetch);
+            sent?;
+            copied?;
+            filled = next.is_some();
+            k += 1;
+        }
+        Ok(())
+    }
+
+    /// READs every run's remote region into its local memory (of `device`, or host), runs
+    /// packed into the bounce buffers: the device copies out of buffer *i − 1* overlap the
+    /// transfer into buffer *i*.
+    pub async fn read_scatter<D: Memory>(
+        &mut self,
+        device: &D,
+        ep: &C::Endpoint,
+        runs: &mut [StagedRun<'_, C, MemSpanMut<'_>>],
+        deadline: Deadline,
+    ) -> Result<()> {
+        let lens: Vec<usize> = runs.iter().map(|r| r.local.len()).collect();
+        let groups = self.groups(lens.iter().copied());
+        let mut k = 0usize;
+        // The group whose bytes wait in bounce `k - 1` for their device copies.
+        let mut pending: Option<Range<usize>> = None;
+        for g in groups
+            .iter()
+            .cloned()
+            .map(Some)
+            .chain(std::iter::once(None))
+        {
+            if let Some(g) = g.as_ref().filter(|g| self.oversized(&lens, g)) {
+                if let Some(p) = pending.take() {
+                    self.drain_group(device, k - 1, &mut runs[p])?;
+                }
+                let r = &mut runs[g.start];
+                let (remote, off) = (r.remote, r.remote_offset);
+                self.read_into(device, ep, &mut r.local, remote, off, deadline)
+                    .await?;
+                continue;
+            }
+            let (ready, later) = runs.split_at_mut(g.as_ref().map_or(runs.len(), |g| g.start));
+            let fetch = async {
+                if let Some(g) = &g {
+                    let descs =
+                        self.group_descs(k, later, &(0..g.len()), |s: &MemSpanMut<'_>| s.len());
+                    self.comm.transfer(ep, Op::Read, &descs, deadline).await?;
+                }
+                Ok::<(), Error>(())
+            };
+            let drain = async {
+                if let Some(p) = &pending {
+                    self.drain_group(device, k.wrapping_sub(1), &mut ready[p.clone()])?;
+                }
+                Ok::<(), Error>(())
+            };
+            let (fetched, drained) = futures::join!(fetch, drain);
+            fetched?;
+            drained?;
+            pending = g;
+            k += 1;
+        }
+        Ok(())
+    }
+
+    /// Packs `runs`' local bytes into bounce buffer `i` from its start.
+    fn fill_group<D: Memory>(
+        &self,
+        device: &D,
+        i: usize,
+        runs: &[StagedRun<'_, C, MemSpan<'_>>],
+    ) -> Result<()> {
+        let mut at = 0usize;
+        for r in runs {
+            let n = r.local.len();
+            let region = self.bounce[i % self.bounce.len()].region().slice(at, n)?;
+            // SAFETY: as in `bounce_span_mut`: bounce `i` is not on the wire while it is
+            // filled (the pipeline alternates buffers).
+            let mut dst = unsafe { MemSpanMut::from_region(region) };
+            device.copy(&mut dst, &r.local)?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Copies the runs packed in bounce buffer `i` out to their local memory.
+    fn drain_group<D: Memory>(
+        &self,
+        device: &D,
+        i: usize,
+        runs: &mut [StagedRun<'_, C, MemSpanMut<'_>>],
+    ) -> Result<()> {
+        let mut at = 0usize;
+        for r in runs {
+            let n = r.local.len();
+            let region = self.bounce[i % self.bounce.len()].region().slice(at, n)?;
+            // SAFETY: as in `bounce_span`: bounce `i` is off the wire (its READ completed)
+            // and not refilled while drained.
+            let src = unsafe { MemSpan::from_region(region) };
+            device.copy(&mut r.local, &src)?;
+            at += n;
+        }
+        Ok(())
+    }
+}
+
+/// One run of [`Stager::write_gather`] or [`Stager::read_scatter`]: local memory (a
+/// [`MemSpan`] to write from, a [`MemSpanMut`] to read into) and where it goes or comes
+/// from in a peer's region.
+pub struct StagedRun<'a, C: Communicator, S> {
+    /// The local bytes.
+    pub local: S,
+    /// The peer's region.
+    pub remote: &'a C::RemoteKey,
+    /// Offset in the peer's region.
+    pub remote_offset: u64,
 }

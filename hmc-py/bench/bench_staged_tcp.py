@@ -1,16 +1,23 @@
 """READ of N bytes from a target's device region vs from its host region, over tcp
-loopback; alternated, medians. On this project's CI machines the device is the CUDA driver
+loopback (or over ucx: a UCX without CUDA support stages the device region over its control
+connection); alternated, medians. On this project's CI machines the device is the CUDA driver
 shim (device copies are memcpy), so the ratio measures the staging path's overhead on
 shared CPUs, not a GPU.
 
     gcc -shared -fPIC -O2 -pthread -I hmc-testshim/shim hmc-backend-cuda/tests/shim/cuda_shim.c \
         -o /tmp/shim/libcuda.so && ln -sf libcuda.so /tmp/shim/libcuda.so.1
-    target/py-venv/bin/python hmc-py/bench/bench_staged_tcp.py /tmp/shim [bytes]
+    target/py-venv/bin/python hmc-py/bench/bench_staged_tcp.py /tmp/shim [bytes] [tcp|ucx]
+
+Over ucx both processes run with UCX_TLS=tcp unless UCX_TLS is set, so the host region's
+READ goes through UCX's TCP transport, like for like with the staged one.
 """
 import json, os, statistics, subprocess, sys, textwrap, time
 import hmc
 
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 64 << 20
+TRANSPORT = sys.argv[3] if len(sys.argv) > 3 else "tcp"
+if TRANSPORT == "ucx":
+    os.environ.setdefault("UCX_TLS", "tcp")
 REPS = 7
 shim = sys.argv[1]
 CHILD = textwrap.dedent("""
@@ -20,21 +27,21 @@ CHILD = textwrap.dedent("""
     assert cu.cuInit(0) == 0
     dev, ctx = ctypes.c_int(), ctypes.c_void_p()
     cu.cuDeviceGet(ctypes.byref(dev), 0); cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev); cu.cuCtxSetCurrent(ctx)
-    n = int(sys.argv[1])
+    n, transport = int(sys.argv[1]), sys.argv[2]
     p = ctypes.c_ulonglong(); assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(n)) == 0
     ctypes.memset(p.value, 7, n)
     host = bytearray(b"\\x07" * n)
-    e = hmc.Engine(); e.initialize("127.0.0.1:0", {"transport": "tcp"})
+    e = hmc.Engine(); e.initialize("127.0.0.1:0", {"transport": transport})
     hd = e.register_mem((p.value, n), hmc.MemType.DEVICE, device="cuda:0")
     hh = e.register_mem(host)
     print(json.dumps({"addr": e.local_address, "dev": hd.addr, "host": hh.addr}), flush=True)
     sys.stdin.readline()
 """)
-child = subprocess.Popen([sys.executable, "-c", CHILD, str(N)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+child = subprocess.Popen([sys.executable, "-c", CHILD, str(N), TRANSPORT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          text=True, env={**os.environ, "LD_LIBRARY_PATH": shim})
 info = json.loads(child.stdout.readline())
 buf = bytearray(N)
-e = hmc.Engine(); e.initialize("127.0.0.1:0", {"transport": "tcp"})
+e = hmc.Engine(); e.initialize("127.0.0.1:0", {"transport": TRANSPORT})
 h = e.register_mem(buf)
 e.connect(info["addr"], 5000)
 times = {"host": [], "dev": []}
@@ -46,7 +53,7 @@ for i in range(REPS + 1):
         if i > 0:  # the first round warms up connections and chunk pools
             times[kind].append(dt)
 gbps = {k: N / statistics.median(v) / 1e9 for k, v in times.items()}
-print(json.dumps({"bytes": N, "reps": REPS, "host_GBps": round(gbps["host"], 2), "device_GBps": round(gbps["dev"], 2),
+print(json.dumps({"transport": TRANSPORT, "bytes": N, "reps": REPS, "host_GBps": round(gbps["host"], 2), "device_GBps": round(gbps["dev"], 2),
                   "ratio": round(gbps["dev"] / gbps["host"], 2)}))
 child.stdin.write("x\n"); child.stdin.flush(); child.wait()
 e.finalize()

@@ -119,3 +119,102 @@ async fn staging_refuses_bad_configuration_and_out_of_range_targets() {
         .await;
     assert!(matches!(err, Err(Error::OutOfBounds { .. })), "{err:?}");
 }
+
+#[rstest]
+#[case::many_small_runs(&[4096; 64], 16 << 10)]
+#[case::ragged_runs(&[1000, 7, 4096, 16384, 3, 9000, 12000], 16 << 10)]
+#[case::an_oversized_run_between_small_ones(&[5000, 40_000, 100, 100, 70_000, 16], 16 << 10)]
+#[case::one_run(&[12345], 4096)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gathered_runs_land_where_each_one_belongs(#[case] lens: &[usize], #[case] chunk: usize) {
+    use hmc_core::StagedRun;
+
+    let (a, b) = (bind(), bind());
+    let host = Arc::new(HostMemory::new());
+    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+    let total: usize = lens.iter().sum();
+    // The remote runs go in reverse order, each 3 bytes apart, so no run lands where a
+    // plain copy of the packed buffer would put it.
+    let target = RegisteredBuffer::new(
+        host.clone(),
+        b.clone(),
+        total + 3 * lens.len() + 64,
+        Access::READ_WRITE,
+    )
+    .unwrap();
+    let key = a.import(&ep, &target.export().unwrap()).unwrap();
+    let mut remote_at = Vec::new();
+    let mut at = 64u64;
+    for &l in lens.iter().rev() {
+        remote_at.push(at);
+        at += l as u64 + 3;
+    }
+    remote_at.reverse();
+    let device = HostMemory::new();
+    let bytes = pattern(7, total);
+    let mut src = device.alloc(total).unwrap();
+    device
+        .copy(&mut MemSpanMut::of(&mut src), &MemSpan::host(&bytes))
+        .unwrap();
+    let mut offs = Vec::new();
+    let mut o = 0usize;
+    for &l in lens {
+        offs.push(o);
+        o += l;
+    }
+    let all = MemSpan::of(&src);
+    let runs: Vec<_> = lens
+        .iter()
+        .zip(&offs)
+        .zip(&remote_at)
+        .map(|((&l, &off), &r)| StagedRun {
+            local: all.slice(off, l).unwrap(),
+            remote: &key,
+            remote_offset: r,
+        })
+        .collect();
+    let mut stager =
+        Stager::new(host.clone(), a.clone(), StagingConfig { chunk, depth: 2 }).unwrap();
+    stager
+        .write_gather(&device, &ep, &runs, Deadline::default())
+        .await
+        .unwrap();
+    for ((&l, &off), &r) in lens.iter().zip(&offs).zip(&remote_at) {
+        let mut got = vec![0u8; l];
+        target
+            .read_at(r as usize, &mut MemSpanMut::host(&mut got))
+            .unwrap();
+        assert!(got[..] == bytes[off..off + l], "run at {off} of {l} bytes");
+    }
+    // And back, scattered into a cleared "device" buffer.
+    let mut dst = device.alloc(total).unwrap();
+    device
+        .copy(
+            &mut MemSpanMut::of(&mut dst),
+            &MemSpan::host(&vec![0u8; total]),
+        )
+        .unwrap();
+    {
+        let region = dst.region();
+        let mut runs: Vec<_> = lens
+            .iter()
+            .zip(&offs)
+            .zip(&remote_at)
+            .map(|((&l, &off), &r)| StagedRun {
+                // SAFETY: disjoint slices of `dst`, which outlives them.
+                local: unsafe { MemSpanMut::from_region(region.slice(off, l).unwrap()) },
+                remote: &key,
+                remote_offset: r,
+            })
+            .collect();
+        stager
+            .read_scatter(&device, &ep, &mut runs, Deadline::default())
+            .await
+            .unwrap();
+    }
+    let mut back = vec![0u8; total];
+    device
+        .copy(&mut MemSpanMut::host(&mut back), &MemSpan::of(&dst))
+        .unwrap();
+    assert!(back == bytes, "scattered READ");
+}

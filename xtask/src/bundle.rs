@@ -25,6 +25,10 @@ struct Kind {
     devices: &'static [&'static str],
     /// A vendor tool that describes the hardware (its failure is not an error).
     describe: &'static str,
+    /// A Python bench of the package to run there (script under `hmc-py/bench`, its
+    /// arguments): the bundle then carries the release wheel and the script, and `run.sh`
+    /// installs them (with NIXL's wheel where PyPI is reachable) into a venv of its own.
+    python: Option<(&'static str, &'static str)>,
     /// The support table's component cell, and what a passing run verifies.
     component: &'static str,
     verifies: &'static str,
@@ -45,9 +49,11 @@ const KINDS: &[Kind] = &[
         ],
         devices: &["/dev/nvidia0"],
         describe: "nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv",
+        python: Some(("bench_kv_vram.py", "--rounds 5 --seconds 1")),
         component: "`hmc-backend-cuda`",
         verifies: "memory kit, async copies, IPC and DMA-BUF export on the GPU; copy bandwidth; \
-                   device-staged RPC echo and one-sided WRITE/READ between two processes",
+                   device-staged RPC echo and one-sided WRITE/READ between two processes; \
+                   the KV pattern on VRAM (hmc by IPC and over TCP beside cuMemcpy and NIXL)",
     },
     Kind {
         name: "rocm",
@@ -60,6 +66,7 @@ const KINDS: &[Kind] = &[
         )],
         devices: &["/dev/kfd"],
         describe: "rocm-smi --showproductname",
+        python: None,
         component: "`hmc-backend-rocm` (AMD, Hygon DCU)",
         verifies: "memory kit and device binding on the GPU; device-staged RPC echo and \
                    one-sided WRITE/READ between two processes",
@@ -71,6 +78,7 @@ const KINDS: &[Kind] = &[
         examples: &[],
         devices: &["/dev/cambricon_dev0"],
         describe: "cnmon info",
+        python: None,
         component: "`hmc-backend-mlu` (Cambricon)",
         verifies: "memory kit and device binding on the MLU",
     },
@@ -81,6 +89,7 @@ const KINDS: &[Kind] = &[
         examples: &[],
         devices: &["/dev/mtgpu.0", "/dev/dri/renderD128-mt"],
         describe: "mthreads-gmi",
+        python: None,
         component: "`hmc-backend-musa` (Moore Threads)",
         verifies: "memory kit and device binding on the GPU",
     },
@@ -91,6 +100,7 @@ const KINDS: &[Kind] = &[
         examples: &[],
         devices: &["/dev/davinci0"],
         describe: "npu-smi info",
+        python: None,
         component: "`hmc-backend-ascend` (Huawei Ascend NPU)",
         verifies: "memory kit and device binding on the NPU",
     },
@@ -101,6 +111,7 @@ const KINDS: &[Kind] = &[
         examples: &[],
         devices: &["/sys/class/infiniband"],
         describe: "ibv_devices",
+        python: None,
         component: "`hmc-transport-rdma`",
         verifies: "the transport's tests over the machine's RDMA devices",
     },
@@ -204,6 +215,18 @@ pub fn build(kind: &str, dir: &Path) -> Result {
             steps.push((ex.to_string(), format!("./{ex} {args}")));
         }
     }
+    if let Some((script, args)) = k.python {
+        let wheel = crate::python::release_wheel()?;
+        let name = wheel
+            .file_name()
+            .ok_or("a wheel path without a file name")?
+            .to_string_lossy()
+            .into_owned();
+        std::fs::copy(&wheel, dir.join(&name)).map_err(|e| format!("copying {name}: {e}"))?;
+        std::fs::copy(root().join("hmc-py/bench").join(script), dir.join(script))
+            .map_err(|e| format!("copying {script}: {e}"))?;
+        steps.push((script.to_string(), python_step(&name, script, args)));
+    }
     // Without debug info a bundle is a few MiB (the device tool carries at most 64).
     let mut strip = Command::new("strip");
     binaries.iter().for_each(|b| {
@@ -222,6 +245,17 @@ pub fn build(kind: &str, dir: &Path) -> Result {
         dir.strip_prefix(root()).unwrap_or(dir).display()
     );
     Ok(())
+}
+
+/// The `run.sh` command of a Python bench: a venv with the wheel and numpy (required),
+/// NIXL 1.5.1 where pip reaches it (optional: the bench says it left NIXL out), the bench.
+fn python_step(wheel: &str, script: &str, args: &str) -> String {
+    format!(
+        "{{ python3 -m venv py-venv && py-venv/bin/pip install -q numpy ./{wheel}; }} && \
+         {{ py-venv/bin/pip install -q --no-deps nixl-cu12==1.5.1 || \
+         echo 'nixl-cu12 not installed: the NIXL row is left out'; }} && \
+         py-venv/bin/python {script} {args}"
+    )
 }
 
 /// The bundle's `run.sh`: device check, each step with its exit status, and the support
@@ -313,6 +347,33 @@ mod tests {
         assert!(s.contains("FAILED on hardware"), "{s}");
         // bash would reject an unbalanced script; a cheap structural check here.
         assert_eq!(s.matches("\nfi\n").count(), 2, "{s}");
+    }
+
+    #[test]
+    fn the_gpu_bundle_runs_the_kv_pattern_on_vram_in_a_venv_of_its_own() {
+        let k = KINDS.iter().find(|k| k.name == "cuda").unwrap();
+        let (script_name, args) = k.python.expect("the CUDA bundle carries a Python bench");
+        assert!(
+            root().join("hmc-py/bench").join(script_name).exists(),
+            "{script_name} is not in hmc-py/bench"
+        );
+        let step = python_step("hmc-0.1.0-cp311-abi3-linux_x86_64.whl", script_name, args);
+        let s = script(k, &[(script_name.to_string(), step)]);
+        assert!(
+            s.contains("pip install -q numpy ./hmc-0.1.0-cp311-abi3-linux_x86_64.whl"),
+            "{s}"
+        );
+        assert!(s.contains("nixl-cu12==1.5.1 ||"), "NIXL is optional: {s}");
+        assert!(
+            s.contains("py-venv/bin/python bench_kv_vram.py --rounds 5"),
+            "{s}"
+        );
+        // The whole script parses as bash.
+        let path = std::env::temp_dir().join(format!("hmc-gpu-run-{}.sh", std::process::id()));
+        std::fs::write(&path, &s).unwrap();
+        let ok = Command::new("bash").arg("-n").arg(&path).status().unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(ok.success(), "bash -n refused:\n{s}");
     }
 
     #[test]

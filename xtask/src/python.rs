@@ -47,9 +47,17 @@ fn make_venv(dir: &Path) -> Result<PathBuf> {
     Ok(dir.join("bin/python"))
 }
 
-/// Builds the wheel (`--release` or the dev profile) into `target/py-wheels/<profile>` and
-/// installs it into the environment of `python`.
-fn install_wheel(venv_py: &Path, python: &Path, release: bool) -> Result {
+/// The release wheel of hmc-py (abi3, for this platform), built into
+/// `target/py-wheels/release`; for bundles that carry the Python package to a machine
+/// without a toolchain.
+pub fn release_wheel() -> Result<PathBuf> {
+    let py = venv()?;
+    build_wheel(&py, &py, true)
+}
+
+/// Builds the wheel (`--release` or the dev profile) for `python` into
+/// `target/py-wheels/<profile>`; its path.
+fn build_wheel(venv_py: &Path, python: &Path, release: bool) -> Result<PathBuf> {
     let profile = if release { "release" } else { "dev" };
     let out = root().join("target/py-wheels").join(profile);
     let _ = std::fs::remove_dir_all(&out);
@@ -65,11 +73,17 @@ fn install_wheel(venv_py: &Path, python: &Path, release: bool) -> Result {
         build.arg("--release");
     }
     run(&mut build)?;
-    let wheel = std::fs::read_dir(&out)
+    std::fs::read_dir(&out)
         .map_err(|e| format!("reading {}: {e}", out.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
-        .ok_or(format!("maturin left no wheel in {}", out.display()))?;
+        .ok_or(format!("maturin left no wheel in {}", out.display()))
+}
+
+/// Builds the wheel (`--release` or the dev profile) into `target/py-wheels/<profile>` and
+/// installs it into the environment of `python`.
+fn install_wheel(venv_py: &Path, python: &Path, release: bool) -> Result {
+    let wheel = build_wheel(venv_py, python, release)?;
     run(Command::new(python)
         .args([
             "-m",

@@ -549,21 +549,40 @@ impl<C: Communicator> XferInner<C> {
             }
         }
         drop(batch);
-        for p in &staged {
-            // One piece at a time, each within the no-progress bound.
-            let one = std::slice::from_ref(p);
+        // Staged runs in groups of up to `progress_chunk_bytes` on one device, each group
+        // within the no-progress bound; the stager packs a group's runs into its bounce
+        // buffers, so many small runs cost a few transfers.
+        let mut rest = &staged[..];
+        while !rest.is_empty() {
+            let device = rest[0].local.device();
+            let mut bytes = 0u64;
+            let n = rest
+                .iter()
+                .take_while(|p| {
+                    let fits = p.local.device() == device
+                        && (bytes == 0 || bytes + p.len as u64 <= chunk_bytes);
+                    if fits {
+                        bytes += p.len as u64;
+                    }
+                    fits
+                })
+                .count()
+                .max(1);
+            let (group, later) = rest.split_at(n);
+            rest = later;
+            let group_bytes: u64 = group.iter().map(|p| p.len as u64).sum();
             let outcome = tokio::select! {
                 biased;
-                r = Box::pin(self.engine.run_staged(&self.peer.ep, op, one, Deadline::after(stall))) => r,
+                r = Box::pin(self.engine.run_staged(&self.peer.ep, op, group, Deadline::after(stall))) => r,
                 _ = gone.wait_for(Option::is_some) => return Err(self.gone_error()),
             };
             match outcome {
-                Ok(()) => *moved += p.len as u64,
+                Ok(()) => *moved += group_bytes,
                 Err(hmc_core::Error::DeadlineExceeded { .. }) => {
                     return Err(EngineError::Timeout {
                         what: format!(
-                            "a transfer with `{}` made no progress (a staged run of {} bytes did not complete; {moved} of {} bytes moved): no_progress_timeout",
-                            self.peer.name, p.len, self.bytes
+                            "a transfer with `{}` made no progress (staged runs of {group_bytes} bytes did not complete; {moved} of {} bytes moved): no_progress_timeout",
+                            self.peer.name, self.bytes
                         ),
                         after: stall,
                     });

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use hmc_backend_cpu::HostMemory;
 use hmc_core::{
     AnyMemory, CommCapabilities, Communicator, Deadline, DeviceMemoryPath, MemSpan, MemSpanMut,
-    Memory, Op, Region, Stager, StagingConfig,
+    Memory, Op, Region, StagedRun, Stager, StagingConfig,
 };
 
 use super::{Engine, MemDesc, MemHandle, RemoteEntry};
@@ -29,6 +29,11 @@ impl StagedReg {
     /// The device's memory backend.
     pub(super) fn memory(&self) -> &AnyMemory {
         &self.memory
+    }
+
+    /// The device the registration is on.
+    pub(super) fn device(&self) -> hmc_core::Device {
+        self.region.device
     }
 }
 
@@ -151,8 +156,8 @@ impl<C: Communicator> Engine<C> {
         Ok(handle)
     }
 
-    /// Moves the staged runs of a transfer, one after the other, through the bounce
-    /// buffers (made on first use).
+    /// Moves staged runs of a transfer, all of memory of one device, through the bounce
+    /// buffers (made on first use), packed together where they are small.
     pub(super) async fn run_staged(
         &self,
         ep: &C::Endpoint,
@@ -160,9 +165,9 @@ impl<C: Communicator> Engine<C> {
         staged: &[StagedPiece<C>],
         deadline: Deadline,
     ) -> hmc_core::Result<()> {
-        if staged.is_empty() {
+        let Some(first) = staged.first() else {
             return Ok(());
-        }
+        };
         let mut guard = self.inner.stager.lock().await;
         if guard.is_none() {
             *guard = Some(Stager::new(
@@ -172,47 +177,49 @@ impl<C: Communicator> Engine<C> {
             )?);
         }
         let stager = guard.as_mut().expect("made above");
-        for p in staged {
-            let region = p.local.region.slice(p.local_off, p.len)?;
-            // Literal labels: static keys (see `TransferMetrics`).
-            let staged_bytes = match op {
-                Op::Write => metrics::counter!("hmc_engine_staged_bytes_total", "op" => "write"),
-                Op::Read => metrics::counter!("hmc_engine_staged_bytes_total", "op" => "read"),
-            };
-            match op {
-                Op::Write => {
-                    // SAFETY: the plan found the run inside a staged registration, which the
-                    // caller keeps allocated while registered (`register_device_mem`), and the
-                    // piece's `Arc` keeps the registration until this transfer ends.
-                    let src = unsafe { MemSpan::from_region(region) };
-                    stager
-                        .write_from(
-                            &p.local.memory,
-                            ep,
-                            &src,
-                            &p.remote.key,
-                            p.remote_off,
-                            deadline,
-                        )
-                        .await?;
-                }
-                Op::Read => {
-                    // SAFETY: as for WRITE; peers cannot reach staged memory, so only this
-                    // transfer writes the run.
-                    let mut dst = unsafe { MemSpanMut::from_region(region) };
-                    stager
-                        .read_into(
-                            &p.local.memory,
-                            ep,
-                            &mut dst,
-                            &p.remote.key,
-                            p.remote_off,
-                            deadline,
-                        )
-                        .await?;
-                }
+        // The caller groups runs by device, so one backend copies them all.
+        let memory = first.local.memory();
+        let regions = staged
+            .iter()
+            .map(|p| p.local.region.slice(p.local_off, p.len))
+            .collect::<hmc_core::Result<Vec<_>>>()?;
+        let total: u64 = staged.iter().map(|p| p.len as u64).sum();
+        match op {
+            Op::Write => {
+                let runs: Vec<StagedRun<'_, C, MemSpan<'_>>> = staged
+                    .iter()
+                    .zip(&regions)
+                    .map(|(p, &region)| StagedRun {
+                        // SAFETY: the plan found the run inside a staged registration, which
+                        // the caller keeps allocated while registered (`register_device_mem`),
+                        // and the piece's `Arc` keeps the registration until this transfer
+                        // ends.
+                        local: unsafe { MemSpan::from_region(region) },
+                        remote: &p.remote.key,
+                        remote_offset: p.remote_off,
+                    })
+                    .collect();
+                stager.write_gather(memory, ep, &runs, deadline).await?;
+                // Literal labels: static keys (see `TransferMetrics`).
+                metrics::counter!("hmc_engine_staged_bytes_total", "op" => "write")
+                    .increment(total);
             }
-            staged_bytes.increment(p.len as u64);
+            Op::Read => {
+                let mut runs: Vec<StagedRun<'_, C, MemSpanMut<'_>>> = staged
+                    .iter()
+                    .zip(&regions)
+                    .map(|(p, &region)| StagedRun {
+                        // SAFETY: as for WRITE; the plan's runs do not overlap in local
+                        // memory, and peers that reach it write it only as the DMA rule
+                        // the registering caller accepted allows.
+                        local: unsafe { MemSpanMut::from_region(region) },
+                        remote: &p.remote.key,
+                        remote_offset: p.remote_off,
+                    })
+                    .collect();
+                stager.read_scatter(memory, ep, &mut runs, deadline).await?;
+                metrics::counter!("hmc_engine_staged_bytes_total", "op" => "read").increment(total);
+            }
         }
         Ok(())
     }
