@@ -15,6 +15,13 @@
 //!   `#[cfg(test)]`-only module in its own file is exempt when named that way), and the
 //!   lines from a file's top-level `#[cfg(test)] mod …` onwards (the inline unit tests,
 //!   which by convention end the file).
+//! - **Function length** (`functions.rs`): a function body over
+//!   [`functions::WARN_LINES`] lines is a warning (listed by `cargo xtask tidy`), one over
+//!   [`functions::MAX_FN_LINES`] a problem unless [`functions::FN_ALLOWED`] names it with a
+//!   reason; an entry that no longer names such a function is a problem too.
+//! - **Layers** (`layers.rs`): the workspace crates a crate may depend on (the core on
+//!   none, the RPC runtime on no transport, transports on no runtime, the engine not on
+//!   the tools crate), and no socket in the sans-IO protocol crate.
 //! - **Environment reads**: no `env::var`/`env::var_os` in library code except in the
 //!   files of [`ENV_ALLOWED`], the named configuration and library loaders. Configuration
 //!   belongs in the config structs; an environment variable that silently changes a
@@ -36,11 +43,14 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod functions;
+pub mod layers;
 #[cfg(test)]
 mod tests;
 
-/// Longest non-test source file, in lines.
-pub const MAX_LINES: usize = 1000;
+/// Longest non-test source file, in lines: a file holds one idea, and an idea may need
+/// this many (functions have their own, tighter check).
+pub const MAX_LINES: usize = 1500;
 
 /// Non-test files allowed over [`MAX_LINES`], each with the reason (none today).
 pub const SIZE_ALLOWED: &[(&str, &str)] = &[];
@@ -288,6 +298,19 @@ fn check(path: &str, text: &str) -> Vec<String> {
             "{path}: {code_end} lines of non-test code, over {MAX_LINES}; split it by job"
         ));
     }
+    for f in functions::functions(&lines, code_end) {
+        if f.lines > functions::MAX_FN_LINES && !functions::allowed(path, &f.name) {
+            problems.push(format!(
+                "{path}:{}: fn {} is {} lines, over {}; split it into named steps (or add \
+                 `{path}::{}` to FN_ALLOWED in xtask/src/tidy/functions.rs with a reason)",
+                f.line,
+                f.name,
+                f.lines,
+                functions::MAX_FN_LINES,
+                f.name
+            ));
+        }
+    }
     let env_checked = library && !allowed(ENV_ALLOWED, path);
     let figures_checked = !test_file && !allowed(FIGURES_ALLOWED, path);
     for (i, line) in lines.iter().enumerate() {
@@ -346,28 +369,90 @@ fn check(path: &str, text: &str) -> Vec<String> {
     problems
 }
 
-/// Every problem in the workspace at `root`, sorted by file.
-pub fn problems(root: &Path) -> Result<Vec<String>, String> {
+/// Every `.rs` file of the workspace at `root`: (path relative to it, text), sorted.
+fn workspace_files(root: &Path) -> Result<Vec<(String, String)>, String> {
     let mut files = Vec::new();
     rust_files(root, &mut files);
     files.sort();
-    let mut problems = Vec::new();
-    for f in &files {
-        let text =
-            std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
-        let rel = f.strip_prefix(root).unwrap_or(f);
-        let rel = rel.to_string_lossy().replace('\\', "/");
-        problems.extend(check(&rel, &text));
-    }
     if files.is_empty() {
         return Err(format!("no .rs files under {}", root.display()));
     }
+    files
+        .iter()
+        .map(|f| {
+            let text =
+                std::fs::read_to_string(f).map_err(|e| format!("reading {}: {e}", f.display()))?;
+            let rel = f.strip_prefix(root).unwrap_or(f);
+            Ok((rel.to_string_lossy().replace('\\', "/"), text))
+        })
+        .collect()
+}
+
+/// The non-test functions of a file (none for a test file).
+fn file_functions(path: &str, text: &str) -> Vec<functions::Function> {
+    if is_test_file(path) {
+        return Vec::new();
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    functions::functions(&lines, test_module_start(&lines))
+}
+
+/// Every problem in the workspace at `root`, sorted by file.
+pub fn problems(root: &Path) -> Result<Vec<String>, String> {
+    let files = workspace_files(root)?;
+    let mut problems = Vec::new();
+    for (rel, text) in &files {
+        problems.extend(check(rel, text));
+    }
+    // An allow-list entry names a function that still needs it.
+    for (entry, _) in functions::FN_ALLOWED {
+        let (path, name) = entry.rsplit_once("::").unwrap_or((entry, ""));
+        let still = files.iter().any(|(rel, text)| {
+            rel == path
+                && file_functions(rel, text)
+                    .iter()
+                    .any(|f| f.name == name && f.lines > functions::MAX_FN_LINES)
+        });
+        if !still {
+            problems.push(format!(
+                "xtask/src/tidy/functions.rs: FN_ALLOWED names `{entry}`, which is no longer a \
+                 function over {} lines; remove the entry",
+                functions::MAX_FN_LINES
+            ));
+        }
+    }
+    problems.extend(layers::problems(root));
     Ok(problems)
+}
+
+/// Functions over [`functions::WARN_LINES`] lines: `path:line: fn name (N lines)`.
+pub fn warnings(root: &Path) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for (rel, text) in workspace_files(root)? {
+        for f in file_functions(&rel, &text) {
+            if f.lines > functions::WARN_LINES {
+                out.push(format!(
+                    "{rel}:{}: fn {} ({} lines)",
+                    f.line, f.name, f.lines
+                ));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Runs the checks over every `.rs` file of the workspace (`cargo xtask tidy`).
 pub fn run(root: &Path) -> Result<(), String> {
     let problems = problems(root)?;
+    let warnings = warnings(root)?;
+    if !warnings.is_empty() {
+        eprintln!(
+            "xtask: tidy: {} function(s) over {} lines (worth splitting into named steps):\n  {}",
+            warnings.len(),
+            functions::WARN_LINES,
+            warnings.join("\n  ")
+        );
+    }
     if problems.is_empty() {
         eprintln!("xtask: tidy: clean");
         Ok(())

@@ -2,6 +2,7 @@
 //! it should and nothing else.
 
 use super::*;
+use rstest::rstest;
 
 /// The workspace root (xtask's parent folder).
 fn root() -> PathBuf {
@@ -86,7 +87,8 @@ fn size_counts_non_test_lines_only() {
     assert!(check("hmc-x/src/a.rs", &file_of(MAX_LINES, 0)).is_empty());
     assert!(check("hmc-x/src/a.rs", &file_of(MAX_LINES, 500)).is_empty());
     let p = check("hmc-x/src/a.rs", &file_of(MAX_LINES + 1, 0));
-    assert!(p[0].contains("1001 lines of non-test code"), "{p:?}");
+    let want = format!("{} lines of non-test code", MAX_LINES + 1);
+    assert!(p[0].contains(&want), "{p:?}");
     // Test files may be as long as they need.
     for path in [
         "hmc-x/tests/big.rs",
@@ -166,4 +168,110 @@ fn leaves_defaults_limits_and_plain_numbers_alone() {
     assert!(check("hmc-x/tests/t.rs", text).is_empty());
     // With the allow-list empty, a library file quoting one is flagged.
     assert!(!check("hmc-rpc/src/direct.rs", text).is_empty());
+}
+
+/// A file holding one function whose body spans `lines` lines (signature to closing brace).
+fn file_with_fn(name: &str, lines: usize) -> String {
+    let mut s = format!("//! x\npub fn {name}() {{\n");
+    s.push_str(&"    let _ = 1;\n".repeat(lines - 2));
+    s.push_str("}\n");
+    s
+}
+
+#[test]
+fn function_length_fails_over_the_limit_only() {
+    let at = file_with_fn("long", functions::MAX_FN_LINES);
+    assert!(check("hmc-x/src/a.rs", &at).is_empty());
+    let over = file_with_fn("long", functions::MAX_FN_LINES + 1);
+    let p = check("hmc-x/src/a.rs", &over);
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(
+        p[0].contains("fn long is 151 lines") && p[0].contains("FN_ALLOWED"),
+        "{p:?}"
+    );
+    // Tests may be long; so may an allowed function.
+    assert!(check("hmc-x/tests/t.rs", &over).is_empty());
+    assert!(check("hmc-rpc/src/server.rs", &file_with_fn("start_call", 151)).is_empty());
+    // The allow-list names one function of one file, not the name everywhere.
+    assert_eq!(
+        check("hmc-rpc/src/client.rs", &file_with_fn("start_call", 151)).len(),
+        1
+    );
+}
+
+#[rstest]
+#[case::plain("pub fn f() {\n    g();\n}\n", &[("f", 3)])]
+#[case::brace_in_string("fn f() {\n    let s = \"}}}\";\n    h();\n}\n", &[("f", 4)])]
+#[case::brace_in_raw_string("fn f() {\n    let s = r#\"}\"}\"#;\n}\n", &[("f", 3)])]
+#[case::brace_in_multiline_string("fn f() {\n    let s = \"\n}\n\";\n}\n", &[("f", 5)])]
+#[case::brace_in_char("fn f() {\n    let c = '}';\n    let d = '\\'';\n}\n", &[("f", 4)])]
+#[case::lifetimes("fn f<'a>(x: &'a str) -> &'a str {\n    x\n}\n", &[("f", 3)])]
+#[case::brace_in_comments("fn f() {\n    // }\n    /* } */\n}\n", &[("f", 4)])]
+#[case::declaration_has_no_body("trait T {\n    fn f(&self);\n    fn g(&self) {}\n}\n", &[("g", 1)])]
+#[case::multiline_signature("pub async fn f(\n    a: u8,\n) -> u8 {\n    a\n}\n", &[("f", 5)])]
+#[case::nested("fn outer() {\n    fn inner() {\n    }\n}\n", &[("outer", 4), ("inner", 2)])]
+#[case::fn_pointer_type_is_no_function("struct S {\n    f: fn(u8) -> u8,\n}\n", &[])]
+fn functions_are_measured_from_signature_to_closing_brace(
+    #[case] text: &str,
+    #[case] want: &[(&str, usize)],
+) {
+    let lines: Vec<&str> = text.lines().collect();
+    let got: Vec<(String, usize)> = functions::functions(&lines, lines.len())
+        .into_iter()
+        .map(|f| (f.name, f.lines))
+        .collect();
+    let want: Vec<(String, usize)> = want.iter().map(|(n, l)| (n.to_string(), *l)).collect();
+    assert_eq!(got, want, "{text}");
+}
+
+#[test]
+fn function_allow_list_entries_name_a_function_and_give_a_reason() {
+    for (entry, why) in functions::FN_ALLOWED {
+        let (path, name) = entry.rsplit_once("::").expect("path::function");
+        assert!(path.ends_with(".rs") && !name.is_empty(), "{entry}");
+        assert!(why.len() > 20, "{entry}: say why it is allowed");
+        assert!(root().join(path).exists(), "{entry}: no such file");
+    }
+}
+
+#[rstest]
+#[case::core_on_a_backend("hmc-core", "hmc-backend-cpu")]
+#[case::rpc_on_a_transport("hmc-rpc", "hmc-transport-tcp")]
+#[case::rpc_on_the_tools("hmc-rpc", "hmc-rpc-tools")]
+#[case::transport_on_rpc("hmc-transport-ucx", "hmc-rpc")]
+#[case::transport_on_another("hmc-transport-shm", "hmc-transport-tcp")]
+#[case::backend_on_a_transport("hmc-backend-cuda", "hmc-transport-rdma")]
+#[case::engine_on_the_tools("hmc-engine", "hmc-rpc-tools")]
+#[case::proto_on_a_socket_layer("hmc-rpc-proto", "hmc-net")]
+fn layering_flags_a_dependency_across_a_layer(#[case] krate: &str, #[case] dep: &str) {
+    let p = layers::check_crate(krate, &[dep.to_string()]);
+    assert_eq!(p.len(), 1, "{krate} -> {dep}: {p:?}");
+    assert!(
+        p[0].contains(dep) && p[0].contains("across a layer"),
+        "{p:?}"
+    );
+}
+
+#[rstest]
+#[case::rpc_on_core("hmc-rpc", "hmc-core")]
+#[case::rpc_on_proto("hmc-rpc", "hmc-rpc-proto")]
+#[case::tools_on_transports("hmc-rpc-tools", "hmc-transport-tcp")]
+#[case::engine_on_transports("hmc-engine", "hmc-transport-ucx")]
+#[case::transport_on_a_backend("hmc-transport-tcp", "hmc-backend-cpu")]
+fn layering_allows_a_dependency_downwards(#[case] krate: &str, #[case] dep: &str) {
+    assert!(
+        layers::check_crate(krate, &[dep.to_string()]).is_empty(),
+        "{krate} -> {dep}"
+    );
+}
+
+#[test]
+fn manifests_are_read_for_dependencies_only() {
+    let manifest = "[package]\nname = \"hmc-rpc\"\n\n[dependencies]\nhmc-core.workspace = true\n\
+                    tokio = { workspace = true }\n\n[dev-dependencies]\nhmc-transport-tcp.workspace = true\n";
+    assert_eq!(layers::dependencies(manifest), ["hmc-core"]);
+    assert_eq!(layers::all_dependencies(manifest), ["hmc-core", "tokio"]);
+    let p = layers::check_sans_io("hmc-rpc-proto", &layers::all_dependencies(manifest));
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert!(p[0].contains("tokio"), "{p:?}");
 }
