@@ -107,7 +107,7 @@ impl Default for EngineConfig {
             no_progress_timeout: Duration::from_secs(5),
             progress_chunk_bytes: 8 << 20,
             max_metadata_blob_len: 16 << 20,
-            copy_threads: hmc_transport_shm::default_copy_threads(),
+            copy_threads: default_copy_threads(),
             max_staging_bytes: hmc_transport_tcp::TcpConfig::default().max_staging_bytes,
             staging_chunk_bytes: hmc_transport_tcp::TcpConfig::default().staging_chunk,
         }
@@ -135,7 +135,9 @@ impl EngineConfig {
                     c.allow_foreign_data_plane =
                         v.parse().map_err(|_| bad("true or false".into()))?
                 }
-                "transport" => c.transport = v.parse()?,
+                "transport" => {
+                    c.transport = v.parse().map_err(|e: hmc_core::Error| bad(e.to_string()))?
+                }
                 "plugin_path" => c.plugin_path = std::env::split_paths(v).collect(),
                 "default_timeout_ms" => c.default_timeout = ms()?,
                 "metadata" => {
@@ -181,6 +183,15 @@ impl EngineConfig {
         }
         Ok(c)
     }
+}
+
+/// The shared-memory transport's default copy threads (1 in a build without it, where
+/// nothing reads the setting).
+fn default_copy_threads() -> usize {
+    #[cfg(feature = "shm")]
+    return hmc_transport_shm::default_copy_threads();
+    #[cfg(not(feature = "shm"))]
+    return 1;
 }
 
 #[cfg(test)]

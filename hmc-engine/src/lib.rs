@@ -82,5 +82,7 @@ pub use engine::{
 pub use error::{EngineError, Result, Side};
 pub use hmc_core::Access;
 pub use mapping::host_range_access;
-pub use open::{EngineTransport, open_transport, open_transport_for, open_transport_with};
+pub use open::{
+    EngineTransport, open_transport, open_transport_for, open_transport_with, transport_options,
+};
 pub use request::{TransferRequest, TransferStatus};

@@ -1,207 +1,75 @@
 //! Run-time choice of the engine's transport (`transport = tcp | ucx | shm | rdma | auto | NAME`), over
 //! [`AnyCommunicator`]: the string-keyed way HIXL users pick one, and what the Python
-//! package exposes. Any other name is a transport plugin's, resolved by hmc-plugin's
-//! registry on `HMC_PLUGIN_PATH`.
+//! package exposes. The name is `hmc-transports`' [`TransportName`] and is opened by its
+//! one [`hmc_transports::open`], as the binaries open theirs; this module only turns an
+//! [`EngineConfig`] into that function's options. Any other name is a transport plugin's,
+//! resolved by hmc-plugin's registry on `HMC_PLUGIN_PATH` and the `plugin_path` option.
 
-use std::net::{IpAddr, SocketAddr};
-use std::str::FromStr;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use hmc_core::{AnyCommunicator, PeerAddr};
-use hmc_plugin::{OpenOptions, PluginConfig, TransportRegistry};
+use hmc_transports::Options;
 
 use crate::config::EngineConfig;
 use crate::engine::{Engine, parse_engine_addr};
-use crate::error::{EngineError, Result};
+use crate::error::Result;
 
-/// Which transport moves an engine's bytes.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub enum EngineTransport {
-    /// `hmc-transport-tcp`: host memory, any network.
-    Tcp,
-    /// `hmc-transport-ucx` (UCX's own transports: `UCX_TLS`), loaded at run time.
-    Ucx,
-    /// `hmc-transport-shm` alone: cross-memory attach, peers on this host only.
-    Shm,
-    /// Shared memory (`hmc-transport-shm`) to peers on this host, and to the others UCX
-    /// where it loads, TCP otherwise (`hmc_transport_shm::LocalFirst`). Every engine of a
-    /// job must use the same setting.
-    /// `hmc-transport-rdma`: native verbs (`libibverbs.so.1` or `$HMC_IBVERBS_LIB`, the
-    /// first device with an active port), loaded at run time.
-    Rdma,
-    #[default]
-    Auto,
-    /// A transport plugin by its name (or `NAME://IP`), found on `HMC_PLUGIN_PATH`.
-    Named(String),
-}
+/// Which transport moves an engine's bytes: `hmc-transports`' one name for every program.
+pub use hmc_transports::TransportName as EngineTransport;
 
-impl FromStr for EngineTransport {
-    type Err = EngineError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "tcp" => Ok(EngineTransport::Tcp),
-            "ucx" => Ok(EngineTransport::Ucx),
-            "shm" => Ok(EngineTransport::Shm),
-            "rdma" => Ok(EngineTransport::Rdma),
-            "auto" => Ok(EngineTransport::Auto),
-            "" => Err(EngineError::InvalidArgument(
-                "an empty transport name: use tcp, ucx, shm, rdma, auto or a transport plugin's name"
-                    .into(),
-            )),
-            other => Ok(EngineTransport::Named(other.to_string())),
-        }
-    }
-}
-
-/// Opens `transport` with its data plane on `ip` (port chosen by the system); plugins are
-/// searched on `HMC_PLUGIN_PATH` only.
+/// Opens `transport` with its data plane on `ip` (port chosen by the system), with the
+/// transports' defaults and the environment; plugins are searched on `HMC_PLUGIN_PATH`
+/// only.
 pub fn open_transport(transport: EngineTransport, ip: IpAddr) -> Result<AnyCommunicator> {
-    open_transport_with(transport, ip, &PluginConfig::default())
+    open_transport_with(transport, ip, &Options::from_env())
 }
 
-/// [`open_transport`], searching `plugins`' path for a named transport too.
+/// [`open_transport`] with the options `hmc-transports` takes.
 pub fn open_transport_with(
     transport: EngineTransport,
     ip: IpAddr,
-    plugins: &PluginConfig,
+    options: &Options,
 ) -> Result<AnyCommunicator> {
-    open_inner(
-        transport,
-        ip,
-        plugins,
-        Default::default(),
-        Default::default(),
-    )
+    Ok(hmc_transports::open(&transport, ip, options)?)
 }
 
-/// The transport `config` names, as [`crate::Engine::initialize_with`] opens it: with
-/// `config.auth_secret` the TCP transport authenticates every data-plane connection;
+/// What the engine asks of a transport, from `config` and the environment (read once).
+///
+/// With `config.auth_secret` the TCP transport authenticates every data-plane connection;
 /// without one it refuses this host's other users (`same_user_only`). The shared-memory
 /// transport admits only this user by construction (a socket of mode 0600); UCX, RDMA and
 /// plugins get their keys only through the (authenticated) metadata exchange.
-pub fn open_transport_for(config: &EngineConfig, ip: IpAddr) -> Result<AnyCommunicator> {
-    let plugins = PluginConfig {
-        search_path: config.plugin_path.clone(),
-    };
-    let tcp = hmc_transport_tcp::TcpConfig {
-        auth_secret: config.auth_secret.clone(),
-        same_user_only: true,
-        // The engine's notifications go through its metadata service; it never reads the
-        // transport's own queue, which would only hold what peers pile into it.
-        max_pending_notifications: 0,
-        max_staging_bytes: config.max_staging_bytes,
-        staging_chunk: config.staging_chunk_bytes,
-        ..Default::default()
-    };
-    let shm = hmc_transport_shm::ShmConfig {
-        copy_threads: config.copy_threads,
-        ..Default::default()
-    };
-    open_inner(config.transport.clone(), ip, &plugins, tcp, shm)
+pub fn transport_options(config: &EngineConfig) -> Options {
+    let mut options = Options::from_env();
+    // The engine's notifications go through its metadata service; it never reads the
+    // transports' own queues, which would only hold what peers pile into them.
+    options.max_pending_notifications = Some(0);
+    options.max_staging_bytes = Some(config.max_staging_bytes);
+    options.tcp.auth_secret = config.auth_secret.clone();
+    options.tcp.same_user_only = true;
+    options.tcp.staging_chunk = config.staging_chunk_bytes;
+    #[cfg(feature = "shm")]
+    {
+        options.shm.copy_threads = config.copy_threads;
+    }
+    #[cfg(feature = "plugin")]
+    {
+        options.plugins.search_path = config.plugin_path.clone();
+    }
+    options.plugin_search_hint = Some(
+        "transport plugins are found on HMC_PLUGIN_PATH and in the engine's `plugin_path` \
+         option (`:`-separated files or folders; Python: initialize(addr, {\"plugin_path\": \
+         ...})); hmc-plugin-kit checks one"
+            .into(),
+    );
+    options
 }
 
-fn open_inner(
-    transport: EngineTransport,
-    ip: IpAddr,
-    plugins: &PluginConfig,
-    tcp_config: hmc_transport_tcp::TcpConfig,
-    shm_config: hmc_transport_shm::ShmConfig,
-) -> Result<AnyCommunicator> {
-    // Queues of transport notifications, for the transports below: none where the TCP
-    // config says none (an engine's transports; see `open_transport_for`).
-    let notify_queue = if tcp_config.max_pending_notifications == 0 {
-        0
-    } else {
-        4096
-    };
-    let bind = SocketAddr::new(ip, 0);
-    #[cfg(feature = "ucx")]
-    let max_staging_bytes = tcp_config.max_staging_bytes;
-    let tcp = move || -> hmc_core::Result<AnyCommunicator> {
-        let c = hmc_transport_tcp::TcpCommunicator::bind(&PeerAddr::Tcp(bind), tcp_config.clone())?;
-        Ok(AnyCommunicator::new(c))
-    };
-    #[cfg(feature = "ucx")]
-    let ucx = move || -> hmc_core::Result<AnyCommunicator> {
-        let c = hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
-            bind,
-            max_pending_notifications: notify_queue,
-            max_staging_bytes,
-            ..hmc_transport_ucx::UcxConfig::default()
-        })?;
-        Ok(AnyCommunicator::new(c))
-    };
-    #[cfg(not(feature = "ucx"))]
-    let ucx = move || -> hmc_core::Result<AnyCommunicator> {
-        let _ = bind;
-        Err(hmc_core::Error::Unavailable {
-            what: "the UCX transport".into(),
-            reason: "this build of hmc-engine leaves out its `ucx` feature".into(),
-            hint: "build hmc-engine with its `ucx` feature (a default one), or choose tcp".into(),
-        })
-    };
-    let shm = || {
-        hmc_transport_shm::ShmCommunicator::bind(hmc_transport_shm::ShmConfig {
-            max_pending_notifications: notify_queue,
-            ..shm_config.clone()
-        })
-    };
-    let rdma = move || -> hmc_core::Result<AnyCommunicator> {
-        let c = hmc_transport_rdma::RdmaCommunicator::new(hmc_transport_rdma::RdmaConfig {
-            bind: PeerAddr::Tcp(bind),
-            max_pending_notifications: notify_queue,
-            ..Default::default()
-        })?;
-        Ok(AnyCommunicator::new(c))
-    };
-    match transport {
-        EngineTransport::Tcp => Ok(tcp()?),
-        EngineTransport::Ucx => Ok(ucx()?),
-        EngineTransport::Shm => Ok(AnyCommunicator::new(shm()?)),
-        EngineTransport::Rdma => Ok(rdma()?),
-        EngineTransport::Auto => {
-            let net = ucx().or_else(|e| {
-                tracing::info!(reason = %e, "UCX unavailable; the engine uses the TCP transport");
-                tcp()
-            })?;
-            Ok(AnyCommunicator::new(match shm() {
-                Ok(shm) => hmc_transport_shm::LocalFirst::new(net, shm),
-                Err(e) => {
-                    tracing::warn!(reason = %e, "shared memory unavailable; peers on this host use the network transport too");
-                    hmc_transport_shm::LocalFirst::net_only(net)
-                }
-            }))
-        }
-        EngineTransport::Named(name) => {
-            // Only plugins reach here (the built-in names parse to their own variants);
-            // the built-ins are registered so that an unknown name lists every choice.
-            let mut registry = TransportRegistry::discover(plugins);
-            registry
-                .register_builtin("tcp", "hmc-transport-tcp", move |_| tcp())
-                .register_builtin("ucx", "hmc-transport-ucx", move |_| ucx())
-                .register_builtin("shm", "hmc-transport-shm", |_| {
-                    Err(hmc_core::Error::Unsupported(
-                        "`shm` is opened by its own variant".into(),
-                    ))
-                })
-                .register_builtin("rdma", "hmc-transport-rdma", move |_| rdma())
-                .register_builtin(
-                    "auto",
-                    "shared memory on this host, the network otherwise",
-                    |_| {
-                        Err(hmc_core::Error::Unsupported(
-                            "`auto` is opened by its own variant".into(),
-                        ))
-                    },
-                )
-                .set_search_hint(
-                    "transport plugins are found on HMC_PLUGIN_PATH and in the engine's \
-                     `plugin_path` option (`:`-separated files or folders; Python: \
-                     initialize(addr, {\"plugin_path\": ...})); hmc-plugin-kit checks one",
-                );
-            Ok(registry.open(&name, &OpenOptions::new(ip))?)
-        }
-    }
+/// The transport `config` names, as [`crate::Engine::initialize_with`] opens it
+/// ([`transport_options`]).
+pub fn open_transport_for(config: &EngineConfig, ip: IpAddr) -> Result<AnyCommunicator> {
+    open_transport_with(config.transport.clone(), ip, &transport_options(config))
 }
 
 impl Engine<AnyCommunicator> {
@@ -240,9 +108,11 @@ mod tests {
         );
         assert!("".parse::<EngineTransport>().is_err());
         let lo: IpAddr = [127, 0, 0, 1].into();
-        let e = open_transport(EngineTransport::Named("nosuch".into()), lo)
-            .unwrap_err()
-            .to_string();
+        let config = EngineConfig {
+            transport: EngineTransport::Named("nosuch".into()),
+            ..EngineConfig::default()
+        };
+        let e = open_transport_for(&config, lo).unwrap_err().to_string();
         assert!(
             e.contains("no transport named `nosuch`; known: tcp, ucx, shm, rdma, auto")
                 && e.contains("`plugin_path` option"),

@@ -30,7 +30,9 @@
 //! (one record), `max_members` (records read from etcd by one listing) and `watch_backlog`
 //! (membership events queued for a slow subscriber).
 
+mod config;
 mod error;
+#[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -40,8 +42,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+pub use config::EtcdConfig;
 pub use error::{MetaError, Result};
-pub use etcd::{EtcdConfig, EtcdStore};
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdStore;
 pub use url::MetadataUrl;
 
 /// A boxed future, as [`MetadataStore`]'s methods return (the trait is used as a trait
@@ -231,8 +235,18 @@ pub async fn open(
 ) -> Result<std::sync::Arc<dyn MetadataStore>> {
     Ok(match url {
         MetadataUrl::Embedded => std::sync::Arc::new(Embedded),
+        #[cfg(feature = "etcd")]
         MetadataUrl::Etcd { .. } => {
             std::sync::Arc::new(EtcdStore::start(url, config, name, address, record).await?)
+        }
+        #[cfg(not(feature = "etcd"))]
+        MetadataUrl::Etcd { .. } => {
+            let _ = (config, name, address, record);
+            return Err(MetaError::Invalid(format!(
+                "{url} needs the etcd store, which this build leaves out (cargo feature \
+                 `etcd` of hmc-meta, and of hmc-engine, a default one); rebuild with it, or \
+                 use the embedded store (metadata=embedded)"
+            )));
         }
     })
 }

@@ -21,6 +21,7 @@ pub enum MetadataUrl {
     },
 }
 
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))] // The key layout is the etcd store's.
 impl MetadataUrl {
     /// The key prefix of members' labelled blobs (`<prefix><name>/<label>`).
     pub(crate) fn labels_prefix(&self) -> String {

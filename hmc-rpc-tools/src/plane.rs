@@ -1,12 +1,14 @@
 //! Run-time choice of the HMC_BUFFER data plane for the binaries
-//! (`--data-plane tcp|ucx|shm|auto|rdma|none`, or a transport plugin's name): one code path
-//! over [`AnyCommunicator`].
+//! (`--data-plane tcp|ucx|shm|auto|rdma|none`, or a transport plugin's name): the command
+//! line's names and checks over `hmc-transports`, which opens every transport for the
+//! engine and the Python package too.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::PathBuf;
 
-use hmc_core::{AnyCommunicator, PeerAddr, Result};
-use hmc_plugin::{OpenOptions, PluginConfig, TransportRegistry};
+use hmc_core::{AnyCommunicator, Result};
+use hmc_plugin::{PluginConfig, TransportRegistry};
+use hmc_transports::{Options, TransportName};
 
 /// Which data plane carries HMC_BUFFER payloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -91,46 +93,49 @@ pub const DATA_PLANE_HELP: &str = "Data plane for HMC_BUFFER payloads (both side
     tcp to others), or the name of a transport plugin on HMC_PLUGIN_PATH / --plugin-path \
     (--list-transports shows them)";
 
-/// The transports the binaries know by name: the built-in `tcp` and `ucx` (opened as
-/// [`open_data_plane_with`] opens them), then the plugins found on `HMC_PLUGIN_PATH` and
-/// `plugins.search_path`.
-pub fn transport_registry(options: &PlaneOptions, plugins: &PluginConfig) -> TransportRegistry {
-    let mut r = TransportRegistry::discover(plugins);
-    for (kind, name, about) in [
-        (
-            DataPlaneKind::Tcp,
-            "tcp",
-            "hmc-transport-tcp: one-sided READ/WRITE over TCP sockets",
-        ),
-        (
-            DataPlaneKind::Ucx,
-            "ucx",
-            "hmc-transport-ucx: UCX loaded at run time (UCX_TLS chooses)",
-        ),
-        (
-            DataPlaneKind::Shm,
-            "shm",
-            "hmc-transport-shm: cross-memory attach and shared memory, this host only",
-        ),
-        (
-            DataPlaneKind::Auto,
-            "auto",
-            "shm to peers on this host, ucx (or tcp) to the others",
-        ),
-        (
-            DataPlaneKind::Rdma,
-            "rdma",
-            "hmc-transport-rdma: RDMA verbs (libibverbs.so.1 loaded at run time)",
-        ),
-    ] {
-        let options = options.clone();
-        r.register_builtin(name, about, move |o: &OpenOptions| {
-            open_data_plane_with(kind, o.bind, &options)?.ok_or_else(|| {
-                hmc_core::Error::Unsupported(format!("the {name} data plane opened nothing"))
-            })
-        });
+impl DataPlaneKind {
+    /// The transport it names; `None` for [`DataPlaneKind::None`].
+    pub fn transport(self) -> Option<TransportName> {
+        Some(match self {
+            DataPlaneKind::None => return None,
+            DataPlaneKind::Tcp => TransportName::Tcp,
+            DataPlaneKind::Ucx => TransportName::Ucx,
+            DataPlaneKind::Rdma => TransportName::Rdma,
+            DataPlaneKind::Shm => TransportName::Shm,
+            DataPlaneKind::Auto => TransportName::Auto,
+        })
     }
-    r
+}
+
+/// What the RPC data plane asks of a transport (`hmc-transports`' [`Options`], the
+/// environment read once): no notification queue (nobody reads notifications on the RPC
+/// data plane, so a peer's NOTIFY is refused or dropped instead of queued for no reader),
+/// plugins from `plugins`, and, with a TCP secret, TCP for `auto`'s network half.
+fn transport_options(plugins: &PluginConfig) -> Options {
+    let mut o = Options::from_env();
+    o.max_pending_notifications = Some(0);
+    o.plugins = plugins.clone();
+    o.plugin_settings = vec![("max_pending_notifications".into(), "0".into())];
+    o
+}
+
+/// [`transport_options`] with `options`' TCP secret read from its file.
+fn transport_options_with(options: &PlaneOptions, plugins: &PluginConfig) -> Result<Options> {
+    let mut o = transport_options(plugins);
+    if let Some(file) = &options.auth_secret_file {
+        o.tcp.auth_secret = Some(hmc_transport_tcp::AuthSecret::from_file(file)?);
+        // UCX has no such authentication: an authenticated plane stays on TCP.
+        o.auto_prefers_ucx = false;
+    }
+    Ok(o)
+}
+
+/// The transports the binaries know by name: the built-ins (opened as
+/// `hmc_transports::open` opens them), then the plugins found on `HMC_PLUGIN_PATH` and
+/// `plugins.search_path`. For listing them (`--list-transports`) and opening plugins; a TCP
+/// secret file is read by [`open_data_plane_with`], not here.
+pub fn transport_registry(_options: &PlaneOptions, plugins: &PluginConfig) -> TransportRegistry {
+    hmc_transports::registry(&transport_options(plugins))
 }
 
 /// Opens the data plane `choice` names on `bind`: a built-in kind as
@@ -143,17 +148,16 @@ pub fn open_data_plane_choice(
     plugins: &PluginConfig,
 ) -> Result<Option<AnyCommunicator>> {
     match choice {
-        DataPlaneChoice::Builtin(kind) => open_data_plane_with(*kind, bind, options),
+        DataPlaneChoice::Builtin(kind) => open_plane(*kind, bind, options, plugins),
         DataPlaneChoice::Named(name) => {
             if options.auth_secret_file.is_some() {
                 return Err(hmc_core::Error::InvalidArgument(format!(
-                    "--data-plane-auth-secret-file applies to the tcp data plane only; configure                      authentication of `{name}` as its plugin documents"
+                    "--data-plane-auth-secret-file applies to the tcp data plane only; configure \
+                     authentication of `{name}` as its plugin documents"
                 )));
             }
-            let open = OpenOptions::new(bind).with("max_pending_notifications", 0);
-            transport_registry(options, plugins)
-                .open(name, &open)
-                .map(Some)
+            let name = TransportName::Named(name.clone());
+            hmc_transports::open(&name, bind, &transport_options(plugins)).map(Some)
         }
     }
 }
@@ -175,102 +179,43 @@ pub fn open_data_plane(kind: DataPlaneKind, bind: IpAddr) -> Result<Option<AnyCo
 }
 
 /// [`open_data_plane`] with options. The RPC data plane moves payloads one-sided and never
-/// reads notifications, so both transports are opened with `max_pending_notifications`
+/// reads notifications, so every transport is opened with `max_pending_notifications`
 /// 0: a peer's NOTIFY is refused (TCP) or dropped (UCX) instead of queued for no reader.
 pub fn open_data_plane_with(
     kind: DataPlaneKind,
     bind: IpAddr,
     options: &PlaneOptions,
 ) -> Result<Option<AnyCommunicator>> {
-    let only_tcp = |what: &str| {
-        if options.auth_secret_file.is_some() {
+    open_plane(kind, bind, options, &PluginConfig::default())
+}
+
+fn open_plane(
+    kind: DataPlaneKind,
+    bind: IpAddr,
+    options: &PlaneOptions,
+    plugins: &PluginConfig,
+) -> Result<Option<AnyCommunicator>> {
+    let Some(name) = kind.transport() else {
+        return Ok(None);
+    };
+    if options.auth_secret_file.is_some() {
+        let what = match kind {
+            DataPlaneKind::Ucx => Some("UCX has no such authentication here"),
+            DataPlaneKind::Shm => Some(
+                "shared memory has no such authentication here (it admits processes of this \
+                 user only)",
+            ),
+            DataPlaneKind::Rdma => Some("the RDMA control plane has no such authentication here"),
+            _ => None,
+        };
+        if let Some(what) = what {
             return Err(hmc_core::Error::InvalidArgument(format!(
-                "--data-plane-auth-secret-file applies to the tcp data plane only; {what} has no such authentication here"
+                "--data-plane-auth-secret-file applies to the tcp data plane only; {what}"
             )));
         }
-        Ok(())
-    };
-    match kind {
-        DataPlaneKind::None => Ok(None),
-        DataPlaneKind::Tcp => Ok(Some(AnyCommunicator::new(open_tcp(bind, options)?))),
-        DataPlaneKind::Ucx => {
-            only_tcp("UCX")?;
-            Ok(Some(AnyCommunicator::new(open_ucx(bind)?)))
-        }
-        DataPlaneKind::Shm => {
-            only_tcp("shared memory (it admits processes of this user only)")?;
-            Ok(Some(AnyCommunicator::new(open_shm()?)))
-        }
-        DataPlaneKind::Auto => {
-            // UCX where it loads, unless a TCP secret was asked for.
-            let net = match options.auth_secret_file {
-                Some(_) => AnyCommunicator::new(open_tcp(bind, options)?),
-                None => match open_ucx(bind) {
-                    Ok(c) => AnyCommunicator::new(c),
-                    Err(e) => {
-                        tracing::info!(reason = %e, "UCX unavailable; the data plane uses TCP");
-                        AnyCommunicator::new(open_tcp(bind, options)?)
-                    }
-                },
-            };
-            let lf = match open_shm() {
-                Ok(shm) => hmc_transport_shm::LocalFirst::new(net, shm),
-                Err(e) => {
-                    tracing::warn!(reason = %e, "shared memory unavailable; clients on this host use the network data plane");
-                    hmc_transport_shm::LocalFirst::net_only(net)
-                }
-            };
-            Ok(Some(AnyCommunicator::new(lf)))
-        }
-        DataPlaneKind::Rdma => {
-            if options.auth_secret_file.is_some() {
-                return Err(hmc_core::Error::InvalidArgument(
-                    "--data-plane-auth-secret-file applies to the tcp data plane only; the RDMA \
-                     control plane has no such authentication here"
-                        .into(),
-                ));
-            }
-            let c = hmc_transport_rdma::RdmaCommunicator::new(hmc_transport_rdma::RdmaConfig {
-                bind: PeerAddr::Tcp(SocketAddr::new(bind, 0)),
-                max_pending_notifications: 0,
-                ..Default::default()
-            })?;
-            Ok(Some(AnyCommunicator::new(c)))
-        }
     }
-}
-
-fn open_tcp(bind: IpAddr, options: &PlaneOptions) -> Result<hmc_transport_tcp::TcpCommunicator> {
-    let addr = PeerAddr::Tcp(SocketAddr::new(bind, 0));
-    let auth_secret = options
-        .auth_secret_file
-        .as_deref()
-        .map(hmc_transport_tcp::AuthSecret::from_file)
-        .transpose()?;
-    let config = hmc_transport_tcp::TcpConfig {
-        max_pending_notifications: 0,
-        auth_secret,
-        ..Default::default()
-    };
-    hmc_transport_tcp::TcpCommunicator::bind(&addr, config)
-}
-
-fn open_shm() -> Result<hmc_transport_shm::ShmCommunicator> {
-    hmc_transport_shm::ShmCommunicator::bind(hmc_transport_shm::ShmConfig {
-        max_pending_notifications: 0,
-        ..Default::default()
-    })
-}
-
-fn open_ucx(bind: IpAddr) -> Result<hmc_transport_ucx::UcxCommunicator> {
-    // UCX_TLS (when set) chooses UCX's transports, as it does for ucx_perftest.
-    // Nobody reads notifications on the RPC data plane: queue none.
-    let c = hmc_transport_ucx::UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
-        bind: SocketAddr::new(bind, 0),
-        max_pending_notifications: 0,
-        ..hmc_transport_ucx::UcxConfig::from_env()
-    })?;
-    Ok(c)
+    let o = transport_options_with(options, plugins)?;
+    hmc_transports::open(&name, bind, &o).map(Some)
 }
 
 #[cfg(test)]
@@ -322,7 +267,7 @@ mod tests {
         );
         let r = transport_registry(&PlaneOptions::default(), &PluginConfig::default());
         let c = r
-            .open("tcp", &OpenOptions::new([127, 0, 0, 1].into()))
+            .open("tcp", &hmc_plugin::OpenOptions::new([127, 0, 0, 1].into()))
             .unwrap();
         assert_eq!(
             hmc_core::Communicator::transport(&c),

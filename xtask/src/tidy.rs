@@ -75,6 +75,11 @@ pub const ENV_ALLOWED: &[(&str, &str)] = &[
          communicator reads them too to know which soft options UCX will accept",
     ),
     (
+        "hmc-transports/src/env.rs",
+        "the transports' one reader of the environment: `Environment::read`, called only by \
+         `Options::from_env`, which programs (the engine, the binaries) call once",
+    ),
+    (
         "hmc-transport-ucx/src/config.rs",
         "config loader: `UcxConfig::from_env` reads `HMC_UCX_DIRECT` (defaults do not)",
     ),

@@ -26,7 +26,7 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         krate: "hmc-backend-",
-        forbidden: &["hmc-transport-", "hmc-rpc", "hmc-engine", "hmc-plugin"],
+        forbidden: &["hmc-transport", "hmc-rpc", "hmc-engine", "hmc-plugin"],
         why: "a device backend allocates and copies memory; transports and runtimes build on it, not it on them",
     },
     Rule {
@@ -36,12 +36,17 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         krate: "hmc-rpc-proto",
-        forbidden: &["hmc-net", "hmc-transport-", "hmc-rpc-tools"],
+        forbidden: &["hmc-net", "hmc-transport", "hmc-rpc-tools"],
         why: "the protocol crate is sans-IO: it turns bytes into events and owns no socket",
     },
     Rule {
+        krate: "hmc-transports",
+        forbidden: &["hmc-rpc", "hmc-engine", "hmc-meta", "hmc-py"],
+        why: "the transport chooser sits on the transports and the plugin host; the runtimes above call it",
+    },
+    Rule {
         krate: "hmc-rpc",
-        forbidden: &["hmc-transport-", "hmc-engine", "hmc-rpc-tools"],
+        forbidden: &["hmc-transport", "hmc-engine", "hmc-rpc-tools"],
         why: "the RPC runtime is generic over `C: Communicator`; the binaries pick transports",
     },
     Rule {

@@ -238,6 +238,8 @@ fn function_allow_list_entries_name_a_function_and_give_a_reason() {
 #[case::core_on_a_backend("hmc-core", "hmc-backend-cpu")]
 #[case::rpc_on_a_transport("hmc-rpc", "hmc-transport-tcp")]
 #[case::rpc_on_the_tools("hmc-rpc", "hmc-rpc-tools")]
+#[case::rpc_on_the_chooser("hmc-rpc", "hmc-transports")]
+#[case::chooser_on_rpc("hmc-transports", "hmc-rpc")]
 #[case::transport_on_rpc("hmc-transport-ucx", "hmc-rpc")]
 #[case::transport_on_another("hmc-transport-shm", "hmc-transport-tcp")]
 #[case::backend_on_a_transport("hmc-backend-cuda", "hmc-transport-rdma")]
@@ -257,6 +259,8 @@ fn layering_flags_a_dependency_across_a_layer(#[case] krate: &str, #[case] dep: 
 #[case::rpc_on_proto("hmc-rpc", "hmc-rpc-proto")]
 #[case::tools_on_transports("hmc-rpc-tools", "hmc-transport-tcp")]
 #[case::engine_on_transports("hmc-engine", "hmc-transport-ucx")]
+#[case::engine_on_the_chooser("hmc-engine", "hmc-transports")]
+#[case::chooser_on_transports("hmc-transports", "hmc-transport-tcp")]
 #[case::transport_on_a_backend("hmc-transport-tcp", "hmc-backend-cpu")]
 fn layering_allows_a_dependency_downwards(#[case] krate: &str, #[case] dep: &str) {
     assert!(

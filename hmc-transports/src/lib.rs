@@ -1,0 +1,34 @@
+//! Every hmc transport by one name, opened by one function.
+//!
+//! Programs choose a transport by a string (`transport=tcp` in an engine's option map,
+//! `--data-plane ucx` on a command line, `{"transport": "auto"}` from Python). This crate
+//! is the one place that string becomes a communicator:
+//!
+//! - [`TransportName`] parses `tcp | ucx | shm | rdma | auto | <plugin>` (or
+//!   `<plugin>://IP`), and [`BUILTINS`] lists the built-in names with what each is.
+//! - [`open`] opens one over [`AnyCommunicator`] with its data plane on an IP (the port
+//!   chosen by the system), from [`Options`]: each built-in's own config, the settings
+//!   every transport shares, and [`Environment`], read once.
+//! - [`registry`] is hmc-plugin's registry with the built-ins in it, for programs that
+//!   list what there is (`--list-transports`).
+//!
+//! Each built-in is a cargo feature (`tcp` on by default; `ucx`, `shm`, `rdma`, `plugin`):
+//! a name whose feature this build leaves out is refused as unavailable, naming the
+//! feature. Vendor libraries (libucp, libibverbs) are loaded at run time, so turning a
+//! feature on needs no SDK to build.
+
+mod env;
+mod name;
+mod open;
+mod options;
+
+pub use env::{Environment, UCX_DIRECT};
+pub use hmc_core::AnyCommunicator;
+/// What a plugin factory is asked to open (hmc-plugin's `OpenOptions`).
+#[cfg(feature = "plugin")]
+pub use hmc_plugin::OpenOptions as PluginOpenOptions;
+pub use name::{BUILTINS, TransportName};
+pub use open::open;
+#[cfg(feature = "plugin")]
+pub use open::registry;
+pub use options::Options;

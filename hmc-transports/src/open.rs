@@ -1,0 +1,200 @@
+//! [`open`]: a [`TransportName`] and [`Options`] to a communicator; [`registry`]: the same
+//! built-ins in hmc-plugin's registry, beside the plugins.
+
+use std::net::IpAddr;
+#[cfg(any(feature = "tcp", feature = "ucx", feature = "rdma"))]
+use std::net::SocketAddr;
+
+use hmc_core::{AnyCommunicator, Error, Result};
+
+use crate::name::TransportName;
+use crate::options::Options;
+
+/// Opens the transport `name` names with its data plane on `ip` (port chosen by the
+/// system). TCP, UCX and plugins start their tasks on the caller's tokio runtime, so call
+/// it inside one.
+///
+/// A built-in whose cargo feature this build leaves out is refused with
+/// [`Error::Unavailable`] naming the feature; an unknown name's error lists every name
+/// there is and where plugins are searched.
+pub fn open(name: &TransportName, ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
+    match name {
+        TransportName::Tcp => tcp(ip, options),
+        TransportName::Ucx => ucx(ip, options),
+        TransportName::Shm => shm(options),
+        TransportName::Rdma => rdma(ip, options),
+        TransportName::Auto => auto(ip, options),
+        TransportName::Named(spec) => plugin(spec, ip, options),
+    }
+}
+
+/// The error for a built-in this build leaves out.
+#[allow(dead_code)] // Every feature on: nothing is left out.
+fn left_out(name: &str, feature: &str) -> Error {
+    Error::Unavailable {
+        what: format!("the `{name}` transport"),
+        reason: format!("this build leaves out its cargo feature `{feature}`"),
+        hint: format!(
+            "build with hmc-transports' `{feature}` feature (hmc-engine's `{feature}`, a \
+             default one), or choose another transport"
+        ),
+    }
+}
+
+#[cfg(feature = "tcp")]
+fn tcp(ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
+    let config = hmc_transport_tcp::TcpConfig {
+        max_pending_notifications: options.notifications(options.tcp.max_pending_notifications),
+        max_staging_bytes: options.staging(options.tcp.max_staging_bytes),
+        ..options.tcp.clone()
+    };
+    let bind = hmc_core::PeerAddr::Tcp(SocketAddr::new(ip, 0));
+    Ok(AnyCommunicator::new(
+        hmc_transport_tcp::TcpCommunicator::bind(&bind, config)?,
+    ))
+}
+
+#[cfg(not(feature = "tcp"))]
+fn tcp(_: IpAddr, _: &Options) -> Result<AnyCommunicator> {
+    Err(left_out("tcp", "tcp"))
+}
+
+#[cfg(feature = "ucx")]
+fn ucx(ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
+    let config = hmc_transport_ucx::UcxConfig {
+        bind: SocketAddr::new(ip, 0),
+        max_pending_notifications: options.notifications(options.ucx.max_pending_notifications),
+        max_staging_bytes: options.staging(options.ucx.max_staging_bytes),
+        direct_mapped: options
+            .environment
+            .ucx_direct
+            .unwrap_or(options.ucx.direct_mapped),
+        ..options.ucx.clone()
+    };
+    Ok(AnyCommunicator::new(
+        hmc_transport_ucx::UcxCommunicator::new(config)?,
+    ))
+}
+
+#[cfg(not(feature = "ucx"))]
+fn ucx(_: IpAddr, _: &Options) -> Result<AnyCommunicator> {
+    Err(left_out("ucx", "ucx"))
+}
+
+#[cfg(feature = "shm")]
+fn shm_communicator(options: &Options) -> Result<hmc_transport_shm::ShmCommunicator> {
+    hmc_transport_shm::ShmCommunicator::bind(hmc_transport_shm::ShmConfig {
+        max_pending_notifications: options.notifications(options.shm.max_pending_notifications),
+        ..options.shm.clone()
+    })
+}
+
+#[cfg(feature = "shm")]
+fn shm(options: &Options) -> Result<AnyCommunicator> {
+    Ok(AnyCommunicator::new(shm_communicator(options)?))
+}
+
+#[cfg(not(feature = "shm"))]
+fn shm(_: &Options) -> Result<AnyCommunicator> {
+    Err(left_out("shm", "shm"))
+}
+
+#[cfg(feature = "rdma")]
+fn rdma(ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
+    let config = hmc_transport_rdma::RdmaConfig {
+        bind: hmc_core::PeerAddr::Tcp(SocketAddr::new(ip, 0)),
+        max_pending_notifications: options.notifications(options.rdma.max_pending_notifications),
+        ..options.rdma.clone()
+    };
+    Ok(AnyCommunicator::new(
+        hmc_transport_rdma::RdmaCommunicator::new(config)?,
+    ))
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma(_: IpAddr, _: &Options) -> Result<AnyCommunicator> {
+    Err(left_out("rdma", "rdma"))
+}
+
+/// `auto`'s network half: UCX where it loads (unless the options say TCP), TCP otherwise.
+fn network(ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
+    if !options.auto_prefers_ucx {
+        return tcp(ip, options);
+    }
+    ucx(ip, options).or_else(|e| {
+        tracing::info!(reason = %e, "UCX unavailable; peers on other hosts go over TCP");
+        tcp(ip, options)
+    })
+}
+
+#[cfg(feature = "shm")]
+fn auto(ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
+    let net = network(ip, options)?;
+    Ok(AnyCommunicator::new(match shm_communicator(options) {
+        Ok(shm) => hmc_transport_shm::LocalFirst::new(net, shm),
+        Err(e) => {
+            tracing::warn!(reason = %e, "shared memory unavailable; peers on this host use the network transport too");
+            hmc_transport_shm::LocalFirst::net_only(net)
+        }
+    }))
+}
+
+/// Without shared memory, `auto` is its network half alone (peers on this host too).
+#[cfg(not(feature = "shm"))]
+fn auto(ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
+    tracing::info!(
+        "this build leaves out the `shm` feature; `auto` reaches peers on this host over the network"
+    );
+    network(ip, options)
+}
+
+/// The search hint of a library's programs, when [`Options::plugin_search_hint`] is unset.
+#[cfg(feature = "plugin")]
+const DEFAULT_SEARCH_HINT: &str = "transport plugins are found on HMC_PLUGIN_PATH and the \
+                                   program's plugin path; hmc-plugin-kit checks one";
+
+/// hmc-plugin's registry holding every built-in (opened as [`open`] opens it, so a
+/// registry lookup and a [`TransportName`] reach the same code) and the plugins on
+/// `HMC_PLUGIN_PATH` and [`Options::plugins`].
+#[cfg(feature = "plugin")]
+pub fn registry(options: &Options) -> hmc_plugin::TransportRegistry {
+    let mut r = hmc_plugin::TransportRegistry::discover(&options.plugins);
+    for (name, about) in crate::name::BUILTINS {
+        let builtin: TransportName = name.parse().expect("a built-in name parses");
+        let options = options.clone();
+        r.register_builtin(name, about, move |o: &hmc_plugin::OpenOptions| {
+            open(&builtin, o.bind, &options)
+        });
+    }
+    if let Some(hint) = &options.plugin_search_hint {
+        r.set_search_hint(hint);
+    } else {
+        r.set_search_hint(DEFAULT_SEARCH_HINT);
+    }
+    r
+}
+
+#[cfg(feature = "plugin")]
+fn plugin(spec: &str, ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
+    let mut open = hmc_plugin::OpenOptions::new(ip);
+    for (k, v) in &options.plugin_settings {
+        open = open.with(k, v);
+    }
+    registry(options).open(spec, &open)
+}
+
+#[cfg(not(feature = "plugin"))]
+fn plugin(spec: &str, _: IpAddr, _: &Options) -> Result<AnyCommunicator> {
+    let known: Vec<&str> = crate::name::BUILTINS.iter().map(|(n, _)| *n).collect();
+    Err(Error::Unavailable {
+        what: format!("a transport named `{spec}`"),
+        reason: format!(
+            "it is not a built-in ({}), and this build leaves out the cargo feature \
+             `plugin` that loads transport plugins",
+            known.join(", ")
+        ),
+        hint: "choose a built-in, or build with hmc-transports' `plugin` feature \
+               (hmc-engine's `plugin`, a default one)"
+            .into(),
+    })
+}
