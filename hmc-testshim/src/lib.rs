@@ -61,6 +61,7 @@
 mod control;
 pub mod layout;
 pub mod runtime;
+pub mod wire_doc;
 
 pub use control::{ShimControl, from_hex, run_child_test, test_name, to_hex};
 /// Re-exported for the test macros, so a backend need not name it.

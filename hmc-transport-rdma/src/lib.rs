@@ -91,6 +91,8 @@ mod nic;
 pub mod sys;
 mod target;
 pub mod wire;
+#[cfg(test)]
+mod wire_doc_tests;
 
 pub use comm::{RdmaCommunicator, RdmaConfig, RdmaRegistration, RdmaRemoteKey, RdmaStats};
 pub use endpoint::RdmaEndpoint;

@@ -128,6 +128,8 @@ mod mapped;
 mod pool;
 mod target;
 mod wire;
+#[cfg(test)]
+mod wire_doc_tests;
 
 #[cfg(test)]
 mod tests;

@@ -81,6 +81,8 @@ mod responder;
 mod staged;
 mod wait;
 mod wire;
+#[cfg(test)]
+mod wire_doc_tests;
 
 pub use auth::{AuthSecret, MIN_SECRET_LEN};
 pub use comm::{TcpCommunicator, TcpEndpoint, TcpRegistration, TcpRemoteKey, TcpStats};

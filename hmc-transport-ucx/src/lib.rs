@@ -110,6 +110,8 @@ mod control;
 mod engine;
 mod staged;
 pub mod sys;
+#[cfg(test)]
+mod wire_doc_tests;
 
 pub use comm::{
     UcxCommunicator, UcxEndpoint, UcxProcessStats, UcxRegistration, UcxRemoteKey, UcxStats,
