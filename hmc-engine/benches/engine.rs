@@ -49,7 +49,7 @@ struct Args {
     /// `shm` (`hmc-transport-shm`: cross-memory attach into the target's user memory).
     transport: String,
     /// The connection sweep's steps, instead of the rows.
-    conn_sweep: Option<hmc_rpc_tools::sweep::SweepPlan>,
+    conn_sweep: Option<hmc_bench_kit::sweep::SweepPlan>,
     /// Bytes of each WRITE in the sweep.
     sweep_size: usize,
     /// Instead of the rows: the TCP floor under each of its variants (`tcp_floor`).
@@ -104,10 +104,10 @@ fn args() -> Args {
                 // The list is optional: the default steps when the next word is a flag.
                 let list = match it.next_if(|v| !v.starts_with("--")) {
                     Some(v) => v,
-                    None => hmc_rpc_tools::sweep::DEFAULT_STEPS.to_string(),
+                    None => hmc_bench_kit::sweep::DEFAULT_STEPS.to_string(),
                 };
                 a.conn_sweep =
-                    Some(hmc_rpc_tools::sweep::SweepPlan::parse(&list).expect("--conn-sweep"));
+                    Some(hmc_bench_kit::sweep::SweepPlan::parse(&list).expect("--conn-sweep"));
             }
             "--sweep-size" => {
                 a.sweep_size = it.next().expect("--sweep-size N").parse().expect("bytes")

@@ -44,9 +44,9 @@ async fn idle_engines_use_no_cpu() {
     }
     // Let connection set-up settle, then measure two idle seconds.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (before, _) = hmc_rpc_tools::sweep::proc_cpu_us(None).unwrap();
+    let (before, _) = hmc_bench_kit::sweep::proc_cpu_us(None).unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (after, _) = hmc_rpc_tools::sweep::proc_cpu_us(None).unwrap();
+    let (after, _) = hmc_bench_kit::sweep::proc_cpu_us(None).unwrap();
     let used_ms = (after - before) / 1000.0;
     // Ticks are 10 ms; a few are the runtime's and the kernel's own bookkeeping.
     assert!(

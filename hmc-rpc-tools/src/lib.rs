@@ -1,7 +1,8 @@
 //! What the HMC RPC binaries (`hmc-rpc-server`, `hmc-rpc-client`, `hmc-rpc-bench`) share:
 //! the run-time choice of data plane ([`plane`], which links the TCP and UCX transports so
 //! that the `hmc-rpc` library does not have to), the allocator tuning ([`tuning`]) and
-//! what the connection sweeps of `hmc-rpc-bench` and the engine bench share ([`sweep`]).
+//! what the connection sweeps of `hmc-rpc-bench` and the engine bench share ([`sweep`],
+//! from `hmc-bench-kit`).
 //!
 //! # Example
 //!
@@ -21,11 +22,12 @@
 //! # Safety
 //!
 //! `unsafe` is denied crate-wide and allowed only for [`tuning::tune_allocator`]'s
-//! `mallopt` call and [`sweep::raise_fd_limit`]'s `getrlimit`/`setrlimit`, each with its
-//! `// SAFETY:` reasoning.
+//! `mallopt` call, with its `// SAFETY:` reasoning.
 
 #![deny(unsafe_code)]
 
 pub mod plane;
-pub mod sweep;
+/// The connection sweep's shared pieces, now in `hmc-bench-kit` (re-exported for the
+/// binaries' paths).
+pub use hmc_bench_kit::sweep;
 pub mod tuning;

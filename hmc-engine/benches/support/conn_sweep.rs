@@ -3,17 +3,17 @@
 //! and engine, connected to the target by name; tokio tasks, never a thread per engine),
 //! each writing `--sweep-size` bytes one sync WRITE at a time for `--seconds`. The target's
 //! RSS before and after the engines connect (each after one verified WRITE) gives its
-//! memory per idle connected engine. Steps and tables are `hmc_rpc_tools::sweep`'s, as in
+//! memory per idle connected engine. Steps and tables are `hmc_bench_kit::sweep`'s, as in
 //! `hmc-rpc-bench --conn-sweep`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hmc_core::Communicator;
-use hmc_engine::{Engine, EngineConfig, MemDesc, MemType, TransferOp, TransferOpDesc};
-use hmc_rpc_tools::sweep::{
+use hmc_bench_kit::sweep::{
     CpuMeter, SweepPlan, SweepPoint, bytes_per_conn, raise_fd_limit, rss_kib, tables,
 };
+use hmc_core::Communicator;
+use hmc_engine::{Engine, EngineConfig, MemDesc, MemType, TransferOp, TransferOpDesc};
 
 use crate::{Args, T, TargetProc, spawn_target};
 
