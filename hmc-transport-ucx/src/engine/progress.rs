@@ -11,126 +11,10 @@ impl State {
         wake: Arc<OwnedFd>,
         ep_count: Arc<std::sync::atomic::AtomicUsize>,
     ) -> Result<State> {
-        let mut config: *mut sys::ucp_config_t = std::ptr::null_mut();
-        // SAFETY: out-parameter; NULL prefix/file mean "UCX_ environment, no file".
-        let st = unsafe { (ucp.ucp_config_read)(std::ptr::null(), std::ptr::null(), &mut config) };
-        ucp.check("ucp_config_read", st)?;
-        let release = |c| {
-            // SAFETY: `c` came from `ucp_config_read` and is released once.
-            unsafe { (ucp.ucp_config_release)(c) }
-        };
-        for (k, v) in &cfg.soft_options {
-            if let (Ok(ck), Ok(cv)) = (CString::new(k.as_str()), CString::new(v.as_str())) {
-                // SAFETY: valid config handle and NUL-terminated strings.
-                let st = unsafe { (ucp.ucp_config_modify)(config, ck.as_ptr(), cv.as_ptr()) };
-                if st != sys::UCS_OK {
-                    tracing::debug!(option = %k, status = %ucp.status_string(st), "UCX ignored a default option");
-                }
-            }
-        }
-        for (k, v) in &cfg.ucx_options {
-            let (ck, cv) = match (CString::new(k.as_str()), CString::new(v.as_str())) {
-                (Ok(a), Ok(b)) => (a, b),
-                _ => {
-                    release(config);
-                    return Err(Error::InvalidArgument(format!(
-                        "UCX option {k}={v} contains NUL"
-                    )));
-                }
-            };
-            // SAFETY: valid config handle and NUL-terminated strings.
-            let st = unsafe { (ucp.ucp_config_modify)(config, ck.as_ptr(), cv.as_ptr()) };
-            if st != sys::UCS_OK {
-                release(config);
-                return Err(Error::InvalidArgument(format!(
-                    "UCX rejected option {k}={v}: {} (names are UCX variables without the UCX_ prefix, e.g. TLS)",
-                    ucp.status_string(st)
-                )));
-            }
-        }
-        let name = CString::new(cfg.name.clone()).unwrap_or_default();
-        // SAFETY: all-zero is a valid parameter block; we set the fields we flag.
-        let mut params: sys::ucp_params_t = unsafe { std::mem::zeroed() };
-        params.field_mask = sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME;
-        params.features = sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM;
-        if cfg.wakeup {
-            params.features |= sys::UCP_FEATURE_WAKEUP;
-        }
-        params.name = name.as_ptr();
-        let mut context: sys::ucp_context_h = std::ptr::null_mut();
-        // SAFETY: valid params and config; out-parameter.
-        let st = unsafe {
-            (ucp.ucp_init_version)(
-                sys::API_MAJOR,
-                sys::API_MINOR,
-                &params,
-                config,
-                &mut context,
-            )
-        };
-        release(config);
-        ucp.check("ucp_init", st)?;
+        let config = read_config(&ucp, &cfg)?;
+        let context = init_context(&ucp, &cfg, config)?;
         let memory_types = context_memory_types(&ucp, context);
-
-        // SAFETY: as above.
-        let mut wp: sys::ucp_worker_params_t = unsafe { std::mem::zeroed() };
-        wp.field_mask = sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-        if cfg.wakeup {
-            wp.field_mask |= sys::UCP_WORKER_PARAM_FIELD_EVENTS;
-        }
-        wp.thread_mode = sys::UCS_THREAD_MODE_SINGLE;
-        wp.events = sys::UCP_WAKEUP_RMA | sys::UCP_WAKEUP_TX | sys::UCP_WAKEUP_RX;
-        let mut worker: sys::ucp_worker_h = std::ptr::null_mut();
-        // SAFETY: live context, valid params.
-        let st = unsafe { (ucp.ucp_worker_create)(context, &wp, &mut worker) };
-        if st != sys::UCS_OK {
-            // SAFETY: context is live and unused elsewhere.
-            unsafe { (ucp.ucp_cleanup)(context) };
-            return Err(ucp.error("ucp_worker_create", st));
-        }
-        let cleanup = |e: Error| {
-            // SAFETY: both handles are live and owned here.
-            unsafe {
-                (ucp.ucp_worker_destroy)(worker);
-                (ucp.ucp_cleanup)(context);
-            }
-            e
-        };
-        let mut efd = -1;
-        if cfg.wakeup {
-            // SAFETY: live worker; out-parameter.
-            let st = unsafe { (ucp.ucp_worker_get_efd)(worker, &mut efd) };
-            if st != sys::UCS_OK {
-                return Err(cleanup(ucp.error("ucp_worker_get_efd", st)));
-            }
-        }
-        let mut addr: *mut sys::ucp_address_t = std::ptr::null_mut();
-        let mut addr_len = 0usize;
-        // SAFETY: live worker; out-parameters.
-        let st = unsafe { (ucp.ucp_worker_get_address)(worker, &mut addr, &mut addr_len) };
-        if st != sys::UCS_OK {
-            return Err(cleanup(ucp.error("ucp_worker_get_address", st)));
-        }
-        // SAFETY: UCX returned `addr_len` bytes at `addr`; copied, then released once.
-        let worker_address =
-            unsafe { std::slice::from_raw_parts(addr as *const u8, addr_len) }.to_vec();
-        // SAFETY: releasing the address just obtained.
-        unsafe { (ucp.ucp_worker_release_address)(worker, addr) };
-        let am = sys::ucp_am_handler_param_t {
-            field_mask: sys::UCP_AM_HANDLER_PARAM_FIELD_ID
-                | sys::UCP_AM_HANDLER_PARAM_FIELD_FLAGS
-                | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
-                | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
-            id: AM_ID,
-            flags: sys::UCP_AM_FLAG_WHOLE_MSG,
-            cb: Some(on_am),
-            arg: std::ptr::null_mut(),
-        };
-        // SAFETY: live worker; the callback is a plain function valid forever.
-        let st = unsafe { (ucp.ucp_worker_set_am_recv_handler)(worker, &am) };
-        if st != sys::UCS_OK {
-            return Err(cleanup(ucp.error("ucp_worker_set_am_recv_handler", st)));
-        }
+        let (worker, efd, worker_address) = create_worker(&ucp, &cfg, context)?;
         Ok(State {
             ucp,
             cfg,
@@ -558,4 +442,146 @@ fn context_memory_types(ucp: &Ucp, context: sys::ucp_context_h) -> u64 {
         tracing::debug!(status = %ucp.status_string(st), "ucp_context_query failed: host memory only");
         1 << sys::UCS_MEMORY_TYPE_HOST
     }
+}
+
+/// UCX's configuration from its environment, with the communicator's soft options (those
+/// UCX may ignore) and the caller's options (refused by name when UCX rejects one) applied.
+fn read_config(ucp: &Ucp, cfg: &EngineConfig) -> Result<*mut sys::ucp_config_t> {
+    let mut config: *mut sys::ucp_config_t = std::ptr::null_mut();
+    // SAFETY: out-parameter; NULL prefix/file mean "UCX_ environment, no file".
+    let st = unsafe { (ucp.ucp_config_read)(std::ptr::null(), std::ptr::null(), &mut config) };
+    ucp.check("ucp_config_read", st)?;
+    for (k, v) in &cfg.soft_options {
+        if let (Ok(ck), Ok(cv)) = (CString::new(k.as_str()), CString::new(v.as_str())) {
+            // SAFETY: valid config handle and NUL-terminated strings.
+            let st = unsafe { (ucp.ucp_config_modify)(config, ck.as_ptr(), cv.as_ptr()) };
+            if st != sys::UCS_OK {
+                tracing::debug!(option = %k, status = %ucp.status_string(st), "UCX ignored a default option");
+            }
+        }
+    }
+    for (k, v) in &cfg.ucx_options {
+        let refused = match (CString::new(k.as_str()), CString::new(v.as_str())) {
+            (Ok(ck), Ok(cv)) => {
+                // SAFETY: valid config handle and NUL-terminated strings.
+                let st = unsafe { (ucp.ucp_config_modify)(config, ck.as_ptr(), cv.as_ptr()) };
+                (st != sys::UCS_OK).then(|| {
+                    format!(
+                        "UCX rejected option {k}={v}: {} (names are UCX variables without the UCX_ prefix, e.g. TLS)",
+                        ucp.status_string(st)
+                    )
+                })
+            }
+            _ => Some(format!("UCX option {k}={v} contains NUL")),
+        };
+        if let Some(why) = refused {
+            // SAFETY: `config` came from `ucp_config_read` and is released once.
+            unsafe { (ucp.ucp_config_release)(config) };
+            return Err(Error::InvalidArgument(why));
+        }
+    }
+    Ok(config)
+}
+
+/// The UCP context (RMA and active messages, and wake-ups when configured); releases
+/// `config` either way.
+fn init_context(
+    ucp: &Ucp,
+    cfg: &EngineConfig,
+    config: *mut sys::ucp_config_t,
+) -> Result<sys::ucp_context_h> {
+    let name = CString::new(cfg.name.clone()).unwrap_or_default();
+    // SAFETY: all-zero is a valid parameter block; we set the fields we flag.
+    let mut params: sys::ucp_params_t = unsafe { std::mem::zeroed() };
+    params.field_mask = sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME;
+    params.features = sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM;
+    if cfg.wakeup {
+        params.features |= sys::UCP_FEATURE_WAKEUP;
+    }
+    params.name = name.as_ptr();
+    let mut context: sys::ucp_context_h = std::ptr::null_mut();
+    // SAFETY: valid params and config; out-parameter.
+    let st = unsafe {
+        (ucp.ucp_init_version)(
+            sys::API_MAJOR,
+            sys::API_MINOR,
+            &params,
+            config,
+            &mut context,
+        )
+    };
+    // SAFETY: `config` came from `ucp_config_read` and is released once.
+    unsafe { (ucp.ucp_config_release)(config) };
+    ucp.check("ucp_init", st)?;
+    Ok(context)
+}
+
+/// The single-threaded worker on `context`, its event fd (-1 without wake-ups), its
+/// address as peers need it, and the notification handler installed. On failure the
+/// context is cleaned up too.
+fn create_worker(
+    ucp: &Ucp,
+    cfg: &EngineConfig,
+    context: sys::ucp_context_h,
+) -> Result<(sys::ucp_worker_h, i32, Vec<u8>)> {
+    // SAFETY: all-zero is a valid parameter block; we set the fields we flag.
+    let mut wp: sys::ucp_worker_params_t = unsafe { std::mem::zeroed() };
+    wp.field_mask = sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    if cfg.wakeup {
+        wp.field_mask |= sys::UCP_WORKER_PARAM_FIELD_EVENTS;
+    }
+    wp.thread_mode = sys::UCS_THREAD_MODE_SINGLE;
+    wp.events = sys::UCP_WAKEUP_RMA | sys::UCP_WAKEUP_TX | sys::UCP_WAKEUP_RX;
+    let mut worker: sys::ucp_worker_h = std::ptr::null_mut();
+    // SAFETY: live context, valid params.
+    let st = unsafe { (ucp.ucp_worker_create)(context, &wp, &mut worker) };
+    if st != sys::UCS_OK {
+        // SAFETY: context is live and unused elsewhere.
+        unsafe { (ucp.ucp_cleanup)(context) };
+        return Err(ucp.error("ucp_worker_create", st));
+    }
+    let cleanup = |e: Error| {
+        // SAFETY: both handles are live and owned here.
+        unsafe {
+            (ucp.ucp_worker_destroy)(worker);
+            (ucp.ucp_cleanup)(context);
+        }
+        e
+    };
+    let mut efd = -1;
+    if cfg.wakeup {
+        // SAFETY: live worker; out-parameter.
+        let st = unsafe { (ucp.ucp_worker_get_efd)(worker, &mut efd) };
+        if st != sys::UCS_OK {
+            return Err(cleanup(ucp.error("ucp_worker_get_efd", st)));
+        }
+    }
+    let mut addr: *mut sys::ucp_address_t = std::ptr::null_mut();
+    let mut addr_len = 0usize;
+    // SAFETY: live worker; out-parameters.
+    let st = unsafe { (ucp.ucp_worker_get_address)(worker, &mut addr, &mut addr_len) };
+    if st != sys::UCS_OK {
+        return Err(cleanup(ucp.error("ucp_worker_get_address", st)));
+    }
+    // SAFETY: UCX returned `addr_len` bytes at `addr`; copied, then released once.
+    let worker_address =
+        unsafe { std::slice::from_raw_parts(addr as *const u8, addr_len) }.to_vec();
+    // SAFETY: releasing the address just obtained.
+    unsafe { (ucp.ucp_worker_release_address)(worker, addr) };
+    let am = sys::ucp_am_handler_param_t {
+        field_mask: sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+            | sys::UCP_AM_HANDLER_PARAM_FIELD_FLAGS
+            | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+            | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        id: AM_ID,
+        flags: sys::UCP_AM_FLAG_WHOLE_MSG,
+        cb: Some(on_am),
+        arg: std::ptr::null_mut(),
+    };
+    // SAFETY: live worker; the callback is a plain function valid forever.
+    let st = unsafe { (ucp.ucp_worker_set_am_recv_handler)(worker, &am) };
+    if st != sys::UCS_OK {
+        return Err(cleanup(ucp.error("ucp_worker_set_am_recv_handler", st)));
+    }
+    Ok((worker, efd, worker_address))
 }
