@@ -363,9 +363,26 @@ pub(crate) fn cargo_build_node(root: &Path) -> Result<PathBuf> {
 /// `cargo xtask cluster-test [--quick]`: `--quick` injects the link fault, the SIGKILL and
 /// the address change only (what `cargo xtask test` runs).
 pub fn run(root: &Path, quick: bool) -> Result {
-    if !crate::is_root() {
-        println!("cluster-test: skipped (needs root to create network namespaces)");
+    if let Some(why) = namespaces_unusable() {
+        println!("cluster-test: skipped ({why})");
         return Ok(());
+    }
+    let mut c = Cluster::start(root)?;
+    let pull = c.start_puller()?;
+    let mut figures = core_faults(&mut c, &pull)?;
+    if !quick {
+        figures.extend(long_faults(&mut c, &pull)?);
+    }
+    report(&figures, pull)?;
+    let _ = std::fs::remove_dir_all(&c.dir);
+    Ok(())
+}
+
+/// Why this machine cannot run the cluster (not root, no `ip netns`, namespaces refused),
+/// or `None`.
+fn namespaces_unusable() -> Option<String> {
+    if !crate::is_root() {
+        return Some("needs root to create network namespaces".into());
     }
     if Command::new("ip")
         .args(["netns", "list"])
@@ -373,78 +390,99 @@ pub fn run(root: &Path, quick: bool) -> Result {
         .map(|o| !o.status.success())
         .unwrap_or(true)
     {
-        println!(
-            "cluster-test: skipped (`ip netns` is unavailable here: install iproute2, or the kernel/container refuses network namespaces)"
+        return Some(
+            "`ip netns` is unavailable here: install iproute2, or the kernel/container refuses network namespaces"
+                .into(),
         );
-        return Ok(());
     }
     // Listing works without the right to create; try it.
     let probe = format!("hc{}-probe", std::process::id() % 10_000);
     if let Err(e) = sh(&["ip", "netns", "add", &probe]) {
-        println!("cluster-test: skipped (cannot create a network namespace here: {e})");
-        return Ok(());
+        return Some(format!("cannot create a network namespace here: {e}"));
     }
     let _ = sh(&["ip", "netns", "del", &probe]);
-    let etcd_bin = etcd_binary()?;
-    let node = cargo_build_node(root)?;
-    let dir = std::env::temp_dir().join(format!("hmc-cluster-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let net = Net::new(3)?;
-    let url = format!("etcd://{}:2379/cluster", net.ip(1));
-    println!(
-        "cluster-test: hosts {} (etcd), {} (target), {} (puller) in namespaces {}-*; logs in {}",
-        net.ip(1),
-        net.ip(2),
-        net.ip(3),
-        net.prefix,
-        dir.display()
-    );
-    let mut c = Cluster {
-        net,
-        node,
-        etcd_bin,
-        dir,
-        url,
-        etcd: None,
-        target: None,
-        target_ip: String::new(),
-    };
-    c.target_ip = c.net.ip(2);
-    c.start_etcd()?;
-    c.start_target()?;
-    let pull_args: Vec<String> = [
-        "pull",
-        "--metadata",
-        &c.url,
-        "--peer",
-        "target",
-        "--ip",
-        &c.net.ip(3),
-        "--lease-ttl-ms",
-        &LEASE_MS.to_string(),
-        "--timeout-ms",
-        "60000",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let pull = Proc::spawn(&c.net.ns(3), &c.node, &pull_args, &c.dir.join("pull.log"))?;
-    pull.wait("ATTACHED", Duration::from_secs(30))?;
-    pull.wait("OK", Duration::from_secs(30))?;
-    let mut figures = Vec::new();
+    None
+}
 
+impl Cluster {
+    /// Three hosts in namespaces, etcd on the first and the target engine on the second.
+    fn start(root: &Path) -> Result<Cluster> {
+        let etcd_bin = etcd_binary()?;
+        let node = cargo_build_node(root)?;
+        let dir = std::env::temp_dir().join(format!("hmc-cluster-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let net = Net::new(3)?;
+        let url = format!("etcd://{}:2379/cluster", net.ip(1));
+        println!(
+            "cluster-test: hosts {} (etcd), {} (target), {} (puller) in namespaces {}-*; logs in {}",
+            net.ip(1),
+            net.ip(2),
+            net.ip(3),
+            net.prefix,
+            dir.display()
+        );
+        let mut c = Cluster {
+            target_ip: net.ip(2),
+            net,
+            node,
+            etcd_bin,
+            dir,
+            url,
+            etcd: None,
+            target: None,
+        };
+        c.start_etcd()?;
+        c.start_target()?;
+        Ok(c)
+    }
+
+    /// The puller on the third host, attached to the target by name and through its first
+    /// good round.
+    fn start_puller(&self) -> Result<Proc> {
+        let pull_args: Vec<String> = [
+            "pull",
+            "--metadata",
+            &self.url,
+            "--peer",
+            "target",
+            "--ip",
+            &self.net.ip(3),
+            "--lease-ttl-ms",
+            &LEASE_MS.to_string(),
+            "--timeout-ms",
+            "60000",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let pull = Proc::spawn(
+            &self.net.ns(3),
+            &self.node,
+            &pull_args,
+            &self.dir.join("pull.log"),
+        )?;
+        pull.wait("ATTACHED", Duration::from_secs(30))?;
+        pull.wait("OK", Duration::from_secs(30))?;
+        Ok(pull)
+    }
+}
+
+/// The faults of every run: a link down, the target killed and restarted, the target's
+/// address changed.
+fn core_faults(c: &mut Cluster, pull: &Proc) -> Result<Vec<Figure>> {
+    let mut figures = Vec::new();
     figures.push(fail_and_recover(
-        &mut c,
-        &pull,
+        c,
+        pull,
         "link down 4 s",
         |c| c.net.link(2, false),
         Duration::from_secs(4),
         |c| c.net.link(2, true),
     )?);
     figures.push(fail_and_recover(
-        &mut c,
-        &pull,
+        c,
+        pull,
         "SIGKILL, restart as `target`",
         |c| {
             drop(c.target.take());
@@ -458,8 +496,8 @@ pub fn run(root: &Path, quick: bool) -> Result {
     // new address (an engine's listeners are bound to the address it was started with),
     // and the puller finds it there by name: the old address exists nowhere any more.
     figures.push(fail_and_recover(
-        &mut c,
-        &pull,
+        c,
+        pull,
         "address changed, restarted at it",
         |c| {
             let new = c.net.ip(if c.target_ip == c.net.ip(2) { 12 } else { 2 });
@@ -471,54 +509,63 @@ pub fn run(root: &Path, quick: bool) -> Result {
         Duration::from_secs(3),
         |c| c.start_target(),
     )?);
-    if !quick {
-        figures.push(fail_and_recover(
-            &mut c,
-            &pull,
-            "SIGSTOP 4 s, SIGCONT",
-            |c| c.target().signal("STOP"),
-            Duration::from_secs(4),
-            |c| c.target().signal("CONT"),
-        )?);
-        // etcd down: bytes keep moving on the connection made before.
-        drop(c.etcd.take());
-        let during = rounds_over(&pull, Duration::from_secs(4))?;
-        c.start_etcd()?;
-        let after = rounds_over(&pull, Duration::from_secs(4))?;
-        if during == 0 || after == 0 {
-            return Err(format!(
-                "etcd outage: {during} rounds during, {after} after"
-            ));
-        }
-        figures.push(Figure {
-            fault: "etcd killed 4 s, restarted",
-            detect_ms: None,
-            failed: 0,
-            resumed_ms: None,
-            oks_during: during,
-        });
-        // A slow link: the target's egress (the data read) limited by tc tbf.
-        let fast = rounds_over(&pull, Duration::from_secs(3))?;
-        let ns = c.net.ns(2);
-        sh(&[
-            "ip", "netns", "exec", &ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
-            "200mbit", "burst", "256kb", "latency", "100ms",
-        ])?;
-        let slow = rounds_over(&pull, Duration::from_secs(4))?;
-        sh(&[
-            "ip", "netns", "exec", &ns, "tc", "qdisc", "del", "dev", "eth0", "root",
-        ])?;
-        println!(
-            "  slow link (tbf 200 mbit): {fast} rounds of 16 MiB in 3 s before, {slow} in 4 s with it"
-        );
-        figures.push(Figure {
-            fault: "slow link, tc tbf 200 mbit",
-            detect_ms: None,
-            failed: 0,
-            resumed_ms: None,
-            oks_during: slow,
-        });
+    Ok(figures)
+}
+
+/// The faults of a full run: the target stopped, etcd down, a slow link.
+fn long_faults(c: &mut Cluster, pull: &Proc) -> Result<Vec<Figure>> {
+    let mut figures = vec![fail_and_recover(
+        c,
+        pull,
+        "SIGSTOP 4 s, SIGCONT",
+        |c| c.target().signal("STOP"),
+        Duration::from_secs(4),
+        |c| c.target().signal("CONT"),
+    )?];
+    // etcd down: bytes keep moving on the connection made before.
+    drop(c.etcd.take());
+    let during = rounds_over(pull, Duration::from_secs(4))?;
+    c.start_etcd()?;
+    let after = rounds_over(pull, Duration::from_secs(4))?;
+    if during == 0 || after == 0 {
+        return Err(format!(
+            "etcd outage: {during} rounds during, {after} after"
+        ));
     }
+    figures.push(Figure {
+        fault: "etcd killed 4 s, restarted",
+        detect_ms: None,
+        failed: 0,
+        resumed_ms: None,
+        oks_during: during,
+    });
+    // A slow link: the target's egress (the data read) limited by tc tbf.
+    let fast = rounds_over(pull, Duration::from_secs(3))?;
+    let ns = c.net.ns(2);
+    sh(&[
+        "ip", "netns", "exec", &ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
+        "200mbit", "burst", "256kb", "latency", "100ms",
+    ])?;
+    let slow = rounds_over(pull, Duration::from_secs(4))?;
+    sh(&[
+        "ip", "netns", "exec", &ns, "tc", "qdisc", "del", "dev", "eth0", "root",
+    ])?;
+    println!(
+        "  slow link (tbf 200 mbit): {fast} rounds of 16 MiB in 3 s before, {slow} in 4 s with it"
+    );
+    figures.push(Figure {
+        fault: "slow link, tc tbf 200 mbit",
+        detect_ms: None,
+        failed: 0,
+        resumed_ms: None,
+        oks_during: slow,
+    });
+    Ok(figures)
+}
+
+/// Stops the puller, prints the table, and checks its summary: every round verified, and
+/// exactly the expected transfers failed cleanly and resumed.
+fn report(figures: &[Figure], pull: Proc) -> Result {
     let rest = pull.stop();
     let summary = rest
         .iter()
@@ -530,7 +577,7 @@ pub fn run(root: &Path, quick: bool) -> Result {
         "\n| fault | time to detect | transfers failed cleanly | resumed after recovery | good rounds during |"
     );
     println!("| --- | --- | --- | --- | --- |");
-    for f in &figures {
+    for f in figures {
         let ms = |v: Option<u128>| v.map(|v| format!("{v} ms")).unwrap_or_else(|| "-".into());
         println!(
             "| {} | {} | {} | {} | {} |",
@@ -549,6 +596,5 @@ pub fn run(root: &Path, quick: bool) -> Result {
             "expected {expected_failures} clean failures, each resumed: {summary}"
         ));
     }
-    let _ = std::fs::remove_dir_all(&c.dir);
     Ok(())
 }

@@ -37,10 +37,6 @@ pub const FN_ALLOWED: &[(&str, &str)] = &[
         "temporary (issue 34): lease, watch and command loop of one etcd session; to split",
     ),
     (
-        "xtask/src/cluster.rs::run",
-        "temporary (issue 34): the cluster demo's steps in order; to split into named steps",
-    ),
-    (
         "hmc-transport-shm/src/comm.rs::transfer",
         "temporary (issue 34): the batch validation moves to the transport kit's one check",
     ),
