@@ -422,92 +422,18 @@ async fn session(
 ) -> Result<()> {
     let cfg = &shared.config;
     let t = cfg.op_timeout;
-    let timed = |what: &str| MetaError::Unavailable {
-        endpoints: shared.endpoints.join(","),
-        after: t,
-        attempts: 1,
-        why: format!("{what}: no answer"),
-    };
-    let opts = ConnectOptions::new()
-        .with_connect_timeout(t)
-        .with_timeout(t)
-        .with_keep_alive(t, t);
-    let mut client = tokio::time::timeout(t, Client::connect(&shared.endpoints, Some(opts)))
-        .await
-        .map_err(|_| timed("connect"))?
-        .map_err(etcd_err)?;
-    let ttl = cfg.lease_ttl.as_secs().max(1) as i64;
-    let lease = tokio::time::timeout(t, client.lease_grant(ttl, None))
-        .await
-        .map_err(|_| timed("lease grant"))?
-        .map_err(etcd_err)?
-        .id();
-    let key = format!("{}{}", shared.prefix, shared.name);
-    // Whether this session holds the member's key (not while withdrawn by `set_listed`).
-    let mut held = shared.listed.load(Ordering::Acquire);
-    // The labelled blobs this session wrote, as written.
-    let mut written = BTreeMap::new();
-    if held {
-        let claimed = tokio::time::timeout(t, claim(shared, &mut client, &key, lease))
-            .await
-            .map_err(|_| timed("claiming the name"))?;
-        if let Err(e) = claimed {
-            // The lease would otherwise live on for its TTL, holding nothing.
-            let _ = tokio::time::timeout(t, client.lease_revoke(lease)).await;
-            return Err(e);
-        }
-        tokio::time::timeout(t, write_labels(shared, &mut client, lease, &mut written))
-            .await
-            .map_err(|_| timed("put"))??;
-    }
+    let mut s = Session::register(shared).await?;
+    let lease = s.lease;
     shared
         .lease
         .store(lease, std::sync::atomic::Ordering::Release);
-    let (mut keeper, mut keep_stream) = tokio::time::timeout(t, client.lease_keep_alive(lease))
+    let (mut keeper, mut keep_stream) = tokio::time::timeout(t, s.client.lease_keep_alive(lease))
         .await
-        .map_err(|_| timed("keep-alive"))?
+        .map_err(|_| timed(shared, "keep-alive"))?
         .map_err(etcd_err)?;
-    let (members, rev) = match tokio::time::timeout(t, shared.list(&mut client)).await {
-        Err(_) => return Err(timed("list")),
-        Ok(Err(e @ MetaError::NamespaceFull { .. })) if ready.is_some() => {
-            // Joining would make one too many: leave again (the key goes with the lease)
-            // and let `start` fail naming the limit and the namespace.
-            let _ = tokio::time::timeout(t, client.lease_revoke(lease)).await;
-            return Err(e);
-        }
-        Ok(r) => r?,
-    };
-    // A fresh listing: whoever is missing left while we were away.
-    let gone: Vec<String> = {
-        let known = shared.known.lock();
-        known
-            .keys()
-            .filter(|k| !members.iter().any(|m| &m.name == *k))
-            .cloned()
-            .collect()
-    };
-    for g in gone {
-        shared.saw_delete(&g);
-    }
-    // This member's own key is not among the members it watches (see `on_watch`).
-    for m in members.into_iter().filter(|m| m.name != shared.name) {
-        shared.saw_put(m);
-    }
-    let mut watch = tokio::time::timeout(
-        t,
-        client.watch(
-            shared.prefix.clone(),
-            Some(
-                WatchOptions::new()
-                    .with_prefix()
-                    .with_start_revision(rev + 1),
-            ),
-        ),
-    )
-    .await
-    .map_err(|_| timed("watch"))?
-    .map_err(etcd_err)?;
-    *shared.client.lock() = Some(client.clone());
+    let rev = s.sync_membership(ready).await?;
+    let mut watch = s.watch_from(rev + 1).await?;
+    *shared.client.lock() = Some(s.client.clone());
     let n = shared
         .sessions
         .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
@@ -523,7 +449,7 @@ async fn session(
         tokio::select! {
             _ = tick.tick() => {
                 if last_renewed.elapsed() > cfg.lease_ttl {
-                    return Err(timed("lease renewal"));
+                    return Err(timed(shared, "lease renewal"));
                 }
                 keeper.keep_alive().await.map_err(etcd_err)?;
             }
@@ -536,75 +462,218 @@ async fn session(
                         attempts: 1,
                         why: "our lease expired (etcd did not hear from us within lease_ttl); registering again".into(),
                     }),
-                    None => return Err(timed("keep-alive stream closed")),
+                    None => return Err(timed(shared, "keep-alive stream closed")),
                 }
             }
             w = watch.message() => {
                 match w.map_err(etcd_err)? {
                     Some(resp) => {
-                        if on_watch(shared, resp, lease)? && held && shared.listed.load(Ordering::Acquire) {
-                            // Our key was deleted, or written under another lease, while
-                            // ours is live: no member that claims names (a transaction
-                            // that refuses a live holder) did that. Write it back.
-                            tracing::warn!(name = %shared.name, "our key in etcd was changed or deleted by someone else; writing it again");
-                            let value = shared.value.lock().clone();
-                            tokio::time::timeout(
-                                t,
-                                client.put(key.clone(), value, Some(PutOptions::new().with_lease(lease))),
-                            )
-                            .await
-                            .map_err(|_| timed("put"))?
-                            .map_err(etcd_err)?;
+                        if on_watch(shared, resp, lease)? && s.held && shared.listed.load(Ordering::Acquire) {
+                            s.write_key_back().await?;
                         }
                     }
-                    None => return Err(timed("watch stream closed")),
+                    None => return Err(timed(shared, "watch stream closed")),
                 }
             }
-            _ = shared.republish.notified() => {
-                let listed = shared.listed.load(Ordering::Acquire);
-                if !listed {
-                    if held {
-                        tokio::time::timeout(t, withdraw(shared, &mut client, &key, lease))
-                            .await
-                            .map_err(|_| timed("delete"))??;
-                        held = false;
-                        written.clear();
-                        tracing::info!(name = %shared.name, "withdrawn from etcd");
-                    }
-                    continue;
-                }
-                if !held {
-                    // Listed again: take the name as a new session would.
-                    tokio::time::timeout(t, claim(shared, &mut client, &key, lease))
-                        .await
-                        .map_err(|_| timed("claiming the name"))??;
-                    held = true;
-                    tracing::info!(name = %shared.name, "listed in etcd again");
-                }
-                tokio::time::timeout(t, write_labels(shared, &mut client, lease, &mut written))
-                    .await
-                    .map_err(|_| timed("put"))??;
-                // A new record: written only while this lease holds the key.
-                let txn = Txn::new()
-                    .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
-                    .and_then([TxnOp::put(
-                        key.clone(),
-                        shared.value.lock().clone(),
-                        Some(PutOptions::new().with_lease(lease)),
-                    )]);
-                let r = tokio::time::timeout(t, client.txn(txn))
-                    .await
-                    .map_err(|_| timed("put"))?
-                    .map_err(etcd_err)?;
-                if !r.succeeded() {
-                    return Err(shared.unavailable(
-                        Duration::ZERO,
-                        1,
-                        "our key is no longer held by our lease; registering again",
-                    ));
-                }
-            }
+            _ = shared.republish.notified() => s.republish().await?,
         }
+    }
+}
+
+/// The error for an etcd request that got no answer within `op_timeout`.
+fn timed(shared: &Shared, what: &str) -> MetaError {
+    MetaError::Unavailable {
+        endpoints: shared.endpoints.join(","),
+        after: shared.config.op_timeout,
+        attempts: 1,
+        why: format!("{what}: no answer"),
+    }
+}
+
+/// What one session holds: its client, its lease and the member's key under it.
+struct Session<'a> {
+    shared: &'a Arc<Shared>,
+    client: Client,
+    lease: i64,
+    key: String,
+    /// Whether this session holds the member's key (not while withdrawn by `set_listed`).
+    held: bool,
+    /// The labelled blobs this session wrote, as written.
+    written: BTreeMap<String, Vec<u8>>,
+}
+
+impl<'a> Session<'a> {
+    /// Connects, grants a lease and, while listed, claims the member's name and writes its
+    /// labelled blobs under it.
+    async fn register(shared: &'a Arc<Shared>) -> Result<Session<'a>> {
+        let cfg = &shared.config;
+        let t = cfg.op_timeout;
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(t)
+            .with_timeout(t)
+            .with_keep_alive(t, t);
+        let mut client = tokio::time::timeout(t, Client::connect(&shared.endpoints, Some(opts)))
+            .await
+            .map_err(|_| timed(shared, "connect"))?
+            .map_err(etcd_err)?;
+        let ttl = cfg.lease_ttl.as_secs().max(1) as i64;
+        let lease = tokio::time::timeout(t, client.lease_grant(ttl, None))
+            .await
+            .map_err(|_| timed(shared, "lease grant"))?
+            .map_err(etcd_err)?
+            .id();
+        let mut s = Session {
+            shared,
+            client,
+            lease,
+            key: format!("{}{}", shared.prefix, shared.name),
+            held: shared.listed.load(Ordering::Acquire),
+            written: BTreeMap::new(),
+        };
+        if s.held {
+            let claimed = tokio::time::timeout(t, claim(shared, &mut s.client, &s.key, lease))
+                .await
+                .map_err(|_| timed(shared, "claiming the name"))?;
+            if let Err(e) = claimed {
+                // The lease would otherwise live on for its TTL, holding nothing.
+                s.revoke().await;
+                return Err(e);
+            }
+            s.write_labels().await?;
+        }
+        Ok(s)
+    }
+
+    /// Revokes the lease (its keys go with it), as far as etcd answers in time.
+    async fn revoke(&mut self) {
+        let t = self.shared.config.op_timeout;
+        let _ = tokio::time::timeout(t, self.client.lease_revoke(self.lease)).await;
+    }
+
+    /// Writes the labelled blobs that changed since this session last wrote them.
+    async fn write_labels(&mut self) -> Result<()> {
+        let t = self.shared.config.op_timeout;
+        tokio::time::timeout(
+            t,
+            write_labels(self.shared, &mut self.client, self.lease, &mut self.written),
+        )
+        .await
+        .map_err(|_| timed(self.shared, "put"))?
+    }
+
+    /// Lists the namespace and turns the listing into joins and leaves against what was
+    /// known (whoever is missing left while this member was away); the revision to watch
+    /// from. A namespace already full when this member starts fails the start.
+    async fn sync_membership(
+        &mut self,
+        ready: &Option<tokio::sync::oneshot::Sender<Result<()>>>,
+    ) -> Result<i64> {
+        let shared = self.shared;
+        let t = shared.config.op_timeout;
+        let (members, rev) = match tokio::time::timeout(t, shared.list(&mut self.client)).await {
+            Err(_) => return Err(timed(shared, "list")),
+            Ok(Err(e @ MetaError::NamespaceFull { .. })) if ready.is_some() => {
+                // Joining would make one too many: leave again (the key goes with the
+                // lease) and let `start` fail naming the limit and the namespace.
+                self.revoke().await;
+                return Err(e);
+            }
+            Ok(r) => r?,
+        };
+        let gone: Vec<String> = {
+            let known = shared.known.lock();
+            known
+                .keys()
+                .filter(|k| !members.iter().any(|m| &m.name == *k))
+                .cloned()
+                .collect()
+        };
+        for g in gone {
+            shared.saw_delete(&g);
+        }
+        // This member's own key is not among the members it watches (see `on_watch`).
+        for m in members.into_iter().filter(|m| m.name != shared.name) {
+            shared.saw_put(m);
+        }
+        Ok(rev)
+    }
+
+    /// Watches the namespace from revision `rev`.
+    async fn watch_from(&mut self, rev: i64) -> Result<etcd_client::WatchStream> {
+        let shared = self.shared;
+        let options = WatchOptions::new().with_prefix().with_start_revision(rev);
+        tokio::time::timeout(
+            shared.config.op_timeout,
+            self.client.watch(shared.prefix.clone(), Some(options)),
+        )
+        .await
+        .map_err(|_| timed(shared, "watch"))?
+        .map_err(etcd_err)
+    }
+
+    /// Our key was deleted, or written under another lease, while ours is live: no member
+    /// that claims names (a transaction that refuses a live holder) did that. Write it back.
+    async fn write_key_back(&mut self) -> Result<()> {
+        let shared = self.shared;
+        tracing::warn!(name = %shared.name, "our key in etcd was changed or deleted by someone else; writing it again");
+        let value = shared.value.lock().clone();
+        let put = self.client.put(
+            self.key.clone(),
+            value,
+            Some(PutOptions::new().with_lease(self.lease)),
+        );
+        tokio::time::timeout(shared.config.op_timeout, put)
+            .await
+            .map_err(|_| timed(shared, "put"))?
+            .map_err(etcd_err)?;
+        Ok(())
+    }
+
+    /// Does what `set_listed` and `publish` asked: withdraws the member, lists it again
+    /// (claiming the name as a new session would), and writes its labels and record, the
+    /// record only while this lease holds the key.
+    async fn republish(&mut self) -> Result<()> {
+        let shared = self.shared;
+        let t = shared.config.op_timeout;
+        let (key, lease) = (self.key.clone(), self.lease);
+        if !shared.listed.load(Ordering::Acquire) {
+            if self.held {
+                tokio::time::timeout(t, withdraw(shared, &mut self.client, &key, lease))
+                    .await
+                    .map_err(|_| timed(shared, "delete"))??;
+                self.held = false;
+                self.written.clear();
+                tracing::info!(name = %shared.name, "withdrawn from etcd");
+            }
+            return Ok(());
+        }
+        if !self.held {
+            tokio::time::timeout(t, claim(shared, &mut self.client, &key, lease))
+                .await
+                .map_err(|_| timed(shared, "claiming the name"))??;
+            self.held = true;
+            tracing::info!(name = %shared.name, "listed in etcd again");
+        }
+        self.write_labels().await?;
+        let txn = Txn::new()
+            .when([Compare::lease(key.clone(), CompareOp::Equal, lease)])
+            .and_then([TxnOp::put(
+                key,
+                shared.value.lock().clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let r = tokio::time::timeout(t, self.client.txn(txn))
+            .await
+            .map_err(|_| timed(shared, "put"))?
+            .map_err(etcd_err)?;
+        if !r.succeeded() {
+            return Err(shared.unavailable(
+                Duration::ZERO,
+                1,
+                "our key is no longer held by our lease; registering again",
+            ));
+        }
+        Ok(())
     }
 }
 

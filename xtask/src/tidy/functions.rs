@@ -33,10 +33,6 @@ pub const FN_ALLOWED: &[(&str, &str)] = &[
         "an example read top to bottom: the GPU check's steps in order, each printed",
     ),
     (
-        "hmc-meta/src/etcd.rs::session",
-        "temporary (issue 34): lease, watch and command loop of one etcd session; to split",
-    ),
-    (
         "hmc-transport-shm/src/comm.rs::transfer",
         "temporary (issue 34): the batch validation moves to the transport kit's one check",
     ),
