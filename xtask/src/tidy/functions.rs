@@ -17,10 +17,6 @@ pub const MAX_FN_LINES: usize = 150;
 /// temporary entries are issue 34's to split.
 pub const FN_ALLOWED: &[(&str, &str)] = &[
     (
-        "hmc-rpc-tools/src/bin/hmc-rpc-bench/main.rs::run",
-        "temporary (issue 34): the bench's command line, one arm per mode; to split by mode",
-    ),
-    (
         "hmc-rpc/src/server.rs::start_call",
         "temporary (issue 34): admission, payload placement and reply of one call; to split into those steps",
     ),

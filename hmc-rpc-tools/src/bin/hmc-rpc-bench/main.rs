@@ -178,56 +178,111 @@ async fn run(args: Args) -> Result<(), String> {
         .server_bin
         .clone()
         .unwrap_or_else(|| me.with_file_name("hmc-rpc-server"));
-    // Killed when `run` returns.
     if let Some(plan) = &args.conn_sweep {
         return sweep::run_sweep(&args, plan, &server_bin).await;
     }
+    // Both servers are killed when `run` returns.
     let (server, port) = start_server(&server_bin, &args, "1024", &[])?;
     let server_pid = server.0.id();
     let addr = PeerAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], port)));
-
-    let tonic_bin = if args.no_tonic {
-        None
-    } else {
-        let p = args
-            .tonic_bin
-            .clone()
-            .or_else(|| std::env::var_os("HMC_TONIC_ECHO").map(PathBuf::from))
-            .unwrap_or_else(|| PathBuf::from("tgt/tonic/release/tonic-echo"));
-        if p.exists() {
-            Some(p)
-        } else {
-            eprintln!(
-                "note: tonic peer not found at {} (build /work/shared/peers/tonic-echo, or pass --tonic-bin); skipping it",
-                p.display()
-            );
-            None
-        }
-    };
-    let tonic_port = free_port();
-    let _tonic = match &tonic_bin {
-        Some(b) => {
-            let c = Command::new(b)
-                .env("GLIBC_TUNABLES", hmc_rpc_tools::tuning::GLIBC_TUNABLES)
-                .args(["server", &tonic_port.to_string()])
-                .stdout(Stdio::null())
-                .spawn()
-                .map_err(|e| e.to_string())?;
-            wait_port(tonic_port);
-            Some(Proc(c))
-        }
-        None => None,
-    };
-    let tonic_pid = _tonic.as_ref().map(|p| p.0.id());
+    let tonic = Tonic::start(&args)?;
     // Before any load, so that the figures are the connections' own.
     let idle = (args.idle_conns > 0).then(|| {
         eprintln!("idle connections: {} to each server", args.idle_conns);
         (
             idle_conn_kib(server_pid, port, args.idle_conns),
-            tonic_pid.and_then(|pid| idle_conn_kib(pid, tonic_port, args.idle_conns)),
+            tonic
+                .pid
+                .and_then(|pid| idle_conn_kib(pid, tonic.port, args.idle_conns)),
         )
     });
+    let m = measure(&args, &addr, server_pid, &tonic).await?;
+    let dp_rows = bench_data_planes(&args, &server_bin, &m.cells).await?;
+    print_echo_table(&args, &m);
+    if let Some(note) = oversubscription_note(args.client_threads, args.server_workers) {
+        println!("\n{note}");
+    }
+    if let Some(idle) = idle {
+        print_idle(&args, idle);
+    }
+    print_raw_table(&m);
+    print_pipelining(&args, &m);
+    print_data_planes(&dp_rows);
+    write_csv(&args, &m, &dp_rows)
+}
 
+/// The tonic peer, when one runs beside hmc-rpc (killed on drop).
+struct Tonic {
+    bin: Option<PathBuf>,
+    port: u16,
+    pid: Option<u32>,
+    _proc: Option<Proc>,
+}
+
+impl Tonic {
+    /// Starts `--tonic-bin` (or `$HMC_TONIC_ECHO`) unless `--no-tonic`, or says it is
+    /// missing and runs without it.
+    fn start(args: &Args) -> Result<Tonic, String> {
+        let tonic_bin = if args.no_tonic {
+            None
+        } else {
+            let p = args
+                .tonic_bin
+                .clone()
+                .or_else(|| std::env::var_os("HMC_TONIC_ECHO").map(PathBuf::from))
+                .unwrap_or_else(|| PathBuf::from("tgt/tonic/release/tonic-echo"));
+            if p.exists() {
+                Some(p)
+            } else {
+                eprintln!(
+                    "note: tonic peer not found at {} (build /work/shared/peers/tonic-echo, or pass --tonic-bin); skipping it",
+                    p.display()
+                );
+                None
+            }
+        };
+        let tonic_port = free_port();
+        let _tonic = match &tonic_bin {
+            Some(b) => {
+                let c = Command::new(b)
+                    .env("GLIBC_TUNABLES", hmc_rpc_tools::tuning::GLIBC_TUNABLES)
+                    .args(["server", &tonic_port.to_string()])
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .map_err(|e| e.to_string())?;
+                wait_port(tonic_port);
+                Some(Proc(c))
+            }
+            None => None,
+        };
+        let pid = _tonic.as_ref().map(|p| p.0.id());
+        Ok(Tonic {
+            bin: tonic_bin,
+            port: tonic_port,
+            pid,
+            _proc: _tonic,
+        })
+    }
+}
+
+/// Every cell's figures: hmc-rpc (and tonic) per size, clients and depth, and the
+/// baselines beside them.
+struct Measured {
+    cells: Vec<(Cell, Option<Cell>)>,
+    raw: Vec<Cell>,
+    raw_deep: Vec<Cell>,
+    raw_proc: Vec<Cell>,
+    direct: Vec<Cell>,
+}
+
+/// Runs the cells in order, a cache-line round trip measured between each pair.
+async fn measure(
+    args: &Args,
+    addr: &PeerAddr,
+    server_pid: u32,
+    tonic: &Tonic,
+) -> Result<Measured, String> {
+    let (tonic_bin, tonic_port, tonic_pid) = (&tonic.bin, tonic.port, tonic.pid);
     let mut cells: Vec<(Cell, Option<Cell>)> = Vec::new();
     let mut raw: Vec<Cell> = Vec::new();
     let mut raw_deep: Vec<Cell> = Vec::new();
@@ -281,7 +336,7 @@ async fn run(args: Args) -> Result<(), String> {
                 );
                 let cpu = CpuProbe::start(server_pid, false);
                 let mut h =
-                    bench_hmc(&addr, size, clients, depth, args.seconds, args.stream_crc).await?;
+                    bench_hmc(addr, size, clients, depth, args.seconds, args.stream_crc).await?;
                 h.cpu_us_per_call = cpu.per_call(h.calls);
                 let c2c_between = core_to_core_ns();
                 h.c2c_ns = c2c_before.zip(c2c_between);
@@ -321,8 +376,17 @@ async fn run(args: Args) -> Result<(), String> {
         }
     }
 
-    let dp_rows = bench_data_planes(&args, &server_bin, &cells).await?;
+    Ok(Measured {
+        cells,
+        raw,
+        raw_deep,
+        raw_proc,
+        direct,
+    })
+}
 
+/// The main table: hmc-rpc against tonic, cell by cell.
+fn print_echo_table(args: &Args, m: &Measured) {
     println!(
         "## hmc-rpc echo vs tonic (same run, {} s per cell; hmc-rpc: stream CRC {}, client runtime {}, server workers {}; tonic: tokio default runtime)\n",
         args.seconds,
@@ -347,7 +411,7 @@ async fn run(args: Args) -> Result<(), String> {
         c.and_then(|c| c.cpu_us_per_call)
             .map_or("-".to_string(), |v| format!("{v:.1}"))
     };
-    for (h, t) in &cells {
+    for (h, t) in &m.cells {
         let (tr, tm, tp, ratio) = match t {
             Some(t) => (
                 format!("{:.0}", t.rps),
@@ -378,18 +442,21 @@ async fn run(args: Args) -> Result<(), String> {
          apart (on the project's VMs about 60 against 330 ns), which slows every figure that \
          crosses cores; the host changes it within seconds."
     );
-    if let Some(note) = oversubscription_note(args.client_threads, args.server_workers) {
-        println!("\n{note}");
-    }
-    if let Some((hmc, tonic)) = idle {
-        let kib = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
-        println!(
-            "\n## idle connections ({} that send nothing; server RSS growth per connection)\n",
-            args.idle_conns
-        );
-        println!("| hmc-rpc KiB/conn | tonic KiB/conn |\n| --- | --- |");
-        println!("| {} | {} |", kib(hmc), kib(tonic));
-    }
+}
+
+/// Server memory per idle connection, hmc-rpc's and tonic's.
+fn print_idle(args: &Args, (hmc, tonic): (Option<f64>, Option<f64>)) {
+    let kib = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+    println!(
+        "\n## idle connections ({} that send nothing; server RSS growth per connection)\n",
+        args.idle_conns
+    );
+    println!("| hmc-rpc KiB/conn | tonic KiB/conn |\n| --- | --- |");
+    println!("| {} | {} |", kib(hmc), kib(tonic));
+}
+
+/// One call at a time against raw TCP ping-pong, in this process and another.
+fn print_raw_table(m: &Measured) {
     println!(
         "\n## raw TCP ping-pong baseline (1 connection, 1 in flight, blocking; echo in a thread of this process, and in another process as hmc-rpc's server is)\n"
     );
@@ -397,13 +464,14 @@ async fn run(args: Args) -> Result<(), String> {
         "| payload | round trips/s | MB/s | p50 us | p99 us | hmc-rpc 1x1 p50 us | p50 ratio | two processes: p50 us | p50 ratio | DirectClient p50 us | p50 ratio | host c2c ns |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    for r in &raw {
-        let h = cells
+    for r in &m.raw {
+        let h = m
+            .cells
             .iter()
             .find(|(h, _)| h.size == r.size && h.clients == 1 && h.depth == 1)
             .map(|(h, _)| h.p50);
-        let p = raw_proc.iter().find(|p| p.size == r.size).map(|p| p.p50);
-        let d = direct.iter().find(|d| d.size == r.size).map(|d| d.p50);
+        let p = m.raw_proc.iter().find(|p| p.size == r.size).map(|p| p.p50);
+        let d = m.direct.iter().find(|d| d.size == r.size).map(|d| d.p50);
         println!(
             "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
             fmt_size(r.size),
@@ -421,6 +489,10 @@ async fn run(args: Args) -> Result<(), String> {
             fmt_c2c(r)
         );
     }
+}
+
+/// Depth 8 against depth 1 on one connection, beside raw TCP with as many in flight.
+fn print_pipelining(args: &Args, m: &Measured) {
     println!("\n## pipelining on one connection (1 client)\n");
     println!(
         "| payload | depth 1 RPC/s | depth 8 RPC/s | ratio | raw TCP depth 1 msg/s | raw TCP depth 8 msg/s | raw ratio | hmc depth 8 / raw depth 8 |"
@@ -428,13 +500,14 @@ async fn run(args: Args) -> Result<(), String> {
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     for &size in &args.sizes {
         let find = |d: usize| {
-            cells
+            m.cells
                 .iter()
                 .find(|(h, _)| h.size == size && h.clients == 1 && h.depth == d)
                 .map(|(h, _)| h.rps)
         };
-        let raw1 = raw.iter().find(|r| r.size == size).map(|r| r.rps);
-        let raw8 = raw_deep
+        let raw1 = m.raw.iter().find(|r| r.size == size).map(|r| r.rps);
+        let raw8 = m
+            .raw_deep
             .iter()
             .find(|r| r.size == size && r.depth == PIPELINE_DEPTH)
             .map(|r| r.rps);
@@ -455,7 +528,10 @@ async fn run(args: Args) -> Result<(), String> {
             );
         }
     }
+}
 
+/// HMC_BUFFER rows against TCP_STREAM and tag_bw.
+fn print_data_planes(dp_rows: &[data_planes::DpRow]) {
     if !dp_rows.is_empty() {
         println!(
             "\n## HMC_BUFFER echo vs TCP_STREAM and ucx_perftest tag_bw (bytes moved = request + response; UCX_TLS={})\n",
@@ -467,7 +543,7 @@ async fn run(args: Args) -> Result<(), String> {
         println!(
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
-        for r in &dp_rows {
+        for r in dp_rows {
             let moved = 2.0 * r.buffer.mbps;
             let (stream, vs_stream) = match &r.stream {
                 Some(s) => (
@@ -506,20 +582,24 @@ async fn run(args: Args) -> Result<(), String> {
             );
         }
     }
+}
 
+/// Every cell as one CSV line (`--csv`).
+fn write_csv(args: &Args, m: &Measured, dp_rows: &[data_planes::DpRow]) -> Result<(), String> {
     if let Some(dir) = args.csv.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
     let mut csv = String::from(
         "system,payload_bytes,clients,in_flight,calls,rps,mbps,p50_us,p99_us,p999_us,cpu_us_per_call,c2c_before_ns,c2c_after_ns\n",
     );
-    for c in cells
+    for c in m
+        .cells
         .iter()
         .flat_map(|(h, t)| std::iter::once(h).chain(t.iter()))
-        .chain(raw.iter())
-        .chain(raw_deep.iter())
-        .chain(raw_proc.iter())
-        .chain(direct.iter())
+        .chain(m.raw.iter())
+        .chain(m.raw_deep.iter())
+        .chain(m.raw_proc.iter())
+        .chain(m.direct.iter())
         .chain(dp_rows.iter().map(|r| &r.buffer))
     {
         csv.push_str(&format!(
