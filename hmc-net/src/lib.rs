@@ -31,6 +31,7 @@
 //! ```
 
 pub mod auth;
+mod ip;
 pub mod owner;
 mod sock_diag;
 

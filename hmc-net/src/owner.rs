@@ -10,13 +10,7 @@ use std::path::Path;
 const ESTABLISHED: &str = "01";
 const LISTEN: &str = "0A";
 
-/// IPv4-mapped IPv6 addresses as IPv4.
-pub fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
-    }
-}
+pub use crate::ip::canonical_ip;
 
 /// This process's effective uid.
 pub fn euid() -> u32 {

@@ -8,7 +8,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
-use crate::owner::canonical_ip;
+use crate::ip::canonical_ip;
 
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const TCP_ESTABLISHED: u32 = 1;

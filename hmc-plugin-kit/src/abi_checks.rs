@@ -10,7 +10,7 @@ use hmc_plugin::abi::*;
 use hmc_plugin::{Plugin, PluginCommunicator};
 
 use crate::Args;
-use crate::catalogue::Needs;
+use crate::needs::Needs;
 
 /// The checks, in the order they run: name, what it checks and expects, what it needs.
 pub const CHECKS: &[(&str, About, Needs)] = &[

@@ -6,18 +6,7 @@ use hmc_plugin::{PluginCommunicator, PluginMemory};
 
 use crate::abi_checks;
 
-/// What a plugin must provide for a case to apply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Needs {
-    /// Any plugin.
-    Nothing,
-    /// `HMC_PLUGIN_PROVIDES_COMMUNICATOR`.
-    Communicator,
-    /// `HMC_PLUGIN_PROVIDES_MEMORY`.
-    Memory,
-    /// A communicator that reaches other processes (no `HMC_CAP_SAME_PROCESS_ONLY`).
-    OtherProcesses,
-}
+pub use crate::needs::Needs;
 
 /// One case, as the runner lists and reports it.
 #[derive(Clone, Debug)]

@@ -12,6 +12,7 @@
 mod abi_checks;
 mod catalogue;
 mod child;
+mod needs;
 mod runner;
 
 use std::path::PathBuf;

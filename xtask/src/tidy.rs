@@ -22,6 +22,9 @@
 //! - **Layers** (`layers.rs`): the workspace crates a crate may depend on (the core on
 //!   none, the RPC runtime on no transport, transports on no runtime, the engine not on
 //!   the tools crate), and no socket in the sans-IO protocol crate.
+//! - **File circles** (`circles.rs`): no two modules of a crate reach each other's items
+//!   in a loop (a facade and its own files excepted), unless
+//!   [`circles::CIRCLES_ALLOWED`] names the circle with a reason.
 //! - **Environment reads**: no `env::var`/`env::var_os` in library code except in the
 //!   files of [`ENV_ALLOWED`], the named configuration and library loaders. Configuration
 //!   belongs in the config structs; an environment variable that silently changes a
@@ -43,6 +46,7 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod circles;
 pub mod functions;
 pub mod layers;
 #[cfg(test)]
@@ -427,6 +431,7 @@ pub fn problems(root: &Path) -> Result<Vec<String>, String> {
         }
     }
     problems.extend(layers::problems(root));
+    problems.extend(circles::problems(root));
     Ok(problems)
 }
 

@@ -181,6 +181,16 @@ fn fn_name(code: &str) -> Option<&str> {
     None
 }
 
+/// The code of the first `end` lines of `lines`, comments, strings and char literals
+/// removed, one entry per line.
+pub(crate) fn code_lines(lines: &[&str], end: usize) -> Vec<String> {
+    let mut st = Lex::default();
+    lines[..end.min(lines.len())]
+        .iter()
+        .map(|l| code_of(l, &mut st))
+        .collect()
+}
+
 /// Every function with a body in the first `end` lines of `lines`.
 pub fn functions(lines: &[&str], end: usize) -> Vec<Function> {
     let mut st = Lex::default();

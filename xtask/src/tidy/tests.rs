@@ -279,3 +279,76 @@ fn manifests_are_read_for_dependencies_only() {
     assert_eq!(p.len(), 1, "{p:?}");
     assert!(p[0].contains("tokio"), "{p:?}");
 }
+
+fn modules(files: &[(&str, &[&str])]) -> Vec<(Vec<String>, Vec<String>)> {
+    files
+        .iter()
+        .map(|(m, code)| {
+            let path = if m.is_empty() {
+                Vec::new()
+            } else {
+                m.split("::").map(str::to_string).collect()
+            };
+            (path, code.iter().map(|l| l.to_string()).collect())
+        })
+        .collect()
+}
+
+#[test]
+fn circles_are_found_through_crate_and_super_paths() {
+    // comm -> responder (crate::), responder -> comm (super::), a third file outside.
+    let files = modules(&[
+        ("", &["mod comm;", "mod responder;", "mod wire;"]),
+        (
+            "comm",
+            &["use crate::responder::serve;", "use crate::wire;"],
+        ),
+        ("responder", &["use super::comm::Shared;"]),
+        ("wire", &["pub fn f() {}"]),
+    ]);
+    assert_eq!(circles::circles(&files), [vec!["comm", "responder"]]);
+    // Grouped use items count too.
+    let files = modules(&[
+        ("a", &["use crate::{b::X, wire};"]),
+        ("b", &["fn f() { crate::a::g() }"]),
+        ("wire", &[]),
+    ]);
+    assert_eq!(circles::circles(&files), [vec!["a", "b"]]);
+}
+
+#[test]
+fn a_facade_and_its_own_files_are_no_circle() {
+    // control.rs declares control/conn.rs; they name each other freely.
+    let files = modules(&[
+        (
+            "control",
+            &["use self::conn::Conn;", "fn f() { conn::g() }"],
+        ),
+        (
+            "control::conn",
+            &["use super::Shared;", "use crate::control::KIND;"],
+        ),
+        ("other", &["use crate::control::conn::Conn;"]),
+    ]);
+    assert!(circles::circles(&files).is_empty());
+    // A one-way chain is no circle either.
+    let files = modules(&[
+        ("a", &["use crate::b;"]),
+        ("b", &["use crate::c;"]),
+        ("c", &[]),
+    ]);
+    assert!(circles::circles(&files).is_empty());
+}
+
+#[test]
+fn circle_allow_list_entries_give_reasons() {
+    for (entry, why) in circles::CIRCLES_ALLOWED {
+        let (krate, modules) = entry.split_once(": ").expect("crate: modules");
+        assert!(root().join(krate).is_dir(), "{entry}: no such crate");
+        assert!(
+            modules.split(' ').count() > 1,
+            "{entry}: a circle has two modules or more"
+        );
+        assert!(why.len() > 40, "{entry}: say why it is allowed");
+    }
+}
