@@ -47,10 +47,7 @@ pub(crate) const VALIDATE: u8 = 3;
 pub(crate) const VALID: u8 = 4;
 pub(crate) const REVOKE: u8 = 5;
 pub(crate) const REVOKED: u8 = 6;
-pub(crate) const STAGED_READ: u8 = 7;
-pub(crate) const STAGED_DATA: u8 = 8;
-pub(crate) const STAGED_DONE: u8 = 9;
-pub(crate) const STAGED_WRITE: u8 = 10;
+pub(crate) use crate::staged::{STAGED_DATA, STAGED_DONE, STAGED_READ, STAGED_WRITE};
 /// Refused WRITE requests a connection may leave unfinished (their last frame not sent
 /// yet) before the target drops it as misbehaving.
 const MAX_UNFINISHED_REFUSED: usize = 1024;
@@ -651,5 +648,30 @@ impl Link {
         if !self.closing.load(Ordering::Acquire) {
             let _ = engine.send(Command::PeerGone { ep, reason });
         }
+    }
+}
+
+impl crate::staged::StagedLink for Link {
+    fn next_req(&self) -> u64 {
+        Link::next_req(self)
+    }
+    fn send(&self, kind: u8, parts: &[&[u8]]) -> std::io::Result<()> {
+        Link::send(self, kind, parts)
+    }
+    fn add_staged(
+        &self,
+        req: u64,
+        to: mpsc::SyncSender<StagedEvent>,
+    ) -> std::result::Result<(), String> {
+        Link::add_staged(self, req, to)
+    }
+    fn remove_staged(&self, req: u64) {
+        Link::remove_staged(self, req)
+    }
+    fn dead_reason(&self) -> Option<String> {
+        Link::dead_reason(self)
+    }
+    fn disconnect(&self) {
+        Link::disconnect(self)
     }
 }

@@ -57,7 +57,33 @@ use hmc_core::{
 };
 use parking_lot::{Condvar, Mutex, RwLock};
 
-use crate::control::{Link, STAGED_READ, STAGED_WRITE};
+/// Control frame kinds of staged transfers (the control connection's table, `control.rs`).
+pub(crate) const STAGED_READ: u8 = 7;
+pub(crate) const STAGED_DATA: u8 = 8;
+pub(crate) const STAGED_DONE: u8 = 9;
+pub(crate) const STAGED_WRITE: u8 = 10;
+
+/// What a staged run needs of its endpoint's control connection (`control::Link`): kept
+/// as a trait so that this module, which the connection's target side calls into, does not
+/// name the connection back.
+pub(crate) trait StagedLink: Send + Sync {
+    /// A fresh request id on this connection.
+    fn next_req(&self) -> u64;
+    /// Writes one frame of `parts`.
+    fn send(&self, kind: u8, parts: &[&[u8]]) -> std::io::Result<()>;
+    /// Routes the frames of request `req` to `to`; `Err` (why) once the connection died.
+    fn add_staged(
+        &self,
+        req: u64,
+        to: mpsc::SyncSender<StagedEvent>,
+    ) -> std::result::Result<(), String>;
+    /// Stops routing frames of `req` (later ones are dropped).
+    fn remove_staged(&self, req: u64);
+    /// Why the connection died, if it did.
+    fn dead_reason(&self) -> Option<String>;
+    /// Cuts the connection (its reader then reports the peer gone).
+    fn disconnect(&self);
+}
 
 /// Largest payload of one `STAGED_DATA` or `STAGED_WRITE` frame, and the size of one
 /// staging chunk: half of the control connection's largest frame.
@@ -442,7 +468,7 @@ pub(crate) enum StagedEvent {
 
 /// What a staged batch needs from its endpoint.
 pub(crate) struct StagedRun {
-    pub link: Arc<Link>,
+    pub link: Arc<dyn StagedLink>,
     pub peer: SocketAddr,
     pub op: Op,
     pub descs: Vec<StagedDesc>,

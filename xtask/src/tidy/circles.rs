@@ -34,11 +34,6 @@ pub const CIRCLES_ALLOWED: &[(&str, &str)] = &[
         "temporary (issue 34): the communicator's shared state sits in the comm.rs facade, \
          which the request and responder paths reach; to move into a module of its own",
     ),
-    (
-        "hmc-transport-ucx: control staged",
-        "temporary (issue 34): the control link carries staged transfers' events, and staged \
-         runs send on the link; to split the link's framing from its users",
-    ),
 ];
 
 /// A module path of a crate: `["control", "conn"]` for `src/control/conn.rs`.
