@@ -18,10 +18,11 @@ use tokio::sync::oneshot;
 
 use crate::chunk::{self, Chunk};
 use crate::cma::{self, PeerCred};
-use crate::control::{self, Page};
+use crate::control::Page;
 use crate::device::{Devices, IpcLease};
 use crate::key::ShmRemoteKey;
 use crate::mapped::{self, FdReader, Mapping, SharedAlloc};
+use crate::page_copy;
 use crate::target::{RegEntry, Target};
 use crate::wire::{self, KEY_LEN, Msg, Refusal, TOKEN_LEN};
 use crate::{SHM_TRANSPORT, ShmConfig};
@@ -764,20 +765,20 @@ impl Communicator for ShmCommunicator {
             return Err(ep.gone());
         }
         // The peer's shared memory with a control page: keys checked there, no lease.
-        let wants = batch.iter().map(|d| control::Want {
+        let wants = batch.iter().map(|d| page_copy::Want {
             key: d.remote.key,
             local: d.local.entry.region,
             local_offset: d.local_offset,
             remote_offset: d.remote_offset,
             len: d.len,
         });
-        let spans = control::spans(&ep.maps.lock(), need, wants);
+        let spans = page_copy::spans(&ep.maps.lock(), need, wants);
         if let Some(spans) = spans {
             let gone = || ep.dead.load(Ordering::Acquire).then(|| ep.gone());
             let chunk = self.target.config.chunk_len;
             // SAFETY: local ranges were bounds-checked above against registrations the
-            // batch borrows; remote ones by `control::spans` against the page.
-            return unsafe { control::copy(op, &spans, chunk, deadline, gone) }.await;
+            // batch borrows; remote ones by `page_copy::spans` against the page.
+            return unsafe { page_copy::copy(op, &spans, chunk, deadline, gone) }.await;
         }
         // One lease per distinct key, from the cache or a grant round trip.
         let mut leases: Vec<(KeyId, Arc<Lease>)> = Vec::new();

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use hmc_core::{Access, Error, Op, RemoteView, Result, TransferDesc, check_bounds};
 
-use crate::control::{CONTROL_LEN, Held, token_words};
+use crate::control::{CONTROL_LEN, token_words};
 use crate::mapped::Mapping;
+use crate::page_copy::Held;
 use crate::wire::TOKEN_LEN;
 
 /// A peer's region imported for one endpoint.

@@ -125,6 +125,7 @@ mod host;
 mod key;
 mod local_first;
 mod mapped;
+mod page_copy;
 mod pool;
 mod target;
 mod wire;

@@ -25,11 +25,6 @@ pub const CIRCLES_ALLOWED: &[(&str, &str)] = &[
          which endpoints and the target both reach; to move into a module of its own",
     ),
     (
-        "hmc-transport-shm: control mapped",
-        "temporary (issue 34): the control page and the mapped regions that carry it name \
-         each other; to split the page's layout from its users",
-    ),
-    (
         "hmc-transport-tcp: comm request responder staged",
         "temporary (issue 34): the communicator's shared state sits in the comm.rs facade, \
          which the request and responder paths reach; to move into a module of its own",
