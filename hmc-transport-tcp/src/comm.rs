@@ -41,51 +41,16 @@ use tokio::task::AbortHandle;
 use crate::TcpConfig;
 use crate::auth::{NONCE_LEN, PROOF_LEN};
 use crate::net::{Listener, Stream};
+pub(crate) use crate::region::RegEntry;
 use crate::request::{broken, check_batch, run_request};
 use crate::staged::{StagingPool, StagingStats};
+pub(crate) use crate::state::{Counters, Notifications, Shared, Tasks};
 use crate::wait::Watched;
 use crate::wire::{self, KEY_LEN, TOKEN_LEN};
 
 /// How long a connection must have been idle in the endpoint's pool before it is probed
 /// for a close by the peer (one non-blocking read) when it is taken for a request.
 const PROBE_IDLE_AFTER: Duration = Duration::from_millis(1);
-
-/// One registered region as the responder sees it.
-pub(crate) struct RegEntry {
-    pub(crate) id: u64,
-    pub(crate) region: Region,
-    pub(crate) access: Access,
-    /// The random half of the key; replaced by [`Communicator::rekey`], which revokes every
-    /// key exported before.
-    pub(crate) token: Mutex<[u8; TOKEN_LEN]>,
-    /// False once deregistered. Readers hold the read lock across each synchronous copy
-    /// into or out of the region, never across an `.await`, so deregistration waits for
-    /// at most one system call.
-    pub(crate) live: RwLock<bool>,
-    /// The backend of device memory registered by `register_memory`, whose bytes are
-    /// served through the staging pool ([`crate::staged`]); `None` for host memory.
-    pub(crate) memory: Option<AnyMemory>,
-}
-
-impl RegEntry {
-    /// Compares tokens in time independent of where they differ.
-    pub(crate) fn token_matches(&self, token: &[u8; TOKEN_LEN]) -> bool {
-        self.token
-            .lock()
-            .iter()
-            .zip(token)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct Notifications {
-    pub(crate) closed: bool,
-    pub(crate) queue: std::collections::VecDeque<Notification>,
-    /// Bytes of the messages in `queue`.
-    pub(crate) bytes: usize,
-}
 
 /// What a [`TcpCommunicator`] has done and holds, for monitoring and tests
 /// ([`TcpCommunicator::stats`]). Counts are since `bind`; "now" fields are a snapshot.
@@ -113,62 +78,6 @@ pub struct TcpStats {
     /// Connections refused because the peer failed the pre-shared-secret authentication
     /// (or one side had a secret and the other none).
     pub auth_failures: u64,
-}
-
-/// The responder's counters behind [`TcpStats`].
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub(crate) accepted: AtomicU64,
-    pub(crate) open: AtomicU64,
-    pub(crate) hello_timeouts: AtomicU64,
-    pub(crate) idle_timeouts: AtomicU64,
-    pub(crate) request_timeouts: AtomicU64,
-    pub(crate) refused_notifications: AtomicU64,
-    pub(crate) auth_failures: AtomicU64,
-}
-
-impl Counters {
-    pub(crate) fn bump(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct Tasks {
-    pub(crate) closed: bool,
-    pub(crate) next: u64,
-    pub(crate) running: HashMap<u64, AbortHandle>,
-}
-
-pub(crate) struct Shared {
-    pub(crate) config: TcpConfig,
-    pub(crate) addr: PeerAddr,
-    pub(crate) regions: RwLock<HashMap<u64, Arc<RegEntry>>>,
-    registered_bytes: Mutex<u64>,
-    next_region: AtomicU64,
-    next_endpoint: AtomicU64,
-    pub(crate) notifications: Watched<Notifications>,
-    pub(crate) tasks: Mutex<Tasks>,
-    pub(crate) counters: Counters,
-    pub(crate) staging: Arc<StagingPool>,
-    closed: watch::Sender<bool>,
-}
-
-impl Shared {
-    pub(crate) fn is_closed(&self) -> bool {
-        *self.closed.borrow()
-    }
-
-    fn check_open(&self) -> Result<()> {
-        if self.is_closed() {
-            Err(Error::Closed(format!(
-                "the TcpCommunicator at {} was closed",
-                self.addr
-            )))
-        } else {
-            Ok(())
-        }
-    }
 }
 
 /// A `Communicator` over TCP or Unix sockets. Many threads may use it at once; share it

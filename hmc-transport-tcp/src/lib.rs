@@ -76,9 +76,11 @@ mod comm;
 mod config;
 mod control;
 mod net;
+mod region;
 mod request;
 mod responder;
 mod staged;
+mod state;
 mod wait;
 mod wire;
 #[cfg(test)]

@@ -29,9 +29,10 @@ use hmc_core::{Access, Error, Notification, Op, PeerAddr, Result, check_bounds};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::auth::{self, NONCE_LEN, PROOF_LEN};
-use crate::comm::{Counters, RegEntry, Shared};
 use crate::net::{Listener, MAX_GATHER, Stream};
+use crate::region::RegEntry;
 use crate::staged::{StagedMoved, recv_staged, send_staged};
+use crate::state::{Counters, Shared};
 use crate::wire::{self, TOKEN_LEN, WireDesc};
 
 /// The `context` of data-plane authentication proofs (see [`crate::auth`]).

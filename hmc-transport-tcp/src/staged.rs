@@ -31,8 +31,8 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::comm::RegEntry;
 use crate::net::Stream;
+use crate::region::RegEntry;
 use crate::wire::WireDesc;
 
 /// A chunk on its way from a staging lease into device memory: the lease comes back

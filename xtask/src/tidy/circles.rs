@@ -25,9 +25,10 @@ pub const CIRCLES_ALLOWED: &[(&str, &str)] = &[
          which endpoints and the target both reach; to move into a module of its own",
     ),
     (
-        "hmc-transport-tcp: comm request responder staged",
-        "temporary (issue 34): the communicator's shared state sits in the comm.rs facade, \
-         which the request and responder paths reach; to move into a module of its own",
+        "hmc-transport-tcp: comm request",
+        "request.rs is the initiator's half of the communicator's transfer, over its own \
+         types (TransferDesc<TcpCommunicator>, TcpEndpoint's pool); the shared state is in \
+         state.rs and region.rs; temporary (issue 34): to make the request path generic",
     ),
 ];
 
