@@ -95,6 +95,7 @@
 //! through `memory_conformance!` and `communicator_conformance!`; a third-party backend
 //! runs the same kit.
 
+mod batch;
 mod caps;
 mod comm;
 mod conn_buffer;
@@ -110,6 +111,7 @@ pub mod testing;
 mod ticket;
 mod view;
 
+pub use batch::{RemoteFacts, check_desc};
 pub use caps::{CommCapabilities, DeviceMemoryPath, MemoryCapabilities, MemoryKinds};
 pub use comm::{
     Access, Communicator, Deadline, LocalRegistration, Notification, Op, PeerAddr, RemoteRegion,

@@ -15,7 +15,7 @@ use std::time::Instant;
 use hmc_core::{
     Access, CommCapabilities, Communicator, Deadline, DeviceKind, DeviceMemoryPath, Error,
     LocalRegistration, MemoryKinds, Notification, Op, PeerAddr, Region, RemoteRegion, Result,
-    TransferDesc, TransportId, check_bounds,
+    TransferDesc, TransportId,
 };
 
 use crate::abi::*;
@@ -404,13 +404,12 @@ impl PluginCommunicator {
         }
         for d in batch {
             self.own(d.local)?;
-            if !Arc::ptr_eq(&d.remote.ep, &ep.0) {
-                return Err(Error::InvalidArgument(
-                    "a remote key imported on another endpoint; import the region on the \
-                     endpoint you transfer on"
-                        .into(),
-                ));
-            }
+            let remote = hmc_core::RemoteFacts {
+                len: d.remote.len,
+                access: d.remote.access,
+                on_endpoint: Arc::ptr_eq(&d.remote.ep, &ep.0),
+            };
+            hmc_core::check_desc(op, d, remote)?;
             if d.len as u64 > caps.max_transfer_len {
                 return Err(Error::LimitExceeded {
                     limit: "max_transfer_len",
@@ -418,20 +417,6 @@ impl PluginCommunicator {
                     max: caps.max_transfer_len,
                     hint: "the plugin declares this limit; split the descriptor".into(),
                 });
-            }
-            check_bounds(
-                "local registration",
-                d.local_offset as u64,
-                d.len as u64,
-                d.local.region.len as u64,
-            )?;
-            check_bounds("remote region", d.remote_offset, d.len as u64, d.remote.len)?;
-            if !d.remote.access.allows(Access::required_by(op)) {
-                return Err(Error::AccessDenied(format!(
-                    "the remote region was exported {:?}; a {op:?} needs {:?}",
-                    d.remote.access,
-                    Access::required_by(op)
-                )));
             }
         }
         Ok(())

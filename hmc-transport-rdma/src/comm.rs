@@ -15,7 +15,7 @@ use futures::channel::oneshot;
 use hmc_core::{
     Access, CommCapabilities, Communicator, Deadline, DeviceKind, DeviceMemoryPath, DmaBuf, Error,
     LocalRegistration, MemSpan, Memory, MemoryKinds, Notification, Op, PeerAddr, Region,
-    RemoteRegion, Result, TransferDesc, TransportId, check_bounds,
+    RemoteRegion, Result, TransferDesc, TransportId,
 };
 use parking_lot::Mutex;
 
@@ -376,31 +376,12 @@ impl RdmaCommunicator {
                     "transfer: a local registration belongs to another RdmaCommunicator".into(),
                 ));
             }
-            if d.remote.ep != ep.0.id {
-                return Err(Error::InvalidArgument(
-                    "transfer: a remote key was imported on another endpoint; import it on this one"
-                        .into(),
-                ));
-            }
-            check_bounds(
-                "local registration",
-                d.local_offset as u64,
-                d.len as u64,
-                d.local.region.len as u64,
-            )?;
-            check_bounds(
-                "remote region",
-                d.remote_offset,
-                d.len as u64,
-                d.remote.region.len as u64,
-            )?;
-            if !d.remote.access.allows(Access::required_by(op)) {
-                return Err(Error::AccessDenied(format!(
-                    "{op:?} needs {:?} but the peer exported the region with {:?}",
-                    Access::required_by(op),
-                    d.remote.access
-                )));
-            }
+            let remote = hmc_core::RemoteFacts {
+                len: d.remote.region.len as u64,
+                access: d.remote.access,
+                on_endpoint: d.remote.ep == ep.0.id,
+            };
+            hmc_core::check_desc(op, d, remote)?;
             if d.len == 0 {
                 continue;
             }

@@ -11,6 +11,7 @@ use crate::control::{CONTROL_LEN, token_words};
 use crate::mapped::Mapping;
 use crate::page_copy::Held;
 use crate::wire::TOKEN_LEN;
+use hmc_core::RemoteFacts;
 
 /// A peer's region imported for one endpoint.
 pub struct ShmRemoteKey {
@@ -41,28 +42,12 @@ pub(crate) fn check_desc(
     op: Op,
     d: &TransferDesc<'_, crate::ShmCommunicator>,
 ) -> Result<()> {
-    let (remote, local_len) = (d.remote, d.local.entry.region.len);
-    if remote.endpoint != endpoint {
-        return Err(Error::InvalidArgument(
-            "a remote key was imported for another endpoint; import the region on this endpoint"
-                .into(),
-        ));
-    }
-    check_bounds(
-        "local registration",
-        d.local_offset as u64,
-        d.len as u64,
-        local_len as u64,
-    )?;
-    check_bounds("remote region", d.remote_offset, d.len as u64, remote.len)?;
-    let need = Access::required_by(op);
-    if !remote.access.allows(need) {
-        return Err(Error::AccessDenied(format!(
-            "the remote region allows {:?} but {op:?} needs {need:?}; export it with that access",
-            remote.access
-        )));
-    }
-    Ok(())
+    let remote = RemoteFacts {
+        len: d.remote.len,
+        access: d.remote.access,
+        on_endpoint: d.remote.endpoint == endpoint,
+    };
+    hmc_core::check_desc(op, d, remote)
 }
 
 /// `len` bytes at `offset` of the region `k` names, from the peer's shared memory mapped

@@ -3,14 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use hmc_core::{
-    Access, Error, Memory, Op, PeerAddr, Result, TransferDesc, TransportId, check_bounds,
-};
+use hmc_core::{Error, Memory, Op, PeerAddr, Result, TransferDesc, TransportId};
 use tokio::io::AsyncWriteExt;
 
 use crate::comm::{TcpCommunicator, TcpEndpoint};
 use crate::net::Stream;
 use crate::wire::{self, WireDesc};
+use hmc_core::{RemoteFacts, check_desc};
 
 /// Checks a whole batch before anything moves, and turns it into wire descriptors.
 pub(crate) fn check_batch(
@@ -18,7 +17,6 @@ pub(crate) fn check_batch(
     op: Op,
     batch: &[TransferDesc<'_, TcpCommunicator>],
 ) -> Result<Vec<WireDesc>> {
-    let need = Access::required_by(op);
     batch
         .iter()
         .map(|d| {
@@ -33,27 +31,12 @@ pub(crate) fn check_batch(
                         .into(),
                 });
             }
-            if d.remote.endpoint != ep.inner.id {
-                return Err(Error::InvalidArgument(
-                    "a remote key was imported for another endpoint; import the region on this \
-                     endpoint"
-                        .into(),
-                ));
-            }
-            check_bounds(
-                "local registration",
-                d.local_offset as u64,
-                d.len as u64,
-                d.local.entry.region.len as u64,
-            )?;
-            check_bounds("remote region", d.remote_offset, d.len as u64, d.remote.len)?;
-            if !d.remote.access.allows(need) {
-                return Err(Error::AccessDenied(format!(
-                    "the remote region allows {:?} but {op:?} needs {need:?}; export it with \
-                     that access",
-                    d.remote.access
-                )));
-            }
+            let remote = RemoteFacts {
+                len: d.remote.len,
+                access: d.remote.access,
+                on_endpoint: d.remote.endpoint == ep.inner.id,
+            };
+            check_desc(op, d, remote)?;
             Ok(WireDesc {
                 id: d.remote.id,
                 token: d.remote.token,

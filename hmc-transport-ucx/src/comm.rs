@@ -827,33 +827,14 @@ impl UcxCommunicator {
         batch: &[TransferDesc<'_, Self>],
         deadline: Deadline,
     ) -> Result<(u64, Vec<Chunk>, Vec<StagedDesc>)> {
-        let need = Access::required_by(op);
         let mut chunks = Vec::with_capacity(batch.len());
         for d in batch {
-            if !Arc::ptr_eq(&d.remote.ep.0, &ep.0) {
-                return Err(Error::InvalidArgument(
-                    "a remote key imported on another endpoint was used; import it on this one"
-                        .into(),
-                ));
-            }
-            check_bounds(
-                "local registration",
-                d.local_offset as u64,
-                d.len as u64,
-                d.local.region.len as u64,
-            )?;
-            check_bounds(
-                "remote region",
-                d.remote_offset,
-                d.len as u64,
-                d.remote.region.len as u64,
-            )?;
-            if !d.remote.access.allows(need) {
-                return Err(Error::AccessDenied(format!(
-                    "the target registered this region for {:?} only; a {op:?} needs {:?}",
-                    d.remote.access, need
-                )));
-            }
+            let remote = hmc_core::RemoteFacts {
+                len: d.remote.region.len as u64,
+                access: d.remote.access,
+                on_endpoint: Arc::ptr_eq(&d.remote.ep.0, &ep.0),
+            };
+            hmc_core::check_desc(op, d, remote)?;
             if d.local.staged.is_some() {
                 return Err(Error::InvalidArgument(
                     "a staged device registration (register_memory of memory this UCX cannot \
