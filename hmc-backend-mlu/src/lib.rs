@@ -36,8 +36,9 @@
 //! Not for: kernels, queues or asynchronous copies (HMC moves bytes; compute stays with the
 //! application), nor peer-to-peer copies between two MLUs.
 //!
-//! The memory types are the generic ones of `hmc-backend-runtime` over [`CnrtApi`], this
-//! crate's binding of CNRT, under this crate's names.
+//! The memory types are the generic ones of `hmc-backend-runtime` over [`CnrtApi`]
+//! (`TableRuntime<Cnrt>`: CNRT described as a table and bound by the generic code),
+//! under this crate's names.
 //!
 //! # Loading
 //!
@@ -68,16 +69,17 @@
 //!
 //! # Safety
 //!
-//! `unsafe` is confined to the FFI edge: resolving symbols with the header's signatures
-//! (the `api` module, each cited), and the `unsafe fn`s of its `RuntimeApi` impl, whose
-//! contracts `hmc-backend-runtime` states and whose generic types call them only with
-//! pointers from live borrows ([`hmc_core::MemSpan`]/[`hmc_core::MemSpanMut`]) or from
-//! allocations they own. Buffers free themselves exactly once. [`MluMemory::open_ipc`] is `unsafe` because
-//! the length in a handle received from another process cannot be checked.
+//! This crate has no `unsafe` of its own. It is a table ([`Cnrt`]'s `RuntimeTable`: the
+//! symbols with their header signatures cited, the codes and enum values), and
+//! `hmc-backend-runtime`'s `TableRuntime` resolves and calls it, with its `SAFETY` notes
+//! there once for every vendor. [`MluMemory::open_ipc`] is `unsafe` because the length in a
+//! handle received from another process cannot be checked.
+
+#![forbid(unsafe_code)]
 
 mod api;
 
-pub use api::{CNRT_IPC_HANDLE_SIZE, CnrtApi, LIBRARY_CANDIDATES, LIBRARY_ENV};
+pub use api::{CNRT_IPC_HANDLE_SIZE, Cnrt, CnrtApi, LIBRARY_CANDIDATES, LIBRARY_ENV};
 pub use hmc_backend_runtime::DeviceInfo;
 
 use hmc_backend_runtime::RuntimeApi;

@@ -35,8 +35,9 @@
 //! Not for: kernels, streams or asynchronous copies (HMC moves bytes; compute stays with the
 //! application), nor peer-to-peer copies between two MUSA devices.
 //!
-//! The memory types are the generic ones of `hmc-backend-runtime` over [`MusaApi`], this
-//! crate's binding of the MUSA runtime, under this crate's names.
+//! The memory types are the generic ones of `hmc-backend-runtime` over [`MusaApi`]
+//! (`TableRuntime<Musa>`: the MUSA runtime described as a table and bound by the generic code),
+//! under this crate's names.
 //!
 //! # Loading
 //!
@@ -66,16 +67,17 @@
 //!
 //! # Safety
 //!
-//! `unsafe` is confined to the FFI edge: resolving symbols with the header's signatures
-//! (the `api` module, each cited), and the `unsafe fn`s of its `RuntimeApi` impl, whose
-//! contracts `hmc-backend-runtime` states and whose generic types call them only with
-//! pointers from live borrows ([`hmc_core::MemSpan`]/[`hmc_core::MemSpanMut`]) or from
-//! allocations they own. Buffers free themselves exactly once. [`MusaMemory::open_ipc`] is `unsafe` because
-//! the length in a handle received from another process cannot be checked.
+//! This crate has no `unsafe` of its own. It is a table ([`Musa`]'s `RuntimeTable`: the
+//! symbols with their header signatures cited, the codes and enum values), and
+//! `hmc-backend-runtime`'s `TableRuntime` resolves and calls it, with its `SAFETY` notes
+//! there once for every vendor. [`MusaMemory::open_ipc`] is `unsafe` because the length in a
+//! handle received from another process cannot be checked.
+
+#![forbid(unsafe_code)]
 
 mod api;
 
-pub use api::{LIBRARY_CANDIDATES, LIBRARY_ENV, MUSA_IPC_HANDLE_SIZE, MusaApi};
+pub use api::{LIBRARY_CANDIDATES, LIBRARY_ENV, MUSA_IPC_HANDLE_SIZE, Musa, MusaApi};
 pub use hmc_backend_runtime::DeviceInfo;
 
 use hmc_backend_runtime::RuntimeApi;

@@ -37,8 +37,9 @@
 //! application), nor peer-to-peer copies between two HIP devices (copy through the host or
 //! use each device's own `RocmMemory`).
 //!
-//! The memory types are the generic ones of `hmc-backend-runtime` over [`HipApi`], this
-//! crate's binding of the HIP runtime, under this crate's names.
+//! The memory types are the generic ones of `hmc-backend-runtime` over [`HipApi`]
+//! (`TableRuntime<Hip>`: the HIP runtime described as a table and bound by the generic code),
+//! under this crate's names.
 //!
 //! # Loading
 //!
@@ -69,16 +70,17 @@
 //!
 //! # Safety
 //!
-//! `unsafe` is confined to the FFI edge: resolving symbols with the header's signatures
-//! (the `api` module, each cited), and the `unsafe fn`s of its `RuntimeApi` impl, whose
-//! contracts `hmc-backend-runtime` states and whose generic types call them only with
-//! pointers from live borrows ([`hmc_core::MemSpan`]/[`hmc_core::MemSpanMut`]) or from
-//! allocations they own. Buffers free themselves exactly once. [`RocmMemory::open_ipc`] is `unsafe` because
-//! the length in a handle received from another process cannot be checked.
+//! This crate has no `unsafe` of its own. It is a table ([`Hip`]'s `RuntimeTable`: the
+//! symbols with their header signatures cited, the codes and enum values), and
+//! `hmc-backend-runtime`'s `TableRuntime` resolves and calls it, with its `SAFETY` notes
+//! there once for every vendor. [`RocmMemory::open_ipc`] is `unsafe` because the length in a
+//! handle received from another process cannot be checked.
+
+#![forbid(unsafe_code)]
 
 mod api;
 
-pub use api::{HIP_IPC_HANDLE_SIZE, HipApi, LIBRARY_CANDIDATES, LIBRARY_ENV};
+pub use api::{HIP_IPC_HANDLE_SIZE, Hip, HipApi, LIBRARY_CANDIDATES, LIBRARY_ENV};
 pub use hmc_backend_runtime::DeviceInfo;
 
 use hmc_backend_runtime::RuntimeApi;

@@ -29,8 +29,11 @@
 //!
 //! # Shape
 //!
-//! A vendor crate resolves its runtime's symbols (with their header citations) into a table
-//! and implements [`RuntimeApi`] over it: set the current device, allocate, free, copy in a
+//! A vendor whose runtime has the CUDA runtime's shape (HIP, MUSA, CNRT) is a table: a
+//! [`RuntimeTable`] `const` (symbol names, codes, enum values, each cited to its header)
+//! on a marker type implementing [`Vendor`], and [`TableRuntime`] is its binding — one
+//! implementation of symbol resolution, version checks, error mapping and every call.
+//! A backend whose runtime is shaped otherwise implements [`RuntimeApi`] itself: set the current device, allocate, free, copy in a
 //! [`CopyDirection`], pinned host alloc/free, IPC get/open/close, device count, memory info,
 //! each failure mapped to [`hmc_core::Error::Device`] with the vendor's own function name
 //! and error text. Everything else — binding the device before every call, choosing the copy
@@ -53,6 +56,7 @@
 
 mod load;
 mod memory;
+mod table;
 
 use std::ffi::c_void;
 use std::fmt::Debug;
@@ -65,6 +69,10 @@ pub use load::{LibrarySpec, c_string, default_runtime};
 pub use memory::{
     DeviceInfo, IpcHandle, IpcMapping, PinnedHostBuffer, PinnedHostMemory, RuntimeBuffer,
     RuntimeMemory, all_devices, max_alloc_error,
+};
+pub use table::{
+    ErrorText, HostAlloc, IpcBytes, IpcPointer, MemcpyKinds, RawIpcHandle, RuntimeTable, Symbols,
+    TableRuntime, Vendor, VersionQuery,
 };
 
 /// The direction of a runtime copy. Host→host copies never reach the runtime (they are done
