@@ -413,7 +413,7 @@ fn port_of(addr: &str) -> u16 {
 /// this process's own user gets answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_secret_another_local_user_is_refused() {
-    if hmc_net::owner::euid() != 0 {
+    if hmc_transport_kit::owner::euid() != 0 {
         eprintln!("skipped: needs root to run a client as another user");
         return;
     }
@@ -634,7 +634,7 @@ async fn a_data_plane_a_peer_names_is_dialled_only_by_the_rule() {
     drop(closed);
     cases.push((format!("tcp://127.0.0.1:{port}"), "nothing listens"));
     let mut other_user = None;
-    if hmc_net::owner::euid() == 0 {
+    if hmc_transport_kit::owner::euid() == 0 {
         use std::os::unix::process::CommandExt;
         let mut child = std::process::Command::new("python3")
             .args([

@@ -196,7 +196,7 @@ impl Drop for TransferHandle {
 
 /// CLOCK_MONOTONIC nanoseconds of `deadline`, as the ABI passes deadlines.
 fn deadline_ns(deadline: Deadline) -> u64 {
-    hmc_backend_helpers::deadline::to_monotonic_ns(deadline)
+    hmc_transport_kit::deadline::to_monotonic_ns(deadline)
 }
 
 /// Runs `f` on a thread of its own (the ABI's blocking calls), without blocking the caller.

@@ -113,7 +113,7 @@ pub use device::{DEFAULT_DEVICE_STAGING, StagingRing};
 pub use direct::DirectClient;
 pub use dispatch::{CallContext, CancelToken, Connection, Dispatcher, RpcError};
 pub use frame::{Flags, FrameHeader, FrameKind, FrameLimits, PayloadMode, Status};
-pub use hmc_net::auth::AuthSecret;
+pub use hmc_transport_kit::auth::AuthSecret;
 pub use pool::{BufferPool, PoolConfig, PoolStats, PooledBuffer};
 pub use proto::ConnConfig;
 pub use server::{RunningServer, Server, ServerConfig, ShutdownHandle};

@@ -75,7 +75,7 @@ async fn only_clients_with_the_servers_secret_are_served(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_client_of_another_user_is_refused_without_a_secret(#[case] strict: bool) {
     use std::os::unix::process::CommandExt;
-    if hmc_net::owner::euid() != 0 {
+    if hmc_transport_kit::owner::euid() != 0 {
         eprintln!("skipped: needs root to run a client as another user");
         return;
     }

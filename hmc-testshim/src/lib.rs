@@ -21,7 +21,7 @@
 //! `hmc_core::Error`. It is **not** a hardware verification: it cannot tell whether a real
 //! driver behaves as its header promises, and it measures nothing about performance.
 //!
-//! The shims are compiled by `hmc_backend_helpers::shim`, the public builder an
+//! The shims are compiled by `hmc_testshim::shim`, the public builder an
 //! out-of-tree backend uses for its own (docs/backend-guide.md, "Testing your backend
 //! without the hardware"); this crate adds the in-tree shims' shared C and test bodies.
 //!
@@ -61,6 +61,7 @@
 mod control;
 pub mod layout;
 pub mod runtime;
+pub mod shim;
 pub mod wire_doc;
 
 pub use control::{ShimControl, from_hex, run_child_test, test_name, to_hex};
@@ -69,7 +70,7 @@ pub use hmc_backend_runtime;
 
 use std::path::{Path, PathBuf};
 
-use hmc_backend_helpers::shim::{self, ShimSpec};
+use shim::ShimSpec;
 
 /// The folder holding `devshim_core.h` and `devshim_cudart.h`, passed to the compiler with
 /// `-I`.
@@ -81,7 +82,8 @@ pub fn core_include_dir() -> PathBuf {
 /// [`core_include_dir`]) into a shared library named `lib<name>.so` under `out_dir`, and
 /// returns its path.
 ///
-/// A thin use of [`hmc_backend_helpers::shim::build_shim`], the public shim builder: the
+/// A thin use of [`shim::build_shim`], the shim builder (also for backends outside the
+/// workspace): the
 /// compiler is `$CC` when set, else `cc`; the library is rebuilt only when `source` or a
 /// shared header changed, and written under a temporary name and renamed into place, so a
 /// concurrent test never loads a half-written file.
@@ -111,7 +113,7 @@ pub fn build_ibverbs_standin(out_dir: &Path) -> Result<PathBuf, String> {
 }
 
 /// The C compiler the shims and layout checks use: `$CC` when set, else `cc`.
-pub use hmc_backend_helpers::shim::c_compiler;
+pub use shim::c_compiler;
 
 /// CPU time (clock ticks, `USER_HZ`) used so far by this process's threads whose name
 /// starts with `prefix` (from `/proc/self/task/*/stat`): how the transports' idle tests

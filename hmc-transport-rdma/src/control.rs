@@ -108,27 +108,11 @@ impl Write for Stream {
     }
 }
 
-pub(crate) fn write_frame(w: &mut impl Write, kind: u8, payload: &[u8]) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(5 + payload.len());
-    buf.push(kind);
-    buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    buf.extend_from_slice(payload);
-    w.write_all(&buf)
-}
+pub(crate) use hmc_transport_kit::control_frame::write_frame;
 
+/// Reads one control frame, refusing one over [`MAX_FRAME`] from its header.
 pub(crate) fn read_frame(r: &mut impl Read) -> std::io::Result<(u8, Vec<u8>)> {
-    let mut head = [0u8; 5];
-    r.read_exact(&mut head)?;
-    let len = u32::from_be_bytes(head[1..5].try_into().expect("4 bytes")) as usize;
-    if len > MAX_FRAME {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("control frame of {len} bytes exceeds {MAX_FRAME}"),
-        ));
-    }
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload)?;
-    Ok((head[0], payload))
+    hmc_transport_kit::control_frame::read_frame(r, MAX_FRAME)
 }
 
 /// HELLO's payload.

@@ -30,12 +30,14 @@ pub(crate) fn bind_listener(addr: &PeerAddr) -> Result<(AnyListener, PeerAddr)> 
             Ok((AnyListener::Tcp(l), PeerAddr::Tcp(local)))
         }
         PeerAddr::Unix(path) => {
-            if path.exists() && std::os::unix::net::UnixStream::connect(path).is_err() {
-                // A socket file left by a process that is gone.
-                let _ = std::fs::remove_file(path);
-            }
-            let l = UnixListener::bind(path)
-                .map_err(|e| Error::io(format!("binding {addr} (in use by a live process?)"), e))?;
+            // The kit's rule: a stale socket file is reclaimed, a live one or any other
+            // file is refused and left alone.
+            let l = hmc_transport_kit::unix::bind_unix(path).map_err(|e| match e.kind() {
+                std::io::ErrorKind::AddrInUse | std::io::ErrorKind::AlreadyExists => {
+                    Error::InvalidArgument(e.to_string())
+                }
+                _ => Error::io(format!("binding {addr}"), e),
+            })?;
             Ok((AnyListener::Unix(l, path.clone()), addr.clone()))
         }
         other => Err(Error::InvalidArgument(format!(

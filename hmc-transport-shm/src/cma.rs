@@ -4,7 +4,6 @@
 //! the fix.
 
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,40 +15,9 @@ use crate::wire::{self, Msg};
 /// A byte every target exposes for peers' probes (its address travels in `Welcome`).
 pub(crate) static PROBE: u8 = 0x5a;
 
-/// The process at the other end of a Unix socket, from the kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct PeerCred {
-    pub(crate) pid: i32,
-    pub(crate) uid: u32,
-}
-
-/// The peer's credentials (`SO_PEERCRED`), as the kernel recorded them at connect.
-pub(crate) fn peer_cred(s: &UnixStream) -> io::Result<PeerCred> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes of the sizes passed; the fd is open for
-    // the duration of the call (borrowed from `s`).
-    let rc = unsafe {
-        libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&raw mut cred).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(PeerCred {
-        pid: cred.pid,
-        uid: cred.uid,
-    })
-}
+/// The peer's credentials (`SO_PEERCRED`), as the kernel recorded them at connect: the
+/// kit's, one reading for every transport.
+pub(crate) use hmc_transport_kit::unix::{PeerCred, peer_cred};
 
 /// Copies `len` bytes between local `local` and `remote` in process `pid`: for
 /// [`Op::Read`] from the remote into the local bytes, for [`Op::Write`] the other way.
@@ -357,6 +325,7 @@ mod tests {
         let me = PeerCred {
             pid: std::process::id() as i32,
             uid: 0,
+            gid: 0,
         };
         probe(me, &PROBE as *const u8 as u64).unwrap();
         let e = diagnose(me, &io::Error::from_raw_os_error(libc::EPERM)).to_string();

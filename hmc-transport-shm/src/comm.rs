@@ -422,7 +422,7 @@ impl std::fmt::Debug for ShmCommunicator {
 impl ShmCommunicator {
     /// Listens on `config.path` (or a fresh random path in the system temp dir) and starts
     /// serving peers. Must be called inside a tokio runtime (the socket is bound through
-    /// `hmc-net`, and transfers wait with tokio timers).
+    /// `hmc-transport-kit`, and transfers wait with tokio timers).
     pub fn bind(config: ShmConfig) -> Result<ShmCommunicator> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::InvalidArgument(
@@ -445,7 +445,7 @@ impl ShmCommunicator {
                 std::env::temp_dir().join(format!("hmc-shm-{}-{name}.sock", std::process::id()))
             }
         };
-        let listener = hmc_net::bind_unix_listener(&path)?
+        let listener = hmc_transport_kit::bind_unix_listener(&path)?
             .into_std()
             .and_then(|l| l.set_nonblocking(false).map(|()| l))
             .map_err(|e| {

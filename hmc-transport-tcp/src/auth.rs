@@ -1,4 +1,4 @@
-//! Optional peer authentication with a pre-shared secret ([`AuthSecret`], from `hmc-net`), and the HMAC-SHA256 challenge both planes run at HELLO.
+//! Optional peer authentication with a pre-shared secret ([`AuthSecret`], from `hmc-transport-kit`), and the HMAC-SHA256 challenge both planes run at HELLO.
 //!
 //! # The exchange
 //!
@@ -33,5 +33,5 @@
 //! secret from joining (claiming a rank, reading keys, sending requests); a network that
 //! is not trusted needs a tunnel (WireGuard, TLS) as well.
 
-pub use hmc_net::auth::{AuthSecret, MIN_SECRET_LEN};
-pub(crate) use hmc_net::auth::{NONCE_LEN, PROOF_LEN, nonce};
+pub use hmc_transport_kit::auth::{AuthSecret, MIN_SECRET_LEN};
+pub(crate) use hmc_transport_kit::auth::{NONCE_LEN, PROOF_LEN, nonce};

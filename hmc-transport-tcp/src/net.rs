@@ -183,11 +183,11 @@ fn retry_eintr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
 }
 
 impl Stream {
-    /// Takes a connection from `hmc-net` out of the runtime's poller (see the module docs).
-    fn from_conn(c: hmc_net::Conn) -> io::Result<Stream> {
+    /// Takes a connection from `hmc-transport-kit` out of the runtime's poller (see the module docs).
+    fn from_conn(c: hmc_transport_kit::Conn) -> io::Result<Stream> {
         let sock = match c {
-            hmc_net::Conn::Tcp(s) => Sock::Tcp(s.into_std()?),
-            hmc_net::Conn::Unix(s) => Sock::Unix(s.into_std()?),
+            hmc_transport_kit::Conn::Tcp(s) => Sock::Tcp(s.into_std()?),
+            hmc_transport_kit::Conn::Unix(s) => Sock::Unix(s.into_std()?),
         };
         Ok(Stream {
             reg: Mutex::new(None),
@@ -201,10 +201,10 @@ impl Stream {
         })
     }
 
-    /// Who the peer is, as this host can tell (`hmc_net::owner`): a Unix peer's uid, a TCP
+    /// Who the peer is, as this host can tell (`hmc_transport_kit::owner`): a Unix peer's uid, a TCP
     /// peer on this host by its socket's owner, or a remote one.
-    pub(crate) fn local_peer(&self) -> hmc_net::owner::LocalPeer {
-        use hmc_net::owner::{self, LocalPeer};
+    pub(crate) fn local_peer(&self) -> hmc_transport_kit::owner::LocalPeer {
+        use hmc_transport_kit::owner::{self, LocalPeer};
         match &self.sock {
             Sock::Tcp(s) => match (s.peer_addr(), s.local_addr()) {
                 (Ok(p), Ok(l)) => owner::tcp_local_peer(p, l),
@@ -218,7 +218,11 @@ impl Stream {
     /// a request followed by a wait for the answer, which Nagle's algorithm would delay.
     pub(crate) async fn connect(addr: &PeerAddr, deadline: Deadline) -> Result<Stream> {
         let start = std::time::Instant::now();
-        let connecting = async { hmc_net::connect(addr).await.and_then(Stream::from_conn) };
+        let connecting = async {
+            hmc_transport_kit::connect(addr)
+                .await
+                .and_then(Stream::from_conn)
+        };
         match tokio::time::timeout_at(deadline.instant().into(), connecting).await {
             Ok(Ok(s)) => Ok(s),
             Ok(Err(e)) if e.kind() == io::ErrorKind::Unsupported => Err(Error::InvalidArgument(
@@ -750,16 +754,16 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// A listening socket (the layer `hmc-net` shares with the RPC runtime); removes its Unix
+/// A listening socket (the layer `hmc-transport-kit` shares with the RPC runtime); removes its Unix
 /// socket file when dropped.
 #[derive(Debug)]
-pub(crate) struct Listener(hmc_net::Listener);
+pub(crate) struct Listener(hmc_transport_kit::Listener);
 
 impl Listener {
     /// Binds `addr`. `tcp://IP:0` picks a free port; [`Listener::local_addr`] tells which.
     /// Unix paths follow [`bind_unix_listener`].
     pub(crate) fn bind(addr: &PeerAddr) -> Result<Listener> {
-        hmc_net::Listener::bind(addr).map(Listener)
+        hmc_transport_kit::Listener::bind(addr).map(Listener)
     }
 
     /// The address peers dial, with the port the kernel chose.
@@ -773,7 +777,7 @@ impl Listener {
     }
 }
 
-pub use hmc_net::bind_unix_listener;
+pub use hmc_transport_kit::bind_unix_listener;
 
 /// True for errors that mean "the other side went away" rather than a local fault.
 pub(crate) fn is_disconnect(e: &io::Error) -> bool {

@@ -245,7 +245,7 @@ async fn serve(shared: &Shared, mut stream: Stream) {
     let counters = &shared.counters;
     if shared.config.same_user_only
         && shared.config.auth_secret.is_none()
-        && let Err(why) = hmc_net::owner::admit_local_peer(stream.local_peer())
+        && let Err(why) = hmc_transport_kit::owner::admit_local_peer(stream.local_peer())
     {
         Counters::bump(&counters.auth_failures);
         tracing::warn!(addr = %shared.addr, %why, "refusing a data-plane connection (same_user_only)");

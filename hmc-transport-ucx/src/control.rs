@@ -26,7 +26,7 @@
 //! waits until their in-flight operations on it have drained.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak, mpsc};
@@ -55,52 +55,12 @@ pub(crate) const VERSION: u8 = 1;
 /// Largest control frame accepted (worker addresses and descriptors are far smaller).
 pub(crate) const MAX_FRAME: usize = 1 << 20;
 
-pub(crate) fn write_frame(w: &mut impl Write, kind: u8, payload: &[u8]) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(5 + payload.len());
-    buf.push(kind);
-    buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    buf.extend_from_slice(payload);
-    w.write_all(&buf)
-}
+pub(crate) use hmc_transport_kit::control_frame::write_frame;
+pub(crate) use hmc_transport_kit::control_frame::write_frame_parts;
 
-/// Writes one frame whose payload is `parts` one after the other (a data frame's header
-/// and its bytes, without copying the bytes into one buffer).
-pub(crate) fn write_frame_parts(
-    w: &mut impl Write,
-    kind: u8,
-    parts: &[&[u8]],
-) -> std::io::Result<()> {
-    let len: usize = parts.iter().map(|p| p.len()).sum();
-    let mut head = Vec::with_capacity(5 + parts.first().map_or(0, |p| p.len()));
-    head.push(kind);
-    head.extend_from_slice(&(len as u32).to_be_bytes());
-    let rest = match parts.split_first() {
-        Some((first, rest)) if first.len() <= 64 => {
-            head.extend_from_slice(first);
-            rest
-        }
-        _ => parts,
-    };
-    w.write_all(&head)?;
-    for p in rest {
-        w.write_all(p)?;
-    }
-    Ok(())
-}
-
+/// Reads one control frame, refusing one over [`MAX_FRAME`] from its header.
 pub(crate) fn read_frame(r: &mut impl Read) -> std::io::Result<(u8, Vec<u8>)> {
-    let mut head = [0u8; 5];
-    r.read_exact(&mut head)?;
-    let len = u32::from_be_bytes(head[1..5].try_into().expect("4 bytes")) as usize;
-    if len > MAX_FRAME {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("control frame of {len} bytes exceeds {MAX_FRAME}"),
-        ));
-    }
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload)?;
-    Ok((head[0], payload))
+    hmc_transport_kit::control_frame::read_frame(r, MAX_FRAME)
 }
 
 fn be_u64(b: &[u8], at: usize) -> Option<u64> {

@@ -4,7 +4,7 @@
 //! a third-party wire number, so the kit passes from the first run) with the kit wired, a
 //! test of its `Unavailable` path, a two-process test over a peer binary, and a bench. A
 //! memory crate starts as a backend over a vendor library opened at run time, tested
-//! against a C stand-in of that library (built by `hmc_backend_helpers::shim`). Both are
+//! against a C stand-in of that library (built by `hmc_testshim::shim`). Both are
 //! exported as a plugin with `export_plugin!` and tested through the plugin loader too. The author
 //! replaces the delegation (or the stand-in vendor API) with the real thing, one kit case
 //! at a time; docs/backend-guide.md is the contract.
@@ -170,7 +170,7 @@ target/debug/lib<crate>.so` (after `cargo build`) runs the kit against the built
 of its own (a transport's kit wants `--config auth_secret=<16 bytes or more>`).
 
 A memory crate also runs its kit over `tests/shim/vendor_shim.c`, a C stand-in for the
-vendor library that `hmc_backend_helpers::shim::build_shim` compiles at test time (the
+vendor library that `hmc_testshim::shim::build_shim` compiles at test time (the
 guide's "Testing your backend without the hardware").
 "#;
 

@@ -92,7 +92,7 @@ pub const ENV_ALLOWED: &[(&str, &str)] = &[
         "plugin loader: `$HMC_PLUGIN_PATH` is searched before `PluginConfig::search_path`",
     ),
     (
-        "hmc-backend-helpers/src/shim.rs",
+        "hmc-testshim/src/shim.rs",
         "test-time shim builder: `$CC` names the C compiler and `$OUT_DIR` a build script's \
          output folder, as for every C build run from cargo",
     ),

@@ -103,9 +103,9 @@ impl<C: Communicator> Engine<C> {
         let signed: SignedBlob = RpcCodec::decode(blob)
             .map_err(|e| bad_blob(format!("not a metadata blob of this engine ({e})")))?;
         match (&self.inner.shared.config.auth_secret, &signed.mac) {
-            (Some(k), Some(m)) if m.len() == hmc_net::auth::PROOF_LEN => {
+            (Some(k), Some(m)) if m.len() == hmc_transport_kit::auth::PROOF_LEN => {
                 let proof: [u8; 32] = m.as_slice().try_into().expect("length checked");
-                let zero = [0u8; hmc_net::auth::NONCE_LEN];
+                let zero = [0u8; hmc_transport_kit::auth::NONCE_LEN];
                 if !k.verify(MAC_CONTEXT, b'B', &zero, &zero, &signed.body, &proof) {
                     return Err(bad_blob(
                         "its MAC does not match this engine's auth_secret: it was made with another secret, or changed on the way",
@@ -231,6 +231,6 @@ impl<C: Communicator> Engine<C> {
 }
 
 fn mac(k: &hmc_rpc::AuthSecret, body: &[u8]) -> [u8; 32] {
-    let zero = [0u8; hmc_net::auth::NONCE_LEN];
+    let zero = [0u8; hmc_transport_kit::auth::NONCE_LEN];
     k.proof(MAC_CONTEXT, b'B', &zero, &zero, body)
 }

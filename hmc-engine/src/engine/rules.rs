@@ -26,7 +26,7 @@ pub(super) fn same_host(meta: &PeerAddr, dp: &PeerAddr) -> bool {
 /// from 1024, and on this host a listener (or Unix socket) of the user whose metadata
 /// service named it, so that a peer cannot point this engine at another local service.
 pub(super) fn check_data_plane(meta: &PeerAddr, dp: &PeerAddr) -> std::result::Result<(), String> {
-    use hmc_net::owner;
+    use hmc_transport_kit::owner;
     let meta_uid = || match meta {
         PeerAddr::Tcp(m) => owner::listener_uid(*m),
         PeerAddr::Unix(p) => owner::socket_file_uid(p).ok(),
@@ -71,8 +71,8 @@ pub(super) fn sender_name(conn: &hmc_rpc::Connection, claimed: &str) -> String {
     match (parse_engine_addr(claimed, None), conn.peer_ip()) {
         (Ok(PeerAddr::Tcp(a)), Some(ip)) => {
             let (a, ip) = (
-                hmc_net::owner::canonical_ip(a.ip()),
-                hmc_net::owner::canonical_ip(ip),
+                hmc_transport_kit::owner::canonical_ip(a.ip()),
+                hmc_transport_kit::owner::canonical_ip(ip),
             );
             if a == ip || (a.is_loopback() && ip.is_loopback()) {
                 claimed.to_string()

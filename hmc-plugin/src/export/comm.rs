@@ -218,7 +218,7 @@ impl Wake for TransferWaker {
 }
 
 fn deadline_from_ns(ns: u64) -> Deadline {
-    hmc_backend_helpers::deadline::from_monotonic_ns(ns)
+    hmc_transport_kit::deadline::from_monotonic_ns(ns)
 }
 
 unsafe extern "C" fn comm_open<P: PluginTransport>(

@@ -1,4 +1,4 @@
-//! Test support: builds the example C plugin (and its deliberately broken variants) with the system C compiler (hmc-backend-helpers' shim builder), and opens communicators through the loader.
+//! Test support: builds the example C plugin (and its deliberately broken variants) with the system C compiler (hmc-testshim's shim builder), and opens communicators through the loader.
 
 #![allow(dead_code)]
 
@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 
-use hmc_backend_helpers::shim::{ShimSpec, build_shim};
 use hmc_plugin::{Plugin, PluginCommunicator, PluginConfig, TransportRegistry};
+use hmc_testshim::shim::{ShimSpec, build_shim};
 
 /// hmc-plugin's folder, also when another crate's tests include this module by path.
 pub fn crate_dir() -> PathBuf {
@@ -15,7 +15,7 @@ pub fn crate_dir() -> PathBuf {
 }
 
 /// Compiles examples-plugins/loopmem/loopmem.c as `lib<name>.so` with `defines`
-/// (`-D` arguments), C11, `-Wall -Wextra -Werror`, through hmc-backend-helpers' shim
+/// (`-D` arguments), C11, `-Wall -Wextra -Werror`, through hmc-testshim's shim
 /// builder (rebuilt only when the source, the header or the command changed).
 pub fn build_c_plugin(name: &str, defines: &[&str]) -> PathBuf {
     let mut spec = ShimSpec::new(name, crate_dir().join("examples-plugins/loopmem/loopmem.c"))

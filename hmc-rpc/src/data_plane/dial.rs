@@ -118,7 +118,7 @@ impl DataPlaneAllow {
     }
 }
 
-pub(super) use hmc_net::owner::canonical_ip;
+pub(super) use hmc_transport_kit::owner::canonical_ip;
 
 pub(super) fn in_net(ip: IpAddr, net: IpAddr, prefix: u8) -> bool {
     let mask = |bits: u32, len: u32| -> u128 {
@@ -177,7 +177,7 @@ pub(crate) fn check_dial(
                         return Ok(());
                     }
                     // On this host: the listener must be the RPC peer's user's.
-                    match hmc_net::owner::connection_uid(*p, *local) {
+                    match hmc_transport_kit::owner::connection_uid(*p, *local) {
                         Some(u) => u,
                         None => return refuse("cannot tell which user the RPC peer on this host is (no /proc/net/tcp entry)".into()),
                     }
@@ -195,7 +195,7 @@ pub(crate) fn check_dial(
                     return refuse("the RPC peer's identity is unknown".into());
                 }
             };
-            match hmc_net::owner::listener_uid(*a) {
+            match hmc_transport_kit::owner::listener_uid(*a) {
                 Some(u) if u == peer_uid => Ok(()),
                 Some(u) => refuse(format!(
                     "the listener there belongs to uid {u}, the RPC peer is uid {peer_uid}"
@@ -207,7 +207,7 @@ pub(crate) fn check_dial(
             let peer_uid = match peer {
                 RpcPeer::Unix { uid: Some(u) } => *u,
                 RpcPeer::Tcp { peer: p, local } if canonical_ip(p.ip()).is_loopback() => {
-                    match hmc_net::owner::connection_uid(*p, *local) {
+                    match hmc_transport_kit::owner::connection_uid(*p, *local) {
                         Some(u) => u,
                         None => return refuse("cannot tell which user the RPC peer on this host is (no /proc/net/tcp entry)".into()),
                     }
@@ -231,7 +231,7 @@ pub(crate) fn check_dial(
 
 /// `path` (symbolic links followed, as `connect` follows them) is a socket owned by `uid`.
 pub(super) fn socket_owned_by(path: &Path, uid: u32) -> std::result::Result<(), String> {
-    match hmc_net::owner::socket_file_uid(path)? {
+    match hmc_transport_kit::owner::socket_file_uid(path)? {
         u if u == uid => Ok(()),
         u => Err(format!(
             "the socket file belongs to uid {u}, the RPC peer is uid {uid}"

@@ -13,12 +13,12 @@
 //! 4. The server checks `Pc` and answers one byte, 0 (admitted) or 1 (refused), and only
 //!    then reads frames.
 //!
-//! The primitives are `hmc_net::auth`'s (the TCP transport's planes use the same ones with
+//! The primitives are `hmc_transport_kit::auth`'s (the TCP transport's planes use the same ones with
 //! their own contexts). Nothing is encrypted.
 
 use std::time::Duration;
 
-use hmc_net::auth::{AuthSecret, NONCE_LEN, PROOF_LEN};
+use hmc_transport_kit::auth::{AuthSecret, NONCE_LEN, PROOF_LEN};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 const MAGIC: &[u8; 8] = b"HMCAUTH1";
@@ -35,7 +35,7 @@ pub(crate) async fn client<S: AsyncRead + AsyncWrite + Unpin>(
     timeout: Duration,
 ) -> std::io::Result<()> {
     let run = async {
-        let nc = hmc_net::auth::nonce()?;
+        let nc = hmc_transport_kit::auth::nonce()?;
         let mut hello = Vec::with_capacity(MAGIC.len() + NONCE_LEN);
         hello.extend_from_slice(MAGIC);
         hello.extend_from_slice(&nc);
@@ -96,7 +96,7 @@ pub(crate) async fn server<S: AsyncRead + AsyncWrite + Unpin>(
             );
         }
         let nc: [u8; NONCE_LEN] = hello[8..].try_into().expect("32 bytes");
-        let ns = hmc_net::auth::nonce().map_err(|e| e.to_string())?;
+        let ns = hmc_transport_kit::auth::nonce().map_err(|e| e.to_string())?;
         let mut answer = Vec::with_capacity(8 + NONCE_LEN + PROOF_LEN);
         answer.extend_from_slice(MAGIC);
         answer.extend_from_slice(&ns);

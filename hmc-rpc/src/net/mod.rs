@@ -46,8 +46,8 @@ impl Stream {
 
 impl Stream {
     /// Who the peer is, as this host can tell (for `same_user_only`).
-    pub(crate) fn local_peer(&self) -> hmc_net::owner::LocalPeer {
-        use hmc_net::owner::{self, LocalPeer};
+    pub(crate) fn local_peer(&self) -> hmc_transport_kit::owner::LocalPeer {
+        use hmc_transport_kit::owner::{self, LocalPeer};
         match self {
             Stream::Tcp(s) => match (s.peer_addr(), s.local_addr()) {
                 (Ok(p), Ok(l)) => owner::tcp_local_peer(p, l),
@@ -78,7 +78,7 @@ impl Stream {
     /// The server's side of the authentication exchange ([`auth`]).
     pub(crate) async fn authenticate_server(
         &mut self,
-        secret: &hmc_net::auth::AuthSecret,
+        secret: &hmc_transport_kit::auth::AuthSecret,
         timeout: Duration,
     ) -> std::result::Result<(), String> {
         match self {
@@ -90,7 +90,7 @@ impl Stream {
     /// The client's side of the authentication exchange ([`auth`]).
     pub(crate) async fn authenticate_client(
         &mut self,
-        secret: &hmc_net::auth::AuthSecret,
+        secret: &hmc_transport_kit::auth::AuthSecret,
         timeout: Duration,
     ) -> io::Result<()> {
         match self {
@@ -102,7 +102,7 @@ impl Stream {
 
 impl Stream {
     pub(crate) async fn connect(addr: &PeerAddr) -> Result<Stream> {
-        match hmc_net::connect(addr).await {
+        match hmc_transport_kit::connect(addr).await {
             Ok(c) => Ok(c.into()),
             Err(e) if e.kind() == io::ErrorKind::Unsupported => Err(Error::InvalidArgument(
                 format!("{addr} is not an RPC address; use tcp://IP:PORT or unix:///path"),
@@ -295,21 +295,21 @@ impl WriteHalf {
     }
 }
 
-impl From<hmc_net::Conn> for Stream {
-    fn from(c: hmc_net::Conn) -> Self {
+impl From<hmc_transport_kit::Conn> for Stream {
+    fn from(c: hmc_transport_kit::Conn) -> Self {
         match c {
-            hmc_net::Conn::Tcp(s) => Stream::Tcp(s),
-            hmc_net::Conn::Unix(s) => Stream::Unix(s),
+            hmc_transport_kit::Conn::Tcp(s) => Stream::Tcp(s),
+            hmc_transport_kit::Conn::Unix(s) => Stream::Unix(s),
         }
     }
 }
 
-/// A listening socket (the layer `hmc-net` shares with the TCP transport).
-pub(crate) struct Listener(hmc_net::Listener);
+/// A listening socket (the layer `hmc-transport-kit` shares with the TCP transport).
+pub(crate) struct Listener(hmc_transport_kit::Listener);
 
 impl Listener {
     pub(crate) async fn bind(addr: &PeerAddr) -> Result<Listener> {
-        hmc_net::Listener::bind(addr).map(Listener)
+        hmc_transport_kit::Listener::bind(addr).map(Listener)
     }
 
     pub(crate) fn local_addr(&self) -> Result<PeerAddr> {

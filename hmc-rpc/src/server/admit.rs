@@ -32,7 +32,7 @@ pub(super) async fn admit(
             .await
             .map(|()| true),
         None if shared.config.same_user_only => {
-            hmc_net::owner::admit_local_peer(stream.local_peer()).map(|()| false)
+            hmc_transport_kit::owner::admit_local_peer(stream.local_peer()).map(|()| false)
         }
         None => Ok(false),
     };

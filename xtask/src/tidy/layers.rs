@@ -3,7 +3,7 @@
 //! protocol crate opens no socket.
 //!
 //! The layers, bottom up: `hmc-core` (the traits; depends on no other crate of ours);
-//! backends and transports (on the core and helpers, never on the RPC runtime); the RPC
+//! backends and transports (on the core and `hmc-transport-kit`, never on the RPC runtime); the RPC
 //! runtime (on the core and its protocol, never on a transport: it is generic over
 //! `C: Communicator`); the engine, the tools and the Python package on top (the engine not
 //! on the tools crate, whose binaries it would drag in).
@@ -32,11 +32,11 @@ pub const RULES: &[Rule] = &[
     Rule {
         krate: "hmc-transport-",
         forbidden: &["hmc-rpc", "hmc-engine", "hmc-plugin", "hmc-transport-"],
-        why: "a transport stands alone on the core (and shared helpers); the runtimes above choose it",
+        why: "a transport stands alone on the core (and hmc-transport-kit); the runtimes above choose it",
     },
     Rule {
         krate: "hmc-rpc-proto",
-        forbidden: &["hmc-net", "hmc-transport", "hmc-rpc-tools"],
+        forbidden: &["hmc-transport-kit", "hmc-transport", "hmc-rpc-tools"],
         why: "the protocol crate is sans-IO: it turns bytes into events and owns no socket",
     },
     Rule {
@@ -56,9 +56,10 @@ pub const RULES: &[Rule] = &[
     },
 ];
 
-/// Crates that hold shared helpers a transport may use although their names match a
-/// forbidden prefix (none today).
-const SHARED: &[&str] = &[];
+/// Crates that hold shared helpers the transports and the RPC runtime may use although
+/// their names match a forbidden prefix; a rule that names one exactly still forbids it
+/// (the sans-IO protocol crate must not reach the socket kit).
+const SHARED: &[&str] = &["hmc-transport-kit"];
 
 /// The workspace crates named in the `[dependencies]` section of `manifest`.
 pub fn dependencies(manifest: &str) -> Vec<String> {
@@ -100,7 +101,8 @@ pub fn check_crate(krate: &str, deps: &[String]) -> Vec<String> {
             continue;
         }
         for d in deps {
-            if d == krate || SHARED.contains(&d.as_str()) {
+            let named = rule.forbidden.contains(&d.as_str());
+            if d == krate || (SHARED.contains(&d.as_str()) && !named) {
                 continue;
             }
             if rule.forbidden.iter().any(|f| d.starts_with(f)) {
@@ -118,7 +120,7 @@ pub fn check_crate(krate: &str, deps: &[String]) -> Vec<String> {
 const IO_PATHS: &[&str] = &["std::net", "unix::net", "tokio::", "mio::", "socket2::"];
 
 /// Crates a sans-IO crate must not depend on.
-const IO_CRATES: &[&str] = &["tokio", "mio", "socket2", "hmc-net", "hmc-transport-"];
+const IO_CRATES: &[&str] = &["tokio", "mio", "socket2", "hmc-transport-"];
 
 /// Source lines of the sans-IO protocol crate that name a socket or an async runtime.
 fn proto_io(root: &Path) -> Vec<String> {

@@ -244,7 +244,9 @@ fn function_allow_list_entries_name_a_function_and_give_a_reason() {
 #[case::transport_on_another("hmc-transport-shm", "hmc-transport-tcp")]
 #[case::backend_on_a_transport("hmc-backend-cuda", "hmc-transport-rdma")]
 #[case::engine_on_the_tools("hmc-engine", "hmc-rpc-tools")]
-#[case::proto_on_a_socket_layer("hmc-rpc-proto", "hmc-net")]
+#[case::proto_on_a_socket_layer("hmc-rpc-proto", "hmc-transport-kit")]
+#[case::kit_on_a_transport("hmc-transport-kit", "hmc-transport-tcp")]
+#[case::kit_on_rpc("hmc-transport-kit", "hmc-rpc")]
 fn layering_flags_a_dependency_across_a_layer(#[case] krate: &str, #[case] dep: &str) {
     let p = layers::check_crate(krate, &[dep.to_string()]);
     assert_eq!(p.len(), 1, "{krate} -> {dep}: {p:?}");
@@ -257,6 +259,9 @@ fn layering_flags_a_dependency_across_a_layer(#[case] krate: &str, #[case] dep: 
 #[rstest]
 #[case::rpc_on_core("hmc-rpc", "hmc-core")]
 #[case::rpc_on_proto("hmc-rpc", "hmc-rpc-proto")]
+#[case::rpc_on_the_kit("hmc-rpc", "hmc-transport-kit")]
+#[case::transport_on_the_kit("hmc-transport-tcp", "hmc-transport-kit")]
+#[case::plugin_host_on_the_kit("hmc-plugin", "hmc-transport-kit")]
 #[case::tools_on_transports("hmc-rpc-tools", "hmc-transport-tcp")]
 #[case::engine_on_transports("hmc-engine", "hmc-transport-ucx")]
 #[case::engine_on_the_chooser("hmc-engine", "hmc-transports")]

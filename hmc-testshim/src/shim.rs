@@ -8,14 +8,14 @@
 //! to rely on a helper of the shim) and checks that each of them is there.
 //!
 //! ```no_run
-//! use hmc_backend_helpers::shim::{ShimSpec, build_shim};
+//! use hmc_testshim::shim::{ShimSpec, build_shim};
 //!
 //! let lib = build_shim(
 //!     &ShimSpec::new("vendor_shim", "tests/shim/vendor_shim.c")
 //!         .exports(["vendorMalloc", "vendorFree", "vendorMemcpy"]),
 //! )?;
 //! // Point the backend at `lib` (its `HMC_..._LIB` variable or a config field).
-//! # Ok::<(), hmc_backend_helpers::shim::ShimError>(())
+//! # Ok::<(), hmc_testshim::shim::ShimError>(())
 //! ```
 //!
 //! What a shim verifies: the binding layer (library loading, symbol names, argument order

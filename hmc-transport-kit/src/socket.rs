@@ -1,39 +1,12 @@
-//! `hmc-net`: the socket layer `hmc-rpc` and `hmc-transport-tcp` share, so that both
-//! listen, accept and dial the same way: TCP (IPv4 or IPv6) and Unix domain sockets named
-//! by [`PeerAddr`], `TCP_NODELAY` on every TCP stream (every exchange of both is a message
-//! followed by a wait, which Nagle's algorithm would delay), and one rule for Unix socket
-//! files ([`bind_unix_listener`]): a stale file from a process that is gone is reclaimed, a
-//! live one or a file that is not a socket is refused, and a listener removes its file
-//! when dropped. [`owner`] says which user a peer on this host is and holds the rule for
-//! admitting local peers without a secret; [`auth`] is the pre-shared-secret
-//! authentication every listener shares.
+//! Sockets named by [`PeerAddr`]: TCP (IPv4 or IPv6) and Unix domain listeners and
+//! streams, `TCP_NODELAY` on every TCP stream (every exchange of the RPC runtime and the
+//! TCP transport is a message followed by a wait, which Nagle's algorithm would delay),
+//! and a listener that removes its Unix socket file when dropped. The stale-file rule is
+//! [`crate::unix`]'s, shared with the blocking side channels.
 //!
 //! Each crate wraps [`Conn`] in a stream type of its own, with the reads and writes its
 //! protocol needs (busy-polled receives for the RPC runtime, deadline-bounded bulk copies
 //! for the transport).
-//!
-//! ```
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> std::io::Result<()> {
-//! use hmc_net::{Conn, Listener};
-//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
-//!
-//! let l = Listener::bind(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
-//! let addr = l.local_addr().unwrap();
-//! let (client, server) = tokio::join!(hmc_net::connect(&addr), l.accept());
-//! let (Conn::Tcp(mut c), Conn::Tcp(mut s)) = (client?, server?) else { unreachable!() };
-//! c.write_all(b"hi").await?;
-//! let mut b = [0u8; 2];
-//! s.read_exact(&mut b).await?;
-//! assert_eq!(&b, b"hi");
-//! # Ok(())
-//! # }
-//! ```
-
-pub mod auth;
-mod ip;
-pub mod owner;
-mod sock_diag;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -130,38 +103,17 @@ impl Drop for Listener {
     }
 }
 
-/// Binds a Unix domain socket listener at `path` (within a tokio runtime). A socket file
-/// left by a process that is gone (connecting to it is refused) is removed first; a socket
-/// another process still serves, or a path that is not a socket, is refused with an error
-/// that says so, never deleted.
+/// Binds a Unix domain socket listener at `path` (within a tokio runtime), after
+/// [`crate::unix::clear_stale_socket`]: a stale file from a process that is gone is
+/// reclaimed; a socket another process still serves, or a path that is not a socket, is
+/// refused with an error that says so, never deleted.
 pub fn bind_unix_listener(path: &Path) -> Result<UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
-        if !meta.file_type().is_socket() {
-            return Err(Error::InvalidArgument(format!(
-                "{} exists and is not a socket; choose another path",
-                path.display()
-            )));
+    crate::unix::clear_stale_socket(path).map_err(|e| match e.kind() {
+        io::ErrorKind::AddrInUse | io::ErrorKind::AlreadyExists => {
+            Error::InvalidArgument(e.to_string())
         }
-        match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{} is served by another process; stop it or choose another path",
-                    path.display()
-                )));
-            }
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                tracing::debug!(path = %path.display(), "removing a stale socket file");
-                remove_socket_file(path);
-            }
-            Err(e) => {
-                return Err(Error::io(
-                    format!("checking the existing socket file {}", path.display()),
-                    e,
-                ));
-            }
-        }
-    }
+        _ => Error::io(format!("checking unix://{}", path.display()), e),
+    })?;
     UnixListener::bind(path).map_err(|e| Error::io(format!("binding unix://{}", path.display()), e))
 }
 

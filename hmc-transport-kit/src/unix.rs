@@ -1,4 +1,6 @@
-//! A Unix-socket side channel's two chores: binding a path where a stale socket file may remain from a dead process, and asking who is on the other end (`SO_PEERCRED`).
+//! Unix sockets' two chores: binding a path where a stale socket file may remain from a
+//! dead process (one rule, for the blocking side channels and the tokio listeners alike),
+//! and asking who is on the other end (`SO_PEERCRED`).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -6,34 +8,47 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 
-/// Binds `path`. A socket file nobody listens on (a dead process's) is removed first; a
-/// live listener is `AddrInUse`; any other file there is refused, never removed.
-pub fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+/// The one rule for a Unix socket path before binding it: a socket file nobody listens on
+/// (a dead process's) is removed; a live listener is `AddrInUse`; any other file there is
+/// `AlreadyExists` and left alone. Both [`bind_unix`] and the tokio listener of
+/// [`crate::Listener`] follow it.
+pub fn clear_stale_socket(path: &Path) -> io::Result<()> {
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            if UnixStream::connect(path).is_ok() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AddrInUse,
-                    format!(
-                        "{}: a process listens there; pick another path",
-                        path.display()
-                    ),
-                ));
-            }
-            std::fs::remove_file(path)?;
-        }
-        Ok(_) => {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
+        Ok(m) if m.file_type().is_socket() => match UnixStream::connect(path) {
+            Ok(_) => Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
                 format!(
-                    "{}: exists and is not a socket; it is left alone",
+                    "{} is served by another process; stop it or choose another path",
                     path.display()
                 ),
-            ));
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+            )),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                tracing::debug!(path = %path.display(), "removing a stale socket file");
+                match std::fs::remove_file(path) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                    _ => Ok(()),
+                }
+            }
+            Err(e) => Err(io::Error::new(
+                e.kind(),
+                format!("checking the existing socket file {}: {e}", path.display()),
+            )),
+        },
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!(
+                "{} exists and is not a socket; choose another path (it is left alone)",
+                path.display()
+            ),
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
+}
+
+/// Binds a blocking Unix listener at `path`, after [`clear_stale_socket`].
+pub fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+    clear_stale_socket(path)?;
     UnixListener::bind(path)
 }
 

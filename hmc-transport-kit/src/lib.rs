@@ -1,0 +1,58 @@
+//! `hmc-transport-kit`: what HMC's transports and its RPC runtime share below their
+//! protocols, so that each is written once.
+//!
+//! - Sockets ([`Conn`], [`Listener`], [`connect`], [`bind_unix_listener`]): TCP and Unix
+//!   domain streams and listeners named by `PeerAddr`, `TCP_NODELAY`, and one rule for
+//!   stale Unix socket files ([`unix::clear_stale_socket`], also behind the blocking
+//!   [`unix::bind_unix`]); [`unix::peer_cred`] says who is on the other end.
+//! - Who a local peer is ([`owner`]) and pre-shared-secret authentication ([`auth`]),
+//!   which every listener of the RPC runtime and the TCP transport applies.
+//! - Deadlines across processes ([`deadline`]: `CLOCK_MONOTONIC` nanoseconds, what the
+//!   plugin ABI passes).
+//! - Framing with named limits: [`frame`] (async, `u32` length and `u64` request id) and
+//!   [`control_frame`] (blocking, `kind u8, length u32`, the UCX and RDMA side channels),
+//!   each checking the length against the reader's limit from the header alone.
+//! - Request/reply matching under deadlines ([`reply`]) and tasks that stop when their
+//!   owner drops ([`task`]).
+//!
+//! What a transfer's descriptors must satisfy (the key's endpoint, bounds, access) is
+//! `hmc_core::check_desc`, in the core so that the plugin host, which depends on no
+//! transport, calls the same check. ABI shims for tests live in `hmc-testshim`.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! use hmc_transport_kit::{Conn, Listener};
+//! use tokio::io::{AsyncReadExt, AsyncWriteExt};
+//!
+//! let l = Listener::bind(&"tcp://127.0.0.1:0".parse().unwrap()).unwrap();
+//! let addr = l.local_addr().unwrap();
+//! let (client, server) = tokio::join!(hmc_transport_kit::connect(&addr), l.accept());
+//! let (Conn::Tcp(mut c), Conn::Tcp(mut s)) = (client?, server?) else { unreachable!() };
+//! c.write_all(b"hi").await?;
+//! let mut b = [0u8; 2];
+//! s.read_exact(&mut b).await?;
+//! assert_eq!(&b, b"hi");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Safety story
+//!
+//! `unsafe` is limited to libc calls with their buffers on the stack (`clock_gettime`,
+//! `getsockopt(SO_PEERCRED)`) and the netlink socket of [`owner`]'s `sock_diag` queries,
+//! each with its `SAFETY` note.
+
+pub mod auth;
+pub mod control_frame;
+pub mod deadline;
+pub mod frame;
+mod ip;
+pub mod owner;
+pub mod reply;
+mod sock_diag;
+mod socket;
+pub mod task;
+pub mod unix;
+
+pub use socket::{Conn, Listener, bind_unix_listener, connect};
