@@ -28,15 +28,17 @@
 //!
 //! # Layout
 //!
-//! This file holds the types shared by the engine's parts: the [`Command`]s, the handle
-//! ([`Engine`]), the UCX callbacks and the engine thread's `State`. The methods of `State`
-//! live in submodules by job: `progress` (the loop, parking, housekeeping, shutdown),
-//! `commands` (command dispatch), `endpoints`, `keys` (registrations and rkeys),
-//! `transfers` and `notifications`.
+//! This file holds what the communicator sees (the [`Command`]s, the handle [`Engine`], the
+//! types they carry) and the engine thread's `State`, which is one table per job, each
+//! defined in its own module with the methods that need only it: `endpoints`
+//! ([`endpoints::Endpoints`]), `keys` (registrations, imported rkeys, pending
+//! revocations), `transfers`, `requests` (the slots UCX completes), `notifications` (the
+//! bounded queue and its waiters) and `lifecycle` (closing and the settling drain, no UCX
+//! call). `callbacks` holds the UCX callbacks, which only queue events. The steps that
+//! cross tables are methods of `State` in the module of the job they serve; `progress`
+//! holds the loop, parking, housekeeping and shutdown, `commands` the dispatch.
 
-use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
-use std::ffi::{CString, c_void};
+use std::ffi::c_void;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
@@ -47,24 +49,15 @@ use hmc_core::{Access, Error, Op, Result};
 
 use crate::sys::{self, Ucp};
 
+mod callbacks;
 mod commands;
 mod endpoints;
 mod keys;
+mod lifecycle;
 mod notifications;
 mod progress;
+mod requests;
 mod transfers;
-
-/// The active-message id notifications use.
-const AM_ID: u32 = 0x484D;
-
-/// Longest `close()` (and tear-down, where that is safe) keeps progressing the worker so
-/// that what UCX itself still sends to peers (replies to their emulated GETs, PUT
-/// acknowledgements) leaves it; see [`State::settled`].
-const SETTLE_LIMIT: Duration = Duration::from_secs(1);
-
-/// A worker whose progress reported nothing for this long after `close()` counts as
-/// settled: no peer request is left for it to answer, nothing of its own is queued.
-const SETTLE_QUIET: Duration = Duration::from_millis(100);
 
 /// Tunables of one engine (copied from [`crate::UcxConfig`]).
 #[derive(Clone, Debug)]
@@ -392,222 +385,22 @@ impl Engine {
     }
 }
 
-/// Completion events queued by UCX callbacks, which only ever run on the engine thread
-/// inside `ucp_worker_progress` (or an `_nbx` call made there).
-enum Event {
-    Req {
-        slot: usize,
-        status: sys::ucs_status_t,
-    },
-    EpError {
-        ep: u64,
-        status: sys::ucs_status_t,
-    },
-    Note(RawNote),
-}
-
-thread_local! {
-    static EVENTS: RefCell<Vec<Event>> = const { RefCell::new(Vec::new()) };
-}
-
-unsafe extern "C" fn on_request(_req: *mut c_void, status: sys::ucs_status_t, user: *mut c_void) {
-    EVENTS.with(|e| {
-        e.borrow_mut().push(Event::Req {
-            slot: user as usize,
-            status,
-        })
-    });
-}
-
-unsafe extern "C" fn on_ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
-    EVENTS.with(|e| {
-        e.borrow_mut().push(Event::EpError {
-            ep: arg as u64,
-            status,
-        })
-    });
-}
-
-unsafe extern "C" fn on_am(
-    _arg: *mut c_void,
-    header: *const c_void,
-    header_length: usize,
-    data: *mut c_void,
-    length: usize,
-    param: *const sys::ucp_am_recv_param_t,
-) -> sys::ucs_status_t {
-    // SAFETY: UCX passes a valid parameter block for the duration of the callback.
-    let attr = unsafe { (*param).recv_attr };
-    if attr & sys::UCP_AM_RECV_ATTR_FLAG_RNDV != 0 || header_length < 8 {
-        tracing::warn!(
-            header_length,
-            length,
-            "dropping a malformed or rendezvous notification (notifications are sent eager)"
-        );
-        return sys::UCS_OK;
-    }
-    // SAFETY: UCX guarantees `header`/`data` point at `header_length`/`length` readable
-    // bytes during the callback; we copy them out.
-    let (h, d) = unsafe {
-        (
-            std::slice::from_raw_parts(header as *const u8, header_length),
-            if length == 0 {
-                &[][..]
-            } else {
-                std::slice::from_raw_parts(data as *const u8, length)
-            },
-        )
-    };
-    let note = RawNote {
-        tag: u64::from_be_bytes(h[..8].try_into().expect("8 bytes")),
-        from: h[8..].to_vec(),
-        msg: d.to_vec(),
-    };
-    EVENTS.with(|e| e.borrow_mut().push(Event::Note(note)));
-    sys::UCS_OK
-}
-
-enum Owner {
-    Chunk {
-        op: u64,
-        key: u64,
-        ep: u64,
-    },
-    Flush {
-        op: u64,
-        ep: u64,
-    },
-    Notify {
-        ep: u64,
-        reply: Option<oneshot::Sender<Result<()>>>,
-        deadline: Instant,
-        _bufs: (Vec<u8>, Vec<u8>),
-    },
-    EpClose {
-        ep: u64,
-    },
-    AckFlush {
-        ep: u64,
-        ack: Option<Ack>,
-    },
-}
-
-struct ReqRec {
-    owner: Owner,
-    req: *mut c_void,
-}
-
-#[derive(PartialEq, Eq, Clone, Copy, Debug)]
-enum EpPhase {
-    Open,
-    /// Failed or closing: no new operations; waiting for in-flight requests.
-    Draining,
-    Closed,
-}
-
-/// A UCX endpoint to one peer worker, shared by every [`EpState`] connected to that worker
-/// and kept for `ep_linger` after the last one closes. Reusing it means a peer that connects
-/// and disconnects often does not make UCX build (and leave behind on the passive side) a
-/// new transport connection each time.
-struct PhysEp {
-    handle: sys::ucp_ep_h,
-    addr: Vec<u8>,
-    refs: usize,
-    failed: bool,
-    closing: bool,
-    /// Created with `UCP_ERR_HANDLING_MODE_PEER`; only then may it be closed with FORCE
-    /// (UCX: FORCE without PEER mode on both sides is undefined behaviour).
-    peer_mode: bool,
-    idle_since: Option<Instant>,
-}
-
-struct EpState {
-    handle: sys::ucp_ep_h,
-    phys: u64,
-    phase: EpPhase,
-    failed: Option<String>,
-    /// The user dropped the endpoint: remove the entry once closed.
-    released: bool,
-    /// UCX or the control connection reported the peer gone: close with FORCE.
-    peer_failed: bool,
-    inflight: usize,
-    keys: Vec<u64>,
-    drain_since: Option<Instant>,
-}
-
-struct KeyState {
-    ep: u64,
-    reg_id: u64,
-    rkey: sys::ucp_rkey_h,
-    inflight: usize,
-    shared: Arc<KeyShared>,
-}
-
-struct TransferState {
-    ep: u64,
-    op: Op,
-    chunks: Vec<Chunk>,
-    next: usize,
-    inflight: usize,
-    flushed: bool,
-    failure: Option<Error>,
-    failed_at: Option<Instant>,
-    deadline: Instant,
-    started: Instant,
-    reply: Option<oneshot::Sender<Result<()>>>,
-    cancel_done: Vec<mpsc::SyncSender<()>>,
-}
-
-/// Confirms a key revocation to the target.
-type Ack = Box<dyn FnOnce() + Send>;
-
-enum Issue {
-    Done(sys::ucs_status_t),
-    Pending,
-}
-
+/// The engine thread's state: one table per job (see the module's layout).
 struct State {
     ucp: Arc<Ucp>,
     cfg: EngineConfig,
     context: sys::ucp_context_h,
     worker: sys::ucp_worker_h,
+    /// The worker's event fd, -1 without wake-ups.
     efd: i32,
     wake: Arc<OwnedFd>,
     worker_address: Vec<u8>,
     memory_types: u64,
     next_id: u64,
-    mems: HashMap<u64, sys::ucp_mem_h>,
-    eps: HashMap<u64, EpState>,
-    phys: HashMap<u64, PhysEp>,
-    phys_by_addr: HashMap<Vec<u8>, u64>,
-    keys: HashMap<u64, KeyState>,
-    ops: HashMap<u64, TransferState>,
-    reqs: Vec<Option<ReqRec>>,
-    free_slots: Vec<usize>,
-    pending_acks: Vec<(u64, u64, Ack)>,
-    notes: VecDeque<RawNote>,
-    waiters: VecDeque<(Instant, oneshot::Sender<Result<RawNote>>)>,
-    closed: bool,
-    /// `close()` ran (called, or from dropping the communicator): revocation no longer
-    /// reaches peers.
-    closed_by_user: bool,
-    /// Until when `close()` keeps progressing the worker to settle it.
-    close_drain: Option<Instant>,
-    /// A registration was unmapped after `close()`: peers' emulated writes may now target
-    /// memory the application freed, so the worker must never be progressed again.
-    unmapped_after_close: bool,
-    /// Since `close()`, progress did work that may have queued sends to peers, and no
-    /// quiet period ([`SETTLE_QUIET`]) has followed yet.
-    unsettled: bool,
-    /// A drain reached [`SETTLE_LIMIT`] without settling; no further drains start.
-    drain_gave_up: bool,
-    /// The worker did work after `unmapped_after_close` was set (closing our endpoints).
-    progressed_after_unmap: bool,
-    /// When `ucp_worker_progress` last reported work.
-    last_activity: Instant,
-    /// UCX requests issued and not yet completed.
-    live_requests: usize,
-    /// The selected transports refused `UCP_ERR_HANDLING_MODE_PEER` once.
-    peer_mode_unsupported: bool,
-    ep_count: Arc<std::sync::atomic::AtomicUsize>,
+    eps: endpoints::Endpoints,
+    keys: keys::Keys,
+    ops: transfers::Transfers,
+    reqs: requests::Requests,
+    notes: notifications::Notes,
+    life: lifecycle::Lifecycle,
 }

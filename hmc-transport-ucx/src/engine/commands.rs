@@ -1,6 +1,11 @@
 //! Dispatch of the [`Command`]s other threads send to the engine thread.
 
-use super::*;
+use std::time::Instant;
+
+use hmc_core::Error;
+
+use super::transfers::TransferState;
+use super::{Command, State};
 
 impl State {
     pub(super) fn command(&mut self, cmd: Command) {
@@ -13,7 +18,7 @@ impl State {
                 allocate,
                 reply,
             } => {
-                let r = if self.closed {
+                let r = if self.life.closed {
                     Err(closed())
                 } else {
                     self.register(addr, len, access, allocate)
@@ -25,7 +30,7 @@ impl State {
                 let _ = done.send(());
             }
             Command::CreateEp { worker_addr, reply } => {
-                let r = if self.closed {
+                let r = if self.life.closed {
                     Err(closed())
                 } else {
                     self.create_ep(&worker_addr)
@@ -33,14 +38,14 @@ impl State {
                 let _ = reply.send(r);
             }
             Command::CloseEp { ep } => {
-                if let Some(e) = self.eps.get_mut(&ep) {
+                if let Some(e) = self.eps.by_id.get_mut(&ep) {
                     e.released = true;
                 }
                 self.begin_ep_close(ep, None, false);
             }
             Command::PeerGone { ep, reason } => {
                 // The peer's process or communicator is gone: so is every endpoint to it.
-                if let Some(pid) = self.eps.get(&ep).map(|e| e.phys) {
+                if let Some(pid) = self.eps.by_id.get(&ep).map(|e| e.phys) {
                     self.phys_failed(pid, reason)
                 }
             }
@@ -55,9 +60,9 @@ impl State {
                 let _ = reply.send(r);
             }
             Command::DropKey { key } => {
-                if let Some(k) = self.keys.get(&key) {
+                if let Some(k) = self.keys.imported.get(&key) {
                     if k.inflight == 0 {
-                        let k = self.keys.remove(&key).expect("present");
+                        let k = self.keys.imported.remove(&key).expect("present");
                         self.destroy_rkey(k);
                     } else {
                         // In use by a draining transfer: destroyed when the endpoint closes.
@@ -66,12 +71,8 @@ impl State {
                 }
             }
             Command::Revoke { ep, reg_id, ack } => {
-                for k in self.keys.values() {
-                    if k.ep == ep && k.reg_id == reg_id {
-                        k.shared.revoke();
-                    }
-                }
-                self.pending_acks.push((ep, reg_id, ack));
+                self.keys.revoke(ep, reg_id);
+                self.keys.pending_acks.push((ep, reg_id, ack));
             }
             Command::Transfer {
                 id,
@@ -81,27 +82,12 @@ impl State {
                 deadline,
                 reply,
             } => {
-                if self.closed {
+                if self.life.closed {
                     let _ = reply.send(Err(closed()));
                     return;
                 }
-                self.ops.insert(
-                    id,
-                    TransferState {
-                        ep,
-                        op,
-                        chunks,
-                        next: 0,
-                        inflight: 0,
-                        flushed: false,
-                        failure: None,
-                        failed_at: None,
-                        deadline,
-                        started: Instant::now(),
-                        reply: Some(reply),
-                        cancel_done: Vec::new(),
-                    },
-                );
+                self.ops
+                    .insert(id, TransferState::new(ep, op, chunks, deadline, reply));
                 self.pump(id);
             }
             Command::Notify {
@@ -111,7 +97,7 @@ impl State {
                 deadline,
                 reply,
             } => {
-                if self.closed {
+                if self.life.closed {
                     let _ = reply.send(Err(closed()));
                     return;
                 }
@@ -119,11 +105,7 @@ impl State {
             }
             Command::Cancel { id, done } => match self.ops.get_mut(&id) {
                 Some(op) => {
-                    if op.failure.is_none() {
-                        op.failure =
-                            Some(Error::Cancelled("the transfer future was dropped".into()));
-                        op.failed_at = Some(Instant::now());
-                    }
+                    op.fail(Error::Cancelled("the transfer future was dropped".into()));
                     op.cancel_done.push(done);
                     self.pump(id);
                 }
@@ -132,17 +114,17 @@ impl State {
                 }
             },
             Command::Recv { deadline, reply } => {
-                if self.closed {
+                if self.life.closed {
                     let _ = reply.send(Err(closed()));
                     return;
                 }
-                self.waiters.push_back((deadline, reply));
-                self.deliver_notes();
+                self.notes.waiters.push_back((deadline, reply));
+                self.notes.deliver();
             }
             Command::Close => {
-                self.closed = true;
-                self.closed_by_user = true;
-                let ids: Vec<u64> = self.eps.keys().copied().collect();
+                self.life.closed = true;
+                self.life.closed_by_user = true;
+                let ids: Vec<u64> = self.eps.by_id.keys().copied().collect();
                 for ep in ids {
                     self.begin_ep_close(
                         ep,
@@ -150,19 +132,11 @@ impl State {
                         false,
                     );
                 }
-                for (_, w) in self.waiters.drain(..) {
-                    let _ = w.send(Err(closed()));
-                }
+                self.notes.fail_waiters(closed);
                 self.close_idle_phys(None);
-                // UCX answers peers by itself (replies to their emulated GETs, PUT
-                // acknowledgements); queued behind a full peer queue, such a send stays in the
-                // worker, and `ucp_worker_destroy` crashes UCX 1.13 purging it (its GET
-                // replies carry a memory handle it never set). The registrations are all
-                // still mapped now, so progressing until the worker settles is as safe as
-                // before `close()`. A worker idle for `SETTLE_QUIET` already is settled.
-                self.unsettled = true;
-                self.close_drain = Some(Instant::now() + SETTLE_LIMIT);
-                self.check_settled();
+                // The registrations are all still mapped: progress until the worker settles
+                // (see `lifecycle`).
+                self.life.close_by_user(Instant::now());
             }
         }
     }

@@ -1,14 +1,113 @@
 //! Endpoints: creating, sharing and lingering the physical UCX endpoint to each peer
 //! worker, closing endpoints gracefully or by force, and reacting to a peer's failure.
+//!
+//! A user's endpoint ([`EpState`], one per `connect`) sits on a physical UCX endpoint
+//! ([`PhysEp`], one per peer worker), shared by every user endpoint to that worker and kept
+//! for `ep_linger` after the last one closes. Reusing it means a peer that connects and
+//! disconnects often does not make UCX build (and leave behind on the passive side) a new
+//! transport connection each time.
 
-use super::*;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use hmc_core::{Error, Result};
+
+use super::State;
+use super::callbacks::on_ep_error;
+use super::requests::{Ack, Issue, Owner, Requests};
+use crate::sys;
+
+/// Where a user's endpoint is in its life.
+#[derive(PartialEq, Eq, Clone, Copy, Debug)]
+pub(super) enum EpPhase {
+    Open,
+    /// Failed or closing: no new operations; waiting for in-flight requests.
+    Draining,
+    Closed,
+}
+
+/// A UCX endpoint to one peer worker.
+pub(super) struct PhysEp {
+    pub handle: sys::ucp_ep_h,
+    pub addr: Vec<u8>,
+    pub refs: usize,
+    pub failed: bool,
+    pub closing: bool,
+    /// Created with `UCP_ERR_HANDLING_MODE_PEER`; only then may it be closed with FORCE
+    /// (UCX: FORCE without PEER mode on both sides is undefined behaviour).
+    pub peer_mode: bool,
+    pub idle_since: Option<Instant>,
+}
+
+/// A user's endpoint.
+pub(super) struct EpState {
+    pub handle: sys::ucp_ep_h,
+    pub phys: u64,
+    pub phase: EpPhase,
+    pub failed: Option<String>,
+    /// The user dropped the endpoint: remove the entry once closed.
+    pub released: bool,
+    /// UCX or the control connection reported the peer gone: close with FORCE.
+    pub peer_failed: bool,
+    pub inflight: usize,
+    /// The imported keys used through this endpoint.
+    pub keys: Vec<u64>,
+    pub drain_since: Option<Instant>,
+}
+
+/// The engine's endpoints, user and physical.
+pub(super) struct Endpoints {
+    pub by_id: HashMap<u64, EpState>,
+    pub phys: HashMap<u64, PhysEp>,
+    pub phys_by_addr: HashMap<Vec<u8>, u64>,
+    /// The selected transports refused `UCP_ERR_HANDLING_MODE_PEER` once.
+    pub peer_mode_unsupported: bool,
+    /// UCX endpoints held, including ones still closing (read by the communicator's stats).
+    pub count: Arc<AtomicUsize>,
+}
+
+impl Endpoints {
+    /// No endpoints; `count` is shared with the engine's handle.
+    pub fn new(count: Arc<AtomicUsize>) -> Self {
+        Endpoints {
+            by_id: HashMap::new(),
+            phys: HashMap::new(),
+            phys_by_addr: HashMap::new(),
+            peer_mode_unsupported: false,
+            count,
+        }
+    }
+
+    /// The UCX handle of `ep` while it is open.
+    pub fn open_handle(&self, ep: u64) -> Option<sys::ucp_ep_h> {
+        match self.by_id.get(&ep) {
+            Some(e) if e.phase == EpPhase::Open => Some(e.handle),
+            _ => None,
+        }
+    }
+
+    /// Why `ep` cannot be used: its failure, or that it is closed.
+    pub fn error(&self, ep: u64) -> Error {
+        match self.by_id.get(&ep) {
+            Some(e) if e.failed.is_some() => Error::peer(
+                "ucx endpoint",
+                format!("{}; connect again", e.failed.as_deref().unwrap_or_default()),
+            ),
+            Some(e) if e.phase == EpPhase::Open => Error::peer("ucx endpoint", "usable"),
+            _ => Error::Closed("the UCX endpoint is closed".into()),
+        }
+    }
+}
 
 impl State {
     pub(super) fn create_ep(&mut self, worker_addr: &[u8]) -> Result<u64> {
-        let cached = self.phys_by_addr.get(worker_addr).copied();
+        let cached = self.eps.phys_by_addr.get(worker_addr).copied();
         let (pid, handle) = match cached {
             Some(pid) => {
-                let ph = self.phys.get_mut(&pid).expect("indexed");
+                let ph = self.eps.phys.get_mut(&pid).expect("indexed");
                 ph.refs += 1;
                 ph.idle_since = None;
                 (pid, ph.handle)
@@ -20,7 +119,7 @@ impl State {
             }
         };
         let id = self.id();
-        self.eps.insert(
+        self.eps.by_id.insert(
             id,
             EpState {
                 handle,
@@ -51,14 +150,14 @@ impl State {
         };
         let mut ep: sys::ucp_ep_h = std::ptr::null_mut();
         // SAFETY: live worker; the address bytes outlive the call (UCX copies what it needs).
-        let mut st = if self.peer_mode_unsupported {
+        let mut st = if self.eps.peer_mode_unsupported {
             sys::UCS_ERR_UNREACHABLE
         } else {
             unsafe { (self.ucp.ucp_ep_create)(self.worker, &p, &mut ep) }
         };
         if st == sys::UCS_ERR_UNREACHABLE {
             // Remembered, so UCX logs its "no peer failure handler" error once per communicator.
-            self.peer_mode_unsupported = true;
+            self.eps.peer_mode_unsupported = true;
             // UCX 1.13's shared-memory transports (posix, sysv) have no peer-failure handler,
             // so UCX refuses PEER mode over them. Fall back to NONE: the control connection's
             // EOF still reports a dead peer, and CMA operations to a dead process fail.
@@ -76,8 +175,8 @@ impl State {
                 format!("ucp_ep_create failed: {}", self.ucp.status_string(st)),
             ));
         }
-        self.ep_count.fetch_add(1, Ordering::AcqRel);
-        self.phys.insert(
+        self.eps.count.fetch_add(1, Ordering::AcqRel);
+        self.eps.phys.insert(
             id,
             PhysEp {
                 handle: ep,
@@ -85,28 +184,28 @@ impl State {
                 refs: 1,
                 failed: false,
                 closing: false,
-                peer_mode: !self.peer_mode_unsupported,
+                peer_mode: !self.eps.peer_mode_unsupported,
                 idle_since: None,
             },
         );
-        self.phys_by_addr.insert(worker_addr.to_vec(), id);
+        self.eps.phys_by_addr.insert(worker_addr.to_vec(), id);
         Ok(ep)
     }
 
     /// Drops one reference to a UCX endpoint; closes it when unused and failed (FORCE),
     /// or when the communicator is closing, else keeps it for reuse.
     pub(super) fn release_phys(&mut self, pid: u64, failed: bool) {
-        let closed = self.closed;
-        let Some(ph) = self.phys.get_mut(&pid) else {
+        let closed = self.life.closed;
+        let Some(ph) = self.eps.phys.get_mut(&pid) else {
             return;
         };
         ph.refs -= 1;
         if failed && !ph.failed {
             ph.failed = true;
             let addr = ph.addr.clone();
-            self.phys_by_addr.remove(&addr);
+            self.eps.phys_by_addr.remove(&addr);
         }
-        let ph = self.phys.get_mut(&pid).expect("present");
+        let ph = self.eps.phys.get_mut(&pid).expect("present");
         if ph.refs == 0 {
             if ph.failed || closed {
                 let force = ph.failed;
@@ -118,7 +217,7 @@ impl State {
     }
 
     pub(super) fn close_phys(&mut self, pid: u64, force: bool) {
-        let Some(ph) = self.phys.get_mut(&pid) else {
+        let Some(ph) = self.eps.phys.get_mut(&pid) else {
             return;
         };
         if ph.closing {
@@ -127,18 +226,18 @@ impl State {
         ph.closing = true;
         let force = force && ph.peer_mode;
         let (handle, addr) = (ph.handle, ph.addr.clone());
-        if self.phys_by_addr.get(&addr) == Some(&pid) {
-            self.phys_by_addr.remove(&addr);
+        if self.eps.phys_by_addr.get(&addr) == Some(&pid) {
+            self.eps.phys_by_addr.remove(&addr);
         }
-        let slot = self.alloc_slot(Owner::EpClose { ep: pid });
-        let mut p = Self::param(slot);
+        let slot = self.reqs.alloc(Owner::EpClose { ep: pid });
+        let mut p = Requests::param(slot);
         if force {
             p.op_attr_mask |= sys::UCP_OP_ATTR_FIELD_FLAGS;
             p.flags = sys::UCP_EP_CLOSE_FLAG_FORCE;
         }
         // SAFETY: a live UCX endpoint nobody uses any more (refs == 0), closed once.
         let ret = unsafe { (self.ucp.ucp_ep_close_nbx)(handle, &p) };
-        if let Issue::Done(_) = self.settle(slot, ret) {
+        if let Issue::Done(_) = self.reqs.settle(slot, ret) {
             self.phys_closed(pid);
         }
     }
@@ -146,6 +245,7 @@ impl State {
     /// Gracefully closes unused UCX endpoints idle since before `older_than` (all if `None`).
     pub(super) fn close_idle_phys(&mut self, older_than: Option<Instant>) {
         let idle: Vec<u64> = self
+            .eps
             .phys
             .iter()
             .filter(|(_, p)| {
@@ -161,26 +261,27 @@ impl State {
     }
 
     pub(super) fn phys_closed(&mut self, pid: u64) {
-        if self.phys.remove(&pid).is_some() {
-            self.ep_count.fetch_sub(1, Ordering::AcqRel);
+        if self.eps.phys.remove(&pid).is_some() {
+            self.eps.count.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
     /// UCX reported the endpoint to a peer worker failed: fail everything using it.
     pub(super) fn phys_failed(&mut self, pid: u64, reason: String) {
-        if let Some(ph) = self.phys.get_mut(&pid) {
+        if let Some(ph) = self.eps.phys.get_mut(&pid) {
             ph.failed = true;
             let addr = ph.addr.clone();
-            if self.phys_by_addr.get(&addr) == Some(&pid) {
-                self.phys_by_addr.remove(&addr);
+            if self.eps.phys_by_addr.get(&addr) == Some(&pid) {
+                self.eps.phys_by_addr.remove(&addr);
             }
         }
-        if self.phys.get(&pid).is_some_and(|p| p.refs == 0) {
+        if self.eps.phys.get(&pid).is_some_and(|p| p.refs == 0) {
             self.close_phys(pid, true);
             return;
         }
         let eps: Vec<u64> = self
             .eps
+            .by_id
             .iter()
             .filter(|(_, e)| e.phys == pid && e.phase != EpPhase::Closed)
             .map(|(i, _)| *i)
@@ -191,25 +292,14 @@ impl State {
         // A dead peer never completes what is queued for it: a FORCE close completes every
         // outstanding request (UCS_ERR_CANCELED), so the transfers drain now instead of at
         // `drain_timeout`. Their rkeys are destroyed right after, when the endpoints drain.
-        if self.phys.get(&pid).is_some_and(|p| p.peer_mode) {
+        if self.eps.phys.get(&pid).is_some_and(|p| p.peer_mode) {
             self.close_phys(pid, true);
-        }
-    }
-
-    pub(super) fn ep_error(&self, ep: u64) -> Error {
-        match self.eps.get(&ep) {
-            Some(e) if e.failed.is_some() => Error::peer(
-                "ucx endpoint",
-                format!("{}; connect again", e.failed.as_deref().unwrap_or_default()),
-            ),
-            Some(e) if e.phase == EpPhase::Open => Error::peer("ucx endpoint", "usable"),
-            _ => Error::Closed("the UCX endpoint is closed".into()),
         }
     }
 
     /// Starts tearing an endpoint down: `reason` marks a failure (peer gone, local close).
     pub(super) fn begin_ep_close(&mut self, ep: u64, reason: Option<String>, peer_failed: bool) {
-        let Some(e) = self.eps.get_mut(&ep) else {
+        let Some(e) = self.eps.by_id.get_mut(&ep) else {
             return;
         };
         e.peer_failed |= peer_failed;
@@ -225,11 +315,11 @@ impl State {
         }
         let keys = e.keys.clone();
         for k in keys {
-            if let Some(k) = self.keys.get(&k) {
+            if let Some(k) = self.keys.imported.get(&k) {
                 k.shared.revoke();
             }
         }
-        let err = self.ep_error(ep);
+        let err = self.eps.error(ep);
         let ids: Vec<u64> = self
             .ops
             .iter()
@@ -253,7 +343,7 @@ impl State {
     /// Moves a draining endpoint on: once nothing is in flight (or `drain_timeout` passed),
     /// destroys its rkeys and closes it; removes it once closed and released.
     pub(super) fn advance_ep(&mut self, ep: u64) {
-        let Some(e) = self.eps.get_mut(&ep) else {
+        let Some(e) = self.eps.by_id.get_mut(&ep) else {
             return;
         };
         match e.phase {
@@ -283,7 +373,7 @@ impl State {
                     );
                 }
                 for k in keys {
-                    if let Some(mut k) = self.keys.remove(&k) {
+                    if let Some(mut k) = self.keys.imported.remove(&k) {
                         if leak_keys {
                             k.rkey = std::ptr::null_mut();
                         }
@@ -295,14 +385,14 @@ impl State {
             }
             EpPhase::Closed => {
                 if e.released {
-                    self.eps.remove(&ep);
+                    self.eps.by_id.remove(&ep);
                 }
             }
         }
     }
 
     pub(super) fn ep_done(&mut self, ep: u64) {
-        if let Some(e) = self.eps.get_mut(&ep) {
+        if let Some(e) = self.eps.by_id.get_mut(&ep) {
             e.inflight -= 1;
             if e.inflight == 0 && e.phase == EpPhase::Draining {
                 self.advance_ep(ep);
@@ -313,24 +403,20 @@ impl State {
     /// Runs `ack` once everything issued on `ep` is complete at the target: over transports
     /// that emulate RMA with messages, a put completes locally before the target applied it.
     pub(super) fn flush_then(&mut self, ep: u64, ack: Ack) {
-        let handle = match self.eps.get(&ep) {
-            Some(e) if e.phase == EpPhase::Open => e.handle,
-            _ => return ack(),
+        let Some(handle) = self.eps.open_handle(ep) else {
+            return ack();
         };
-        let slot = self.alloc_slot(Owner::AckFlush { ep, ack: Some(ack) });
-        let p = Self::param(slot);
+        let slot = self.reqs.alloc(Owner::AckFlush { ep, ack: Some(ack) });
+        let p = Requests::param(slot);
         // SAFETY: live endpoint; flush touches no user memory.
         let ret = unsafe { (self.ucp.ucp_ep_flush_nbx)(handle, &p) };
-        if ret.is_null() || sys::ptr_is_err(ret) {
-            let rec = self.reqs[slot].take().expect("allocated");
-            self.free_slots.push(slot);
-            if let Owner::AckFlush { ack: Some(a), .. } = rec.owner {
-                a();
+        match self.reqs.issued(slot, ret) {
+            Some((_, rec)) => {
+                if let Owner::AckFlush { ack: Some(a), .. } = rec.owner {
+                    a();
+                }
             }
-        } else {
-            self.reqs[slot].as_mut().expect("allocated").req = ret;
-            self.live_requests += 1;
-            self.eps.get_mut(&ep).expect("checked").inflight += 1;
+            None => self.eps.by_id.get_mut(&ep).expect("checked").inflight += 1,
         }
     }
 }

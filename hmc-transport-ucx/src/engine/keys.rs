@@ -1,7 +1,61 @@
 //! Registrations and remote keys: mapping and unmapping local memory, importing and
-//! destroying peers' packed rkeys.
+//! destroying peers' packed rkeys, and the revocations waiting for a key's requests to end.
 
-use super::*;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use hmc_core::{Access, Error, Result};
+
+use super::requests::Ack;
+use super::{KeyShared, Registered, State};
+use crate::sys;
+
+/// A peer's key imported on one of our endpoints.
+pub(super) struct KeyState {
+    pub ep: u64,
+    /// The registration at the target it names.
+    pub reg_id: u64,
+    pub rkey: sys::ucp_rkey_h,
+    /// Chunks in flight through it.
+    pub inflight: usize,
+    pub shared: Arc<KeyShared>,
+}
+
+/// Our registrations and the keys we imported.
+#[derive(Default)]
+pub(super) struct Keys {
+    /// Our memory maps by registration id.
+    pub mems: HashMap<u64, sys::ucp_mem_h>,
+    /// Imported keys by id.
+    pub imported: HashMap<u64, KeyState>,
+    /// Revocations (endpoint, registration, confirmation) confirmed once no request and no
+    /// direct copy uses the key any more.
+    pub pending_acks: Vec<(u64, u64, Ack)>,
+}
+
+impl Keys {
+    /// Marks every key of registration `reg_id` imported on `ep` revoked.
+    pub fn revoke(&self, ep: u64, reg_id: u64) {
+        for k in self.imported.values() {
+            if k.ep == ep && k.reg_id == reg_id {
+                k.shared.revoke();
+            }
+        }
+    }
+
+    /// Whether a key of registration `reg_id` on `ep` is still in use (requests in flight
+    /// or direct copies running).
+    pub fn in_use(&self, ep: u64, reg_id: u64) -> bool {
+        self.imported.values().any(|k| {
+            k.ep == ep
+                && k.reg_id == reg_id
+                && (k.inflight > 0 || k.shared.direct_busy.load(Ordering::SeqCst) > 0)
+        })
+    }
+}
 
 impl State {
     pub(super) fn register(
@@ -71,7 +125,7 @@ impl State {
         // SAFETY: as above.
         unsafe { (self.ucp.ucp_rkey_buffer_release)(buf) };
         let id = self.id();
-        self.mems.insert(id, memh);
+        self.keys.mems.insert(id, memh);
         Ok(Registered {
             id,
             rkey,
@@ -83,21 +137,18 @@ impl State {
     /// shared memory), a peer's put is applied by *our* progress; draining progress first
     /// applies everything already queued while the memory is still mapped.
     pub(super) fn unmap(&mut self, id: u64) {
-        let Some(memh) = self.mems.remove(&id) else {
+        let Some(memh) = self.keys.mems.remove(&id) else {
             return;
         };
         while self.progress_allowed() && self.progress() {}
         // The first unmap after close() ends the drain for good (see `progress_allowed`),
-        // so settle the worker first, while this memory is still mapped: in the drain, or
-        // where progress is allowed anyway (our own endpoints still closing).
-        if self.closed_by_user && self.unsettled {
-            let drain = self.close_drain.take();
-            if let Some(until) = drain.or_else(|| {
-                self.progress_allowed()
-                    .then(|| Instant::now() + SETTLE_LIMIT)
-            }) {
-                self.unsettled = !self.progress_until_quiet(until);
-            }
+        // so settle the worker first, while this memory is still mapped.
+        let endpoints_left = !self.eps.phys.is_empty();
+        if let Some(until) = self
+            .life
+            .settle_before_unmap(Instant::now(), endpoints_left)
+        {
+            self.life.unsettled = !self.progress_until_quiet(until);
         }
         // SAFETY: `memh` came from `ucp_mem_map` on this context and is unmapped exactly
         // once (removed from the table).
@@ -105,12 +156,7 @@ impl State {
         if st != sys::UCS_OK {
             tracing::warn!(status = %self.ucp.status_string(st), "ucp_mem_unmap failed");
         }
-        if self.closed_by_user {
-            // Revocation cannot reach peers after close(): from now on their queued writes
-            // may target memory the application frees, so they must never be applied.
-            self.unmapped_after_close = true;
-            self.close_drain = None;
-        }
+        self.life.unmapped();
     }
 
     pub(super) fn import_key(
@@ -120,9 +166,8 @@ impl State {
         rkey: &[u8],
         shared: Arc<KeyShared>,
     ) -> Result<u64> {
-        let handle = match self.eps.get(&ep) {
-            Some(e) if e.phase == EpPhase::Open => e.handle,
-            _ => return Err(self.ep_error(ep)),
+        let Some(handle) = self.eps.open_handle(ep) else {
+            return Err(self.eps.error(ep));
         };
         let mut out: sys::ucp_rkey_h = std::ptr::null_mut();
         // SAFETY: live endpoint; `rkey` is a buffer the target produced with `ucp_rkey_pack`
@@ -148,7 +193,7 @@ impl State {
             }
         }
         let id = self.id();
-        self.keys.insert(
+        self.keys.imported.insert(
             id,
             KeyState {
                 ep,
@@ -158,7 +203,7 @@ impl State {
                 shared,
             },
         );
-        self.eps.get_mut(&ep).expect("checked").keys.push(id);
+        self.eps.by_id.get_mut(&ep).expect("checked").keys.push(id);
         Ok(id)
     }
 

@@ -2,20 +2,42 @@
 //! progressing the worker, handling completion events, housekeeping (deadlines, lingering
 //! endpoints, revocation acks), parking on the event fd, and the settling shutdown.
 
-use super::*;
+use std::ffi::{CString, c_void};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use hmc_core::{Error, Result};
+
+use super::callbacks::{AM_ID, Event, clear_events, on_am, take_events};
+use super::endpoints::{Endpoints, EpPhase};
+use super::keys::Keys;
+use super::lifecycle::{Lifecycle, SETTLE_LIMIT};
+use super::notifications::Notes;
+use super::requests::{Owner, Requests};
+use super::transfers::Transfers;
+use super::{Command, EngineConfig, LEAKED_WORKERS, State};
+use crate::sys::{self, Ucp};
 
 impl State {
     pub(super) fn new(
         ucp: Arc<Ucp>,
         cfg: EngineConfig,
         wake: Arc<OwnedFd>,
-        ep_count: Arc<std::sync::atomic::AtomicUsize>,
+        ep_count: Arc<AtomicUsize>,
     ) -> Result<State> {
         let config = read_config(&ucp, &cfg)?;
         let context = init_context(&ucp, &cfg, config)?;
         let memory_types = context_memory_types(&ucp, context);
         let (worker, efd, worker_address) = create_worker(&ucp, &cfg, context)?;
         Ok(State {
+            eps: Endpoints::new(ep_count),
+            keys: Keys::default(),
+            ops: Transfers::new(),
+            reqs: Requests::default(),
+            notes: Notes::new(cfg.max_pending_notifications),
+            life: Lifecycle::new(Instant::now()),
             ucp,
             cfg,
             context,
@@ -25,28 +47,6 @@ impl State {
             worker_address,
             memory_types,
             next_id: 1,
-            mems: HashMap::new(),
-            eps: HashMap::new(),
-            phys: HashMap::new(),
-            phys_by_addr: HashMap::new(),
-            keys: HashMap::new(),
-            ops: HashMap::new(),
-            reqs: Vec::new(),
-            free_slots: Vec::new(),
-            pending_acks: Vec::new(),
-            notes: VecDeque::new(),
-            waiters: VecDeque::new(),
-            closed: false,
-            closed_by_user: false,
-            close_drain: None,
-            unmapped_after_close: false,
-            unsettled: false,
-            drain_gave_up: false,
-            progressed_after_unmap: false,
-            last_activity: Instant::now(),
-            live_requests: 0,
-            peer_mode_unsupported: false,
-            ep_count,
         })
     }
 
@@ -82,7 +82,7 @@ impl State {
                 last_event = Instant::now();
                 continue;
             }
-            if last_event.elapsed() < self.cfg.spin || (self.efd < 0 && self.live_requests > 0) {
+            if last_event.elapsed() < self.cfg.spin || (self.efd < 0 && self.reqs.any_live()) {
                 // Without an event fd nothing would wake us for in-flight requests.
                 std::hint::spin_loop();
                 continue;
@@ -110,13 +110,13 @@ impl State {
                 until = until.min(t + self.cfg.drain_timeout);
             }
         }
-        for (d, _) in &self.waiters {
-            until = until.min(*d);
+        if let Some(d) = self.notes.next_deadline() {
+            until = until.min(d);
         }
-        if let Some(t) = self.close_drain {
-            until = until.min(t).min(self.last_activity + SETTLE_QUIET);
+        if let Some(t) = self.life.wake_by() {
+            until = until.min(t);
         }
-        if !self.pending_acks.is_empty() {
+        if !self.keys.pending_acks.is_empty() {
             // A revocation may wait for direct copies (`KeyShared::direct_busy`), whose end
             // wakes nobody: look again soon.
             until = until.min(now + Duration::from_millis(1));
@@ -148,59 +148,28 @@ impl State {
         }
     }
 
-    /// One `ucp_worker_progress`; whether it did anything. After `close()`, work done
-    /// may have queued sends to peers, so the worker is unsettled again.
+    /// One `ucp_worker_progress`; whether it did anything (see [`Lifecycle::progressed`]).
     pub(super) fn progress(&mut self) -> bool {
         // SAFETY: the worker is live and only used on this thread.
         let did = unsafe { (self.ucp.ucp_worker_progress)(self.worker) } != 0;
         if did {
-            self.last_activity = Instant::now();
-            self.progressed_after_unmap |= self.unmapped_after_close;
-            if self.closed {
-                self.unsettled = true;
-                // Work after the drain settled (our endpoints still closing): drain again,
-                // unless a drain already gave up or the drain's precondition is gone.
-                if self.close_drain.is_none()
-                    && self.closed_by_user
-                    && !self.unmapped_after_close
-                    && !self.drain_gave_up
-                {
-                    self.close_drain = Some(Instant::now() + SETTLE_LIMIT);
-                }
-            }
+            self.life.progressed(Instant::now());
         }
         did
     }
 
-    /// Ends the post-`close()` drain: settled once progress (allowed throughout) has been
-    /// quiet for [`SETTLE_QUIET`]; given up at [`SETTLE_LIMIT`].
+    /// Ends the post-`close()` drain when it settled or gave up.
     pub(super) fn check_settled(&mut self) {
-        let Some(until) = self.close_drain else {
-            return;
-        };
-        if self.last_activity.elapsed() >= SETTLE_QUIET {
-            self.unsettled = false;
-            self.close_drain = None;
-        } else if Instant::now() >= until {
-            self.close_drain = None;
-            self.drain_gave_up = true;
-        }
+        self.life.check_settled(Instant::now());
     }
 
-    /// After `close()`, once our own endpoints are closed, the worker is never progressed
-    /// again: peers' writes still queued for it (into memory the application may free after
-    /// close, when revocation can no longer reach them) are never applied. Peers see the
-    /// close as EOF on the control connection and force-close their endpoints.
-    ///
-    /// The exception is the bounded drain right after `close()` ([`SETTLE_LIMIT`]) while
-    /// every registration is still mapped; the first unmap ends it.
+    /// Whether the worker may be progressed ([`Lifecycle::progress_allowed`]).
     pub(super) fn progress_allowed(&self) -> bool {
-        !(self.closed && self.phys.is_empty())
-            || (!self.unmapped_after_close && self.close_drain.is_some())
+        self.life.progress_allowed(!self.eps.phys.is_empty())
     }
 
     pub(super) fn handle_events(&mut self) -> bool {
-        let events = EVENTS.with(|e| std::mem::take(&mut *e.borrow_mut()));
+        let events = take_events();
         let any = !events.is_empty();
         for ev in events {
             match ev {
@@ -212,28 +181,11 @@ impl State {
                     );
                     self.phys_failed(ep, reason);
                 }
-                Event::Note(n) => {
-                    if self.cfg.max_pending_notifications == 0 {
-                        // A communicator that reads none (the RPC data plane): nothing to
-                        // warn about, and a peer must not be able to flood the log.
-                        tracing::debug!(
-                            "dropping a notification: this communicator takes none \
-                             (UcxConfig::max_pending_notifications is 0)"
-                        );
-                    } else if self.notes.len() >= self.cfg.max_pending_notifications {
-                        tracing::warn!(
-                            limit = self.cfg.max_pending_notifications,
-                            "dropping a notification: max_pending_notifications reached; call \
-                             recv_notification more often or raise UcxConfig::max_pending_notifications"
-                        );
-                    } else {
-                        self.notes.push_back(n);
-                    }
-                }
+                Event::Note(n) => self.notes.arrived(n),
             }
         }
         if any {
-            self.deliver_notes();
+            self.notes.deliver();
         }
         any
     }
@@ -274,13 +226,14 @@ impl State {
                 Some("a cancelled transfer did not drain within drain_timeout".into()),
                 true,
             );
-            if let Some(e) = self.eps.get_mut(&ep) {
+            if let Some(e) = self.eps.by_id.get_mut(&ep) {
                 e.drain_since = Some(now - self.cfg.drain_timeout);
             }
             self.advance_ep(ep);
         }
         let eps: Vec<u64> = self
             .eps
+            .by_id
             .iter()
             .filter(|(_, e)| {
                 e.phase == EpPhase::Draining
@@ -296,7 +249,7 @@ impl State {
             self.close_idle_phys(Some(t));
         }
         // Notify deadlines: the bytes are our own copy, so answering early is safe.
-        for rec in self.reqs.iter_mut().flatten() {
+        for rec in self.reqs.iter_mut() {
             if let Owner::Notify {
                 reply, deadline, ..
             } = &mut rec.owner
@@ -309,63 +262,42 @@ impl State {
                 }));
             }
         }
-        if !self.pending_acks.is_empty() {
+        if !self.keys.pending_acks.is_empty() {
             let mut i = 0;
-            while i < self.pending_acks.len() {
-                let (ep, reg_id, _) = &self.pending_acks[i];
-                let busy = self.keys.values().any(|k| {
-                    k.ep == *ep
-                        && k.reg_id == *reg_id
-                        && (k.inflight > 0 || k.shared.direct_busy.load(Ordering::SeqCst) > 0)
-                });
-                if busy {
+            while i < self.keys.pending_acks.len() {
+                let (ep, reg_id, _) = &self.keys.pending_acks[i];
+                if self.keys.in_use(*ep, *reg_id) {
                     i += 1;
                 } else {
-                    let (ep, _, ack) = self.pending_acks.swap_remove(i);
+                    let (ep, _, ack) = self.keys.pending_acks.swap_remove(i);
                     self.flush_then(ep, ack);
                 }
             }
         }
-        if !self.waiters.is_empty() {
-            let mut kept = VecDeque::with_capacity(self.waiters.len());
-            for (d, w) in self.waiters.drain(..) {
-                if w.is_canceled() {
-                    continue;
-                }
-                if now >= d {
-                    let _ = w.send(Err(Error::DeadlineExceeded {
-                        during: "ucx recv_notification",
-                        elapsed: Duration::ZERO,
-                    }));
-                    continue;
-                }
-                kept.push_back((d, w));
-            }
-            self.waiters = kept;
-        }
+        self.notes.expire(now);
     }
 
     pub(super) fn shutdown(&mut self) {
-        self.closed = true;
-        let ids: Vec<u64> = self.eps.keys().copied().collect();
+        self.life.closed = true;
+        let ids: Vec<u64> = self.eps.by_id.keys().copied().collect();
         for ep in ids {
-            if let Some(e) = self.eps.get_mut(&ep) {
+            if let Some(e) = self.eps.by_id.get_mut(&ep) {
                 e.released = true;
             }
             self.begin_ep_close(ep, Some("the communicator was dropped".into()), false);
         }
         self.close_idle_phys(None);
         let until = Instant::now() + Duration::from_secs(2);
-        while !(self.eps.is_empty() && self.phys.is_empty()) && Instant::now() < until {
+        while !(self.eps.by_id.is_empty() && self.eps.phys.is_empty()) && Instant::now() < until {
             self.progress();
             self.handle_events();
             self.housekeeping();
         }
         let quiet = self.settled();
-        for (_, k) in std::mem::take(&mut self.keys) {
+        for (_, k) in std::mem::take(&mut self.keys.imported) {
             self.destroy_rkey(k);
         }
-        for (_, memh) in std::mem::take(&mut self.mems) {
+        for (_, memh) in std::mem::take(&mut self.keys.mems) {
             // SAFETY: a mapping of this context, unmapped once.
             unsafe { (self.ucp.ucp_mem_unmap)(self.context, memh) };
         }
@@ -387,35 +319,35 @@ impl State {
             );
             LEAKED_WORKERS.fetch_add(1, Ordering::Relaxed);
         }
-        EVENTS.with(|e| e.borrow_mut().clear());
+        clear_events();
     }
 
     /// Whether the worker may be destroyed: nothing it did since `close()` can have left a
     /// send queued in it. UCX offers no way to ask (`ucp_worker_flush_nbx` completes at
     /// once over shared memory whatever is queued), so the rule is progress that stayed
-    /// quiet for [`SETTLE_QUIET`] after the last work. Where the drain after `close()`
+    /// quiet for [`SETTLE_QUIET`](super::lifecycle::SETTLE_QUIET) after the last work. Where the drain after `close()`
     /// ended unsettled, tear-down progresses the worker again, for at most
     /// [`SETTLE_LIMIT`], if that is safe: no registration was unmapped after `close()`
     /// (every earlier unmap revoked its key at the peers first), or the worker was
     /// progressed after such an unmap anyway, to close its own endpoints
     /// ([`State::progress_allowed`]); then it goes on until the worker is quiet.
     pub(super) fn settled(&mut self) -> bool {
-        if !self.unsettled {
+        if !self.life.unsettled {
             return true;
         }
-        if self.closed_by_user && self.unmapped_after_close && !self.progressed_after_unmap {
+        if !self.life.may_settle_at_teardown() {
             return false;
         }
         let settled = self.progress_until_quiet(Instant::now() + SETTLE_LIMIT);
-        self.unsettled = !settled;
+        self.life.unsettled = !settled;
         settled
     }
 
-    /// Progresses the worker until it has been quiet for [`SETTLE_QUIET`] (true) or
+    /// Progresses the worker until it has been quiet for [`SETTLE_QUIET`](super::lifecycle::SETTLE_QUIET) (true) or
     /// `until` passes (false).
     pub(super) fn progress_until_quiet(&mut self, until: Instant) -> bool {
         loop {
-            if self.last_activity.elapsed() >= SETTLE_QUIET {
+            if self.life.quiet(Instant::now()) {
                 return true;
             }
             if Instant::now() >= until {

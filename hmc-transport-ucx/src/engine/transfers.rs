@@ -1,51 +1,78 @@
-//! Transfers: the request slots UCX callbacks complete, issuing the chunks of a batch
-//! (`pump`), finishing it, and cancelling what a caller gave up on.
+//! Transfers: issuing the chunks of a batch within its window (`pump`), the flush that
+//! makes a WRITE visible at the target, finishing it, and cancelling what a caller gave
+//! up on; and where each completed request goes.
 
-use super::*;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use futures::channel::oneshot;
+use hmc_core::{Error, Op, Result};
+
+use super::requests::{Issue, Owner, Requests};
+use super::{Chunk, State};
+use crate::sys;
+
+/// A running transfer.
+pub(super) struct TransferState {
+    pub ep: u64,
+    pub op: Op,
+    pub chunks: Vec<Chunk>,
+    /// The next chunk to issue.
+    pub next: usize,
+    /// Requests issued and not completed (chunks, then the flush).
+    pub inflight: usize,
+    pub flushed: bool,
+    pub failure: Option<Error>,
+    /// When `failure` was set: issued chunks must drain within `drain_timeout` of it.
+    pub failed_at: Option<Instant>,
+    pub deadline: Instant,
+    pub started: Instant,
+    pub reply: Option<oneshot::Sender<Result<()>>>,
+    /// Callers of `Cancel` waiting for the transfer to end.
+    pub cancel_done: Vec<mpsc::SyncSender<()>>,
+}
+
+impl TransferState {
+    /// A transfer of `chunks` on `ep`, answered on `reply`.
+    pub fn new(
+        ep: u64,
+        op: Op,
+        chunks: Vec<Chunk>,
+        deadline: Instant,
+        reply: oneshot::Sender<Result<()>>,
+    ) -> Self {
+        TransferState {
+            ep,
+            op,
+            chunks,
+            next: 0,
+            inflight: 0,
+            flushed: false,
+            failure: None,
+            failed_at: None,
+            deadline,
+            started: Instant::now(),
+            reply: Some(reply),
+            cancel_done: Vec::new(),
+        }
+    }
+
+    /// Records the transfer's first failure (later ones are consequences).
+    pub fn fail(&mut self, err: Error) {
+        if self.failure.is_none() {
+            self.failure = Some(err);
+            self.failed_at = Some(Instant::now());
+        }
+    }
+}
+
+/// The running transfers by id.
+pub(super) type Transfers = HashMap<u64, TransferState>;
 
 impl State {
-    pub(super) fn alloc_slot(&mut self, owner: Owner) -> usize {
-        let rec = Some(ReqRec {
-            owner,
-            req: std::ptr::null_mut(),
-        });
-        match self.free_slots.pop() {
-            Some(i) => {
-                self.reqs[i] = rec;
-                i
-            }
-            None => {
-                self.reqs.push(rec);
-                self.reqs.len() - 1
-            }
-        }
-    }
-
-    pub(super) fn param(slot: usize) -> sys::ucp_request_param_t {
-        let mut p = sys::ucp_request_param_t::empty();
-        p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA;
-        p.cb = Some(on_request);
-        p.user_data = slot as *mut c_void;
-        p
-    }
-
-    /// Interprets an `_nbx` return value; keeps the slot when a request is pending.
-    pub(super) fn settle(&mut self, slot: usize, ret: sys::ucs_status_ptr_t) -> Issue {
-        if ret.is_null() {
-            self.reqs[slot] = None;
-            self.free_slots.push(slot);
-            Issue::Done(sys::UCS_OK)
-        } else if sys::ptr_is_err(ret) {
-            self.reqs[slot] = None;
-            self.free_slots.push(slot);
-            Issue::Done(sys::ptr_status(ret))
-        } else {
-            self.reqs[slot].as_mut().expect("allocated").req = ret;
-            self.live_requests += 1;
-            Issue::Pending
-        }
-    }
-
     /// Issues what a transfer may issue and finishes it when nothing is left in flight.
     pub(super) fn pump(&mut self, id: u64) {
         let window = self.cfg.max_inflight_chunks.max(1);
@@ -57,44 +84,39 @@ impl State {
                 break;
             }
             if Instant::now() >= op.deadline {
-                op.failure = Some(Error::DeadlineExceeded {
+                let elapsed = op.started.elapsed();
+                op.fail(Error::DeadlineExceeded {
                     during: "ucx transfer",
-                    elapsed: op.started.elapsed(),
+                    elapsed,
                 });
-                op.failed_at = Some(Instant::now());
                 break;
             }
             let chunk = op.chunks[op.next];
             let (ep_id, kind) = (op.ep, op.op);
-            let ep_handle = match self.eps.get(&ep_id) {
-                Some(e) if e.phase == EpPhase::Open => e.handle,
-                _ => {
-                    let err = self.ep_error(ep_id);
-                    let op = self.ops.get_mut(&id).expect("present");
-                    op.failure = Some(err);
-                    op.failed_at = Some(Instant::now());
-                    break;
-                }
+            let Some(ep_handle) = self.eps.open_handle(ep_id) else {
+                let err = self.eps.error(ep_id);
+                let op = self.ops.get_mut(&id).expect("present");
+                op.fail(err);
+                break;
             };
-            let rkey = match self.keys.get(&chunk.key) {
+            let rkey = match self.keys.imported.get(&chunk.key) {
                 Some(k) if !k.shared.revoked.load(Ordering::Acquire) && !k.rkey.is_null() => k.rkey,
                 _ => {
                     let op = self.ops.get_mut(&id).expect("present");
-                    op.failure = Some(Error::InvalidKey(
+                    op.fail(Error::InvalidKey(
                         "the target deregistered the region (or the key was released)".into(),
                     ));
-                    op.failed_at = Some(Instant::now());
                     break;
                 }
             };
             let op = self.ops.get_mut(&id).expect("present");
             op.next += 1;
-            let slot = self.alloc_slot(Owner::Chunk {
+            let slot = self.reqs.alloc(Owner::Chunk {
                 op: id,
                 key: chunk.key,
                 ep: ep_id,
             });
-            let p = Self::param(slot);
+            let p = Requests::param(slot);
             // SAFETY: live endpoint and rkey; the local range lies in a registration the
             // transfer future keeps alive (it waits for this request before returning), and
             // the remote range was bounds-checked against the target's registration.
@@ -118,18 +140,21 @@ impl State {
                     ),
                 }
             };
-            match self.settle(slot, ret) {
+            match self.reqs.settle(slot, ret) {
                 Issue::Done(sys::UCS_OK) => {}
                 Issue::Done(st) => {
                     let err = self.status_error(ep_id, "ucp_put_nbx/ucp_get_nbx", st);
                     let op = self.ops.get_mut(&id).expect("present");
-                    op.failure = Some(err);
-                    op.failed_at = Some(Instant::now());
+                    op.fail(err);
                 }
                 Issue::Pending => {
                     self.ops.get_mut(&id).expect("present").inflight += 1;
-                    self.keys.get_mut(&chunk.key).expect("checked").inflight += 1;
-                    self.eps.get_mut(&ep_id).expect("checked").inflight += 1;
+                    self.keys
+                        .imported
+                        .get_mut(&chunk.key)
+                        .expect("checked")
+                        .inflight += 1;
+                    self.eps.by_id.get_mut(&ep_id).expect("checked").inflight += 1;
                 }
             }
         }
@@ -143,19 +168,16 @@ impl State {
         if op.failure.is_none() && op.op == Op::Write && !op.flushed && !op.chunks.is_empty() {
             let ep_id = op.ep;
             op.flushed = true;
-            let handle = match self.eps.get(&ep_id) {
-                Some(e) if e.phase == EpPhase::Open => e.handle,
-                _ => {
-                    let err = self.ep_error(ep_id);
-                    self.finish(id, Err(err));
-                    return;
-                }
+            let Some(handle) = self.eps.open_handle(ep_id) else {
+                let err = self.eps.error(ep_id);
+                self.finish(id, Err(err));
+                return;
             };
-            let slot = self.alloc_slot(Owner::Flush { op: id, ep: ep_id });
-            let p = Self::param(slot);
+            let slot = self.reqs.alloc(Owner::Flush { op: id, ep: ep_id });
+            let p = Requests::param(slot);
             // SAFETY: live endpoint; flush touches no user memory.
             let ret = unsafe { (self.ucp.ucp_ep_flush_nbx)(handle, &p) };
-            match self.settle(slot, ret) {
+            match self.reqs.settle(slot, ret) {
                 Issue::Done(sys::UCS_OK) => self.finish(id, Ok(())),
                 Issue::Done(st) => {
                     let err = self.status_error(ep_id, "ucp_ep_flush_nbx", st);
@@ -163,7 +185,7 @@ impl State {
                 }
                 Issue::Pending => {
                     self.ops.get_mut(&id).expect("present").inflight += 1;
-                    self.eps.get_mut(&ep_id).expect("checked").inflight += 1;
+                    self.eps.by_id.get_mut(&ep_id).expect("checked").inflight += 1;
                 }
             }
             return;
@@ -181,8 +203,8 @@ impl State {
         function: &'static str,
         st: sys::ucs_status_t,
     ) -> Error {
-        match self.eps.get(&ep) {
-            Some(e) if e.failed.is_some() => self.ep_error(ep),
+        match self.eps.by_id.get(&ep) {
+            Some(e) if e.failed.is_some() => self.eps.error(ep),
             _ if st == sys::UCS_ERR_CANCELED => {
                 Error::Cancelled(format!("{function} was cancelled"))
             }
@@ -202,18 +224,16 @@ impl State {
     }
 
     pub(super) fn request_done(&mut self, slot: usize, status: sys::ucs_status_t) {
-        let Some(rec) = self.reqs.get_mut(slot).and_then(Option::take) else {
+        let Some(rec) = self.reqs.complete(slot) else {
             return;
         };
-        self.live_requests -= 1;
-        self.free_slots.push(slot);
         if !rec.req.is_null() {
             // SAFETY: the request was returned by an `_nbx` call and completed; freed once.
             unsafe { (self.ucp.ucp_request_free)(rec.req) };
         }
         match rec.owner {
             Owner::Chunk { op, key, ep } => {
-                if let Some(k) = self.keys.get_mut(&key) {
+                if let Some(k) = self.keys.imported.get_mut(&key) {
                     k.inflight -= 1;
                 }
                 self.ep_done(ep);
@@ -255,17 +275,14 @@ impl State {
             return;
         };
         op.inflight -= 1;
-        if let Some(e) = err
-            && op.failure.is_none()
-        {
-            op.failure = Some(e);
-            op.failed_at = Some(Instant::now());
+        if let Some(e) = err {
+            op.fail(e);
         }
         self.pump(id);
     }
 
     pub(super) fn cancel_requests_of(&mut self, id: u64) {
-        for rec in self.reqs.iter().flatten() {
+        for rec in self.reqs.iter() {
             if let Owner::Chunk { op, .. } = rec.owner
                 && op == id
                 && !rec.req.is_null()
