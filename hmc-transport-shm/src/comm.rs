@@ -52,6 +52,23 @@ enum Reply {
     Refused(Refusal, u64, String),
 }
 
+/// The leases of one batch, one per distinct key.
+struct Leases(Vec<(KeyId, Arc<Lease>)>);
+
+impl Leases {
+    /// The lease of `key` (every key of the batch was leased).
+    fn of(&self, key: KeyId) -> &Arc<Lease> {
+        let at = self.0.iter().position(|(k, _)| *k == key);
+        &self.0[at.expect("leased above")].1
+    }
+}
+
+/// A descriptor's lease, checked, and the device backend that copies it (none: host).
+struct Leased<'l> {
+    lease: &'l Arc<Lease>,
+    engine: Option<AnyMemory>,
+}
+
 #[derive(Default)]
 pub(crate) struct Cache {
     pub(crate) by_key: HashMap<KeyId, Arc<Lease>>,
@@ -235,6 +252,47 @@ impl EpShared {
     }
 
     /// Sends a request and waits for its answer by `deadline`.
+    /// One lease per distinct key of `batch`, from the cache or a grant round trip.
+    async fn leases_for(
+        &self,
+        batch: &[TransferDesc<'_, ShmCommunicator>],
+        op: Op,
+        need: Access,
+        deadline: Deadline,
+    ) -> Result<Leases> {
+        let mut leases = Leases(Vec::new());
+        for d in batch {
+            if leases.0.iter().any(|(k, _)| *k == d.remote.key) {
+                continue;
+            }
+            let cached = self.cache.lock().by_key.get(&d.remote.key).cloned();
+            let lease = match cached.filter(|l| *l.valid.read() && l.access.allows(need)) {
+                Some(l) => l,
+                None => {
+                    let (id, token) = d.remote.key;
+                    let (offset, len) = (d.remote_offset, d.len as u64);
+                    let grant = |req| Msg::Grant {
+                        req,
+                        id,
+                        token,
+                        op,
+                        offset,
+                        len,
+                    };
+                    match self.request(Some(d.remote.key), deadline, grant).await? {
+                        Reply::Lease(l) => l,
+                        Reply::Refused(why, limit, text) => {
+                            return Err(wire::refused(&self.peer, why, limit, text, offset, len));
+                        }
+                        Reply::Done => return Err(Error::Protocol("Ok answering Grant".into())),
+                    }
+                }
+            };
+            leases.0.push((d.remote.key, lease));
+        }
+        Ok(leases)
+    }
+
     async fn request(
         &self,
         key: Option<KeyId>,
@@ -503,6 +561,139 @@ impl ShmCommunicator {
             _alloc: alloc,
             memory,
         })
+    }
+
+    /// Checks each descriptor against its lease: the target's answer is authoritative (a
+    /// descriptor's length could be forged), and so is the memory kind its grant names;
+    /// picks the device backend for each.
+    fn check_leases<'l>(
+        &self,
+        ep: &EpShared,
+        batch: &[TransferDesc<'_, Self>],
+        leases: &'l Leases,
+        op: Op,
+        need: Access,
+    ) -> Result<Vec<Leased<'l>>> {
+        let mut leased = Vec::with_capacity(batch.len());
+        for d in batch {
+            let l = leases.of(d.remote.key);
+            check_bounds("remote region", d.remote_offset, d.len as u64, l.len)?;
+            let remote = l.ipc.as_ref().map(IpcLease::kind);
+            let granted = remote.unwrap_or(hmc_core::DeviceKind::HOST);
+            if granted != d.remote.device.kind {
+                return Err(Error::Protocol(format!(
+                    "the peer granted {granted} memory for a region exported as {}",
+                    d.remote.device
+                )));
+            }
+            let local = &d.local.entry.region;
+            let engine = self
+                .devices
+                .engine(local.device, d.local.memory.as_ref(), remote)?;
+            if l.map.is_none()
+                && l.ipc.is_none()
+                && let Some(why) = &ep.cma_refused
+            {
+                return Err(Error::Unavailable {
+                    what: "this region of the peer".into(),
+                    reason: why.clone(),
+                    hint: "or have the peer allocate the region with \
+                           Communicator::alloc_registered (shared memory, which needs no \
+                           cross-memory attach)"
+                        .into(),
+                });
+            }
+            if !l.access.allows(need) {
+                return Err(Error::AccessDenied(format!(
+                    "the target grants {:?} but {op:?} needs {need:?}",
+                    l.access
+                )));
+            }
+            leased.push(Leased { lease: l, engine });
+        }
+        Ok(leased)
+    }
+
+    /// Moves a checked batch: host-to-host pieces by cross-memory attach in rounds of up
+    /// to a chunk over the copy threads (the deadline and the yield checked between
+    /// rounds; each group holds its lease), mapped and device pieces a chunk at a time.
+    async fn copy_leased(
+        &self,
+        ep: &EpShared,
+        op: Op,
+        batch: &[TransferDesc<'_, Self>],
+        leased: &[Leased<'_>],
+        deadline: Deadline,
+        started: Instant,
+    ) -> Result<()> {
+        let expired = || Error::DeadlineExceeded {
+            during: "transfer",
+            elapsed: started.elapsed(),
+        };
+        let chunk = self.target.config.chunk_len.max(1);
+        let mut since_yield = 0usize;
+        let pool = &self.copies;
+        let mut round = chunk::Round::new((chunk / pool.threads()).max(64 << 10));
+        let run = |r: &mut chunk::Round| {
+            // SAFETY: the pieces' local ranges were bounds-checked against registrations the
+            // batch borrows, which the caller keeps allocated; remote ones against the lease.
+            unsafe { r.run(pool, op, &ep.peer, ep.cred, || ep.lease_lost()) }
+        };
+        for (d, Leased { lease: l, engine }) in batch.iter().zip(leased) {
+            let attach = engine.is_none() && l.map.is_none() && l.ipc.is_none();
+            if !attach {
+                since_yield += run(&mut round)?;
+            }
+            let step = if attach { round.piece_cap() } else { chunk };
+            let mut off = 0usize;
+            while off < d.len {
+                if deadline.is_expired() {
+                    return Err(expired());
+                }
+                let n = step.min(d.len - off);
+                let local = d.local.entry.region.slice(d.local_offset + off, n)?;
+                let at = d.remote_offset + off as u64;
+                off += n;
+                if attach {
+                    round.push(&l.valid, local.addr as *mut u8, l.addr + at, n);
+                    if round.bytes() >= chunk {
+                        since_yield += run(&mut round)?;
+                    }
+                } else {
+                    let peer = chunk::Peer {
+                        addr: &ep.peer,
+                        cred: ep.cred,
+                        base: l.addr,
+                        len: l.len,
+                        map: l.map.as_deref(),
+                        ipc: l.ipc.as_ref(),
+                        opens: &ep.ipc_opens,
+                        refused: &ep.ipc_refused,
+                    };
+                    let valid = l.valid.read();
+                    if !*valid {
+                        return Err(ep.lease_lost());
+                    }
+                    let c = Chunk {
+                        op,
+                        local,
+                        at,
+                        engine: engine.as_ref(),
+                    };
+                    // SAFETY: the local range lies inside a registration the batch borrows
+                    // (bounds checked above), which the caller keeps allocated; the lease
+                    // cannot be revoked while `valid` is held for reading.
+                    unsafe { chunk::copy(&c, &peer) }?;
+                    since_yield += n;
+                }
+                if since_yield >= chunk {
+                    since_yield = 0;
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+        run(&mut round)?;
+        Ok(())
     }
 
     pub(crate) fn check_open(&self) -> Result<()> {
@@ -780,147 +971,10 @@ impl Communicator for ShmCommunicator {
             // batch borrows; remote ones by `page_copy::spans` against the page.
             return unsafe { page_copy::copy(op, &spans, chunk, deadline, gone) }.await;
         }
-        // One lease per distinct key, from the cache or a grant round trip.
-        let mut leases: Vec<(KeyId, Arc<Lease>)> = Vec::new();
-        for d in batch {
-            if leases.iter().any(|(k, _)| *k == d.remote.key) {
-                continue;
-            }
-            let cached = ep.cache.lock().by_key.get(&d.remote.key).cloned();
-            let lease = match cached.filter(|l| *l.valid.read() && l.access.allows(need)) {
-                Some(l) => l,
-                None => {
-                    let (id, token) = d.remote.key;
-                    let (offset, len) = (d.remote_offset, d.len as u64);
-                    let grant = |req| Msg::Grant {
-                        req,
-                        id,
-                        token,
-                        op,
-                        offset,
-                        len,
-                    };
-                    match ep.request(Some(d.remote.key), deadline, grant).await? {
-                        Reply::Lease(l) => l,
-                        Reply::Refused(why, limit, text) => {
-                            return Err(wire::refused(&ep.peer, why, limit, text, offset, len));
-                        }
-                        Reply::Done => return Err(Error::Protocol("Ok answering Grant".into())),
-                    }
-                }
-            };
-            leases.push((d.remote.key, lease));
-        }
-        let lease_of = |d: &TransferDesc<'_, Self>| {
-            let at = leases.iter().position(|(k, _)| *k == d.remote.key);
-            &leases[at.expect("leased above")].1
-        };
-        // The target's answer is authoritative (a descriptor's length could be forged), and
-        // so is the memory kind its grant names.
-        let mut engines = Vec::with_capacity(batch.len());
-        for d in batch {
-            let l = lease_of(d);
-            check_bounds("remote region", d.remote_offset, d.len as u64, l.len)?;
-            let remote = l.ipc.as_ref().map(IpcLease::kind);
-            let granted = remote.unwrap_or(hmc_core::DeviceKind::HOST);
-            if granted != d.remote.device.kind {
-                return Err(Error::Protocol(format!(
-                    "the peer granted {granted} memory for a region exported as {}",
-                    d.remote.device
-                )));
-            }
-            let local = &d.local.entry.region;
-            engines.push(
-                self.devices
-                    .engine(local.device, d.local.memory.as_ref(), remote)?,
-            );
-            if l.map.is_none()
-                && l.ipc.is_none()
-                && let Some(why) = &ep.cma_refused
-            {
-                return Err(Error::Unavailable {
-                    what: "this region of the peer".into(),
-                    reason: why.clone(),
-                    hint: "or have the peer allocate the region with \
-                           Communicator::alloc_registered (shared memory, which needs no \
-                           cross-memory attach)"
-                        .into(),
-                });
-            }
-            if !l.access.allows(need) {
-                return Err(Error::AccessDenied(format!(
-                    "the target grants {:?} but {op:?} needs {need:?}",
-                    l.access
-                )));
-            }
-        }
-        let chunk = self.target.config.chunk_len.max(1);
-        let mut since_yield = 0usize;
-        // Host-to-host pieces go in rounds of up to a chunk over the copy threads (the
-        // deadline and the yield are checked between rounds; each group holds its lease).
-        let pool = &self.copies;
-        let mut round = chunk::Round::new((chunk / pool.threads()).max(64 << 10));
-        let run = |r: &mut chunk::Round| {
-            // SAFETY: the pieces' local ranges were bounds-checked against registrations the
-            // batch borrows, which the caller keeps allocated; remote ones against the lease.
-            unsafe { r.run(pool, op, &ep.peer, ep.cred, || ep.lease_lost()) }
-        };
-        for (d, engine) in batch.iter().zip(&engines) {
-            let l = lease_of(d);
-            let attach = engine.is_none() && l.map.is_none() && l.ipc.is_none();
-            if !attach {
-                since_yield += run(&mut round)?;
-            }
-            let step = if attach { round.piece_cap() } else { chunk };
-            let mut off = 0usize;
-            while off < d.len {
-                if deadline.is_expired() {
-                    return Err(expired());
-                }
-                let n = step.min(d.len - off);
-                let local = d.local.entry.region.slice(d.local_offset + off, n)?;
-                let at = d.remote_offset + off as u64;
-                off += n;
-                if attach {
-                    round.push(&l.valid, local.addr as *mut u8, l.addr + at, n);
-                    if round.bytes() >= chunk {
-                        since_yield += run(&mut round)?;
-                    }
-                } else {
-                    let peer = chunk::Peer {
-                        addr: &ep.peer,
-                        cred: ep.cred,
-                        base: l.addr,
-                        len: l.len,
-                        map: l.map.as_deref(),
-                        ipc: l.ipc.as_ref(),
-                        opens: &ep.ipc_opens,
-                        refused: &ep.ipc_refused,
-                    };
-                    let valid = l.valid.read();
-                    if !*valid {
-                        return Err(ep.lease_lost());
-                    }
-                    let c = Chunk {
-                        op,
-                        local,
-                        at,
-                        engine: engine.as_ref(),
-                    };
-                    // SAFETY: the local range lies inside a registration the batch borrows
-                    // (bounds checked above), which the caller keeps allocated; the lease
-                    // cannot be revoked while `valid` is held for reading.
-                    unsafe { chunk::copy(&c, &peer) }?;
-                    since_yield += n;
-                }
-                if since_yield >= chunk {
-                    since_yield = 0;
-                    tokio::task::yield_now().await;
-                }
-            }
-        }
-        run(&mut round)?;
-        Ok(())
+        let leases = ep.leases_for(batch, op, need, deadline).await?;
+        let leased = self.check_leases(ep, batch, &leases, op, need)?;
+        self.copy_leased(ep, op, batch, &leased, deadline, started)
+            .await
     }
 
     async fn notify(

@@ -29,10 +29,6 @@ pub const FN_ALLOWED: &[(&str, &str)] = &[
         "an example read top to bottom: the GPU check's steps in order, each printed",
     ),
     (
-        "hmc-transport-shm/src/comm.rs::transfer",
-        "temporary (issue 34): the batch validation moves to the transport kit's one check",
-    ),
-    (
         "hmc-core/src/testing/cases.rs::communicator_cases",
         "the conformance kit as data: one table of cases, one entry per case",
     ),
