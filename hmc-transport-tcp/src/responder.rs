@@ -650,51 +650,7 @@ async fn serve_batch(
         }
     };
     match op {
-        Op::Write => {
-            let mut remaining = total;
-            // Runs of descriptors in the same region are read together (see `recv_into`).
-            let mut i = 0;
-            while i < descs.len() {
-                let (d, entry) = (&descs[i], &entries[i]);
-                let run = entries[i..]
-                    .iter()
-                    .take_while(|e| Arc::ptr_eq(e, entry))
-                    .count();
-                let run = &descs[i..i + run];
-                i += run.len();
-                let moved = match &entry.memory {
-                    Some(memory) => {
-                        let pool = &shared.staging;
-                        match recv_staged(stream, pool, entry, memory, run, stall).await? {
-                            StagedMoved::Done => Moved::Done,
-                            StagedMoved::Deregistered { moved, started } => {
-                                Moved::Deregistered { moved, started }
-                            }
-                            StagedMoved::Refused(e) => {
-                                drain(stream, remaining, stall).await?;
-                                send(stream, &wire::encode_error(&e), stall).await?;
-                                return Ok(());
-                            }
-                        }
-                    }
-                    None => recv_into(stream, entry, run, stall).await?,
-                };
-                match moved {
-                    Moved::Done => remaining -= run.iter().map(|d| d.len).sum::<u64>(),
-                    Moved::Deregistered { moved, .. } => {
-                        drain(stream, remaining - moved, stall).await?;
-                        let e = Error::InvalidKey(format!(
-                            "region {} at {} was deregistered during the WRITE; part of the \
-                             batch may have landed",
-                            d.id, shared.addr
-                        ));
-                        send(stream, &wire::encode_error(&e), stall).await?;
-                        return Ok(());
-                    }
-                }
-            }
-            send(stream, &[0], stall).await?;
-        }
+        Op::Write => serve_write(shared, stream, &descs, &entries, total).await,
         Op::Read
             if total <= wire::COALESCE_LEN as u64
                 && descs.iter().filter(|d| d.len > 0).count() != 1
@@ -704,68 +660,134 @@ async fn serve_batch(
             // (one descriptor's bytes leave with the status below, in one `sendmsg`, uncopied).
             let answer = small_answer(shared, &descs, &entries, total as usize);
             send(stream, &answer, stall).await?;
+            Ok(())
         }
-        Op::Read => {
-            // The success status and its padding leave with the first bytes.
-            let first = descs
-                .iter()
-                .zip(&entries)
-                .find(|(d, _)| d.len > 0)
-                .map_or(0, |(d, e)| (e.region.addr + d.offset) as usize);
-            let pad = wire::align_pad(2, first);
-            let mut prefix = [0u8; 2 + 63];
-            prefix[1] = pad;
-            let mut status: &[u8] = &prefix[..2 + pad as usize];
-            // Runs of descriptors in the same region leave together (see `send_from`).
-            let mut i = 0;
-            while i < descs.len() {
-                let (d, entry) = (&descs[i], &entries[i]);
-                let run = entries[i..]
-                    .iter()
-                    .take_while(|e| Arc::ptr_eq(e, entry))
-                    .count();
-                let run_descs = &descs[i..i + run];
-                let sent = match &entry.memory {
-                    Some(memory) => {
-                        let pool = &shared.staging;
-                        match send_staged(stream, pool, entry, memory, run_descs, status, stall)
-                            .await?
-                        {
-                            StagedMoved::Done => Moved::Done,
-                            StagedMoved::Deregistered { moved, started } => {
-                                Moved::Deregistered { moved, started }
-                            }
-                            StagedMoved::Refused(e) => {
-                                // Refused only while nothing of the answer has left.
-                                send(stream, &wire::encode_error(&e), stall).await?;
-                                return Ok(());
-                            }
-                        }
+        Op::Read => serve_read(shared, stream, &descs, &entries).await,
+    }
+}
+
+/// Receives an admitted WRITE's bytes into its regions (staged for device memory) and
+/// answers; a refusal or a deregistration midway drains the rest and answers the error.
+async fn serve_write(
+    shared: &Shared,
+    stream: &mut Stream,
+    descs: &[WireDesc],
+    entries: &[Arc<RegEntry>],
+    total: u64,
+) -> Result<(), Broken> {
+    let stall = shared.config.request_timeout;
+    let mut remaining = total;
+    // Runs of descriptors in the same region are read together (see `recv_into`).
+    let mut i = 0;
+    while i < descs.len() {
+        let (d, entry) = (&descs[i], &entries[i]);
+        let run = entries[i..]
+            .iter()
+            .take_while(|e| Arc::ptr_eq(e, entry))
+            .count();
+        let run = &descs[i..i + run];
+        i += run.len();
+        let moved = match &entry.memory {
+            Some(memory) => {
+                let pool = &shared.staging;
+                match recv_staged(stream, pool, entry, memory, run, stall).await? {
+                    StagedMoved::Done => Moved::Done,
+                    StagedMoved::Deregistered { moved, started } => {
+                        Moved::Deregistered { moved, started }
                     }
-                    None => send_from(stream, entry, run_descs, status, stall).await?,
-                };
-                i += run;
-                let first_call = !status.is_empty();
-                status = &[];
-                if let Moved::Deregistered { started: false, .. } = sent
-                    && first_call
-                {
-                    // Nothing has left yet: the answer can still be a refusal.
-                    let e = Error::InvalidKey(format!(
-                        "region {} at {} was deregistered before the READ was served",
-                        d.id, shared.addr
-                    ));
-                    send(stream, &wire::encode_error(&e), stall).await?;
-                    return Ok(());
-                }
-                if let Moved::Deregistered { .. } = sent {
-                    // The answer is already under way; only closing can tell the initiator.
-                    return Err(Broken::Io(io::Error::other(format!(
-                        "region {} was deregistered during a READ",
-                        d.id
-                    ))));
+                    StagedMoved::Refused(e) => {
+                        drain(stream, remaining, stall).await?;
+                        send(stream, &wire::encode_error(&e), stall).await?;
+                        return Ok(());
+                    }
                 }
             }
+            None => recv_into(stream, entry, run, stall).await?,
+        };
+        match moved {
+            Moved::Done => remaining -= run.iter().map(|d| d.len).sum::<u64>(),
+            Moved::Deregistered { moved, .. } => {
+                drain(stream, remaining - moved, stall).await?;
+                let e = Error::InvalidKey(format!(
+                    "region {} at {} was deregistered during the WRITE; part of the \
+                         batch may have landed",
+                    d.id, shared.addr
+                ));
+                send(stream, &wire::encode_error(&e), stall).await?;
+                return Ok(());
+            }
+        }
+    }
+    send(stream, &[0], stall).await?;
+    Ok(())
+}
+
+/// Sends an admitted READ's answer: the success status and its padding with the first
+/// bytes, then the regions' bytes (staged for device memory). A deregistration before
+/// anything left is answered as a refusal; after, only closing can tell the initiator.
+async fn serve_read(
+    shared: &Shared,
+    stream: &mut Stream,
+    descs: &[WireDesc],
+    entries: &[Arc<RegEntry>],
+) -> Result<(), Broken> {
+    let stall = shared.config.request_timeout;
+    // The success status and its padding leave with the first bytes.
+    let first = descs
+        .iter()
+        .zip(entries)
+        .find(|(d, _)| d.len > 0)
+        .map_or(0, |(d, e)| (e.region.addr + d.offset) as usize);
+    let pad = wire::align_pad(2, first);
+    let mut prefix = [0u8; 2 + 63];
+    prefix[1] = pad;
+    let mut status: &[u8] = &prefix[..2 + pad as usize];
+    // Runs of descriptors in the same region leave together (see `send_from`).
+    let mut i = 0;
+    while i < descs.len() {
+        let (d, entry) = (&descs[i], &entries[i]);
+        let run = entries[i..]
+            .iter()
+            .take_while(|e| Arc::ptr_eq(e, entry))
+            .count();
+        let run_descs = &descs[i..i + run];
+        let sent = match &entry.memory {
+            Some(memory) => {
+                let pool = &shared.staging;
+                match send_staged(stream, pool, entry, memory, run_descs, status, stall).await? {
+                    StagedMoved::Done => Moved::Done,
+                    StagedMoved::Deregistered { moved, started } => {
+                        Moved::Deregistered { moved, started }
+                    }
+                    StagedMoved::Refused(e) => {
+                        // Refused only while nothing of the answer has left.
+                        send(stream, &wire::encode_error(&e), stall).await?;
+                        return Ok(());
+                    }
+                }
+            }
+            None => send_from(stream, entry, run_descs, status, stall).await?,
+        };
+        i += run;
+        let first_call = !status.is_empty();
+        status = &[];
+        if let Moved::Deregistered { started: false, .. } = sent
+            && first_call
+        {
+            // Nothing has left yet: the answer can still be a refusal.
+            let e = Error::InvalidKey(format!(
+                "region {} at {} was deregistered before the READ was served",
+                d.id, shared.addr
+            ));
+            send(stream, &wire::encode_error(&e), stall).await?;
+            return Ok(());
+        }
+        if let Moved::Deregistered { .. } = sent {
+            // The answer is already under way; only closing can tell the initiator.
+            return Err(Broken::Io(io::Error::other(format!(
+                "region {} was deregistered during a READ",
+                d.id
+            ))));
         }
     }
     Ok(())

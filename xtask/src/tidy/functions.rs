@@ -36,10 +36,6 @@ pub const FN_ALLOWED: &[(&str, &str)] = &[
         "hmc-rpc/src/client.rs::run_connection",
         "temporary (issue 34): the client connection loop; to split per frame kind",
     ),
-    (
-        "hmc-transport-tcp/src/responder.rs::serve_batch",
-        "temporary (issue 34): one batch's validation and moves; the validation goes to the kit",
-    ),
 ];
 
 /// A function body found in a file: its name, first line (1-based) and length in lines.
