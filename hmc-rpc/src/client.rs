@@ -713,47 +713,10 @@ async fn run_connection(
     let mut answered: usize = 0;
     // The last read from the socket took at most `POLL_MAX_MESSAGE` bytes.
     let mut small_reads = true;
-    let lost: String = 'conn: loop {
-        while let Some(ev) = core.poll_event() {
-            match ev {
-                ClientEvent::Response {
-                    request_id,
-                    status,
-                    payload,
-                } => {
-                    if let Some(tx) = waiting.remove(&request_id) {
-                        let r = if status == Status::OK {
-                            Ok(match core.take_staged(request_id) {
-                                Some(staged) => Reply::Staged(staged),
-                                None => Reply::Payload(payload),
-                            })
-                        } else {
-                            Err(CallError::answered(status, &payload))
-                        };
-                        let _ = tx.send(r);
-                        answered += 1;
-                    }
-                }
-                ClientEvent::ResponseInBuffer { request_id, len } => {
-                    if let Some(tx) = waiting.remove(&request_id) {
-                        let _ = tx.send(Ok(Reply::InBuffer(len)));
-                        answered += 1;
-                    }
-                }
-                ClientEvent::TimedOut { request_id } => {
-                    if let Some(tx) = waiting.remove(&request_id) {
-                        let _ = tx.send(Err(CallError::DeadlineExceeded(Duration::ZERO)));
-                        answered += 1;
-                    }
-                }
-                ClientEvent::Draining { reason } => {
-                    tracing::debug!(%reason, "server draining; the next call reconnects");
-                    usable.store(false, Ordering::Release);
-                }
-            }
-        }
+    let lost: String = loop {
+        answered += deliver_events(&mut core, &mut waiting, &usable);
         if let Err(e) = wr.write_queued(&mut core) {
-            break 'conn format!("write failed: {e}");
+            break format!("write failed: {e}");
         }
         if let Some(r) = core.closed_reason() {
             break r.to_string();
@@ -862,14 +825,75 @@ async fn run_connection(
         }
     };
     usable.store(false, Ordering::Release);
-    core.connection_lost(&lost);
+    fail_remaining(&mut core, &wr, waiting, &mut cmds, &lost);
+}
+
+/// Hands the answers the core has parsed to their callers (how many were woken), and
+/// marks the connection unusable for new calls once the server drains it.
+fn deliver_events(
+    core: &mut ClientConn,
+    waiting: &mut IdMap<u64, ReplyTx>,
+    usable: &AtomicBool,
+) -> usize {
+    let mut answered = 0;
+    while let Some(ev) = core.poll_event() {
+        match ev {
+            ClientEvent::Response {
+                request_id,
+                status,
+                payload,
+            } => {
+                if let Some(tx) = waiting.remove(&request_id) {
+                    let r = if status == Status::OK {
+                        Ok(match core.take_staged(request_id) {
+                            Some(staged) => Reply::Staged(staged),
+                            None => Reply::Payload(payload),
+                        })
+                    } else {
+                        Err(CallError::answered(status, &payload))
+                    };
+                    let _ = tx.send(r);
+                    answered += 1;
+                }
+            }
+            ClientEvent::ResponseInBuffer { request_id, len } => {
+                if let Some(tx) = waiting.remove(&request_id) {
+                    let _ = tx.send(Ok(Reply::InBuffer(len)));
+                    answered += 1;
+                }
+            }
+            ClientEvent::TimedOut { request_id } => {
+                if let Some(tx) = waiting.remove(&request_id) {
+                    let _ = tx.send(Err(CallError::DeadlineExceeded(Duration::ZERO)));
+                    answered += 1;
+                }
+            }
+            ClientEvent::Draining { reason } => {
+                tracing::debug!(%reason, "server draining; the next call reconnects");
+                usable.store(false, Ordering::Release);
+            }
+        }
+    }
+    answered
+}
+
+/// After the connection is lost: a final GOAWAY flushed if the core queued one (best
+/// effort), and every call waiting or still queued failed with `lost`.
+fn fail_remaining(
+    core: &mut ClientConn,
+    wr: &crate::net::WriteHalf,
+    mut waiting: IdMap<u64, ReplyTx>,
+    cmds: &mut mpsc::UnboundedReceiver<Cmd>,
+    lost: &str,
+) {
+    core.connection_lost(lost);
     // Flush a final GOAWAY if the core queued one; best effort.
     let p = core.pending_tx();
     if !p.is_empty() {
         let _ = wr.try_write(p);
     }
     for (_, tx) in waiting.drain() {
-        let _ = tx.send(Err(CallError::ConnectionLost(lost.clone())));
+        let _ = tx.send(Err(CallError::ConnectionLost(lost.to_string())));
     }
     // Calls queued after the loss are failed too (they were never sent).
     cmds.close();

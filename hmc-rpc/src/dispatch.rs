@@ -206,8 +206,8 @@ impl CallContext {
 /// The result of a handler: response bytes or an error status.
 pub type HandlerResult = Result<Bytes, RpcError>;
 type BoxFut = Pin<Box<dyn Future<Output = HandlerResult> + Send>>;
-type AsyncFn = dyn Fn(CallContext, Bytes) -> BoxFut + Send + Sync;
-type BlockingFn = dyn Fn(&CallContext, Bytes) -> HandlerResult + Send + Sync;
+pub(crate) type AsyncFn = dyn Fn(CallContext, Bytes) -> BoxFut + Send + Sync;
+pub(crate) type BlockingFn = dyn Fn(&CallContext, Bytes) -> HandlerResult + Send + Sync;
 
 /// How a method runs.
 #[derive(Clone)]

@@ -2,15 +2,13 @@
 //! handler execution (async tasks and a fixed pool of blocking workers), limits, and
 //! graceful shutdown.
 
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::StreamExt;
 use futures::stream::{BoxStream, SelectAll};
-use futures::{FutureExt, StreamExt};
 use hmc_core::{Communicator, Error, PeerAddr, Result};
 use parking_lot::Mutex;
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -19,22 +17,20 @@ use tracing::Instrument;
 
 use crate::budget::{HeldBudget, ServerStats};
 use crate::data_plane::{
-    ConnUse, DataPlaneConfig, DataPlaneStats, NoDataPlane, RpcPeer, RunHandler, Served, ServerDp,
-    ServerPlane, Work,
+    ConnUse, DataPlaneConfig, DataPlaneStats, NoDataPlane, RpcPeer, ServerDp, ServerPlane,
 };
-use crate::dispatch::{
-    CallContext, CancelToken, Connection, DeviceReply, DeviceRequest, Dispatcher, Handler,
-    HandlerResult, RpcError,
-};
+use crate::dispatch::{CancelToken, Connection, Dispatcher, HandlerResult, RpcError};
 use crate::frame::PayloadMode;
 use crate::frame::Status;
 use crate::net::{BusyPoll, ConnTimer, Listener, POLL_MAX_MESSAGE, Stream};
-use crate::proto::{ConnConfig, IdMap, IncomingCall, ReadTarget, ServerConn, ServerEvent};
+use crate::proto::{ConnConfig, IdMap, ReadTarget, ServerConn, ServerEvent};
 use crate::settings::{Settings, features};
 
 mod admit;
+mod start;
 
-use admit::{CountedCall, admit, refuse_connection};
+use admit::{admit, refuse_connection};
+use start::start_call;
 
 /// Server limits and sizes. Every field has a default and a name used in error messages.
 #[derive(Clone, Debug)]
@@ -351,24 +347,9 @@ async fn serve_connection(
     let _counted = crate::metrics::ServerConnection::open();
     let conn_use = Arc::new(ConnUse::for_peer(peer));
     let (mut rd, wr) = stream.into_split();
-    let mut core = ServerConn::with_budget(
-        shared.config.conn.clone(),
-        Instant::now(),
-        shared.budget.clone(),
-    );
-    core.set_settings(&shared.settings);
+    let mut core = new_core(&shared);
     let mut timer = ConnTimer::new();
     let mut poll = BusyPoll::new(shared.config.conn.busy_poll);
-    if shared.dp.is_some() {
-        core.enable_hmc_buffer();
-    }
-    if shared.dispatcher.has_device_routes() {
-        // Streamed requests of device methods go to the device as they arrive.
-        let s = shared.clone();
-        core.set_sink_factory(Box::new(move |method, len| {
-            s.dispatcher.device_route(method).map(|r| r.sink(len))
-        }));
-    }
     let mut feeds: Feeds = SelectAll::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
     let mut tokens: IdMap<u64, CancelToken> = Default::default();
@@ -395,53 +376,21 @@ async fn serve_connection(
     // wake-up: a lock every connection of the server shares, and list nodes that live in
     // other connections' (cold) tasks.
     let mut shutdown_signal = std::pin::pin!(async move { shutdown.changed().await.is_ok() });
-    'conn: loop {
-        while let Some(ev) = core.poll_event() {
-            match ev {
-                ServerEvent::Call(call) => {
-                    let work = if call.mode == PayloadMode::HmcBuffer {
-                        Some(call.payload_len.saturating_mul(2))
-                    } else {
-                        (call.payload_len <= POLL_MAX_MESSAGE as u64).then_some(0)
-                    };
-                    let calls = poll_work.map_or(0, |(_, n)| n) + 1;
-                    poll_work = work.map(|w| (w, calls));
-                    if start_call(
-                        &shared,
-                        &conn_use,
-                        &conn,
-                        &mut core,
-                        &mut tokens,
-                        &done_tx,
-                        call,
-                    ) {
-                        in_tasks += 1;
-                    }
-                }
-                ServerEvent::Abandon { request_id, .. } => {
-                    if let Some(t) = tokens.remove(&request_id) {
-                        t.cancel();
-                    }
-                }
-            }
-        }
+    let calls = CallSink {
+        shared: &shared,
+        conn_use: &conn_use,
+        conn: &conn,
+        done: &done_tx,
+    };
+    loop {
+        in_tasks += calls.take_events(&mut core, &mut tokens, &mut poll_work);
         if let Err(e) = wr.write_queued(&mut core) {
             tracing::debug!(error = %e, "write failed; dropping connection");
-            break 'conn;
+            break;
         }
         let now = Instant::now();
         core.settle(now);
-        if core.finished() {
-            // The peer closed its side and every answer is written.
-            break;
-        }
-        if core.close_reason().is_some() {
-            let since = *closing_since.get_or_insert(now);
-            if !core.has_tx() || now >= since + CLOSE_LINGER {
-                break;
-            }
-        }
-        if core.drained() && !core.has_tx() {
+        if connection_done(&core, &mut closing_since, now) {
             break;
         }
         let want_write = core.has_tx();
@@ -461,22 +410,14 @@ async fn serve_connection(
             }
             if poll.active(now) {
                 // Busy-polling for the next request, then the other ready tasks.
-                match rd.recv_now(core.read_target(READ_CHUNK)) {
-                    Ok(0) => {
-                        core.handle_eof(Instant::now());
+                match busy_read(&mut rd, &mut core, &mut poll) {
+                    Some(true) => continue,
+                    Some(false) => break,
+                    None => {
+                        tokio::task::yield_now().await;
                         continue;
                     }
-                    Ok(n) => {
-                        let now = Instant::now();
-                        core.handle_read(n, now);
-                        poll.arrived(now);
-                        continue;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(_) => break,
                 }
-                tokio::task::yield_now().await;
-                continue;
             }
         } else {
             poll.disarm();
@@ -544,6 +485,113 @@ async fn serve_connection(
     }
 }
 
+/// A connection's protocol core, configured from the server's settings.
+fn new_core(shared: &Arc<Shared>) -> ServerConn {
+    let mut core = ServerConn::with_budget(
+        shared.config.conn.clone(),
+        Instant::now(),
+        shared.budget.clone(),
+    );
+    core.set_settings(&shared.settings);
+    if shared.dp.is_some() {
+        core.enable_hmc_buffer();
+    }
+    if shared.dispatcher.has_device_routes() {
+        // Streamed requests of device methods go to the device as they arrive.
+        let s = shared.clone();
+        core.set_sink_factory(Box::new(move |method, len| {
+            s.dispatcher.device_route(method).map(|r| r.sink(len))
+        }));
+    }
+    core
+}
+
+/// Where a connection's calls start: the server, the connection, and the channel their
+/// completions come back on.
+struct CallSink<'a> {
+    shared: &'a Arc<Shared>,
+    conn_use: &'a Arc<ConnUse>,
+    conn: &'a Connection,
+    done: &'a mpsc::UnboundedSender<Completion>,
+}
+
+impl CallSink<'_> {
+    /// Starts the calls the core has parsed and cancels the abandoned ones; how many went
+    /// to tasks or workers. Each call also sets what reopens the busy-polling window once
+    /// it is answered (`poll_work`: see `serve_connection`).
+    fn take_events(
+        &self,
+        core: &mut ServerConn,
+        tokens: &mut IdMap<u64, CancelToken>,
+        poll_work: &mut Option<(u64, usize)>,
+    ) -> usize {
+        let mut spawned = 0;
+        while let Some(ev) = core.poll_event() {
+            match ev {
+                ServerEvent::Call(call) => {
+                    let work = if call.mode == PayloadMode::HmcBuffer {
+                        Some(call.payload_len.saturating_mul(2))
+                    } else {
+                        (call.payload_len <= POLL_MAX_MESSAGE as u64).then_some(0)
+                    };
+                    let calls = poll_work.map_or(0, |(_, n)| n) + 1;
+                    *poll_work = work.map(|w| (w, calls));
+                    let (shared, conn_use, conn, done) =
+                        (self.shared, self.conn_use, self.conn, self.done);
+                    if start_call(shared, conn_use, conn, core, tokens, done, call) {
+                        spawned += 1;
+                    }
+                }
+                ServerEvent::Abandon { request_id, .. } => {
+                    if let Some(t) = tokens.remove(&request_id) {
+                        t.cancel();
+                    }
+                }
+            }
+        }
+        spawned
+    }
+}
+
+/// Whether the connection is over: the peer closed its side and every answer is written,
+/// a close has nothing left to write (or lingered [`CLOSE_LINGER`]), or a drained
+/// connection has nothing to write.
+fn connection_done(core: &ServerConn, closing_since: &mut Option<Instant>, now: Instant) -> bool {
+    if core.finished() {
+        return true;
+    }
+    if core.close_reason().is_some() {
+        let since = *closing_since.get_or_insert(now);
+        if !core.has_tx() || now >= since + CLOSE_LINGER {
+            return true;
+        }
+    }
+    core.drained() && !core.has_tx()
+}
+
+/// One busy-polling read without waiting: `Some(true)` when bytes (or EOF) arrived,
+/// `Some(false)` when the socket failed, `None` when nothing was there.
+fn busy_read(
+    rd: &mut crate::net::ReadHalf,
+    core: &mut ServerConn,
+    poll: &mut BusyPoll,
+) -> Option<bool> {
+    match rd.recv_now(core.read_target(READ_CHUNK)) {
+        Ok(0) => {
+            core.handle_eof(Instant::now());
+            Some(true)
+        }
+        Ok(n) => {
+            let now = Instant::now();
+            core.handle_read(n, now);
+            poll.arrived(now);
+            Some(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+        Err(_) => Some(false),
+    }
+}
+
 /// Answers a completion; a fed response's pieces join `feeds`.
 fn respond(core: &mut ServerConn, feeds: &mut Feeds, mut c: Completion, now: Instant) {
     if let Some((len, pieces)) = c.fed.take() {
@@ -585,312 +633,6 @@ fn respond_now(core: &mut ServerConn, c: Completion, now: Instant) {
             )
         }
     }
-}
-
-/// Runs a handler's future until it completes; once `token` fires (the call was
-/// cancelled, expired or lost its connection), goes on polling it for up to `grace` so
-/// that a handler waiting on `ctx.cancel` always sees it and returns, and only then
-/// drops it, answering with `on_cancel()`. The handler's own answer after a cancel is
-/// used as the completion (the core discards completions of abandoned calls).
-async fn until_cancelled<T>(
-    fut: impl Future<Output = T>,
-    token: &CancelToken,
-    grace: Duration,
-    on_cancel: impl FnOnce() -> T,
-) -> T {
-    let mut fut = std::pin::pin!(fut);
-    tokio::select! {
-        // The handler first: a handler that completes in the same wake-up as the cancel
-        // keeps its answer.
-        biased;
-        r = &mut fut => return r,
-        _ = token.cancelled() => {}
-    }
-    match tokio::time::timeout(grace, fut).await {
-        Ok(r) => r,
-        Err(_) => {
-            tracing::debug!(
-                ?grace,
-                "a cancelled handler did not return within `handler_cancel_grace`; dropping it"
-            );
-            on_cancel()
-        }
-    }
-}
-
-fn cancelled() -> RpcError {
-    RpcError::new(Status::CANCELLED, "cancelled")
-}
-
-/// Starts a call: answers it in place (refusals, handlers ready at once) or hands it to a
-/// task or a blocking worker; true in the second case, where its [`Completion`] comes
-/// through `done`.
-fn start_call(
-    shared: &Arc<Shared>,
-    conn_use: &Arc<ConnUse>,
-    conn: &Connection,
-    core: &mut ServerConn,
-    tokens: &mut IdMap<u64, CancelToken>,
-    done: &mpsc::UnboundedSender<Completion>,
-    call: IncomingCall,
-) -> bool {
-    // A fresh clock per call, not one per batch: an inline handler earlier in the batch may
-    // have run long, and expired work must not start.
-    let now = Instant::now();
-    let id = call.request_id;
-    let method = call.method_id;
-    let refuse = |core: &mut ServerConn, status: Status, why: String| {
-        crate::metrics::server_answered(status, 0);
-        core.respond(id, method, status, Bytes::from(why), now);
-    };
-    let Some(handler) = shared.dispatcher.get(method) else {
-        let known = shared.dispatcher.method_ids();
-        refuse(
-            core,
-            Status::UNKNOWN_METHOD,
-            format!("no method {method} on this server (it serves {known:?})"),
-        );
-        return false;
-    };
-    if call.deadline.is_some_and(|d| now >= d) {
-        refuse(
-            core,
-            Status::DEADLINE_EXCEEDED,
-            "the deadline passed before the call started".into(),
-        );
-        return false;
-    }
-    if let Some(why) = admit::over_share(shared, conn) {
-        refuse(core, Status::OVERLOADED, why);
-        return false;
-    }
-    let Ok(permit) = shared.inflight.clone().try_acquire_owned().map(|p| {
-        let counted = CountedCall::start(conn, &shared.active);
-        crate::metrics::ServerCall::admit((p, counted), call.payload_len)
-    }) else {
-        refuse(
-            core,
-            Status::OVERLOADED,
-            format!(
-                "limit `max_inflight_total` ({}) reached; retry later or raise the server's max_inflight_total",
-                shared.config.max_inflight_total
-            ),
-        );
-        return false;
-    };
-    // The handler runs within this span whichever way it runs (crate::trace).
-    let span = crate::trace::handle(id, method);
-    let cancel = CancelToken::new();
-    tokens.insert(id, cancel.clone());
-    let ctx = CallContext {
-        connection: conn.clone(),
-        request_id: id,
-        method_id: method,
-        deadline: call.deadline,
-        cancel,
-    };
-    let done = done.clone();
-    let payload = call.payload;
-    if call.mode == PayloadMode::HmcBuffer {
-        let Some(dp) = shared.dp.clone() else {
-            // The core only passes HMC_BUFFER calls on when a data plane is enabled.
-            tokens.remove(&id);
-            refuse(core, Status::DATA_PLANE, "no data plane configured".into());
-            return false;
-        };
-        let deadline = call
-            .deadline
-            .map(hmc_core::Deadline::at)
-            .unwrap_or_default();
-        let token = ctx.cancel.clone();
-        let len = call.payload_len;
-        let conn_use = conn_use.clone();
-        let work = match shared.dispatcher.device_route(method) {
-            Some(route) => Work::Device(ctx, route.clone()),
-            None => Work::Bytes {
-                in_place: shared.dispatcher.takes_in_place(method),
-                run: runner(shared.clone(), handler.clone(), ctx),
-            },
-        };
-        let serving = dp.serve(conn_use, payload, len, deadline, work);
-        let grace = shared.config.handler_cancel_grace;
-        let task = async move {
-            let served =
-                until_cancelled(serving, &token, grace, || Served::Answer(Err(cancelled()))).await;
-            drop(permit);
-            let (result, in_buffer) = match served {
-                Served::Answer(r) => (r, None),
-                Served::InBuffer(n) => (Ok(Bytes::new()), Some(n)),
-            };
-            let _ = done.send(Completion {
-                request_id: id,
-                method_id: method,
-                result,
-                in_buffer,
-                fed: None,
-            });
-        };
-        tokio::spawn(task.instrument(span));
-        return true;
-    }
-    if let Some(route) = shared.dispatcher.device_route(method).cloned() {
-        // A device method: its streamed request is on the device already; its response
-        // leaves in chunks.
-        let request = match core.take_staged(id) {
-            Some(staged) => DeviceRequest::Staged(staged),
-            None => DeviceRequest::Host(payload),
-        };
-        let token = ctx.cancel.clone();
-        let running = AssertUnwindSafe(route.run(ctx, request)).catch_unwind();
-        let grace = shared.config.handler_cancel_grace;
-        let task = async move {
-            let r = until_cancelled(running, &token, grace, || Ok(Err(cancelled())))
-                .await
-                .unwrap_or_else(|p| Err(panicked(method, p)));
-            drop(permit);
-            let (result, fed) = match r {
-                Ok(DeviceReply::Host(b)) => (Ok(b), None),
-                Ok(DeviceReply::Fed { len, pieces }) => (Ok(Bytes::new()), Some((len, pieces))),
-                Err(e) => (Err(e), None),
-            };
-            let _ = done.send(Completion {
-                request_id: id,
-                method_id: method,
-                result,
-                in_buffer: None,
-                fed,
-            });
-        };
-        tokio::spawn(task.instrument(span));
-        return true;
-    }
-    match handler.clone() {
-        Handler::Async(h) => {
-            let token = ctx.cancel.clone();
-            let entered = span.enter();
-            let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| h(ctx, payload))) {
-                Ok(f) => f,
-                Err(p) => {
-                    drop(permit);
-                    tokens.remove(&id);
-                    let result = Err(panicked(method, p));
-                    let c = Completion {
-                        request_id: id,
-                        method_id: method,
-                        result,
-                        in_buffer: None,
-                        fed: None,
-                    };
-                    respond_now(core, c, Instant::now());
-                    return false;
-                }
-            };
-            let mut fut = AssertUnwindSafe(fut).catch_unwind();
-            // Poll once in place: a handler that is ready at once (echo, small compute)
-            // is answered without a task hop; one that waits is spawned with a real waker.
-            let waker = futures::task::noop_waker();
-            let mut cx = std::task::Context::from_waker(&waker);
-            let polled = std::pin::Pin::new(&mut fut).poll(&mut cx);
-            drop(entered);
-            if let std::task::Poll::Ready(r) = polled {
-                let result = r.unwrap_or_else(|p| Err(panicked(method, p)));
-                drop(permit);
-                tokens.remove(&id);
-                let c = Completion {
-                    request_id: id,
-                    method_id: method,
-                    result,
-                    in_buffer: None,
-                    fed: None,
-                };
-                respond_now(core, c, Instant::now());
-                return false;
-            }
-            let grace = shared.config.handler_cancel_grace;
-            let task = async move {
-                let result = until_cancelled(fut, &token, grace, || Ok(Err(cancelled())))
-                    .await
-                    .unwrap_or_else(|p| Err(panicked(method, p)));
-                drop(permit);
-                let _ = done.send(Completion {
-                    request_id: id,
-                    method_id: method,
-                    result,
-                    in_buffer: None,
-                    fed: None,
-                });
-            };
-            tokio::spawn(task.instrument(span));
-            true
-        }
-        Handler::Blocking(h) => {
-            let job = Box::new(move || {
-                let _entered = span.enter();
-                let result = if ctx.is_cancelled() || ctx.remaining().is_some_and(|r| r.is_zero()) {
-                    Err(RpcError::new(
-                        Status::DEADLINE_EXCEEDED,
-                        "expired before a worker was free",
-                    ))
-                } else {
-                    std::panic::catch_unwind(AssertUnwindSafe(|| h(&ctx, payload)))
-                        .unwrap_or_else(|p| Err(panicked(method, p)))
-                };
-                drop(permit);
-                let _ = done.send(Completion {
-                    request_id: id,
-                    method_id: method,
-                    result,
-                    in_buffer: None,
-                    fed: None,
-                });
-            });
-            match shared.pool.submit(job) {
-                Ok(()) => true,
-                Err(why) => {
-                    tokens.remove(&id);
-                    refuse(core, Status::OVERLOADED, why);
-                    false
-                }
-            }
-        }
-    }
-}
-
-/// The handler of an HMC_BUFFER call, run once its payload has been pulled.
-fn runner(shared: Arc<Shared>, handler: Handler, ctx: CallContext) -> RunHandler {
-    let method = ctx.method_id;
-    Box::new(move |payload: Bytes| match handler {
-        Handler::Async(h) => Box::pin(async move {
-            match std::panic::catch_unwind(AssertUnwindSafe(|| h(ctx, payload))) {
-                Ok(f) => AssertUnwindSafe(f)
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|p| Err(panicked(method, p))),
-                Err(p) => Err(panicked(method, p)),
-            }
-        }),
-        Handler::Blocking(h) => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            // The worker thread runs it within the call's span (this future's).
-            let span = tracing::Span::current();
-            let job = Box::new(move || {
-                let _entered = span.enter();
-                let r = std::panic::catch_unwind(AssertUnwindSafe(|| h(&ctx, payload)))
-                    .unwrap_or_else(|p| Err(panicked(method, p)));
-                let _ = tx.send(r);
-            });
-            let submitted = shared.pool.submit(job);
-            Box::pin(async move {
-                submitted.map_err(|why| RpcError::new(Status::OVERLOADED, why))?;
-                rx.await.unwrap_or_else(|_| {
-                    Err(RpcError::new(
-                        Status::INTERNAL,
-                        "the blocking worker ended without an answer",
-                    ))
-                })
-            })
-        }
-    })
 }
 
 fn panicked(method: u32, p: Box<dyn std::any::Any + Send>) -> RpcError {

@@ -13,17 +13,8 @@ pub const WARN_LINES: usize = 80;
 /// Longest function allowed without an entry in [`FN_ALLOWED`].
 pub const MAX_FN_LINES: usize = 150;
 
-/// Functions allowed over [`MAX_FN_LINES`] (`path::name`), each with the reason. The
-/// temporary entries are issue 34's to split.
+/// Functions allowed over [`MAX_FN_LINES`] (`path::name`), each with the reason.
 pub const FN_ALLOWED: &[(&str, &str)] = &[
-    (
-        "hmc-rpc/src/server.rs::start_call",
-        "temporary (issue 34): admission, payload placement and reply of one call; to split into those steps",
-    ),
-    (
-        "hmc-rpc/src/server.rs::serve_connection",
-        "temporary (issue 34): the connection loop and its frame kinds; to split per frame kind",
-    ),
     (
         "hmc-rpc/examples/device_staged.rs::run",
         "an example read top to bottom: the GPU check's steps in order, each printed",
@@ -31,10 +22,6 @@ pub const FN_ALLOWED: &[(&str, &str)] = &[
     (
         "hmc-core/src/testing/cases.rs::communicator_cases",
         "the conformance kit as data: one table of cases, one entry per case",
-    ),
-    (
-        "hmc-rpc/src/client.rs::run_connection",
-        "temporary (issue 34): the client connection loop; to split per frame kind",
     ),
 ];
 
