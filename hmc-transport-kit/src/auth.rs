@@ -112,13 +112,7 @@ impl AuthSecret {
 impl PartialEq for AuthSecret {
     /// Constant time in the bytes' contents.
     fn eq(&self, other: &Self) -> bool {
-        self.0.len() == other.0.len()
-            && self
-                .0
-                .iter()
-                .zip(other.0.iter())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
+        crate::key_token::bytes_equal(&self.0, &other.0)
     }
 }
 

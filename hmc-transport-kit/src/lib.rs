@@ -14,6 +14,8 @@
 //!   each checking the length against the reader's limit from the header alone.
 //! - Request/reply matching under deadlines ([`reply`]) and tasks that stop when their
 //!   owner drops ([`task`]).
+//! - The random half of remote keys ([`key_token`]): drawn, compared in constant time,
+//!   replaced by `rekey`; the TCP and shared-memory transports' registrations hold one.
 //!
 //! What a transfer's descriptors must satisfy (the key's endpoint, bounds, access) is
 //! `hmc_core::check_desc`, in the core so that the plugin host, which depends on no
@@ -48,6 +50,7 @@ pub mod control_frame;
 pub mod deadline;
 pub mod frame;
 mod ip;
+pub mod key_token;
 pub mod owner;
 pub mod reply;
 mod sock_diag;

@@ -13,6 +13,7 @@ use hmc_core::{
     LocalRegistration, MemoryKinds, Notification, Op, PeerAddr, Region, RemoteRegion, Result,
     TransferDesc, TransportId, check_bounds,
 };
+use hmc_transport_kit::key_token::{KeyToken, random_token};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::oneshot;
 
@@ -498,7 +499,7 @@ impl ShmCommunicator {
         let path = match &config.path {
             Some(p) => p.clone(),
             None => {
-                let t = wire::random_token()?;
+                let t = random_token()?;
                 let name: String = t[..8].iter().map(|b| format!("{b:02x}")).collect();
                 std::env::temp_dir().join(format!("hmc-shm-{}-{name}.sock", std::process::id()))
             }
@@ -549,7 +550,7 @@ impl ShmCommunicator {
             id,
             region,
             access,
-            token: Mutex::new(wire::random_token()?),
+            token: KeyToken::new()?,
             live: AtomicBool::new(true),
             memfd,
             ipc,
@@ -852,7 +853,7 @@ impl Communicator for ShmCommunicator {
         alloc.control().init(len, access, &[0; TOKEN_LEN]);
         let reg = self.new_registration(region, access, Some(alloc), None, None)?;
         let page = reg.control().expect("the page was just written");
-        page.set_current(Some(&reg.entry.token.lock()));
+        page.set_current(Some(&reg.entry.token.get()));
         Ok(Some(reg))
     }
 
@@ -861,11 +862,11 @@ impl Communicator for ShmCommunicator {
     /// Fails when one did not: the old key is dead, but do not reuse the memory.
     fn rekey(&self, reg: &ShmRegistration) -> Result<bool> {
         self.own(reg, "rekey")?;
-        let token = wire::random_token()?;
+        let token = random_token()?;
         let page = reg.control();
         let started = Instant::now();
         let given_up = self.target.revoke(&reg.entry, || {
-            *reg.entry.token.lock() = token;
+            reg.entry.token.replace(token);
             page.inspect(|p| p.set_current(Some(&token)));
         });
         let until = started + self.target.config.revoke_timeout;
@@ -884,7 +885,7 @@ impl Communicator for ShmCommunicator {
         self.own(reg, "export")?;
         let mut key = Vec::with_capacity(KEY_LEN);
         key.extend_from_slice(&reg.entry.id.to_be_bytes());
-        key.extend_from_slice(&*reg.entry.token.lock());
+        key.extend_from_slice(&reg.entry.token.get());
         Ok(RemoteRegion {
             transport: SHM_TRANSPORT,
             region: reg.entry.region,

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use hmc_core::{Access, IpcDescriptor, Notification, Op, PeerAddr, Region, check_bounds};
+use hmc_transport_kit::key_token::KeyToken;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::ShmConfig;
@@ -31,7 +32,7 @@ pub(crate) struct RegEntry {
     pub(crate) access: Access,
     /// The random half of the key. Changed (by rekey) and read (by grants) only under
     /// [`Target::leases`], so no lease is granted for a token after it was replaced.
-    pub(crate) token: Mutex<[u8; TOKEN_LEN]>,
+    pub(crate) token: KeyToken,
     /// False once deregistered; changed under [`Target::leases`] too.
     pub(crate) live: AtomicBool,
     /// The memfd behind memory from `alloc_registered`: sent to initiators, which map it
@@ -294,13 +295,7 @@ impl Target {
             );
         };
         let mut leases = self.leases.lock();
-        let same = entry
-            .token
-            .lock()
-            .iter()
-            .zip(token)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
+        let same = entry.token.matches(token);
         if !same || !entry.live.load(Ordering::Acquire) {
             return refuse(
                 Refusal::InvalidKey,

@@ -14,7 +14,7 @@ use hmc_core::{Access, DeviceKind, Error, IpcDescriptor, Op, PeerAddr};
 /// carry a vendor IPC descriptor).
 pub(crate) const VERSION: u8 = 3;
 /// Bytes of a key's random token.
-pub(crate) const TOKEN_LEN: usize = 16;
+pub(crate) const TOKEN_LEN: usize = hmc_transport_kit::key_token::KEY_TOKEN_LEN;
 /// Bytes of a packed remote key: registration id (`u64`) then token.
 pub(crate) const KEY_LEN: usize = 8 + TOKEN_LEN;
 /// Largest frame an initiator accepts from a target (answers and lease lists).
@@ -385,17 +385,6 @@ pub(crate) fn refused(
         },
         Refusal::Closed => Error::peer(peer, text),
     }
-}
-
-/// A fresh random token for a key.
-pub(crate) fn random_token() -> hmc_core::Result<[u8; TOKEN_LEN]> {
-    let mut t = [0u8; TOKEN_LEN];
-    getrandom::fill(&mut t).map_err(|e| Error::Unavailable {
-        what: "the OS random number generator".into(),
-        reason: e.to_string(),
-        hint: "remote keys need unguessable tokens; check /dev/urandom or getrandom(2)".into(),
-    })?;
-    Ok(t)
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ use hmc_core::{
     Access, AnyMemory, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Memory,
     Notification, Op, PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId,
 };
+use hmc_transport_kit::key_token::KeyToken;
 use parking_lot::{Mutex, RwLock};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Semaphore, SemaphorePermit, watch};
@@ -162,17 +163,19 @@ impl TcpCommunicator {
             }
             *used = want;
         }
-        let mut token = [0u8; TOKEN_LEN];
-        if let Err(e) = random_token(&mut token) {
-            *self.shared.registered_bytes.lock() -= region.len as u64;
-            return Err(e);
-        }
+        let token = match KeyToken::new() {
+            Ok(t) => t,
+            Err(e) => {
+                *self.shared.registered_bytes.lock() -= region.len as u64;
+                return Err(e);
+            }
+        };
         let id = self.shared.next_region.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(RegEntry {
             id,
             region,
             access,
-            token: Mutex::new(token),
+            token,
             live: RwLock::new(true),
             memory,
         });
@@ -468,15 +471,6 @@ impl std::fmt::Debug for TcpRemoteKey {
     }
 }
 
-/// Fills a key token from the OS random number generator.
-fn random_token(token: &mut [u8; TOKEN_LEN]) -> Result<()> {
-    getrandom::fill(token).map_err(|e| Error::Unavailable {
-        what: "the OS random number generator".into(),
-        reason: e.to_string(),
-        hint: "remote keys need unguessable tokens; check /dev/urandom or getrandom(2)".into(),
-    })
-}
-
 impl TcpCommunicator {
     /// Runs `work` until it ends, the deadline passes, or the communicator closes.
     /// `start`: when the call began (its clock read, shared with the caller). `work` is
@@ -607,9 +601,7 @@ impl Communicator for TcpCommunicator {
                 "rekey: the registration belongs to another TcpCommunicator".into(),
             ));
         }
-        let mut token = [0u8; TOKEN_LEN];
-        random_token(&mut token)?;
-        *reg.entry.token.lock() = token;
+        reg.entry.token.rekey()?;
         tracing::trace!(id = reg.entry.id, "registration rekeyed");
         Ok(true)
     }
@@ -624,7 +616,7 @@ impl Communicator for TcpCommunicator {
         }
         let mut key = Vec::with_capacity(KEY_LEN);
         key.extend_from_slice(&reg.entry.id.to_be_bytes());
-        key.extend_from_slice(&*reg.entry.token.lock());
+        key.extend_from_slice(&reg.entry.token.get());
         Ok(RemoteRegion {
             transport: TransportId::TCP,
             region: reg.entry.region,

@@ -2,7 +2,8 @@
 //! key's random half and its liveness lock.
 
 use hmc_core::{Access, AnyMemory, Region};
-use parking_lot::{Mutex, RwLock};
+use hmc_transport_kit::key_token::KeyToken;
+use parking_lot::RwLock;
 
 use crate::wire::TOKEN_LEN;
 
@@ -13,7 +14,7 @@ pub(crate) struct RegEntry {
     pub(crate) access: Access,
     /// The random half of the key; replaced by `Communicator::rekey`, which revokes every
     /// key exported before.
-    pub(crate) token: Mutex<[u8; TOKEN_LEN]>,
+    pub(crate) token: KeyToken,
     /// False once deregistered. Readers hold the read lock across each synchronous copy
     /// into or out of the region, never across an `.await`, so deregistration waits for
     /// at most one system call.
@@ -26,11 +27,6 @@ pub(crate) struct RegEntry {
 impl RegEntry {
     /// Compares tokens in time independent of where they differ.
     pub(crate) fn token_matches(&self, token: &[u8; TOKEN_LEN]) -> bool {
-        self.token
-            .lock()
-            .iter()
-            .zip(token)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        self.token.matches(token)
     }
 }

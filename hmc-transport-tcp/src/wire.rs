@@ -89,7 +89,7 @@ pub(crate) async fn skip_pad<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<()> 
 
 /// Bytes of a region key: region id `u64` and a 128-bit random token.
 pub(crate) const KEY_LEN: usize = 8 + TOKEN_LEN;
-pub(crate) const TOKEN_LEN: usize = 16;
+pub(crate) const TOKEN_LEN: usize = hmc_transport_kit::key_token::KEY_TOKEN_LEN;
 
 /// One descriptor as the target sees it: which region (and proof of the right to it),
 /// where, and how much.
