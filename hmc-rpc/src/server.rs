@@ -536,9 +536,15 @@ impl CallSink<'_> {
                     };
                     let calls = poll_work.map_or(0, |(_, n)| n) + 1;
                     *poll_work = work.map(|w| (w, calls));
-                    let (shared, conn_use, conn, done) =
-                        (self.shared, self.conn_use, self.conn, self.done);
-                    if start_call(shared, conn_use, conn, core, tokens, done, call) {
+                    if start_call(
+                        self.shared,
+                        self.conn_use,
+                        self.conn,
+                        core,
+                        tokens,
+                        self.done,
+                        call,
+                    ) {
                         spawned += 1;
                     }
                 }

@@ -14,7 +14,9 @@ use hmc_core::{Access, DeviceKind, Error, IpcDescriptor, Op, PeerAddr};
 /// carry a vendor IPC descriptor).
 pub(crate) const VERSION: u8 = 3;
 /// Bytes of a key's random token.
-pub(crate) const TOKEN_LEN: usize = hmc_transport_kit::key_token::KEY_TOKEN_LEN;
+pub(crate) const TOKEN_LEN: usize = 16;
+// The registrations hold the kit's tokens; the wire's length is fixed here (docs/wire.md).
+const _: () = assert!(TOKEN_LEN == hmc_transport_kit::key_token::KEY_TOKEN_LEN);
 /// Bytes of a packed remote key: registration id (`u64`) then token.
 pub(crate) const KEY_LEN: usize = 8 + TOKEN_LEN;
 /// Largest frame an initiator accepts from a target (answers and lease lists).

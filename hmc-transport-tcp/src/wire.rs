@@ -89,7 +89,9 @@ pub(crate) async fn skip_pad<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<()> 
 
 /// Bytes of a region key: region id `u64` and a 128-bit random token.
 pub(crate) const KEY_LEN: usize = 8 + TOKEN_LEN;
-pub(crate) const TOKEN_LEN: usize = hmc_transport_kit::key_token::KEY_TOKEN_LEN;
+pub(crate) const TOKEN_LEN: usize = 16;
+// The registrations hold the kit's tokens; the wire's length is fixed here (docs/wire.md).
+const _: () = assert!(TOKEN_LEN == hmc_transport_kit::key_token::KEY_TOKEN_LEN);
 
 /// One descriptor as the target sees it: which region (and proof of the right to it),
 /// where, and how much.

@@ -98,7 +98,7 @@ pub(super) fn start_call(
         done: done.clone(),
     };
     let started = if call.mode == PayloadMode::HmcBuffer {
-        start_buffered(shared, conn_use, &handler, run, call)
+        start_buffered(shared, conn_use, handler, run, call)
     } else if let Some(route) = shared.dispatcher.device_route(method).cloned() {
         let request = match core.take_staged(id) {
             Some(staged) => DeviceRequest::Staged(staged),
@@ -186,7 +186,7 @@ fn admit_call(
 fn start_buffered(
     shared: &Arc<Shared>,
     conn_use: &Arc<ConnUse>,
-    handler: &Handler,
+    handler: Handler,
     run: Run,
     call: IncomingCall,
 ) -> Started {
@@ -211,7 +211,7 @@ fn start_buffered(
         Some(route) => Work::Device(ctx, route.clone()),
         None => Work::Bytes {
             in_place: shared.dispatcher.takes_in_place(method),
-            run: runner(shared.clone(), handler.clone(), ctx),
+            run: runner(shared.clone(), handler, ctx),
         },
     };
     let serving = dp.serve(

@@ -122,8 +122,9 @@ impl State {
                 self.notes.deliver();
             }
             Command::Close => {
+                // Closed first: the endpoints released below close at once instead of
+                // lingering. The drain's own flags are set by `close_by_user` at the end.
                 self.life.closed = true;
-                self.life.closed_by_user = true;
                 let ids: Vec<u64> = self.eps.by_id.keys().copied().collect();
                 for ep in ids {
                     self.begin_ep_close(

@@ -267,14 +267,18 @@ mod tests {
     }
 
     #[test]
-    fn an_unmap_after_a_settled_close_with_endpoints_left_settles_first() {
+    fn an_unmap_after_a_drain_gave_up_settles_first_while_endpoints_remain() {
         let t0 = Instant::now();
         let mut life = Lifecycle::new(t0);
-        life.close_by_user(t0 + SETTLE_QUIET);
-        life.closed = true;
-        life.unsettled = true; // work after the drain, which gave up
-        life.close_drain = None;
-        let now = t0 + ms(400);
+        life.close_by_user(t0);
+        let mut t = t0;
+        while !life.drain_gave_up {
+            t += ms(10);
+            life.progressed(t);
+            life.check_settled(t);
+        }
+        assert!(life.unsettled && life.close_drain.is_none());
+        let now = t + ms(400);
         assert_eq!(
             life.settle_before_unmap(now, true),
             Some(now + SETTLE_LIMIT)
