@@ -23,6 +23,7 @@ use std::task::Waker;
 use std::time::Instant;
 
 use hmc_core::{Error, Result};
+use hmc_transport_kit::wake::{WakeFd, drain_fd, poll_in};
 use parking_lot::Mutex;
 
 struct Waiter {
@@ -42,7 +43,7 @@ struct Table {
 struct Shared {
     table: Mutex<Table>,
     /// The host's own eventfd: wakes the thread to re-read deadlines or to stop.
-    kick: OwnedFd,
+    kick: WakeFd,
     stop: AtomicBool,
 }
 
@@ -54,29 +55,8 @@ pub(crate) struct Events {
     next_id: AtomicU64,
 }
 
-fn eventfd() -> Result<OwnedFd> {
-    // SAFETY: plain syscall; the returned fd is owned below.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-    if fd < 0 {
-        return Err(Error::io(
-            "eventfd for a plugin's event thread",
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: `fd` was just created and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn drain(fd: RawFd) {
-    let mut v = 0u64;
-    // SAFETY: reads 8 bytes into `v`; a non-eventfd fd just yields fewer bytes or EAGAIN.
-    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
-}
-
-fn signal(fd: RawFd) {
-    let one = 1u64;
-    // SAFETY: writes 8 bytes from `one` to an eventfd the caller owns.
-    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+fn eventfd() -> Result<WakeFd> {
+    WakeFd::new("the eventfd of a plugin's event thread")
 }
 
 impl Events {
@@ -137,7 +117,7 @@ impl Events {
         if kick {
             match &self.task {
                 Some((_, notify)) => notify.notify_one(),
-                None => signal(self.shared.kick.as_raw_fd()),
+                None => self.shared.kick.signal(),
             }
         }
     }
@@ -150,7 +130,7 @@ impl Events {
     /// Stops the thread and waits for it.
     pub(crate) fn stop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
-        signal(self.shared.kick.as_raw_fd());
+        self.shared.kick.signal();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -245,7 +225,7 @@ fn start_task(
             tokio::select! {
                 ready = afd.readable() => match ready {
                     Ok(mut guard) => {
-                        drain(afd.get_ref().as_raw_fd());
+                        drain_fd(afd.get_ref().as_raw_fd());
                         guard.clear_ready();
                         wake_due(&s, true, &mut due);
                     }
@@ -272,42 +252,21 @@ fn run(s: &Shared, plugin_fd: RawFd) {
     while !s.stop.load(Ordering::Acquire) {
         let now = Instant::now();
         armed = next_timer(s, armed);
-        let timeout_ms = match armed {
-            None => -1,
-            Some(d) => {
-                let left = d.saturating_duration_since(now);
-                // Round up, so a deadline is never polled for early in a loop.
-                left.as_millis().min(i32::MAX as u128) as i32 + i32::from(!left.is_zero())
-            }
-        };
-        let mut fds = [
-            libc::pollfd {
-                fd: plugin_fd,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: kick,
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfds for the duration of the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
+        let wait = armed.map(|d| d.saturating_duration_since(now));
+        let ready = match poll_in([plugin_fd, kick], wait) {
+            Ok(ready) => ready,
+            Err(e) => {
                 tracing::error!(
                     "poll on a plugin's event fd failed: {e}; its operations wake only at their deadlines"
                 );
                 std::thread::sleep(std::time::Duration::from_millis(1));
+                continue;
             }
-            continue;
+        };
+        if ready[1] != 0 {
+            drain_fd(kick);
         }
-        if fds[1].revents != 0 {
-            drain(kick);
-        }
-        if fds[0].revents & (libc::POLLNVAL | libc::POLLERR) != 0 {
+        if ready[0] & (libc::POLLNVAL | libc::POLLERR) != 0 {
             tracing::error!(
                 "a plugin's event fd is invalid; its operations now wake only at their deadlines"
             );
@@ -315,9 +274,9 @@ fn run(s: &Shared, plugin_fd: RawFd) {
             std::thread::sleep(std::time::Duration::from_millis(10));
             continue;
         }
-        let signalled = fds[0].revents != 0;
+        let signalled = ready[0] != 0;
         if signalled {
-            drain(plugin_fd);
+            drain_fd(plugin_fd);
         }
         if armed.is_some_and(|at| at <= Instant::now()) {
             armed = None;
@@ -329,6 +288,7 @@ fn run(s: &Shared, plugin_fd: RawFd) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hmc_transport_kit::wake::signal_fd;
     use std::sync::atomic::AtomicUsize;
     use std::task::Wake;
     use std::time::Duration;
@@ -377,7 +337,7 @@ mod tests {
         assert!(woken_at(&late_w) >= late_at);
         // A signal wakes everyone still waiting, long before their deadlines.
         let (_, other_w, _) = waiter(ev, Duration::from_secs(600));
-        signal(plugin_fd);
+        signal_fd(plugin_fd);
         woken_at(&other_w);
         woken_at(&far_w);
         ev.forget(far);

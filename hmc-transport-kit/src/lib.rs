@@ -16,6 +16,21 @@
 //!   owner drops ([`task`]).
 //! - The random half of remote keys ([`key_token`]): drawn, compared in constant time,
 //!   replaced by `rekey`; the TCP and shared-memory transports' registrations hold one.
+//! - Non-blocking socket calls on a raw descriptor ([`nonblocking`]: `recv`, `recvmsg`,
+//!   `send`, `sendmsg`, a zero-timeout `poll`, hang-up, reset on close), which the TCP
+//!   transport's stream and the RPC runtime's busy-polling reads issue behind their
+//!   runtime's back.
+//! - Waking a thread parked in `poll(2)` ([`wake`]: an `eventfd` and the wait on a few
+//!   descriptors), the sleep of the UCX progress thread, the RDMA completion thread and
+//!   the plugin host's event thread.
+//!
+//! The two stream types above these calls stay apart on purpose, each shaped by its hot
+//! path: the TCP transport's `Stream` is one std socket shared by `&self` between a
+//! request's reader and writer, registered with the poller only while a task must wait,
+//! with a read-ahead buffer for headers; the RPC runtime's halves are tokio streams split
+//! between a connection's reader and writer tasks, which busy-poll then park on tokio's
+//! readiness. What they share is below the stream: these calls, dialling, listening,
+//! authentication and framing.
 //!
 //! What a transfer's descriptors must satisfy (the key's endpoint, bounds, access) is
 //! `hmc_core::check_desc`, in the core so that the plugin host, which depends on no
@@ -41,9 +56,11 @@
 //!
 //! # Safety story
 //!
-//! `unsafe` is limited to libc calls with their buffers on the stack (`clock_gettime`,
-//! `getsockopt(SO_PEERCRED)`) and the netlink socket of [`owner`]'s `sock_diag` queries,
-//! each with its `SAFETY` note.
+//! `unsafe` is limited to libc calls, each with its `SAFETY` note: with their buffers on
+//! the stack (`clock_gettime`, `getsockopt(SO_PEERCRED)`, `setsockopt(SO_LINGER)`,
+//! `poll`, the `eventfd` counter), the netlink socket of [`owner`]'s `sock_diag` queries,
+//! and [`nonblocking`]'s reads and writes, into or from the slices they are given (a
+//! `recvmsg` into caller-made `iovec`s is an `unsafe fn` with its contract).
 
 pub mod auth;
 pub mod control_frame;
@@ -51,11 +68,13 @@ pub mod deadline;
 pub mod frame;
 mod ip;
 pub mod key_token;
+pub mod nonblocking;
 pub mod owner;
 pub mod reply;
 mod sock_diag;
 mod socket;
 pub mod task;
 pub mod unix;
+pub mod wake;
 
 pub use socket::{Conn, Listener, bind_unix_listener, connect};

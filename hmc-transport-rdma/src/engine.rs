@@ -2,13 +2,14 @@
 
 use std::collections::BTreeMap;
 use std::ffi::c_int;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use hmc_core::{Error, Result};
+use hmc_transport_kit::wake::{WakeFd, poll_in};
 use parking_lot::{Condvar, Mutex};
 
 use crate::nic::{Nic, Qp};
@@ -101,7 +102,7 @@ pub(crate) struct Shared {
     timers: Mutex<BTreeMap<(Instant, u64), Waker>>,
     next_timer: AtomicU64,
     sleeping: AtomicBool,
-    wake: OwnedFd,
+    wake: WakeFd,
     stop: AtomicBool,
     next_generation: AtomicU32,
     spin: Duration,
@@ -110,22 +111,14 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn new(nic: Arc<Nic>, spin: Duration) -> Result<Arc<Shared>> {
-        // SAFETY: eventfd returns a new descriptor or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(Error::io(
-                "creating the completion thread's eventfd",
-                std::io::Error::last_os_error(),
-            ));
-        }
+        let wake = WakeFd::new("the RDMA completion thread's eventfd")?;
         Ok(Arc::new(Shared {
             nic,
             slab: Mutex::default(),
             timers: Mutex::default(),
             next_timer: AtomicU64::new(1),
             sleeping: AtomicBool::new(false),
-            // SAFETY: a fresh descriptor owned from here on.
-            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            wake,
             stop: AtomicBool::new(false),
             next_generation: AtomicU32::new(1),
             spin,
@@ -138,9 +131,7 @@ impl Shared {
     }
 
     fn kick(&self) {
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes to our eventfd.
-        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.wake.signal();
     }
 
     /// Asks the completion thread to wake `waker` at `at`; returns the key to cancel it.
@@ -344,29 +335,22 @@ impl Shared {
                 continue;
             }
             self.sleeping.store(true, Ordering::SeqCst);
-            let timeout = self.timers.lock().first_key_value().map(|(k, _)| {
-                let left = k.0.saturating_duration_since(Instant::now());
-                left.as_millis().min(i32::MAX as u128) as c_int + 1
-            });
-            let mut fds = [
-                libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.wake.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-            ];
+            let wait = self
+                .timers
+                .lock()
+                .first_key_value()
+                .map(|(k, _)| k.0.saturating_duration_since(Instant::now()));
             self.counters.sleeps.fetch_add(1, Ordering::Relaxed);
+            let mut ready = [0; 2];
             if !self.stop.load(Ordering::SeqCst) {
-                // SAFETY: two valid pollfds.
-                unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout.unwrap_or(-1)) };
+                ready = poll_in([fd, self.wake.as_raw_fd()], wait).unwrap_or_else(|e| {
+                    tracing::error!("poll on the completion channel failed: {e}");
+                    std::thread::sleep(Duration::from_millis(1));
+                    [0; 2]
+                });
             }
             self.sleeping.store(false, Ordering::SeqCst);
-            if fds[0].revents & libc::POLLIN != 0 {
+            if ready[0] & libc::POLLIN != 0 {
                 loop {
                     let mut cq: *mut ibv_cq = std::ptr::null_mut();
                     let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -385,10 +369,8 @@ impl Shared {
                     unacked = 0;
                 }
             }
-            if fds[1].revents & libc::POLLIN != 0 {
-                let mut v = 0u64;
-                // SAFETY: reading 8 bytes from our eventfd.
-                unsafe { libc::read(self.wake.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            if ready[1] & libc::POLLIN != 0 {
+                self.wake.drain();
             }
             self.fire_timers();
             last_work = Instant::now();

@@ -15,6 +15,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use hmc_core::{Deadline, Error, PeerAddr, Result};
+use hmc_transport_kit::nonblocking;
 use parking_lot::Mutex;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
@@ -168,20 +169,6 @@ fn past(until: Instant) -> io::Result<()> {
     }
 }
 
-/// Repeats a system call interrupted by a signal; a negative result becomes the OS error.
-fn retry_eintr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
-    loop {
-        let n = call();
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
-
 impl Stream {
     /// Takes a connection from `hmc-transport-kit` out of the runtime's poller (see the module docs).
     fn from_conn(c: hmc_transport_kit::Conn) -> io::Result<Stream> {
@@ -318,14 +305,7 @@ impl Stream {
     /// One `poll(2)` for `events` with a zero timeout: true when the socket reports any of
     /// them, or an error or hang-up (then the next call fails or ends at once too).
     fn ready_now(&self, events: i16) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.fd(),
-            events,
-            revents: 0,
-        };
-        // SAFETY: `p` is a valid `pollfd` on this frame and `nfds` is 1; a zero timeout
-        // makes the call return at once. The fd belongs to `self`, alive for the call.
-        unsafe { libc::poll(&mut p, 1, 0) > 0 }
+        nonblocking::ready_now(self.fd(), events)
     }
 
     /// Waits until a read may make progress (bytes, end of stream or an error).
@@ -458,14 +438,8 @@ impl Stream {
         if buffered > 0 || iov.iter().all(|v| v.iov_len == 0) {
             return Ok(buffered);
         }
-        let fd = self.fd();
-        // SAFETY: an all-zero `msghdr` is valid (no name, no control data).
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
-        msg.msg_iovlen = iov.len() as _;
-        // SAFETY: `msg` points at `iov`, whose buffers are valid for writes (this function's
-        // contract), and the fd belongs to `self`, alive for the call.
-        retry_eintr(|| unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) })
+        // SAFETY: the buffers are valid for writes (this function's contract).
+        unsafe { nonblocking::recvmsg_now(self.fd(), iov) }
     }
 
     /// Writes all of `prefix` then all of `buf`, the way [`Stream::read_exact_eager`] reads.
@@ -563,38 +537,15 @@ impl Stream {
     /// WRITE whose initiator gave up (and reset the connection, [`Stream::reset_on_close`])
     /// never lands. One `poll` that does not wait.
     pub(crate) fn abandoned_by_peer(&self) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.fd(),
-            events: libc::POLLRDHUP,
-            revents: 0,
-        };
-        // SAFETY: one pollfd on this frame, its count passed with it; the fd is this
-        // stream's, open while `self` lives.
-        let rc = unsafe { libc::poll(&mut p, 1, 0) };
-        rc > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+        nonblocking::peer_hung_up(self.fd())
     }
 
     /// Makes closing this connection reset it (a zero linger): bytes not yet sent are
     /// discarded instead of delivered once the peer reads again, and the peer sees the
     /// reset at once ([`Stream::abandoned_by_peer`]). For a request given up half-way.
     pub(crate) fn reset_on_close(&self) {
-        let linger = libc::linger {
-            l_onoff: 1,
-            l_linger: 0,
-        };
-        // SAFETY: `linger` lives on this frame for the call and its size is passed with it;
-        // the fd is this stream's, open while `self` lives.
-        let rc = unsafe {
-            libc::setsockopt(
-                self.fd(),
-                libc::SOL_SOCKET,
-                libc::SO_LINGER,
-                (&linger as *const libc::linger).cast(),
-                std::mem::size_of::<libc::linger>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            tracing::debug!(error = %io::Error::last_os_error(), "SO_LINGER not set; the connection closes normally");
+        if let Err(error) = nonblocking::reset_on_close(self.fd()) {
+            tracing::debug!(%error, "SO_LINGER not set; the connection closes normally");
         }
     }
 
@@ -623,12 +574,7 @@ impl Stream {
 
     /// One non-blocking `recv` straight into `buf`.
     fn recv_raw(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let fd = self.fd();
-        // SAFETY: `buf` is valid for writes of `buf.len()` bytes for the call, and the fd
-        // belongs to `self`, alive for the call.
-        retry_eintr(|| unsafe {
-            libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
-        })
+        nonblocking::recv_now(self.fd(), buf)
     }
 
     /// As [`Stream::try_read`], but a read smaller than [`READ_AHEAD`] with nothing
@@ -660,31 +606,12 @@ impl Stream {
     /// closed its end is an error (`MSG_NOSIGNAL`), never a `SIGPIPE`: a host process
     /// such as Python's may not ignore that signal.
     pub(crate) fn try_write(&self, buf: &[u8]) -> io::Result<usize> {
-        let fd = self.fd();
-        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the call, and the fd
-        // belongs to `self`, alive for the call.
-        retry_eintr(|| unsafe {
-            libc::send(
-                fd,
-                buf.as_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        })
+        nonblocking::send_now(self.fd(), buf)
     }
 
     /// One non-blocking `sendmsg` of `bufs`, as [`Stream::try_write`].
     fn send_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        let fd = self.fd();
-        // SAFETY: an all-zero `msghdr` is valid (no name, no control data).
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        // `IoSlice` is ABI-compatible with `iovec` on Unix (std guarantees it); the kernel
-        // only reads the buffers.
-        msg.msg_iov = bufs.as_ptr() as *mut libc::iovec;
-        msg.msg_iovlen = bufs.len() as _;
-        // SAFETY: `msg` points at `bufs`, valid for reads for the call, and the fd belongs
-        // to `self`, alive for the call.
-        retry_eintr(|| unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
+        nonblocking::sendmsg_now(self.fd(), bufs)
     }
 }
 

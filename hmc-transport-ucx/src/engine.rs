@@ -38,14 +38,13 @@
 //! cross tables are methods of `State` in the module of the job they serve; `progress`
 //! holds the loop, parking, housekeeping and shutdown, `commands` the dispatch.
 
-use std::ffi::c_void;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use futures::channel::oneshot;
 use hmc_core::{Access, Error, Op, Result};
+use hmc_transport_kit::wake::WakeFd;
 
 use crate::sys::{self, Ucp};
 
@@ -232,7 +231,7 @@ pub(crate) enum Command {
 #[derive(Clone)]
 pub(crate) struct Engine {
     tx: mpsc::Sender<Command>,
-    wake: Arc<OwnedFd>,
+    wake: Arc<WakeFd>,
     pub ucp: Arc<Ucp>,
     pub worker_address: Arc<Vec<u8>>,
     /// The memory types the context moves (`ucs_memory_type_t` bits, `ucp_context_query`).
@@ -305,25 +304,10 @@ impl Drop for LiveThread {
     }
 }
 
-fn wake_fd(fd: &OwnedFd) {
-    let one: u64 = 1;
-    // SAFETY: writing 8 bytes from a live u64 to an eventfd we own.
-    unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const c_void, 8) };
-}
-
 impl Engine {
     /// Starts the progress thread, which creates the context and worker.
     pub fn start(ucp: Arc<Ucp>, config: EngineConfig) -> Result<Engine> {
-        // SAFETY: plain syscall; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(Error::io(
-                "creating the UCX engine's wake eventfd",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: `fd` is a fresh descriptor nobody else owns.
-        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let wake = Arc::new(WakeFd::new("the UCX engine's wake eventfd")?);
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
         let thread_ucp = ucp.clone();
@@ -365,14 +349,14 @@ impl Engine {
         self.tx
             .send(cmd)
             .map_err(|_| Error::Closed("the UCX progress thread has exited".into()))?;
-        wake_fd(&self.wake);
+        self.wake.signal();
         Ok(())
     }
 
     /// Like [`Engine::send`], but hands the command back when the thread has exited.
     pub fn send_or_return(&self, cmd: Command) -> std::result::Result<(), Command> {
         self.tx.send(cmd).map_err(|e| e.0)?;
-        wake_fd(&self.wake);
+        self.wake.signal();
         Ok(())
     }
 
@@ -393,7 +377,7 @@ struct State {
     worker: sys::ucp_worker_h,
     /// The worker's event fd, -1 without wake-ups.
     efd: i32,
-    wake: Arc<OwnedFd>,
+    wake: Arc<WakeFd>,
     worker_address: Vec<u8>,
     memory_types: u64,
     next_id: u64,

@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 use std::future::Future;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -14,6 +14,7 @@ use hmc_core::{
     Access, Communicator, Deadline, Error, Notification, Op, PeerAddr, RemoteRegion, Result,
     TransferDesc, TransportId,
 };
+use hmc_transport_kit::wake::WakeFd;
 use parking_lot::Mutex;
 
 use super::{
@@ -55,22 +56,14 @@ impl<C: Communicator> Exported<C> {
     }
 }
 /// Signals an eventfd when woken.
-struct FdWaker(Arc<OwnedFd>);
+struct FdWaker(Arc<WakeFd>);
 
 impl Wake for FdWaker {
     fn wake(self: Arc<Self>) {
         self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
-        FdWaker::signal(&self.0);
-    }
-}
-
-impl FdWaker {
-    fn signal(efd: &OwnedFd) {
-        let one = 1u64;
-        // SAFETY: writes 8 bytes to an eventfd the caller keeps open.
-        unsafe { libc::write(efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        self.0.signal();
     }
 }
 
@@ -109,7 +102,7 @@ struct GComm<C: Communicator> {
     recv: Mutex<RecvState>,
     comm: Arc<C>,
     scope: Option<Scope>,
-    efd: Arc<OwnedFd>,
+    efd: Arc<WakeFd>,
     waker: Waker,
     address: String,
 }
@@ -166,7 +159,7 @@ const WOKEN_WHILE_POLLING: u8 = 2;
 /// yield would cost more than the op. A wake at any other time tells the host: through its
 /// wake callback when it gave one (`transfer_start_wake`), else through the eventfd.
 struct TransferWaker {
-    efd: Arc<OwnedFd>,
+    efd: Arc<WakeFd>,
     state: AtomicU8,
     /// The host's callback; `None` without one and once the transfer is released (a waker
     /// clone a transport kept may outlive the transfer, the host's context does not).
@@ -194,7 +187,7 @@ impl TransferWaker {
             Some(h) => unsafe { (h.wake)(h.ctx) },
             None => {
                 drop(host);
-                FdWaker::signal(&self.efd);
+                self.efd.signal();
             }
         }
     }
@@ -233,13 +226,10 @@ unsafe extern "C" fn comm_open<P: PluginTransport>(
             Ok(e) => e,
             Err(e) => return fail(&e),
         };
-        // SAFETY: plain syscall; the fd is owned below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return fail(&Error::io("eventfd", std::io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` was just created and is owned by nobody else.
-        let efd = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let efd = match WakeFd::new("a plugin communicator's eventfd") {
+            Ok(efd) => Arc::new(efd),
+            Err(e) => return fail(&e),
+        };
         let address = exported.comm.address().to_string();
         let g = GComm {
             recv: Mutex::new(RecvState::default()),

@@ -8,6 +8,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use hmc_core::{Error, PeerAddr, Result};
+use hmc_transport_kit::nonblocking;
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::proto::{ReadTarget, TxQueue};
@@ -213,36 +214,10 @@ impl ReadHalf {
     pub(crate) fn recv_now(&mut self, target: ReadTarget<'_>) -> io::Result<usize> {
         let fd = self.raw_fd();
         match target {
-            ReadTarget::Input(b) => recv_raw(fd, b.as_mut_ptr(), b.len()),
-            ReadTarget::Append(v, max) => {
-                let spare = v.spare_capacity_mut();
-                let len = spare.len().min(max);
-                if len == 0 {
-                    // Let the ordinary read path grow the buffer.
-                    return Err(io::ErrorKind::WouldBlock.into());
-                }
-                let n = recv_raw(fd, spare.as_mut_ptr().cast(), len)?;
-                // SAFETY: `recv` initialised the first `n <= len` bytes of the spare
-                // capacity, so the first `len() + n` bytes of `v` are initialised.
-                #[allow(unsafe_code)]
-                unsafe {
-                    v.set_len(v.len() + n)
-                };
-                Ok(n)
-            }
+            ReadTarget::Input(b) => nonblocking::recv_now(fd, b),
+            // Without spare capacity: WouldBlock, and the ordinary read path grows it.
+            ReadTarget::Append(v, max) => nonblocking::recv_append(fd, v, max),
         }
-    }
-}
-
-fn recv_raw(fd: RawFd, ptr: *mut u8, len: usize) -> io::Result<usize> {
-    // SAFETY: `ptr..ptr + len` is writable memory borrowed from the caller for the
-    // duration of the call, and `fd` is the open socket of a live stream half.
-    #[allow(unsafe_code)]
-    let n = unsafe { libc::recv(fd, ptr.cast(), len, libc::MSG_DONTWAIT) };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
     }
 }
 

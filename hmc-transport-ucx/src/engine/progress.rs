@@ -2,13 +2,14 @@
 //! progressing the worker, handling completion events, housekeeping (deadlines, lingering
 //! endpoints, revocation acks), parking on the event fd, and the settling shutdown.
 
-use std::ffi::{CString, c_void};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::ffi::CString;
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use hmc_core::{Error, Result};
+use hmc_transport_kit::wake::{WakeFd, poll_in};
 
 use super::callbacks::{AM_ID, Event, clear_events, on_am, take_events};
 use super::endpoints::{Endpoints, EpPhase};
@@ -24,7 +25,7 @@ impl State {
     pub(super) fn new(
         ucp: Arc<Ucp>,
         cfg: EngineConfig,
-        wake: Arc<OwnedFd>,
+        wake: Arc<WakeFd>,
         ep_count: Arc<AtomicUsize>,
     ) -> Result<State> {
         let config = read_config(&ucp, &cfg)?;
@@ -121,30 +122,13 @@ impl State {
             // wakes nobody: look again soon.
             until = until.min(now + Duration::from_millis(1));
         }
-        let timeout_ms = until
-            .saturating_duration_since(now)
-            .as_micros()
-            .div_ceil(1000)
-            .min(i32::MAX as u128) as i32;
-        let mut fds = [
-            libc::pollfd {
-                // A negative fd is ignored by poll(2).
-                fd: if progress { self.efd } else { -1 },
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: self.wake.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
-        // SAFETY: valid pollfd entries.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
-        if fds[1].revents != 0 {
-            let mut v = 0u64;
-            // SAFETY: draining the eventfd counter into a live u64.
-            unsafe { libc::read(self.wake.as_raw_fd(), &mut v as *mut u64 as *mut c_void, 8) };
+        // A negative fd is skipped by poll(2). The wait cannot fail on valid descriptors;
+        // were it to, the loop looks again at once, as after a wake.
+        let worker_fd = if progress { self.efd } else { -1 };
+        let wait = Some(until.saturating_duration_since(now));
+        let ready = poll_in([worker_fd, self.wake.as_raw_fd()], wait).unwrap_or([0; 2]);
+        if ready[1] != 0 {
+            self.wake.drain();
         }
     }
 
