@@ -15,7 +15,8 @@
 //! - Request/reply matching under deadlines ([`reply`]) and tasks that stop when their
 //!   owner drops ([`task`]).
 //! - The random half of remote keys ([`key_token`]): drawn, compared in constant time,
-//!   replaced by `rekey`; the TCP and shared-memory transports' registrations hold one.
+//!   replaced by `rekey`; the TCP and shared-memory transports' registrations hold one,
+//!   in the table by id that their targets serve requests from ([`registry`]).
 //! - Non-blocking socket calls on a raw descriptor ([`nonblocking`]: `recv`, `recvmsg`,
 //!   `send`, `sendmsg`, a zero-timeout `poll`, hang-up, reset on close), which the TCP
 //!   transport's stream and the RPC runtime's busy-polling reads issue behind their
@@ -70,6 +71,7 @@ mod ip;
 pub mod key_token;
 pub mod nonblocking;
 pub mod owner;
+pub mod registry;
 pub mod reply;
 mod sock_diag;
 mod socket;

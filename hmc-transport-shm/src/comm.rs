@@ -439,7 +439,7 @@ impl LocalRegistration for ShmRegistration {
 
 impl Drop for ShmRegistration {
     fn drop(&mut self) {
-        self.target.regs.write().remove(&self.entry.id);
+        self.target.regs.remove(self.entry.id);
         let entry = &self.entry;
         let page = self.control();
         self.target.revoke(entry, || {
@@ -545,17 +545,17 @@ impl ShmCommunicator {
         memory: Option<AnyMemory>,
     ) -> Result<ShmRegistration> {
         let (memfd, alloc) = shared.map(|s| (s.fd, s.map)).unzip();
-        let id = self.target.next_reg.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(RegEntry {
-            id,
-            region,
-            access,
-            token: KeyToken::new()?,
-            live: AtomicBool::new(true),
-            memfd,
-            ipc,
-        });
-        self.target.regs.write().insert(id, entry.clone());
+        let entry = self.target.regs.insert(|id| {
+            Ok(RegEntry {
+                id,
+                region,
+                access,
+                token: KeyToken::new()?,
+                live: AtomicBool::new(true),
+                memfd,
+                ipc,
+            })
+        })?;
         Ok(ShmRegistration {
             entry,
             target: self.target.clone(),

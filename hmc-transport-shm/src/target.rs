@@ -18,7 +18,8 @@ use std::time::Instant;
 
 use hmc_core::{Access, IpcDescriptor, Notification, Op, PeerAddr, Region, check_bounds};
 use hmc_transport_kit::key_token::KeyToken;
-use parking_lot::{Condvar, Mutex, RwLock};
+use hmc_transport_kit::registry::Registry;
+use parking_lot::{Condvar, Mutex};
 
 use crate::ShmConfig;
 use crate::cma::{self, PROBE, PeerCred};
@@ -72,8 +73,7 @@ pub(crate) struct Notes {
 pub(crate) struct Target {
     pub(crate) config: ShmConfig,
     pub(crate) path: PathBuf,
-    pub(crate) regs: RwLock<HashMap<u64, Arc<RegEntry>>>,
-    pub(crate) next_reg: AtomicU64,
+    pub(crate) regs: Registry<RegEntry>,
     next_lease: AtomicU64,
     next_conn: AtomicU64,
     /// Side-channel connections being served (`max_connections`).
@@ -103,8 +103,7 @@ impl Target {
         let t = Arc::new(Target {
             config,
             path,
-            regs: RwLock::new(HashMap::new()),
-            next_reg: AtomicU64::new(1),
+            regs: Registry::new(),
             next_lease: AtomicU64::new(1),
             next_conn: AtomicU64::new(1),
             serving: AtomicUsize::new(0),
@@ -287,7 +286,7 @@ impl Target {
                 "the target communicator was closed".into(),
             );
         }
-        let Some(entry) = self.regs.read().get(&reg).cloned() else {
+        let Some(entry) = self.regs.get(reg) else {
             return refuse(
                 Refusal::InvalidKey,
                 0,

@@ -23,7 +23,6 @@
 //! exported before stop working while the memory stays registered: a pooled buffer can
 //! get a fresh key for each use.
 
-use std::collections::HashMap;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +33,7 @@ use hmc_core::{
     Notification, Op, PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId,
 };
 use hmc_transport_kit::key_token::KeyToken;
+use hmc_transport_kit::registry::Registry;
 use parking_lot::{Mutex, RwLock};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Semaphore, SemaphorePermit, watch};
@@ -120,9 +120,8 @@ impl TcpCommunicator {
             staging,
             config,
             addr,
-            regions: RwLock::new(HashMap::new()),
+            regions: Registry::new(),
             registered_bytes: Mutex::new(0),
-            next_region: AtomicU64::new(1),
             next_endpoint: AtomicU64::new(1),
             notifications: Watched::new(Notifications::default()),
             tasks: Mutex::new(Tasks::default()),
@@ -163,23 +162,19 @@ impl TcpCommunicator {
             }
             *used = want;
         }
-        let token = match KeyToken::new() {
-            Ok(t) => t,
-            Err(e) => {
-                *self.shared.registered_bytes.lock() -= region.len as u64;
-                return Err(e);
-            }
-        };
-        let id = self.shared.next_region.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(RegEntry {
-            id,
-            region,
-            access,
-            token,
-            live: RwLock::new(true),
-            memory,
+        let made = self.shared.regions.insert(|id| {
+            Ok(RegEntry {
+                id,
+                region,
+                access,
+                token: KeyToken::new()?,
+                live: RwLock::new(true),
+                memory,
+            })
         });
-        self.shared.regions.write().insert(id, entry.clone());
+        let entry = made.inspect_err(|_| {
+            *self.shared.registered_bytes.lock() -= region.len as u64;
+        })?;
         Ok(TcpRegistration {
             entry,
             shared: self.shared.clone(),
@@ -442,7 +437,7 @@ impl LocalRegistration for TcpRegistration {
 
 impl Drop for TcpRegistration {
     fn drop(&mut self) {
-        self.shared.regions.write().remove(&self.entry.id);
+        self.shared.regions.remove(self.entry.id);
         // Waits for a copy in progress (one system call at most), then no peer request can
         // touch the region again.
         *self.entry.live.write() = false;

@@ -389,7 +389,7 @@ impl From<io::Error> for Broken {
 
 /// Looks up and checks one descriptor against the registration table.
 fn admit(shared: &Shared, op: Op, d: &WireDesc) -> Result<Arc<RegEntry>> {
-    let entry = shared.regions.read().get(&d.id).cloned().ok_or_else(|| {
+    let entry = shared.regions.get(d.id).ok_or_else(|| {
         Error::InvalidKey(format!(
             "region {} is not registered at {} (deregistered, or never exported there)",
             d.id, shared.addr
@@ -903,7 +903,7 @@ fn admit_notify(
     }
     match key {
         Some((id, token)) => {
-            let entry = shared.regions.read().get(&id).cloned();
+            let entry = shared.regions.get(id);
             match entry {
                 Some(e) if e.token_matches(&token) => Ok(()),
                 _ => Err(Error::InvalidKey(format!(

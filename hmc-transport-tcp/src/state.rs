@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hmc_core::{Error, Notification, PeerAddr, Result};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
@@ -16,6 +16,7 @@ use crate::TcpConfig;
 use crate::region::RegEntry;
 use crate::staged::StagingPool;
 use crate::wait::Watched;
+use hmc_transport_kit::registry::Registry;
 
 #[derive(Default)]
 pub(crate) struct Notifications {
@@ -56,9 +57,8 @@ pub(crate) struct Tasks {
 pub(crate) struct Shared {
     pub(crate) config: TcpConfig,
     pub(crate) addr: PeerAddr,
-    pub(crate) regions: RwLock<HashMap<u64, Arc<RegEntry>>>,
+    pub(crate) regions: Registry<RegEntry>,
     pub(crate) registered_bytes: Mutex<u64>,
-    pub(crate) next_region: AtomicU64,
     pub(crate) next_endpoint: AtomicU64,
     pub(crate) notifications: Watched<Notifications>,
     pub(crate) tasks: Mutex<Tasks>,
