@@ -23,7 +23,8 @@
 //!   runtime's back.
 //! - Waking a thread parked in `poll(2)` ([`wake`]: an `eventfd` and the wait on a few
 //!   descriptors), the sleep of the UCX progress thread, the RDMA completion thread and
-//!   the plugin host's event thread.
+//!   the plugin host's event thread, and the `eventfd` an exported plugin communicator
+//!   hands its host.
 //!
 //! The two stream types above these calls stay apart on purpose, each shaped by its hot
 //! path: the TCP transport's `Stream` is one std socket shared by `&self` between a

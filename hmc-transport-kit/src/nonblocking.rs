@@ -1,5 +1,6 @@
 //! Non-blocking socket system calls on a raw descriptor: what the TCP transport's stream
 //! and the RPC runtime's busy-polling read half both issue behind their runtime's back.
+//! [`retry_eintr`] serves any system call that returns a count (shm's `process_vm_*` too).
 //! Each is one call that returns at once (`MSG_DONTWAIT`, a zero `poll` timeout), retried
 //! only when a signal interrupts it; nothing is ever written to memory the caller did not
 //! pass. A descriptor that is not open makes the call fail with `EBADF`, never touch

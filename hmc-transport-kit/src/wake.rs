@@ -159,6 +159,5 @@ mod tests {
             0,
             "peer gone: readable"
         );
-        drain_fd(fd);
     }
 }

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use hmc_core::{Deadline, Error, Op, PeerAddr, Result};
+use hmc_transport_kit::nonblocking::retry_eintr;
 
 use crate::wire::{self, Msg};
 
@@ -46,19 +47,12 @@ pub(crate) unsafe fn copy(
         };
         // SAFETY: one valid local iovec (see the function's contract) and one remote iovec
         // that the kernel checks against the target's address space; no flags.
-        let n = unsafe {
+        let n = retry_eintr(|| unsafe {
             match op {
                 Op::Read => libc::process_vm_readv(pid, &l, 1, &r, 1, 0),
                 Op::Write => libc::process_vm_writev(pid, &l, 1, &r, 1, 0),
             }
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        })?;
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -121,7 +115,7 @@ pub(crate) unsafe fn copy_vectored(pid: i32, op: Op, pieces: &[Piece]) -> io::Re
         let count = local.len() as libc::c_ulong;
         // SAFETY: `count` valid local iovecs (see the function's contract) and as many remote
         // ones that the kernel checks against the target's address space; no flags.
-        let n = unsafe {
+        let n = retry_eintr(|| unsafe {
             match op {
                 Op::Read => {
                     libc::process_vm_readv(pid, local.as_ptr(), count, remote.as_ptr(), count, 0)
@@ -130,14 +124,7 @@ pub(crate) unsafe fn copy_vectored(pid: i32, op: Op, pieces: &[Piece]) -> io::Re
                     libc::process_vm_writev(pid, local.as_ptr(), count, remote.as_ptr(), count, 0)
                 }
             }
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        })?;
         if n == 0 && want > 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,

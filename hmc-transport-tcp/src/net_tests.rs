@@ -312,22 +312,8 @@ async fn an_error_met_while_busy_polling_reaches_the_next_read() {
     let addr = l.local_addr().unwrap();
     let mut c = Stream::connect(&addr, Deadline::after(FAR)).await.unwrap();
     let s = l.accept().await.unwrap();
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: `linger` lives on this frame for the call and its size is passed with it;
-    // the fd is `s`'s, open until `s` drops below.
-    let rc = unsafe {
-        libc::setsockopt(
-            s.fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(rc, 0);
+    let set = hmc_transport_kit::nonblocking::reset_on_close(s.fd());
+    assert!(set.is_ok(), "SO_LINGER: {set:?}");
     drop(s); // closing with a zero linger sends a reset
     c.poll_readable(FAR, 0).await;
     let e = c.try_read(&mut [0u8; 8]).unwrap_err();

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use hmc_core::{Error, Notification, PeerAddr, Result};
+use hmc_transport_kit::registry::Registry;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
@@ -16,7 +17,6 @@ use crate::TcpConfig;
 use crate::region::RegEntry;
 use crate::staged::StagingPool;
 use crate::wait::Watched;
-use hmc_transport_kit::registry::Registry;
 
 #[derive(Default)]
 pub(crate) struct Notifications {
