@@ -4,16 +4,13 @@ real etcd on loopback (``etcd``)."""
 
 import multiprocessing as mp
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import time
 
 import pytest
 
 import hmc
+from etcd_server import EtcdMissing, running_etcd
 
 #: Every test engine uses the TCP transport (UCX may be absent, and its tcp emulation
 #: is slower to set up).
@@ -96,56 +93,11 @@ def peer_factory():
         p.close()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def etcd():
     """A one-member etcd on loopback for this test: its ``host:port``."""
-    binary = os.environ.get("HMC_ETCD") or shutil.which("etcd")
-    if binary is None:
-        pytest.skip(
-            "no etcd binary: apt-get install etcd-server (cargo xtask deps) or set HMC_ETCD"
-        )
-    with tempfile.TemporaryDirectory() as d:
-        client = f"http://127.0.0.1:{free_port()}"
-        peer = f"http://127.0.0.1:{free_port()}"
-        log_path = os.path.join(d, "etcd.log")
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(
-                [
-                    binary,
-                    "--name=hmc-py",
-                    f"--data-dir={d}/data",
-                    f"--listen-client-urls={client}",
-                    f"--advertise-client-urls={client}",
-                    f"--listen-peer-urls={peer}",
-                    f"--initial-advertise-peer-urls={peer}",
-                    f"--initial-cluster=hmc-py={peer}",
-                    # Short election timings let short leases be granted.
-                    "--heartbeat-interval=50",
-                    "--election-timeout=500",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
-        endpoint = client.removeprefix("http://")
-        host, port = endpoint.split(":")
-        deadline = time.monotonic() + 30
-        try:
-            while True:
-                try:
-                    socket.create_connection((host, int(port)), timeout=0.2).close()
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        with open(log_path) as f:
-                            raise AssertionError(f"etcd did not start: {f.read()}")
-                    time.sleep(0.05)
+    try:
+        with running_etcd() as endpoint:
             yield endpoint
-        finally:
-            proc.kill()
-            proc.wait()
+    except EtcdMissing as e:
+        pytest.skip(str(e))

@@ -57,8 +57,8 @@ def test_protocols_and_metadata_servers_not_carried_are_refused_by_name():
     te = TransferEngine()
     with pytest.raises(NotImplementedError, match="nvlink"):
         te.initialize("127.0.0.1", "P2PHANDSHAKE", "nvlink", "")
-    with pytest.raises(NotImplementedError, match="http://meta:8080"):
-        te.initialize("127.0.0.1", "http://meta:8080", "tcp", "")
+    with pytest.raises(NotImplementedError, match="redis://meta:6379"):
+        te.initialize("127.0.0.1", "redis://meta:6379", "tcp", "")
 
 
 def test_unknown_batch_ids_and_own_first_buffer():
@@ -68,8 +68,9 @@ def test_unknown_batch_ids_and_own_first_buffer():
     assert te.transfer_check_status(12345) == -1
     a, b = np.zeros(4096, np.uint8), np.zeros(4096, np.uint8)
     assert te.batch_register_memory([a.ctypes.data, b.ctypes.data], [4096, 4096]) == 0
-    assert te.get_first_buffer_address(f"127.0.0.1:{te.get_rpc_port()}") == min(a.ctypes.data, b.ctypes.data)
-    with pytest.raises(NotImplementedError, match="another engine"):
+    # Mooncake's first buffer: the first registered (its segment's buffers[0]).
+    assert te.get_first_buffer_address(f"127.0.0.1:{te.get_rpc_port()}") == a.ctypes.data
+    with pytest.raises(NotImplementedError, match="another engine under P2PHANDSHAKE"):
         te.get_first_buffer_address("10.0.0.9:1234")
     assert te.batch_unregister_memory([a.ctypes.data, b.ctypes.data]) == 0
     assert te.batch_unregister_memory([a.ctypes.data]) == -3

@@ -4,10 +4,17 @@ where Mooncake code says ``from mooncake.engine import TransferEngine``.
 A :class:`TransferEngine` is one :class:`hmc.Engine`; a peer's session name is its
 ``host:port`` (``get_rpc_port``), dialled on first use. Calls return Mooncake's integer codes
 (0 on success, negative on failure; a batch id of 0 when a submit fails) and log why at
-ERROR through ``logging`` (``hmc.mooncake``). ``initialize``'s metadata server is
-``"P2PHANDSHAKE"`` (peers by address) or ``etcd://host:port[,host:port]`` (peers by the
-``local_hostname`` they registered under); its protocol ``tcp`` or ``rdma`` (hmc's
-transports of those names); others are refused by name.
+ERROR through ``logging`` (``hmc.mooncake``).
+
+``initialize``'s metadata server is read as Mooncake's ``parseConnectionString`` reads it:
+``"P2PHANDSHAKE"`` (peers by address); a bare ``host:port`` or ``etcd://host:port[,host:port]``
+(etcd: peers by the ``local_hostname`` they registered under); ``http://host:port/path``
+(Mooncake's HTTP metadata server, ``mooncake_http_metadata_server``: this module is a client
+of its ``GET``/``PUT``/``DELETE ?key=`` protocol, see :class:`_HttpMetadata`). ``redis://`` is
+refused by name. Its protocol ``tcp`` or ``rdma`` (hmc's transports of those names):
+``rdma`` where this host has no RDMA device falls back to ``tcp`` as Mooncake does (said once
+in the log), and ``MC_FORCE_TCP`` set in the environment (to any value, as Mooncake reads it)
+makes it ``tcp`` whatever the protocol. Others are refused by name.
 
 An hmc engine talks to hmc engines only, not to Mooncake processes. Intended differences:
 ``get_batch_transfer_status`` of an unknown or already reported id returns -1 (Mooncake's
@@ -19,10 +26,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import http.client
 import ipaddress
 import json
 import logging
 import os
+import time
+import urllib.parse
+import weakref
 from enum import IntEnum
 from typing import Optional
 
@@ -41,6 +52,157 @@ _libc.free.argtypes = [ctypes.c_void_p]
 _OK, _FAILED, _NOT_REGISTERED = 0, -1, -3
 _TIMEOUT_MS = 30_000
 _PROTOCOLS = {"tcp": "tcp", "rdma": "rdma"}
+
+# Metadata servers, as Mooncake's parseConnectionString and MetadataStoragePlugin::Create
+# read them: "P2PHANDSHAKE", else `scheme://rest`, a bare `host:port` being etcd.
+_P2P = "P2PHANDSHAKE"
+_ETCD, _HTTP_SCHEMES, _REDIS = "etcd", ("http", "https"), "redis"
+# The etcd namespace hmc.mooncake's engines register in, and the label under which each
+# publishes its segment (its registered buffers) for another engine's
+# get_first_buffer_address.
+_ETCD_NAMESPACE = "mooncake"
+_SEGMENT_LABEL = "mooncake.segment"
+# How long a registration waits for etcd to serve the segment it published, polling.
+_PUBLISH_WAIT_S = 5.0
+_PUBLISH_POLL_S = 0.005
+# Mooncake's HTTP plugin: 3 s for a request (CURLOPT_TIMEOUT_MS); here the limit of each
+# socket operation (connect, send, each read) of one request.
+HTTP_TIMEOUT_S = 3.0
+# The largest metadata value read from or written to a metadata server (a peer's segment
+# with its buffer list, this engine's own); the environment variable raises it.
+MAX_METADATA_BYTES_ENV = "HMC_MOONCAKE_MAX_METADATA_BYTES"
+DEFAULT_MAX_METADATA_BYTES = 1 << 20
+# Mooncake's switch to its TCP transport: set (to any value) means on, as its getenv reads it.
+_FORCE_TCP_ENV = "MC_FORCE_TCP"
+# Mooncake's key prefix (`mooncake/`, then MC_METADATA_CLUSTER_ID and a slash when set).
+_CLUSTER_ENV = "MC_METADATA_CLUSTER_ID"
+
+_said: set[str] = set()
+
+
+def _say_once(key: str, msg: str, *args) -> None:
+    """Logs ``msg`` at WARNING the first time ``key`` is said in this process."""
+    if key not in _said:
+        _said.add(key)
+        _log.warning(msg, *args)
+
+
+def _max_metadata_bytes() -> int:
+    raw = os.environ.get(MAX_METADATA_BYTES_ENV)
+    if not raw:
+        return DEFAULT_MAX_METADATA_BYTES
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{MAX_METADATA_BYTES_ENV}={raw!r} is not a number of bytes") from None
+    if n <= 0:
+        raise ValueError(f"{MAX_METADATA_BYTES_ENV}={raw!r} must be positive")
+    return n
+
+
+def _too_large(what: str, n: int, limit: int) -> ValueError:
+    return ValueError(
+        f"{what} is {n} bytes, over the limit of {limit} bytes "
+        f"(set {MAX_METADATA_BYTES_ENV} to raise it)"
+    )
+
+
+def _conn_string(metadata_server: str, metadata_type: str) -> str:
+    """Mooncake's buildConnString: P2PHANDSHAKE as is, a string with a scheme as is, else
+    ``metadata_type://metadata_server``."""
+    if metadata_server == _P2P or "://" in metadata_server:
+        return metadata_server
+    return f"{metadata_type}://{metadata_server}"
+
+
+def _split_conn_string(conn: str) -> tuple[str, str]:
+    """Mooncake's parseConnectionString: ``(scheme, rest)``; ``("", P2PHANDSHAKE)``; a bare
+    string is etcd."""
+    if "://" in conn:
+        scheme, rest = conn.split("://", 1)
+        return scheme, rest
+    if conn == _P2P:
+        return "", _P2P
+    return _ETCD, conn
+
+
+class MetadataServerError(ConnectionError):
+    """A metadata server could not be reached, or answered what Mooncake's would not."""
+
+
+class _HttpMetadata:
+    """A client of Mooncake's HTTP metadata server (``mooncake.http_metadata_server``, and
+    the HTTP plugin of its ``transfer_metadata_plugin.cpp``): ``GET``, ``PUT`` and ``DELETE``
+    of ``<uri>?key=<key, percent-encoded>``, JSON values, 200 on success, 404 for a key that
+    is not there. Each request is one connection, each socket operation bounded by
+    :data:`HTTP_TIMEOUT_S`, each value by ``$HMC_MOONCAKE_MAX_METADATA_BYTES`` (1 MiB)."""
+
+    def __init__(self, uri: str):
+        parts = urllib.parse.urlsplit(uri)
+        if parts.scheme not in _HTTP_SCHEMES or not parts.hostname:
+            raise ValueError(f"`{uri}` is not an http://host:port/path metadata server")
+        if parts.query or parts.fragment:
+            raise ValueError(f"`{uri}`: Mooncake appends `?key=` to the URI; leave the query out")
+        self.uri = uri
+        self._conn_cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self._host, self._port = parts.hostname, parts.port
+        self._path = parts.path or "/"
+        self._limit = _max_metadata_bytes()
+
+    def _request(self, method: str, key: str, body: Optional[bytes] = None) -> tuple[int, bytes]:
+        target = f"{self._path}?key={urllib.parse.quote(key, safe='')}"
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        conn = self._conn_cls(self._host, self._port, timeout=HTTP_TIMEOUT_S)
+        try:
+            conn.request(method, target, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read(self._limit + 1)
+        except (OSError, http.client.HTTPException) as e:
+            raise MetadataServerError(f"{method} {self.uri}?key={key}: {e}") from e
+        finally:
+            conn.close()
+        if len(data) > self._limit:
+            raise _too_large(f"the answer to GET {self.uri}?key={key}", len(data), self._limit)
+        return resp.status, data
+
+    def get(self, key: str) -> Optional[dict]:
+        """The JSON object under ``key``; ``None`` when the server has no such key."""
+        status, data = self._request("GET", key)
+        if status == 404:
+            return None
+        if status != 200:
+            raise MetadataServerError(f"GET {self.uri}?key={key}: HTTP {status}: {data[:200]!r}")
+        try:
+            value = json.loads(data)
+        except ValueError as e:
+            raise MetadataServerError(f"GET {self.uri}?key={key}: not JSON ({e})") from e
+        if not isinstance(value, dict):
+            raise MetadataServerError(f"GET {self.uri}?key={key}: not a JSON object")
+        return value
+
+    def put(self, key: str, value: dict) -> None:
+        body = json.dumps(value, separators=(",", ":")).encode()
+        if len(body) > self._limit:
+            raise _too_large(f"the value of {key}", len(body), self._limit)
+        status, data = self._request("PUT", key, body)
+        if status != 200:
+            raise MetadataServerError(f"PUT {self.uri}?key={key}: HTTP {status}: {data[:200]!r}")
+
+    def delete(self, key: str) -> None:
+        """Removes ``key``; one already gone is not an error."""
+        status, data = self._request("DELETE", key)
+        if status not in (200, 404):
+            raise MetadataServerError(f"DELETE {self.uri}?key={key}: HTTP {status}: {data[:200]!r}")
+
+
+def _http_unregister(client: _HttpMetadata, keys: list[str]) -> None:
+    """Removes an engine's keys from the HTTP metadata server (at its collection or the
+    interpreter's exit), as Mooncake's engine does when it is destroyed."""
+    for key in keys:
+        try:
+            client.delete(key)
+        except (MetadataServerError, ValueError) as e:
+            _log.warning("removing %s from %s: %s", key, client.uri, e)
 
 
 class TransferOpcode(IntEnum):
@@ -120,6 +282,32 @@ def create_rpc_server(*args, **kwargs):
     raise NotImplementedError("create_rpc_server (Mooncake's RPC) is not carried by hmc.mooncake; use hmc.rpc")
 
 
+def _host_of(hostname: str) -> str:
+    """The host of ``host`` or ``host:port`` (``[v6]:port`` too)."""
+    if hostname.startswith("["):
+        return hostname[1:].split("]", 1)[0]
+    return hostname.rsplit(":", 1)[0] if hostname.count(":") == 1 else hostname
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _bind_host() -> str:
+    return os.environ.get("HMC_MOONCAKE_HOST", "127.0.0.1")
+
+
+def _no_rdma(err: BaseException) -> bool:
+    """Whether the RDMA transport failed for want of a device or of libibverbs (where
+    Mooncake finds no HCA and installs its TCP transport)."""
+    text = str(err)
+    return "RDMA device" in text or "libibverbs" in text
+
+
 class TransferEngine:
     """Mooncake's ``TransferEngine`` (see the module's docs)."""
 
@@ -127,52 +315,169 @@ class TransferEngine:
 
     def __init__(self):
         self._e: Optional[hmc.Engine] = None
-        self._regs: dict[int, hmc.MemHandle] = {}
+        self._regs: dict[int, hmc.MemHandle] = {}  # in registration order, as Mooncake's buffers
+        self._lengths: dict[int, int] = {}
         self._managed: set[int] = set()
         self._peers: set[str] = set()
+        self._addrs: dict[str, str] = {}  # session name -> engine address, under http
         self._batches: dict[int, list] = {}
         self._next_id = 1
+        self._name = ""
+        self._metadata = ""  # "", "etcd" or "http"
+        self._http: Optional[_HttpMetadata] = None
 
     # ------------------------------------------------------------------ setup
 
     def initialize(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str) -> int:
-        """Starts the engine on ``local_hostname`` (``ip`` or ``ip:port``); 0 or -1."""
-        return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, "")
+        """Starts the engine on ``local_hostname`` (``ip`` or ``ip:port``); 0 or -1. The
+        metadata server as Mooncake reads it (see the module's docs)."""
+        scheme, rest = _split_conn_string(metadata_server)
+        return self.initialize_ext(local_hostname, rest, protocol, device_name, scheme)
 
     def initialize_ext(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str, metadata_type: str) -> int:
+        """``initialize`` with the metadata server's type apart (``etcd``, ``http``, ...;
+        ignored for ``P2PHANDSHAKE`` and for a server that names its scheme)."""
         if protocol not in _PROTOCOLS:
             raise NotImplementedError(
                 f"Mooncake's `{protocol}` protocol is not carried by hmc.mooncake; use "
                 + " or ".join(_PROTOCOLS)
             )
-        opts = {"transport": _PROTOCOLS[protocol]}
-        opts.update(work_alike_config.load("mooncake"))
-        kw = {}
-        if metadata_server.startswith("etcd://"):
-            hosts = metadata_server[len("etcd://"):].split("/")[0]
-            kw = {"metadata": f"etcd://{hosts}/mooncake", "name": local_hostname}
-        elif metadata_server != "P2PHANDSHAKE":
+        conn = _conn_string(metadata_server, metadata_type)
+        scheme, rest = _split_conn_string(conn)
+        if scheme == _REDIS:
             raise NotImplementedError(
-                f"the metadata server `{metadata_server}` is not carried by hmc.mooncake; use "
-                "P2PHANDSHAKE or etcd://host:port"
+                f"the redis metadata server `{conn}` is not carried by hmc.mooncake; use "
+                "etcd (host:port or etcd://host:port), http://host:port/metadata "
+                "(mooncake_http_metadata_server) or P2PHANDSHAKE"
             )
-        host = local_hostname if ":" in local_hostname else f"{local_hostname}:0"
-        if kw:
+        if conn != _P2P and scheme != _ETCD and scheme not in _HTTP_SCHEMES:
+            # Mooncake has no storage plugin for it and fails the same way.
+            _log.error("initialize: no metadata server of type `%s` (%s); use P2PHANDSHAKE, "
+                       "host:port or etcd://host:port, or http://host:port/path", scheme, conn)
+            return _FAILED
+        transport = _PROTOCOLS[protocol]
+        if transport != "tcp" and _FORCE_TCP_ENV in os.environ:
+            _say_once("force_tcp", "%s is set: using the TCP transport, as Mooncake does", _FORCE_TCP_ENV)
+            transport = "tcp"
+        opts = {"transport": transport}
+        configured = work_alike_config.load("mooncake")
+        opts.update(configured)
+        kw, host = {}, local_hostname if ":" in local_hostname else f"{local_hostname}:0"
+        if scheme == _ETCD:
+            hosts = rest.split("/")[0]
+            kw = {"metadata": f"etcd://{hosts}/{_ETCD_NAMESPACE}", "name": local_hostname}
             # Under etcd the name is what peers dial; the engine binds the name's address when
             # it is one, else $HMC_MOONCAKE_HOST (default 127.0.0.1).
-            name_host = local_hostname.rsplit(":", 1)[0] if ":" in local_hostname else local_hostname
+            if not _is_ip(_host_of(local_hostname)):
+                host = _bind_host() + ":0"
+        elif scheme in _HTTP_SCHEMES:
             try:
-                ipaddress.ip_address(name_host)
-            except ValueError:
-                host = os.environ.get("HMC_MOONCAKE_HOST", "127.0.0.1") + ":0"
+                self._http = _HttpMetadata(conn)
+            except ValueError as err:
+                _log.error("initialize: %s", err)
+                return _FAILED
+            # As Mooncake under a metadata server: the name is only a name, the port is chosen
+            # here and published under it.
+            name_host = _host_of(local_hostname)
+            host = (name_host if _is_ip(name_host) else _bind_host()) + ":0"
         try:
-            e = hmc.Engine()
-            e.initialize(host, opts, **kw)
+            e = self._start(host, opts, kw, fallback="transport" not in configured)
         except hmc.HmcError as err:
             _log.error("initialize: %s", err)
             return _FAILED
-        self._e = e
+        self._e, self._name = e, local_hostname
+        self._metadata = _ETCD if scheme == _ETCD else "http" if self._http else ""
+        if self._http is not None and self._http_register() != _OK:
+            e.finalize()
+            self._e = None
+            return _FAILED
         return _OK
+
+    @staticmethod
+    def _start(host: str, opts: dict, kw: dict, fallback: bool) -> hmc.Engine:
+        """An engine on ``host``; when the protocol asked for RDMA (``fallback``) and this
+        host has no RDMA device or verbs library, one on TCP instead, as Mooncake does."""
+        e = hmc.Engine()
+        try:
+            e.initialize(host, opts, **kw)
+            return e
+        except hmc.UnavailableError as err:
+            if not (fallback and opts["transport"] == "rdma" and _no_rdma(err)):
+                raise
+            _say_once("rdma_fallback", "no RDMA device here (%s): using the TCP transport, as Mooncake does", err)
+        e = hmc.Engine()
+        e.initialize(host, {**opts, "transport": "tcp"}, **kw)
+        return e
+
+    @staticmethod
+    def _http_key(kind: str, name: str) -> str:
+        """Mooncake's key of ``name``'s ``kind`` (``rpc_meta``: its address; ``ram``: its
+        segment): ``mooncake/[<MC_METADATA_CLUSTER_ID>/]<kind>/<name>``."""
+        cluster = os.environ.get(_CLUSTER_ENV, "")
+        if cluster and not cluster.endswith("/"):
+            cluster += "/"
+        return f"mooncake/{cluster}{kind}/{name}"
+
+    def _http_register(self) -> int:
+        """Publishes this engine under its name as Mooncake's engine does: its address
+        (``rpc_meta``: a name already there is refused by the server) and its segment
+        (``ram``); both are removed when the engine goes."""
+        rpc_key, ram_key = self._http_key("rpc_meta", self._name), self._http_key("ram", self._name)
+        host, port = self._engine().local_address.split("://", 1)[-1].rsplit(":", 1)
+        try:
+            self._http.put(rpc_key, {"ip_or_host_name": host.strip("[]"), "rpc_port": int(port)})
+        except (MetadataServerError, ValueError) as err:
+            _log.error("initialize: publishing `%s` at %s: %s", self._name, self._http.uri, err)
+            return _FAILED
+        weakref.finalize(self, _http_unregister, self._http, [rpc_key, ram_key])
+        return self._publish_segment()
+
+    def _publish_segment(self) -> int:
+        """Publishes this engine's segment (its registered buffers, in Mooncake's JSON) for
+        another engine's ``get_first_buffer_address``: to the HTTP server, or under etcd as a
+        label beside the engine's record; nothing under P2PHANDSHAKE."""
+        if not self._metadata:
+            return _OK
+        seg = {"name": self._name, "protocol": "tcp",
+               "buffers": [{"name": "cpu:0", "addr": a, "length": self._lengths[a]} for a in self._regs]}
+        try:
+            if self._http is not None:
+                self._http.put(self._http_key("ram", self._name), seg)
+            else:
+                blob = json.dumps(seg, separators=(",", ":")).encode()
+                limit = _max_metadata_bytes()
+                if len(blob) > limit:
+                    raise _too_large("this engine's segment", len(blob), limit)
+                self._engine().publish_label(_SEGMENT_LABEL, blob)
+                self._await_label(blob)
+        except (MetadataServerError, ValueError, hmc.HmcError) as err:
+            _log.error("publishing the segment of `%s`: %s", self._name, err)
+            return _FAILED
+        return _OK
+
+    def _await_label(self, blob: bytes) -> None:
+        """Waits (at most ``_PUBLISH_WAIT_S``) until etcd serves ``blob`` as this engine's
+        segment: the engine publishes in the background, Mooncake's put returns once stored,
+        and a peer told "registered" reads it at once."""
+        deadline = time.monotonic() + _PUBLISH_WAIT_S
+        while self._engine().fetch_label(self._name, _SEGMENT_LABEL, _TIMEOUT_MS) != blob:
+            if time.monotonic() > deadline:
+                _log.warning("the segment of `%s` is not in etcd after %s s; peers may read the previous one",
+                             self._name, _PUBLISH_WAIT_S)
+                return
+            time.sleep(_PUBLISH_POLL_S)
+
+    def _segment(self, name: str) -> Optional[dict]:
+        """Another engine's published segment (``None`` when it published none)."""
+        if self._http is not None:
+            return self._http.get(self._http_key("ram", name))
+        blob = self._engine().fetch_label(name, _SEGMENT_LABEL, _TIMEOUT_MS)
+        if blob is None:
+            return None
+        limit = _max_metadata_bytes()
+        if len(blob) > limit:
+            raise _too_large(f"the segment of `{name}`", len(blob), limit)
+        return json.loads(blob)
 
     def get_rpc_port(self) -> int:
         """The port of this engine's session name ``host:port``."""
@@ -196,12 +501,23 @@ class TransferEngine:
             raise RuntimeError("call initialize() first")
         return self._e
 
+    def _remote(self, target: str) -> str:
+        """What the engine dials for the session ``target``."""
+        return self._addrs.get(target, target)
+
     def _peer(self, target: str) -> bool:
         if target in self._peers:
             return True
         try:
-            self._engine().connect(target, _TIMEOUT_MS)
-        except hmc.HmcError as err:
+            if self._http is not None:
+                rpc = self._http.get(self._http_key("rpc_meta", target))
+                if rpc is None:
+                    _log.error("connecting to %s: no engine of that name is registered at %s", target, self._http.uri)
+                    return False
+                ip = str(rpc.get("ip_or_host_name", ""))
+                self._addrs[target] = f"[{ip}]:{int(rpc['rpc_port'])}" if ":" in ip else f"{ip}:{int(rpc['rpc_port'])}"
+            self._engine().connect(self._remote(target), _TIMEOUT_MS)
+        except (hmc.HmcError, MetadataServerError, ValueError, KeyError, TypeError) as err:
             _log.error("connecting to %s: %s", target, err)
             return False
         self._peers.add(target)
@@ -213,15 +529,30 @@ class TransferEngine:
     # ------------------------------------------------------------------ memory
 
     def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
+        code = self._register(buffer_addr, capacity)
+        if code == _OK and self._publish_segment() != _OK:
+            self._unregister(buffer_addr)
+            return _FAILED
+        return code
+
+    def _register(self, buffer_addr: int, capacity: int) -> int:
         try:
             self._regs[int(buffer_addr)] = self._engine().register_mem((int(buffer_addr), int(capacity)))
         except hmc.HmcError as err:
             _log.error("register_memory: %s", err)
             return _FAILED
+        self._lengths[int(buffer_addr)] = int(capacity)
         return _OK
 
     def unregister_memory(self, buffer_addr: int) -> int:
+        code = self._unregister(buffer_addr)
+        if code == _OK:
+            self._publish_segment()
+        return code
+
+    def _unregister(self, buffer_addr: int) -> int:
         h = self._regs.pop(int(buffer_addr), None)
+        self._lengths.pop(int(buffer_addr), None)
         if h is None:
             return _NOT_REGISTERED
         try:
@@ -233,14 +564,20 @@ class TransferEngine:
 
     def batch_register_memory(self, buffer_addresses: list[int], capacities: list[int], location: str = "*") -> int:
         for k, (a, n) in enumerate(zip(buffer_addresses, capacities)):
-            if self.register_memory(a, n) != _OK:
+            if self._register(a, n) != _OK:
                 for b in buffer_addresses[:k]:
-                    self.unregister_memory(b)
+                    self._unregister(b)
                 return _FAILED
+        if self._publish_segment() != _OK:
+            for b in buffer_addresses:
+                self._unregister(b)
+            return _FAILED
         return _OK
 
     def batch_unregister_memory(self, buffer_addresses: list[int]) -> int:
-        codes = [self.unregister_memory(a) for a in buffer_addresses]
+        codes = [self._unregister(a) for a in buffer_addresses]
+        if _OK in codes:
+            self._publish_segment()
         return next((c for c in codes if c != _OK), _OK)
 
     def allocate_managed_buffer(self, length: int) -> int:
@@ -262,15 +599,26 @@ class TransferEngine:
         return code
 
     def get_first_buffer_address(self, segment_name: str) -> int:
-        """The first registered buffer of this engine (``segment_name`` its own session
-        name); another engine's is not carried."""
+        """The first buffer the engine ``segment_name`` registered and still holds (0 when
+        none): this engine's own, or, under etcd or an HTTP metadata server, another's as it
+        published it. Under P2PHANDSHAKE another engine's is not carried."""
         own = self._engine().local_address.split("://", 1)[-1]
-        if segment_name not in (own, own.rsplit(":", 1)[0]):
+        if segment_name in (own, own.rsplit(":", 1)[0], self._name):
+            return next(iter(self._regs), 0)
+        if not self._metadata:
             raise NotImplementedError(
-                "get_first_buffer_address of another engine is not carried by hmc.mooncake; "
-                "pass the peer's buffer addresses over your own side channel"
+                "get_first_buffer_address of another engine under P2PHANDSHAKE is not carried by "
+                "hmc.mooncake; use an etcd or http metadata server, or pass the peer's buffer "
+                "addresses over your own side channel"
             )
-        return min(self._regs) if self._regs else 0
+        try:
+            seg = self._segment(segment_name)
+            if not seg or not seg.get("buffers"):
+                return 0
+            return int(seg["buffers"][0]["addr"])
+        except (hmc.HmcError, MetadataServerError, ValueError, KeyError, TypeError, IndexError) as err:
+            _log.error("get_first_buffer_address(%s): %s", segment_name, err)
+            return 0
 
     def write_bytes_to_buffer(self, dest_address: int, src: bytes, length: int) -> int:
         ctypes.memmove(int(dest_address), bytes(src), int(length))
@@ -287,11 +635,11 @@ class TransferEngine:
     def _sync(self, target, op, buffers, peers, lengths, notify=None) -> int:
         if not self._peer(target):
             return _FAILED
-        e = self._engine()
+        e, remote = self._engine(), self._remote(target)
         try:
-            e.transfer_sync(target, op, self._descs(buffers, peers, lengths), _TIMEOUT_MS)
+            e.transfer_sync(remote, op, self._descs(buffers, peers, lengths), _TIMEOUT_MS)
             if notify is not None:
-                e.send_notify(target, str(notify.msg).encode(), _TIMEOUT_MS, name=str(notify.name))
+                e.send_notify(remote, str(notify.msg).encode(), _TIMEOUT_MS, name=str(notify.name))
         except hmc.HmcError as err:
             _log.error("transfer with %s: %s", target, err)
             return _FAILED
@@ -319,7 +667,7 @@ class TransferEngine:
         if not self._peer(target):
             return 0
         try:
-            req = self._engine().transfer_async(target, op, self._descs(buffers, peers, lengths), _TIMEOUT_MS)
+            req = self._engine().transfer_async(self._remote(target), op, self._descs(buffers, peers, lengths), _TIMEOUT_MS)
         except hmc.HmcError as err:
             _log.error("transfer with %s: %s", target, err)
             return 0
