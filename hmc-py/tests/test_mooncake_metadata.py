@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -180,7 +181,44 @@ def test_a_server_that_does_not_answer_fails_in_bounded_time():
         s.listen(4)
         t = time.monotonic()
         assert TransferEngine().initialize("127.0.0.1", f"http://127.0.0.1:{s.getsockname()[1]}/metadata", "tcp", "") == -1
-        assert time.monotonic() - t < 2 * mc.HTTP_TIMEOUT_S + 2
+        assert time.monotonic() - t < mc.HTTP_TIMEOUT_S + 2
+
+
+def test_a_server_that_answers_drop_by_drop_fails_in_bounded_time():
+    """A server whose answer never ends (a byte each 0.2 s of a long body): the request is
+    abandoned HTTP_TIMEOUT_S after it began, not at the end of the body."""
+    stop = threading.Event()
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(4)
+    lsock.settimeout(0.2)
+
+    def drip():
+        while not stop.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+                while not stop.wait(0.2):
+                    try:
+                        conn.sendall(b" ")
+                    except OSError:
+                        break
+
+    t = threading.Thread(target=drip, daemon=True)
+    t.start()
+    try:
+        began = time.monotonic()
+        uri = f"http://127.0.0.1:{lsock.getsockname()[1]}/metadata"
+        assert TransferEngine().initialize("127.0.0.1", uri, "tcp", "") == -1
+        assert time.monotonic() - began < mc.HTTP_TIMEOUT_S + 2
+    finally:
+        stop.set()
+        t.join(5)
+        lsock.close()
 
 
 def test_a_metadata_uri_with_a_query_is_refused(caplog):

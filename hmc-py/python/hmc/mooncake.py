@@ -65,9 +65,11 @@ _SEGMENT_LABEL = "mooncake.segment"
 # How long a registration waits for etcd to serve the segment it published, polling.
 _PUBLISH_WAIT_S = 5.0
 _PUBLISH_POLL_S = 0.005
-# Mooncake's HTTP plugin: 3 s for a request (CURLOPT_TIMEOUT_MS); here the limit of each
-# socket operation (connect, send, each read) of one request.
+# Mooncake's HTTP plugin: 3 s for a whole request (CURLOPT_TIMEOUT_MS), the same here: each
+# socket operation is given what is left of it, and a body still arriving then is abandoned.
 HTTP_TIMEOUT_S = 3.0
+# What one read of an answer's body asks for.
+_HTTP_READ_CHUNK = 64 << 10
 # The largest metadata value read from or written to a metadata server (a peer's segment
 # with its buffer list, this engine's own); the environment variable raises it.
 MAX_METADATA_BYTES_ENV = "HMC_MOONCAKE_MAX_METADATA_BYTES"
@@ -88,6 +90,7 @@ def _say_once(key: str, msg: str, *args) -> None:
 
 
 def _max_metadata_bytes() -> int:
+    """The bound on a metadata value: ``$HMC_MOONCAKE_MAX_METADATA_BYTES`` or 1 MiB."""
     raw = os.environ.get(MAX_METADATA_BYTES_ENV)
     if not raw:
         return DEFAULT_MAX_METADATA_BYTES
@@ -126,7 +129,7 @@ def _split_conn_string(conn: str) -> tuple[str, str]:
     return _ETCD, conn
 
 
-class MetadataServerError(ConnectionError):
+class _MetadataServerError(ConnectionError):
     """A metadata server could not be reached, or answered what Mooncake's would not."""
 
 
@@ -134,8 +137,8 @@ class _HttpMetadata:
     """A client of Mooncake's HTTP metadata server (``mooncake.http_metadata_server``, and
     the HTTP plugin of its ``transfer_metadata_plugin.cpp``): ``GET``, ``PUT`` and ``DELETE``
     of ``<uri>?key=<key, percent-encoded>``, JSON values, 200 on success, 404 for a key that
-    is not there. Each request is one connection, each socket operation bounded by
-    :data:`HTTP_TIMEOUT_S`, each value by ``$HMC_MOONCAKE_MAX_METADATA_BYTES`` (1 MiB)."""
+    is not there. Each request is one connection that ends within :data:`HTTP_TIMEOUT_S`;
+    each value is bounded by ``$HMC_MOONCAKE_MAX_METADATA_BYTES`` (1 MiB)."""
 
     def __init__(self, uri: str):
         parts = urllib.parse.urlsplit(uri)
@@ -150,20 +153,39 @@ class _HttpMetadata:
         self._limit = _max_metadata_bytes()
 
     def _request(self, method: str, key: str, body: Optional[bytes] = None) -> tuple[int, bytes]:
+        what = f"{method} {self.uri}?key={key}"
         target = f"{self._path}?key={urllib.parse.quote(key, safe='')}"
         headers = {"Content-Type": "application/json"} if body is not None else {}
+        deadline = time.monotonic() + HTTP_TIMEOUT_S
+
+        def left() -> float:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _MetadataServerError(f"{what}: no answer within {HTTP_TIMEOUT_S} s (HTTP_TIMEOUT_S)")
+            return remaining
+
         conn = self._conn_cls(self._host, self._port, timeout=HTTP_TIMEOUT_S)
         try:
             conn.request(method, target, body=body, headers=headers)
+            sock = conn.sock  # the answer is read from it even once `conn` lets go of it
+            sock.settimeout(left())
             resp = conn.getresponse()
-            data = resp.read(self._limit + 1)
+            data = bytearray()
+            while len(data) <= self._limit:
+                sock.settimeout(left())
+                chunk = resp.read1(min(_HTTP_READ_CHUNK, self._limit + 1 - len(data)))
+                if not chunk:
+                    break
+                data += chunk
+        except _MetadataServerError:
+            raise
         except (OSError, http.client.HTTPException) as e:
-            raise MetadataServerError(f"{method} {self.uri}?key={key}: {e}") from e
+            raise _MetadataServerError(f"{what}: {e}") from e
         finally:
             conn.close()
         if len(data) > self._limit:
-            raise _too_large(f"the answer to GET {self.uri}?key={key}", len(data), self._limit)
-        return resp.status, data
+            raise _too_large(f"the answer to {what}", len(data), self._limit)
+        return resp.status, bytes(data)
 
     def get(self, key: str) -> Optional[dict]:
         """The JSON object under ``key``; ``None`` when the server has no such key."""
@@ -171,13 +193,13 @@ class _HttpMetadata:
         if status == 404:
             return None
         if status != 200:
-            raise MetadataServerError(f"GET {self.uri}?key={key}: HTTP {status}: {data[:200]!r}")
+            raise _MetadataServerError(f"GET {self.uri}?key={key}: HTTP {status}: {data[:200]!r}")
         try:
             value = json.loads(data)
         except ValueError as e:
-            raise MetadataServerError(f"GET {self.uri}?key={key}: not JSON ({e})") from e
+            raise _MetadataServerError(f"GET {self.uri}?key={key}: not JSON ({e})") from e
         if not isinstance(value, dict):
-            raise MetadataServerError(f"GET {self.uri}?key={key}: not a JSON object")
+            raise _MetadataServerError(f"GET {self.uri}?key={key}: not a JSON object")
         return value
 
     def put(self, key: str, value: dict) -> None:
@@ -186,13 +208,13 @@ class _HttpMetadata:
             raise _too_large(f"the value of {key}", len(body), self._limit)
         status, data = self._request("PUT", key, body)
         if status != 200:
-            raise MetadataServerError(f"PUT {self.uri}?key={key}: HTTP {status}: {data[:200]!r}")
+            raise _MetadataServerError(f"PUT {self.uri}?key={key}: HTTP {status}: {data[:200]!r}")
 
     def delete(self, key: str) -> None:
         """Removes ``key``; one already gone is not an error."""
         status, data = self._request("DELETE", key)
         if status not in (200, 404):
-            raise MetadataServerError(f"DELETE {self.uri}?key={key}: HTTP {status}: {data[:200]!r}")
+            raise _MetadataServerError(f"DELETE {self.uri}?key={key}: HTTP {status}: {data[:200]!r}")
 
 
 def _http_unregister(client: _HttpMetadata, keys: list[str]) -> None:
@@ -201,7 +223,7 @@ def _http_unregister(client: _HttpMetadata, keys: list[str]) -> None:
     for key in keys:
         try:
             client.delete(key)
-        except (MetadataServerError, ValueError) as e:
+        except (_MetadataServerError, ValueError) as e:
             _log.warning("removing %s from %s: %s", key, client.uri, e)
 
 
@@ -290,6 +312,7 @@ def _host_of(hostname: str) -> str:
 
 
 def _is_ip(host: str) -> bool:
+    """Whether ``host`` is an IPv4 or IPv6 address (not a name)."""
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -298,6 +321,7 @@ def _is_ip(host: str) -> bool:
 
 
 def _bind_host() -> str:
+    """Where an engine whose name is not an address listens: ``$HMC_MOONCAKE_HOST``."""
     return os.environ.get("HMC_MOONCAKE_HOST", "127.0.0.1")
 
 
@@ -426,7 +450,7 @@ class TransferEngine:
         host, port = self._engine().local_address.split("://", 1)[-1].rsplit(":", 1)
         try:
             self._http.put(rpc_key, {"ip_or_host_name": host.strip("[]"), "rpc_port": int(port)})
-        except (MetadataServerError, ValueError) as err:
+        except (_MetadataServerError, ValueError) as err:
             _log.error("initialize: publishing `%s` at %s: %s", self._name, self._http.uri, err)
             return _FAILED
         weakref.finalize(self, _http_unregister, self._http, [rpc_key, ram_key])
@@ -450,7 +474,7 @@ class TransferEngine:
                     raise _too_large("this engine's segment", len(blob), limit)
                 self._engine().publish_label(_SEGMENT_LABEL, blob)
                 self._await_label(blob)
-        except (MetadataServerError, ValueError, hmc.HmcError) as err:
+        except (_MetadataServerError, ValueError, hmc.HmcError) as err:
             _log.error("publishing the segment of `%s`: %s", self._name, err)
             return _FAILED
         return _OK
@@ -517,7 +541,7 @@ class TransferEngine:
                 ip = str(rpc.get("ip_or_host_name", ""))
                 self._addrs[target] = f"[{ip}]:{int(rpc['rpc_port'])}" if ":" in ip else f"{ip}:{int(rpc['rpc_port'])}"
             self._engine().connect(self._remote(target), _TIMEOUT_MS)
-        except (hmc.HmcError, MetadataServerError, ValueError, KeyError, TypeError) as err:
+        except (hmc.HmcError, _MetadataServerError, ValueError, KeyError, TypeError) as err:
             _log.error("connecting to %s: %s", target, err)
             return False
         self._peers.add(target)
@@ -616,7 +640,7 @@ class TransferEngine:
             if not seg or not seg.get("buffers"):
                 return 0
             return int(seg["buffers"][0]["addr"])
-        except (hmc.HmcError, MetadataServerError, ValueError, KeyError, TypeError, IndexError) as err:
+        except (hmc.HmcError, _MetadataServerError, ValueError, KeyError, TypeError, IndexError) as err:
             _log.error("get_first_buffer_address(%s): %s", segment_name, err)
             return 0
 
