@@ -237,3 +237,20 @@ def test_the_cluster_id_prefixes_the_keys_as_mooncakes(http_metadata, monkeypatc
     assert b.send_probe("node-a") == 0
     monkeypatch.delenv("MC_METADATA_CLUSTER_ID")
     assert TransferEngine().initialize("node-a", http_metadata, "tcp", "") == 0  # another cluster's name space
+
+
+def test_p2phandshake_takes_a_free_port_whatever_port_is_given():
+    """As Mooncake 0.3.13 (checked on it): under P2PHANDSHAKE the port of local_hostname is
+    not used; the engine listens on a free one, its session name host:get_rpc_port()."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        a, b = TransferEngine(), TransferEngine()
+        assert a.initialize(f"127.0.0.1:{port}", "P2PHANDSHAKE", "tcp", "") == 0
+        assert a.get_rpc_port() != port
+        assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        src = np.arange(4096, dtype=np.uint8)
+        assert a.register_memory(src.ctypes.data, src.nbytes) == 0
+        assert a.get_first_buffer_address(f"127.0.0.1:{a.get_rpc_port()}") == src.ctypes.data
+        assert b.send_probe(f"127.0.0.1:{a.get_rpc_port()}") == 0

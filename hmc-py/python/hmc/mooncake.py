@@ -304,11 +304,21 @@ def create_rpc_server(*args, **kwargs):
     raise NotImplementedError("create_rpc_server (Mooncake's RPC) is not carried by hmc.mooncake; use hmc.rpc")
 
 
-def _host_of(hostname: str) -> str:
-    """The host of ``host`` or ``host:port`` (``[v6]:port`` too)."""
+def _split_host_port(hostname: str) -> tuple[str, Optional[str]]:
+    """``(host, port)`` of ``host``, ``host:port``, ``[v6]`` or ``[v6]:port`` (``port`` is
+    ``None`` when absent); a bare IPv6 address is a host."""
     if hostname.startswith("["):
-        return hostname[1:].split("]", 1)[0]
-    return hostname.rsplit(":", 1)[0] if hostname.count(":") == 1 else hostname
+        host, _, rest = hostname[1:].partition("]")
+        return host, (rest[1:] if rest.startswith(":") else None)
+    if hostname.count(":") == 1:
+        host, port = hostname.split(":")
+        return host, port
+    return hostname, None
+
+
+def _listen_at(host: str, port: str = "0") -> str:
+    """The engine's ``host:port`` to listen at (an IPv6 host in brackets; port 0: a free one)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _is_ip(host: str) -> bool:
@@ -386,14 +396,18 @@ class TransferEngine:
         opts = {"transport": transport}
         configured = work_alike_config.load("mooncake")
         opts.update(configured)
-        kw, host = {}, local_hostname if ":" in local_hostname else f"{local_hostname}:0"
+        name_host, name_port = _split_host_port(local_hostname)
+        kw = {}
         if scheme == _ETCD:
             hosts = rest.split("/")[0]
             kw = {"metadata": f"etcd://{hosts}/{_ETCD_NAMESPACE}", "name": local_hostname}
-            # Under etcd the name is what peers dial; the engine binds the name's address when
-            # it is one, else $HMC_MOONCAKE_HOST (default 127.0.0.1).
-            if not _is_ip(_host_of(local_hostname)):
-                host = _bind_host() + ":0"
+            # Under etcd hmc's engine dials a name that is an ip:port as that address, so such
+            # a name is where this engine listens; another name is looked up in etcd, and the
+            # engine listens on the name's IP or $HMC_MOONCAKE_HOST (default 127.0.0.1).
+            if _is_ip(name_host):
+                host = _listen_at(name_host, name_port or "0")
+            else:
+                host = _listen_at(_bind_host())
         elif scheme in _HTTP_SCHEMES:
             try:
                 self._http = _HttpMetadata(conn)
@@ -402,14 +416,18 @@ class TransferEngine:
                 return _FAILED
             # As Mooncake under a metadata server: the name is only a name, the port is chosen
             # here and published under it.
-            name_host = _host_of(local_hostname)
-            host = (name_host if _is_ip(name_host) else _bind_host()) + ":0"
+            host = _listen_at(name_host if _is_ip(name_host) else _bind_host())
+        else:
+            # P2PHANDSHAKE, as Mooncake: a port given is not used; the engine takes a free one
+            # and its session name is host:that port (get_rpc_port).
+            host = _listen_at(name_host)
         try:
             e = self._start(host, opts, kw, fallback="transport" not in configured)
         except hmc.HmcError as err:
             _log.error("initialize: %s", err)
             return _FAILED
-        self._e, self._name = e, local_hostname
+        self._e = e
+        self._name = local_hostname if kw or self._http else e.local_address.split("://", 1)[-1]
         self._metadata = _ETCD if scheme == _ETCD else "http" if self._http else ""
         if self._http is not None and self._http_register() != _OK:
             e.finalize()

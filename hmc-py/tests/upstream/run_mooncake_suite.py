@@ -254,7 +254,8 @@ def main() -> int:
         print(f"run_mooncake_suite: {e}", file=sys.stderr)
         return 2
     python = mooncake_python if args.real else sys.executable
-    print(f"Mooncake's wheel tests from {src} at {ref}, on {'Mooncake' if args.real else 'hmc.mooncake'} ({python})")
+    where = src if os.path.isfile(os.path.join(src, TESTS_DIR, TARGET)) else f"{src} at {ref}"
+    print(f"Mooncake's wheel tests from {where}, on {'Mooncake' if args.real else 'hmc.mooncake'} ({python})")
     modes = ["etcd", "http"] if args.metadata == "both" else [args.metadata]
     results = []
     with tempfile.TemporaryDirectory(prefix="hmc-mooncake-suite-") as workdir:
