@@ -3,9 +3,10 @@ transfer_engine_target.py`` and ``transfer_engine_initiator_test.py``) against
 ``hmc.mooncake``, with only their import line rewritten (``from mooncake.engine import
 TransferEngine`` -> ``from hmc.mooncake import TransferEngine``; the diff is printed).
 
-Their code is not in this repository: it is read from a Mooncake source, ``$HMC_MOONCAKE_SRC``
-(a checkout, or a bare git directory read at ``$HMC_MOONCAKE_REF``, default ``HEAD``; by
-default the mirror at ``/work/.mirror/kvcache-ai+Mooncake/repo`` when it is there), and
+Their code is not in this repository: it is read from a Mooncake source, ``--src`` or
+``$HMC_MOONCAKE_SRC`` (a checkout, or a bare git directory read at ``--ref`` or
+``$HMC_MOONCAKE_REF``, default ``HEAD``; by default the mirror at
+``/work/.mirror/kvcache-ai+Mooncake/repo`` when it is there), and
 copied into a temporary directory that is removed afterwards.
 
 They run as Mooncake's CI runs them (``scripts/run_tests.sh``): the target in the background,
@@ -238,10 +239,12 @@ def main() -> int:
     ap.add_argument("--http-server", choices=["ours", "mooncake"], default="ours",
                     help="which HTTP metadata server (mooncake: Mooncake's, from $HMC_MOONCAKE_PYTHON)")
     ap.add_argument("--circle", type=int, help="CIRCLE for the initiator (upstream's default: 1000)")
+    ap.add_argument("--src", help="the Mooncake source (default: $HMC_MOONCAKE_SRC, else the mirror)")
+    ap.add_argument("--ref", help="the revision of a bare git source (default: $HMC_MOONCAKE_REF, else HEAD)")
     args = ap.parse_args()
 
-    src = os.environ.get("HMC_MOONCAKE_SRC") or (DEFAULT_SRC if os.path.isdir(DEFAULT_SRC) else "")
-    ref = os.environ.get("HMC_MOONCAKE_REF", "HEAD")
+    src = args.src or os.environ.get("HMC_MOONCAKE_SRC") or (DEFAULT_SRC if os.path.isdir(DEFAULT_SRC) else "")
+    ref = args.ref or os.environ.get("HMC_MOONCAKE_REF", "HEAD")
     mooncake_python = os.environ.get("HMC_MOONCAKE_PYTHON")
     try:
         if not src:
