@@ -160,6 +160,8 @@ struct Shared<C: Communicator> {
     instance: u64,
     local: RwLock<LocalTable<C>>,
     notifies: Mutex<NotifyQueue>,
+    /// Called after a notification is queued ([`Engine::on_notify`]).
+    notify_hook: RwLock<Option<notify::NotifyHook>>,
     /// Values published for peers to look up by name ([`Engine::publish`]).
     directory: RwLock<HashMap<String, Vec<u8>>>,
 }
@@ -262,6 +264,7 @@ impl<C: Communicator> Engine<C> {
                 next_handle: 1,
             }),
             notifies: Mutex::new(NotifyQueue::default()),
+            notify_hook: RwLock::new(None),
             directory: RwLock::new(HashMap::new()),
         });
         let mut d = Dispatcher::new();

@@ -5,6 +5,7 @@
 //! machine. Nothing here is needed to *build* the libraries: vendor libraries are loaded at
 //! run time.
 
+mod capi;
 mod cluster;
 mod python;
 mod report;
@@ -68,6 +69,12 @@ usage: cargo xtask <command>
                        shared library through the real loader (each case in its own
                        process; prints N passed, M failed and each failure's expected error)
   deps                 install the system packages the build and tests need (apt, as root)
+  install --prefix PREFIX [--debug]
+                       build libhmc (release unless --debug) and install it for C and C++:
+                       lib/libhmc.so.0 (+ libhmc.a), include/hmc/hmc.h and hmc.hpp,
+                       lib/pkgconfig/hmc.pc, lib/cmake/hmc (find_package(hmc))
+  capi-test            only libhmc's C and C++ checks of `test` (headers, examples over
+                       tcp and shm, sanitizers, CMake and pkg-config consumers)
 ";
 
 /// The UCX that `cargo xtask ucx-wheel` checks by default (PyPI `libucx-cu12`).
@@ -90,6 +97,8 @@ fn main() -> ExitCode {
         Some("rdma-bundle") => rdma_bundle::rdma_bundle(),
         Some("tidy") => tidy::run(&root()),
         Some("deps") => ensure_system_packages(),
+        Some("install") => capi::install(&args[1..]),
+        Some("capi-test") => ensure_system_packages().and_then(|()| capi::test()),
         Some("cluster-test") => cluster::run(&root(), args.iter().any(|a| a == "--quick")),
         Some("ucx-wheel") => ucx_wheel(&args[1..]),
         Some("new-backend") => scaffold::run(&root(), &args[1..]).map(drop),
@@ -271,6 +280,21 @@ const PACKAGES: &[SystemPackage] = &[
         why: "the device ABI shims are compiled at test time",
         present: || on_path("cc"),
     },
+    SystemPackage {
+        name: "g++",
+        why: "the C++ header and examples of libhmc are compiled at test time",
+        present: || on_path("g++"),
+    },
+    SystemPackage {
+        name: "cmake",
+        why: "libhmc's CMake package is checked by building the examples with it",
+        present: || on_path("cmake"),
+    },
+    SystemPackage {
+        name: "pkg-config",
+        why: "libhmc's hmc.pc is checked by building an example with its flags",
+        present: || on_path("pkg-config"),
+    },
 ];
 
 /// Installs missing system packages with apt when running as root; otherwise says what to
@@ -307,6 +331,8 @@ fn test(long: bool) -> Result {
     for mut step in test_steps(&["--workspace"], true, long) {
         run(&mut step)?;
     }
+    // libhmc from C and C++: headers, examples, sanitizers, CMake and pkg-config consumers.
+    capi::test()?;
     // Engines on three network namespaces, a link cut and a process killed (root only).
     cluster::run(&root(), true)?;
     // `cargo xtask demo --cluster`, as a user runs it (etcd started and stopped by it).

@@ -69,6 +69,13 @@ impl<C: Communicator> Engine<C> {
         }
     }
 
+    /// Calls `hook` (on a runtime thread, so it must not block) after each notification
+    /// is queued, in place of any earlier hook: a caller that waits on a descriptor (the
+    /// C API's per-engine eventfd) learns that [`Engine::get_notifies`] has something.
+    pub fn on_notify(&self, hook: impl Fn() + Send + Sync + 'static) {
+        *self.inner.shared.notify_hook.write() = Some(std::sync::Arc::new(hook));
+    }
+
     /// Takes every notification received so far, oldest first.
     pub fn get_notifies(&self) -> Vec<Notify> {
         let mut q = self.inner.shared.notifies.lock();
@@ -130,9 +137,16 @@ impl<C: Communicator> Shared<C> {
             msg: n.msg,
             failed: n.failed,
         });
+        drop(q);
+        if let Some(hook) = &*self.notify_hook.read() {
+            hook();
+        }
         Ok(())
     }
 }
+
+/// What [`Engine::on_notify`] keeps.
+pub(super) type NotifyHook = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 /// Notifications waiting for [`Engine::get_notifies`], and their bytes.
 #[derive(Default)]

@@ -1,0 +1,287 @@
+/*
+ * hmc.h: the C API of libhmc (the HMC one-sided transfer engine and RPC runtime).
+ * Pure C11; usable from C++ as is. Guide: docs/c-api.md.
+ *
+ * Conventions, for every function below:
+ *
+ * - Every call returns an hmc_status. HMC_OK (0) is success; HMC_PENDING (1) says a
+ *   request or call is still running and is not an error; everything else is an error, and
+ *   hmc_last_error() then gives this thread's message: which argument or limit, and what
+ *   to do. A message stays valid until the next failing call on the same thread.
+ * - Handles (hmc_engine *, hmc_mem *, hmc_request *, ...) are opaque: never dereference
+ *   them. A NULL, closed, released, made-up or wrong-kind handle is HMC_ERR_INVALID_ARGUMENT,
+ *   never a crash. A handle stays valid until the call that closes or releases it (or, for
+ *   an engine's registrations and requests, until hmc_engine_close of the engine).
+ * - Threads: every function may be called from any thread, and every handle used from
+ *   many threads at once. Blocking functions (connect, transfer_sync, request_wait, RPC
+ *   calls, close) must not be called from a completion callback or an RPC handler (they
+ *   run on the library's threads): they fail HMC_ERR_STATE there.
+ * - Pointers the caller passes are only read during the call (strings, descriptor arrays,
+ *   option arrays), except registered memory, which the caller keeps allocated until it
+ *   is deregistered. Memory the library returns (messages, notification lists, byte
+ *   buffers) is the library's, freed by the matching _free call, never by free().
+ * - Structs that may grow start with size_t struct_size: set it to sizeof(the struct)
+ *   (the _INIT macros do), so that a program built against this header runs on a newer
+ *   library, and a size the library cannot read is HMC_ERR_STRUCT_SIZE, not a crash.
+ * - Timeouts are in milliseconds; 0 means the engine's default_timeout_ms option (10 s).
+ * - The library owns a runtime (two threads, started on first use). A process that forks
+ *   after using libhmc cannot use it in the child (HMC_ERR_STATE): fork first, or exec.
+ */
+#ifndef HMC_HMC_H
+#define HMC_HMC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Versioning ------------------------------------------------------------------- */
+
+/* The SONAME is libhmc.so.<MAJOR>. A program needs a library of the same major and a
+ * minor at least the header's it was built with. */
+#define HMC_API_VERSION_MAJOR 0
+#define HMC_API_VERSION_MINOR 1
+#define HMC_API_VERSION ((HMC_API_VERSION_MAJOR << 16) | HMC_API_VERSION_MINOR)
+
+/* The library's version, (major << 16) | minor. */
+uint32_t hmc_api_version(void);
+
+/* ---- Errors ------------------------------------------------------------------------ */
+
+typedef enum hmc_status {
+    HMC_OK = 0,
+    HMC_PENDING = 1,                /* not an error: still running */
+    HMC_ERR_INVALID_ARGUMENT = 2,   /* NULL/zero/huge/unknown argument or option; bad handle */
+    HMC_ERR_STRUCT_SIZE = 3,        /* a struct_size this library cannot read */
+    HMC_ERR_NOT_CONNECTED = 4,
+    HMC_ERR_ALREADY_CONNECTED = 5,
+    HMC_ERR_NOT_REGISTERED = 6,     /* an address in no registered region */
+    HMC_ERR_DEADLINE = 7,           /* the timeout passed; the memory is no longer touched */
+    HMC_ERR_CANCELLED = 8,
+    HMC_ERR_PEER_GONE = 9,          /* the peer went away or restarted */
+    HMC_ERR_LIMIT = 10,             /* a limit was reached; the message names the option */
+    HMC_ERR_UNSUPPORTED_MEMORY = 11,
+    HMC_ERR_UNSUPPORTED = 12,
+    HMC_ERR_AUTH = 13,              /* authentication failed or was refused */
+    HMC_ERR_UNAVAILABLE = 14,       /* backend, transport, peer or service unreachable */
+    HMC_ERR_STATE = 15,             /* not now: finalized, blocking call in a callback, fork */
+    HMC_ERR_REMOTE = 16,            /* an RPC server answered a non-OK status */
+    HMC_ERR_BUFFER_TOO_SMALL = 17,  /* the length needed was written; call again */
+    HMC_ERR_INTERNAL = 18           /* a bug in libhmc (a caught panic included) */
+} hmc_status;
+
+/* This thread's last error message ("" if none). Owned by the library; valid until the
+ * next failing call on this thread. */
+const char *hmc_last_error(void);
+
+/* The name of a status ("HMC_ERR_DEADLINE"); a static string. */
+const char *hmc_status_name(int status);
+
+/* ---- Engine ------------------------------------------------------------------------ */
+
+typedef struct hmc_engine hmc_engine;
+typedef struct hmc_mem hmc_mem;
+typedef struct hmc_request hmc_request;
+typedef struct hmc_notify_list hmc_notify_list;
+
+/* One option of the engine, HIXL's option map as key/value strings. Keys: transport
+ * (tcp|shm|ucx|rdma|auto|<plugin>), auth_secret_file, auth_secret, metadata
+ * (embedded|etcd://host:port/ns), name, default_timeout_ms, no_progress_timeout_ms,
+ * max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies,
+ * max_notify_len, max_metadata_blob_len, plugin_path, copy_threads, ... (the engine's
+ * EngineConfig; an unknown key is HMC_ERR_INVALID_ARGUMENT listing the known ones). */
+typedef struct hmc_option {
+    const char *key;
+    const char *value;
+} hmc_option;
+
+typedef struct hmc_engine_options {
+    size_t struct_size;         /* sizeof(hmc_engine_options) */
+    const hmc_option *options;  /* num_options entries (NULL if 0); read during the call */
+    size_t num_options;
+} hmc_engine_options;
+#define HMC_ENGINE_OPTIONS_INIT {sizeof(hmc_engine_options), NULL, 0}
+
+/* Opens an engine whose metadata service listens at local_engine: "ip:port" for an
+ * engine others connect to, "ip" (or "ip:0") for one that only connects out, as HIXL's
+ * Initialize. options may be NULL (defaults). On success *out is the engine, which the
+ * caller closes with hmc_engine_close. */
+hmc_status hmc_engine_open(const char *local_engine, const hmc_engine_options *options,
+                           hmc_engine **out);
+
+/* Closes the engine: cancels its transfers in flight, disconnects, stops its service.
+ * Its registrations and requests become invalid handles; the memory it had registered
+ * may be freed once this returns. A second close is HMC_ERR_INVALID_ARGUMENT. */
+hmc_status hmc_engine_close(hmc_engine *engine);
+
+/* The engine's name (what peers pass to hmc_connect), NUL-terminated into buf of cap
+ * bytes; *len (if not NULL) gets its length without the NUL. buf NULL or too small:
+ * HMC_ERR_BUFFER_TOO_SMALL with *len set. */
+hmc_status hmc_engine_name(const hmc_engine *engine, char *buf, size_t cap, size_t *len);
+
+/* A descriptor that becomes readable when a request of this engine completes or a
+ * notification arrives, for epoll, io_uring or asio loops. Owned by the engine (do not
+ * close it); valid until hmc_engine_close. After it fires: hmc_engine_fd_drain, then
+ * hmc_engine_poll_completed and hmc_get_notifies. */
+hmc_status hmc_engine_fd(const hmc_engine *engine, int *fd);
+hmc_status hmc_engine_fd_drain(const hmc_engine *engine);
+
+/* ---- Memory ------------------------------------------------------------------------ */
+
+enum { HMC_MEM_HOST = 0, HMC_MEM_DEVICE = 1 };
+enum { HMC_DEVICE_CUDA = 1, HMC_DEVICE_ROCM = 2, HMC_DEVICE_MLU = 3, HMC_DEVICE_MUSA = 4,
+       HMC_DEVICE_ASCEND = 5 };
+/* hmc_mem_desc.flags: peers may only read it, and it may only be a WRITE's source. */
+#define HMC_MEM_READ_ONLY 1u
+
+typedef struct hmc_mem_desc {
+    size_t struct_size;     /* sizeof(hmc_mem_desc) */
+    uint64_t addr;          /* host or device address */
+    uint64_t len;           /* bytes, > 0 */
+    uint32_t mem_type;      /* HMC_MEM_HOST or HMC_MEM_DEVICE */
+    uint32_t device_kind;   /* device memory: HMC_DEVICE_CUDA, ...; host: 0 */
+    uint32_t device_id;     /* device memory: the device ordinal; host: 0 */
+    uint32_t flags;         /* 0 or HMC_MEM_READ_ONLY (host memory only) */
+} hmc_mem_desc;
+#define HMC_MEM_DESC_INIT {sizeof(hmc_mem_desc), 0, 0, HMC_MEM_HOST, 0, 0, 0}
+
+/* Registers memory for transfers by this engine and its peers. Host memory must be
+ * mapped (an unmapped range, or a read-only one without HMC_MEM_READ_ONLY, is refused);
+ * device memory is opened through its vendor's library (loaded at run time: a missing
+ * one is HMC_ERR_UNAVAILABLE). The memory must stay allocated until
+ * hmc_deregister_mem (or hmc_engine_close) has returned: peers may read or write it at
+ * any time until then. */
+hmc_status hmc_register_mem(hmc_engine *engine, const hmc_mem_desc *desc, hmc_mem **out);
+
+/* Deregisters: peers can no longer reach the memory once this returns (a transfer still
+ * using it is waited for), so the caller may free it. mem must be of this engine. */
+hmc_status hmc_deregister_mem(hmc_engine *engine, hmc_mem *mem);
+
+/* ---- Connections and transfers ----------------------------------------------------- */
+
+/* Connects to the engine named remote_engine ("ip:port", or its name in the metadata
+ * service) within timeout_ms: fetches its region table and connects the data plane. */
+hmc_status hmc_connect(hmc_engine *engine, const char *remote_engine, uint32_t timeout_ms);
+hmc_status hmc_disconnect(hmc_engine *engine, const char *remote_engine);
+
+enum { HMC_READ = 0, HMC_WRITE = 1 };  /* READ: remote to local; WRITE: local to remote */
+
+/* One element of a transfer. Fixed layout (it never grows). */
+typedef struct hmc_xfer_desc {
+    uint64_t local_addr;   /* in this engine's registered memory */
+    uint64_t remote_addr;  /* in the peer's registered memory */
+    uint64_t len;
+} hmc_xfer_desc;
+
+/* Moves every descriptor (at most max_descs_per_transfer) between this engine and
+ * remote_engine, which must be connected; every address is checked before a byte moves.
+ * Returns when done, or HMC_ERR_DEADLINE after timeout_ms, when the transport no longer
+ * touches the memory. */
+hmc_status hmc_transfer_sync(hmc_engine *engine, const char *remote_engine, uint32_t op,
+                             const hmc_xfer_desc *descs, size_t num_descs,
+                             uint32_t timeout_ms);
+
+/* Called once, on a library thread, when a request ends, with its final status. It must
+ * not block or call blocking functions; it may call hmc_request_status/release. */
+typedef void (*hmc_request_callback)(void *user_data, hmc_request *req, int status);
+
+typedef struct hmc_transfer_args {
+    size_t struct_size;             /* sizeof(hmc_transfer_args) */
+    hmc_request_callback callback;  /* NULL: none */
+    void *user_data;                /* passed to callback */
+} hmc_transfer_args;
+#define HMC_TRANSFER_ARGS_INIT {sizeof(hmc_transfer_args), NULL, NULL}
+
+/* Starts a transfer and returns at once with *out, a request the caller releases with
+ * hmc_request_release. Its end is seen by hmc_request_status/wait, the engine's fd
+ * (hmc_engine_poll_completed), or args->callback. args may be NULL. */
+hmc_status hmc_transfer_async(hmc_engine *engine, const char *remote_engine, uint32_t op,
+                              const hmc_xfer_desc *descs, size_t num_descs,
+                              uint32_t timeout_ms, const hmc_transfer_args *args,
+                              hmc_request **out);
+
+/* hmc_request_status's *state (HIXL's TransferStatus order). */
+enum { HMC_REQUEST_WAITING = 0, HMC_REQUEST_COMPLETED = 1, HMC_REQUEST_TIMEOUT = 2,
+       HMC_REQUEST_FAILED = 3 };
+
+/* HMC_PENDING while running, HMC_OK once completed; once ended otherwise, the failure's
+ * status (HMC_ERR_DEADLINE, HMC_ERR_CANCELLED, HMC_ERR_PEER_GONE, ...) with its message.
+ * *state (if not NULL) gets one of HMC_REQUEST_*. req must be of this engine. */
+hmc_status hmc_request_status(hmc_engine *engine, hmc_request *req, uint32_t *state);
+
+/* Waits up to timeout_ms for the request to end (0: just look), then returns as
+ * hmc_request_status. */
+hmc_status hmc_request_wait(hmc_engine *engine, hmc_request *req, uint32_t timeout_ms);
+
+/* Cancels a running request: it ends HMC_ERR_CANCELLED, and once that is reported the
+ * transport no longer touches its memory. An ended request keeps its status. */
+hmc_status hmc_request_cancel(hmc_engine *engine, hmc_request *req);
+
+/* Releases the handle (cancelling the request if still running; its callback, if any,
+ * still runs once). A second release is HMC_ERR_INVALID_ARGUMENT. */
+hmc_status hmc_request_release(hmc_engine *engine, hmc_request *req);
+
+/* Up to cap requests of this engine that ended since the last call (released ones are
+ * skipped), into reqs; *count gets how many. */
+hmc_status hmc_engine_poll_completed(hmc_engine *engine, hmc_request **reqs, size_t cap,
+                                     size_t *count);
+
+typedef struct hmc_telemetry {
+    size_t struct_size;          /* sizeof(hmc_telemetry), set by the caller */
+    uint64_t posted_at_unix_ns;  /* when it was posted */
+    uint64_t duration_ns;        /* how long it ran (0 while running) */
+    uint64_t bytes;              /* bytes asked for */
+    uint64_t descs;              /* descriptors given */
+} hmc_telemetry;
+#define HMC_TELEMETRY_INIT {sizeof(hmc_telemetry), 0, 0, 0, 0}
+
+/* What the request did: HMC_OK once ended, HMC_PENDING (with duration 0) while running. */
+hmc_status hmc_request_telemetry(hmc_engine *engine, hmc_request *req, hmc_telemetry *out);
+
+/* ---- Notifications ----------------------------------------------------------------- */
+
+/* Sends a small message (name + msg, at most max_notify_len bytes with the sender's
+ * name) to a connected engine, where it waits for hmc_get_notifies. */
+hmc_status hmc_send_notify(hmc_engine *engine, const char *remote_engine, const char *name,
+                           const void *msg, size_t msg_len, uint32_t timeout_ms);
+
+/* One received notification. The library allocates these; fields are only ever added at
+ * the end, so a program reads those it knows. */
+typedef struct hmc_notify {
+    size_t struct_size;
+    const char *from;     /* the sending engine's name */
+    const char *name;
+    const uint8_t *msg;
+    size_t msg_len;
+    const char *failed;   /* NULL, or why the transfer it was attached to failed */
+} hmc_notify;
+
+/* Takes every notification received so far (oldest first) into a list the caller frees
+ * with hmc_notify_list_free; *count gets how many (possibly 0). */
+hmc_status hmc_get_notifies(hmc_engine *engine, hmc_notify_list **out, size_t *count);
+
+/* The index-th notification; the pointer (and its strings) is valid until the list is
+ * freed. */
+hmc_status hmc_notify_list_get(const hmc_notify_list *list, size_t index,
+                               const hmc_notify **out);
+hmc_status hmc_notify_list_free(hmc_notify_list *list);
+
+/* ---- Metadata blobs (connecting without a service lookup) -------------------------- */
+
+/* This engine's metadata (name, addresses, regions) into buf; *len gets its length.
+ * buf NULL or too small: HMC_ERR_BUFFER_TOO_SMALL with *len set. */
+hmc_status hmc_local_metadata(const hmc_engine *engine, void *buf, size_t cap, size_t *len);
+
+/* Adds the engine a blob describes as a connected peer; its name (what transfers take)
+ * goes to name/name_len as in hmc_engine_name (both may be NULL). */
+hmc_status hmc_add_remote(hmc_engine *engine, const void *blob, size_t blob_len,
+                          uint32_t timeout_ms, char *name, size_t cap, size_t *name_len);
+hmc_status hmc_remove_remote(hmc_engine *engine, const char *remote_engine);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HMC_HMC_H */

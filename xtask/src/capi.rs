@@ -1,0 +1,398 @@
+//! libhmc, the C and C++ API (crate `hmc-capi`), in `cargo xtask test` and `cargo xtask
+//! install`: the install layout (library with its SONAME links, headers, `hmc.pc`, CMake
+//! package), and the checks a C user's build would make: exported symbols, the headers
+//! alone as C11 and C++17, the examples and C tests compiled with warnings as errors (gcc,
+//! and clang where installed) and run (two processes over tcp and shm), the C tests again
+//! under AddressSanitizer and UndefinedBehaviorSanitizer, and a CMake consumer and a
+//! pkg-config consumer built from a clean prefix. All of it against the debug library
+//! `cargo xtask test` has already built, so it adds seconds, not a release build.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{Result, cargo, on_path, root, run};
+
+/// The crate's version: the library's file name and the `.pc`/CMake version.
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The C API's major version: the SONAME's number.
+const MAJOR: &str = "0";
+/// What a program linking `libhmc.a` also links (`rustc --print native-static-libs`).
+const STATIC_LIBS: &str = "-lgcc_s -lutil -lrt -lpthread -lm -ldl -lc";
+/// How long one example or test program may run.
+const PROGRAM_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// `cargo xtask install --prefix PREFIX [--debug]`: builds libhmc (release unless
+/// `--debug`) and installs it under PREFIX.
+pub fn install(args: &[String]) -> Result {
+    let prefix = args
+        .iter()
+        .position(|a| a == "--prefix")
+        .and_then(|i| args.get(i + 1))
+        .ok_or("usage: cargo xtask install --prefix PREFIX [--debug]")?;
+    let debug = args.iter().any(|a| a == "--debug");
+    let mut build = cargo();
+    build.args(["build", "-p", "hmc-capi", "--lib"]);
+    if !debug {
+        build.arg("--release");
+    }
+    run(&mut build)?;
+    let profile = if debug { "debug" } else { "release" };
+    let prefix = std::path::absolute(prefix).map_err(|e| format!("{prefix}: {e}"))?;
+    install_from(&root().join("target").join(profile), &prefix, true)?;
+    eprintln!(
+        "xtask: libhmc {VERSION} installed under {}: pkg-config --cflags --libs hmc \
+         (PKG_CONFIG_PATH={0}/lib/pkgconfig) or find_package(hmc CONFIG REQUIRED) \
+         (CMAKE_PREFIX_PATH={0})",
+        prefix.display()
+    );
+    Ok(())
+}
+
+/// Installs the library built in `built` (a cargo profile folder) under `prefix`:
+/// `lib/libhmc.so.VERSION` with its `libhmc.so.MAJOR` and `libhmc.so` links, `libhmc.a`
+/// when `with_static`, `include/hmc/`, `lib/pkgconfig/hmc.pc`, `lib/cmake/hmc/`.
+fn install_from(built: &Path, prefix: &Path, with_static: bool) -> Result {
+    let crate_dir = root().join("hmc-capi");
+    let lib = prefix.join("lib");
+    let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
+    for d in ["lib/pkgconfig", "lib/cmake/hmc", "include/hmc"] {
+        std::fs::create_dir_all(prefix.join(d)).map_err(|e| io(d, e))?;
+    }
+    let real = format!("libhmc.so.{VERSION}");
+    copy(&built.join("libhmc.so"), &lib.join(&real))?;
+    for (link, to) in [
+        (format!("libhmc.so.{MAJOR}"), real.clone()),
+        ("libhmc.so".to_string(), format!("libhmc.so.{MAJOR}")),
+    ] {
+        let at = lib.join(&link);
+        let _ = std::fs::remove_file(&at);
+        std::os::unix::fs::symlink(&to, &at).map_err(|e| io(&link, e))?;
+    }
+    if with_static {
+        copy(&built.join("libhmc.a"), &lib.join("libhmc.a"))?;
+    }
+    for h in ["hmc.h", "hmc.hpp"] {
+        copy(
+            &crate_dir.join("include/hmc").join(h),
+            &prefix.join("include/hmc").join(h),
+        )?;
+    }
+    let fill = |template: &str| -> Result<String> {
+        let t = std::fs::read_to_string(crate_dir.join("cmake").join(template))
+            .map_err(|e| io(template, e))?;
+        Ok(t.replace("@PREFIX@", &prefix.display().to_string())
+            .replace("@VERSION@", VERSION)
+            .replace("@MAJOR@", MAJOR)
+            .replace("@STATIC_LIBS@", STATIC_LIBS))
+    };
+    let write = |to: PathBuf, text: String| std::fs::write(&to, text).map_err(|e| io("write", e));
+    write(lib.join("pkgconfig/hmc.pc"), fill("hmc.pc.in")?)?;
+    write(
+        lib.join("cmake/hmc/hmcConfigVersion.cmake"),
+        fill("hmcConfigVersion.cmake.in")?,
+    )?;
+    copy(
+        &crate_dir.join("cmake/hmcConfig.cmake"),
+        &lib.join("cmake/hmc/hmcConfig.cmake"),
+    )
+}
+
+fn copy(from: &Path, to: &Path) -> Result {
+    // Remove first: the old file may be a running program's mapped library.
+    let _ = std::fs::remove_file(to);
+    std::fs::copy(from, to)
+        .map(drop)
+        .map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
+}
+
+/// The checks of `cargo xtask test`; see the module documentation.
+pub fn test() -> Result {
+    run(cargo().args(["build", "-p", "hmc-capi", "--lib"]))?;
+    let work = root().join("target/capi");
+    let prefix = work.join("prefix");
+    // A clean prefix every time: the consumers must find everything in it.
+    let _ = std::fs::remove_dir_all(&prefix);
+    install_from(&root().join("target/debug"), &prefix, false)?;
+    check_exports(&prefix.join(format!("lib/libhmc.so.{VERSION}")))?;
+    headers_alone(&prefix)?;
+    let src = root().join("hmc-capi");
+    let bin = work.join("bin");
+    std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+    let mut compilers = vec![("gcc", "g++")];
+    if on_path("clang") && on_path("clang++") {
+        compilers.push(("clang", "clang++"));
+    } else {
+        eprintln!("xtask: clang is not installed; the C API is compiled with gcc only");
+    }
+    for (cc, cxx) in &compilers {
+        let out = bin.join(cc);
+        std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+        for (file, lang) in programs(&src) {
+            compile(
+                if lang == "c" { cc } else { cxx },
+                &file,
+                &prefix,
+                &out,
+                &[],
+            )?;
+        }
+    }
+    let gcc = bin.join("gcc");
+    for transport in ["tcp", "shm"] {
+        two_processes(&gcc.join("one_sided"), &[transport], transport)?;
+        two_processes(
+            &gcc.join("hixl_quickstart"),
+            &[transport, "host"],
+            transport,
+        )?;
+        run_program(Command::new(gcc.join("threads")).arg(transport))?;
+    }
+    run_program(&mut Command::new(gcc.join("bad_input")))?;
+    // The C tests again under the sanitizers (the C side instrumented; libhmc is Rust).
+    let san = bin.join("sanitized");
+    std::fs::create_dir_all(&san).map_err(|e| format!("{}: {e}", san.display()))?;
+    let flags = [
+        "-fsanitize=address,undefined",
+        "-fno-omit-frame-pointer",
+        "-g",
+    ];
+    for name in ["bad_input", "threads"] {
+        let file = src.join("tests").join(format!("{name}.c"));
+        compile("gcc", &file, &prefix, &san, &flags)?;
+        run_program(
+            Command::new(san.join(name))
+                .env("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
+                .env("ASAN_OPTIONS", "abort_on_error=0:detect_leaks=1"),
+        )?;
+    }
+    consumers(&prefix, &work)
+}
+
+/// The C and C++ programs of the crate: examples and C tests, with their language.
+fn programs(src: &Path) -> Vec<(PathBuf, &'static str)> {
+    let mut out = Vec::new();
+    for dir in ["examples", "tests"] {
+        let Ok(entries) = std::fs::read_dir(src.join(dir)) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        files.sort();
+        for f in files {
+            match f.extension().and_then(|e| e.to_str()) {
+                Some("c") => out.push((f, "c")),
+                Some("cpp") => out.push((f, "c++")),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+/// Compiles one program against the installed prefix, warnings as errors.
+fn compile(compiler: &str, file: &Path, prefix: &Path, out: &Path, extra: &[&str]) -> Result {
+    let name = file
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("program");
+    let std = if compiler.ends_with("++") {
+        "-std=c++17"
+    } else {
+        "-std=c11"
+    };
+    run(Command::new(compiler)
+        .args([
+            std,
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-D_POSIX_C_SOURCE=200809L",
+        ])
+        .args(extra)
+        .arg(format!("-I{}", prefix.join("include").display()))
+        .arg(file)
+        .arg("-o")
+        .arg(out.join(name))
+        .arg(format!("-L{}", prefix.join("lib").display()))
+        .args(["-lhmc", "-pthread", "-ldl"])
+        .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display())))
+}
+
+/// `nm -D`: the library defines only `hmc_*` symbols; and its SONAME is `libhmc.so.MAJOR`.
+fn check_exports(lib: &Path) -> Result {
+    let out = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib)
+        .output()
+        .map_err(|e| format!("nm: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let names: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .collect();
+    let foreign: Vec<&&str> = names.iter().filter(|n| !n.starts_with("hmc_")).collect();
+    if !out.status.success() || names.is_empty() || !foreign.is_empty() {
+        return Err(format!(
+            "{} exports symbols other than hmc_* (or none): {foreign:?}",
+            lib.display()
+        ));
+    }
+    let dynamic = Command::new("readelf")
+        .arg("-d")
+        .arg(lib)
+        .output()
+        .map_err(|e| format!("readelf: {e}"))?;
+    let soname = format!("[libhmc.so.{MAJOR}]");
+    if !String::from_utf8_lossy(&dynamic.stdout).contains(&soname) {
+        return Err(format!("{} has no SONAME {soname}", lib.display()));
+    }
+    eprintln!(
+        "xtask: libhmc exports {} symbols, all hmc_*; SONAME {soname}",
+        names.len()
+    );
+    Ok(())
+}
+
+/// Each header compiled alone: `hmc.h` as C11 and as C++17, `hmc.hpp` as C++17 with
+/// either libstdc++ string ABI.
+fn headers_alone(prefix: &Path) -> Result {
+    let inc = prefix.join("include");
+    let h = inc.join("hmc/hmc.h");
+    let hpp = inc.join("hmc/hmc.hpp");
+    let strict = ["-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only"];
+    let i = format!("-I{}", inc.display());
+    run(Command::new("gcc")
+        .args(["-std=c11", "-x", "c"])
+        .args(strict)
+        .arg(&i)
+        .arg(&h))?;
+    run(Command::new("g++")
+        .args(["-std=c++17", "-x", "c++"])
+        .args(strict)
+        .arg(&i)
+        .arg(&h))?;
+    for abi in ["0", "1"] {
+        run(Command::new("g++")
+            .args(["-std=c++17", "-x", "c++"])
+            .args(strict)
+            .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+            .arg(&i)
+            .arg(&hpp))?;
+    }
+    Ok(())
+}
+
+/// A CMake consumer (`find_package(hmc CONFIG REQUIRED)`, the examples' CMakeLists.txt)
+/// and a pkg-config consumer, built from the clean prefix and run once.
+fn consumers(prefix: &Path, work: &Path) -> Result {
+    let build = work.join("cmake-build");
+    let _ = std::fs::remove_dir_all(&build);
+    run(Command::new("cmake")
+        .arg("-S")
+        .arg(root().join("hmc-capi/examples"))
+        .arg("-B")
+        .arg(&build)
+        .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display()))
+        .arg("-DCMAKE_BUILD_TYPE=Debug"))?;
+    run(Command::new("cmake").arg("--build").arg(&build))?;
+    two_processes(&build.join("one_sided"), &["tcp"], "tcp")?;
+    two_processes(&build.join("hixl_quickstart"), &["tcp", "host"], "tcp")?;
+
+    let pc = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "hmc"])
+        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
+        .output()
+        .map_err(|e| format!("pkg-config: {e}"))?;
+    if !pc.status.success() {
+        return Err(format!(
+            "pkg-config --cflags --libs hmc: {}",
+            String::from_utf8_lossy(&pc.stderr)
+        ));
+    }
+    let flags = String::from_utf8_lossy(&pc.stdout).to_string();
+    let out = work.join("pkg-config-build");
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let exe = out.join("one_sided");
+    run(Command::new("gcc")
+        .args([
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-D_POSIX_C_SOURCE=200809L",
+        ])
+        .arg(root().join("hmc-capi/examples/one_sided.c"))
+        .arg("-o")
+        .arg(&exe)
+        .args(flags.split_whitespace())
+        .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display())))?;
+    two_processes(&exe, &["tcp"], "tcp")
+}
+
+/// Runs `cmd` to its end within [`PROGRAM_TIMEOUT`]; fails on a non-zero exit.
+fn run_program(cmd: &mut Command) -> Result {
+    eprintln!("xtask: running {cmd:?}");
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("could not start {cmd:?}: {e}"))?;
+    wait(child, &format!("{cmd:?}"))
+}
+
+fn wait(mut child: Child, what: &str) -> Result {
+    let start = Instant::now();
+    loop {
+        match child.try_wait().map_err(|e| format!("{what}: {e}"))? {
+            Some(s) if s.success() => return Ok(()),
+            Some(s) => return Err(format!("{what} failed with {s}")),
+            None if start.elapsed() > PROGRAM_TIMEOUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("{what} did not end within {PROGRAM_TIMEOUT:?}"));
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// A two-process example: `exe server ARGS...` prints `READY <fields>` on its first line,
+/// then `exe client ARGS... <fields>` runs against it; both must exit 0.
+fn two_processes(exe: &Path, args: &[&str], label: &str) -> Result {
+    eprintln!("xtask: {} server/client over {label}", exe.display());
+    let mut server = Command::new(exe)
+        .arg("server")
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("could not start {}: {e}", exe.display()))?;
+    let mut lines = BufReader::new(server.stdout.take().ok_or("no server stdout")?).lines();
+    let ready = match lines.next() {
+        Some(Ok(l)) if l.starts_with("READY ") => l,
+        other => {
+            let _ = server.kill();
+            let _ = server.wait();
+            return Err(format!(
+                "{} server did not say READY: {other:?}",
+                exe.display()
+            ));
+        }
+    };
+    // The rest of the server's output goes to ours.
+    std::thread::spawn(move || {
+        for l in lines.map_while(std::result::Result::ok) {
+            println!("{l}");
+        }
+    });
+    let client = Command::new(exe)
+        .arg("client")
+        .args(args)
+        .args(ready.split_whitespace().skip(1))
+        .spawn()
+        .map_err(|e| format!("could not start {}: {e}", exe.display()))?;
+    let client_result = wait(client, &format!("{} client ({label})", exe.display()));
+    if client_result.is_err() {
+        let _ = server.kill();
+    }
+    let server_result = wait(server, &format!("{} server ({label})", exe.display()));
+    client_result.and(server_result)
+}
