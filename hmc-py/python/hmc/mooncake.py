@@ -31,6 +31,7 @@ import ipaddress
 import json
 import logging
 import os
+import threading
 import time
 import urllib.parse
 import weakref
@@ -356,6 +357,12 @@ class TransferEngine:
         self._addrs: dict[str, str] = {}  # session name -> engine address, under http
         self._batches: dict[int, list] = {}
         self._next_id = 1
+        # Guards the batch ids and the connections being made (per peer: a lock and how many
+        # threads wait on it, dropped with the last); registration and its publishing hold
+        # _reg_lock, so that what is published is the last registration's state.
+        self._lock = threading.Lock()
+        self._connecting: dict[str, list] = {}
+        self._reg_lock = threading.RLock()
         self._name = ""
         self._metadata = ""  # "", "etcd" or "http"
         self._http: Optional[_HttpMetadata] = None
@@ -548,16 +555,30 @@ class TransferEngine:
         return self._addrs.get(target, target)
 
     def _peer(self, target: str) -> bool:
+        """Connects to ``target`` on first use. Threads that use a new peer at once connect it
+        once: the others wait for that connection (as Mooncake's openSegment does)."""
         if target in self._peers:
             return True
+        with self._lock:
+            entry = self._connecting.setdefault(target, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                return target in self._peers or self._connect(target)
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._connecting[target]
+
+    def _connect(self, target: str) -> bool:
         try:
             if self._http is not None:
                 rpc = self._http.get(self._http_key("rpc_meta", target))
                 if rpc is None:
                     _log.error("connecting to %s: no engine of that name is registered at %s", target, self._http.uri)
                     return False
-                ip = str(rpc.get("ip_or_host_name", ""))
-                self._addrs[target] = f"[{ip}]:{int(rpc['rpc_port'])}" if ":" in ip else f"{ip}:{int(rpc['rpc_port'])}"
+                self._addrs[target] = _listen_at(str(rpc["ip_or_host_name"]), str(int(rpc["rpc_port"])))
             self._engine().connect(self._remote(target), _TIMEOUT_MS)
         except (hmc.HmcError, _MetadataServerError, ValueError, KeyError, TypeError) as err:
             _log.error("connecting to %s: %s", target, err)
@@ -571,11 +592,12 @@ class TransferEngine:
     # ------------------------------------------------------------------ memory
 
     def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
-        code = self._register(buffer_addr, capacity)
-        if code == _OK and self._publish_segment() != _OK:
-            self._unregister(buffer_addr)
-            return _FAILED
-        return code
+        with self._reg_lock:
+            code = self._register(buffer_addr, capacity)
+            if code == _OK and self._publish_segment() != _OK:
+                self._unregister(buffer_addr)
+                return _FAILED
+            return code
 
     def _register(self, buffer_addr: int, capacity: int) -> int:
         try:
@@ -587,10 +609,11 @@ class TransferEngine:
         return _OK
 
     def unregister_memory(self, buffer_addr: int) -> int:
-        code = self._unregister(buffer_addr)
-        if code == _OK:
-            self._publish_segment()
-        return code
+        with self._reg_lock:
+            code = self._unregister(buffer_addr)
+            if code == _OK:
+                self._publish_segment()
+            return code
 
     def _unregister(self, buffer_addr: int) -> int:
         h = self._regs.pop(int(buffer_addr), None)
@@ -605,22 +628,24 @@ class TransferEngine:
         return _OK
 
     def batch_register_memory(self, buffer_addresses: list[int], capacities: list[int], location: str = "*") -> int:
-        for k, (a, n) in enumerate(zip(buffer_addresses, capacities)):
-            if self._register(a, n) != _OK:
-                for b in buffer_addresses[:k]:
+        with self._reg_lock:
+            for k, (a, n) in enumerate(zip(buffer_addresses, capacities)):
+                if self._register(a, n) != _OK:
+                    for b in buffer_addresses[:k]:
+                        self._unregister(b)
+                    return _FAILED
+            if self._publish_segment() != _OK:
+                for b in buffer_addresses:
                     self._unregister(b)
                 return _FAILED
-        if self._publish_segment() != _OK:
-            for b in buffer_addresses:
-                self._unregister(b)
-            return _FAILED
-        return _OK
+            return _OK
 
     def batch_unregister_memory(self, buffer_addresses: list[int]) -> int:
-        codes = [self._unregister(a) for a in buffer_addresses]
-        if _OK in codes:
-            self._publish_segment()
-        return next((c for c in codes if c != _OK), _OK)
+        with self._reg_lock:
+            codes = [self._unregister(a) for a in buffer_addresses]
+            if _OK in codes:
+                self._publish_segment()
+            return next((c for c in codes if c != _OK), _OK)
 
     def allocate_managed_buffer(self, length: int) -> int:
         """``length`` bytes allocated and registered here; their address (0 if it failed)."""
@@ -713,7 +738,8 @@ class TransferEngine:
         except hmc.HmcError as err:
             _log.error("transfer with %s: %s", target, err)
             return 0
-        bid, self._next_id = self._next_id, self._next_id + 1
+        with self._lock:
+            bid, self._next_id = self._next_id, self._next_id + 1
         self._batches[bid] = [req, target]
         return bid
 
@@ -753,7 +779,7 @@ class TransferEngine:
         st = b[0].status()
         if st == hmc.TransferStatus.WAITING:
             return 0
-        del self._batches[int(batch_id)]
+        self._batches.pop(int(batch_id), None)
         if st == hmc.TransferStatus.COMPLETED:
             return 1
         _log.error("transfer %s with %s: %s", batch_id, b[1], b[0].error())
