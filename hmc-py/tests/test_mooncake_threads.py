@@ -33,16 +33,22 @@ def run_together(fn, n=THREADS):
     return out
 
 
+def two_engines(seed):
+    """(a, b, target, src, dst): engine a, engine b holding ``src`` (registered) at session
+    ``target``, and a's registered ``dst`` of the same size, THREADS chunks each."""
+    a, b = TransferEngine(), TransferEngine()
+    assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    src = np.random.default_rng(seed).integers(0, 256, THREADS * CHUNK, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    assert a.register_memory(dst.ctypes.data, dst.nbytes) == 0
+    assert b.register_memory(src.ctypes.data, src.nbytes) == 0
+    return a, b, f"127.0.0.1:{b.get_rpc_port()}", src, dst
+
+
 def test_threads_using_a_new_peer_at_once_all_succeed():
-    for _ in range(ROUNDS):
-        a, b = TransferEngine(), TransferEngine()
-        assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
-        assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
-        src = np.random.default_rng(1).integers(0, 256, THREADS * CHUNK, dtype=np.uint8)
-        dst = np.zeros_like(src)
-        assert a.register_memory(dst.ctypes.data, dst.nbytes) == 0
-        assert b.register_memory(src.ctypes.data, src.nbytes) == 0
-        target = f"127.0.0.1:{b.get_rpc_port()}"
+    for round_ in range(ROUNDS):
+        a, _b, target, src, dst = two_engines(round_)
         codes = run_together(lambda i: a.transfer_sync_read(
             target, dst.ctypes.data + i * CHUNK, src.ctypes.data + i * CHUNK, CHUNK))
         assert codes == [0] * THREADS
@@ -51,14 +57,7 @@ def test_threads_using_a_new_peer_at_once_all_succeed():
 
 
 def test_concurrent_submits_get_distinct_batch_ids():
-    a, b = TransferEngine(), TransferEngine()
-    assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
-    assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
-    src = np.random.default_rng(2).integers(0, 256, THREADS * CHUNK, dtype=np.uint8)
-    dst = np.zeros_like(src)
-    assert a.register_memory(dst.ctypes.data, dst.nbytes) == 0
-    assert b.register_memory(src.ctypes.data, src.nbytes) == 0
-    target = f"127.0.0.1:{b.get_rpc_port()}"
+    a, _b, target, src, dst = two_engines(ROUNDS)
     assert a.send_probe(target) == 0
     ids = run_together(lambda i: a.batch_transfer_async_read(
         target, [dst.ctypes.data + i * CHUNK], [src.ctypes.data + i * CHUNK], [CHUNK]))
