@@ -15,26 +15,18 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result, Status, guard};
 use crate::handles::{
-    Table, id, need_out, ptr, same_engine, sized_arg, slice_arg, str_arg, write_buf, write_out,
+    Table, id, need_out, opaque, ptr, same_engine, sized_arg, slice_arg, str_arg, write_buf,
+    write_out,
 };
 use crate::{block_on, runtime};
 
-/// `hmc_engine`: an opaque engine handle.
-#[repr(C)]
-pub struct HmcEngine {
-    _private: [u8; 0],
-}
-
-/// `hmc_mem`: an opaque memory registration handle.
-#[repr(C)]
-pub struct HmcMem {
-    _private: [u8; 0],
-}
-
-/// `hmc_notify_list`: an opaque list of received notifications.
-#[repr(C)]
-pub struct HmcNotifyList {
-    _private: [u8; 0],
+opaque! {
+    /// `hmc_engine`: an opaque engine handle.
+    HmcEngine;
+    /// `hmc_mem`: an opaque memory registration handle.
+    HmcMem;
+    /// `hmc_notify_list`: an opaque list of received notifications.
+    HmcNotifyList;
 }
 
 /// `hmc_option`: one key/value option (HIXL's option map, one entry).

@@ -19,6 +19,19 @@ use parking_lot::RwLock;
 
 use crate::error::{Error, Result};
 
+/// Declares the opaque C types of handles: zero-sized, never made in Rust (a handle is a
+/// number cast to a pointer of one of these), so C sees an incomplete struct.
+macro_rules! opaque {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        #[repr(C)]
+        pub struct $name {
+            _private: [u8; 0],
+        }
+    )*};
+}
+pub(crate) use opaque;
+
 /// The next handle number, shared by every kind so that no two handles are equal.
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
@@ -43,8 +56,7 @@ fn kind_of(id: u64) -> &'static str {
         6 => "an RPC client",
         7 => "an RPC call",
         8 => "a byte buffer",
-        9 => "a prepared list",
-        10 => "a prepared transfer",
+        9 => "an RPC pending call",
         _ => "no handle this library made",
     }
 }
@@ -139,6 +151,30 @@ pub(crate) fn ptr<P>(id: u64) -> *mut P {
     id as usize as *mut P
 }
 
+/// Moves up to `cap` handles from `queue` (completed requests or calls) to `out`, skipping
+/// those no longer in `table` (released meanwhile); returns how many.
+///
+/// # Safety
+/// `out` is writable for `cap` handles.
+pub(crate) unsafe fn drain_completed<T, P>(
+    queue: &mut std::collections::VecDeque<u64>,
+    table: &Table<T>,
+    out: *mut *mut P,
+    cap: usize,
+) -> usize {
+    let mut n = 0;
+    while n < cap {
+        let Some(h) = queue.pop_front() else { break };
+        if table.get(h).is_err() {
+            continue;
+        }
+        // SAFETY: `n < cap` entries are writable by the caller's contract.
+        unsafe { out.add(n).write(ptr(h)) };
+        n += 1;
+    }
+    n
+}
+
 /// Reads the NUL-terminated UTF-8 string `p`, the argument `name`.
 ///
 /// # Safety
@@ -230,6 +266,19 @@ pub(crate) unsafe fn sized_arg<T: Copy + Default>(
         std::ptr::copy_nonoverlapping(bytes, (&mut out as *mut T).cast::<u8>(), got.min(known))
     };
     Ok(out)
+}
+
+/// [`sized_arg`] of an optional struct of this library's first version (`min` its size):
+/// NULL reads as the defaults.
+///
+/// # Safety
+/// As [`sized_arg`].
+pub(crate) unsafe fn optional_arg<T: Copy + Default>(p: *const T, name: &'static str) -> Result<T> {
+    if p.is_null() {
+        return Ok(T::default());
+    }
+    // SAFETY: forwarded contract.
+    unsafe { sized_arg(p, name, size_of::<T>()) }
 }
 
 /// Writes `v` to the output argument `out`.

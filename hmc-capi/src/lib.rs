@@ -38,6 +38,7 @@ pub mod error;
 mod handles;
 pub mod request;
 mod request_table;
+pub mod rpc;
 
 pub use error::{Error, Status};
 
@@ -62,6 +63,7 @@ pub(crate) fn runtime() -> error::Result<&'static tokio::runtime::Runtime> {
         // SAFETY: registers a handler that only stores to an atomic (async-signal-safe,
         // as a fork child handler must be).
         unsafe { libc::pthread_atfork(None, None, Some(mark_forked)) };
+        ignore_sigpipe();
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("hmc-capi")
@@ -77,6 +79,25 @@ pub(crate) fn runtime() -> error::Result<&'static tokio::runtime::Runtime> {
         ));
     }
     Ok(rt)
+}
+
+/// A write to a socket whose peer has gone raises SIGPIPE, whose default action kills the
+/// process; Rust programs ignore it from `main`, a C program does not. So, as a socket
+/// library must, libhmc sets SIGPIPE to "ignore" when it starts, if the program left it at
+/// the default (a handler the program installed is kept); writes then fail with EPIPE,
+/// which the runtime reports as a lost connection. hmc.h says so.
+fn ignore_sigpipe() {
+    // SAFETY: `sigaction` with a NULL new action only reads the current one into `old`, a
+    // zeroed struct of the right type; the second call installs SIG_IGN, which needs no
+    // handler code.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGPIPE, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_DFL
+        {
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
+    }
 }
 
 /// Runs `fut` to its end on the runtime, blocking the calling thread; refused on one of

@@ -12,14 +12,16 @@ use parking_lot::Mutex;
 
 use crate::engine::{HmcEngine, XferDesc, descs_arg, engine_arg, op_arg};
 use crate::error::{Error, Result, Status, engine_status, guard, guard_with};
-use crate::handles::{id, need_out, ptr, same_engine, sized_arg, str_arg, write_out};
+use crate::handles::{
+    drain_completed, id, need_out, opaque, optional_arg, ptr, same_engine, sized_arg, str_arg,
+    write_out,
+};
 use crate::request_table::{Outcome, REQUESTS, ReqObj};
 use crate::{block_on, runtime};
 
-/// `hmc_request`: an opaque request handle.
-#[repr(C)]
-pub struct HmcRequest {
-    _private: [u8; 0],
+opaque! {
+    /// `hmc_request`: an opaque request handle.
+    HmcRequest;
 }
 
 /// `hmc_request_callback`: called once, on a library thread, when a request ends.
@@ -128,12 +130,8 @@ pub unsafe extern "C" fn hmc_transfer_async(
         let op = op_arg(op)?;
         // SAFETY: forwarded contract.
         let d = unsafe { descs_arg(&e, descs, num_descs) }?;
-        let args = if args.is_null() {
-            TransferArgs::default()
-        } else {
-            // SAFETY: forwarded contract.
-            unsafe { sized_arg(args, "hmc_transfer_args", size_of::<TransferArgs>()) }?
-        };
+        // SAFETY: forwarded contract.
+        let args = unsafe { optional_arg(args, "hmc_transfer_args") }?;
         let rt = runtime()?;
         let bytes = d.iter().map(|x| x.len as u64).sum();
         let n = d.len() as u64;
@@ -326,18 +324,8 @@ pub unsafe extern "C" fn hmc_engine_poll_completed(
             need_out(reqs, "reqs")?;
         }
         let e = engine_arg(engine)?;
-        let mut n = 0;
-        let mut q = e.completed.lock();
-        while n < cap {
-            let Some(rid) = q.pop_front() else { break };
-            // A request released meanwhile is skipped.
-            if REQUESTS.get(rid).is_err() {
-                continue;
-            }
-            // SAFETY: `n < cap` entries are writable by the caller's contract.
-            unsafe { reqs.add(n).write(ptr(rid)) };
-            n += 1;
-        }
+        // SAFETY: forwarded contract.
+        let n = unsafe { drain_completed(&mut e.completed.lock(), &REQUESTS, reqs, cap) };
         // SAFETY: checked writable above.
         unsafe { write_out(count, "count", n) }
     })

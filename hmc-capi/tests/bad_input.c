@@ -294,6 +294,57 @@ int main(void) {
            "closed or released");
     EXPECT(hmc_engine_close(b), HMC_OK, NULL);
 
+    /* RPC: NULL handlers, late registration, bad addresses, closed and wrong-kind handles,
+     * a double free, pending calls of another client. */
+    hmc_rpc_server *srv = NULL;
+    hmc_rpc_server_options so = HMC_RPC_SERVER_OPTIONS_INIT;
+    so.struct_size = 2;
+    EXPECT(hmc_rpc_server_new(&so, &srv), HMC_ERR_STRUCT_SIZE, "hmc_rpc_server_options");
+    EXPECT(hmc_rpc_server_new(NULL, &srv), HMC_OK, NULL);
+    EXPECT(hmc_rpc_server_register(srv, 7, NULL, NULL), HMC_ERR_INVALID_ARGUMENT, "handler");
+    EXPECT(hmc_rpc_server_register_demo(srv), HMC_OK, NULL);
+    char rpc_addr[128];
+    EXPECT(hmc_rpc_server_address(srv, rpc_addr, sizeof rpc_addr, NULL), HMC_ERR_STATE,
+           "not running");
+    EXPECT(hmc_rpc_server_start(srv, "nowhere"), HMC_ERR_INVALID_ARGUMENT, "RPC address");
+    EXPECT(hmc_rpc_server_start(srv, "tcp://127.0.0.1:0"), HMC_OK, NULL);
+    EXPECT(hmc_rpc_server_start(srv, "tcp://127.0.0.1:0"), HMC_ERR_STATE, "already started");
+    EXPECT(hmc_rpc_server_register_demo(srv), HMC_ERR_STATE, "before hmc_rpc_server_start");
+    EXPECT(hmc_rpc_server_address(srv, rpc_addr, sizeof rpc_addr, NULL), HMC_OK, NULL);
+    hmc_rpc_client *cl = NULL, *cl2 = NULL;
+    EXPECT(hmc_rpc_client_connect("tcp://127.0.0.1:1", NULL, &cl), HMC_ERR_UNAVAILABLE, NULL);
+    EXPECT(hmc_rpc_client_connect(rpc_addr, NULL, NULL), HMC_ERR_INVALID_ARGUMENT, "out");
+    EXPECT(hmc_rpc_client_connect(rpc_addr, NULL, &cl), HMC_OK, NULL);
+    EXPECT(hmc_rpc_client_connect(rpc_addr, NULL, &cl2), HMC_OK, NULL);
+    EXPECT(hmc_rpc_call_sync((hmc_rpc_client *)srv, 1, "x", 1, 1000, NULL, NULL),
+           HMC_ERR_INVALID_ARGUMENT, "RPC server handle");
+    EXPECT(hmc_rpc_call_sync(cl, 1, NULL, 4, 1000, NULL, NULL), HMC_ERR_INVALID_ARGUMENT,
+           "request");
+    hmc_bytes *bytes = NULL;
+    EXPECT(hmc_rpc_call_sync(cl, 1, "x", 1, 1000, &bytes, NULL), HMC_OK, NULL);
+    EXPECT(hmc_bytes_free(bytes), HMC_OK, NULL);
+    EXPECT(hmc_bytes_free(bytes), HMC_ERR_INVALID_ARGUMENT, "closed or released");
+    const uint8_t *bdata = NULL;
+    EXPECT(hmc_bytes_data(bytes, &bdata, &len), HMC_ERR_INVALID_ARGUMENT, "closed or released");
+    hmc_rpc_pending *pend = NULL;
+    EXPECT(hmc_rpc_call_async(cl, 1, "x", 1, 1000, NULL, NULL, &pend), HMC_OK, NULL);
+    EXPECT(hmc_rpc_pending_wait(cl2, pend, 10), HMC_ERR_INVALID_ARGUMENT, "belongs to");
+    EXPECT(hmc_rpc_pending_wait(cl, pend, 5000), HMC_OK, NULL);
+    EXPECT(hmc_rpc_pending_release(cl, pend), HMC_OK, NULL);
+    EXPECT(hmc_rpc_pending_release(cl, pend), HMC_ERR_INVALID_ARGUMENT, "closed or released");
+    hmc_rpc_complex_result cr = HMC_RPC_COMPLEX_RESULT_INIT;
+    cr.struct_size = 1;
+    EXPECT(hmc_rpc_demo_complex(cl, "x", NULL, 0, 1000, &cr), HMC_ERR_STRUCT_SIZE,
+           "hmc_rpc_complex_result");
+    EXPECT(hmc_rpc_demo_uppercase(cl, "abc", 1000, rpc_addr, 2, &len), HMC_ERR_BUFFER_TOO_SMALL,
+           "buffer");
+    EXPECT(hmc_rpc_client_close(cl), HMC_OK, NULL);
+    EXPECT(hmc_rpc_call_sync(cl, 1, "x", 1, 1000, NULL, NULL), HMC_ERR_INVALID_ARGUMENT,
+           "closed or released");
+    EXPECT(hmc_rpc_client_close(cl2), HMC_OK, NULL);
+    EXPECT(hmc_rpc_server_close(srv), HMC_OK, NULL);
+    EXPECT(hmc_rpc_server_close(srv), HMC_ERR_INVALID_ARGUMENT, "closed or released");
+
     printf("bad_input: %d checks, %d failed\n", checks, failures);
     return failures == 0 ? 0 : 1;
 }

@@ -149,6 +149,10 @@ pub fn test() -> Result {
         )?;
         run_program(Command::new(gcc.join("threads")).arg(transport))?;
     }
+    for socket in ["tcp", "unix"] {
+        two_processes(&gcc.join("rpc_demo"), &[socket], socket)?;
+    }
+    two_processes(&gcc.join("rpc_demo_cpp"), &["tcp"], "tcp")?;
     run_program(&mut Command::new(gcc.join("bad_input")))?;
     // The C tests again under the sanitizers (the C side instrumented; libhmc is Rust).
     let san = bin.join("sanitized");
@@ -298,6 +302,7 @@ fn consumers(prefix: &Path, work: &Path) -> Result {
     run(Command::new("cmake").arg("--build").arg(&build))?;
     two_processes(&build.join("one_sided"), &["tcp"], "tcp")?;
     two_processes(&build.join("hixl_quickstart"), &["tcp", "host"], "tcp")?;
+    two_processes(&build.join("rpc_demo"), &["tcp"], "tcp")?;
 
     let pc = Command::new("pkg-config")
         .args(["--cflags", "--libs", "hmc"])

@@ -26,6 +26,9 @@
  * - Timeouts are in milliseconds; 0 means the engine's default_timeout_ms option (10 s).
  * - The library owns a runtime (two threads, started on first use). A process that forks
  *   after using libhmc cannot use it in the child (HMC_ERR_STATE): fork first, or exec.
+ * - When it starts, the library sets SIGPIPE to "ignore" if the program left it at the
+ *   default (which would kill the process when a peer closes a socket mid-write); a
+ *   handler the program installed is kept.
  */
 #ifndef HMC_HMC_H
 #define HMC_HMC_H
@@ -279,6 +282,139 @@ hmc_status hmc_local_metadata(const hmc_engine *engine, void *buf, size_t cap, s
 hmc_status hmc_add_remote(hmc_engine *engine, const void *blob, size_t blob_len,
                           uint32_t timeout_ms, char *name, size_t cap, size_t *name_len);
 hmc_status hmc_remove_remote(hmc_engine *engine, const char *remote_engine);
+
+/* ---- RPC runtime --------------------------------------------------------------------- */
+
+typedef struct hmc_rpc_server hmc_rpc_server;
+typedef struct hmc_rpc_client hmc_rpc_client;
+typedef struct hmc_rpc_call hmc_rpc_call;        /* a call being handled */
+typedef struct hmc_rpc_pending hmc_rpc_pending;  /* an asynchronous client call */
+typedef struct hmc_bytes hmc_bytes;              /* bytes the library returns */
+
+/* RPC status codes a handler returns and a client sees (docs/protocol.md); applications
+ * use codes from HMC_RPC_APP_STATUS up. */
+#define HMC_RPC_OK 0u
+#define HMC_RPC_BAD_PAYLOAD 2u
+#define HMC_RPC_INTERNAL 7u
+#define HMC_RPC_APP_STATUS 1000u
+/* The demo service's method ids (hmc_rpc_server_register_demo). */
+#define HMC_RPC_DEMO_ECHO 1u
+#define HMC_RPC_DEMO_UPPERCASE 2u
+#define HMC_RPC_DEMO_COMPLEX 3u
+
+typedef struct hmc_rpc_server_options {
+    size_t struct_size;            /* sizeof(hmc_rpc_server_options) */
+    uint32_t workers;              /* threads running handlers; 0: 4 */
+    uint32_t max_inflight;         /* calls running at once; 0: 4096 */
+    const char *auth_secret_file;  /* NULL, or the pre-shared secret clients must prove */
+} hmc_rpc_server_options;
+#define HMC_RPC_SERVER_OPTIONS_INIT {sizeof(hmc_rpc_server_options), 0, 0, NULL}
+
+/* A method's implementation. It runs on one of the server's worker threads (so it may
+ * block, and may call the engine's blocking functions), with the request's bytes, valid
+ * until it returns. It answers with hmc_rpc_respond and returns HMC_RPC_OK, or returns
+ * an error status (HMC_RPC_APP_STATUS + n, or HMC_RPC_BAD_PAYLOAD, ...) with the bytes
+ * given to hmc_rpc_respond as the error message. call is valid until it returns. */
+typedef uint32_t (*hmc_rpc_handler)(void *user_data, hmc_rpc_call *call, const uint8_t *request,
+                                    size_t request_len);
+
+/* A server, not yet serving: register its methods, then start it. Closed with
+ * hmc_rpc_server_close. options may be NULL. */
+hmc_status hmc_rpc_server_new(const hmc_rpc_server_options *options, hmc_rpc_server **out);
+/* Registers handler under method_id (a second registration of an id replaces the first).
+ * user_data is passed to every call of it, from many threads at once. */
+hmc_status hmc_rpc_server_register(hmc_rpc_server *server, uint32_t method_id,
+                                   hmc_rpc_handler handler, void *user_data);
+/* Registers the demo methods: echo (1), uppercase (2) and complex (3). */
+hmc_status hmc_rpc_server_register_demo(hmc_rpc_server *server);
+/* Starts serving at addr: "tcp://IP:PORT" (port 0 picks one) or "unix:///path". */
+hmc_status hmc_rpc_server_start(hmc_rpc_server *server, const char *addr);
+/* The address it serves at ("tcp://127.0.0.1:40123"), as hmc_engine_name writes. */
+hmc_status hmc_rpc_server_address(const hmc_rpc_server *server, char *buf, size_t cap,
+                                  size_t *len);
+/* Stops accepting, waits for the calls in flight (up to 30 s), closes. */
+hmc_status hmc_rpc_server_close(hmc_rpc_server *server);
+
+/* Inside a handler: the response (or error message), copied; a later call replaces it. */
+hmc_status hmc_rpc_respond(hmc_rpc_call *call, const void *data, size_t len);
+/* Inside a handler: milliseconds before the client's deadline (-1: none). */
+hmc_status hmc_rpc_call_remaining_ms(const hmc_rpc_call *call, int64_t *ms);
+/* Inside a handler: 1 once the client cancelled, its deadline passed or it went away. */
+hmc_status hmc_rpc_call_cancelled(const hmc_rpc_call *call, int *cancelled);
+
+typedef struct hmc_rpc_client_options {
+    size_t struct_size;            /* sizeof(hmc_rpc_client_options) */
+    uint32_t connect_timeout_ms;   /* 0: 5000 */
+    uint32_t default_timeout_ms;   /* a call's deadline when it passes 0; 0: 30000 */
+    const char *auth_secret_file;  /* NULL, or the server's pre-shared secret */
+} hmc_rpc_client_options;
+#define HMC_RPC_CLIENT_OPTIONS_INIT {sizeof(hmc_rpc_client_options), 0, 0, NULL}
+
+/* Connects to a server (reconnecting by itself later if the connection drops). Closed
+ * with hmc_rpc_client_close, which cancels its calls in flight. options may be NULL. */
+hmc_status hmc_rpc_client_connect(const char *addr, const hmc_rpc_client_options *options,
+                                  hmc_rpc_client **out);
+hmc_status hmc_rpc_client_close(hmc_rpc_client *client);
+
+/* Calls method_id with the request's bytes and waits up to timeout_ms. On success
+ * *response (if not NULL) is the answer, freed by the caller with hmc_bytes_free. When
+ * the server answered an error status: HMC_ERR_REMOTE with its message, and *rpc_status
+ * (if not NULL) the status code; HMC_ERR_DEADLINE when the deadline passed (the server is
+ * told to cancel). */
+hmc_status hmc_rpc_call_sync(hmc_rpc_client *client, uint32_t method_id, const void *request,
+                             size_t request_len, uint32_t timeout_ms, hmc_bytes **response,
+                             uint32_t *rpc_status);
+
+/* Called once, on a library thread, when an async call ends. Must not block. */
+typedef void (*hmc_rpc_callback)(void *user_data, hmc_rpc_pending *call, int status);
+
+/* Starts a call and returns at once with *out, which the caller releases with
+ * hmc_rpc_pending_release. Its end is seen by hmc_rpc_pending_wait, the client's fd
+ * (hmc_rpc_client_poll_completed), or callback (may be NULL). */
+hmc_status hmc_rpc_call_async(hmc_rpc_client *client, uint32_t method_id, const void *request,
+                              size_t request_len, uint32_t timeout_ms,
+                              hmc_rpc_callback callback, void *user_data,
+                              hmc_rpc_pending **out);
+/* Waits up to timeout_ms (0: just look): HMC_PENDING, HMC_OK, or how the call failed. */
+hmc_status hmc_rpc_pending_wait(hmc_rpc_client *client, hmc_rpc_pending *call,
+                                uint32_t timeout_ms);
+/* The ended call's answer, as hmc_rpc_call_sync gives it (HMC_PENDING while running). */
+hmc_status hmc_rpc_pending_take(hmc_rpc_client *client, hmc_rpc_pending *call,
+                                hmc_bytes **response, uint32_t *rpc_status);
+/* Cancels the call (the server is told); it ends HMC_ERR_CANCELLED. */
+hmc_status hmc_rpc_pending_cancel(hmc_rpc_client *client, hmc_rpc_pending *call);
+/* Releases the handle, cancelling the call if still running. */
+hmc_status hmc_rpc_pending_release(hmc_rpc_client *client, hmc_rpc_pending *call);
+
+/* As hmc_engine_fd, for the client's async calls. */
+hmc_status hmc_rpc_client_fd(const hmc_rpc_client *client, int *fd);
+hmc_status hmc_rpc_client_fd_drain(const hmc_rpc_client *client);
+hmc_status hmc_rpc_client_poll_completed(hmc_rpc_client *client, hmc_rpc_pending **calls,
+                                         size_t cap, size_t *count);
+
+/* The bytes (not NUL-terminated) and their length; valid until hmc_bytes_free. */
+hmc_status hmc_bytes_data(const hmc_bytes *bytes, const uint8_t **data, size_t *len);
+hmc_status hmc_bytes_free(hmc_bytes *bytes);
+
+/* The demo service from a client, typed: uppercase's answer NUL-terminated into buf (as
+ * hmc_engine_name writes), complex's into *out. */
+hmc_status hmc_rpc_demo_uppercase(hmc_rpc_client *client, const char *text, uint32_t timeout_ms,
+                                  char *buf, size_t cap, size_t *len);
+
+typedef struct hmc_rpc_complex_result {
+    size_t struct_size;   /* sizeof(hmc_rpc_complex_result), set by the caller */
+    uint32_t count;
+    uint32_t has_values;  /* 1 when min, max and mean are set */
+    int64_t sum;
+    int64_t min;
+    int64_t max;
+    double mean;
+} hmc_rpc_complex_result;
+#define HMC_RPC_COMPLEX_RESULT_INIT {sizeof(hmc_rpc_complex_result), 0, 0, 0, 0, 0, 0.0}
+
+hmc_status hmc_rpc_demo_complex(hmc_rpc_client *client, const char *label,
+                                const int64_t *values, size_t num_values, uint32_t timeout_ms,
+                                hmc_rpc_complex_result *out);
 
 #ifdef __cplusplus
 }

@@ -21,7 +21,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -322,6 +324,224 @@ class Engine {
   }
   hmc_engine *e_ = nullptr;
 };
+
+
+/// Bytes the library returned (an RPC response); freed when destroyed.
+class Bytes {
+ public:
+  Bytes() noexcept = default;
+  explicit Bytes(hmc_bytes *b) noexcept : b_(b) {}
+  Bytes(Bytes &&o) noexcept : b_(std::exchange(o.b_, nullptr)) {}
+  Bytes &operator=(Bytes &&o) noexcept {
+    if (this != &o) {
+      reset();
+      b_ = std::exchange(o.b_, nullptr);
+    }
+    return *this;
+  }
+  Bytes(const Bytes &) = delete;
+  Bytes &operator=(const Bytes &) = delete;
+  ~Bytes() { reset(); }
+
+  Span<uint8_t> view() const noexcept {
+    const uint8_t *d = nullptr;
+    std::size_t n = 0;
+    if (b_ == nullptr || hmc_bytes_data(b_, &d, &n) != HMC_OK) {
+      return Span<uint8_t>();
+    }
+    return Span<uint8_t>(d, n);
+  }
+  std::string str() const {
+    Span<uint8_t> v = view();
+    return std::string(reinterpret_cast<const char *>(v.data()), v.size());
+  }
+  void reset() noexcept {
+    if (b_ != nullptr) {
+      hmc_bytes_free(std::exchange(b_, nullptr));
+    }
+  }
+  hmc_bytes **out() noexcept {
+    reset();
+    return &b_;
+  }
+
+ private:
+  hmc_bytes *b_ = nullptr;
+};
+
+namespace rpc {
+
+/// A call being handled (valid during the handler).
+class Call {
+ public:
+  explicit Call(hmc_rpc_call *c) noexcept : c_(c) {}
+  hmc_status respond(const void *data, std::size_t len) { return hmc_rpc_respond(c_, data, len); }
+  hmc_status respond(const std::string &s) { return respond(s.data(), s.size()); }
+  bool cancelled() const noexcept {
+    int c = 0;
+    hmc_rpc_call_cancelled(c_, &c);
+    return c != 0;
+  }
+  /// Milliseconds before the client's deadline (-1: none).
+  int64_t remaining_ms() const noexcept {
+    int64_t ms = -1;
+    hmc_rpc_call_remaining_ms(c_, &ms);
+    return ms;
+  }
+
+ private:
+  hmc_rpc_call *c_;
+};
+
+/// A method: the request's bytes in; respond through `call`; return HMC_RPC_OK or an
+/// error status (HMC_RPC_APP_STATUS + n). Called from many threads at once.
+using Handler = std::function<uint32_t(Call &call, Span<uint8_t> request)>;
+
+/// An RPC server whose methods are C++ callables; closed when destroyed.
+class Server {
+ public:
+  Server() = default;
+  Server(const Server &) = delete;
+  Server &operator=(const Server &) = delete;
+  ~Server() { close(); }
+
+  hmc_status create(uint32_t workers = 0) {
+    close();
+    hmc_rpc_server_options o = HMC_RPC_SERVER_OPTIONS_INIT;
+    o.workers = workers;
+    return hmc_rpc_server_new(&o, &s_);
+  }
+  hmc_status add(uint32_t method_id, Handler h) {
+    handlers_.push_back(std::make_unique<Handler>(std::move(h)));
+    return hmc_rpc_server_register(s_, method_id, &Server::trampoline, handlers_.back().get());
+  }
+  hmc_status add_demo() { return hmc_rpc_server_register_demo(s_); }
+  hmc_status start(const std::string &addr) { return hmc_rpc_server_start(s_, addr.c_str()); }
+  std::string address() const {
+    char buf[512];
+    return hmc_rpc_server_address(s_, buf, sizeof buf, nullptr) == HMC_OK ? std::string(buf)
+                                                                          : std::string();
+  }
+  /// Stops serving (waiting for calls in flight); the handlers are freed after.
+  hmc_status close() noexcept {
+    hmc_status st = HMC_OK;
+    if (s_ != nullptr) {
+      st = hmc_rpc_server_close(std::exchange(s_, nullptr));
+    }
+    handlers_.clear();
+    return st;
+  }
+
+ private:
+  static uint32_t trampoline(void *user, hmc_rpc_call *c, const uint8_t *req, std::size_t len) {
+    Call call(c);
+#if defined(__cpp_exceptions) || defined(__EXCEPTIONS)
+    try {
+      return (*static_cast<Handler *>(user))(call, Span<uint8_t>(req, len));
+    } catch (const std::exception &e) {
+      call.respond(std::string("a C++ exception: ") + e.what());
+      return HMC_RPC_INTERNAL;
+    } catch (...) {
+      call.respond(std::string("a C++ exception"));
+      return HMC_RPC_INTERNAL;
+    }
+#else
+    return (*static_cast<Handler *>(user))(call, Span<uint8_t>(req, len));
+#endif
+  }
+  hmc_rpc_server *s_ = nullptr;
+  std::vector<std::unique_ptr<Handler>> handlers_;
+};
+
+/// An asynchronous call; released (cancelled if still running) when destroyed.
+class Pending {
+ public:
+  Pending() noexcept = default;
+  Pending(hmc_rpc_client *c, hmc_rpc_pending *p) noexcept : c_(c), p_(p) {}
+  Pending(Pending &&o) noexcept
+      : c_(std::exchange(o.c_, nullptr)), p_(std::exchange(o.p_, nullptr)) {}
+  Pending &operator=(Pending &&o) noexcept {
+    if (this != &o) {
+      reset();
+      c_ = std::exchange(o.c_, nullptr);
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  Pending(const Pending &) = delete;
+  Pending &operator=(const Pending &) = delete;
+  ~Pending() { reset(); }
+
+  hmc_status wait(std::chrono::milliseconds t) const noexcept {
+    return hmc_rpc_pending_wait(c_, p_, static_cast<uint32_t>(t.count()));
+  }
+  hmc_status take(Bytes &response, uint32_t *rpc_status = nullptr) {
+    return hmc_rpc_pending_take(c_, p_, response.out(), rpc_status);
+  }
+  hmc_status cancel() const noexcept { return hmc_rpc_pending_cancel(c_, p_); }
+  hmc_rpc_pending *get() const noexcept { return p_; }
+  void reset() noexcept {
+    if (p_ != nullptr) {
+      hmc_rpc_pending_release(c_, std::exchange(p_, nullptr));
+    }
+  }
+
+ private:
+  hmc_rpc_client *c_ = nullptr;
+  hmc_rpc_pending *p_ = nullptr;
+};
+
+/// An RPC client; closed when destroyed.
+class Client {
+ public:
+  Client() = default;
+  Client(const Client &) = delete;
+  Client &operator=(const Client &) = delete;
+  ~Client() { close(); }
+
+  hmc_status connect(const std::string &addr) {
+    close();
+    return hmc_rpc_client_connect(addr.c_str(), nullptr, &c_);
+  }
+  hmc_status close() noexcept {
+    return c_ == nullptr ? HMC_OK : hmc_rpc_client_close(std::exchange(c_, nullptr));
+  }
+  hmc_status call(uint32_t method_id, Span<uint8_t> request, std::chrono::milliseconds timeout,
+                  Bytes &response, uint32_t *rpc_status = nullptr) {
+    return hmc_rpc_call_sync(c_, method_id, request.data(), request.size(),
+                             static_cast<uint32_t>(timeout.count()), response.out(), rpc_status);
+  }
+  hmc_status call(uint32_t method_id, const std::string &request,
+                  std::chrono::milliseconds timeout, Bytes &response,
+                  uint32_t *rpc_status = nullptr) {
+    return call(method_id,
+                Span<uint8_t>(reinterpret_cast<const uint8_t *>(request.data()), request.size()),
+                timeout, response, rpc_status);
+  }
+  hmc_status call_async(uint32_t method_id, Span<uint8_t> request,
+                        std::chrono::milliseconds timeout, Pending &out,
+                        hmc_rpc_callback callback = nullptr, void *user_data = nullptr) {
+    hmc_rpc_pending *p = nullptr;
+    hmc_status s = hmc_rpc_call_async(c_, method_id, request.data(), request.size(),
+                                      static_cast<uint32_t>(timeout.count()), callback,
+                                      user_data, &p);
+    if (s == HMC_OK) {
+      out = Pending(c_, p);
+    }
+    return s;
+  }
+  int fd() const noexcept {
+    int fd = -1;
+    hmc_rpc_client_fd(c_, &fd);
+    return fd;
+  }
+  hmc_rpc_client *get() const noexcept { return c_; }
+
+ private:
+  hmc_rpc_client *c_ = nullptr;
+};
+
+}  // namespace rpc
 
 // HIXL's API (hicann/hixl: include/hixl/hixl.h and hixl_types.h) over hmc::Engine.
 namespace hixl {
