@@ -254,3 +254,22 @@ def test_p2phandshake_takes_a_free_port_whatever_port_is_given():
         assert a.register_memory(src.ctypes.data, src.nbytes) == 0
         assert a.get_first_buffer_address(f"127.0.0.1:{a.get_rpc_port()}") == src.ctypes.data
         assert b.send_probe(f"127.0.0.1:{a.get_rpc_port()}") == 0
+
+
+def test_get_rpc_port_under_etcd_is_where_the_engine_listens(etcd):
+    """As Mooncake's getRpcPort: the port the engine serves on, for every form of name
+    (before, a name without a port made it raise IndexError)."""
+    engines = {}
+    for name in ("node-port", "127.0.0.1"):
+        te = TransferEngine()
+        assert te.initialize(name, etcd, "tcp", "") == 0
+        engines[name] = te
+        socket.create_connection(("127.0.0.1", te.get_rpc_port()), timeout=5).close()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    te = TransferEngine()
+    assert te.initialize(f"127.0.0.1:{port}", etcd, "tcp", "") == 0
+    assert te.get_rpc_port() == port
+    assert engines["node-port"].send_probe(f"127.0.0.1:{port}") == 0
+    assert te.send_probe("node-port") == 0

@@ -31,6 +31,7 @@ import ipaddress
 import json
 import logging
 import os
+import socket
 import threading
 import time
 import urllib.parse
@@ -75,6 +76,10 @@ _HTTP_READ_CHUNK = 64 << 10
 # with its buffer list, this engine's own); the environment variable raises it.
 MAX_METADATA_BYTES_ENV = "HMC_MOONCAKE_MAX_METADATA_BYTES"
 DEFAULT_MAX_METADATA_BYTES = 1 << 20
+# How often an engine under etcd is started on a port chosen free, should another process
+# take the port in between, and the engine's word for that.
+_BIND_ATTEMPTS = 4
+_ADDR_IN_USE = "Address already in use"
 # Mooncake's switch to its TCP transport: set (to any value) means on, as its getenv reads it.
 _FORCE_TCP_ENV = "MC_FORCE_TCP"
 # Mooncake's key prefix (`mooncake/`, then MC_METADATA_CLUSTER_ID and a slash when set).
@@ -322,6 +327,14 @@ def _listen_at(host: str, port: str = "0") -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _free_port(host: str) -> int:
+    """A port free on ``host`` now (the kernel's choice; another process may take it before
+    the engine binds it, hence _BIND_ATTEMPTS)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def _is_ip(host: str) -> bool:
     """Whether ``host`` is an IPv4 or IPv6 address (not a name)."""
     try:
@@ -364,6 +377,7 @@ class TransferEngine:
         self._connecting: dict[str, list] = {}
         self._reg_lock = threading.RLock()
         self._name = ""
+        self._port = 0
         self._metadata = ""  # "", "etcd" or "http"
         self._http: Optional[_HttpMetadata] = None
 
@@ -410,11 +424,13 @@ class TransferEngine:
             kw = {"metadata": f"etcd://{hosts}/{_ETCD_NAMESPACE}", "name": local_hostname}
             # Under etcd hmc's engine dials a name that is an ip:port as that address, so such
             # a name is where this engine listens; another name is looked up in etcd, and the
-            # engine listens on the name's IP or $HMC_MOONCAKE_HOST (default 127.0.0.1).
-            if _is_ip(name_host):
-                host = _listen_at(name_host, name_port or "0")
+            # engine listens on the name's IP or $HMC_MOONCAKE_HOST (default 127.0.0.1), at a
+            # free port chosen here (its local_address is then the name: the port is kept
+            # for get_rpc_port).
+            if _is_ip(name_host) and name_port:
+                host = _listen_at(name_host, name_port)
             else:
-                host = _listen_at(_bind_host())
+                host = _listen_at(name_host if _is_ip(name_host) else _bind_host(), "")
         elif scheme in _HTTP_SCHEMES:
             try:
                 self._http = _HttpMetadata(conn)
@@ -429,7 +445,7 @@ class TransferEngine:
             # and its session name is host:that port (get_rpc_port).
             host = _listen_at(name_host)
         try:
-            e = self._start(host, opts, kw, fallback="transport" not in configured)
+            e, self._port = self._start_at(host, opts, kw, fallback="transport" not in configured)
         except hmc.HmcError as err:
             _log.error("initialize: %s", err)
             return _FAILED
@@ -441,6 +457,23 @@ class TransferEngine:
             self._e = None
             return _FAILED
         return _OK
+
+    @classmethod
+    def _start_at(cls, host: str, opts: dict, kw: dict, fallback: bool) -> tuple[hmc.Engine, int]:
+        """An engine listening at ``host`` and its port. A host with an empty port
+        (``"ip:"``) gets a free port chosen here, tried again (``_BIND_ATTEMPTS`` in all)
+        should another process take it first."""
+        ip, port = _split_host_port(host)
+        if port:
+            e = cls._start(host, opts, kw, fallback)
+            return e, int(e.local_address.rsplit(":", 1)[1])
+        for attempt in range(_BIND_ATTEMPTS):
+            port = _free_port(ip)
+            try:
+                return cls._start(_listen_at(ip, str(port)), opts, kw, fallback), port
+            except hmc.HmcError as err:
+                if _ADDR_IN_USE not in str(err) or attempt + 1 == _BIND_ATTEMPTS:
+                    raise
 
     @staticmethod
     def _start(host: str, opts: dict, kw: dict, fallback: bool) -> hmc.Engine:
@@ -529,8 +562,10 @@ class TransferEngine:
         return json.loads(blob)
 
     def get_rpc_port(self) -> int:
-        """The port of this engine's session name ``host:port``."""
-        return int(self._engine().local_address.rsplit(":", 1)[1])
+        """The port this engine listens on (under P2PHANDSHAKE, that of its session name
+        ``host:port``)."""
+        self._engine()
+        return self._port
 
     def get_local_topology(self, device_name: Optional[str] = None) -> str:
         """Mooncake's topology JSON: this host's CPU, with no RDMA devices listed."""
