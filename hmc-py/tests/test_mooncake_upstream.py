@@ -1,6 +1,6 @@
 """Mooncake's own wheel tests of its Transfer Engine, on ``hmc.mooncake`` with only the
 import line rewritten (``upstream/run_mooncake_suite.py``: etcd and HTTP metadata servers),
-and unmodified on Mooncake 0.3.13 when an interpreter with it is given
+unmodified on it through ``HMC_ALIAS=mooncake``, and unmodified on Mooncake 0.3.13 when an interpreter with it is given
 (``HMC_MOONCAKE_PYTHON``). Their code is read from a Mooncake source (``HMC_MOONCAKE_SRC``,
 by default the mirror the runner names); without one the tests skip."""
 
@@ -19,7 +19,7 @@ DEFAULT_SRC = "/work/.mirror/kvcache-ai+Mooncake/repo"
 RUNNER_TIMEOUT_S = 1500
 # What the suite holds (Mooncake's initiator test at the mirrored revision); a source with
 # more or fewer tests still has to pass all of them.
-SUMMARY = re.compile(r"^Mooncake's wheel tests on (\S+): (\d+) passed of (\d+)$", re.M)
+SUMMARY = re.compile(r"^Mooncake's wheel tests on (.+): (\d+) passed of (\d+)$", re.M)
 
 
 def source_or_skip():
@@ -52,6 +52,14 @@ def test_mooncakes_wheel_tests_pass_on_hmc_mooncake():
     assert removed == ["-from mooncake.engine import TransferEngine"] * 2
     assert added == ["+from hmc.mooncake import TransferEngine"] * 2
     assert "== etcd: " in stdout and "== http: " in stdout
+
+
+def test_mooncakes_wheel_tests_pass_unmodified_through_the_alias():
+    """The files as published, ``import mooncake.engine`` resolved by HMC_ALIAS=mooncake."""
+    source_or_skip()
+    on, stdout = run("--alias", "--metadata", "etcd")
+    assert on == "hmc.mooncake (HMC_ALIAS)"
+    assert not [line for line in stdout.splitlines() if line.startswith(("-from", "+from"))]
 
 
 @pytest.mark.skipif(not os.environ.get("HMC_MOONCAKE_PYTHON"), reason="HMC_MOONCAKE_PYTHON (Mooncake 0.3.13) not given")

@@ -18,6 +18,8 @@ is ``../mooncake_http_metadata_server.py``, or Mooncake's own with ``--http-serv
 The one addition: the initiator starts once the target has printed that it is ready (the CI
 starts both at once and relies on the target being faster).
 
+``--alias`` runs the unmodified files on ``hmc.mooncake`` through ``HMC_ALIAS=mooncake``
+(``import mooncake.engine`` resolving to it, as the README tells unmodified code to run).
 ``--real`` runs the unmodified files on Mooncake itself, with the interpreter in
 ``$HMC_MOONCAKE_PYTHON`` (``mooncake-transfer-engine-non-cuda==0.3.13.post1``; ``cargo xtask``
 makes one in ``target/mooncake-venv``), to keep the baseline honest.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import difflib
 import os
 import re
@@ -196,16 +199,33 @@ def metadata_server(mode: str, http_kind: str, mooncake_python: str | None):
             yield uri, {"MC_FORCE_TCP": "true"}
 
 
-def run_once(python: str, workdir: str, mode: str, http_kind: str, mooncake_python, circle, expected: int) -> tuple[int, int]:
-    """One run of target and initiator: (passed, total); ``expected`` is the total when the
-    suite did not get to run."""
-    with metadata_server(mode, http_kind, mooncake_python) as (server, extra):
+@dataclasses.dataclass
+class Setup:
+    """What every run shares: the interpreter, the directory of the files, the HTTP server
+    kind, Mooncake's interpreter (for its server), CIRCLE, the suite's test count (the total
+    when it did not get to run) and the alias to set (``HMC_ALIAS``), if any."""
+
+    python: str
+    workdir: str
+    http_kind: str
+    mooncake_python: str | None
+    circle: int | None
+    expected: int
+    alias: str | None
+
+
+def run_once(setup: Setup, mode: str) -> tuple[int, int]:
+    """One run of target and initiator over the metadata server ``mode``: (passed, total)."""
+    python, workdir, expected = setup.python, setup.workdir, setup.expected
+    with metadata_server(mode, setup.http_kind, setup.mooncake_python) as (server, extra):
         env = dict(os.environ, PYTHONUNBUFFERED="1", PROTOCOL="tcp", MC_METADATA_SERVER=server,
                    TARGET_SERVER_NAME=f"127.0.0.1:{free_port()}",
                    INITIATOR_SERVER_NAME=f"127.0.0.1:{free_port()}", **extra)
         env.pop("HMC_ALIAS", None)
-        if circle is not None:
-            env["CIRCLE"] = str(circle)
+        if setup.alias:
+            env["HMC_ALIAS"] = setup.alias
+        if setup.circle is not None:
+            env["CIRCLE"] = str(setup.circle)
         print(f"== {mode}: MC_METADATA_SERVER={server} PROTOCOL=tcp"
               + "".join(f" {k}={v}" for k, v in extra.items()), flush=True)
         target = Proc([python, TARGET], workdir, env)
@@ -236,7 +256,10 @@ def run_once(python: str, workdir: str, mode: str, http_kind: str, mooncake_pyth
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--real", action="store_true", help="run the unmodified files on Mooncake ($HMC_MOONCAKE_PYTHON)")
+    how = ap.add_mutually_exclusive_group()
+    how.add_argument("--real", action="store_true", help="run the unmodified files on Mooncake ($HMC_MOONCAKE_PYTHON)")
+    how.add_argument("--alias", action="store_true",
+                     help="run the unmodified files on hmc.mooncake through HMC_ALIAS=mooncake")
     ap.add_argument("--metadata", choices=["etcd", "http", "both"], default="both")
     ap.add_argument("--http-server", choices=["ours", "mooncake"], default="ours",
                     help="which HTTP metadata server (mooncake: Mooncake's, from $HMC_MOONCAKE_PYTHON)")
@@ -259,25 +282,27 @@ def main() -> int:
         print(f"run_mooncake_suite: {e}", file=sys.stderr)
         return 2
     python = mooncake_python if args.real else sys.executable
+    on = "Mooncake" if args.real else "hmc.mooncake (HMC_ALIAS)" if args.alias else "hmc.mooncake"
     where = src if os.path.isfile(os.path.join(src, TESTS_DIR, TARGET)) else f"{src} at {ref}"
-    print(f"Mooncake's wheel tests from {where}, on {'Mooncake' if args.real else 'hmc.mooncake'} ({python})")
+    print(f"Mooncake's wheel tests from {where}, on {on} ({python})")
     modes = ["etcd", "http"] if args.metadata == "both" else [args.metadata]
     results = []
     with tempfile.TemporaryDirectory(prefix="hmc-mooncake-suite-") as workdir:
         for name, text in texts.items():
             with open(os.path.join(workdir, name), "w") as f:
-                f.write(text if args.real else rewrite(name, text))
+                f.write(text if args.real or args.alias else rewrite(name, text))
+        setup = Setup(python, workdir, args.http_server, mooncake_python, args.circle,
+                      len(re.findall(r"^\s+def test_", texts[INITIATOR], re.M)), "mooncake" if args.alias else None)
         for mode in modes:
             try:
-                passed, total = run_once(python, workdir, mode, args.http_server, mooncake_python, args.circle,
-                                         len(re.findall(r"^\s+def test_", texts[INITIATOR], re.M)))
+                passed, total = run_once(setup, mode)
             except (EtcdMissing, Missing) as e:
                 print(f"run_mooncake_suite: {e}", file=sys.stderr)
                 return 2
             print(f"== {mode}: {passed} passed of {total}", flush=True)
             results.append((passed, total))
     passed, total = sum(p for p, _ in results), sum(t for _, t in results)
-    print(f"Mooncake's wheel tests on {'Mooncake' if args.real else 'hmc.mooncake'}: {passed} passed of {total}")
+    print(f"Mooncake's wheel tests on {on}: {passed} passed of {total}")
     return 0 if total and passed == total and all(t for _, t in results) else 1
 
 
