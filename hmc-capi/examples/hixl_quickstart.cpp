@@ -6,7 +6,8 @@
 //   hixl_quickstart client TRANSPORT MEMORY ENGINE ADDRESS
 //
 // MEMORY is `host`, or `cuda` for device memory allocated with the CUDA driver API
-// (libcuda.so.1, opened at run time, so building needs no CUDA). The server fills its
+// (libcuda.so.1, opened at run time, so building needs no CUDA; `cargo xtask test` runs it
+// against the project's CUDA driver ABI shim, a GPU machine against the driver). The server fills its
 // buffer with 0x5A; the client READs it and checks every byte, WRITEs 0xA5 back and
 // notifies; the server checks every byte of the WRITE. Exit status 0 when all held.
 #include <hmc/hmc.hpp>
@@ -62,13 +63,18 @@ class Buffer {
     load(set_current_, "cuCtxSetCurrent");
     load(alloc_, "cuMemAlloc_v2");
     load(free_, "cuMemFree_v2");
-    load(htod_, "cuMemcpyHtoD_v2");
-    load(dtoh_, "cuMemcpyDtoH_v2");
+    load(htod_, "cuMemcpyHtoDAsync_v2");
+    load(dtoh_, "cuMemcpyDtoHAsync_v2");
+    load(sync_, "cuStreamSynchronize");
+    load(stream_create_, "cuStreamCreate");
+    load(stream_destroy_, "cuStreamDestroy_v2");
     int dev = 0;
     void *ctx = nullptr;
     ExitUnless(init_(0) == 0 && device_get_(&dev, 0) == 0 && retain_(&ctx, dev) == 0 &&
                    set_current_(ctx) == 0,
                "CUDA device 0 cannot be opened");
+    // CU_STREAM_NON_BLOCKING (1), as the engine's CUDA backend makes its own.
+    ExitUnless(stream_create_(&stream_, 1) == 0, "cuStreamCreate failed");
     unsigned long long p = 0;
     ExitUnless(alloc_(&p, kBufSize) == 0, "cuMemAlloc failed");
     addr_ = static_cast<uintptr_t>(p);
@@ -76,6 +82,7 @@ class Buffer {
   ~Buffer() {
     if (device_ && addr_ != 0) {
       free_(addr_);
+      stream_destroy_(stream_);
     }
   }
   Buffer(const Buffer &) = delete;
@@ -86,7 +93,8 @@ class Buffer {
   void Fill(uint8_t v) {
     std::vector<uint8_t> bytes(kBufSize, v);
     if (device_) {
-      ExitUnless(htod_(addr_, bytes.data(), kBufSize) == 0, "cuMemcpyHtoD failed");
+      ExitUnless(htod_(addr_, bytes.data(), kBufSize, stream_) == 0 && sync_(stream_) == 0,
+                 "cuMemcpyHtoDAsync failed");
     } else {
       host_ = bytes;
     }
@@ -94,7 +102,8 @@ class Buffer {
   bool AllEqual(uint8_t v) {
     std::vector<uint8_t> bytes(kBufSize);
     if (device_) {
-      ExitUnless(dtoh_(bytes.data(), addr_, kBufSize) == 0, "cuMemcpyDtoH failed");
+      ExitUnless(dtoh_(bytes.data(), addr_, kBufSize, stream_) == 0 && sync_(stream_) == 0,
+                 "cuMemcpyDtoHAsync failed");
     } else {
       bytes = host_;
     }
@@ -123,8 +132,12 @@ class Buffer {
   int (*set_current_)(void *) = nullptr;
   int (*alloc_)(unsigned long long *, size_t) = nullptr;
   int (*free_)(unsigned long long) = nullptr;
-  int (*htod_)(unsigned long long, const void *, size_t) = nullptr;
-  int (*dtoh_)(void *, unsigned long long, size_t) = nullptr;
+  int (*htod_)(unsigned long long, const void *, size_t, void *) = nullptr;
+  int (*dtoh_)(void *, unsigned long long, size_t, void *) = nullptr;
+  int (*sync_)(void *) = nullptr;
+  int (*stream_create_)(void **, unsigned) = nullptr;
+  int (*stream_destroy_)(void *) = nullptr;
+  void *stream_ = nullptr;
 };
 
 void Initialize(Hixl &engine, const char *local, const char *transport) {

@@ -149,6 +149,19 @@ pub fn test() -> Result {
         )?;
         run_program(Command::new(gcc.join("threads")).arg(transport))?;
     }
+    // Device memory from C++: the HIXL port with CUDA memory, against the CUDA driver ABI
+    // shim (a GPU machine runs the same against the driver).
+    let shim = cuda_shim(&work)?;
+    for transport in ["tcp", "shm"] {
+        let label = format!("{transport}, CUDA memory (driver shim)");
+        let env = [("LD_LIBRARY_PATH", shim.as_path())];
+        two_processes_in(
+            &gcc.join("hixl_quickstart"),
+            &[transport, "cuda"],
+            &label,
+            &env,
+        )?;
+    }
     for socket in ["tcp", "unix"] {
         two_processes(&gcc.join("rpc_demo"), &[socket], socket)?;
     }
@@ -172,6 +185,26 @@ pub fn test() -> Result {
         )?;
     }
     consumers(&prefix, &work)
+}
+
+/// Builds the project's CUDA driver ABI shim (`hmc-backend-cuda/tests/shim`) as
+/// `libcuda.so` with a `libcuda.so.1` link (one library, whichever name is opened: the
+/// example's allocations and the engine's CUDA backend share its allocation table); returns
+/// its folder.
+fn cuda_shim(work: &Path) -> Result<PathBuf> {
+    let dir = work.join("cuda-shim");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    run(Command::new("gcc")
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-pthread"])
+        .arg(format!("-I{}", root().join("hmc-testshim/shim").display()))
+        .arg(root().join("hmc-backend-cuda/tests/shim/cuda_shim.c"))
+        .arg("-o")
+        .arg(dir.join("libcuda.so")))?;
+    let link = dir.join("libcuda.so.1");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("libcuda.so", &link)
+        .map_err(|e| format!("{}: {e}", link.display()))?;
+    Ok(dir)
 }
 
 /// The C and C++ programs of the crate: examples and C tests, with their language.
@@ -363,8 +396,14 @@ fn wait(mut child: Child, what: &str) -> Result {
 /// A two-process example: `exe server ARGS...` prints `READY <fields>` on its first line,
 /// then `exe client ARGS... <fields>` runs against it; both must exit 0.
 fn two_processes(exe: &Path, args: &[&str], label: &str) -> Result {
+    two_processes_in(exe, args, label, &[])
+}
+
+/// [`two_processes`] with environment variables set in both.
+fn two_processes_in(exe: &Path, args: &[&str], label: &str, env: &[(&str, &Path)]) -> Result {
     eprintln!("xtask: {} server/client over {label}", exe.display());
     let mut server = Command::new(exe)
+        .envs(env.iter().copied())
         .arg("server")
         .args(args)
         .stdout(Stdio::piped())
@@ -389,6 +428,7 @@ fn two_processes(exe: &Path, args: &[&str], label: &str) -> Result {
         }
     });
     let client = Command::new(exe)
+        .envs(env.iter().copied())
         .arg("client")
         .args(args)
         .args(ready.split_whitespace().skip(1))
