@@ -418,7 +418,7 @@ class TransferEngine:
         configured = work_alike_config.load("mooncake")
         opts.update(configured)
         name_host, name_port = _split_host_port(local_hostname)
-        kw = {}
+        kw, client = {}, None
         if scheme == _ETCD:
             hosts = rest.split("/")[0]
             kw = {"metadata": f"etcd://{hosts}/{_ETCD_NAMESPACE}", "name": local_hostname}
@@ -433,7 +433,7 @@ class TransferEngine:
                 host = _listen_at(name_host if _is_ip(name_host) else _bind_host(), "")
         elif scheme in _HTTP_SCHEMES:
             try:
-                self._http = _HttpMetadata(conn)
+                client = _HttpMetadata(conn)
             except ValueError as err:
                 _log.error("initialize: %s", err)
                 return _FAILED
@@ -449,12 +449,12 @@ class TransferEngine:
         except hmc.HmcError as err:
             _log.error("initialize: %s", err)
             return _FAILED
-        self._e = e
-        self._name = local_hostname if kw or self._http else e.local_address.split("://", 1)[-1]
-        self._metadata = _ETCD if scheme == _ETCD else "http" if self._http else ""
-        if self._http is not None and self._http_register() != _OK:
+        self._e, self._http = e, client
+        self._name = local_hostname if kw or client else e.local_address.split("://", 1)[-1]
+        self._metadata = _ETCD if kw else "http" if client else ""
+        if client is not None and self._http_register() != _OK:
             e.finalize()
-            self._e = None
+            self._e, self._http, self._metadata = None, None, ""
             return _FAILED
         return _OK
 
