@@ -107,6 +107,12 @@ pub enum EngineError {
         /// What went wrong.
         why: String,
     },
+    /// Bytes given as a peer's metadata blob are not one this engine can use (truncated,
+    /// another engine's kind or version, signed with another secret); nothing was added.
+    #[error(
+        "not a usable metadata blob: {0}; pass the bytes of the peer's local_metadata() unchanged"
+    )]
+    BadMetadata(String),
     /// Two KV caches (or block lists) do not fit each other; nothing was moved.
     #[error("KV layout mismatch: {0}")]
     Layout(String),

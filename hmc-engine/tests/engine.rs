@@ -390,6 +390,21 @@ async fn notifications_arrive_in_order_and_are_bounded() {
     assert!(b.get_notifies().is_empty());
     a.send_notify(b.name(), "kv", b"again", T).await.unwrap();
     assert_eq!(b.get_notifies().len(), 1);
+    // Over the sender's own max_notify_len: refused before it is sent, naming the limit
+    // (a bad argument of the caller's, not a failed peer), and nothing arrives.
+    let big = vec![7u8; EngineConfig::default().max_notify_len + 1];
+    let e = a.send_notify(b.name(), "kv", &big, T).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::Limit {
+                limit: "max_notify_len",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(b.get_notifies().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

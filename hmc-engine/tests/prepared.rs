@@ -598,6 +598,14 @@ async fn metadata_blobs_are_bounded_authenticated_and_partial() {
     assert!(err.to_string().contains("same secret"), "{err}");
     let err = a.add_remote(b"not a blob", T).await.unwrap_err();
     assert!(err.to_string().contains("not a metadata blob"), "{err}");
+    // A blob that is not usable is its own kind (NIXL's "mismatch"), not a failed peer.
+    assert!(matches!(err, EngineError::BadMetadata(_)), "{err:?}");
+    let whole = other.local_metadata().unwrap();
+    let err = other
+        .add_remote(&whole[..whole.len() / 2], T)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::BadMetadata(_)), "{err:?}");
 
     let h = reg(&b, &later);
     let partial = b.partial_metadata(&[h]).unwrap();

@@ -29,7 +29,9 @@ Bytes are checked on the first request of each system (READ: against the target'
 WRITE: by the target's digests). Rounds alternate the systems; medians are printed. The systems not being measured are stopped
 (SIGSTOP of their process group) so that their idle threads do not share the 2 cores. A
 preparation table beside NIXL's: seconds and resident bytes per descriptor to build and
-prepare ``--prep`` block descriptors on both sides, and the same as strided entries.
+prepare ``--prep`` block descriptors on both sides, and the same as strided entries: hmc's
+own calls (``hmc``), NIXL's calls on hmc.nixl (``hmc-nixl``: an N x 3 array through
+``get_xfer_descs``, then ``prep_xfer_dlist``) and on NIXL.
 
     python bench_kv.py [--rounds N] [--seconds S] [--systems a,b] [--floor BIN]
                        [--nixl-python PY] [--mooncake-python PY]
@@ -369,7 +371,9 @@ def prep(a):
             out[kind] = {"secs": time.perf_counter() - t0, "bytes": rss() - r0}
             del lists
     else:
-        from nixl_cu12._api import nixl_agent, nixl_agent_config
+        # NIXL's calls as its users make them, on NIXL or on hmc.nixl (``hmc-nixl``).
+        api = nixl_api(a)
+        nixl_agent, nixl_agent_config = api.nixl_agent, api.nixl_agent_config
 
         t = nixl_agent("t", nixl_agent_config(backends=["UCX"]))
         e = nixl_agent("e", nixl_agent_config(backends=["UCX"]))
@@ -521,7 +525,7 @@ def main():
     say(f"\n## Preparing {a.prep:,} block descriptors, local and remote\n")
     say("| system | entries | seconds | bytes per descriptor |")
     say("|---|---|---|---|")
-    for s, py in (("hmc", sys.executable), ("nixl", a.nixl_python)):
+    for s, py in (("hmc", sys.executable), ("hmc-nixl", sys.executable), ("nixl", a.nixl_python)):
         if not py:
             continue
         out = subprocess.run([py, HERE, "prep", s, "--prep", str(a.prep)], capture_output=True, text=True)

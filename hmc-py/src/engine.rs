@@ -586,12 +586,12 @@ impl Engine {
 
     /// Prepares entries of this engine's registered memory for ``make_transfer``:
     /// ``(addr, len)``, ``(addr, len, dev)`` or strided ``(addr, len, dev, stride,
-    /// count)`` tuples, or an N x 2, 3 or 5 integer numpy array. Each entry is resolved
-    /// now, and refused now if it is outside every registered region.
+    /// count)`` tuples, or an N x 2, 3 or 5 integer numpy array (read in place: do not
+    /// change it from another thread during the call). Each entry is resolved now, and
+    /// refused now if it is outside every registered region.
     fn prepare_local(&self, entries: &Bound<'_, PyAny>) -> PyResult<crate::prepared::PreparedList> {
         let live = self.live()?;
-        let e = crate::prepared::entries(entries)?;
-        let list = live.engine.prepare_local(&e).map_err(errors::engine)?;
+        let list = crate::prepared::prepare_entries(entries, |e| Ok(live.engine.prepare_local(e)))?;
         Ok(crate::prepared::PreparedList { list })
     }
 
@@ -607,12 +607,12 @@ impl Engine {
         timeout_ms: u64,
     ) -> PyResult<crate::prepared::PreparedList> {
         let live = self.live()?;
-        let e = crate::prepared::entries(entries)?;
-        let list = wait(
-            py,
-            live.engine.prepare_remote(remote, &e, millis(timeout_ms)),
-        )?
-        .map_err(errors::engine)?;
+        let list = crate::prepared::prepare_entries(entries, |e| {
+            wait(
+                py,
+                live.engine.prepare_remote(remote, e, millis(timeout_ms)),
+            )
+        })?;
         Ok(crate::prepared::PreparedList { list })
     }
 

@@ -54,7 +54,9 @@ fn engine_class(e: &EngineError) -> &'static str {
             "InvalidArgumentError"
         }
         EngineError::Limit { .. } => "LimitError",
-        EngineError::Metadata { .. } | EngineError::PeerGone { .. } => "UnavailableError",
+        EngineError::Metadata { .. } => "UnavailableError",
+        EngineError::PeerGone { .. } => "PeerGoneError",
+        EngineError::BadMetadata(_) => "MismatchError",
         EngineError::UnknownKey { .. } => "UnknownKeyError",
         EngineError::Cancelled(_) => "CancelledError",
         EngineError::Transport(t) => core_class(t),
@@ -66,7 +68,9 @@ fn engine_class(e: &EngineError) -> &'static str {
 fn core_class(e: &hmc_core::Error) -> &'static str {
     use hmc_core::Error as E;
     match e {
-        E::Unavailable { .. } | E::Peer { .. } | E::Closed(_) => "UnavailableError",
+        // A library or device missing here, not the peer.
+        E::Unavailable { .. } => "BackendUnavailableError",
+        E::Peer { .. } | E::Closed(_) => "UnavailableError",
         E::OutOfBounds { .. } | E::InvalidArgument(_) | E::AccessDenied(_) => {
             "InvalidArgumentError"
         }
@@ -76,7 +80,7 @@ fn core_class(e: &hmc_core::Error) -> &'static str {
         E::Cancelled(_) => "CancelledError",
         E::Unsupported(_) | E::UnsupportedMemory { .. } => "UnsupportedError",
         // A refused connect keeps its io::Error (one shape across crates): nobody listens.
-        _ if e.is_connection_refused() => "UnavailableError",
+        _ if e.is_connection_refused() => "PeerGoneError",
         _ => "HmcError",
     }
 }
@@ -108,7 +112,8 @@ pub(crate) fn call(e: CallError) -> PyErr {
             });
         }
         CallError::DeadlineExceeded(_) => "TimeoutError",
-        CallError::ConnectionLost(_) | CallError::Connect(_) => "UnavailableError",
+        CallError::ConnectionLost(_) => "PeerGoneError",
+        CallError::Connect(_) => "UnavailableError",
         CallError::Refused(_) => "LimitError",
         CallError::Codec(_) => "InvalidArgumentError",
         _ => "HmcError",

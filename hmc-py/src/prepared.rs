@@ -3,7 +3,7 @@
 //! numpy arrays (read in place through the buffer protocol) or Python sequences.
 
 use hmc_core::AnyCommunicator;
-use hmc_engine::BlockDesc;
+use hmc_engine::{BlockDesc, EngineError};
 use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -11,31 +11,38 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::engine::{TransferStatus, status_of};
 use crate::{errors, millis, runtime, wait};
 
-/// Integers of a buffer-protocol object (a numpy array of int64, uint64, int32 or uint32),
-/// C-contiguous, with its shape; `None` when `obj` is not such an object.
-fn int_array(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Vec<usize>, Vec<u64>)>> {
+/// Calls `f` with the shape and the values (in C order, each checked not negative) of a
+/// buffer-protocol object of integers (a numpy array of int64, uint64, int32 or uint32),
+/// C-contiguous, read in place; `None` when `obj` is not such an object.
+fn with_int_array<R>(
+    obj: &Bound<'_, PyAny>,
+    f: impl FnOnce(&[usize], &mut dyn Iterator<Item = PyResult<u64>>) -> PyResult<R>,
+) -> PyResult<Option<R>> {
     macro_rules! as_ints {
         ($t:ty) => {
             if let Ok(b) = PyBuffer::<$t>::get(obj) {
                 let shape = b.shape().to_vec();
-                if !b.is_c_contiguous() {
-                    return Err(errors::invalid(
-                        "pass a C-contiguous array (numpy.ascontiguousarray)",
-                    ));
-                }
-                // A copy: the array may change under us while we read (it is the caller's).
-                let vals = b.to_vec(obj.py())?;
-                let mut out = Vec::with_capacity(vals.len());
-                for v in vals {
+                // Read in place, each value once: no copy of a large array.
+                let items = b.as_slice_ptr().ok_or_else(|| {
+                    errors::invalid("pass a C-contiguous array (numpy.ascontiguousarray)")
+                })?;
+                let base = items.as_ptr() as *const $t;
+                let mut values = (0..items.len()).map(|i| {
+                    // SAFETY: `i` < the buffer's item count, and PyBuffer::get checked that
+                    // the buffer's items are aligned `$t`s; the buffer (held by `b`) stays
+                    // valid while we read. A volatile read of each item once: the array is
+                    // the caller's and, under the documented rule that it is not changed
+                    // during the call, nothing else writes it while we hold the GIL.
+                    let v = unsafe { std::ptr::read_volatile(base.add(i)) };
                     #[allow(unused_comparisons)]
                     if v < 0 {
                         return Err(errors::invalid(format!(
                             "a negative value ({v}) in an address, length or index array"
                         )));
                     }
-                    out.push(v as u64);
-                }
-                return Ok(Some((shape, out)));
+                    Ok(v as u64)
+                });
+                return f(&shape, &mut values).map(Some);
             }
         };
     }
@@ -48,12 +55,15 @@ fn int_array(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Vec<usize>, Vec<u64>)>>
 
 /// Indices: a list of ints or a 1-D integer numpy array.
 pub(crate) fn indices(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-    if let Some((shape, v)) = int_array(obj)? {
+    let found = with_int_array(obj, |shape, values| {
         if shape.len() != 1 {
             return Err(errors::invalid(format!(
                 "an index array must be 1-D; this one has shape {shape:?}"
             )));
         }
+        values.collect()
+    })?;
+    if let Some(v) = found {
         return Ok(v);
     }
     obj.try_iter()
@@ -75,15 +85,49 @@ fn entry(cols: &[u64]) -> PyResult<BlockDesc> {
     }
 }
 
-/// Entries: an Nx2, Nx3 or Nx5 integer numpy array, or a sequence of such tuples.
-pub(crate) fn entries(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockDesc>> {
-    if let Some((shape, v)) = int_array(obj)? {
-        let [_, width] = shape[..] else {
+/// Entries: an Nx2, Nx3 or Nx5 integer numpy array, or a sequence of such tuples. With
+/// `fold`, rows of an array that continue a run (the same length, a constant step of at
+/// least that length) become one strided entry as they are read: a million contiguous
+/// blocks are one entry, not 32 MB of them. The engine folds such rows into one segment
+/// anyway, so the prepared list is the same; but a run may cross from one registration
+/// into the next, which the engine refuses for one entry, so a caller retries a refused
+/// folded list unfolded ([`prepare_entries`]).
+pub(crate) fn entries(obj: &Bound<'_, PyAny>, fold: bool) -> PyResult<Vec<BlockDesc>> {
+    let found = with_int_array(obj, |shape, values| {
+        let [rows, width @ (2 | 3 | 5)] = shape[..] else {
             return Err(errors::invalid(format!(
-                "an entry array is 2-D (N x 2, 3 or 5); this one has shape {shape:?}"
+                "an entry array is N x 2, 3 or 5 (an entry has 2, 3 or 5 fields); this one has shape {shape:?}"
             )));
         };
-        return v.chunks(width.max(1)).map(entry).collect();
+        let mut out: Vec<BlockDesc> = if fold {
+            Vec::new()
+        } else {
+            Vec::with_capacity(rows)
+        };
+        let mut row = [0u64; 5];
+        for _ in 0..rows {
+            for col in row.iter_mut().take(width) {
+                *col = values.next().unwrap_or_else(|| {
+                    Err(errors::invalid(
+                        "the array holds fewer values than its shape says",
+                    ))
+                })?;
+            }
+            let d = entry(&row[..width])?;
+            match out.last_mut() {
+                Some(run) if fold && continues(run, &d) => {
+                    if run.count == 1 {
+                        run.stride = d.addr - run.addr;
+                    }
+                    run.count += 1;
+                }
+                _ => out.push(d),
+            }
+        }
+        Ok(out)
+    })?;
+    if let Some(v) = found {
+        return Ok(v);
     }
     let it = obj.try_iter().map_err(|_| {
         errors::invalid("entries are a list of tuples or an N x 3 / N x 5 integer numpy array")
@@ -101,6 +145,42 @@ pub(crate) fn entries(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockDesc>> {
         out.push(entry(&cols)?);
     }
     Ok(out)
+}
+
+/// True when the single block `d` extends `run` by one step (the first two blocks fix it:
+/// at least the block's length, so folded blocks never overlap).
+fn continues(run: &BlockDesc, d: &BlockDesc) -> bool {
+    if d.count != 1 || d.len != run.len || d.len == 0 || d.addr <= run.addr {
+        return false;
+    }
+    if run.count == 1 {
+        return d.addr - run.addr >= run.len as u64;
+    }
+    run.count
+        .checked_mul(run.stride)
+        .and_then(|span| run.addr.checked_add(span))
+        == Some(d.addr)
+}
+
+/// Prepares `obj`'s entries with `prepare`: folded first, and when the engine refuses an
+/// entry of that (a run crossing from one registration into the next), unfolded, so that a
+/// list is refused only as given and its error names the entry as the caller wrote it.
+pub(crate) fn prepare_entries<T>(
+    obj: &Bound<'_, PyAny>,
+    mut prepare: impl FnMut(&[BlockDesc]) -> PyResult<Result<T, EngineError>>,
+) -> PyResult<T> {
+    let folded = entries(obj, true)?;
+    match prepare(&folded)? {
+        Ok(t) => Ok(t),
+        Err(
+            EngineError::NotRegistered { .. }
+            | EngineError::Straddles { .. }
+            | EngineError::InvalidArgument(_),
+        ) if folded.iter().any(|d| d.count > 1) => {
+            prepare(&entries(obj, false)?)?.map_err(errors::engine)
+        }
+        Err(e) => Err(errors::engine(e)),
+    }
 }
 
 /// A prepared descriptor list: made by ``Engine.prepare_local`` or

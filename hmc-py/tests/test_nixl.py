@@ -164,12 +164,14 @@ def test_storage_backends_are_refused_by_name(agent, backend):
 def test_calls_not_carried_raise_not_implemented_naming_them(agent):
     m = np.zeros(4096, np.uint8)
     agent.register_memory([(m.ctypes.data, m.nbytes, 0, "")], "DRAM")
-    # VRAM is carried (test_device.py); without a CUDA driver it is refused naming it.
-    with pytest.raises(Exception, match="libcuda"):
+    # VRAM is carried (test_device.py); without a CUDA driver it is refused naming it, as a
+    # local backend failure (NIXL's class for it), not as a peer gone.
+    with pytest.raises(nb.nixlBackendError, match="libcuda"):
         agent.register_memory([(m.ctypes.data, 16, 0, "")], "VRAM")
-    for cls in (nb.nixlAgent, nb.nixlAgentConfig):
-        with pytest.raises(NotImplementedError, match=cls.__name__):
-            cls("x")
+    # NIXL's agent core is the record nixl_agent builds; its C++ calls are not carried.
+    core = nb.nixlAgent("x", nb.nixlAgentConfig())
+    with pytest.raises(NotImplementedError, match="nixlAgent.createBackend"):
+        core.createBackend("UCX", {})
     for call, args in [("prep_mem_view", (None,)), ("send_local_metadata", ()),
                        ("fetch_remote_metadata", ("x",)), ("invalidate_local_metadata", ()),
                        ("send_partial_agent_metadata", (None,))]:

@@ -217,3 +217,38 @@ def test_a_long_context_request_of_1_3_million_descriptors(peer_factory):
     assert (region.reshape(n, block) == want[perm]).all()
     assert x.telemetry()["requested_descs"] == n
     e.finalize()
+
+
+def test_folded_array_entries_cross_registrations_and_index_as_given(pair):
+    """An N x 3 array's contiguous rows are read as strided runs (one entry for a million
+    blocks); a run that crosses from one registration into the next (two registrations
+    side by side in one buffer) is prepared row by row instead, and every index still
+    names the row the caller wrote."""
+    a, b = pair
+    block, blocks = 256, 64
+    src = np.arange(blocks * block, dtype=np.uint32).view(np.uint8)[: blocks * block].copy()
+    dst = np.zeros_like(src)
+    half = blocks * block // 2
+    # Two registrations of one buffer, back to back: contiguous blocks run across them.
+    b.register_mem(src[:half])
+    b.register_mem(src[half:])
+    a.register_mem(dst)
+    peer = a.add_remote(b.local_metadata())
+    rows = block_table([src.ctypes.data], blocks, block)
+    ours = block_table([dst.ctypes.data], blocks, block)
+    remote = a.prepare_remote(peer, rows)
+    local = a.prepare_local(ours)
+    assert len(remote) == len(local) == blocks
+    idx = np.array([0, blocks // 2 - 1, blocks // 2, blocks - 1, 7], dtype=np.int64)
+    x = a.make_transfer(hmc.TransferOp.READ, local, idx, remote, idx)
+    x.post()
+    assert x.wait(5000) == hmc.TransferStatus.COMPLETED
+    for i in idx:
+        s = slice(int(i) * block, (int(i) + 1) * block)
+        assert (dst[s] == src[s]).all(), i
+    assert dst[block : 2 * block].sum() == 0  # block 1 was not asked for
+    # A row outside every registration is refused as the row it is.
+    bad = rows.copy()
+    bad[3, 0] = 16
+    with pytest.raises(hmc.NotRegisteredError, match="0x10"):
+        a.prepare_remote(peer, bad)

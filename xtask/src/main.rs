@@ -11,6 +11,7 @@ mod python;
 mod report;
 mod scaffold;
 mod tidy;
+mod upstream;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};

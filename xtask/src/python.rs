@@ -84,6 +84,11 @@ fn build_wheel(venv_py: &Path, python: &Path, release: bool) -> Result<PathBuf> 
 /// installs it into the environment of `python`.
 fn install_wheel(venv_py: &Path, python: &Path, release: bool) -> Result {
     let wheel = build_wheel(venv_py, python, release)?;
+    install_built(python, &wheel)
+}
+
+/// Installs the built `wheel` into the environment of `python` (in place of any hmc).
+pub(crate) fn install_built(python: &Path, wheel: &Path) -> Result {
     run(Command::new(python)
         .args([
             "-m",
@@ -93,16 +98,18 @@ fn install_wheel(venv_py: &Path, python: &Path, release: bool) -> Result {
             "--force-reinstall",
             "--no-deps",
         ])
-        .arg(&wheel))
+        .arg(wheel))
 }
 
-/// Builds the wheel into `target/py-venv` and runs the pytest suite (hmc-py/tests). With
+/// Builds the wheel into `target/py-venv` and runs the pytest suite (hmc-py/tests), then
+/// the peers' own suites against the work-alikes ([`crate::upstream`]). With
 /// `long`, the NIXL and Mooncake comparisons also run the real NIXL 1.5.1 and Mooncake
 /// 0.3.13 (`target/nixl-venv`, `target/mooncake-venv`, made on first use) through
 /// `HMC_NIXL_PYTHON` and `HMC_MOONCAKE_PYTHON`.
 pub fn test(long: bool) -> Result {
     let py = venv()?;
-    install_wheel(&py, &py, false)?;
+    let wheel = build_wheel(&py, &py, false)?;
+    install_built(&py, &wheel)?;
     let mut cmd = Command::new(&py);
     cmd.current_dir(root().join("hmc-py"))
         .args(["-m", "pytest", "-q", "tests"]);
@@ -120,7 +127,9 @@ pub fn test(long: bool) -> Result {
             Err(why) => eprintln!("xtask: the Mooncake comparisons run without Mooncake: {why}"),
         }
     }
-    run(&mut cmd)
+    run(&mut cmd)?;
+    // The peers' own suites, where their source is found (skipped, saying so, elsewhere).
+    crate::upstream::nixl(&wheel, long)
 }
 
 /// `cargo xtask test --long`: `pip install './hmc-py[test]'`, as the README tells a user,

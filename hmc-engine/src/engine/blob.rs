@@ -22,10 +22,7 @@ const MAGIC: [u8; 4] = *b"HMCM";
 const MAC_CONTEXT: &str = "hmc-engine metadata blob v2";
 
 fn bad_blob(why: impl std::fmt::Display) -> EngineError {
-    EngineError::Metadata {
-        peer: "a metadata blob".into(),
-        why: why.to_string(),
-    }
+    EngineError::BadMetadata(why.to_string())
 }
 
 impl<C: Communicator> Engine<C> {
@@ -183,11 +180,8 @@ impl<C: Communicator> Engine<C> {
 
     /// Adds the regions of a partial blob to the connected peer `key`.
     fn add_regions(&self, key: &str, info: &EngineInfo) -> Result<()> {
-        let peer = self.peer(key).map_err(|_| {
-            bad_blob(format!(
-                "it is partial, and `{key}` was removed while it was added: add it again"
-            ))
-        })?;
+        // A partial blob adds regions to a connected peer; removed meanwhile, it is not.
+        let peer = self.peer(key)?;
         if info.instance != peer.instance {
             return Err(EngineError::Metadata {
                 peer: key.to_string(),

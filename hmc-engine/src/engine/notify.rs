@@ -36,6 +36,19 @@ impl<C: Communicator> Engine<C> {
         failed: Option<String>,
         timeout: Duration,
     ) -> Result<()> {
+        // The receiver bounds the same sum with its own `max_notify_len`; refusing here
+        // first names the limit as the caller's (a bad argument, not a failed peer).
+        let len =
+            msg.len() + name.len() + self.inner.name.len() + failed.as_ref().map_or(0, String::len);
+        let max = self.inner.shared.config.max_notify_len;
+        if len > max {
+            return Err(EngineError::Limit {
+                limit: "max_notify_len",
+                value: len as u64,
+                max: max as u64,
+                hint: "send a shorter notification (name, message and sender), or raise max_notify_len at both engines",
+            });
+        }
         let n = NotifyMsg {
             from: self.inner.name.clone(),
             name: name.to_string(),
@@ -47,9 +60,17 @@ impl<C: Communicator> Engine<C> {
             timeout: Some(deadline.remaining().max(Duration::from_millis(1))),
             ..CallOptions::default()
         };
-        let failed = |e: hmc_rpc::CallError| EngineError::Metadata {
-            peer: peer.name.clone(),
-            why: e.to_string(),
+        // A lost connection is the peer gone (callers drop it); any other failure is its
+        // metadata service's answer.
+        let failed = |e: hmc_rpc::CallError| match e {
+            hmc_rpc::CallError::ConnectionLost(why) => EngineError::PeerGone {
+                peer: peer.name.clone(),
+                why,
+            },
+            e => EngineError::Metadata {
+                peer: peer.name.clone(),
+                why: e.to_string(),
+            },
         };
         match peer
             .rpc

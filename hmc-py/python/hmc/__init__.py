@@ -25,12 +25,15 @@ Example::
 
 from . import kv, rpc
 from ._errors import (
+    BackendUnavailableError,
     CancelledError,
     HmcError,
     InvalidArgumentError,
     LimitError,
+    MismatchError,
     NotConnectedError,
     NotRegisteredError,
+    PeerGoneError,
     RpcError,
     StateError,
     TimeoutError,
@@ -67,6 +70,9 @@ __all__ = [
     "InvalidArgumentError",
     "NotRegisteredError",
     "NotConnectedError",
+    "PeerGoneError",
+    "BackendUnavailableError",
+    "MismatchError",
     "UnavailableError",
     "StateError",
     "LimitError",

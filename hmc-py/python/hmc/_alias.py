@@ -21,6 +21,8 @@ def _real(name: str) -> str | None:
         m = sys.modules[name]
         return None if getattr(m, "__hmc_alias__", False) else getattr(m, "__file__", "(imported)")
     for finder in sys.meta_path:
+        if getattr(finder, "__hmc_alias__", False):
+            continue  # the start-up hook's lazy finder (_hmc_alias) finds ours, not a real one
         find = getattr(finder, "find_spec", None)
         if find is None:
             continue

@@ -13,6 +13,9 @@ __all__ = [
     "NotRegisteredError",
     "NotConnectedError",
     "UnavailableError",
+    "PeerGoneError",
+    "BackendUnavailableError",
+    "MismatchError",
     "StateError",
     "LimitError",
     "UnknownKeyError",
@@ -48,6 +51,23 @@ class NotConnectedError(HmcError, builtins.ConnectionError):
 class UnavailableError(HmcError, builtins.ConnectionError):
     """The peer or a library could not be reached: nobody listens at the address, the
     connection was lost, or the peer's metadata service failed."""
+
+
+class PeerGoneError(UnavailableError):
+    """The peer went away: its connection was lost, nobody listens at its address any more,
+    or it left the cluster. Drop it (and what was in flight with it); connect again once it
+    is back."""
+
+
+class BackendUnavailableError(UnavailableError):
+    """A library or device this process needs is missing here (a vendor driver, a NIC): a
+    local problem, not the peer's. The message names it and how to install it."""
+
+
+class MismatchError(UnavailableError):
+    """Bytes given as a peer's metadata are not usable by this engine: truncated, of
+    another kind or version, or signed with another secret. Nothing was added. (An
+    :class:`UnavailableError`, as such failures were before this class existed.)"""
 
 
 class StateError(HmcError, builtins.RuntimeError):

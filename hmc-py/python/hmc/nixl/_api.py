@@ -43,6 +43,17 @@ _MAGIC = b"HMCNIXL1"
 _TRANSPORTS = {"UCX": "auto", "auto": "auto", "tcp": "tcp", "shm": "shm", "ucx": "ucx", "rdma": "rdma"}
 # NIXL backends for storage and other fabrics that hmc does not carry.
 _STORAGE = ("POSIX", "GDS", "GDS_MT", "OBJ", "HF3FS", "AZURE_BLOB", "GUSLI", "LIBFABRIC", "UCCL", "MOONCAKE", "GPUNETIO")
+# The engine's transport (its capabilities' name) as the `transport` option names it.
+_TRANSPORT_NAMES = {
+    "Tcp": "tcp", "Ucx": "ucx", "Rdma": "rdma", "Shm": "shm",
+    "LocalFirst": "auto (shared memory to this host, tcp to others)",
+}
+# check_xfer_state: polls of one handle closer than this are a caller spinning on it ...
+_SPIN_GAP_NS = 50_000
+# ... which then waits for the transfer's end for at most this long per poll.
+_SPIN_WAIT_MS = 1
+# NIXL's operation codes as hmc's.
+_OPS = {nixlBind.NIXL_READ: hmc.TransferOp.READ, nixlBind.NIXL_WRITE: hmc.TransferOp.WRITE}
 # How many completed posts per remote agent estimate_xfer_cost fits its line to.
 _COST_SAMPLES = 32
 # How long a call that needs the peer may wait (its metadata, a notification).
@@ -58,24 +69,29 @@ def _name(agent) -> str:
     return agent.decode() if isinstance(agent, (bytes, bytearray)) else str(agent)
 
 
+# hmc's error classes as NIXL's, first match wins (subclasses before their bases). A peer
+# that could not be reached, or whose metadata service failed, is NIXL's remote disconnect
+# (stacks drop such a peer); anything else unnamed is a backend error.
+_ERROR_CLASSES = (
+    (hmc.MismatchError, nixlBind.nixlMismatchError),
+    (hmc.PeerGoneError, nixlBind.nixlRemoteDisconnectError),
+    (hmc.BackendUnavailableError, nixlBind.nixlBackendError),
+    (hmc.NotRegisteredError, nixlBind.nixlNotFoundError),
+    (hmc.InvalidArgumentError, nixlBind.nixlInvalidParamError),
+    (hmc.LimitError, nixlBind.nixlInvalidParamError),
+    (hmc.NotConnectedError, nixlBind.nixlNotFoundError),
+    (hmc.UnavailableError, nixlBind.nixlRemoteDisconnectError),
+    (hmc.CancelledError, nixlBind.nixlCancelledError),
+    (hmc.StateError, nixlBind.nixlNotAllowedError),
+    (hmc.UnsupportedError, nixlBind.nixlNotSupportedError),
+)
+
+
 def _nixl_error(e: BaseException) -> BaseException:
     """The NIXL exception for an hmc error (its message kept)."""
     msg = f"{type(e).__name__}: {e}"
-    if isinstance(e, hmc.NotRegisteredError):
-        return nixlBind.nixlNotFoundError(msg)
-    if isinstance(e, (hmc.InvalidArgumentError, hmc.LimitError)):
-        return nixlBind.nixlInvalidParamError(msg)
-    if isinstance(e, hmc.NotConnectedError):
-        return nixlBind.nixlNotFoundError(msg)
-    if isinstance(e, hmc.UnavailableError):
-        return nixlBind.nixlRemoteDisconnectError(msg)
-    if isinstance(e, hmc.CancelledError):
-        return nixlBind.nixlCancelledError(msg)
-    if isinstance(e, hmc.StateError):
-        return nixlBind.nixlNotAllowedError(msg)
-    if isinstance(e, hmc.UnsupportedError):
-        return nixlBind.nixlNotSupportedError(msg)
-    return nixlBind.nixlBackendError(msg)
+    cls = next((theirs for ours, theirs in _ERROR_CLASSES if isinstance(e, ours)), nixlBind.nixlBackendError)
+    return cls(msg)
 
 
 class nixl_prepped_dlist_handle:
@@ -93,6 +109,12 @@ class nixl_prepped_dlist_handle:
         return f"nixl_prepped_dlist_handle({self._remote or 'local'}, released={self._released})"
 
     def release(self):
+        if self._released:
+            # NIXL accepts a second release of a freed handle (undefined behaviour in its
+            # C++); here it is a clear error, so the caller's bookkeeping bug shows.
+            raise nixlBind.nixlInvalidParamError(
+                "NIXL_ERR_INVALID_PARAM: this prepared list was released already"
+            )
         self._released = True
         self._list = None
 
@@ -105,7 +127,8 @@ class nixl_prepped_dlist_handle:
 class nixl_xfer_handle:
     """A transfer request (``make_prepped_xfer``, ``initialize_xfer``)."""
 
-    __slots__ = ("_agent", "_xfer", "_make", "_notif", "_post_us", "_posted", "_sampled", "_released", "_remote")
+    __slots__ = ("_agent", "_xfer", "_make", "_notif", "_post_us", "_posted", "_sampled", "_released", "_remote",
+                 "_count", "_polled_ns", "_post_at_us", "_done_at_us")
 
     def __init__(self, agent, make, notif: bytes, remote: str):
         self._agent = agent
@@ -114,9 +137,13 @@ class nixl_xfer_handle:
         self._remote = remote
         self._xfer = make(notif)
         self._post_us = 0
+        self._post_at_us = 0  # wall clock (µs since the epoch) when the last post began
+        self._done_at_us = 0  # ... and when check_xfer_state first saw it done
         self._posted = False
         self._sampled = True  # nothing to learn from until a post completes
         self._released = False
+        self._count = 0  # descriptors as the caller gave them (telemetry's descCount)
+        self._polled_ns = 0  # when check_xfer_state last found it in progress
 
     def __repr__(self) -> str:
         return f"nixl_xfer_handle(released={self._released})"
@@ -197,6 +224,19 @@ class nixl_agent:
             instantiate_all = False
             logger.warning("Ignoring instantiate_all based on the provided config in agent creation.")
         conf = nixl_conf or nixl_agent_config()
+        default_sync = (
+            nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT if conf.enable_listen
+            else nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE
+        )
+        # NIXL's agent core from NIXL's config record: it refuses an empty name and decides
+        # telemetry (NIXL_TELEMETRY_ENABLE over capture_telemetry).
+        core_conf = nixlBind.nixlAgentConfig()
+        core_conf.useProgThread = conf.enable_pthread
+        core_conf.useListenThread = conf.enable_listen
+        core_conf.listenPort = conf.port
+        core_conf.syncMode = (conf.sync_mode or default_sync).value
+        core_conf.captureTelemetry = conf.capture_telemetry
+        self.agent = nixlBind.nixlAgent(agent_name, core_conf)
         self.name = agent_name
         self._conf = conf
         self._lock = threading.RLock()
@@ -213,7 +253,7 @@ class nixl_agent:
         self.backends: dict[str, int] = {}
         self.backend_mems: dict[str, list[str]] = {}
         self.backend_options: dict[str, dict[str, str]] = {}
-        self.plugin_list = list(_TRANSPORTS)
+        self.plugin_list = list(self.agent.getAvailPlugins())
         self.nixl_mems = {
             "DRAM": nixlBind.DRAM_SEG,
             "VRAM": nixlBind.VRAM_SEG,
@@ -257,18 +297,31 @@ class nixl_agent:
         return list(self.plugin_list)
 
     def get_plugin_mem_types(self, backend: str) -> list[str]:
-        self._check_backend_name(backend)
-        return ["DRAM"]
+        """The memory types of plugin ``backend``; empty (and a warning) for a name that
+        is not a plugin here, as NIXL's."""
+        if backend not in self.plugin_list:
+            logger.warning("Plugin %s is not available to get its supported mem types.", backend)
+            return []
+        return ["DRAM", "VRAM"]
 
     def get_plugin_params(self, backend: str) -> dict[str, str]:
-        self._check_backend_name(backend)
+        """The initialization parameters of plugin ``backend`` (none: hmc's options come
+        from ``HMC_CONFIG``); empty (and a warning) for a name that is not a plugin here."""
+        if backend not in self.plugin_list:
+            logger.warning("Plugin %s is not available to get its parameters.", backend)
         return {}
 
     def get_backend_mem_types(self, backend: str) -> list[str]:
-        return self.backend_mems[self._created(backend)]
+        if backend not in self.backend_mems:
+            logger.warning("Backend %s not instantiated to get its supported mem types.", backend)
+            return []
+        return self.backend_mems[backend]
 
     def get_backend_params(self, backend: str) -> dict[str, str]:
-        return self.backend_options[self._created(backend)]
+        if backend not in self.backend_options:
+            logger.warning("Backend %s not instantiated to get its parameters.", backend)
+            return {}
+        return self.backend_options[backend]
 
     def create_backend(self, backend: str, initParams: dict[str, str] = {}):  # noqa: B006, N803
         """Creates ``backend``: the first one chooses the agent's transport; a later one of
@@ -297,9 +350,13 @@ class nixl_agent:
                     f"transport, so `{backend}` needs an agent of its own"
                 )
             self.backends[backend] = len(self.backends) + 1
-            self.backend_mems[backend] = ["DRAM"]
+            self.backend_mems[backend] = ["DRAM", "VRAM"]
             self.backend_options[backend] = dict(initParams)
-            logger.info("Backend %s was instantiated (hmc transport %s)", backend, want)
+            # The transport the engine runs (HMC_CONFIG's `transport` may have chosen it),
+            # not the choice NIXL's name asked for.
+            kind = self._engine.capabilities()["transport"]
+            in_use = _TRANSPORT_NAMES.get(kind, kind)
+            logger.info("Backend %s was instantiated (hmc transport %s)", backend, in_use)
 
     def _check_backend_name(self, backend: str):
         if backend in _STORAGE:
@@ -311,11 +368,6 @@ class nixl_agent:
             raise nixlBind.nixlNotFoundError(
                 f"no backend `{backend}`; hmc.nixl has " + ", ".join(self.plugin_list)
             )
-
-    def _created(self, backend: str) -> str:
-        if backend not in self.backends:
-            raise KeyError(backend)
-        return backend
 
     def _e(self) -> hmc.Engine:
         if self._engine is None:
@@ -461,7 +513,8 @@ class nixl_agent:
     ) -> nixl_xfer_handle:
         """A transfer of the indexed entries of two prepared lists; ``notif_msg`` (when not
         empty) reaches the remote agent once the bytes are there."""
-        op = {"READ": hmc.TransferOp.READ, "WRITE": hmc.TransferOp.WRITE}[operation]
+        # An unknown operation is a KeyError before anything else, as NIXL's.
+        op = _OPS[self.nixl_ops[operation]]
         local, remote = local_xfer_side._live(), remote_xfer_side._live()
         if local_xfer_side._remote is not None or remote_xfer_side._remote is None:
             raise nixlBind.nixlInvalidParamError(
@@ -479,7 +532,9 @@ class nixl_agent:
             except hmc.HmcError as err:
                 raise _nixl_error(err) from err
 
-        return nixl_xfer_handle(self, make, _bytes(notif_msg), remote_xfer_side._remote)
+        handle = nixl_xfer_handle(self, make, _bytes(notif_msg), remote_xfer_side._remote)
+        handle._count = len(li)
+        return handle
 
     def initialize_xfer(
         self,
@@ -491,6 +546,7 @@ class nixl_agent:
         backends: list[str] = [],  # noqa: B006
     ) -> nixl_xfer_handle:
         """A transfer of two descriptor lists, prepared for it."""
+        self.nixl_ops[operation]  # an unknown operation is a KeyError first, as NIXL's
         lh = self.prep_xfer_dlist("NIXL_INIT_AGENT", local_descs)
         rh = self.prep_xfer_dlist(remote_agent, remote_descs)
         n = len(lh._list)
@@ -511,6 +567,7 @@ class nixl_agent:
             handle._xfer, handle._notif = handle._make(msg), msg
             x = handle._xfer
         t0 = time.perf_counter()
+        handle._post_at_us, handle._done_at_us = int(time.time() * 1e6), 0
         try:
             x.post()
         except hmc.StateError as err:
@@ -528,46 +585,66 @@ class nixl_agent:
         s = x.status()
         if s == hmc.TransferStatus.COMPLETED:
             if not handle._sampled:
+                handle._done_at_us = int(time.time() * 1e6)
                 handle._sampled = True
-                self._learn_cost(handle._remote, x.telemetry())
+                t = x.telemetry()
+                if t is not None:
+                    # What get_xfer_telemetry reports as the transfer's time.
+                    self._learn_cost(handle._remote, int(t["bytes"]), handle._done_at_us - handle._post_at_us)
             return "DONE"
         if s == hmc.TransferStatus.WAITING:
-            # NIXL's callers poll in a loop: give the CPU to the copy threads between polls
-            # (on a host with fewer cores than threads, a spinning poller slows the copy).
-            os.sched_yield()
-            return "PROC"
+            # NIXL's check_xfer_state drives the transfer (UCX progress runs in the calling
+            # thread); here the engine's threads move the bytes, and a caller spinning on
+            # the handle takes the CPU they need. A poll that follows the last one of this
+            # handle closely is such a spin: it waits for the completion instead, with the
+            # GIL released, for at most _SPIN_WAIT_MS (it returns as soon as the transfer
+            # ends). A loop that polls many handles once per step never waits here.
+            now = time.perf_counter_ns()
+            spinning = now - handle._polled_ns < _SPIN_GAP_NS
+            handle._polled_ns = now
+            if not spinning:
+                return "PROC"
+            s = x.wait(_SPIN_WAIT_MS)
+            if s == hmc.TransferStatus.WAITING:
+                return "PROC"
+            return self.check_xfer_state(handle)
         err = x.error()
-        if isinstance(err, hmc.UnavailableError) and "gone" in str(err).lower():
+        if isinstance(err, hmc.PeerGoneError) or (isinstance(err, hmc.UnavailableError) and "gone" in str(err).lower()):
             raise nixlBind.nixlRemoteDisconnectError(f"NIXL_ERR_REMOTE_DISCONNECT: {err}")
         logger.error("transfer failed: %s", err)
         return "ERR"
 
     def get_xfer_telemetry(self, handle: nixl_xfer_handle) -> nixlBind.nixlXferTelemetry:
-        if not self._conf.capture_telemetry:
+        if not self.agent.telemetry:
             raise nixlBind.nixlNoTelemetryError(
-                "NIXL_ERR_NO_TELEMETRY: create the agent with nixl_agent_config(capture_telemetry=True)"
+                "NIXL_ERR_NO_TELEMETRY: create the agent with nixl_agent_config(capture_telemetry=True) "
+                "or set NIXL_TELEMETRY_ENABLE=y (NIXL_TELEMETRY_ENABLE=n turns it off over the config)"
             )
         t = handle._live().telemetry()
         if t is None:
             raise nixlBind.nixlNotPostedError("NIXL_ERR_NOT_POSTED: the transfer has not ended a post yet")
+        # NIXL's times run from the start of the post call to the status call that saw
+        # the transfer done (so the transfer's time covers the post's).
+        start = handle._post_at_us or int(t["posted_at"] * 1e6)
+        seen = handle._done_at_us or int(t["posted_at"] * 1e6) + int(t["duration_us"])
         return nixlBind.nixlXferTelemetry(
-            startTime=int(t["posted_at"] * 1e6),
+            startTime=start,
             postDuration=handle._post_us,
-            xferDuration=t["duration_us"],
+            xferDuration=seen - start,
             totalBytes=t["bytes"],
-            descCount=t["descs"],
+            # The request's descriptors as given, as NIXL counts them (the engine's count
+            # is after merging adjacent ones).
+            descCount=handle._count,
         )
 
     def query_xfer_backend(self, handle: nixl_xfer_handle) -> str:
         handle._live()
         return next(iter(self.backends))
 
-    def _learn_cost(self, remote: str, t) -> None:
-        if t is None:
-            return
+    def _learn_cost(self, remote: str, nbytes: int, us: int) -> None:
         with self._lock:
             seen = self._costs.setdefault(remote, [])
-            seen.append((int(t["bytes"]), int(t["duration_us"])))
+            seen.append((nbytes, us))
             del seen[:-_COST_SAMPLES]
 
     def estimate_xfer_cost(self, req_handle: nixl_xfer_handle) -> tuple[int, int, str]:
@@ -667,9 +744,18 @@ class nixl_agent:
                 "NIXL_ERR_MISMATCH: not an hmc.nixl agent's metadata (an hmc agent talks to hmc "
                 "agents only, not to NIXL processes)"
             )
-        (n,) = struct.unpack(">H", metadata[len(_MAGIC) : len(_MAGIC) + 2])
         at = len(_MAGIC) + 2
-        name, blob = metadata[at : at + n].decode(), metadata[at + n :]
+        (n,) = struct.unpack(">H", metadata[len(_MAGIC) : at]) if len(metadata) >= at else (1 << 16,)
+        if len(metadata) < at + n:
+            raise nixlBind.nixlMismatchError(
+                f"NIXL_ERR_MISMATCH: the metadata is truncated ({len(metadata)} bytes): pass the "
+                "whole of the peer's get_agent_metadata()"
+            )
+        try:
+            name = metadata[at : at + n].decode()
+        except UnicodeDecodeError:
+            raise nixlBind.nixlMismatchError("NIXL_ERR_MISMATCH: the metadata's agent name is not UTF-8") from None
+        blob = metadata[at + n :]
         try:
             addr = self._e().add_remote(blob, _TIMEOUT_MS)
         except hmc.HmcError as err:
