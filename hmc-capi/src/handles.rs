@@ -57,6 +57,8 @@ fn kind_of(id: u64) -> &'static str {
         7 => "an RPC call",
         8 => "a byte buffer",
         9 => "an RPC pending call",
+        10 => "a KV service",
+        11 => "a KV cache",
         _ => "no handle this library made",
     }
 }

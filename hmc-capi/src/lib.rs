@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub mod engine;
 pub mod error;
 mod handles;
+pub mod kv;
 pub mod request;
 mod request_table;
 pub mod rpc;

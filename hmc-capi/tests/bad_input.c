@@ -283,6 +283,47 @@ int main(void) {
     EXPECT(s == HMC_OK ? HMC_OK : HMC_ERR_INVALID_ARGUMENT, HMC_ERR_INVALID_ARGUMENT,
            "metadata blob");
 
+    /* KV: unknown role and dtype, a NULL shape, a cache of another service, a double
+     * deallocation, a pull from a cluster not linked. */
+    hmc_datadist *dd = NULL, *dd2 = NULL;
+    EXPECT(hmc_datadist_new(a, 1, 9, &dd), HMC_ERR_INVALID_ARGUMENT, "role");
+    EXPECT(hmc_datadist_new(a, 1, HMC_ROLE_DECODER, &dd), HMC_OK, NULL);
+    EXPECT(hmc_datadist_new(b, 2, HMC_ROLE_PROMPT, &dd2), HMC_OK, NULL);
+    const uint64_t shape[2] = {4, 256};
+    hmc_cache_desc cd = HMC_CACHE_DESC_INIT;
+    cd.num_tensors = 2;
+    cd.num_dims = 2;
+    cd.dtype = 99;
+    cd.shape = shape;
+    hmc_kv_cache *kc = NULL, *kc2 = NULL;
+    EXPECT(hmc_datadist_allocate_cache(dd, &cd, NULL, 0, NULL, &kc), HMC_ERR_INVALID_ARGUMENT,
+           "dtype");
+    cd.dtype = HMC_DTYPE_U8;
+    cd.shape = NULL;
+    EXPECT(hmc_datadist_allocate_cache(dd, &cd, NULL, 0, NULL, &kc), HMC_ERR_INVALID_ARGUMENT,
+           "shape");
+    cd.shape = shape;
+    cd.num_dims = 1000;
+    EXPECT(hmc_datadist_allocate_cache(dd, &cd, NULL, 0, NULL, &kc), HMC_ERR_LIMIT,
+           "dimensions");
+    cd.num_dims = 2;
+    EXPECT(hmc_datadist_allocate_cache(dd, &cd, NULL, 0, NULL, &kc), HMC_OK, NULL);
+    EXPECT(hmc_datadist_allocate_cache(dd2, &cd, NULL, 0, NULL, &kc2), HMC_OK, NULL);
+    hmc_cache_key key = {2, 1, 1, 0};
+    EXPECT(hmc_datadist_pull_cache(dd, &key, kc, 1000), HMC_ERR_NOT_CONNECTED,
+           "link_clusters first");
+    EXPECT(hmc_datadist_pull_cache(dd, &key, kc2, 1000), HMC_ERR_INVALID_ARGUMENT,
+           "belongs to");
+    EXPECT(hmc_datadist_pull_cache(dd, NULL, kc, 1000), HMC_ERR_INVALID_ARGUMENT, "src");
+    uint64_t blk[1] = {9};
+    EXPECT(hmc_datadist_copy_blocks(dd, kc, blk, blk, 1), HMC_ERR_INVALID_ARGUMENT, NULL);
+    EXPECT(hmc_datadist_deallocate_cache(dd, kc), HMC_OK, NULL);
+    EXPECT(hmc_datadist_deallocate_cache(dd, kc), HMC_ERR_INVALID_ARGUMENT,
+           "closed or released");
+    EXPECT(hmc_datadist_close(dd2), HMC_OK, NULL);
+    EXPECT(hmc_kv_cache_tensor_addrs(dd2, kc2, NULL, 0, &len), HMC_ERR_INVALID_ARGUMENT,
+           "closed or released");
+
     /* Close: handles of the engine die with it. */
     EXPECT(hmc_disconnect(a, name_b), HMC_OK, NULL);
     EXPECT(hmc_deregister_mem(b, mb), HMC_OK, NULL);
@@ -293,6 +334,10 @@ int main(void) {
     EXPECT(hmc_transfer_sync(a, name_b, HMC_WRITE, &x, 1, 1000), HMC_ERR_INVALID_ARGUMENT,
            "closed or released");
     EXPECT(hmc_engine_close(b), HMC_OK, NULL);
+    /* A service whose engine was closed. */
+    EXPECT(hmc_datadist_link(dd, 2, name_b, 1000), HMC_ERR_INVALID_ARGUMENT,
+           "closed or released");
+    EXPECT(hmc_datadist_close(dd), HMC_OK, NULL);
 
     /* RPC: NULL handlers, late registration, bad addresses, closed and wrong-kind handles,
      * a double free, pending calls of another client. */

@@ -142,6 +142,7 @@ pub fn test() -> Result {
     let gcc = bin.join("gcc");
     for transport in ["tcp", "shm"] {
         two_processes(&gcc.join("one_sided"), &[transport], transport)?;
+        two_processes(&gcc.join("kv_pull"), &[transport], transport)?;
         two_processes(
             &gcc.join("hixl_quickstart"),
             &[transport, "host"],
@@ -336,6 +337,7 @@ fn consumers(prefix: &Path, work: &Path) -> Result {
     two_processes(&build.join("one_sided"), &["tcp"], "tcp")?;
     two_processes(&build.join("hixl_quickstart"), &["tcp", "host"], "tcp")?;
     two_processes(&build.join("rpc_demo"), &["tcp"], "tcp")?;
+    two_processes(&build.join("kv_pull"), &["tcp"], "tcp")?;
 
     let pc = Command::new("pkg-config")
         .args(["--cflags", "--libs", "hmc"])

@@ -283,6 +283,107 @@ hmc_status hmc_add_remote(hmc_engine *engine, const void *blob, size_t blob_len,
                           uint32_t timeout_ms, char *name, size_t cap, size_t *name_len);
 hmc_status hmc_remove_remote(hmc_engine *engine, const char *remote_engine);
 
+/* ---- KV caches (LLM-DataDist's model) ------------------------------------------------ */
+
+typedef struct hmc_datadist hmc_datadist;  /* one cluster's KV service over an engine */
+typedef struct hmc_kv_cache hmc_kv_cache;
+
+enum { HMC_ROLE_PROMPT = 0, HMC_ROLE_DECODER = 1 };
+enum { HMC_DTYPE_FP8 = 0, HMC_DTYPE_F16 = 1, HMC_DTYPE_BF16 = 2, HMC_DTYPE_F32 = 3,
+       HMC_DTYPE_I8 = 4, HMC_DTYPE_U8 = 5, HMC_DTYPE_I32 = 6 };
+
+/* A request's whole cache at a prompt cluster. Fixed layout. */
+typedef struct hmc_cache_key {
+    uint64_t prompt_cluster_id;
+    uint64_t req_id;
+    uint64_t model_id;
+    uint64_t prefix_id;  /* 0: none */
+} hmc_cache_key;
+
+/* A paged cache's blocks at a cluster. Fixed layout. */
+typedef struct hmc_blocks_key {
+    uint64_t prompt_cluster_id;
+    uint64_t model_id;
+} hmc_blocks_key;
+
+/* A cache: num_tensors tensors (2 per layer, K and V) of one shape and dtype, each at its
+ * own address. For a blocks cache shape[0] is the block count. */
+typedef struct hmc_cache_desc {
+    size_t struct_size;     /* sizeof(hmc_cache_desc) */
+    uint32_t mem_type;      /* HMC_MEM_HOST or HMC_MEM_DEVICE */
+    uint32_t device_kind;   /* device memory: HMC_DEVICE_*; host: 0 */
+    uint32_t device_id;
+    uint32_t num_tensors;
+    uint32_t dtype;         /* HMC_DTYPE_* */
+    uint32_t num_dims;      /* dimensions in shape, 1 to 16 */
+    const uint64_t *shape;  /* read during the call */
+} hmc_cache_desc;
+#define HMC_CACHE_DESC_INIT {sizeof(hmc_cache_desc), HMC_MEM_HOST, 0, 0, 0, 0, 0, NULL}
+
+/* Which layers a blocks transfer covers (NULL: every tensor). */
+typedef struct hmc_kv_layers {
+    size_t struct_size;          /* sizeof(hmc_kv_layers) */
+    uint32_t layer_begin;
+    uint32_t layer_end;          /* one past the last */
+    uint32_t tensors_per_layer;  /* 2 for K and V */
+} hmc_kv_layers;
+#define HMC_KV_LAYERS_INIT {sizeof(hmc_kv_layers), 0, 0, 2}
+
+/* A KV service for cluster cluster_id in role HMC_ROLE_*, over engine (which must stay
+ * open while it is used). Closed with hmc_datadist_close, which deallocates its caches. */
+hmc_status hmc_datadist_new(hmc_engine *engine, uint64_t cluster_id, uint32_t role,
+                            hmc_datadist **out);
+hmc_status hmc_datadist_close(hmc_datadist *datadist);
+/* Links cluster_id, served by the engine remote_engine (connects to it). */
+hmc_status hmc_datadist_link(hmc_datadist *datadist, uint64_t cluster_id,
+                             const char *remote_engine, uint32_t timeout_ms);
+hmc_status hmc_datadist_unlink(hmc_datadist *datadist, uint64_t cluster_id);
+
+/* Allocates a host cache, registers it and publishes it under keys (num_keys of them,
+ * may be 0) and blocks_key (NULL: none). The memory is the library's until
+ * hmc_datadist_deallocate_cache; hmc_kv_cache_tensor_addrs says where it is. */
+hmc_status hmc_datadist_allocate_cache(hmc_datadist *datadist, const hmc_cache_desc *desc,
+                                       const hmc_cache_key *keys, size_t num_keys,
+                                       const hmc_blocks_key *blocks_key, hmc_kv_cache **out);
+/* Registers a cache in memory the caller owns (desc->num_tensors addresses, host or
+ * device memory), which stays allocated until hmc_datadist_deallocate_cache returns. */
+hmc_status hmc_datadist_register_cache(hmc_datadist *datadist, const hmc_cache_desc *desc,
+                                       const uint64_t *tensor_addrs, const hmc_cache_key *keys,
+                                       size_t num_keys, const hmc_blocks_key *blocks_key,
+                                       hmc_kv_cache **out);
+/* The cache's tensor addresses into addrs (cap of them); *count gets how many there are
+ * (too few: HMC_ERR_BUFFER_TOO_SMALL with *count set). */
+hmc_status hmc_kv_cache_tensor_addrs(const hmc_datadist *datadist, const hmc_kv_cache *cache,
+                                     uint64_t *addrs, size_t cap, size_t *count);
+/* Unpublishes and deregisters the cache (waiting for transfers using it), and frees it if
+ * the library allocated it. */
+hmc_status hmc_datadist_deallocate_cache(hmc_datadist *datadist, hmc_kv_cache *cache);
+
+/* The whole cache published under src at its prompt cluster (linked) into dst; both
+ * layouts must match (an error names both sides' values before a byte moves). */
+hmc_status hmc_datadist_pull_cache(hmc_datadist *datadist, const hmc_cache_key *src,
+                                   hmc_kv_cache *dst, uint32_t timeout_ms);
+/* The whole cache src into the cache published under dst at cluster dst_cluster. */
+hmc_status hmc_datadist_push_cache(hmc_datadist *datadist, hmc_kv_cache *src,
+                                   uint64_t dst_cluster, const hmc_cache_key *dst,
+                                   uint32_t timeout_ms);
+/* Blocks src_blocks[i] of the blocks cache published under src into dst_blocks[i] of dst,
+ * for the tensors of layers (NULL: all); runs of consecutive blocks become one
+ * descriptor. */
+hmc_status hmc_datadist_pull_blocks(hmc_datadist *datadist, const hmc_blocks_key *src,
+                                    hmc_kv_cache *dst, const uint64_t *src_blocks,
+                                    const uint64_t *dst_blocks, size_t num_blocks,
+                                    const hmc_kv_layers *layers, uint32_t timeout_ms);
+hmc_status hmc_datadist_push_blocks(hmc_datadist *datadist, hmc_kv_cache *src,
+                                    uint64_t dst_cluster, const hmc_blocks_key *dst,
+                                    const uint64_t *src_blocks, const uint64_t *dst_blocks,
+                                    size_t num_blocks, const hmc_kv_layers *layers,
+                                    uint32_t timeout_ms);
+/* Copies blocks within one host cache (src_blocks[i] to dst_blocks[i], every tensor). */
+hmc_status hmc_datadist_copy_blocks(hmc_datadist *datadist, hmc_kv_cache *cache,
+                                    const uint64_t *src_blocks, const uint64_t *dst_blocks,
+                                    size_t num_blocks);
+
 /* ---- RPC runtime --------------------------------------------------------------------- */
 
 typedef struct hmc_rpc_server hmc_rpc_server;
