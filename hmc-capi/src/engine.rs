@@ -234,7 +234,7 @@ pub extern "C" fn hmc_engine_close(engine: *mut HmcEngine) -> Status {
         let e = ENGINES.remove(id(engine))?;
         let me = id(engine);
         MEMS.remove_where(|m| m.engine == me);
-        crate::request_table::forget_engine(me);
+        crate::engine_tables::forget_engine(me);
         let fin = e.engine.clone();
         if tokio::runtime::Handle::try_current().is_ok() {
             runtime()?.spawn(async move { fin.finalize().await });

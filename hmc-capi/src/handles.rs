@@ -59,6 +59,8 @@ fn kind_of(id: u64) -> &'static str {
         9 => "an RPC pending call",
         10 => "a KV service",
         11 => "a KV cache",
+        12 => "a prepared list",
+        13 => "a prepared transfer",
         _ => "no handle this library made",
     }
 }

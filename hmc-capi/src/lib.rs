@@ -34,11 +34,12 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub mod engine;
+mod engine_tables;
 pub mod error;
 mod handles;
 pub mod kv;
+pub mod prepared;
 pub mod request;
-mod request_table;
 pub mod rpc;
 
 pub use error::{Error, Status};

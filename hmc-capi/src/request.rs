@@ -11,12 +11,12 @@ use hmc_engine::TransferStatus;
 use parking_lot::Mutex;
 
 use crate::engine::{HmcEngine, XferDesc, descs_arg, engine_arg, op_arg};
-use crate::error::{Error, Result, Status, engine_status, guard, guard_with};
+use crate::engine_tables::{Outcome, REQUESTS, ReqObj, outcome_of};
+use crate::error::{Result, Status, guard, guard_with};
 use crate::handles::{
     drain_completed, id, need_out, opaque, optional_arg, ptr, same_engine, sized_arg, str_arg,
     write_out,
 };
-use crate::request_table::{Outcome, REQUESTS, ReqObj};
 use crate::{block_on, runtime};
 
 opaque! {
@@ -72,31 +72,6 @@ struct UserData(*mut c_void);
 // SAFETY: the pointer is only handed back to the caller's callback, which the caller
 // documented as callable from any thread (hmc.h).
 unsafe impl Send for UserData {}
-
-/// `hmc_request_state` values (HIXL's `TransferStatus` order).
-const WAITING: u32 = 0;
-const COMPLETED: u32 = 1;
-const TIMED_OUT: u32 = 2;
-const FAILED: u32 = 3;
-
-fn outcome_of(s: &TransferStatus, duration: Duration) -> Outcome {
-    let (status, message, state) = match s {
-        TransferStatus::Waiting => (Status::Pending, String::new(), WAITING),
-        TransferStatus::Completed => (Status::Ok, String::new(), COMPLETED),
-        TransferStatus::TimedOut => (
-            Status::Deadline,
-            "the transfer's timeout passed; its memory is no longer touched".into(),
-            TIMED_OUT,
-        ),
-        TransferStatus::Failed(e) => (engine_status(e), e.to_string(), FAILED),
-    };
-    Outcome {
-        status,
-        message,
-        state,
-        duration,
-    }
-}
 
 /// The open request `r` of engine `e`.
 fn request_arg(e: *const HmcEngine, r: *const HmcRequest) -> Result<Arc<ReqObj>> {
@@ -199,20 +174,8 @@ pub unsafe extern "C" fn hmc_request_status(
             // SAFETY: non-null and writable by the caller's contract.
             unsafe { state.write(o.state) };
         }
-        ended(o)
+        o.into_result()
     })
-}
-
-/// A request's outcome as what its status and wait calls return.
-fn ended(o: Outcome) -> Result<Status> {
-    match o.state {
-        WAITING => Ok(Status::Pending),
-        COMPLETED => Ok(Status::Ok),
-        _ => Err(Error::Request {
-            status: o.status,
-            message: o.message,
-        }),
-    }
 }
 
 /// `hmc_request_wait`: see `hmc.h`.
@@ -225,7 +188,7 @@ pub extern "C" fn hmc_request_wait(
     guard_with("hmc_request_wait", || {
         let r = request_arg(engine, req)?;
         if let Some(o) = report(&r) {
-            return ended(o);
+            return o.into_result();
         }
         let wait = Duration::from_millis(u64::from(timeout_ms));
         let waited = block_on(async {
@@ -242,7 +205,7 @@ pub extern "C" fn hmc_request_wait(
             .await
         })?;
         match waited {
-            Ok(o) => ended(o),
+            Ok(o) => o.into_result(),
             Err(_) => Ok(Status::Pending),
         }
     })

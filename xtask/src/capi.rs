@@ -168,6 +168,7 @@ pub fn test() -> Result {
     }
     two_processes(&gcc.join("rpc_demo_cpp"), &["tcp"], "tcp")?;
     run_program(&mut Command::new(gcc.join("bad_input")))?;
+    run_program(&mut Command::new(gcc.join("prepared")))?;
     // The C tests again under the sanitizers (the C side instrumented; libhmc is Rust).
     let san = bin.join("sanitized");
     std::fs::create_dir_all(&san).map_err(|e| format!("{}: {e}", san.display()))?;
@@ -176,7 +177,7 @@ pub fn test() -> Result {
         "-fno-omit-frame-pointer",
         "-g",
     ];
-    for name in ["bad_input", "threads"] {
+    for name in ["bad_input", "threads", "prepared"] {
         let file = src.join("tests").join(format!("{name}.c"));
         compile("gcc", &file, &prefix, &san, &flags)?;
         run_program(
@@ -185,7 +186,37 @@ pub fn test() -> Result {
                 .env("ASAN_OPTIONS", "abort_on_error=0:detect_leaks=1"),
         )?;
     }
+    readme_quick_start(&prefix, &work)?;
     consumers(&prefix, &work)
+}
+
+/// The README's C quick start (the `c` block of its "C and C++" section), compiled with
+/// warnings as errors and run: it prints what it wrote through the engine.
+fn readme_quick_start(prefix: &Path, work: &Path) -> Result {
+    let readme =
+        std::fs::read_to_string(root().join("README.md")).map_err(|e| format!("README.md: {e}"))?;
+    let code = readme
+        .split_once("## C and C++\n")
+        .and_then(|(_, rest)| rest.split_once("```c\n"))
+        .and_then(|(_, rest)| rest.split_once("```\n"))
+        .map(|(code, _)| code)
+        .ok_or("README.md has no ```c block in a \"## C and C++\" section")?;
+    let src = work.join("readme_quick_start.c");
+    std::fs::write(&src, code).map_err(|e| format!("{}: {e}", src.display()))?;
+    compile("gcc", &src, prefix, work, &[])?;
+    let out = Command::new(work.join("readme_quick_start"))
+        .output()
+        .map_err(|e| format!("the README's quick start: {e}"))?;
+    let printed = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || printed.trim() != "hello from C" {
+        return Err(format!(
+            "the README's C quick start exited {} printing `{printed}` ({})",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    eprintln!("xtask: the README's C quick start printed `hello from C`");
+    Ok(())
 }
 
 /// Builds the project's CUDA driver ABI shim (`hmc-backend-cuda/tests/shim`) as

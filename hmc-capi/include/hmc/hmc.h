@@ -243,6 +243,56 @@ typedef struct hmc_telemetry {
 /* What the request did: HMC_OK once ended, HMC_PENDING (with duration 0) while running. */
 hmc_status hmc_request_telemetry(hmc_engine *engine, hmc_request *req, hmc_telemetry *out);
 
+/* ---- Prepared lists and index transfers (NIXL's shape) ------------------------------- */
+
+typedef struct hmc_prepped hmc_prepped;  /* a prepared descriptor list */
+typedef struct hmc_xfer hmc_xfer;        /* a transfer made of two prepared lists */
+
+/* count blocks of len bytes, stride apart from addr (count 1: one block). Fixed layout. */
+typedef struct hmc_block_desc {
+    uint64_t addr;
+    uint64_t len;
+    uint64_t stride;
+    uint64_t count;
+} hmc_block_desc;
+
+/* Resolves blocks of this engine's registered memory once (an entry outside every
+ * region, or straddling two, is refused here). Entries are numbered in order, a strided
+ * descriptor giving count of them. Released with hmc_prepped_release. */
+hmc_status hmc_prep_local(hmc_engine *engine, const hmc_block_desc *blocks, size_t num_blocks,
+                          hmc_prepped **out);
+/* The same for the connected peer remote_engine's memory (its table is fetched again once
+ * if an entry is not in the one known). The list becomes invalid when the peer
+ * deregisters a region under it or restarts: transfers made of it then fail. */
+hmc_status hmc_prep_remote(hmc_engine *engine, const char *remote_engine,
+                           const hmc_block_desc *blocks, size_t num_blocks,
+                           uint32_t timeout_ms, hmc_prepped **out);
+hmc_status hmc_prepped_len(const hmc_engine *engine, const hmc_prepped *list,
+                           uint64_t *entries);
+hmc_status hmc_prepped_release(hmc_engine *engine, hmc_prepped *list);
+
+/* A transfer of entries local_idx[k] of local with remote_idx[k] of remote, for every k <
+ * num (pairs of one length; contiguous pairs merge). With notify_name (NULL: none), every
+ * post ends by delivering that notification to the peer, after the bytes (a failed post
+ * sends a failure notice instead). Released with hmc_xfer_release. */
+hmc_status hmc_make_xfer(hmc_engine *engine, uint32_t op, const hmc_prepped *local,
+                         const uint64_t *local_idx, const hmc_prepped *remote,
+                         const uint64_t *remote_idx, size_t num, const char *notify_name,
+                         const void *notify_msg, size_t notify_len, hmc_xfer **out);
+/* Starts the transfer (again, once the last post ended). Its bytes move in chunks of at
+ * most progress_chunk_bytes, each within no_progress_timeout_ms; the end of a post also
+ * makes the engine's descriptor readable. */
+hmc_status hmc_xfer_post(hmc_engine *engine, hmc_xfer *xfer);
+/* The last post, as hmc_request_status reports (HMC_ERR_STATE before the first post). */
+hmc_status hmc_xfer_status(hmc_engine *engine, hmc_xfer *xfer, uint32_t *state);
+hmc_status hmc_xfer_wait(hmc_engine *engine, hmc_xfer *xfer, uint32_t timeout_ms);
+/* The last post's telemetry (bytes moved, runs after merging, duration): HMC_OK once it
+ * ended, HMC_PENDING before. */
+hmc_status hmc_xfer_telemetry(hmc_engine *engine, hmc_xfer *xfer, hmc_telemetry *out);
+/* Cancels a post in progress and waits until the transport is done with it; later posts
+ * are refused (the handle is invalid). */
+hmc_status hmc_xfer_release(hmc_engine *engine, hmc_xfer *xfer);
+
 /* ---- Notifications ----------------------------------------------------------------- */
 
 /* Sends a small message (name + msg, at most max_notify_len bytes with the sender's
