@@ -102,3 +102,25 @@ def test_the_module_has_mooncake_engines_names_and_refuses_what_it_does_not_carr
                  "InnerTransferEngine", "create_rpc_client", "create_rpc_server"):
         with pytest.raises(NotImplementedError, match=name):
             getattr(m, name)()
+
+
+def test_a_batch_moves_each_block_and_lists_of_unequal_length_fail():
+    """Batches go to the engine as (local, remote, length) triples: every block lands where
+    its pair says, and lists of unequal length are -1 (nothing moved), not truncated."""
+    src, dst = TransferEngine(), TransferEngine()
+    for te in (src, dst):
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    a = np.arange(8 * 512, dtype=np.uint32).view(np.uint8)[: 8 * 512].copy()
+    b = np.zeros_like(a)
+    assert src.register_memory(a.ctypes.data, a.nbytes) == 0
+    assert dst.register_memory(b.ctypes.data, b.nbytes) == 0
+    peer = f"127.0.0.1:{dst.get_rpc_port()}"
+    order = [5, 0, 7, 2]
+    bufs = [a.ctypes.data + i * 512 for i in order]
+    there = [b.ctypes.data + (7 - i) * 512 for i in order]
+    assert src.batch_transfer_sync_write(peer, bufs, there, [512] * 4) == 0
+    for i in order:
+        assert (b[(7 - i) * 512:(8 - i) * 512] == a[i * 512:(i + 1) * 512]).all(), i
+    b[:] = 0
+    assert src.batch_transfer_sync_write(peer, bufs, there[:3], [512] * 4) == -1
+    assert not b.any()
