@@ -207,3 +207,12 @@ def test_the_new_error_classes_keep_what_callers_caught_before():
     # Each is an UnavailableError, as these failures were before the classes existed.
     for cls in (hmc.PeerGoneError, hmc.BackendUnavailableError, hmc.MismatchError):
         assert issubclass(cls, hmc.UnavailableError) and issubclass(cls, ConnectionError)
+
+
+def test_a_version_check_sees_no_nixl_distribution():
+    # What vLLM's check_nixl_version sees under the alias (the README says so): no `nixl`
+    # distribution; hmc's own is there under its name.
+    r = _py("import importlib.metadata as m, nixl\n"
+            "try:\n    m.version('nixl'); print('found')\n"
+            "except m.PackageNotFoundError:\n    print('none', m.version('hmc'))", HMC_ALIAS="nixl")
+    assert r.stdout.split()[0] == "none" and len(r.stdout.split()) == 2, r.stdout + r.stderr
