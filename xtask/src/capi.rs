@@ -143,6 +143,7 @@ pub fn test() -> Result {
     for transport in ["tcp", "shm"] {
         two_processes(&gcc.join("one_sided"), &[transport], transport)?;
         two_processes(&gcc.join("kv_pull"), &[transport], transport)?;
+        two_processes(&gcc.join("kv_pull_cpp"), &[transport], transport)?;
         two_processes(
             &gcc.join("hixl_quickstart"),
             &[transport, "host"],

@@ -3,6 +3,8 @@
 // - namespace hmc: RAII classes (Engine, Registration, Request) whose calls return
 //   hmc_status, as the C API does; hmc::check() turns a status into an hmc::Error exception
 //   for code that prefers them (only where exceptions are enabled).
+// - namespace hmc::llm_datadist: LLM-DataDist's KV API names (class LlmDataDist, Cache,
+//   CacheDesc, CacheIndex, KvCacheExtParam, LLM_* status codes) over the C KV API.
 // - namespace hmc::hixl: HIXL's names and shapes (class Hixl, AscendString, MemDesc,
 //   MemType, MemHandle, TransferOp, TransferOpDesc, TransferArgs, TransferReq,
 //   TransferStatus, NotifyDesc, Status and its constants), so that a HIXL program ports by
@@ -824,6 +826,391 @@ class Hixl {
 };
 
 }  // namespace hixl
+
+// LLM-DataDist's KV API (hicann/hixl: include/llm_datadist/llm_datadist.h) over the C KV
+// API: class LlmDataDist and its types and status codes. A cache is published under its
+// cache id (request key {cluster, cache_id, 0, 0}, blocks key {cluster, cache_id}), so a
+// peer names it by CacheIndex{cluster_id, cache_id}, as in LLM-DataDist. Not supported
+// (LLM_PARAM_INVALID): batch_index other than 0, a size other than -1, different source
+// and destination layer ranges, CopyKvCache, SetRole, copies between two caches.
+namespace llm_datadist {
+
+using Status = uint32_t;
+using AscendString = hixl::AscendString;
+
+constexpr const char OPTION_LISTEN_IP_INFO[] = "llm.ListenIpInfo";
+constexpr const char OPTION_DEVICE_ID[] = "llm.DeviceId";
+constexpr const char OPTION_TRANSFER_BACKEND[] = "llm.TransferBackend";
+
+constexpr Status LLM_SUCCESS = 0x0U;
+constexpr Status LLM_FAILED = 0xFFFFFFFFU;
+constexpr Status LLM_WAIT_PROC_TIMEOUT = 0x5010B001U;
+constexpr Status LLM_KV_CACHE_NOT_EXIST = 0x5010B002U;
+constexpr Status LLM_PARAM_INVALID = 0x5010B005U;
+constexpr Status LLM_NOT_YET_LINK = 0x5010B007U;
+constexpr Status LLM_ALREADY_LINK = 0x5010B008U;
+constexpr Status LLM_LINK_FAILED = 0x5010B009U;
+constexpr Status LLM_UNLINK_FAILED = 0x5010B00AU;
+constexpr Status LLM_FEATURE_NOT_ENABLED = 0x5010B019U;
+constexpr Status LLM_TIMEOUT = 0x5010B01AU;
+constexpr Status LLM_OUT_OF_MEMORY = 0x5010B01CU;
+
+/// The element types hmc moves (the values are hmc's; the names are ge's).
+enum DataType {
+  DT_UNDEFINED = -1,
+  DT_FLOAT8_E4M3FN = HMC_DTYPE_FP8,
+  DT_FLOAT16 = HMC_DTYPE_F16,
+  DT_BF16 = HMC_DTYPE_BF16,
+  DT_FLOAT = HMC_DTYPE_F32,
+  DT_INT8 = HMC_DTYPE_I8,
+  DT_UINT8 = HMC_DTYPE_U8,
+  DT_INT32 = HMC_DTYPE_I32,
+  DT_FLOAT8_E5M2 = 100,  // moved as FP8 (only the size matters)
+};
+
+struct IpInfo {
+  AscendString ip;
+  uint16_t port = 0U;
+  uint8_t reserved[128] = {};
+};
+
+struct ClusterInfo {
+  uint64_t remote_cluster_id = 0U;
+  int32_t remote_role_type = 0;
+  std::vector<IpInfo> local_ip_infos;
+  std::vector<IpInfo> remote_ip_infos;
+  uint8_t reserved[128] = {};
+};
+
+enum class LlmRole : int32_t { kPrompt = 1, kDecoder = 2, kMix = 3, kEnd };
+
+struct CacheIndex {
+  uint64_t cluster_id;
+  int64_t cache_id;
+  uint32_t batch_index;
+  uint8_t reserved[128];
+};
+
+enum class CachePlacement : uint32_t { kHost = 0U, kDevice = 1U };
+
+struct CacheDesc {
+  CachePlacement placement = CachePlacement::kDevice;
+  uint32_t num_tensors = 0U;
+  DataType data_type = DT_UNDEFINED;
+  std::vector<int64_t> shape;
+  uint8_t reserved[128] = {};
+};
+
+struct Cache {
+  int64_t cache_id = -1;
+  std::vector<uintptr_t> tensor_addrs;
+  CacheDesc cache_desc;
+  uint8_t reserved[128] = {};
+};
+
+struct KvCacheExtParam {
+  std::pair<int32_t, int32_t> src_layer_range = {-1, -1};
+  std::pair<int32_t, int32_t> dst_layer_range{-1, -1};
+  uint8_t tensor_num_per_layer = 2;
+  uint8_t reserved[127] = {};
+};
+
+struct RegisterCfg {
+  uint8_t reserved[128] = {0};
+};
+
+/// An hmc_status as LLM-DataDist's Status.
+inline Status to_status(hmc_status s) noexcept {
+  switch (s) {
+    case HMC_OK:
+      return LLM_SUCCESS;
+    case HMC_ERR_INVALID_ARGUMENT:
+    case HMC_ERR_STRUCT_SIZE:
+    case HMC_ERR_BUFFER_TOO_SMALL:
+      return LLM_PARAM_INVALID;
+    case HMC_ERR_NOT_CONNECTED:
+      return LLM_NOT_YET_LINK;
+    case HMC_ERR_ALREADY_CONNECTED:
+      return LLM_ALREADY_LINK;
+    case HMC_ERR_NOT_REGISTERED:
+      return LLM_KV_CACHE_NOT_EXIST;
+    case HMC_ERR_DEADLINE:
+      return LLM_TIMEOUT;
+    case HMC_ERR_LIMIT:
+      return LLM_OUT_OF_MEMORY;
+    case HMC_ERR_UNSUPPORTED:
+    case HMC_ERR_UNSUPPORTED_MEMORY:
+      return LLM_FEATURE_NOT_ENABLED;
+    default:
+      return LLM_FAILED;
+  }
+}
+
+/// LLM-DataDist's KV service over an hmc engine. hmc::last_error() says why a call failed.
+class LlmDataDist {
+ public:
+  LlmDataDist(uint64_t cluster_id, LlmRole role) : cluster_id_(cluster_id), role_(role) {}
+  ~LlmDataDist() { Finalize(); }
+  LlmDataDist(const LlmDataDist &) = delete;
+  LlmDataDist &operator=(const LlmDataDist &) = delete;
+
+  /// OPTION_LISTEN_IP_INFO ("ip:port") is where a prompt listens (a decoder may leave it
+  /// out: "127.0.0.1"); OPTION_DEVICE_ID is the CUDA device of kDevice caches; other keys
+  /// are engine options (transport, auth_secret_file, ...).
+  Status Initialize(const std::map<AscendString, AscendString> &options) {
+    std::string local = "127.0.0.1";
+    Engine::Options opts;
+    for (const auto &kv : options) {
+      std::string k = kv.first.GetString();
+      if (k == OPTION_LISTEN_IP_INFO) {
+        local = kv.second.GetString();
+      } else if (k == OPTION_DEVICE_ID) {
+        device_id_ = static_cast<uint32_t>(std::strtoul(kv.second.GetString(), nullptr, 10));
+      } else if (k != OPTION_TRANSFER_BACKEND) {
+        opts.emplace_back(k, kv.second.GetString());
+      }
+    }
+    hmc_status s = engine_.open(local, opts);
+    if (s != HMC_OK) {
+      return to_status(s);
+    }
+    uint32_t role = role_ == LlmRole::kDecoder ? HMC_ROLE_DECODER : HMC_ROLE_PROMPT;
+    return to_status(hmc_datadist_new(engine_.get(), cluster_id_, role, &dd_));
+  }
+
+  void Finalize() {
+    if (dd_ != nullptr) {
+      hmc_datadist_close(std::exchange(dd_, nullptr));
+    }
+    caches_.clear();
+    engine_.close();
+  }
+
+  /// Links each cluster at its first remote_ip_infos entry; one status per cluster.
+  Status LinkLlmClusters(const std::vector<ClusterInfo> &clusters, std::vector<Status> &rets,
+                         int32_t timeout_in_millis = 1000) {
+    return each(clusters, rets, [&](const ClusterInfo &c) -> Status {
+      if (c.remote_ip_infos.empty()) {
+        return LLM_PARAM_INVALID;
+      }
+      const IpInfo &ip = c.remote_ip_infos.front();
+      std::string addr = std::string(ip.ip.GetString()) + ":" + std::to_string(ip.port);
+      hmc_status s = hmc_datadist_link(dd_, c.remote_cluster_id, addr.c_str(),
+                                       static_cast<uint32_t>(timeout_in_millis));
+      return s == HMC_OK ? LLM_SUCCESS : (s == HMC_ERR_ALREADY_CONNECTED ? LLM_ALREADY_LINK
+                                                                          : LLM_LINK_FAILED);
+    });
+  }
+
+  Status UnlinkLlmClusters(const std::vector<ClusterInfo> &clusters, std::vector<Status> &rets,
+                           int32_t timeout_in_millis = 1000, bool force_flag = false) {
+    (void)timeout_in_millis;
+    (void)force_flag;
+    return each(clusters, rets, [&](const ClusterInfo &c) -> Status {
+      return hmc_datadist_unlink(dd_, c.remote_cluster_id) == HMC_OK ? LLM_SUCCESS
+                                                                     : LLM_UNLINK_FAILED;
+    });
+  }
+
+  /// Allocates a host cache (kDevice caches are allocated by the framework and registered
+  /// with RegisterKvCache).
+  Status AllocateCache(const CacheDesc &cache_desc, Cache &cache) {
+    int64_t id = next_id_;
+    hmc_kv_cache *c = nullptr;
+    Status st = publish(cache_desc, id, nullptr, c);
+    if (st != LLM_SUCCESS) {
+      return st;
+    }
+    next_id_++;
+    caches_[id] = c;
+    cache.cache_id = id;
+    cache.cache_desc = cache_desc;
+    return addrs(c, cache.tensor_addrs);
+  }
+
+  Status RegisterKvCache(const CacheDesc &cache_desc, const std::vector<uint64_t> &addrs,
+                         const RegisterCfg &cfg, int64_t &cache_id) {
+    (void)cfg;
+    if (addrs.size() != cache_desc.num_tensors) {
+      return LLM_PARAM_INVALID;
+    }
+    int64_t id = next_id_;
+    hmc_kv_cache *c = nullptr;
+    Status st = publish(cache_desc, id, addrs.data(), c);
+    if (st == LLM_SUCCESS) {
+      next_id_++;
+      caches_[id] = c;
+      cache_id = id;
+    }
+    return st;
+  }
+
+  /// A cache that does not exist (or was deallocated) is LLM_SUCCESS, as in LLM-DataDist.
+  Status DeallocateCache(int64_t cache_id) {
+    auto it = caches_.find(cache_id);
+    if (it == caches_.end()) {
+      return LLM_SUCCESS;
+    }
+    hmc_kv_cache *c = it->second;
+    caches_.erase(it);
+    return to_status(hmc_datadist_deallocate_cache(dd_, c));
+  }
+  Status UnregisterKvCache(int64_t cache_id) { return DeallocateCache(cache_id); }
+
+  Status PullKvCache(const CacheIndex &src_cache_index, const Cache &dst_cache,
+                     uint32_t batch_index = 0U, int64_t size = -1,
+                     const KvCacheExtParam &ext_param = {}) {
+    hmc_kv_cache *c = find(dst_cache.cache_id);
+    if (c == nullptr || batch_index != 0 || size != -1 || !whole(ext_param) ||
+        src_cache_index.batch_index != 0) {
+      return LLM_PARAM_INVALID;
+    }
+    hmc_cache_key key = {src_cache_index.cluster_id, static_cast<uint64_t>(src_cache_index.cache_id),
+                         0, 0};
+    return to_status(hmc_datadist_pull_cache(dd_, &key, c, timeout_ms_));
+  }
+
+  Status PushKvCache(const Cache &src_cache, const CacheIndex &dst_cache_index,
+                     uint32_t src_batch_index = 0U, int64_t size = -1,
+                     const KvCacheExtParam &ext_param = {}) {
+    hmc_kv_cache *c = find(src_cache.cache_id);
+    if (c == nullptr || src_batch_index != 0 || size != -1 || !whole(ext_param)) {
+      return LLM_PARAM_INVALID;
+    }
+    hmc_cache_key key = {dst_cache_index.cluster_id, static_cast<uint64_t>(dst_cache_index.cache_id),
+                         0, 0};
+    return to_status(hmc_datadist_push_cache(dd_, c, dst_cache_index.cluster_id, &key, timeout_ms_));
+  }
+
+  Status PullKvBlocks(const CacheIndex &src_cache_index, const Cache &dst_cache,
+                      const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
+                      const KvCacheExtParam &ext_param = {}) {
+    hmc_kv_cache *c = find(dst_cache.cache_id);
+    hmc_kv_layers layers = HMC_KV_LAYERS_INIT;
+    if (c == nullptr || src_blocks.size() != dst_blocks.size() || !range(ext_param, layers)) {
+      return LLM_PARAM_INVALID;
+    }
+    hmc_blocks_key key = {src_cache_index.cluster_id, static_cast<uint64_t>(src_cache_index.cache_id)};
+    return to_status(hmc_datadist_pull_blocks(dd_, &key, c, src_blocks.data(), dst_blocks.data(),
+                                              src_blocks.size(), whole(ext_param) ? nullptr : &layers,
+                                              timeout_ms_));
+  }
+
+  Status PushKvBlocks(const Cache &src_cache, const CacheIndex &dst_cache_index,
+                      const std::vector<uint64_t> &src_blocks, const std::vector<uint64_t> &dst_blocks,
+                      const KvCacheExtParam &ext_param = {}) {
+    hmc_kv_cache *c = find(src_cache.cache_id);
+    hmc_kv_layers layers = HMC_KV_LAYERS_INIT;
+    if (c == nullptr || src_blocks.size() != dst_blocks.size() || !range(ext_param, layers)) {
+      return LLM_PARAM_INVALID;
+    }
+    hmc_blocks_key key = {dst_cache_index.cluster_id, static_cast<uint64_t>(dst_cache_index.cache_id)};
+    return to_status(hmc_datadist_push_blocks(dd_, c, dst_cache_index.cluster_id, &key,
+                                              src_blocks.data(), dst_blocks.data(), src_blocks.size(),
+                                              whole(ext_param) ? nullptr : &layers, timeout_ms_));
+  }
+
+  /// Copies blocks within one cache (src_cache and dst_cache the same), to each list.
+  Status CopyKvBlocks(const Cache &src_cache, const Cache &dst_cache,
+                      const std::vector<uint64_t> &src_blocks,
+                      const std::vector<std::vector<uint64_t>> &dst_blocks_list) {
+    hmc_kv_cache *c = find(src_cache.cache_id);
+    if (c == nullptr || src_cache.cache_id != dst_cache.cache_id) {
+      return LLM_PARAM_INVALID;
+    }
+    for (const auto &dst : dst_blocks_list) {
+      if (dst.size() != src_blocks.size()) {
+        return LLM_PARAM_INVALID;
+      }
+      hmc_status s = hmc_datadist_copy_blocks(dd_, c, src_blocks.data(), dst.data(), dst.size());
+      if (s != HMC_OK) {
+        return to_status(s);
+      }
+    }
+    return LLM_SUCCESS;
+  }
+
+  /// The engine underneath (its name is what peers link to), and the transfers' timeout.
+  Engine &engine() noexcept { return engine_; }
+  void set_timeout(std::chrono::milliseconds t) { timeout_ms_ = static_cast<uint32_t>(t.count()); }
+
+ private:
+  template <class F>
+  static Status each(const std::vector<ClusterInfo> &clusters, std::vector<Status> &rets, F f) {
+    rets.clear();
+    Status all = LLM_SUCCESS;
+    for (const auto &c : clusters) {
+      rets.push_back(f(c));
+      if (rets.back() != LLM_SUCCESS) {
+        all = rets.back();
+      }
+    }
+    return all;
+  }
+  static bool whole(const KvCacheExtParam &p) {
+    return p.src_layer_range.first < 0 && p.dst_layer_range.first < 0;
+  }
+  /// LLM-DataDist's inclusive layer range as hmc's; both sides must name the same.
+  static bool range(const KvCacheExtParam &p, hmc_kv_layers &out) {
+    if (whole(p)) {
+      return true;
+    }
+    if (p.src_layer_range != p.dst_layer_range || p.src_layer_range.first < 0 ||
+        p.src_layer_range.second < p.src_layer_range.first) {
+      return false;
+    }
+    out.layer_begin = static_cast<uint32_t>(p.src_layer_range.first);
+    out.layer_end = static_cast<uint32_t>(p.src_layer_range.second) + 1;
+    out.tensors_per_layer = p.tensor_num_per_layer;
+    return true;
+  }
+  hmc_kv_cache *find(int64_t id) const {
+    auto it = caches_.find(id);
+    return it == caches_.end() ? nullptr : it->second;
+  }
+  Status publish(const CacheDesc &d, int64_t id, const uint64_t *addrs, hmc_kv_cache *&out) {
+    if (d.data_type == DT_UNDEFINED || d.shape.empty()) {
+      return LLM_PARAM_INVALID;
+    }
+    std::vector<uint64_t> shape(d.shape.begin(), d.shape.end());
+    hmc_cache_desc desc = HMC_CACHE_DESC_INIT;
+    if (d.placement == CachePlacement::kDevice) {
+      desc.mem_type = HMC_MEM_DEVICE;
+      desc.device_kind = HMC_DEVICE_CUDA;
+      desc.device_id = device_id_;
+    }
+    desc.num_tensors = d.num_tensors;
+    desc.dtype = d.data_type == DT_FLOAT8_E5M2 ? static_cast<uint32_t>(HMC_DTYPE_FP8)
+                                                : static_cast<uint32_t>(d.data_type);
+    desc.num_dims = static_cast<uint32_t>(shape.size());
+    desc.shape = shape.data();
+    hmc_cache_key key = {cluster_id_, static_cast<uint64_t>(id), 0, 0};
+    hmc_blocks_key blocks = {cluster_id_, static_cast<uint64_t>(id)};
+    hmc_status s = addrs == nullptr
+                       ? hmc_datadist_allocate_cache(dd_, &desc, &key, 1, &blocks, &out)
+                       : hmc_datadist_register_cache(dd_, &desc, addrs, &key, 1, &blocks, &out);
+    return to_status(s);
+  }
+  Status addrs(hmc_kv_cache *c, std::vector<uintptr_t> &out) {
+    std::size_t n = 0;
+    hmc_kv_cache_tensor_addrs(dd_, c, nullptr, 0, &n);
+    std::vector<uint64_t> a(n);
+    hmc_status s = hmc_kv_cache_tensor_addrs(dd_, c, a.data(), a.size(), &n);
+    out.assign(a.begin(), a.end());
+    return to_status(s);
+  }
+
+  uint64_t cluster_id_;
+  LlmRole role_;
+  uint32_t device_id_ = 0;
+  uint32_t timeout_ms_ = 10000;
+  int64_t next_id_ = 1;
+  Engine engine_;
+  hmc_datadist *dd_ = nullptr;
+  std::map<int64_t, hmc_kv_cache *> caches_;
+};
+
+}  // namespace llm_datadist
 }  // namespace hmc
 
 #endif  // HMC_HMC_HPP
