@@ -173,7 +173,8 @@ def start_target(a, python=None):
     env = dict(os.environ)
     if a.system == "nixl-tcp":
         env["UCX_TLS"] = "tcp"
-    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=die_with_parent)
     w = expect(p.stdout, "READY")
     if not w:
         sys.exit(f"{a.system}: the target did not start")
@@ -400,14 +401,31 @@ def prep(a):
 # ---------------------------------------------------------------- the run
 
 
+def die_with_parent():
+    """In a child before it runs: SIGKILL it when the process that started it dies, however
+    that dies (a SIGKILL of the bench included, which no handler sees). A stopped child is
+    killed too: SIGKILL needs no SIGCONT."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1  # noqa: N806 (linux/prctl.h)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 class Proc:
     """A driver (or the floor client) in a process group of its own with its target, stopped
     (SIGSTOP) between its rounds: an idle system's threads (NIXL's and Mooncake's progress
-    threads poll) would otherwise take CPU from the system being measured on 2 cores."""
+    threads poll) would otherwise take CPU from the system being measured on 2 cores.
+
+    Every one is resumed and ended on every way out of the bench (:meth:`end_all`: at exit,
+    on SIGTERM, SIGINT and SIGHUP); a SIGKILL of the bench kills them through
+    :func:`die_with_parent`."""
+
+    live: "list[Proc]" = []
 
     def __init__(self, cmd, env=None):
         self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                                  start_new_session=True)
+                                  start_new_session=True, preexec_fn=die_with_parent)
+        Proc.live.append(self)
 
     def pause(self):
         os.killpg(self.p.pid, signal.SIGSTOP)
@@ -423,9 +441,37 @@ class Proc:
         return out
 
     def close(self):
-        os.killpg(self.p.pid, signal.SIGCONT)
-        self.p.stdin.close()
-        self.p.wait(30)
+        """Resumes the group, ends the driver by closing its input, and kills what is left of
+        the group (its target) if it does not end in 30 s."""
+        if self in Proc.live:
+            Proc.live.remove(self)
+        try:
+            os.killpg(self.p.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        try:
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.p.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.p.wait()
+
+    @classmethod
+    def end_all(cls):
+        for proc in list(cls.live):
+            proc.close()
+
+
+def _end_on_signal(signum, _frame):
+    Proc.end_all()
+    sys.exit(128 + signum)
 
 
 def median(xs):
@@ -460,7 +506,12 @@ def main():
     pythons = {"nixl": a.nixl_python, "nixl-tcp": a.nixl_python, "mooncake": a.mooncake_python}
     systems = [s for s in a.systems.split(",") if s and (s not in pythons or pythons[s])]
     skipped = [s for s in a.systems.split(",") if s and s not in systems]
-    drivers = {}
+    drivers, failed = {}, []
+    import atexit
+
+    atexit.register(Proc.end_all)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _end_on_signal)
     for s in systems:
         env = dict(os.environ)
         if s == "nixl-tcp":
@@ -468,9 +519,13 @@ def main():
         d = Proc([pythons.get(s) or sys.executable, HERE, "driver", s, *passthrough(a),
                   "--nixl-python", a.nixl_python or "", "--mooncake-python", a.mooncake_python or ""], env)
         if not expect(d.p.stdout, "READY"):
-            sys.exit(f"{s}: the driver did not start")
+            # Reported and left out; the others run (its error is on stderr above).
+            d.close()
+            failed.append(s)
+            continue
         d.pause()
         drivers[s] = d
+    systems = [s for s in systems if s in drivers]
     req_bytes = a.layers * a.per_request * a.block
     floor = Proc([a.floor, "--floor-client", str(req_bytes)]) if a.floor else None
     if floor:
@@ -522,6 +577,8 @@ def main():
             f"{med[('hmc-tcp', 'write')] / median(floor_rps['write']):.2f} |")
     if skipped:
         say(f"\nNot run (no interpreter given for them): {', '.join(skipped)}")
+    if failed:
+        say(f"\nNot run (the driver did not start; its error is on stderr): {', '.join(failed)}")
     say(f"\n## Preparing {a.prep:,} block descriptors, local and remote\n")
     say("| system | entries | seconds | bytes per descriptor |")
     say("|---|---|---|---|")

@@ -463,13 +463,77 @@ fn data_plane_bench(planes: &str, csv: &str, quick: bool) -> Command {
 /// The Mooncake Transfer Engine the engine bench runs beside (PyPI, CPU-only build).
 const MOONCAKE: &str = "mooncake-transfer-engine-non-cuda==0.3.13.post1";
 
-/// `target/mooncake-venv` with Mooncake installed (made on first use), or why not.
+/// What the bench drivers import beside the standard library and the system's own package
+/// (`mooncake`, `nixl_cu12`, `hmc`: the wheel is installed into every bench venv): every
+/// bench venv gets these. `bench_drivers_import_only_what_their_venvs_hold` keeps the list
+/// and the drivers' imports together.
+const BENCH_DRIVER_PACKAGES: &[&str] = &["numpy"];
+
+/// Python that imports `system` and every [`BENCH_DRIVER_PACKAGES`] module.
+fn imports_of(system: &str) -> String {
+    std::iter::once(system)
+        .chain(BENCH_DRIVER_PACKAGES.iter().copied())
+        .map(|m| format!("import {m}\n"))
+        .collect()
+}
+
+#[cfg(test)]
+mod bench_env_tests {
+    use super::*;
+
+    /// The third-party modules a bench driver file imports at any depth (`import x`, `from
+    /// x import`), the standard library's left out (as this machine's python3 lists it).
+    fn third_party_imports(file: &Path) -> Vec<String> {
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import ast, sys\n\
+                 t = ast.parse(open(sys.argv[1]).read())\n\
+                 names = {a.name.split('.')[0] for n in ast.walk(t) if isinstance(n, ast.Import) for a in n.names}\n\
+                 names |= {n.module.split('.')[0] for n in ast.walk(t) if isinstance(n, ast.ImportFrom) and n.module and not n.level}\n\
+                 print(' '.join(sorted(names - set(sys.stdlib_module_names))))",
+            )
+            .arg(file)
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn bench_drivers_import_only_what_their_venvs_hold() {
+        // The systems' own packages, installed per venv (hmc's wheel into every one); the
+        // rest must be in BENCH_DRIVER_PACKAGES, which every bench venv gets.
+        let own = ["hmc", "mooncake", "nixl_cu12"];
+        for f in ["bench_kv.py", "bench_python.py", "bench_restart.py"] {
+            let file = root().join("hmc-py/bench").join(f);
+            for m in third_party_imports(&file) {
+                assert!(
+                    own.contains(&m.as_str()) || BENCH_DRIVER_PACKAGES.contains(&m.as_str()),
+                    "{f} imports `{m}`, which the bench venvs do not install: add it to BENCH_DRIVER_PACKAGES"
+                );
+            }
+        }
+    }
+}
+
+/// `target/mooncake-venv` with Mooncake and what the drivers import (made on first use), or
+/// why not.
 fn mooncake_python() -> std::result::Result<PathBuf, String> {
     let venv = root().join("target/mooncake-venv");
     let py = venv.join("bin/python");
     let ready = || {
         Command::new(&py)
-            .args(["-c", "import mooncake.engine"])
+            .arg("-c")
+            .arg(imports_of("mooncake.engine"))
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
@@ -480,12 +544,14 @@ fn mooncake_python() -> std::result::Result<PathBuf, String> {
     eprintln!("xtask: installing {MOONCAKE} into {}", venv.display());
     run(Command::new("python3").arg("-m").arg("venv").arg(&venv))
         .map_err(|e| format!("python3 -m venv: {e}"))?;
-    run(Command::new(venv.join("bin/pip")).args(["install", "-q", MOONCAKE]))
-        .map_err(|e| format!("pip install {MOONCAKE}: {e}"))?;
+    run(Command::new(venv.join("bin/pip"))
+        .args(["install", "-q", MOONCAKE])
+        .args(BENCH_DRIVER_PACKAGES))
+    .map_err(|e| format!("pip install {MOONCAKE}: {e}"))?;
     if ready() {
         Ok(py)
     } else {
-        Err("mooncake.engine does not import after the install".into())
+        Err("mooncake.engine or a driver's import does not import after the install".into())
     }
 }
 

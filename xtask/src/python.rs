@@ -192,7 +192,8 @@ fn nixl_python() -> std::result::Result<PathBuf, String> {
     let py = venv.join("bin/python");
     let ready = || {
         Command::new(&py)
-            .args(["-c", "import nixl_cu12._api, numpy"])
+            .arg("-c")
+            .arg(crate::imports_of("nixl_cu12._api"))
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
@@ -203,7 +204,9 @@ fn nixl_python() -> std::result::Result<PathBuf, String> {
     eprintln!("xtask: installing {NIXL} into {}", venv.display());
     make_venv(&venv)?;
     run(Command::new(&py).args(["-m", "pip", "install", "-q", "--no-deps", NIXL]))?;
-    run(Command::new(&py).args(["-m", "pip", "install", "-q", "numpy"]))?;
+    run(Command::new(&py)
+        .args(["-m", "pip", "install", "-q"])
+        .args(crate::BENCH_DRIVER_PACKAGES))?;
     if ready() {
         Ok(py)
     } else {
