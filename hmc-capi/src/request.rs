@@ -127,9 +127,10 @@ pub unsafe extern "C" fn hmc_transfer_async(
             outcome: Mutex::new(None),
         };
         let rid = REQUESTS.insert(obj);
+        // Taken before the handle is given out (another thread could release it at once).
+        let obj = REQUESTS.get(rid)?;
         // SAFETY: checked writable above. Written before the waiter can call back with it.
         unsafe { write_out(out, "out", ptr(rid)) }?;
-        let obj = REQUESTS.get(rid)?;
         let wake = e.wake.clone();
         let completed = e.completed.clone();
         let (callback, user) = (args.callback, UserData(args.user_data));

@@ -5,6 +5,7 @@
  */
 #include <hmc/hmc.h>
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,10 +48,16 @@ static hmc_engine *open_tcp(const char *local) {
     return e;
 }
 
+/* The engine a callback tries a blocking call on, and what that call returned. */
+static hmc_engine *blocking_target;
+static atomic_int blocking_in_callback = HMC_OK;
+
 static void callback(void *user, hmc_request *req, int status) {
     (void)req;
-    int *seen = user;
-    *seen = status == HMC_OK ? 1 : 2;
+    /* A blocking call on the library's own thread would stall it: refused. */
+    atomic_store(&blocking_in_callback, hmc_connect(blocking_target, "127.0.0.1:1", 100));
+    atomic_int *seen = user;
+    atomic_store(seen, status == HMC_OK ? 1 : 2);
 }
 
 int main(void) {
@@ -198,7 +205,8 @@ int main(void) {
     args.struct_size = 1;
     EXPECT(hmc_transfer_async(a, name_b, HMC_READ, &x, 1, 5000, &args, &r), HMC_ERR_STRUCT_SIZE,
            "hmc_transfer_args");
-    int seen = 0;
+    atomic_int seen = 0;
+    blocking_target = a;
     args.struct_size = sizeof args;
     args.callback = callback;
     args.user_data = &seen;
@@ -228,14 +236,15 @@ int main(void) {
     EXPECT(hmc_request_release(a, r), HMC_ERR_INVALID_ARGUMENT, "closed or released");
     EXPECT(hmc_request_wait(a, r, 10), HMC_ERR_INVALID_ARGUMENT, "closed or released");
     /* The callback ran (it may run just after the wait returned). */
-    for (int i = 0; i < 100 && seen == 0; i++) {
+    for (int i = 0; i < 100 && atomic_load(&seen) == 0; i++) {
         struct timespec ts = {0, 10 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    if (seen != 1) {
-        fprintf(stderr, "callback saw %d\n", seen);
+    if (atomic_load(&seen) != 1) {
+        fprintf(stderr, "callback saw %d\n", atomic_load(&seen));
         failures++;
     }
+    EXPECT((hmc_status)atomic_load(&blocking_in_callback), HMC_ERR_STATE, NULL);
     /* A READ into read-only registered memory is refused before a byte moves. */
     static uint8_t ro[4096];
     hmc_mem_desc dro = HMC_MEM_DESC_INIT;
