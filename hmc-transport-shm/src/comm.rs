@@ -501,7 +501,7 @@ impl ShmCommunicator {
             None => {
                 let t = random_token()?;
                 let name: String = t[..8].iter().map(|b| format!("{b:02x}")).collect();
-                std::env::temp_dir().join(format!("hmc-shm-{}-{name}.sock", std::process::id()))
+                crate::socket_files::default_path(&std::env::temp_dir(), &name)
             }
         };
         let listener = hmc_transport_kit::bind_unix_listener(&path)?

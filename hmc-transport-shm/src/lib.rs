@@ -127,6 +127,7 @@ mod local_first;
 mod mapped;
 mod page_copy;
 mod pool;
+mod socket_files;
 mod target;
 mod wire;
 #[cfg(test)]

@@ -482,5 +482,6 @@ impl Target {
         {
             tracing::warn!(path = %self.path.display(), error = %e, "could not remove the socket file");
         }
+        crate::socket_files::removed(&self.path);
     }
 }

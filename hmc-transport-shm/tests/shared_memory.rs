@@ -232,8 +232,11 @@ fn where_cross_memory_attach_is_refused_shared_memory_still_moves() {
     let out = spawn("child_initiator", ("HMC_SHM_INITIATOR", &args))
         .wait_with_output()
         .unwrap();
-    let _ = target.kill();
-    let _ = target.wait();
+    // End of its input ends the target normally: it drops its communicator, which
+    // removes its socket file (a kill would leave the file behind).
+    drop(target.stdin.take());
+    let ended = target.wait().unwrap();
+    assert!(ended.success(), "the target ended with {ended}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "initiator failed: {text}");
     assert!(
