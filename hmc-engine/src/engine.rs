@@ -553,15 +553,17 @@ impl<C: Communicator> Engine<C> {
         self.attach(key, &addr, rpc, &info, deadline, timeout).await
     }
 
-    /// Closes the connection to `remote`. Transfers already running finish.
+    /// Closes the connection to `remote`. Transfers already running finish. A peer this
+    /// engine already dropped as gone (it left, or restarted) is disconnected already:
+    /// `Ok`, so that a caller's cleanup needs no race with the engine's; a name never
+    /// connected is [`EngineError::NotConnected`].
     pub async fn disconnect(&self, remote: &str) -> Result<()> {
         let key = peer_key(remote);
-        self.inner
-            .peers
-            .write()
-            .remove(&key)
-            .map(|_| ())
-            .ok_or(EngineError::NotConnected(key))
+        match self.inner.peers.write().remove(&key) {
+            Some(_) => Ok(()),
+            None if self.inner.lost.contains(&key) => Ok(()),
+            None => Err(EngineError::NotConnected(key)),
+        }
     }
 
     fn peer(&self, remote: &str) -> Result<Arc<Peer<C>>> {

@@ -200,6 +200,14 @@ async fn a_peer_restarted_under_its_name_is_dropped_and_found_again() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     println!("restarted peer dropped after {:?}", t.elapsed());
+    // The engine dropped it: the caller's own disconnect finds it gone and succeeds (twice
+    // too); a name never connected is still NotConnected.
+    a.disconnect("target").await.unwrap();
+    a.disconnect("target").await.unwrap();
+    assert!(matches!(
+        a.disconnect("never-connected").await,
+        Err(EngineError::NotConnected(_))
+    ));
     a.connect("target", T).await.unwrap();
     // The new instance answers (its own table and directory).
     let second = a.lookup("target", "buffer", T).await.unwrap();

@@ -476,7 +476,9 @@ impl Engine {
         wait(py, live.engine.connect(remote, millis(timeout_ms)))?.map_err(errors::engine)
     }
 
-    /// Closes the connection to ``remote``; transfers already running finish.
+    /// Closes the connection to ``remote``; transfers already running finish. A peer the
+    /// engine already dropped as gone (it left or restarted) is disconnected already: no
+    /// error; a name never connected raises ``NotConnectedError``.
     #[pyo3(signature = (remote, timeout_ms = 1000))]
     fn disconnect(&self, py: Python<'_>, remote: &str, timeout_ms: u64) -> PyResult<()> {
         let live = self.live()?;

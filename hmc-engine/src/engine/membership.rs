@@ -171,6 +171,11 @@ impl LostPeers {
         }
     }
 
+    /// True when `name` was dropped as gone and not connected since.
+    pub(super) fn contains(&self, name: &str) -> bool {
+        self.0.lock().contains(name)
+    }
+
     /// A connection to `name` was made: counts it, as a reconnect when `name` was lost.
     pub(super) fn connected(&self, name: &str) {
         metrics::counter!("hmc_engine_connects_total").increment(1);
