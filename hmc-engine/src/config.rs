@@ -43,7 +43,7 @@ pub struct EngineConfig {
     /// with an etcd `metadata`: without a directory, an engine's name is its address.
     pub name: Option<String>,
     /// etcd settings and limits (`lease_ttl_ms`, `etcd_op_timeout_ms`,
-    /// `etcd_retry_initial_ms`, `etcd_retry_max_ms`, `max_value_len`, `max_members`,
+    /// `etcd_retry_initial_ms`, `etcd_retry_max_ms`, `max_value_len`, `max_members`, `max_labels`,
     /// `watch_backlog`).
     pub etcd: hmc_meta::EtcdConfig,
     /// A pre-shared secret of the job (`auth_secret`, or better `auth_secret_file`, a file
@@ -152,6 +152,7 @@ impl EngineConfig {
                 "etcd_retry_max_ms" => c.etcd.retry_max = ms()?,
                 "max_value_len" => c.etcd.max_value_len = num()?,
                 "max_members" => c.etcd.max_members = num()?,
+                "max_labels" => c.etcd.max_labels = num()?,
                 "watch_backlog" => c.etcd.watch_backlog = num()?,
                 "max_pending_notify_bytes" => c.max_pending_notify_bytes = num()?,
                 "no_progress_timeout_ms" => c.no_progress_timeout = ms()?,
@@ -176,7 +177,7 @@ impl EngineConfig {
                 }
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, watch_backlog, max_pending_notify_bytes, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, copy_threads, max_staging_bytes, staging_chunk_bytes, auth_secret, auth_secret_file"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, max_labels, watch_backlog, max_pending_notify_bytes, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, copy_threads, max_staging_bytes, staging_chunk_bytes, auth_secret, auth_secret_file"
                     )));
                 }
             }

@@ -22,6 +22,9 @@ pub struct EtcdConfig {
     pub max_value_len: usize,
     /// Members read by one listing of the namespace (`max_members`, default 4096).
     pub max_members: usize,
+    /// Labelled blobs this member publishes at once (`max_labels`, default 256; each is
+    /// also bounded by `max_value_len`). Replacing a label's blob does not count again.
+    pub max_labels: usize,
     /// Membership events queued for one subscriber (`watch_backlog`, default 1024).
     pub watch_backlog: usize,
 }
@@ -35,6 +38,7 @@ impl Default for EtcdConfig {
             retry_max: Duration::from_secs(2),
             max_value_len: 1 << 20,
             max_members: 4096,
+            max_labels: 256,
             watch_backlog: 1024,
         }
     }

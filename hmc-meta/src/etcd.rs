@@ -865,7 +865,18 @@ impl MetadataStore for EtcdStore {
         check_part("label", label)?;
         let value = encode_label(&blob);
         check_len(value.len(), &self.shared.config)?;
-        self.shared.labels.lock().insert(label.to_string(), value);
+        let mut labels = self.shared.labels.lock();
+        let max = self.shared.config.max_labels;
+        if !labels.contains_key(label) && labels.len() >= max {
+            return Err(MetaError::Limit {
+                limit: "max_labels",
+                value: labels.len() as u64 + 1,
+                max: max as u64,
+                hint: "publish fewer labels (one blob can hold many regions), or raise EtcdConfig::max_labels (engine option max_labels)",
+            });
+        }
+        labels.insert(label.to_string(), value);
+        drop(labels);
         self.shared.republish.notify_one();
         Ok(())
     }

@@ -437,6 +437,24 @@ async fn labelled_blobs_are_fetched_by_name_and_label_and_go_with_a_withdrawal()
         .publish_label("big", vec![0; config().max_value_len])
         .unwrap_err();
     assert!(e.to_string().contains("max_value_len"), "{e}");
+    // Their count is bounded too: a new label past max_labels is refused naming it, a
+    // label already published may still be replaced.
+    let max = config().max_labels;
+    for i in 2..max {
+        a.publish_label(&format!("layer-{i}"), vec![1]).unwrap();
+    }
+    let e = a.publish_label("one-too-many", vec![1]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            MetaError::Limit {
+                limit: "max_labels",
+                ..
+            }
+        ) && e.to_string().contains("max_labels"),
+        "{e}"
+    );
+    a.publish_label("layer-0", b"replaced".to_vec()).unwrap();
 
     // Withdrawn: watchers see it leave, its record and blobs are gone, the process goes on
     // (its session is kept: no new registration).
