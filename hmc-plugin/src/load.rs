@@ -485,7 +485,12 @@ impl Discovery {
             for file in candidates(&entry) {
                 d.found.push(file.clone());
                 match name_of_file(&file) {
-                    Some(name) => d.unloaded.push((name, file)),
+                    // The loader's file-mode and owner rule needs no load: a file it would
+                    // refuse is listed as refused now, not as waiting.
+                    Some(name) => match check_permissions(&file) {
+                        Ok(()) => d.unloaded.push((name, file)),
+                        Err(e) => d.rejected.push(e),
+                    },
                     None => d.admit(file, None),
                 }
             }

@@ -429,6 +429,13 @@ fn plugins_others_could_change_are_refused_unopened(
     let mut d = hmc_plugin::Discovery::search(&hmc_plugin::PluginConfig {
         search_path: vec![folder.clone()],
     });
+    // The listing (`--list-transports`) already says refused, and why: the rule needs no
+    // load, so the file is not shown as waiting to be loaded.
+    let listed = d.report();
+    assert!(
+        !listed.contains("waiting") && listed.contains("refused") && listed.contains(wanted),
+        "{listed}"
+    );
     assert!(d.load("marked").is_none(), "{}", d.report());
     assert!(d.loaded.is_empty(), "{}", d.report());
     let report = d.report();
