@@ -381,6 +381,12 @@ async fn errors_carry_a_message(args: &Args) {
 
 async fn full_notification_queue(args: &Args) {
     const MAX: usize = 8;
+    // The kit holds a plugin to the ABI minor it declares: the limit's name at the start of
+    // HMC_ERR_LIMIT's message is a rule of ABI 1.2; before it the message is free text,
+    // which the host reports as a limit without its name.
+    let named = Plugin::load(&args.plugin)
+        .map(|p| p.abi().1 >= 2)
+        .unwrap_or(true);
     let receiver = open(args, &format!("max_pending_notifications={MAX}\n"));
     let sender = open(args, "");
     if !sender.capabilities().notifications {
@@ -401,6 +407,13 @@ async fn full_notification_queue(args: &Args) {
                 assert!(
                     i as usize >= MAX,
                     "notification {i} refused ({limit}) with fewer than {MAX} pending"
+                );
+                return;
+            }
+            Err(Error::InvalidArgument(m)) if !named && m.starts_with("limit reached") => {
+                assert!(
+                    i as usize >= MAX,
+                    "notification {i} refused ({m}) with fewer than {MAX} pending"
                 );
                 return;
             }

@@ -131,6 +131,26 @@ fn a_broken_plugin_fails_the_case_that_catches_it(
     );
 }
 
+/// The kit holds a plugin to the ABI minor it declares: a free-text HMC_ERR_LIMIT message
+/// passes for a plugin of ABI 1.1 (the rule that it begins with the limit's name came with
+/// 1.2), and fails the same case for one that declares 1.2.
+#[rstest::rstest]
+#[case::abi_1_1("kit-limit-1-1", "DECLARE_ABI_MINOR=1", true)]
+#[case::abi_1_2("kit-limit-1-2", "DECLARE_ABI_MINOR=2", false)]
+fn the_limit_message_rule_applies_from_the_minor_that_states_it(
+    #[case] name: &str,
+    #[case] minor: &str,
+    #[case] passes: bool,
+) {
+    let lib = common::build_c_plugin(name, &["LIMIT_MESSAGE_FREE_TEXT", minor]);
+    let case = "plugin::a_full_notification_queue_fails_with_a_named_limit";
+    let (ok, out) = kit(&lib, &["--case", case]);
+    assert_eq!(ok, passes, "{out}");
+    if !passes {
+        assert!(out.contains("begins with the limit's name"), "{out}");
+    }
+}
+
 #[test]
 fn a_file_the_loader_refuses_is_one_failure_with_the_loaders_message() {
     let lib = common::build_c_plugin("kit-major", &["BROKEN_MAJOR"]);

@@ -34,10 +34,11 @@
  * ERRORS. With every negative return, set the calling thread's last-error string, read
  * through last_error on the same thread right after the call, before any other call
  * into the plugin: a sentence that says what went wrong and what to do. The host reports
- * an error without one as a plugin bug. HMC_ERR_LIMIT's message reads
+ * an error without one as a plugin bug. Since ABI 1.2, HMC_ERR_LIMIT's message reads
  * "NAME: VALUE > MAX; how to raise it" (for example "max_pending_notifications: 4097 >
  * 4096; receive some first, or raise max_pending_notifications=N"): the host reports it as
- * that named limit. Declare "no limit" for max_transfer_len and max_batch_len with
+ * that named limit (a 1.0 or 1.1 plugin's message is free text, reported without the
+ * name). Declare "no limit" for max_transfer_len and max_batch_len with
  * HMC_NO_LIMIT; 0 there means nothing is allowed.
  *
  * ADDRESSES. comm_address writes text, no NUL, and its length excludes any NUL: with a
@@ -120,9 +121,10 @@
 // Major version of this ABI. A plugin built for another major is refused.
 #define HMC_PLUGIN_ABI_MAJOR 1
 
-// Minor version of this ABI: fields appended to the tables since the major began
-// (1.1: `HmcPluginApi::transfer_start_wake`).
-#define HMC_PLUGIN_ABI_MINOR 1
+// Minor version of this ABI: fields appended to the tables, or rules stated, since the
+// major began (1.1: `HmcPluginApi::transfer_start_wake`; 1.2: `HMC_ERR_LIMIT`'s message
+// begins with the limit's name).
+#define HMC_PLUGIN_ABI_MINOR 2
 
 // Success.
 #define HMC_OK 0
@@ -167,8 +169,9 @@
 // Out of memory.
 #define HMC_ERR_OUT_OF_MEMORY -12
 
-// A configured limit was reached. The message reads `NAME: VALUE > MAX; how to raise it`
-// (the host reports that named limit).
+// A configured limit was reached. Since ABI 1.2 the message reads `NAME: VALUE > MAX; how
+// to raise it` (the host reports that named limit); a 1.0 or 1.1 plugin's message is free
+// text, which the host reports without the limit's name.
 #define HMC_ERR_LIMIT -13
 
 // An operating-system call failed.

@@ -32,9 +32,10 @@ use std::ffi::{c_char, c_void};
 
 /// Major version of this ABI. A plugin built for another major is refused.
 pub const HMC_PLUGIN_ABI_MAJOR: u32 = 1;
-/// Minor version of this ABI: fields appended to the tables since the major began
-/// (1.1: `HmcPluginApi::transfer_start_wake`).
-pub const HMC_PLUGIN_ABI_MINOR: u32 = 1;
+/// Minor version of this ABI: fields appended to the tables, or rules stated, since the
+/// major began (1.1: `HmcPluginApi::transfer_start_wake`; 1.2: `HMC_ERR_LIMIT`'s message
+/// begins with the limit's name).
+pub const HMC_PLUGIN_ABI_MINOR: u32 = 2;
 
 /// Success.
 pub const HMC_OK: i32 = 0;
@@ -65,8 +66,9 @@ pub const HMC_ERR_UNSUPPORTED: i32 = -10;
 pub const HMC_ERR_UNSUPPORTED_MEMORY: i32 = -11;
 /// Out of memory.
 pub const HMC_ERR_OUT_OF_MEMORY: i32 = -12;
-/// A configured limit was reached. The message reads `NAME: VALUE > MAX; how to raise it`
-/// (the host reports that named limit).
+/// A configured limit was reached. Since ABI 1.2 the message reads `NAME: VALUE > MAX; how
+/// to raise it` (the host reports that named limit); a 1.0 or 1.1 plugin's message is free
+/// text, which the host reports without the limit's name.
 pub const HMC_ERR_LIMIT: i32 = -13;
 /// An operating-system call failed.
 pub const HMC_ERR_IO: i32 = -14;

@@ -607,7 +607,12 @@ static int32_t lm_notify(HmcComm *comm, HmcEndpoint *ep, uint64_t tag, const uin
     int32_t code = HMC_OK;
     if (c->closed) code = fail(HMC_ERR_CLOSED, "loopmem: this communicator was closed");
     else if (!t || t->closed) code = fail(HMC_ERR_PEER, "loopmem: the peer communicator closed or went away");
-#ifndef BROKEN_UNBOUNDED_NOTIFY
+#if defined(LIMIT_MESSAGE_FREE_TEXT)
+    /* A plugin of ABI 1.1 or before, when HMC_ERR_LIMIT's message was free text. */
+    else if (t->pending >= t->max_pending)
+        code = fail(HMC_ERR_LIMIT, "loopmem: the peer's notification queue is full (%zu pending)",
+                    t->pending);
+#elif !defined(BROKEN_UNBOUNDED_NOTIFY)
     else if (t->pending >= t->max_pending)
         code = fail(HMC_ERR_LIMIT, "max_pending_notifications: %zu > %zu; the loopmem peer holds "
                     "that many unreceived notifications: it must receive some first, or raise the "
@@ -734,6 +739,9 @@ int32_t hmc_plugin_init(uint32_t host_abi_major, uint32_t host_abi_minor, const 
     api.header.struct_size = sizeof api;
     api.header.abi_major = HMC_PLUGIN_ABI_MAJOR;
     api.header.abi_minor = HMC_PLUGIN_ABI_MINOR;
+#ifdef DECLARE_ABI_MINOR
+    api.header.abi_minor = DECLARE_ABI_MINOR;
+#endif
 #ifdef BROKEN_MAJOR
     api.header.abi_major = HMC_PLUGIN_ABI_MAJOR + 1;
 #endif
