@@ -146,7 +146,7 @@ class Instance:
         # The layout the connector asks for (NixlConnector.get_required_kvcache_layout),
         # resolved here as the engine core would.
         cache_config.kv_cache_layout = "LBHNC"
-        connector = "NixlConnector" if mode == "pull" else "NixlPushConnector"
+        connector = "NixlPushConnector" if mode == "push" else "NixlConnector"
         kv_transfer_config = KVTransferConfig(
             kv_connector=connector,
             kv_role="kv_producer" if role == "prefill" else "kv_consumer",
@@ -161,6 +161,11 @@ class Instance:
             kv_transfer_config=kv_transfer_config,
             device_config=DeviceConfig("cpu"),
         )
+        if mode == "sleep" and role == "prefill":
+            # Sleep mode: the worker makes its agent with no backend and then UCX with
+            # "RCACHE_ENABLE=n,TLS=^cuda_ipc". vLLM's CPU platform refuses sleep mode in
+            # ModelConfig's checks (no cumem allocator), so the flag is set after them.
+            model_config.enable_sleep_mode = True
         self._cfg_ctx = set_current_vllm_config(vllm_config)
         self._cfg_ctx.__enter__()
         fd, self._dist_file = tempfile.mkstemp(prefix="vllm-nixl-dist-")
@@ -228,6 +233,15 @@ class Instance:
         self.recv_blocks: dict[str, list[int]] = {}
         self.stats = {"steps": 0, "bytes_checked": 0, "blocks_checked": 0, "bad_blocks": 0}
         self.kv_stats: dict[str, float] = {}
+
+    def sleep_and_wake(self):
+        """Worker.sleep (level 1) and Worker.wake_up for the KV cache, then EngineCore.wake_up's
+        new handshake metadata: the KV memory is deregistered, its contents discarded,
+        registered again, and the decode must handshake again (registration generation)."""
+        self.connector.unregister_kv_caches()
+        self.raw.zero_()
+        self.connector.restore_kv_caches()
+        self.publish_handshake_metadata()
 
     def publish_handshake_metadata(self):
         """EngineCore._set_kv_connector_handshake_metadata with the worker's
@@ -418,6 +432,9 @@ def child_main(role, mode, conn, num_blocks, model_dir, lease):
                             inst.add_request(rid, prompt, max_tokens, params)
                         if t_first is None:
                             t_first = time.perf_counter()
+                    elif msg[0] == "sleep_wake":
+                        inst.sleep_and_wake()
+                        conn.send(("awake",))
                     elif msg[0] == "reset":
                         inst.stats.update(
                             bytes_checked=0, blocks_checked=0, bad_blocks=0, verified=0,
@@ -431,6 +448,9 @@ def child_main(role, mode, conn, num_blocks, model_dir, lease):
             if finished:
                 conn.send(("finished", finished))
             if not inst.scheduler.has_requests():
+                # The pull worker's record of the prefill's registrations (1 after a sleep).
+                gens = getattr(inst.connector.connector_worker, "_remote_registration_generations", {})
+                inst.stats["registration_generation"] = max(gens.values(), default=0)
                 conn.send(("idle", inst.stats, inst.kv_stats))
         conn.send(("stats", inst.stats, inst.kv_stats))
         inst.shutdown()
@@ -554,8 +574,11 @@ def run_pair(package, mode, args, model_dir, shim_dir):
                             d_idle, d_stats = True, msg[1:]
             return time.perf_counter() - t0, p_stats, d_stats
 
-        if args.warmup:
-            run(batch("warm", args.warmup))
+        if args.warmup or mode == "sleep":
+            run(batch("warm", max(1, args.warmup)))
+        if mode == "sleep":
+            P.send(("sleep_wake",))
+            recv(P, "prefill sleep and wake-up")
         D.send(("reset",))
         P.send(("reset",))
         seconds, p_stats, d_stats = run(batch("req", args.requests))
@@ -582,6 +605,7 @@ def run_pair(package, mode, args, model_dir, shim_dir):
                 2 * BLOCK_SIZE * KV_HEADS * HEAD_SIZE * 2
             ),
             "heartbeat_rounds": stats.get("heartbeat_rounds", 0),
+            "registration_generation": None if mode == "push" else stats.get("registration_generation", 0),
             "decode_steps": stats["steps"],
             "decode_connector_stats": kv_stats,
             "prefill_connector_stats": p_stats[1],
@@ -604,7 +628,12 @@ def run_pair(package, mode, args, model_dir, shim_dir):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--package", default="hmc", help="hmc, nixl or hmc,nixl")
-    ap.add_argument("--mode", default="all", choices=["pull", "push", "all"])
+    ap.add_argument(
+        "--mode",
+        default="all",
+        choices=["pull", "push", "sleep", "all"],
+        help="sleep: pull, with the prefill put to sleep and woken after the warm-up",
+    )
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--inflight", type=int, default=48, help="requests whose KV fits at once")
     ap.add_argument("--warmup", type=int, default=2)
@@ -618,7 +647,7 @@ def main():
     for p in packages:
         if p not in ("hmc", "nixl"):
             ap.error(f"unknown package {p!r}")
-    modes = ["pull", "push"] if args.mode == "all" else [args.mode]
+    modes = ["pull", "push", "sleep"] if args.mode == "all" else [args.mode]
 
     work = tempfile.mkdtemp(prefix="vllm-nixl-compat-")
     model_dir = os.path.join(work, "model")
