@@ -4,6 +4,7 @@ the protocol. SGLang's ``--disaggregation-transfer-backend mooncake_tcp`` sets
 ``MC_FORCE_TCP=1`` and passes ``"rdma"``."""
 
 import logging
+import socket
 
 import numpy as np
 import pytest
@@ -84,3 +85,23 @@ def test_mc_force_tcp_makes_rdma_tcp(fresh_log, monkeypatch, value):
     assert said(fresh_log, FORCED) == 1
     assert said(fresh_log, FALLBACK) == 0
 
+
+
+def test_send_probe_reaches_the_peer_now():
+    """SGLang's failed-session probe (SGLANG_ENABLE_FAILED_SESSION_PROBE) lifts a decode
+    session's blacklist when ``send_probe`` returns 0. Mooncake 0.3.13 probes the peer each
+    time: 0 while it answers, ERR_SOCKET (-102) once it is gone, also for a session it was
+    connected to; hmc.mooncake answered 0 for any session it had connected once."""
+    a, b = TransferEngine(), TransferEngine()
+    assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    session = f"127.0.0.1:{b.get_rpc_port()}"
+    assert transfer_between(a, b)
+    assert a.send_probe(session) == 0
+    b._engine().finalize()  # the decode went away
+    assert a.send_probe(session) == -102
+    assert a.send_probe(session) == -102
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        unused = s.getsockname()[1]
+    assert a.send_probe(f"127.0.0.1:{unused}") == -102

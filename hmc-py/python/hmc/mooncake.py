@@ -52,6 +52,10 @@ _libc.free.argtypes = [ctypes.c_void_p]
 
 # Mooncake's codes: 0 success; -1 a failed call; -3 an address that is not registered.
 _OK, _FAILED, _NOT_REGISTERED = 0, -1, -3
+# Mooncake's ERR_SOCKET (error.h): what its send_probe returns for a peer that does not answer.
+_ERR_SOCKET = -102
+# How long send_probe waits for a peer's listener to accept.
+_PROBE_TIMEOUT_S = 2.0
 _TIMEOUT_MS = 30_000
 _PROTOCOLS = {"tcp": "tcp", "rdma": "rdma"}
 
@@ -325,6 +329,24 @@ def _split_host_port(hostname: str) -> tuple[str, Optional[str]]:
 def _listen_at(host: str, port: str = "0") -> str:
     """The engine's ``host:port`` to listen at (an IPv6 host in brackets; port 0: a free one)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _host_port(addr: str) -> Optional[tuple]:
+    """``(host, port)`` of ``host:port`` or ``[v6]:port``; ``None`` for a name without a port
+    (an etcd engine name, which the engine resolves)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _answers(where: tuple) -> bool:
+    """Whether something accepts a TCP connection at ``where`` now."""
+    try:
+        socket.create_connection(where, timeout=_PROBE_TIMEOUT_S).close()
+    except OSError:
+        return False
+    return True
 
 
 def _free_port(host: str) -> int:
@@ -622,7 +644,26 @@ class TransferEngine:
         return True
 
     def send_probe(self, peer_server_name: str) -> int:
-        return _OK if self._peer(peer_server_name) else _FAILED
+        """Mooncake's send_probe: whether the peer answers now (0), not whether it once did;
+        ``ERR_SOCKET`` (-102) where nothing answers at its address, as Mooncake. SGLang's
+        failed-session probe lifts a decode session's blacklist on 0. A peer connected before
+        and found gone is disconnected, so a later probe or transfer connects afresh."""
+        target = peer_server_name
+        if target in self._peers:
+            where = _host_port(self._remote(target))
+            if where is None or _answers(where):
+                return _OK
+            self._forget(target)
+            return _ERR_SOCKET
+        return _OK if self._peer(target) else _ERR_SOCKET
+
+    def _forget(self, target: str) -> None:
+        """Drops the connection to ``target`` (gone): the next use connects again."""
+        self._peers.discard(target)
+        try:
+            self._engine().disconnect(self._remote(target), _TIMEOUT_MS)
+        except hmc.HmcError as err:
+            _log.debug("disconnecting from %s: %s", target, err)
 
     # ------------------------------------------------------------------ memory
 
