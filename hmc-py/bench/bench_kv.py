@@ -173,8 +173,9 @@ def start_target(a, python=None):
     env = dict(os.environ)
     if a.system == "nixl-tcp":
         env["UCX_TLS"] = "tcp"
-    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
-                         preexec_fn=die_with_parent)
+    # The target sets its own death signal (the driver may have threads by now, and a
+    # preexec_fn is not safe to run in a fork of a threaded process).
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     w = expect(p.stdout, "READY")
     if not w:
         sys.exit(f"{a.system}: the target did not start")
@@ -495,6 +496,8 @@ def main():
     ap.add_argument("--nixl-python")
     ap.add_argument("--mooncake-python")
     a = ap.parse_args()
+    if a.role in ("target", "driver"):
+        die_with_parent()  # a SIGKILL of whoever started it ends it too
     if a.role == "target":
         {"hmc": hmc_target, "hmc-tcp": hmc_target, "nixl": nixl_target, "nixl-tcp": nixl_target,
          "mooncake": mooncake_target, "hmc-nixl": nixl_target, "hmc-mooncake": mooncake_target}[a.system](a)
