@@ -117,9 +117,16 @@ pub fn test() -> Result {
     install_from(&root().join("target/debug"), &prefix, false)?;
     check_exports(&prefix.join(format!("lib/libhmc.so.{VERSION}")))?;
     headers_alone(&prefix)?;
-    let src = root().join("hmc-capi");
     let bin = work.join("bin");
-    std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+    build_programs(&prefix, &bin)?;
+    run_programs(&bin.join("gcc"), &work)?;
+    sanitized(&prefix, &bin.join("sanitized"))?;
+    readme_quick_start(&prefix, &work)?;
+    consumers(&prefix, &work)
+}
+
+/// Every example and C test, by gcc (and clang where installed), into `bin/<compiler>`.
+fn build_programs(prefix: &Path, bin: &Path) -> Result {
     let mut compilers = vec![("gcc", "g++")];
     if on_path("clang") && on_path("clang++") {
         compilers.push(("clang", "clang++"));
@@ -129,66 +136,61 @@ pub fn test() -> Result {
     for (cc, cxx) in &compilers {
         let out = bin.join(cc);
         std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-        for (file, lang) in programs(&src) {
-            compile(
-                if lang == "c" { cc } else { cxx },
-                &file,
-                &prefix,
-                &out,
-                &[],
-            )?;
+        for (file, lang) in programs(&root().join("hmc-capi")) {
+            let compiler = if lang == "c" { cc } else { cxx };
+            compile(compiler, &file, prefix, &out, &[])?;
         }
     }
-    let gcc = bin.join("gcc");
+    Ok(())
+}
+
+/// The examples as two processes (tcp and shm; RPC over tcp and Unix sockets), the HIXL
+/// port on CUDA memory of the driver shim, and the C tests.
+fn run_programs(gcc: &Path, work: &Path) -> Result {
     for transport in ["tcp", "shm"] {
-        two_processes(&gcc.join("one_sided"), &[transport], transport)?;
-        two_processes(&gcc.join("kv_pull"), &[transport], transport)?;
-        two_processes(&gcc.join("kv_pull_cpp"), &[transport], transport)?;
-        two_processes(
-            &gcc.join("hixl_quickstart"),
-            &[transport, "host"],
-            transport,
-        )?;
+        for example in ["one_sided", "kv_pull", "kv_pull_cpp"] {
+            two_processes(&gcc.join(example), &[transport], transport)?;
+        }
+        let hixl = gcc.join("hixl_quickstart");
+        two_processes(&hixl, &[transport, "host"], transport)?;
         run_program(Command::new(gcc.join("threads")).arg(transport))?;
     }
     // Device memory from C++: the HIXL port with CUDA memory, against the CUDA driver ABI
     // shim (a GPU machine runs the same against the driver).
-    let shim = cuda_shim(&work)?;
+    let shim = cuda_shim(work)?;
     for transport in ["tcp", "shm"] {
         let label = format!("{transport}, CUDA memory (driver shim)");
         let env = [("LD_LIBRARY_PATH", shim.as_path())];
-        two_processes_in(
-            &gcc.join("hixl_quickstart"),
-            &[transport, "cuda"],
-            &label,
-            &env,
-        )?;
+        let hixl = gcc.join("hixl_quickstart");
+        two_processes_in(&hixl, &[transport, "cuda"], &label, &env)?;
     }
     for socket in ["tcp", "unix"] {
         two_processes(&gcc.join("rpc_demo"), &[socket], socket)?;
     }
     two_processes(&gcc.join("rpc_demo_cpp"), &["tcp"], "tcp")?;
     run_program(&mut Command::new(gcc.join("bad_input")))?;
-    run_program(&mut Command::new(gcc.join("prepared")))?;
-    // The C tests again under the sanitizers (the C side instrumented; libhmc is Rust).
-    let san = bin.join("sanitized");
-    std::fs::create_dir_all(&san).map_err(|e| format!("{}: {e}", san.display()))?;
+    run_program(&mut Command::new(gcc.join("prepared")))
+}
+
+/// The C tests again under AddressSanitizer and UndefinedBehaviorSanitizer (the C side
+/// instrumented; libhmc is Rust).
+fn sanitized(prefix: &Path, san: &Path) -> Result {
+    std::fs::create_dir_all(san).map_err(|e| format!("{}: {e}", san.display()))?;
     let flags = [
         "-fsanitize=address,undefined",
         "-fno-omit-frame-pointer",
         "-g",
     ];
     for name in ["bad_input", "threads", "prepared"] {
-        let file = src.join("tests").join(format!("{name}.c"));
-        compile("gcc", &file, &prefix, &san, &flags)?;
+        let file = root().join("hmc-capi/tests").join(format!("{name}.c"));
+        compile("gcc", &file, prefix, san, &flags)?;
         run_program(
             Command::new(san.join(name))
                 .env("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")
                 .env("ASAN_OPTIONS", "abort_on_error=0:detect_leaks=1"),
         )?;
     }
-    readme_quick_start(&prefix, &work)?;
-    consumers(&prefix, &work)
+    Ok(())
 }
 
 /// The README's C quick start (the `c` block of its "C and C++" section), compiled with
