@@ -202,9 +202,11 @@ pub(crate) fn engine_status(e: &EngineError) -> Status {
         | EngineError::Straddles { .. }
         | EngineError::ListInvalid(_)
         | EngineError::UnknownKey { .. } => Status::NotRegistered,
-        EngineError::Overlaps { .. } | EngineError::InvalidArgument(_) | EngineError::Layout(_) => {
-            Status::InvalidArgument
-        }
+        EngineError::BadMetadata(why) if mentions_auth(why) => Status::Auth,
+        EngineError::Overlaps { .. }
+        | EngineError::InvalidArgument(_)
+        | EngineError::Layout(_)
+        | EngineError::BadMetadata(_) => Status::InvalidArgument,
         EngineError::Timeout { .. } => Status::Deadline,
         EngineError::Limit { .. } => Status::Limit,
         EngineError::Metadata { why, .. } if mentions_auth(why) => Status::Auth,

@@ -288,9 +288,21 @@ int main(void) {
     EXPECT(hmc_local_metadata(b, NULL, 0, &len), HMC_ERR_BUFFER_TOO_SMALL, "metadata");
     EXPECT(hmc_add_remote(a, src, 0, 1000, NULL, 0, NULL), HMC_ERR_INVALID_ARGUMENT, "empty");
     memset(src, 0x5a, 64);
-    hmc_status s = hmc_add_remote(a, src, 64, 1000, NULL, 0, NULL);
-    EXPECT(s == HMC_OK ? HMC_OK : HMC_ERR_INVALID_ARGUMENT, HMC_ERR_INVALID_ARGUMENT,
-           "metadata blob");
+    EXPECT(hmc_add_remote(a, src, 64, 1000, NULL, 0, NULL), HMC_ERR_INVALID_ARGUMENT,
+           "not a usable metadata blob");
+    /* A real blob adds the peer under its name, which hmc_remove_remote takes. */
+    hmc_engine *c = open_tcp("127.0.0.1");
+    static uint8_t blob[1 << 16];
+    size_t blob_len = 0;
+    EXPECT(hmc_local_metadata(b, blob, sizeof blob, &blob_len), HMC_OK, NULL);
+    char added[128];
+    EXPECT(hmc_add_remote(c, blob, blob_len, 5000, added, sizeof added, NULL), HMC_OK, NULL);
+    if (strcmp(added, name_b) != 0) {
+        fprintf(stderr, "the blob added `%s`, not `%s`\n", added, name_b);
+        failures++;
+    }
+    EXPECT(hmc_remove_remote(c, added), HMC_OK, NULL);
+    EXPECT(hmc_engine_close(c), HMC_OK, NULL);
 
     /* KV: unknown role and dtype, a NULL shape, a cache of another service, a double
      * deallocation, a pull from a cluster not linked. */
