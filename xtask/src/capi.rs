@@ -168,8 +168,10 @@ fn run_programs(gcc: &Path, work: &Path) -> Result {
         two_processes(&gcc.join("rpc_demo"), &[socket], socket)?;
     }
     two_processes(&gcc.join("rpc_demo_cpp"), &["tcp"], "tcp")?;
-    run_program(&mut Command::new(gcc.join("bad_input")))?;
-    run_program(&mut Command::new(gcc.join("prepared")))
+    for test in ["bad_input", "prepared", "cpp_layer"] {
+        run_program(&mut Command::new(gcc.join(test)))?;
+    }
+    Ok(())
 }
 
 /// The C tests again under AddressSanitizer and UndefinedBehaviorSanitizer (the C side
@@ -181,9 +183,15 @@ fn sanitized(prefix: &Path, san: &Path) -> Result {
         "-fno-omit-frame-pointer",
         "-g",
     ];
-    for name in ["bad_input", "threads", "prepared"] {
-        let file = root().join("hmc-capi/tests").join(format!("{name}.c"));
-        compile("gcc", &file, prefix, san, &flags)?;
+    for (name, compiler) in [
+        ("bad_input.c", "gcc"),
+        ("threads.c", "gcc"),
+        ("prepared.c", "gcc"),
+        ("cpp_layer.cpp", "g++"),
+    ] {
+        let file = root().join("hmc-capi/tests").join(name);
+        compile(compiler, &file, prefix, san, &flags)?;
+        let name = name.split('.').next().unwrap_or(name);
         run_program(
             Command::new(san.join(name))
                 .env("UBSAN_OPTIONS", "halt_on_error=1:print_stacktrace=1")

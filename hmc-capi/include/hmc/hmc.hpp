@@ -177,6 +177,84 @@ class Request {
   hmc_request *req_ = nullptr;
 };
 
+/// A prepared descriptor list (hmc_prep_local / hmc_prep_remote); released when destroyed.
+class PreparedList {
+ public:
+  PreparedList() noexcept = default;
+  PreparedList(hmc_engine *e, hmc_prepped *p) noexcept : e_(e), p_(p) {}
+  PreparedList(PreparedList &&o) noexcept
+      : e_(std::exchange(o.e_, nullptr)), p_(std::exchange(o.p_, nullptr)) {}
+  PreparedList &operator=(PreparedList &&o) noexcept {
+    if (this != &o) {
+      reset();
+      e_ = std::exchange(o.e_, nullptr);
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  PreparedList(const PreparedList &) = delete;
+  PreparedList &operator=(const PreparedList &) = delete;
+  ~PreparedList() { reset(); }
+
+  /// Entries in the list (a strided descriptor counts its blocks); 0 on failure.
+  uint64_t size() const noexcept {
+    uint64_t n = 0;
+    hmc_prepped_len(e_, p_, &n);
+    return n;
+  }
+  hmc_prepped *get() const noexcept { return p_; }
+  void reset() noexcept {
+    if (p_ != nullptr) {
+      hmc_prepped_release(e_, std::exchange(p_, nullptr));
+    }
+  }
+
+ private:
+  hmc_engine *e_ = nullptr;
+  hmc_prepped *p_ = nullptr;
+};
+
+/// A transfer made of two prepared lists, posted any number of times; released (a post in
+/// progress cancelled and waited for) when destroyed.
+class PreparedTransfer {
+ public:
+  PreparedTransfer() noexcept = default;
+  PreparedTransfer(hmc_engine *e, hmc_xfer *x) noexcept : e_(e), x_(x) {}
+  PreparedTransfer(PreparedTransfer &&o) noexcept
+      : e_(std::exchange(o.e_, nullptr)), x_(std::exchange(o.x_, nullptr)) {}
+  PreparedTransfer &operator=(PreparedTransfer &&o) noexcept {
+    if (this != &o) {
+      reset();
+      e_ = std::exchange(o.e_, nullptr);
+      x_ = std::exchange(o.x_, nullptr);
+    }
+    return *this;
+  }
+  PreparedTransfer(const PreparedTransfer &) = delete;
+  PreparedTransfer &operator=(const PreparedTransfer &) = delete;
+  ~PreparedTransfer() { reset(); }
+
+  hmc_status post() noexcept { return hmc_xfer_post(e_, x_); }
+  hmc_status status() const noexcept { return hmc_xfer_status(e_, x_, nullptr); }
+  hmc_status wait(std::chrono::milliseconds t) const noexcept {
+    return hmc_xfer_wait(e_, x_, static_cast<uint32_t>(t.count()));
+  }
+  hmc_status telemetry(hmc_telemetry &out) const noexcept {
+    out.struct_size = sizeof out;
+    return hmc_xfer_telemetry(e_, x_, &out);
+  }
+  hmc_xfer *get() const noexcept { return x_; }
+  void reset() noexcept {
+    if (x_ != nullptr) {
+      hmc_xfer_release(e_, std::exchange(x_, nullptr));
+    }
+  }
+
+ private:
+  hmc_engine *e_ = nullptr;
+  hmc_xfer *x_ = nullptr;
+};
+
 /// An engine; closed when destroyed. Every call may be made from many threads.
 class Engine {
  public:
@@ -292,6 +370,46 @@ class Engine {
     std::size_t n = 0;
     hmc_status s = hmc_engine_poll_completed(e_, out.data(), max, &n);
     out.resize(s == HMC_OK ? n : 0);
+    return s;
+  }
+
+  /// Resolves blocks of this engine's registered memory once.
+  hmc_status prepare_local(Span<hmc_block_desc> blocks, PreparedList &out) {
+    hmc_prepped *p = nullptr;
+    hmc_status s = hmc_prep_local(e_, blocks.data(), blocks.size(), &p);
+    if (s == HMC_OK) {
+      out = PreparedList(e_, p);
+    }
+    return s;
+  }
+  /// Resolves blocks of the connected peer `remote`'s memory once.
+  hmc_status prepare_remote(const std::string &remote, Span<hmc_block_desc> blocks,
+                            std::chrono::milliseconds timeout, PreparedList &out) {
+    hmc_prepped *p = nullptr;
+    hmc_status s =
+        hmc_prep_remote(e_, remote.c_str(), blocks.data(), blocks.size(), ms(timeout), &p);
+    if (s == HMC_OK) {
+      out = PreparedList(e_, p);
+    }
+    return s;
+  }
+  /// Entries `local_idx[k]` of `local` with `remote_idx[k]` of `remote`; with a
+  /// non-empty `notify_name`, every post ends by delivering that notification.
+  hmc_status make_transfer(Op op, const PreparedList &local, Span<uint64_t> local_idx,
+                           const PreparedList &remote, Span<uint64_t> remote_idx,
+                           PreparedTransfer &out, const std::string &notify_name = "",
+                           const std::string &notify_msg = "") {
+    if (local_idx.size() != remote_idx.size()) {
+      return HMC_ERR_INVALID_ARGUMENT;
+    }
+    hmc_xfer *x = nullptr;
+    hmc_status s = hmc_make_xfer(e_, static_cast<uint32_t>(op), local.get(), local_idx.data(),
+                                 remote.get(), remote_idx.data(), local_idx.size(),
+                                 notify_name.empty() ? nullptr : notify_name.c_str(),
+                                 notify_msg.data(), notify_msg.size(), &x);
+    if (s == HMC_OK) {
+      out = PreparedTransfer(e_, x);
+    }
     return s;
   }
 
