@@ -7,6 +7,7 @@
 
 mod capi;
 mod cluster;
+mod compat;
 mod python;
 mod report;
 mod scaffold;
@@ -70,6 +71,11 @@ usage: cargo xtask <command>
                        shared library through the real loader (each case in its own
                        process; prints N passed, M failed and each failure's expected error)
   deps                 install the system packages the build and tests need (apt, as root)
+  compat               vLLM 0.33.0's NixlConnector and SGLang 0.5.23's Mooncake and NIXL
+                       KV managers between two processes on CPU memory, on hmc.nixl /
+                       hmc.mooncake and on the real packages, every byte checked,
+                       requests/s side by side (venvs of their own under target/;
+                       gigabytes the first time; not part of `test`)
   install --prefix PREFIX [--debug]
                        build libhmc (release unless --debug) and install it for C and C++:
                        lib/libhmc.so.0 (+ libhmc.a), include/hmc/hmc.h and hmc.hpp,
@@ -97,6 +103,7 @@ fn main() -> ExitCode {
         Some("hw-bundle") => hw_bundle(&args[1..]),
         Some("rdma-bundle") => rdma_bundle::rdma_bundle(),
         Some("tidy") => tidy::run(&root()),
+        Some("compat") => compat::command(),
         Some("deps") => ensure_system_packages(),
         Some("install") => capi::install(&args[1..]),
         Some("capi-test") => ensure_system_packages().and_then(|()| capi::test()),

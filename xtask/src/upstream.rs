@@ -1,14 +1,13 @@
-//! The peers' own test suites against the work-alikes, in `cargo xtask test`: NIXL's
+//! NIXL's own Python API suite against the work-alike, in `cargo xtask test`:
 //! `test/python/test_nixl_api.py` against `hmc.nixl` (`hmc-py/tests/upstream/
-//! run_nixl_suite.py`) and Mooncake's wheel tests against `hmc.mooncake`
-//! (`run_mooncake_suite.py`), with only their import lines rewritten; under `--long`, the
-//! same suites against the real packages, to keep the baseline honest.
+//! run_nixl_suite.py`), with only its import lines rewritten; under `--long`, against NIXL
+//! 1.5.1 too, to keep the baseline honest. (Mooncake's wheel tests need no torch and run
+//! from the pytest suite: `hmc-py/tests/test_mooncake_upstream.py`.)
 //!
-//! The peers' code is not part of this repository. Each suite runs where its source tree is
-//! found: `HMC_NIXL_SRC` / `HMC_MOONCAKE_SRC` (a checkout or a bare git repository), or the
-//! read-only mirrors this project's machines keep under `/work/.mirror`. Where neither is
-//! there (a CI machine reaches package registries only), the suite is skipped and the
-//! output says so and how to run it.
+//! The peers' code is not part of this repository. The suite runs where NIXL's source tree
+//! is found: `HMC_NIXL_SRC` (a checkout or a bare git repository), or the read-only mirror
+//! this project's machines keep under `/work/.mirror`. Where neither is there (a CI machine
+//! reaches package registries only), it is skipped and the output says so and how to run it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -24,7 +23,7 @@ const TORCH: &str = "torch==2.15.0";
 const NIXL: &str = "nixl-cu12==1.5.1";
 
 /// Where the source tree of `name` is: `$var`, else the machine's mirror, else `None`.
-fn source(var: &str, mirror: &str) -> Option<PathBuf> {
+pub fn source(var: &str, mirror: &str) -> Option<PathBuf> {
     if let Some(v) = std::env::var_os(var) {
         return Some(PathBuf::from(v));
     }
@@ -32,9 +31,22 @@ fn source(var: &str, mirror: &str) -> Option<PathBuf> {
     m.exists().then_some(m)
 }
 
-/// `target/upstream-venv`: torch, pytest, pytest-timeout, numpy and the dev wheel of hmc
-/// (`wheel`), made on first use; its python.
-fn venv(wheel: &Path) -> Result<PathBuf> {
+/// NIXL's source tree, if this machine has one (`HMC_NIXL_SRC`, or the mirror).
+pub fn nixl_source() -> Option<PathBuf> {
+    source("HMC_NIXL_SRC", "ai-dynamo+nixl")
+}
+
+/// Says that NIXL's suite was skipped, and how to run it.
+pub fn say_nixl_skipped() {
+    eprintln!(
+        "xtask: NIXL's own suite (test/python/test_nixl_api.py) SKIPPED: no NIXL source \
+         tree here; set HMC_NIXL_SRC to a checkout of github.com/ai-dynamo/nixl to run it"
+    );
+}
+
+/// `target/upstream-venv`: torch, pytest, pytest-timeout and numpy, made on first use (the
+/// caller installs hmc's wheel); its python.
+pub fn venv() -> Result<PathBuf> {
     let venv = root().join("target/upstream-venv");
     let py = venv.join("bin/python");
     let ready = Command::new(&py)
@@ -59,29 +71,20 @@ fn venv(wheel: &Path) -> Result<PathBuf> {
             "pytest-timeout",
         ]))?;
     }
-    crate::python::install_built(&py, wheel)?;
     Ok(py)
 }
 
-/// Runs NIXL's API suite against `hmc.nixl` (and, with `long`, against NIXL 1.5.1), the
-/// hmc wheel `wheel` installed for it; skipped, saying so, where NIXL's source is absent.
-pub fn nixl(wheel: &Path, long: bool) -> Result {
-    let Some(src) = source("HMC_NIXL_SRC", "ai-dynamo+nixl") else {
-        eprintln!(
-            "xtask: NIXL's own suite (test/python/test_nixl_api.py) SKIPPED: no NIXL source \
-             tree here; set HMC_NIXL_SRC to a checkout of github.com/ai-dynamo/nixl to run it"
-        );
-        return Ok(());
-    };
-    let py = venv(wheel)?;
+/// Runs NIXL's API suite from `src` against `hmc.nixl` in `py` (a [`venv`] with hmc's
+/// wheel), and with `long` against NIXL 1.5.1 too.
+pub fn nixl(py: &Path, src: &Path, long: bool) -> Result {
     let runner = root().join("hmc-py/tests/upstream/run_nixl_suite.py");
-    run(Command::new(&py).arg(&runner).arg("--src").arg(&src))?;
+    run(Command::new(py).arg(&runner).arg("--src").arg(src))?;
     if long {
-        run(Command::new(&py).args(["-m", "pip", "install", "-q", "--no-deps", NIXL]))?;
-        run(Command::new(&py)
+        run(Command::new(py).args(["-m", "pip", "install", "-q", "--no-deps", NIXL]))?;
+        run(Command::new(py)
             .arg(&runner)
             .arg("--src")
-            .arg(&src)
+            .arg(src)
             .arg("--real"))?;
     }
     Ok(())
