@@ -23,7 +23,10 @@
  * - Structs that may grow start with size_t struct_size: set it to sizeof(the struct)
  *   (the _INIT macros do), so that a program built against this header runs on a newer
  *   library, and a size the library cannot read is HMC_ERR_STRUCT_SIZE, not a crash.
- * - Timeouts are in milliseconds; 0 means the engine's default_timeout_ms option (10 s).
+ * - Timeouts are in milliseconds. For a call's deadline, 0 means the engine's
+ *   default_timeout_ms option (10 s), or the RPC client's default_timeout_ms (30 s); for
+ *   a wait (hmc_request_wait, hmc_xfer_wait, hmc_rpc_pending_wait), 0 means look and
+ *   return at once.
  * - The library owns a runtime (two threads, started on first use). A process that forks
  *   after using libhmc cannot use it in the child (HMC_ERR_STATE): fork first, or exec.
  * - When it starts, the library sets SIGPIPE to "ignore" if the program left it at the
