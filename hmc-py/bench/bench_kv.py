@@ -168,6 +168,35 @@ def mooncake_target(a):
 # ---------------------------------------------------------------- drivers (the decode side)
 
 
+def cpu_seconds(pids):
+    """User and system CPU of the processes ``pids`` so far, every thread included (their
+    own accounting, ``/proc/PID/stat``); a process gone counts 0."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / tick
+
+
+def group_pids(pgid):
+    """The processes of process group ``pgid``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[2]) == pgid:
+                        out.append(int(d))
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
 def start_target(a, python=None):
     cmd = [python or sys.executable, HERE, "target", a.system, *passthrough(a)]
     env = dict(os.environ)
@@ -328,11 +357,16 @@ def driver(a):
                 run(op, reqs[0])
                 check(a, target, op, local, reqs[0])
             checked.add(op)
-        n, t0 = 0, time.perf_counter()
+        # The CPU of both sides of this system (this driver and its target, every thread),
+        # over the measured loop only.
+        pids = [os.getpid()] + ([target.pid] if target is not None else [])
+        n, c0, t0 = 0, cpu_seconds(pids), time.perf_counter()
         while time.perf_counter() - t0 < float(seconds) or n < 3:
             run(op, reqs[n % len(reqs)])
             n += 1
-        out = {"rps": n / (time.perf_counter() - t0)}
+        elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pids) - c0
+        moved = n * a.layers * a.per_request * a.block
+        out = {"rps": n / elapsed, "cpu_s_per_gib": cpu / (moved / (1 << 30))}
         if rust:
             batch = [reqs[i % len(reqs)] for i in range(max(n, 8))]
             out["rust_rps"] = len(batch) / rust(op, batch)
@@ -535,7 +569,9 @@ def main():
         floor.pause()
     res = {(s, op): [] for s in systems for op in ("read", "write")}
     rust = {(s, op): [] for s in systems for op in ("read", "write")}
+    cpu = {(s, op): [] for s in systems for op in ("read", "write")}
     floor_rps = {"read": [], "write": []}
+    floor_cpu = {"read": [], "write": []}
     for _ in range(a.rounds):
         for op in ("read", "write"):
             order = systems[:]
@@ -543,10 +579,18 @@ def main():
             for s in order:
                 r = json.loads(drivers[s].ask(f"{op} {a.seconds}"))
                 res[(s, op)].append(r["rps"])
+                cpu[(s, op)].append(r["cpu_s_per_gib"])
                 if "rust_rps" in r:
                     rust[(s, op)].append(r["rust_rps"])
             if floor:
-                floor_rps[op].append(1e6 / float(floor.ask(f"{op} {req_bytes} {a.seconds}")))
+                # The floor's client and server (its process group), over its whole round:
+                # ops as its rate times the round's length.
+                pids = group_pids(floor.p.pid)
+                c0, t0 = cpu_seconds(pids), time.perf_counter()
+                us = float(floor.ask(f"{op} {req_bytes} {a.seconds}"))
+                used, ops = cpu_seconds(pids) - c0, (time.perf_counter() - t0) / (us * 1e-6)
+                floor_rps[op].append(1e6 / us)
+                floor_cpu[op].append(used / (ops * req_bytes / (1 << 30)))
     for d in drivers.values():
         d.close()
     if floor:
@@ -555,16 +599,19 @@ def main():
     say(f"\n## KV requests: {a.layers} layers x {a.blocks} blocks of {a.block} B, {a.per_request} "
         f"random blocks per layer per request ({a.layers * a.per_request} descriptors, {mib:g} MiB), "
         f"medians of {a.rounds} alternated rounds of {a.seconds} s\n")
-    say("| system | op | requests/s | GB/s | Rust loop requests/s | Python / Rust |")
-    say("|---|---|---|---|---|---|")
+    say("| system | op | requests/s | GB/s | CPU-s/GiB | Rust loop requests/s | Python / Rust |")
+    say("|---|---|---|---|---|---|---|")
     for (s, op), xs in res.items():
         m, rm = median(xs), median(rust[(s, op)])
-        say(f"| {s} | {op} | {m:.1f} | {m * req_bytes / 1e9:.2f} | "
+        say(f"| {s} | {op} | {m:.1f} | {m * req_bytes / 1e9:.2f} | {median(cpu[(s, op)]):.3f} | "
             f"{f'{rm:.1f}' if rm else '-'} | {f'{m / rm:.2f}' if rm else '-'} |")
     if floor:
         for op in ("read", "write"):
             m = median(floor_rps[op])
-            say(f"| TCP floor (one {mib:g} MiB op) | {op} | {m:.1f} | {m * req_bytes / 1e9:.2f} | - | - |")
+            say(f"| TCP floor (one {mib:g} MiB op) | {op} | {m:.1f} | {m * req_bytes / 1e9:.2f} | "
+                f"{median(floor_cpu[op]):.3f} | - | - |")
+    say("\nCPU-s/GiB: user and system CPU of both processes of a system (every thread), over its "
+        "measured loop, per GiB moved; the floor's over its round.")
     say("\n## Ratios (medians)\n")
     med = {k: median(v) for k, v in res.items()}
     pairs = [("hmc", "nixl"), ("hmc", "memcpy"), ("hmc-tcp", "nixl-tcp"), ("hmc-tcp", "mooncake"),
@@ -578,6 +625,17 @@ def main():
     if floor and "hmc-tcp" in systems:
         say(f"| hmc-tcp / TCP floor | {med[('hmc-tcp', 'read')] / median(floor_rps['read']):.2f} | "
             f"{med[('hmc-tcp', 'write')] / median(floor_rps['write']):.2f} |")
+    say("\n## CPU per GiB, ratios of the medians\n")
+    say("| ratio | read | write |")
+    say("|---|---|---|")
+    cmed = {k: median(v) for k, v in cpu.items()}
+    if floor:
+        cmed.update({("floor", op): median(floor_cpu[op]) for op in ("read", "write")})
+    for x, y in [("hmc-tcp", "floor"), ("hmc", "memcpy"), ("hmc-tcp", "nixl-tcp"), ("hmc-tcp", "mooncake"),
+                 ("hmc", "nixl"), ("hmc-nixl", "hmc"), ("hmc-mooncake", "hmc-tcp")]:
+        if all((z, "read") in cmed and cmed[(z, "read")] and cmed[(z, "write")] for z in (x, y)):
+            say(f"| {x} / {y} | {cmed[(x, 'read')] / cmed[(y, 'read')]:.2f} | "
+                f"{cmed[(x, 'write')] / cmed[(y, 'write')]:.2f} |")
     if skipped:
         say(f"\nNot run (no interpreter given for them): {', '.join(skipped)}")
     if failed:
