@@ -296,7 +296,7 @@ pub extern "C" fn hmc_engine_fd_drain(engine: *const HmcEngine) -> Status {
 
 /// The backend of device `ordinal` of `kind`, opened on first use and kept for the
 /// process (every registration of a device shares its context).
-fn device_memory(kind: DeviceKind, ordinal: u32) -> Result<AnyMemory> {
+pub(crate) fn device_memory(kind: DeviceKind, ordinal: u32) -> Result<AnyMemory> {
     static OPEN: OnceLock<Mutex<HashMap<(DeviceKind, u32), AnyMemory>>> = OnceLock::new();
     let mut open = OPEN.get_or_init(Default::default).lock();
     if let Some(m) = open.get(&(kind, ordinal)) {

@@ -13,7 +13,7 @@ use hmc_engine::MemType;
 use hmc_engine::kv::{BlocksCacheKey, Cache, CacheDesc, CacheKey, DataDist, DataType, Role};
 
 use crate::block_on;
-use crate::engine::{HmcEngine, engine_arg};
+use crate::engine::{HmcEngine, device_memory, engine_arg};
 use crate::error::{Error, Result, Status, guard};
 use crate::handles::{
     Table, id, need_out, opaque, optional_arg, ptr, same_engine, sized_arg, slice_arg, str_arg,
@@ -365,9 +365,25 @@ pub unsafe extern "C" fn hmc_datadist_register_cache(
         let addrs = unsafe { slice_arg(tensor_addrs, n, 1 << 20, "tensor_addrs", "tensors") }?;
         // SAFETY: forwarded contract.
         let (keys, blocks) = unsafe { keys_arg(keys, num_keys, blocks_key) }?;
-        // SAFETY: the caller keeps the tensors allocated until the cache is deallocated.
-        let cache =
-            block_on(unsafe { d.dd.register_kv_cache(desc, addrs.to_vec(), &keys, blocks) })??;
+        let addrs = addrs.to_vec();
+        // Device caches are registered with their device's backend, so that over a
+        // transport that stages device memory (TCP) peers reach them too.
+        let cache = match desc.placement {
+            MemType::Device { kind, ordinal } => {
+                let memory = device_memory(kind, ordinal)?;
+                // SAFETY: the caller keeps the tensors allocated until the cache is
+                // deallocated.
+                let fut = unsafe {
+                    d.dd.register_device_kv_cache(desc, addrs, &keys, blocks, memory)
+                };
+                block_on(fut)??
+            }
+            MemType::Host => {
+                // SAFETY: as above.
+                let fut = unsafe { d.dd.register_kv_cache(desc, addrs, &keys, blocks) };
+                block_on(fut)??
+            }
+        };
         add_cache(datadist, cache, out)
     })
 }

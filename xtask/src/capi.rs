@@ -164,6 +164,8 @@ fn run_programs(gcc: &Path, work: &Path) -> Result {
         let hixl = gcc.join("hixl_quickstart");
         two_processes_in(&hixl, &[transport, "cuda"], &label, &env)?;
     }
+    // CUDA memory through every call that takes it: sync and async transfers, a KV cache.
+    run_program(Command::new(gcc.join("device")).env("LD_LIBRARY_PATH", &shim))?;
     for socket in ["tcp", "unix"] {
         two_processes(&gcc.join("rpc_demo"), &[socket], socket)?;
     }
