@@ -198,6 +198,28 @@ fn main() {
     // SAFETY: an open engine and a valid output.
     ok(unsafe { hmc::engine::hmc_engine_fd(ce, &mut fd) }, "fd");
 
+    // An async 4 KiB WRITE posted through the C ABI.
+    let post = || {
+        let mut r: *mut HmcRequest = null_mut();
+        // SAFETY: registered buffers, an open engine, a valid name and output.
+        ok(
+            unsafe {
+                hmc_transfer_async(
+                    ce,
+                    cpeer.as_ptr(),
+                    1,
+                    cdesc.as_ptr(),
+                    1,
+                    5000,
+                    null(),
+                    &mut r,
+                )
+            },
+            "post",
+        );
+        r
+    };
+
     let mut rows: Vec<(&str, Vec<f64>)> = [
         "rust write 4 KiB",
         "c write 4 KiB",
@@ -265,22 +287,9 @@ fn main() {
                         }
                     }),
                     6 => per_op(ops, || {
-                        let mut r: *mut HmcRequest = null_mut();
-                        // SAFETY: as above; `r` is released once ended.
+                        let r = post();
+                        // SAFETY: an open engine and a request of it, released once ended.
                         unsafe {
-                            ok(
-                                hmc_transfer_async(
-                                    ce,
-                                    cpeer.as_ptr(),
-                                    1,
-                                    cdesc.as_ptr(),
-                                    1,
-                                    5000,
-                                    null(),
-                                    &mut r,
-                                ),
-                                "post",
-                            );
                             while hmc_request_status(ce, r, null_mut()) == hmc::Status::Pending {
                                 std::hint::spin_loop();
                             }
@@ -292,22 +301,9 @@ fn main() {
                         }
                     }),
                     _ => per_op(ops, || {
-                        let mut r: *mut HmcRequest = null_mut();
+                        let r = post();
                         // SAFETY: as above.
                         unsafe {
-                            ok(
-                                hmc_transfer_async(
-                                    ce,
-                                    cpeer.as_ptr(),
-                                    1,
-                                    cdesc.as_ptr(),
-                                    1,
-                                    5000,
-                                    null(),
-                                    &mut r,
-                                ),
-                                "post",
-                            );
                             let mut n = 0;
                             while n == 0 {
                                 let mut p = libc::pollfd {

@@ -3,7 +3,7 @@
  * Built by `cargo xtask test` with -Wall -Wextra -Werror, then run, and built and run again
  * with -fsanitize=address,undefined. Exit status 0 when every expectation held.
  */
-#include <hmc/hmc.h>
+#include "common.h"
 
 #include <stdatomic.h>
 #include <stdint.h>
@@ -33,19 +33,6 @@ static void expect(hmc_status got, hmc_status want, const char *needle, const ch
                 needle);
         failures++;
     }
-}
-
-static hmc_engine *open_tcp(const char *local) {
-    hmc_option opts[] = {{"transport", "tcp"}, {"max_descs_per_transfer", "1024"}};
-    hmc_engine_options o = HMC_ENGINE_OPTIONS_INIT;
-    o.options = opts;
-    o.num_options = 2;
-    hmc_engine *e = NULL;
-    if (hmc_engine_open(local, &o, &e) != HMC_OK) {
-        fprintf(stderr, "hmc_engine_open: %s\n", hmc_last_error());
-        exit(1);
-    }
-    return e;
 }
 
 /* The engine a callback tries a blocking call on, and what that call returned. */
@@ -114,8 +101,8 @@ int main(void) {
     int fd = -1;
     EXPECT(hmc_engine_fd(NULL, &fd), HMC_ERR_INVALID_ARGUMENT, "NULL");
 
-    hmc_engine *a = open_tcp("127.0.0.1:0");
-    hmc_engine *b = open_tcp("127.0.0.1:0");
+    hmc_engine *a = test_open("127.0.0.1:0", "tcp", "max_descs_per_transfer", "1024");
+    hmc_engine *b = test_open("127.0.0.1:0", "tcp", "max_descs_per_transfer", "1024");
     char name_b[128];
     size_t len = 0;
     EXPECT(hmc_engine_name(b, NULL, 0, &len), HMC_ERR_BUFFER_TOO_SMALL, "buffer");
@@ -291,7 +278,7 @@ int main(void) {
     EXPECT(hmc_add_remote(a, src, 64, 1000, NULL, 0, NULL), HMC_ERR_INVALID_ARGUMENT,
            "not a usable metadata blob");
     /* A real blob adds the peer under its name, which hmc_remove_remote takes. */
-    hmc_engine *c = open_tcp("127.0.0.1");
+    hmc_engine *c = test_open("127.0.0.1", "tcp", "max_descs_per_transfer", "1024");
     static uint8_t blob[1 << 16];
     size_t blob_len = 0;
     EXPECT(hmc_local_metadata(b, blob, sizeof blob, &blob_len), HMC_OK, NULL);

@@ -7,7 +7,7 @@
  * `cargo xtask test` runs this against the project's CUDA driver ABI shim, a GPU machine
  * against its driver. Exit status 0 when every byte checked.
  */
-#include <hmc/hmc.h>
+#include "common.h"
 
 #include <dlfcn.h>
 #include <stdint.h>
@@ -39,13 +39,6 @@ static void *sym(const char *name) {
     return f;
 }
 
-static void check(hmc_status s, const char *what) {
-    if (s != HMC_OK) {
-        fprintf(stderr, "%s: %s: %s\n", what, hmc_status_name(s), hmc_last_error());
-        exit(1);
-    }
-}
-
 static void expect(int ok, const char *what) {
     if (!ok) {
         fprintf(stderr, "expected: %s\n", what);
@@ -71,16 +64,6 @@ static void from_device(void *h, unsigned long long d, size_t n) {
            "device to host copy");
 }
 
-static hmc_engine *open_tcp(const char *local) {
-    hmc_option opts[] = {{"transport", "tcp"}};
-    hmc_engine_options o = HMC_ENGINE_OPTIONS_INIT;
-    o.options = opts;
-    o.num_options = 1;
-    hmc_engine *e = NULL;
-    check(hmc_engine_open(local, &o, &e), "hmc_engine_open");
-    return e;
-}
-
 static uint8_t host[LEN], back[LEN];
 
 int main(void) {
@@ -98,9 +81,9 @@ int main(void) {
                ((cu_stream_t)sym("cuStreamCreate"))(&stream, 1) == 0,
            "CUDA device 0 opens");
 
-    hmc_engine *a = open_tcp("127.0.0.1:0"), *b = open_tcp("127.0.0.1:0");
+    hmc_engine *a = test_open("127.0.0.1:0", "tcp", NULL, NULL), *b = test_open("127.0.0.1:0", "tcp", NULL, NULL);
     char peer[128];
-    check(hmc_engine_name(b, peer, sizeof peer, NULL), "name");
+    test_check(hmc_engine_name(b, peer, sizeof peer, NULL), "name");
 
     /* Device memory at a, host memory at b. */
     unsigned long long d = device_alloc(LEN);
@@ -115,24 +98,24 @@ int main(void) {
     md.device_kind = HMC_DEVICE_CUDA;
     md.device_id = 0;
     hmc_mem *mdev = NULL, *mhost = NULL;
-    check(hmc_register_mem(a, &md, &mdev), "register device memory");
+    test_check(hmc_register_mem(a, &md, &mdev), "register device memory");
     hmc_mem_desc mh = HMC_MEM_DESC_INIT;
     mh.addr = (uintptr_t)host;
     mh.len = LEN;
-    check(hmc_register_mem(b, &mh, &mhost), "register host memory");
-    check(hmc_connect(a, peer, 5000), "connect");
+    test_check(hmc_register_mem(b, &mh, &mhost), "register host memory");
+    test_check(hmc_connect(a, peer, 5000), "connect");
 
     /* Device -> peer host (sync WRITE), then peer host -> device (async READ). */
     hmc_xfer_desc x = {d, (uintptr_t)host, LEN};
-    check(hmc_transfer_sync(a, peer, HMC_WRITE, &x, 1, 10000), "WRITE from device memory");
+    test_check(hmc_transfer_sync(a, peer, HMC_WRITE, &x, 1, 10000), "WRITE from device memory");
     expect(memcmp(host, back, LEN) == 0, "the device's bytes arrived at the peer");
     for (size_t i = 0; i < LEN; i++) {
         host[i] = (uint8_t)(i * 13 + 5);
     }
     hmc_request *r = NULL;
-    check(hmc_transfer_async(a, peer, HMC_READ, &x, 1, 10000, NULL, &r), "READ into device");
-    check(hmc_request_wait(a, r, 10000), "wait");
-    check(hmc_request_release(a, r), "release");
+    test_check(hmc_transfer_async(a, peer, HMC_READ, &x, 1, 10000, NULL, &r), "READ into device");
+    test_check(hmc_request_wait(a, r, 10000), "wait");
+    test_check(hmc_request_release(a, r), "release");
     memset(back, 0, LEN);
     from_device(back, d, LEN);
     expect(memcmp(host, back, LEN) == 0, "the peer's bytes arrived in device memory");
@@ -140,8 +123,8 @@ int main(void) {
 
     /* A KV cache in device memory at a, pulled whole into a host cache at b. */
     hmc_datadist *prompt = NULL, *decoder = NULL;
-    check(hmc_datadist_new(a, 1, HMC_ROLE_PROMPT, &prompt), "datadist");
-    check(hmc_datadist_new(b, 2, HMC_ROLE_DECODER, &decoder), "datadist");
+    test_check(hmc_datadist_new(a, 1, HMC_ROLE_PROMPT, &prompt), "datadist");
+    test_check(hmc_datadist_new(b, 2, HMC_ROLE_DECODER, &decoder), "datadist");
     const uint64_t shape[2] = {4, 1024};
     hmc_cache_desc cd = HMC_CACHE_DESC_INIT;
     cd.mem_type = HMC_MEM_DEVICE;
@@ -158,29 +141,29 @@ int main(void) {
     const uint64_t addrs[2] = {t0, t1};
     const hmc_cache_key key = {1, 9, 1, 0};
     hmc_kv_cache *dc = NULL, *hc = NULL;
-    check(hmc_datadist_register_cache(prompt, &cd, addrs, &key, 1, NULL, &dc), "register cache");
+    test_check(hmc_datadist_register_cache(prompt, &cd, addrs, &key, 1, NULL, &dc), "register cache");
     char name_a[128];
-    check(hmc_engine_name(a, name_a, sizeof name_a, NULL), "name");
-    check(hmc_datadist_link(decoder, 1, name_a, 5000), "link");
+    test_check(hmc_engine_name(a, name_a, sizeof name_a, NULL), "name");
+    test_check(hmc_datadist_link(decoder, 1, name_a, 5000), "link");
     cd.mem_type = HMC_MEM_HOST;
     cd.device_kind = 0;
-    check(hmc_datadist_allocate_cache(decoder, &cd, NULL, 0, NULL, &hc), "host cache");
-    check(hmc_datadist_pull_cache(decoder, &key, hc, 10000), "pull from device cache");
+    test_check(hmc_datadist_allocate_cache(decoder, &cd, NULL, 0, NULL, &hc), "host cache");
+    test_check(hmc_datadist_pull_cache(decoder, &key, hc, 10000), "pull from device cache");
     uint64_t got[2];
     size_t n = 0;
-    check(hmc_kv_cache_tensor_addrs(decoder, hc, got, 2, &n), "addresses");
+    test_check(hmc_kv_cache_tensor_addrs(decoder, hc, got, 2, &n), "addresses");
     const uint8_t *h0 = (const uint8_t *)(uintptr_t)got[0];
     const uint8_t *h1 = (const uint8_t *)(uintptr_t)got[1];
     expect(h0[0] == 0xa1 && h0[4095] == 0xa1 && h1[0] == 0xb2 && h1[4095] == 0xb2,
            "the device cache's tensors arrived");
     printf("device: a KV cache in CUDA memory pulled into a host cache: checked\n");
-    check(hmc_datadist_deallocate_cache(decoder, hc), "deallocate");
-    check(hmc_datadist_deallocate_cache(prompt, dc), "deallocate");
-    check(hmc_datadist_close(decoder), "close");
-    check(hmc_datadist_close(prompt), "close");
-    check(hmc_deregister_mem(a, mdev), "deregister");
-    check(hmc_deregister_mem(b, mhost), "deregister");
-    check(hmc_engine_close(a), "close");
-    check(hmc_engine_close(b), "close");
+    test_check(hmc_datadist_deallocate_cache(decoder, hc), "deallocate");
+    test_check(hmc_datadist_deallocate_cache(prompt, dc), "deallocate");
+    test_check(hmc_datadist_close(decoder), "close");
+    test_check(hmc_datadist_close(prompt), "close");
+    test_check(hmc_deregister_mem(a, mdev), "deregister");
+    test_check(hmc_deregister_mem(b, mhost), "deregister");
+    test_check(hmc_engine_close(a), "close");
+    test_check(hmc_engine_close(b), "close");
     return 0;
 }

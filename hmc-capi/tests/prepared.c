@@ -5,7 +5,7 @@
  * index out of range, lists swapped, a list of another engine, a status before the first
  * post, a post after release). Exit status 0 when every expectation held.
  */
-#include <hmc/hmc.h>
+#include "common.h"
 
 #include <poll.h>
 #include <stdint.h>
@@ -27,23 +27,10 @@ static int failures = 0;
         }                                                                                    \
     } while (0)
 
-static hmc_engine *open_tcp(const char *local) {
-    hmc_option opts[] = {{"transport", "tcp"}};
-    hmc_engine_options o = HMC_ENGINE_OPTIONS_INIT;
-    o.options = opts;
-    o.num_options = 1;
-    hmc_engine *e = NULL;
-    if (hmc_engine_open(local, &o, &e) != HMC_OK) {
-        fprintf(stderr, "open: %s\n", hmc_last_error());
-        exit(1);
-    }
-    return e;
-}
-
 static uint8_t src[SIZE], dst[SIZE];
 
 int main(void) {
-    hmc_engine *a = open_tcp("127.0.0.1"), *b = open_tcp("127.0.0.1:0");
+    hmc_engine *a = test_open("127.0.0.1", "tcp", NULL, NULL), *b = test_open("127.0.0.1:0", "tcp", NULL, NULL);
     char peer[128];
     hmc_engine_name(b, peer, sizeof peer, NULL);
     hmc_mem_desc d = HMC_MEM_DESC_INIT;

@@ -6,7 +6,7 @@
  * seen on the descriptor exactly once, every callback must run once, and every byte must
  * arrive. Exit status 0 when all of that held.
  */
-#include <hmc/hmc.h>
+#include "common.h"
 
 #include <poll.h>
 #include <pthread.h>
@@ -89,23 +89,10 @@ static void *poster(void *arg) {
     return NULL;
 }
 
-static hmc_engine *open_engine(const char *local, const char *transport) {
-    hmc_option opts[] = {{"transport", transport}};
-    hmc_engine_options o = HMC_ENGINE_OPTIONS_INIT;
-    o.options = opts;
-    o.num_options = 1;
-    hmc_engine *e = NULL;
-    if (hmc_engine_open(local, &o, &e) != HMC_OK) {
-        fprintf(stderr, "open: %s\n", hmc_last_error());
-        exit(1);
-    }
-    return e;
-}
-
 int main(int argc, char **argv) {
     const char *transport = argc > 1 ? argv[1] : "tcp";
-    a = open_engine("127.0.0.1", transport);
-    hmc_engine *b = open_engine("127.0.0.1:0", transport);
+    a = test_open("127.0.0.1", transport, NULL, NULL);
+    hmc_engine *b = test_open("127.0.0.1:0", transport, NULL, NULL);
     if (hmc_engine_name(b, peer, sizeof peer, NULL) != HMC_OK) {
         return 1;
     }
