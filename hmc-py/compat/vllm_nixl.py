@@ -94,7 +94,9 @@ def free_port() -> int:
 
 
 class Instance:
-    def __init__(self, role: str, mode: str, num_blocks: int, model_dir: str, lease: int):
+    def __init__(
+        self, role: str, mode: str, num_blocks: int, model_dir: str, lease: int, step_delay: float
+    ):
         import torch
         from vllm.config import (
             CacheConfig,
@@ -130,6 +132,7 @@ class Instance:
         self.torch = torch
         self.role = role
         self.mode = mode
+        self.step_delay = step_delay
         model_config = ModelConfig(
             model=model_dir, skip_tokenizer_init=True, dtype="float16", seed=0
         )
@@ -146,7 +149,7 @@ class Instance:
         # The layout the connector asks for (NixlConnector.get_required_kvcache_layout),
         # resolved here as the engine core would.
         cache_config.kv_cache_layout = "LBHNC"
-        connector = "NixlPushConnector" if mode == "push" else "NixlConnector"
+        connector = "NixlPushConnector" if mode == "push" else "NixlConnector"  # pull, sleep, heartbeat
         kv_transfer_config = KVTransferConfig(
             kv_connector=connector,
             kv_role="kv_producer" if role == "prefill" else "kv_consumer",
@@ -231,6 +234,7 @@ class Instance:
         )
         self.written: dict[str, set[int]] = {}
         self.recv_blocks: dict[str, list[int]] = {}
+        self.finished_at: dict[str, float] = {}
         self.stats = {"steps": 0, "bytes_checked": 0, "blocks_checked": 0, "bad_blocks": 0}
         self.kv_stats: dict[str, float] = {}
 
@@ -315,6 +319,8 @@ class Instance:
                 Mixin.maybe_get_kv_connector_output(sched_out) as kv_out,
             ):
                 req_ids, sampled = self.forward(sched_out)
+                if self.step_delay:
+                    time.sleep(self.step_delay)  # a slow model: requests wait on this side
             out = ModelRunnerOutput(
                 req_ids=req_ids,
                 req_id_to_index={r: i for i, r in enumerate(req_ids)},
@@ -324,9 +330,15 @@ class Instance:
                 pooler_output=None,
                 kv_connector_output=kv_out,
             )
+        now = time.perf_counter()
         if kv_out is not None:
             for rid in kv_out.finished_recving or ():
                 self.verify(rid)
+            for rid in kv_out.finished_sending or ():
+                # How long the prefill held the blocks after the request finished: past
+                # kv_lease_duration only the decode's heartbeats keep them.
+                held = now - self.finished_at.pop(rid, now)
+                self.stats["max_block_hold_s"] = max(self.stats.get("max_block_hold_s", 0), held)
             if kv_out.kv_connector_stats is not None:
                 data = kv_out.kv_connector_stats.data or {}
                 for key, value in data.items():
@@ -344,6 +356,7 @@ class Instance:
             for o in eco.outputs:
                 if o.finish_reason is not None:
                     finished.append((o.request_id, o.kv_transfer_params))
+                    self.finished_at[o.request_id] = now
         return finished
 
     def forward(self, sched_out):
@@ -403,7 +416,7 @@ class Instance:
                 pass
 
 
-def child_main(role, mode, conn, num_blocks, model_dir, lease):
+def child_main(role, mode, conn, num_blocks, model_dir, lease, step_delay):
     """Runs in a spawned process: set up, then serve the parent's messages and step."""
     # Logs (vLLM's, NIXL's, UCX's, from C too) go to stderr: stdout is for the JSON lines.
     sys.stdout.flush()
@@ -414,7 +427,7 @@ def child_main(role, mode, conn, num_blocks, model_dir, lease):
         for entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
             if entry and entry not in sys.path:
                 sys.path.insert(0, entry)
-        inst = Instance(role, mode, num_blocks, model_dir, lease)
+        inst = Instance(role, mode, num_blocks, model_dir, lease, step_delay)
         import nixl
 
         conn.send(("ready", getattr(nixl, "__file__", None)))
@@ -438,7 +451,7 @@ def child_main(role, mode, conn, num_blocks, model_dir, lease):
                     elif msg[0] == "reset":
                         inst.stats.update(
                             bytes_checked=0, blocks_checked=0, bad_blocks=0, verified=0,
-                            heartbeat_rounds=0, steps=0,
+                            heartbeat_rounds=0, steps=0, max_block_hold_s=0,
                         )
                         inst.kv_stats.clear()
                 continue
@@ -471,10 +484,22 @@ def child_main(role, mode, conn, num_blocks, model_dir, lease):
 # --------------------------------------------------------------------------------------
 
 
+# --mode heartbeat: a slow decode (0.3 s a step, 20 tokens a request, room for few requests)
+# makes prefilled requests wait on it for longer than a 3 s lease; the decode's scheduler sends
+# "HB:" notifications every step, each extending the prefill's lease by 2 s. Right when no
+# request expired on the prefill, every byte arrived, and some block was held past the lease.
+HEARTBEAT = {"lease": 3, "decode_step_delay": 0.3, "decode_tokens": 20, "inflight": 2}
+
+
 def run_pair(package, mode, args, model_dir, shim_dir):
+    import copy
     import multiprocessing as mp
     import random
     from multiprocessing.connection import wait
+
+    if mode == "heartbeat":
+        args = copy.copy(args)
+        vars(args).update(HEARTBEAT, requests=min(args.requests, 16))
 
     env_keep = dict(os.environ)
     os.environ["VLLM_TARGET_DEVICE"] = "cpu"
@@ -501,7 +526,10 @@ def run_pair(package, mode, args, model_dir, shim_dir):
             parent, child = ctx.Pipe()
             p = ctx.Process(
                 target=child_main,
-                args=(role, mode, child, num_blocks, model_dir, args.lease),
+                args=(
+                    role, mode, child, num_blocks, model_dir, args.lease,
+                    args.decode_step_delay if role == "decode" else 0.0,
+                ),
                 name=f"vllm-{role}",
             )
             p.start()
@@ -590,6 +618,10 @@ def run_pair(package, mode, args, model_dir, shim_dir):
             and stats.get("verified", 0) == args.requests
             and stats["blocks_checked"] == expect_blocks
         )
+        expired = p_stats[1].get("num_kv_expired_reqs", 0) + kv_stats.get("num_kv_expired_reqs", 0)
+        held = p_stats[0].get("max_block_hold_s", 0)
+        if mode == "heartbeat":
+            ok = ok and expired == 0 and held > args.lease
         result = {
             "system": "hmc.nixl" if package == "hmc" else "nixl",
             "mode": mode,
@@ -606,6 +638,9 @@ def run_pair(package, mode, args, model_dir, shim_dir):
             ),
             "heartbeat_rounds": stats.get("heartbeat_rounds", 0),
             "registration_generation": None if mode == "push" else stats.get("registration_generation", 0),
+            "prefill_max_block_hold_s": round(p_stats[0].get("max_block_hold_s", 0), 2),
+            "lease_s": args.lease,
+            "expired_requests": expired,
             "decode_steps": stats["steps"],
             "decode_connector_stats": kv_stats,
             "prefill_connector_stats": p_stats[1],
@@ -631,8 +666,9 @@ def main():
     ap.add_argument(
         "--mode",
         default="all",
-        choices=["pull", "push", "sleep", "all"],
-        help="sleep: pull, with the prefill put to sleep and woken after the warm-up",
+        choices=["pull", "push", "sleep", "heartbeat", "all"],
+        help="sleep: pull, with the prefill put to sleep and woken after the warm-up; "
+        "heartbeat: pull, with requests waiting on a slow decode longer than the lease",
     )
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--inflight", type=int, default=48, help="requests whose KV fits at once")
@@ -640,6 +676,13 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=500)
     ap.add_argument("--decode-tokens", type=int, default=2)
     ap.add_argument("--lease", type=int, default=6, help="kv_lease_duration (s); heartbeats every lease//6 s")
+    ap.add_argument(
+        "--decode-step-delay",
+        type=float,
+        default=0.0,
+        help="seconds each decode model step takes: with --inflight small, prefilled requests "
+        "wait on the decode longer than the lease, and only the heartbeats keep their blocks",
+    )
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args()
 
@@ -647,7 +690,7 @@ def main():
     for p in packages:
         if p not in ("hmc", "nixl"):
             ap.error(f"unknown package {p!r}")
-    modes = ["pull", "push", "sleep"] if args.mode == "all" else [args.mode]
+    modes = ["pull", "push", "sleep", "heartbeat"] if args.mode == "all" else [args.mode]
 
     work = tempfile.mkdtemp(prefix="vllm-nixl-compat-")
     model_dir = os.path.join(work, "model")
