@@ -93,167 +93,103 @@ struct Notification {
 
 class Engine;
 
-/// A registration; deregistered when destroyed (or by reset()).
-class Registration {
+namespace detail {
+/// A handle `H` of owner `O` (an engine, a client) released by `Release` when destroyed:
+/// movable, not copyable. A handle whose owner was closed first is refused by status, not
+/// dereferenced, so destruction order does not matter.
+template <class O, class H, hmc_status (*Release)(O *, H *)>
+class Owned {
  public:
-  Registration() noexcept = default;
-  Registration(hmc_engine *engine, hmc_mem *mem) noexcept : engine_(engine), mem_(mem) {}
-  Registration(Registration &&o) noexcept { swap(o); }
-  Registration &operator=(Registration &&o) noexcept {
-    Registration(std::move(o)).swap(*this);
+  Owned() noexcept = default;
+  Owned(O *owner, H *handle) noexcept : o_(owner), h_(handle) {}
+  Owned(Owned &&x) noexcept : o_(std::exchange(x.o_, nullptr)), h_(std::exchange(x.h_, nullptr)) {}
+  Owned &operator=(Owned &&x) noexcept {
+    if (this != &x) {
+      reset();
+      o_ = std::exchange(x.o_, nullptr);
+      h_ = std::exchange(x.h_, nullptr);
+    }
     return *this;
   }
-  Registration(const Registration &) = delete;
-  Registration &operator=(const Registration &) = delete;
-  ~Registration() { reset(); }
+  Owned(const Owned &) = delete;
+  Owned &operator=(const Owned &) = delete;
+  ~Owned() { reset(); }
 
-  /// Deregisters now (a no-op when empty); the memory may be freed afterwards.
+  /// Releases now (a no-op when empty).
   hmc_status reset() noexcept {
     hmc_status s = HMC_OK;
-    if (mem_ != nullptr) {
-      s = hmc_deregister_mem(engine_, mem_);
+    if (h_ != nullptr) {
+      s = Release(o_, std::exchange(h_, nullptr));
     }
-    engine_ = nullptr;
-    mem_ = nullptr;
+    o_ = nullptr;
     return s;
   }
-  /// Gives up ownership: the caller deregisters the handle.
-  hmc_mem *release() noexcept { return std::exchange(mem_, nullptr); }
-  hmc_mem *get() const noexcept { return mem_; }
-  explicit operator bool() const noexcept { return mem_ != nullptr; }
+  /// Gives up ownership: the caller releases the handle.
+  H *release() noexcept { return std::exchange(h_, nullptr); }
+  H *get() const noexcept { return h_; }
+  explicit operator bool() const noexcept { return h_ != nullptr; }
+
+ protected:
+  O *owner() const noexcept { return o_; }
 
  private:
-  void swap(Registration &o) noexcept {
-    std::swap(engine_, o.engine_);
-    std::swap(mem_, o.mem_);
-  }
-  hmc_engine *engine_ = nullptr;
-  hmc_mem *mem_ = nullptr;
+  O *o_ = nullptr;
+  H *h_ = nullptr;
+};
+}  // namespace detail
+
+/// A registration; deregistered when destroyed (or by reset()).
+class Registration : public detail::Owned<hmc_engine, hmc_mem, hmc_deregister_mem> {
+ public:
+  using Owned::Owned;
 };
 
 /// An asynchronous transfer; released when destroyed (which cancels it if still running).
-class Request {
+class Request : public detail::Owned<hmc_engine, hmc_request, hmc_request_release> {
  public:
-  Request() noexcept = default;
-  Request(hmc_engine *engine, hmc_request *req) noexcept : engine_(engine), req_(req) {}
-  Request(Request &&o) noexcept { swap(o); }
-  Request &operator=(Request &&o) noexcept {
-    Request(std::move(o)).swap(*this);
-    return *this;
-  }
-  Request(const Request &) = delete;
-  Request &operator=(const Request &) = delete;
-  ~Request() { reset(); }
-
+  using Owned::Owned;
   /// HMC_PENDING while running, HMC_OK when completed, else why it failed.
-  hmc_status status() const noexcept { return hmc_request_status(engine_, req_, nullptr); }
+  hmc_status status() const noexcept { return hmc_request_status(owner(), get(), nullptr); }
   hmc_status wait(std::chrono::milliseconds timeout) const noexcept {
-    return hmc_request_wait(engine_, req_, static_cast<uint32_t>(timeout.count()));
+    return hmc_request_wait(owner(), get(), static_cast<uint32_t>(timeout.count()));
   }
-  hmc_status cancel() const noexcept { return hmc_request_cancel(engine_, req_); }
+  hmc_status cancel() const noexcept { return hmc_request_cancel(owner(), get()); }
   hmc_status telemetry(hmc_telemetry &out) const noexcept {
     out.struct_size = sizeof out;
-    return hmc_request_telemetry(engine_, req_, &out);
+    return hmc_request_telemetry(owner(), get(), &out);
   }
-  hmc_status reset() noexcept {
-    hmc_status s = HMC_OK;
-    if (req_ != nullptr) {
-      s = hmc_request_release(engine_, req_);
-    }
-    engine_ = nullptr;
-    req_ = nullptr;
-    return s;
-  }
-  hmc_request *release() noexcept { return std::exchange(req_, nullptr); }
-  hmc_request *get() const noexcept { return req_; }
-  explicit operator bool() const noexcept { return req_ != nullptr; }
-
- private:
-  void swap(Request &o) noexcept {
-    std::swap(engine_, o.engine_);
-    std::swap(req_, o.req_);
-  }
-  hmc_engine *engine_ = nullptr;
-  hmc_request *req_ = nullptr;
 };
 
 /// A prepared descriptor list (hmc_prep_local / hmc_prep_remote); released when destroyed.
-class PreparedList {
+class PreparedList : public detail::Owned<hmc_engine, hmc_prepped, hmc_prepped_release> {
  public:
-  PreparedList() noexcept = default;
-  PreparedList(hmc_engine *e, hmc_prepped *p) noexcept : e_(e), p_(p) {}
-  PreparedList(PreparedList &&o) noexcept
-      : e_(std::exchange(o.e_, nullptr)), p_(std::exchange(o.p_, nullptr)) {}
-  PreparedList &operator=(PreparedList &&o) noexcept {
-    if (this != &o) {
-      reset();
-      e_ = std::exchange(o.e_, nullptr);
-      p_ = std::exchange(o.p_, nullptr);
-    }
-    return *this;
-  }
-  PreparedList(const PreparedList &) = delete;
-  PreparedList &operator=(const PreparedList &) = delete;
-  ~PreparedList() { reset(); }
-
+  using Owned::Owned;
   /// Entries in the list (a strided descriptor counts its blocks); 0 on failure.
   uint64_t size() const noexcept {
     uint64_t n = 0;
-    hmc_prepped_len(e_, p_, &n);
+    hmc_prepped_len(owner(), get(), &n);
     return n;
   }
-  hmc_prepped *get() const noexcept { return p_; }
-  void reset() noexcept {
-    if (p_ != nullptr) {
-      hmc_prepped_release(e_, std::exchange(p_, nullptr));
-    }
-  }
-
- private:
-  hmc_engine *e_ = nullptr;
-  hmc_prepped *p_ = nullptr;
 };
 
 /// A transfer made of two prepared lists, posted any number of times; released (a post in
 /// progress cancelled and waited for) when destroyed.
-class PreparedTransfer {
+class PreparedTransfer : public detail::Owned<hmc_engine, hmc_xfer, hmc_xfer_release> {
  public:
-  PreparedTransfer() noexcept = default;
-  PreparedTransfer(hmc_engine *e, hmc_xfer *x) noexcept : e_(e), x_(x) {}
-  PreparedTransfer(PreparedTransfer &&o) noexcept
-      : e_(std::exchange(o.e_, nullptr)), x_(std::exchange(o.x_, nullptr)) {}
-  PreparedTransfer &operator=(PreparedTransfer &&o) noexcept {
-    if (this != &o) {
-      reset();
-      e_ = std::exchange(o.e_, nullptr);
-      x_ = std::exchange(o.x_, nullptr);
-    }
-    return *this;
-  }
-  PreparedTransfer(const PreparedTransfer &) = delete;
-  PreparedTransfer &operator=(const PreparedTransfer &) = delete;
-  ~PreparedTransfer() { reset(); }
-
-  hmc_status post() noexcept { return hmc_xfer_post(e_, x_); }
-  hmc_status status() const noexcept { return hmc_xfer_status(e_, x_, nullptr); }
+  using Owned::Owned;
+  hmc_status post() noexcept { return hmc_xfer_post(owner(), get()); }
+  hmc_status status() const noexcept { return hmc_xfer_status(owner(), get(), nullptr); }
   hmc_status wait(std::chrono::milliseconds t) const noexcept {
-    return hmc_xfer_wait(e_, x_, static_cast<uint32_t>(t.count()));
+    return hmc_xfer_wait(owner(), get(), static_cast<uint32_t>(t.count()));
   }
   hmc_status telemetry(hmc_telemetry &out) const noexcept {
     out.struct_size = sizeof out;
-    return hmc_xfer_telemetry(e_, x_, &out);
+    return hmc_xfer_telemetry(owner(), get(), &out);
   }
-  hmc_xfer *get() const noexcept { return x_; }
-  void reset() noexcept {
-    if (x_ != nullptr) {
-      hmc_xfer_release(e_, std::exchange(x_, nullptr));
-    }
-  }
-
- private:
-  hmc_engine *e_ = nullptr;
-  hmc_xfer *x_ = nullptr;
 };
+
+
+
 
 /// An engine; closed when destroyed. Every call may be made from many threads.
 class Engine {
@@ -574,41 +510,16 @@ class Server {
 };
 
 /// An asynchronous call; released (cancelled if still running) when destroyed.
-class Pending {
+class Pending : public detail::Owned<hmc_rpc_client, hmc_rpc_pending, hmc_rpc_pending_release> {
  public:
-  Pending() noexcept = default;
-  Pending(hmc_rpc_client *c, hmc_rpc_pending *p) noexcept : c_(c), p_(p) {}
-  Pending(Pending &&o) noexcept
-      : c_(std::exchange(o.c_, nullptr)), p_(std::exchange(o.p_, nullptr)) {}
-  Pending &operator=(Pending &&o) noexcept {
-    if (this != &o) {
-      reset();
-      c_ = std::exchange(o.c_, nullptr);
-      p_ = std::exchange(o.p_, nullptr);
-    }
-    return *this;
-  }
-  Pending(const Pending &) = delete;
-  Pending &operator=(const Pending &) = delete;
-  ~Pending() { reset(); }
-
+  using Owned::Owned;
   hmc_status wait(std::chrono::milliseconds t) const noexcept {
-    return hmc_rpc_pending_wait(c_, p_, static_cast<uint32_t>(t.count()));
+    return hmc_rpc_pending_wait(owner(), get(), static_cast<uint32_t>(t.count()));
   }
   hmc_status take(Bytes &response, uint32_t *rpc_status = nullptr) {
-    return hmc_rpc_pending_take(c_, p_, response.out(), rpc_status);
+    return hmc_rpc_pending_take(owner(), get(), response.out(), rpc_status);
   }
-  hmc_status cancel() const noexcept { return hmc_rpc_pending_cancel(c_, p_); }
-  hmc_rpc_pending *get() const noexcept { return p_; }
-  void reset() noexcept {
-    if (p_ != nullptr) {
-      hmc_rpc_pending_release(c_, std::exchange(p_, nullptr));
-    }
-  }
-
- private:
-  hmc_rpc_client *c_ = nullptr;
-  hmc_rpc_pending *p_ = nullptr;
+  hmc_status cancel() const noexcept { return hmc_rpc_pending_cancel(owner(), get()); }
 };
 
 /// An RPC client; closed when destroyed.
