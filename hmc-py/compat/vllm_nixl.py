@@ -95,7 +95,14 @@ def free_port() -> int:
 
 class Instance:
     def __init__(
-        self, role: str, mode: str, num_blocks: int, model_dir: str, lease: int, step_delay: float
+        self,
+        role: str,
+        mode: str,
+        num_blocks: int,
+        model_dir: str,
+        lease: int,
+        step_delay: float,
+        layout_name: str = "LBHNC",
     ):
         import torch
         from vllm.config import (
@@ -148,7 +155,7 @@ class Instance:
         )
         # The layout the connector asks for (NixlConnector.get_required_kvcache_layout),
         # resolved here as the engine core would.
-        cache_config.kv_cache_layout = "LBHNC"
+        cache_config.kv_cache_layout = layout_name
         connector = "NixlPushConnector" if mode == "push" else "NixlConnector"  # pull, sleep, heartbeat
         kv_transfer_config = KVTransferConfig(
             kv_connector=connector,
@@ -267,6 +274,8 @@ class Instance:
         return self.base_page + k
 
     def page_of(self, block_id: int, layer: int):
+        """The page of one layer of one block: contiguous in the layouts whose H, N and C
+        axes come last in that order (LBHNC, BLHNC)."""
         t = self.kv_tensor
         start = t.offset + layer * t.layer_stride + block_id * t.block_stride
         return self.raw[start : start + self.page].view(self.torch.int64)
@@ -416,7 +425,7 @@ class Instance:
                 pass
 
 
-def child_main(role, mode, conn, num_blocks, model_dir, lease, step_delay):
+def child_main(role, mode, conn, num_blocks, model_dir, lease, step_delay, layout):
     """Runs in a spawned process: set up, then serve the parent's messages and step."""
     # Logs (vLLM's, NIXL's, UCX's, from C too) go to stderr: stdout is for the JSON lines.
     sys.stdout.flush()
@@ -427,7 +436,7 @@ def child_main(role, mode, conn, num_blocks, model_dir, lease, step_delay):
         for entry in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
             if entry and entry not in sys.path:
                 sys.path.insert(0, entry)
-        inst = Instance(role, mode, num_blocks, model_dir, lease, step_delay)
+        inst = Instance(role, mode, num_blocks, model_dir, lease, step_delay, layout)
         import nixl
 
         conn.send(("ready", getattr(nixl, "__file__", None)))
@@ -529,6 +538,7 @@ def run_pair(package, mode, args, model_dir, shim_dir):
                 args=(
                     role, mode, child, num_blocks, model_dir, args.lease,
                     args.decode_step_delay if role == "decode" else 0.0,
+                    args.layout,
                 ),
                 name=f"vllm-{role}",
             )
@@ -682,6 +692,13 @@ def main():
         default=0.0,
         help="seconds each decode model step takes: with --inflight small, prefilled requests "
         "wait on the decode longer than the lease, and only the heartbeats keep their blocks",
+    )
+    ap.add_argument(
+        "--layout",
+        default="LBHNC",
+        choices=["LBHNC", "BLHNC"],
+        help="the KV cache layout: LBHNC (what the connector asks for: layer-outermost) or "
+        "BLHNC (block-outermost: a block's layers side by side)",
     )
     ap.add_argument("--timeout", type=float, default=600.0)
     args = ap.parse_args()
