@@ -216,3 +216,25 @@ def test_a_version_check_sees_no_nixl_distribution():
             "try:\n    m.version('nixl'); print('found')\n"
             "except m.PackageNotFoundError:\n    print('none', m.version('hmc'))", HMC_ALIAS="nixl")
     assert r.stdout.split()[0] == "none" and len(r.stdout.split()) == 2, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("skip_merge, want", [(False, 1), (True, 2)])
+def test_a_prepared_transfers_telemetry_counts_descriptors_as_nixl_merges_them(skip_merge, want):
+    # make_prepped_xfer merges adjacent descriptors unless skip_desc_merge (NIXL's count:
+    # vLLM's num_descriptors metric reads it); initialize_xfer's are counted as given
+    # (test_telemetry_follows_nixl_telemetry_enable_over_the_config).
+    a = nixl_agent("merge-a", nixl_agent_config(backends=["tcp"], capture_telemetry=True))
+    b = nixl_agent("merge-b", nixl_agent_config(backends=["tcp"]))
+    src, dst = np.arange(128, dtype=np.uint8), np.zeros(128, np.uint8)
+    a.register_memory([(src.ctypes.data, 128, 0, "")], "DRAM")
+    b.register_memory([(dst.ctypes.data, 128, 0, "")], "DRAM")
+    name = a.add_remote_agent(b.get_agent_metadata())
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(src.ctypes.data, 64, 0), (src.ctypes.data + 64, 64, 0)], "DRAM")
+    remote = a.prep_xfer_dlist(name, [(dst.ctypes.data, 64, 0), (dst.ctypes.data + 64, 64, 0)], "DRAM")
+    h = a.make_prepped_xfer("WRITE", local, [0, 1], remote, [0, 1], skip_desc_merge=skip_merge)
+    st = a.transfer(h)
+    while st == "PROC":
+        st = a.check_xfer_state(h)
+    assert st == "DONE" and (dst == src).all()
+    assert a.get_xfer_telemetry(h).descCount == want
+    a.release_xfer_handle(h)

@@ -142,7 +142,7 @@ class nixl_xfer_handle:
         self._posted = False
         self._sampled = True  # nothing to learn from until a post completes
         self._released = False
-        self._count = 0  # descriptors as the caller gave them (telemetry's descCount)
+        self._count = 0  # telemetry's descCount when NIXL counts them as given; else merged
         self._polled_ns = 0  # when check_xfer_state last found it in progress
 
     def __repr__(self) -> str:
@@ -533,7 +533,9 @@ class nixl_agent:
                 raise _nixl_error(err) from err
 
         handle = nixl_xfer_handle(self, make, _bytes(notif_msg), remote_xfer_side._remote)
-        handle._count = len(li)
+        # NIXL merges a prepared transfer's adjacent descriptors unless told not to, and
+        # its telemetry counts them merged (the engine's count, then); as given otherwise.
+        handle._count = len(li) if skip_desc_merge else 0
         return handle
 
     def initialize_xfer(
@@ -553,7 +555,9 @@ class nixl_agent:
         if n != len(rh._list):
             raise nixlBind.nixlInvalidParamError("initialize_xfer: the two lists differ in length")
         idx = np.arange(n, dtype=np.int64)
-        return self.make_prepped_xfer(operation, lh, idx, rh, idx, notif_msg)
+        handle = self.make_prepped_xfer(operation, lh, idx, rh, idx, notif_msg)
+        handle._count = n  # NIXL counts an initialize_xfer request's descriptors as given
+        return handle
 
     def transfer(self, handle: nixl_xfer_handle, notif_msg: bytes = b"") -> str:
         """Posts the transfer; ``"DONE"``, ``"PROC"`` or ``"ERR"``. A ``notif_msg`` given here
@@ -632,9 +636,7 @@ class nixl_agent:
             postDuration=handle._post_us,
             xferDuration=seen - start,
             totalBytes=t["bytes"],
-            # The request's descriptors as given, as NIXL counts them (the engine's count
-            # is after merging adjacent ones).
-            descCount=handle._count,
+            descCount=handle._count or t["descs"],
         )
 
     def query_xfer_backend(self, handle: nixl_xfer_handle) -> str:
