@@ -481,6 +481,17 @@ pub(crate) unsafe fn descs_arg(
     let max = e.config.max_descs_per_transfer;
     // SAFETY: forwarded contract.
     let s = unsafe { slice_arg(descs, n, max, "descs", "max_descs_per_transfer") }?;
+    // No transfer moves 2^64 bytes; refusing here also keeps every later sum of the lengths
+    // (the engine's byte counters, the request's telemetry) from overflowing.
+    if s.iter()
+        .try_fold(0u64, |a, d| a.checked_add(d.len))
+        .is_none()
+    {
+        return Err(Error::InvalidArgument(
+            "the descriptors' lengths add up past 2^64 bytes; pass the lengths of registered memory"
+                .into(),
+        ));
+    }
     s.iter()
         .map(|d| {
             let len = usize::try_from(d.len)

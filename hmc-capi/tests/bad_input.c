@@ -174,6 +174,14 @@ int main(void) {
     outside.remote_addr += sizeof dst;
     EXPECT(hmc_transfer_sync(a, name_b, HMC_WRITE, &outside, 1, 1000), HMC_ERR_NOT_REGISTERED,
            "register");
+    /* Lengths whose sum overflows 64 bits (found by the capi_calls fuzz target). */
+    hmc_xfer_desc two_huge[2] = {x, x};
+    two_huge[0].len = two_huge[1].len = (uint64_t)1 << 63;
+    EXPECT(hmc_transfer_sync(a, name_b, HMC_WRITE, two_huge, 2, 1000), HMC_ERR_INVALID_ARGUMENT,
+           "add up past 2^64");
+    hmc_request *never = NULL;
+    EXPECT(hmc_transfer_async(a, name_b, HMC_READ, two_huge, 2, 1000, NULL, &never),
+           HMC_ERR_INVALID_ARGUMENT, "add up past 2^64");
     hmc_xfer_desc huge = x;
     huge.len = UINT64_MAX;
     EXPECT(hmc_transfer_sync(a, name_b, HMC_WRITE, &huge, 1, 1000), HMC_ERR_NOT_REGISTERED,
