@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -128,8 +129,13 @@ def run_pair(args, transfer_backend: str) -> dict:
         "http_port": _free_port(),
         "requests": args.requests,
         "deadline": args.timeout - 60,
+        "kill_after": args.kill_decode_after,
     }
     env = _child_env(backend, args.package)
+    if args.kill_decode_after is not None:
+        # The prefill's senders whose decode never published fail after this (SGLang's
+        # default is 300 s).
+        env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] = "5"
     logdir = tempfile.mkdtemp(prefix="sglang-disagg-")
     procs = {}
     logs = {}
@@ -160,6 +166,8 @@ def run_pair(args, transfer_backend: str) -> dict:
                 p.kill()
                 p.wait()
     dec, pre = results.get("decode"), results.get("prefill")
+    if args.kill_decode_after is not None:
+        return _kill_line(args, transfer_backend, dec, pre, procs, logs, logdir)
     ok = (
         dec is not None
         and pre is not None
@@ -198,6 +206,43 @@ def run_pair(args, transfer_backend: str) -> dict:
     return line
 
 
+def _kill_line(args, transfer_backend, dec, pre, procs, logs, logdir) -> dict:
+    """--kill-decode-after K: the decode leaves (os._exit) right after publishing the
+    destination of timed request K (0-based), with others in flight; the prefill, whose
+    forward pass for that request takes 2 s, must conclude every request (that one Failed
+    with SGLang's reason for a dead peer, not a timeout) and not hang."""
+    total = WARMUP + args.requests
+    ok = (
+        pre is not None
+        and pre.get("concluded") == total
+        and dec is not None
+        and dec.get("bytes_ok") is True
+        and procs["decode"].returncode == 3
+    )
+    line = {
+        "system": (dec or pre or {}).get("system", f"{args.package} {args.backend}"),
+        "backend": args.backend,
+        "transfer_backend": transfer_backend,
+        "scenario": f"decode exits once request {WARMUP + args.kill_decode_after} of {total} is "
+        "published (the prefill's KV for it leaves 2 s after)",
+        "ok": bool(ok),
+        "decode_bytes_ok": (dec or {}).get("bytes_ok"),
+        "prefill_succeeded": (pre or {}).get("succeeded"),
+        "prefill_failed": (pre or {}).get("failed"),
+        "prefill_failure_reasons": (pre or {}).get("failure_reasons"),
+        "prefill_failure_of_the_published_request": (pre or {}).get("kill_request_failure"),
+    }
+    if not ok:
+        for role in ("prefill", "decode"):
+            logs[role].seek(0)
+            sys.stderr.write(f"--- {role} log tail ({logs[role].name}) ---\n{logs[role].read()[-4000:]}\n")
+    for f in logs.values():
+        f.close()
+    if ok:
+        shutil.rmtree(logdir, ignore_errors=True)
+    return line
+
+
 def _result_line(out: str):
     for line in reversed((out or "").splitlines()):
         if line.startswith(RESULT_TAG):
@@ -218,7 +263,7 @@ def orchestrate(args) -> int:
     for tb in variants:
         line = run_pair(args, tb)
         print(json.dumps(line), flush=True)
-        if not line["bytes_ok"]:
+        if not line.get("bytes_ok", line.get("ok")):
             rc = 1
     return rc
 
@@ -411,6 +456,8 @@ def role_main(role: str, cfg: dict) -> int:
         return emit({"error": f"{type(e).__name__}: {e}", "failed": 1}, 1)
 
     plan = request_plan(cfg["requests"])
+    index = {room: i for i, (room, _) in enumerate(plan)}
+    kill_at = WARMUP + cfg["kill_after"] if cfg.get("kill_after") is not None else len(plan)
     aux_item_lens = list(kv_args.aux_item_lens)
     aux_bufs = _aux_buffers(metadata)
     bootstrap_addr = f"127.0.0.1:{cfg['bootstrap_port']}"
@@ -428,6 +475,10 @@ def role_main(role: str, cfg: dict) -> int:
             """What the prefill scheduler does once the decode's destination is known: the
             first token's metadata (MetadataBuffers.set_buf's place), KVSender.init, then the
             pages chunk by chunk (send_kv_chunk; the last chunk carries the aux index)."""
+            if index[room] == kill_at:
+                # --kill-decode-after: this forward pass takes long enough for the decode
+                # to be gone before the KV leaves.
+                time.sleep(2.0)
             st["aux"] = meta_alloc.alloc()
             for i, (buf, n) in enumerate(zip(aux_bufs, aux_item_lens)):
                 buf[st["aux"]].view(torch.uint8).copy_(aux_row(room, i, n, i == len(aux_bufs) - 1))
@@ -466,6 +517,12 @@ def role_main(role: str, cfg: dict) -> int:
             st["dst"] = np.array([free.pop() for _ in range(len(pages))], dtype=np.int32)
             st["aux"] = meta_alloc.alloc()
             st["conn"].send_metadata(st["dst"], st["aux"], None)
+            if index[room] == kill_at:
+                # --kill-decode-after: this decode goes away once the prefill has its
+                # destination (ZMQ given time to deliver), with requests in flight.
+                time.sleep(0.5)
+                emit({"bytes_checked": checked["bytes"], "bytes_ok": checked["bad"] == 0})
+                os._exit(3)
 
         def finish(room, pages, st):
             """Every byte of every page and aux row, then the pages back to the free list."""
@@ -542,6 +599,17 @@ def role_main(role: str, cfg: dict) -> int:
     )
     if failed:
         result["error"] = f"{len(failed)} request(s) failed, first: {failed[0][1]}"
+        reasons = {}
+        for _, why in failed:
+            why = re.sub(r"\d{6,}", "N", str(why))[:200]
+            reasons[why] = reasons.get(why, 0) + 1
+        result["failure_reasons"] = reasons
+    result["succeeded"] = len(plan) - len(failed)
+    if kill_at < len(plan):
+        why = dict(failed).get(plan[kill_at][0], "Success")
+        result["kill_request_failure"] = re.sub(r"\d{6,}", "N", str(why))[:200]
+    # run() returns once every request is Success or Failed, or at the harness's deadline
+    result["concluded"] = len(plan) - sum(why == "timed out" for _, why in failed)
     if mode == DisaggregationMode.PREFILL:
         emit()
         sys.stdin.read()  # serve (bootstrap server, engine) until the decode is done
@@ -638,6 +706,13 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--timeout", type=float, default=900.0, help="seconds a prefill/decode pair may take"
+    )
+    ap.add_argument(
+        "--kill-decode-after",
+        type=int,
+        metavar="K",
+        help="a failure run: the decode exits after K timed requests with others in flight; "
+        "checks that the prefill concludes every request (Failed, with SGLang's reason)",
     )
     ap.add_argument("--role", choices=["prefill", "decode"], help=argparse.SUPPRESS)
     ap.add_argument("--config", help=argparse.SUPPRESS)
