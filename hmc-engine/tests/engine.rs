@@ -407,6 +407,25 @@ async fn notifications_arrive_in_order_and_are_bounded() {
     assert!(b.get_notifies().is_empty());
 }
 
+/// Lengths whose sum overflows 64 bits (found by the C API's fuzz target, where they
+/// panicked in the transfer counters under overflow checks) are refused as an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptor_lengths_that_overflow_their_sum_are_an_error() {
+    let a = engine(EngineConfig::default()).await;
+    let b = engine(EngineConfig::default()).await;
+    a.connect(b.name(), T).await.unwrap();
+    let huge = TransferOpDesc {
+        local_addr: 0x1000,
+        remote_addr: 0x1000,
+        len: usize::MAX,
+    };
+    let e = a
+        .transfer(b.name(), TransferOp::Write, &[huge, huge], T)
+        .await
+        .unwrap_err();
+    assert!(!e.to_string().is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_rules() {
     let a = engine(EngineConfig::default()).await;

@@ -197,7 +197,12 @@ pub(super) struct TransferMetrics {
 
 impl TransferMetrics {
     pub(super) fn start(op: crate::TransferOp, descs: &[crate::TransferOpDesc]) -> Self {
-        Self::start_bytes(op, descs.iter().map(|d| d.len as u64).sum())
+        // Saturating: the descriptors are checked after the count starts, and lengths a
+        // caller made up must not overflow (a panic with overflow checks on) before that.
+        let bytes = descs
+            .iter()
+            .fold(0u64, |n, d| n.saturating_add(d.len as u64));
+        Self::start_bytes(op, bytes)
     }
 
     pub(super) fn start_bytes(op: crate::TransferOp, bytes: u64) -> Self {
