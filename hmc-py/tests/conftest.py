@@ -34,6 +34,22 @@ def pair():
     b.finalize()
 
 
+def stop_process(pid):
+    """SIGSTOPs process ``pid`` and returns once every thread of it is stopped (the signal
+    takes effect asynchronously: a thread already running may still answer a request)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        if all(s == "T" for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError("the peer process did not stop")
+
+
 class Peer:
     """A child process running ``target(conn, *args)``, talked to over a pipe."""
 
@@ -53,18 +69,7 @@ class Peer:
 
     def stop(self):
         """SIGSTOP: the peer stays connected and answers nothing."""
-        os.kill(self.proc.pid, signal.SIGSTOP)
-        # The signal takes effect asynchronously: wait until every thread is stopped.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            states = []
-            for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
-                with open(f"/proc/{self.proc.pid}/task/{tid}/stat") as f:
-                    states.append(f.read().rsplit(")", 1)[1].split()[0])
-            if all(s == "T" for s in states):
-                return
-            time.sleep(0.01)
-        raise AssertionError("the peer process did not stop")
+        stop_process(self.proc.pid)
 
     def cont(self):
         os.kill(self.proc.pid, signal.SIGCONT)

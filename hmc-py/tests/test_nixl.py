@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import stop_process
 from hmc.nixl import _bindings as nb
 from hmc.nixl._api import nixl_agent, nixl_agent_config
 
@@ -236,7 +237,7 @@ def test_a_stopped_peer_ends_the_transfer_in_err_and_the_handle_works_again(tmp_
         lh = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(dst.ctypes.data, dst.nbytes, 0)], "DRAM")
         rh = a.prep_xfer_dlist(name, [(addr, 64 * 4096, 0)], "DRAM")
         h = a.make_prepped_xfer("READ", lh, [0], rh, [0])
-        p.send_signal(signal.SIGSTOP)
+        stop_process(p.pid)  # every thread stopped before the post (else it may answer)
         start = time.monotonic()
         st = a.transfer(h)
         while st == "PROC" and time.monotonic() - start < 30:

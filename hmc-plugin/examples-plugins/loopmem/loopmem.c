@@ -24,6 +24,7 @@
 #define _GNU_SOURCE
 #include "hmc_plugin.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -34,6 +35,7 @@
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -149,6 +151,32 @@ struct lm_ep { uint64_t peer_id; };
 struct lm_rkey { uint64_t peer_id, reg_id, secret; };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The socket files of loopmem processes that were killed (a kit case that crashed or hung
+ * on purpose) are left in the folder: the first communicator a process opens removes those
+ * whose process is gone. */
+static pthread_once_t g_sweep_once = PTHREAD_ONCE_INIT;
+
+static void lm_sweep_dead(void) {
+    const char *dir = getenv("TMPDIR");
+    if (!dir || !*dir) dir = "/tmp";
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int pid = 0;
+        unsigned long long n = 0;
+        char tail[8] = {0};
+        if (sscanf(e->d_name, "hmc-loopmem-%d-%llu%7s", &pid, &n, tail) != 3 || strcmp(tail, ".sock") != 0)
+            continue;
+        if (pid <= 0 || pid == (int)getpid() || kill(pid, 0) == 0 || errno != ESRCH) continue;
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_uid == geteuid()) unlink(path);
+    }
+    closedir(d);
+}
 static pthread_cond_t g_changed = PTHREAD_COND_INITIALIZER; /* pins dropped, transfers done */
 static struct lm_comm *g_comms;
 static uint64_t g_next_id = 1;
@@ -293,6 +321,7 @@ static int32_t lm_comm_open(const uint8_t *config, size_t len, HmcComm **out) {
     pthread_mutex_lock(&g_lock);
     c->id = g_next_id++;
     pthread_mutex_unlock(&g_lock);
+    pthread_once(&g_sweep_once, lm_sweep_dead);
     const char *dir = getenv("TMPDIR");
     snprintf(c->path, sizeof c->path, "%s/hmc-loopmem-%d-%llu.sock", dir && *dir ? dir : "/tmp",
              (int)getpid(), (unsigned long long)c->id);
