@@ -27,9 +27,8 @@ class _AliasLoader:
     """Returns the hmc module that ``install_alias`` put under the name (no code runs a
     second time) and leaves that module's own ``__spec__`` in place."""
 
-    def __init__(self, top: str, override: bool):
+    def __init__(self, top: str):
         self.top = top
-        self.override = override
 
     def create_module(self, spec):
         if not getattr(sys.modules.get(self.top), "__hmc_alias__", False):
@@ -86,9 +85,7 @@ class _AliasFinder:
                 return None
         import importlib.machinery
 
-        return importlib.machinery.ModuleSpec(
-            fullname, _AliasLoader(top, self.override), is_package=fullname == top
-        )
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(top), is_package=fullname == top)
 
 
 def _run() -> None:

@@ -68,22 +68,34 @@ def test_the_core_gets_nixls_config_record(monkeypatch, sync_mode):
     assert seen["config"].syncMode == want
 
 
-def _one_transfer(capture: bool):
-    """One WRITE with a notification between two agents; the initiator's telemetry or the
-    error NIXL raises without it."""
-    a = nixl_agent("tele-a", nixl_agent_config(backends=["tcp"], capture_telemetry=capture))
-    b = nixl_agent("tele-b", nixl_agent_config(backends=["tcp"]))
+def _two_agents_with_halves(prefix: str, capture: bool):
+    """Agents ``<prefix>-a`` (telemetry per ``capture``) and ``<prefix>-b`` with 128 bytes
+    each, a connected to b; the two adjacent 64-byte halves of each side's bytes. The caller
+    keeps b (returned last): collected, its engine would end."""
+    a = nixl_agent(f"{prefix}-a", nixl_agent_config(backends=["tcp"], capture_telemetry=capture))
+    b = nixl_agent(f"{prefix}-b", nixl_agent_config(backends=["tcp"]))
     src, dst = np.arange(128, dtype=np.uint8), np.zeros(128, np.uint8)
     a.register_memory([(src.ctypes.data, 128, 0, "")], "DRAM")
     b.register_memory([(dst.ctypes.data, 128, 0, "")], "DRAM")
     name = a.add_remote_agent(b.get_agent_metadata())
-    half = [(src.ctypes.data, 64, 0), (src.ctypes.data + 64, 64, 0)]
-    there = [(dst.ctypes.data, 64, 0), (dst.ctypes.data + 64, 64, 0)]
-    h = a.initialize_xfer("WRITE", a.get_xfer_descs(half, "DRAM"), a.get_xfer_descs(there, "DRAM"), name, b"t")
-    st = a.transfer(h)
+    halves = lambda m: [(m.ctypes.data, 64, 0), (m.ctypes.data + 64, 64, 0)]  # noqa: E731
+    return a, name, src, dst, halves(src), halves(dst), b
+
+
+def _run_to_done(agent, handle):
+    st = agent.transfer(handle)
     while st == "PROC":
-        st = a.check_xfer_state(h)
-    assert st == "DONE" and (dst == src).all()
+        st = agent.check_xfer_state(handle)
+    assert st == "DONE"
+
+
+def _one_transfer(capture: bool):
+    """One WRITE with a notification between two agents; the initiator's telemetry or the
+    error NIXL raises without it."""
+    a, name, src, dst, half, there, _b = _two_agents_with_halves("tele", capture)
+    h = a.initialize_xfer("WRITE", a.get_xfer_descs(half, "DRAM"), a.get_xfer_descs(there, "DRAM"), name, b"t")
+    _run_to_done(a, h)
+    assert (dst == src).all()
     try:
         return a.get_xfer_telemetry(h)
     except nb.nixlNoTelemetryError as e:
@@ -223,18 +235,11 @@ def test_a_prepared_transfers_telemetry_counts_descriptors_as_nixl_merges_them(s
     # make_prepped_xfer merges adjacent descriptors unless skip_desc_merge (NIXL's count:
     # vLLM's num_descriptors metric reads it); initialize_xfer's are counted as given
     # (test_telemetry_follows_nixl_telemetry_enable_over_the_config).
-    a = nixl_agent("merge-a", nixl_agent_config(backends=["tcp"], capture_telemetry=True))
-    b = nixl_agent("merge-b", nixl_agent_config(backends=["tcp"]))
-    src, dst = np.arange(128, dtype=np.uint8), np.zeros(128, np.uint8)
-    a.register_memory([(src.ctypes.data, 128, 0, "")], "DRAM")
-    b.register_memory([(dst.ctypes.data, 128, 0, "")], "DRAM")
-    name = a.add_remote_agent(b.get_agent_metadata())
-    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(src.ctypes.data, 64, 0), (src.ctypes.data + 64, 64, 0)], "DRAM")
-    remote = a.prep_xfer_dlist(name, [(dst.ctypes.data, 64, 0), (dst.ctypes.data + 64, 64, 0)], "DRAM")
+    a, name, src, dst, half, there, _b = _two_agents_with_halves("merge", True)
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", half, "DRAM")
+    remote = a.prep_xfer_dlist(name, there, "DRAM")
     h = a.make_prepped_xfer("WRITE", local, [0, 1], remote, [0, 1], skip_desc_merge=skip_merge)
-    st = a.transfer(h)
-    while st == "PROC":
-        st = a.check_xfer_state(h)
-    assert st == "DONE" and (dst == src).all()
+    _run_to_done(a, h)
+    assert (dst == src).all()
     assert a.get_xfer_telemetry(h).descCount == want
     a.release_xfer_handle(h)

@@ -26,7 +26,13 @@ struct Stack {
     probe: &'static str,
     /// Arguments of each harness run (the harness file first).
     runs: &'static [&'static [&'static str]],
+    /// The harness runs again with [`DECODE_KILLED`] on hmc's work-alike of each of these
+    /// backends: a decode killed mid-run, every request concluded with the stack's reasons.
+    decode_killed: &'static [&'static str],
 }
+
+/// A failure run's arguments (after `--backend B --package hmc`).
+const DECODE_KILLED: &[&str] = &["--requests", "24", "--kill-decode-after", "8"];
 
 const STACKS: &[Stack] = &[
     Stack {
@@ -36,6 +42,7 @@ const STACKS: &[Stack] = &[
         requirements: "hmc-py/compat/requirements-vllm.txt",
         probe: "vllm.distributed.kv_transfer.kv_connector.factory",
         runs: &[&["hmc-py/compat/vllm_nixl.py", "--package", "hmc,nixl"]],
+        decode_killed: &[],
     },
     Stack {
         name: "SGLang",
@@ -72,30 +79,8 @@ const STACKS: &[Stack] = &[
                 "--package",
                 "real",
             ],
-            // A decode killed mid-run: every request concluded, with SGLang's reasons.
-            &[
-                "hmc-py/compat/sglang_disagg.py",
-                "--backend",
-                "mooncake",
-                "--package",
-                "hmc",
-                "--requests",
-                "24",
-                "--kill-decode-after",
-                "8",
-            ],
-            &[
-                "hmc-py/compat/sglang_disagg.py",
-                "--backend",
-                "nixl",
-                "--package",
-                "hmc",
-                "--requests",
-                "24",
-                "--kill-decode-after",
-                "8",
-            ],
         ],
+        decode_killed: &["mooncake", "nixl"],
     },
 ];
 
@@ -133,12 +118,25 @@ pub fn command() -> Result {
     let mut failed: Vec<String> = Vec::new();
     for stack in STACKS {
         let py = venv(stack, &wheel)?;
-        for args in stack.runs {
+        let harness = stack.runs.first().map_or("", |r| r[0]);
+        let failure_runs = stack.decode_killed.iter().map(|b| {
+            [harness, "--backend", b, "--package", "hmc"]
+                .into_iter()
+                .chain(DECODE_KILLED.iter().copied())
+                .collect::<Vec<_>>()
+        });
+        let all: Vec<Vec<&str>> = stack
+            .runs
+            .iter()
+            .map(|r| r.to_vec())
+            .chain(failure_runs)
+            .collect();
+        for args in &all {
             let what = format!("{} {}", stack.name, args[1..].join(" "));
             eprintln!("xtask: compat: {what}");
             let out = Command::new(&py)
                 .current_dir(root())
-                .args(*args)
+                .args(args)
                 .stderr(Stdio::inherit())
                 .output()
                 .map_err(|e| format!("running {what}: {e}"))?;
