@@ -3,10 +3,13 @@
 //!
 //! - [`sweep`]: the connection sweeps of `hmc-rpc-bench --conn-sweep` and the engine
 //!   bench's `--conn-sweep`.
+//! - [`cpu`]: the CPU time of every process taking part in a measured section, as
+//!   CPU-seconds per GiB and CPU-microseconds per operation (issue 60).
 //!
-//! `unsafe` appears in [`sweep::raise_fd_limit`]'s `getrlimit`/`setrlimit`, each with its
-//! `// SAFETY:` comment.
+//! `unsafe` appears in [`sweep::raise_fd_limit`]'s `getrlimit`/`setrlimit` and in
+//! [`cpu`]'s `getrusage`/`sysconf`, each with its `// SAFETY:` comment.
 
 #![deny(unsafe_code)]
 
+pub mod cpu;
 pub mod sweep;
