@@ -184,6 +184,12 @@ pub fn cpu_us_per_op(used: CpuTime, ops: u64) -> Option<f64> {
     (ops > 0).then(|| used.total().as_secs_f64() * 1e6 / ops as f64)
 }
 
+/// CPU-seconds per GiB from CPU-microseconds per operation of `bytes_per_op` bytes (a
+/// bench that keeps the per-op figure of its rounds; `None` for no bytes).
+pub fn s_per_gib_from_us_per_op(cpu_us_per_op: f64, bytes_per_op: u64) -> Option<f64> {
+    (bytes_per_op > 0).then(|| cpu_us_per_op * 1e-6 / (bytes_per_op as f64 / GIB))
+}
+
 /// A table cell for an optional figure with `decimals` decimals, `-` for none.
 pub fn cell(v: Option<f64>, decimals: usize) -> String {
     v.map_or("-".into(), |v| format!("{v:.decimals$}"))
@@ -293,6 +299,9 @@ mod tests {
         assert_eq!(cpu_us_per_op(used, 1000), Some(2000.0));
         assert_eq!(cpu_s_per_gib(used, 0), None);
         assert_eq!(cpu_us_per_op(used, 0), None);
+        // 2,000 us per op of 1 GiB / 4: 8 CPU-s per GiB, the same as from the totals.
+        assert_eq!(s_per_gib_from_us_per_op(2000.0, 1 << 28), Some(0.008));
+        assert_eq!(s_per_gib_from_us_per_op(2000.0, 0), None);
         assert_eq!(cell(Some(0.1234), 2), "0.12");
         assert_eq!(cell(None, 2), "-");
     }

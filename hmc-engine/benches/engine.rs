@@ -19,6 +19,12 @@
 //! socket buffers, sends in pieces, blocking calls). Internal: `--tcp-floor`.
 //! `--floor-client LEN` measures that floor on request for another bench (the Python one):
 //! for each line `read|write BYTES SECONDS` on stdin it prints the µs per op.
+//!
+//! Beside each rate, the CPU it took (`hmc_bench_kit::cpu`): user and system time of every
+//! process of that system over each round's timed loop (hmc: this process and its target;
+//! Mooncake: its initiator and its target; the floor: this process, whose thread drives the
+//! floor's client, and the floor's target), per operation and per GiB moved, the median of
+//! the rounds.
 
 #[path = "support/conn_sweep.rs"]
 mod conn_sweep;
@@ -32,6 +38,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hmc_bench_kit::cpu::{self, Process, ProcessCpu};
 use hmc_core::{Access, Communicator, Deadline, Op, RemoteRegion, TransferDesc};
 use hmc_engine::{Engine, EngineConfig, MemDesc, MemType, TransferOp, TransferOpDesc};
 use hmc_transport_tcp::TcpCommunicator;
@@ -259,9 +266,35 @@ struct Row {
     size: usize,
     ops: u64,
     secs: f64,
+    /// CPU-microseconds per op of every process of the system (the median of the rounds).
+    cpu_us: Option<f64>,
+}
+
+/// CPU-microseconds per op that the processes `procs` used over `ops` ops since `cpu`
+/// started (`None` where one could not be read).
+fn cpu_per_op(cpu: &ProcessCpu, ops: u64) -> Option<f64> {
+    cpu.used().and_then(|u| cpu::cpu_us_per_op(u, ops))
+}
+
+/// The median of the rounds' figures, where every round has one.
+fn median_cpu(v: Vec<Option<f64>>) -> Option<f64> {
+    let all: Option<Vec<f64>> = v.into_iter().collect();
+    all.filter(|v| !v.is_empty()).map(median)
+}
+
+/// CPU-seconds per GiB from CPU-microseconds per op of `size` bytes.
+fn per_gib(cpu_us: Option<f64>, size: usize) -> Option<f64> {
+    cpu_us.and_then(|us| cpu::s_per_gib_from_us_per_op(us, size as u64))
 }
 
 impl Row {
+    /// The CPU cells: CPU-s/GiB and CPU us/op.
+    fn cpu_cells(&self) -> (String, String) {
+        (
+            cpu::cell(per_gib(self.cpu_us, self.size), 3),
+            cpu::cell(self.cpu_us, 1),
+        )
+    }
     fn ops_s(&self) -> f64 {
         self.ops as f64 / self.secs
     }
@@ -350,6 +383,7 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
         dp,
         region,
     } = spawn_target(&a);
+    let target_pid = child.id();
 
     let comm = Arc::new(open().unwrap());
     let engine = Engine::initialize(comm.clone(), "127.0.0.1", EngineConfig::default())
@@ -396,17 +430,25 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
                 len: size,
             }];
             let (mut h, mut m, mut f) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut hc, mut mcc, mut fc) = (Vec::new(), Vec::new(), Vec::new());
             for _ in 0..ROUNDS {
                 let (e, n) = (&engine, &name);
-                h.push(
-                    timed(round, || async move {
-                        e.transfer(n, top, &d, T).await.unwrap();
-                    })
-                    .await,
-                );
+                let c = ProcessCpu::with_peer(target_pid);
+                let r = timed(round, || async move {
+                    e.transfer(n, top, &d, T).await.unwrap();
+                })
+                .await;
+                // `timed` runs one op of warm-up before its loop.
+                hc.push(cpu_per_op(&c, r.0 + 1));
+                h.push(r);
                 if let Some(p) = mc.as_mut() {
+                    let pids = p.pids().map(Process::Pid);
+                    let c = ProcessCpu::start(&pids);
                     match p.step(op == "WRITE", size, round) {
-                        Ok(r) => m.push(r),
+                        Ok(r) => {
+                            mcc.push(cpu_per_op(&c, r.0 + 1));
+                            m.push(r);
+                        }
                         Err(e) => {
                             eprintln!("note: Mooncake dropped: {e}");
                             mc = None;
@@ -414,22 +456,26 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
                     }
                 }
                 if let Some(fp) = floor_proc.as_mut() {
-                    f.push(fp.us_per_op(op == "READ", size, round));
+                    let c = ProcessCpu::with_peer(fp.pid());
+                    let (ops, secs) = fp.timed(op == "READ", size, round);
+                    fc.push(cpu_per_op(&c, ops + 1));
+                    f.push(secs * 1e6 / ops.max(1) as f64);
                 }
             }
-            let row = |what: &str, (ops, secs)| Row {
+            let row = |what: &str, (ops, secs), cpu_us| Row {
                 what: what.into(),
                 op,
                 size,
                 ops,
                 secs,
+                cpu_us,
             };
-            rows.push(row("hmc-engine", median_round(h)));
+            rows.push(row("hmc-engine", median_round(h), median_cpu(hc)));
             if m.len() == ROUNDS {
-                mc_rows.push(row("mooncake", median_round(m)));
+                mc_rows.push(row("mooncake", median_round(m), median_cpu(mcc)));
             }
             if !f.is_empty() {
-                floor.push((op, size, median(f)));
+                floor.push((op, size, median(f), median_cpu(fc)));
             }
         }
     }
@@ -494,6 +540,7 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
         eprintln!("hmc-engine async x8 WRITE {size} B");
         let e = &engine;
         let n = &name;
+        let c = ProcessCpu::with_peer(target_pid);
         let (ops, secs) = timed(a.seconds, || async move {
             let reqs: Vec<_> = (0..8u64)
                 .map(|i| {
@@ -524,6 +571,8 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
             size,
             ops: ops * 8,
             secs,
+            // The warm-up's 8 ops included.
+            cpu_us: cpu_per_op(&c, (ops + 1) * 8),
         });
     }
 
@@ -551,19 +600,21 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
             ("8 MiB contiguous", &contiguous[..]),
         ];
         let mut rounds: [Vec<(u64, f64)>; 2] = Default::default();
+        let mut cpus: [Vec<Option<f64>>; 2] = Default::default();
         for _ in 0..3 {
-            for ((what, descs), r) in shapes.iter().zip(&mut rounds) {
+            for (((what, descs), r), cr) in shapes.iter().zip(&mut rounds).zip(&mut cpus) {
                 eprintln!("KV {op_name} {what}");
                 let (e, n) = (&engine, &name);
-                r.push(
-                    timed(a.seconds / 3.0, || async move {
-                        e.transfer(n, op, descs, T).await.unwrap();
-                    })
-                    .await,
-                );
+                let c = ProcessCpu::with_peer(target_pid);
+                let t = timed(a.seconds / 3.0, || async move {
+                    e.transfer(n, op, descs, T).await.unwrap();
+                })
+                .await;
+                cr.push(cpu_per_op(&c, t.0 + 1));
+                r.push(t);
             }
         }
-        for ((what, _), r) in shapes.iter().zip(rounds) {
+        for (((what, _), r), cr) in shapes.iter().zip(rounds).zip(cpus) {
             let (ops, secs) = median_round(r);
             kv.push(Row {
                 what: (*what).into(),
@@ -571,6 +622,7 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
                 size: 8 << 20,
                 ops,
                 secs,
+                cpu_us: median_cpu(cr),
             });
         }
     }
@@ -589,13 +641,15 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
             .unwrap_or_default()
     );
     println!(
-        "| op | size | hmc ops/s | hmc GB/s | hmc us/op | Mooncake ops/s | Mooncake GB/s | ops ratio |"
+        "| op | size | hmc ops/s | hmc GB/s | hmc us/op | Mooncake ops/s | Mooncake GB/s | ops ratio | hmc CPU-s/GiB | Mooncake CPU-s/GiB | hmc CPU us/op | Mooncake CPU us/op |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for r in &rows {
         let m = mc.iter().find(|m| m.op == r.op && m.size == r.size);
+        let (hg, ho) = r.cpu_cells();
+        let (mg, mo) = m.map_or(("-".into(), "-".into()), Row::cpu_cells);
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.1} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.1} | {} | {} | {} | {hg} | {mg} | {ho} | {mo} |",
             r.op,
             r.size,
             r.ops_s(),
@@ -606,27 +660,42 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
             m.map_or("-".into(), |m| format!("{:.2}x", r.ops_s() / m.ops_s())),
         );
     }
+    println!(
+        "\n{} hmc: this process and its target; Mooncake: its initiator and its target.",
+        cpu::CPU_NOTE
+    );
     if !floor.is_empty() {
         println!(
             "\n## the same sync ops vs this machine's TCP floor (two processes spinning on one connection, no runtime, no protocol)\n"
         );
         println!(
-            "| op | size | floor us/op | hmc us/op | hmc / floor | Mooncake us/op | Mooncake / floor |"
+            "| op | size | floor us/op | hmc us/op | hmc / floor | Mooncake us/op | Mooncake / floor | floor CPU-s/GiB | hmc CPU-s/GiB | Mooncake CPU-s/GiB | floor CPU us/op | hmc CPU / floor CPU |"
         );
-        println!("| --- | --- | --- | --- | --- | --- | --- |");
-        for &(op, size, f) in &floor {
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+        for &(op, size, f, fc) in &floor {
             let Some(r) = rows.iter().find(|r| r.op == op && r.size == size) else {
                 continue;
             };
             let m = mc.iter().find(|m| m.op == op && m.size == size);
             println!(
-                "| {op} | {size} | {f:.1} | {:.1} | {:.2}x | {} | {} |",
+                "| {op} | {size} | {f:.1} | {:.1} | {:.2}x | {} | {} | {} | {} | {} | {} | {} |",
                 r.us(),
                 r.us() / f,
                 m.map_or("-".into(), |m| format!("{:.1}", m.us())),
                 m.map_or("-".into(), |m| format!("{:.2}x", m.us() / f)),
+                cpu::cell(per_gib(fc, size), 3),
+                r.cpu_cells().0,
+                m.map_or("-".into(), |m| m.cpu_cells().0),
+                cpu::cell(fc, 1),
+                match (r.cpu_us, fc) {
+                    (Some(h), Some(f)) if f > 0.0 => format!("{:.2}x", h / f),
+                    _ => "-".into(),
+                },
             );
         }
+        println!(
+            "\nThe floor's CPU: this process (whose thread drives the floor's client) and the floor's target."
+        );
     }
     println!(
         "\n## facade overhead: engine vs the bare Communicator (WRITE; {FACADE_PAIRS} alternated pairs of rounds; medians, the overhead the median of the pairs' differences)\n"
@@ -640,25 +709,32 @@ async fn run<C: Communicator>(a: Args, open: impl Fn() -> Result<C, String>) {
         );
     }
     println!("\n## async, 8 in flight (WRITE)\n");
-    println!("| size | ops/s | GB/s |");
-    println!("| --- | --- | --- |");
+    println!("| size | ops/s | GB/s | CPU-s/GiB | CPU us/op |");
+    println!("| --- | --- | --- | --- | --- |");
     for r in &asyncs {
-        println!("| {} | {:.0} | {:.2} |", r.size, r.ops_s(), r.gbs());
+        let (g, o) = r.cpu_cells();
+        println!(
+            "| {} | {:.0} | {:.2} | {g} | {o} |",
+            r.size,
+            r.ops_s(),
+            r.gbs()
+        );
     }
     println!(
         "\n## KV blocks: 64 scattered 128 KiB blocks vs one 8 MiB transfer (alternated rounds, medians of 3)\n"
     );
-    println!("| op | transfer | GB/s | share of contiguous |");
-    println!("| --- | --- | --- | --- |");
+    println!("| op | transfer | GB/s | share of contiguous | CPU-s/GiB |");
+    println!("| --- | --- | --- | --- | --- |");
     for pair in kv.chunks(2) {
         let contiguous = pair.last().map(|r| r.gbs()).unwrap_or(1.0);
         for r in pair {
             println!(
-                "| {} | {} | {:.2} | {:.0}% |",
+                "| {} | {} | {:.2} | {:.0}% | {} |",
                 r.op,
                 r.what,
                 r.gbs(),
-                r.gbs() / contiguous * 100.0
+                r.gbs() / contiguous * 100.0,
+                r.cpu_cells().0
             );
         }
     }

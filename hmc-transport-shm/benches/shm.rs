@@ -8,6 +8,10 @@
 //! `cargo bench -p hmc-transport-shm --bench shm [-- --quick]` (`cargo xtask bench shm`).
 //! One operation in flight (a synchronous loop), as an inference worker moving one block at
 //! a time does. This binary runs itself as the peer process (`HMC_SHM_BENCH_PEER=1`).
+//!
+//! A second table gives the CPU each cell took (`hmc_bench_kit::cpu`): user and system
+//! time of both processes (this one and the peer, every thread) over the timed loop, per
+//! GiB moved and per operation; memcpy's is this process's alone.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -15,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hmc_backend_cpu::HostMemory;
+use hmc_bench_kit::cpu::{self, ProcessCpu};
 use hmc_core::{
     Access, AnyCommunicator, Communicator, ConnBuffer, Deadline, Op, PeerAddr, RegisteredBuffer,
     RemoteRegion, TransferDesc,
@@ -105,8 +110,9 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// Synchronous `op`s of `size` bytes for about `secs`: operations per second and the
-/// median latency in microseconds.
+/// Synchronous `op`s of `size` bytes for about `secs`: operations per second, the median
+/// latency in microseconds and the CPU-microseconds per op of this process and `peer`.
+#[allow(clippy::too_many_arguments)]
 async fn sync_loop<C: Communicator>(
     comm: &C,
     ep: &C::Endpoint,
@@ -115,7 +121,8 @@ async fn sync_loop<C: Communicator>(
     op: Op,
     size: usize,
     secs: f64,
-) -> (f64, f64) {
+    peer: u32,
+) -> (f64, f64, Option<f64>) {
     let d = [TransferDesc {
         local,
         local_offset: 0,
@@ -130,6 +137,7 @@ async fn sync_loop<C: Communicator>(
             .expect("warm-up transfer");
     }
     let mut lat = Vec::new();
+    let cpu = ProcessCpu::with_peer(peer);
     let start = Instant::now();
     while start.elapsed().as_secs_f64() < secs {
         let t = Instant::now();
@@ -139,15 +147,19 @@ async fn sync_loop<C: Communicator>(
         lat.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let ops = lat.len() as f64 / start.elapsed().as_secs_f64();
+    let cpu_us = cpu
+        .used()
+        .and_then(|u| cpu::cpu_us_per_op(u, lat.len() as u64));
     lat.sort_by(f64::total_cmp);
-    (ops, lat[lat.len() / 2])
+    (ops, lat[lat.len() / 2], cpu_us)
 }
 
 /// Single-thread `memcpy` of `size` bytes between two distinct buffers, for `secs`: copies
-/// per second.
-fn memcpy_loop(size: usize, secs: f64) -> f64 {
+/// per second and this process's CPU-microseconds per copy.
+fn memcpy_loop(size: usize, secs: f64) -> (f64, Option<f64>) {
     let src = vec![7u8; BUF];
     let mut dst = vec![0u8; BUF];
+    let cpu = ProcessCpu::this_process();
     let start = Instant::now();
     let mut n = 0u64;
     while start.elapsed().as_secs_f64() < secs {
@@ -157,7 +169,8 @@ fn memcpy_loop(size: usize, secs: f64) -> f64 {
         }
         n += 16;
     }
-    n as f64 / start.elapsed().as_secs_f64()
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    (rate, cpu.used().and_then(|u| cpu::cpu_us_per_op(u, n)))
 }
 
 struct Cell {
@@ -166,6 +179,13 @@ struct Cell {
     size: usize,
     ops: f64,
     p50_us: f64,
+    /// CPU-microseconds per op of both processes.
+    cpu_us: Option<f64>,
+}
+
+/// CPU-seconds per GiB from CPU-microseconds per op of `size` bytes.
+fn per_gib(cpu_us: Option<f64>, size: usize) -> Option<f64> {
+    cpu_us.and_then(|us| cpu::s_per_gib_from_us_per_op(us, size as u64))
 }
 
 fn gbs(ops: f64, size: usize) -> f64 {
@@ -186,7 +206,7 @@ async fn measure<C: Communicator>(
     desc: &RemoteRegion,
     local: &C::Registration,
     row: &str,
-    secs: f64,
+    (secs, peer_pid): (f64, u32),
     out: &mut Vec<Cell>,
 ) {
     let ep = comm
@@ -196,13 +216,15 @@ async fn measure<C: Communicator>(
     let key = comm.import(&ep, desc).expect("import");
     for op in [Op::Write, Op::Read] {
         for size in SIZES {
-            let (ops, p50_us) = sync_loop(comm, &ep, local, &key, op, size, secs).await;
+            let (ops, p50_us, cpu_us) =
+                sync_loop(comm, &ep, local, &key, op, size, secs, peer_pid).await;
             out.push(Cell {
                 row: row.into(),
                 op,
                 size,
                 ops,
                 p50_us,
+                cpu_us,
             });
         }
     }
@@ -243,6 +265,7 @@ fn main() {
     }
     let rt = runtime();
     let mut cells = Vec::new();
+    let run = (secs, child.id());
     rt.block_on(async {
         let mem = Arc::new(HostMemory::new());
         let shm = Arc::new(ShmCommunicator::bind(ShmConfig::default()).expect("bind shm"));
@@ -253,7 +276,7 @@ fn main() {
                     let b =
                         RegisteredBuffer::new(mem.clone(), shm.clone(), BUF, Access::READ_WRITE)
                             .expect("reg");
-                    measure(&*shm, addr, desc, b.registration(), row, secs, &mut cells).await;
+                    measure(&*shm, addr, desc, b.registration(), row, run, &mut cells).await;
                 }
                 "ucx-user" | "ucx-ucxmem" => {
                     let Some(u) = &ucx else { continue };
@@ -261,9 +284,9 @@ fn main() {
                         let b =
                             RegisteredBuffer::new(mem.clone(), u.clone(), BUF, Access::READ_WRITE)
                                 .expect("reg");
-                        measure(&**u, addr, desc, b.registration(), row, secs, &mut cells).await;
+                        measure(&**u, addr, desc, b.registration(), row, run, &mut cells).await;
                     } else if let Ok(Some(r)) = u.alloc_registered(BUF, Access::READ_WRITE) {
-                        measure(&**u, addr, desc, &r, row, secs, &mut cells).await;
+                        measure(&**u, addr, desc, &r, row, run, &mut cells).await;
                     }
                 }
                 _ => {}
@@ -288,12 +311,27 @@ fn report(cells: &[Cell], secs: f64) {
     println!(
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
+    let mut cpu_rows = Vec::new();
     for op in [Op::Write, Op::Read] {
         for size in SIZES {
             let Some(s) = find("shm", op, size) else {
                 continue;
             };
-            let copy = gbs(memcpy_loop(size, secs), size);
+            let (copies, copy_cpu) = memcpy_loop(size, secs);
+            let copy = gbs(copies, size);
+            let of = |row: &str| find(row, op, size).and_then(|c| c.cpu_us);
+            cpu_rows.push(format!(
+                "| {op:?} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
+                human(size),
+                gbs(s.ops, size),
+                cpu::cell(per_gib(s.cpu_us, size), 3),
+                cpu::cell(s.cpu_us, 1),
+                cpu::cell(per_gib(of("shm-mapped"), size), 3),
+                cpu::cell(per_gib(copy_cpu, size), 3),
+                cpu::cell(copy_cpu, 2),
+                cpu::cell(per_gib(of("ucx-user"), size), 3),
+                cpu::cell(per_gib(of("ucx-ucxmem"), size), 3),
+            ));
             let ratio = |row: &str| match find(row, op, size) {
                 Some(c) => (
                     format!("{:.2}", gbs(c.ops, size)),
@@ -324,5 +362,17 @@ fn report(cells: &[Cell], secs: f64) {
     }
     println!(
         "\nTargets (issue 18): 4 KiB >= 300k sync ops/s; 64 KiB and 1 MiB >= 80% of memcpy; >= 5x UCX with user memory from 64 KiB."
+    );
+    println!("\n### CPU per GiB moved, the same cells\n");
+    println!(
+        "| op | size | shm GB/s | shm CPU-s/GiB | shm CPU us/op | shared mem CPU-s/GiB | memcpy CPU-s/GiB | memcpy CPU us/op | UCX user mem CPU-s/GiB | UCX own mem CPU-s/GiB |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for r in &cpu_rows {
+        println!("{r}");
+    }
+    println!(
+        "\n{} Transfers: this process and the peer; memcpy: this process alone.",
+        cpu::CPU_NOTE
     );
 }

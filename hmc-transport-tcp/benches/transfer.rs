@@ -7,6 +7,11 @@
 //! times and each cell keeps its best round; iperf3 runs before and after the sweep and
 //! keeps its best too, so both sides get the same treatment. The last lines compare the
 //! 1 MiB-and-up rows with that iperf3 figure.
+//!
+//! Beside each rate, the CPU it took (`hmc_bench_kit::cpu`): user and system time of both
+//! processes (this one and the target, every thread) over the kept round's timed loop, per
+//! GiB moved and per operation; iperf3's the same for its client and server (reaped
+//! children) over the bytes its server received.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -14,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hmc_backend_cpu::HostMemory;
+use hmc_bench_kit::cpu::{self, Process, ProcessCpu};
 use hmc_core::{
     Access, Communicator, ConnBuffer, Deadline, Op, PeerAddr, RegisteredBuffer, RemoteRegion,
     TransferDesc,
@@ -45,8 +51,16 @@ impl Drop for Reaper {
     }
 }
 
-/// iperf3's loopback bandwidth in GB/s (one stream, `secs` seconds), or why there is none.
-fn iperf3(secs: u32) -> Result<f64, String> {
+/// iperf3's loopback run: GB/s (one stream) and the CPU-seconds per GiB of its two
+/// processes.
+#[derive(Clone, Copy)]
+struct Iperf {
+    gbs: f64,
+    cpu_s_per_gib: Option<f64>,
+}
+
+/// iperf3's loopback bandwidth (one stream, `secs` seconds), or why there is none.
+fn iperf3(secs: u32) -> Result<Iperf, String> {
     let mut why = String::new();
     for _attempt in 0..3 {
         match iperf3_once(secs) {
@@ -57,7 +71,36 @@ fn iperf3(secs: u32) -> Result<f64, String> {
     Err(why)
 }
 
-fn iperf3_once(secs: u32) -> Result<f64, String> {
+fn iperf3_once(secs: u32) -> Result<Iperf, String> {
+    // Both iperf3 processes are this process's children, reaped before the reading below.
+    let cpu = ProcessCpu::start(&[Process::WaitedChildren]);
+    let (out, _server) = iperf3_run(secs)?;
+    drop(_server);
+    let used = cpu.used();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let received = text.split("\"sum_received\"").nth(1);
+    let field = |name: &str| {
+        received
+            .and_then(|after| after.split(&format!("\"{name}\":")).nth(1))
+            .and_then(|s| s.split([',', '}']).next())
+            .and_then(|s| s.trim().parse::<f64>().ok())
+    };
+    match (field("bits_per_second"), field("bytes")) {
+        (Some(bps), Some(bytes)) if out.status.success() => Ok(Iperf {
+            gbs: bps / 8.0 / 1e9,
+            cpu_s_per_gib: used.and_then(|u| cpu::cpu_s_per_gib(u, bytes as u64)),
+        }),
+        _ => Err(format!(
+            "iperf3 gave no result (exit {}): {}",
+            out.status,
+            text.chars().take(300).collect::<String>()
+        )),
+    }
+}
+
+/// One iperf3 server and client on loopback: the client's output and the server (reaped
+/// when dropped).
+fn iperf3_run(secs: u32) -> Result<(std::process::Output, Reaper), String> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| e.to_string())?
@@ -86,24 +129,20 @@ fn iperf3_once(secs: u32) -> Result<f64, String> {
         ])
         .output()
         .map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let bps = text
-        .split("\"sum_received\"")
-        .nth(1)
-        .and_then(|after| after.split("\"bits_per_second\":").nth(1))
-        .and_then(|s| s.split([',', '}']).next())
-        .and_then(|s| s.trim().parse::<f64>().ok());
-    match bps {
-        Some(bps) if out.status.success() => Ok(bps / 8.0 / 1e9),
-        _ => Err(format!(
-            "iperf3 gave no result (exit {}): {}",
-            out.status,
-            text.chars().take(300).collect::<String>()
-        )),
-    }
+    Ok((out, _server))
 }
 
-/// Times back-to-back transfers of `len` bytes; GB/s.
+/// One kept measurement: GB/s, and the CPU of both processes per GiB and per op.
+#[derive(Clone, Copy, Default)]
+struct Rate {
+    gbs: f64,
+    cpu_s_per_gib: Option<f64>,
+    cpu_us_per_op: Option<f64>,
+}
+
+/// Times back-to-back transfers of `len` bytes; GB/s and the CPU of this process and the
+/// target `peer` over the timed loop.
+#[allow(clippy::too_many_arguments)]
 async fn measure(
     comm: &TcpCommunicator,
     ep: &<TcpCommunicator as Communicator>::Endpoint,
@@ -112,7 +151,8 @@ async fn measure(
     op: Op,
     len: usize,
     budget: Duration,
-) -> f64 {
+    peer: u32,
+) -> Rate {
     let d = [TransferDesc::<TcpCommunicator> {
         local: local.registration(),
         local_offset: 0,
@@ -125,6 +165,7 @@ async fn measure(
     comm.transfer(ep, op, &d, deadline())
         .await
         .expect("warm-up");
+    let cpu = ProcessCpu::with_peer(peer);
     let start = Instant::now();
     let mut n = 0u64;
     while n < 3 || start.elapsed() < budget {
@@ -133,7 +174,18 @@ async fn measure(
             .expect("transfer");
         n += 1;
     }
-    (n as f64 * len as f64) / start.elapsed().as_secs_f64() / 1e9
+    let gbs = (n as f64 * len as f64) / start.elapsed().as_secs_f64() / 1e9;
+    let used = cpu.used();
+    Rate {
+        gbs,
+        cpu_s_per_gib: used.and_then(|u| cpu::cpu_s_per_gib(u, n * len as u64)),
+        cpu_us_per_op: used.and_then(|u| cpu::cpu_us_per_op(u, n)),
+    }
+}
+
+/// The better of two rates, with its own CPU figures.
+fn best(a: Rate, b: Rate) -> Rate {
+    if b.gbs > a.gbs { b } else { a }
 }
 
 fn main() {
@@ -174,6 +226,7 @@ fn main() {
     out.read_line(&mut first).expect("server's first line");
     // Keep reading, so the server never writes into a closed pipe.
     std::thread::spawn(move || out.lines().map_while(Result::ok).for_each(drop));
+    let peer_pid = server.id();
     let _server = Reaper(server);
     let control_addr: PeerAddr = first
         .split("control plane at ")
@@ -208,11 +261,22 @@ fn main() {
             Access::READ_WRITE,
         )
         .unwrap();
-        let mut rows: Vec<(usize, f64, f64)> = SIZES.iter().map(|&len| (len, 0.0, 0.0)).collect();
+        let mut rows: Vec<(usize, Rate, Rate)> = SIZES
+            .iter()
+            .map(|&len| (len, Rate::default(), Rate::default()))
+            .collect();
+        let p = peer_pid;
         for _ in 0..rounds {
             for (len, w, r) in rows.iter_mut() {
-                *w = w.max(measure(&comm, &ep, &key, &local, Op::Write, *len, budget).await);
-                *r = r.max(measure(&comm, &ep, &key, &local, Op::Read, *len, budget).await);
+                let l = *len;
+                *w = best(
+                    *w,
+                    measure(&comm, &ep, &key, &local, Op::Write, l, budget, p).await,
+                );
+                *r = best(
+                    *r,
+                    measure(&comm, &ep, &key, &local, Op::Read, l, budget, p).await,
+                );
             }
         }
         rows
@@ -226,22 +290,34 @@ fn main() {
         return;
     }
     let iperf = match (iperf_before, iperf3(iperf_secs)) {
-        (Ok(a), Ok(b)) => Ok(a.max(b)),
+        (Ok(a), Ok(b)) => Ok(if b.gbs > a.gbs { b } else { a }),
         (Ok(a), Err(_)) | (Err(_), Ok(a)) => Ok(a),
         (Err(e), Err(_)) => Err(e),
     };
     match &iperf {
-        Ok(g) => println!("iperf3 loopback, one stream, best of two runs: {g:.2} GB/s"),
+        Ok(g) => {
+            println!(
+                "iperf3 loopback, one stream, best of two runs: {:.2} GB/s",
+                g.gbs
+            );
+            println!(
+                "iperf3 CPU, client and server, that run: {} CPU-s/GiB",
+                cpu::cell(g.cpu_s_per_gib, 3)
+            );
+        }
         Err(e) => println!("iperf3: {e}"),
     }
     println!("hmc TCP one-sided transfers, best of {rounds} round(s), target in another process:");
 
-    println!("\n| size | WRITE GB/s | READ GB/s | WRITE / iperf3 | READ / iperf3 |");
-    println!("| ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "\n| size | WRITE GB/s | READ GB/s | WRITE / iperf3 | READ / iperf3 | WRITE CPU-s/GiB | READ CPU-s/GiB | iperf3 CPU-s/GiB | WRITE CPU us/op | READ CPU us/op |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let share = |g: f64| match &iperf {
-        Ok(i) => format!("{:.0}%", 100.0 * g / i),
+        Ok(i) => format!("{:.0}%", 100.0 * g / i.gbs),
         Err(_) => "n/a".into(),
     };
+    let iperf_cpu = cpu::cell(iperf.as_ref().ok().and_then(|i| i.cpu_s_per_gib), 3);
     for (len, w, r) in &rows {
         let size = if *len >= 1 << 20 {
             format!("{} MiB", len >> 20)
@@ -249,16 +325,26 @@ fn main() {
             format!("{} KiB", len >> 10)
         };
         println!(
-            "| {size} | {w:.2} | {r:.2} | {} | {} |",
-            share(*w),
-            share(*r)
+            "| {size} | {:.2} | {:.2} | {} | {} | {} | {} | {iperf_cpu} | {} | {} |",
+            w.gbs,
+            r.gbs,
+            share(w.gbs),
+            share(r.gbs),
+            cpu::cell(w.cpu_s_per_gib, 3),
+            cpu::cell(r.cpu_s_per_gib, 3),
+            cpu::cell(w.cpu_us_per_op, 1),
+            cpu::cell(r.cpu_us_per_op, 1),
         );
     }
-    if let Ok(i) = iperf {
+    println!(
+        "\n{} iperf3: its client and server over its best run.",
+        cpu::CPU_NOTE
+    );
+    if let Ok(Iperf { gbs: i, .. }) = iperf {
         let worst = rows
             .iter()
             .filter(|(len, _, _)| *len >= 1 << 20)
-            .flat_map(|(_, w, r)| [*w, *r])
+            .flat_map(|(_, w, r)| [w.gbs, r.gbs])
             .fold(f64::INFINITY, f64::min);
         let verdict = if worst >= TARGET_SHARE * i {
             "meets"

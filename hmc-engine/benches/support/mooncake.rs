@@ -68,6 +68,11 @@ impl Mooncake {
         Ok(me)
     }
 
+    /// The process ids of its target and its initiator (for their CPU time).
+    pub fn pids(&self) -> [u32; 2] {
+        [self.target.id(), self.initiator.id()]
+    }
+
     fn line(&mut self) -> Result<String, String> {
         let mut line = String::new();
         match self.from.read_line(&mut line) {
@@ -78,7 +83,8 @@ impl Mooncake {
     }
 
     /// One timed loop of sync `write` (else read) ops of `size` bytes for `secs`:
-    /// (ops, seconds).
+    /// (ops, seconds). The initiator moves one op of warm-up before the loop (the CPU of a
+    /// step covers `ops + 1` ops).
     pub fn step(&mut self, write: bool, size: usize, secs: f64) -> Result<(u64, f64), String> {
         let op = if write { "write" } else { "read" };
         let to = self.to.as_mut().ok_or("the Mooncake initiator is closed")?;

@@ -212,6 +212,12 @@ impl Floor {
     /// Microseconds per op of `len` bytes (`read`: READ, else WRITE), over `secs`, after
     /// one op of warm-up.
     pub fn us_per_op(&mut self, read: bool, len: usize, secs: f64) -> f64 {
+        let (ops, secs) = self.timed(read, len, secs);
+        secs * 1e6 / ops.max(1) as f64
+    }
+
+    /// Ops of `len` bytes over `secs`, after one op of warm-up: (ops, seconds).
+    pub fn timed(&mut self, read: bool, len: usize, secs: f64) -> (u64, f64) {
         self.op(read, len);
         let start = Instant::now();
         let mut ops = 0u64;
@@ -219,7 +225,12 @@ impl Floor {
             self.op(read, len);
             ops += 1;
         }
-        start.elapsed().as_secs_f64() * 1e6 / ops.max(1) as f64
+        (ops, start.elapsed().as_secs_f64())
+    }
+
+    /// The floor's target process (for its CPU time).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     fn op(&mut self, read: bool, len: usize) {

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use hmc_bench_kit::cpu::{self, ProcessCpu};
+
 use crate::Args;
 use crate::measure::{Cell, cell_from};
 
@@ -42,10 +44,15 @@ pub(crate) fn bench_raw_tcp(size: usize, depth: usize, secs: f64) -> std::io::Re
     });
     let mut c = TcpStream::connect(addr)?;
     c.set_nodelay(true)?;
+    // Both ends are threads of this process.
+    let meter = ProcessCpu::this_process();
     let (lat, el) = ping_pong(&mut c, size, depth, secs)?;
+    let used = meter.used();
     drop(c);
     let _ = server.join();
-    Ok(cell_from("raw-tcp", size, 1, depth, lat, el))
+    let mut cell = cell_from("raw-tcp", size, 1, depth, lat, el);
+    cell.cpu_us_per_call = used.and_then(|u| cpu::cpu_us_per_op(u, cell.calls));
+    Ok(cell)
 }
 
 /// Echoes whole messages of `size` bytes until the peer closes (the depth-1 raw server).
@@ -117,10 +124,14 @@ pub(crate) fn bench_raw_tcp_processes(size: usize, secs: f64) -> Result<Cell, St
     let io = |e: std::io::Error| e.to_string();
     let mut c = TcpStream::connect(("127.0.0.1", port)).map_err(io)?;
     c.set_nodelay(true).map_err(io)?;
+    let meter = ProcessCpu::with_peer(child.0.id());
     let (lat, el) = ping_pong(&mut c, size, 1, secs).map_err(io)?;
+    let used = meter.used();
     drop(c);
     drop(child);
-    Ok(cell_from("raw-tcp-processes", size, 1, 1, lat, el))
+    let mut cell = cell_from("raw-tcp-processes", size, 1, 1, lat, el);
+    cell.cpu_us_per_call = used.and_then(|u| cpu::cpu_us_per_op(u, cell.calls));
+    Ok(cell)
 }
 
 /// Starts `hmc-rpc-server` on a port it picks itself (`--port 0`: no race with other

@@ -29,7 +29,8 @@ use baselines::{
 use data_planes::{TagBw, bench_data_planes};
 use hmc::{bench_direct, bench_hmc};
 use measure::{
-    Cell, CpuProbe, core_to_core_ns, fmt_c2c, fmt_size, idle_conn_kib, oversubscription_note,
+    Cell, CpuProbe, core_to_core_ns, cpu_s_per_gib, fmt_c2c, fmt_size, idle_conn_kib,
+    oversubscription_note,
 };
 
 #[derive(Parser, Debug)]
@@ -402,15 +403,16 @@ fn print_echo_table(args: &Args, m: &Measured) {
         args.server_workers
     );
     println!(
-        "| payload | clients | in flight | hmc RPC/s | hmc MB/s | hmc p50 us | hmc p99 us | hmc p999 us | tonic RPC/s | tonic MB/s | tonic p50 us | RPC/s ratio | hmc CPU us/call | tonic CPU us/call | host c2c ns |"
+        "| payload | clients | in flight | hmc RPC/s | hmc MB/s | hmc p50 us | hmc p99 us | hmc p999 us | tonic RPC/s | tonic MB/s | tonic p50 us | RPC/s ratio | hmc CPU us/call | tonic CPU us/call | hmc CPU-s/GiB | tonic CPU-s/GiB | host c2c ns |"
     );
     println!(
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     );
     let cpu = |c: Option<&Cell>| {
         c.and_then(|c| c.cpu_us_per_call)
             .map_or("-".to_string(), |v| format!("{v:.1}"))
     };
+    let gib = |c: Option<&Cell>| hmc_bench_kit::cpu::cell(c.and_then(cpu_s_per_gib), 3);
     for (h, t) in &m.cells {
         let (tr, tm, tp, ratio) = match t {
             Some(t) => (
@@ -422,7 +424,7 @@ fn print_echo_table(args: &Args, m: &Measured) {
             None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
         println!(
-            "| {} | {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {tr} | {tm} | {tp} | {ratio} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.0} | {:.0} | {:.0} | {tr} | {tm} | {tp} | {ratio} | {} | {} | {} | {} | {} |",
             fmt_size(h.size),
             h.clients,
             h.depth,
@@ -433,9 +435,16 @@ fn print_echo_table(args: &Args, m: &Measured) {
             h.p999,
             cpu(Some(h)),
             cpu(t.as_ref()),
+            gib(Some(h)),
+            gib(t.as_ref()),
             fmt_c2c(h)
         );
     }
+    println!(
+        "\nCPU us/call and CPU-s/GiB: user and system CPU time of the client and the server \
+         processes (every thread; tonic's client a reaped child), over the cell, per call and \
+         per GiB of payload moved (request and response)."
+    );
     println!(
         "\nhost c2c ns: a cache line's round trip between the first two CPUs, just before/after \
          the cell. Tens of ns: the cores share a cache; several times that: the host runs them \
@@ -461,9 +470,11 @@ fn print_raw_table(m: &Measured) {
         "\n## raw TCP ping-pong baseline (1 connection, 1 in flight, blocking; echo in a thread of this process, and in another process as hmc-rpc's server is)\n"
     );
     println!(
-        "| payload | round trips/s | MB/s | p50 us | p99 us | hmc-rpc 1x1 p50 us | p50 ratio | two processes: p50 us | p50 ratio | DirectClient p50 us | p50 ratio | host c2c ns |"
+        "| payload | round trips/s | MB/s | p50 us | p99 us | hmc-rpc 1x1 p50 us | p50 ratio | two processes: p50 us | p50 ratio | DirectClient p50 us | p50 ratio | raw CPU us/call | two processes: CPU us/call | hmc-rpc 1x1 CPU us/call | host c2c ns |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+    );
     for r in &m.raw {
         let h = m
             .cells
@@ -472,8 +483,14 @@ fn print_raw_table(m: &Measured) {
             .map(|(h, _)| h.p50);
         let p = m.raw_proc.iter().find(|p| p.size == r.size).map(|p| p.p50);
         let d = m.direct.iter().find(|d| d.size == r.size).map(|d| d.p50);
+        let one = |c: Option<&Cell>| hmc_bench_kit::cpu::cell(c.and_then(|c| c.cpu_us_per_call), 1);
+        let h1 = m
+            .cells
+            .iter()
+            .find(|(h, _)| h.size == r.size && h.clients == 1 && h.depth == 1)
+            .map(|(h, _)| h);
         println!(
-            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.0} | {:.1} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             fmt_size(r.size),
             r.rps,
             r.mbps,
@@ -486,6 +503,9 @@ fn print_raw_table(m: &Measured) {
                 .map_or("-".into(), |(h, p)| format!("{:.2}x", h / p.max(1.0))),
             d.map_or("-".into(), |d| format!("{d:.0}")),
             d.map_or("-".into(), |d| format!("{:.2}x", d / r.p50.max(1.0))),
+            one(Some(r)),
+            one(m.raw_proc.iter().find(|p| p.size == r.size)),
+            one(h1),
             fmt_c2c(r)
         );
     }
@@ -538,10 +558,10 @@ fn print_data_planes(dp_rows: &[data_planes::DpRow]) {
             std::env::var("UCX_TLS").unwrap_or_else(|_| "(UCX default)".into())
         );
         println!(
-            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median | tag_bw -e MB/s median (range) | vs tag_bw -e median | CPU us/call (TCP_STREAM) | host c2c ns |"
+            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median | tag_bw -e MB/s median (range) | vs tag_bw -e median | CPU us/call (TCP_STREAM) | CPU-s/GiB | TCP_STREAM CPU-s/GiB | host c2c ns |"
         );
         println!(
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
         for r in dp_rows {
             let moved = 2.0 * r.buffer.mbps;
@@ -568,8 +588,9 @@ fn print_data_planes(dp_rows: &[data_planes::DpRow]) {
                 c.and_then(|c| c.cpu_us_per_call)
                     .map_or("-".into(), |v| format!("{v:.0}"))
             };
+            let gib = |c: Option<&Cell>| hmc_bench_kit::cpu::cell(c.and_then(cpu_s_per_gib), 3);
             println!(
-                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} | {tag_e} | {vs_tag_e} | {} ({}) | {} |",
+                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} | {tag_e} | {vs_tag_e} | {} ({}) | {} | {} | {} |",
                 r.plane,
                 fmt_size(r.buffer.size),
                 r.buffer.clients,
@@ -578,6 +599,8 @@ fn print_data_planes(dp_rows: &[data_planes::DpRow]) {
                 r.buffer.p50,
                 cpu(Some(&r.buffer)),
                 cpu(r.stream.as_ref()),
+                gib(Some(&r.buffer)),
+                gib(r.stream.as_ref()),
                 fmt_c2c(&r.buffer)
             );
         }

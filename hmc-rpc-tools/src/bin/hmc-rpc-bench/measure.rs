@@ -141,6 +141,12 @@ impl CpuProbe {
     }
 }
 
+/// CPU-seconds per GiB of payload moved (request and response) from a cell's CPU per call.
+pub(crate) fn cpu_s_per_gib(c: &Cell) -> Option<f64> {
+    let bytes_per_call = 2 * c.size as u64;
+    hmc_bench_kit::cpu::s_per_gib_from_us_per_op(c.cpu_us_per_call?, bytes_per_call)
+}
+
 pub(crate) fn percentile(sorted: &[u32], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
