@@ -47,6 +47,8 @@ import subprocess
 import sys
 import time
 
+from _cpu import cpu_seconds, group_pids
+
 HERE = os.path.abspath(__file__)
 
 
@@ -166,35 +168,6 @@ def mooncake_target(a):
 
 
 # ---------------------------------------------------------------- drivers (the decode side)
-
-
-def cpu_seconds(pids):
-    """User and system CPU of the processes ``pids`` so far, every thread included (their
-    own accounting, ``/proc/PID/stat``); a process gone counts 0."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / tick
-
-
-def group_pids(pgid):
-    """The processes of process group ``pgid``."""
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[2]) == pgid:
-                        out.append(int(d))
-            except (OSError, ValueError, IndexError):
-                continue
-    return out
 
 
 def start_target(a, python=None):

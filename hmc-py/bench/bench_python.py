@@ -17,6 +17,13 @@ engine bench binary, each round also measures this machine's TCP floor for the s
 (two processes spinning on one connection, no runtime, no protocol; that bench's
 ``--floor-client``), so a ratio can be read against what the machine allows at that
 moment. Prints Markdown tables on stdout.
+
+Beside each rate, the CPU it took (``_cpu``, as the Rust benches count it): user and
+system CPU time of every process of that system over each round (hmc over tcp and Mooncake:
+this driver process and their target; hmc with the default options: its driver and target;
+the floor: its client and target), per GiB moved and per op, the median of the rounds.
+hmc over tcp and Mooncake share this driver process, so each one's figure also holds the
+other's idle threads.
 """
 
 import argparse
@@ -26,6 +33,7 @@ import sys
 import time
 
 import hmc
+from _cpu import NOTE, cell, cpu_seconds, family_pids, per_gib, per_op_us
 
 SIZES = [4096, 65536, 1 << 20]
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -57,6 +65,12 @@ def start(cmd):
 
 
 def timed(seconds, call):
+    return timed_ops(seconds, call)[0]
+
+
+def timed_ops(seconds, call):
+    """One op of warm-up, then ops until ``seconds`` passed: (ops/s, ops including the
+    warm-up)."""
     call()  # warm-up
     n, t0 = 0, time.perf_counter()
     while True:
@@ -64,7 +78,29 @@ def timed(seconds, call):
         n += 1
         secs = time.perf_counter() - t0
         if secs >= seconds and n >= 3:
-            return n / secs
+            return n / secs, n + 1
+
+
+def with_cpu(pids, seconds, call):
+    """``timed`` of ``call`` with the CPU of the processes ``pids``: (ops/s, CPU us/op)."""
+    c0 = cpu_seconds(pids)
+    rate, ops = timed_ops(seconds, call)
+    return rate, per_op_us(cpu_seconds(pids) - c0, ops)
+
+
+def remote_with_cpu(remote, opname, size, seconds):
+    """A ``Remote``'s µs per op with the CPU of it and its children over the request: ops
+    as its rate times the request's length, as bench_kv.py counts its floor."""
+    pids = family_pids(remote.proc.pid)
+    c0, t0 = cpu_seconds(pids), time.perf_counter()
+    us = remote.us_per_op(opname, size, seconds)
+    used, ops = cpu_seconds(pids) - c0, (time.perf_counter() - t0) / (us * 1e-6)
+    return us, per_op_us(used, ops)
+
+
+def median_cpu(xs):
+    """The median of the rounds' CPU figures, None unless every round has one."""
+    return None if not xs or any(x is None for x in xs) else median(xs)
 
 
 class Hmc:
@@ -191,20 +227,32 @@ def main():
     floor = Remote([a.floor, "--floor-client", str(max(SIZES))], "the floor client") if a.floor else None
     # Each cell alternates the systems three times (a third of the time each) and
     # keeps the median: the machine is shared, and load comes and goes.
-    rows, default_rows = [], []
+    rows, default_rows, cpu = [], [], {}
+    me = os.getpid()
     for opname in ("write", "read"):
         for size in SIZES:
             h, d, m, f = [], [], [], []
+            hc, dc, mc, fc = [], [], [], []
             for _ in range(3):
-                h.append(timed(a.seconds / 3, ours.op(opname, size)))
+                r, c = with_cpu([me, ours.proc.pid], a.seconds / 3, ours.op(opname, size))
+                h.append(r)
+                hc.append(c)
                 if default:
-                    d.append(1e6 / default.us_per_op(opname, size, a.seconds / 3))
+                    us, c = remote_with_cpu(default, opname, size, a.seconds / 3)
+                    d.append(1e6 / us)
+                    dc.append(c)
                 if theirs:
-                    m.append(timed(a.seconds / 3, theirs.op(opname, size)))
+                    r, c = with_cpu([me, theirs.proc.pid], a.seconds / 3, theirs.op(opname, size))
+                    m.append(r)
+                    mc.append(c)
                 if floor:
-                    f.append(floor.us_per_op(opname, size, a.seconds / 3))
+                    us, c = remote_with_cpu(floor, opname, size, a.seconds / 3)
+                    f.append(us)
+                    fc.append(c)
             rows.append((opname, size, median(h), median(m) if m else None, median(f) if f else None))
             default_rows.append((opname, size, median(d) if d else None, median(m) if m else None))
+            for system, xs in (("hmc", hc), ("default", dc), ("mooncake", mc), ("floor", fc)):
+                cpu[(system, opname, size)] = median_cpu(xs)
     overhead = {}
     n = 3_000 if a.seconds >= 1 else 1_000
     for opname in ("write", "read"):
@@ -222,34 +270,53 @@ def main():
         if other:
             other.close()
     print("## Python API: hmc vs Mooncake Transfer Engine (tcp), sync single ops, two processes on loopback\n")
-    print("| op | size | hmc ops/s | hmc GB/s | Mooncake ops/s | Mooncake GB/s | ratio |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    def gib(system, op, size):
+        us = cpu.get((system, op, size))
+        return cell(None if us is None else per_gib(us * 1e-6, size), 3)
+
+    def us_op(system, op, size):
+        return cell(cpu.get((system, op, size)), 1)
+
+    print("| op | size | hmc ops/s | hmc GB/s | Mooncake ops/s | Mooncake GB/s | ratio "
+          "| hmc CPU-s/GiB | Mooncake CPU-s/GiB | hmc CPU us/op | Mooncake CPU us/op |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for op, size, ops, m, _ in rows:
         gb = lambda o: o * size / 1e9  # noqa: E731
         print(
             f"| {op} | {size} | {ops:.0f} | {gb(ops):.3f} | "
             + (f"{m:.0f} | {gb(m):.3f} | {ops / m:.2f}x |" if m else "- | - | - |")
+            + f" {gib('hmc', op, size)} | {gib('mooncake', op, size)} | "
+            f"{us_op('hmc', op, size)} | {us_op('mooncake', op, size)} |"
         )
+    print(f"\n{NOTE} hmc over tcp and Mooncake: this driver process and their target.")
     if floor:
         print("\n## the same sync ops vs this machine's TCP floor (two processes spinning on one connection, no runtime, no protocol)\n")
-        print("| op | size | floor us/op | hmc us/op | hmc / floor | Mooncake us/op | Mooncake / floor |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print("| op | size | floor us/op | hmc us/op | hmc / floor | Mooncake us/op | Mooncake / floor "
+              "| floor CPU-s/GiB | hmc CPU-s/GiB | Mooncake CPU-s/GiB | floor CPU us/op |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for op, size, ops, m, f in rows:
             us = 1e6 / ops
             print(
                 f"| {op} | {size} | {f:.1f} | {us:.1f} | {us / f:.2f}x | "
                 + (f"{1e6 / m:.1f} | {1e6 / m / f:.2f}x |" if m else "- | - |")
+                + f" {gib('floor', op, size)} | {gib('hmc', op, size)} | "
+                f"{gib('mooncake', op, size)} | {us_op('floor', op, size)} |"
             )
+        print("\nThe floor's CPU: its client process and the floor's target.")
     if default:
         print("\n## hmc with the default options (transport=auto: cross-memory attach to a peer on this host) vs Mooncake Transfer Engine (tcp)\n")
-        print("| op | size | hmc ops/s | hmc GB/s | hmc us/op | Mooncake ops/s | Mooncake GB/s | ratio |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| op | size | hmc ops/s | hmc GB/s | hmc us/op | Mooncake ops/s | Mooncake GB/s | ratio "
+              "| hmc CPU-s/GiB | Mooncake CPU-s/GiB | hmc CPU us/op |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for op, size, ops, m in default_rows:
             gb = lambda o: o * size / 1e9  # noqa: E731
             print(
                 f"| {op} | {size} | {ops:.0f} | {gb(ops):.3f} | {1e6 / ops:.1f} | "
                 + (f"{m:.0f} | {gb(m):.3f} | {ops / m:.2f}x |" if m else "- | - | - |")
+                + f" {gib('default', op, size)} | {gib('mooncake', op, size)} | "
+                f"{us_op('default', op, size)} |"
             )
+        print("\nhmc with the default options: its driver process and its target.")
     print("\n## Python overhead per sync op (same engine and peer, 9 pairs of alternated runs; medians, what Python adds the median of the pairs' differences)\n")
     print("| op | call | Python loop us/op | Rust loop us/op | Python adds us |")
     print("| --- | --- | --- | --- | --- |")
