@@ -73,20 +73,8 @@ fn install_from(built: &Path, prefix: &Path, with_static: bool) -> Result {
     if with_static {
         copy(&built.join("libhmc.a"), &lib.join("libhmc.a"))?;
     }
-    for h in ["hmc.h", "hmc.hpp"] {
-        copy(
-            &crate_dir.join("include/hmc").join(h),
-            &prefix.join("include/hmc").join(h),
-        )?;
-    }
-    let fill = |template: &str| -> Result<String> {
-        let t = std::fs::read_to_string(crate_dir.join("cmake").join(template))
-            .map_err(|e| io(template, e))?;
-        Ok(t.replace("@PREFIX@", &prefix.display().to_string())
-            .replace("@VERSION@", VERSION)
-            .replace("@MAJOR@", MAJOR)
-            .replace("@STATIC_LIBS@", STATIC_LIBS))
-    };
+    copy_headers(prefix)?;
+    let fill = |template: &str| fill_template(template, prefix);
     let write = |to: PathBuf, text: String| std::fs::write(&to, text).map_err(|e| io("write", e));
     write(lib.join("pkgconfig/hmc.pc"), fill("hmc.pc.in")?)?;
     write(
@@ -99,12 +87,211 @@ fn install_from(built: &Path, prefix: &Path, with_static: bool) -> Result {
     )
 }
 
+/// `include/hmc/hmc.h` and `hmc.hpp` under `prefix` (whose `include/hmc` exists).
+fn copy_headers(prefix: &Path) -> Result {
+    for h in ["hmc.h", "hmc.hpp"] {
+        copy(
+            &root().join("hmc-capi/include/hmc").join(h),
+            &prefix.join("include/hmc").join(h),
+        )?;
+    }
+    Ok(())
+}
+
+/// The template `hmc-capi/cmake/<template>` with its `@...@` fields filled for `prefix`.
+fn fill_template(template: &str, prefix: &Path) -> Result<String> {
+    let path = root().join("hmc-capi/cmake").join(template);
+    let t = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(t.replace("@PREFIX@", &prefix.display().to_string())
+        .replace("@VERSION@", VERSION)
+        .replace("@MAJOR@", MAJOR)
+        .replace("@STATIC_LIBS@", STATIC_LIBS))
+}
+
 fn copy(from: &Path, to: &Path) -> Result {
     // Remove first: the old file may be a running program's mapped library.
     let _ = std::fs::remove_file(to);
     std::fs::copy(from, to)
         .map(drop)
         .map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
+}
+
+/// What a wheel holds as `lib/libhmc.so`, so that `-lhmc` finds the library: a linker
+/// script naming `libhmc.so.0` beside it. A wheel cannot hold the usual symlink, and a copy
+/// would carry the library twice; the program's `DT_NEEDED` is the SONAME either way.
+const WHEEL_LINKER_SCRIPT: &str = "/* GNU ld script (ld.bfd, gold, lld and mold read it): \
+-lhmc links libhmc.so.0, the library beside it. */\nINPUT(libhmc.so.0)\n";
+
+/// libhmc staged into `hmc-py/python/hmc/_capi` for the wheel maturin builds next (see
+/// [`stage_for_wheel`]); the folder is removed when this is dropped, so the source tree never
+/// keeps a copy that a later build (pip from source) would pack stale.
+pub(crate) struct WheelStage {
+    dir: PathBuf,
+    // Held until the wheel is built: another xtask staging at the same time waits.
+    _lock: std::fs::File,
+}
+
+impl Drop for WheelStage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Builds libhmc (`--release` or the dev profile) and stages what the wheel carries into
+/// `dir`: `include/hmc/`, `lib/libhmc.so.0`, `lib/libhmc.so` (a linker script),
+/// `lib/pkgconfig/hmc.pc` (relocatable: its prefix is `${pcfiledir}/../..`, its `Libs`
+/// carry an rpath to `lib/`).
+pub(crate) fn stage_for_wheel(release: bool, dir: &Path) -> Result<WheelStage> {
+    let mut build = cargo();
+    build.args(["build", "-p", "hmc-capi", "--lib"]);
+    if release {
+        build.arg("--release");
+    }
+    run(&mut build)?;
+    let io = |what: &Path, e: std::io::Error| format!("{}: {e}", what.display());
+    let lock_path = root().join("target/py-wheels/.capi-stage.lock");
+    if let Some(parent) = lock_path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+    }
+    let lock = std::fs::File::create(&lock_path).map_err(|e| io(&lock_path, e))?;
+    lock.lock().map_err(|e| io(&lock_path, e))?;
+    let stage = WheelStage {
+        dir: dir.to_path_buf(),
+        _lock: lock,
+    };
+    let _ = std::fs::remove_dir_all(dir);
+    for d in ["include/hmc", "lib/pkgconfig"] {
+        std::fs::create_dir_all(dir.join(d)).map_err(|e| io(&dir.join(d), e))?;
+    }
+    copy_headers(dir)?;
+    let profile = if release { "release" } else { "debug" };
+    let lib = dir.join("lib");
+    copy(
+        &root().join("target").join(profile).join("libhmc.so"),
+        &lib.join(format!("libhmc.so.{MAJOR}")),
+    )?;
+    let script = lib.join("libhmc.so");
+    std::fs::write(&script, WHEEL_LINKER_SCRIPT).map_err(|e| io(&script, e))?;
+    let pc = lib.join("pkgconfig/hmc.pc");
+    std::fs::write(&pc, fill_template("hmc-wheel.pc.in", dir)?).map_err(|e| io(&pc, e))?;
+    Ok(stage)
+}
+
+/// The C API of the wheel installed into `python`'s environment, as a `pip install` user
+/// builds against it: the paths `hmc.get_include()`, `get_library_dir()` and
+/// `get_pkgconfig_dir()` give (inside the installed package, holding the files), the
+/// library's exports, then `one_sided.c` (by gcc, and clang where installed) and
+/// `hixl_quickstart.cpp` (g++) compiled with warnings as errors from `pkg-config --cflags
+/// --libs hmc` alone and run as two processes over tcp without `LD_LIBRARY_PATH` (the
+/// `.pc`'s rpath finds the library).
+pub(crate) fn wheel_test(python: &Path) -> Result {
+    let work = root().join("target/capi/wheel");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let out = Command::new(python)
+        .current_dir(&work)
+        .args([
+            "-c",
+            "import os, hmc\n\
+             print(os.path.dirname(os.path.realpath(hmc.__file__)))\n\
+             print(hmc.get_include()); print(hmc.get_library_dir())\n\
+             print(hmc.get_pkgconfig_dir())",
+        ])
+        .output()
+        .map_err(|e| format!("{}: {e}", python.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let paths: Vec<&Path> = text.lines().map(Path::new).collect();
+    let [package, include, lib, pkgconfig] = paths[..] else {
+        return Err(format!(
+            "the installed wheel gave no C API paths: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    };
+    for (dir, file) in [
+        (include, "hmc/hmc.h"),
+        (include, "hmc/hmc.hpp"),
+        (lib, "libhmc.so.0"),
+        (lib, "libhmc.so"),
+        (pkgconfig, "hmc.pc"),
+    ] {
+        if !dir.starts_with(package) || !dir.join(file).is_file() {
+            return Err(format!(
+                "the wheel's {} is not a file inside the installed package {}",
+                dir.join(file).display(),
+                package.display()
+            ));
+        }
+    }
+    check_exports(&lib.join(format!("libhmc.so.{MAJOR}")))?;
+    let flags = pkg_config_flags(pkgconfig)?;
+    let mut compilers = vec![("gcc", "one_sided.c"), ("g++", "hixl_quickstart.cpp")];
+    if on_path("clang") {
+        compilers.push(("clang", "one_sided.c"));
+    }
+    for (compiler, example) in compilers {
+        let bin = work.join(compiler);
+        std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+        let src = root().join("hmc-capi/examples").join(example);
+        run(compile_command(compiler, &src, &bin).args(&flags))?;
+        let exe = bin.join(src.file_stem().unwrap_or_default());
+        library_from(&exe, lib)?;
+        let args: &[&str] = if example.ends_with(".cpp") {
+            &["tcp", "host"]
+        } else {
+            &["tcp"]
+        };
+        let label = format!("tcp, built by {compiler} against the wheel");
+        two_processes_in(&exe, args, &label, &|c| {
+            c.env_remove("LD_LIBRARY_PATH");
+        })?;
+    }
+    Ok(())
+}
+
+/// `ldd exe` without `LD_LIBRARY_PATH` resolves `libhmc.so.0` to the one in `lib` (through
+/// the rpath, which may spell it `.../pkgconfig/../../lib`).
+fn library_from(exe: &Path, lib: &Path) -> Result {
+    let out = Command::new("ldd")
+        .arg(exe)
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .map_err(|e| format!("ldd: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let name = format!("libhmc.so.{MAJOR}");
+    let resolved = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(&format!("{name} => ")))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .find_map(|p| std::fs::canonicalize(p).ok());
+    let expected = std::fs::canonicalize(lib.join(&name)).ok();
+    if resolved.is_some() && resolved == expected {
+        return Ok(());
+    }
+    Err(format!(
+        "{} does not load {} through its rpath: ldd says\n{text}",
+        exe.display(),
+        lib.join(&name).display()
+    ))
+}
+
+/// `pkg-config --cflags --libs hmc` with `PKG_CONFIG_PATH=dir`, split into arguments.
+fn pkg_config_flags(dir: &Path) -> Result<Vec<String>> {
+    let pc = Command::new("pkg-config")
+        .args(["--cflags", "--libs", "hmc"])
+        .env("PKG_CONFIG_PATH", dir)
+        .output()
+        .map_err(|e| format!("pkg-config: {e}"))?;
+    if !pc.status.success() {
+        return Err(format!(
+            "pkg-config --cflags --libs hmc (PKG_CONFIG_PATH={}): {}",
+            dir.display(),
+            String::from_utf8_lossy(&pc.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&pc.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect())
 }
 
 /// The checks of `cargo xtask test`; see the module documentation.
@@ -160,9 +347,10 @@ fn run_programs(gcc: &Path, work: &Path) -> Result {
     let shim = cuda_shim(work)?;
     for transport in ["tcp", "shm"] {
         let label = format!("{transport}, CUDA memory (driver shim)");
-        let env = [("LD_LIBRARY_PATH", shim.as_path())];
         let hixl = gcc.join("hixl_quickstart");
-        two_processes_in(&hixl, &[transport, "cuda"], &label, &env)?;
+        two_processes_in(&hixl, &[transport, "cuda"], &label, &|c| {
+            c.env("LD_LIBRARY_PATH", &shim);
+        })?;
     }
     // CUDA memory through every call that takes it: sync and async transfers, a KV cache.
     run_program(Command::new(gcc.join("device")).env("LD_LIBRARY_PATH", &shim))?;
@@ -274,6 +462,17 @@ fn programs(src: &Path) -> Vec<(PathBuf, &'static str)> {
 
 /// Compiles one program against the installed prefix, warnings as errors.
 fn compile(compiler: &str, file: &Path, prefix: &Path, out: &Path, extra: &[&str]) -> Result {
+    run(compile_command(compiler, file, out)
+        .args(extra)
+        .arg(format!("-I{}", prefix.join("include").display()))
+        .arg(format!("-L{}", prefix.join("lib").display()))
+        .args(["-lhmc", "-pthread", "-ldl"])
+        .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display())))
+}
+
+/// `compiler` on `file` into `out/<its stem>` with the language standard and warnings as
+/// errors; the caller adds the include and library flags (after the source, as `-l` needs).
+fn compile_command(compiler: &str, file: &Path, out: &Path) -> Command {
     let name = file
         .file_stem()
         .and_then(|s| s.to_str())
@@ -283,22 +482,18 @@ fn compile(compiler: &str, file: &Path, prefix: &Path, out: &Path, extra: &[&str
     } else {
         "-std=c11"
     };
-    run(Command::new(compiler)
-        .args([
-            std,
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-D_POSIX_C_SOURCE=200809L",
-        ])
-        .args(extra)
-        .arg(format!("-I{}", prefix.join("include").display()))
-        .arg(file)
-        .arg("-o")
-        .arg(out.join(name))
-        .arg(format!("-L{}", prefix.join("lib").display()))
-        .args(["-lhmc", "-pthread", "-ldl"])
-        .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display())))
+    let mut cmd = Command::new(compiler);
+    cmd.args([
+        std,
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-D_POSIX_C_SOURCE=200809L",
+    ])
+    .arg(file)
+    .arg("-o")
+    .arg(out.join(name));
+    cmd
 }
 
 /// `nm -D`: the library defines only `hmc_*` symbols; and its SONAME is `libhmc.so.MAJOR`.
@@ -383,35 +578,14 @@ fn consumers(prefix: &Path, work: &Path) -> Result {
     two_processes(&build.join("rpc_demo"), &["tcp"], "tcp")?;
     two_processes(&build.join("kv_pull"), &["tcp"], "tcp")?;
 
-    let pc = Command::new("pkg-config")
-        .args(["--cflags", "--libs", "hmc"])
-        .env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
-        .output()
-        .map_err(|e| format!("pkg-config: {e}"))?;
-    if !pc.status.success() {
-        return Err(format!(
-            "pkg-config --cflags --libs hmc: {}",
-            String::from_utf8_lossy(&pc.stderr)
-        ));
-    }
-    let flags = String::from_utf8_lossy(&pc.stdout).to_string();
+    let flags = pkg_config_flags(&prefix.join("lib/pkgconfig"))?;
     let out = work.join("pkg-config-build");
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let exe = out.join("one_sided");
-    run(Command::new("gcc")
-        .args([
-            "-std=c11",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-D_POSIX_C_SOURCE=200809L",
-        ])
-        .arg(root().join("hmc-capi/examples/one_sided.c"))
-        .arg("-o")
-        .arg(&exe)
-        .args(flags.split_whitespace())
+    let src = root().join("hmc-capi/examples/one_sided.c");
+    run(compile_command("gcc", &src, &out)
+        .args(&flags)
         .arg(format!("-Wl,-rpath,{}", prefix.join("lib").display())))?;
-    two_processes(&exe, &["tcp"], "tcp")
+    two_processes(&out.join("one_sided"), &["tcp"], "tcp")
 }
 
 /// Runs `cmd` to its end within [`PROGRAM_TIMEOUT`]; fails on a non-zero exit.
@@ -442,14 +616,15 @@ fn wait(mut child: Child, what: &str) -> Result {
 /// A two-process example: `exe server ARGS...` prints `READY <fields>` on its first line,
 /// then `exe client ARGS... <fields>` runs against it; both must exit 0.
 fn two_processes(exe: &Path, args: &[&str], label: &str) -> Result {
-    two_processes_in(exe, args, label, &[])
+    two_processes_in(exe, args, label, &|_| {})
 }
 
-/// [`two_processes`] with environment variables set in both.
-fn two_processes_in(exe: &Path, args: &[&str], label: &str, env: &[(&str, &Path)]) -> Result {
+/// [`two_processes`] with `env` applied to both commands (variables set or removed).
+fn two_processes_in(exe: &Path, args: &[&str], label: &str, env: &dyn Fn(&mut Command)) -> Result {
     eprintln!("xtask: {} server/client over {label}", exe.display());
-    let mut server = Command::new(exe)
-        .envs(env.iter().copied())
+    let mut server = Command::new(exe);
+    env(&mut server);
+    let mut server = server
         .arg("server")
         .args(args)
         .stdout(Stdio::piped())
@@ -473,8 +648,9 @@ fn two_processes_in(exe: &Path, args: &[&str], label: &str, env: &[(&str, &Path)
             println!("{l}");
         }
     });
-    let client = Command::new(exe)
-        .envs(env.iter().copied())
+    let mut client = Command::new(exe);
+    env(&mut client);
+    let client = client
         .arg("client")
         .args(args)
         .args(ready.split_whitespace().skip(1))

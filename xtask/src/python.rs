@@ -1,6 +1,7 @@
 //! The Python package `hmc` (crate `hmc-py`) in `cargo xtask test` and `cargo xtask bench
-//! python`: a venv under `target/`, the wheel built with maturin and installed into it,
-//! then the pytest suite or the benchmark beside Mooncake's Python API.
+//! python`: a venv under `target/`, the wheel built with maturin (libhmc's C API staged
+//! into it) and installed into it, then the C API used from the installed package, and the
+//! pytest suite or the benchmark beside Mooncake's Python API.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -55,8 +56,13 @@ pub fn release_wheel() -> Result<PathBuf> {
     build_wheel(&py, &py, true)
 }
 
+/// Where [`build_wheel`] stages libhmc for maturin (ignored by git; the `include` of
+/// hmc-py/pyproject.toml names it, since maturin leaves out what git ignores).
+const CAPI_STAGE: &str = "hmc-py/python/hmc/_capi";
+
 /// Builds the wheel (`--release` or the dev profile) for `python` into
-/// `target/py-wheels/<profile>`; its path.
+/// `target/py-wheels/<profile>`, with libhmc's headers, library and `hmc.pc` inside (built
+/// first, in the same profile); its path.
 fn build_wheel(venv_py: &Path, python: &Path, release: bool) -> Result<PathBuf> {
     let profile = if release { "release" } else { "dev" };
     let out = root().join("target/py-wheels").join(profile);
@@ -72,7 +78,11 @@ fn build_wheel(venv_py: &Path, python: &Path, release: bool) -> Result<PathBuf> 
     if release {
         build.arg("--release");
     }
+    // libhmc, the C API, into the package (hmc.get_include(), ...): staged where
+    // hmc-py/pyproject.toml's `include` names it, removed once maturin has packed it.
+    let stage = crate::capi::stage_for_wheel(release, &root().join(CAPI_STAGE))?;
     run(&mut build)?;
+    drop(stage);
     std::fs::read_dir(&out)
         .map_err(|e| format!("reading {}: {e}", out.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -110,9 +120,13 @@ pub fn test(long: bool) -> Result {
     let py = venv()?;
     let wheel = build_wheel(&py, &py, false)?;
     install_built(&py, &wheel)?;
+    // The C API the wheel carries, used as a `pip install` user would.
+    crate::capi::wheel_test(&py)?;
     let mut cmd = Command::new(&py);
     cmd.current_dir(root().join("hmc-py"))
-        .args(["-m", "pytest", "-q", "tests"]);
+        .args(["-m", "pytest", "-q", "tests"])
+        // tests/test_capi_paths.py: this wheel must carry the C API.
+        .env("HMC_TEST_WHEEL_CAPI", "1");
     if long {
         match nixl_python() {
             Ok(nixl) => {
@@ -153,11 +167,13 @@ pub fn pip_install() -> Result {
         "-q",
         "./hmc-py[test]",
     ]))?;
+    // test_capi_paths.py: a build from source has no C API, and says how to get it.
     run(Command::new(&py).current_dir(root().join("hmc-py")).args([
         "-m",
         "pytest",
         "-q",
         "tests/test_package.py",
+        "tests/test_capi_paths.py",
     ]))
 }
 
