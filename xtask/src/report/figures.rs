@@ -112,6 +112,9 @@ const PYTHON_TARGETS: &[Target] = &[
     Target::TimesAt(2.0, 1, &[MIB], "target: 2x Mooncake (1 MiB)"),
 ];
 
+/// The y label of the CPU figures (issue 60).
+const CPU_PER_GIB: &str = "CPU-seconds per GiB, every process (lower is better)";
+
 const SPECS: &[Spec] = &[
     Spec {
         bench: "rpc",
@@ -524,6 +527,145 @@ const SPECS: &[Spec] = &[
         log2_x: false,
         series: &[("GB/s", "through the stand-in")],
         y_label: "GB/s",
+        targets: &[],
+    },
+    // CPU per byte beside each rate (issue 60): every process of each system, per GiB
+    // moved (per call for the small RPC payloads); no targets yet.
+    Spec {
+        bench: "transfer",
+        table: "",
+        id: "tcp-cpu",
+        title: "One-sided TCP transfers: CPU per GiB, both processes, vs iperf3's",
+        filter: None,
+        x: &["size"],
+        log2_x: false,
+        series: &[
+            ("WRITE CPU-s/GiB", "hmc WRITE"),
+            ("READ CPU-s/GiB", "hmc READ"),
+        ],
+        y_label: CPU_PER_GIB,
+        targets: &[Target::FromNote(
+            "iperf3 CPU",
+            1.0,
+            "iperf3, client and server",
+        )],
+    },
+    Spec {
+        bench: "engine",
+        table: "hmc-engine",
+        id: "engine-cpu",
+        title: "Engine sync ops vs Mooncake: CPU per GiB",
+        filter: None,
+        x: &["op", "size"],
+        log2_x: false,
+        series: &[
+            ("hmc CPU-s/GiB", "hmc-engine"),
+            ("Mooncake CPU-s/GiB", "Mooncake"),
+        ],
+        y_label: CPU_PER_GIB,
+        targets: &[],
+    },
+    Spec {
+        bench: "engine python",
+        table: "the same sync ops vs this machine's TCP floor",
+        id: "cpu-vs-floor",
+        title: "Sync ops: CPU per GiB beside the TCP floor's",
+        filter: None,
+        x: &["op", "size"],
+        log2_x: false,
+        series: &[
+            ("hmc CPU-s/GiB", "hmc"),
+            ("Mooncake CPU-s/GiB", "Mooncake"),
+            ("floor CPU-s/GiB", "TCP floor"),
+        ],
+        y_label: CPU_PER_GIB,
+        targets: &[],
+    },
+    Spec {
+        bench: "shm",
+        table: "CPU per GiB moved",
+        id: "shm-cpu",
+        title: "Same-host transfers: CPU per GiB vs memcpy and UCX shared memory",
+        filter: None,
+        x: &["op", "size"],
+        log2_x: false,
+        series: &[
+            ("shm CPU-s/GiB", "shm (attach)"),
+            ("shared mem CPU-s/GiB", "shm (shared memory)"),
+            ("memcpy CPU-s/GiB", "memcpy, one thread"),
+            ("UCX user mem CPU-s/GiB", "UCX, user memory"),
+            ("UCX own mem CPU-s/GiB", "UCX, its own memory"),
+        ],
+        y_label: CPU_PER_GIB,
+        targets: &[],
+    },
+    Spec {
+        bench: "rpc",
+        table: RPC_ECHO,
+        id: "echo-cpu-64b",
+        title: "RPC echo 64 B: CPU per call, hmc-rpc vs tonic",
+        filter: Some(("payload", "64 B")),
+        x: &["clients", "in flight"],
+        log2_x: false,
+        series: &[
+            ("hmc CPU us/call", "hmc-rpc"),
+            ("tonic CPU us/call", "tonic"),
+        ],
+        y_label: "CPU µs per call, client and server (lower is better)",
+        targets: &[],
+    },
+    Spec {
+        bench: "rpc",
+        table: RPC_ECHO,
+        id: "echo-cpu-1m",
+        title: "RPC echo 1 MiB: CPU per GiB, hmc-rpc vs tonic",
+        filter: Some(("payload", "1 MiB")),
+        x: &["clients", "in flight"],
+        log2_x: false,
+        series: &[("hmc CPU-s/GiB", "hmc-rpc"), ("tonic CPU-s/GiB", "tonic")],
+        y_label: CPU_PER_GIB,
+        targets: &[],
+    },
+    Spec {
+        bench: "rpc shm",
+        table: "HMC_BUFFER echo",
+        id: "hmc-buffer-cpu",
+        title: "HMC_BUFFER echo 1 MiB: CPU per GiB vs TCP_STREAM",
+        filter: None,
+        x: &["data plane", "clients", "in flight"],
+        log2_x: false,
+        series: &[
+            ("CPU-s/GiB", "HMC_BUFFER"),
+            ("TCP_STREAM CPU-s/GiB", "TCP_STREAM"),
+        ],
+        y_label: CPU_PER_GIB,
+        targets: &[],
+    },
+    Spec {
+        bench: "python",
+        table: "Python API",
+        id: "python-cpu",
+        title: "Python API vs Mooncake's: CPU per GiB, sync single ops",
+        filter: None,
+        x: &["op", "size"],
+        log2_x: false,
+        series: &[("hmc CPU-s/GiB", "hmc"), ("Mooncake CPU-s/GiB", "Mooncake")],
+        y_label: CPU_PER_GIB,
+        targets: &[],
+    },
+    Spec {
+        bench: "python",
+        table: "hmc with the default options",
+        id: "python-default-cpu",
+        title: "Python API, default transport vs Mooncake (tcp): CPU per GiB",
+        filter: None,
+        x: &["op", "size"],
+        log2_x: false,
+        series: &[
+            ("hmc CPU-s/GiB", "hmc (auto)"),
+            ("Mooncake CPU-s/GiB", "Mooncake"),
+        ],
+        y_label: CPU_PER_GIB,
         targets: &[],
     },
 ];
@@ -1151,9 +1293,9 @@ mod tests {
     }
 
     #[rstest]
-    #[case::transfer("transfer", &["tcp-vs-iperf3"])]
+    #[case::transfer("transfer", &["tcp-vs-iperf3", "tcp-cpu"])]
     #[case::ucx("ucx", &["ucx-tcp-ucxmem", "ucx-shm-ucxmem", "ucx-tcp-user", "ucx-shm-user"])]
-    #[case::shm("shm", &["shm-vs-memcpy"])]
+    #[case::shm("shm", &["shm-vs-memcpy", "shm-cpu"])]
     #[case::rdma("rdma", &["rdma-cpu", "rdma-standin-bw"])]
     #[case::plugin("plugin", &["plugin-vs-static"])]
     #[case::python(
