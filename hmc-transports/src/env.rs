@@ -11,12 +11,19 @@
 /// (`UcxConfig::direct_mapped`); any other value, or none, leaves it on.
 pub const UCX_DIRECT: &str = "HMC_UCX_DIRECT";
 
+/// A fault spec (`hmc_faults::GRAMMAR`) injected into every transport opened, as if each
+/// were named `faulty:NAME` with that spec. Unset: no faults. Malformed: `open` refuses
+/// it, naming the item.
+pub const FAULTS: &str = hmc_faults::ENV;
+
 /// What the environment says about opening transports.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Environment {
     /// [`UCX_DIRECT`]: `Some(false)` when set to `0`, `Some(true)` when set otherwise.
     pub ucx_direct: Option<bool>,
+    /// [`FAULTS`], as written (parsed when a transport opens).
+    pub faults: Option<String>,
 }
 
 impl Environment {
@@ -24,6 +31,7 @@ impl Environment {
     pub fn read() -> Self {
         Environment {
             ucx_direct: std::env::var_os(UCX_DIRECT).map(|v| v != "0"),
+            faults: std::env::var(FAULTS).ok(),
         }
     }
 }

@@ -9,6 +9,9 @@
 //! - [`open`] opens one over [`AnyCommunicator`] with its data plane on an IP (the port
 //!   chosen by the system), from [`Options`]: each built-in's own config, the settings
 //!   every transport shares, and [`Environment`], read once.
+//! - `faulty:NAME`, [`Options::faults`] or `HMC_FAULTS` ([`FAULTS`]) wraps what opens in
+//!   `hmc_faults::Faulty`, injecting the faults of a spec ([`fault_plan`] says which;
+//!   docs/faults.md). Never on otherwise; the first plan logs at warn.
 //! - [`registry`] is hmc-plugin's registry with the built-ins in it, for programs that
 //!   list what there is (`--list-transports`).
 //!
@@ -22,13 +25,14 @@ mod name;
 mod open;
 mod options;
 
-pub use env::{Environment, UCX_DIRECT};
+pub use env::{Environment, FAULTS, UCX_DIRECT};
 pub use hmc_core::AnyCommunicator;
+pub use hmc_faults::{FaultPlan, FaultSpec};
 /// What a plugin factory is asked to open (hmc-plugin's `OpenOptions`).
 #[cfg(feature = "plugin")]
 pub use hmc_plugin::OpenOptions as PluginOpenOptions;
-pub use name::{BUILTINS, TransportName};
-pub use open::open;
+pub use name::{BUILTINS, FAULTY_PREFIX, TransportName};
 #[cfg(feature = "plugin")]
 pub use open::registry;
+pub use open::{fault_plan, open};
 pub use options::Options;

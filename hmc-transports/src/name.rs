@@ -24,7 +24,14 @@ pub enum TransportName {
     /// A transport plugin by its name (or `NAME://IP`), found on `HMC_PLUGIN_PATH` or the
     /// program's plugin path.
     Named(String),
+    /// `faulty:NAME`: NAME wrapped in `hmc_faults::Faulty`, with the faults of the
+    /// `faults` option or `HMC_FAULTS`, or `hmc_faults::FaultSpec::DEFAULT_TEXT` without
+    /// either (docs/faults.md).
+    Faulty(Box<TransportName>),
 }
+
+/// The prefix that injects faults into the transport it names.
+pub const FAULTY_PREFIX: &str = "faulty:";
 
 /// The built-in names, in the order programs list them, with what each is.
 pub const BUILTINS: &[(&str, &str)] = &[
@@ -51,7 +58,8 @@ pub const BUILTINS: &[(&str, &str)] = &[
 ];
 
 impl TransportName {
-    /// The name as programs take it (`tcp`, a plugin's name).
+    /// The transport's own name (`tcp`, a plugin's name), without a `faulty:` prefix
+    /// (`Display` writes the whole name).
     pub fn as_str(&self) -> &str {
         match self {
             TransportName::Tcp => "tcp",
@@ -60,20 +68,49 @@ impl TransportName {
             TransportName::Rdma => "rdma",
             TransportName::Auto => "auto",
             TransportName::Named(n) => n,
+            TransportName::Faulty(inner) => inner.as_str(),
         }
     }
 
-    /// Whether this is one of [`BUILTINS`].
+    /// Whether this is one of [`BUILTINS`] (with or without `faulty:`).
     pub fn is_builtin(&self) -> bool {
-        !matches!(self, TransportName::Named(_))
+        match self {
+            TransportName::Named(_) => false,
+            TransportName::Faulty(inner) => inner.is_builtin(),
+            _ => true,
+        }
+    }
+
+    /// The name without its `faulty:` prefix, and whether it had one.
+    pub fn without_faults(&self) -> (&TransportName, bool) {
+        match self {
+            TransportName::Faulty(inner) => (inner, true),
+            other => (other, false),
+        }
     }
 }
 
 impl FromStr for TransportName {
     type Err = hmc_core::Error;
 
-    /// A built-in's name (exactly, lower case), any other non-empty name as a plugin's.
+    /// A built-in's name (exactly, lower case), `faulty:NAME`, any other non-empty name
+    /// as a plugin's.
     fn from_str(s: &str) -> hmc_core::Result<Self> {
+        if let Some(inner) = s.strip_prefix(FAULTY_PREFIX) {
+            if inner.starts_with(FAULTY_PREFIX) {
+                return Err(hmc_core::Error::InvalidArgument(format!(
+                    "`{s}` says faulty: twice; write it once (faulty:tcp)"
+                )));
+            }
+            if inner.is_empty() {
+                return Err(hmc_core::Error::InvalidArgument(
+                    "`faulty:` needs the transport to inject faults into: faulty:tcp, \
+                     faulty:shm, faulty:ucx or faulty:<plugin>"
+                        .into(),
+                ));
+            }
+            return Ok(TransportName::Faulty(Box::new(inner.parse()?)));
+        }
         Ok(match s {
             "tcp" => TransportName::Tcp,
             "ucx" => TransportName::Ucx,
@@ -82,8 +119,8 @@ impl FromStr for TransportName {
             "auto" => TransportName::Auto,
             "" => {
                 return Err(hmc_core::Error::InvalidArgument(
-                    "an empty transport name: use tcp, ucx, shm, rdma, auto or a transport \
-                     plugin's name"
+                    "an empty transport name: use tcp, ucx, shm, rdma, auto, a transport \
+                     plugin's name, or faulty:<name> for one with faults injected"
                         .into(),
                 ));
             }
@@ -94,6 +131,9 @@ impl FromStr for TransportName {
 
 impl fmt::Display for TransportName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let TransportName::Faulty(_) = self {
+            f.write_str(FAULTY_PREFIX)?;
+        }
         f.write_str(self.as_str())
     }
 }
@@ -110,6 +150,9 @@ mod tests {
     #[case("auto", TransportName::Auto)]
     #[case("loopmem", TransportName::Named("loopmem".into()))]
     #[case("loopmem://127.0.0.1", TransportName::Named("loopmem://127.0.0.1".into()))]
+    #[case("faulty:tcp", TransportName::Faulty(Box::new(TransportName::Tcp)))]
+    #[case("faulty:shm", TransportName::Faulty(Box::new(TransportName::Shm)))]
+    #[case("faulty:loopmem", TransportName::Faulty(Box::new(TransportName::Named("loopmem".into()))))]
     fn names_parse_and_print_back(#[case] text: &str, #[case] want: TransportName) {
         let got: TransportName = text.parse().unwrap();
         assert_eq!(got, want);
@@ -124,6 +167,29 @@ mod tests {
             assert!(about.len() > 10, "{name}: say what it is");
         }
         let e = "".parse::<TransportName>().unwrap_err().to_string();
-        assert!(e.contains("tcp, ucx, shm, rdma, auto"), "{e}");
+        assert!(
+            e.contains("tcp, ucx, shm, rdma, auto") && e.contains("faulty:<name>"),
+            "{e}"
+        );
+    }
+
+    #[rstest::rstest]
+    #[case::nothing_after("faulty:", "faulty:tcp")]
+    #[case::twice("faulty:faulty:tcp", "twice")]
+    fn a_faulty_name_needs_one_transport(#[case] text: &str, #[case] said: &str) {
+        let e = text.parse::<TransportName>().unwrap_err().to_string();
+        assert!(e.contains(said), "{e}");
+    }
+
+    #[test]
+    fn faulty_names_keep_their_transport() {
+        let n: TransportName = "faulty:tcp".parse().unwrap();
+        assert_eq!(n.as_str(), "tcp");
+        assert!(n.is_builtin());
+        assert_eq!(n.without_faults(), (&TransportName::Tcp, true));
+        assert_eq!(
+            TransportName::Ucx.without_faults(),
+            (&TransportName::Ucx, false)
+        );
     }
 }

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::net::SocketAddr;
 
 use hmc_core::{AnyCommunicator, Error, Result};
+use hmc_faults::{FaultPlan, FaultSpec, Faulty};
 
 use crate::name::TransportName;
 use crate::options::Options;
@@ -17,7 +18,38 @@ use crate::options::Options;
 /// A built-in whose cargo feature this build leaves out is refused with
 /// [`Error::Unavailable`] naming the feature; an unknown name's error lists every name
 /// there is and where plugins are searched.
+///
+/// With faults asked for ([`fault_plan`]: `faulty:NAME`, [`Options::faults`] or
+/// `HMC_FAULTS`), the transport is wrapped in [`hmc_faults::Faulty`].
 pub fn open(name: &TransportName, ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
+    // The spec first: a malformed one opens nothing.
+    let plan = fault_plan(name, options)?;
+    let comm = open_plain(name.without_faults().0, ip, options)?;
+    Ok(match plan {
+        Some(plan) => AnyCommunicator::new(Faulty::new(comm, plan)),
+        None => comm,
+    })
+}
+
+/// The faults [`open`] injects into `name`: [`Options::faults`] (the same plan, shared),
+/// else a new plan of `HMC_FAULTS` ([`crate::Environment::faults`]), else for a
+/// `faulty:NAME` a plan of [`FaultSpec::DEFAULT_TEXT`]; `None` (no faults) otherwise. A
+/// malformed `HMC_FAULTS` is refused naming the variable, the item and the grammar.
+pub fn fault_plan(name: &TransportName, options: &Options) -> Result<Option<FaultPlan>> {
+    if let Some(plan) = &options.faults {
+        return Ok(Some(plan.clone()));
+    }
+    if let Some(text) = &options.environment.faults {
+        let spec: FaultSpec = text
+            .parse()
+            .map_err(|e| Error::InvalidArgument(format!("{}={text}: {e}", crate::env::FAULTS)))?;
+        return Ok(Some(FaultPlan::new(spec)));
+    }
+    let (_, faulty) = name.without_faults();
+    Ok(faulty.then(|| FaultPlan::new(FaultSpec::default_faults())))
+}
+
+fn open_plain(name: &TransportName, ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
     match name {
         TransportName::Tcp => tcp(ip, options),
         TransportName::Ucx => ucx(ip, options),
@@ -25,6 +57,8 @@ pub fn open(name: &TransportName, ip: IpAddr, options: &Options) -> Result<AnyCo
         TransportName::Rdma => rdma(ip, options),
         TransportName::Auto => auto(ip, options),
         TransportName::Named(spec) => plugin(spec, ip, options),
+        // `open` took the prefix off; a nested one is refused by the parser.
+        TransportName::Faulty(inner) => open_plain(inner, ip, options),
     }
 }
 
@@ -180,7 +214,15 @@ fn plugin(spec: &str, ip: IpAddr, options: &Options) -> Result<AnyCommunicator> 
     for (k, v) in &options.plugin_settings {
         open = open.with(k, v);
     }
-    registry(options).open(spec, &open)
+    registry(options).open(spec, &open).map_err(|e| match e {
+        Error::InvalidArgument(why) if why.starts_with("no transport named") => {
+            Error::InvalidArgument(format!(
+                "{why}; each of them also as faulty:<name>, with faults injected \
+                 (docs/faults.md)"
+            ))
+        }
+        other => other,
+    })
 }
 
 #[cfg(not(feature = "plugin"))]

@@ -44,6 +44,12 @@ pub struct Options {
     pub plugin_search_hint: Option<String>,
     /// What the environment said ([`Environment::read`]); default: nothing.
     pub environment: Environment,
+    /// Faults to inject into the transport opened (`hmc_faults::Faulty`), over
+    /// [`Environment::faults`] (`HMC_FAULTS`). `None` (the default): none, unless the
+    /// environment or a `faulty:` name asks. Clones of a plan share its decisions: a
+    /// program that injects faults elsewhere too (the engine's notifications) passes the
+    /// plan it uses ([`crate::fault_plan`]).
+    pub faults: Option<hmc_faults::FaultPlan>,
 }
 
 impl Default for Options {
@@ -65,6 +71,7 @@ impl Default for Options {
             plugin_settings: Vec::new(),
             plugin_search_hint: None,
             environment: Environment::default(),
+            faults: None,
         }
     }
 }
