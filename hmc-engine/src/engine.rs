@@ -15,7 +15,8 @@ use parking_lot::{Mutex, RwLock};
 use crate::config::EngineConfig;
 use crate::error::{EngineError, Result, Side};
 use crate::meta::{
-    EngineInfo, Hello, METHOD_HELLO, METHOD_INFO, METHOD_LOOKUP, METHOD_NOTIFY, NotifyMsg, VERSION,
+    EngineInfo, Hello, METHOD_HELLO, METHOD_INFO, METHOD_LOOKUP, METHOD_NOTIFY, METHOD_RETRACT,
+    NotifyMsg, Retract, VERSION,
 };
 use crate::region_map::{Lookup, RegionMap};
 use crate::request::{TransferRequest, TransferStatus};
@@ -24,13 +25,14 @@ mod blob;
 mod directory;
 mod membership;
 mod notify;
+mod notify_queue;
 mod post;
 mod prepared;
 mod rules;
 mod staged;
 mod table;
 
-use notify::NotifyQueue;
+use notify_queue::NotifyQueue;
 pub use post::{PreparedTransfer, Telemetry};
 pub use prepared::{BlockDesc, PreparedList};
 use rules::{broken_peer, sender_name};
@@ -179,6 +181,8 @@ struct Inner<C: Communicator> {
     lost: membership::LostPeers,
     runtime: tokio::runtime::Handle,
     finalized: std::sync::atomic::AtomicBool,
+    /// The next notification's number (`meta::NotifyId`).
+    notify_seq: std::sync::atomic::AtomicU64,
 }
 
 /// A one-sided transfer engine over the communicator `C` (see the crate documentation).
@@ -305,6 +309,14 @@ impl<C: Communicator> Engine<C> {
             },
         );
         let s = shared.clone();
+        d.register(
+            METHOD_RETRACT,
+            move |ctx: hmc_rpc::CallContext, r: Retract| {
+                let s = s.clone();
+                async move { s.take_retract(&ctx.connection, r) }
+            },
+        );
+        let s = shared.clone();
         d.register(METHOD_LOOKUP, move |_, l: crate::meta::Lookup| {
             let s = s.clone();
             async move { Ok::<_, RpcError>(s.directory.read().get(&l.name).cloned()) }
@@ -344,6 +356,7 @@ impl<C: Communicator> Engine<C> {
                 lost: Default::default(),
                 runtime: tokio::runtime::Handle::current(),
                 finalized: false.into(),
+                notify_seq: 0.into(),
             }),
         };
         if let Some(events) = events {

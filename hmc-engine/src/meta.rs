@@ -16,8 +16,13 @@ pub(crate) const METHOD_LOOKUP: u32 = 0x454E_0003;
 /// Method id of an [`Instance`] (request: [`Hello`]): who answers, without the table.
 pub(crate) const METHOD_HELLO: u32 = 0x454E_0004;
 
-/// The metadata format version this engine speaks.
-pub(crate) const VERSION: u32 = 2;
+/// Method id of a [`Retract`] (response: [`NotifyAck`]): the sender gave up on a
+/// notification it could not see queued.
+pub(crate) const METHOD_RETRACT: u32 = 0x454E_0005;
+
+/// The metadata format version this engine speaks (3: notifications carry a [`NotifyId`]
+/// and are answered with a [`NotifyAck`]).
+pub(crate) const VERSION: u32 = 3;
 
 /// Who asks.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -80,6 +85,43 @@ pub(crate) struct NotifyMsg {
     pub msg: Vec<u8>,
     /// Set on a failure notice: the attached transfer failed, and why (version 2).
     pub failed: Option<String>,
+    /// Which send this is (version 3): a notification arriving again under an id the
+    /// receiver has seen is not queued again, and a failure notice under the id of a
+    /// queued notification takes its place.
+    pub id: NotifyId,
+}
+
+/// One send of a notification: the sending engine's instance and a number it never
+/// reuses. A transfer's every post, and every [`crate::Engine::send_notify`], takes a new
+/// one; a resend of the same message (the metadata connection dialled again) and the
+/// failure notice of the same post keep it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct NotifyId {
+    pub instance: u64,
+    pub seq: u64,
+}
+
+/// What the receiver did with a [`NotifyMsg`] or a [`Retract`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum NotifyAck {
+    /// Queued for `get_notifies` (a failure notice: queued, or put in place of the
+    /// notification of the same id that was still waiting).
+    Queued,
+    /// Seen before under this id and queued then: not queued again.
+    Duplicate,
+    /// This id was retracted, or its failure notice came first: nothing of it is queued,
+    /// and nothing arriving under it later will be.
+    Retracted,
+    /// The receiver's program had already taken the notification of this id, so a
+    /// failure notice or a retraction came too late to change what it saw.
+    AlreadyTaken,
+}
+
+/// The sender gave up on the notification `id` (its call failed without an answer): the
+/// receiver drops it if still waiting, and whatever arrives under it later.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Retract {
+    pub id: NotifyId,
 }
 
 /// A directory lookup: the value an engine published under `name`.

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use hmc_core::AnyCommunicator;
 use hmc_engine::{
-    Access, BlockDesc, Engine, EngineConfig, EngineError, MemDesc, MemType, Notify, TransferOp,
-    TransferStatus,
+    Access, BlockDesc, Engine, EngineConfig, EngineError, MemDesc, MemType, Notify, PreparedList,
+    TransferOp, TransferStatus,
 };
 use rstest::rstest;
 
@@ -87,6 +87,29 @@ fn blocks(m: &[u8]) -> Vec<BlockDesc> {
     )]
 }
 
+/// `src` registered at `init` and `dst` at `target`, the target added from its metadata
+/// blob, and both as prepared lists of blocks: (the target's name, `src`'s list, `dst`'s).
+async fn prepared_pair(
+    init: &Engine<AnyCommunicator>,
+    target: &Engine<AnyCommunicator>,
+    src: &[u8],
+    dst: &[u8],
+) -> (
+    String,
+    PreparedList<AnyCommunicator>,
+    PreparedList<AnyCommunicator>,
+) {
+    register(init, src);
+    register(target, dst);
+    let peer = init
+        .add_remote(&target.local_metadata().unwrap(), T)
+        .await
+        .unwrap();
+    let local = init.prepare_local(&blocks(src)).unwrap();
+    let remote = init.prepare_remote(&peer, &blocks(dst), T).await.unwrap();
+    (peer, local, remote)
+}
+
 /// The next notification of `e` named `name`, waiting up to `T`; `on_arrival` runs on it
 /// at once (before anything else of the test happens).
 async fn next_notify<R>(
@@ -118,15 +141,8 @@ async fn a_notification_follows_its_bytes_and_a_failure_sends_a_notice(#[case] n
     let src: Vec<u8> = (0..BLOCK * BLOCKS).map(|i| (i * 13 % 251) as u8).collect();
     let dst = vec![0u8; BLOCK * BLOCKS];
     let other = vec![0u8; BLOCK * BLOCKS];
-    register(&init, &src);
-    register(&target, &dst);
     let other_handle = register(&target, &other);
-    let peer = init
-        .add_remote(&target.local_metadata().unwrap(), T)
-        .await
-        .unwrap();
-    let local = init.prepare_local(&blocks(&src)).unwrap();
-    let remote = init.prepare_remote(&peer, &blocks(&dst), T).await.unwrap();
+    let (peer, local, remote) = prepared_pair(&init, &target, &src, &dst).await;
     let remote_other = init
         .prepare_remote(&peer, &blocks(&other), T)
         .await
@@ -193,6 +209,47 @@ async fn a_notification_follows_its_bytes_and_a_failure_sends_a_notice(#[case] n
         target.get_notifies().iter().all(|n| n.name != "doomed"),
         "{name}: one notice, and no success after it"
     );
+    init.finalize().await;
+    target.finalize().await;
+}
+
+/// Every post of one prepared transfer delivers its notification exactly once, beside
+/// standalone notifications: each post is a new send (its own id), so none is taken for a
+/// duplicate of an earlier one and none arrives twice.
+#[rstest]
+#[case::tcp("tcp")]
+#[case::shm("shm")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_post_delivers_its_notification_once(#[case] name: &str) {
+    let (init, target) = (engine(name).await, engine(name).await);
+    let src = vec![3u8; BLOCK * BLOCKS];
+    let dst = vec![0u8; BLOCK * BLOCKS];
+    let (peer, local, remote) = prepared_pair(&init, &target, &src, &dst).await;
+    let idx: Vec<u64> = (0..BLOCKS as u64).collect();
+    let x = init
+        .make_transfer(
+            TransferOp::Write,
+            &local,
+            &idx,
+            &remote,
+            &idx,
+            Some(("posted".into(), b"p".to_vec())),
+        )
+        .unwrap();
+    for round in 0..20 {
+        x.post().unwrap();
+        assert!(
+            matches!(
+                tokio::time::timeout(T, x.wait()).await.unwrap().unwrap(),
+                TransferStatus::Completed
+            ),
+            "{name}: round {round}"
+        );
+        init.send_notify(&peer, "alone", b"a", T).await.unwrap();
+        let got: Vec<String> = target.get_notifies().into_iter().map(|n| n.name).collect();
+        assert_eq!(got, ["posted", "alone"], "{name}: round {round}");
+    }
+    x.release().await;
     init.finalize().await;
     target.finalize().await;
 }

@@ -13,32 +13,11 @@ use serde::{Deserialize, Serialize};
 
 const T: Duration = Duration::from_secs(10);
 
-/// The engine's metadata request and answer, as a peer that is not an engine writes them.
-#[derive(Serialize)]
-struct Hello {
-    version: u32,
-    from: String,
-}
+mod common;
 
-#[derive(Deserialize)]
-struct EngineInfo {
-    _version: u32,
-    _instance: u64,
-    data_plane: String,
-    _generation: u64,
-    regions: Vec<Vec<u8>>,
-}
-
-const METHOD_INFO: u32 = 0x454E_0001;
-const METHOD_NOTIFY: u32 = 0x454E_0002;
-
-#[derive(Serialize)]
-struct NotifyMsg {
-    from: String,
-    name: String,
-    msg: Vec<u8>,
-    failed: Option<String>,
-}
+use common::wire::{
+    EngineInfo, Hello, METHOD_INFO, METHOD_NOTIFY, NotifyAck, NotifyMsg, named_client,
+};
 
 /// A page-aligned anonymous mapping of `len` bytes filled with `fill`, then made read-only.
 struct ReadOnlyPages {
@@ -121,7 +100,7 @@ async fn fetch_info(engine: &str) -> Result<EngineInfo, hmc_rpc::CallError> {
     rpc.call_typed(
         METHOD_INFO,
         &Hello {
-            version: 2,
+            version: 3,
             from: "intruder".into(),
         },
     )
@@ -453,9 +432,10 @@ async fn a_notification_s_sender_comes_from_its_connection() {
         name: "n".into(),
         msg: b"m".to_vec(),
         failed: None,
+        id: (1, 1),
     };
     let e = rpc
-        .call_typed::<_, ()>(METHOD_NOTIFY, &spoof)
+        .call_typed::<_, NotifyAck>(METHOD_NOTIFY, &spoof)
         .await
         .unwrap_err();
     assert!(e.to_string().contains("connect"), "{e}");
@@ -464,15 +444,14 @@ async fn a_notification_s_sender_comes_from_its_connection() {
         .call_typed(
             METHOD_INFO,
             &Hello {
-                version: 2,
+                version: 3,
                 from: "10.9.9.9:5000".into(),
             },
         )
         .await
         .unwrap();
-    rpc.call_typed::<_, ()>(METHOD_NOTIFY, &spoof)
-        .await
-        .unwrap();
+    let ack: NotifyAck = rpc.call_typed(METHOD_NOTIFY, &spoof).await.unwrap();
+    assert_eq!(ack, NotifyAck::Queued);
     let got = target.get_notifies();
     assert_eq!(got.len(), 1);
     assert!(
@@ -516,27 +495,19 @@ async fn notifications_are_bounded_in_bytes() {
         .unwrap_err();
     assert!(e.to_string().contains("max_notify_len"), "{e}");
     // A raw peer's 1 MiB `from` is refused from its size, not queued.
-    let addr: hmc_core::PeerAddr = target.name().parse().unwrap();
-    let rpc = hmc_rpc::Client::connect(&addr, hmc_rpc::ClientConfig::default())
-        .await
-        .unwrap();
-    let _: EngineInfo = rpc
-        .call_typed(
-            METHOD_INFO,
-            &Hello {
-                version: 2,
-                from: "x".into(),
-            },
-        )
-        .await
-        .unwrap();
+    let rpc = named_client(target.name(), "x").await;
     let fat = NotifyMsg {
         from: "f".repeat(1 << 20),
         name: "n".into(),
         msg: Vec::new(),
         failed: None,
+        id: (1, 2),
     };
-    assert!(rpc.call_typed::<_, ()>(METHOD_NOTIFY, &fat).await.is_err());
+    assert!(
+        rpc.call_typed::<_, NotifyAck>(METHOD_NOTIFY, &fat)
+            .await
+            .is_err()
+    );
     assert_eq!(target.get_notifies().len(), 1);
 }
 
@@ -606,7 +577,7 @@ async fn fake_engine(data_plane: String) -> hmc_rpc::RunningServer {
         let data_plane = data_plane.clone();
         async move {
             Ok::<_, hmc_rpc::RpcError>(FakeInfo {
-                version: 2,
+                version: 3,
                 instance: 1,
                 data_plane,
                 generation: 1,

@@ -1,16 +1,19 @@
 //! Notifications between engines: sent through the peer's metadata service, queued at the
 //! receiver within `max_pending_notifies` and `max_pending_notify_bytes`, each delivered
-//! under the name its connection gave (see [`super::rules::sender_name`]).
+//! under the name its connection gave (see [`super::rules::sender_name`]), at most once
+//! per send ([`super::notify_queue`]): a call that ends without the receiver's answer is
+//! retracted, so the caller's error means the receiver's program never sees it.
 
-use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hmc_core::Communicator;
 use hmc_rpc::{CallOptions, RpcError};
 
+use super::notify_queue::{NotifyKey, QueueFull, QueueLimits};
 use super::{Engine, Notify, Peer, Shared};
 use crate::error::{EngineError, Result};
-use crate::meta::{METHOD_NOTIFY, NotifyMsg};
+use crate::meta::{METHOD_NOTIFY, METHOD_RETRACT, NotifyAck, NotifyId, NotifyMsg, Retract};
 
 impl<C: Communicator> Engine<C> {
     /// Sends a notification to `remote`; it waits in that engine's queue until
@@ -24,18 +27,64 @@ impl<C: Communicator> Engine<C> {
     ) -> Result<()> {
         self.check_open()?;
         let peer = self.peer(remote)?;
-        self.notify_peer(&peer, name, msg, None, timeout).await
+        let id = self.next_notify_id();
+        match self.notify_peer(&peer, id, name, msg, None, timeout).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // Whether it was queued is unknown (no answer) or it was refused: either
+                // way the caller's error must mean "never delivered", so withdraw it.
+                self.retract_notify(peer, id);
+                Err(e)
+            }
+        }
     }
 
-    /// Sends a notification (a failure notice with `failed`) to `peer`.
+    /// A notification id this engine has not used.
+    pub(super) fn next_notify_id(&self) -> NotifyId {
+        NotifyId {
+            instance: self.inner.shared.instance,
+            seq: self.inner.notify_seq.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Withdraws the notification `id` from `peer`, in the background (a peer that does
+    /// not answer its notifications may not answer this either); a copy of it that
+    /// arrives after the withdrawal is dropped there.
+    fn retract_notify(&self, peer: std::sync::Arc<Peer<C>>, id: NotifyId) {
+        let t = self.inner.shared.config.default_timeout;
+        self.inner.runtime.spawn(async move {
+            let opts = CallOptions {
+                timeout: Some(t),
+                ..CallOptions::default()
+            };
+            match peer
+                .rpc
+                .call_typed_with::<_, NotifyAck>(METHOD_RETRACT, &Retract { id }, opts)
+                .await
+            {
+                Ok(NotifyAck::AlreadyTaken) => tracing::warn!(
+                    peer = %peer.name,
+                    "a notification reported failed had already been taken by the peer's program (its answer was lost)"
+                ),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(peer = %peer.name, error = %e, "notification not retracted")
+                }
+            }
+        });
+    }
+
+    /// Sends notification `id` (a failure notice with `failed`) to `peer`; what the peer
+    /// did with it.
     pub(super) async fn notify_peer(
         &self,
         peer: &Peer<C>,
+        id: NotifyId,
         name: &str,
         msg: &[u8],
         failed: Option<String>,
         timeout: Duration,
-    ) -> Result<()> {
+    ) -> Result<NotifyAck> {
         // The receiver bounds the same sum with its own `max_notify_len`; refusing here
         // first names the limit as the caller's (a bad argument, not a failed peer).
         let len =
@@ -54,6 +103,7 @@ impl<C: Communicator> Engine<C> {
             name: name.to_string(),
             msg: msg.to_vec(),
             failed,
+            id,
         };
         let deadline = hmc_core::Deadline::after(timeout);
         let opts = || CallOptions {
@@ -74,15 +124,16 @@ impl<C: Communicator> Engine<C> {
         };
         match peer
             .rpc
-            .call_typed_with::<_, ()>(METHOD_NOTIFY, &n, opts())
+            .call_typed_with::<_, NotifyAck>(METHOD_NOTIFY, &n, opts())
             .await
         {
             // A new connection (the old one idled out and the client dialled again) is
-            // not yet named at the peer: name it with a metadata request, then send again.
+            // not yet named at the peer: name it with a metadata request, then send again
+            // (the same id: were the first copy queued after all, this one is not).
             Err(e) if e.status() == Some(hmc_rpc::Status::UNAUTHENTICATED) => {
                 self.fetch_info(&peer.rpc, deadline).await?;
                 peer.rpc
-                    .call_typed_with::<_, ()>(METHOD_NOTIFY, &n, opts())
+                    .call_typed_with::<_, NotifyAck>(METHOD_NOTIFY, &n, opts())
                     .await
                     .map_err(failed)
             }
@@ -99,28 +150,36 @@ impl<C: Communicator> Engine<C> {
 
     /// Takes every notification received so far, oldest first.
     pub fn get_notifies(&self) -> Vec<Notify> {
-        let mut q = self.inner.shared.notifies.lock();
-        q.bytes = 0;
-        q.queue.drain(..).collect()
+        self.inner.shared.notifies.lock().take_all()
     }
 }
 
+/// The name of the connection's engine, which every notification needs.
+fn sender(conn: &hmc_rpc::Connection) -> std::result::Result<String, RpcError> {
+    // Who sent it is the connection's business, not the message's.
+    conn.label().map(str::to_string).ok_or_else(|| {
+        RpcError::new(
+            hmc_rpc::Status::UNAUTHENTICATED,
+            "a notification on a connection that never asked for this engine's metadata: connect (Engine::connect) first",
+        )
+    })
+}
+
 impl<C: Communicator> Shared<C> {
+    fn queue_limits(&self) -> QueueLimits {
+        QueueLimits {
+            max_count: self.config.max_pending_notifies,
+            max_bytes: self.config.max_pending_notify_bytes,
+            remember: super::notify_queue::MAX_NOTIFY_IDS,
+        }
+    }
+
     pub(super) fn take_notify(
         &self,
         conn: &hmc_rpc::Connection,
         n: NotifyMsg,
-    ) -> std::result::Result<(), RpcError> {
-        // Who sent it is the connection's business, not the message's.
-        let from = match conn.label() {
-            Some(l) => l.to_string(),
-            None => {
-                return Err(RpcError::new(
-                    hmc_rpc::Status::UNAUTHENTICATED,
-                    "a notification on a connection that never asked for this engine's metadata: connect (Engine::connect) first",
-                ));
-            }
-        };
+    ) -> std::result::Result<NotifyAck, RpcError> {
+        let from = sender(conn)?;
         let len =
             n.msg.len() + n.name.len() + from.len() + n.failed.as_ref().map_or(0, String::len);
         if len > self.config.max_notify_len {
@@ -132,46 +191,59 @@ impl<C: Communicator> Shared<C> {
                 ),
             ));
         }
-        let mut q = self.notifies.lock();
-        if q.queue.len() >= self.config.max_pending_notifies {
-            return Err(RpcError::new(
-                hmc_rpc::Status::OVERLOADED,
-                format!(
-                    "limit `max_pending_notifies` ({}) reached: the receiver has not taken its notifications (get_notifies); retry later, or raise EngineConfig::max_pending_notifies there",
-                    self.config.max_pending_notifies
-                ),
-            ));
-        }
-        if q.bytes + len > self.config.max_pending_notify_bytes {
-            return Err(RpcError::new(
-                hmc_rpc::Status::OVERLOADED,
-                format!(
-                    "limit `max_pending_notify_bytes` ({}) reached: {} bytes of notifications wait for get_notifies, and this one is {len}; retry later, or raise EngineConfig::max_pending_notify_bytes there",
-                    self.config.max_pending_notify_bytes, q.bytes
-                ),
-            ));
-        }
-        q.bytes += len;
-        q.queue.push_back(Notify {
+        let key = NotifyKey {
+            from: from.clone(),
+            id: n.id,
+        };
+        let notify = Notify {
             from,
             name: n.name,
             msg: n.msg,
             failed: n.failed,
-        });
-        drop(q);
-        if let Some(hook) = &*self.notify_hook.read() {
-            hook();
+        };
+        let limits = self.queue_limits();
+        let ack = self.notifies.lock().offer(key, notify, len, limits);
+        match ack {
+            Ok(NotifyAck::Queued) => {
+                if let Some(hook) = &*self.notify_hook.read() {
+                    hook();
+                }
+                Ok(NotifyAck::Queued)
+            }
+            Ok(other) => {
+                tracing::debug!(ack = ?other, "a notification's id was seen before; not queued again");
+                Ok(other)
+            }
+            Err(QueueFull::Count) => Err(RpcError::new(
+                hmc_rpc::Status::OVERLOADED,
+                format!(
+                    "limit `max_pending_notifies` ({}) reached: the receiver has not taken its notifications (get_notifies); retry later, or raise EngineConfig::max_pending_notifies there",
+                    limits.max_count
+                ),
+            )),
+            Err(QueueFull::Bytes { waiting }) => Err(RpcError::new(
+                hmc_rpc::Status::OVERLOADED,
+                format!(
+                    "limit `max_pending_notify_bytes` ({}) reached: {waiting} bytes of notifications wait for get_notifies, and this one is {len}; retry later, or raise EngineConfig::max_pending_notify_bytes there",
+                    limits.max_bytes
+                ),
+            )),
         }
-        Ok(())
+    }
+
+    pub(super) fn take_retract(
+        &self,
+        conn: &hmc_rpc::Connection,
+        r: Retract,
+    ) -> std::result::Result<NotifyAck, RpcError> {
+        let key = NotifyKey {
+            from: sender(conn)?,
+            id: r.id,
+        };
+        let remember = self.queue_limits().remember;
+        Ok(self.notifies.lock().retract(key, remember))
     }
 }
 
 /// What [`Engine::on_notify`] keeps.
 pub(super) type NotifyHook = std::sync::Arc<dyn Fn() + Send + Sync>;
-
-/// Notifications waiting for [`Engine::get_notifies`], and their bytes.
-#[derive(Default)]
-pub(super) struct NotifyQueue {
-    pub(super) queue: VecDeque<Notify>,
-    pub(super) bytes: usize,
-}

@@ -27,6 +27,7 @@ use super::rules::broken_peer;
 use super::{Engine, LocalReg, Peer, RemoteEntry};
 use crate::TransferOp;
 use crate::error::{EngineError, Result};
+use crate::meta::{NotifyAck, NotifyId};
 use crate::request::{TransferRequest, TransferStatus};
 
 /// What one post of a transfer did, once it ended.
@@ -309,6 +310,9 @@ impl<C: Communicator> PreparedTransfer<C> {
         st.telemetry = None;
         drop(st);
         let me = self.inner.clone();
+        // Every post is a new send of the notification: a late copy of an earlier post's
+        // cannot count as this one's, and this one's failure notice replaces only it.
+        let notify_id = x.engine.next_notify_id();
         x.engine.inner.runtime.spawn(async move {
             let posted_at = SystemTime::now();
             let start = Instant::now();
@@ -316,7 +320,7 @@ impl<C: Communicator> PreparedTransfer<C> {
             let mut moved = 0u64;
             let cancel = done.cancel.clone();
             let outcome = tokio::select! {
-                r = me.run(&mut moved) => r,
+                r = me.run(notify_id, &mut moved) => r,
                 _ = cancel.notified() => Err(EngineError::Cancelled(format!(
                     "a transfer of {} descriptor(s) with `{}`", me.requested, me.peer.name
                 ))),
@@ -325,7 +329,7 @@ impl<C: Communicator> PreparedTransfer<C> {
             if let Err(e) = &outcome
                 && let Some((name, msg)) = &me.notify
             {
-                me.failure_notice(name.clone(), msg.clone(), e.to_string());
+                me.failure_notice(notify_id, name.clone(), msg.clone(), e.to_string());
             }
             let telemetry = Telemetry {
                 posted_at,
@@ -457,7 +461,7 @@ impl<C: Communicator> XferInner<C> {
         }
     }
 
-    async fn run(&self, moved: &mut u64) -> Result<()> {
+    async fn run(&self, notify_id: NotifyId, moved: &mut u64) -> Result<()> {
         self.engine.check_open()?;
         self.check_peer()?;
         let l = local_of(&self.local).expect("checked at make_transfer");
@@ -592,7 +596,7 @@ impl<C: Communicator> XferInner<C> {
         }
         if let Some((name, msg)) = &self.notify {
             self.engine
-                .notify_peer(&self.peer, name, msg, None, stall)
+                .notify_peer(&self.peer, notify_id, name, msg, None, stall)
                 .await
                 .map_err(|e| match e {
                     EngineError::Metadata { peer, why } => EngineError::Metadata {
@@ -609,18 +613,27 @@ impl<C: Communicator> XferInner<C> {
 
     /// Tells the target a transfer it may be waiting for failed (best effort, in the
     /// background: the initiator's error is not held up by a target that does not answer).
-    fn failure_notice(self: &Arc<Self>, name: String, msg: Vec<u8>, why: String) {
+    /// Under the post's notification id, so it takes the place of that notification if it
+    /// reached the target unanswered, and a copy arriving later is dropped.
+    fn failure_notice(self: &Arc<Self>, id: NotifyId, name: String, msg: Vec<u8>, why: String) {
         let me = self.clone();
         self.engine.inner.runtime.spawn(async move {
             // A target that was stopped or slow gets it when it runs again, if soon.
             let cfg = &me.engine.inner.shared.config;
             let t = cfg.default_timeout.max(cfg.no_progress_timeout);
-            if let Err(e) = me
+            match me
                 .engine
-                .notify_peer(&me.peer, &name, &msg, Some(why), t)
+                .notify_peer(&me.peer, id, &name, &msg, Some(why), t)
                 .await
             {
-                tracing::debug!(peer = %me.peer.name, error = %e, "failure notice not delivered");
+                Ok(NotifyAck::AlreadyTaken) => tracing::warn!(
+                    peer = %me.peer.name,
+                    "a transfer reported failed had its notification taken by the peer's program (every byte had landed; the answer was lost)"
+                ),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(peer = %me.peer.name, error = %e, "failure notice not delivered")
+                }
             }
         });
     }
