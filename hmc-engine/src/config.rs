@@ -83,6 +83,13 @@ pub struct EngineConfig {
     /// Bytes of one such chunk (`staging_chunk_bytes`, default 1 MiB): one device copy
     /// each; `max_staging_bytes` must hold at least two.
     pub staging_chunk_bytes: usize,
+    /// Faults to inject, for testing what runs on this engine (`faults`: a spec of
+    /// `hmc_faults::GRAMMAR`, docs/faults.md; default none). The transport is wrapped in
+    /// `hmc_faults::Faulty` with this plan, and the engine's own notifications and
+    /// metadata lookups draw from the same plan (clones share it).
+    /// [`crate::Engine::initialize_with`] fills it from `HMC_FAULTS`, or from
+    /// `hmc_faults::FaultSpec::DEFAULT_TEXT` for a `faulty:NAME` transport, when unset.
+    pub faults: Option<hmc_faults::FaultPlan>,
 }
 
 impl Default for EngineConfig {
@@ -110,6 +117,7 @@ impl Default for EngineConfig {
             copy_threads: default_copy_threads(),
             max_staging_bytes: hmc_transport_tcp::TcpConfig::default().max_staging_bytes,
             staging_chunk_bytes: hmc_transport_tcp::TcpConfig::default().staging_chunk,
+            faults: None,
         }
     }
 }
@@ -161,6 +169,12 @@ impl EngineConfig {
                 "copy_threads" => c.copy_threads = num()?.max(1),
                 "max_staging_bytes" => c.max_staging_bytes = num()?,
                 "staging_chunk_bytes" => c.staging_chunk_bytes = num()?,
+                "faults" => {
+                    let spec: hmc_faults::FaultSpec = v
+                        .parse()
+                        .map_err(|e: hmc_faults::FaultError| bad(e.to_string()))?;
+                    c.faults = Some(hmc_faults::FaultPlan::new(spec));
+                }
                 "auth_secret" => {
                     c.auth_secret = Some(
                         // The value is never echoed in an error.
@@ -177,7 +191,7 @@ impl EngineConfig {
                 }
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, max_labels, watch_backlog, max_pending_notify_bytes, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, copy_threads, max_staging_bytes, staging_chunk_bytes, auth_secret, auth_secret_file"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, max_labels, watch_backlog, max_pending_notify_bytes, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, copy_threads, max_staging_bytes, staging_chunk_bytes, auth_secret, auth_secret_file, faults"
                     )));
                 }
             }
@@ -242,5 +256,30 @@ mod tests {
         assert!(e.contains("unknown option `max_region`"), "{e}");
         let bad: HashMap<String, String> = [("max_regions".to_string(), "x".to_string())].into();
         assert!(EngineConfig::from_options(&bad).is_err());
+    }
+
+    #[rstest::rstest]
+    #[case::none(None, None)]
+    #[case::a_spec(Some("seed=4;xfer.fail=first:1"), Some("seed=4;xfer.fail=first:1"))]
+    #[case::an_empty_spec(Some(""), Some(""))]
+    fn the_faults_option_is_a_spec(#[case] given: Option<&str>, #[case] want: Option<&str>) {
+        let o: HashMap<String, String> = given
+            .map(|v| ("faults".to_string(), v.to_string()))
+            .into_iter()
+            .collect();
+        let c = EngineConfig::from_options(&o).unwrap();
+        let want = want.map(|w| w.parse::<hmc_faults::FaultSpec>().unwrap());
+        assert_eq!(c.faults.map(|p| p.spec().clone()), want);
+    }
+
+    #[test]
+    fn a_malformed_faults_option_names_the_item_and_the_grammar() {
+        let o: HashMap<String, String> =
+            [("faults".to_string(), "xfer.stall=9".to_string())].into();
+        let e = EngineConfig::from_options(&o).unwrap_err().to_string();
+        assert!(
+            e.contains("option `faults`") && e.contains("`xfer.stall=9`") && e.contains("grammar"),
+            "{e}"
+        );
     }
 }

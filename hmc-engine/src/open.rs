@@ -57,6 +57,7 @@ pub fn transport_options(config: &EngineConfig) -> Options {
     {
         options.plugins.search_path = config.plugin_path.clone();
     }
+    options.faults = config.faults.clone();
     options.plugin_search_hint = Some(
         "transport plugins are found on HMC_PLUGIN_PATH and in the engine's `plugin_path` \
          option (`:`-separated files or folders; Python: initialize(addr, {\"plugin_path\": \
@@ -72,17 +73,29 @@ pub fn open_transport_for(config: &EngineConfig, ip: IpAddr) -> Result<AnyCommun
     open_transport_with(config.transport.clone(), ip, &transport_options(config))
 }
 
+/// `config` with the fault plan its transport will be opened with
+/// ([`hmc_transports::fault_plan`]: the `faults` option, else `HMC_FAULTS`, else the
+/// default spec for a `faulty:NAME` transport), so that the engine's notifications and
+/// metadata lookups draw from the transport's plan.
+pub(crate) fn with_fault_plan(mut config: EngineConfig) -> Result<EngineConfig> {
+    config.faults = hmc_transports::fault_plan(&config.transport, &transport_options(&config))?;
+    Ok(config)
+}
+
 impl Engine<AnyCommunicator> {
     /// Initializes an engine at `local` (`IP[:PORT]`) over the transport
     /// `config.transport` picks, its data plane on the same IP (HIXL's way: a string
     /// option map read by [`EngineConfig::from_options`], `transport=tcp|ucx|rdma|auto`). Must
-    /// run inside a tokio runtime.
+    /// run inside a tokio runtime. With faults asked for (the `faults` option, `HMC_FAULTS` or
+    /// a `faulty:NAME` transport), the transport injects them and the engine's
+    /// `config.faults` holds the plan it draws from.
     pub async fn initialize_with(local: &str, config: EngineConfig) -> Result<Self> {
         let ip = match parse_engine_addr(local, Some(0))? {
             PeerAddr::Tcp(a) => a.ip(),
             // A Unix-socket engine's data plane stays on this host.
             _ => IpAddr::from([127, 0, 0, 1]),
         };
+        let config = with_fault_plan(config)?;
         let comm = open_transport_for(&config, ip)?;
         Engine::initialize(Arc::new(comm), local, config).await
     }
@@ -120,51 +133,105 @@ mod tests {
         );
     }
 
+    /// Two engines from `a` and `b`, `a` holding 4096 bytes of 5 and `b` 4096 zeros, both
+    /// registered, `a` connected to `b`. The engines are declared first: they drop (and
+    /// deregister) before the buffers.
+    struct Two {
+        a: Engine<AnyCommunicator>,
+        b: Engine<AnyCommunicator>,
+        src: Vec<u8>,
+        dst: Vec<u8>,
+    }
+
+    impl Two {
+        async fn new(a: EngineConfig, b: EngineConfig) -> Two {
+            let a = Engine::initialize_with("127.0.0.1", a).await.unwrap();
+            let b = Engine::initialize_with("127.0.0.1", b).await.unwrap();
+            let (src, dst) = (vec![5u8; 4096], vec![0u8; 4096]);
+            let desc = |b: &Vec<u8>| crate::MemDesc {
+                addr: b.as_ptr() as u64,
+                len: 4096,
+            };
+            // SAFETY: both buffers outlive the engines' registrations (`Two` drops the
+            // engines first).
+            unsafe {
+                for (engine, buf) in [(&a, &src), (&b, &dst)] {
+                    engine
+                        .register_mem(
+                            desc(buf),
+                            crate::MemType::Host,
+                            hmc_core::Access::READ_WRITE,
+                        )
+                        .unwrap();
+                }
+            }
+            a.connect(b.name(), std::time::Duration::from_secs(5))
+                .await
+                .unwrap();
+            Two { a, b, src, dst }
+        }
+
+        /// `a` WRITEs its 4096 bytes into `b`'s.
+        async fn write(&self) -> Result<()> {
+            let d = crate::TransferOpDesc {
+                local_addr: self.src.as_ptr() as u64,
+                remote_addr: self.dst.as_ptr() as u64,
+                len: 4096,
+            };
+            let t = std::time::Duration::from_secs(5);
+            self.a
+                .transfer(self.b.name(), crate::TransferOp::Write, &[d], t)
+                .await
+        }
+    }
+
+    fn options(pairs: &[(&str, &str)]) -> EngineConfig {
+        let opts: std::collections::HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        EngineConfig::from_options(&opts).unwrap()
+    }
+
     #[rstest::rstest]
     #[case::tcp("tcp")]
     #[case::shm("shm")]
     #[case::auto("auto")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn engines_from_an_option_map_move_bytes(#[case] transport: &str) {
-        let opts: std::collections::HashMap<String, String> =
-            [("transport".to_string(), transport.to_string())].into();
-        let config = EngineConfig::from_options(&opts).unwrap();
-        let a = Engine::initialize_with("127.0.0.1", config.clone())
-            .await
-            .unwrap();
-        let b = Engine::initialize_with("127.0.0.1", config).await.unwrap();
-        let src = vec![5u8; 4096];
-        let dst = vec![0u8; 4096];
-        let desc = |b: &Vec<u8>| crate::MemDesc {
-            addr: b.as_ptr() as u64,
-            len: 4096,
+        let config = options(&[("transport", transport)]);
+        let two = Two::new(config.clone(), config).await;
+        two.write().await.unwrap();
+        assert_eq!(two.dst, two.src);
+    }
+
+    /// The `faults` option reaches the transport: the plan's first transfer fails, moving
+    /// nothing, and the next moves the bytes. A `faulty:` name alone gets the default spec.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_faults_option_reaches_the_engines_transport() {
+        let faulty = options(&[
+            ("transport", "faulty:tcp"),
+            ("faults", "seed=2;xfer.fail=first:1"),
+        ]);
+        let two = Two::new(faulty, options(&[("transport", "tcp")])).await;
+        let e = two.write().await.unwrap_err();
+        assert!(e.to_string().contains("xfer.fail"), "{e}");
+        assert!(
+            two.dst.iter().all(|b| *b == 0),
+            "a failed transfer moved nothing"
+        );
+        two.write().await.unwrap();
+        assert_eq!(two.dst, two.src);
+
+        let bare = EngineConfig {
+            transport: "faulty:tcp".parse().unwrap(),
+            ..EngineConfig::default()
         };
-        // SAFETY: both buffers outlive the engines' registrations (the engines drop first).
-        unsafe {
-            a.register_mem(
-                desc(&src),
-                crate::MemType::Host,
-                hmc_core::Access::READ_WRITE,
-            )
-            .unwrap();
-            b.register_mem(
-                desc(&dst),
-                crate::MemType::Host,
-                hmc_core::Access::READ_WRITE,
-            )
-            .unwrap();
-        }
-        let t = std::time::Duration::from_secs(5);
-        a.connect(b.name(), t).await.unwrap();
-        let d = crate::TransferOpDesc {
-            local_addr: src.as_ptr() as u64,
-            remote_addr: dst.as_ptr() as u64,
-            len: 4096,
-        };
-        a.transfer(b.name(), crate::TransferOp::Write, &[d], t)
-            .await
-            .unwrap();
-        assert_eq!(dst, src);
+        let plan = with_fault_plan(bare)
+            .unwrap()
+            .faults
+            .expect("a faulty: name asks");
+        assert_eq!(plan.spec(), &hmc_faults::FaultSpec::default_faults());
     }
 
     #[tokio::test]
