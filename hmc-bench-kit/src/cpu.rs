@@ -101,17 +101,31 @@ fn ticks_per_second() -> f64 {
 /// Process `pid`'s CPU time so far, every thread, from `utime` and `stime` of
 /// `/proc/<pid>/stat` (fields 14 and 15 of proc(5)); `None` once it is gone.
 pub fn of_pid(pid: u32) -> Option<CpuTime> {
+    Some(of_pid_and_children(pid)?.0)
+}
+
+/// Process `pid`'s CPU time and that of the children it has waited for (`cutime` and
+/// `cstime`, fields 16 and 17), from `/proc/<pid>/stat`; `None` once it is gone.
+pub fn of_pid_and_children(pid: u32) -> Option<(CpuTime, CpuTime)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: the fields after its last `)`
-    // start at field 3 (state), so utime and stime are the 12th and 13th of them.
+    // start at field 3 (state), so utime, stime, cutime and cstime are the 12th to 15th.
     let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
     let hz = ticks_per_second();
-    let d = |t: u64| Duration::from_secs_f64(t as f64 / hz);
-    Some(CpuTime {
-        user: d(ticks(11)?),
-        system: d(ticks(12)?),
-    })
+    let d = |i: usize| {
+        let ticks = f.get(i)?.parse::<u64>().ok()?;
+        Some(Duration::from_secs_f64(ticks as f64 / hz))
+    };
+    Some((
+        CpuTime {
+            user: d(11)?,
+            system: d(12)?,
+        },
+        CpuTime {
+            user: d(13)?,
+            system: d(14)?,
+        },
+    ))
 }
 
 /// One process whose CPU a [`ProcessCpu`] counts.

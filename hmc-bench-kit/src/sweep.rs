@@ -155,22 +155,15 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
 }
 
 /// Microseconds of CPU (user + system) used by process `pid` (`None`: this process) and
-/// by its children it has waited for, from `/proc/PID/stat` (Linux; `None` elsewhere).
+/// by its children it has waited for: [`crate::cpu`]'s readings (`getrusage` for this
+/// process, `/proc/PID/stat` for another; Linux, `None` elsewhere).
 pub fn proc_cpu_us(pid: Option<u32>) -> Option<(f64, f64)> {
-    let path = match pid {
-        Some(p) => format!("/proc/{p}/stat"),
-        None => "/proc/self/stat".to_string(),
+    let (own, children) = match pid {
+        Some(p) => crate::cpu::of_pid_and_children(p)?,
+        None => (crate::cpu::this_process()?, crate::cpu::waited_children()?),
     };
-    let stat = std::fs::read_to_string(path).ok()?;
-    // Fields after the command name, from field 3 (state); proc(5) numbers utime, stime,
-    // cutime, cstime 14 to 17, in USER_HZ ticks (100 per second on Linux).
-    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let t = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
-    const US_PER_TICK: f64 = 10_000.0;
-    Some((
-        (t(11)? + t(12)?) * US_PER_TICK,
-        (t(13)? + t(14)?) * US_PER_TICK,
-    ))
+    let us = |t: crate::cpu::CpuTime| t.total().as_secs_f64() * 1e6;
+    Some((us(own), us(children)))
 }
 
 /// The CPU time of a sweep step's two sides, this process (the clients) and the server
@@ -441,13 +434,13 @@ mod tests {
     #[test]
     #[cfg(target_os = "linux")]
     fn cpu_of_this_process_is_read_and_grows() {
-        let (a, _) = proc_cpu_us(None).expect("/proc/self/stat parses");
+        let (a, _) = proc_cpu_us(None).expect("getrusage");
         let mut x = 0u64;
         let t = Instant::now();
         while t.elapsed() < Duration::from_millis(50) {
             x = x.wrapping_add(std::hint::black_box(1));
         }
-        let (b, _) = proc_cpu_us(None).expect("/proc/self/stat parses");
+        let (b, _) = proc_cpu_us(None).expect("getrusage");
         assert!(b >= a, "{a} -> {b} ({x})");
         assert!(proc_cpu_us(Some(std::process::id())).is_some());
     }
@@ -455,11 +448,19 @@ mod tests {
     #[test]
     fn the_cpu_meter_counts_this_process_per_operation() {
         let me = std::process::id();
-        let cpu = || proc_cpu_us(None).expect("/proc/self/stat parses").0;
+        // This process read both ways the meter reads its two sides: `getrusage` (exact)
+        // and `/proc/<pid>/stat` (whole clock ticks, so it may lag the other by a tick).
+        let cpu = || {
+            let own = proc_cpu_us(None).expect("getrusage").0;
+            (own, proc_cpu_us(Some(me)).expect("/proc/PID/stat parses").0)
+        };
         let m = CpuMeter::start(me);
-        // Spin until this process has used 20 ms more CPU (however loaded the machine).
+        // Spin until both readings show 20 ms more CPU (however loaded the machine).
         let (from, mut x) = (cpu(), 0u64);
-        while cpu() < from + 20_000.0 {
+        while {
+            let now = cpu();
+            now.0 < from.0 + 20_000.0 || now.1 < from.1 + 20_000.0
+        } {
             x = x.wrapping_add(std::hint::black_box(1));
         }
         // This process is both sides here: its 20 ms count twice.
