@@ -1254,6 +1254,28 @@ mod tests {
     }
 
     #[test]
+    fn the_rpc_echo_cpu_figures_are_per_call_at_64_b_and_per_gib_at_1_mib() {
+        let run = run_of(
+            "\
+## hmc-rpc echo vs tonic (same run)
+
+| payload | clients | in flight | hmc RPC/s | tonic RPC/s | hmc MB/s | tonic MB/s | hmc CPU us/call | tonic CPU us/call | hmc CPU-s/GiB | tonic CPU-s/GiB |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| 64 B | 1 | 1 | 20000 | 9000 | 1.3 | 0.6 | 21.5 | 60.2 | 176.1 | 493.2 |
+| 1 MiB | 1 | 1 | 900 | 400 | 943.7 | 419.4 | 700.0 | 2100.0 | 0.342 | 1.025 |
+",
+        );
+        let plots = plots_for("rpc", &run, &run.tables[0]);
+        let ids: Vec<&str> = plots.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["echo-64b", "echo-1m", "echo-cpu-64b", "echo-cpu-1m"]);
+        assert_eq!(plots[2].series[0].points, [(0.0, 21.5)]);
+        assert_eq!(plots[2].series[1].points, [(0.0, 60.2)]);
+        assert_eq!(plots[3].series[0].points, [(0.0, 0.342)]);
+        assert_eq!(plots[3].series[1].points, [(0.0, 1.025)]);
+        assert!(plots[3].references.is_empty());
+    }
+
+    #[test]
     fn the_engine_sweep_has_its_own_figures_and_the_rpc_ones_do_not_take_it() {
         let text = SWEEP
             .replace("## connection sweep", "## engine connection sweep")
