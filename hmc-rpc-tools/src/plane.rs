@@ -91,7 +91,12 @@ impl std::fmt::Display for DataPlaneChoice {
 pub const DATA_PLANE_HELP: &str = "Data plane for HMC_BUFFER payloads (both sides must use \
     the same one): none, tcp, ucx, shm (this host only), rdma, auto (shm on this host, ucx or \
     tcp to others), or the name of a transport plugin on HMC_PLUGIN_PATH / --plugin-path \
-    (--list-transports shows them)";
+    (--list-transports shows them); faulty:NAME injects faults into NAME (--faults)";
+
+/// `--faults`' help, shared by the server and the client.
+pub const FAULTS_HELP: &str = "Inject faults into the data plane, for testing: a spec such as \
+    seed=7;xfer.fail=0.05;connect.refuse=first:1 (docs/faults.md has the grammar; a \
+    malformed one is refused naming the item). Overrides HMC_FAULTS. Off by default";
 
 impl DataPlaneKind {
     /// The transport it names; `None` for [`DataPlaneKind::None`].
@@ -119,9 +124,10 @@ fn transport_options(plugins: &PluginConfig) -> Options {
     o
 }
 
-/// [`transport_options`] with `options`' TCP secret read from its file.
+/// [`transport_options`] with `options`' TCP secret read from its file and its faults.
 fn transport_options_with(options: &PlaneOptions, plugins: &PluginConfig) -> Result<Options> {
     let mut o = transport_options(plugins);
+    o.faults = options.faults.clone().map(hmc_transports::FaultPlan::new);
     if let Some(file) = &options.auth_secret_file {
         o.tcp.auth_secret = Some(hmc_transport_tcp::AuthSecret::from_file(file)?);
         // UCX has no such authentication: an authenticated plane stays on TCP.
@@ -156,8 +162,9 @@ pub fn open_data_plane_choice(
                      authentication of `{name}` as its plugin documents"
                 )));
             }
-            let name = TransportName::Named(name.clone());
-            hmc_transports::open(&name, bind, &transport_options(plugins)).map(Some)
+            // A plugin's name, or `faulty:NAME`.
+            let name: TransportName = name.parse()?;
+            hmc_transports::open(&name, bind, &transport_options_with(options, plugins)?).map(Some)
         }
     }
 }
@@ -169,6 +176,9 @@ pub struct PlaneOptions {
     /// (`--data-plane-auth-secret-file`; both sides need the same). Off by default; set it
     /// for anything beyond loopback.
     pub auth_secret_file: Option<PathBuf>,
+    /// Faults to inject into the data plane (`--faults SPEC`, docs/faults.md; over
+    /// `HMC_FAULTS`). Off by default.
+    pub faults: Option<hmc_transports::FaultSpec>,
 }
 
 /// Opens the chosen data plane listening on `bind` (port chosen by the system) with
@@ -252,6 +262,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn faults_reach_the_data_plane_by_flag_and_by_name() {
+        let spec: hmc_transports::FaultSpec = "seed=5;xfer.fail=0.5".parse().unwrap();
+        let options = PlaneOptions {
+            faults: Some(spec.clone()),
+            ..PlaneOptions::default()
+        };
+        let o = transport_options_with(&options, &PluginConfig::default()).unwrap();
+        assert_eq!(o.faults.map(|p| p.spec().clone()), Some(spec));
+        let faulty = DataPlaneChoice::parse("faulty:tcp").unwrap();
+        let plane = open_data_plane_choice(
+            &faulty,
+            [127, 0, 0, 1].into(),
+            &PlaneOptions::default(),
+            &PluginConfig::default(),
+        )
+        .unwrap()
+        .expect("a data plane");
+        assert_eq!(
+            hmc_core::Communicator::transport(&plane),
+            hmc_core::TransportId::TCP
+        );
+    }
+
+    #[tokio::test]
     async fn an_unknown_name_lists_the_transports_there_are() {
         let e = open_data_plane_choice(
             &DataPlaneChoice::Named("nosuch".into()),
@@ -296,6 +330,7 @@ mod tests {
         std::fs::write(&secret, "0123456789abcdef0123\n").unwrap();
         let options = PlaneOptions {
             auth_secret_file: Some(secret),
+            ..PlaneOptions::default()
         };
         let a = open_data_plane_with(DataPlaneKind::Tcp, lo, &options)
             .unwrap()

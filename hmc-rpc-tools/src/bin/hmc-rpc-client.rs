@@ -68,6 +68,8 @@ struct Args {
     /// file (at least 16 bytes; both sides need the same). Recommended beyond loopback.
     #[arg(long)]
     data_plane_auth_secret_file: Option<PathBuf>,
+    #[arg(long, value_name = "SPEC", help = hmc_rpc_tools::plane::FAULTS_HELP)]
+    faults: Option<hmc_transports::FaultSpec>,
     /// Authenticate the RPC connection itself with the pre-shared secret in this file (an
     /// HMAC exchange before the first frame; both sides need the same; the file may be the
     /// data plane's).
@@ -122,6 +124,7 @@ fn plane_settings(args: &Args) -> (PlaneOptions, hmc_plugin::PluginConfig) {
     (
         PlaneOptions {
             auth_secret_file: args.data_plane_auth_secret_file.clone(),
+            faults: args.faults.clone(),
         },
         hmc_plugin::PluginConfig {
             search_path: args.plugin_path.clone(),
