@@ -5,7 +5,9 @@
 //! and clang where installed) and run (two processes over tcp and shm), the C tests again
 //! under AddressSanitizer and UndefinedBehaviorSanitizer, and a CMake consumer and a
 //! pkg-config consumer built from a clean prefix. All of it against the debug library
-//! `cargo xtask test` has already built, so it adds seconds, not a release build.
+//! `cargo xtask test` has already built, so it adds seconds, not a release build. Also the
+//! C API inside the Python wheel: staged for maturin ([`stage_for_wheel`]) and used from
+//! the installed package ([`wheel_test`]).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -180,10 +182,10 @@ pub(crate) fn stage_for_wheel(release: bool, dir: &Path) -> Result<WheelStage> {
 /// The C API of the wheel installed into `python`'s environment, as a `pip install` user
 /// builds against it: the paths `hmc.get_include()`, `get_library_dir()` and
 /// `get_pkgconfig_dir()` give (inside the installed package, holding the files), the
-/// library's exports, then `one_sided.c` (by gcc, and clang where installed) and
-/// `hixl_quickstart.cpp` (g++) compiled with warnings as errors from `pkg-config --cflags
-/// --libs hmc` alone and run as two processes over tcp without `LD_LIBRARY_PATH` (the
-/// `.pc`'s rpath finds the library).
+/// library's exports, then `one_sided.c` and `hixl_quickstart.cpp` (by gcc, and clang where
+/// installed) compiled with warnings as errors from `pkg-config --cflags --libs hmc` alone
+/// and run as two processes over tcp without `LD_LIBRARY_PATH` (the `.pc`'s rpath finds
+/// the library).
 pub(crate) fn wheel_test(python: &Path) -> Result {
     let work = root().join("target/capi/wheel");
     let _ = std::fs::remove_dir_all(&work);
@@ -224,11 +226,10 @@ pub(crate) fn wheel_test(python: &Path) -> Result {
     }
     check_exports(&lib.join(format!("libhmc.so.{MAJOR}")))?;
     let flags = pkg_config_flags(pkgconfig)?;
-    let mut compilers = vec![("gcc", "one_sided.c"), ("g++", "hixl_quickstart.cpp")];
-    if on_path("clang") {
-        compilers.push(("clang", "one_sided.c"));
-    }
-    for (compiler, example) in compilers {
+    let programs = compilers()
+        .into_iter()
+        .flat_map(|(cc, cxx)| [(cc, "one_sided.c"), (cxx, "hixl_quickstart.cpp")]);
+    for (compiler, example) in programs {
         let bin = work.join(compiler);
         std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
         let src = root().join("hmc-capi/examples").join(example);
@@ -303,21 +304,32 @@ pub fn test() -> Result {
     let _ = std::fs::remove_dir_all(&prefix);
     install_from(&root().join("target/debug"), &prefix, false)?;
     check_exports(&prefix.join(format!("lib/libhmc.so.{VERSION}")))?;
-    headers_alone(&prefix)?;
+    headers_alone(&prefix, &work)?;
     let bin = work.join("bin");
     build_programs(&prefix, &bin)?;
     run_programs(&bin.join("gcc"), &work)?;
+    // clang's builds of the one-process tests run too (the examples run from gcc's).
+    if compilers().len() > 1 {
+        single_process_tests(&bin.join("clang"))?;
+    }
     sanitized(&prefix, &bin.join("sanitized"))?;
     readme_quick_start(&prefix, &work)?;
     consumers(&prefix, &work)
 }
 
-/// Every example and C test, by gcc (and clang where installed), into `bin/<compiler>`.
-fn build_programs(prefix: &Path, bin: &Path) -> Result {
+/// The (C, C++) compilers the C API is built with: gcc, and clang where installed.
+fn compilers() -> Vec<(&'static str, &'static str)> {
     let mut compilers = vec![("gcc", "g++")];
     if on_path("clang") && on_path("clang++") {
         compilers.push(("clang", "clang++"));
-    } else {
+    }
+    compilers
+}
+
+/// Every example and C test, by gcc (and clang where installed), into `bin/<compiler>`.
+fn build_programs(prefix: &Path, bin: &Path) -> Result {
+    let compilers = compilers();
+    if compilers.len() == 1 {
         eprintln!("xtask: clang is not installed; the C API is compiled with gcc only");
     }
     for (cc, cxx) in &compilers {
@@ -358,8 +370,13 @@ fn run_programs(gcc: &Path, work: &Path) -> Result {
         two_processes(&gcc.join("rpc_demo"), &[socket], socket)?;
     }
     two_processes(&gcc.join("rpc_demo_cpp"), &["tcp"], "tcp")?;
+    single_process_tests(gcc)
+}
+
+/// The C and C++ tests that run in one process, from the programs in `dir`.
+fn single_process_tests(dir: &Path) -> Result {
     for test in ["bad_input", "prepared", "cpp_layer"] {
-        run_program(&mut Command::new(gcc.join(test)))?;
+        run_program(&mut Command::new(dir.join(test)))?;
     }
     Ok(())
 }
@@ -531,31 +548,42 @@ fn check_exports(lib: &Path) -> Result {
     Ok(())
 }
 
-/// Each header compiled alone: `hmc.h` as C11 and as C++17, `hmc.hpp` as C++17 with
-/// either libstdc++ string ABI.
-fn headers_alone(prefix: &Path) -> Result {
-    let inc = prefix.join("include");
-    let h = inc.join("hmc/hmc.h");
-    let hpp = inc.join("hmc/hmc.hpp");
+/// Each header compiled alone (a file that includes only it, as a user's does): `hmc.h` as
+/// C11 and as C++17, `hmc.hpp` as C++17 with either libstdc++ string ABI; by each compiler.
+fn headers_alone(prefix: &Path, work: &Path) -> Result {
+    let dir = work.join("headers-alone");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut files = Vec::new();
+    for (name, text) in [
+        ("hmc_h.c", "#include <hmc/hmc.h>\n"),
+        ("hmc_h.cpp", "#include <hmc/hmc.h>\n"),
+        ("hmc_hpp.cpp", "#include <hmc/hmc.hpp>\n"),
+    ] {
+        let f = dir.join(name);
+        std::fs::write(&f, text).map_err(|e| format!("{}: {e}", f.display()))?;
+        files.push(f);
+    }
     let strict = ["-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only"];
-    let i = format!("-I{}", inc.display());
-    run(Command::new("gcc")
-        .args(["-std=c11", "-x", "c"])
-        .args(strict)
-        .arg(&i)
-        .arg(&h))?;
-    run(Command::new("g++")
-        .args(["-std=c++17", "-x", "c++"])
-        .args(strict)
-        .arg(&i)
-        .arg(&h))?;
-    for abi in ["0", "1"] {
-        run(Command::new("g++")
-            .args(["-std=c++17", "-x", "c++"])
+    let i = format!("-I{}", prefix.join("include").display());
+    for (cc, cxx) in compilers() {
+        run(Command::new(cc)
+            .arg("-std=c11")
             .args(strict)
-            .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
             .arg(&i)
-            .arg(&hpp))?;
+            .arg(&files[0]))?;
+        run(Command::new(cxx)
+            .arg("-std=c++17")
+            .args(strict)
+            .arg(&i)
+            .arg(&files[1]))?;
+        for abi in ["0", "1"] {
+            run(Command::new(cxx)
+                .arg("-std=c++17")
+                .args(strict)
+                .arg(format!("-D_GLIBCXX_USE_CXX11_ABI={abi}"))
+                .arg(&i)
+                .arg(&files[2]))?;
+        }
     }
     Ok(())
 }

@@ -18,15 +18,20 @@
 
 #include <hmc/hmc.h>
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -641,6 +646,42 @@ struct NotifyDesc {
   AscendString notify_msg;
 };
 
+/// What Hixl::GetTransferStatus over all requests reports: at most `max_query_count`
+/// requests, leaving out those still running when `skip_waiting`.
+struct GetTransferStatusArgs {
+  uint32_t max_query_count = UINT32_MAX;
+  bool skip_waiting = false;
+  uint8_t reserved[123] = {};
+};
+
+/// One request's state from Hixl::GetTransferStatus over all requests, with the
+/// `user_data` its TransferArgs gave.
+struct TransferResult {
+  TransferReq req = nullptr;
+  const void *user_data = nullptr;
+  TransferStatus status = TransferStatus::WAITING;
+  uint8_t reserved[108] = {};
+};
+
+/// A remote's state after Hixl::ConnectAsync / DisconnectAsync (its newest task's).
+enum class AsyncConnectStatus {
+  NOT_CONNECT,
+  CONNECT_PENDING,
+  CONNECTING,
+  CONNECTED,
+  CONNECT_FAILED,
+  DISCONNECT_PENDING,
+  DISCONNECTING
+};
+
+/// What Hixl::GetCapability is asked about.
+enum FeatureType : int32_t {
+  AUTO_CONNECT = 0,        // transfers without Connect first: not in hmc
+  CLIENT_SERVER_COMM = 1,  // Initialize("ip:port") listens, Initialize("ip") connects out
+};
+constexpr int32_t FEATURE_SUPPORTED = 1;
+constexpr int32_t FEATURE_NOT_SUPPORTED = 0;
+
 /// An hmc_status as HIXL's Status.
 inline Status to_status(hmc_status s) noexcept {
   switch (s) {
@@ -667,9 +708,141 @@ inline Status to_status(hmc_status s) noexcept {
   }
 }
 
-/// HIXL's engine: Initialize, RegisterMem, Connect, TransferSync/TransferAsync,
-/// GetTransferStatus, SendNotify/GetNotifies, Disconnect, DeregisterMem, Finalize.
-/// hmc::last_error() says why a call failed.
+namespace detail {
+/// Hixl::ConnectAsync and DisconnectAsync: tasks run by kWorkers threads (started by the
+/// first task), one remote's tasks in the order given, different remotes' at the same time;
+/// a remote's status is that of its newest task. Destroying it drops the tasks not started
+/// and waits for the running ones (each within its timeout).
+class ConnectQueue {
+ public:
+  /// HIXL's defaults for its connect pool (threads, queued tasks).
+  static constexpr std::size_t kWorkers = 2;
+  static constexpr std::size_t kCapacity = 256;
+
+  explicit ConnectQueue(hmc_engine *engine) : engine_(engine) {}
+  ConnectQueue(const ConnectQueue &) = delete;
+  ConnectQueue &operator=(const ConnectQueue &) = delete;
+  ~ConnectQueue() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto &t : workers_) {
+      t.join();
+    }
+  }
+
+  /// Queues a connect (or a disconnect) of `remote`; RESOURCE_EXHAUSTED while kCapacity
+  /// tasks wait.
+  Status submit(const AscendString &remote, bool connect, uint32_t timeout_ms) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queued_ >= kCapacity) {
+      return RESOURCE_EXHAUSTED;
+    }
+    while (workers_.size() < kWorkers) {
+      workers_.emplace_back([this] { work(); });
+    }
+    Remote &r = remotes_[remote];
+    r.tasks.push_back(Task{connect, timeout_ms, ++seq_});
+    r.newest = seq_;
+    r.status = connect ? AsyncConnectStatus::CONNECT_PENDING
+                       : AsyncConnectStatus::DISCONNECT_PENDING;
+    queued_++;
+    if (!r.busy && r.tasks.size() == 1) {
+      ready_.push_back(remote);
+      cv_.notify_one();
+    }
+    return SUCCESS;
+  }
+
+  /// `remote`'s status (NOT_CONNECT when no task was given for it).
+  AsyncConnectStatus status(const AscendString &remote) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = remotes_.find(remote);
+    return it == remotes_.end() ? AsyncConnectStatus::NOT_CONNECT : it->second.status;
+  }
+
+  /// Every remote a task was given for, with its status.
+  void statuses(std::map<AscendString, AsyncConnectStatus> &out) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto &r : remotes_) {
+      out[r.first] = r.second.status;
+    }
+  }
+
+ private:
+  struct Task {
+    bool connect;
+    uint32_t timeout_ms;
+    uint64_t seq;
+  };
+  struct Remote {
+    std::deque<Task> tasks;
+    bool busy = false;  // a worker runs its front task; it re-queues the remote after
+    uint64_t newest = 0;
+    AsyncConnectStatus status = AsyncConnectStatus::NOT_CONNECT;
+  };
+
+  static AsyncConnectStatus outcome(bool connect, hmc_status s) noexcept {
+    if (connect) {
+      return s == HMC_OK || s == HMC_ERR_ALREADY_CONNECTED ? AsyncConnectStatus::CONNECTED
+                                                           : AsyncConnectStatus::CONNECT_FAILED;
+    }
+    // A disconnect that failed for another reason than "not connected" left it connected.
+    return s == HMC_OK || s == HMC_ERR_NOT_CONNECTED ? AsyncConnectStatus::NOT_CONNECT
+                                                     : AsyncConnectStatus::CONNECTED;
+  }
+
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [this] { return stopping_ || !ready_.empty(); });
+      if (stopping_) {
+        return;
+      }
+      AscendString name = ready_.front();
+      ready_.pop_front();
+      Remote &r = remotes_[name];  // std::map: stays valid while others are added
+      Task t = r.tasks.front();
+      r.tasks.pop_front();
+      queued_--;
+      r.busy = true;
+      if (t.seq == r.newest) {
+        r.status = t.connect ? AsyncConnectStatus::CONNECTING : AsyncConnectStatus::DISCONNECTING;
+      }
+      lock.unlock();
+      hmc_status s = t.connect ? hmc_connect(engine_, name.GetString(), t.timeout_ms)
+                               : hmc_disconnect(engine_, name.GetString());
+      lock.lock();
+      if (t.seq == r.newest) {
+        r.status = outcome(t.connect, s);
+      }
+      r.busy = false;
+      if (!r.tasks.empty()) {
+        ready_.push_back(name);
+        cv_.notify_one();
+      }
+    }
+  }
+
+  hmc_engine *const engine_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::size_t queued_ = 0;
+  uint64_t seq_ = 0;
+  std::map<AscendString, Remote> remotes_;
+  std::deque<AscendString> ready_;  // remotes with tasks that no worker runs
+  std::vector<std::thread> workers_;
+};
+}  // namespace detail
+
+/// HIXL's engine: Initialize, RegisterMem, Connect, ConnectAsync/DisconnectAsync with
+/// GetAsyncConnectStatus, TransferSync/TransferAsync, GetTransferStatus (one request, or
+/// all), SendNotify/GetNotifies, Disconnect, DeregisterMem, Finalize, GetCapability.
+/// hmc::last_error() says why a call failed (on the thread that made it: not for the
+/// async connects, whose outcome is their status). Its calls may be made from many threads.
 class Hixl {
  public:
   Hixl() = default;
@@ -692,10 +865,16 @@ class Hixl {
       }
       opts.emplace_back(kv.first.GetString(), kv.second.GetString());
     }
+    stop_connects();
+    std::lock_guard<std::mutex> lock(mu_);
     return to_status(engine_.open(local_engine.GetString(), opts));
   }
 
+  /// Waits for the async connects that are running (each within its timeout), drops those
+  /// not started, releases the requests and registrations, closes the engine.
   void Finalize() {
+    stop_connects();
+    std::lock_guard<std::mutex> lock(mu_);
     reqs_.clear();
     regs_.clear();
     engine_.close();
@@ -711,11 +890,13 @@ class Hixl {
       return to_status(s);
     }
     mem_handle = r.get();
+    std::lock_guard<std::mutex> lock(mu_);
     regs_.emplace(mem_handle, std::move(r));
     return SUCCESS;
   }
 
   Status DeregisterMem(MemHandle mem_handle) {
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = regs_.find(mem_handle);
     if (it == regs_.end()) {
       return PARAM_INVALID;
@@ -738,6 +919,44 @@ class Hixl {
     return to_status(engine_.disconnect(remote_engine.GetString()));
   }
 
+  /// Queues a connect to `remote_engine` and returns: GetAsyncConnectStatus follows it
+  /// (CONNECT_PENDING, CONNECTING, then CONNECTED or CONNECT_FAILED). As in HIXL, one
+  /// remote's tasks run in the order given, different remotes' at the same time, and the
+  /// async calls are not mixed with Connect/Disconnect for the same remote.
+  /// RESOURCE_EXHAUSTED while 256 tasks wait.
+  Status ConnectAsync(const AscendString &remote_engine, int32_t timeout_in_millis = 1000) {
+    return submit_connect(remote_engine, true, timeout_in_millis);
+  }
+
+  /// Queues a disconnect from `remote_engine` (DISCONNECT_PENDING, DISCONNECTING, then
+  /// NOT_CONNECT; CONNECTED again if the engine refused it).
+  Status DisconnectAsync(const AscendString &remote_engine, int32_t timeout_in_millis = 1000) {
+    return submit_connect(remote_engine, false, timeout_in_millis);
+  }
+
+  /// The status of the newest async connect or disconnect of `remote_engine` (NOT_CONNECT
+  /// when none was asked for).
+  Status GetAsyncConnectStatus(const AscendString &remote_engine, AsyncConnectStatus &status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!engine_) {
+      return FAILED;
+    }
+    status = connects_ ? connects_->status(remote_engine) : AsyncConnectStatus::NOT_CONNECT;
+    return SUCCESS;
+  }
+
+  /// Every remote an async connect or disconnect was asked for, with its status.
+  Status GetAsyncConnectStatus(std::map<AscendString, AsyncConnectStatus> &statuses) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!engine_) {
+      return FAILED;
+    }
+    if (connects_) {
+      connects_->statuses(statuses);
+    }
+    return SUCCESS;
+  }
+
   Status TransferSync(const AscendString &remote_engine, TransferOp operation,
                       const std::vector<TransferOpDesc> &op_descs,
                       int32_t timeout_in_millis = 1000) {
@@ -754,7 +973,6 @@ class Hixl {
   Status TransferAsync(const AscendString &remote_engine, TransferOp operation,
                        const std::vector<TransferOpDesc> &op_descs,
                        const TransferArgs &optional_args, TransferReq &req) {
-    (void)optional_args;
     std::vector<hmc_xfer_desc> d = descs(op_descs);
     Request r;
     hmc_status s = engine_.transfer_async(remote_engine.GetString(), op(operation), d,
@@ -763,32 +981,55 @@ class Hixl {
       return to_status(s);
     }
     req = r.get();
-    reqs_.emplace(req, std::move(r));
+    std::lock_guard<std::mutex> lock(mu_);
+    reqs_.emplace(req, Pending{std::move(r), optional_args.user_data, ++req_seq_});
     return SUCCESS;
   }
 
   Status GetTransferStatus(const TransferReq &req, TransferStatus &status) {
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = reqs_.find(req);
     if (it == reqs_.end()) {
       return PARAM_INVALID;
     }
-    uint32_t state = HMC_REQUEST_WAITING;
-    hmc_request_status(engine_.get(), it->second.get(), &state);
-    switch (state) {
-      case HMC_REQUEST_WAITING:
-        status = TransferStatus::WAITING;
-        return SUCCESS;
-      case HMC_REQUEST_COMPLETED:
-        status = TransferStatus::COMPLETED;
-        break;
-      case HMC_REQUEST_TIMEOUT:
-        status = TransferStatus::TIMEOUT;
-        break;
-      default:
-        status = TransferStatus::FAILED;
-        break;
+    status = state_of(it->second.request);
+    if (status != TransferStatus::WAITING) {
+      reqs_.erase(it);
     }
-    reqs_.erase(it);
+    return SUCCESS;
+  }
+
+  /// The requests of TransferAsync not yet reported ended, oldest first, into `results`
+  /// (replacing its contents): at most `args.max_query_count`, those still running left
+  /// out when `args.skip_waiting`. As with one request, a request reported ended is
+  /// released and not reported again.
+  Status GetTransferStatus(const GetTransferStatusArgs &args,
+                           std::vector<TransferResult> &results) {
+    std::lock_guard<std::mutex> lock(mu_);
+    results.clear();
+    std::vector<std::map<TransferReq, Pending>::iterator> order;
+    order.reserve(reqs_.size());
+    for (auto it = reqs_.begin(); it != reqs_.end(); ++it) {
+      order.push_back(it);
+    }
+    std::sort(order.begin(), order.end(),
+              [](const auto &x, const auto &y) { return x->second.seq < y->second.seq; });
+    for (auto it : order) {
+      if (results.size() >= args.max_query_count) {
+        break;
+      }
+      TransferResult r;
+      r.req = it->first;
+      r.user_data = it->second.user_data;
+      r.status = state_of(it->second.request);
+      if (r.status == TransferStatus::WAITING && args.skip_waiting) {
+        continue;
+      }
+      results.push_back(r);
+      if (r.status != TransferStatus::WAITING) {
+        reqs_.erase(it);
+      }
+    }
     return SUCCESS;
   }
 
@@ -815,10 +1056,68 @@ class Hixl {
     return to_status(s);
   }
 
+  /// Whether hmc has `feature_type` (FEATURE_SUPPORTED or FEATURE_NOT_SUPPORTED into
+  /// `value`; an unknown feature is not supported); PARAM_INVALID for a negative one. Needs
+  /// no Hixl: CLIENT_SERVER_COMM is supported, AUTO_CONNECT is not (Connect first).
+  static Status GetCapability(FeatureType feature_type, int32_t &value) {
+    if (static_cast<int32_t>(feature_type) < 0) {
+      return PARAM_INVALID;
+    }
+    value = feature_type == CLIENT_SERVER_COMM ? FEATURE_SUPPORTED : FEATURE_NOT_SUPPORTED;
+    return SUCCESS;
+  }
+
   /// The engine underneath, for hmc's calls that HIXL lacks (fd, telemetry, ...).
   Engine &engine() noexcept { return engine_; }
 
  private:
+  /// A request of TransferAsync until GetTransferStatus reports it ended.
+  struct Pending {
+    Request request;
+    const void *user_data;
+    uint64_t seq;  // TransferAsync's order, for GetTransferStatus over all requests
+  };
+
+  Status submit_connect(const AscendString &remote, bool connect, int32_t timeout_in_millis) {
+    if (timeout_in_millis <= 0) {
+      return PARAM_INVALID;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!engine_) {
+      return FAILED;
+    }
+    if (!connects_) {
+      connects_.reset(new detail::ConnectQueue(engine_.get()));
+    }
+    return connects_->submit(remote, connect, static_cast<uint32_t>(timeout_in_millis));
+  }
+
+  /// Ends the async connects (waiting for the running ones) outside the lock: they do not
+  /// take it, but a caller of GetAsyncConnectStatus meanwhile should not wait on them.
+  void stop_connects() {
+    std::unique_ptr<detail::ConnectQueue> q;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      q = std::move(connects_);
+    }
+    q.reset();
+  }
+
+  TransferStatus state_of(const Request &r) const {
+    uint32_t state = HMC_REQUEST_WAITING;
+    hmc_request_status(engine_.get(), r.get(), &state);
+    switch (state) {
+      case HMC_REQUEST_WAITING:
+        return TransferStatus::WAITING;
+      case HMC_REQUEST_COMPLETED:
+        return TransferStatus::COMPLETED;
+      case HMC_REQUEST_TIMEOUT:
+        return TransferStatus::TIMEOUT;
+      default:
+        return TransferStatus::FAILED;
+    }
+  }
+
   static Op op(TransferOp o) noexcept { return o == READ ? Op::Read : Op::Write; }
   static std::vector<hmc_xfer_desc> descs(const std::vector<TransferOpDesc> &in) {
     std::vector<hmc_xfer_desc> out;
@@ -847,9 +1146,14 @@ class Hixl {
     return false;
   }
 
+  // Guards the maps, the queue's pointer and the engine's opening and closing; the
+  // engine's own calls need no lock.
+  std::mutex mu_;
   Engine engine_;
   std::map<MemHandle, Registration> regs_;
-  std::map<TransferReq, Request> reqs_;
+  std::map<TransferReq, Pending> reqs_;
+  uint64_t req_seq_ = 0;
+  std::unique_ptr<detail::ConnectQueue> connects_;
   uint32_t device_kind_ = HMC_DEVICE_CUDA;
   uint32_t device_id_ = 0;
 };
