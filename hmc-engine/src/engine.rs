@@ -305,7 +305,7 @@ impl<C: Communicator> Engine<C> {
             METHOD_NOTIFY,
             move |ctx: hmc_rpc::CallContext, n: NotifyMsg| {
                 let s = s.clone();
-                async move { s.take_notify(&ctx.connection, n) }
+                async move { s.receive_notify(&ctx, n).await }
             },
         );
         let s = shared.clone();

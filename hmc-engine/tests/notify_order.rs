@@ -54,13 +54,20 @@ async fn engine(name: &str) -> Engine<AnyCommunicator> {
                 .await
                 .unwrap()
         }
-        t => {
-            let o: HashMap<String, String> = [("transport".to_string(), t.to_string())].into();
-            Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
-                .await
-                .unwrap()
-        }
+        t => engine_with(t, &[]).await,
     }
+}
+
+/// An engine over the built-in transport `name`, with more engine options.
+async fn engine_with(name: &str, options: &[(&str, &str)]) -> Engine<AnyCommunicator> {
+    let o: HashMap<String, String> = [("transport", name)]
+        .iter()
+        .chain(options)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
+        .await
+        .unwrap()
 }
 
 fn register(e: &Engine<AnyCommunicator>, m: &[u8]) -> hmc_engine::MemHandle {
@@ -249,6 +256,78 @@ async fn each_post_delivers_its_notification_once(#[case] name: &str) {
         let got: Vec<String> = target.get_notifies().into_iter().map(|n| n.name).collect();
         assert_eq!(got, ["posted", "alone"], "{name}: round {round}");
     }
+    x.release().await;
+    init.finalize().await;
+    target.finalize().await;
+}
+
+/// What one post of a transfer with a notification ended as, and how long it took.
+async fn post_once(x: &hmc_engine::PreparedTransfer<AnyCommunicator>) -> (bool, Duration) {
+    let start = Instant::now();
+    x.post().unwrap();
+    let st = tokio::time::timeout(T, x.wait()).await.unwrap().unwrap();
+    (matches!(st, TransferStatus::Completed), start.elapsed())
+}
+
+/// Notifications lost, late or doubled on the way (the engine's `faults` option, at the
+/// sender or at the receiver), each fault on the first post only: a post whose
+/// notification was lost or came too late ends in error within its no-progress timeout
+/// plus a slack, and the target's program sees exactly one notification for it, the
+/// failure notice, even once the late copy has landed; a doubled one is seen once; the
+/// next post completes and is seen once.
+#[rstest]
+#[case::dropped_at_the_sender("tcp", "notify.drop=first:1", "", false)]
+#[case::late_past_the_deadline("tcp", "notify.delay=1500ms@first:1", "", false)]
+#[case::late_within_the_deadline("tcp", "notify.delay=100ms@first:1", "", true)]
+#[case::doubled_at_the_sender("tcp", "notify.dup=first:1", "", true)]
+#[case::dropped_at_the_receiver("tcp", "", "notify.at=receiver;notify.drop=first:1", false)]
+#[case::doubled_at_the_receiver("tcp", "", "notify.at=receiver;notify.dup=first:1", true)]
+#[case::shm_dropped("shm", "notify.drop=first:1", "", false)]
+#[case::shm_doubled("shm", "notify.dup=first:1", "", true)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_faulty_notification_is_seen_once_or_the_post_fails(
+    #[case] name: &str,
+    #[case] initiator_faults: &str,
+    #[case] target_faults: &str,
+    #[case] first_completes: bool,
+) {
+    fn options(faults: &str) -> Vec<(&str, &str)> {
+        let mut o = vec![("no_progress_timeout_ms", "500")];
+        if !faults.is_empty() {
+            o.push(("faults", faults));
+        }
+        o
+    }
+    let (fi, ft) = (initiator_faults, target_faults);
+    let init = engine_with(name, &options(fi)).await;
+    let target = engine_with(name, &options(ft)).await;
+    let src = vec![5u8; BLOCK * BLOCKS];
+    let dst = vec![0u8; BLOCK * BLOCKS];
+    let (_, local, remote) = prepared_pair(&init, &target, &src, &dst).await;
+    let idx: Vec<u64> = (0..BLOCKS as u64).collect();
+    let x = init
+        .make_transfer(
+            TransferOp::Write,
+            &local,
+            &idx,
+            &remote,
+            &idx,
+            Some(("kv".into(), b"1".to_vec())),
+        )
+        .unwrap();
+    let (ok, took) = post_once(&x).await;
+    assert_eq!(ok, first_completes, "{name} {fi} {ft}: first post");
+    assert!(took < Duration::from_millis(500 + 1500), "{name}: {took:?}");
+    // Long enough for a late copy (1.5 s after the send) and a failure notice to land.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let seen = target.get_notifies();
+    assert_eq!(seen.len(), 1, "{name} {fi} {ft}: {seen:?}");
+    assert_eq!(seen[0].failed.is_none(), first_completes, "{seen:?}");
+    let (ok, _) = post_once(&x).await;
+    assert!(ok, "{name} {fi} {ft}: the post after the fault");
+    let seen = target.get_notifies();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].failed.is_none());
     x.release().await;
     init.finalize().await;
     target.finalize().await;

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hmc_core::Communicator;
+use hmc_faults::{FaultPlan, NotifyFault};
 use hmc_rpc::{CallOptions, RpcError};
 
 use super::notify_queue::{NotifyKey, QueueFull, QueueLimits};
@@ -122,6 +123,52 @@ impl<C: Communicator> Engine<C> {
                 why: e.to_string(),
             },
         };
+        let fault = self
+            .inner
+            .shared
+            .config
+            .faults
+            .as_ref()
+            .map_or(NotifyFault::Deliver, FaultPlan::notify_send);
+        match fault {
+            NotifyFault::Deliver => {}
+            // Lost on the way: nothing reaches the peer, and no answer comes.
+            NotifyFault::Drop => {
+                tokio::time::sleep(deadline.remaining()).await;
+                return Err(EngineError::Metadata {
+                    peer: peer.name.clone(),
+                    why: format!("no answer within {timeout:?} (fault injected: notify.drop)"),
+                });
+            }
+            // Late on the way: the answer comes after it lands, or never within the
+            // deadline, in which case it lands later still.
+            NotifyFault::Delay(late) if late < deadline.remaining() => {
+                tokio::time::sleep(late).await;
+            }
+            NotifyFault::Delay(late) => {
+                let (rpc, n) = (peer.rpc.clone(), n.clone());
+                self.inner.runtime.spawn(async move {
+                    tokio::time::sleep(late).await;
+                    let _ = rpc.call_typed::<_, NotifyAck>(METHOD_NOTIFY, &n).await;
+                });
+                tokio::time::sleep(deadline.remaining()).await;
+                return Err(EngineError::Metadata {
+                    peer: peer.name.clone(),
+                    why: format!(
+                        "no answer within {timeout:?} (fault injected: notify.delay of {late:?})"
+                    ),
+                });
+            }
+            // Twice on the way: the first copy's answer is the one the sender sees.
+            NotifyFault::Duplicate => {
+                let (rpc, n, opts) = (peer.rpc.clone(), n.clone(), opts());
+                self.inner.runtime.spawn(async move {
+                    let _ = rpc
+                        .call_typed_with::<_, NotifyAck>(METHOD_NOTIFY, &n, opts)
+                        .await;
+                });
+            }
+        }
         match peer
             .rpc
             .call_typed_with::<_, NotifyAck>(METHOD_NOTIFY, &n, opts())
@@ -171,6 +218,39 @@ impl<C: Communicator> Shared<C> {
             max_count: self.config.max_pending_notifies,
             max_bytes: self.config.max_pending_notify_bytes,
             remember: super::notify_queue::MAX_NOTIFY_IDS,
+        }
+    }
+
+    /// A notification arrived on `ctx`'s connection; with `notify.at=receiver` faults, as
+    /// the plan says (lost: never answered; late; twice).
+    pub(super) async fn receive_notify(
+        &self,
+        ctx: &hmc_rpc::CallContext,
+        n: NotifyMsg,
+    ) -> std::result::Result<NotifyAck, RpcError> {
+        let fault = self
+            .config
+            .faults
+            .as_ref()
+            .map_or(NotifyFault::Deliver, FaultPlan::notify_recv);
+        match fault {
+            NotifyFault::Deliver => self.take_notify(&ctx.connection, n),
+            NotifyFault::Drop => {
+                ctx.cancel.cancelled().await;
+                Err(RpcError::new(
+                    hmc_rpc::Status::CANCELLED,
+                    "notification lost (fault injected: notify.drop at the receiver)",
+                ))
+            }
+            NotifyFault::Delay(late) => {
+                tokio::time::sleep(late).await;
+                self.take_notify(&ctx.connection, n)
+            }
+            NotifyFault::Duplicate => {
+                let first = self.take_notify(&ctx.connection, n.clone());
+                let _ = self.take_notify(&ctx.connection, n);
+                first
+            }
         }
     }
 
