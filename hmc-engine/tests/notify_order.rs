@@ -229,20 +229,8 @@ async fn a_notification_follows_its_bytes_and_a_failure_sends_a_notice(#[case] n
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_post_delivers_its_notification_once(#[case] name: &str) {
     let (init, target) = (engine(name).await, engine(name).await);
-    let src = vec![3u8; BLOCK * BLOCKS];
-    let dst = vec![0u8; BLOCK * BLOCKS];
-    let (peer, local, remote) = prepared_pair(&init, &target, &src, &dst).await;
-    let idx: Vec<u64> = (0..BLOCKS as u64).collect();
-    let x = init
-        .make_transfer(
-            TransferOp::Write,
-            &local,
-            &idx,
-            &remote,
-            &idx,
-            Some(("posted".into(), b"p".to_vec())),
-        )
-        .unwrap();
+    let (src, dst) = (vec![3u8; BLOCK * BLOCKS], vec![0u8; BLOCK * BLOCKS]);
+    let (peer, x) = whole_write(&init, &target, &src, &dst, "posted").await;
     for round in 0..20 {
         x.post().unwrap();
         assert!(
@@ -259,6 +247,30 @@ async fn each_post_delivers_its_notification_once(#[case] name: &str) {
     x.release().await;
     init.finalize().await;
     target.finalize().await;
+}
+
+/// A WRITE of every block of `src` at `init` to the same block of `dst` at `target`,
+/// notified as `notify`: (the target's name, the transfer).
+async fn whole_write(
+    init: &Engine<AnyCommunicator>,
+    target: &Engine<AnyCommunicator>,
+    src: &[u8],
+    dst: &[u8],
+    notify: &str,
+) -> (String, hmc_engine::PreparedTransfer<AnyCommunicator>) {
+    let (peer, local, remote) = prepared_pair(init, target, src, dst).await;
+    let idx: Vec<u64> = (0..BLOCKS as u64).collect();
+    let x = init
+        .make_transfer(
+            TransferOp::Write,
+            &local,
+            &idx,
+            &remote,
+            &idx,
+            Some((notify.into(), b"1".to_vec())),
+        )
+        .unwrap();
+    (peer, x)
 }
 
 /// What one post of a transfer with a notification ended as, and how long it took.
@@ -301,20 +313,8 @@ async fn a_faulty_notification_is_seen_once_or_the_post_fails(
     let (fi, ft) = (initiator_faults, target_faults);
     let init = engine_with(name, &options(fi)).await;
     let target = engine_with(name, &options(ft)).await;
-    let src = vec![5u8; BLOCK * BLOCKS];
-    let dst = vec![0u8; BLOCK * BLOCKS];
-    let (_, local, remote) = prepared_pair(&init, &target, &src, &dst).await;
-    let idx: Vec<u64> = (0..BLOCKS as u64).collect();
-    let x = init
-        .make_transfer(
-            TransferOp::Write,
-            &local,
-            &idx,
-            &remote,
-            &idx,
-            Some(("kv".into(), b"1".to_vec())),
-        )
-        .unwrap();
+    let (src, dst) = (vec![5u8; BLOCK * BLOCKS], vec![0u8; BLOCK * BLOCKS]);
+    let (_, x) = whole_write(&init, &target, &src, &dst, "kv").await;
     let (ok, took) = post_once(&x).await;
     assert_eq!(ok, first_completes, "{name} {fi} {ft}: first post");
     assert!(took < Duration::from_millis(500 + 1500), "{name}: {took:?}");
