@@ -57,6 +57,10 @@ pub struct EngineConfig {
     /// takes them (`max_pending_notify_bytes`, default 4 MiB); past it a sender gets
     /// OVERLOADED naming the limit.
     pub max_pending_notify_bytes: usize,
+    /// Notification ids remembered to deliver each at most once (`max_notify_ids`, default
+    /// 65 536): a copy of a notification arriving after this many later ones (from all
+    /// peers) counts as new. Ids of notifications still waiting are never forgotten.
+    pub max_notify_ids: usize,
     /// How long a posted transfer ([`crate::PreparedTransfer::post`]) may go without
     /// progress before it ends with a timeout (`no_progress_timeout_ms`, default 5 s):
     /// its bytes move in chunks, each of which must complete within it. A transfer that
@@ -111,6 +115,7 @@ impl Default for EngineConfig {
             etcd: hmc_meta::EtcdConfig::default(),
             auth_secret: None,
             max_pending_notify_bytes: 4 << 20,
+            max_notify_ids: 65_536,
             no_progress_timeout: Duration::from_secs(5),
             progress_chunk_bytes: 8 << 20,
             max_metadata_blob_len: 16 << 20,
@@ -163,6 +168,7 @@ impl EngineConfig {
                 "max_labels" => c.etcd.max_labels = num()?,
                 "watch_backlog" => c.etcd.watch_backlog = num()?,
                 "max_pending_notify_bytes" => c.max_pending_notify_bytes = num()?,
+                "max_notify_ids" => c.max_notify_ids = num()?.max(1),
                 "no_progress_timeout_ms" => c.no_progress_timeout = ms()?,
                 "progress_chunk_bytes" => c.progress_chunk_bytes = num()?,
                 "max_metadata_blob_len" => c.max_metadata_blob_len = num()?,
@@ -191,7 +197,7 @@ impl EngineConfig {
                 }
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, max_labels, watch_backlog, max_pending_notify_bytes, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, copy_threads, max_staging_bytes, staging_chunk_bytes, auth_secret, auth_secret_file, faults"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, max_labels, watch_backlog, max_pending_notify_bytes, max_notify_ids, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, copy_threads, max_staging_bytes, staging_chunk_bytes, auth_secret, auth_secret_file, faults"
                     )));
                 }
             }

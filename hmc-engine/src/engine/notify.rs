@@ -217,7 +217,7 @@ impl<C: Communicator> Shared<C> {
         QueueLimits {
             max_count: self.config.max_pending_notifies,
             max_bytes: self.config.max_pending_notify_bytes,
-            remember: super::notify_queue::MAX_NOTIFY_IDS,
+            remember: self.config.max_notify_ids,
         }
     }
 

@@ -24,9 +24,6 @@ use std::collections::{HashMap, VecDeque};
 use crate::Notify;
 use crate::meta::{NotifyAck, NotifyId};
 
-/// Ids remembered by default (the engine's `max_notify_ids`).
-pub(super) const MAX_NOTIFY_IDS: usize = 65_536;
-
 /// Who sent a notification (the name its connection gave) and which send it is.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(super) struct NotifyKey {

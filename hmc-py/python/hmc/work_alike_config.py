@@ -10,6 +10,13 @@ overrides them for that module::
     no_progress_timeout_ms = 2000
     [nixl]
     transport = "tcp"   # instead of the default choice NIXL's "UCX" maps to
+
+``faults`` injects faults into the module's transfers, for a test of what the inference
+stack does when they fail (docs/faults.md has the grammar; never on unless asked, and
+logged at warn when on)::
+
+    [nixl]
+    faults = "seed=7;xfer.fail=first:1"   # the first transfer fails, the next ones do not
 """
 
 from __future__ import annotations
