@@ -121,8 +121,8 @@ fn copy(from: &Path, to: &Path) -> Result {
 /// What a wheel holds as `lib/libhmc.so`, so that `-lhmc` finds the library: a linker
 /// script naming `libhmc.so.0` beside it. A wheel cannot hold the usual symlink, and a copy
 /// would carry the library twice; the program's `DT_NEEDED` is the SONAME either way.
-const WHEEL_LINKER_SCRIPT: &str = "/* GNU ld script (ld.bfd, gold, lld and mold read it): \
--lhmc links libhmc.so.0, the library beside it. */\nINPUT(libhmc.so.0)\n";
+const WHEEL_LINKER_SCRIPT: &str =
+    "/* A GNU ld script: -lhmc links libhmc.so.0, the library beside it. */\nINPUT(libhmc.so.0)\n";
 
 /// libhmc staged into `hmc-py/python/hmc/_capi` for the wheel maturin builds next (see
 /// [`stage_for_wheel`]); the folder is removed when this is dropped, so the source tree never

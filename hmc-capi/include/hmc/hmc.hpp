@@ -842,7 +842,8 @@ class ConnectQueue {
 /// GetAsyncConnectStatus, TransferSync/TransferAsync, GetTransferStatus (one request, or
 /// all), SendNotify/GetNotifies, Disconnect, DeregisterMem, Finalize, GetCapability.
 /// hmc::last_error() says why a call failed (on the thread that made it: not for the
-/// async connects, whose outcome is their status). Its calls may be made from many threads.
+/// async connects, whose outcome is their status). Its calls other than Initialize and
+/// Finalize may be made from many threads at once.
 class Hixl {
  public:
   Hixl() = default;
