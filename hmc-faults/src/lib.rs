@@ -19,6 +19,24 @@
 //! | `notify.drop`, `notify.delay`, `notify.dup` | `notify.at` (sender by default) | [`Faulty`]'s `notify`/`recv_notification`; the engine asks [`FaultPlan::notify_send`]/[`FaultPlan::notify_recv`] |
 //! | `meta.slow`, `meta.gone` | initiator (the one looking up) | `FaultyStore` (feature `meta`), or [`FaultPlan::meta_call`] |
 //! | `register.slow` | local | [`Faulty`]'s `register*` and `alloc_registered` |
+//!
+//! # Example
+//!
+//! A plan's decisions, as [`Faulty`] asks for them; a second plan of the same spec makes
+//! the same ones:
+//!
+//! ```
+//! use hmc_faults::{FaultPlan, FaultSpec, TransferEnd};
+//!
+//! let spec: FaultSpec = "seed=7;xfer.fail=first:1;connect.refuse=0.5".parse()?;
+//! let plan = FaultPlan::new(spec.clone());
+//! assert_eq!(plan.transfer().end, TransferEnd::Fail);
+//! assert_eq!(plan.transfer().end, TransferEnd::Complete);
+//! let twin = FaultPlan::new(spec);
+//! let refused: Vec<bool> = (0..8).map(|_| plan.connect().refuse).collect();
+//! assert_eq!(refused, (0..8).map(|_| twin.connect().refuse).collect::<Vec<_>>());
+//! # Ok::<(), hmc_faults::FaultError>(())
+//! ```
 
 mod error;
 mod faulty;
