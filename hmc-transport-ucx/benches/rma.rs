@@ -14,12 +14,18 @@
 //! use user memory given to `register`, which perftest never measures. The reference is
 //! the better of perftest's own default window (`-O 1`: one operation outstanding) and
 //! ours (`-O 8`, `UcxConfig::max_inflight_chunks`); over TCP the window decides the result.
+//!
+//! A second table gives the CPU each side took (`hmc_bench_kit::cpu`) per GiB moved: ours,
+//! this process and the target (every thread) over the timed calls; ucx_perftest's, its
+//! client and server (reaped children) over their whole run, start-up included, for the
+//! run whose bandwidth was kept; the medians of the alternated runs.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hmc_backend_cpu::HostMemory;
+use hmc_bench_kit::cpu::{self, Process, ProcessCpu};
 use std::io::{BufRead, BufReader, Read};
 
 use hmc_core::{
@@ -39,7 +45,13 @@ struct Row {
     size: usize,
     ours: Vec<f64>,
     reference: Vec<f64>,
+    /// CPU-seconds per GiB of each run, ours and ucx_perftest's.
+    ours_cpu: Vec<Option<f64>>,
+    reference_cpu: Vec<Option<f64>>,
 }
+
+/// A bandwidth in GB/s and the CPU-seconds per GiB it took.
+type Measured = (f64, Option<f64>);
 
 fn human(size: usize) -> String {
     if size >= 1 << 20 {
@@ -57,7 +69,7 @@ fn free_port() -> u16 {
 }
 
 /// Runs `ucx_perftest` server and client (two processes) with `-O window`; returns the
-/// client's overall bandwidth in GB/s.
+/// client's overall bandwidth in GB/s and the CPU-seconds per GiB of both processes.
 fn perftest_once(
     tls: &str,
     env: &[(&str, &str)],
@@ -65,7 +77,9 @@ fn perftest_once(
     size: usize,
     iters: usize,
     window: usize,
-) -> Option<f64> {
+) -> Option<Measured> {
+    // Both perftest processes (and the client's retries) are children reaped below.
+    let meter = ProcessCpu::start(&[Process::WaitedChildren]);
     let port = free_port().to_string();
     let args = [
         "-t".to_string(),
@@ -111,15 +125,23 @@ fn perftest_once(
     }
     let _ = server.kill();
     let _ = server.wait();
-    result
+    let bytes = (iters * size) as u64;
+    let used = meter.used();
+    result.map(|gbs| (gbs, used.and_then(|u| cpu::cpu_s_per_gib(u, bytes))))
 }
 
 /// The better of perftest's default window (1) and ours.
-fn perftest(tls: &str, env: &[(&str, &str)], test: &str, size: usize, iters: usize) -> Option<f64> {
+fn perftest(
+    tls: &str,
+    env: &[(&str, &str)],
+    test: &str,
+    size: usize,
+    iters: usize,
+) -> Option<Measured> {
     [1, WINDOW]
         .into_iter()
         .filter_map(|w| perftest_once(tls, env, test, size, iters, w))
-        .reduce(f64::max)
+        .reduce(|a, b| if b.0 > a.0 { b } else { a })
 }
 
 /// Operations in flight per transfer on our side (`UcxConfig::max_inflight_chunks` default).
@@ -150,8 +172,8 @@ async fn ours(
     local: &hmc_transport_ucx::UcxRegistration,
     op: Op,
     size: usize,
-    total: usize,
-) -> f64 {
+    (total, peer): (usize, u32),
+) -> Measured {
     let per_call = (BATCH_BYTES / size).max(1);
     let batch: Vec<TransferDesc<'_, UcxCommunicator>> = (0..per_call)
         // Like ucp_put_bw / ucp_get: the same local buffer and remote address every time.
@@ -169,13 +191,23 @@ async fn ours(
             .await
             .expect("warm-up");
     }
+    let meter = ProcessCpu::with_peer(peer);
     let start = Instant::now();
     for _ in 0..calls {
         a.transfer(ep, op, &batch, Deadline::default())
             .await
             .expect("transfer");
     }
-    (calls * per_call * size) as f64 / start.elapsed().as_secs_f64() / 1e9
+    let bytes = calls * per_call * size;
+    let gbs = bytes as f64 / start.elapsed().as_secs_f64() / 1e9;
+    let used = meter.used();
+    (gbs, used.and_then(|u| cpu::cpu_s_per_gib(u, bytes as u64)))
+}
+
+/// The median of the runs' CPU figures (`None` unless every run has one).
+fn median_cpu(v: &[Option<f64>]) -> Option<f64> {
+    let all: Option<Vec<f64>> = v.iter().copied().collect();
+    summary(&all?).map(|(m, ..)| m)
 }
 
 const CHILD_ENV: &str = "HMC_BENCH_CHILD_TLS";
@@ -344,6 +376,7 @@ fn main() {
         // Two processes, like ucx_perftest's client and server.
         let a = Arc::new(UcxCommunicator::new(config(tls, wakeup)).expect("UCX"));
         let (mut target_proc, target_addr, target) = spawn_target(tls, env, wakeup, ucxmem);
+        let peer = target_proc.id();
         let user_local =
             RegisteredBuffer::new(memory.clone(), a.clone(), BATCH_BYTES, Access::READ_WRITE)
                 .expect("local");
@@ -372,13 +405,19 @@ fn main() {
                         size,
                         ours: Vec::new(),
                         reference: Vec::new(),
+                        ours_cpu: Vec::new(),
+                        reference_cpu: Vec::new(),
                     };
                     // Alternate, so both sides see the same background load.
                     for _ in 0..repeats {
-                        row.ours
-                            .push(ours(&a, &ep, &key, local, op, size, total).await);
+                        let (g, c) = ours(&a, &ep, &key, local, op, size, (total, peer)).await;
+                        row.ours.push(g);
+                        row.ours_cpu.push(c);
                         let iters = (total / size).max(32);
-                        row.reference.extend(perftest(tls, env, test, size, iters));
+                        if let Some((g, c)) = perftest(tls, env, test, size, iters) {
+                            row.reference.push(g);
+                            row.reference_cpu.push(c);
+                        }
                     }
                     eprintln!(
                         "{name} {opname} {}: {:?} GB/s vs {:?}",
@@ -398,7 +437,7 @@ fn main() {
     );
     println!("| row | op | size | hmc GB/s | ucx_perftest GB/s | ratio of medians |");
     println!("| --- | --- | --- | ---: | ---: | ---: |");
-    for r in rows {
+    for r in &rows {
         let (ours, reference) = (summary(&r.ours), summary(&r.reference));
         let ratio = match (ours, reference) {
             (Some((o, ..)), Some((x, ..))) => format!("{:.0}%", 100.0 * o / x),
@@ -414,4 +453,22 @@ fn main() {
             ratio
         );
     }
+    println!("\n### CPU per GiB moved, the same cells\n");
+    println!("| row | op | size | hmc GB/s | hmc CPU-s/GiB | ucx_perftest CPU-s/GiB |");
+    println!("| --- | --- | --- | ---: | ---: | ---: |");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} |",
+            r.tls,
+            r.op,
+            human(r.size),
+            fmt_runs(summary(&r.ours)),
+            cpu::cell(median_cpu(&r.ours_cpu), 3),
+            cpu::cell(median_cpu(&r.reference_cpu), 3),
+        );
+    }
+    println!(
+        "\n{} ucx_perftest: its client and server over their whole run, start-up included.",
+        cpu::CPU_NOTE
+    );
 }
