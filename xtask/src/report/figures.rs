@@ -115,6 +115,25 @@ const PYTHON_TARGETS: &[Target] = &[
 /// The y label of the CPU figures (issue 60).
 const CPU_PER_GIB: &str = "CPU-seconds per GiB, every process (lower is better)";
 
+/// The UCX bench's CPU figure of one like-for-like row kind (`row`).
+const fn ucx_cpu(id: &'static str, title: &'static str, row: &'static str) -> Spec {
+    Spec {
+        bench: "ucx",
+        table: "CPU per GiB moved",
+        id,
+        title,
+        filter: Some(("row", row)),
+        x: &["op", "size"],
+        log2_x: false,
+        series: &[
+            ("hmc CPU-s/GiB", "hmc"),
+            ("ucx_perftest CPU-s/GiB", "ucx_perftest"),
+        ],
+        y_label: CPU_PER_GIB,
+        targets: &[],
+    }
+}
+
 const SPECS: &[Spec] = &[
     Spec {
         bench: "rpc",
@@ -599,36 +618,16 @@ const SPECS: &[Spec] = &[
         y_label: CPU_PER_GIB,
         targets: &[],
     },
-    Spec {
-        bench: "ucx",
-        table: "CPU per GiB moved",
-        id: "ucx-tcp-ucxmem-cpu",
-        title: "UCX put/get over TCP: CPU per GiB vs ucx_perftest's (UCX-allocated memory)",
-        filter: Some(("row", "tcp-ucxmem")),
-        x: &["op", "size"],
-        log2_x: false,
-        series: &[
-            ("hmc CPU-s/GiB", "hmc"),
-            ("ucx_perftest CPU-s/GiB", "ucx_perftest"),
-        ],
-        y_label: CPU_PER_GIB,
-        targets: &[],
-    },
-    Spec {
-        bench: "ucx",
-        table: "CPU per GiB moved",
-        id: "ucx-shm-ucxmem-cpu",
-        title: "UCX put/get over shared memory: CPU per GiB vs ucx_perftest's (UCX-allocated memory)",
-        filter: Some(("row", "shm-ucxmem")),
-        x: &["op", "size"],
-        log2_x: false,
-        series: &[
-            ("hmc CPU-s/GiB", "hmc"),
-            ("ucx_perftest CPU-s/GiB", "ucx_perftest"),
-        ],
-        y_label: CPU_PER_GIB,
-        targets: &[],
-    },
+    ucx_cpu(
+        "ucx-tcp-ucxmem-cpu",
+        "UCX put/get over TCP: CPU per GiB vs ucx_perftest's (UCX-allocated memory)",
+        "tcp-ucxmem",
+    ),
+    ucx_cpu(
+        "ucx-shm-ucxmem-cpu",
+        "UCX put/get over shared memory: CPU per GiB vs ucx_perftest's (UCX-allocated memory)",
+        "shm-ucxmem",
+    ),
     Spec {
         bench: "rpc",
         table: RPC_ECHO,
