@@ -1,6 +1,6 @@
 //! [`FaultError`]: this crate's one error type, for a spec that cannot be used.
 
-use crate::spec::GRAMMAR;
+use crate::grammar::GRAMMAR;
 
 /// Why a fault spec was refused.
 #[derive(Debug, thiserror::Error)]

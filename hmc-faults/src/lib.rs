@@ -40,6 +40,7 @@
 
 mod error;
 mod faulty;
+mod grammar;
 #[cfg(feature = "meta")]
 mod meta;
 mod plan;
@@ -47,10 +48,11 @@ mod spec;
 
 pub use error::FaultError;
 pub use faulty::{Faulty, FaultyEndpoint, FaultyKey};
+pub use grammar::GRAMMAR;
 #[cfg(feature = "meta")]
 pub use meta::FaultyStore;
 pub use plan::{ConnectFault, FaultPlan, MetaFault, NotifyFault, TransferEnd, TransferFault};
-pub use spec::{Cut, FaultSpec, GRAMMAR, NotifySide, Timed, When};
+pub use spec::{Cut, FaultSpec, NotifySide, Timed, When};
 
 /// The environment variable whose value is a [`FaultSpec`] that programs reading the
 /// environment (`hmc_transports::Options::from_env`) apply to every transport they open.
