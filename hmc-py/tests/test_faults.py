@@ -5,6 +5,7 @@
 import numpy as np
 import pytest
 
+from hmc.mooncake import TransferEngine
 from hmc.nixl._api import nixl_agent, nixl_agent_config
 
 
@@ -21,9 +22,9 @@ def faulty_config(tmp_path, monkeypatch):
     """Points HMC_CONFIG at a file whose ``[nixl]`` table sets ``faults`` to the spec the
     test passes; returns the setter."""
 
-    def use(spec):
+    def use(spec, module="nixl"):
         cfg = tmp_path / "hmc.toml"
-        cfg.write_text(f'transport = "tcp"\n[nixl]\nfaults = "{spec}"\n')
+        cfg.write_text(f'transport = "tcp"\n[{module}]\nfaults = "{spec}"\n')
         monkeypatch.setenv("HMC_CONFIG", str(cfg))
 
     return use
@@ -57,3 +58,22 @@ def test_a_malformed_spec_is_refused_naming_the_item(faulty_config):
     faulty_config("seed=7;xfer.fail=2")
     with pytest.raises(Exception, match=r"`xfer\.fail=2`.*WHEN"):
         nixl_agent("faults-bad", nixl_agent_config(backends=["UCX"]))
+
+
+def test_a_cut_mooncake_write_lands_its_prefix_and_the_retry_lands_the_rest(faulty_config):
+    """``hmc.mooncake`` reads the same key from its own table: a WRITE cut after half its
+    bytes (``xfer.cut=0.5@first:1``) returns -1 with exactly the first half landed, and
+    the retry writes everything."""
+    faulty_config("xfer.cut=0.5@first:1", module="mooncake")
+    src, dst = TransferEngine(), TransferEngine()
+    for te in (src, dst):
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    a = np.random.default_rng(5).integers(1, 256, 8192, dtype=np.uint8)
+    b = np.zeros_like(a)
+    assert src.register_memory(a.ctypes.data, a.nbytes) == 0
+    assert dst.register_memory(b.ctypes.data, b.nbytes) == 0
+    peer = f"127.0.0.1:{dst.get_rpc_port()}"
+    assert src.transfer_sync_write(peer, a.ctypes.data, b.ctypes.data, a.nbytes) == -1
+    assert (b[:4096] == a[:4096]).all() and not b[4096:].any()
+    assert src.transfer_sync_write(peer, a.ctypes.data, b.ctypes.data, a.nbytes) == 0
+    assert (b == a).all()
