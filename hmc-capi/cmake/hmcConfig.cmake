@@ -1,7 +1,8 @@
 # CMake package of libhmc: find_package(hmc CONFIG REQUIRED), then
 # target_link_libraries(app hmc::hmc) (the shared library; hmc::hmc_static for libhmc.a).
 # Installed at PREFIX/lib/cmake/hmc/, so the prefix is found from this file's place
-# (the install can be moved).
+# (the install can be moved). The Python wheel carries it too (hmc.get_cmake_dir()), where
+# lib/libhmc.so is a linker script naming lib/libhmc.so.0.
 get_filename_component(_hmc_prefix "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
 
 if(NOT TARGET hmc::hmc)

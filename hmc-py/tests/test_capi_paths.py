@@ -1,6 +1,7 @@
-"""hmc.get_include(), get_library_dir(), get_pkgconfig_dir(): the C API a wheel built by
-`cargo xtask` carries (HMC_TEST_WHEEL_CAPI=1 there: the files must be present), or, in a
-package built from source without it, a FileNotFoundError saying how to get them."""
+"""hmc.get_include(), get_library_dir(), get_pkgconfig_dir(), get_cmake_dir(): the C API a
+wheel built by `cargo xtask` carries (HMC_TEST_WHEEL_CAPI=1 there: the files must be
+present), or, in a package built from source without it, a FileNotFoundError saying how to
+get them."""
 
 import os
 import shutil
@@ -11,7 +12,7 @@ import pytest
 
 import hmc
 
-CALLS = [hmc.get_include, hmc.get_library_dir, hmc.get_pkgconfig_dir]
+CALLS = [hmc.get_include, hmc.get_library_dir, hmc.get_pkgconfig_dir, hmc.get_cmake_dir]
 
 
 def has_capi():
@@ -32,8 +33,8 @@ def package_dir():
 def test_the_paths_hold_the_headers_library_and_pc_inside_the_package():
     if not has_capi():
         pytest.skip("this hmc was built without the C API (test_missing_capi_says_how)")
-    inc, lib, pc = (Path(f()) for f in CALLS)
-    for d in (inc, lib, pc):
+    inc, lib, pc, cmake = (Path(f()) for f in CALLS)
+    for d in (inc, lib, pc, cmake):
         assert d.is_absolute() and d.is_relative_to(package_dir()), d
     assert "hmc_engine_open" in (inc / "hmc/hmc.h").read_text()
     assert "namespace hixl" in (inc / "hmc/hmc.hpp").read_text()
@@ -43,6 +44,7 @@ def test_the_paths_hold_the_headers_library_and_pc_inside_the_package():
     text = (pc / "hmc.pc").read_text()
     assert "prefix=${pcfiledir}/../.." in text and "-Wl,-rpath,${libdir}" in text
     assert Path(pc).parent == lib
+    assert (cmake / "hmcConfig.cmake").is_file() and (cmake / "hmcConfigVersion.cmake").is_file()
 
 
 @pytest.mark.skipif(shutil.which("pkg-config") is None, reason="pkg-config is not installed")

@@ -56,7 +56,6 @@ pub fn install(args: &[String]) -> Result {
 /// `lib/libhmc.so.VERSION` with its `libhmc.so.MAJOR` and `libhmc.so` links, `libhmc.a`
 /// when `with_static`, `include/hmc/`, `lib/pkgconfig/hmc.pc`, `lib/cmake/hmc/`.
 fn install_from(built: &Path, prefix: &Path, with_static: bool) -> Result {
-    let crate_dir = root().join("hmc-capi");
     let lib = prefix.join("lib");
     let io = |what: &str, e: std::io::Error| format!("{what}: {e}");
     for d in ["lib/pkgconfig", "lib/cmake/hmc", "include/hmc"] {
@@ -76,16 +75,23 @@ fn install_from(built: &Path, prefix: &Path, with_static: bool) -> Result {
         copy(&built.join("libhmc.a"), &lib.join("libhmc.a"))?;
     }
     copy_headers(prefix)?;
-    let fill = |template: &str| fill_template(template, prefix);
-    let write = |to: PathBuf, text: String| std::fs::write(&to, text).map_err(|e| io("write", e));
-    write(lib.join("pkgconfig/hmc.pc"), fill("hmc.pc.in")?)?;
-    write(
-        lib.join("cmake/hmc/hmcConfigVersion.cmake"),
-        fill("hmcConfigVersion.cmake.in")?,
-    )?;
+    let pc = lib.join("pkgconfig/hmc.pc");
+    std::fs::write(&pc, fill_template("hmc.pc.in", prefix)?)
+        .map_err(|e| format!("{}: {e}", pc.display()))?;
+    cmake_package(&lib)
+}
+
+/// The CMake package into `lib/cmake/hmc` (which exists): `hmcConfig.cmake` finds its
+/// prefix from its own place, so the same files serve an install and a wheel.
+fn cmake_package(lib: &Path) -> Result {
+    let dir = lib.join("cmake/hmc");
+    let version = dir.join("hmcConfigVersion.cmake");
+    // The version file names no path: any prefix fills it the same.
+    std::fs::write(&version, fill_template("hmcConfigVersion.cmake.in", lib)?)
+        .map_err(|e| format!("{}: {e}", version.display()))?;
     copy(
-        &crate_dir.join("cmake/hmcConfig.cmake"),
-        &lib.join("cmake/hmc/hmcConfig.cmake"),
+        &root().join("hmc-capi/cmake/hmcConfig.cmake"),
+        &dir.join("hmcConfig.cmake"),
     )
 }
 
@@ -142,7 +148,7 @@ impl Drop for WheelStage {
 /// Builds libhmc (`--release` or the dev profile) and stages what the wheel carries into
 /// `dir`: `include/hmc/`, `lib/libhmc.so.0`, `lib/libhmc.so` (a linker script),
 /// `lib/pkgconfig/hmc.pc` (relocatable: its prefix is `${pcfiledir}/../..`, its `Libs`
-/// carry an rpath to `lib/`).
+/// carry an rpath to `lib/`), `lib/cmake/hmc/` (the CMake package, relocatable too).
 pub(crate) fn stage_for_wheel(release: bool, dir: &Path) -> Result<WheelStage> {
     let mut build = cargo();
     build.args(["build", "-p", "hmc-capi", "--lib"]);
@@ -162,7 +168,7 @@ pub(crate) fn stage_for_wheel(release: bool, dir: &Path) -> Result<WheelStage> {
         _lock: lock,
     };
     let _ = std::fs::remove_dir_all(dir);
-    for d in ["include/hmc", "lib/pkgconfig"] {
+    for d in ["include/hmc", "lib/pkgconfig", "lib/cmake/hmc"] {
         std::fs::create_dir_all(dir.join(d)).map_err(|e| io(&dir.join(d), e))?;
     }
     copy_headers(dir)?;
@@ -176,6 +182,7 @@ pub(crate) fn stage_for_wheel(release: bool, dir: &Path) -> Result<WheelStage> {
     std::fs::write(&script, WHEEL_LINKER_SCRIPT).map_err(|e| io(&script, e))?;
     let pc = lib.join("pkgconfig/hmc.pc");
     std::fs::write(&pc, fill_template("hmc-wheel.pc.in", dir)?).map_err(|e| io(&pc, e))?;
+    cmake_package(&lib)?;
     Ok(stage)
 }
 
@@ -185,7 +192,7 @@ pub(crate) fn stage_for_wheel(release: bool, dir: &Path) -> Result<WheelStage> {
 /// library's exports, then `one_sided.c` and `hixl_quickstart.cpp` (by gcc, and clang where
 /// installed) compiled with warnings as errors from `pkg-config --cflags --libs hmc` alone
 /// and run as two processes over tcp without `LD_LIBRARY_PATH` (the `.pc`'s rpath finds
-/// the library).
+/// the library); the examples built by CMake through `hmc.get_cmake_dir()`, one run so.
 pub(crate) fn wheel_test(python: &Path) -> Result {
     let work = root().join("target/capi/wheel");
     let _ = std::fs::remove_dir_all(&work);
@@ -197,13 +204,13 @@ pub(crate) fn wheel_test(python: &Path) -> Result {
             "import os, hmc\n\
              print(os.path.dirname(os.path.realpath(hmc.__file__)))\n\
              print(hmc.get_include()); print(hmc.get_library_dir())\n\
-             print(hmc.get_pkgconfig_dir())",
+             print(hmc.get_pkgconfig_dir()); print(hmc.get_cmake_dir())",
         ])
         .output()
         .map_err(|e| format!("{}: {e}", python.display()))?;
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let paths: Vec<&Path> = text.lines().map(Path::new).collect();
-    let [package, include, lib, pkgconfig] = paths[..] else {
+    let [package, include, lib, pkgconfig, cmake] = paths[..] else {
         return Err(format!(
             "the installed wheel gave no C API paths: {}",
             String::from_utf8_lossy(&out.stderr)
@@ -215,6 +222,7 @@ pub(crate) fn wheel_test(python: &Path) -> Result {
         (lib, "libhmc.so.0"),
         (lib, "libhmc.so"),
         (pkgconfig, "hmc.pc"),
+        (cmake, "hmcConfig.cmake"),
     ] {
         if !dir.starts_with(package) || !dir.join(file).is_file() {
             return Err(format!(
@@ -246,7 +254,36 @@ pub(crate) fn wheel_test(python: &Path) -> Result {
             c.env_remove("LD_LIBRARY_PATH");
         })?;
     }
-    Ok(())
+    // CMake: find_package(hmc) through hmc_DIR; CMake's build-tree rpath finds the library.
+    let build = work.join("cmake-build");
+    cmake_examples(
+        &build,
+        &format!("-Dhmc_DIR={}", cmake.display()),
+        &["one_sided"],
+    )?;
+    library_from(&build.join("one_sided"), lib)?;
+    two_processes_in(&build.join("one_sided"), &["tcp"], "tcp, CMake", &|c| {
+        c.env_remove("LD_LIBRARY_PATH");
+    })
+}
+
+/// The examples' CMakeLists.txt configured with `define` (where `find_package(hmc)` looks)
+/// and built into `build` (emptied first): `targets`, or all when empty.
+fn cmake_examples(build: &Path, define: &str, targets: &[&str]) -> Result {
+    let _ = std::fs::remove_dir_all(build);
+    run(Command::new("cmake")
+        .arg("-S")
+        .arg(root().join("hmc-capi/examples"))
+        .arg("-B")
+        .arg(build)
+        .arg(define)
+        .arg("-DCMAKE_BUILD_TYPE=Debug"))?;
+    let mut cmd = Command::new("cmake");
+    cmd.arg("--build").arg(build);
+    for t in targets {
+        cmd.args(["--target", t]);
+    }
+    run(&mut cmd)
 }
 
 /// `ldd exe` without `LD_LIBRARY_PATH` resolves `libhmc.so.0` to the one in `lib` (through
@@ -592,15 +629,11 @@ fn headers_alone(prefix: &Path, work: &Path) -> Result {
 /// and a pkg-config consumer, built from the clean prefix and run once.
 fn consumers(prefix: &Path, work: &Path) -> Result {
     let build = work.join("cmake-build");
-    let _ = std::fs::remove_dir_all(&build);
-    run(Command::new("cmake")
-        .arg("-S")
-        .arg(root().join("hmc-capi/examples"))
-        .arg("-B")
-        .arg(&build)
-        .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display()))
-        .arg("-DCMAKE_BUILD_TYPE=Debug"))?;
-    run(Command::new("cmake").arg("--build").arg(&build))?;
+    cmake_examples(
+        &build,
+        &format!("-DCMAKE_PREFIX_PATH={}", prefix.display()),
+        &[],
+    )?;
     two_processes(&build.join("one_sided"), &["tcp"], "tcp")?;
     two_processes(&build.join("hixl_quickstart"), &["tcp", "host"], "tcp")?;
     two_processes(&build.join("rpc_demo"), &["tcp"], "tcp")?;

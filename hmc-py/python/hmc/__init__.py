@@ -6,9 +6,10 @@
 - :mod:`hmc.kv`: KV-cache transfer between prefill and decode clusters
   (LLM-DataDist's calls: ``allocate_cache``, ``pull_kv_blocks``, ...).
 - :mod:`hmc.rpc`: an RPC client and a server with Python handlers.
-- :func:`get_include`, :func:`get_library_dir`, :func:`get_pkgconfig_dir`: the C and C++
-  API (``hmc/hmc.h``, ``hmc/hmc.hpp``, ``libhmc.so.0``, ``hmc.pc``) that the wheel carries,
-  to build C and C++ programs against.
+- :func:`get_include`, :func:`get_library_dir`, :func:`get_pkgconfig_dir`,
+  :func:`get_cmake_dir`: the C and C++ API (``hmc/hmc.h``, ``hmc/hmc.hpp``,
+  ``libhmc.so.0``, ``hmc.pc``, the CMake package) that the wheel carries, to build C and
+  C++ programs against.
 - Errors: :class:`HmcError` and subclasses that also derive from the matching built-in
   (``hmc.TimeoutError`` is a ``TimeoutError``, ``hmc.InvalidArgumentError`` a
   ``ValueError``, ...).
@@ -27,7 +28,7 @@ Example::
 """
 
 from . import kv, rpc
-from ._capi_paths import get_include, get_library_dir, get_pkgconfig_dir
+from ._capi_paths import get_cmake_dir, get_include, get_library_dir, get_pkgconfig_dir
 from ._errors import (
     BackendUnavailableError,
     CancelledError,
@@ -72,6 +73,7 @@ __all__ = [
     "get_include",
     "get_library_dir",
     "get_pkgconfig_dir",
+    "get_cmake_dir",
     "HmcError",
     "TimeoutError",
     "InvalidArgumentError",

@@ -7,13 +7,15 @@ The wheels that ``cargo xtask`` builds carry, under ``hmc/_capi/``::
     lib/libhmc.so.0            the library (SONAME libhmc.so.0)
     lib/libhmc.so              a linker script, INPUT(libhmc.so.0), for -lhmc
     lib/pkgconfig/hmc.pc       prefix from its own place; Libs with an rpath to lib/
+    lib/cmake/hmc/             the CMake package (find_package(hmc) with hmc_DIR)
 
 so a C or C++ program builds against the installed package::
 
     cc app.c $(PKG_CONFIG_PATH=$(python -c 'import hmc; print(hmc.get_pkgconfig_dir())') \\
         pkg-config --cflags --libs hmc)
 
-and runs without ``LD_LIBRARY_PATH`` (the rpath names the wheel's ``lib/``). A package
+and runs without ``LD_LIBRARY_PATH`` (the rpath names the wheel's ``lib/``); or with CMake,
+``-Dhmc_DIR=$(python -c 'import hmc; print(hmc.get_cmake_dir())')``. A package
 built from source by pip (a PEP 517 build, without ``cargo xtask``) has only the Python
 extension: each function then raises :class:`FileNotFoundError` saying how to get the
 files.
@@ -27,6 +29,7 @@ _ROOT = Path(__file__).resolve().parent / "_capi"
 _INCLUDE = ("include", "hmc/hmc.h")
 _LIB = ("lib", "libhmc.so.0")
 _PKGCONFIG = ("lib/pkgconfig", "hmc.pc")
+_CMAKE = ("lib/cmake/hmc", "hmcConfig.cmake")
 
 
 def _folder(folder: str, witness: str) -> str:
@@ -71,3 +74,13 @@ def get_pkgconfig_dir() -> str:
     without the C API.
     """
     return _folder(*_PKGCONFIG)
+
+
+def get_cmake_dir() -> str:
+    """The folder holding ``hmcConfig.cmake``: pass it as ``-Dhmc_DIR=...``, then
+    ``find_package(hmc CONFIG REQUIRED)`` and ``target_link_libraries(app hmc::hmc)``.
+
+    Raises :class:`FileNotFoundError` (saying how to get it) when this package was built
+    without the C API.
+    """
+    return _folder(*_CMAKE)
