@@ -235,8 +235,8 @@ fn plugin(spec: &str, _: IpAddr, _: &Options) -> Result<AnyCommunicator> {
              `plugin` that loads transport plugins",
             known.join(", ")
         ),
-        hint: "choose a built-in, or build with hmc-transports' `plugin` feature \
-               (hmc-engine's `plugin`, a default one)"
+        hint: "choose a built-in (or faulty:<built-in>, with faults injected), or build \
+               with hmc-transports' `plugin` feature (hmc-engine's `plugin`, a default one)"
             .into(),
     })
 }

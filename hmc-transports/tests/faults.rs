@@ -107,11 +107,10 @@ async fn faulty_tcp_fails_the_transfer_its_plan_says_and_moves_the_next() {
     assert_eq!(dst, src);
 }
 
-#[cfg(feature = "plugin")]
 #[test]
 fn an_unknown_name_says_faulty_names_exist() {
     let e = open(&"nosuch".parse().unwrap(), LO, &Options::default())
         .unwrap_err()
         .to_string();
-    assert!(e.contains("faulty:<name>"), "{e}");
+    assert!(e.contains("faulty:<"), "{e}");
 }
