@@ -7,9 +7,10 @@
 //   CacheDesc, CacheIndex, KvCacheExtParam, LLM_* status codes) over the C KV API.
 // - namespace hmc::hixl: HIXL's names and shapes (class Hixl, AscendString, MemDesc,
 //   MemType, MemHandle, TransferOp, TransferOpDesc, TransferArgs, TransferReq,
-//   TransferStatus, NotifyDesc, Status and its constants), so that a HIXL program ports by
-//   changing its include, `using namespace hixl;` to `using namespace hmc::hixl;`, and its
-//   ACL memory calls (docs/c-api.md).
+//   TransferStatus, NotifyDesc, GetTransferStatusArgs, TransferResult, AsyncConnectStatus,
+//   FeatureType, Status and its constants), so that a HIXL program ports by changing its
+//   include, `using namespace hixl;` to `using namespace hmc::hixl;`, and its ACL memory
+//   calls (docs/c-api.md). Its async connects run on threads of its own (<thread>).
 //
 // No C++ type crosses the library's ABI (only hmc.h's C types do), so this header works
 // with either libstdc++ string ABI (_GLIBCXX_USE_CXX11_ABI=0 or 1).
