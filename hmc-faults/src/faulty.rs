@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use hmc_core::{
     Access, AnyMemory, CommCapabilities, Communicator, Deadline, Error, Notification, Op, PeerAddr,
-    Region, RemoteRegion, RemoteView, Result, TransferDesc, TransportId,
+    Region, RemoteFacts, RemoteRegion, RemoteView, Result, TransferDesc, TransportId, check_desc,
 };
 use parking_lot::Mutex;
 
-use crate::plan::{FaultPlan, NotifyFault, TransferEnd};
+use crate::plan::{FaultPlan, NotifyFault, TransferEnd, TransferFault};
 
 /// What every injected error ends with, so that nobody chases a fault they asked for.
 const ON_PURPOSE: &str = "fault injection is on (HMC_FAULTS, the `faults` option or a \
@@ -94,11 +94,11 @@ impl<C: Communicator> Faulty<C> {
     }
 
     fn check_key(&self, key: &FaultyKey<C::RemoteKey>) -> Result<()> {
-        if key.epoch < self.epoch(&key.peer) {
+        if key.link.epoch < self.epoch(&key.link.peer) {
             return Err(Error::InvalidKey(format!(
                 "the peer {} restarted since this key was imported (injected fault \
                  `restart.after`; {ON_PURPOSE})",
-                key.peer
+                key.link.peer
             )));
         }
         Ok(())
@@ -204,18 +204,21 @@ impl<E> FaultyEndpoint<E> {
     }
 }
 
-/// A remote key of [`Faulty`]: the inner one and the peer's restarts when it was imported.
+/// A remote key of [`Faulty`]: the inner one, the endpoint it was imported on (and so the
+/// peer's restarts then), and what a transfer checks before a fault is injected.
 pub struct FaultyKey<K> {
     inner: K,
-    peer: PeerAddr,
-    epoch: u64,
+    link: Arc<Link>,
+    len: u64,
+    access: Access,
 }
 
 impl<K> std::fmt::Debug for FaultyKey<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FaultyKey")
-            .field("peer", &self.peer)
-            .field("epoch", &self.epoch)
+            .field("peer", &self.link.peer)
+            .field("epoch", &self.link.epoch)
+            .field("len", &self.len)
             .finish_non_exhaustive()
     }
 }
@@ -342,8 +345,9 @@ impl<C: Communicator> Communicator for Faulty<C> {
     fn import(&self, ep: &Self::Endpoint, remote: &RemoteRegion) -> Result<Self::RemoteKey> {
         Ok(FaultyKey {
             inner: self.inner.import(&ep.inner, remote)?,
-            peer: ep.link.peer.clone(),
-            epoch: ep.link.epoch,
+            link: ep.link.clone(),
+            len: remote.region.len as u64,
+            access: remote.access,
         })
     }
 
@@ -386,6 +390,18 @@ impl<C: Communicator> Communicator for Faulty<C> {
         }
         let peer = &ep.link.peer;
         let fault = self.plan.transfer();
+        if fault != TransferFault::default() {
+            // The checks the transport makes first: a batch it would refuse gets its
+            // error, never an injected one, and a cut never moves bytes of it.
+            for d in batch {
+                let facts = RemoteFacts {
+                    len: d.remote.len,
+                    access: d.remote.access,
+                    on_endpoint: Arc::ptr_eq(&d.remote.link, &ep.link),
+                };
+                check_desc(op, d, facts)?;
+            }
+        }
         let during = "transfer (stalled by injected fault `xfer.stall`)";
         wait(fault.stall, deadline, during, peer).await?;
         let inner = unwrapped(batch);

@@ -140,6 +140,26 @@ async fn a_cut_write_lands_exactly_its_prefix_and_fails(#[values("tcp", "shm")] 
     assert_eq!(&after[4096..], &s.before[4096..], "nothing past it did");
 }
 
+/// A batch the transport would refuse gets the transport's error, not the injected one,
+/// and the cut moves none of it.
+#[rstest::rstest]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_batch_the_transport_would_refuse_moves_nothing(
+    #[values("tcp", "shm")] transport: &str,
+) {
+    let s = setup(transport, "xfer.cut=0.5", 8192).await;
+    let d = [
+        TransferDesc::new(s.src.registration(), 0, &s.key, 0, 4096),
+        TransferDesc::new(s.src.registration(), 4096, &s.key, 8000, 4096),
+    ];
+    let e =
+        s.a.transfer(&s.ep, Op::Write, &d, soon())
+            .await
+            .unwrap_err();
+    assert!(matches!(e, Error::OutOfBounds { .. }), "{e:?}");
+    assert_eq!(contents(&s.dst), s.before);
+}
+
 #[rstest::rstest]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_transfer_ends_at_its_deadline_having_moved_nothing(
