@@ -77,14 +77,16 @@ impl<C: Communicator> Faulty<C> {
             return Err(down.error(&link.peer));
         }
         if let Some(k) = self.plan.restart_after()
-            && n > k
+            && (n > k || link.epoch < self.epoch(&link.peer))
         {
+            // Past its own count, or the peer restarted under another endpoint: a
+            // restart ends every connection to it.
             let mut first = false;
             let down = link.down.get_or_init(|| {
                 first = true;
                 Down::Restarted(k)
             });
-            if first {
+            if first && n > k {
                 *self.restarts.lock().entry(link.peer.clone()).or_default() += 1;
                 tracing::debug!(peer = %link.peer, "injected fault: the peer restarted");
             }
@@ -154,9 +156,10 @@ impl Down {
             Down::Restarted(k) => Error::peer(
                 peer,
                 format!(
-                    "the peer restarted after {k} operations on this endpoint (injected \
-                     fault `restart.after`; {ON_PURPOSE}): connect again and import its \
-                     regions anew, the keys imported before are gone"
+                    "the peer restarted, ending every connection to it (injected fault \
+                     `restart.after={k}`: after {k} operations on an endpoint; {ON_PURPOSE}): \
+                     connect again and import its regions anew, the keys imported before \
+                     are gone"
                 ),
             ),
         }

@@ -224,9 +224,14 @@ async fn a_restarted_peer_needs_a_new_connection_and_new_keys(
     #[values("tcp", "shm")] transport: &str,
 ) {
     let s = setup(transport, "restart.after=2", 256).await;
+    // A second connection to the same peer, connected before the restart.
+    let other = s.a.connect(&s.b.address(), soon()).await.unwrap();
     s.write(256, soon()).await.unwrap();
     s.write(256, soon()).await.unwrap();
     let e = s.write(256, soon()).await.unwrap_err();
+    assert!(e.to_string().contains("restarted"), "{e}");
+    // The restart ended it too.
+    let e = s.a.notify(&other, 1, b"x", soon()).await.unwrap_err();
     assert!(e.to_string().contains("restarted"), "{e}");
     let ep = s.a.connect(&s.b.address(), soon()).await.unwrap();
     // The key imported before the restart is stale even on the new endpoint.
