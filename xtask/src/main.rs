@@ -6,6 +6,7 @@
 //! run time.
 
 mod capi;
+mod chaos;
 mod cluster;
 mod compat;
 mod python;
@@ -80,6 +81,11 @@ usage: cargo xtask <command>
                        build libhmc (release unless --debug) and install it for C and C++:
                        lib/libhmc.so.0 (+ libhmc.a), include/hmc/hmc.h and hmc.hpp,
                        lib/pkgconfig/hmc.pc, lib/cmake/hmc (find_package(hmc))
+  chaos [--long]       the fault-injection matrix (every fault kind x transport x
+                       operation: deadlines, no late bytes, notifications once, recovery,
+                       leaks), its table printed and written to target/chaos/*.json;
+                       --long: UCX over tcp and shared memory, the RDMA stand-in, the C
+                       plugin, three seeds, 1,000 operations a case
   capi-test            only libhmc's C and C++ checks of `test` (headers, examples over
                        tcp and shm, sanitizers, CMake and pkg-config consumers)
 ";
@@ -104,6 +110,7 @@ fn main() -> ExitCode {
         Some("rdma-bundle") => rdma_bundle::rdma_bundle(),
         Some("tidy") => tidy::run(&root()),
         Some("compat") => compat::command(),
+        Some("chaos") => chaos::command(&args[1..]),
         Some("deps") => ensure_system_packages(),
         Some("install") => capi::install(&args[1..]),
         Some("capi-test") => ensure_system_packages().and_then(|()| capi::test()),

@@ -1,0 +1,549 @@
+//! The chaos matrix: every fault kind of `hmc_faults` x transport x operation, each case two
+//! engines in this process, the initiator's transport wrapped by its `faults` option.
+//! Each case checks that
+//!
+//! - every operation ends within its deadline plus [`SLACK`];
+//! - after an operation ends in error, canary bytes written at once into the memory it
+//!   would have written (the target's for a WRITE, ours for a READ) are still there after
+//!   a delay: nothing of it lands after its terminal state;
+//! - a post's notification is seen once when the post completed, never as a success when
+//!   it failed (its failure notice at most);
+//! - an operation after the last fault succeeds, with at most a reconnect (no restart);
+//! - file descriptors and threads come back to their count before the case.
+//!
+//! `cargo test` runs the quick matrix (`HMC_CHAOS` unset or `quick`): tcp and shm, one seed,
+//! 12 operations a case. `cargo xtask chaos` runs it and prints the table;
+//! `cargo xtask chaos --long` (`HMC_CHAOS=full`) adds UCX (run with `UCX_TLS=tcp`, then
+//! with shared memory), the RDMA stand-in and the example C plugin, three seeds and 1,000
+//! operations a case (`HMC_CHAOS_TRANSPORTS=a,b` keeps only those). `HMC_CHAOS_JSON=FILE`
+//! writes the table as JSON.
+
+#[path = "../../hmc-plugin/tests/common/mod.rs"]
+mod plugins;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hmc_core::AnyCommunicator;
+use hmc_engine::{
+    Access, Engine, EngineConfig, EngineError, MemDesc, MemType, TransferOp, TransferOpDesc,
+    TransferStatus,
+};
+
+/// Each operation's deadline (and the engine's no-progress timeout).
+const OP_TIMEOUT: Duration = Duration::from_millis(300);
+/// How late past its deadline an operation may end.
+const SLACK: Duration = Duration::from_millis(700);
+/// Bytes each side registers; every operation moves all of them.
+const LEN: usize = 256 << 10;
+const CANARY: u8 = 0xC5;
+
+/// The faults, as spec items without the seed. Each fires early in a case and then stops
+/// (`first:N`), or by chance under the seed (`N%`), so the case also shows recovery.
+const FAULTS: &[(&str, &str)] = &[
+    ("none", ""),
+    ("connect refused", "connect.refuse=first:2"),
+    ("connect delayed", "connect.delay=100ms@first:2"),
+    ("transfer stalled", "xfer.stall=1s@first:3"),
+    ("transfer failed", "xfer.fail=first:3"),
+    ("transfer failed by chance", "xfer.fail=25%"),
+    ("transfer cut", "xfer.cut=0.5@first:3"),
+    ("peer disconnected", "disconnect.after=4"),
+    ("peer restarted", "restart.after=4"),
+    ("notification dropped", "notify.drop=first:2"),
+    ("notification late", "notify.delay=600ms@first:2"),
+    ("notification doubled", "notify.dup=first:3"),
+    (
+        "notification dropped at the target",
+        "notify.at=receiver;notify.drop=first:2",
+    ),
+    ("registration slow", "register.slow=50ms@first:2"),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Operation {
+    SyncRead,
+    SyncWrite,
+    AsyncWrite,
+    PostWithNotification,
+}
+
+const OPERATIONS: &[Operation] = &[
+    Operation::SyncRead,
+    Operation::SyncWrite,
+    Operation::AsyncWrite,
+    Operation::PostWithNotification,
+];
+
+impl Operation {
+    fn name(self) -> &'static str {
+        match self {
+            Operation::SyncRead => "sync READ",
+            Operation::SyncWrite => "sync WRITE",
+            Operation::AsyncWrite => "async WRITE",
+            Operation::PostWithNotification => "post + notification",
+        }
+    }
+
+    fn writes_here(self) -> bool {
+        self == Operation::SyncRead
+    }
+}
+
+/// How big a run is.
+struct Scale {
+    transports: Vec<&'static str>,
+    seeds: &'static [u64],
+    ops: usize,
+    /// How long canaries must survive.
+    settle: Duration,
+}
+
+fn scale() -> Scale {
+    let mut s = match std::env::var("HMC_CHAOS").as_deref() {
+        Ok("full") => Scale {
+            transports: vec!["tcp", "shm", "ucx", "rdma-standin", "plugin"],
+            seeds: &[1, 2, 3],
+            ops: 1000,
+            settle: Duration::from_millis(100),
+        },
+        _ => Scale {
+            transports: vec!["tcp", "shm"],
+            seeds: &[1],
+            ops: 12,
+            settle: Duration::from_millis(30),
+        },
+    };
+    // `cargo xtask chaos` runs UCX once more with its shared-memory transports.
+    if let Ok(only) = std::env::var("HMC_CHAOS_TRANSPORTS") {
+        s.transports.retain(|t| only.split(',').any(|o| o == *t));
+    }
+    s
+}
+
+/// One case's outcome.
+#[derive(Default)]
+struct Outcome {
+    ok: usize,
+    failed: usize,
+    connects_failed: usize,
+    /// The longest any operation took past its deadline.
+    worst_late: Duration,
+    problems: Vec<String>,
+}
+
+struct Pair {
+    init: Engine<AnyCommunicator>,
+    target: Engine<AnyCommunicator>,
+    mine: Vec<u8>,
+    theirs: Vec<u8>,
+}
+
+async fn engine(transport: &str, faults: Option<&str>) -> Engine<AnyCommunicator> {
+    let timeout = OP_TIMEOUT.as_millis().to_string();
+    let mut o: HashMap<String, String> = [
+        ("no_progress_timeout_ms".to_string(), timeout),
+        ("transport".to_string(), transport.to_string()),
+    ]
+    .into();
+    if let Some(f) = faults {
+        o.insert("faults".into(), f.into());
+    }
+    match transport {
+        "rdma-standin" => {
+            let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../target/tmp/ibverbs-standin");
+            let lib = hmc_testshim::build_ibverbs_standin(&dir).expect("build the stand-in");
+            let comm = hmc_transport_rdma::RdmaCommunicator::new(hmc_transport_rdma::RdmaConfig {
+                library: Some(lib),
+                ..Default::default()
+            })
+            .unwrap();
+            o.remove("transport");
+            let config = EngineConfig::from_options(&o).unwrap();
+            let comm = match &config.faults {
+                Some(plan) => AnyCommunicator::new(hmc_faults::Faulty::new(comm, plan.clone())),
+                None => AnyCommunicator::new(comm),
+            };
+            Engine::initialize(Arc::new(comm), "127.0.0.1", config)
+                .await
+                .unwrap()
+        }
+        "plugin" => {
+            let lib = plugins::build_c_plugin("loopmem", &[]);
+            o.insert("transport".into(), "loopmem".into());
+            o.insert("plugin_path".into(), lib.display().to_string());
+            Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
+                .await
+                .unwrap()
+        }
+        _ => Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
+            .await
+            .unwrap(),
+    }
+}
+
+fn register(e: &Engine<AnyCommunicator>, m: &mut [u8]) {
+    // SAFETY: each case keeps its buffers until its engines are finalized.
+    unsafe {
+        e.register_mem(
+            MemDesc {
+                addr: m.as_mut_ptr() as u64,
+                len: m.len(),
+            },
+            MemType::Host,
+            Access::READ_WRITE,
+        )
+        .unwrap();
+    }
+}
+
+/// Connects, through refused and delayed connects, within a bounded number of tries.
+async fn connect(p: &Pair, out: &mut Outcome) -> bool {
+    for _ in 0..10 {
+        let start = Instant::now();
+        let r = p.init.connect(p.target.name(), OP_TIMEOUT * 2).await;
+        late(out, start, OP_TIMEOUT * 2);
+        match r {
+            Ok(()) | Err(EngineError::AlreadyConnected(_)) => return true,
+            Err(_) => out.connects_failed += 1,
+        }
+    }
+    out.problems.push("no connect succeeded in 10 tries".into());
+    false
+}
+
+fn late(out: &mut Outcome, start: Instant, deadline: Duration) {
+    let over = start.elapsed().saturating_sub(deadline);
+    out.worst_late = out.worst_late.max(over);
+    if over > SLACK {
+        out.problems
+            .push(format!("an operation ended {over:?} past its deadline"));
+    }
+}
+
+/// How an operation ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Ended {
+    Completed,
+    Failed,
+    /// Failed, saying the peer or its connection is gone: a user connects again.
+    PeerLost,
+}
+
+impl Ended {
+    fn of(r: Result<(), &EngineError>) -> Ended {
+        match r {
+            Ok(()) => Ended::Completed,
+            Err(
+                EngineError::PeerGone { .. }
+                | EngineError::NotConnected(_)
+                | EngineError::Transport(hmc_core::Error::Peer { .. }),
+            ) => Ended::PeerLost,
+            Err(_) => Ended::Failed,
+        }
+    }
+
+    fn of_status(s: Option<TransferStatus>) -> Ended {
+        match s {
+            Some(TransferStatus::Completed) => Ended::Completed,
+            Some(TransferStatus::Failed(e)) => Ended::of(Err(&e)),
+            _ => Ended::Failed,
+        }
+    }
+}
+
+/// Runs `op` once (round `round`).
+async fn run_op(p: &Pair, op: Operation, round: usize, out: &mut Outcome) -> Ended {
+    let desc = TransferOpDesc {
+        local_addr: p.mine.as_ptr() as u64,
+        remote_addr: p.theirs.as_ptr() as u64,
+        len: LEN,
+    };
+    let target = p.target.name();
+    let start = Instant::now();
+    let ended = match op {
+        Operation::SyncRead | Operation::SyncWrite => {
+            let dir = if op == Operation::SyncRead {
+                TransferOp::Read
+            } else {
+                TransferOp::Write
+            };
+            let r = p.init.transfer(target, dir, &[desc], OP_TIMEOUT).await;
+            Ended::of(r.as_ref().map(|_| ()))
+        }
+        Operation::AsyncWrite => {
+            match p
+                .init
+                .transfer_async(target, TransferOp::Write, vec![desc], OP_TIMEOUT)
+            {
+                Ok(req) => Ended::of_status(Some(req.wait().await)),
+                Err(e) => Ended::of(Err(&e)),
+            }
+        }
+        Operation::PostWithNotification => post(p, desc, round).await,
+    };
+    // A post's deadline is its no-progress timeout per chunk, then its notification's.
+    let deadline = if op == Operation::PostWithNotification {
+        OP_TIMEOUT * 2
+    } else {
+        OP_TIMEOUT
+    };
+    late(out, start, deadline);
+    ended
+}
+
+async fn post(p: &Pair, desc: TransferOpDesc, round: usize) -> Ended {
+    let local = match p
+        .init
+        .prepare_local(&[hmc_engine::BlockDesc::block(desc.local_addr, LEN)])
+    {
+        Ok(l) => l,
+        Err(e) => return Ended::of(Err(&e)),
+    };
+    let remote = match p
+        .init
+        .prepare_remote(
+            p.target.name(),
+            &[hmc_engine::BlockDesc::block(desc.remote_addr, LEN)],
+            OP_TIMEOUT,
+        )
+        .await
+    {
+        Ok(r) => r,
+        Err(e) => return Ended::of(Err(&e)),
+    };
+    let x = match p.init.make_transfer(
+        TransferOp::Write,
+        &local,
+        &[0],
+        &remote,
+        &[0],
+        Some(("round".into(), round.to_string().into_bytes())),
+    ) {
+        Ok(x) => x,
+        Err(e) => return Ended::of(Err(&e)),
+    };
+    if let Err(e) = x.post() {
+        return Ended::of(Err(&e));
+    }
+    let ended = Ended::of_status(x.wait().await);
+    x.release().await;
+    ended
+}
+
+/// After `op` ended in error: canaries where it would have written, still there after
+/// `settle`.
+async fn canaries_hold(p: &mut Pair, op: Operation, settle: Duration, out: &mut Outcome) {
+    let dst = if op.writes_here() {
+        &mut p.mine
+    } else {
+        &mut p.theirs
+    };
+    dst.fill(CANARY);
+    tokio::time::sleep(settle).await;
+    let dst = if op.writes_here() { &p.mine } else { &p.theirs };
+    if let Some(at) = dst.iter().position(|&b| b != CANARY) {
+        out.problems.push(format!(
+            "a byte landed at offset {at} after the operation ended in error"
+        ));
+    }
+}
+
+/// After an operation that said its peer is lost: connect again, as a user would (not a
+/// restart). Whether connected.
+async fn reconnect(p: &Pair, ended: Ended, out: &mut Outcome) -> bool {
+    if ended != Ended::PeerLost {
+        return true;
+    }
+    let _ = p.init.disconnect(p.target.name()).await;
+    connect(p, out).await
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
+}
+
+fn threads() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+async fn run_case(transport: &str, spec: &str, op: Operation, seed: u64, scale: &Scale) -> Outcome {
+    let mut out = Outcome::default();
+    let faults = format!(
+        "seed={seed}{}{spec}",
+        if spec.is_empty() { "" } else { ";" }
+    );
+    // Target-side notification faults act in the target's engine; everything else in the
+    // initiator's.
+    let at_target = spec.contains("notify.at=receiver");
+    let mut p = Pair {
+        init: engine(transport, (!at_target).then_some(faults.as_str())).await,
+        target: engine(transport, at_target.then_some(faults.as_str())).await,
+        mine: vec![1u8; LEN],
+        theirs: vec![2u8; LEN],
+    };
+    register(&p.init, &mut p.mine);
+    register(&p.target, &mut p.theirs);
+    if !connect(&p, &mut out).await {
+        return out;
+    }
+    let mut completed_rounds = Vec::new();
+    let mut failed_since_success = false;
+    for round in 0..scale.ops {
+        p.mine.fill(round as u8);
+        let ended = run_op(&p, op, round, &mut out).await;
+        if ended == Ended::Completed {
+            out.ok += 1;
+            failed_since_success = false;
+            completed_rounds.push(round);
+        } else {
+            out.failed += 1;
+            failed_since_success = true;
+            canaries_hold(&mut p, op, scale.settle, &mut out).await;
+            if !reconnect(&p, ended, &mut out).await {
+                break;
+            }
+        }
+    }
+    // Recovery: once the faults stop (or chance spares one), an operation succeeds.
+    if failed_since_success {
+        let mut recovered = false;
+        for round in scale.ops..scale.ops + 50 {
+            let ended = run_op(&p, op, round, &mut out).await;
+            if ended == Ended::Completed {
+                recovered = true;
+                completed_rounds.push(round);
+                break;
+            }
+            if !reconnect(&p, ended, &mut out).await {
+                break;
+            }
+        }
+        if !recovered {
+            out.problems
+                .push("no operation succeeded after the faults".into());
+        }
+    }
+    if op == Operation::PostWithNotification {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        check_notifications(&p, &completed_rounds, &mut out);
+    }
+    p.init.finalize().await;
+    p.target.finalize().await;
+    out
+}
+
+/// Each completed round's notification seen exactly once, as a success; no other round's
+/// seen as a success.
+fn check_notifications(p: &Pair, completed: &[usize], out: &mut Outcome) {
+    let mut seen: HashMap<usize, (usize, usize)> = HashMap::new();
+    for n in p.target.get_notifies() {
+        let round: usize = String::from_utf8_lossy(&n.msg)
+            .parse()
+            .unwrap_or(usize::MAX);
+        let e = seen.entry(round).or_default();
+        if n.failed.is_none() {
+            e.0 += 1;
+        } else {
+            e.1 += 1;
+        }
+    }
+    for (round, (ok, failed)) in &seen {
+        let done = completed.contains(round);
+        if done && (*ok != 1 || *failed != 0) {
+            out.problems.push(format!(
+                "completed round {round}: {ok} notification(s) and {failed} failure notice(s)"
+            ));
+        }
+        if !done && (*ok != 0 || *failed > 1) {
+            out.problems.push(format!(
+                "failed round {round}: {ok} success notification(s), {failed} failure notice(s)"
+            ));
+        }
+    }
+    for round in completed {
+        if !seen.contains_key(round) {
+            out.problems
+                .push(format!("completed round {round}: no notification"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_matrix() {
+    let scale = scale();
+    let mut table = String::from(
+        "| transport | fault | operation | seed | ok | failed | connects failed | worst past deadline | verdict |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut json = String::from("[");
+    let mut red = Vec::new();
+    // Warm-up: the first engines of the process start runtimes and threads that stay.
+    let warm = engine("tcp", None).await;
+    warm.finalize().await;
+    for transport in &scale.transports {
+        for (fault, spec) in FAULTS {
+            for op in OPERATIONS {
+                for seed in scale.seeds {
+                    let (fds, threads_before) = (open_fds(), threads());
+                    let mut out = run_case(transport, spec, *op, *seed, &scale).await;
+                    // Finalized engines give back their sockets and threads, give or take
+                    // what winds down in the background.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let (fds_after, threads_after) = (open_fds(), threads());
+                    if fds_after > fds + 4 {
+                        out.problems
+                            .push(format!("file descriptors {fds} -> {fds_after}"));
+                    }
+                    if threads_after > threads_before + 8 {
+                        out.problems
+                            .push(format!("threads {threads_before} -> {threads_after}"));
+                    }
+                    let verdict = if out.problems.is_empty() {
+                        "green".to_string()
+                    } else {
+                        red.push(format!(
+                            "{transport} / {fault} / {} / seed {seed}: {}",
+                            op.name(),
+                            out.problems.join("; ")
+                        ));
+                        format!("RED: {}", out.problems.join("; "))
+                    };
+                    let _ = writeln!(
+                        table,
+                        "| {transport} | {fault} | {} | {seed} | {} | {} | {} | {:?} | {verdict} |",
+                        op.name(),
+                        out.ok,
+                        out.failed,
+                        out.connects_failed,
+                        out.worst_late
+                    );
+                    let _ = write!(
+                        json,
+                        "{}{{\"transport\":\"{transport}\",\"fault\":\"{fault}\",\"spec\":\"{spec}\",\"operation\":\"{}\",\"seed\":{seed},\"ok\":{},\"failed\":{},\"connects_failed\":{},\"worst_past_deadline_ms\":{:.1},\"green\":{}}}",
+                        if json.len() > 1 { "," } else { "" },
+                        op.name(),
+                        out.ok,
+                        out.failed,
+                        out.connects_failed,
+                        out.worst_late.as_secs_f64() * 1e3,
+                        out.problems.is_empty()
+                    );
+                }
+            }
+        }
+    }
+    json.push(']');
+    println!("{table}");
+    if let Ok(path) = std::env::var("HMC_CHAOS_JSON") {
+        std::fs::write(&path, &json).expect("write the chaos JSON");
+    }
+    assert!(red.is_empty(), "red cases:\n{}", red.join("\n"));
+}
