@@ -15,7 +15,7 @@
 //! 12 operations a case. `cargo xtask chaos` runs it and prints the table;
 //! `cargo xtask chaos --long` (`HMC_CHAOS=full`) adds UCX (run with `UCX_TLS=tcp`, then
 //! with shared memory), the RDMA stand-in and the example C plugin, three seeds and 1,000
-//! operations a case (`HMC_CHAOS_TRANSPORTS=a,b` keeps only those). `HMC_CHAOS_JSON=FILE`
+//! operations a case (`HMC_CHAOS_TRANSPORTS=a,b` runs only those, in either mode). `HMC_CHAOS_JSON=FILE`
 //! writes the table as JSON.
 
 #[path = "../../hmc-plugin/tests/common/mod.rs"]
@@ -39,6 +39,9 @@ const SLACK: Duration = Duration::from_millis(700);
 /// Bytes each side registers; every operation moves all of them.
 const LEN: usize = 256 << 10;
 const CANARY: u8 = 0xC5;
+/// How long a case's file descriptors and threads may take to come back once its engines
+/// are finalized.
+const LEAK_WAIT: Duration = Duration::from_secs(3);
 
 /// The faults, as spec items without the seed. Each fires early in a case and then stops
 /// (`first:N`), or by chance under the seed (`N%`), so the case also shows recovery.
@@ -92,6 +95,9 @@ impl Operation {
     }
 }
 
+/// Every transport the matrix knows.
+const ALL_TRANSPORTS: &[&str] = &["tcp", "shm", "ucx", "rdma-standin", "plugin"];
+
 /// How big a run is.
 struct Scale {
     transports: Vec<&'static str>,
@@ -104,7 +110,7 @@ struct Scale {
 fn scale() -> Scale {
     let mut s = match std::env::var("HMC_CHAOS").as_deref() {
         Ok("full") => Scale {
-            transports: vec!["tcp", "shm", "ucx", "rdma-standin", "plugin"],
+            transports: ALL_TRANSPORTS.to_vec(),
             seeds: &[1, 2, 3],
             ops: 1000,
             settle: Duration::from_millis(100),
@@ -118,7 +124,11 @@ fn scale() -> Scale {
     };
     // `cargo xtask chaos` runs UCX once more with its shared-memory transports.
     if let Ok(only) = std::env::var("HMC_CHAOS_TRANSPORTS") {
-        s.transports.retain(|t| only.split(',').any(|o| o == *t));
+        s.transports = ALL_TRANSPORTS
+            .iter()
+            .copied()
+            .filter(|t| only.split(',').any(|o| o == *t))
+            .collect();
     }
     s
 }
@@ -494,17 +504,22 @@ async fn chaos_matrix() {
                 for seed in scale.seeds {
                     let (fds, threads_before) = (open_fds(), threads());
                     let mut out = run_case(transport, spec, *op, *seed, &scale).await;
-                    // Finalized engines give back their sockets and threads, give or take
-                    // what winds down in the background.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    let (fds_after, threads_after) = (open_fds(), threads());
-                    if fds_after > fds + 4 {
-                        out.problems
-                            .push(format!("file descriptors {fds} -> {fds_after}"));
-                    }
-                    if threads_after > threads_before + 8 {
-                        out.problems
-                            .push(format!("threads {threads_before} -> {threads_after}"));
+                    // Finalized engines give back their sockets and threads; some wind
+                    // down in the background (UCX drains a worker for up to 1 s), so wait
+                    // for the counts to come back, within a bound.
+                    let start = Instant::now();
+                    loop {
+                        let (fds_after, threads_after) = (open_fds(), threads());
+                        if fds_after <= fds + 4 && threads_after <= threads_before + 8 {
+                            break;
+                        }
+                        if start.elapsed() > LEAK_WAIT {
+                            out.problems.push(format!(
+                                "{LEAK_WAIT:?} after the engines were finalized: file descriptors {fds} -> {fds_after}, threads {threads_before} -> {threads_after}"
+                            ));
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     let verdict = if out.problems.is_empty() {
                         "green".to_string()

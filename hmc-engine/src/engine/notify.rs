@@ -40,6 +40,22 @@ impl<C: Communicator> Engine<C> {
         }
     }
 
+    /// Runs `work` on the engine's runtime until it ends or `peer` is gone (it left, or
+    /// this engine was finalized): a notice or a retraction for a peer nobody waits on
+    /// must not keep the engine's transport alive past `finalize`.
+    pub(super) fn spawn_for_peer<F>(&self, peer: &Peer<C>, work: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let mut gone = peer.gone.subscribe();
+        self.inner.runtime.spawn(async move {
+            tokio::select! {
+                () = work => {}
+                _ = gone.wait_for(Option::is_some) => {}
+            }
+        });
+    }
+
     /// A notification id this engine has not used.
     pub(super) fn next_notify_id(&self) -> NotifyId {
         NotifyId {
@@ -53,7 +69,8 @@ impl<C: Communicator> Engine<C> {
     /// arrives after the withdrawal is dropped there.
     fn retract_notify(&self, peer: std::sync::Arc<Peer<C>>, id: NotifyId) {
         let t = self.inner.shared.config.default_timeout;
-        self.inner.runtime.spawn(async move {
+        let watched = peer.clone();
+        self.spawn_for_peer(&watched, async move {
             let opts = CallOptions {
                 timeout: Some(t),
                 ..CallOptions::default()
@@ -147,7 +164,7 @@ impl<C: Communicator> Engine<C> {
             }
             NotifyFault::Delay(late) => {
                 let (rpc, n) = (peer.rpc.clone(), n.clone());
-                self.inner.runtime.spawn(async move {
+                self.spawn_for_peer(peer, async move {
                     tokio::time::sleep(late).await;
                     let _ = rpc.call_typed::<_, NotifyAck>(METHOD_NOTIFY, &n).await;
                 });
@@ -162,7 +179,7 @@ impl<C: Communicator> Engine<C> {
             // Twice on the way: the first copy's answer is the one the sender sees.
             NotifyFault::Duplicate => {
                 let (rpc, n, opts) = (peer.rpc.clone(), n.clone(), opts());
-                self.inner.runtime.spawn(async move {
+                self.spawn_for_peer(peer, async move {
                     let _ = rpc
                         .call_typed_with::<_, NotifyAck>(METHOD_NOTIFY, &n, opts)
                         .await;

@@ -617,7 +617,7 @@ impl<C: Communicator> XferInner<C> {
     /// reached the target unanswered, and a copy arriving later is dropped.
     fn failure_notice(self: &Arc<Self>, id: NotifyId, name: String, msg: Vec<u8>, why: String) {
         let me = self.clone();
-        self.engine.inner.runtime.spawn(async move {
+        self.engine.spawn_for_peer(&self.peer, async move {
             // A target that was stopped or slow gets it when it runs again, if soon.
             let cfg = &me.engine.inner.shared.config;
             let t = cfg.default_timeout.max(cfg.no_progress_timeout);
