@@ -63,6 +63,8 @@ const FAULTS: &[(&str, &str)] = &[
         "notify.at=receiver;notify.drop=first:2",
     ),
     ("registration slow", "register.slow=50ms@first:2"),
+    ("metadata service slow", "meta.slow=100ms@first:3"),
+    ("metadata service gone", "meta.gone=first:2"),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -44,6 +44,11 @@ pub(super) async fn open_store(
         record,
     )
     .await?;
+    // `meta.slow` / `meta.gone` act on this engine's lookups of its peers.
+    let store: Arc<dyn MetadataStore> = match &config.faults {
+        Some(plan) => Arc::new(hmc_faults::FaultyStore::new(store, plan.clone())),
+        None => store,
+    };
     Ok((name, store))
 }
 
