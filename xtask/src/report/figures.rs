@@ -1345,13 +1345,30 @@ mod tests {
 
     #[rstest]
     #[case::transfer("transfer", &["tcp-vs-iperf3", "tcp-cpu"])]
-    #[case::ucx("ucx", &["ucx-tcp-ucxmem", "ucx-shm-ucxmem", "ucx-tcp-user", "ucx-shm-user"])]
+    #[case::ucx(
+        "ucx",
+        &[
+            "ucx-tcp-ucxmem",
+            "ucx-shm-ucxmem",
+            "ucx-tcp-user",
+            "ucx-shm-user",
+            "ucx-tcp-ucxmem-cpu",
+            "ucx-shm-ucxmem-cpu"
+        ]
+    )]
     #[case::shm("shm", &["shm-vs-memcpy", "shm-cpu"])]
     #[case::rdma("rdma", &["rdma-cpu", "rdma-standin-bw"])]
     #[case::plugin("plugin", &["plugin-vs-static"])]
     #[case::python(
         "python",
-        &["python-vs-mooncake", "python-default-vs-mooncake", "python-overhead"]
+        &[
+            "python-vs-mooncake",
+            "python-cpu",
+            "cpu-vs-floor",
+            "python-default-vs-mooncake",
+            "python-default-cpu",
+            "python-overhead"
+        ]
     )]
     #[case::engine(
         "engine",
@@ -1449,7 +1466,8 @@ mod tests {
         let mooncake = &p.series[1].points;
         assert_eq!(p.references[0].marks[0].2, 3.0 * mooncake[0].1);
         // Python's allowance is 3 µs over the same call from Rust, per group.
-        let p = &all_plots("python", &run)[2];
+        let plots = all_plots("python", &run);
+        let p = plots.iter().find(|p| p.id == "python-overhead").unwrap();
         let rust = &p.series[1].points;
         assert_eq!(p.references[0].marks[1].2, rust[1].1 + 3.0);
     }
