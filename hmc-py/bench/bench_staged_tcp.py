@@ -10,9 +10,13 @@ shared CPUs, not a GPU.
 
 Over ucx both processes run with UCX_TLS=tcp unless UCX_TLS is set, so the host region's
 READ goes through UCX's TCP transport, like for like with the staged one.
+
+Beside each rate, the CPU of both processes (``_cpu``: user and system, every thread) over the
+measured READs of that kind, per GiB moved.
 """
 import json, os, statistics, subprocess, sys, textwrap, time
 import hmc
+from _cpu import cpu_seconds, per_gib
 
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 64 << 20
 TRANSPORT = sys.argv[3] if len(sys.argv) > 3 else "tcp"
@@ -45,15 +49,20 @@ e = hmc.Engine(); e.initialize("127.0.0.1:0", {"transport": TRANSPORT})
 h = e.register_mem(buf)
 e.connect(info["addr"], 5000)
 times = {"host": [], "dev": []}
+cpu = {"host": 0.0, "dev": 0.0}
+pids = [os.getpid(), child.pid]
 for i in range(REPS + 1):
     for kind in ("host", "dev") if i % 2 == 0 else ("dev", "host"):
-        t = time.perf_counter()
+        c, t = cpu_seconds(pids), time.perf_counter()
         e.transfer_sync(info["addr"], hmc.TransferOp.READ, [(h.addr, info[kind], N)], timeout_ms=60_000)
-        dt = time.perf_counter() - t
+        dt, dc = time.perf_counter() - t, cpu_seconds(pids) - c
         if i > 0:  # the first round warms up connections and chunk pools
             times[kind].append(dt)
+            cpu[kind] += dc
 gbps = {k: N / statistics.median(v) / 1e9 for k, v in times.items()}
+cpu_gib = {k: per_gib(v, N * REPS) for k, v in cpu.items()}
 print(json.dumps({"transport": TRANSPORT, "bytes": N, "reps": REPS, "host_GBps": round(gbps["host"], 2), "device_GBps": round(gbps["dev"], 2),
-                  "ratio": round(gbps["dev"] / gbps["host"], 2)}))
+                  "ratio": round(gbps["dev"] / gbps["host"], 2),
+                  "host_cpu_s_per_gib": round(cpu_gib["host"], 3), "device_cpu_s_per_gib": round(cpu_gib["dev"], 3)}))
 child.stdin.write("x\n"); child.stdin.flush(); child.wait()
 e.finalize()
