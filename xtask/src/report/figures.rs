@@ -659,13 +659,17 @@ const SPECS: &[Spec] = &[
         bench: "rpc shm",
         table: "HMC_BUFFER echo",
         id: "hmc-buffer-cpu",
-        title: "HMC_BUFFER echo 1 MiB: CPU per GiB vs TCP_STREAM",
+        title: "HMC_BUFFER echo 1 MiB: CPU per GiB vs TCP_STREAM and ucx_perftest tag_bw",
         filter: None,
         x: &["data plane", "clients", "in flight"],
         log2_x: false,
         series: &[
             ("CPU-s/GiB", "HMC_BUFFER"),
             ("TCP_STREAM CPU-s/GiB", "TCP_STREAM"),
+            (
+                "tag_bw CPU-s/GiB",
+                "ucx_perftest tag_bw (start-up included)",
+            ),
         ],
         y_label: CPU_PER_GIB,
         targets: &[],

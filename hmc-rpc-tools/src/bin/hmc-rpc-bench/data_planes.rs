@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hmc_bench_kit::cpu::{self, Process, ProcessCpu};
 use hmc_core::PeerAddr;
 use hmc_rpc::{ClientDataPlane, DataPlaneConfig};
 use hmc_rpc_tools::plane::{DataPlaneChoice, DataPlaneKind, PlaneOptions, open_data_plane_choice};
@@ -15,13 +16,31 @@ use crate::baselines::{Proc, free_port, start_server};
 use crate::hmc::bench_hmc_dp;
 use crate::measure::{Cell, CpuProbe, core_to_core_ns, fmt_size};
 
+/// Messages per `ucx_perftest -t tag_bw` run.
+const TAG_BW_ITERS: usize = 2000;
+
+/// [`ucx_tag_bw_once`] with the CPU-seconds per GiB of its processes: the server, the
+/// client and the client's retries while the server starts, all reaped children of this
+/// process (`RUSAGE_CHILDREN`), over their whole lives (UCX's start-up included, so an
+/// upper bound on what the messages themselves cost).
+pub(crate) fn ucx_tag_bw(
+    bin: &PathBuf,
+    size: usize,
+    peer_errors: bool,
+) -> Result<(f64, Option<f64>), String> {
+    let meter = ProcessCpu::start(&[Process::WaitedChildren]);
+    let bw = ucx_tag_bw_once(bin, size, peer_errors)?;
+    let bytes = (TAG_BW_ITERS * size) as u64;
+    Ok((bw, meter.used().and_then(|u| cpu::cpu_s_per_gib(u, bytes))))
+}
+
 /// `ucx_perftest -t tag_bw -s SIZE` as two child processes (server without an address,
 /// client with 127.0.0.1) on the current `UCX_TLS`; the overall bandwidth in bytes/s.
 /// `peer_errors` adds `-e`: endpoints with peer error handling (`UCP_ERR_HANDLING_MODE_PEER`),
 /// as `UcxCommunicator` creates them, with `UCX_MM_ERROR_HANDLING=y` as it sets for shared
 /// memory (unless the environment says otherwise). UCX 1.13 then avoids its zero-copy
 /// rendezvous over tcp (measured in docs/design.md, "UCX: peer error handling").
-pub(crate) fn ucx_tag_bw(bin: &PathBuf, size: usize, peer_errors: bool) -> Result<f64, String> {
+fn ucx_tag_bw_once(bin: &PathBuf, size: usize, peer_errors: bool) -> Result<f64, String> {
     let size = size.to_string();
     let e: &[&str] = if peer_errors { &["-e"] } else { &[] };
     // The environment's own choice wins, for both kinds of run.
@@ -31,7 +50,7 @@ pub(crate) fn ucx_tag_bw(bin: &PathBuf, size: usize, peer_errors: bool) -> Resul
         } else {
             &[]
         };
-    let iters = "2000";
+    let iters = &TAG_BW_ITERS.to_string();
     // The same UCX_TCP_TX_SEG_SIZE as our UCX communicators apply (unless the environment
     // sets one for both).
     let seg = std::env::var("UCX_TCP_TX_SEG_SIZE")
@@ -98,6 +117,14 @@ pub(crate) struct DpRow {
     /// tag_bw in bytes/s (median, min, max over `--tag-bw-runs`): perftest's default
     /// endpoints, and endpoints with peer error handling (`-e`) as ours.
     pub(crate) tag_bw: Option<(TagBw, Option<TagBw>)>,
+    /// CPU-seconds per GiB of perftest's default runs (the median; see [`ucx_tag_bw`]).
+    pub(crate) tag_bw_cpu: Option<f64>,
+}
+
+/// [`ucx_tag_bw_runs`]' figures: bandwidths (default, `-e`) and the default runs' CPU.
+pub(crate) struct TagBwRuns {
+    pub(crate) bw: (TagBw, Option<TagBw>),
+    pub(crate) cpu_s_per_gib: Option<f64>,
 }
 
 /// Median, min and max in bytes/s.
@@ -110,13 +137,15 @@ pub(crate) fn ucx_tag_bw_runs(
     bin: &PathBuf,
     size: usize,
     runs: usize,
-) -> Result<(TagBw, Option<TagBw>), String> {
-    let (mut plain, mut peer) = (Vec::new(), Some(Vec::new()));
+) -> Result<TagBwRuns, String> {
+    let (mut plain, mut peer, mut cpus) = (Vec::new(), Some(Vec::new()), Vec::new());
     for _ in 0..runs.max(1) {
-        plain.push(ucx_tag_bw(bin, size, false)?);
+        let (bw, c) = ucx_tag_bw(bin, size, false)?;
+        plain.push(bw);
+        cpus.push(c);
         if let Some(v) = &mut peer {
             match ucx_tag_bw(bin, size, true) {
-                Ok(b) => v.push(b),
+                Ok((b, _)) => v.push(b),
                 Err(e) => {
                     eprintln!("note: ucx_perftest -e: {e}");
                     peer = None;
@@ -128,7 +157,14 @@ pub(crate) fn ucx_tag_bw_runs(
         v.sort_by(f64::total_cmp);
         (v[v.len() / 2], v[0], v[v.len() - 1])
     };
-    Ok((stats(plain), peer.map(stats)))
+    let cpu = cpus
+        .into_iter()
+        .collect::<Option<Vec<f64>>>()
+        .map(|v| stats(v).0);
+    Ok(TagBwRuns {
+        bw: (stats(plain), peer.map(stats)),
+        cpu_s_per_gib: cpu,
+    })
 }
 
 /// HMC_BUFFER rows: a server with `--data-plane`, clients with the same data plane.
@@ -217,7 +253,8 @@ pub(crate) async fn bench_data_planes(
                         plane: plane.clone(),
                         buffer,
                         stream,
-                        tag_bw,
+                        tag_bw: tag_bw.as_ref().map(|t| t.bw),
+                        tag_bw_cpu: tag_bw.as_ref().and_then(|t| t.cpu_s_per_gib),
                     });
                 }
             }

@@ -558,10 +558,10 @@ fn print_data_planes(dp_rows: &[data_planes::DpRow]) {
             std::env::var("UCX_TLS").unwrap_or_else(|_| "(UCX default)".into())
         );
         println!(
-            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median | tag_bw -e MB/s median (range) | vs tag_bw -e median | CPU us/call (TCP_STREAM) | CPU-s/GiB | TCP_STREAM CPU-s/GiB | host c2c ns |"
+            "| data plane | payload | clients | in flight | RPC/s | p50 us | bytes moved MB/s | TCP_STREAM MB/s | vs TCP_STREAM | tag_bw MB/s median (range) | vs tag_bw median | tag_bw -e MB/s median (range) | vs tag_bw -e median | CPU us/call (TCP_STREAM) | CPU-s/GiB | TCP_STREAM CPU-s/GiB | tag_bw CPU-s/GiB | host c2c ns |"
         );
         println!(
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
         for r in dp_rows {
             let moved = 2.0 * r.buffer.mbps;
@@ -590,7 +590,7 @@ fn print_data_planes(dp_rows: &[data_planes::DpRow]) {
             };
             let gib = |c: Option<&Cell>| hmc_bench_kit::cpu::cell(c.and_then(cpu_s_per_gib), 3);
             println!(
-                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} | {tag_e} | {vs_tag_e} | {} ({}) | {} | {} | {} |",
+                "| {:?} | {} | {} | {} | {:.0} | {:.0} | {moved:.1} | {stream} | {vs_stream} | {tag} | {vs_tag} | {tag_e} | {vs_tag_e} | {} ({}) | {} | {} | {} | {} |",
                 r.plane,
                 fmt_size(r.buffer.size),
                 r.buffer.clients,
@@ -601,6 +601,7 @@ fn print_data_planes(dp_rows: &[data_planes::DpRow]) {
                 cpu(r.stream.as_ref()),
                 gib(Some(&r.buffer)),
                 gib(r.stream.as_ref()),
+                hmc_bench_kit::cpu::cell(r.tag_bw_cpu, 3),
                 fmt_c2c(&r.buffer)
             );
         }
