@@ -564,3 +564,81 @@ async fn chaos_matrix() {
     }
     assert!(red.is_empty(), "red cases:\n{}", red.join("\n"));
 }
+
+/// Bytes of the large WRITE the terminal-state check abandons mid-way.
+const BIG: usize = 32 << 20;
+
+/// A large WRITE abandoned mid-way (released, or ended by its deadline), many times: once
+/// `release` or the failed wait returns, canaries written at the target stay there, so no
+/// byte of it lands after its terminal state. On every transport of the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_write_lands_nothing_after_its_end() {
+    let scale = scale();
+    let rounds = if scale.ops > 100 { 50 } else { 8 };
+    for transport in &scale.transports {
+        let init = engine(transport, None).await;
+        let target = engine(transport, None).await;
+        let mut src = vec![7u8; BIG];
+        let mut dst = vec![0u8; BIG];
+        register(&init, &mut src);
+        register(&target, &mut dst);
+        let peer = target.name().to_string();
+        init.connect(&peer, OP_TIMEOUT * 4).await.unwrap();
+        let local = init
+            .prepare_local(&[hmc_engine::BlockDesc::block(src.as_ptr() as u64, BIG)])
+            .unwrap();
+        let remote = init
+            .prepare_remote(
+                &peer,
+                &[hmc_engine::BlockDesc::block(dst.as_ptr() as u64, BIG)],
+                OP_TIMEOUT * 4,
+            )
+            .await
+            .unwrap();
+        let mut landed_late = Vec::new();
+        for round in 0..rounds {
+            let released = round % 2 == 0;
+            let x = init
+                .make_transfer(TransferOp::Write, &local, &[0], &remote, &[0], None)
+                .unwrap();
+            x.post().unwrap();
+            // Into the transfer, by a varying amount.
+            tokio::time::sleep(Duration::from_micros(200 + 300 * round as u64)).await;
+            if released {
+                x.release().await;
+            } else {
+                // The sync path's deadline ends it instead.
+                let r = init
+                    .transfer(
+                        &peer,
+                        TransferOp::Write,
+                        &[TransferOpDesc {
+                            local_addr: src.as_ptr() as u64,
+                            remote_addr: dst.as_ptr() as u64,
+                            len: BIG,
+                        }],
+                        Duration::from_micros(500 + 100 * round as u64),
+                    )
+                    .await;
+                x.release().await;
+                if r.is_ok() {
+                    continue;
+                }
+            }
+            dst.fill(CANARY);
+            tokio::time::sleep(scale.settle * 3).await;
+            if let Some(at) = dst.iter().position(|&b| b != CANARY) {
+                landed_late.push(format!(
+                    "round {round} ({}): byte {at} of {BIG}",
+                    if released { "released" } else { "deadline" }
+                ));
+            }
+        }
+        init.finalize().await;
+        target.finalize().await;
+        assert!(
+            landed_late.is_empty(),
+            "{transport}: bytes landed after the end: {landed_late:?}"
+        );
+    }
+}

@@ -22,9 +22,11 @@
 //! A batch is split into chunks of at most `chunk_size` bytes; at most `max_inflight_chunks`
 //! are outstanding per transfer. A WRITE completes after `ucp_ep_flush_nbx`, i.e. when the
 //! bytes are visible at the target. On deadline, cancel or peer failure the transfer stops
-//! issuing chunks and reports only once every issued chunk has completed, so when the caller
-//! hears back UCX no longer touches its memory. If a chunk does not complete within
-//! `drain_timeout` the endpoint is force-closed, which completes every request on it.
+//! issuing chunks and reports only once every issued chunk has completed (a WRITE's after
+//! a flush too), so when the caller hears back UCX no longer touches its memory, and none
+//! of a WRITE's issued bytes lands at the target later. If a chunk or that flush does not
+//! complete within `drain_timeout` the endpoint is force-closed, which completes every
+//! request on it.
 //!
 //! # Layout
 //!

@@ -165,11 +165,16 @@ impl State {
         if op.failure.is_none() && op.next < op.chunks.len() {
             return;
         }
-        if op.failure.is_none() && op.op == Op::Write && !op.flushed && !op.chunks.is_empty() {
+        // A put's completion only frees its source: its bytes are visible at the target
+        // after a flush. So a WRITE ends with one, whether it completed or failed (a
+        // deadline, a cancel) after issuing chunks: its end is reported only once every
+        // issued byte has landed, or the endpoint was force-closed at `drain_timeout`
+        // (housekeeping), so none of it lands after the caller heard of the end.
+        if op.op == Op::Write && !op.flushed && op.next > 0 {
             let ep_id = op.ep;
             op.flushed = true;
             let Some(handle) = self.eps.open_handle(ep_id) else {
-                let err = self.eps.error(ep_id);
+                let err = op.failure.take().unwrap_or_else(|| self.eps.error(ep_id));
                 self.finish(id, Err(err));
                 return;
             };
@@ -178,10 +183,14 @@ impl State {
             // SAFETY: live endpoint; flush touches no user memory.
             let ret = unsafe { (self.ucp.ucp_ep_flush_nbx)(handle, &p) };
             match self.reqs.settle(slot, ret) {
-                Issue::Done(sys::UCS_OK) => self.finish(id, Ok(())),
+                Issue::Done(sys::UCS_OK) => {
+                    let failure = self.ops.get_mut(&id).and_then(|o| o.failure.take());
+                    self.finish(id, failure.map_or(Ok(()), Err));
+                }
                 Issue::Done(st) => {
                     let err = self.status_error(ep_id, "ucp_ep_flush_nbx", st);
-                    self.finish(id, Err(err));
+                    let failure = self.ops.get_mut(&id).and_then(|o| o.failure.take());
+                    self.finish(id, Err(failure.unwrap_or(err)));
                 }
                 Issue::Pending => {
                     self.ops.get_mut(&id).expect("present").inflight += 1;
