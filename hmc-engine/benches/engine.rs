@@ -270,7 +270,7 @@ struct Row {
     cpu_us: Option<f64>,
 }
 
-/// CPU-microseconds per op that the processes `procs` used over `ops` ops since `cpu`
+/// CPU-microseconds per op that the processes of `cpu` used over `ops` ops since it
 /// started (`None` where one could not be read).
 fn cpu_per_op(cpu: &ProcessCpu, ops: u64) -> Option<f64> {
     cpu.used().and_then(|u| cpu::cpu_us_per_op(u, ops))

@@ -74,8 +74,8 @@ fn iperf3(secs: u32) -> Result<Iperf, String> {
 fn iperf3_once(secs: u32) -> Result<Iperf, String> {
     // Both iperf3 processes are this process's children, reaped before the reading below.
     let cpu = ProcessCpu::start(&[Process::WaitedChildren]);
-    let (out, _server) = iperf3_run(secs)?;
-    drop(_server);
+    let (out, server) = iperf3_run(secs)?;
+    drop(server);
     let used = cpu.used();
     let text = String::from_utf8_lossy(&out.stdout);
     let received = text.split("\"sum_received\"").nth(1);
@@ -114,7 +114,7 @@ fn iperf3_run(secs: u32) -> Result<(std::process::Output, Reaper), String> {
         .map_err(|e| {
             format!("iperf3 not runnable ({e}); install it with apt-get install iperf3")
         })?;
-    let _server = Reaper(server);
+    let server = Reaper(server);
     // The one-off server must not see a probe connection, so give it time to listen.
     std::thread::sleep(Duration::from_millis(300));
     let out = Command::new("iperf3")
@@ -129,7 +129,7 @@ fn iperf3_run(secs: u32) -> Result<(std::process::Output, Reaper), String> {
         ])
         .output()
         .map_err(|e| e.to_string())?;
-    Ok((out, _server))
+    Ok((out, server))
 }
 
 /// One kept measurement: GB/s, and the CPU of both processes per GiB and per op.
