@@ -570,12 +570,17 @@ const BIG: usize = 32 << 20;
 
 /// A large WRITE abandoned mid-way (released, or ended by its deadline), many times: once
 /// `release` or the failed wait returns, canaries written at the target stay there, so no
-/// byte of it lands after its terminal state. On every transport of the run.
+/// byte of it lands after its terminal state. On every transport, quick or not
+/// (`HMC_CHAOS_TRANSPORTS` picks).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_write_lands_nothing_after_its_end() {
     let scale = scale();
     let rounds = if scale.ops > 100 { 50 } else { 8 };
-    for transport in &scale.transports {
+    let transports = match std::env::var("HMC_CHAOS_TRANSPORTS") {
+        Ok(_) => scale.transports.clone(),
+        Err(_) => ALL_TRANSPORTS.to_vec(),
+    };
+    for transport in &transports {
         let init = engine(transport, None).await;
         let target = engine(transport, None).await;
         let mut src = vec![7u8; BIG];

@@ -127,6 +127,10 @@ struct fake_qp {
     pthread_mutex_t lk;
     pthread_cond_t cv;
     int state, stop, busy, sock;
+    /* Bumped when the QP leaves RTR/RTS for RESET or ERR: a WRITE the responder accepted
+     * under an older incarnation lands no more of its bytes, as a NIC drops the packets
+     * of a QP that is no longer ready. */
+    uint64_t incarnation;
     int port, sgid_index, access, mtu, timeout, retry_cnt, rnr_retry, rd_atomic, dest_rd_atomic;
     uint32_t dest_qpn, expected_psn, next_psn;
     union ibv_gid dgid;
@@ -306,6 +310,7 @@ static struct fake_mr *find_mr_locked(uint32_t key, int remote) {
 
 static void qp_to_err_locked(struct fake_qp *q) {
     pthread_mutex_lock(&q->lk);
+    q->incarnation++;
     q->state = IBV_QPS_ERR;
     q->qp.state = IBV_QPS_ERR;
     if (q->sock >= 0) shutdown(q->sock, SHUT_RDWR);
@@ -316,9 +321,11 @@ static void qp_to_err_locked(struct fake_qp *q) {
 static void *serve_conn(void *arg) {
     int fd = (int)(intptr_t)arg;
     struct wire_req r;
+    static __thread char piece[64 << 10];
     while (io_all(fd, &r, sizeof(r), 0) == 0) {
         if (r.magic != MAGIC) break;
         uint32_t status = ST_OK;
+        uint64_t inc = 0;
         struct fake_mr *mr = NULL;
         pthread_mutex_lock(&g_lock);
         struct fake_qp *q = g_qps;
@@ -328,6 +335,7 @@ static void *serve_conn(void *arg) {
         } else {
             pthread_mutex_lock(&q->lk);
             int st = q->state;
+            inc = q->incarnation;
             int peer_ok = q->dest_qpn == r.src_qpn && memcmp(q->dgid.raw, r.src_gid, 16) == 0;
             int psn_ok = ((q->expected_psn ^ r.psn) & 0xffffff) == 0;
             pthread_mutex_unlock(&q->lk);
@@ -356,8 +364,27 @@ static void *serve_conn(void *arg) {
         int broken = io_all(fd, &status, sizeof(status), 1);
         if (status == ST_OK) {
             char *at = mr->host + (r.raddr - (uint64_t)(uintptr_t)mr->mr.addr);
-            if (!broken) broken = io_all(fd, at, r.len, r.op == OP_READ);
             uint32_t ack = ST_OK;
+            if (r.op == OP_READ) {
+                if (!broken) broken = io_all(fd, at, r.len, 1);
+            } else {
+                /* A WRITE lands piece by piece, each only while the QP is still the one
+                 * that accepted it (the copy under its lock, so a reset that returned
+                 * saw every piece before it land): the rest of the data is drained and
+                 * dropped, as a NIC drops packets for a QP that left RTR/RTS. */
+                for (uint32_t off = 0; !broken && off < r.len;) {
+                    uint32_t n = r.len - off < sizeof(piece) ? r.len - off : (uint32_t)sizeof(piece);
+                    broken = io_all(fd, piece, n, 0);
+                    if (broken) break;
+                    pthread_mutex_lock(&q->lk);
+                    if (q->incarnation == inc && (q->state == IBV_QPS_RTR || q->state == IBV_QPS_RTS))
+                        memcpy(at + off, piece, n);
+                    else
+                        ack = ST_NOQP;
+                    pthread_mutex_unlock(&q->lk);
+                    off += n;
+                }
+            }
             if (!broken && r.op == OP_WRITE) broken = io_all(fd, &ack, sizeof(ack), 1);
             pthread_mutex_lock(&g_lock);
             mr->busy--;
@@ -544,6 +571,10 @@ static int execute(struct fake_qp *q, struct swr *w, uint32_t *bytes) {
         }
     }
     if (status == IBV_WC_SUCCESS && r.op == OP_WRITE && io_all(fd, &st, sizeof(st), 0) != 0) {
+        drop_sock(q);
+        status = in_err(q) ? IBV_WC_WR_FLUSH_ERR : retry_exceeded(q);
+    } else if (status == IBV_WC_SUCCESS && r.op == OP_WRITE && st != ST_OK) {
+        /* The responder's QP was reset under the WRITE and dropped the rest of it. */
         drop_sock(q);
         status = in_err(q) ? IBV_WC_WR_FLUSH_ERR : retry_exceeded(q);
     }
@@ -1028,6 +1059,7 @@ int ibv_modify_qp(struct ibv_qp *ibqp, struct ibv_qp_attr *a, int mask) {
     if (mask & IBV_QP_RNR_RETRY) q->rnr_retry = a->rnr_retry;
     if (mask & IBV_QP_MAX_QP_RD_ATOMIC) q->rd_atomic = a->max_rd_atomic;
     if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) q->dest_rd_atomic = a->max_dest_rd_atomic;
+    if (to == IBV_QPS_RESET || to == IBV_QPS_ERR) q->incarnation++;
     q->state = to;
     q->qp.state = (enum ibv_qp_state)to;
     if (to == IBV_QPS_ERR && q->sock >= 0) shutdown(q->sock, SHUT_RDWR);

@@ -175,7 +175,8 @@ impl std::fmt::Debug for RdmaEndpoint {
 
 /// Cancels a batch whose future is dropped (or whose deadline passed): its QPs go to ERR,
 /// and the drop returns only once the NIC has flushed every WR of the batch, so it no
-/// longer touches the batch's memory. The QPs are re-established by the next transfer.
+/// longer touches the batch's memory, and the target has reset its side of each QP, so
+/// none of the batch's bytes lands there afterwards.
 struct CancelGuard<'a> {
     inner: &'a Inner,
     ep: &'a EpInner,
@@ -214,6 +215,19 @@ impl CancelGuard<'_> {
                     "the NIC did not flush a cancelled transfer within drain_timeout"
                 );
                 break;
+            }
+        }
+        drop(b);
+        // Our QPs stopped sending, but what they sent may still be arriving at the target
+        // (in flight, or waiting in its NIC). Walk each pair back through RESET now, over
+        // the control connection (bounded by `control_timeout`): once the target answers,
+        // its QP of the old incarnation is gone, and nothing of this batch lands there
+        // after the drop returns. A target that does not answer ends the endpoint.
+        for (i, link) in self.ep.links.iter().enumerate() {
+            if self.used[i]
+                && let Err(e) = self.ep.reestablish(link, self.inner)
+            {
+                tracing::debug!(error = %e, "a cancelled transfer's QP was not re-established");
             }
         }
     }
