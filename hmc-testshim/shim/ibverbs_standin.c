@@ -131,6 +131,8 @@ struct fake_qp {
      * under an older incarnation lands no more of its bytes, as a NIC drops the packets
      * of a QP that is no longer ready. */
     uint64_t incarnation;
+    /* Requests its responder is serving (under g_lock): destroy waits for them. */
+    int serving;
     int port, sgid_index, access, mtu, timeout, retry_cnt, rnr_retry, rd_atomic, dest_rd_atomic;
     uint32_t dest_qpn, expected_psn, next_psn;
     union ibv_gid dgid;
@@ -356,6 +358,7 @@ static void *serve_conn(void *arg) {
         if (status == ST_ACCESS || status == ST_INVREQ) qp_to_err_locked(q);
         if (status == ST_OK) {
             mr->busy++;
+            q->serving++;
             pthread_mutex_lock(&q->lk);
             q->expected_psn = (q->expected_psn + 1) & 0xffffff;
             pthread_mutex_unlock(&q->lk);
@@ -388,6 +391,7 @@ static void *serve_conn(void *arg) {
             if (!broken && r.op == OP_WRITE) broken = io_all(fd, &ack, sizeof(ack), 1);
             pthread_mutex_lock(&g_lock);
             mr->busy--;
+            q->serving--;
             pthread_cond_broadcast(&g_cv);
             pthread_mutex_unlock(&g_lock);
         }
@@ -965,9 +969,13 @@ int ibv_destroy_qp(struct ibv_qp *ibqp) {
     pthread_mutex_unlock(&g_lock);
     pthread_mutex_lock(&q->lk);
     q->stop = 1;
+    q->incarnation++; /* a WRITE its responder is serving lands no more */
     if (q->sock >= 0) shutdown(q->sock, SHUT_RDWR);
     pthread_cond_broadcast(&q->cv);
     pthread_mutex_unlock(&q->lk);
+    pthread_mutex_lock(&g_lock);
+    while (q->serving > 0) pthread_cond_wait(&g_cv, &g_lock);
+    pthread_mutex_unlock(&g_lock);
     pthread_join(q->engine, NULL);
     if (q->sock >= 0) close(q->sock);
     free(q->sq);
