@@ -1309,6 +1309,29 @@ mod tests {
     }
 
     #[test]
+    fn the_hmc_buffer_cpu_figure_sets_tag_bw_beside_where_perftest_ran() {
+        let run = run_of(
+            "\
+## HMC_BUFFER echo vs TCP_STREAM and ucx_perftest tag_bw (bytes moved = request + response; UCX_TLS=tcp)
+
+| data plane | payload | clients | in flight | bytes moved MB/s | TCP_STREAM MB/s | tag_bw MB/s median (range) | CPU-s/GiB | TCP_STREAM CPU-s/GiB | tag_bw CPU-s/GiB |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| Tcp | 1 MiB | 1 | 1 | 2344.7 | 5021.4 | - | 0.454 | 0.303 | - |
+| Ucx | 1 MiB | 1 | 1 | 1605.5 | 5021.4 | 4470.0 (2554–6259) | 0.851 | 0.303 | 0.547 |
+",
+        );
+        for bench in ["rpc", "shm"] {
+            let plots = all_plots(bench, &run);
+            let p = plots.iter().find(|p| p.id == "hmc-buffer-cpu").unwrap();
+            assert_eq!(p.series[0].points, [(0.0, 0.454), (1.0, 0.851)]);
+            assert_eq!(p.series[1].points, [(0.0, 0.303), (1.0, 0.303)]);
+            // perftest runs beside the UCX rows only.
+            assert_eq!(p.series[2].points, [(1.0, 0.547)]);
+            assert!(p.title.ends_with("(UCX_TLS=tcp)"), "{}", p.title);
+        }
+    }
+
+    #[test]
     fn the_engine_sweep_has_its_own_figures_and_the_rpc_ones_do_not_take_it() {
         let text = SWEEP
             .replace("## connection sweep", "## engine connection sweep")
