@@ -242,6 +242,29 @@ pub struct DataDist<C: Communicator> {
     next_id: Mutex<u64>,
 }
 
+/// A cache still registered when its `DataDist` goes (no `deallocate_cache`): the engine,
+/// which may outlive the `DataDist` (it is cheap to clone), still lets peers read and
+/// write the cache's memory, so memory the `DataDist` allocated for it is leaked rather
+/// than freed under them, with a warning that says how to avoid it.
+impl<C: Communicator> Drop for DataDist<C> {
+    fn drop(&mut self) {
+        let caches = std::mem::take(&mut *self.caches.lock());
+        let mut leaked = 0usize;
+        for (_, record) in caches {
+            for buf in record._owned {
+                leaked += buf.len();
+                Box::leak(buf);
+            }
+        }
+        if leaked > 0 {
+            tracing::warn!(
+                bytes = leaked,
+                "a DataDist was dropped with caches still registered: their memory is kept (peers may still reach it); deallocate_cache each cache first"
+            );
+        }
+    }
+}
+
 /// Runs of consecutive block pairs: `(src_start, dst_start, count)`.
 pub(crate) fn block_runs(src: &[u64], dst: &[u64]) -> Vec<(u64, u64, u64)> {
     let mut runs: Vec<(u64, u64, u64)> = Vec::new();

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hmc_core::AnyCommunicator;
+use hmc_engine::kv::{Cache, CacheDesc, CacheKey, DataDist, DataType, Role};
 use hmc_engine::{
     Access, Engine, EngineConfig, EngineError, MemDesc, MemType, TransferOp, TransferOpDesc,
     TransferStatus,
@@ -73,6 +74,10 @@ enum Operation {
     SyncWrite,
     AsyncWrite,
     PostWithNotification,
+    /// LLM-DataDist's pull of a whole cache the target published (writes here).
+    KvPull,
+    /// Its push of a cache here into one the target published (writes there).
+    KvPush,
 }
 
 const OPERATIONS: &[Operation] = &[
@@ -80,6 +85,8 @@ const OPERATIONS: &[Operation] = &[
     Operation::SyncWrite,
     Operation::AsyncWrite,
     Operation::PostWithNotification,
+    Operation::KvPull,
+    Operation::KvPush,
 ];
 
 impl Operation {
@@ -89,11 +96,13 @@ impl Operation {
             Operation::SyncWrite => "sync WRITE",
             Operation::AsyncWrite => "async WRITE",
             Operation::PostWithNotification => "post + notification",
+            Operation::KvPull => "KV pull",
+            Operation::KvPush => "KV push",
         }
     }
 
     fn writes_here(self) -> bool {
-        self == Operation::SyncRead
+        matches!(self, Operation::SyncRead | Operation::KvPull)
     }
 }
 
@@ -151,6 +160,63 @@ struct Pair {
     target: Engine<AnyCommunicator>,
     mine: Vec<u8>,
     theirs: Vec<u8>,
+    kv: Option<KvPair>,
+}
+
+/// The KV API's two sides: the target publishes a cache under [`KV_KEY`], the initiator
+/// holds one of the same layout and links the target's cluster.
+struct KvPair {
+    here: DataDist<AnyCommunicator>,
+    /// Owns the target's cache memory: kept for the case.
+    _there: DataDist<AnyCommunicator>,
+    mine: Cache,
+    theirs: Cache,
+}
+
+const TARGET_CLUSTER: u64 = 1;
+const KV_KEY: CacheKey = CacheKey {
+    prompt_cluster_id: TARGET_CLUSTER,
+    req_id: 7,
+    model_id: 1,
+    prefix_id: 0,
+};
+
+impl KvPair {
+    async fn new(init: &Engine<AnyCommunicator>, target: &Engine<AnyCommunicator>) -> KvPair {
+        let desc = CacheDesc {
+            placement: MemType::Host,
+            num_tensors: 4,
+            dtype: DataType::F16,
+            shape: vec![64, 512],
+        };
+        let there = DataDist::new(target.clone(), TARGET_CLUSTER, Role::Prompt);
+        let theirs = there
+            .allocate_cache(desc.clone(), &[KV_KEY], None)
+            .await
+            .unwrap();
+        let here = DataDist::new(init.clone(), 2, Role::Decoder);
+        let mine = here.allocate_cache(desc, &[], None).await.unwrap();
+        KvPair {
+            here,
+            _there: there,
+            mine,
+            theirs,
+        }
+    }
+
+    /// The bytes of `cache`'s tensors (the engine allocated and registered them).
+    fn tensors(cache: &Cache) -> Vec<&mut [u8]> {
+        let len = cache.desc().shape.iter().product::<u64>() as usize
+            * cache.desc().dtype.size() as usize;
+        cache
+            .tensor_addrs()
+            .iter()
+            // SAFETY: each address is a tensor of `len` bytes the KV API allocated, alive
+            // until the cache is deallocated (after the case); the test writes canaries
+            // only while no transfer of it runs, which is what it checks.
+            .map(|&a| unsafe { std::slice::from_raw_parts_mut(a as *mut u8, len) })
+            .collect()
+    }
 }
 
 async fn engine(transport: &str, faults: Option<&str>) -> Engine<AnyCommunicator> {
@@ -296,6 +362,17 @@ async fn run_op(p: &Pair, op: Operation, round: usize, out: &mut Outcome) -> End
             }
         }
         Operation::PostWithNotification => post(p, desc, round).await,
+        Operation::KvPull | Operation::KvPush => {
+            let kv = p.kv.as_ref().expect("a KV case has its caches");
+            let r = if op == Operation::KvPull {
+                kv.here.pull_kv_cache(&KV_KEY, &kv.mine, OP_TIMEOUT).await
+            } else {
+                kv.here
+                    .push_kv_cache(&kv.mine, TARGET_CLUSTER, &KV_KEY, OP_TIMEOUT)
+                    .await
+            };
+            Ended::of(r.as_ref().map(|_| ()))
+        }
     };
     // A post's deadline is its no-progress timeout per chunk, then its notification's.
     let deadline = if op == Operation::PostWithNotification {
@@ -349,6 +426,25 @@ async fn post(p: &Pair, desc: TransferOpDesc, round: usize) -> Ended {
 /// After `op` ended in error: canaries where it would have written, still there after
 /// `settle`.
 async fn canaries_hold(p: &mut Pair, op: Operation, settle: Duration, out: &mut Outcome) {
+    if let Some(kv) = &p.kv {
+        let cache = if op.writes_here() {
+            &kv.mine
+        } else {
+            &kv.theirs
+        };
+        for t in KvPair::tensors(cache) {
+            t.fill(CANARY);
+        }
+        tokio::time::sleep(settle).await;
+        for t in KvPair::tensors(cache) {
+            if let Some(at) = t.iter().position(|&b| b != CANARY) {
+                out.problems.push(format!(
+                    "a KV byte landed at offset {at} after the operation ended in error"
+                ));
+            }
+        }
+        return;
+    }
     let dst = if op.writes_here() {
         &mut p.mine
     } else {
@@ -371,6 +467,24 @@ async fn reconnect(p: &Pair, ended: Ended, out: &mut Outcome) -> bool {
         return true;
     }
     let _ = p.init.disconnect(p.target.name()).await;
+    if let Some(kv) = &p.kv {
+        let _ = kv.here.unlink_clusters(&[TARGET_CLUSTER]).await;
+        for _ in 0..10 {
+            let linked = kv
+                .here
+                .link_clusters(
+                    &[(TARGET_CLUSTER, p.target.name().to_string())],
+                    OP_TIMEOUT * 2,
+                )
+                .await;
+            if linked.iter().all(|r| r.is_ok()) {
+                return true;
+            }
+            out.connects_failed += 1;
+        }
+        out.problems.push("no link succeeded in 10 tries".into());
+        return false;
+    }
     connect(p, out).await
 }
 
@@ -401,10 +515,17 @@ async fn run_case(transport: &str, spec: &str, op: Operation, seed: u64, scale: 
         target: engine(transport, at_target.then_some(faults.as_str())).await,
         mine: vec![1u8; LEN],
         theirs: vec![2u8; LEN],
+        kv: None,
     };
     register(&p.init, &mut p.mine);
     register(&p.target, &mut p.theirs);
-    if !connect(&p, &mut out).await {
+    if matches!(op, Operation::KvPull | Operation::KvPush) {
+        p.kv = Some(KvPair::new(&p.init, &p.target).await);
+        // The KV API connects by linking the cluster.
+        if !reconnect(&p, Ended::PeerLost, &mut out).await {
+            return out;
+        }
+    } else if !connect(&p, &mut out).await {
         return out;
     }
     let mut completed_rounds = Vec::new();

@@ -233,3 +233,52 @@ async fn keys_must_name_this_cluster_and_links_must_exist() {
     let r = d.unlink_clusters(&[PROMPT]).await;
     assert!(r[0].is_err());
 }
+
+/// A `DataDist` dropped without `deallocate_cache` leaves its caches registered with the
+/// engine, which lives on in its clones: peers still read them, so their memory is kept,
+/// not freed and reused under them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_datadist_keeps_the_memory_peers_still_reach() {
+    let (p, d) = linked().await;
+    let key = CacheKey {
+        prompt_cluster_id: PROMPT,
+        req_id: 5,
+        model_id: 7,
+        prefix_id: 0,
+    };
+    let src = p.allocate_cache(desc(64), &[key], None).await.unwrap();
+    fill(&src, 11);
+    let want: Vec<Vec<u8>> = (0..4).map(|t| tensor(&src, t)).collect();
+    let prompt_engine = p.engine().clone();
+    // The decoder resolves the cache's addresses before the prompt's DataDist goes.
+    let dst = d.allocate_cache(desc(64), &[], None).await.unwrap();
+    d.pull_kv_cache(&key, &dst, T).await.unwrap();
+    drop(p);
+    // Were the tensors freed, these same-size allocations would take their place.
+    let churn: Vec<Vec<u8>> = (0..64).map(|_| vec![0xEE; tensor_len(&src)]).collect();
+    fill(&dst, 0);
+    // The engine still serves the published cache: a READ by its addresses.
+    let descs: Vec<hmc_engine::TransferOpDesc> = (0..4)
+        .map(|t| hmc_engine::TransferOpDesc {
+            local_addr: dst.tensor_addrs()[t],
+            remote_addr: src.tensor_addrs()[t],
+            len: tensor_len(&src),
+        })
+        .collect();
+    d.engine()
+        .transfer(
+            prompt_engine.name(),
+            hmc_engine::TransferOp::Read,
+            &descs,
+            T,
+        )
+        .await
+        .unwrap();
+    for (t, want) in want.iter().enumerate() {
+        assert!(
+            &tensor(&dst, t) == want,
+            "tensor {t} changed after the drop"
+        );
+    }
+    drop(churn);
+}
