@@ -204,18 +204,30 @@ impl KvPair {
         }
     }
 
-    /// The bytes of `cache`'s tensors (the engine allocated and registered them).
-    fn tensors(cache: &Cache) -> Vec<&mut [u8]> {
+    /// Fills every tensor of `cache` with `byte`.
+    fn fill(cache: &Cache, byte: u8) {
+        for (addr, len) in Self::tensors(cache) {
+            // SAFETY: a tensor of `len` bytes the KV API allocated, alive until the case
+            // ends (its DataDist is kept); written only while no transfer of it runs,
+            // which is what the case checks.
+            unsafe { std::ptr::write_bytes(addr as *mut u8, byte, len) };
+        }
+    }
+
+    /// The first offset in `cache`'s tensors that does not hold `byte`.
+    fn first_not(cache: &Cache, byte: u8) -> Option<usize> {
+        Self::tensors(cache).into_iter().find_map(|(addr, len)| {
+            // SAFETY: as in `fill`, read only.
+            let t = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+            t.iter().position(|&b| b != byte)
+        })
+    }
+
+    /// Each tensor's address and length.
+    fn tensors(cache: &Cache) -> Vec<(u64, usize)> {
         let len = cache.desc().shape.iter().product::<u64>() as usize
             * cache.desc().dtype.size() as usize;
-        cache
-            .tensor_addrs()
-            .iter()
-            // SAFETY: each address is a tensor of `len` bytes the KV API allocated, alive
-            // until the cache is deallocated (after the case); the test writes canaries
-            // only while no transfer of it runs, which is what it checks.
-            .map(|&a| unsafe { std::slice::from_raw_parts_mut(a as *mut u8, len) })
-            .collect()
+        cache.tensor_addrs().iter().map(|&a| (a, len)).collect()
     }
 }
 
@@ -432,16 +444,12 @@ async fn canaries_hold(p: &mut Pair, op: Operation, settle: Duration, out: &mut 
         } else {
             &kv.theirs
         };
-        for t in KvPair::tensors(cache) {
-            t.fill(CANARY);
-        }
+        KvPair::fill(cache, CANARY);
         tokio::time::sleep(settle).await;
-        for t in KvPair::tensors(cache) {
-            if let Some(at) = t.iter().position(|&b| b != CANARY) {
-                out.problems.push(format!(
-                    "a KV byte landed at offset {at} after the operation ended in error"
-                ));
-            }
+        if let Some(at) = KvPair::first_not(cache, CANARY) {
+            out.problems.push(format!(
+                "a KV byte landed at offset {at} after the operation ended in error"
+            ));
         }
         return;
     }
