@@ -40,6 +40,9 @@ const SLACK: Duration = Duration::from_millis(700);
 /// Bytes each side registers; every operation moves all of them.
 const LEN: usize = 256 << 10;
 const CANARY: u8 = 0xC5;
+/// The tests of this file run one at a time: the matrix counts the process's file
+/// descriptors and threads, which another test's engines would change.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// How long a case's file descriptors and threads may take to come back once its engines
 /// are finalized.
 const LEAK_WAIT: Duration = Duration::from_secs(3);
@@ -620,6 +623,7 @@ fn check_notifications(p: &Pair, completed: &[usize], out: &mut Outcome) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_matrix() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let scale = scale();
     let mut table = String::from(
         "| transport | fault | operation | seed | ok | failed | connects failed | worst past deadline | verdict |\n|---|---|---|---|---|---|---|---|---|\n",
@@ -710,6 +714,7 @@ const BIG: usize = 32 << 20;
 /// close it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_write_lands_nothing_after_its_end() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let scale = scale();
     let rounds = if scale.ops > 100 { 50 } else { 8 };
     let transports = match std::env::var("HMC_CHAOS_TRANSPORTS") {
