@@ -665,6 +665,15 @@ class TransferEngine:
         except hmc.HmcError as err:
             _log.debug("disconnecting from %s: %s", target, err)
 
+    def _lost(self, target: str, err: Optional[BaseException]) -> None:
+        """After a transfer failed because its connection was lost (the peer went away, or
+        the connection broke: ``UnavailableError``, not a metadata mismatch or a missing
+        backend), drops the connection so that the next call connects afresh, as Mooncake's
+        next transfer opens a new connection; otherwise every later call to ``target`` would
+        fail on the dead one."""
+        if isinstance(err, hmc.UnavailableError) and not isinstance(err, (hmc.BackendUnavailableError, hmc.MismatchError)):
+            self._forget(target)
+
     # ------------------------------------------------------------------ memory
 
     def register_memory(self, buffer_addr: int, capacity: int, location: str = "*") -> int:
@@ -792,6 +801,7 @@ class TransferEngine:
                 e.send_notify(remote, str(notify.msg).encode(), _TIMEOUT_MS, name=str(notify.name))
         except hmc.HmcError as err:
             _log.error("transfer with %s: %s", target, err)
+            self._lost(target, err)
             return _FAILED
         return _OK
 
@@ -820,6 +830,7 @@ class TransferEngine:
             req = self._engine().transfer_async(self._remote(target), op, self._descs(buffers, peers, lengths), _TIMEOUT_MS)
         except hmc.HmcError as err:
             _log.error("transfer with %s: %s", target, err)
+            self._lost(target, err)
             return 0
         with self._lock:
             bid, self._next_id = self._next_id, self._next_id + 1
@@ -846,7 +857,9 @@ class TransferEngine:
                 code = _FAILED
                 continue
             if b[0].wait() != hmc.TransferStatus.COMPLETED:
-                _log.error("batch %s with %s: %s", bid, b[1], b[0].error())
+                err = b[0].error()
+                _log.error("batch %s with %s: %s", bid, b[1], err)
+                self._lost(b[1], err)
                 code = _FAILED
         return code
 
@@ -865,7 +878,9 @@ class TransferEngine:
         self._batches.pop(int(batch_id), None)
         if st == hmc.TransferStatus.COMPLETED:
             return 1
-        _log.error("transfer %s with %s: %s", batch_id, b[1], b[0].error())
+        err = b[0].error()
+        _log.error("transfer %s with %s: %s", batch_id, b[1], err)
+        self._lost(b[1], err)
         return _FAILED
 
     # ------------------------------------------------------------------ notifications
