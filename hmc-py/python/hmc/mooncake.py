@@ -18,8 +18,9 @@ makes it ``tcp`` whatever the protocol. Others are refused by name.
 
 An hmc engine talks to hmc engines only, not to Mooncake processes. Intended differences:
 ``get_batch_transfer_status`` of an unknown or already reported id returns -1 (Mooncake's
-crashes); a transfer ends after the engine's no-progress timeout instead of waiting on a
-stopped peer for good.
+crashes); a transfer to a stopped peer fails at the call's timeout (``_TIMEOUT_MS``, 30 s:
+these are the engine's one-shot transfers, which its no-progress timeout does not bound)
+instead of waiting for good; after a lost connection the next call connects again.
 """
 
 from __future__ import annotations
