@@ -29,10 +29,18 @@ pub fn command(args: &[String]) -> Result {
     for (tls, only, json) in runs {
         let out = dir.join(json);
         let mut cmd = cargo();
-        cmd.args(["test", "-p", "hmc-engine", "--test", "chaos", "--", "--nocapture"])
-            .env("HMC_CHAOS", if long { "full" } else { "quick" })
-            .env("HMC_CHAOS_JSON", &out)
-            .env("UCX_TLS", tls);
+        cmd.args([
+            "test",
+            "-p",
+            "hmc-engine",
+            "--test",
+            "chaos",
+            "--",
+            "--nocapture",
+        ])
+        .env("HMC_CHAOS", if long { "full" } else { "quick" })
+        .env("HMC_CHAOS_JSON", &out)
+        .env("UCX_TLS", tls);
         if let Some(only) = only {
             cmd.env("HMC_CHAOS_TRANSPORTS", only);
         }
