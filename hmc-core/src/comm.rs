@@ -580,6 +580,29 @@ pub trait Communicator: Send + Sync + 'static {
         deadline: Deadline,
     ) -> impl Future<Output = Result<()>> + Send;
 
+    /// Makes sure that no byte of a WRITE on `ep` that ended early (its `transfer` future
+    /// dropped, or ended by its deadline or an error) lands at the peer any more.
+    ///
+    /// Once this returns `Ok`, the peer's memory holds whatever of those WRITEs had landed
+    /// and nothing more will: the caller may report their end and the peer may reuse its
+    /// memory. An error means that could not be confirmed by `deadline` (a stopped or
+    /// unreachable peer, a peer of an older wire version): bytes the peer already received
+    /// may still be applied, and the error says which case it is.
+    ///
+    /// The default returns `Ok` at once, for transports whose dropped `transfer` future
+    /// already guarantees this (they copy in the caller's process, or flush before the
+    /// drop returns). A transport whose target applies received bytes on its own (TCP)
+    /// overrides it. Healthy transfers need no call: a `transfer` that returned `Ok` has
+    /// landed all of its bytes.
+    fn settle(
+        &self,
+        ep: &Self::Endpoint,
+        deadline: Deadline,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = (ep, deadline);
+        async { Ok(()) }
+    }
+
     /// Sends a small message; messages from one endpoint arrive in order.
     fn notify(
         &self,

@@ -43,6 +43,15 @@ pub struct DynRegistration {
 /// A type-erased imported remote key.
 pub struct DynRemoteKey(Box<dyn Any + Send + Sync>);
 
+impl DynEndpoint {
+    /// The concrete endpoint, if a `C` made it.
+    fn of<C: Communicator>(&self) -> Result<&C::Endpoint> {
+        self.0
+            .downcast_ref::<C::Endpoint>()
+            .ok_or_else(|| foreign("endpoint"))
+    }
+}
+
 impl std::fmt::Debug for DynEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("DynEndpoint")
@@ -153,6 +162,12 @@ pub trait DynCommunicator: Send + Sync + 'static {
         batch: &'a [TransferDesc<'a, AnyCommunicator>],
         deadline: Deadline,
     ) -> BoxFuture<'a, Result<()>>;
+    /// See [`Communicator::settle`].
+    fn dyn_settle<'a>(
+        &'a self,
+        ep: &'a DynEndpoint,
+        deadline: Deadline,
+    ) -> BoxFuture<'a, Result<()>>;
     /// See [`Communicator::notify`].
     fn dyn_notify<'a>(
         &'a self,
@@ -222,9 +237,7 @@ impl<C: Communicator> DynCommunicator for C {
     }
 
     fn dyn_import(&self, ep: &DynEndpoint, remote: &RemoteRegion) -> Result<DynRemoteKey> {
-        let ep =
-            ep.0.downcast_ref::<C::Endpoint>()
-                .ok_or_else(|| foreign("endpoint"))?;
+        let ep = ep.of::<C>()?;
         Ok(DynRemoteKey(Box::new(Communicator::import(
             self, ep, remote,
         )?)))
@@ -256,9 +269,7 @@ impl<C: Communicator> DynCommunicator for C {
         len: usize,
         access: Access,
     ) -> Result<Option<RemoteView>> {
-        let ep =
-            ep.0.downcast_ref::<C::Endpoint>()
-                .ok_or_else(|| foreign("endpoint"))?;
+        let ep = ep.of::<C>()?;
         let key = remote
             .0
             .downcast_ref::<C::RemoteKey>()
@@ -274,9 +285,7 @@ impl<C: Communicator> DynCommunicator for C {
         deadline: Deadline,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let ep =
-                ep.0.downcast_ref::<C::Endpoint>()
-                    .ok_or_else(|| foreign("endpoint"))?;
+            let ep = ep.of::<C>()?;
             let descs = batch
                 .iter()
                 .map(|d| {
@@ -297,6 +306,17 @@ impl<C: Communicator> DynCommunicator for C {
         })
     }
 
+    fn dyn_settle<'a>(
+        &'a self,
+        ep: &'a DynEndpoint,
+        deadline: Deadline,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let ep = ep.of::<C>()?;
+            Communicator::settle(self, ep, deadline).await
+        })
+    }
+
     fn dyn_notify<'a>(
         &'a self,
         ep: &'a DynEndpoint,
@@ -305,9 +325,7 @@ impl<C: Communicator> DynCommunicator for C {
         deadline: Deadline,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let ep =
-                ep.0.downcast_ref::<C::Endpoint>()
-                    .ok_or_else(|| foreign("endpoint"))?;
+            let ep = ep.of::<C>()?;
             Communicator::notify(self, ep, tag, msg, deadline).await
         })
     }
@@ -429,6 +447,10 @@ impl Communicator for AnyCommunicator {
         deadline: Deadline,
     ) -> Result<()> {
         self.0.dyn_transfer(ep, op, batch, deadline).await
+    }
+
+    async fn settle(&self, ep: &DynEndpoint, deadline: Deadline) -> Result<()> {
+        self.0.dyn_settle(ep, deadline).await
     }
 
     async fn notify(

@@ -717,7 +717,10 @@ impl<C: Communicator> Engine<C> {
     /// Moves the bytes of `descs` between this engine's memory and `remote`'s, and
     /// returns once all of them are done (for a write: visible at the peer) or failed.
     /// A remote address not in the table fetched at connect makes the engine fetch the
-    /// peer's table once more (it may have registered memory since).
+    /// peer's table once more (it may have registered memory since). A WRITE that fails or
+    /// times out returns its error only once the transport confirmed that no more of it
+    /// lands at the target ([`Communicator::settle`]), or after `no_progress_timeout` with
+    /// a warning where it could not. Dropping this future instead skips that step.
     pub async fn transfer(
         &self,
         remote: &str,
@@ -814,6 +817,10 @@ impl<C: Communicator> Engine<C> {
             })),
             _ = async { tokio::time::sleep_until(deadline.instant().into()).await } => Err(()),
         };
+        if op == Op::Write && !matches!(outcome, Ok(Ok(()))) {
+            // The transfer's future is gone; the target may still hold bytes of it.
+            self.settle_write(&peer).await;
+        }
         match outcome {
             Ok(Ok(())) => Ok(()),
             Ok(Err(EngineError::Transport(hmc_core::Error::DeadlineExceeded { .. }))) | Err(_) => {
@@ -879,6 +886,14 @@ impl<C: Communicator> Engine<C> {
                     "a transfer of {} descriptor(s) with `{remote}`", descs.len()
                 ))),
             };
+            // A cancel dropped the transfer before it could settle its WRITE itself (it
+            // does on its own errors and timeouts, so only here).
+            if op == TransferOp::Write
+                && matches!(outcome, Err(EngineError::Cancelled(_)))
+                && let Ok(peer) = engine.peer(&remote)
+            {
+                engine.settle_write(&peer).await;
+            }
             let status = match outcome {
                 Ok(()) => TransferStatus::Completed,
                 Err(EngineError::Timeout { .. }) => TransferStatus::TimedOut,
@@ -887,6 +902,25 @@ impl<C: Communicator> Engine<C> {
             done.finish(status);
         });
         Ok(req)
+    }
+
+    /// Before the early end of a WRITE with `peer` is reported (its transport future
+    /// dropped: an error, a timeout, a cancel, a release): waits, up to
+    /// `no_progress_timeout`, until the transport confirms that no more of it lands at the
+    /// target ([`Communicator::settle`]). A target that does not confirm (stopped, gone,
+    /// of an older version) is logged at warn, and the end is reported anyway.
+    async fn settle_write(&self, peer: &Peer<C>) {
+        let shared = &self.inner.shared;
+        let deadline = Deadline::after(shared.config.no_progress_timeout);
+        if let Err(e) = shared.comm.settle(&peer.ep, deadline).await {
+            tracing::warn!(
+                peer = %peer.name,
+                error = %e,
+                "a WRITE ended early and its target did not confirm that it dropped the rest: \
+                 the target may still apply bytes of it that it already holds; do not reuse \
+                 that memory at the target before it confirms or restarts"
+            );
+        }
     }
 
     /// The engines this one is connected to.

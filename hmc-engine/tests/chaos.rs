@@ -703,15 +703,8 @@ const BIG: usize = 32 << 20;
 
 /// A large WRITE abandoned mid-way (released, or ended by its deadline), many times: once
 /// `release` or the failed wait returns, canaries written at the target stay there, so no
-/// byte of it lands after its terminal state. On every transport but tcp by default
-/// (`HMC_CHAOS_TRANSPORTS` picks, tcp included).
-///
-/// tcp is left out because it does not hold there yet: the target checks for the
-/// initiator's reset before each `recvmsg` into the region, and a responder descheduled
-/// between that check and the call applies what its socket already held after the
-/// initiator reported the end (seen once in 8 rounds under a full `cargo xtask test`'s
-/// load; never on a quiet host). docs/design.md, "Terminal states", says so and what would
-/// close it.
+/// byte of it lands after its terminal state. On every transport by default
+/// (`HMC_CHAOS_TRANSPORTS` picks).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_write_lands_nothing_after_its_end() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -719,11 +712,7 @@ async fn an_abandoned_write_lands_nothing_after_its_end() {
     let rounds = if scale.ops > 100 { 50 } else { 8 };
     let transports = match std::env::var("HMC_CHAOS_TRANSPORTS") {
         Ok(_) => scale.transports.clone(),
-        Err(_) => ALL_TRANSPORTS
-            .iter()
-            .copied()
-            .filter(|t| *t != "tcp")
-            .collect(),
+        Err(_) => ALL_TRANSPORTS.to_vec(),
     };
     for transport in &transports {
         let init = engine(transport, None).await;

@@ -439,6 +439,13 @@ impl<C: Communicator> Communicator for Faulty<C> {
         }
     }
 
+    /// Forwarded as is, with no fault injected and no injected disconnect in the way:
+    /// settling is about the real transport's bytes, which an injected fault never holds
+    /// back.
+    async fn settle(&self, ep: &Self::Endpoint, deadline: Deadline) -> Result<()> {
+        self.inner.settle(&ep.inner, deadline).await
+    }
+
     async fn notify(
         &self,
         ep: &Self::Endpoint,

@@ -649,6 +649,15 @@ impl<C: Communicator> Communicator for LocalFirst<C> {
         self.net.transfer(&ep.net, op, &descs, deadline).await
     }
 
+    /// Settles both sides a batch of this endpoint may have gone through: the
+    /// shared-memory endpoint, where one is connected, and the network transport's.
+    async fn settle(&self, ep: &Self::Endpoint, deadline: Deadline) -> Result<()> {
+        if let (Some(shm), Some(Some(sep))) = (&self.shm, ep.side.ep.get()) {
+            shm.settle(sep, deadline).await?;
+        }
+        self.net.settle(&ep.net, deadline).await
+    }
+
     async fn notify(
         &self,
         ep: &Self::Endpoint,

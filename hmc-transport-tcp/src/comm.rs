@@ -9,6 +9,16 @@
 //! the local buffers at once; the connection it held is closed rather than returned, so a
 //! half-finished request never confuses the next one.
 //!
+//! # An early end is final after `settle`
+//!
+//! A WRITE given up half-way resets its connection; the endpoint remembers the
+//! connection's local address. [`Communicator::settle`] then sends the target an ABANDON
+//! naming each such connection (over another connection of the endpoint) and waits for the
+//! answers: once it returns `Ok`, the target applies no more of those WRITEs, even bytes
+//! its socket already held (see `crate::abandon`). A target of an older version does not
+//! know the request, and a stopped one does not answer: `settle` then returns an error
+//! that says so, and keeps the connections to try again at the next `settle`.
+//!
 //! # Who may notify
 //!
 //! A target takes a notification only from a peer it granted access: `notify` sends the
@@ -127,6 +137,7 @@ impl TcpCommunicator {
             tasks: Mutex::new(Tasks::default()),
             counters: Counters::default(),
             closed,
+            gates: Default::default(),
         });
         crate::responder::start(&shared, listener);
         tracing::debug!(addr = %shared.addr, "TcpCommunicator listening");
@@ -315,6 +326,11 @@ pub(crate) struct EndpointInner {
     /// The key (id, token) of the peer's region imported last on this endpoint: a NOTIFY
     /// carries it to prove that the peer granted this side access.
     notify_key: Mutex<Option<(u64, [u8; TOKEN_LEN])>>,
+    /// Connections reset in the middle of a WRITE, not yet abandoned at the target.
+    abandoned: Mutex<crate::abandon::Pending>,
+    /// One `settle` at a time: a second one waits for the first's answers, which may cover
+    /// its WRITEs too.
+    settling: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for TcpEndpoint {
@@ -391,21 +407,30 @@ impl TcpEndpoint {
 /// future dropped, its deadline passed, the peer failed), it is reset rather than closed:
 /// bytes of a WRITE still in this host's send buffer are discarded instead of delivered
 /// when the target reads again, and the target, which checks for a reset before applying
-/// each part of a WRITE, applies none of the rest. So once the initiator reports the end
-/// of a WRITE, no more of it lands, even at a target that was stopped meanwhile.
-struct InFlight(Option<Stream>);
+/// each part of a WRITE, applies none of the rest. A reset does not empty the target's
+/// receive queue, though, so a WRITE's connection is also recorded on its endpoint
+/// (`write_on`), for [`Communicator::settle`] to abandon at the target: only after that
+/// does no more of the WRITE land, whatever the target's scheduling.
+struct InFlight<'e> {
+    stream: Option<Stream>,
+    /// The endpoint, for a WRITE.
+    write_on: Option<&'e EndpointInner>,
+}
 
-impl InFlight {
+impl InFlight<'_> {
     /// The connection, in step again: the request ended.
     fn returned(&mut self) -> Stream {
-        self.0.take().expect("returned once")
+        self.stream.take().expect("returned once")
     }
 }
 
-impl Drop for InFlight {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let Some(s) = &self.0 {
+        if let Some(s) = &self.stream {
             s.reset_on_close();
+            if let Some(ep) = self.write_on {
+                ep.abandoned.lock().push(s.local_socket_addr());
+            }
         }
     }
 }
@@ -464,6 +489,88 @@ impl std::fmt::Debug for TcpRemoteKey {
             .field("access", &self.access)
             .finish_non_exhaustive()
     }
+}
+
+/// Connections taken from an endpoint's record of abandoned ones for one `settle`; those
+/// still here when it drops (not confirmed, or the `settle` itself dropped) go back, ahead
+/// of any recorded meanwhile.
+struct Unsettled<'e> {
+    ep: &'e EndpointInner,
+    conns: Vec<Option<std::net::SocketAddr>>,
+}
+
+impl<'e> Unsettled<'e> {
+    fn take(ep: &'e EndpointInner) -> Self {
+        let conns = std::mem::take(&mut ep.abandoned.lock().conns);
+        Unsettled { ep, conns }
+    }
+}
+
+impl Drop for Unsettled<'_> {
+    fn drop(&mut self) {
+        if self.conns.is_empty() {
+            return;
+        }
+        let mut kept = self.ep.abandoned.lock();
+        let later = std::mem::replace(&mut kept.conns, std::mem::take(&mut self.conns));
+        for conn in later {
+            kept.push(conn);
+        }
+        let excess = kept
+            .conns
+            .len()
+            .saturating_sub(crate::abandon::Pending::MAX);
+        kept.conns.drain(..excess);
+    }
+}
+
+/// Sends an ABANDON for each of `pending` (connections a WRITE on `ep` was given up on)
+/// over one connection of `ep` and reads the answers.
+async fn settle_with(
+    shared: &Shared,
+    ep: &TcpEndpoint,
+    pending: &[Option<std::net::SocketAddr>],
+    deadline: Deadline,
+    started: Instant,
+) -> Result<()> {
+    let peer = &ep.inner.peer;
+    let (_slot, mut stream) = ep.checkout(shared, deadline, started).await?;
+    for conn in pending.iter().flatten() {
+        let asked = async {
+            stream
+                .write_all(&crate::abandon::encode_request(*conn))
+                .await?;
+            wire::read_status(&mut stream, peer).await
+        };
+        match asked.await {
+            Err(e) => {
+                return Err(Error::peer(
+                    peer,
+                    format!(
+                        "the connection broke while asking it to drop the rest of a WRITE \
+                         that ended early ({e}); bytes it already received may still land \
+                         (a target of a version before the ABANDON request closes the \
+                         connection on it: upgrade it)"
+                    ),
+                ));
+            }
+            Ok(Err(Error::Protocol(msg))) if msg.contains("unknown request kind") => {
+                return Err(Error::Unsupported(format!(
+                    "the target at {peer} does not know the ABANDON request (an older \
+                     hmc-transport-tcp; it said: {msg}), so it cannot be told to drop the \
+                     rest of a WRITE that ended early: bytes it already received may still \
+                     land; upgrade the target"
+                )));
+            }
+            Ok(Err(e)) => {
+                ep.checkin(shared, stream, true);
+                return Err(e);
+            }
+            Ok(Ok(())) => {}
+        }
+    }
+    ep.checkin(shared, stream, false);
+    Ok(())
 }
 
 impl TcpCommunicator {
@@ -542,6 +649,8 @@ impl Communicator for TcpCommunicator {
                 idle: Mutex::new(vec![(stream, Instant::now(), false)]),
                 slots: Semaphore::new(shared.config.max_connections_per_endpoint.max(1)),
                 notify_key: Mutex::new(None),
+                abandoned: Mutex::default(),
+                settling: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -666,8 +775,11 @@ impl Communicator for TcpCommunicator {
             let (_slot, stream) = ep.checkout(shared, deadline, started).await?;
             // Dropped mid-request (a cancel, a deadline, an error), the connection is reset,
             // not closed: see `InFlight`.
-            let mut held = InFlight(Some(stream));
-            let stream = held.0.as_mut().expect("held until returned");
+            let mut held = InFlight {
+                stream: Some(stream),
+                write_on: (op == Op::Write).then_some(&*ep.inner),
+            };
+            let stream = held.stream.as_mut().expect("held until returned");
             let per = shared.config.max_batch_descs.max(1);
             for (descs, wire_descs) in batch.chunks(per).zip(wire_descs.chunks(per)) {
                 match run_request(
@@ -701,6 +813,59 @@ impl Communicator for TcpCommunicator {
         };
         self.bounded("transfer", (started, deadline), pin!(work))
             .await
+    }
+
+    /// Abandons at the target each connection a WRITE on `ep` was given up on (see the
+    /// module docs): sends an ABANDON for each over one connection of the endpoint, pooled
+    /// or new, and waits for the answers by `deadline`. `Ok` at once when there is none.
+    /// Connections not confirmed (no answer in time, a broken connection) are kept for the
+    /// next `settle`; those that can never be (a Unix socket, a target of an older version)
+    /// are reported once.
+    async fn settle(&self, ep: &TcpEndpoint, deadline: Deadline) -> Result<()> {
+        self.shared.check_open()?;
+        let started = Instant::now();
+        let shared = &self.shared;
+        let peer = &ep.inner.peer;
+        let by = deadline.instant().into();
+        let not_confirmed = || Error::Peer {
+            peer: peer.to_string(),
+            reason: format!(
+                "did not confirm within {:?} that it dropped the rest of a WRITE that ended \
+                 early (a stopped or overloaded target): bytes it already received may still \
+                 land; call settle again to retry",
+                started.elapsed()
+            ),
+        };
+        let Ok(_turn) = tokio::time::timeout_at(by, ep.inner.settling.lock()).await else {
+            return Err(not_confirmed());
+        };
+        let mut unsettled = Unsettled::take(&ep.inner);
+        if unsettled.conns.is_empty() {
+            return Ok(());
+        }
+        if unsettled.conns.iter().any(Option::is_none) {
+            unsettled.conns.clear();
+            return Err(Error::Unsupported(format!(
+                "a WRITE to {peer} over a Unix socket ended early, and a Unix connection \
+                 cannot be named to the target to drop the rest of it: bytes the target \
+                 already received may still land; use a tcp:// address where an early end \
+                 must be final"
+            )));
+        }
+        let asked = settle_with(shared, ep, &unsettled.conns, deadline, started);
+        match tokio::time::timeout_at(by, asked).await {
+            Err(_) => Err(not_confirmed()),
+            Ok(Ok(())) => {
+                unsettled.conns.clear();
+                Ok(())
+            }
+            Ok(Err(e @ Error::Unsupported(_))) => {
+                // An older target: asking again cannot help.
+                unsettled.conns.clear();
+                Err(e)
+            }
+            Ok(Err(e)) => Err(e),
+        }
     }
 
     async fn notify(

@@ -45,7 +45,9 @@
 //!   process's registrations, so the remote application does nothing during a transfer,
 //!   as with RDMA. A remote key carries a 128-bit random token; every request is checked
 //!   against the region's bounds and access flags before any byte is touched, and a WRITE
-//!   completes only when the target holds the bytes.
+//!   completes only when the target holds the bytes. A WRITE that ends early (its future
+//!   dropped, its deadline) is made final at the target by
+//!   [`hmc_core::Communicator::settle`]: once it returns `Ok`, no more of it lands there.
 //!
 //! # What it is not for
 //!
@@ -71,6 +73,7 @@
 //! dropped future stops at once); the responder touches a region only under its liveness
 //! lock, after a full bounds, token and access check.
 
+mod abandon;
 mod auth;
 mod comm;
 mod config;

@@ -201,6 +201,23 @@ impl Stream {
         }
     }
 
+    /// The peer's address and port, for a TCP connection (`None` over a Unix socket).
+    pub(crate) fn peer_socket_addr(&self) -> Option<std::net::SocketAddr> {
+        match &self.sock {
+            Sock::Tcp(s) => s.peer_addr().ok(),
+            Sock::Unix(_) => None,
+        }
+    }
+
+    /// This side's address and port, for a TCP connection (`None` over a Unix socket): what
+    /// the peer sees as [`Stream::peer_socket_addr`].
+    pub(crate) fn local_socket_addr(&self) -> Option<std::net::SocketAddr> {
+        match &self.sock {
+            Sock::Tcp(s) => s.local_addr().ok(),
+            Sock::Unix(_) => None,
+        }
+    }
+
     /// Connects to `addr` by `deadline`. TCP streams get `TCP_NODELAY`: every exchange is
     /// a request followed by a wait for the answer, which Nagle's algorithm would delay.
     pub(crate) async fn connect(addr: &PeerAddr, deadline: Deadline) -> Result<Stream> {

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use hmc_core::{Access, Error, Notification, Op, PeerAddr, Result, check_bounds};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::abandon::Gate;
 use crate::auth::{self, NONCE_LEN, PROOF_LEN};
 use crate::net::{Listener, MAX_GATHER, Stream};
 use crate::region::RegEntry;
@@ -302,6 +303,10 @@ async fn serve(shared: &Shared, mut stream: Stream) {
     counters.open.fetch_add(1, Ordering::Relaxed);
     let _open = OpenConnection(&counters.open);
     let stall = shared.config.request_timeout;
+    // This connection's apply gate, found by the initiator's address while it is served:
+    // an ABANDON over another of its connections closes it (see `crate::abandon`).
+    let registered = shared.gates.register(stream.peer_socket_addr());
+    let gate = &registered.gate;
     let mut served = false;
     // How much of the next request a busy-poll takes ahead: as much as the last one took,
     // when it was small (a run of 4 KiB WRITEs then arrives in one `recv` each, and a run
@@ -326,12 +331,20 @@ async fn serve(shared: &Shared, mut stream: Stream) {
                 return;
             }
         };
+        if *gate.lock() {
+            // The initiator abandoned this connection: it serves nothing more.
+            tracing::debug!(peer = %from, "closing a data-plane connection its initiator abandoned");
+            return;
+        }
         let until = Instant::now() + stall;
         let outcome = match kind {
             wire::REQ_WRITE => {
-                serve_batch(shared, &mut stream, Op::Write, until, &mut expect).await
+                serve_batch(shared, &mut stream, Op::Write, until, &mut expect, gate).await
             }
-            wire::REQ_READ => serve_batch(shared, &mut stream, Op::Read, until, &mut expect).await,
+            wire::REQ_READ => {
+                serve_batch(shared, &mut stream, Op::Read, until, &mut expect, gate).await
+            }
+            wire::REQ_ABANDON => serve_abandon(shared, &mut stream, &registered, until).await,
             wire::REQ_NOTIFY => {
                 serve_notify(shared, &mut stream, &from, false, authenticated, until).await
             }
@@ -370,6 +383,58 @@ async fn serve(shared: &Shared, mut stream: Stream) {
             }
         }
     }
+}
+
+/// Serves one ABANDON: sets the apply gate of each connection it names (waiting out a
+/// `recvmsg` in progress) and answers 0, also when no such connection is served any more.
+/// Only a connection from the same IP address may name one; any other is refused with
+/// `AccessDenied`, and the connection stays usable.
+async fn serve_abandon(
+    shared: &Shared,
+    stream: &mut Stream,
+    asking: &crate::abandon::Registered<'_>,
+    until: Instant,
+) -> Result<(), Broken> {
+    let stall = shared.config.request_timeout;
+    let len = by(until, stream.read_u8()).await? as usize;
+    if len > crate::abandon::MAX_ADDR_TEXT {
+        return Err(Broken::Protocol(format!(
+            "an ABANDON's address of {len} bytes exceeds {}",
+            crate::abandon::MAX_ADDR_TEXT
+        )));
+    }
+    let mut text = vec![0u8; len];
+    by(until, stream.read_exact(&mut text)).await?;
+    let named = std::str::from_utf8(&text)
+        .ok()
+        .and_then(|t| t.parse::<std::net::SocketAddr>().ok());
+    let answer = match (named, stream.peer_socket_addr()) {
+        (None, _) => Err(Error::InvalidArgument(format!(
+            "an ABANDON at {} named {:?}, which is not an IP address and port",
+            shared.addr,
+            String::from_utf8_lossy(&text)
+        ))),
+        (Some(named), Some(asking_from))
+            if named.ip().to_canonical() == asking_from.ip().to_canonical() =>
+        {
+            crate::abandon::close_gates(shared.gates.named(named, asking)).await;
+            Ok(())
+        }
+        (Some(named), asking_from) => Err(Error::AccessDenied(format!(
+            "{} refuses an ABANDON of a connection from {named} asked by {}: only a              connection from the same IP address may abandon one",
+            shared.addr,
+            asking_from.map_or_else(|| "a Unix socket".to_string(), |a| a.to_string())
+        ))),
+    };
+    let status = match &answer {
+        Ok(()) => vec![0],
+        Err(e) => {
+            tracing::warn!(addr = %shared.addr, error = %e, "refused an ABANDON");
+            wire::encode_error(e)
+        }
+    };
+    send(stream, &status, stall).await?;
+    Ok(())
 }
 
 /// Why a connection cannot go on.
@@ -464,12 +529,14 @@ enum Moved {
 /// Reads the bytes of `descs` (one region, `entry`) from the socket, one after another,
 /// giving up after `stall` without progress. Each `recvmsg` scatters into up to
 /// [`MAX_GATHER`] of them, so scattered KV blocks cost the system calls of one contiguous
-/// block; before each, the target checks that the initiator has not abandoned the WRITE.
+/// block; before each, under the connection's apply `gate`, the target checks that the
+/// initiator has not abandoned the WRITE (by a reset or an ABANDON, see `crate::abandon`).
 async fn recv_into(
     stream: &Stream,
     entry: &RegEntry,
     descs: &[WireDesc],
     stall: Duration,
+    gate: &Gate,
 ) -> io::Result<Moved> {
     let pieces: Vec<crate::net::Piece> = descs
         .iter()
@@ -483,23 +550,15 @@ async fn recv_into(
         if wait {
             within(stall, stream.readable()).await?;
         }
-        if stream.abandoned_by_peer() {
-            // The initiator gave up on this WRITE (its deadline, a cancel): what is left
-            // of it is not applied, so none of its bytes land after it reported the end.
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                "the initiator abandoned this WRITE; the rest of it is not applied",
-            ));
-        }
-        // The guard lives in this block only: never across an `.await` (nor do the
+        // The initiator may have given up on this WRITE (its deadline, a cancel): what is
+        // left of it is not applied, so none of its bytes land after it reported the end.
+        // Checked under the gate, held for the `recvmsg`: an ABANDON waits for it.
+        // The guards live in this block only: never across an `.await` (nor do the
         // iovecs' raw pointers).
-        let read = {
+        let read = crate::abandon::apply(gate, stream, || {
             let live = entry.live.read();
             if !*live {
-                return Ok(Moved::Deregistered {
-                    moved: done,
-                    started: done > 0,
-                });
+                return None;
             }
             let mut iov = [crate::net::EMPTY_IOVEC; MAX_GATHER];
             let n = at.iovecs(&pieces, &mut iov);
@@ -508,7 +567,13 @@ async fn recv_into(
             // for this call only) proves it still is. Concurrent access by others follows
             // the DMA rule that `register`'s caller accepted. Bytes already there are taken
             // before waiting for a readiness event.
-            unsafe { stream.try_read_iovecs(&iov[..n]) }
+            Some(unsafe { stream.try_read_iovecs(&iov[..n]) })
+        })?;
+        let Some(read) = read else {
+            return Ok(Moved::Deregistered {
+                moved: done,
+                started: done > 0,
+            });
         };
         match read {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
@@ -611,6 +676,7 @@ async fn serve_batch(
     op: Op,
     until: Instant,
     size: &mut usize,
+    gate: &Gate,
 ) -> Result<(), Broken> {
     let stall = shared.config.request_timeout;
     let count = by(until, stream.read_u32()).await? as usize;
@@ -650,7 +716,7 @@ async fn serve_batch(
         }
     };
     match op {
-        Op::Write => serve_write(shared, stream, &descs, &entries, total).await,
+        Op::Write => serve_write(shared, stream, &descs, &entries, total, gate).await,
         Op::Read
             if total <= wire::COALESCE_LEN as u64
                 && descs.iter().filter(|d| d.len > 0).count() != 1
@@ -674,6 +740,7 @@ async fn serve_write(
     descs: &[WireDesc],
     entries: &[Arc<RegEntry>],
     total: u64,
+    gate: &Gate,
 ) -> Result<(), Broken> {
     let stall = shared.config.request_timeout;
     let mut remaining = total;
@@ -690,7 +757,7 @@ async fn serve_write(
         let moved = match &entry.memory {
             Some(memory) => {
                 let pool = &shared.staging;
-                match recv_staged(stream, pool, entry, memory, run, stall).await? {
+                match recv_staged(stream, pool, entry, memory, run, stall, gate).await? {
                     StagedMoved::Done => Moved::Done,
                     StagedMoved::Deregistered { moved, started } => {
                         Moved::Deregistered { moved, started }
@@ -702,7 +769,7 @@ async fn serve_write(
                     }
                 }
             }
-            None => recv_into(stream, entry, run, stall).await?,
+            None => recv_into(stream, entry, run, stall, gate).await?,
         };
         match moved {
             Moved::Done => remaining -= run.iter().map(|d| d.len).sum::<u64>(),

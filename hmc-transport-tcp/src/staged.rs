@@ -31,6 +31,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::abandon::Gate;
 use crate::net::Stream;
 use crate::region::RegEntry;
 use crate::wire::WireDesc;
@@ -256,9 +257,19 @@ async fn copy_group(
     lease: Lease,
     group: Vec<(u64, usize)>,
     to_device: bool,
+    gate: Option<Gate>,
 ) -> (Lease, hmc_core::Result<bool>) {
     let task = tokio::task::spawn_blocking(move || {
         let result = (|| {
+            // A WRITE's copy into the device runs under its connection's apply gate, held
+            // for the copy (a blocking thread; an ABANDON waits for it on one too): once
+            // an ABANDON is answered, no chunk of the WRITE lands.
+            let flag = gate.as_ref().map(|g| g.lock());
+            if flag.as_deref() == Some(&true) {
+                return Err(Error::Cancelled(
+                    "the initiator abandoned this WRITE; the rest of it is not applied".into(),
+                ));
+            }
             let live = entry.live.read();
             if !*live {
                 return Ok(false);
@@ -322,8 +333,15 @@ pub(crate) async fn send_staged(
         Err(e) => return Err(io::Error::other(e.to_string())),
     };
     let mut spare = Some(b);
-    let (mut ready, first) =
-        copy_group(entry.clone(), memory.clone(), a, groups[0].clone(), false).await;
+    let (mut ready, first) = copy_group(
+        entry.clone(),
+        memory.clone(),
+        a,
+        groups[0].clone(),
+        false,
+        None,
+    )
+    .await;
     let mut sent = 0u64;
     let failed = |e: Error, sent: u64, prefix: &[u8]| {
         if sent == 0 && !prefix.is_empty() {
@@ -348,7 +366,7 @@ pub(crate) async fn send_staged(
             let lease = spare
                 .take()
                 .expect("one chunk is free while the other is sent");
-            copy_group(entry.clone(), memory.clone(), lease, g.clone(), false)
+            copy_group(entry.clone(), memory.clone(), lease, g.clone(), false, None)
         });
         let send = async {
             if !prefix.is_empty() {
@@ -386,7 +404,8 @@ pub(crate) async fn send_staged(
 
 /// Receives the bytes of `descs` (one device region) into host chunks and copies each to
 /// the device while the next arrives. Before a chunk is applied the target checks that
-/// the initiator has not abandoned the WRITE, so none of an abandoned WRITE's bytes land
+/// the initiator has not abandoned the WRITE (a reset, or an ABANDON: `gate`'s flag, also
+/// checked by the copy under the gate's lock), so none of an abandoned WRITE's bytes land
 /// after the initiator reported its end.
 pub(crate) async fn recv_staged(
     stream: &mut Stream,
@@ -395,6 +414,7 @@ pub(crate) async fn recv_staged(
     memory: &AnyMemory,
     descs: &[WireDesc],
     stall: Duration,
+    gate: &Gate,
 ) -> io::Result<StagedMoved> {
     let groups = chunks(descs, pool.chunk);
     if groups.is_empty() {
@@ -435,11 +455,8 @@ pub(crate) async fn recv_staged(
             }
             landed = received - len as u64;
         }
-        if stream.abandoned_by_peer() {
-            return Err(io::Error::new(
-                io::ErrorKind::ConnectionReset,
-                "the initiator abandoned this WRITE; the rest of it is not applied",
-            ));
+        if *gate.lock() || stream.abandoned_by_peer() {
+            return Err(crate::abandon::abandoned());
         }
         let lease = std::mem::replace(
             &mut filling,
@@ -454,6 +471,7 @@ pub(crate) async fn recv_staged(
             lease,
             group.clone(),
             true,
+            Some(gate.clone()),
         )));
     }
     if let Some(copy) = landing {

@@ -65,6 +65,8 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) staging: Arc<StagingPool>,
     pub(crate) closed: watch::Sender<bool>,
+    /// The served data connections' apply gates, for ABANDON requests.
+    pub(crate) gates: crate::abandon::Gates,
 }
 
 impl Shared {

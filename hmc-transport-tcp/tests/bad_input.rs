@@ -12,6 +12,9 @@ use hmc_transport_tcp::{TcpCommunicator, TcpConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+mod raw_peer;
+use raw_peer::{hello, status};
+
 fn soon() -> Deadline {
     Deadline::after(Duration::from_secs(10))
 }
@@ -46,17 +49,7 @@ async fn raw(target: &TcpCommunicator) -> TcpStream {
         panic!("tcp")
     };
     let mut s = TcpStream::connect(sa).await.unwrap();
-    let me = b"tcp://127.0.0.1:9";
-    let mut hello = b"HMTC\x01".to_vec();
-    hello.extend_from_slice(&(me.len() as u16).to_be_bytes());
-    hello.extend_from_slice(me);
-    s.write_all(&hello).await.unwrap();
-    let mut head = [0u8; 8];
-    s.read_exact(&mut head).await.unwrap();
-    assert_eq!(&head[..5], b"HMTC\x01");
-    assert_eq!(head[5], 0, "HELLO admitted");
-    let mut addr = vec![0u8; u16::from_be_bytes([head[6], head[7]]) as usize];
-    s.read_exact(&mut addr).await.unwrap();
+    hello(&mut s).await;
     s
 }
 
@@ -66,19 +59,6 @@ fn wire_desc(key: &[u8], offset: u64, len: u64) -> Vec<u8> {
     d.extend_from_slice(&offset.to_be_bytes());
     d.extend_from_slice(&len.to_be_bytes());
     d
-}
-
-/// Reads a status: `None` for success, else the error code and message.
-async fn status(s: &mut TcpStream) -> Option<(u8, String)> {
-    let code = s.read_u8().await.unwrap();
-    if code == 0 {
-        return None;
-    }
-    let mut nums = [0u8; 24];
-    s.read_exact(&mut nums).await.unwrap();
-    let mut msg = vec![0u8; s.read_u16().await.unwrap() as usize];
-    s.read_exact(&mut msg).await.unwrap();
-    Some((code, String::from_utf8_lossy(&msg).into_owned()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,8 +7,9 @@
 //! keeps moving runs as long as it needs, and one where no chunk completes for that long
 //! ends with [`EngineError::Timeout`]. Ending (an error, a cancel, a release) drops the
 //! transport's future, whose cancellation contract stops every access to the local memory;
-//! the TCP target also refuses the rest of a WRITE whose initiator gave up (see
-//! `hmc-transport-tcp`'s responder), so no byte of an ended WRITE lands there later.
+//! an ended WRITE is then settled ([`hmc_core::Communicator::settle`]: over TCP the target
+//! is told to drop the rest of the WRITE, even bytes its socket already holds) before its
+//! end is reported, so no byte of it lands at the target later.
 //!
 //! A notification attached to the transfer is sent through the peer's metadata service
 //! after the last chunk completed (for a WRITE: after the bytes are visible at the target,
@@ -325,6 +326,12 @@ impl<C: Communicator> PreparedTransfer<C> {
                     "a transfer of {} descriptor(s) with `{}`", me.requested, me.peer.name
                 ))),
             };
+            if me.op == TransferOp::Write && outcome.is_err() {
+                // The transport's future is gone (an error, a timeout, a cancel, a
+                // release); the target may still hold bytes of it: before the end is
+                // reported, and before the target is told of the failure.
+                me.engine.settle_write(&me.peer).await;
+            }
             metrics.finish(&outcome);
             if let Err(e) = &outcome
                 && let Some((name, msg)) = &me.notify
