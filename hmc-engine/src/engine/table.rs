@@ -86,7 +86,14 @@ impl<C: Communicator> Engine<C> {
         };
         // `meta.slow` / `meta.gone`: the peer's metadata service answers late, or not at
         // all (then the exchange ends at its deadline, as with an unreachable service).
-        match self.inner.shared.config.faults.as_ref().map(|p| p.meta_call()) {
+        match self
+            .inner
+            .shared
+            .config
+            .faults
+            .as_ref()
+            .map(|p| p.meta_call())
+        {
             Some(hmc_faults::MetaFault::Slow(late)) => {
                 tokio::time::sleep(late.min(deadline.remaining())).await;
             }
