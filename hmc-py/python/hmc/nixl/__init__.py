@@ -7,6 +7,14 @@ The layout mirrors the ``nixl`` package: :mod:`hmc.nixl._api` (the agent),
 NIXL processes: its metadata is refused by NIXL and NIXL's by it, by name. Calls of NIXL
 that hmc does not carry (storage backends, device-side views) raise ``NotImplementedError``
 naming the call and what to use.
+
+One difference in what a state means: in NIXL, ``"ERR"`` from ``check_xfer_state`` does not
+guarantee that the backend stopped its DMA (vLLM keeps such a handle forever for that
+reason). In hmc, a transfer is not reported ``"ERR"``, and ``release_xfer_handle`` does not
+return, until no byte of it can land in either agent's memory any more. So a failed handle
+can be released, and its buffers reused, at once. The exception, still open: over UCX, a
+WRITE to a peer that is stopped (not dead) lands once that peer resumes (docs/design.md,
+"Terminal states").
 """
 
 from ._api import (
