@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use hmc_meta::{BoxFuture, Member, MemberEvents, MetaError, MetadataStore, Result};
 
-use crate::plan::{FaultPlan, MetaFault};
+use crate::plan::FaultPlan;
 
 /// `inner` whose lookups ([`MetadataStore::resolve`], [`MetadataStore::members`],
 /// [`MetadataStore::fetch_label`]) each ask [`FaultPlan::meta_call`]: a slow one waits
@@ -38,25 +38,7 @@ impl FaultyStore {
                  option, turn it off to stop these)"
             ),
         };
-        match self.plan.meta_call() {
-            MetaFault::Proceed => Ok(timeout),
-            MetaFault::Slow(d) if d < timeout => {
-                tracing::debug!(delay = ?d, "injected fault: slow metadata lookup");
-                tokio::time::sleep(d).await;
-                Ok(timeout - d)
-            }
-            MetaFault::Slow(_) => {
-                tokio::time::sleep(timeout).await;
-                Err(gone(
-                    "the metadata service was slower than the timeout (`meta.slow`)",
-                ))
-            }
-            MetaFault::Gone => {
-                tracing::debug!("injected fault: metadata service gone");
-                tokio::time::sleep(timeout).await;
-                Err(gone("the metadata service is gone (`meta.gone`)"))
-            }
-        }
+        self.plan.meta_lookup(timeout).await.map_err(gone)
     }
 }
 

@@ -273,6 +273,31 @@ impl FaultPlan {
         slow.map_or(MetaFault::Proceed, MetaFault::Slow)
     }
 
+    /// Applies the next metadata decision ([`FaultPlan::meta_call`]) to a lookup that may
+    /// take `timeout`: waits what `meta.slow` says and answers `Ok(left)`, the time the
+    /// lookup has left; under `meta.gone`, or a slowness past `timeout`, waits the whole
+    /// `timeout` (as with an unreachable service) and answers which fault it was. One
+    /// rule for every metadata path that injects these faults.
+    pub async fn meta_lookup(&self, timeout: Duration) -> Result<Duration, &'static str> {
+        match self.meta_call() {
+            MetaFault::Proceed => Ok(timeout),
+            MetaFault::Slow(d) if d < timeout => {
+                tracing::debug!(delay = ?d, "injected fault: slow metadata lookup");
+                tokio::time::sleep(d).await;
+                Ok(timeout - d)
+            }
+            MetaFault::Slow(_) => {
+                tokio::time::sleep(timeout).await;
+                Err("the metadata service was slower than the timeout (`meta.slow`)")
+            }
+            MetaFault::Gone => {
+                tracing::debug!("injected fault: metadata service gone");
+                tokio::time::sleep(timeout).await;
+                Err("the metadata service is gone (`meta.gone`)")
+            }
+        }
+    }
+
     /// How long the next registration waits first (local side), if it does.
     pub fn register(&self) -> Option<Duration> {
         self.delay(Kind::RegisterSlow, self.0.spec.register_slow)

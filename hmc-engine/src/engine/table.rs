@@ -86,28 +86,16 @@ impl<C: Communicator> Engine<C> {
         };
         // `meta.slow` / `meta.gone`: the peer's metadata service answers late, or not at
         // all (then the exchange ends at its deadline, as with an unreachable service).
-        match self
-            .inner
-            .shared
-            .config
-            .faults
-            .as_ref()
-            .map(|p| p.meta_call())
-        {
-            Some(hmc_faults::MetaFault::Slow(late)) => {
-                tokio::time::sleep(late.min(deadline.remaining())).await;
-            }
-            Some(hmc_faults::MetaFault::Gone) => {
-                let waited = deadline.remaining();
-                tokio::time::sleep(waited).await;
+        if let Some(plan) = &self.inner.shared.config.faults {
+            let waited = deadline.remaining();
+            if let Err(why) = plan.meta_lookup(waited).await {
                 return Err(EngineError::Metadata {
                     peer: "peer".into(),
                     why: format!(
-                        "no answer within {waited:?} (fault injected: meta.gone; unset the faults option or HMC_FAULTS to turn it off)"
+                        "no answer within {waited:?}: {why} (fault injected; unset the faults option or HMC_FAULTS to turn it off)"
                     ),
                 });
             }
-            Some(hmc_faults::MetaFault::Proceed) | None => {}
         }
         let opts = CallOptions {
             timeout: Some(deadline.remaining().max(Duration::from_millis(1))),
