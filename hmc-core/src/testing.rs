@@ -218,9 +218,15 @@ macro_rules! memory_conformance {
 /// | `notifications_from_two_senders` | two senders to one receiver: all arrive, in order per sender, with the right `from` | none |
 /// | `connecting_to_a_silent_listener_ends_by_the_deadline` | a TCP listener that never answers | any error, by the deadline |
 /// | `an_oversized_batch_is_refused` | `max_batch_len + 1` descriptors (skipped without a declared limit) | `LimitExceeded { limit: "max_batch_len" }` |
+/// | `an_abandoned_write_lands_nothing_after_settle` | 32 MiB WRITEs dropped mid-way (`dropped`) or ended by a deadline (`deadline`), then `settle`: canaries over the target region still there after a delay; a full WRITE on the endpoint after | `DeadlineExceeded` (`deadline`); `settle` returns `Ok` |
+///
+/// A transport that cannot make an abandoned WRITE final in some configuration (its
+/// `settle` answers an error there by design) says so, and why, with
+/// `communicator_conformance!(peers, settle_cannot_confirm = "why")`: that case is then
+/// generated `#[ignore]`d with that reason, and still runs under `cargo test -- --ignored`.
 #[macro_export]
 macro_rules! communicator_conformance {
-    ($peers:path) => {
+    ($peers:path $(, settle_cannot_confirm = $why:literal)?) => {
         mod communicator_conformance {
             #[allow(unused_imports)]
             use super::*;
@@ -344,6 +350,15 @@ macro_rules! communicator_conformance {
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn an_oversized_batch_is_refused() {
                 kit::oversized_batch(peers_or_skip!()).await;
+            }
+
+            #[::rstest::rstest]
+            #[case::dropped(kit::Abandon::Dropped)]
+            #[case::deadline(kit::Abandon::Deadline)]
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[ignore = $why])?
+            async fn an_abandoned_write_lands_nothing_after_settle(#[case] how: kit::Abandon) {
+                kit::abandoned_write_settles(peers_or_skip!(), how).await;
             }
         }
     };

@@ -242,8 +242,27 @@ pub fn communicator_cases<C: Communicator + 'static, M: Memory + 'static>()
         ),
         |p| kit::oversized_batch(p)
     );
+    for (label, how) in [
+        ("dropped", kit::Abandon::Dropped),
+        ("deadline", kit::Abandon::Deadline),
+    ] {
+        case!(
+            format!("{ABANDONED_WRITE}::{label}"),
+            about(
+                "32 MiB WRITEs abandoned mid-way (future dropped, i.e. transfer_release; or \
+                 ended by a deadline), then settle: canaries over the target region still \
+                 there after a delay; a full WRITE on the endpoint after",
+                "DeadlineExceeded (deadline); settle returns Ok; no byte lands after"
+            ),
+            |p| kit::abandoned_write_settles(p, how)
+        );
+    }
     out
 }
+
+/// The communicator case of the terminal-state rule (no byte of an abandoned WRITE lands
+/// after it ended and `settle` returned), which the plugin ABI states from 1.3 on.
+pub const ABANDONED_WRITE: &str = "an_abandoned_write_lands_nothing_after_settle";
 
 /// Every case of [`memory_conformance!`](crate::memory_conformance), with its parameters.
 pub fn memory_cases<M: Memory + 'static>() -> Vec<MemoryCase<M>> {

@@ -849,3 +849,128 @@ async fn closed_mid_transfer<C: Communicator, M: Memory>(
     assert!(again.is_err(), "a transfer with {who} must fail");
     drop(target);
 }
+
+/// How [`abandoned_write_settles`] gives up on a WRITE mid-way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Abandon {
+    /// Its `transfer` future is dropped (a cancel; a plugin's `transfer_release`).
+    Dropped,
+    /// It ends by its own deadline (`DeadlineExceeded`).
+    Deadline,
+}
+
+impl Abandon {
+    fn how(self) -> &'static str {
+        match self {
+            Abandon::Dropped => "its future dropped",
+            Abandon::Deadline => "its deadline",
+        }
+    }
+}
+
+/// Waits `d` without blocking the executor's thread (the kit runs on any executor): a
+/// thread of its own sleeps and wakes the task.
+async fn pause(d: Duration) {
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        std::thread::sleep(d);
+        let _ = tx.send(());
+    });
+    let _ = rx.await;
+}
+
+/// Starts a WRITE of `d` and gives up on it after `cut` (`how`); `true` when it was still
+/// running then, `false` when it finished first.
+async fn abandon_one<C: Communicator>(
+    c: &C,
+    ep: &C::Endpoint,
+    d: &[TransferDesc<'_, C>],
+    how: Abandon,
+    cut: Duration,
+) -> bool {
+    match how {
+        Abandon::Dropped => {
+            let write = Box::pin(c.transfer(ep, Op::Write, d, deadline()));
+            match futures::future::select(write, Box::pin(pause(cut))).await {
+                futures::future::Either::Left((r, _)) => {
+                    r.expect("a WRITE that finished before it was dropped");
+                    false
+                }
+                futures::future::Either::Right((_, write)) => {
+                    drop(write);
+                    true
+                }
+            }
+        }
+        Abandon::Deadline => match c.transfer(ep, Op::Write, d, Deadline::after(cut)).await {
+            Ok(()) => false,
+            Err(e) if e.is_deadline() => true,
+            Err(e) => panic!("a WRITE with a {cut:?} deadline: {e}"),
+        },
+    }
+}
+
+/// WRITEs of 32 MiB abandoned mid-way (`how`), each followed by [`Communicator::settle`]:
+/// once `settle` returned `Ok`, canaries written over the whole target region are all
+/// still there after a delay, that is, no byte of the WRITE landed after its end (the
+/// target dropped what it still held or received). Then a full WRITE on the same
+/// endpoint lands every byte.
+pub async fn abandoned_write_settles<C: Communicator, M: Memory>(p: Peers<C, M>, how: Abandon) {
+    const LEN: usize = 32 << 20;
+    const ROUNDS: u64 = 8;
+    const CANARY: u8 = 0xC5;
+    /// Long enough for anything a target still held or received to have landed.
+    const LATER: Duration = Duration::from_millis(200);
+    let ep = connect(&p).await;
+    let (target, _) = buffer(&p, &p.b, LEN, Access::READ_WRITE, 161);
+    let key =
+        p.a.import(&ep, &target.export().expect("export"))
+            .expect("import");
+    let (src, src_bytes) = buffer(&p, &p.a, LEN, Access::READ, 162);
+    let d = [desc::<C>(src.registration(), 0, &key, 0, LEN)];
+    let canaries = vec![CANARY; LEN];
+    let mut abandoned = 0;
+    for round in 0..ROUNDS {
+        let cut = Duration::from_micros(200 + 300 * round);
+        if !abandon_one(&*p.a, &ep, &d, how, cut).await {
+            continue;
+        }
+        abandoned += 1;
+        if let Err(e) = p.a.settle(&ep, deadline()).await {
+            panic!(
+                "round {round}: settle after a WRITE ended by {}: {e}; with a live, healthy \
+                 target it must confirm that no more of the WRITE lands",
+                how.how()
+            );
+        }
+        target
+            .write_at(0, &MemSpan::host(&canaries))
+            .expect("canaries at the target");
+        pause(LATER).await;
+        let now = contents(&target);
+        if let Some(i) = now.iter().position(|b| *b != CANARY) {
+            let landed = now.iter().filter(|b| **b != CANARY).count();
+            panic!(
+                "round {round}: {landed} bytes of a WRITE ended by {} landed at the target \
+                 after settle returned (the first at byte {i}); once a transfer ended and \
+                 settle returned, no byte of it may land: the target must drop what it still \
+                 holds or receives for a transfer it ended",
+                how.how()
+            );
+        }
+    }
+    assert!(
+        abandoned > 0,
+        "none of {ROUNDS} WRITEs of 32 MiB was still running when it was abandoned (after \
+         0.2 to {} ms): the case checked nothing",
+        (200 + 300 * (ROUNDS - 1)) as f64 / 1000.0
+    );
+    p.a.transfer(&ep, Op::Write, &d, deadline())
+        .await
+        .expect("a WRITE on the endpoint after the abandoned ones");
+    assert_same(
+        "the target after a full WRITE that followed the abandoned ones",
+        &contents(&target),
+        &src_bytes,
+    );
+}
