@@ -17,6 +17,26 @@ pub struct Entry {
     pub about: About,
     /// What the plugin must provide.
     pub needs: Needs,
+    /// The ABI minor whose rule the case checks: a plugin that declares an older minor
+    /// never promised it, so the case is skipped for it and reported as not promised.
+    pub since_minor: u32,
+}
+
+/// Cases (by name prefix) that check a rule a later ABI minor stated, with that minor.
+/// Rules that only narrowed what was already allowed are checked by the case itself
+/// against the declared minor (`plugin::a_full_notification_queue_fails_with_a_named_limit`,
+/// 1.2); a rule a plugin of an older minor may break outright is listed here.
+const RULES_SINCE: &[(&str, u32)] = &[(
+    // 1.3: no byte of a transfer lands in either side's memory after its end.
+    cases::ABANDONED_WRITE,
+    3,
+)];
+
+fn since_minor(case: &str) -> u32 {
+    RULES_SINCE
+        .iter()
+        .find(|(prefix, _)| case.starts_with(prefix))
+        .map_or(0, |(_, minor)| *minor)
 }
 
 /// Every case, in the order the runner starts them: the ABI first (a plugin that fails
@@ -28,6 +48,7 @@ pub fn entries() -> Vec<Entry> {
             name: (*name).to_string(),
             about: *about,
             needs: *needs,
+            since_minor: since_minor(name),
         });
     }
     for c in cases::communicator_cases::<PluginCommunicator, HostMemory>() {
@@ -35,6 +56,7 @@ pub fn entries() -> Vec<Entry> {
             name: format!("communicator::{}", c.name),
             about: c.about,
             needs: Needs::Communicator,
+            since_minor: since_minor(&c.name),
         });
     }
     for c in cases::process_cases::<PluginCommunicator, HostMemory>() {
@@ -42,6 +64,7 @@ pub fn entries() -> Vec<Entry> {
             name: format!("process::{}", c.name),
             about: c.about,
             needs: Needs::OtherProcesses,
+            since_minor: since_minor(c.name),
         });
     }
     for c in cases::memory_cases::<PluginMemory>() {
@@ -49,6 +72,7 @@ pub fn entries() -> Vec<Entry> {
             name: format!("memory::{}", c.name),
             about: c.about,
             needs: Needs::Memory,
+            since_minor: since_minor(&c.name),
         });
     }
     out
@@ -79,6 +103,29 @@ mod tests {
             );
         }
         assert!(all.iter().any(|e| e.needs == Needs::Memory));
+    }
+
+    #[test]
+    fn the_terminal_state_rule_applies_from_abi_1_3() {
+        let all = entries();
+        let since: Vec<(&str, u32)> = all
+            .iter()
+            .filter(|e| e.since_minor > 0)
+            .map(|e| (e.name.as_str(), e.since_minor))
+            .collect();
+        assert_eq!(
+            since,
+            [
+                (
+                    "communicator::an_abandoned_write_lands_nothing_after_settle::dropped",
+                    3
+                ),
+                (
+                    "communicator::an_abandoned_write_lands_nothing_after_settle::deadline",
+                    3
+                ),
+            ]
+        );
     }
 
     #[rstest::rstest]

@@ -15,6 +15,8 @@ use crate::child::{FAILURE_BEGIN, FAILURE_END};
 struct Described {
     name: String,
     abi: String,
+    /// The ABI minor it declares.
+    minor: u32,
     communicator: bool,
     memory: bool,
     transport: u32,
@@ -77,7 +79,9 @@ pub fn run(args: &Args) -> ExitCode {
         .filter(|e| {
             args.cases.is_empty() || args.cases.iter().any(|p| catalogue::selects(p, &e.name))
         })
-        .partition(|e| !(same_process && e.needs == Needs::OtherProcesses));
+        .partition(|e| {
+            e.since_minor <= described.minor && !(same_process && e.needs == Needs::OtherProcesses)
+        });
     if selected.is_empty() && skipped.is_empty() {
         println!(
             "no case matches {:?} for this plugin; --list shows the cases that apply",
@@ -102,10 +106,7 @@ pub fn run(args: &Args) -> ExitCode {
         .max(1);
     println!("running {} cases, {jobs} at a time", selected.len());
     for e in &skipped {
-        println!(
-            "skip  {} (the plugin declares HMC_CAP_SAME_PROCESS_ONLY: no peer in another process)",
-            e.name
-        );
+        println!("skip  {} ({})", e.name, why_skipped(e, &described));
     }
     let finished = run_all(args, selected, jobs);
     let failed = finished
@@ -125,6 +126,19 @@ pub fn run(args: &Args) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Why `e` was not run for the plugin `d` describes.
+fn why_skipped(e: &Entry, d: &Described) -> String {
+    if e.since_minor > d.minor {
+        format!(
+            "not promised by ABI {}: the plugin declares that minor, and this rule came with \
+             ABI 1.{}; declare 1.{} once the plugin follows it",
+            d.abi, e.since_minor, e.since_minor
+        )
+    } else {
+        "the plugin declares HMC_CAP_SAME_PROCESS_ONLY: no peer in another process".into()
     }
 }
 
@@ -152,9 +166,15 @@ fn describe(args: &Args) -> Result<Described, String> {
         ));
     }
     let missing = || format!("the describe process printed `{text}`");
+    let abi = field("abi").ok_or_else(missing)?;
+    let minor = abi
+        .split_once('.')
+        .and_then(|(_, m)| m.parse().ok())
+        .ok_or_else(missing)?;
     Ok(Described {
         name: field("name").ok_or_else(missing)?,
-        abi: field("abi").ok_or_else(missing)?,
+        abi,
+        minor,
         communicator: field("communicator").is_some_and(|v| v == "true"),
         memory: field("memory").is_some_and(|v| v == "true"),
         transport: field("transport").and_then(|v| v.parse().ok()).unwrap_or(0),

@@ -151,6 +151,47 @@ fn the_limit_message_rule_applies_from_the_minor_that_states_it(
     }
 }
 
+/// The kit holds a plugin to the ABI minor it declares, for the terminal-state rule of
+/// 1.3 (no byte of a transfer lands in either side's memory after its end): loopmem built
+/// to go on copying after it reported a WRITE released or past its deadline fails both
+/// cases of the rule when it declares 1.3, and they are skipped as not promised when it
+/// declares 1.2.
+#[rstest::rstest]
+#[case::abi_1_3("kit-late-1-3", "DECLARE_ABI_MINOR=3", false)]
+#[case::abi_1_2("kit-late-1-2", "DECLARE_ABI_MINOR=2", true)]
+fn the_terminal_state_rule_applies_from_the_minor_that_states_it(
+    #[case] name: &str,
+    #[case] minor: &str,
+    #[case] passes: bool,
+) {
+    let lib = common::build_c_plugin(name, &["BROKEN_LATE_BYTES", minor]);
+    let case = "communicator::an_abandoned_write_lands_nothing_after_settle";
+    let (ok, out) = kit(&lib, &["--case", case]);
+    assert_eq!(ok, passes, "{out}");
+    for how in ["dropped", "deadline"] {
+        if passes {
+            assert!(
+                out.contains(&format!(
+                    "skip  {case}::{how} (not promised by ABI 1.2: the plugin declares that \
+                     minor, and this rule came with ABI 1.3"
+                )),
+                "{out}"
+            );
+        } else {
+            assert!(out.contains(&format!("FAIL  {case}::{how}")), "{out}");
+        }
+    }
+    if passes {
+        assert_eq!(summary(&out), "0 passed, 0 failed, 2 skipped", "{out}");
+    } else {
+        assert!(
+            out.contains("landed at the target after settle returned"),
+            "{out}"
+        );
+        assert_eq!(summary(&out), "0 passed, 2 failed", "{out}");
+    }
+}
+
 #[test]
 fn a_file_the_loader_refuses_is_one_failure_with_the_loaders_message() {
     let lib = common::build_c_plugin("kit-major", &["BROKEN_MAJOR"]);

@@ -20,7 +20,8 @@
  * REQUIRED FUNCTIONS. last_error always. With HMC_PLUGIN_PROVIDES_COMMUNICATOR: every
  * function from comm_open through recv_notification but rekey (NULL: keys cannot be
  * revoked); notify and recv_notification too, even without HMC_CAP_NOTIFICATIONS (then
- * they fail with HMC_ERR_UNSUPPORTED). transfer_start_wake (ABI 1.1) is optional. With
+ * they fail with HMC_ERR_UNSUPPORTED). transfer_start_wake (ABI 1.1) and endpoint_settle
+ * (ABI 1.3) are optional. With
  * HMC_PLUGIN_PROVIDES_MEMORY: memory_open through memory_copy. The host refuses a table
  * with a required function NULL, naming it.
  *
@@ -64,6 +65,21 @@
  * transfer_start_wake returns (the host polls once after it returns in any case).
  * transfer_poll must not block; it may drive progress.
  *
+ * WHEN A TRANSFER ENDS (ABI 1.3). Once transfer_poll has returned anything but
+ * HMC_PENDING (HMC_OK, HMC_ERR_DEADLINE, HMC_ERR_CANCELLED, any error), or transfer_release
+ * has returned, no byte of that transfer lands afterwards in either side's memory: not in
+ * the initiator's, and for a WRITE not in the target's. Both sides may reuse or free that
+ * memory at once. The target drops whatever arrives for a transfer it has ended (a
+ * generation number, a connection it stopped reading: the means are yours). A transport
+ * whose target applies received bytes on its own (a byte stream, as TCP's) may leave the
+ * target's side to endpoint_settle: then the rule holds at the target once
+ * endpoint_settle on the transfer's endpoint returned HMC_OK, which the host calls before
+ * it reports the early end of a WRITE; it returns an error when the peer cannot confirm by
+ * the deadline (stopped, unreachable, older). Without endpoint_settle the rule holds at
+ * the end itself. A plugin that declares a minor below 3 promised this for local memory
+ * only: the host ignores its endpoint_settle and reports the end of its WRITEs as not
+ * known to be final; hmc-plugin-kit checks the rule from 1.3 on.
+ *
  * NOTIFICATIONS. notify may block until the deadline, no longer. A plugin queues what
  * its receiver has not taken yet, bounded: the host may pass max_pending_notifications=N
  * in comm_open's configuration (0: take none); when the queue is full, notify fails at
@@ -96,7 +112,8 @@
  *   HmcRemoteKey  made by import, freed by remote_key_release; any thread, concurrently.
  *   HmcTransfer   made by transfer_start (or transfer_start_wake), freed by
  *                 transfer_release, which cancels it and must not return while it can
- *                 still touch local memory; used by one thread at a time.
+ *                 still touch local memory, nor (ABI 1.3) the target's but as
+ *                 endpoint_settle allows (WHEN A TRANSFER ENDS); one thread at a time.
  *   HmcMemory     made by memory_open, freed by memory_destroy once, after every buffer
  *                 of it; any thread, concurrently.
  *   HmcBuffer     made by memory_alloc, freed by memory_free; any thread, concurrently.
@@ -123,8 +140,9 @@
 
 // Minor version of this ABI: fields appended to the tables, or rules stated, since the
 // major began (1.1: `HmcPluginApi::transfer_start_wake`; 1.2: `HMC_ERR_LIMIT`'s message
-// begins with the limit's name).
-#define HMC_PLUGIN_ABI_MINOR 2
+// begins with the limit's name; 1.3: no byte of a transfer lands in either side's memory
+// after it ended, and `HmcPluginApi::endpoint_settle`).
+#define HMC_PLUGIN_ABI_MINOR 3
 
 // Success.
 #define HMC_OK 0
@@ -465,9 +483,15 @@ typedef struct HmcPluginApi {
                             struct HmcTransfer **out);
   // `HMC_PENDING` while running, then `HMC_OK` or the error, from then on. May drive
   // progress; must not block. A deadline passed while running: `HMC_ERR_DEADLINE`.
+  // Return a terminal result (anything but `HMC_PENDING`) only once no byte of the
+  // transfer can land afterwards in local memory, nor (ABI 1.3) in the target's memory
+  // of a WRITE, unless the plugin provides `endpoint_settle`, which then makes the
+  // target's side final (see the module docs).
   int32_t (*transfer_poll)(struct HmcComm *comm, struct HmcTransfer *t);
   // Cancels if still running and frees the transfer. Must not return while the
-  // transfer can still touch its local memory.
+  // transfer can still touch its local memory, nor (ABI 1.3) while a byte of a WRITE
+  // can still land at the target, unless the plugin provides `endpoint_settle`, which
+  // then makes that final. Either side may reuse the memory once it returns.
   void (*transfer_release)(struct HmcComm *comm, struct HmcTransfer *t);
   // Sends a small message to the peer of `ep`, by the deadline. May block; the host
   // calls it from a thread of its own.
@@ -518,6 +542,18 @@ typedef struct HmcPluginApi {
                                  HmcWakeFn wake,
                                  const void *wake_ctx,
                                  struct HmcTransfer **out);
+  // ABI 1.3, optional (NULL: a transfer's end is final by itself, the rule of the module
+  // docs holds when `transfer_poll` returns a terminal result or `transfer_release`
+  // returns). Makes sure that no byte of a WRITE on `ep` that ended early (released,
+  // or ended by its deadline or an error) lands at the peer any more: `HMC_OK` once the
+  // peer confirmed it dropped the rest (or there was nothing to drop); then the peer may
+  // reuse that memory. An error when that cannot be confirmed by the deadline
+  // (`HMC_ERR_DEADLINE`: a stopped or overloaded peer; `HMC_ERR_PEER`: unreachable;
+  // `HMC_ERR_UNSUPPORTED`: a peer of an older version), its message saying that bytes the
+  // peer already holds may still land; the host may call it again. May block until the
+  // deadline; the host calls it from a thread of its own. Ignored in a table that
+  // declares a minor below 3.
+  int32_t (*endpoint_settle)(struct HmcComm *comm, struct HmcEndpoint *ep, uint64_t deadline_ns);
 } HmcPluginApi;
 
 // The signature of `hmc_plugin_init`, the one symbol a plugin exports. Returns `HMC_OK`

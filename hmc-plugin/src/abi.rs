@@ -21,12 +21,30 @@
 //! | [`HmcEndpoint`] | `connect` | `endpoint_release` | any thread, concurrently |
 //! | [`HmcReg`] | `register_mem` | `deregister` (returns only when no peer can touch the memory) | any thread, concurrently |
 //! | [`HmcRemoteKey`] | `import` | `remote_key_release` | any thread, concurrently |
-//! | [`HmcTransfer`] | `transfer_start`, `transfer_start_wake` | `transfer_release` (cancels; returns only when the transfer no longer touches local memory) | one thread at a time |
+//! | [`HmcTransfer`] | `transfer_start`, `transfer_start_wake` | `transfer_release` (cancels; returns only when the transfer no longer touches local memory, nor, since ABI 1.3, the peer's: see below) | one thread at a time |
 //! | [`HmcMemory`] | `memory_open` | `memory_destroy`, once, after every buffer of it | any thread, concurrently |
 //! | [`HmcBuffer`] | `memory_alloc` | `memory_free` | any thread, concurrently |
 //!
 //! The host keeps every endpoint, registration and remote key named by a transfer alive
 //! until that transfer is released, and releases every handle before the communicator.
+//!
+//! # When a transfer ends (ABI 1.3)
+//!
+//! Once `transfer_poll` has returned anything but [`HMC_PENDING`] for a transfer (`HMC_OK`,
+//! an error, [`HMC_ERR_DEADLINE`], [`HMC_ERR_CANCELLED`]), or `transfer_release` has
+//! returned for it, no byte of it lands afterwards in either side's memory: not in the
+//! initiator's local memory, and for a WRITE not in the target's, so that both sides may
+//! reuse or free that memory at once. A target drops whatever arrives for a transfer it has
+//! ended. A plugin whose target applies received bytes on its own (a byte stream the
+//! target keeps reading, as TCP's) cannot always know that at the moment it reports the end
+//! without a round trip; it provides `endpoint_settle`, and then the rule holds for the
+//! target's memory once `endpoint_settle` on the transfer's endpoint has returned `HMC_OK`
+//! (the host calls it before it reports the early end of a WRITE: hmc-core's
+//! `Communicator::settle`). Without `endpoint_settle` the rule holds at the end itself.
+//!
+//! Plugins that declare ABI 1.0 to 1.2 promised this for local memory only: the host
+//! treats their `endpoint_settle` as absent, and its `Communicator::settle` answers
+//! `Unsupported` for them (the end of their WRITEs is not known to be final).
 
 use std::ffi::{c_char, c_void};
 
@@ -34,8 +52,9 @@ use std::ffi::{c_char, c_void};
 pub const HMC_PLUGIN_ABI_MAJOR: u32 = 1;
 /// Minor version of this ABI: fields appended to the tables, or rules stated, since the
 /// major began (1.1: `HmcPluginApi::transfer_start_wake`; 1.2: `HMC_ERR_LIMIT`'s message
-/// begins with the limit's name).
-pub const HMC_PLUGIN_ABI_MINOR: u32 = 2;
+/// begins with the limit's name; 1.3: no byte of a transfer lands in either side's memory
+/// after it ended, and `HmcPluginApi::endpoint_settle`).
+pub const HMC_PLUGIN_ABI_MINOR: u32 = 3;
 
 /// Success.
 pub const HMC_OK: i32 = 0;
@@ -399,9 +418,15 @@ pub struct HmcPluginApi {
     >,
     /// `HMC_PENDING` while running, then `HMC_OK` or the error, from then on. May drive
     /// progress; must not block. A deadline passed while running: `HMC_ERR_DEADLINE`.
+    /// Return a terminal result (anything but `HMC_PENDING`) only once no byte of the
+    /// transfer can land afterwards in local memory, nor (ABI 1.3) in the target's memory
+    /// of a WRITE, unless the plugin provides `endpoint_settle`, which then makes the
+    /// target's side final (see the module docs).
     pub transfer_poll: Option<unsafe extern "C" fn(comm: *mut HmcComm, t: *mut HmcTransfer) -> i32>,
     /// Cancels if still running and frees the transfer. Must not return while the
-    /// transfer can still touch its local memory.
+    /// transfer can still touch its local memory, nor (ABI 1.3) while a byte of a WRITE
+    /// can still land at the target, unless the plugin provides `endpoint_settle`, which
+    /// then makes that final. Either side may reuse the memory once it returns.
     pub transfer_release: Option<unsafe extern "C" fn(comm: *mut HmcComm, t: *mut HmcTransfer)>,
     /// Sends a small message to the peer of `ep`, by the deadline. May block; the host
     /// calls it from a thread of its own.
@@ -471,6 +496,20 @@ pub struct HmcPluginApi {
             wake_ctx: *const c_void,
             out: *mut *mut HmcTransfer,
         ) -> i32,
+    >,
+    /// ABI 1.3, optional (NULL: a transfer's end is final by itself, the rule of the module
+    /// docs holds when `transfer_poll` returns a terminal result or `transfer_release`
+    /// returns). Makes sure that no byte of a WRITE on `ep` that ended early (released,
+    /// or ended by its deadline or an error) lands at the peer any more: `HMC_OK` once the
+    /// peer confirmed it dropped the rest (or there was nothing to drop); then the peer may
+    /// reuse that memory. An error when that cannot be confirmed by the deadline
+    /// (`HMC_ERR_DEADLINE`: a stopped or overloaded peer; `HMC_ERR_PEER`: unreachable;
+    /// `HMC_ERR_UNSUPPORTED`: a peer of an older version), its message saying that bytes the
+    /// peer already holds may still land; the host may call it again. May block until the
+    /// deadline; the host calls it from a thread of its own. Ignored in a table that
+    /// declares a minor below 3.
+    pub endpoint_settle: Option<
+        unsafe extern "C" fn(comm: *mut HmcComm, ep: *mut HmcEndpoint, deadline_ns: u64) -> i32,
     >,
 }
 

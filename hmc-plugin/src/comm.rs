@@ -697,6 +697,36 @@ impl Communicator for PluginCommunicator {
         .await
     }
 
+    /// ABI 1.3's `endpoint_settle` when the plugin provides it; `Ok` at once for a 1.3
+    /// plugin without it (its transfers' ends are final by themselves); `Unsupported` for
+    /// a plugin that declares an older minor, which never promised that the end of a WRITE
+    /// is final at its target.
+    async fn settle(&self, ep: &PluginEndpoint, deadline: Deadline) -> Result<()> {
+        let (major, minor) = self.inner.plugin.abi();
+        if minor < 3 {
+            return Err(Error::Unsupported(format!(
+                "plugin `{}` declares HMC plugin ABI {major}.{minor}, which does not promise \
+                 that no byte of a WRITE lands at the target after the WRITE ended (ABI 1.3 \
+                 does): bytes its target already holds may still land; rebuild the plugin \
+                 against ABI 1.3 and follow hmc_plugin.h's rule for a transfer's end",
+                self.inner.plugin.name()
+            )));
+        }
+        if self.inner.api().endpoint_settle.is_none() {
+            return Ok(());
+        }
+        let ep = ep.clone();
+        let ns = deadline_ns(deadline);
+        off_thread(move || {
+            let c = &ep.0.comm;
+            // SAFETY: `ep` is live for the call (this closure holds it).
+            let code =
+                unsafe { c.api().endpoint_settle.expect("checked above")(c.comm.0, ep.0.ep.0, ns) };
+            c.check("endpoint_settle", code)
+        })
+        .await?
+    }
+
     async fn notify(
         &self,
         ep: &PluginEndpoint,

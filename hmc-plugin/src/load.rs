@@ -244,6 +244,11 @@ impl Plugin {
         }
         // Fields past what the plugin filled are absent, whatever the memory holds.
         zero_tail(&mut api, filled);
+        if api.header.abi_minor < 3 {
+            // A field of ABI 1.3: a plugin that declares an older minor did not promise
+            // what it means, whatever it wrote there.
+            api.endpoint_settle = None;
+        }
         if api.header.name.is_null() {
             return Err(table("header.name is NULL; every plugin has a name".into()));
         }

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use hmc_backend_cpu::HostMemory;
 use hmc_core::testing::Peers;
-use hmc_core::{Access, Communicator, Deadline, Error, Op, RegisteredBuffer, TransferDesc};
+use hmc_core::{
+    Access, Communicator, ConnBuffer, Deadline, Error, MemSpan, MemSpanMut, Op, RegisteredBuffer,
+    TransferDesc,
+};
 use hmc_plugin::abi::{HMC_PLUGIN_ABI_MAJOR, HMC_PLUGIN_ABI_MINOR};
 use hmc_plugin::{Plugin, PluginCommunicator};
 
@@ -465,5 +468,48 @@ fn a_plugin_named_like_a_built_in_transport_is_refused() {
             e.contains(&format!("named `{name}`, the name of a built-in transport")),
             "{e}"
         );
+    }
+}
+
+/// Plugins of older minors still load and move bytes; `settle` answers `Ok` for one that
+/// declares ABI 1.3 (loopmem copies in the process, so a transfer's end is final by
+/// itself), and `Unsupported`, naming the declared minor, for one that declares 1.1 or 1.2,
+/// which never promised that no byte of a WRITE lands at the target after its end.
+#[rstest::rstest]
+#[case::abi_1_1("old-1-1", Some("DECLARE_ABI_MINOR=1"), 1)]
+#[case::abi_1_2("old-1-2", Some("DECLARE_ABI_MINOR=2"), 2)]
+#[case::abi_1_3("loopmem", None, 3)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn older_minors_load_and_settle_says_what_they_promised(
+    #[case] name: &str,
+    #[case] define: Option<&str>,
+    #[case] minor: u32,
+) {
+    let path = common::build_c_plugin(name, define.as_slice());
+    let p = Plugin::load(&path).unwrap_or_else(|e| panic!("a 1.{minor} plugin must load: {e}"));
+    assert_eq!(p.abi(), (HMC_PLUGIN_ABI_MAJOR, minor));
+    let a = Arc::new(PluginCommunicator::open(p.clone(), "").unwrap());
+    let b = Arc::new(PluginCommunicator::open(p, "").unwrap());
+    let mem = Arc::new(HostMemory::new());
+    let target = RegisteredBuffer::new(mem.clone(), b.clone(), 4096, Access::READ_WRITE).unwrap();
+    let local = RegisteredBuffer::new(mem, a.clone(), 4096, Access::READ_WRITE).unwrap();
+    local.write_at(0, &MemSpan::host(&[7u8; 4096])).unwrap();
+    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
+    let key = a.import(&ep, &target.export().unwrap()).unwrap();
+    let d = [TransferDesc::new(local.registration(), 0, &key, 0, 4096)];
+    a.transfer(&ep, Op::Write, &d, Deadline::default())
+        .await
+        .unwrap();
+    let mut got = vec![0u8; 4096];
+    target.read_at(0, &mut MemSpanMut::host(&mut got)).unwrap();
+    assert!(got.iter().all(|b| *b == 7));
+    let settled = a.settle(&ep, Deadline::default()).await;
+    match (minor, settled) {
+        (3, Ok(())) => {}
+        (1 | 2, Err(Error::Unsupported(msg))) => {
+            assert!(msg.contains(&format!("ABI 1.{minor}")), "{msg}");
+            assert!(msg.contains("rebuild the plugin against ABI 1.3"), "{msg}");
+        }
+        (_, other) => panic!("settle of a 1.{minor} plugin: {other:?}"),
     }
 }

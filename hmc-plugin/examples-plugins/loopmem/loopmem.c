@@ -19,7 +19,13 @@
  * Built by hmc-plugin's tests with `cc -std=c11 -Wall -Wextra -Werror -shared -fPIC`.
  * The BROKEN_* macros build the deliberately broken variants the tests refuse, and the
  * ones hmc-plugin-kit's tests show failing its cases (BROKEN_CRASH_ON_TRANSFER,
- * BROKEN_HANG_ON_TRANSFER, BROKEN_IGNORES_OUT_SIZE, BROKEN_UNBOUNDED_NOTIFY).
+ * BROKEN_HANG_ON_TRANSFER, BROKEN_IGNORES_OUT_SIZE, BROKEN_UNBOUNDED_NOTIFY,
+ * BROKEN_LATE_BYTES).
+ *
+ * When a transfer ends (ABI 1.3): transfer_poll reports a result only once the worker
+ * stopped copying (it checks cancel and the deadline between chunks), and
+ * transfer_release waits for the chunk in flight, so no byte lands in either side's memory
+ * after the end; the copy happens in this process, so endpoint_settle is not needed.
  */
 #define _GNU_SOURCE
 #include "hmc_plugin.h"
@@ -67,6 +73,13 @@ __attribute__((constructor)) static void loopmem_mark_loaded(void) {
 /* A third-party device kind (128-255) for the memory backend. */
 #define LOOPMEM_DEVICE_KIND 200u
 #define LOOPMEM_MAX_ALLOC (1ull << 30)
+#ifdef BROKEN_LATE_BYTES
+/* Broken on purpose: a transfer goes on copying after it was reported ended (released, or
+ * past its deadline), the late bytes ABI 1.3 forbids. */
+#define LM_STOPS_AT_END 0
+#else
+#define LM_STOPS_AT_END 1
+#endif
 
 static _Thread_local char last_err[512];
 
@@ -128,6 +141,7 @@ struct lm_xfer {
     struct lm_xdesc *descs;
     int state; /* 0 queued, 1 running, 2 done, 3 never queued */
     int cancel;
+    int orphan; /* BROKEN_LATE_BYTES: released while running; the worker frees it */
     int32_t result;
     char err[256];
     struct lm_xfer *next;
@@ -241,12 +255,16 @@ static int32_t run_transfer(struct lm_xfer *x, char *err, size_t errlen) {
     for (size_t i = 0; i < x->count; i++) {
         struct lm_xdesc *d = &x->descs[i];
         for (uint64_t off = 0; off < d->len; off += LOOPMEM_CHUNK) {
+#ifdef BROKEN_LATE_BYTES
+            struct timespec slow = {0, 200000}; /* a slow link: the late bytes are seen */
+            nanosleep(&slow, NULL);
+#endif
             /* Between chunks: cancel, deadline, and the peer and region still there. */
-            if (x->cancel || x->comm->closed) {
+            if (LM_STOPS_AT_END && (x->cancel || x->comm->closed)) {
                 snprintf(err, errlen, "cancelled");
                 return HMC_ERR_CANCELLED;
             }
-            if (x->deadline != HMC_NO_DEADLINE && now_ns() >= x->deadline) {
+            if (LM_STOPS_AT_END && x->deadline != HMC_NO_DEADLINE && now_ns() >= x->deadline) {
                 snprintf(err, errlen, "the deadline passed after %llu of %llu bytes of "
                          "descriptor %zu", (unsigned long long)off,
                          (unsigned long long)d->len, i);
@@ -291,6 +309,10 @@ static void *worker_main(void *arg) {
         x->state = 1;
         x->result = run_transfer(x, x->err, sizeof x->err);
         x->state = 2;
+        if (x->orphan) { /* BROKEN_LATE_BYTES only */
+            free(x->descs);
+            free(x);
+        }
         pthread_cond_broadcast(&g_changed);
         signal_fd(c->efd);
     }
@@ -588,6 +610,10 @@ static int32_t lm_transfer_poll(HmcComm *comm, HmcTransfer *t) {
     int state = x->state;
     int32_t result = x->result;
     pthread_mutex_unlock(&g_lock);
+#ifdef BROKEN_LATE_BYTES
+    if (state != 2 && x->deadline != HMC_NO_DEADLINE && now_ns() >= x->deadline)
+        return fail(HMC_ERR_DEADLINE, "loopmem (broken on purpose): the deadline passed; the copy goes on");
+#endif
     if (state != 2) return HMC_PENDING;
     if (result != HMC_OK) return fail(result, "loopmem: %s", x->err);
     return HMC_OK;
@@ -608,6 +634,13 @@ static void lm_transfer_release(HmcComm *comm, HmcTransfer *t) {
                 break;
             }
     } else {
+#ifdef BROKEN_LATE_BYTES
+        if (x->state == 1) { /* returns while the copy goes on */
+            x->orphan = 1;
+            pthread_mutex_unlock(&g_lock);
+            return;
+        }
+#endif
         while (x->state == 1) pthread_cond_wait(&g_changed, &g_lock); /* stops at a chunk edge */
     }
     pthread_mutex_unlock(&g_lock);
@@ -770,6 +803,10 @@ int32_t hmc_plugin_init(uint32_t host_abi_major, uint32_t host_abi_minor, const 
     api.header.abi_minor = HMC_PLUGIN_ABI_MINOR;
 #ifdef DECLARE_ABI_MINOR
     api.header.abi_minor = DECLARE_ABI_MINOR;
+#if DECLARE_ABI_MINOR < 3
+    /* As if built against an older header: its table ends before ABI 1.3's field. */
+    api.header.struct_size = offsetof(HmcPluginApi, endpoint_settle);
+#endif
 #endif
 #ifdef BROKEN_MAJOR
     api.header.abi_major = HMC_PLUGIN_ABI_MAJOR + 1;

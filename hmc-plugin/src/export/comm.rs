@@ -94,6 +94,7 @@ pub fn fill_transport<P: PluginTransport>(api: &mut HmcPluginApi) {
     api.transfer_release = Some(transfer_release::<P>);
     api.notify = Some(notify::<P>);
     api.recv_notification = Some(recv_notification::<P>);
+    api.endpoint_settle = Some(endpoint_settle::<P>);
 }
 
 /// The communicator behind an `HmcComm*`.
@@ -699,6 +700,28 @@ unsafe extern "C" fn transfer_release<P: PluginTransport>(comm: *mut HmcComm, t:
         // A waker clone the transport kept may still be woken: not into the host's
         // context, which ends when this returns.
         *wake.host.lock() = None;
+    })
+}
+
+/// ABI 1.3's `endpoint_settle`: the communicator's own [`Communicator::settle`], whose
+/// contract is the ABI's (a transport that needs none answers `Ok` at once).
+unsafe extern "C" fn endpoint_settle<P: PluginTransport>(
+    comm: *mut HmcComm,
+    ep: *mut HmcEndpoint,
+    deadline_ns: u64,
+) -> i32 {
+    guard(|| {
+        // SAFETY: live handles of this glue.
+        let (g, ep) = unsafe {
+            (
+                at::<GComm<P::Comm>, _>(comm),
+                at::<<P::Comm as Communicator>::Endpoint, _>(ep),
+            )
+        };
+        status(block_on(
+            g,
+            g.comm.settle(ep, deadline_from_ns(deadline_ns)),
+        ))
     })
 }
 
