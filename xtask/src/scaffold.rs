@@ -342,6 +342,12 @@ impl Communicator for {{Ident}}Communicator {
         self.inner.transfer(ep, op, &inner, deadline).await
     }
 
+    /// The stand-in's target applies received bytes on its own: forward, or an abandoned
+    /// WRITE's end is not final (the kit's `an_abandoned_write_lands_nothing_after_settle`).
+    async fn settle(&self, ep: &Self::Endpoint, deadline: Deadline) -> Result<()> {
+        self.inner.settle(ep, deadline).await
+    }
+
     async fn notify(&self, ep: &Self::Endpoint, tag: u64, msg: &[u8], deadline: Deadline) -> Result<()> {
         self.inner.notify(ep, tag, msg, deadline).await
     }
