@@ -4,6 +4,8 @@
 //!
 //! It registers `--layers` regions of `--blocks` blocks of `--block` bytes, filled with
 //! [`pattern`] of `--seed`, and prints `READY <name> <hex metadata blob> <region addrs…>`.
+//! With `--alloc 1` the regions are the engine's own ([`Engine::alloc_mem`]: shared memory
+//! under `shm` and `auto`) instead of this process's heap.
 //! Commands, one per line, each answered with one line:
 //!
 //! - `sums`: `SUMS <checksum of every block, layer by layer>`;
@@ -14,6 +16,7 @@
 //! - `verify`: takes notifications until one arrives, then checks at once the block
 //!   checksums its message lists (`LAYER:BLOCK:SUM,…`): `VERIFIED <name> ok|bad <failed>`;
 //! - `blob`: `BLOB <hex of the full metadata blob>`;
+//! - `memfd`: `MEMFD <how many regions lie in a memfd mapping>` (per `/proc/self/maps`);
 //! - `quit`.
 //!
 //! `cargo run -p hmc-engine --example kv_peer -- --transport shm --layers 4`
@@ -82,18 +85,21 @@ async fn main() {
         .await
         .expect("engine");
     let len = (blocks * block) as usize;
-    let mut mem: Vec<Vec<u8>> = (0..layers).map(|_| vec![0u8; len]).collect();
-    let fill = |mem: &mut Vec<Vec<u8>>, seed: u64| {
-        for (l, m) in mem.iter_mut().enumerate() {
-            for (o, b) in m.iter_mut().enumerate() {
-                *b = pattern(seed, l as u64, o as u64);
-            }
-        }
-    };
-    fill(&mut mem, num("seed", 1));
+    let alloc = get("alloc", "0") == "1";
+    // The regions' memory: this process's heap (`heap`), or the engine's (`alloc_mem`),
+    // freed by its deregistration.
+    let mut heap: Vec<Vec<u8>> = Vec::new();
     let mut handles: Vec<Option<MemHandle>> = Vec::new();
-    for m in &mem {
-        // SAFETY: every region outlives its registration: `mem` is dropped after the
+    let mut starts: Vec<u64> = Vec::new();
+    for _ in 0..layers {
+        if alloc {
+            let (h, m) = e.alloc_mem(len, Access::READ_WRITE).expect("alloc_mem");
+            handles.push(Some(h));
+            starts.push(m.addr);
+            continue;
+        }
+        let m = vec![0u8; len];
+        // SAFETY: every region outlives its registration: `heap` is dropped after the
         // engine is finalized and every handle deregistered (below), and never resized.
         let h = unsafe {
             e.register_mem(
@@ -107,11 +113,30 @@ async fn main() {
         }
         .expect("register");
         handles.push(Some(h));
+        starts.push(m.as_ptr() as u64);
+        heap.push(m);
     }
-    let addrs: Vec<String> = mem
-        .iter()
-        .map(|m| (m.as_ptr() as u64).to_string())
-        .collect();
+    // A region's bytes while it is registered (an allocated one is freed at `dereg`).
+    let region = |handles: &[Option<MemHandle>], l: usize| -> Option<&mut [u8]> {
+        handles[l].is_some().then(|| {
+            // SAFETY: the region is registered, so allocated (heap memory lives in `heap`
+            // until the end of `main`; engine memory until its deregistration); peers'
+            // transfers into it race with this access as a DMA engine's would, which the
+            // tests order by their commands.
+            unsafe { std::slice::from_raw_parts_mut(starts[l] as *mut u8, len) }
+        })
+    };
+    let fill = |handles: &[Option<MemHandle>], seed: u64| {
+        for l in 0..handles.len() {
+            if let Some(m) = region(handles, l) {
+                for (o, b) in m.iter_mut().enumerate() {
+                    *b = pattern(seed, l as u64, o as u64);
+                }
+            }
+        }
+    };
+    fill(&handles, num("seed", 1));
+    let addrs: Vec<String> = starts.iter().map(u64::to_string).collect();
     let blob = e.local_metadata().expect("metadata");
     say(format!(
         "READY {} {} {}",
@@ -132,14 +157,14 @@ async fn main() {
         let mut w = line.split_whitespace();
         match w.next().unwrap_or("") {
             "sums" => {
-                let sums: Vec<String> = mem
-                    .iter()
+                let sums: Vec<String> = (0..handles.len())
+                    .filter_map(|l| region(&handles, l))
                     .flat_map(|m| m.chunks(block as usize).map(|b| checksum(b).to_string()))
                     .collect();
                 say(format!("SUMS {}", sums.join(" ")));
             }
             "fill" => {
-                fill(&mut mem, w.next().unwrap().parse().unwrap());
+                fill(&handles, w.next().unwrap().parse().unwrap());
                 say("OK".into());
             }
             "dereg" => {
@@ -170,7 +195,8 @@ async fn main() {
                     let v: Vec<u64> = item.split(':').map(|x| x.parse().unwrap()).collect();
                     let (l, b, sum) = (v[0] as usize, v[1] as usize, v[2]);
                     let at = b * block as usize;
-                    checksum(&mem[l][at..at + block as usize]) == sum
+                    region(&handles, l)
+                        .is_some_and(|m| checksum(&m[at..at + block as usize]) == sum)
                 });
                 say(format!(
                     "VERIFIED {} {} {}",
@@ -181,6 +207,19 @@ async fn main() {
                 break;
             },
             "blob" => say(format!("BLOB {}", hex(&e.local_metadata().unwrap()))),
+            "memfd" => {
+                let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+                let in_memfd = starts.iter().filter(|&&a| {
+                    maps.lines().any(|l| {
+                        let range = l.split_whitespace().next().unwrap_or("");
+                        let (lo, hi) = range.split_once('-').unwrap_or(("0", "0"));
+                        let lo = u64::from_str_radix(lo, 16).unwrap_or(0);
+                        let hi = u64::from_str_radix(hi, 16).unwrap_or(0);
+                        l.contains("/memfd:") && (lo..hi).contains(&a)
+                    })
+                });
+                say(format!("MEMFD {}", in_memfd.count()));
+            }
             "quit" | "" => break,
             other => say(format!("ERR unknown command {other}")),
         }
@@ -189,5 +228,5 @@ async fn main() {
     for h in handles.into_iter().flatten() {
         e.deregister_mem(h).await.expect("deregister");
     }
-    drop(mem);
+    drop(heap);
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hmc_core::{
-    Access, Communicator, Deadline, Device, DeviceKind, Op, PeerAddr, Region, TransferDesc,
+    Access, Communicator, Deadline, Device, DeviceKind, LocalRegistration, Op, PeerAddr, Region,
+    TransferDesc,
 };
 use hmc_rpc::{Client, ClientConfig, Dispatcher, RpcError, RunningServer, Server};
 use parking_lot::{Mutex, RwLock};
@@ -26,6 +27,7 @@ mod directory;
 mod membership;
 mod notify;
 mod notify_queue;
+mod owned_mem;
 mod post;
 mod prepared;
 mod rules;
@@ -111,6 +113,10 @@ struct LocalReg<C: Communicator> {
     /// ([`hmc_core::DeviceMemoryPath::Staged`]): this engine's own transfers of it go
     /// through its host bounce buffers, like a local-only staged region's.
     staged: Option<Arc<staged::StagedReg>>,
+    /// Memory the engine allocated for it on the heap ([`Engine::alloc_mem`] over a
+    /// transport without an allocation of its own): declared after `reg`, so freed only
+    /// once the registration is gone.
+    _owned: Option<owned_mem::OwnedHostMem>,
 }
 
 /// What this engine has registered.
@@ -422,6 +428,51 @@ impl<C: Communicator> Engine<C> {
         unsafe { self.add_registered(region, access, None, None) }
     }
 
+    /// Allocates `len` zeroed bytes of host memory and registers them for `access`, like
+    /// [`Engine::register_mem`], in memory the engine owns: it is freed by
+    /// [`Engine::deregister_mem`] of the returned handle (after transfers using it have
+    /// ended), or when the engine goes.
+    ///
+    /// Where the transport has an allocation of its own (`Communicator::alloc_registered`:
+    /// shared memory under `shm` and `auto`), the memory is that: a peer on this host then
+    /// reaches it with a plain `memcpy` through its own mapping, instead of cross-memory
+    /// attach's system call and page pinning per copy. Elsewhere it is page-aligned heap
+    /// memory. Caches a process serves to its peers (a prefill's KV cache) are what this is
+    /// for; [`crate::kv::DataDist::allocate_cache`] allocates host caches with it.
+    pub fn alloc_mem(&self, len: usize, access: Access) -> Result<(MemHandle, MemDesc)> {
+        self.check_open()?;
+        if len == 0 {
+            return Err(EngineError::InvalidArgument(
+                "cannot allocate 0 bytes".into(),
+            ));
+        }
+        let s = &self.inner.shared;
+        self.region_room(s.local.read().map.len())?;
+        let (region, reg, owned) = match s.comm.alloc_registered(len, access)? {
+            Some(reg) => (reg.region(), reg, None),
+            None => {
+                let mem = owned_mem::OwnedHostMem::zeroed(len)?;
+                let region = Region {
+                    device: Device::HOST,
+                    addr: mem.addr(),
+                    len,
+                };
+                // SAFETY: `mem` is a live allocation of `len` bytes that the table entry
+                // owns and frees only after dropping this registration.
+                let reg = unsafe { s.comm.register(region, access)? };
+                (region, reg, Some(mem))
+            }
+        };
+        let handle = self.add_made(region, access, reg, None, owned)?;
+        Ok((
+            handle,
+            MemDesc {
+                addr: region.addr,
+                len: region.len,
+            },
+        ))
+    }
+
     /// Registers `region` with the transport (with its device's backend: `memory`, or
     /// `staged`'s when it is device memory the transport stages) and adds it to the table
     /// peers fetch.
@@ -435,21 +486,9 @@ impl<C: Communicator> Engine<C> {
         memory: Option<&hmc_core::AnyMemory>,
         staged: Option<Arc<staged::StagedReg>>,
     ) -> Result<MemHandle> {
-        let desc = MemDesc {
-            addr: region.addr,
-            len: region.len,
-        };
         let s = &self.inner.shared;
-        let mut t = s.local.write();
-        if t.map.len() >= s.config.max_regions {
-            return Err(EngineError::Limit {
-                limit: "max_regions",
-                value: t.map.len() as u64 + 1,
-                max: s.config.max_regions as u64,
-                hint: "deregister memory first, or register fewer, larger regions (raise EngineConfig::max_regions)",
-            });
-        }
-        if desc.len == 0 {
+        self.region_room(s.local.read().map.len())?;
+        if region.len == 0 {
             return Err(EngineError::InvalidArgument(
                 "cannot register 0 bytes".into(),
             ));
@@ -462,6 +501,40 @@ impl<C: Communicator> Engine<C> {
                 None => s.comm.register(region, access)?,
             }
         };
+        self.add_made(region, access, reg, staged, None)
+    }
+
+    /// Refuses one more registration beside `regions` past `max_regions`.
+    fn region_room(&self, regions: usize) -> Result<()> {
+        let s = &self.inner.shared;
+        if regions >= s.config.max_regions {
+            return Err(EngineError::Limit {
+                limit: "max_regions",
+                value: regions as u64 + 1,
+                max: s.config.max_regions as u64,
+                hint: "deregister memory first, or register fewer, larger regions (raise EngineConfig::max_regions)",
+            });
+        }
+        Ok(())
+    }
+
+    /// Adds a registration made by the transport (of `region`) to the table peers fetch.
+    /// `owned` is memory the engine allocated for it, freed after the registration.
+    fn add_made(
+        &self,
+        region: Region,
+        access: Access,
+        reg: C::Registration,
+        staged: Option<Arc<staged::StagedReg>>,
+        owned: Option<owned_mem::OwnedHostMem>,
+    ) -> Result<MemHandle> {
+        let desc = MemDesc {
+            addr: region.addr,
+            len: region.len,
+        };
+        let s = &self.inner.shared;
+        let mut t = s.local.write();
+        self.region_room(t.map.len())?;
         let exported = s.comm.export(&reg)?.encode();
         let handle = MemHandle(t.next_handle);
         let entry = Arc::new(LocalReg {
@@ -470,6 +543,7 @@ impl<C: Communicator> Engine<C> {
             access,
             exported,
             staged,
+            _owned: owned,
         });
         if let Err((start, region_len)) = t.map.insert(desc.addr, desc.len as u64, entry) {
             // The registration just made drops (deregisters) here.

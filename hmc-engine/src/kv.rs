@@ -228,8 +228,6 @@ impl Cache {
 struct Record {
     handles: Vec<MemHandle>,
     names: Vec<String>,
-    /// Memory the DataDist allocated (host caches from `allocate_cache`).
-    _owned: Vec<Box<[u8]>>,
 }
 
 /// One cluster's KV-cache service over an [`Engine`].
@@ -243,23 +241,17 @@ pub struct DataDist<C: Communicator> {
 }
 
 /// A cache still registered when its `DataDist` goes (no `deallocate_cache`): the engine,
-/// which may outlive the `DataDist` (it is cheap to clone), still lets peers read and
-/// write the cache's memory, so memory the `DataDist` allocated for it is leaked rather
-/// than freed under them, with a warning that says how to avoid it.
+/// which may outlive the `DataDist` (it is cheap to clone), keeps its registrations, so
+/// peers may still read and write the cache's memory; memory `allocate_cache` made is the
+/// engine's and is freed only when the engine goes. Said in a warning that says how to
+/// avoid it.
 impl<C: Communicator> Drop for DataDist<C> {
     fn drop(&mut self) {
         let caches = std::mem::take(&mut *self.caches.lock());
-        let mut leaked = 0usize;
-        for (_, record) in caches {
-            for buf in record._owned {
-                leaked += buf.len();
-                Box::leak(buf);
-            }
-        }
-        if leaked > 0 {
+        if !caches.is_empty() {
             tracing::warn!(
-                bytes = leaked,
-                "a DataDist was dropped with caches still registered: their memory is kept (peers may still reach it); deallocate_cache each cache first"
+                caches = caches.len(),
+                "a DataDist was dropped with caches still registered: they stay registered with its engine (peers may still reach them) until the engine goes; deallocate_cache each cache first"
             );
         }
     }
@@ -368,16 +360,30 @@ impl<C: Communicator> DataDist<C> {
             ));
         }
         let bytes = desc.layout().tensor_bytes()?;
-        let owned: Vec<Box<[u8]>> = (0..desc.num_tensors)
-            .map(|_| vec![0u8; bytes as usize].into_boxed_slice())
-            .collect();
-        let addrs: Vec<u64> = owned.iter().map(|b| b.as_ptr() as u64).collect();
-        // SAFETY: the buffers are owned by the record, which lives until deallocate_cache
-        // has deregistered them.
-        unsafe {
-            self.register(desc, addrs, keys, blocks_key, owned, None)
-                .await
+        self.check_keys(keys)?;
+        let bytes = usize::try_from(bytes).map_err(|_| {
+            EngineError::InvalidArgument(format!(
+                "a tensor of {bytes} bytes does not fit this host"
+            ))
+        })?;
+        // Engine-owned memory (shared memory under `shm` and `auto`, so that a peer on this
+        // host copies blocks with memcpy): freed when deregistered, or with the engine.
+        let mut handles = Vec::with_capacity(desc.num_tensors as usize);
+        let mut addrs = Vec::with_capacity(desc.num_tensors as usize);
+        for _ in 0..desc.num_tensors {
+            match self.engine.alloc_mem(bytes, hmc_core::Access::READ_WRITE) {
+                Ok((h, mem)) => {
+                    handles.push(h);
+                    addrs.push(mem.addr);
+                }
+                Err(e) => {
+                    self.deregister_all(handles).await;
+                    return Err(e);
+                }
+            }
         }
+        self.publish_cache(desc, addrs, keys, blocks_key, handles)
+            .await
     }
 
     /// Registers a cache in memory the caller owns (one address per tensor) and publishes
@@ -396,7 +402,7 @@ impl<C: Communicator> DataDist<C> {
     ) -> Result<Cache> {
         // SAFETY: forwarded contract.
         unsafe {
-            self.register(desc, tensor_addrs, keys, blocks_key, Vec::new(), None)
+            self.register(desc, tensor_addrs, keys, blocks_key, None)
                 .await
         }
     }
@@ -429,15 +435,8 @@ impl<C: Communicator> DataDist<C> {
         }
         // SAFETY: forwarded contract.
         unsafe {
-            self.register(
-                desc,
-                tensor_addrs,
-                keys,
-                blocks_key,
-                Vec::new(),
-                Some(memory),
-            )
-            .await
+            self.register(desc, tensor_addrs, keys, blocks_key, Some(memory))
+                .await
         }
     }
 
@@ -447,11 +446,9 @@ impl<C: Communicator> DataDist<C> {
         tensor_addrs: Vec<u64>,
         keys: &[CacheKey],
         blocks_key: Option<BlocksCacheKey>,
-        owned: Vec<Box<[u8]>>,
         memory: Option<hmc_core::AnyMemory>,
     ) -> Result<Cache> {
-        let layout = desc.layout();
-        let bytes = layout.tensor_bytes()?;
+        let bytes = desc.layout().tensor_bytes()?;
         if tensor_addrs.len() != desc.num_tensors as usize {
             return Err(EngineError::InvalidArgument(format!(
                 "{} tensor addresses for a cache of {} tensors",
@@ -459,18 +456,11 @@ impl<C: Communicator> DataDist<C> {
                 desc.num_tensors
             )));
         }
-        for k in keys {
-            if k.prompt_cluster_id != self.cluster_id {
-                return Err(EngineError::InvalidArgument(format!(
-                    "key {k:?} names cluster {}, but this is cluster {}",
-                    k.prompt_cluster_id, self.cluster_id
-                )));
-            }
-        }
+        self.check_keys(keys)?;
         let mut handles = Vec::with_capacity(tensor_addrs.len());
         for &addr in &tensor_addrs {
-            // SAFETY: the caller (or `allocate_cache`) keeps the tensor alive until
-            // `deallocate_cache`, which deregisters first.
+            // SAFETY: the caller keeps the tensor alive until `deallocate_cache`, which
+            // deregisters first.
             let mem = MemDesc {
                 addr,
                 len: bytes as usize,
@@ -488,13 +478,46 @@ impl<C: Communicator> DataDist<C> {
                 Ok(h) => handles.push(h),
                 Err(e) => {
                     // Leave nothing half-registered.
-                    for h in handles {
-                        let _ = self.engine.deregister_mem(h).await;
-                    }
+                    self.deregister_all(handles).await;
                     return Err(e);
                 }
             }
         }
+        self.publish_cache(desc, tensor_addrs, keys, blocks_key, handles)
+            .await
+    }
+
+    /// Refuses keys of another cluster.
+    fn check_keys(&self, keys: &[CacheKey]) -> Result<()> {
+        for k in keys {
+            if k.prompt_cluster_id != self.cluster_id {
+                return Err(EngineError::InvalidArgument(format!(
+                    "key {k:?} names cluster {}, but this is cluster {}",
+                    k.prompt_cluster_id, self.cluster_id
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Deregisters `handles`, for a cache that could not be made whole.
+    async fn deregister_all(&self, handles: Vec<MemHandle>) {
+        for h in handles {
+            let _ = self.engine.deregister_mem(h).await;
+        }
+    }
+
+    /// Publishes a cache whose tensors (at `tensor_addrs`) are registered as `handles`
+    /// under `keys` and `blocks_key`, and records it; on failure deregisters `handles`.
+    async fn publish_cache(
+        &self,
+        desc: CacheDesc,
+        tensor_addrs: Vec<u64>,
+        keys: &[CacheKey],
+        blocks_key: Option<BlocksCacheKey>,
+        handles: Vec<MemHandle>,
+    ) -> Result<Cache> {
+        let layout = desc.layout();
         let published = RpcCodec::encode(&Published {
             layout,
             tensor_addrs: tensor_addrs.clone(),
@@ -507,21 +530,12 @@ impl<C: Communicator> DataDist<C> {
                 for done in &names[..i] {
                     self.engine.unpublish(done);
                 }
-                for h in handles {
-                    let _ = self.engine.deregister_mem(h).await;
-                }
+                self.deregister_all(handles).await;
                 return Err(e);
             }
         }
         let id = self.next_id();
-        self.caches.lock().insert(
-            id,
-            Record {
-                handles,
-                names,
-                _owned: owned,
-            },
-        );
+        self.caches.lock().insert(id, Record { handles, names });
         Ok(Cache {
             id,
             desc,

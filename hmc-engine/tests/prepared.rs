@@ -119,16 +119,30 @@ async fn ended(x: &PreparedTransfer<AnyCommunicator>) -> TransferStatus {
 /// READs random blocks of the peer into random blocks here and WRITEs others back with a
 /// notification; the peer checks the written blocks when the notification arrives (so the
 /// bytes were visible first), and both sides' checksums agree. Posted twice (a transfer is
-/// re-posted after it ended), with telemetry.
+/// re-posted after it ended), with telemetry. The peer's regions are its heap's, or
+/// (`alloc`) the engine's own (`Engine::alloc_mem`), which under `shm` and `auto` must be
+/// shared memory (a memfd mapping) and elsewhere is not.
 #[rstest]
-#[case::tcp("tcp")]
-#[case::shm("shm")]
-#[case::auto("auto")]
-#[case::ucx("ucx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prepared_lists_move_random_blocks_both_ways(#[case] transport: &str) {
+async fn prepared_lists_move_random_blocks_both_ways(
+    #[values("tcp", "shm", "auto", "ucx")] transport: &str,
+    #[values(false, true)] alloc: bool,
+) {
     let (layers, blocks, block) = (4, 64, 4096);
-    let mut peer = KvPeer::spawn(transport, layers, blocks, block, &["--seed", "3"]);
+    let alloc_flag: &[&str] = if alloc { &["--alloc", "1"] } else { &[] };
+    let mut peer = KvPeer::spawn(
+        transport,
+        layers,
+        blocks,
+        block,
+        &[&["--seed", "3"], alloc_flag].concat(),
+    );
+    let shared = matches!(transport, "shm" | "auto") && alloc;
+    assert_eq!(
+        peer.cmd("memfd"),
+        format!("MEMFD {}", if shared { layers } else { 0 }),
+        "where the peer's regions live"
+    );
     let e = engine(transport, &[]).await;
     let mut cache = Cache::new(&e, layers, blocks, block);
     let name = e.add_remote(&peer.blob, T).await.unwrap();

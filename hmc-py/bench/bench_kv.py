@@ -13,6 +13,9 @@ Systems (each a driver process of its own with its own target process):
   ``hmc-tcp`` (``transport=tcp``): prepared lists, per request ``make_transfer`` of the
   request's indices with a notification, ``post``, ``wait``, ``release``; from Python,
   and the same loop run by Rust (``_prepared_loop``: what Python adds);
+- ``hmc-alloc``: ``hmc`` with the target's cache allocated by its engine
+  (``Engine.alloc_mem``: shared memory, which the driver copies with ``memcpy``) instead
+  of numpy arrays of its own;
 - ``nixl`` (1.5.1, UCX, DRAM, default transports) and ``nixl-tcp`` (``UCX_TLS=tcp``):
   ``prep_xfer_dlist`` on both sides, per request ``make_prepped_xfer`` with a
   notification, ``transfer``, ``check_xfer_state`` until ``DONE``, ``release_xfer_handle``;
@@ -100,9 +103,19 @@ def hmc_target(a):
 
     e = hmc.Engine()
     e.initialize("127.0.0.1:0", {"transport": "tcp"} if a.system == "hmc-tcp" else {})
-    regions = [pattern(i, a.blocks * a.block) for i in range(a.layers)]
-    for r in regions:
-        e.register_mem(r)
+    n = a.blocks * a.block
+    if a.system == "hmc-alloc":
+        import numpy as np
+
+        regions = []
+        for i in range(a.layers):
+            view = np.frombuffer(e.alloc_mem(n), dtype=np.uint8)  # the view keeps it
+            view[:] = pattern(i, n)
+            regions.append(view)
+    else:
+        regions = [pattern(i, n) for i in range(a.layers)]
+        for r in regions:
+            e.register_mem(r)
 
     def drain():  # a prefill engine takes its notifications as they come
         while True:
@@ -239,7 +252,7 @@ def driver(a):
         r[:] = (np.arange(r.size) * (i + 3)).astype(np.uint8)
     run, rust = None, None
     target = None
-    if a.system in ("hmc", "hmc-tcp"):
+    if a.system in ("hmc", "hmc-tcp", "hmc-alloc"):
         import hmc
         from hmc import _hmc
 
@@ -498,7 +511,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--prep", type=int, default=1_000_000)
-    ap.add_argument("--systems", default="hmc,hmc-tcp,nixl,nixl-tcp,mooncake,memcpy,hmc-nixl,hmc-mooncake")
+    ap.add_argument("--systems", default="hmc,hmc-alloc,hmc-tcp,nixl,nixl-tcp,mooncake,memcpy,hmc-nixl,hmc-mooncake")
     ap.add_argument("--floor")
     ap.add_argument("--nixl-python")
     ap.add_argument("--mooncake-python")
@@ -506,7 +519,7 @@ def main():
     if a.role in ("target", "driver"):
         die_with_parent()  # a SIGKILL of whoever started it ends it too
     if a.role == "target":
-        {"hmc": hmc_target, "hmc-tcp": hmc_target, "nixl": nixl_target, "nixl-tcp": nixl_target,
+        {"hmc": hmc_target, "hmc-tcp": hmc_target, "hmc-alloc": hmc_target, "nixl": nixl_target, "nixl-tcp": nixl_target,
          "mooncake": mooncake_target, "hmc-nixl": nixl_target, "hmc-mooncake": mooncake_target}[a.system](a)
         return
     if a.role == "driver":
@@ -587,7 +600,7 @@ def main():
         "measured loop, per GiB moved; the floor's over its round.")
     say("\n## Ratios (medians)\n")
     med = {k: median(v) for k, v in res.items()}
-    pairs = [("hmc", "nixl"), ("hmc", "memcpy"), ("hmc-tcp", "nixl-tcp"), ("hmc-tcp", "mooncake"),
+    pairs = [("hmc", "nixl"), ("hmc", "memcpy"), ("hmc-alloc", "memcpy"), ("hmc-tcp", "nixl-tcp"), ("hmc-tcp", "mooncake"),
              ("hmc-nixl", "hmc"), ("hmc-mooncake", "hmc-tcp"), ("hmc-mooncake", "mooncake")]
     say("| ratio | read | write |")
     say("|---|---|---|")
@@ -604,7 +617,7 @@ def main():
     cmed = {k: median(v) for k, v in cpu.items()}
     if floor:
         cmed.update({("floor", op): median(floor_cpu[op]) for op in ("read", "write")})
-    for x, y in [("hmc-tcp", "floor"), ("hmc", "memcpy"), ("hmc-tcp", "nixl-tcp"), ("hmc-tcp", "mooncake"),
+    for x, y in [("hmc-tcp", "floor"), ("hmc", "memcpy"), ("hmc-alloc", "memcpy"), ("hmc-tcp", "nixl-tcp"), ("hmc-tcp", "mooncake"),
                  ("hmc", "nixl"), ("hmc-nixl", "hmc"), ("hmc-mooncake", "hmc-tcp")]:
         if all((z, "read") in cmed and cmed[(z, "read")] and cmed[(z, "write")] for z in (x, y)):
             say(f"| {x} / {y} | {cmed[(x, 'read')] / cmed[(y, 'read')]:.2f} | "

@@ -234,3 +234,105 @@ fn object_ordinal(obj: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
     }
     Ok(None)
 }
+
+/// Whether memory the library owns and lends to Python (a host cache's tensor, an
+/// ``Engine.alloc_mem`` block) is still there, and how many buffer views of it are open:
+/// its owner refuses to free it while any is.
+#[derive(Default)]
+pub(crate) struct ViewGate {
+    /// False once the memory is freed.
+    pub live: std::sync::atomic::AtomicBool,
+    /// Open buffer views.
+    pub views: std::sync::atomic::AtomicUsize,
+}
+
+impl ViewGate {
+    /// A gate over live memory.
+    pub(crate) fn live() -> ViewGate {
+        ViewGate {
+            live: std::sync::atomic::AtomicBool::new(true),
+            views: Default::default(),
+        }
+    }
+
+    /// Open views now.
+    pub(crate) fn open_views(&self) -> usize {
+        self.views.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// [`export_bytes`] under this gate.
+    ///
+    /// # Safety
+    /// As for [`export_bytes`].
+    pub(crate) unsafe fn export(
+        &self,
+        exporter: &Bound<'_, PyAny>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::ffi::c_int,
+        addr: u64,
+        len: usize,
+        gone: &'static str,
+    ) -> PyResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe {
+            export_bytes(
+                exporter,
+                view,
+                flags,
+                addr,
+                len,
+                &self.live,
+                &self.views,
+                gone,
+            )
+        }
+    }
+
+    /// One view closed.
+    pub(crate) fn release(&self) {
+        self.views.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Fills `view` with the `len` writable bytes at `addr` (format ``B``, one dimension),
+/// exported by `exporter`, and counts it in `views` until the exporter's
+/// `__releasebuffer__` takes it off. `gone` is the error once `live` is false (freed).
+///
+/// # Safety
+/// `view` is the Py_buffer the interpreter passed to `__getbuffer__`; `addr..addr+len`
+/// stays allocated while `live` holds and a view is open (the owner refuses to free it
+/// while `views` > 0).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn export_bytes(
+    exporter: &Bound<'_, PyAny>,
+    view: *mut pyo3::ffi::Py_buffer,
+    flags: std::ffi::c_int,
+    addr: u64,
+    len: usize,
+    live: &std::sync::atomic::AtomicBool,
+    views: &std::sync::atomic::AtomicUsize,
+    gone: &'static str,
+) -> PyResult<()> {
+    use std::sync::atomic::Ordering;
+    if !live.load(Ordering::Acquire) {
+        return Err(pyo3::exceptions::PyBufferError::new_err(gone));
+    }
+    views.fetch_add(1, Ordering::AcqRel);
+    // SAFETY: `view` is the caller's Py_buffer; the range stays allocated while a view is
+    // open (the caller's contract).
+    let r = unsafe {
+        pyo3::ffi::PyBuffer_FillInfo(
+            view,
+            exporter.as_ptr(),
+            addr as *mut std::ffi::c_void,
+            len as pyo3::ffi::Py_ssize_t,
+            0,
+            flags,
+        )
+    };
+    if r != 0 {
+        views.fetch_sub(1, Ordering::AcqRel);
+        return Err(PyErr::fetch(exporter.py()));
+    }
+    Ok(())
+}

@@ -10,7 +10,7 @@ use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use crate::buffer::{self, Held};
+use crate::buffer::{self, Held, ViewGate};
 use crate::dlpack::Placement;
 use crate::{errors, millis, runtime, wait};
 
@@ -141,6 +141,9 @@ pub(crate) struct Live {
     pub(crate) engine: RustEngine,
     /// Registered Python memory, kept alive until deregistered.
     held: Mutex<HashMap<hmc_engine::MemHandle, Held>>,
+    /// Memory the engine allocated (`alloc_mem`), with its views: freed by its
+    /// deregistration, refused while a view is open.
+    allocated: Mutex<HashMap<hmc_engine::MemHandle, Arc<ViewGate>>>,
 }
 
 impl Live {
@@ -148,7 +151,26 @@ impl Live {
         Live {
             engine,
             held: Mutex::new(HashMap::new()),
+            allocated: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Refuses to free allocated memory (`h`) while a buffer view of it is open;
+    /// otherwise marks it gone, so that no new view opens.
+    fn close_allocated(&self, h: &hmc_engine::MemHandle) -> PyResult<()> {
+        let mut allocated = self.allocated.lock();
+        let Some(gate) = allocated.get(h) else {
+            return Ok(());
+        };
+        let open = gate.open_views();
+        if open > 0 {
+            return Err(pyo3::exceptions::PyBufferError::new_err(format!(
+                "{open} buffer view(s) of this memory are still open (numpy arrays, memoryviews); delete them before deregister_mem"
+            )));
+        }
+        gate.live.store(false, std::sync::atomic::Ordering::Release);
+        allocated.remove(h);
+        Ok(())
     }
 
     /// Registers the memory of `obj` (see [`buffer::hold`]).
@@ -233,6 +255,7 @@ impl Live {
 
     /// Deregisters and releases the Python memory of `h`.
     pub(crate) fn deregister(&self, py: Python<'_>, h: &MemHandle) -> PyResult<()> {
+        self.close_allocated(&h.handle)?;
         wait(py, self.engine.deregister_mem(h.handle))?.map_err(errors::engine)?;
         let held = self.held.lock().remove(&h.handle);
         drop(held);
@@ -244,7 +267,15 @@ impl Live {
     /// the Python memory.
     async fn shut_down(self: Arc<Self>) {
         self.engine.finalize().await;
-        let handles: Vec<hmc_engine::MemHandle> = self.held.lock().keys().copied().collect();
+        let mut handles: Vec<hmc_engine::MemHandle> = self.held.lock().keys().copied().collect();
+        // Allocated memory with a view open stays (it is the engine's, freed when the
+        // engine goes, which its `HostMemory` objects keep from happening before them).
+        let allocated: Vec<hmc_engine::MemHandle> = self.allocated.lock().keys().copied().collect();
+        handles.extend(
+            allocated
+                .into_iter()
+                .filter(|h| self.close_allocated(h).is_ok()),
+        );
         for h in handles {
             let _ = self.engine.deregister_mem(h).await;
         }
@@ -466,6 +497,34 @@ impl Engine {
     /// still using it are waited for), and the engine lets go of the object.
     fn deregister_mem(&self, py: Python<'_>, handle: MemHandle) -> PyResult<()> {
         self.live()?.deregister(py, &handle)
+    }
+
+    /// Allocates ``nbytes`` zeroed bytes of host memory that the engine owns, registered
+    /// for reading and writing (no ``register_mem`` needed), and returns them as a
+    /// writable buffer object (``numpy.frombuffer(m, dtype)``, ``memoryview(m)``) with
+    /// ``handle``, ``addr`` and ``len``. Under the ``shm`` and ``auto`` transports it is
+    /// shared memory, which a peer on this host copies with a plain ``memcpy`` instead of
+    /// cross-memory attach: allocate the memory peers read and write (a prefill's KV
+    /// cache) this way. ``deregister_mem(m.handle)`` frees it, once every view of it is
+    /// closed.
+    fn alloc_mem(slf: &Bound<'_, Self>, nbytes: usize) -> PyResult<HostMemory> {
+        let live = slf.get().live()?;
+        let (handle, mem) = live
+            .engine
+            .alloc_mem(nbytes, hmc_engine::Access::READ_WRITE)
+            .map_err(errors::engine)?;
+        let gate = Arc::new(ViewGate::live());
+        live.allocated.lock().insert(handle, gate.clone());
+        Ok(HostMemory {
+            handle: MemHandle {
+                addr: mem.addr,
+                length: mem.len as u64,
+                readonly: false,
+                handle,
+            },
+            gate,
+            _live: live,
+        })
     }
 
     /// Connects to the engine at ``remote`` (its ``local_address``): fetches its table of
@@ -946,10 +1005,74 @@ impl TransferReq {
 }
 
 /// Adds the engine's classes to the module.
+/// Host memory an engine allocated (``Engine.alloc_mem``), as a writable buffer object
+/// (format ``B``, one dimension of bytes). Views keep this object, and so the engine,
+/// alive; ``deregister_mem`` of its ``handle`` refuses while any view is open.
+#[pyclass(module = "hmc", frozen)]
+pub struct HostMemory {
+    handle: MemHandle,
+    gate: Arc<ViewGate>,
+    /// The engine owns the memory: kept until every object over it is gone.
+    _live: Arc<Live>,
+}
+
+#[pymethods]
+impl HostMemory {
+    /// The registration (for ``deregister_mem``); its ``addr`` and ``length`` are the
+    /// memory's.
+    #[getter]
+    fn handle(&self) -> MemHandle {
+        self.handle.clone()
+    }
+
+    /// Where the memory starts (for ``TransferOpDesc`` and block tables).
+    #[getter]
+    fn addr(&self) -> u64 {
+        self.handle.addr
+    }
+
+    fn __len__(&self) -> usize {
+        self.handle.length as usize
+    }
+
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut pyo3::ffi::Py_buffer,
+        flags: std::ffi::c_int,
+    ) -> PyResult<()> {
+        let m = slf.get();
+        // SAFETY: `view` is the interpreter's; the memory stays allocated while its gate
+        // is live and a view is open (`deregister_mem` refuses then, and finalization
+        // leaves it to the engine, which `_live` keeps).
+        unsafe {
+            m.gate.export(
+                slf.as_any(),
+                view,
+                flags,
+                m.handle.addr,
+                m.handle.length as usize,
+                "the memory was freed (deregister_mem); it has no bytes any more",
+            )
+        }
+    }
+
+    unsafe fn __releasebuffer__(&self, _view: *mut pyo3::ffi::Py_buffer) {
+        self.gate.release();
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "HostMemory(addr={:#x}, len={})",
+            self.handle.addr, self.handle.length
+        )
+    }
+}
+
 pub(crate) fn add(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Engine>()?;
     m.add_class::<MemType>()?;
     m.add_class::<MemHandle>()?;
+    m.add_class::<HostMemory>()?;
     m.add_class::<TransferOp>()?;
     m.add_class::<TransferOpDesc>()?;
     m.add_class::<TransferStatus>()?;

@@ -353,29 +353,20 @@ impl CacheTensor {
         flags: c_int,
     ) -> PyResult<()> {
         let t = slf.get();
-        if !t.live.load(Ordering::Acquire) {
-            return Err(PyBufferError::new_err(
-                "the cache was deallocated; its tensors have no memory any more",
-            ));
-        }
-        t.views.fetch_add(1, Ordering::AcqRel);
-        // SAFETY: `view` is the caller's Py_buffer; the range is the tensor's, which
-        // stays allocated while a view is open (deallocation refuses while `views` > 0).
-        let r = unsafe {
-            ffi::PyBuffer_FillInfo(
+        // SAFETY: `view` is the interpreter's; the range is the tensor's, which stays
+        // allocated while a view is open (deallocation refuses while `views` > 0).
+        unsafe {
+            buffer::export_bytes(
+                slf.as_any(),
                 view,
-                slf.as_ptr(),
-                t.addr as *mut std::ffi::c_void,
-                t.len as ffi::Py_ssize_t,
-                0,
                 flags,
+                t.addr,
+                t.len,
+                &t.live,
+                &t.views,
+                "the cache was deallocated; its tensors have no memory any more",
             )
-        };
-        if r != 0 {
-            t.views.fetch_sub(1, Ordering::AcqRel);
-            return Err(PyErr::fetch(slf.py()));
         }
-        Ok(())
     }
 
     unsafe fn __releasebuffer__(&self, _view: *mut ffi::Py_buffer) {

@@ -63,9 +63,12 @@ pub(crate) fn token_words(token: &[u8; TOKEN_LEN]) -> KeyWords {
     ]
 }
 
-/// This process's slot.
+/// This process's slot: its pid's, read once (`getpid` is a system call, and this runs
+/// per copied span). A child forked later keeps its parent's slot, which costs only
+/// sharing a counter: every announcement is withdrawn from the slot it was made in.
 pub(crate) fn my_slot() -> usize {
-    std::process::id() as usize % SLOTS
+    static SLOT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SLOT.get_or_init(|| std::process::id() as usize % SLOTS)
 }
 
 impl Page {

@@ -118,20 +118,28 @@ pub(crate) async unsafe fn copy(
 ) -> Result<()> {
     let started = Instant::now();
     let chunk = chunk.max(1);
+    // Bytes copied since the deadline and the peer were last checked: checked before the
+    // first copy and then once a chunk's worth has moved, not per span (a block table's
+    // spans are small, and reading the clock per span costs more than a memcpy of one).
+    let mut unchecked = chunk;
     for s in spans {
         let page = s.map.control().expect("spans are built from pages");
         let mut off = 0usize;
         while off < s.len {
-            if deadline.is_expired() {
-                return Err(Error::DeadlineExceeded {
-                    during: "transfer",
-                    elapsed: started.elapsed(),
-                });
-            }
-            if let Some(e) = gone() {
-                return Err(e);
+            if unchecked >= chunk {
+                if deadline.is_expired() {
+                    return Err(Error::DeadlineExceeded {
+                        during: "transfer",
+                        elapsed: started.elapsed(),
+                    });
+                }
+                if let Some(e) = gone() {
+                    return Err(e);
+                }
+                unchecked = 0;
             }
             let n = chunk.min(s.len - off);
+            unchecked += n;
             {
                 let Some(_copying) = page.enter(s.word) else {
                     return Err(Error::InvalidKey(

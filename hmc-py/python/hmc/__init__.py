@@ -49,6 +49,7 @@ from ._errors import (
 from ._hmc import (
     Engine,
     MemHandle,
+    HostMemory,
     MemType,
     PreparedList,
     PreparedXfer,
@@ -61,6 +62,7 @@ from ._hmc import (
 __all__ = [
     "Engine",
     "MemHandle",
+    "HostMemory",
     "MemType",
     "PreparedList",
     "PreparedXfer",
