@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hmc_backend_cpu::HostMemory;
-use hmc_bench_kit::cpu::{self, Process, ProcessCpu};
+use hmc_bench_kit::cpu::{self, ProcessCpu};
+use hmc_bench_kit::iperf3::{self, Direction, Iperf};
 use hmc_core::{
     Access, Communicator, ConnBuffer, Deadline, Op, PeerAddr, RegisteredBuffer, RemoteRegion,
     TransferDesc,
@@ -49,87 +50,6 @@ impl Drop for Reaper {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// iperf3's loopback run: GB/s (one stream) and the CPU-seconds per GiB of its two
-/// processes.
-#[derive(Clone, Copy)]
-struct Iperf {
-    gbs: f64,
-    cpu_s_per_gib: Option<f64>,
-}
-
-/// iperf3's loopback bandwidth (one stream, `secs` seconds), or why there is none.
-fn iperf3(secs: u32) -> Result<Iperf, String> {
-    let mut why = String::new();
-    for _attempt in 0..3 {
-        match iperf3_once(secs) {
-            Ok(g) => return Ok(g),
-            Err(e) => why = e,
-        }
-    }
-    Err(why)
-}
-
-fn iperf3_once(secs: u32) -> Result<Iperf, String> {
-    // Both iperf3 processes are this process's children, reaped before the reading below.
-    let cpu = ProcessCpu::start(&[Process::WaitedChildren]);
-    let (out, server) = iperf3_run(secs)?;
-    drop(server);
-    let used = cpu.used();
-    let text = String::from_utf8_lossy(&out.stdout);
-    let received = text.split("\"sum_received\"").nth(1);
-    let field = |name: &str| {
-        received
-            .and_then(|after| after.split(&format!("\"{name}\":")).nth(1))
-            .and_then(|s| s.split([',', '}']).next())
-            .and_then(|s| s.trim().parse::<f64>().ok())
-    };
-    match (field("bits_per_second"), field("bytes")) {
-        (Some(bps), Some(bytes)) if out.status.success() => Ok(Iperf {
-            gbs: bps / 8.0 / 1e9,
-            cpu_s_per_gib: used.and_then(|u| cpu::cpu_s_per_gib(u, bytes as u64)),
-        }),
-        _ => Err(format!(
-            "iperf3 gave no result (exit {}): {}",
-            out.status,
-            text.chars().take(300).collect::<String>()
-        )),
-    }
-}
-
-/// One iperf3 server and client on loopback: the client's output and the server (reaped
-/// when dropped).
-fn iperf3_run(secs: u32) -> Result<(std::process::Output, Reaper), String> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port()
-        .to_string();
-    let server = Command::new("iperf3")
-        .args(["-s", "-1", "-p", &port])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| {
-            format!("iperf3 not runnable ({e}); install it with apt-get install iperf3")
-        })?;
-    let server = Reaper(server);
-    // The one-off server must not see a probe connection, so give it time to listen.
-    std::thread::sleep(Duration::from_millis(300));
-    let out = Command::new("iperf3")
-        .args([
-            "-c",
-            "127.0.0.1",
-            "-p",
-            &port,
-            "-t",
-            &secs.to_string(),
-            "-J",
-        ])
-        .output()
-        .map_err(|e| e.to_string())?;
-    Ok((out, server))
 }
 
 /// One kept measurement: GB/s, and the CPU of both processes per GiB and per op.
@@ -205,7 +125,7 @@ fn main() {
     let iperf_before = if smoke {
         Err("not run in a smoke run".to_string())
     } else {
-        iperf3(iperf_secs)
+        iperf3::run(iperf_secs, Direction::One)
     };
 
     let mut server = Command::new(PEER)
@@ -289,7 +209,7 @@ fn main() {
         );
         return;
     }
-    let iperf = match (iperf_before, iperf3(iperf_secs)) {
+    let iperf = match (iperf_before, iperf3::run(iperf_secs, Direction::One)) {
         (Ok(a), Ok(b)) => Ok(if b.gbs > a.gbs { b } else { a }),
         (Ok(a), Err(_)) | (Err(_), Ok(a)) => Ok(a),
         (Err(e), Err(_)) => Err(e),

@@ -610,6 +610,17 @@ fn bench_engine(rec: &mut report::Recorder, quick: bool) -> Result {
     rec.run("engine", &mut cmd)
 }
 
+/// `--tonic-bin` of the tonic peer built from `manifest` into `target`, or `--no-tonic`
+/// where its source is absent.
+fn with_tonic(cmd: &mut Command, manifest: &Path, target: &Path) {
+    if manifest.exists() {
+        cmd.arg("--tonic-bin")
+            .arg(target.join("release/tonic-echo"));
+    } else {
+        cmd.arg("--no-tonic");
+    }
+}
+
 fn bench_rpc(rec: &mut report::Recorder, quick: bool) -> Result {
     let tonic_target = root().join("target/tonic-peer");
     let manifest = root().join("../shared/peers/tonic-echo/Cargo.toml");
@@ -630,12 +641,16 @@ fn bench_rpc(rec: &mut report::Recorder, quick: bool) -> Result {
     let mut cmd = Command::new(root().join("target/release/hmc-rpc-bench"));
     cmd.current_dir(root())
         .args(["--csv", "target/hmc-rpc-bench.csv"]);
-    if manifest.exists() {
-        cmd.arg("--tonic-bin")
-            .arg(tonic_target.join("release/tonic-echo"));
-    } else {
-        cmd.arg("--no-tonic");
-    }
+    with_tonic(&mut cmd, &manifest, &tonic_target);
+    cmd.args(["--seconds", if quick { "0.5" } else { "2" }]);
+    rec.run("rpc", &mut cmd)?;
+    // The 1 MiB echo of hmc-rpc and tonic beside iperf3 moving bytes both ways: five
+    // alternated rounds, medians of the rates, the share of iperf3's and CPU per GiB.
+    let mut cmd = Command::new(root().join("target/release/hmc-rpc-bench"));
+    cmd.current_dir(root())
+        .args(["--vs-iperf3", "5", "--sizes", "1048576"])
+        .args(["--clients", "1,8", "--depths", "1,8"]);
+    with_tonic(&mut cmd, &manifest, &tonic_target);
     cmd.args(["--seconds", if quick { "0.5" } else { "2" }]);
     rec.run("rpc", &mut cmd)?;
     // HMC_BUFFER rows: the data plane over our TCP communicator and over UCX, beside the

@@ -99,6 +99,8 @@ struct Spec {
 }
 
 const RPC_ECHO: &str = "hmc-rpc echo vs tonic";
+/// `hmc-rpc-bench --vs-iperf3`'s table of medians.
+const RPC_VS_IPERF3: &str = "echo vs iperf3 --bidir, medians";
 const UCX_SERIES: [(&str, &str); 2] = [("hmc GB/s", "hmc"), ("ucx_perftest GB/s", "ucx_perftest")];
 
 /// Issue 17's targets for the Python bench's sync ops, over either of hmc's transports.
@@ -273,6 +275,52 @@ const SPECS: &[Spec] = &[
         ],
         y_label: "KiB of server RSS per connection",
         targets: &[Target::Level(64.0, "target: 64 KiB idle")],
+    },
+    Spec {
+        bench: "rpc",
+        table: "connection sweep (",
+        id: "sweep-cpu",
+        title: "Connection sweep: CPU per call by connections",
+        filter: None,
+        x: &["connections"],
+        log2_x: true,
+        series: &[("CPU us/op", "hmc-rpc, client and server")],
+        y_label: "CPU µs per call, client and server (lower is better)",
+        targets: &[],
+    },
+    // The 1 MiB echo beside iperf3 moving bytes both ways (issue 60, part 3): medians of
+    // alternated rounds.
+    Spec {
+        bench: "rpc",
+        table: RPC_VS_IPERF3,
+        id: "echo-vs-iperf3",
+        title: "RPC echo 1 MiB vs iperf3 --bidir: MB/s moved, medians of alternated rounds",
+        filter: Some(("payload", "1 MiB")),
+        x: &["clients", "in flight"],
+        log2_x: false,
+        series: &[
+            ("hmc MB/s moved", "hmc-rpc"),
+            ("tonic MB/s moved", "tonic"),
+            ("iperf3 MB/s moved", "iperf3 --bidir"),
+        ],
+        y_label: "MB/s moved (request + response)",
+        targets: &[Target::Times(0.8, 2, "target: 80% of iperf3")],
+    },
+    Spec {
+        bench: "rpc",
+        table: RPC_VS_IPERF3,
+        id: "echo-vs-iperf3-cpu",
+        title: "RPC echo 1 MiB vs iperf3 --bidir: CPU per GiB, medians of alternated rounds",
+        filter: Some(("payload", "1 MiB")),
+        x: &["clients", "in flight"],
+        log2_x: false,
+        series: &[
+            ("hmc CPU-s/GiB", "hmc-rpc"),
+            ("tonic CPU-s/GiB", "tonic"),
+            ("iperf3 CPU-s/GiB", "iperf3 --bidir"),
+        ],
+        y_label: CPU_PER_GIB,
+        targets: &[],
     },
     Spec {
         bench: "engine",
@@ -1242,18 +1290,23 @@ mod tests {
     const SWEEP: &str = "\
 ## connection sweep (64 B echo, 1 in flight per connection)
 
-| connections | RPC/s | p50 us | p99 us | share of peak | server KiB/idle conn | server KiB/conn after load |
-| --- | --- | --- | --- | --- | --- | --- |
-| 1 | 10000 | 90 | 200 | 20% | 4.0 | 8.0 |
-| 64 | 50000 | 900 | 2000 | 100% | 9.5 | 20.0 |
-| 1024 | 42000 | 9000 | 20000 | 84% | 7.5 | 30.0 |
+| connections | RPC/s | p50 us | p99 us | share of peak | CPU us/op (both sides) | server KiB/idle conn | server KiB/conn after load |
+| --- | --- | --- | --- | --- | --- | --- | --- |
+| 1 | 10000 | 90 | 200 | 20% | 30.5 | 4.0 | 8.0 |
+| 64 | 50000 | 900 | 2000 | 100% | 21.0 | 9.5 | 20.0 |
+| 1024 | 42000 | 9000 | 20000 | 84% | - | 7.5 | 30.0 |
 ";
 
     #[test]
     fn the_sweep_figures_plot_by_connections_with_the_peak_and_memory_targets() {
         let run = run_of(SWEEP);
         let plots = plots_for("rpc", &run, &run.tables[0]);
-        assert_eq!(plots.len(), 2);
+        assert_eq!(plots.len(), 3);
+        // CPU per call at every step that has it, by connections.
+        let cpu = &plots[2];
+        assert_eq!(cpu.id, "sweep-cpu");
+        assert_eq!(cpu.x, XAxis::Log2("connections".into()));
+        assert_eq!(cpu.series[0].points, [(1.0, 30.5), (64.0, 21.0)]);
         let rps = &plots[0];
         assert_eq!(rps.x, XAxis::Log2("connections".into()));
         assert_eq!(
@@ -1306,6 +1359,46 @@ mod tests {
         assert_eq!(plots[3].series[0].points, [(0.0, 0.342)]);
         assert_eq!(plots[3].series[1].points, [(0.0, 1.025)]);
         assert!(plots[3].references.is_empty());
+    }
+
+    #[test]
+    fn the_iperf3_figures_take_the_medians_with_the_80_percent_target() {
+        let run = run_of(
+            "\
+## echo vs iperf3 --bidir, each round (2 s per cell)
+
+| round | payload | clients | in flight | hmc MB/s moved | tonic MB/s moved | iperf3 MB/s moved | hmc CPU-s/GiB | tonic CPU-s/GiB | iperf3 CPU-s/GiB |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| 1 | 1 MiB | 1 | 1 | 900 | 500 | 5000 | 0.500 | 1.500 | 0.300 |
+
+## echo vs iperf3 --bidir, medians of 5 alternated rounds (min–max)
+
+| payload | clients | in flight | hmc MB/s moved | tonic MB/s moved | iperf3 MB/s moved | hmc / iperf3 (target ≥ 80%) | hmc CPU-s/GiB | tonic CPU-s/GiB | iperf3 CPU-s/GiB |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |
+| 1 MiB | 1 | 1 | 1000 (900–1100) | 500 (400–600) | 5000 (4000–6000) | 0.20 (0.18–0.22) | 0.500 (0.4–0.6) | 1.500 (1.4–1.6) | 0.300 (0.2–0.4) |
+| 1 MiB | 8 | 8 | 3000 (2000–3300) | 1500 (1400–1600) | 5000 (4000–6000) | 0.60 (0.5–0.7) | 0.400 (0.3–0.5) | 1.800 (1.7–1.9) | 0.300 (0.2–0.4) |
+",
+        );
+        // The per-round table has no figure of its own.
+        assert!(plots_for("rpc", &run, &run.tables[0]).is_empty());
+        let plots = plots_for("rpc", &run, &run.tables[1]);
+        let ids: Vec<&str> = plots.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["echo-vs-iperf3", "echo-vs-iperf3-cpu"]);
+        let rate = &plots[0];
+        assert_eq!(
+            rate.x,
+            XAxis::Categories(vec!["1 x 1".into(), "8 x 8".into()])
+        );
+        assert_eq!(rate.series[0].points, [(0.0, 1000.0), (1.0, 3000.0)]);
+        assert_eq!(rate.series[2].points, [(0.0, 5000.0), (1.0, 5000.0)]);
+        assert_eq!(
+            rate.references[0].marks,
+            [(-0.4, 0.4, 4000.0), (0.6, 1.4, 4000.0)]
+        );
+        let cpu = &plots[1];
+        assert_eq!(cpu.series[1].points, [(0.0, 1.5), (1.0, 1.8)]);
+        assert_eq!(cpu.series[2].points, [(0.0, 0.3), (1.0, 0.3)]);
+        assert!(cpu.references.is_empty());
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! beside the TCP_STREAM path and, for UCX, `ucx_perftest -t tag_bw` on the same `UCX_TLS`
 //! (with perftest's default endpoints and with peer error handling, `-e`, as ours). With
 //! `--conn-sweep` it measures, instead, RPC/s and the server's memory per idle connection
-//! from one connection to as many as the machine allows (`sweep`).
+//! from one connection to as many as the machine allows (`sweep`). With `--vs-iperf3 N` it
+//! runs N alternated rounds of the echo cells of hmc-rpc and tonic and of iperf3 moving
+//! bytes both ways, and prints medians (`vs_iperf3`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -21,6 +23,7 @@ mod hmc;
 mod measure;
 mod raw_sweep;
 mod sweep;
+mod vs_iperf3;
 
 use baselines::{
     PIPELINE_DEPTH, Proc, RAW_BATCH_MAX, bench_raw_tcp, bench_raw_tcp_processes, bench_tonic,
@@ -120,6 +123,12 @@ struct Args {
     /// connection count any tokio RPC stack here pays; see `raw_sweep`).
     #[arg(long)]
     sweep_raw: bool,
+    /// Instead of the echo matrix: this many alternated rounds of the `--sizes` x
+    /// `--clients` x `--depths` echo cells of hmc-rpc and tonic and of iperf3 moving bytes
+    /// both ways on loopback (`iperf3 --bidir`), with the median and range of each system's
+    /// MB/s moved, CPU-s/GiB and hmc-rpc's share of iperf3's rate.
+    #[arg(long, value_name = "ROUNDS")]
+    vs_iperf3: Option<usize>,
     /// Internal: serve the sweep's raw tokio echo baseline (messages of this many bytes,
     /// `--server-workers` runtime threads), printing the port on stdout.
     #[arg(long, hide = true)]
@@ -187,6 +196,9 @@ async fn run(args: Args) -> Result<(), String> {
     let server_pid = server.0.id();
     let addr = PeerAddr::Tcp(SocketAddr::from(([127, 0, 0, 1], port)));
     let tonic = Tonic::start(&args)?;
+    if let Some(rounds) = args.vs_iperf3 {
+        return vs_iperf3::run(&args, rounds.max(1), &addr, server_pid, &tonic).await;
+    }
     // Before any load, so that the figures are the connections' own.
     let idle = (args.idle_conns > 0).then(|| {
         eprintln!("idle connections: {} to each server", args.idle_conns);
