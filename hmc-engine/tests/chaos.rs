@@ -9,14 +9,23 @@
 //! - a post's notification is seen once when the post completed, never as a success when
 //!   it failed (its failure notice at most);
 //! - an operation after the last fault succeeds, with at most a reconnect (no restart);
-//! - file descriptors and threads come back to their count before the case.
+//! - file descriptors and threads come back to their count before the case;
+//! - over tcp and ucx, whose targets serve device regions through pinned bounce chunks,
+//!   no chunk stays leased at the target once the case's operations ended (the plain
+//!   operations' odd rounds go to a device region of the HIP ABI shim, so the chunks are
+//!   used, and the case says so if none were);
+//! - resident memory grows by at most [`RSS_BOUND`] from the end of the case's warm-up
+//!   (its first tenth of operations, under the same faults) to its last operation.
 //!
 //! `cargo test` runs the quick matrix (`HMC_CHAOS` unset or `quick`): tcp and shm, one seed,
 //! 12 operations a case. `cargo xtask chaos` runs it and prints the table;
 //! `cargo xtask chaos --long` (`HMC_CHAOS=full`) adds UCX (run with `UCX_TLS=tcp`, then
-//! with shared memory), the RDMA stand-in and the example C plugin, three seeds and 1,000
-//! operations a case (`HMC_CHAOS_TRANSPORTS=a,b` runs only those, in either mode). `HMC_CHAOS_JSON=FILE`
-//! writes the table as JSON.
+//! with shared memory), the RDMA stand-in and the example C plugin: on each transport
+//! first the leak cases, [`LEAK_FAULTS`] (faults that fire again and again) x every
+//! operation, one seed, [`LEAK_OPS`] operations a case, then every fault x operation for
+//! [`FULL_SEEDS`] seeds of [`FULL_OPS`] operations (`HMC_CHAOS_TRANSPORTS=a,b` runs only those, in
+//! either mode; `HMC_CHAOS_ONLY=TEXT` only the cases whose "fault / operation" contains
+//! TEXT). `HMC_CHAOS_JSON=FILE` writes the table as JSON.
 
 #[path = "../../hmc-plugin/tests/common/mod.rs"]
 mod plugins;
@@ -26,12 +35,17 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hmc_core::AnyCommunicator;
+use hmc_backend_rocm::RocmMemory;
+use hmc_core::{
+    AnyCommunicator, AnyMemory, DeviceBuffer, DynCommunicator, MemSpan, MemSpanMut, Memory,
+};
 use hmc_engine::kv::{Cache, CacheDesc, CacheKey, DataDist, DataType, Role};
 use hmc_engine::{
     Access, Engine, EngineConfig, EngineError, MemDesc, MemType, TransferOp, TransferOpDesc,
     TransferStatus,
 };
+use hmc_transport_tcp::TcpCommunicator;
+use hmc_transport_ucx::UcxCommunicator;
 
 /// Each operation's deadline (and the engine's no-progress timeout).
 const OP_TIMEOUT: Duration = Duration::from_millis(300);
@@ -46,6 +60,30 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 /// How long a case's file descriptors and threads may take to come back once its engines
 /// are finalized.
 const LEAK_WAIT: Duration = Duration::from_secs(3);
+/// How much resident memory may grow from the end of a case's warm-up to its end. The
+/// process's allocator keeps freed memory and grows its arenas in steps, so a few MiB of
+/// noise is normal; a leak of a staging chunk (1 MiB), an operation's buffer (256 KiB) or
+/// even 10 KiB per faulted operation exceeds it within a leak case's operations.
+const RSS_BOUND: u64 = 8 << 20;
+/// `--long`: operations of each fault x operation x seed case.
+const FULL_OPS: usize = 40;
+/// `--long`: the seeds of each fault x operation case.
+const FULL_SEEDS: &[u64] = &[1, 2];
+/// `--long`: operations of each leak case.
+const LEAK_OPS: usize = 1000;
+
+/// Fault kinds: each one's name and spec items (without the seed).
+type Faults = &'static [(&'static str, &'static str)];
+
+/// `--long`'s leak cases: faults that fire on a share of all the operations (or again on
+/// every new connection), so each of a case's [`LEAK_OPS`] operations runs under them and
+/// many end faulted; stalls short but past the deadline.
+const LEAK_FAULTS: Faults = &[
+    ("leak: transfer failed, repeatedly", "xfer.fail=10%"),
+    ("leak: transfer cut, repeatedly", "xfer.cut=0.5@10%"),
+    ("leak: peer disconnected, repeatedly", "disconnect.after=20"),
+    ("leak: transfer stalled, repeatedly", "xfer.stall=350ms@2%"),
+];
 
 /// The faults, as spec items without the seed. Each fires early in a case and then stops
 /// (`first:N`), or by chance under the seed (`N%`), so the case also shows recovery.
@@ -117,6 +155,9 @@ struct Scale {
     transports: Vec<&'static str>,
     seeds: &'static [u64],
     ops: usize,
+    /// The leak cases, after the others on each transport (none in the quick matrix).
+    leak_faults: Faults,
+    leak_ops: usize,
     /// How long canaries must survive.
     settle: Duration,
 }
@@ -125,14 +166,18 @@ fn scale() -> Scale {
     let mut s = match std::env::var("HMC_CHAOS").as_deref() {
         Ok("full") => Scale {
             transports: ALL_TRANSPORTS.to_vec(),
-            seeds: &[1, 2, 3],
-            ops: 1000,
+            seeds: FULL_SEEDS,
+            ops: FULL_OPS,
+            leak_faults: LEAK_FAULTS,
+            leak_ops: LEAK_OPS,
             settle: Duration::from_millis(100),
         },
         _ => Scale {
             transports: vec!["tcp", "shm"],
             seeds: &[1],
             ops: 12,
+            leak_faults: &[],
+            leak_ops: 0,
             settle: Duration::from_millis(30),
         },
     };
@@ -155,6 +200,10 @@ struct Outcome {
     connects_failed: usize,
     /// The longest any operation took past its deadline.
     worst_late: Duration,
+    /// Resident memory from the end of the warm-up to the end of the operations, bytes.
+    rss_growth: i64,
+    /// Bytes the target's bounce chunks moved (tcp and ucx).
+    staged_bytes: u64,
     problems: Vec<String>,
 }
 
@@ -164,6 +213,73 @@ struct Pair {
     mine: Vec<u8>,
     theirs: Vec<u8>,
     kv: Option<KvPair>,
+    staged: Option<Staged>,
+}
+
+/// tcp and ucx: the target's transport, whose staging counters this test reads, and a
+/// device region (the HIP ABI shim's: host memory behind HIP's C ABI) the plain
+/// operations' odd rounds move, which the target serves through its bounce chunks.
+struct Staged {
+    comm: StagingComm,
+    mem: RocmMemory,
+    buf: <RocmMemory as Memory>::Buffer,
+}
+
+enum StagingComm {
+    Tcp(Arc<TcpCommunicator>),
+    Ucx(Arc<UcxCommunicator>),
+}
+
+impl Staged {
+    /// Chunks leased now, and the bytes they have moved.
+    fn stats(&self) -> (usize, u64) {
+        match &self.comm {
+            StagingComm::Tcp(c) => {
+                let s = c.staging_stats();
+                (s.chunks_held, s.bytes_to_peers + s.bytes_from_peers)
+            }
+            StagingComm::Ucx(c) => {
+                let s = c.staging_stats();
+                (s.chunks_held, s.bytes_to_peers + s.bytes_from_peers)
+            }
+        }
+    }
+
+    fn addr(&self) -> u64 {
+        self.buf.region().addr
+    }
+
+    fn fill(&mut self, byte: u8) {
+        let bytes = vec![byte; LEN];
+        self.mem
+            .copy(&mut MemSpanMut::of(&mut self.buf), &MemSpan::host(&bytes))
+            .expect("write the device region");
+    }
+
+    fn first_not(&self, byte: u8) -> Option<usize> {
+        let mut bytes = vec![0u8; LEN];
+        self.mem
+            .copy(&mut MemSpanMut::host(&mut bytes), &MemSpan::of(&self.buf))
+            .expect("read the device region");
+        bytes.iter().position(|&b| b != byte)
+    }
+}
+
+/// The HIP ABI shim, built once.
+fn hip_shim() -> std::path::PathBuf {
+    static SHIM: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    SHIM.get_or_init(|| {
+        let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../hmc-backend-rocm/tests/shim/hip_shim.c");
+        let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("chaos-hip");
+        hmc_testshim::build_shim(&src, "hip_shim", &out).expect("build the HIP ABI shim")
+    })
+    .clone()
+}
+
+/// Whether round `round` of `op` moves the target's device region.
+fn staged_round(p: &Pair, op: Operation, round: usize) -> bool {
+    p.staged.is_some() && p.kv.is_none() && op != Operation::KvPull && round % 2 == 1
 }
 
 /// The KV API's two sides: the target publishes a cache under [`KV_KEY`], the initiator
@@ -234,7 +350,7 @@ impl KvPair {
     }
 }
 
-async fn engine(transport: &str, faults: Option<&str>) -> Engine<AnyCommunicator> {
+fn options(transport: &str, faults: Option<&str>) -> HashMap<String, String> {
     let timeout = OP_TIMEOUT.as_millis().to_string();
     let mut o: HashMap<String, String> = [
         ("no_progress_timeout_ms".to_string(), timeout),
@@ -244,6 +360,60 @@ async fn engine(transport: &str, faults: Option<&str>) -> Engine<AnyCommunicator
     if let Some(f) = faults {
         o.insert("faults".into(), f.into());
     }
+    o
+}
+
+/// `comm` under `config`'s faults, as the engine opens a transport.
+async fn engine_over(comm: AnyCommunicator, config: EngineConfig) -> Engine<AnyCommunicator> {
+    let comm = match &config.faults {
+        Some(plan) => AnyCommunicator::new(hmc_faults::Faulty::new(comm, plan.clone())),
+        None => comm,
+    };
+    Engine::initialize(Arc::new(comm), "127.0.0.1", config)
+        .await
+        .unwrap()
+}
+
+/// A tcp or ucx engine whose transport this test keeps, opened with the options the engine
+/// gives its transport (`transport_options`).
+async fn staging_engine(
+    transport: &str,
+    faults: Option<&str>,
+) -> (Engine<AnyCommunicator>, StagingComm) {
+    let config = EngineConfig::from_options(&options(transport, faults)).unwrap();
+    let opts = hmc_engine::transport_options(&config);
+    let notifications = opts.max_pending_notifications.unwrap_or(0);
+    let (comm, staging): (Arc<dyn DynCommunicator>, StagingComm) = if transport == "tcp" {
+        let c = Arc::new(
+            TcpCommunicator::bind(
+                &"tcp://127.0.0.1:0".parse().unwrap(),
+                hmc_transport_tcp::TcpConfig {
+                    max_pending_notifications: notifications,
+                    max_staging_bytes: config.max_staging_bytes,
+                    ..opts.tcp.clone()
+                },
+            )
+            .unwrap(),
+        );
+        (c.clone(), StagingComm::Tcp(c))
+    } else {
+        let c = Arc::new(
+            UcxCommunicator::new(hmc_transport_ucx::UcxConfig {
+                bind: "127.0.0.1:0".parse().unwrap(),
+                max_pending_notifications: notifications,
+                max_staging_bytes: config.max_staging_bytes,
+                ..opts.ucx.clone()
+            })
+            .unwrap(),
+        );
+        (c.clone(), StagingComm::Ucx(c))
+    };
+    let engine = engine_over(AnyCommunicator::from_arc(comm), config).await;
+    (engine, staging)
+}
+
+async fn engine(transport: &str, faults: Option<&str>) -> Engine<AnyCommunicator> {
+    let mut o = options(transport, faults);
     match transport {
         "rdma-standin" => {
             let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -255,14 +425,11 @@ async fn engine(transport: &str, faults: Option<&str>) -> Engine<AnyCommunicator
             })
             .unwrap();
             o.remove("transport");
-            let config = EngineConfig::from_options(&o).unwrap();
-            let comm = match &config.faults {
-                Some(plan) => AnyCommunicator::new(hmc_faults::Faulty::new(comm, plan.clone())),
-                None => AnyCommunicator::new(comm),
-            };
-            Engine::initialize(Arc::new(comm), "127.0.0.1", config)
-                .await
-                .unwrap()
+            engine_over(
+                AnyCommunicator::new(comm),
+                EngineConfig::from_options(&o).unwrap(),
+            )
+            .await
         }
         "plugin" => {
             let lib = plugins::build_c_plugin("loopmem", &[]);
@@ -352,7 +519,10 @@ impl Ended {
 async fn run_op(p: &Pair, op: Operation, round: usize, out: &mut Outcome) -> Ended {
     let desc = TransferOpDesc {
         local_addr: p.mine.as_ptr() as u64,
-        remote_addr: p.theirs.as_ptr() as u64,
+        remote_addr: match &p.staged {
+            Some(st) if staged_round(p, op, round) => st.addr(),
+            _ => p.theirs.as_ptr() as u64,
+        },
         len: LEN,
     };
     let target = p.target.name();
@@ -438,9 +608,15 @@ async fn post(p: &Pair, desc: TransferOpDesc, round: usize) -> Ended {
     ended
 }
 
-/// After `op` ended in error: canaries where it would have written, still there after
-/// `settle`.
-async fn canaries_hold(p: &mut Pair, op: Operation, settle: Duration, out: &mut Outcome) {
+/// After `op` ended in error in `round`: canaries where it would have written, still there
+/// after `settle`.
+async fn canaries_hold(
+    p: &mut Pair,
+    op: Operation,
+    round: usize,
+    settle: Duration,
+    out: &mut Outcome,
+) {
     if let Some(kv) = &p.kv {
         let cache = if op.writes_here() {
             &kv.mine
@@ -452,6 +628,17 @@ async fn canaries_hold(p: &mut Pair, op: Operation, settle: Duration, out: &mut 
         if let Some(at) = KvPair::first_not(cache, CANARY) {
             out.problems.push(format!(
                 "a KV byte landed at offset {at} after the operation ended in error"
+            ));
+        }
+        return;
+    }
+    if !op.writes_here() && staged_round(p, op, round) {
+        let st = p.staged.as_mut().expect("a staged round has its region");
+        st.fill(CANARY);
+        tokio::time::sleep(settle).await;
+        if let Some(at) = st.first_not(CANARY) {
+            out.problems.push(format!(
+                "a byte landed at offset {at} of the target's device region after the operation ended in error"
             ));
         }
         return;
@@ -503,6 +690,18 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count())
 }
 
+/// Resident memory, bytes (`/proc/self/statm`'s second field, in pages).
+fn resident() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf reads a constant of the system.
+    pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+}
+
 fn threads() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -512,7 +711,14 @@ fn threads() -> usize {
         .unwrap_or(0)
 }
 
-async fn run_case(transport: &str, spec: &str, op: Operation, seed: u64, scale: &Scale) -> Outcome {
+async fn run_case(
+    transport: &str,
+    spec: &str,
+    op: Operation,
+    seed: u64,
+    ops: usize,
+    scale: &Scale,
+) -> Outcome {
     let mut out = Outcome::default();
     let faults = format!(
         "seed={seed}{}{spec}",
@@ -521,12 +727,34 @@ async fn run_case(transport: &str, spec: &str, op: Operation, seed: u64, scale: 
     // Target-side notification faults act in the target's engine; everything else in the
     // initiator's.
     let at_target = spec.contains("notify.at=receiver");
+    let init = engine(transport, (!at_target).then_some(faults.as_str())).await;
+    let target_faults = at_target.then_some(faults.as_str());
+    let (target, staged) = if matches!(transport, "tcp" | "ucx") {
+        let (target, comm) = staging_engine(transport, target_faults).await;
+        let mem = RocmMemory::with_library(hip_shim(), 0).expect("open the HIP ABI shim");
+        let buf = mem.alloc(LEN).expect("a device region of the shim");
+        // SAFETY: `buf` is kept in the pair until its engines are finalized.
+        unsafe {
+            target.register_device_mem(
+                MemDesc {
+                    addr: buf.region().addr,
+                    len: LEN,
+                },
+                AnyMemory::new(mem.clone()),
+            )
+        }
+        .expect("register the device region");
+        (target, Some(Staged { comm, mem, buf }))
+    } else {
+        (engine(transport, target_faults).await, None)
+    };
     let mut p = Pair {
-        init: engine(transport, (!at_target).then_some(faults.as_str())).await,
-        target: engine(transport, at_target.then_some(faults.as_str())).await,
+        init,
+        target,
         mine: vec![1u8; LEN],
         theirs: vec![2u8; LEN],
         kv: None,
+        staged,
     };
     register(&p.init, &mut p.mine);
     register(&p.target, &mut p.theirs);
@@ -541,7 +769,13 @@ async fn run_case(transport: &str, spec: &str, op: Operation, seed: u64, scale: 
     }
     let mut completed_rounds = Vec::new();
     let mut failed_since_success = false;
-    for round in 0..scale.ops {
+    // The warm-up: the first tenth of the operations, under the same faults.
+    let warm_up = (ops / 10).max(1);
+    let mut rss_before = resident();
+    for round in 0..ops {
+        if round == warm_up {
+            rss_before = resident();
+        }
         p.mine.fill(round as u8);
         let ended = run_op(&p, op, round, &mut out).await;
         if ended == Ended::Completed {
@@ -551,16 +785,24 @@ async fn run_case(transport: &str, spec: &str, op: Operation, seed: u64, scale: 
         } else {
             out.failed += 1;
             failed_since_success = true;
-            canaries_hold(&mut p, op, scale.settle, &mut out).await;
+            canaries_hold(&mut p, op, round, scale.settle, &mut out).await;
             if !reconnect(&p, ended, &mut out).await {
                 break;
             }
         }
     }
+    out.rss_growth = resident() as i64 - rss_before as i64;
+    if out.rss_growth > RSS_BOUND as i64 {
+        out.problems.push(format!(
+            "resident memory grew by {} KiB over operations {warm_up}..{ops} (bound {} KiB)",
+            out.rss_growth >> 10,
+            RSS_BOUND >> 10
+        ));
+    }
     // Recovery: once the faults stop (or chance spares one), an operation succeeds.
     if failed_since_success {
         let mut recovered = false;
-        for round in scale.ops..scale.ops + 50 {
+        for round in ops..ops + 50 {
             let ended = run_op(&p, op, round, &mut out).await;
             if ended == Ended::Completed {
                 recovered = true;
@@ -580,9 +822,36 @@ async fn run_case(transport: &str, spec: &str, op: Operation, seed: u64, scale: 
         tokio::time::sleep(Duration::from_millis(800)).await;
         check_notifications(&p, &completed_rounds, &mut out);
     }
+    if let Some(st) = &p.staged {
+        staging_returned(st, staged_round(&p, op, 1), &mut out).await;
+    }
     p.init.finalize().await;
     p.target.finalize().await;
     out
+}
+
+/// Every bounce chunk the target leased is back within [`LEAK_WAIT`] of the case's last
+/// operation; with `used`, some bytes went through them.
+async fn staging_returned(st: &Staged, used: bool, out: &mut Outcome) {
+    let start = Instant::now();
+    loop {
+        let (held, bytes) = st.stats();
+        out.staged_bytes = bytes;
+        if held == 0 {
+            break;
+        }
+        if start.elapsed() > LEAK_WAIT {
+            out.problems.push(format!(
+                "{LEAK_WAIT:?} after the last operation the target still leases {held} staging chunk(s)"
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if used && out.staged_bytes == 0 {
+        out.problems
+            .push("the target's device region was never moved through its bounce chunks".into());
+    }
 }
 
 /// Each completed round's notification seen exactly once, as a success; no other round's
@@ -625,67 +894,100 @@ fn check_notifications(p: &Pair, completed: &[usize], out: &mut Outcome) {
 async fn chaos_matrix() {
     let _one = ONE_AT_A_TIME.lock().await;
     let scale = scale();
-    let mut table = String::from(
-        "| transport | fault | operation | seed | ok | failed | connects failed | worst past deadline | verdict |\n|---|---|---|---|---|---|---|---|---|\n",
+    let mut table = format!(
+        "operations a case: {} ({} seed(s)); leak cases: {} ({} fault kinds, seed 1)\n\n\
+         | transport | fault | operation | seed | ops | ok | failed | connects failed | worst past deadline | RSS growth KiB | staged KiB | verdict |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        scale.ops,
+        scale.seeds.len(),
+        scale.leak_ops,
+        scale.leak_faults.len()
     );
+    let run_start = Instant::now();
+    // `HMC_CHAOS_ONLY=TEXT`: only the cases whose "fault / operation" contains TEXT.
+    let only = std::env::var("HMC_CHAOS_ONLY").ok();
     let mut json = String::from("[");
     let mut red = Vec::new();
     // Warm-up: the first engines of the process start runtimes and threads that stay.
     let warm = engine("tcp", None).await;
     warm.finalize().await;
+    // Each transport's leak cases, then its fault x operation x seed cases.
+    let groups: [(Faults, &[u64], usize); 2] = [
+        (scale.leak_faults, &[1], scale.leak_ops),
+        (FAULTS, scale.seeds, scale.ops),
+    ];
     for transport in &scale.transports {
-        for (fault, spec) in FAULTS {
-            for op in OPERATIONS {
-                for seed in scale.seeds {
-                    let (fds, threads_before) = (open_fds(), threads());
-                    let mut out = run_case(transport, spec, *op, *seed, &scale).await;
-                    // Finalized engines give back their sockets and threads; some wind
-                    // down in the background (UCX drains a worker for up to 1 s), so wait
-                    // for the counts to come back, within a bound.
-                    let start = Instant::now();
-                    loop {
-                        let (fds_after, threads_after) = (open_fds(), threads());
-                        if fds_after <= fds + 4 && threads_after <= threads_before + 8 {
-                            break;
+        for (faults, seeds, ops) in groups {
+            for (fault, spec) in faults {
+                for op in OPERATIONS {
+                    for seed in seeds {
+                        let case = format!("{fault} / {}", op.name());
+                        if only.as_ref().is_some_and(|o| !case.contains(o.as_str())) {
+                            continue;
                         }
-                        if start.elapsed() > LEAK_WAIT {
-                            out.problems.push(format!(
+                        let (fds, threads_before) = (open_fds(), threads());
+                        let case_start = Instant::now();
+                        let mut out = run_case(transport, spec, *op, *seed, ops, &scale).await;
+                        // Finalized engines give back their sockets and threads; some wind
+                        // down in the background (UCX drains a worker for up to 1 s), so wait
+                        // for the counts to come back, within a bound.
+                        let start = Instant::now();
+                        loop {
+                            let (fds_after, threads_after) = (open_fds(), threads());
+                            if fds_after <= fds + 4 && threads_after <= threads_before + 8 {
+                                break;
+                            }
+                            if start.elapsed() > LEAK_WAIT {
+                                out.problems.push(format!(
                                 "{LEAK_WAIT:?} after the engines were finalized: file descriptors {fds} -> {fds_after}, threads {threads_before} -> {threads_after}"
                             ));
-                            break;
+                                break;
+                            }
+                            tokio::time::sleep(Duration::from_millis(20)).await;
                         }
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                    let verdict = if out.problems.is_empty() {
-                        "green".to_string()
-                    } else {
-                        red.push(format!(
-                            "{transport} / {fault} / {} / seed {seed}: {}",
-                            op.name(),
-                            out.problems.join("; ")
-                        ));
-                        format!("RED: {}", out.problems.join("; "))
-                    };
-                    let _ = writeln!(
-                        table,
-                        "| {transport} | {fault} | {} | {seed} | {} | {} | {} | {:?} | {verdict} |",
+                        let verdict = if out.problems.is_empty() {
+                            "green".to_string()
+                        } else {
+                            red.push(format!(
+                                "{transport} / {fault} / {} / seed {seed}: {}",
+                                op.name(),
+                                out.problems.join("; ")
+                            ));
+                            format!("RED: {}", out.problems.join("; "))
+                        };
+                        let row = format!(
+                        "| {transport} | {fault} | {} | {seed} | {ops} | {} | {} | {} | {:?} | {} | {} | {verdict} |",
                         op.name(),
                         out.ok,
                         out.failed,
                         out.connects_failed,
-                        out.worst_late
+                        out.worst_late,
+                        out.rss_growth >> 10,
+                        out.staged_bytes >> 10
                     );
-                    let _ = write!(
+                        // Progress, for runs of many minutes.
+                        eprintln!(
+                            "chaos {:>6.1}s (case {:.2}s) {row}",
+                            run_start.elapsed().as_secs_f64(),
+                            case_start.elapsed().as_secs_f64()
+                        );
+                        let _ = writeln!(table, "{row}");
+                        let _ = write!(
                         json,
-                        "{}{{\"transport\":\"{transport}\",\"fault\":\"{fault}\",\"spec\":\"{spec}\",\"operation\":\"{}\",\"seed\":{seed},\"ok\":{},\"failed\":{},\"connects_failed\":{},\"worst_past_deadline_ms\":{:.1},\"green\":{}}}",
+                        "{}{{\"transport\":\"{transport}\",\"fault\":\"{fault}\",\"spec\":\"{spec}\",\"operation\":\"{}\",\"seed\":{seed},\"ops\":{ops},\"ok\":{},\"failed\":{},\"connects_failed\":{},\"worst_past_deadline_ms\":{:.1},\"rss_growth_bytes\":{},\"staged_bytes\":{},\"seconds\":{:.2},\"green\":{},\"problems\":{:?}}}",
                         if json.len() > 1 { "," } else { "" },
                         op.name(),
                         out.ok,
                         out.failed,
                         out.connects_failed,
                         out.worst_late.as_secs_f64() * 1e3,
-                        out.problems.is_empty()
+                        out.rss_growth,
+                        out.staged_bytes,
+                        case_start.elapsed().as_secs_f64(),
+                        out.problems.is_empty(),
+                        out.problems
                     );
+                    }
                 }
             }
         }
