@@ -1,8 +1,9 @@
 """The KV pattern of ``cargo xtask bench kv`` on VRAM (issue 38's GPU targets), for a GPU
 machine: a prefill process holds one device region per layer, a decode process READs
 ``--per-request`` random blocks of every layer per request into its own device regions,
-with prepared lists on both sides. Requests per second, two processes on one host, all
-systems in one run, rounds alternated, medians.
+with prepared lists on both sides. Requests per second and CPU-seconds per GiB moved
+(``_cpu.py``: user and system CPU of the driver and its target, every thread), two
+processes on one host, all systems in one run, rounds alternated, medians.
 
 Systems:
 
@@ -38,6 +39,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from _cpu import cpu_seconds, per_gib
 
 HERE = os.path.abspath(__file__)
 SYSTEMS = ["cumemcpy", "hmc-ipc", "hmc-tcp", "hmc-tcp-host", "nixl"]
@@ -260,13 +263,17 @@ def driver(a):
         if digest(got) != digest(want):
             sys.exit(f"{a.system}: block {o} differs from the prefill's block {t} on the first request")
     say("READY")
+    pids = [os.getpid()] + ([proc.pid] if proc else [])
     for line in sys.stdin:
         seconds = float(line)
-        k, t0 = 0, time.perf_counter()
+        k, t0, c0 = 0, time.perf_counter(), cpu_seconds(pids)
         while time.perf_counter() - t0 < seconds or k < 3:
             run(reqs[k % len(reqs)])
             k += 1
-        say("RESULT", json.dumps({"rps": k / (time.perf_counter() - t0)}, separators=(",", ":")))
+        elapsed, cpu = time.perf_counter() - t0, cpu_seconds(pids) - c0
+        moved = k * a.layers * a.per_request * a.block
+        say("RESULT", json.dumps({"rps": k / elapsed, "cpu_s_per_gib": per_gib(cpu, moved)},
+                                 separators=(",", ":")))
     if proc:
         proc.stdin.write("bye\n")
         proc.stdin.flush()
@@ -314,12 +321,15 @@ def main():
             sys.exit(f"{s}: the driver did not start (status {d.wait()})")
         drivers[s] = d
     rps = {s: [] for s in drivers}
+    cpu = {s: [] for s in drivers}
     for r in range(a.rounds):
         order = list(drivers) if r % 2 == 0 else list(reversed(drivers))
         for s in order:
             drivers[s].stdin.write(f"{a.seconds}\n")
             drivers[s].stdin.flush()
-            rps[s].append(json.loads(expect(drivers[s].stdout, "RESULT")[1])["rps"])
+            res = json.loads(expect(drivers[s].stdout, "RESULT")[1])
+            rps[s].append(res["rps"])
+            cpu[s].append(res["cpu_s_per_gib"])
     for d in drivers.values():
         d.stdin.close()
         d.wait(60)
@@ -329,6 +339,7 @@ def main():
         "pattern": {"layers": a.layers, "blocks": a.blocks, "block": a.block, "per_request": a.per_request,
                     "rounds": a.rounds, "seconds": a.seconds},
         "rps": {s: round(v, 1) for s, v in med.items()},
+        "cpu_s_per_gib": {s: round(statistics.median(v), 3) for s, v in cpu.items()},
         "targets": {
             "hmc-ipc / cumemcpy (>= 0.80)": ratio("hmc-ipc", "cumemcpy"),
             "hmc-ipc / nixl (>= 1.00)": ratio("hmc-ipc", "nixl"),

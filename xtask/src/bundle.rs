@@ -223,8 +223,11 @@ pub fn build(kind: &str, dir: &Path) -> Result {
             .to_string_lossy()
             .into_owned();
         std::fs::copy(&wheel, dir.join(&name)).map_err(|e| format!("copying {name}: {e}"))?;
-        std::fs::copy(root().join("hmc-py/bench").join(script), dir.join(script))
-            .map_err(|e| format!("copying {script}: {e}"))?;
+        // The bench and the CPU accounting it imports from its folder.
+        for file in [script, "_cpu.py"] {
+            std::fs::copy(root().join("hmc-py/bench").join(file), dir.join(file))
+                .map_err(|e| format!("copying {file}: {e}"))?;
+        }
         steps.push((script.to_string(), python_step(&name, script, args)));
     }
     // Without debug info a bundle is a few MiB (the device tool carries at most 64).
