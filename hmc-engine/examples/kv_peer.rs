@@ -85,58 +85,9 @@ async fn main() {
         .await
         .expect("engine");
     let len = (blocks * block) as usize;
-    let alloc = get("alloc", "0") == "1";
-    // The regions' memory: this process's heap (`heap`), or the engine's (`alloc_mem`),
-    // freed by its deregistration.
-    let mut heap: Vec<Vec<u8>> = Vec::new();
-    let mut handles: Vec<Option<MemHandle>> = Vec::new();
-    let mut starts: Vec<u64> = Vec::new();
-    for _ in 0..layers {
-        if alloc {
-            let (h, m) = e.alloc_mem(len, Access::READ_WRITE).expect("alloc_mem");
-            handles.push(Some(h));
-            starts.push(m.addr);
-            continue;
-        }
-        let m = vec![0u8; len];
-        // SAFETY: every region outlives its registration: `heap` is dropped after the
-        // engine is finalized and every handle deregistered (below), and never resized.
-        let h = unsafe {
-            e.register_mem(
-                MemDesc {
-                    addr: m.as_ptr() as u64,
-                    len,
-                },
-                MemType::Host,
-                Access::READ_WRITE,
-            )
-        }
-        .expect("register");
-        handles.push(Some(h));
-        starts.push(m.as_ptr() as u64);
-        heap.push(m);
-    }
-    // A region's bytes while it is registered (an allocated one is freed at `dereg`).
-    let region = |handles: &[Option<MemHandle>], l: usize| -> Option<&mut [u8]> {
-        handles[l].is_some().then(|| {
-            // SAFETY: the region is registered, so allocated (heap memory lives in `heap`
-            // until the end of `main`; engine memory until its deregistration); peers'
-            // transfers into it race with this access as a DMA engine's would, which the
-            // tests order by their commands.
-            unsafe { std::slice::from_raw_parts_mut(starts[l] as *mut u8, len) }
-        })
-    };
-    let fill = |handles: &[Option<MemHandle>], seed: u64| {
-        for l in 0..handles.len() {
-            if let Some(m) = region(handles, l) {
-                for (o, b) in m.iter_mut().enumerate() {
-                    *b = pattern(seed, l as u64, o as u64);
-                }
-            }
-        }
-    };
-    fill(&handles, num("seed", 1));
-    let addrs: Vec<String> = starts.iter().map(u64::to_string).collect();
+    let mut regions = Regions::new(&e, layers as usize, len, get("alloc", "0") == "1");
+    regions.fill(num("seed", 1));
+    let addrs: Vec<String> = regions.starts.iter().map(u64::to_string).collect();
     let blob = e.local_metadata().expect("metadata");
     say(format!(
         "READY {} {} {}",
@@ -157,19 +108,19 @@ async fn main() {
         let mut w = line.split_whitespace();
         match w.next().unwrap_or("") {
             "sums" => {
-                let sums: Vec<String> = (0..handles.len())
-                    .filter_map(|l| region(&handles, l))
+                let sums: Vec<String> = (0..layers as usize)
+                    .filter_map(|l| regions.bytes(l))
                     .flat_map(|m| m.chunks(block as usize).map(|b| checksum(b).to_string()))
                     .collect();
                 say(format!("SUMS {}", sums.join(" ")));
             }
             "fill" => {
-                fill(&handles, w.next().unwrap().parse().unwrap());
+                regions.fill(w.next().unwrap().parse().unwrap());
                 say("OK".into());
             }
             "dereg" => {
                 let l: usize = w.next().unwrap().parse().unwrap();
-                if let Some(h) = handles[l].take() {
+                if let Some(h) = regions.handles[l].take() {
                     e.deregister_mem(h).await.expect("deregister");
                 }
                 say("OK".into());
@@ -195,7 +146,8 @@ async fn main() {
                     let v: Vec<u64> = item.split(':').map(|x| x.parse().unwrap()).collect();
                     let (l, b, sum) = (v[0] as usize, v[1] as usize, v[2]);
                     let at = b * block as usize;
-                    region(&handles, l)
+                    regions
+                        .bytes(l)
                         .is_some_and(|m| checksum(&m[at..at + block as usize]) == sum)
                 });
                 say(format!(
@@ -207,26 +159,102 @@ async fn main() {
                 break;
             },
             "blob" => say(format!("BLOB {}", hex(&e.local_metadata().unwrap()))),
-            "memfd" => {
-                let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
-                let in_memfd = starts.iter().filter(|&&a| {
-                    maps.lines().any(|l| {
-                        let range = l.split_whitespace().next().unwrap_or("");
-                        let (lo, hi) = range.split_once('-').unwrap_or(("0", "0"));
-                        let lo = u64::from_str_radix(lo, 16).unwrap_or(0);
-                        let hi = u64::from_str_radix(hi, 16).unwrap_or(0);
-                        l.contains("/memfd:") && (lo..hi).contains(&a)
-                    })
-                });
-                say(format!("MEMFD {}", in_memfd.count()));
-            }
+            "memfd" => say(format!("MEMFD {}", regions.in_memfd())),
             "quit" | "" => break,
             other => say(format!("ERR unknown command {other}")),
         }
     }
     e.finalize().await;
-    for h in handles.into_iter().flatten() {
+    for h in std::mem::take(&mut regions.handles).into_iter().flatten() {
         e.deregister_mem(h).await.expect("deregister");
     }
-    drop(heap);
+    drop(regions);
+}
+
+/// The regions' memory: this process's heap (`heap`), or the engine's (`alloc_mem`),
+/// freed by its deregistration.
+struct Regions {
+    heap: Vec<Vec<u8>>,
+    handles: Vec<Option<MemHandle>>,
+    starts: Vec<u64>,
+    len: usize,
+}
+
+impl Regions {
+    /// `layers` regions of `len` bytes, registered with `e` (`alloc`: allocated by it).
+    fn new(e: &Engine<AnyCommunicator>, layers: usize, len: usize, alloc: bool) -> Regions {
+        let mut r = Regions {
+            heap: Vec::new(),
+            handles: Vec::new(),
+            starts: Vec::new(),
+            len,
+        };
+        for _ in 0..layers {
+            let (h, start) = if alloc {
+                let (h, m) = e.alloc_mem(len, Access::READ_WRITE).expect("alloc_mem");
+                (h, m.addr)
+            } else {
+                let m = vec![0u8; len];
+                let start = m.as_ptr() as u64;
+                // SAFETY: every region outlives its registration: `heap` is dropped after
+                // the engine is finalized and every handle deregistered (end of `main`),
+                // and never resized.
+                let h = unsafe {
+                    e.register_mem(
+                        MemDesc { addr: start, len },
+                        MemType::Host,
+                        Access::READ_WRITE,
+                    )
+                }
+                .expect("register");
+                r.heap.push(m);
+                (h, start)
+            };
+            r.handles.push(Some(h));
+            r.starts.push(start);
+        }
+        r
+    }
+
+    /// Region `l`'s bytes while it is registered (an allocated one is freed at `dereg`).
+    #[allow(clippy::mut_from_ref)]
+    fn bytes(&self, l: usize) -> Option<&mut [u8]> {
+        self.handles[l].is_some().then(|| {
+            // SAFETY: the region is registered, so allocated (heap memory lives in `heap`;
+            // engine memory until its deregistration); peers' transfers into it race with
+            // this access as a DMA engine's would, which the tests order by their commands.
+            unsafe { std::slice::from_raw_parts_mut(self.starts[l] as *mut u8, self.len) }
+        })
+    }
+
+    /// Fills every registered region with [`pattern`] of `seed`.
+    fn fill(&mut self, seed: u64) {
+        for l in 0..self.handles.len() {
+            if let Some(m) = self.bytes(l) {
+                for (o, b) in m.iter_mut().enumerate() {
+                    *b = pattern(seed, l as u64, o as u64);
+                }
+            }
+        }
+    }
+
+    /// How many regions lie in a memfd mapping (per `/proc/self/maps`).
+    fn in_memfd(&self) -> usize {
+        let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
+        let memfd: Vec<(u64, u64)> = maps
+            .lines()
+            .filter(|l| l.contains("/memfd:"))
+            .filter_map(|l| {
+                let (lo, hi) = l.split_whitespace().next()?.split_once('-')?;
+                Some((
+                    u64::from_str_radix(lo, 16).ok()?,
+                    u64::from_str_radix(hi, 16).ok()?,
+                ))
+            })
+            .collect();
+        self.starts
+            .iter()
+            .filter(|&&a| memfd.iter().any(|&(lo, hi)| (lo..hi).contains(&a)))
+            .count()
+    }
 }
