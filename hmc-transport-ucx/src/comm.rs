@@ -143,6 +143,7 @@ impl UcxCommunicator {
         let address = listener
             .local_addr()
             .map_err(|e| Error::io("reading the UCX control listener's address", e))?;
+        let target = Arc::new(TargetState::new(config.max_staging_bytes));
         let engine = Engine::start(
             ucp,
             EngineConfig {
@@ -154,12 +155,15 @@ impl UcxCommunicator {
                 wakeup: config.wakeup,
                 park_max: config.park_max.max(Duration::from_millis(1)),
                 drain_timeout: config.drain_timeout,
+                abandon_timeout: config
+                    .abandon_timeout
+                    .max(crate::engine::MIN_ABANDON_TIMEOUT),
                 ep_linger: config.ep_linger,
                 max_pending_notifications: config.max_pending_notifications,
                 direct_mapped: config.direct_mapped,
             },
+            target.clone(),
         )?;
-        let target = Arc::new(TargetState::new(config.max_staging_bytes));
         let accept = listener
             .try_clone()
             .map_err(|e| Error::io("cloning the UCX control listener", e))?;
@@ -938,6 +942,7 @@ fn connect_thread(
         };
     let id = match engine.call(|r| Command::CreateEp {
         worker_addr: worker,
+        link: Some(link.clone()),
         reply: r,
     }) {
         Ok(id) => id,

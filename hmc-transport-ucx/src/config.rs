@@ -47,9 +47,19 @@ pub struct UcxConfig {
     /// Longest park without a wake-up (default 100 ms): a safety net for transports whose
     /// events do not reach the worker's event fd.
     pub park_max: Duration,
-    /// How long a cancelled or failed transfer may take to drain before its endpoint is
-    /// force-closed (default 10 s).
+    /// How long a cancelled or failed transfer may take to drain (`drain_timeout`,
+    /// default 10 s). Past it the peer is taken to make no progress (stopped, or hung):
+    /// the UCX endpoint's generation is abandoned (the peer drops what it still holds of
+    /// it, see [`UcxConfig::abandon_timeout`]) and replaced by a new UCX endpoint with the
+    /// same keys, and only then does the transfer report its end. Where that cannot be
+    /// done (no peer failure handling) the endpoint is force-closed and fails.
     pub drain_timeout: Duration,
+    /// How long an initiator abandoning an endpoint generation waits for the peer to
+    /// answer that it dropped it (`abandon_timeout`, default 1 s, at least 250 ms). A peer
+    /// that does not answer does not run; it drops the generation before it runs again, so
+    /// the transfer reports its end once the peer's host has acknowledged the request
+    /// (waited for at most as long again; past that a warning says bytes may still land).
+    pub abandon_timeout: Duration,
     /// How long an unused UCX endpoint to a peer worker is kept for the next `connect` to
     /// the same peer (default 30 s). Reuse keeps connect/disconnect churn from building a new
     /// transport connection per cycle (UCX 1.13 keeps the passive side's until its worker
@@ -101,6 +111,7 @@ impl Default for UcxConfig {
             wakeup: true,
             park_max: Duration::from_millis(100),
             drain_timeout: Duration::from_secs(10),
+            abandon_timeout: Duration::from_secs(1),
             ep_linger: Duration::from_secs(30),
             control_timeout: Duration::from_secs(10),
             revoke_timeout: Duration::from_secs(5),

@@ -14,8 +14,13 @@
 //! | 8 STAGED_DATA | target → initiator | request id `u64`, bytes |
 //! | 9 STAGED_DONE | target → initiator | request id `u64`, status `u8`, detail |
 //! | 10 STAGED_WRITE | initiator → target | request id, region id, offset (`u64` each), last `u8`, bytes |
+//! | 11 ABANDON | initiator → target | endpoint generation token `u64` |
+//! | 12 ABANDONED | target → initiator | token `u64`, verdict `u8` (0 dropped, 1 unknown generation) |
 //!
 //! Frames 7-10 move device regions the loaded UCX cannot register (see `staged.rs`).
+//! Frames 11-12 end a UCX endpoint generation whose bytes the target must drop (see the
+//! engine's `generations` module): the target settles these connections (every frame
+//! received handled, [`TargetState::wait_idle`]) before it progresses again after a stall.
 //!
 //! Why: UCX neither checks a registration's access rights for TCP or shared memory nor
 //! invalidates an rkey when its memory is unmapped (a CMA put with a stale key writes into
@@ -28,11 +33,13 @@
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak, mpsc};
 use std::time::Duration;
 
 use hmc_core::{Access, Error, Op, Result};
+use hmc_transport_kit::wake::poll_in;
 use parking_lot::Mutex;
 
 use crate::engine::{Command, Engine, KeyShared};
@@ -47,6 +54,8 @@ pub(crate) const VALIDATE: u8 = 3;
 pub(crate) const VALID: u8 = 4;
 pub(crate) const REVOKE: u8 = 5;
 pub(crate) const REVOKED: u8 = 6;
+pub(crate) const ABANDON: u8 = 11;
+pub(crate) const ABANDONED: u8 = 12;
 pub(crate) use crate::staged::{STAGED_DATA, STAGED_DONE, STAGED_READ, STAGED_WRITE};
 /// Refused WRITE requests a connection may leave unfinished (their last frame not sent
 /// yet) before the target drops it as misbehaving.
@@ -79,7 +88,12 @@ pub(crate) struct TargetState {
     pub conns: Mutex<HashMap<u64, Arc<Accepted>>>,
     pub next_conn: AtomicU64,
     pub closed: AtomicBool,
+    /// Generations peers abandoned, with the answer to send, for the engine to end.
+    abandons: Mutex<Vec<(u64, AbandonAck)>>,
 }
+
+/// Answers an ABANDON: whether the generation was known and ended.
+pub(crate) type AbandonAck = Box<dyn FnOnce(bool) + Send>;
 
 /// One initiator connected to us.
 pub(crate) struct Accepted {
@@ -88,6 +102,8 @@ pub(crate) struct Accepted {
     /// Regions this initiator imported (must be revoked there before unmapping).
     imported: Mutex<HashSet<u64>>,
     revokes: Mutex<HashMap<u64, mpsc::SyncSender<()>>>,
+    /// Set from the moment a frame is readable until it has been handled.
+    busy: AtomicBool,
 }
 
 impl TargetState {
@@ -101,6 +117,32 @@ impl TargetState {
             conns: Mutex::default(),
             next_conn: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            abandons: Mutex::default(),
+        }
+    }
+
+    /// The abandons queued since the last call.
+    pub fn take_abandons(&self) -> Vec<(u64, AbandonAck)> {
+        std::mem::take(&mut *self.abandons.lock())
+    }
+
+    /// Waits, at most `limit`, until every frame the control connections have received
+    /// has been handled: nothing unread in any socket and no frame in hand.
+    pub fn wait_idle(&self, limit: Duration) {
+        let until = std::time::Instant::now() + limit;
+        loop {
+            let idle = self.conns.lock().values().all(|c| c.idle());
+            if idle {
+                return;
+            }
+            if std::time::Instant::now() >= until {
+                tracing::warn!(
+                    ?limit,
+                    "ucx control connections did not settle after a stall; progressing anyway"
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
     }
 
@@ -222,15 +264,38 @@ impl TargetState {
             writer: Mutex::new(stream.try_clone()?),
             imported: Mutex::new(HashSet::new()),
             revokes: Mutex::new(HashMap::new()),
+            busy: AtomicBool::new(false),
         });
         self.conns.lock().insert(id, conn.clone());
         if self.closed.load(Ordering::Acquire) {
             let _ = conn.stream.shutdown(Shutdown::Both);
         }
         let mut refused = HashSet::new();
+        let fd = stream.as_raw_fd();
         let result = (|| loop {
+            // Idle between frames; busy from readable until handled (`wait_idle`).
+            conn.busy.store(false, Ordering::SeqCst);
+            let _ = poll_in([fd], None);
+            conn.busy.store(true, Ordering::SeqCst);
             let (kind, payload) = read_frame(&mut stream)?;
             match kind {
+                ABANDON => {
+                    let Some(token) = be_u64(&payload, 0) else {
+                        return Err(invalid("short ABANDON"));
+                    };
+                    let c = conn.clone();
+                    let ack: AbandonAck = Box::new(move |ended| {
+                        let mut out = token.to_be_bytes().to_vec();
+                        out.push(if ended { 0 } else { 1 });
+                        if let Err(e) = write_frame(&mut *c.writer.lock(), ABANDONED, &out) {
+                            tracing::debug!(error = %e, "could not answer an ABANDON");
+                        }
+                    });
+                    self.abandons.lock().push((token, ack));
+                    if engine.send(Command::TakeAbandons).is_err() {
+                        return Err(invalid("the local engine exited"));
+                    }
+                }
                 STAGED_READ => self.staged_read(&conn, &payload, timeout)?,
                 STAGED_WRITE => self.staged_write(&conn, &payload, &mut refused)?,
                 VALIDATE => {
@@ -320,6 +385,15 @@ fn invalid(what: &str) -> std::io::Error {
 }
 
 impl Accepted {
+    /// Whether every frame received on this connection has been handled.
+    fn idle(&self) -> bool {
+        // Unread bytes first: a frame read since is `busy` until handled.
+        let mut unread: libc::c_int = 0;
+        // SAFETY: FIONREAD on our own socket, writing one int.
+        let r = unsafe { libc::ioctl(self.stream.as_raw_fd(), libc::FIONREAD, &mut unread) };
+        (r != 0 || unread == 0) && !self.busy.load(Ordering::SeqCst)
+    }
+
     /// Writes a staged request's `STAGED_DONE`.
     fn answer(&self, req: u64, outcome: std::result::Result<(), Refusal>) -> std::io::Result<()> {
         let body = match outcome {
@@ -355,6 +429,8 @@ pub(crate) struct Link {
     staged_keys: Mutex<HashMap<u64, Vec<Weak<KeyShared>>>>,
     next_req: AtomicU64,
     dead: Mutex<Option<String>>,
+    /// ABANDONs waiting for the target's answer, by generation token.
+    abandons: Mutex<HashMap<u64, mpsc::SyncSender<bool>>>,
     /// Set when the local endpoint is dropped: the EOF that follows is ours, not a failure.
     pub closing: AtomicBool,
 }
@@ -386,6 +462,7 @@ impl Link {
             staged_keys: Mutex::new(HashMap::new()),
             next_req: AtomicU64::new(1),
             dead: Mutex::new(None),
+            abandons: Mutex::new(HashMap::new()),
             closing: AtomicBool::new(false),
         });
         Ok((link, worker))
@@ -446,6 +523,49 @@ impl Link {
                     .clone()
                     .unwrap_or_else(|| "closed during import".into()),
             )),
+        }
+    }
+
+    /// Tells the target to drop UCX endpoint generation `token` (engine's `generations`).
+    /// Returns once the target answered that it did (`true`), or else after `wait` and
+    /// once the target's host acknowledged the frame, so that it lies in the target's
+    /// socket buffer for a stopped target to handle before it progresses (`false`).
+    pub fn abandon(&self, token: u64, wait: Duration) -> bool {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.abandons.lock().insert(token, tx);
+        if let Err(e) = write_frame(&mut *self.writer.lock(), ABANDON, &token.to_be_bytes()) {
+            self.abandons.lock().remove(&token);
+            tracing::warn!(error = %e, "could not send ABANDON to the peer");
+            return false;
+        }
+        let answer = rx.recv_timeout(wait);
+        self.abandons.lock().remove(&token);
+        match answer {
+            Ok(true) => return true,
+            Ok(false) => {
+                tracing::warn!("the peer did not know the abandoned endpoint generation");
+                return false;
+            }
+            Err(_) => {}
+        }
+        // No answer: the target does not run. Make sure the frame reached its host.
+        let until = std::time::Instant::now() + wait;
+        loop {
+            let mut unacked: libc::c_int = 0;
+            // SAFETY: TIOCOUTQ (SIOCOUTQ) on our own socket, writing one int: the bytes
+            // sent and not yet acknowledged by the peer's host.
+            let r = unsafe { libc::ioctl(self.stream.as_raw_fd(), libc::TIOCOUTQ, &mut unacked) };
+            if r != 0 || unacked == 0 {
+                return false;
+            }
+            if std::time::Instant::now() >= until {
+                tracing::warn!(
+                    ?wait,
+                    "the peer's host did not acknowledge ABANDON within abandon_timeout; bytes                      of the abandoned transfer may still land there (raise                      UcxConfig::abandon_timeout for slow networks)"
+                );
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -574,6 +694,15 @@ impl Link {
                     });
                     if engine.send(Command::Revoke { ep, reg_id, ack }).is_err() {
                         break "the local engine exited".into();
+                    }
+                }
+                ABANDONED => {
+                    let (Some(token), Some(&verdict)) = (be_u64(&payload, 0), payload.get(8))
+                    else {
+                        break "malformed ABANDONED frame".into();
+                    };
+                    if let Some(tx) = self.abandons.lock().remove(&token) {
+                        let _ = tx.send(verdict == 0);
                     }
                 }
                 STAGED_DATA | STAGED_DONE => {

@@ -48,17 +48,23 @@ use futures::channel::oneshot;
 use hmc_core::{Access, Error, Op, Result};
 use hmc_transport_kit::wake::WakeFd;
 
+use crate::control::{Link, TargetState};
 use crate::sys::{self, Ucp};
 
 mod callbacks;
 mod commands;
 mod endpoints;
+mod generations;
 mod keys;
 mod lifecycle;
 mod notifications;
 mod progress;
 mod requests;
 mod transfers;
+
+/// The least `abandon_timeout` in effect: it must exceed the stall a target's progress
+/// thread notices (`generations`), with room for scheduling.
+pub(crate) const MIN_ABANDON_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// Tunables of one engine (copied from [`crate::UcxConfig`]).
 #[derive(Clone, Debug)]
@@ -72,6 +78,8 @@ pub(crate) struct EngineConfig {
     pub wakeup: bool,
     pub park_max: Duration,
     pub drain_timeout: Duration,
+    /// How long an abandoning initiator waits for the target's answer (`generations`).
+    pub abandon_timeout: Duration,
     pub ep_linger: Duration,
     pub max_pending_notifications: usize,
     /// Ask UCX for a local mapping of imported regions (`ucp_rkey_ptr`).
@@ -178,8 +186,12 @@ pub(crate) enum Command {
     },
     CreateEp {
         worker_addr: Vec<u8>,
+        /// The control connection beside the endpoint (carries abandons to the target).
+        link: Option<Arc<Link>>,
         reply: mpsc::SyncSender<Result<u64>>,
     },
+    /// A control connection queued an abandon of one of our peers' generations.
+    TakeAbandons,
     CloseEp {
         ep: u64,
     },
@@ -308,7 +320,9 @@ impl Drop for LiveThread {
 
 impl Engine {
     /// Starts the progress thread, which creates the context and worker.
-    pub fn start(ucp: Arc<Ucp>, config: EngineConfig) -> Result<Engine> {
+    /// `control` is the target side of this communicator's control connections, which
+    /// the thread settles after a stall (`generations`).
+    pub fn start(ucp: Arc<Ucp>, config: EngineConfig, control: Arc<TargetState>) -> Result<Engine> {
         let wake = Arc::new(WakeFd::new("the UCX engine's wake eventfd")?);
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
@@ -321,7 +335,11 @@ impl Engine {
             .name(format!("hmc-ucx-{}", config.name))
             .spawn(move || {
                 let _live = live;
-                match State::new(thread_ucp, config, thread_wake, thread_eps) {
+                let links = Links {
+                    wake: thread_wake,
+                    control,
+                };
+                match State::new(thread_ucp, config, links, thread_eps) {
                     Ok(mut state) => {
                         let _ =
                             ready_tx.send(Ok((state.worker_address.clone(), state.memory_types)));
@@ -380,6 +398,13 @@ struct State {
     /// The worker's event fd, -1 without wake-ups.
     efd: i32,
     wake: Arc<WakeFd>,
+    /// Abandoned generations (`generations`): the abandoning threads' answers, (UCX
+    /// endpoint, whether the target confirmed). Not the command channel, whose
+    /// disconnection ends the thread.
+    abandoned_tx: mpsc::Sender<(u64, bool)>,
+    abandoned_rx: mpsc::Receiver<(u64, bool)>,
+    /// The target side of the control connections (`generations`).
+    control: Arc<TargetState>,
     worker_address: Vec<u8>,
     memory_types: u64,
     next_id: u64,
@@ -389,4 +414,13 @@ struct State {
     reqs: requests::Requests,
     notes: notifications::Notes,
     life: lifecycle::Lifecycle,
+    gens: generations::PeerGens,
+    stall: generations::StallClock,
+}
+
+/// What the engine thread is handed besides UCX: its wake-up and the control
+/// connections' target side.
+struct Links {
+    wake: Arc<WakeFd>,
+    control: Arc<TargetState>,
 }

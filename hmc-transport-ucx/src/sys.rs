@@ -86,6 +86,7 @@ pub const UCP_MEM_MAP_PROT_REMOTE_WRITE: c_uint = 1 << 9;
 pub const UCP_OP_ATTR_FIELD_CALLBACK: u32 = 1 << 1;
 pub const UCP_OP_ATTR_FIELD_USER_DATA: u32 = 1 << 2;
 pub const UCP_OP_ATTR_FIELD_FLAGS: u32 = 1 << 4;
+pub const UCP_AM_SEND_FLAG_REPLY: u32 = 1 << 0;
 pub const UCP_AM_SEND_FLAG_EAGER: u32 = 1 << 1;
 
 pub const UCP_AM_HANDLER_PARAM_FIELD_ID: u64 = 1 << 0;
@@ -93,6 +94,7 @@ pub const UCP_AM_HANDLER_PARAM_FIELD_FLAGS: u64 = 1 << 1;
 pub const UCP_AM_HANDLER_PARAM_FIELD_CB: u64 = 1 << 2;
 pub const UCP_AM_HANDLER_PARAM_FIELD_ARG: u64 = 1 << 3;
 pub const UCP_AM_FLAG_WHOLE_MSG: u32 = 1 << 0;
+pub const UCP_AM_RECV_ATTR_FIELD_REPLY_EP: u64 = 1 << 0;
 pub const UCP_AM_RECV_ATTR_FLAG_RNDV: u64 = 1 << 17;
 
 pub type ucp_send_nbx_callback_t = Option<

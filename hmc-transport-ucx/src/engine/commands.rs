@@ -29,14 +29,19 @@ impl State {
                 self.unmap(id);
                 let _ = done.send(());
             }
-            Command::CreateEp { worker_addr, reply } => {
+            Command::CreateEp {
+                worker_addr,
+                link,
+                reply,
+            } => {
                 let r = if self.life.closed {
                     Err(closed())
                 } else {
-                    self.create_ep(&worker_addr)
+                    self.create_ep(&worker_addr, link)
                 };
                 let _ = reply.send(r);
             }
+            Command::TakeAbandons => self.take_abandons(),
             Command::CloseEp { ep } => {
                 if let Some(e) = self.eps.by_id.get_mut(&ep) {
                     e.released = true;

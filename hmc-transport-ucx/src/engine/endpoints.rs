@@ -16,8 +16,10 @@ use std::time::Instant;
 use hmc_core::{Error, Result};
 
 use super::State;
-use super::callbacks::on_ep_error;
+use super::callbacks::{BIND, on_ep_error};
+use super::generations::new_token;
 use super::requests::{Ack, Issue, Owner, Requests};
+use crate::control::Link;
 use crate::sys;
 
 /// Where a user's endpoint is in its life.
@@ -40,6 +42,12 @@ pub(super) struct PhysEp {
     /// (UCX: FORCE without PEER mode on both sides is undefined behaviour).
     pub peer_mode: bool,
     pub idle_since: Option<Instant>,
+    /// This endpoint's generation (`generations`): the token of its BIND.
+    pub token: u64,
+    /// The target answered the BIND: transfers may issue on it.
+    pub bound: bool,
+    /// Its generation is being abandoned: nothing more is issued on it.
+    pub abandoning: bool,
 }
 
 /// A user's endpoint.
@@ -56,6 +64,8 @@ pub(super) struct EpState {
     /// The imported keys used through this endpoint.
     pub keys: Vec<u64>,
     pub drain_since: Option<Instant>,
+    /// The control connection beside it, which carries an abandon to the target.
+    pub link: Option<Arc<Link>>,
 }
 
 /// The engine's endpoints, user and physical.
@@ -89,6 +99,23 @@ impl Endpoints {
         }
     }
 
+    /// Whether `ep`'s UCX endpoint generation is being abandoned.
+    pub fn abandoning(&self, ep: u64) -> bool {
+        self.by_id
+            .get(&ep)
+            .and_then(|e| self.phys.get(&e.phys))
+            .is_some_and(|p| p.abandoning)
+    }
+
+    /// Whether transfers may issue on `ep` now: its UCX endpoint's generation is bound at
+    /// the target and not being abandoned (until then they wait, within their deadline).
+    pub fn ready(&self, ep: u64) -> bool {
+        self.by_id
+            .get(&ep)
+            .and_then(|e| self.phys.get(&e.phys))
+            .is_some_and(|p| p.bound && !p.abandoning)
+    }
+
     /// Why `ep` cannot be used: its failure, or that it is closed.
     pub fn error(&self, ep: u64) -> Error {
         match self.by_id.get(&ep) {
@@ -103,7 +130,7 @@ impl Endpoints {
 }
 
 impl State {
-    pub(super) fn create_ep(&mut self, worker_addr: &[u8]) -> Result<u64> {
+    pub(super) fn create_ep(&mut self, worker_addr: &[u8], link: Option<Arc<Link>>) -> Result<u64> {
         let cached = self.eps.phys_by_addr.get(worker_addr).copied();
         let (pid, handle) = match cached {
             Some(pid) => {
@@ -131,6 +158,7 @@ impl State {
                 inflight: 0,
                 keys: Vec::new(),
                 drain_since: None,
+                link,
             },
         );
         Ok(id)
@@ -176,6 +204,11 @@ impl State {
             ));
         }
         self.eps.count.fetch_add(1, Ordering::AcqRel);
+        let token = new_token();
+        // A generation can be abandoned only where the endpoint can be force-closed at
+        // both ends (PEER mode); without it transfers issue at once, unprotected.
+        let peer_mode = !self.eps.peer_mode_unsupported;
+        let bound = !peer_mode || !self.send_gen(ep, BIND, token);
         self.eps.phys.insert(
             id,
             PhysEp {
@@ -184,8 +217,11 @@ impl State {
                 refs: 1,
                 failed: false,
                 closing: false,
-                peer_mode: !self.eps.peer_mode_unsupported,
+                peer_mode,
                 idle_since: None,
+                token,
+                bound,
+                abandoning: false,
             },
         );
         self.eps.phys_by_addr.insert(worker_addr.to_vec(), id);

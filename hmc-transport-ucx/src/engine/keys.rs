@@ -19,6 +19,8 @@ pub(super) struct KeyState {
     /// The registration at the target it names.
     pub reg_id: u64,
     pub rkey: sys::ucp_rkey_h,
+    /// The key as the target packed it, to unpack again on a new endpoint generation.
+    pub packed: Vec<u8>,
     /// Chunks in flight through it.
     pub inflight: usize,
     pub shared: Arc<KeyShared>,
@@ -169,6 +171,31 @@ impl State {
         let Some(handle) = self.eps.open_handle(ep) else {
             return Err(self.eps.error(ep));
         };
+        let out = self.unpack(handle, rkey, &shared)?;
+        let id = self.id();
+        self.keys.imported.insert(
+            id,
+            KeyState {
+                ep,
+                reg_id,
+                rkey: out,
+                packed: rkey.to_vec(),
+                inflight: 0,
+                shared,
+            },
+        );
+        self.eps.by_id.get_mut(&ep).expect("checked").keys.push(id);
+        Ok(id)
+    }
+
+    /// Unpacks `rkey` on `handle` and records UCX's local mapping of the region in
+    /// `shared` when there is one.
+    fn unpack(
+        &self,
+        handle: sys::ucp_ep_h,
+        rkey: &[u8],
+        shared: &KeyShared,
+    ) -> Result<sys::ucp_rkey_h> {
         let mut out: sys::ucp_rkey_h = std::ptr::null_mut();
         // SAFETY: live endpoint; `rkey` is a buffer the target produced with `ucp_rkey_pack`
         // and confirmed byte for byte over the control connection (see `control.rs`), so
@@ -192,19 +219,31 @@ impl State {
                 shared.mapped.store(local as u64, Ordering::Release);
             }
         }
-        let id = self.id();
-        self.keys.imported.insert(
-            id,
-            KeyState {
-                ep,
-                reg_id,
-                rkey: out,
-                inflight: 0,
-                shared,
-            },
-        );
-        self.eps.by_id.get_mut(&ep).expect("checked").keys.push(id);
-        Ok(id)
+        Ok(out)
+    }
+
+    /// Unpacks key `key` again on `handle`, a new generation of its endpoint, and
+    /// destroys the old rkey (whose endpoint was force-closed: no request uses it).
+    pub(super) fn unpack_again(&mut self, key: u64, handle: sys::ucp_ep_h) -> Result<()> {
+        let Some(k) = self.keys.imported.get(&key) else {
+            return Ok(());
+        };
+        let (old, packed, shared) = (k.rkey, k.packed.clone(), k.shared.clone());
+        // A direct copy through the old mapping may be running: no new one starts, and
+        // the old rkey goes only once the running ones ended.
+        shared.mapped.store(0, Ordering::Release);
+        while shared.direct_busy.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        if !old.is_null() {
+            // SAFETY: unpacked on this thread; its endpoint was force-closed, which
+            // completed every request using it; destroyed once (replaced below).
+            unsafe { (self.ucp.ucp_rkey_destroy)(old) };
+        }
+        let fresh = self.unpack(handle, &packed, &shared);
+        let k = self.keys.imported.get_mut(&key).expect("present");
+        k.rkey = *fresh.as_ref().unwrap_or(&std::ptr::null_mut());
+        fresh.map(|_| ())
     }
 
     pub(super) fn destroy_rkey(&self, k: KeyState) {

@@ -9,29 +9,31 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use hmc_core::{Error, Result};
-use hmc_transport_kit::wake::{WakeFd, poll_in};
+use hmc_transport_kit::wake::poll_in;
 
-use super::callbacks::{AM_ID, Event, clear_events, on_am, take_events};
+use super::callbacks::{AM_ID, Event, GEN_AM_ID, clear_events, on_am, on_gen_am, take_events};
 use super::endpoints::{Endpoints, EpPhase};
+use super::generations::{PeerGens, StallClock};
 use super::keys::Keys;
 use super::lifecycle::{Lifecycle, SETTLE_LIMIT};
 use super::notifications::Notes;
 use super::requests::{Owner, Requests};
 use super::transfers::Transfers;
-use super::{Command, EngineConfig, LEAKED_WORKERS, State};
+use super::{Command, EngineConfig, LEAKED_WORKERS, Links, State};
 use crate::sys::{self, Ucp};
 
 impl State {
     pub(super) fn new(
         ucp: Arc<Ucp>,
         cfg: EngineConfig,
-        wake: Arc<WakeFd>,
+        links: Links,
         ep_count: Arc<AtomicUsize>,
     ) -> Result<State> {
         let config = read_config(&ucp, &cfg)?;
         let context = init_context(&ucp, &cfg, config)?;
         let memory_types = context_memory_types(&ucp, context);
         let (worker, efd, worker_address) = create_worker(&ucp, &cfg, context)?;
+        let (abandoned_tx, abandoned_rx) = mpsc::channel();
         Ok(State {
             eps: Endpoints::new(ep_count),
             keys: Keys::default(),
@@ -44,7 +46,12 @@ impl State {
             context,
             worker,
             efd,
-            wake,
+            wake: links.wake,
+            abandoned_tx,
+            abandoned_rx,
+            control: links.control,
+            gens: PeerGens::default(),
+            stall: StallClock::new(),
             worker_address,
             memory_types,
             next_id: 1,
@@ -107,7 +114,10 @@ impl State {
         let mut until = now + self.cfg.park_max;
         for op in self.ops.values() {
             until = until.min(op.deadline);
-            if let Some(t) = op.failed_at {
+            // An endpoint being abandoned wakes us with its answer, not at its drain limit.
+            if let Some(t) = op.failed_at
+                && !self.eps.abandoning(op.ep)
+            {
                 until = until.min(t + self.cfg.drain_timeout);
             }
         }
@@ -125,7 +135,10 @@ impl State {
         // A negative fd is skipped by poll(2). The wait cannot fail on valid descriptors;
         // were it to, the loop looks again at once, as after a wake.
         let worker_fd = if progress { self.efd } else { -1 };
-        let wait = Some(until.saturating_duration_since(now));
+        let wait = until.saturating_duration_since(now);
+        self.stall.mark = now;
+        self.stall.allowed = wait;
+        let wait = Some(wait);
         let ready = poll_in([worker_fd, self.wake.as_raw_fd()], wait).unwrap_or([0; 2]);
         if ready[1] != 0 {
             self.wake.drain();
@@ -134,8 +147,11 @@ impl State {
 
     /// One `ucp_worker_progress`; whether it did anything (see [`Lifecycle::progressed`]).
     pub(super) fn progress(&mut self) -> bool {
+        self.before_progress();
         // SAFETY: the worker is live and only used on this thread.
         let did = unsafe { (self.ucp.ucp_worker_progress)(self.worker) } != 0;
+        self.stall.mark = Instant::now();
+        self.stall.allowed = Duration::ZERO;
         if did {
             self.life.progressed(Instant::now());
         }
@@ -166,6 +182,8 @@ impl State {
                     self.phys_failed(ep, reason);
                 }
                 Event::Note(n) => self.notes.arrived(n),
+                Event::Bind { token, reply_ep } => self.bind_arrived(token, reply_ep),
+                Event::Bound { token } => self.bound_arrived(token),
             }
         }
         if any {
@@ -176,6 +194,9 @@ impl State {
 
     /// Deadlines, drain limits, revocation acknowledgements, notification waiters.
     pub(super) fn housekeeping(&mut self) {
+        while let Ok((pid, confirmed)) = self.abandoned_rx.try_recv() {
+            self.abandoned(pid, confirmed);
+        }
         let now = Instant::now();
         let mut expired = Vec::new();
         let mut stuck = Vec::new();
@@ -201,6 +222,11 @@ impl State {
             self.pump(id);
         }
         for ep in stuck {
+            // The target holds what was sent and does not take it: have it drop that
+            // generation and start a new one (`generations`), else close the endpoint.
+            if self.abandon(ep) {
+                continue;
+            }
             tracing::warn!(
                 ep,
                 "a cancelled ucx transfer did not drain within drain_timeout; force-closing its endpoint"
@@ -494,10 +520,17 @@ fn create_worker(
         cb: Some(on_am),
         arg: std::ptr::null_mut(),
     };
-    // SAFETY: live worker; the callback is a plain function valid forever.
-    let st = unsafe { (ucp.ucp_worker_set_am_recv_handler)(worker, &am) };
-    if st != sys::UCS_OK {
-        return Err(cleanup(ucp.error("ucp_worker_set_am_recv_handler", st)));
+    let gen_am = sys::ucp_am_handler_param_t {
+        id: GEN_AM_ID,
+        cb: Some(on_gen_am),
+        ..am
+    };
+    for am in [&am, &gen_am] {
+        // SAFETY: live worker; the callback is a plain function valid forever.
+        let st = unsafe { (ucp.ucp_worker_set_am_recv_handler)(worker, am) };
+        if st != sys::UCS_OK {
+            return Err(cleanup(ucp.error("ucp_worker_set_am_recv_handler", st)));
+        }
     }
     Ok((worker, efd, worker_address))
 }

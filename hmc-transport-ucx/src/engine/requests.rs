@@ -39,6 +39,12 @@ pub(super) enum Owner {
         ep: u64,
         ack: Option<Ack>,
     },
+    /// A BIND or BOUND message, or the forced close of a peer's endpoint generation
+    /// (`generations`): nobody waits for it.
+    Gen {
+        /// A message's header, read by UCX until the send completes.
+        _header: Option<Box<[u8; 9]>>,
+    },
 }
 
 /// One slot: its owner and, once UCX returned one, the request to free at completion.
@@ -137,6 +143,14 @@ impl Requests {
     /// The records of outstanding requests.
     pub fn iter(&self) -> impl Iterator<Item = &ReqRec> {
         self.slots.iter().flatten()
+    }
+
+    /// The slots of outstanding requests with their records, to change their owners.
+    pub fn slots_mut(&mut self) -> impl Iterator<Item = (usize, &mut ReqRec)> {
+        self.slots
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, r)| Some((i, r.as_mut()?)))
     }
 
     /// The records of outstanding requests, to change their owners.

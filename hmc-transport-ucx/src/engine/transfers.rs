@@ -25,6 +25,8 @@ pub(super) struct TransferState {
     /// Requests issued and not completed (chunks, then the flush).
     pub inflight: usize,
     pub flushed: bool,
+    /// The UCX endpoint (generation) its first chunk was issued on.
+    pub issued_on: Option<u64>,
     pub failure: Option<Error>,
     /// When `failure` was set: issued chunks must drain within `drain_timeout` of it.
     pub failed_at: Option<Instant>,
@@ -51,6 +53,7 @@ impl TransferState {
             next: 0,
             inflight: 0,
             flushed: false,
+            issued_on: None,
             failure: None,
             failed_at: None,
             deadline,
@@ -99,6 +102,11 @@ impl State {
                 op.fail(err);
                 break;
             };
+            if !self.eps.ready(ep_id) {
+                // Its UCX endpoint's generation is not bound yet, or being abandoned:
+                // issued once it is (`generations`), or ended at the deadline.
+                break;
+            }
             let rkey = match self.keys.imported.get(&chunk.key) {
                 Some(k) if !k.shared.revoked.load(Ordering::Acquire) && !k.rkey.is_null() => k.rkey,
                 _ => {
@@ -109,8 +117,12 @@ impl State {
                     break;
                 }
             };
+            let pid = self.eps.by_id.get(&ep_id).map(|e| e.phys);
             let op = self.ops.get_mut(&id).expect("present");
             op.next += 1;
+            if op.issued_on.is_none() {
+                op.issued_on = pid;
+            }
             let slot = self.reqs.alloc(Owner::Chunk {
                 op: id,
                 key: chunk.key,
@@ -173,6 +185,21 @@ impl State {
         if op.op == Op::Write && !op.flushed && op.next > 0 {
             let ep_id = op.ep;
             op.flushed = true;
+            if op.issued_on.is_some() && op.issued_on != self.eps.by_id.get(&ep_id).map(|e| e.phys)
+            {
+                // Its generation was abandoned: the target dropped what it had not applied
+                // and the force-close completed the rest; a flush of the new one proves
+                // nothing about it.
+                let err = op.failure.take().unwrap_or_else(|| {
+                    Error::Cancelled(
+                        "the UCX endpoint's generation was abandoned (the peer made no \
+                         progress within drain_timeout) before this WRITE was flushed"
+                            .into(),
+                    )
+                });
+                self.finish(id, Err(err));
+                return;
+            }
             let Some(handle) = self.eps.open_handle(ep_id) else {
                 let err = op.failure.take().unwrap_or_else(|| self.eps.error(ep_id));
                 self.finish(id, Err(err));
@@ -263,6 +290,7 @@ impl State {
                 }
             }
             Owner::EpClose { ep } => self.phys_closed(ep),
+            Owner::Gen { .. } => {}
             Owner::AckFlush { ep, ack } => {
                 self.ep_done(ep);
                 if let Some(a) = ack {
