@@ -6,7 +6,7 @@ tcp, shm and ucx, each ending as the README's behaviour tables say:
   at its call timeout, which the tests shorten: its one-shot transfers are not bounded by
   the no-progress timeout); after SIGCONT no byte of the abandoned WRITE lands at the peer
   and no byte of the abandoned READ lands here; the same request posted again completes
-  (over ucx two engine bugs, marked where they show: see UCX_LATE_WRITE and UCX_REPOST);
+  (over ucx later, at the transport's drain and abandon timeouts: see UCX_DRAIN_S);
 - late bytes: a transfer released (``release_xfer_handle``) in flight: once the release
   returns, canaries on both sides stay;
 - restart: the peer killed and started again under its name: the old request's next post
@@ -306,14 +306,11 @@ def check_write(peer, ok=True):
 
 
 # Over ucx a transfer abandoned at a stopped peer (its no-progress timeout, or a release in
-# flight) ends only once UCX's endpoint is force-closed at the transport's drain_timeout
-# (10 s, not an engine option), and the keys imported over that endpoint die with it: every
-# later request to the peer, the same handle's next post included, ends "ERR" ("invalid
-# remote key ... or the endpoint closed") until remove_remote_agent + add_remote_agent.
-UCX_DRAIN_S = 10
-UCX_REPOST = ("over ucx a request abandoned at a stopped peer force-closes the endpoint: the same "
-              "handle (and every list prepared for that peer) then ends ERR with an invalid remote "
-              "key until remove_remote_agent + add_remote_agent (tcp and shm: it works again)")
+# flight) ends once its flush has not completed within the transport's drain_timeout (10 s)
+# and the peer was told to drop that UCX endpoint generation: a stopped peer cannot answer,
+# so that costs its abandon_timeout (1 s) too. The peer drops what it holds of the
+# generation before it runs UCX's progress again, and the next post works on a new one.
+UCX_DRAIN_S = 10 + 1
 
 
 def bound(transport):
@@ -321,29 +318,13 @@ def bound(transport):
     return NO_PROGRESS_MS / 1000 + SLACK_S + (UCX_DRAIN_S if transport == "ucx" else 0)
 
 
-# A real bug, reproduced every run here (both UCX_TLS=tcp and UCX_TLS=sm,self): over ucx a
-# WRITE to a stopped peer over an endpoint that has moved bytes before ends "ERR" (after the
-# no-progress timeout and the 10 s drain), and once the peer runs again its bytes land
-# there. Strict: the test fails as soon as the bug is fixed, to take this mark off.
-UCX_LATE_WRITE = ("over ucx a WRITE abandoned at a stopped peer (ERR after no_progress_timeout + "
-                  "drain_timeout, or released in flight) lands its bytes at the peer once it runs "
-                  "again: late bytes")
-STALL_TRANSPORTS = ["tcp", "shm", pytest.param("ucx", marks=[
-    pytest.mark.skipif(bool(UCX_MISSING), reason=UCX_MISSING or ""),
-    pytest.mark.xfail(strict=True, reason=UCX_LATE_WRITE)])]
+STALL_TRANSPORTS = TRANSPORTS
 
 
-def works_again(local, h, transport, known):
-    """Posts ``h`` again and returns whether it was DONE; over ucx, where it is not (the
-    known issue above), loads the peer again and records it in ``known``."""
+def works_again(local, h, transport):
+    """Posts ``h`` again: it moves every byte."""
     st, _ = local.post(h)
-    if st == "DONE":
-        return True
-    assert transport == "ucx", f"posted again over {transport}: {st}"
-    known.append(st)
-    local.a.release_xfer_handle(h)
-    local.reload(local.peer)
-    return False
+    assert st == "DONE", f"posted again over {transport}: {st}"
 
 
 def new_requests_move_every_byte(local, peer):
@@ -391,10 +372,9 @@ def wait_all(local, hs, t0):
 def test_nixl_stall_ends_err_without_late_bytes_and_the_request_works_again(transport, pairs):
     """A READ and a WRITE posted to the stopped peer (every thread of it stopped first:
     conftest.stop_process) both end "ERR" within the no-progress timeout plus slack (over
-    ucx plus its 10 s drain); after SIGCONT neither lands a byte; posted again, each moves
-    every byte."""
+    ucx plus its drain and abandon timeouts); after SIGCONT neither lands a byte; posted
+    again, each moves every byte."""
     peer, local = pairs("nixl", transport)
-    known = []
     hs = warm(local, peer, transport)
     peer.stop()
     t0 = time.monotonic()
@@ -408,10 +388,8 @@ def test_nixl_stall_ends_err_without_late_bytes_and_the_request_works_again(tran
     check_read(local, ok=False)
     check_write(peer, ok=False)
     # The same requests, posted again to the running peer, move every byte.
-    for op, h in hs.items():
-        if not works_again(local, h, transport, known):
-            hs[op] = h = local.xfer(op)
-            assert local.post(h)[0] == "DONE"
+    for h in hs.values():
+        works_again(local, h, transport)
     check_read(local)
     check_write(peer)
     if transport == "shm":
@@ -425,8 +403,6 @@ def test_nixl_stall_ends_err_without_late_bytes_and_the_request_works_again(tran
         peer.cont()
     for h in hs.values():
         local.a.release_xfer_handle(h)
-    if known:
-        pytest.xfail(UCX_REPOST)
 
 
 @pytest.mark.parametrize("transport", STALL_TRANSPORTS)
@@ -435,7 +411,6 @@ def test_nixl_release_in_flight_leaves_no_late_bytes(transport, pairs):
     for certain), then at the running peer right after each of many posts. Once the
     release returns, a canary on either side stays."""
     peer, local = pairs("nixl", transport)
-    known = []
     hs = warm(local, peer, transport)
     peer.stop()
     for h in hs.values():
@@ -449,7 +424,10 @@ def test_nixl_release_in_flight_leaves_no_late_bytes(transport, pairs):
     check_read(local, ok=False)
     check_write(peer, ok=False)
     if transport == "ucx":
-        works_again(local, local.xfer("READ"), transport, known)
+        h = local.xfer("READ")
+        works_again(local, h, transport)
+        local.a.release_xfer_handle(h)
+        local.dst[:] = LOCAL_CANARY
     # At a running peer: posts released at once, canaries written after each release.
     for op in ("READ", "WRITE"):
         for _ in range(5):
@@ -463,8 +441,6 @@ def test_nixl_release_in_flight_leaves_no_late_bytes(transport, pairs):
         check_write(peer, ok=False)
     # The agent works on: a new request moves every byte.
     new_requests_move_every_byte(local, peer)
-    if known:
-        pytest.xfail(UCX_REPOST)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -25,8 +25,9 @@
 //! issuing chunks and reports only once every issued chunk has completed (a WRITE's after
 //! a flush too), so when the caller hears back UCX no longer touches its memory, and none
 //! of a WRITE's issued bytes lands at the target later. If a chunk or that flush does not
-//! complete within `drain_timeout` the endpoint is force-closed, which completes every
-//! request on it.
+//! complete within `drain_timeout` the target makes no progress: the UCX endpoint's
+//! generation is abandoned (the target drops what it holds of it, `generations`), then
+//! force-closed, which completes the requests on it, and replaced by a new one.
 //!
 //! # Layout
 //!
@@ -35,7 +36,8 @@
 //! defined in its own module with the methods that need only it: `endpoints`
 //! ([`endpoints::Endpoints`]), `keys` (registrations, imported rkeys, pending
 //! revocations), `transfers`, `requests` (the slots UCX completes), `notifications` (the
-//! bounded queue and its waiters) and `lifecycle` (closing and the settling drain, no UCX
+//! bounded queue and its waiters), `generations` (binding, abandoning and replacing a UCX
+//! endpoint's generation) and `lifecycle` (closing and the settling drain, no UCX
 //! call). `callbacks` holds the UCX callbacks, which only queue events. The steps that
 //! cross tables are methods of `State` in the module of the job they serve; `progress`
 //! holds the loop, parking, housekeeping and shutdown, `commands` the dispatch.

@@ -65,6 +65,10 @@
 //! - Every transfer has a deadline; a deadline, a cancel (dropping the future) or a peer's
 //!   failure stops the batch, and the caller hears back only once UCX no longer touches its
 //!   memory. A WRITE is reported complete after `ucp_ep_flush_nbx`, i.e. visible at the target.
+//!   One that ends early is flushed too; where the target makes no progress (stopped), the
+//!   endpoint's generation is abandoned first, so none of its bytes lands at the target once
+//!   it runs again, and the endpoint and its keys work on a new generation
+//!   ([`UcxConfig::drain_timeout`], [`UcxConfig::abandon_timeout`]).
 //! - A peer's death is seen by UCX's error handler (`UCP_ERR_HANDLING_MODE_PEER`) or by EOF
 //!   on the control connection, whichever comes first; its endpoint then fails every
 //!   operation with [`Error::Peer`](hmc_core::Error::Peer).
