@@ -87,6 +87,15 @@ pub struct EngineConfig {
     /// Bytes of one such chunk (`staging_chunk_bytes`, default 1 MiB): one device copy
     /// each; `max_staging_bytes` must hold at least two.
     pub staging_chunk_bytes: usize,
+    /// Over UCX, how long a transfer that failed or was cancelled may take to drain
+    /// (`ucx_drain_timeout_ms`, default 10 s): past it the peer is taken to make no
+    /// progress (stopped) and the UCX endpoint's generation is abandoned, so that none of
+    /// the transfer lands there later (`UcxConfig::drain_timeout`). A transfer to a stopped
+    /// peer over UCX ends this long after `no_progress_timeout`, plus `ucx_abandon_timeout_ms`.
+    pub ucx_drain_timeout: Duration,
+    /// Over UCX, how long abandoning a generation waits for the peer's answer
+    /// (`ucx_abandon_timeout_ms`, default 1 s, at least 250 ms: `UcxConfig::abandon_timeout`).
+    pub ucx_abandon_timeout: Duration,
     /// Faults to inject, for testing what runs on this engine (`faults`: a spec of
     /// `hmc_faults::GRAMMAR`, docs/faults.md; default none). The transport is wrapped in
     /// `hmc_faults::Faulty` with this plan, and the engine's own notifications and
@@ -122,6 +131,8 @@ impl Default for EngineConfig {
             copy_threads: default_copy_threads(),
             max_staging_bytes: hmc_transport_tcp::TcpConfig::default().max_staging_bytes,
             staging_chunk_bytes: hmc_transport_tcp::TcpConfig::default().staging_chunk,
+            ucx_drain_timeout: Duration::from_secs(10),
+            ucx_abandon_timeout: Duration::from_secs(1),
             faults: None,
         }
     }
@@ -175,6 +186,8 @@ impl EngineConfig {
                 "copy_threads" => c.copy_threads = num()?.max(1),
                 "max_staging_bytes" => c.max_staging_bytes = num()?,
                 "staging_chunk_bytes" => c.staging_chunk_bytes = num()?,
+                "ucx_drain_timeout_ms" => c.ucx_drain_timeout = ms()?,
+                "ucx_abandon_timeout_ms" => c.ucx_abandon_timeout = ms()?,
                 "faults" => {
                     let spec: hmc_faults::FaultSpec = v
                         .parse()
@@ -197,7 +210,7 @@ impl EngineConfig {
                 }
                 _ => {
                     return Err(EngineError::InvalidArgument(format!(
-                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, max_labels, watch_backlog, max_pending_notify_bytes, max_notify_ids, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, copy_threads, max_staging_bytes, staging_chunk_bytes, auth_secret, auth_secret_file, faults"
+                        "unknown option `{k}`; known: max_regions, max_remote_regions, max_descs_per_transfer, max_pending_notifies, max_notify_len, max_published_len, allow_foreign_data_plane, transport, plugin_path, default_timeout_ms, metadata, name, lease_ttl_ms, etcd_op_timeout_ms, etcd_retry_initial_ms, etcd_retry_max_ms, max_value_len, max_members, max_labels, watch_backlog, max_pending_notify_bytes, max_notify_ids, no_progress_timeout_ms, progress_chunk_bytes, max_metadata_blob_len, copy_threads, max_staging_bytes, staging_chunk_bytes, ucx_drain_timeout_ms, ucx_abandon_timeout_ms, auth_secret, auth_secret_file, faults"
                     )));
                 }
             }
@@ -233,6 +246,8 @@ mod tests {
             ("copy_threads", "1"),
             ("max_staging_bytes", "8388608"),
             ("staging_chunk_bytes", "262144"),
+            ("ucx_drain_timeout_ms", "2000"),
+            ("ucx_abandon_timeout_ms", "500"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -252,6 +267,22 @@ mod tests {
             (c.max_staging_bytes, c.staging_chunk_bytes),
             (8 << 20, 256 << 10)
         );
+        assert_eq!(
+            (c.ucx_drain_timeout, c.ucx_abandon_timeout),
+            (Duration::from_secs(2), Duration::from_millis(500))
+        );
+        #[cfg(feature = "ucx")]
+        {
+            // The engine's defaults are the transport's.
+            let (e, u) = (
+                EngineConfig::default(),
+                hmc_transports::Options::default().ucx,
+            );
+            assert_eq!(
+                (e.ucx_drain_timeout, e.ucx_abandon_timeout),
+                (u.drain_timeout, u.abandon_timeout)
+            );
+        }
         assert!(EngineConfig::default().copy_threads >= 1);
         let bad: HashMap<String, String> =
             [("metadata".to_string(), "etcd://x/".to_string())].into();

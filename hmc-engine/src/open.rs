@@ -53,6 +53,11 @@ pub fn transport_options(config: &EngineConfig) -> Options {
     {
         options.shm.copy_threads = config.copy_threads;
     }
+    #[cfg(feature = "ucx")]
+    {
+        options.ucx.drain_timeout = config.ucx_drain_timeout;
+        options.ucx.abandon_timeout = config.ucx_abandon_timeout;
+    }
     #[cfg(feature = "plugin")]
     {
         options.plugins.search_path = config.plugin_path.clone();
