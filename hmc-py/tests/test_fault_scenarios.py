@@ -306,9 +306,9 @@ def check_write(peer, ok=True):
 
 
 # Over ucx a transfer abandoned at a stopped peer (its no-progress timeout, or a release in
-# flight) ends once its flush has not completed within the transport's drain_timeout (10 s)
-# and the peer was told to drop that UCX endpoint generation: a stopped peer cannot answer,
-# so that costs its abandon_timeout (1 s) too. The peer drops what it holds of the
+# flight) ends once its flush has not completed within the transport's drain_timeout (the
+# engine option ucx_drain_timeout_ms, 10 s) and the peer was told to drop that UCX endpoint
+# generation: a stopped peer cannot answer, so that costs ucx_abandon_timeout_ms (1 s) too. The peer drops what it holds of the
 # generation before it runs UCX's progress again, and the next post works on a new one.
 UCX_DRAIN_S = 10 + 1
 
