@@ -4,7 +4,7 @@
 //!
 //! | kind | direction | payload |
 //! | --- | --- | --- |
-//! | 1 HELLO | initiator → target | version `u8` |
+//! | 1 HELLO | initiator → target | version `u8` (2; a target accepts 1 too) |
 //! | 2 HELLO_ACK | target → initiator | the target's UCX worker address |
 //! | 3 VALIDATE | initiator → target | request id `u64`, region id `u64`, the descriptor as exported |
 //! | 4 VALID | target → initiator | request id `u64`, verdict `u8` (0 live, 1 unknown or deregistered, 2 differs from the export) |
@@ -60,7 +60,14 @@ pub(crate) use crate::staged::{STAGED_DATA, STAGED_DONE, STAGED_READ, STAGED_WRI
 /// Refused WRITE requests a connection may leave unfinished (their last frame not sent
 /// yet) before the target drops it as misbehaving.
 const MAX_UNFINISHED_REFUSED: usize = 1024;
-pub(crate) const VERSION: u8 = 1;
+/// The control protocol version an initiator sends: 2 binds every UCX endpoint's
+/// generation (the engine's `generations`), whose BOUND answer a version-1 target never
+/// sends; such a target refuses the HELLO, so the mismatch is a failed connect rather than
+/// transfers that wait for a BOUND until their deadline.
+pub(crate) const VERSION: u8 = 2;
+/// The versions a target accepts: a version-1 initiator never binds, which costs the
+/// target nothing (its transfers are just not protected against this target stopping).
+const ACCEPTED_VERSIONS: [u8; 2] = [1, VERSION];
 /// Largest control frame accepted (worker addresses and descriptors are far smaller).
 pub(crate) const MAX_FRAME: usize = 1 << 20;
 
@@ -250,10 +257,14 @@ impl TargetState {
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
         let (kind, payload) = read_frame(&mut stream)?;
-        if kind != HELLO || payload.first() != Some(&VERSION) {
+        if kind != HELLO
+            || !payload
+                .first()
+                .is_some_and(|v| ACCEPTED_VERSIONS.contains(v))
+        {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                "expected HELLO v1",
+                "expected HELLO v1 or v2",
             ));
         }
         write_frame(&mut stream, HELLO_ACK, &engine.worker_address)?;
