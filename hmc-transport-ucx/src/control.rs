@@ -457,7 +457,20 @@ impl Link {
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;
         write_frame(&mut stream, HELLO, &[VERSION])?;
-        let (kind, worker) = read_frame(&mut stream)?;
+        let (kind, worker) = read_frame(&mut stream).map_err(|e| {
+            if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                return e;
+            }
+            // Still an EOF (the engine takes it as the peer possibly gone or replaced).
+            std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the peer closed the control connection at HELLO v{VERSION}: it may run an \
+                     older hmc-transport-ucx (control protocol version 1, without endpoint \
+                     generations); run the same version on both sides"
+                ),
+            )
+        })?;
         if kind != HELLO_ACK || worker.is_empty() {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
