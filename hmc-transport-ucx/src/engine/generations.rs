@@ -413,3 +413,35 @@ impl State {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_absence_past_the_planned_park_and_the_gap_is_a_stall() {
+        let t = Instant::now();
+        let after_progress = StallClock {
+            mark: t,
+            allowed: Duration::ZERO,
+        };
+        assert!(!after_progress.stalled(t + STALL_GAP));
+        assert!(after_progress.stalled(t + STALL_GAP + Duration::from_millis(1)));
+        // A park of 100 ms that woke on time, or up to STALL_GAP late, is no stall; later is.
+        let parked = StallClock {
+            mark: t,
+            allowed: Duration::from_millis(100),
+        };
+        assert!(!parked.stalled(t + Duration::from_millis(100)));
+        assert!(!parked.stalled(t + Duration::from_millis(100) + STALL_GAP));
+        assert!(parked.stalled(t + Duration::from_millis(101) + STALL_GAP));
+        // A clock read before the mark (another thread's instant) is no stall.
+        assert!(!parked.stalled(t));
+    }
+
+    #[test]
+    fn tokens_differ() {
+        let tokens: std::collections::HashSet<u64> = (0..1000).map(|_| new_token()).collect();
+        assert_eq!(tokens.len(), 1000);
+    }
+}
