@@ -12,9 +12,8 @@ One difference in what a state means: in NIXL, ``"ERR"`` from ``check_xfer_state
 guarantee that the backend stopped its DMA (vLLM keeps such a handle forever for that
 reason). In hmc, a transfer is not reported ``"ERR"``, and ``release_xfer_handle`` does not
 return, until no byte of it can land in either agent's memory any more. So a failed handle
-can be released, and its buffers reused, at once. The exception, still open: over UCX, a
-WRITE to a peer that is stopped (not dead) lands once that peer resumes (docs/design.md,
-"Terminal states").
+can be released, and its buffers reused, at once, over every transport (tcp, shm, ucx; the
+limits of each are in docs/design.md, "Terminal states").
 """
 
 from ._api import (
