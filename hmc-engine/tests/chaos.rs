@@ -956,15 +956,15 @@ async fn chaos_matrix() {
                             format!("RED: {}", out.problems.join("; "))
                         };
                         let row = format!(
-                        "| {transport} | {fault} | {} | {seed} | {ops} | {} | {} | {} | {:?} | {} | {} | {verdict} |",
-                        op.name(),
-                        out.ok,
-                        out.failed,
-                        out.connects_failed,
-                        out.worst_late,
-                        out.rss_growth >> 10,
-                        out.staged_bytes >> 10
-                    );
+                            "| {transport} | {fault} | {} | {seed} | {ops} | {} | {} | {} | {:?} | {} | {} | {verdict} |",
+                            op.name(),
+                            out.ok,
+                            out.failed,
+                            out.connects_failed,
+                            out.worst_late,
+                            out.rss_growth >> 10,
+                            out.staged_bytes >> 10
+                        );
                         // Progress, for runs of many minutes.
                         eprintln!(
                             "chaos {:>6.1}s (case {:.2}s) {row}",
@@ -973,20 +973,20 @@ async fn chaos_matrix() {
                         );
                         let _ = writeln!(table, "{row}");
                         let _ = write!(
-                        json,
-                        "{}{{\"transport\":\"{transport}\",\"fault\":\"{fault}\",\"spec\":\"{spec}\",\"operation\":\"{}\",\"seed\":{seed},\"ops\":{ops},\"ok\":{},\"failed\":{},\"connects_failed\":{},\"worst_past_deadline_ms\":{:.1},\"rss_growth_bytes\":{},\"staged_bytes\":{},\"seconds\":{:.2},\"green\":{},\"problems\":{:?}}}",
-                        if json.len() > 1 { "," } else { "" },
-                        op.name(),
-                        out.ok,
-                        out.failed,
-                        out.connects_failed,
-                        out.worst_late.as_secs_f64() * 1e3,
-                        out.rss_growth,
-                        out.staged_bytes,
-                        case_start.elapsed().as_secs_f64(),
-                        out.problems.is_empty(),
-                        out.problems
-                    );
+                            json,
+                            "{}{{\"transport\":\"{transport}\",\"fault\":\"{fault}\",\"spec\":\"{spec}\",\"operation\":\"{}\",\"seed\":{seed},\"ops\":{ops},\"ok\":{},\"failed\":{},\"connects_failed\":{},\"worst_past_deadline_ms\":{:.1},\"rss_growth_bytes\":{},\"staged_bytes\":{},\"seconds\":{:.2},\"green\":{},\"problems\":{:?}}}",
+                            if json.len() > 1 { "," } else { "" },
+                            op.name(),
+                            out.ok,
+                            out.failed,
+                            out.connects_failed,
+                            out.worst_late.as_secs_f64() * 1e3,
+                            out.rss_growth,
+                            out.staged_bytes,
+                            case_start.elapsed().as_secs_f64(),
+                            out.problems.is_empty(),
+                            out.problems
+                        );
                     }
                 }
             }

@@ -12,7 +12,7 @@
 //! table's first line says the counts (`hmc-engine/tests/chaos.rs`: `LEAK_OPS`,
 //! `FULL_OPS`, `FULL_SEEDS`).
 
-use crate::{cargo, root, run, Result};
+use crate::{Result, cargo, root, run};
 
 /// UCX_TLS of the full matrix's second run: UCX's shared-memory transports only.
 const UCX_SHARED_MEMORY: &str = "sm,self";
