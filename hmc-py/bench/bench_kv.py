@@ -55,11 +55,27 @@ from _cpu import cpu_seconds, group_pids
 HERE = os.path.abspath(__file__)
 
 
-def pattern(layer, n):
-    """The fill of layer ``layer`` (bytes), the same in every system's target."""
+def page_aligned(n):
+    """``n`` zeroed bytes starting on a page boundary. numpy puts a large array 16 bytes
+    past a page (malloc's header); a framework's tensors start 64-byte aligned or better
+    (PyTorch's CPU allocator), and a copy whose source and destination are misaligned to
+    each other runs far slower than one between two equally aligned buffers, which would
+    favour the in-process memcpy row (numpy on both sides) over every cross-process one."""
     import numpy as np
 
-    return np.random.default_rng(1000 + layer).integers(0, 256, n, dtype=np.uint8)
+    raw = np.zeros(n + 4096, dtype=np.uint8)
+    skip = (-raw.ctypes.data) % 4096
+    return raw[skip:skip + n]
+
+
+def pattern(layer, n):
+    """The fill of layer ``layer`` (bytes), the same in every system's target, page-aligned
+    (``page_aligned``)."""
+    import numpy as np
+
+    out = page_aligned(n)
+    out[:] = np.random.default_rng(1000 + layer).integers(0, 256, n, dtype=np.uint8)
+    return out
 
 
 def digest(b):
@@ -247,7 +263,7 @@ def driver(a):
     import numpy as np
 
     reqs = requests(a, 64, 7)
-    local = [np.zeros(a.blocks * a.block, dtype=np.uint8) for _ in range(a.layers)]
+    local = [page_aligned(a.blocks * a.block) for _ in range(a.layers)]
     for i, r in enumerate(local):
         r[:] = (np.arange(r.size) * (i + 3)).astype(np.uint8)
     run, rust = None, None

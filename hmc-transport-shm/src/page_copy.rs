@@ -57,6 +57,10 @@ pub(crate) struct Span {
     pub(crate) len: usize,
 }
 
+/// What [`spans`] looked up for the registration of a run of descriptors: its remote key,
+/// mapping, key words and the end no span may pass.
+type RunKey = ((u64, [u8; TOKEN_LEN]), Arc<Mapping>, KeyWords, u64);
+
 /// One descriptor of a batch as [`spans`] sees it.
 pub(crate) struct Want {
     /// The remote key: registration id and token.
@@ -77,33 +81,40 @@ pub(crate) fn spans(
     need: Access,
     batch: impl Iterator<Item = Want>,
 ) -> Option<Vec<Span>> {
+    // A block table's descriptors come in runs of one registration: its mapping, key and
+    // page (bounds and rights) are looked up once per run, not per descriptor.
+    let mut last: Option<RunKey> = None;
     batch
         .map(|d| {
-            let map = maps.get(&d.key.0)?.clone();
-            let word = token_words(&d.key.1);
-            let page = map.control()?;
-            let (len, access) = page.describe();
-            // The page is the peer's to write: bound by the mapping too (its data part).
-            let data = (map.len() - CONTROL_LEN) as u64;
+            if last.as_ref().is_none_or(|(key, ..)| *key != d.key) {
+                let map = maps.get(&d.key.0)?.clone();
+                let word = token_words(&d.key.1);
+                let page = map.control()?;
+                let (len, access) = page.describe();
+                // The page is the peer's to write: bound by the mapping too (its data part).
+                let data = (map.len() - CONTROL_LEN) as u64;
+                if !(page.is_current(word) && access?.allows(need)) {
+                    return None;
+                }
+                last = Some((d.key, map, word, len.min(data)));
+            }
+            let (_, map, word, bound) = last.as_ref().expect("set above");
             let end = d.remote_offset.checked_add(d.len as u64)?;
-            let ok = page.is_current(word)
-                && access?.allows(need)
-                && end <= len.min(data)
-                && d.local.device.is_host();
-            ok.then(|| Span {
-                word,
+            (end <= *bound && d.local.device.is_host()).then(|| Span {
+                word: *word,
                 local: d.local.addr + d.local_offset as u64,
                 at: d.remote_offset as usize,
                 len: d.len,
-                map,
+                map: map.clone(),
             })
         })
         .collect()
 }
 
-/// Copies `spans` through the peer's mappings, one announced chunk of at most `chunk`
-/// bytes at a time (yielding between chunks), each only while its key is current.
-/// `gone` is checked before each chunk: the error to end with when the peer went away.
+/// Copies `spans` through the peer's mappings, consecutive spans of one mapping under one
+/// announcement of at most `chunk` bytes (yielding after each full chunk), each only while
+/// its key is current. The deadline and `gone` (the error to end with when the peer went
+/// away) are checked before each announcement.
 ///
 /// # Safety
 /// Each span's local range lies in a registration the caller keeps alive for the call,
@@ -118,39 +129,43 @@ pub(crate) async unsafe fn copy(
 ) -> Result<()> {
     let started = Instant::now();
     let chunk = chunk.max(1);
-    // Bytes copied since the deadline and the peer were last checked: checked before the
-    // first copy and then once a chunk's worth has moved, not per span (a block table's
-    // spans are small, and reading the clock per span costs more than a memcpy of one).
-    let mut unchecked = chunk;
-    for s in spans {
-        let page = s.map.control().expect("spans are built from pages");
-        let mut off = 0usize;
-        while off < s.len {
-            if unchecked >= chunk {
-                if deadline.is_expired() {
-                    return Err(Error::DeadlineExceeded {
-                        during: "transfer",
-                        elapsed: started.elapsed(),
-                    });
+    // One announcement covers consecutive spans of one mapping under one key, up to a
+    // chunk's worth of bytes (the rekey waits for at most that); the deadline and the peer
+    // are checked per announcement, not per span (a block table's spans are small, and the
+    // clock and the page's atomics cost more than a memcpy of one).
+    let mut i = 0;
+    let mut off = 0usize; // into spans[i]
+    let mut budget;
+    while i < spans.len() {
+        if deadline.is_expired() {
+            return Err(Error::DeadlineExceeded {
+                during: "transfer",
+                elapsed: started.elapsed(),
+            });
+        }
+        if let Some(e) = gone() {
+            return Err(e);
+        }
+        let first = &spans[i];
+        let page = first.map.control().expect("spans are built from pages");
+        {
+            let Some(_copying) = page.enter(first.word) else {
+                return Err(Error::InvalidKey(
+                    "the region was deregistered or rekeyed during the transfer".into(),
+                ));
+            };
+            budget = chunk;
+            while i < spans.len() && budget > 0 {
+                let s = &spans[i];
+                if !Arc::ptr_eq(&s.map, &first.map) || s.word != first.word {
+                    break;
                 }
-                if let Some(e) = gone() {
-                    return Err(e);
-                }
-                unchecked = 0;
-            }
-            let n = chunk.min(s.len - off);
-            unchecked += n;
-            {
-                let Some(_copying) = page.enter(s.word) else {
-                    return Err(Error::InvalidKey(
-                        "the region was deregistered or rekeyed during the transfer".into(),
-                    ));
-                };
+                let n = budget.min(s.len - off);
                 let local = (s.local as usize + off) as *mut u8;
-                // SAFETY: the local range is the caller's (this function's contract); the
-                // remote one lies inside the registration, before the control page, in a
-                // mapping `s.map` keeps alive; the owner does not reuse the memory while the
-                // copy is announced. Two distinct mappings or allocations do not overlap.
+                // SAFETY: the local range is inside a live registration (the caller's
+                // contract); the remote one inside the mapping's data part, which stays
+                // mapped while `s.map` lives and may be touched while the announcement
+                // holds the owner's rekey and deregistration off.
                 unsafe {
                     let remote = s.map.ptr().add(s.at + off);
                     match op {
@@ -158,11 +173,17 @@ pub(crate) async unsafe fn copy(
                         Op::Read => std::ptr::copy_nonoverlapping(remote, local, n),
                     }
                 }
+                budget -= n;
+                off += n;
+                if off == s.len {
+                    i += 1;
+                    off = 0;
+                }
             }
-            off += n;
-            if off < s.len {
-                tokio::task::yield_now().await;
-            }
+        }
+        // A whole chunk copied: let the executor's other tasks run before the next.
+        if budget == 0 && i < spans.len() {
+            tokio::task::yield_now().await;
         }
     }
     Ok(())
