@@ -17,7 +17,6 @@ use hmc_core::{Error, Result};
 
 use super::State;
 use super::callbacks::{BIND, on_ep_error};
-use super::generations::new_token;
 use super::requests::{Ack, Issue, Owner, Requests};
 use crate::control::Link;
 use crate::sys;
@@ -455,4 +454,19 @@ impl State {
             None => self.eps.by_id.get_mut(&ep).expect("checked").inflight += 1,
         }
     }
+}
+
+/// A fresh, unpredictable generation token (`generations`): what a BIND carries.
+pub(super) fn new_token() -> u64 {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    h.finish()
 }

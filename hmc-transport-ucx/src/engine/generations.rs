@@ -53,13 +53,13 @@
 
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::State;
 use super::callbacks::{BOUND, GEN_AM_ID};
 use super::endpoints::EpPhase;
+#[cfg(test)]
+use super::endpoints::new_token;
 use super::requests::{Owner, Requests};
 use crate::sys;
 
@@ -68,20 +68,6 @@ use crate::sys;
 pub(crate) const STALL_GAP: Duration = Duration::from_millis(100);
 /// Longest a target waits for its control connections to settle after a stall.
 pub(crate) const SETTLE_LIMIT: Duration = Duration::from_millis(500);
-
-/// A fresh, unpredictable generation token.
-pub(super) fn new_token() -> u64 {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(SEQ.fetch_add(1, Ordering::Relaxed));
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    h.finish()
-}
 
 /// The target's record of its peers' generations: token → the UCX endpoint they arrive on.
 #[derive(Default)]

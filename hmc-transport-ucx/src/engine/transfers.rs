@@ -183,47 +183,7 @@ impl State {
         // issued byte has landed, or the endpoint was force-closed at `drain_timeout`
         // (housekeeping), so none of it lands after the caller heard of the end.
         if op.op == Op::Write && !op.flushed && op.next > 0 {
-            let ep_id = op.ep;
-            op.flushed = true;
-            if op.issued_on.is_some() && op.issued_on != self.eps.by_id.get(&ep_id).map(|e| e.phys)
-            {
-                // Its generation was abandoned: the target dropped what it had not applied
-                // and the force-close completed the rest; a flush of the new one proves
-                // nothing about it.
-                let err = op.failure.take().unwrap_or_else(|| {
-                    Error::Cancelled(
-                        "the UCX endpoint's generation was abandoned (the peer made no \
-                         progress within drain_timeout) before this WRITE was flushed"
-                            .into(),
-                    )
-                });
-                self.finish(id, Err(err));
-                return;
-            }
-            let Some(handle) = self.eps.open_handle(ep_id) else {
-                let err = op.failure.take().unwrap_or_else(|| self.eps.error(ep_id));
-                self.finish(id, Err(err));
-                return;
-            };
-            let slot = self.reqs.alloc(Owner::Flush { op: id, ep: ep_id });
-            let p = Requests::param(slot);
-            // SAFETY: live endpoint; flush touches no user memory.
-            let ret = unsafe { (self.ucp.ucp_ep_flush_nbx)(handle, &p) };
-            match self.reqs.settle(slot, ret) {
-                Issue::Done(sys::UCS_OK) => {
-                    let failure = self.ops.get_mut(&id).and_then(|o| o.failure.take());
-                    self.finish(id, failure.map_or(Ok(()), Err));
-                }
-                Issue::Done(st) => {
-                    let err = self.status_error(ep_id, "ucp_ep_flush_nbx", st);
-                    let failure = self.ops.get_mut(&id).and_then(|o| o.failure.take());
-                    self.finish(id, Err(failure.unwrap_or(err)));
-                }
-                Issue::Pending => {
-                    self.ops.get_mut(&id).expect("present").inflight += 1;
-                    self.eps.by_id.get_mut(&ep_id).expect("checked").inflight += 1;
-                }
-            }
+            self.flush_write(id);
             return;
         }
         let result = match op.failure.take() {
@@ -231,6 +191,52 @@ impl State {
             None => Ok(()),
         };
         self.finish(id, result);
+    }
+
+    /// Ends a WRITE that issued chunks with a flush of its endpoint (see `pump`), or at
+    /// once where its generation was abandoned or its endpoint is gone.
+    fn flush_write(&mut self, id: u64) {
+        let op = self.ops.get_mut(&id).expect("present");
+        let ep_id = op.ep;
+        op.flushed = true;
+        if op.issued_on.is_some() && op.issued_on != self.eps.by_id.get(&ep_id).map(|e| e.phys) {
+            // Its generation was abandoned: the target dropped what it had not applied
+            // and the force-close completed the rest; a flush of the new one proves
+            // nothing about it.
+            let err = op.failure.take().unwrap_or_else(|| {
+                Error::Cancelled(
+                    "the UCX endpoint's generation was abandoned (the peer made no \
+                     progress within drain_timeout) before this WRITE was flushed"
+                        .into(),
+                )
+            });
+            self.finish(id, Err(err));
+            return;
+        }
+        let Some(handle) = self.eps.open_handle(ep_id) else {
+            let err = op.failure.take().unwrap_or_else(|| self.eps.error(ep_id));
+            self.finish(id, Err(err));
+            return;
+        };
+        let slot = self.reqs.alloc(Owner::Flush { op: id, ep: ep_id });
+        let p = Requests::param(slot);
+        // SAFETY: live endpoint; flush touches no user memory.
+        let ret = unsafe { (self.ucp.ucp_ep_flush_nbx)(handle, &p) };
+        match self.reqs.settle(slot, ret) {
+            Issue::Done(sys::UCS_OK) => {
+                let failure = self.ops.get_mut(&id).and_then(|o| o.failure.take());
+                self.finish(id, failure.map_or(Ok(()), Err));
+            }
+            Issue::Done(st) => {
+                let err = self.status_error(ep_id, "ucp_ep_flush_nbx", st);
+                let failure = self.ops.get_mut(&id).and_then(|o| o.failure.take());
+                self.finish(id, Err(failure.unwrap_or(err)));
+            }
+            Issue::Pending => {
+                self.ops.get_mut(&id).expect("present").inflight += 1;
+                self.eps.by_id.get_mut(&ep_id).expect("checked").inflight += 1;
+            }
+        }
     }
 
     pub(super) fn status_error(
