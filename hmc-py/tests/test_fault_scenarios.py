@@ -72,7 +72,8 @@ def digest(a) -> str:
 def write_config(path, transport, faults="", module="nixl"):
     """An HMC_CONFIG file: the short no-progress timeout, the transport (for hmc.mooncake,
     whose protocol names only tcp and rdma) and the fault spec."""
-    lines = [f"no_progress_timeout_ms = {NO_PROGRESS_MS}", f"[{module}]"]
+    lines = [f"no_progress_timeout_ms = {NO_PROGRESS_MS}", f"ucx_drain_timeout_ms = {UCX_DRAIN_MS}",
+             f"[{module}]"]
     if module == "mooncake":
         lines.append(f'transport = "{transport}"')
     if faults:
@@ -307,10 +308,14 @@ def check_write(peer, ok=True):
 
 # Over ucx a transfer abandoned at a stopped peer (its no-progress timeout, or a release in
 # flight) ends once its flush has not completed within the transport's drain_timeout (the
-# engine option ucx_drain_timeout_ms, 10 s) and the peer was told to drop that UCX endpoint
-# generation: a stopped peer cannot answer, so that costs ucx_abandon_timeout_ms (1 s) too. The peer drops what it holds of the
-# generation before it runs UCX's progress again, and the next post works on a new one.
-UCX_DRAIN_S = 10 + 1
+# engine option ucx_drain_timeout_ms: 10 s by default, UCX_DRAIN_MS here, which every
+# HMC_CONFIG of this file sets) and the peer was told to drop that UCX endpoint generation:
+# a stopped peer cannot answer, so that costs ucx_abandon_timeout_ms (1 s) too. The peer
+# drops what it holds of the generation before it runs UCX's progress again, and the next
+# post works on a new one.
+UCX_DRAIN_MS = 2000
+UCX_ABANDON_S = 1
+UCX_DRAIN_S = UCX_DRAIN_MS / 1000 + UCX_ABANDON_S
 
 
 def bound(transport):
@@ -582,8 +587,7 @@ def short_calls(monkeypatch):
     monkeypatch.setattr(hmc.mooncake, "_TIMEOUT_MS", MOONCAKE_TIMEOUT_MS)
 
 
-@pytest.mark.parametrize("transport", ["tcp", "shm", pytest.param("ucx", marks=pytest.mark.skip(
-    reason="over ucx each abandoned transfer costs UCX's 10 s drain; hmc.nixl's stall test covers it"))])
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_mooncake_stall_fails_without_late_bytes_and_the_call_works_again(transport, pairs, short_calls):
     peer, local = pairs("mooncake", transport)
     # Connected (hmc.mooncake connects on first use; send_probe does it) but no transfer
@@ -593,7 +597,8 @@ def test_mooncake_stall_fails_without_late_bytes_and_the_call_works_again(transp
         peer.stop()
         code, took = local.sync(op)
         assert code < 0, f"{op} to a stopped peer over {transport}: {code}"
-        assert took < MOONCAKE_TIMEOUT_MS / 1000 + SLACK_S, f"{op} ended after {took:.1f} s"
+        assert took < MOONCAKE_TIMEOUT_MS / 1000 + SLACK_S + (UCX_DRAIN_S if transport == "ucx" else 0), \
+            f"{op} ended after {took:.1f} s"
         peer.cont()
         time.sleep(LATE_WAIT_S)
         check_read(local, ok=False) if op == "READ" else check_write(peer, ok=False)
