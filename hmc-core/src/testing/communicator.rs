@@ -914,10 +914,14 @@ async fn abandon_one<C: Communicator>(
 /// once `settle` returned `Ok`, canaries written over the whole target region are all
 /// still there after a delay, that is, no byte of the WRITE landed after its end (the
 /// target dropped what it still held or received). Then a full WRITE on the same
-/// endpoint lands every byte.
+/// endpoint lands every byte. The cuts are fractions of a full WRITE's time measured first
+/// on the same endpoint, so that a loaded machine (slower WRITEs, later wake-ups) still
+/// cuts them mid-way; rounds go on until four were cut mid-way (at most 24 rounds).
 pub async fn abandoned_write_settles<C: Communicator, M: Memory>(p: Peers<C, M>, how: Abandon) {
     const LEN: usize = 32 << 20;
-    const ROUNDS: u64 = 8;
+    /// Rounds cut mid-way that the case wants, and the most it tries for them.
+    const WANT: u32 = 4;
+    const ROUNDS: u32 = 24;
     const CANARY: u8 = 0xC5;
     /// Long enough for anything a target still held or received to have landed.
     const LATER: Duration = Duration::from_millis(200);
@@ -929,9 +933,22 @@ pub async fn abandoned_write_settles<C: Communicator, M: Memory>(p: Peers<C, M>,
     let (src, src_bytes) = buffer(&p, &p.a, LEN, Access::READ, 162);
     let d = [desc::<C>(src.registration(), 0, &key, 0, LEN)];
     let canaries = vec![CANARY; LEN];
+    let start = Instant::now();
+    p.a.transfer(&ep, Op::Write, &d, deadline())
+        .await
+        .expect("a first, full WRITE (timed for the cuts)");
+    let full = start.elapsed();
     let mut abandoned = 0;
+    let mut cuts = Vec::new();
     for round in 0..ROUNDS {
-        let cut = Duration::from_micros(200 + 300 * round);
+        if abandoned >= WANT {
+            break;
+        }
+        // 5% to 55% of a full WRITE's time, cycling.
+        let cut = full
+            .mul_f64(0.05 + 0.1 * f64::from(round % 6))
+            .max(Duration::from_micros(50));
+        cuts.push(cut);
         if !abandon_one(&*p.a, &ep, &d, how, cut).await {
             continue;
         }
@@ -961,9 +978,9 @@ pub async fn abandoned_write_settles<C: Communicator, M: Memory>(p: Peers<C, M>,
     }
     assert!(
         abandoned > 0,
-        "none of {ROUNDS} WRITEs of 32 MiB was still running when it was abandoned (after \
-         0.2 to {} ms): the case checked nothing",
-        (200 + 300 * (ROUNDS - 1)) as f64 / 1000.0
+        "none of {} WRITEs of 32 MiB was still running when it was abandoned (a full one took \
+         {full:?}; cut after {cuts:?}): the case checked nothing",
+        cuts.len()
     );
     p.a.transfer(&ep, Op::Write, &d, deadline())
         .await
