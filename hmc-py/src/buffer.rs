@@ -238,7 +238,6 @@ fn object_ordinal(obj: &Bound<'_, PyAny>) -> PyResult<Option<u32>> {
 /// Whether memory the library owns and lends to Python (a host cache's tensor, an
 /// ``Engine.alloc_mem`` block) is still there, and how many buffer views of it are open:
 /// its owner refuses to free it while any is.
-#[derive(Default)]
 pub(crate) struct ViewGate {
     /// False once the memory is freed.
     pub live: std::sync::atomic::AtomicBool,
