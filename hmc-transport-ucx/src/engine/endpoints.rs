@@ -45,6 +45,8 @@ pub(super) struct PhysEp {
     pub token: u64,
     /// The target answered the BIND: transfers may issue on it.
     pub bound: bool,
+    /// Its BIND was sent (at the first transfer that needs it; see [`State::bind_for`]).
+    pub bind_sent: bool,
     /// Its generation is being abandoned: nothing more is issued on it.
     pub abandoning: bool,
 }
@@ -205,9 +207,10 @@ impl State {
         self.eps.count.fetch_add(1, Ordering::AcqRel);
         let token = new_token();
         // A generation can be abandoned only where the endpoint can be force-closed at
-        // both ends (PEER mode); without it transfers issue at once, unprotected.
+        // both ends (PEER mode); without it transfers issue at once, unprotected. The BIND
+        // waits for the first transfer on the endpoint (`bind_for`), not its creation.
         let peer_mode = !self.eps.peer_mode_unsupported;
-        let bound = !peer_mode || !self.send_gen(ep, BIND, token);
+        let bound = !peer_mode;
         self.eps.phys.insert(
             id,
             PhysEp {
@@ -220,11 +223,36 @@ impl State {
                 idle_since: None,
                 token,
                 bound,
+                bind_sent: false,
                 abandoning: false,
             },
         );
         self.eps.phys_by_addr.insert(worker_addr.to_vec(), id);
         Ok(ep)
+    }
+
+    /// Sends the BIND of `ep`'s UCX endpoint generation if it has not been sent: called
+    /// by a transfer about to issue on it. Binding at the first transfer rather than at
+    /// creation keeps UCX's wire-up off endpoints that never carry a transfer (a peer
+    /// whose transfers are all staged over the control connection): UCX 1.13 (Debian
+    /// 12's build, with assertions) aborts the *target* process when the peer dies while
+    /// the target's wire-up reply is still queued (openucx/ucx#8175, fixed upstream).
+    pub(super) fn bind_for(&mut self, ep: u64) {
+        let Some(pid) = self.eps.by_id.get(&ep).map(|e| e.phys) else {
+            return;
+        };
+        let Some(ph) = self.eps.phys.get_mut(&pid) else {
+            return;
+        };
+        if ph.bound || ph.bind_sent || ph.abandoning || ph.failed || ph.closing {
+            return;
+        }
+        ph.bind_sent = true;
+        let (handle, token) = (ph.handle, ph.token);
+        if !self.send_gen(handle, BIND, token) {
+            // Not sent: transfers issue unprotected (`send_gen` warned).
+            self.eps.phys.get_mut(&pid).expect("present").bound = true;
+        }
     }
 
     /// Drops one reference to a UCX endpoint; closes it when unused and failed (FORCE),

@@ -13,11 +13,12 @@
 //!
 //! # How
 //!
-//! - Every UCX endpoint an initiator creates is a *generation* with a random token. Its
-//!   first message is a BIND active message carrying the token (with
+//! - Every UCX endpoint an initiator creates is a *generation* with a random token.
+//!   Before its first transfer it sends a BIND active message carrying the token (with
 //!   `UCP_AM_SEND_FLAG_REPLY`), so the target learns which of *its* UCX endpoints carries
 //!   that generation; the target answers BOUND, and no transfer issues on the endpoint
-//!   before that answer. A put names the target's endpoint, and UCX drops one that arrives
+//!   before that answer. (Not at creation: an endpoint that never carries a transfer is
+//!   never wired up; see `State::bind_for`.) A put names the target's endpoint, and UCX drops one that arrives
 //!   for an endpoint closed there ("SW PUT request" on an unknown endpoint id).
 //! - When a failed or cancelled transfer does not drain within `drain_timeout`, the
 //!   initiator stops issuing on that UCX endpoint and sends ABANDON (the token) over the
@@ -48,6 +49,11 @@
 //!   (a network partition) is warned about and the end is reported anyway.
 //! - Transports without peer failure handling (`UCP_ERR_HANDLING_MODE_NONE`) cannot
 //!   force-close: their generations are not bound and not protected.
+//! - UCX 1.13 as Debian 12 builds it (with assertions) aborts a *target* process whose
+//!   peer dies while the target's wire-up reply to it is still queued
+//!   (openucx/ucx#8175, fixed upstream). Binding at the first transfer keeps peers that
+//!   only connect, or only use staged transfers, out of that window; a peer killed
+//!   during its first transfer's wire-up is not.
 //! - The target keeps each generation's UCX endpoint handle until that generation is
 //!   abandoned or the worker goes away; UCX 1.13 keeps those endpoints as long itself.
 

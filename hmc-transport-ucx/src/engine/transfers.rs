@@ -102,6 +102,7 @@ impl State {
                 op.fail(err);
                 break;
             };
+            self.bind_for(ep_id);
             if !self.eps.ready(ep_id) {
                 // Its UCX endpoint's generation is not bound yet, or being abandoned:
                 // issued once it is (`generations`), or ended at the deadline.
