@@ -66,6 +66,7 @@ mod blocking;
 mod config;
 mod engine;
 mod error;
+mod guide_doctests;
 pub mod kv;
 mod mapping;
 mod meta;
