@@ -20,7 +20,7 @@
 //! Frames 7-10 move device regions the loaded UCX cannot register (see `staged.rs`).
 //! Frames 11-12 end a UCX endpoint generation whose bytes the target must drop (see the
 //! engine's `generations` module): the target settles these connections (every frame
-//! received handled, [`TargetState::wait_idle`]) before it progresses again after a stall.
+//! received handled, `TargetState`'s `wait_idle`) before it progresses again after a stall.
 //!
 //! Why: UCX neither checks a registration's access rights for TCP or shared memory nor
 //! invalidates an rkey when its memory is unmapped (a CMA put with a stale key writes into
@@ -42,7 +42,7 @@ use hmc_core::{Access, Error, Op, Result};
 use hmc_transport_kit::wake::poll_in;
 use parking_lot::Mutex;
 
-use crate::engine::{Command, Engine, KeyShared};
+use crate::engine::{AbandonAck, Command, Engine, InitiatorControl, KeyShared, TargetControl};
 use crate::staged::{
     Refusal, STAGED_CHUNK, STAGED_ID_BIT, StagedEvent, StagedRegion, StagingPool, WRITE_HEADER,
     admit, serve_read, serve_write,
@@ -99,9 +99,6 @@ pub(crate) struct TargetState {
     abandons: Mutex<Vec<(u64, AbandonAck)>>,
 }
 
-/// Answers an ABANDON: whether the generation was known and ended.
-pub(crate) type AbandonAck = Box<dyn FnOnce(bool) + Send>;
-
 /// One initiator connected to us.
 pub(crate) struct Accepted {
     pub stream: TcpStream,
@@ -125,31 +122,6 @@ impl TargetState {
             next_conn: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             abandons: Mutex::default(),
-        }
-    }
-
-    /// The abandons queued since the last call.
-    pub fn take_abandons(&self) -> Vec<(u64, AbandonAck)> {
-        std::mem::take(&mut *self.abandons.lock())
-    }
-
-    /// Waits, at most `limit`, until every frame the control connections have received
-    /// has been handled: nothing unread in any socket and no frame in hand.
-    pub fn wait_idle(&self, limit: Duration) {
-        let until = std::time::Instant::now() + limit;
-        loop {
-            let idle = self.conns.lock().values().all(|c| c.idle());
-            if idle {
-                return;
-            }
-            if std::time::Instant::now() >= until {
-                tracing::warn!(
-                    ?limit,
-                    "ucx control connections did not settle after a stall; progressing anyway"
-                );
-                return;
-            }
-            std::thread::sleep(Duration::from_micros(200));
         }
     }
 
@@ -391,6 +363,33 @@ impl TargetState {
     }
 }
 
+impl TargetControl for TargetState {
+    /// The abandons queued since the last call.
+    fn take_abandons(&self) -> Vec<(u64, AbandonAck)> {
+        std::mem::take(&mut *self.abandons.lock())
+    }
+
+    /// Waits, at most `limit`, until every frame the control connections have received
+    /// has been handled: nothing unread in any socket and no frame in hand.
+    fn wait_idle(&self, limit: Duration) {
+        let until = std::time::Instant::now() + limit;
+        loop {
+            let idle = self.conns.lock().values().all(|c| c.idle());
+            if idle {
+                return;
+            }
+            if std::time::Instant::now() >= until {
+                tracing::warn!(
+                    ?limit,
+                    "ucx control connections did not settle after a stall; progressing anyway"
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
 fn invalid(what: &str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string())
 }
@@ -547,49 +546,6 @@ impl Link {
                     .clone()
                     .unwrap_or_else(|| "closed during import".into()),
             )),
-        }
-    }
-
-    /// Tells the target to drop UCX endpoint generation `token` (engine's `generations`).
-    /// Returns once the target answered that it did (`true`), or else after `wait` and
-    /// once the target's host acknowledged the frame, so that it lies in the target's
-    /// socket buffer for a stopped target to handle before it progresses (`false`).
-    pub fn abandon(&self, token: u64, wait: Duration) -> bool {
-        let (tx, rx) = mpsc::sync_channel(1);
-        self.abandons.lock().insert(token, tx);
-        if let Err(e) = write_frame(&mut *self.writer.lock(), ABANDON, &token.to_be_bytes()) {
-            self.abandons.lock().remove(&token);
-            tracing::warn!(error = %e, "could not send ABANDON to the peer");
-            return false;
-        }
-        let answer = rx.recv_timeout(wait);
-        self.abandons.lock().remove(&token);
-        match answer {
-            Ok(true) => return true,
-            Ok(false) => {
-                tracing::warn!("the peer did not know the abandoned endpoint generation");
-                return false;
-            }
-            Err(_) => {}
-        }
-        // No answer: the target does not run. Make sure the frame reached its host.
-        let until = std::time::Instant::now() + wait;
-        loop {
-            let mut unacked: libc::c_int = 0;
-            // SAFETY: TIOCOUTQ (SIOCOUTQ) on our own socket, writing one int: the bytes
-            // sent and not yet acknowledged by the peer's host.
-            let r = unsafe { libc::ioctl(self.stream.as_raw_fd(), libc::TIOCOUTQ, &mut unacked) };
-            if r != 0 || unacked == 0 {
-                return false;
-            }
-            if std::time::Instant::now() >= until {
-                tracing::warn!(
-                    ?wait,
-                    "the peer's host did not acknowledge ABANDON within abandon_timeout; bytes                      of the abandoned transfer may still land there (raise                      UcxConfig::abandon_timeout for slow networks)"
-                );
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(1));
         }
     }
 
@@ -761,6 +717,57 @@ impl Link {
         if !self.closing.load(Ordering::Acquire) {
             let _ = engine.send(Command::PeerGone { ep, reason });
         }
+    }
+}
+
+impl InitiatorControl for Link {
+    /// Tells the target to drop UCX endpoint generation `token` (engine's `generations`).
+    /// Returns once the target answered that it did (`true`), or else after `wait` and
+    /// once the target's host acknowledged the frame, so that it lies in the target's
+    /// socket buffer for a stopped target to handle before it progresses (`false`).
+    fn abandon(&self, token: u64, wait: Duration) -> bool {
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.abandons.lock().insert(token, tx);
+        if let Err(e) = write_frame(&mut *self.writer.lock(), ABANDON, &token.to_be_bytes()) {
+            self.abandons.lock().remove(&token);
+            tracing::warn!(error = %e, "could not send ABANDON to the peer");
+            return false;
+        }
+        let answer = rx.recv_timeout(wait);
+        self.abandons.lock().remove(&token);
+        match answer {
+            Ok(true) => return true,
+            Ok(false) => {
+                tracing::warn!("the peer did not know the abandoned endpoint generation");
+                return false;
+            }
+            Err(_) => {}
+        }
+        // No answer: the target does not run. Make sure the frame reached its host.
+        let until = std::time::Instant::now() + wait;
+        loop {
+            let mut unacked: libc::c_int = 0;
+            // SAFETY: TIOCOUTQ (SIOCOUTQ) on our own socket, writing one int: the bytes
+            // sent and not yet acknowledged by the peer's host.
+            let r = unsafe { libc::ioctl(self.stream.as_raw_fd(), libc::TIOCOUTQ, &mut unacked) };
+            if r != 0 || unacked == 0 {
+                return false;
+            }
+            if std::time::Instant::now() >= until {
+                tracing::warn!(
+                    ?wait,
+                    "the peer's host did not acknowledge ABANDON within abandon_timeout; bytes \
+                     of the abandoned transfer may still land there (raise \
+                     UcxConfig::abandon_timeout for slow networks)"
+                );
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn is_dead(&self) -> bool {
+        self.dead.lock().is_some()
     }
 }
 

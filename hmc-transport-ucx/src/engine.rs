@@ -38,7 +38,9 @@
 //! revocations), `transfers`, `requests` (the slots UCX completes), `notifications` (the
 //! bounded queue and its waiters), `generations` (binding, abandoning and replacing a UCX
 //! endpoint's generation) and `lifecycle` (closing and the settling drain, no UCX
-//! call). `callbacks` holds the UCX callbacks, which only queue events. The steps that
+//! call). `callbacks` holds the UCX callbacks, which only queue events; `control_side`
+//! names what the engine needs of the control connections, as traits `control.rs`
+//! implements (the engine does not name that module, which drives it). The steps that
 //! cross tables are methods of `State` in the module of the job they serve; `progress`
 //! holds the loop, parking, housekeeping and shutdown, `commands` the dispatch.
 
@@ -50,11 +52,11 @@ use futures::channel::oneshot;
 use hmc_core::{Access, Error, Op, Result};
 use hmc_transport_kit::wake::WakeFd;
 
-use crate::control::{Link, TargetState};
 use crate::sys::{self, Ucp};
 
 mod callbacks;
 mod commands;
+mod control_side;
 mod endpoints;
 mod generations;
 mod keys;
@@ -63,6 +65,8 @@ mod notifications;
 mod progress;
 mod requests;
 mod transfers;
+
+pub(crate) use control_side::{AbandonAck, InitiatorControl, TargetControl};
 
 /// The least `abandon_timeout` in effect: it must exceed the stall a target's progress
 /// thread notices (`generations`), with room for scheduling.
@@ -189,7 +193,7 @@ pub(crate) enum Command {
     CreateEp {
         worker_addr: Vec<u8>,
         /// The control connection beside the endpoint (carries abandons to the target).
-        link: Option<Arc<Link>>,
+        link: Option<Arc<dyn InitiatorControl>>,
         reply: mpsc::SyncSender<Result<u64>>,
     },
     /// A control connection queued an abandon of one of our peers' generations.
@@ -324,7 +328,11 @@ impl Engine {
     /// Starts the progress thread, which creates the context and worker.
     /// `control` is the target side of this communicator's control connections, which
     /// the thread settles after a stall (`generations`).
-    pub fn start(ucp: Arc<Ucp>, config: EngineConfig, control: Arc<TargetState>) -> Result<Engine> {
+    pub fn start(
+        ucp: Arc<Ucp>,
+        config: EngineConfig,
+        control: Arc<dyn TargetControl>,
+    ) -> Result<Engine> {
         let wake = Arc::new(WakeFd::new("the UCX engine's wake eventfd")?);
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = mpsc::sync_channel(1);
@@ -406,7 +414,7 @@ struct State {
     abandoned_tx: mpsc::Sender<(u64, bool)>,
     abandoned_rx: mpsc::Receiver<(u64, bool)>,
     /// The target side of the control connections (`generations`).
-    control: Arc<TargetState>,
+    control: Arc<dyn TargetControl>,
     worker_address: Vec<u8>,
     memory_types: u64,
     next_id: u64,
@@ -424,5 +432,5 @@ struct State {
 /// connections' target side.
 struct Links {
     wake: Arc<WakeFd>,
-    control: Arc<TargetState>,
+    control: Arc<dyn TargetControl>,
 }

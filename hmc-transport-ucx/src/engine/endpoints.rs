@@ -15,10 +15,9 @@ use std::time::Instant;
 
 use hmc_core::{Error, Result};
 
-use super::State;
 use super::callbacks::{BIND, on_ep_error};
 use super::requests::{Ack, Issue, Owner, Requests};
-use crate::control::Link;
+use super::{InitiatorControl, State};
 use crate::sys;
 
 /// Where a user's endpoint is in its life.
@@ -66,7 +65,7 @@ pub(super) struct EpState {
     pub keys: Vec<u64>,
     pub drain_since: Option<Instant>,
     /// The control connection beside it, which carries an abandon to the target.
-    pub link: Option<Arc<Link>>,
+    pub link: Option<Arc<dyn InitiatorControl>>,
 }
 
 /// The engine's endpoints, user and physical.
@@ -131,7 +130,11 @@ impl Endpoints {
 }
 
 impl State {
-    pub(super) fn create_ep(&mut self, worker_addr: &[u8], link: Option<Arc<Link>>) -> Result<u64> {
+    pub(super) fn create_ep(
+        &mut self,
+        worker_addr: &[u8],
+        link: Option<Arc<dyn InitiatorControl>>,
+    ) -> Result<u64> {
         let cached = self.eps.phys_by_addr.get(worker_addr).copied();
         let (pid, handle) = match cached {
             Some(pid) => {

@@ -269,7 +269,7 @@ impl State {
             .by_id
             .values()
             .filter(|e| e.phys == pid && e.phase == EpPhase::Open)
-            .find_map(|e| e.link.clone().filter(|l| l.dead_reason().is_none()));
+            .find_map(|e| e.link.clone().filter(|l| !l.is_dead()));
         let Some(link) = link else {
             return false;
         };

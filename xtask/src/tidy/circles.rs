@@ -25,13 +25,6 @@ pub const CIRCLES_ALLOWED: &[(&str, &str)] = &[
          which endpoints and the target both reach; to move into a module of its own",
     ),
     (
-        "hmc-transport-ucx: control engine",
-        "the control connection drives the progress engine (Command, Engine, KeyShared) and \
-         the engine's endpoint generations call back into the control connection (a Link's \
-         ABANDON, the target's settle after a stall: TargetState); temporary (issue 61): \
-         the engine to name what it needs of them as a trait that control.rs implements",
-    ),
-    (
         "hmc-transport-tcp: comm request",
         "request.rs is the initiator's half of the communicator's transfer, over its own \
          types (TransferDesc<TcpCommunicator>, TcpEndpoint's pool); the shared state is in \
