@@ -1,5 +1,6 @@
 """Fault scenarios through NIXL's and Mooncake's APIs (``hmc.nixl``, ``hmc.mooncake``) over
-tcp, shm and ucx, each ending as the README's behaviour tables say:
+tcp, shm and ucx, each ending as the behaviour tables of
+docs/guide/port-from-nixl-mooncake.md say:
 
 - stall: the peer process SIGSTOPped under a READ and under a WRITE: the transfer ends
   ``"ERR"`` within the no-progress timeout plus slack (through hmc.mooncake a negative code
@@ -459,7 +460,7 @@ def test_nixl_restarted_peer_is_a_disconnect_and_new_metadata_recovers(transport
     new = peers("nixl", transport, peer.config)  # the same agent name, "target"
     for op, h in hs.items():
         st, took = local.post(h)
-        # NIXL's remote disconnect error, or "ERR" (the README's table).
+        # NIXL's remote disconnect error, or "ERR" (the guide's NIXL table).
         assert st in ("DISCONNECT", "ERR"), f"{op} through the old request: {st}"
         assert took < NO_PROGRESS_MS / 1000 + SLACK_S
         local.a.release_xfer_handle(h)

@@ -222,7 +222,8 @@ def test_the_new_error_classes_keep_what_callers_caught_before():
 
 
 def test_a_version_check_sees_no_nixl_distribution():
-    # What vLLM's check_nixl_version sees under the alias (the README says so): no `nixl`
+    # What vLLM's check_nixl_version sees under the alias (the guide's
+    # port-from-nixl-mooncake.md says so, "Version checks"): no `nixl`
     # distribution; hmc's own is there under its name.
     r = _py("import importlib.metadata as m, nixl\n"
             "try:\n    m.version('nixl'); print('found')\n"

@@ -156,8 +156,8 @@ struct Inner {
 ///
 /// For many small calls pipelined on one connection, a current-thread runtime (callers
 /// and connection task on one thread) can be markedly faster where waking a parked
-/// worker thread is dear (measured in `docs/benchmarks.md`, "Many small calls on one
-/// connection" in the README).
+/// worker thread is dear (measured in `docs/benchmarks.md`; `docs/guide/rust.md`, "Many
+/// small calls on one connection").
 ///
 /// # Performance traps
 ///

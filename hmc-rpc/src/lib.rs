@@ -53,9 +53,9 @@
 //! Logs go through `tracing`. At DEBUG, each call runs in a span carrying its request id on
 //! both sides (`rpc.call` at the client, `rpc.conn`/`rpc.handle` at the server), so that a
 //! client's log line and the server's for the same call can be joined; below DEBUG no span
-//! is made. Counters, gauges and histograms go through the `metrics` facade (names in the
-//! README's "Cluster" section; why so in `docs/design.md`, "Metrics and tracing"); both are
-//! free without a subscriber or recorder.
+//! is made. Counters, gauges and histograms go through the `metrics` facade (names in
+//! `docs/guide/cluster-etcd.md`, "Metrics"; why so in `docs/design.md`, "Metrics and
+//! tracing"); both are free without a subscriber or recorder.
 //!
 //! # Large payloads over a data plane (HMC_BUFFER)
 //!

@@ -7,7 +7,8 @@
 //! gives bandwidth of 16 MiB batches of 64 KiB, 1 MiB and 16 MiB descriptors. The stand-in moves bytes through Unix sockets
 //! and threads of its own, so the wall-clock columns say how fast the stand-in is, not a
 //! NIC; the CPU columns of our threads are what regressions show in. On a NIC, compare
-//! with `ib_write_bw` instead (see the README's hardware notes).
+//! with `ib_write_bw` instead (`cargo xtask rdma-bundle` runs it beside this bench:
+//! docs/guide/commands.md).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -7,7 +7,7 @@ NIXL's code is not part of this repository: the runner reads it from a NIXL sour
 default ``HEAD``), copies the two files into a temporary folder, rewrites the lines that
 import ``nixl`` (printing each change), and runs pytest there with NIXL's ``--backend``.
 Exit status: pytest's. Tests that pass on NIXL and fail on hmc are the work-alike's bugs,
-or differences the README's behaviour table names.
+or differences the behaviour table of docs/guide/port-from-nixl-mooncake.md names.
 
     python run_nixl_suite.py --src ~/nixl                 # hmc.nixl, this interpreter
     python run_nixl_suite.py --src ~/nixl --real          # NIXL (package nixl_cu12)

@@ -7,9 +7,10 @@ blob with the agent's name; notifications carry the sender's agent name. NIXL's 
 cross-memory attach to a peer on this host, UCX or TCP to others); hmc's own transports
 (``tcp``, ``shm``, ``ucx``, ``rdma``, ``auto``) are backends too. One transport per agent.
 
-Intended differences from NIXL (see the README's behaviour table): a transfer that makes no
-progress for the engine's ``no_progress_timeout_ms`` ends ``"ERR"`` instead of staying
-``"PROC"``; releasing a transfer in flight cancels it (no late bytes over tcp and shm); the
+Intended differences from NIXL (see the behaviour table of
+docs/guide/port-from-nixl-mooncake.md): a transfer that makes no progress for the engine's
+``no_progress_timeout_ms`` ends ``"ERR"`` instead of staying ``"PROC"``; releasing a
+transfer in flight cancels it (no late bytes over tcp and shm); the
 agent may be used from several threads; the failure notice hmc sends for a failed transfer
 is logged at the target, because NIXL's notification map cannot carry it.
 """
