@@ -421,6 +421,114 @@ impl PluginCommunicator {
         }
         Ok(())
     }
+
+    /// Hands a checked, non-empty batch to the plugin: `transfer_start_wake` when it has
+    /// it (its wake-ups reach the task directly), else `transfer_start`.
+    fn start_transfer(
+        &self,
+        ep: &PluginEndpoint,
+        op: Op,
+        batch: &[TransferDesc<'_, Self>],
+        deadline: Deadline,
+        started: Instant,
+    ) -> Result<TransferHandle> {
+        let raw = |d: &TransferDesc<'_, Self>| HmcTransferDesc {
+            local: d.local.reg.0,
+            local_offset: d.local_offset as u64,
+            remote: d.remote.key.0,
+            remote_offset: d.remote_offset,
+            len: d.len as u64,
+        };
+        // One descriptor (the common case) needs no allocation.
+        let one: [HmcTransferDesc; 1];
+        let many: Vec<HmcTransferDesc>;
+        let descs: &[HmcTransferDesc] = if let [d] = batch {
+            one = [raw(d)];
+            &one
+        } else {
+            many = batch.iter().map(raw).collect();
+            &many
+        };
+        let raw_op = match op {
+            Op::Read => HMC_OP_READ,
+            Op::Write => HMC_OP_WRITE,
+        };
+        let (comm, ep, ns) = (self.comm_ptr(), ep.0.ep.0, deadline_ns(deadline));
+        let mut t: Handle<HmcTransfer> = Handle(std::ptr::null_mut());
+        let api = self.inner.api();
+        let wake = api
+            .transfer_start_wake
+            .map(|_| Arc::new(futures::task::AtomicWaker::new()));
+        let (ptr, count) = (descs.as_ptr(), descs.len());
+        // SAFETY: `descs` is read during the call; the handles it names are borrowed by
+        // `batch` for the calling future's life, which outlives the transfer handle made
+        // here. The wake context lives in that handle, which drops it after
+        // transfer_release.
+        let code = unsafe {
+            match (api.transfer_start_wake, &wake) {
+                (Some(start), Some(w)) => {
+                    let ctx = Arc::as_ptr(w).cast();
+                    start(
+                        comm,
+                        ep,
+                        raw_op,
+                        ptr,
+                        count,
+                        ns,
+                        wake_transfer,
+                        ctx,
+                        &mut t.0,
+                    )
+                }
+                _ => {
+                    let start = api.transfer_start.expect("checked");
+                    start(comm, ep, raw_op, ptr, count, ns, &mut t.0)
+                }
+            }
+        };
+        if code != HMC_OK {
+            return Err(self.inner.error("transfer_start", code, started));
+        }
+        if t.0.is_null() {
+            return Err(self.null_handle("transfer_start"));
+        }
+        Ok(TransferHandle {
+            comm: self.inner.clone(),
+            t,
+            waiter: self.inner.with_events(Events::id).unwrap_or(0),
+            wake,
+        })
+    }
+
+    /// One poll of a started transfer: done, failed, overran its deadline, or still
+    /// running (the task is then woken by the plugin, the event fd or the deadline).
+    fn poll_transfer(
+        &self,
+        handle: &TransferHandle,
+        cx: &mut std::task::Context<'_>,
+        deadline: Deadline,
+        started: Instant,
+    ) -> Poll<Result<()>> {
+        // Registered before asking the plugin, so a wake in between is not lost. The
+        // event task still wakes this task at the deadline (and at any fd signal).
+        if let Some(w) = &handle.wake {
+            w.register(cx.waker());
+        }
+        self.inner
+            .with_events(|e| e.wait(handle.waiter, cx.waker(), deadline.instant()));
+        // SAFETY: `handle.t` is live and polled by the one future that holds it.
+        let code = unsafe {
+            self.inner.api().transfer_poll.expect("checked")(self.comm_ptr(), handle.t.0)
+        };
+        match code {
+            HMC_OK => Poll::Ready(Ok(())),
+            HMC_PENDING if deadline.is_expired() => {
+                Poll::Ready(Err(overran(self.inner.plugin.name(), started)))
+            }
+            HMC_PENDING => Poll::Pending,
+            code => Poll::Ready(Err(self.inner.error("transfer", code, started))),
+        }
+    }
 }
 
 impl Communicator for PluginCommunicator {
@@ -604,97 +712,10 @@ impl Communicator for PluginCommunicator {
         if batch.is_empty() {
             return Ok(());
         }
-        let handle = {
-            let raw = |d: &TransferDesc<'_, Self>| HmcTransferDesc {
-                local: d.local.reg.0,
-                local_offset: d.local_offset as u64,
-                remote: d.remote.key.0,
-                remote_offset: d.remote_offset,
-                len: d.len as u64,
-            };
-            // One descriptor (the common case) needs no allocation.
-            let one: [HmcTransferDesc; 1];
-            let many: Vec<HmcTransferDesc>;
-            let descs: &[HmcTransferDesc] = if let [d] = batch {
-                one = [raw(d)];
-                &one
-            } else {
-                many = batch.iter().map(raw).collect();
-                &many
-            };
-            let raw_op = match op {
-                Op::Read => HMC_OP_READ,
-                Op::Write => HMC_OP_WRITE,
-            };
-            let mut t: Handle<HmcTransfer> = Handle(std::ptr::null_mut());
-            let api = self.inner.api();
-            let wake = api
-                .transfer_start_wake
-                .map(|_| Arc::new(futures::task::AtomicWaker::new()));
-            // SAFETY: `descs` is read during the call; the handles it names are borrowed by
-            // `batch` for this future's life, which outlives the transfer handle below. The
-            // wake context lives in that handle, which drops it after transfer_release.
-            let code = unsafe {
-                match (api.transfer_start_wake, &wake) {
-                    (Some(start), Some(w)) => start(
-                        self.comm_ptr(),
-                        ep.0.ep.0,
-                        raw_op,
-                        descs.as_ptr(),
-                        descs.len(),
-                        deadline_ns(deadline),
-                        wake_transfer,
-                        Arc::as_ptr(w).cast(),
-                        &mut t.0,
-                    ),
-                    _ => api.transfer_start.expect("checked")(
-                        self.comm_ptr(),
-                        ep.0.ep.0,
-                        raw_op,
-                        descs.as_ptr(),
-                        descs.len(),
-                        deadline_ns(deadline),
-                        &mut t.0,
-                    ),
-                }
-            };
-            if code != HMC_OK {
-                return Err(self.inner.error("transfer_start", code, started));
-            }
-            if t.0.is_null() {
-                return Err(self.null_handle("transfer_start"));
-            }
-            TransferHandle {
-                comm: self.inner.clone(),
-                t,
-                waiter: self.inner.with_events(Events::id).unwrap_or(0),
-                wake,
-            }
-        };
+        let handle = self.start_transfer(ep, op, batch, deadline, started)?;
         // Whole-value captures: a field capture of the raw pointer would not be `Send`.
         let handle = &handle;
-        std::future::poll_fn(move |cx| {
-            // Registered before asking the plugin, so a wake in between is not lost. The
-            // event task still wakes this task at the deadline (and at any fd signal).
-            if let Some(w) = &handle.wake {
-                w.register(cx.waker());
-            }
-            self.inner
-                .with_events(|e| e.wait(handle.waiter, cx.waker(), deadline.instant()));
-            // SAFETY: `handle.t` is live and polled by this future only.
-            let code = unsafe {
-                self.inner.api().transfer_poll.expect("checked")(self.comm_ptr(), handle.t.0)
-            };
-            match code {
-                HMC_OK => Poll::Ready(Ok(())),
-                HMC_PENDING if deadline.is_expired() => {
-                    Poll::Ready(Err(overran(self.inner.plugin.name(), started)))
-                }
-                HMC_PENDING => Poll::Pending,
-                code => Poll::Ready(Err(self.inner.error("transfer", code, started))),
-            }
-        })
-        .await
+        std::future::poll_fn(move |cx| self.poll_transfer(handle, cx, deadline, started)).await
     }
 
     /// ABI 1.3's `endpoint_settle` when the plugin provides it; `Ok` at once for a 1.3

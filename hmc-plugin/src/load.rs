@@ -141,6 +141,135 @@ fn missing_functions(api: &HmcPluginApi) -> Vec<&'static str> {
         .collect()
 }
 
+/// `hmc_plugin_init`'s answer `code`: a plugin of another major (by its code, or by the
+/// header it filled), or one that failed, is refused with its own message.
+fn check_init(path: &Path, api: &HmcPluginApi, code: i32) -> Result<(), PluginError> {
+    let header_size = std::mem::size_of::<HmcTableHeader>();
+    let filled = api.header.struct_size;
+    if code == HMC_ERR_VERSION
+        || (filled >= header_size && api.header.abi_major != HMC_PLUGIN_ABI_MAJOR)
+    {
+        return Err(PluginError::Version {
+            path: path.to_path_buf(),
+            plugin_major: api.header.abi_major,
+            plugin_minor: api.header.abi_minor,
+            host_major: HMC_PLUGIN_ABI_MAJOR,
+            host_minor: HMC_PLUGIN_ABI_MINOR,
+        });
+    }
+    if code != HMC_OK {
+        let message = last_error(api).unwrap_or_else(|| {
+            if api.last_error.is_none() {
+                "(its message is lost: it failed before setting out->last_error; set that \
+                 first in hmc_plugin_init)"
+                    .into()
+            } else {
+                "(the plugin set no last-error message; it must, with every error)".into()
+            }
+        });
+        return Err(PluginError::Init {
+            path: path.to_path_buf(),
+            code,
+            message,
+        });
+    }
+    Ok(())
+}
+
+/// The bytes of the table the plugin says it filled, between ABI 1.0's size and the
+/// host's; otherwise the problem with it.
+fn filled_size(api: &HmcPluginApi) -> Result<usize, String> {
+    let filled = api.header.struct_size;
+    if filled == 0 {
+        return Err(
+            "hmc_plugin_init returned HMC_OK but filled nothing (struct_size 0); fill the \
+             table and set header.struct_size to the bytes filled"
+                .into(),
+        );
+    }
+    if filled > std::mem::size_of::<HmcPluginApi>() {
+        return Err(format!(
+            "header.struct_size is {filled} bytes, more than the {} the host offered; \
+             fill at most out_size bytes and say how many",
+            std::mem::size_of::<HmcPluginApi>()
+        ));
+    }
+    if filled < HMC_PLUGIN_API_V1_0_SIZE {
+        return Err(format!(
+            "header.struct_size is {filled} bytes, ABI 1.0 needs at least \
+             {HMC_PLUGIN_API_V1_0_SIZE} (through recv_notification); build against \
+             hmc_plugin.h and set struct_size = sizeof(HmcPluginApi)"
+        ));
+    }
+    Ok(filled)
+}
+
+/// Why a plugin's name is refused.
+enum NameProblem {
+    /// The header's name is missing or malformed.
+    Table(String),
+    /// The name of a built-in transport.
+    Reserved(String),
+}
+
+/// The plugin's name from its header: present, UTF-8, usable as `--data-plane NAME`, and
+/// none of the built-ins'.
+fn plugin_name(api: &HmcPluginApi) -> Result<String, NameProblem> {
+    if api.header.name.is_null() {
+        return Err(NameProblem::Table(
+            "header.name is NULL; every plugin has a name".into(),
+        ));
+    }
+    // SAFETY: the ABI says `name` is a NUL-terminated string that lives forever.
+    let name = unsafe { CStr::from_ptr(api.header.name) }
+        .to_str()
+        .map_err(|_| NameProblem::Table("header.name is not UTF-8".into()))?
+        .to_string();
+    if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == ':') {
+        return Err(NameProblem::Table(format!(
+            "name `{name}` must be non-empty, without spaces or `:` (it is used as \
+             --data-plane NAME)"
+        )));
+    }
+    if RESERVED_NAMES.contains(&name.as_str()) {
+        return Err(NameProblem::Reserved(name));
+    }
+    Ok(name)
+}
+
+/// What the table provides: at least one of a communicator and memory, every function
+/// ABI 1.0 requires of it, and (for a communicator) a transport wire number; the number
+/// it names, else the problem.
+fn provided_transport(api: &HmcPluginApi) -> Result<TransportId, String> {
+    let known = HMC_PLUGIN_PROVIDES_COMMUNICATOR | HMC_PLUGIN_PROVIDES_MEMORY;
+    if api.header.capabilities & known == 0 {
+        return Err(format!(
+            "header.capabilities is {:#x}: it provides neither a communicator \
+             (HMC_PLUGIN_PROVIDES_COMMUNICATOR) nor memory (HMC_PLUGIN_PROVIDES_MEMORY)",
+            api.header.capabilities
+        ));
+    }
+    let missing = missing_functions(api);
+    if !missing.is_empty() {
+        return Err(format!(
+            "required functions are NULL: {}; ABI 1.0 requires every function of what \
+             header.capabilities provides, but rekey",
+            missing.join(", ")
+        ));
+    }
+    let communicates = api.header.capabilities & HMC_PLUGIN_PROVIDES_COMMUNICATOR != 0;
+    u8::try_from(api.transport_id)
+        .ok()
+        .filter(|id| *id != 0 || !communicates)
+        .map(TransportId::from_wire_id)
+        .ok_or_else(|| {
+            format!(
+                "transport_id {} is not a wire number 1..=255 (third parties: 128..=255)",
+                api.transport_id
+            )
+        })
+}
+
 impl Plugin {
     /// Loads the plugin at `path`: `dlopen(RTLD_NOW | RTLD_LOCAL)`, `hmc_plugin_init` with
     /// this host's ABI version, and the checks of the table it filled. Each file is loaded
@@ -187,61 +316,15 @@ impl Plugin {
         Self::check(path, api, code)
     }
 
+    /// The checks of the table `hmc_plugin_init` filled (answering `code`), in order: its
+    /// version and status, how much it filled, its name, and what it provides.
     fn check(path: PathBuf, mut api: HmcPluginApi, code: i32) -> Result<Arc<Plugin>, PluginError> {
+        check_init(&path, &api, code)?;
         let table = |problem: String| PluginError::Table {
             path: path.clone(),
             problem,
         };
-        let header_size = std::mem::size_of::<HmcTableHeader>();
-        let filled = api.header.struct_size;
-        if code == HMC_ERR_VERSION
-            || (filled >= header_size && api.header.abi_major != HMC_PLUGIN_ABI_MAJOR)
-        {
-            return Err(PluginError::Version {
-                path,
-                plugin_major: api.header.abi_major,
-                plugin_minor: api.header.abi_minor,
-                host_major: HMC_PLUGIN_ABI_MAJOR,
-                host_minor: HMC_PLUGIN_ABI_MINOR,
-            });
-        }
-        if code != HMC_OK {
-            let message = last_error(&api).unwrap_or_else(|| {
-                if api.last_error.is_none() {
-                    "(its message is lost: it failed before setting out->last_error; set that \
-                     first in hmc_plugin_init)"
-                        .into()
-                } else {
-                    "(the plugin set no last-error message; it must, with every error)".into()
-                }
-            });
-            return Err(PluginError::Init {
-                path,
-                code,
-                message,
-            });
-        }
-        if filled == 0 {
-            return Err(table(
-                "hmc_plugin_init returned HMC_OK but filled nothing (struct_size 0); fill the \
-                 table and set header.struct_size to the bytes filled"
-                    .into(),
-            ));
-        }
-        if filled > std::mem::size_of::<HmcPluginApi>() {
-            return Err(table(format!(
-                "header.struct_size is {filled} bytes, more than the {} the host offered; \
-                 fill at most out_size bytes and say how many",
-                std::mem::size_of::<HmcPluginApi>()
-            )));
-        }
-        if filled < HMC_PLUGIN_API_V1_0_SIZE {
-            return Err(table(format!(
-                "header.struct_size is {filled} bytes, ABI 1.0 needs at least \
-                 {HMC_PLUGIN_API_V1_0_SIZE} (through recv_notification); build against \
-                 hmc_plugin.h and set struct_size = sizeof(HmcPluginApi)"
-            )));
-        }
+        let filled = filled_size(&api).map_err(table)?;
         // Fields past what the plugin filled are absent, whatever the memory holds.
         zero_tail(&mut api, filled);
         if api.header.abi_minor < 3 {
@@ -249,54 +332,18 @@ impl Plugin {
             // what it means, whatever it wrote there.
             api.endpoint_settle = None;
         }
-        if api.header.name.is_null() {
-            return Err(table("header.name is NULL; every plugin has a name".into()));
-        }
-        // SAFETY: the ABI says `name` is a NUL-terminated string that lives forever.
-        let name = unsafe { CStr::from_ptr(api.header.name) }
-            .to_str()
-            .map_err(|_| table("header.name is not UTF-8".into()))?
-            .to_string();
-        if name.is_empty() || name.contains(|c: char| c.is_whitespace() || c == ':') {
-            return Err(table(format!(
-                "name `{name}` must be non-empty, without spaces or `:` (it is used as \
-                 --data-plane NAME)"
-            )));
-        }
-        if RESERVED_NAMES.contains(&name.as_str()) {
-            return Err(PluginError::Reserved {
-                path,
-                name,
-                builtins: RESERVED_NAMES.join(", "),
-            });
-        }
-        let known = HMC_PLUGIN_PROVIDES_COMMUNICATOR | HMC_PLUGIN_PROVIDES_MEMORY;
-        if api.header.capabilities & known == 0 {
-            return Err(table(format!(
-                "header.capabilities is {:#x}: it provides neither a communicator \
-                 (HMC_PLUGIN_PROVIDES_COMMUNICATOR) nor memory (HMC_PLUGIN_PROVIDES_MEMORY)",
-                api.header.capabilities
-            )));
-        }
-        let missing = missing_functions(&api);
-        if !missing.is_empty() {
-            return Err(table(format!(
-                "required functions are NULL: {}; ABI 1.0 requires every function of what \
-                 header.capabilities provides, but rekey",
-                missing.join(", ")
-            )));
-        }
-        let communicates = api.header.capabilities & HMC_PLUGIN_PROVIDES_COMMUNICATOR != 0;
-        let transport = u8::try_from(api.transport_id)
-            .ok()
-            .filter(|id| *id != 0 || !communicates)
-            .map(TransportId::from_wire_id)
-            .ok_or_else(|| {
-                table(format!(
-                    "transport_id {} is not a wire number 1..=255 (third parties: 128..=255)",
-                    api.transport_id
-                ))
-            })?;
+        let name = match plugin_name(&api) {
+            Ok(name) => name,
+            Err(NameProblem::Table(problem)) => return Err(table(problem)),
+            Err(NameProblem::Reserved(name)) => {
+                return Err(PluginError::Reserved {
+                    path,
+                    name,
+                    builtins: RESERVED_NAMES.join(", "),
+                });
+            }
+        };
+        let transport = provided_transport(&api).map_err(table)?;
         Ok(Arc::new(Plugin {
             name,
             path,

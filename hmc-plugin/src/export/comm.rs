@@ -18,8 +18,8 @@ use hmc_transport_kit::wake::WakeFd;
 use parking_lot::Mutex;
 
 use super::{
-    Config, LAST_ERROR, at, config_from, fail, guard, guard_void, region_of, set_error, slice_of,
-    status, write_out, write_sized,
+    Config, LAST_ERROR, at, config_from, fail, guard, guard_void, hand_out, region_of, set_error,
+    slice_of, status, write_out, write_sized,
 };
 use crate::abi::*;
 
@@ -68,6 +68,11 @@ impl Wake for FdWaker {
 }
 
 type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// The handle types of plugin `P`'s communicator, as the glue boxes them.
+type Ep<P> = <<P as PluginTransport>::Comm as Communicator>::Endpoint;
+type Reg<P> = <<P as PluginTransport>::Comm as Communicator>::Registration;
+type Key<P> = <<P as PluginTransport>::Comm as Communicator>::RemoteKey;
 
 /// Sets the transport functions of `P` in `api`, its transport id and
 /// `HMC_PLUGIN_PROVIDES_COMMUNICATOR`; [`export_plugin!`](crate::export_plugin) calls it.
@@ -343,6 +348,20 @@ fn block_on<C: Communicator, T>(g: &GComm<C>, fut: impl Future<Output = T>) -> T
     g.run(|| futures::executor::block_on(fut))
 }
 
+/// Takes back a handle of type `T` that the glue handed out, and drops it inside the
+/// communicator's scope (a transport's drop may need its runtime).
+///
+/// # Safety
+/// `comm` is a live communicator of this glue; `handle` is a live `T` of it, released
+/// once.
+unsafe fn release_in_scope<C: Communicator, T, H>(comm: *mut HmcComm, handle: *mut H) {
+    guard_void(|| {
+        // SAFETY: per this function's contract.
+        let (g, handle) = unsafe { (at::<GComm<C>, _>(comm), Box::from_raw(handle.cast::<T>())) };
+        g.run(|| drop(handle));
+    })
+}
+
 unsafe extern "C" fn connect<P: PluginTransport>(
     comm: *mut HmcComm,
     addr: *const u8,
@@ -360,14 +379,9 @@ unsafe extern "C" fn connect<P: PluginTransport>(
             Ok(p) => p,
             Err(e) => return fail(&Error::InvalidArgument(format!("connect address: {e}"))),
         };
-        match block_on(g, g.comm.connect(&peer, deadline_from_ns(deadline_ns))) {
-            Ok(ep) => {
-                // SAFETY: `out` is writable.
-                unsafe { *out = Box::into_raw(Box::new(ep)).cast() };
-                HMC_OK
-            }
-            Err(e) => fail(&e),
-        }
+        let connected = block_on(g, g.comm.connect(&peer, deadline_from_ns(deadline_ns)));
+        // SAFETY: `out` is writable.
+        unsafe { hand_out(connected, out) }
     })
 }
 
@@ -375,16 +389,8 @@ unsafe extern "C" fn endpoint_release<P: PluginTransport>(
     comm: *mut HmcComm,
     ep: *mut HmcEndpoint,
 ) {
-    guard_void(|| {
-        // SAFETY: live handles of this glue, `ep` released once.
-        let (g, ep) = unsafe {
-            (
-                at::<GComm<P::Comm>, _>(comm),
-                Box::from_raw(ep.cast::<<P::Comm as Communicator>::Endpoint>()),
-            )
-        };
-        g.run(|| drop(ep));
-    })
+    // SAFETY: forwarded from the host: a live communicator, `ep` released once.
+    unsafe { release_in_scope::<P::Comm, Ep<P>, _>(comm, ep) }
 }
 
 unsafe extern "C" fn register<P: PluginTransport>(
@@ -408,28 +414,15 @@ unsafe extern "C" fn register<P: PluginTransport>(
             Err(e) => return fail(&e),
         };
         // SAFETY: the host keeps the memory allocated until deregister returns (ABI).
-        match g.run(|| unsafe { g.comm.register(region, access) }) {
-            Ok(reg) => {
-                // SAFETY: `out` is writable.
-                unsafe { *out = Box::into_raw(Box::new(reg)).cast() };
-                HMC_OK
-            }
-            Err(e) => fail(&e),
-        }
+        let registered = g.run(|| unsafe { g.comm.register(region, access) });
+        // SAFETY: `out` is writable.
+        unsafe { hand_out(registered, out) }
     })
 }
 
 unsafe extern "C" fn deregister<P: PluginTransport>(comm: *mut HmcComm, reg: *mut HmcReg) {
-    guard_void(|| {
-        // SAFETY: live handles of this glue, `reg` released once.
-        let (g, reg) = unsafe {
-            (
-                at::<GComm<P::Comm>, _>(comm),
-                Box::from_raw(reg.cast::<<P::Comm as Communicator>::Registration>()),
-            )
-        };
-        g.run(|| drop(reg));
-    })
+    // SAFETY: forwarded from the host: a live communicator, `reg` released once.
+    unsafe { release_in_scope::<P::Comm, Reg<P>, _>(comm, reg) }
 }
 
 unsafe extern "C" fn export_key<P: PluginTransport>(
@@ -441,12 +434,7 @@ unsafe extern "C" fn export_key<P: PluginTransport>(
 ) -> i32 {
     guard(|| {
         // SAFETY: live handles of this glue.
-        let (g, reg) = unsafe {
-            (
-                at::<GComm<P::Comm>, _>(comm),
-                at::<<P::Comm as Communicator>::Registration, _>(reg),
-            )
-        };
+        let (g, reg) = unsafe { (at::<GComm<P::Comm>, _>(comm), at::<Reg<P>, _>(reg)) };
         match g.run(|| g.comm.export(reg)) {
             // The host builds the descriptor from the registration's region and access and
             // these key bytes, so descriptors stay those of the transport linked statically.
@@ -460,12 +448,7 @@ unsafe extern "C" fn export_key<P: PluginTransport>(
 unsafe extern "C" fn rekey<P: PluginTransport>(comm: *mut HmcComm, reg: *mut HmcReg) -> i32 {
     guard(|| {
         // SAFETY: live handles of this glue.
-        let (g, reg) = unsafe {
-            (
-                at::<GComm<P::Comm>, _>(comm),
-                at::<<P::Comm as Communicator>::Registration, _>(reg),
-            )
-        };
+        let (g, reg) = unsafe { (at::<GComm<P::Comm>, _>(comm), at::<Reg<P>, _>(reg)) };
         match g.run(|| g.comm.rekey(reg)) {
             Ok(revoked) => i32::from(revoked),
             Err(e) => fail(&e),
@@ -485,7 +468,7 @@ unsafe extern "C" fn import<P: PluginTransport>(
             let d = &*desc;
             (
                 at::<GComm<P::Comm>, _>(comm),
-                at::<<P::Comm as Communicator>::Endpoint, _>(ep),
+                at::<Ep<P>, _>(ep),
                 slice_of(d.key, d.key_len),
             )
         };
@@ -501,14 +484,8 @@ unsafe extern "C" fn import<P: PluginTransport>(
             };
             g.run(|| g.comm.import(ep, &remote))
         });
-        match result {
-            Ok(k) => {
-                // SAFETY: `out` is writable.
-                unsafe { *out = Box::into_raw(Box::new(k)).cast() };
-                HMC_OK
-            }
-            Err(e) => fail(&e),
-        }
+        // SAFETY: `out` is writable.
+        unsafe { hand_out(result, out) }
     })
 }
 
@@ -516,16 +493,8 @@ unsafe extern "C" fn remote_key_release<P: PluginTransport>(
     comm: *mut HmcComm,
     key: *mut HmcRemoteKey,
 ) {
-    guard_void(|| {
-        // SAFETY: live handles of this glue, `key` released once.
-        let (g, key) = unsafe {
-            (
-                at::<GComm<P::Comm>, _>(comm),
-                Box::from_raw(key.cast::<<P::Comm as Communicator>::RemoteKey>()),
-            )
-        };
-        g.run(|| drop(key));
-    })
+    // SAFETY: forwarded from the host: a live communicator, `key` released once.
+    unsafe { release_in_scope::<P::Comm, Key<P>, _>(comm, key) }
 }
 
 unsafe extern "C" fn transfer_start<P: PluginTransport>(
@@ -712,12 +681,7 @@ unsafe extern "C" fn endpoint_settle<P: PluginTransport>(
 ) -> i32 {
     guard(|| {
         // SAFETY: live handles of this glue.
-        let (g, ep) = unsafe {
-            (
-                at::<GComm<P::Comm>, _>(comm),
-                at::<<P::Comm as Communicator>::Endpoint, _>(ep),
-            )
-        };
+        let (g, ep) = unsafe { (at::<GComm<P::Comm>, _>(comm), at::<Ep<P>, _>(ep)) };
         status(block_on(
             g,
             g.comm.settle(ep, deadline_from_ns(deadline_ns)),
@@ -738,7 +702,7 @@ unsafe extern "C" fn notify<P: PluginTransport>(
         let (g, ep, msg) = unsafe {
             (
                 at::<GComm<P::Comm>, _>(comm),
-                at::<<P::Comm as Communicator>::Endpoint, _>(ep),
+                at::<Ep<P>, _>(ep),
                 slice_of(msg, len),
             )
         };

@@ -6,7 +6,9 @@
 
 use hmc_core::{DeviceBuffer, Error, MemSpan, MemSpanMut, Memory, Result};
 
-use super::{Config, at, config_from, fail, guard, guard_void, region_of, status, write_sized};
+use super::{
+    Config, at, config_from, fail, guard, guard_void, hand_out, region_of, status, write_sized,
+};
 use crate::abi::*;
 
 /// A Rust device memory backend exported as a plugin; implemented by
@@ -40,14 +42,9 @@ unsafe extern "C" fn memory_open<M: PluginMemoryBackend>(
 ) -> i32 {
     guard(|| {
         // SAFETY: the host passes `len` readable bytes.
-        match unsafe { config_from(config, len) }.and_then(|c| M::open(&c)) {
-            Ok(mem) => {
-                // SAFETY: `out` is writable.
-                unsafe { *out = Box::into_raw(Box::new(mem)).cast() };
-                HMC_OK
-            }
-            Err(e) => fail(&e),
-        }
+        let opened = unsafe { config_from(config, len) }.and_then(|c| M::open(&c));
+        // SAFETY: `out` is writable.
+        unsafe { hand_out(opened, out) }
     })
 }
 

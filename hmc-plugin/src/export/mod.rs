@@ -134,6 +134,22 @@ fn status(r: Result<()>) -> i32 {
     }
 }
 
+/// Hands `made` to the host as a new handle in `*out` (`HMC_OK`; the matching release
+/// function takes the box back), or fails with its error.
+///
+/// # Safety
+/// `out` is writable.
+unsafe fn hand_out<T, H>(made: Result<T>, out: *mut *mut H) -> i32 {
+    match made {
+        Ok(value) => {
+            // SAFETY: per this function's contract.
+            unsafe { *out = Box::into_raw(Box::new(value)).cast() };
+            HMC_OK
+        }
+        Err(e) => fail(&e),
+    }
+}
+
 /// Runs `f`, turning a panic into `HMC_ERR_INTERNAL` with the panic's text.
 fn guard(f: impl FnOnce() -> i32) -> i32 {
     clear_error();
