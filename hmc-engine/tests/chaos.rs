@@ -30,6 +30,8 @@
 #[path = "../../hmc-plugin/tests/common/mod.rs"]
 mod plugins;
 
+mod common;
+
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -416,20 +418,9 @@ async fn engine(transport: &str, faults: Option<&str>) -> Engine<AnyCommunicator
     let mut o = options(transport, faults);
     match transport {
         "rdma-standin" => {
-            let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../target/tmp/ibverbs-standin");
-            let lib = hmc_testshim::build_ibverbs_standin(&dir).expect("build the stand-in");
-            let comm = hmc_transport_rdma::RdmaCommunicator::new(hmc_transport_rdma::RdmaConfig {
-                library: Some(lib),
-                ..Default::default()
-            })
-            .unwrap();
+            let comm = common::standin::rdma_standin();
             o.remove("transport");
-            engine_over(
-                AnyCommunicator::new(comm),
-                EngineConfig::from_options(&o).unwrap(),
-            )
-            .await
+            engine_over(comm, EngineConfig::from_options(&o).unwrap()).await
         }
         "plugin" => {
             let lib = plugins::build_c_plugin("loopmem", &[]);

@@ -19,6 +19,8 @@ use hmc_core::{
 };
 use hmc_engine::{Access, Engine, EngineConfig, MemDesc, MemType, TransferOp, TransferOpDesc};
 
+mod common;
+
 const T: Duration = Duration::from_secs(20);
 const CHILD: &str = "HMC_DEVICE_RDMA_CHILD";
 /// Two CUDA pages' worth and a ragged tail inside the allocation.
@@ -69,14 +71,9 @@ fn staged_bytes(metrics: &metrics_exporter_prometheus::PrometheusHandle) -> u64 
         .sum()
 }
 
-async fn engine(lib: &Path) -> Engine<AnyCommunicator> {
-    let c = hmc_transport_rdma::RdmaCommunicator::new(hmc_transport_rdma::RdmaConfig {
-        library: Some(lib.to_path_buf()),
-        ..Default::default()
-    })
-    .unwrap();
+async fn engine() -> Engine<AnyCommunicator> {
     Engine::initialize(
-        Arc::new(AnyCommunicator::new(c)),
+        Arc::new(common::standin::rdma_standin()),
         "127.0.0.1",
         EngineConfig::default(),
     )
@@ -129,8 +126,6 @@ fn child() {
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .unwrap();
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/tmp/ibverbs-standin");
-    let lib = hmc_testshim::build_ibverbs_standin(&dir).expect("build the stand-in");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -138,7 +133,7 @@ fn child() {
         .unwrap();
     rt.block_on(async move {
         let mem = CudaMemory::new(0).expect("the driver ABI shim loads");
-        let (a, b) = (engine(&lib).await, engine(&lib).await);
+        let (a, b) = (engine().await, engine().await);
         assert_eq!(
             b.capabilities().memory_path(DeviceKind::CUDA),
             DeviceMemoryPath::Direct

@@ -8,6 +8,8 @@
 #[path = "../../hmc-plugin/tests/common/mod.rs"]
 mod plugins;
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,24 +27,13 @@ const BLOCKS: usize = 32;
 
 async fn engine(name: &str) -> Engine<AnyCommunicator> {
     match name {
-        "rdma-standin" => {
-            // The user-space libibverbs stand-in (not a NIC).
-            let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../target/tmp/ibverbs-standin");
-            let lib = hmc_testshim::build_ibverbs_standin(&dir).expect("build the stand-in");
-            let c = hmc_transport_rdma::RdmaCommunicator::new(hmc_transport_rdma::RdmaConfig {
-                library: Some(lib),
-                ..Default::default()
-            })
-            .unwrap();
-            Engine::initialize(
-                Arc::new(AnyCommunicator::new(c)),
-                "127.0.0.1",
-                EngineConfig::default(),
-            )
-            .await
-            .unwrap()
-        }
+        "rdma-standin" => Engine::initialize(
+            Arc::new(common::standin::rdma_standin()),
+            "127.0.0.1",
+            EngineConfig::default(),
+        )
+        .await
+        .unwrap(),
         "plugin" => {
             let lib = plugins::build_c_plugin("loopmem", &[]);
             let o: HashMap<String, String> = [

@@ -72,16 +72,7 @@ impl Drop for ReadOnlyPages {
 
 fn transport(name: &str) -> AnyCommunicator {
     if name == "rdma-standin" {
-        // The user-space libibverbs stand-in (not a NIC): MR rights as a NIC keeps them.
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../target/tmp/ibverbs-standin");
-        let lib = hmc_testshim::build_ibverbs_standin(&dir).expect("build the stand-in");
-        let c = hmc_transport_rdma::RdmaCommunicator::new(hmc_transport_rdma::RdmaConfig {
-            library: Some(lib),
-            ..Default::default()
-        })
-        .unwrap();
-        return AnyCommunicator::new(c);
+        return common::standin::rdma_standin();
     }
     hmc_engine::open_transport(name.parse().unwrap(), [127, 0, 0, 1].into()).unwrap()
 }

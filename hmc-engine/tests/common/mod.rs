@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod kv_peer;
+pub mod standin;
 pub mod wire;
 
 use std::collections::HashMap;
