@@ -225,103 +225,93 @@ impl TargetState {
         engine: &Engine,
         timeout: Duration,
     ) -> std::io::Result<()> {
-        stream.set_nodelay(true)?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
-        let (kind, payload) = read_frame(&mut stream)?;
-        if kind != HELLO
-            || !payload
-                .first()
-                .is_some_and(|v| ACCEPTED_VERSIONS.contains(v))
-        {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "expected HELLO v1 or v2",
-            ));
-        }
-        write_frame(&mut stream, HELLO_ACK, &engine.worker_address)?;
-        stream.set_read_timeout(None)?;
+        accept_hello(&mut stream, engine, timeout)?;
         let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
-        let conn = Arc::new(Accepted {
-            stream: stream.try_clone()?,
-            writer: Mutex::new(stream.try_clone()?),
-            imported: Mutex::new(HashSet::new()),
-            revokes: Mutex::new(HashMap::new()),
-            busy: AtomicBool::new(false),
-        });
+        let conn = Arc::new(Accepted::new(&stream)?);
         self.conns.lock().insert(id, conn.clone());
         if self.closed.load(Ordering::Acquire) {
             let _ = conn.stream.shutdown(Shutdown::Both);
         }
+        let result = self.serve_frames(&conn, stream, engine, timeout);
+        self.conns.lock().remove(&id);
+        // Dropping the pending revocation senders wakes their waiters: this peer is gone.
+        conn.revokes.lock().clear();
+        result
+    }
+
+    /// Handles the frames of accepted connection `conn` (read from `stream`) until it
+    /// closes or sends one this side refuses.
+    fn serve_frames(
+        &self,
+        conn: &Arc<Accepted>,
+        mut stream: TcpStream,
+        engine: &Engine,
+        timeout: Duration,
+    ) -> std::io::Result<()> {
         let mut refused = HashSet::new();
         let fd = stream.as_raw_fd();
-        let result = (|| loop {
+        loop {
             // Idle between frames; busy from readable until handled (`wait_idle`).
             conn.busy.store(false, Ordering::SeqCst);
             let _ = poll_in([fd], None);
             conn.busy.store(true, Ordering::SeqCst);
             let (kind, payload) = read_frame(&mut stream)?;
             match kind {
-                ABANDON => {
-                    let Some(token) = be_u64(&payload, 0) else {
-                        return Err(invalid("short ABANDON"));
-                    };
-                    let c = conn.clone();
-                    let ack: AbandonAck = Box::new(move |ended| {
-                        let mut out = token.to_be_bytes().to_vec();
-                        out.push(if ended { 0 } else { 1 });
-                        if let Err(e) = write_frame(&mut *c.writer.lock(), ABANDONED, &out) {
-                            tracing::debug!(error = %e, "could not answer an ABANDON");
-                        }
-                    });
-                    self.abandons.lock().push((token, ack));
-                    if engine.send(Command::TakeAbandons).is_err() {
-                        return Err(invalid("the local engine exited"));
-                    }
-                }
-                STAGED_READ => self.staged_read(&conn, &payload, timeout)?,
-                STAGED_WRITE => self.staged_write(&conn, &payload, &mut refused)?,
-                VALIDATE => {
-                    let (Some(req), Some(reg)) = (be_u64(&payload, 0), be_u64(&payload, 8)) else {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::InvalidData,
-                            "short VALIDATE",
-                        ));
-                    };
-                    let verdict = {
-                        let regs = self.regs.lock();
-                        match regs.get(&reg) {
-                            None => 1u8,
-                            Some(desc) if desc[..] != payload[16..] => 2,
-                            Some(_) => {
-                                conn.imported.lock().insert(reg);
-                                0
-                            }
-                        }
-                    };
-                    let mut out = req.to_be_bytes().to_vec();
-                    out.push(verdict);
-                    write_frame(&mut *conn.writer.lock(), VALID, &out)?;
-                }
-                REVOKED => {
-                    if let Some(reg) = be_u64(&payload, 0)
-                        && let Some(tx) = conn.revokes.lock().remove(&reg)
-                    {
-                        let _ = tx.send(());
-                    }
-                }
-                other => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!("unexpected control frame kind {other}"),
-                    ));
+                ABANDON => self.queue_abandon(conn, &payload, engine)?,
+                STAGED_READ => self.staged_read(conn, &payload, timeout)?,
+                STAGED_WRITE => self.staged_write(conn, &payload, &mut refused)?,
+                VALIDATE => self.validate(conn, &payload)?,
+                REVOKED => conn.revoked(&payload),
+                other => return Err(invalid(&format!("unexpected control frame kind {other}"))),
+            }
+        }
+    }
+
+    /// An `ABANDON`: queued, with its answer, for the engine to end the generation.
+    fn queue_abandon(
+        &self,
+        conn: &Arc<Accepted>,
+        p: &[u8],
+        engine: &Engine,
+    ) -> std::io::Result<()> {
+        let Some(token) = be_u64(p, 0) else {
+            return Err(invalid("short ABANDON"));
+        };
+        let c = conn.clone();
+        let ack: AbandonAck = Box::new(move |ended| {
+            let mut out = token.to_be_bytes().to_vec();
+            out.push(if ended { 0 } else { 1 });
+            if let Err(e) = write_frame(&mut *c.writer.lock(), ABANDONED, &out) {
+                tracing::debug!(error = %e, "could not answer an ABANDON");
+            }
+        });
+        self.abandons.lock().push((token, ack));
+        if engine.send(Command::TakeAbandons).is_err() {
+            return Err(invalid("the local engine exited"));
+        }
+        Ok(())
+    }
+
+    /// A `VALIDATE`: compares the descriptor with the export and answers `VALID`; a live
+    /// match counts as imported by `conn` (revoked there before unmapping).
+    fn validate(&self, conn: &Accepted, p: &[u8]) -> std::io::Result<()> {
+        let (Some(req), Some(reg)) = (be_u64(p, 0), be_u64(p, 8)) else {
+            return Err(invalid("short VALIDATE"));
+        };
+        let verdict = {
+            let regs = self.regs.lock();
+            match regs.get(&reg) {
+                None => 1u8,
+                Some(desc) if desc[..] != p[16..] => 2,
+                Some(_) => {
+                    conn.imported.lock().insert(reg);
+                    0
                 }
             }
-        })();
-        self.conns.lock().remove(&id);
-        // Dropping the pending revocation senders wakes their waiters: this peer is gone.
-        conn.revokes.lock().clear();
-        result
+        };
+        let mut out = req.to_be_bytes().to_vec();
+        out.push(verdict);
+        write_frame(&mut *conn.writer.lock(), VALID, &out)
     }
 
     /// Forgets registration `id` and revokes it at every peer that imported it, waiting up
@@ -390,11 +380,49 @@ impl TargetControl for TargetState {
     }
 }
 
+/// The target's half of the handshake on `stream`: a `HELLO` of an accepted version in,
+/// `HELLO_ACK` with this side's worker address out.
+fn accept_hello(stream: &mut TcpStream, engine: &Engine, timeout: Duration) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let (kind, payload) = read_frame(stream)?;
+    if kind != HELLO
+        || !payload
+            .first()
+            .is_some_and(|v| ACCEPTED_VERSIONS.contains(v))
+    {
+        return Err(invalid("expected HELLO v1 or v2"));
+    }
+    write_frame(stream, HELLO_ACK, &engine.worker_address)?;
+    stream.set_read_timeout(None)
+}
+
 fn invalid(what: &str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string())
 }
 
 impl Accepted {
+    /// An accepted connection over `stream`, past its handshake.
+    fn new(stream: &TcpStream) -> std::io::Result<Self> {
+        Ok(Accepted {
+            stream: stream.try_clone()?,
+            writer: Mutex::new(stream.try_clone()?),
+            imported: Mutex::new(HashSet::new()),
+            revokes: Mutex::new(HashMap::new()),
+            busy: AtomicBool::new(false),
+        })
+    }
+
+    /// A `REVOKED`: wakes the deregistration waiting for it.
+    fn revoked(&self, p: &[u8]) {
+        if let Some(reg) = be_u64(p, 0)
+            && let Some(tx) = self.revokes.lock().remove(&reg)
+        {
+            let _ = tx.send(());
+        }
+    }
+
     /// Whether every frame received on this connection has been handled.
     fn idle(&self) -> bool {
         // Unread bytes first: a frame read since is `busy` until handled.
@@ -605,109 +633,7 @@ impl Link {
                 return;
             }
         };
-        let reason = loop {
-            let (kind, payload) = match read_frame(&mut stream) {
-                Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    break "the peer closed its control connection (process exited or communicator closed)".to_string();
-                }
-                Err(e) => break format!("control connection failed: {e}"),
-            };
-            match kind {
-                VALID => {
-                    let (Some(req), Some(&verdict)) = (be_u64(&payload, 0), payload.get(8)) else {
-                        break "malformed VALID frame".into();
-                    };
-                    let Some(p) = self.pending.lock().remove(&req) else {
-                        continue;
-                    };
-                    if verdict == 0 && p.staged {
-                        let mut keys = self.staged_keys.lock();
-                        let held = keys.entry(p.reg_id).or_default();
-                        held.retain(|k| k.strong_count() > 0);
-                        held.push(Arc::downgrade(&p.shared));
-                        let _ = p.reply.send(Ok(0));
-                    } else if verdict == 0 {
-                        let cmd = Command::ImportKey {
-                            ep: p.ep,
-                            reg_id: p.reg_id,
-                            rkey: p.rkey,
-                            shared: p.shared,
-                            reply: p.reply,
-                        };
-                        if let Err(Command::ImportKey { reply, .. }) = engine.send_or_return(cmd) {
-                            let _ = reply.send(Err(Error::Closed(
-                                "the UCX progress thread has exited".into(),
-                            )));
-                        }
-                    } else {
-                        let why = if verdict == 1 {
-                            "the target has no live registration with this id (deregistered, or never exported)"
-                        } else {
-                            "the descriptor differs from what the target exported (forged or damaged)"
-                        };
-                        let _ = p.reply.send(Err(Error::InvalidKey(why.into())));
-                    }
-                }
-                REVOKE => {
-                    let Some(reg_id) = be_u64(&payload, 0) else {
-                        break "malformed REVOKE frame".into();
-                    };
-                    if let Some(keys) = self.staged_keys.lock().remove(&reg_id) {
-                        // The target does the copies of a staged region and stops them
-                        // itself; here the keys only learn to refuse.
-                        for k in keys.iter().filter_map(Weak::upgrade) {
-                            k.revoked.store(true, Ordering::Release);
-                        }
-                        if let Err(e) = self.send(REVOKED, &[&reg_id.to_be_bytes()]) {
-                            tracing::debug!(error = %e, "could not confirm a key revocation");
-                        }
-                        continue;
-                    }
-                    let link = self.clone();
-                    let ack = Box::new(move || {
-                        if let Err(e) =
-                            write_frame(&mut *link.writer.lock(), REVOKED, &reg_id.to_be_bytes())
-                        {
-                            tracing::debug!(error = %e, "could not confirm a key revocation");
-                        }
-                    });
-                    if engine.send(Command::Revoke { ep, reg_id, ack }).is_err() {
-                        break "the local engine exited".into();
-                    }
-                }
-                ABANDONED => {
-                    let (Some(token), Some(&verdict)) = (be_u64(&payload, 0), payload.get(8))
-                    else {
-                        break "malformed ABANDONED frame".into();
-                    };
-                    if let Some(tx) = self.abandons.lock().remove(&token) {
-                        let _ = tx.send(verdict == 0);
-                    }
-                }
-                STAGED_DATA | STAGED_DONE => {
-                    let Some(req) = be_u64(&payload, 0) else {
-                        break "malformed staged frame".into();
-                    };
-                    let to = self
-                        .staged_ops
-                        .lock()
-                        .as_ref()
-                        .and_then(|m| m.get(&req).cloned());
-                    if let Some(to) = to {
-                        let ev = if kind == STAGED_DATA {
-                            StagedEvent::Data(payload)
-                        } else {
-                            StagedEvent::Done(payload)
-                        };
-                        // A transfer that ended meanwhile dropped its receiver: its frames
-                        // are dropped here.
-                        let _ = to.send(ev);
-                    }
-                }
-                other => break format!("unexpected control frame kind {other}"),
-            }
-        };
+        let reason = self.read_frames(&mut stream, ep, &engine);
         *self.dead.lock() = Some(reason.clone());
         self.pending.lock().clear();
         let waiting = self.staged_ops.lock().take().unwrap_or_default();
@@ -717,6 +643,138 @@ impl Link {
         if !self.closing.load(Ordering::Acquire) {
             let _ = engine.send(Command::PeerGone { ep, reason });
         }
+    }
+
+    /// Handles the target's frames until the connection ends or sends one this side
+    /// refuses; why it ended.
+    fn read_frames(self: &Arc<Self>, stream: &mut TcpStream, ep: u64, engine: &Engine) -> String {
+        loop {
+            let (kind, payload) = match read_frame(stream) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return "the peer closed its control connection (process exited or communicator closed)".to_string();
+                }
+                Err(e) => return format!("control connection failed: {e}"),
+            };
+            let handled = match kind {
+                VALID => self.valid(&payload, engine),
+                REVOKE => self.revoke_asked(&payload, ep, engine),
+                ABANDONED => self.abandoned(&payload),
+                STAGED_DATA | STAGED_DONE => self.route_staged(kind, payload),
+                other => Err(format!("unexpected control frame kind {other}")),
+            };
+            if let Err(reason) = handled {
+                return reason;
+            }
+        }
+    }
+
+    /// A `VALID`: the import waiting for it goes on (a UCX key is unpacked by the
+    /// engine, which replies) or fails with the target's verdict.
+    fn valid(&self, p: &[u8], engine: &Engine) -> std::result::Result<(), String> {
+        let (Some(req), Some(&verdict)) = (be_u64(p, 0), p.get(8)) else {
+            return Err("malformed VALID frame".into());
+        };
+        let Some(import) = self.pending.lock().remove(&req) else {
+            return Ok(());
+        };
+        if verdict == 0 && import.staged {
+            let mut keys = self.staged_keys.lock();
+            let held = keys.entry(import.reg_id).or_default();
+            held.retain(|k| k.strong_count() > 0);
+            held.push(Arc::downgrade(&import.shared));
+            let _ = import.reply.send(Ok(0));
+        } else if verdict == 0 {
+            let cmd = Command::ImportKey {
+                ep: import.ep,
+                reg_id: import.reg_id,
+                rkey: import.rkey,
+                shared: import.shared,
+                reply: import.reply,
+            };
+            if let Err(Command::ImportKey { reply, .. }) = engine.send_or_return(cmd) {
+                let _ = reply.send(Err(Error::Closed(
+                    "the UCX progress thread has exited".into(),
+                )));
+            }
+        } else {
+            let why = if verdict == 1 {
+                "the target has no live registration with this id (deregistered, or never exported)"
+            } else {
+                "the descriptor differs from what the target exported (forged or damaged)"
+            };
+            let _ = import.reply.send(Err(Error::InvalidKey(why.into())));
+        }
+        Ok(())
+    }
+
+    /// A `REVOKE`: the keys of that region refuse from now on; `REVOKED` goes back once
+    /// nothing of it is in flight here (at once for a staged region, else after the
+    /// engine drained it).
+    fn revoke_asked(
+        self: &Arc<Self>,
+        p: &[u8],
+        ep: u64,
+        engine: &Engine,
+    ) -> std::result::Result<(), String> {
+        let Some(reg_id) = be_u64(p, 0) else {
+            return Err("malformed REVOKE frame".into());
+        };
+        if let Some(keys) = self.staged_keys.lock().remove(&reg_id) {
+            // The target does the copies of a staged region and stops them
+            // itself; here the keys only learn to refuse.
+            for k in keys.iter().filter_map(Weak::upgrade) {
+                k.revoked.store(true, Ordering::Release);
+            }
+            if let Err(e) = self.send(REVOKED, &[&reg_id.to_be_bytes()]) {
+                tracing::debug!(error = %e, "could not confirm a key revocation");
+            }
+            return Ok(());
+        }
+        let link = self.clone();
+        let ack = Box::new(move || {
+            if let Err(e) = write_frame(&mut *link.writer.lock(), REVOKED, &reg_id.to_be_bytes()) {
+                tracing::debug!(error = %e, "could not confirm a key revocation");
+            }
+        });
+        if engine.send(Command::Revoke { ep, reg_id, ack }).is_err() {
+            return Err("the local engine exited".into());
+        }
+        Ok(())
+    }
+
+    /// An `ABANDONED`: the abandon waiting for it hears the target's verdict.
+    fn abandoned(&self, p: &[u8]) -> std::result::Result<(), String> {
+        let (Some(token), Some(&verdict)) = (be_u64(p, 0), p.get(8)) else {
+            return Err("malformed ABANDONED frame".into());
+        };
+        if let Some(tx) = self.abandons.lock().remove(&token) {
+            let _ = tx.send(verdict == 0);
+        }
+        Ok(())
+    }
+
+    /// A `STAGED_DATA` or `STAGED_DONE`: handed to the staged transfer it belongs to.
+    fn route_staged(&self, kind: u8, payload: Vec<u8>) -> std::result::Result<(), String> {
+        let Some(req) = be_u64(&payload, 0) else {
+            return Err("malformed staged frame".into());
+        };
+        let to = self
+            .staged_ops
+            .lock()
+            .as_ref()
+            .and_then(|m| m.get(&req).cloned());
+        if let Some(to) = to {
+            let ev = if kind == STAGED_DATA {
+                StagedEvent::Data(payload)
+            } else {
+                StagedEvent::Done(payload)
+            };
+            // A transfer that ended meanwhile dropped its receiver: its frames
+            // are dropped here.
+            let _ = to.send(ev);
+        }
+        Ok(())
     }
 }
 

@@ -79,99 +79,104 @@ impl State {
     /// Issues what a transfer may issue and finishes it when nothing is left in flight.
     pub(super) fn pump(&mut self, id: u64) {
         let window = self.cfg.max_inflight_chunks.max(1);
-        loop {
-            let Some(op) = self.ops.get_mut(&id) else {
-                return;
-            };
-            if op.failure.is_some() || op.next >= op.chunks.len() || op.inflight >= window {
-                break;
-            }
-            if Instant::now() >= op.deadline {
-                let elapsed = op.started.elapsed();
-                op.fail(Error::DeadlineExceeded {
-                    during: "ucx transfer",
-                    elapsed,
-                });
-                break;
-            }
-            let chunk = op.chunks[op.next];
-            let (ep_id, kind) = (op.ep, op.op);
-            let Some(ep_handle) = self.eps.open_handle(ep_id) else {
-                let err = self.eps.error(ep_id);
-                let op = self.ops.get_mut(&id).expect("present");
-                op.fail(err);
-                break;
-            };
-            self.bind_for(ep_id);
-            if !self.eps.ready(ep_id) {
-                // Its UCX endpoint's generation is not bound yet, or being abandoned:
-                // issued once it is (`generations`), or ended at the deadline.
-                break;
-            }
-            let rkey = match self.keys.imported.get(&chunk.key) {
-                Some(k) if !k.shared.revoked.load(Ordering::Acquire) && !k.rkey.is_null() => k.rkey,
-                _ => {
-                    let op = self.ops.get_mut(&id).expect("present");
-                    op.fail(Error::InvalidKey(
-                        "the target deregistered the region (or the key was released)".into(),
-                    ));
-                    break;
-                }
-            };
-            let pid = self.eps.by_id.get(&ep_id).map(|e| e.phys);
-            let op = self.ops.get_mut(&id).expect("present");
-            op.next += 1;
-            if op.issued_on.is_none() {
-                op.issued_on = pid;
-            }
-            let slot = self.reqs.alloc(Owner::Chunk {
-                op: id,
-                key: chunk.key,
-                ep: ep_id,
+        while self.issue_next(id, window) {}
+        self.end_when_drained(id);
+    }
+
+    /// Issues transfer `id`'s next chunk if its window, deadline, endpoint and key let
+    /// it; whether another may follow. A reason to stop is recorded as its failure.
+    fn issue_next(&mut self, id: u64, window: usize) -> bool {
+        let Some(op) = self.ops.get_mut(&id) else {
+            return false;
+        };
+        if op.failure.is_some() || op.next >= op.chunks.len() || op.inflight >= window {
+            return false;
+        }
+        if Instant::now() >= op.deadline {
+            let elapsed = op.started.elapsed();
+            op.fail(Error::DeadlineExceeded {
+                during: "ucx transfer",
+                elapsed,
             });
-            let p = Requests::param(slot);
-            // SAFETY: live endpoint and rkey; the local range lies in a registration the
-            // transfer future keeps alive (it waits for this request before returning), and
-            // the remote range was bounds-checked against the target's registration.
-            let ret = unsafe {
-                match kind {
-                    Op::Write => (self.ucp.ucp_put_nbx)(
-                        ep_handle,
-                        chunk.local as *const c_void,
-                        chunk.len,
-                        chunk.remote,
-                        rkey,
-                        &p,
+            return false;
+        }
+        let chunk = op.chunks[op.next];
+        let (ep_id, kind) = (op.ep, op.op);
+        let Some(ep_handle) = self.eps.open_handle(ep_id) else {
+            let err = self.eps.error(ep_id);
+            self.fail_op(id, err);
+            return false;
+        };
+        self.bind_for(ep_id);
+        if !self.eps.ready(ep_id) {
+            // Its UCX endpoint's generation is not bound yet, or being abandoned:
+            // issued once it is (`generations`), or ended at the deadline.
+            return false;
+        }
+        let rkey = match self.keys.imported.get(&chunk.key) {
+            Some(k) if !k.shared.revoked.load(Ordering::Acquire) && !k.rkey.is_null() => k.rkey,
+            _ => {
+                self.fail_op(
+                    id,
+                    Error::InvalidKey(
+                        "the target deregistered the region (or the key was released)".into(),
                     ),
-                    Op::Read => (self.ucp.ucp_get_nbx)(
-                        ep_handle,
-                        chunk.local as *mut c_void,
-                        chunk.len,
-                        chunk.remote,
-                        rkey,
-                        &p,
-                    ),
-                }
-            };
-            match self.reqs.settle(slot, ret) {
-                Issue::Done(sys::UCS_OK) => {}
-                Issue::Done(st) => {
-                    let err = self.status_error(ep_id, "ucp_put_nbx/ucp_get_nbx", st);
-                    let op = self.ops.get_mut(&id).expect("present");
-                    op.fail(err);
-                }
-                Issue::Pending => {
-                    self.ops.get_mut(&id).expect("present").inflight += 1;
-                    self.keys
-                        .imported
-                        .get_mut(&chunk.key)
-                        .expect("checked")
-                        .inflight += 1;
-                    self.eps.by_id.get_mut(&ep_id).expect("checked").inflight += 1;
-                }
+                );
+                return false;
+            }
+        };
+        let pid = self.eps.by_id.get(&ep_id).map(|e| e.phys);
+        let op = self.ops.get_mut(&id).expect("present");
+        op.next += 1;
+        if op.issued_on.is_none() {
+            op.issued_on = pid;
+        }
+        let slot = self.reqs.alloc(Owner::Chunk {
+            op: id,
+            key: chunk.key,
+            ep: ep_id,
+        });
+        let p = Requests::param(slot);
+        let (local, len, remote) = (chunk.local as *mut c_void, chunk.len, chunk.remote);
+        // SAFETY: live endpoint and rkey; the local range lies in a registration the
+        // transfer future keeps alive (it waits for this request before returning), and
+        // the remote range was bounds-checked against the target's registration.
+        let ret = unsafe {
+            match kind {
+                Op::Write => (self.ucp.ucp_put_nbx)(ep_handle, local, len, remote, rkey, &p),
+                Op::Read => (self.ucp.ucp_get_nbx)(ep_handle, local, len, remote, rkey, &p),
+            }
+        };
+        match self.reqs.settle(slot, ret) {
+            Issue::Done(sys::UCS_OK) => {}
+            Issue::Done(st) => {
+                let err = self.status_error(ep_id, "ucp_put_nbx/ucp_get_nbx", st);
+                self.fail_op(id, err);
+            }
+            Issue::Pending => {
+                self.ops.get_mut(&id).expect("present").inflight += 1;
+                self.keys
+                    .imported
+                    .get_mut(&chunk.key)
+                    .expect("checked")
+                    .inflight += 1;
+                self.eps.by_id.get_mut(&ep_id).expect("checked").inflight += 1;
             }
         }
-        let op = self.ops.get_mut(&id).expect("present");
+        true
+    }
+
+    /// Records `err` as running transfer `id`'s failure.
+    fn fail_op(&mut self, id: u64, err: Error) {
+        self.ops.get_mut(&id).expect("present").fail(err);
+    }
+
+    /// Once transfer `id` has nothing in flight and nothing left to issue (or failed):
+    /// flushes a WRITE that issued chunks, else finishes it.
+    fn end_when_drained(&mut self, id: u64) {
+        let Some(op) = self.ops.get_mut(&id) else {
+            return;
+        };
         if op.inflight > 0 {
             return;
         }
