@@ -304,35 +304,27 @@ impl<'a, 'b> ser::SerializeMap for &'a mut Encoder<'b> {
     }
 }
 
-impl<'a, 'b> ser::SerializeStruct for &'a mut Encoder<'b> {
-    type Ok = ();
-    type Error = CodecError;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        _: &'static str,
-        v: &T,
-    ) -> Result<(), CodecError> {
-        v.serialize(&mut **self)
-    }
-    fn end(self) -> Result<(), CodecError> {
-        Ok(())
-    }
+// A struct's fields go by position: their names are not on the wire.
+macro_rules! ser_named_fields {
+    ($tr:ident) => {
+        impl<'a, 'b> ser::$tr for &'a mut Encoder<'b> {
+            type Ok = ();
+            type Error = CodecError;
+            fn serialize_field<T: Serialize + ?Sized>(
+                &mut self,
+                _: &'static str,
+                v: &T,
+            ) -> Result<(), CodecError> {
+                v.serialize(&mut **self)
+            }
+            fn end(self) -> Result<(), CodecError> {
+                Ok(())
+            }
+        }
+    };
 }
-
-impl<'a, 'b> ser::SerializeStructVariant for &'a mut Encoder<'b> {
-    type Ok = ();
-    type Error = CodecError;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        _: &'static str,
-        v: &T,
-    ) -> Result<(), CodecError> {
-        v.serialize(&mut **self)
-    }
-    fn end(self) -> Result<(), CodecError> {
-        Ok(())
-    }
-}
+ser_named_fields!(SerializeStruct);
+ser_named_fields!(SerializeStructVariant);
 
 // ---------------------------------------------------------------------------------------
 // Decoder
@@ -481,14 +473,9 @@ impl<'de> de::Deserializer<'de> for &mut Decoder<'de> {
         self.nest(|d| visitor.visit_newtype_struct(d))
     }
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, CodecError> {
+        // A sequence is a tuple whose length is on the wire.
         let n = self.count()?;
-        self.nest(|d| {
-            visitor.visit_seq(Items {
-                d,
-                left: n,
-                keys: None,
-            })
-        })
+        self.deserialize_tuple(n, visitor)
     }
     fn deserialize_tuple<V: Visitor<'de>>(
         self,
@@ -557,21 +544,37 @@ struct Items<'a, 'de> {
     keys: Option<std::collections::HashSet<&'de [u8]>>,
 }
 
+impl Items<'_, '_> {
+    /// Counts off the next item: false when none is left.
+    #[inline]
+    fn count_off(&mut self) -> bool {
+        if self.left == 0 {
+            return false;
+        }
+        self.left -= 1;
+        true
+    }
+
+    /// Never more than the bytes that remain: a forged count cannot reserve memory.
+    #[inline]
+    fn hint(&self) -> Option<usize> {
+        Some(self.left.min(self.d.remaining()))
+    }
+}
+
 impl<'de> de::SeqAccess<'de> for Items<'_, 'de> {
     type Error = CodecError;
     fn next_element_seed<T: DeserializeSeed<'de>>(
         &mut self,
         seed: T,
     ) -> Result<Option<T::Value>, CodecError> {
-        if self.left == 0 {
+        if !self.count_off() {
             return Ok(None);
         }
-        self.left -= 1;
         seed.deserialize(&mut *self.d).map(Some)
     }
     fn size_hint(&self) -> Option<usize> {
-        // Never more than the bytes that remain: a forged count cannot reserve memory.
-        Some(self.left.min(self.d.remaining()))
+        self.hint()
     }
 }
 
@@ -581,10 +584,9 @@ impl<'de> de::MapAccess<'de> for Items<'_, 'de> {
         &mut self,
         seed: K,
     ) -> Result<Option<K::Value>, CodecError> {
-        if self.left == 0 {
+        if !self.count_off() {
             return Ok(None);
         }
-        self.left -= 1;
         let start = self.d.pos;
         let k = seed.deserialize(&mut *self.d)?;
         let input: &'de [u8] = self.d.input;
@@ -602,7 +604,7 @@ impl<'de> de::MapAccess<'de> for Items<'_, 'de> {
         seed.deserialize(&mut *self.d)
     }
     fn size_hint(&self) -> Option<usize> {
-        Some(self.left.min(self.d.remaining()))
+        self.hint()
     }
 }
 

@@ -700,29 +700,98 @@ const READ_CHUNK: usize = 256 * 1024;
 async fn run_connection(
     stream: Stream,
     cfg: ConnConfig,
-    mut cmds: mpsc::UnboundedReceiver<Cmd>,
+    cmds: mpsc::UnboundedReceiver<Cmd>,
     usable: Arc<AtomicBool>,
 ) {
     let (mut rd, wr) = stream.into_split();
-    let mut poll = BusyPoll::new(cfg.busy_poll);
-    let mut core = ClientConn::new(cfg, Instant::now());
-    let mut timer = ConnTimer::new();
-    let mut waiting: IdMap<u64, ReplyTx> = IdMap::default();
-    let mut cmds_open = true;
-    // Callers woken by answers since calls were last queued.
-    let mut answered: usize = 0;
-    // The last read from the socket took at most `POLL_MAX_MESSAGE` bytes.
-    let mut small_reads = true;
+    let mut st = ConnLoop {
+        poll: BusyPoll::new(cfg.busy_poll),
+        core: ClientConn::new(cfg, Instant::now()),
+        timer: ConnTimer::new(),
+        waiting: IdMap::default(),
+        cmds,
+        cmds_open: true,
+        answered: 0,
+        small_reads: true,
+    };
     let lost: String = loop {
-        answered += deliver_events(&mut core, &mut waiting, &usable);
-        if let Err(e) = wr.write_queued(&mut core) {
-            break format!("write failed: {e}");
+        match st.run_ready(&mut rd, &wr, &usable) {
+            Ok(Next::Wait) => {}
+            Ok(Next::Again) => continue,
+            Ok(Next::Yield) => {
+                tokio::task::yield_now().await;
+                continue;
+            }
+            Err(lost) => break lost,
+        }
+        st.timer.want(st.core.poll_timeout());
+        let want_write = st.core.has_tx();
+        tokio::select! {
+            biased;
+            r = rd.readable() => {
+                if let Err(e) = r { break format!("read failed: {e}"); }
+                if let Err(lost) = st.read_now(&mut rd) { break lost; }
+            }
+            c = st.cmds.recv(), if st.cmds_open => match c {
+                None => st.cmds_open = false,
+                Some(c) => st.queue_calls(c).await,
+            },
+            r = wr.writable(), if want_write => {
+                if let Err(e) = r { break format!("write failed: {e}"); }
+            }
+            _ = st.timer.fired(), if st.timer.is_armed() => st.core.handle_timeout(Instant::now()),
+        }
+    };
+    usable.store(false, Ordering::Release);
+    fail_remaining(&mut st.core, &wr, st.waiting, &mut st.cmds, &lost);
+}
+
+/// What a connection task keeps between wake-ups, beside its socket halves.
+struct ConnLoop {
+    poll: BusyPoll,
+    core: ClientConn,
+    timer: ConnTimer,
+    waiting: IdMap<u64, ReplyTx>,
+    cmds: mpsc::UnboundedReceiver<Cmd>,
+    cmds_open: bool,
+    /// Callers woken by answers since calls were last queued.
+    answered: usize,
+    /// The last read from the socket took at most `POLL_MAX_MESSAGE` bytes.
+    small_reads: bool,
+}
+
+/// What a connection task does after the work that needs no waiting (`Err`: why the
+/// connection is lost).
+enum Next {
+    /// Wait for the socket, new calls or the timer.
+    Wait,
+    /// Go round again at once (busy-polling took bytes or a call).
+    Again,
+    /// Let the other ready tasks run, then go round again (busy-polling found nothing).
+    Yield,
+}
+
+impl ConnLoop {
+    /// The work that needs no waiting: answers handed to their callers, queued bytes
+    /// written, the end of the connection noticed, and the busy-polling window opened (and
+    /// polled) or closed.
+    #[inline]
+    fn run_ready(
+        &mut self,
+        rd: &mut crate::net::ReadHalf,
+        wr: &crate::net::WriteHalf,
+        usable: &AtomicBool,
+    ) -> Result<Next, String> {
+        let core = &mut self.core;
+        self.answered += deliver_events(core, &mut self.waiting, usable);
+        if let Err(e) = wr.write_queued(core) {
+            return Err(format!("write failed: {e}"));
         }
         if let Some(r) = core.closed_reason() {
-            break r.to_string();
+            return Err(r.to_string());
         }
-        if (!cmds_open || core.draining_reason().is_some()) && core.pending_len() == 0 {
-            break "closed".to_string();
+        if (!self.cmds_open || core.draining_reason().is_some()) && core.pending_len() == 0 {
+            return Err("closed".to_string());
         }
         // Several small calls in flight (no stream under way) poll too: the next answer is
         // as near as a lone call's, and polling for it keeps this task's thread from
@@ -730,102 +799,104 @@ async fn run_connection(
         // trip on idle VMs). The same window rules apply: only while no other connection
         // of the process waits in one, backing off when it does not pay.
         let several = core.pending_len() > 1;
-        let several_small = several && small_reads && !core.streaming();
+        let several_small = several && self.small_reads && !core.streaming();
         if several_small && !core.has_tx() {
-            poll.arm_for(Instant::now(), 0, core.pending_len());
+            self.poll.arm_for(Instant::now(), 0, core.pending_len());
         }
         if core.pending_len() == 0 || (several && !several_small) {
-            poll.disarm();
+            self.poll.disarm();
         } else if !core.has_tx() {
             let now = Instant::now();
-            if poll.active(now) {
-                // Busy-polling for the one answer: the socket, then new calls, then the
-                // other ready tasks.
-                match rd.recv_now(core.read_target(READ_CHUNK)) {
-                    Ok(0) => break "the server closed the connection".to_string(),
-                    Ok(n) => {
-                        core.handle_read(n, now);
-                        poll.arrived(now);
-                        small_reads = n <= POLL_MAX_MESSAGE;
-                        continue;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => break format!("read failed: {e}"),
-                }
-                if cmds_open {
-                    match cmds.try_recv() {
-                        Ok(c) => {
-                            handle_cmd(&mut core, &mut waiting, c, now);
-                            continue;
-                        }
-                        Err(mpsc::error::TryRecvError::Disconnected) => cmds_open = false,
-                        Err(mpsc::error::TryRecvError::Empty) => {}
-                    }
-                }
-                if core.poll_timeout().is_some_and(|t| t <= now) {
-                    core.handle_timeout(now);
-                }
-                tokio::task::yield_now().await;
-                continue;
+            if self.poll.active(now) {
+                return self.busy_poll(rd, now);
             }
         }
-        timer.want(core.poll_timeout());
-        let want_write = core.has_tx();
-        tokio::select! {
-            biased;
-            r = rd.readable() => {
-                if let Err(e) = r { break format!("read failed: {e}"); }
-                let r = match core.read_target(READ_CHUNK) {
-                    ReadTarget::Input(b) => rd.read_now(b),
-                    ReadTarget::Append(v, max) => rd.read_now_append(v, max),
-                };
-                match r {
-                    Ok(0) => break "the server closed the connection".to_string(),
-                    Ok(n) => {
-                        let now = Instant::now();
-                        core.handle_read(n, now);
-                        poll.arrived(now);
-                        small_reads = n <= POLL_MAX_MESSAGE;
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => break format!("read failed: {e}"),
-                }
-            }
-            c = cmds.recv(), if cmds_open => match c {
-                None => cmds_open = false,
-                Some(c) => {
-                    let now = Instant::now();
-                    let mut work = handle_cmd(&mut core, &mut waiting, c, now);
-                    // Batch whatever else is queued into the same write. When the last
-                    // answers woke more callers than have queued a call yet, first let
-                    // them run (the LIFO slot would run this task before them, and each
-                    // call would go out in its own write); a lone caller's call goes out
-                    // at once.
-                    let mut queued = 1;
-                    while let Ok(c) = cmds.try_recv() {
-                        work = work.saturating_add(handle_cmd(&mut core, &mut waiting, c, now));
-                        queued += 1;
-                    }
-                    if core.queued_tx_len() <= POLL_MAX_MESSAGE {
-                        poll.arm_for(now, work, core.pending_len());
-                    }
-                    if answered > queued {
-                        tokio::task::yield_now().await;
-                        while let Ok(c) = cmds.try_recv() {
-                            handle_cmd(&mut core, &mut waiting, c, now);
-                        }
-                    }
-                    answered = 0;
-                }
-            },
-            r = wr.writable(), if want_write => {
-                if let Err(e) = r { break format!("write failed: {e}"); }
-            }
-            _ = timer.fired(), if timer.is_armed() => core.handle_timeout(Instant::now()),
+        Ok(Next::Wait)
+    }
+
+    /// Busy-polling for the one answer: the socket, then new calls, then the timers (the
+    /// other ready tasks run when none had anything).
+    #[inline]
+    fn busy_poll(&mut self, rd: &mut crate::net::ReadHalf, now: Instant) -> Result<Next, String> {
+        let r = rd.recv_now(self.core.read_target(READ_CHUNK));
+        if self.took(r, || now)? {
+            return Ok(Next::Again);
         }
-    };
-    usable.store(false, Ordering::Release);
-    fail_remaining(&mut core, &wr, waiting, &mut cmds, &lost);
+        if self.cmds_open {
+            match self.cmds.try_recv() {
+                Ok(c) => {
+                    handle_cmd(&mut self.core, &mut self.waiting, c, now);
+                    return Ok(Next::Again);
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => self.cmds_open = false,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+        }
+        if self.core.poll_timeout().is_some_and(|t| t <= now) {
+            self.core.handle_timeout(now);
+        }
+        Ok(Next::Yield)
+    }
+
+    /// One read of what the socket has (it said it is readable); `Err` as
+    /// [`ConnLoop::took`].
+    #[inline]
+    fn read_now(&mut self, rd: &mut crate::net::ReadHalf) -> Result<(), String> {
+        let r = match self.core.read_target(READ_CHUNK) {
+            ReadTarget::Input(b) => rd.read_now(b),
+            ReadTarget::Append(v, max) => rd.read_now_append(v, max),
+        };
+        self.took(r, Instant::now).map(|_| ())
+    }
+
+    /// Hands a read's outcome to the core (at the time `now` gives, asked only when bytes
+    /// came): `Ok(true)` when bytes arrived, `Ok(false)` when nothing was there, `Err` why
+    /// the connection is lost.
+    #[inline]
+    fn took(
+        &mut self,
+        r: std::io::Result<usize>,
+        now: impl FnOnce() -> Instant,
+    ) -> Result<bool, String> {
+        match r {
+            Ok(0) => Err("the server closed the connection".to_string()),
+            Ok(n) => {
+                let now = now();
+                self.core.handle_read(n, now);
+                self.poll.arrived(now);
+                self.small_reads = n <= POLL_MAX_MESSAGE;
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+            Err(e) => Err(format!("read failed: {e}")),
+        }
+    }
+
+    /// Queues call `c` with whatever else is queued into the same write, and opens the
+    /// busy-polling window for their answers when the write is small.
+    async fn queue_calls(&mut self, c: Cmd) {
+        let now = Instant::now();
+        let mut work = handle_cmd(&mut self.core, &mut self.waiting, c, now);
+        // Batch whatever else is queued into the same write. When the last answers woke
+        // more callers than have queued a call yet, first let them run (the LIFO slot
+        // would run this task before them, and each call would go out in its own write);
+        // a lone caller's call goes out at once.
+        let mut queued = 1;
+        while let Ok(c) = self.cmds.try_recv() {
+            work = work.saturating_add(handle_cmd(&mut self.core, &mut self.waiting, c, now));
+            queued += 1;
+        }
+        if self.core.queued_tx_len() <= POLL_MAX_MESSAGE {
+            self.poll.arm_for(now, work, self.core.pending_len());
+        }
+        if self.answered > queued {
+            tokio::task::yield_now().await;
+            while let Ok(c) = self.cmds.try_recv() {
+                handle_cmd(&mut self.core, &mut self.waiting, c, now);
+            }
+        }
+        self.answered = 0;
+    }
 }
 
 /// Hands the answers the core has parsed to their callers (how many were woken), and

@@ -347,30 +347,8 @@ async fn serve_connection(
     let _counted = crate::metrics::ServerConnection::open();
     let conn_use = Arc::new(ConnUse::for_peer(peer));
     let (mut rd, wr) = stream.into_split();
-    let mut core = new_core(&shared);
-    let mut timer = ConnTimer::new();
-    let mut poll = BusyPoll::new(shared.config.conn.busy_poll);
-    let mut feeds: Feeds = SelectAll::new();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Completion>();
-    let mut tokens: IdMap<u64, CancelToken> = Default::default();
-    // Calls handed to tasks or blocking workers whose completions have not come back:
-    // while there are none, the wait below leaves `done_rx` alone (with many connections,
-    // each connection's channel is cold memory, and touching it on every wake-up costs a
-    // cache miss for nothing).
-    let mut in_tasks: usize = 0;
-    let mut shutdown_seen = false;
-    // Since the busy-polling window was last opened, the last call that came in opens it
-    // again once answered: one of at most `POLL_MAX_MESSAGE` bytes (work 0), or an
-    // HMC_BUFFER call with the bytes of data-plane work the client does before its next
-    // request (it takes the response and builds the next request in registered buffers:
-    // about twice this one's payload, as for an echo); and how many calls came in since,
-    // each of which the client turns around before the next request of a pipeline.
-    let mut poll_work: Option<(u64, usize)> = None;
-    let mut closing_since: Option<Instant> = None;
-    if *shutdown.borrow() {
-        core.begin_shutdown();
-        shutdown_seen = true;
-    }
+    let mut st = ConnLoop::new(&shared, *shutdown.borrow());
     // One wait on the shutdown signal for the connection's whole life. A fresh `changed()`
     // in every wait below would join and leave the signal's list of waiters on every
     // wake-up: a lock every connection of the server shares, and list nodes that live in
@@ -383,91 +361,34 @@ async fn serve_connection(
         done: &done_tx,
     };
     loop {
-        in_tasks += calls.take_events(&mut core, &mut tokens, &mut poll_work);
-        if let Err(e) = wr.write_queued(&mut core) {
-            tracing::debug!(error = %e, "write failed; dropping connection");
-            break;
-        }
-        let now = Instant::now();
-        core.settle(now);
-        if connection_done(&core, &mut closing_since, now) {
-            break;
-        }
-        let want_write = core.has_tx();
-        // Not while closing, after the peer's FIN, or while `max_tx_backlog` answers wait
-        // for a peer that does not read them.
-        let may_read = core.may_read();
-        let mut timeout = core.poll_timeout();
-        if let Some(s) = closing_since {
-            let t = s + CLOSE_LINGER;
-            timeout = Some(timeout.map_or(t, |x| x.min(t)));
-        }
-        if may_read && core.inflight_len() == 0 && !want_write && feeds.is_empty() {
-            // Every call is answered and written: the window for the next request opens
-            // (not between the pieces of a large request).
-            if let Some((work, calls)) = poll_work.take() {
-                poll.arm_for(now, work, calls);
+        let (want_write, may_read) = match st.run_ready(&calls, &mut rd, &wr) {
+            Next::Wait {
+                want_write,
+                may_read,
+            } => (want_write, may_read),
+            Next::Again => continue,
+            Next::Yield => {
+                tokio::task::yield_now().await;
+                continue;
             }
-            if poll.active(now) {
-                // Busy-polling for the next request, then the other ready tasks.
-                match busy_read(&mut rd, &mut core, &mut poll) {
-                    Some(true) => continue,
-                    Some(false) => break,
-                    None => {
-                        tokio::task::yield_now().await;
-                        continue;
-                    }
-                }
-            }
-        } else {
-            poll.disarm();
-        }
-        if core.inflight_len() == 0 && !want_write {
-            // Quiet: hand the input buffer back until bytes arrive (an idle connection
-            // then holds none).
-            core.release_input();
-        }
-        timer.want(timeout);
+            Next::Close => break,
+        };
         tokio::select! {
             biased;
-            Some(c) = done_rx.recv(), if in_tasks > 0 => {
-                let now = Instant::now();
-                in_tasks -= 1;
-                tokens.remove(&c.request_id);
-                respond(&mut core, &mut feeds, c, now);
-                while let Ok(c) = done_rx.try_recv() {
-                    in_tasks = in_tasks.saturating_sub(1);
-                    tokens.remove(&c.request_id);
-                    respond(&mut core, &mut feeds, c, now);
-                }
-            }
-            Some((id, piece)) = feeds.next(), if !feeds.is_empty() => match piece {
+            Some(c) = done_rx.recv(), if st.in_tasks > 0 => st.completed(c, &mut done_rx),
+            Some((id, piece)) = st.feeds.next(), if !st.feeds.is_empty() => match piece {
                 // False when the stream is gone (connection closing): the rest is dropped.
-                Ok(piece) => { core.feed(id, piece); }
-                Err(e) => core.abort_fed(id, &e.to_string()),
+                Ok(piece) => { st.core.feed(id, piece); }
+                Err(e) => st.core.abort_fed(id, &e.to_string()),
             },
             r = rd.readable(), if may_read => {
-                if r.is_err() { break; }
-                let r = match core.read_target(READ_CHUNK) {
-                    ReadTarget::Input(b) => rd.read_now(b),
-                    ReadTarget::Append(v, max) => rd.read_now_append(v, max),
-                };
-                match r {
-                    Ok(0) => core.handle_eof(Instant::now()),
-                    Ok(n) => {
-                        let now = Instant::now();
-                        core.handle_read(n, now);
-                        poll.arrived(now);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(_) => break,
-                }
+                if r.is_err() || st.read_now(&mut rd) == Some(false) { break; }
             }
             r = wr.writable(), if want_write => { if r.is_err() { break; } }
-            _ = timer.fired(), if timer.is_armed() => core.handle_timeout(Instant::now()),
-            signalled = &mut shutdown_signal, if !shutdown_seen => {
-                shutdown_seen = true;
-                if signalled { core.begin_shutdown(); }
+            _ = st.timer.fired(), if st.timer.is_armed() => st.core.handle_timeout(Instant::now()),
+            signalled = &mut shutdown_signal, if !st.shutdown_seen => {
+                st.shutdown_seen = true;
+                if signalled { st.core.begin_shutdown(); }
             }
             // Nothing left that could wake this connection (no reads, writes, timers,
             // handlers or shutdown to wait for): the checks above end it before this.
@@ -477,11 +398,171 @@ async fn serve_connection(
             }
         }
     }
-    for (_, t) in tokens {
+    for (_, t) in st.tokens {
         t.cancel();
     }
     if let Some(dp) = &shared.dp {
         dp.release(&conn_use);
+    }
+}
+
+/// What a connection's loop keeps between wake-ups, beside its socket halves and the
+/// channel completions come back on.
+struct ConnLoop {
+    core: ServerConn,
+    timer: ConnTimer,
+    poll: BusyPoll,
+    feeds: Feeds,
+    tokens: IdMap<u64, CancelToken>,
+    /// Calls handed to tasks or blocking workers whose completions have not come back:
+    /// while there are none, the wait leaves the completions' channel alone (with many
+    /// connections, each connection's channel is cold memory, and touching it on every
+    /// wake-up costs a cache miss for nothing).
+    in_tasks: usize,
+    shutdown_seen: bool,
+    /// Since the busy-polling window was last opened, the last call that came in opens it
+    /// again once answered: one of at most `POLL_MAX_MESSAGE` bytes (work 0), or an
+    /// HMC_BUFFER call with the bytes of data-plane work the client does before its next
+    /// request (it takes the response and builds the next request in registered buffers:
+    /// about twice this one's payload, as for an echo); and how many calls came in since,
+    /// each of which the client turns around before the next request of a pipeline.
+    poll_work: Option<(u64, usize)>,
+    closing_since: Option<Instant>,
+}
+
+/// What a connection's loop does after the work that needs no waiting.
+enum Next {
+    /// Wait for the next event: a write once the socket takes one, a read if allowed.
+    Wait { want_write: bool, may_read: bool },
+    /// Go round again at once (a busy-polling read took bytes).
+    Again,
+    /// Let the other ready tasks run, then go round again (busy-polling found nothing).
+    Yield,
+    /// The connection is over.
+    Close,
+}
+
+impl ConnLoop {
+    fn new(shared: &Arc<Shared>, shutting_down: bool) -> Self {
+        let mut core = new_core(shared);
+        if shutting_down {
+            core.begin_shutdown();
+        }
+        ConnLoop {
+            core,
+            timer: ConnTimer::new(),
+            poll: BusyPoll::new(shared.config.conn.busy_poll),
+            feeds: SelectAll::new(),
+            tokens: Default::default(),
+            in_tasks: 0,
+            shutdown_seen: shutting_down,
+            poll_work: None,
+            closing_since: None,
+        }
+    }
+
+    /// The work that needs no waiting: parsed calls started, queued bytes written, timers
+    /// settled, the end of the connection noticed, and the busy-polling window opened (and
+    /// polled) once every call is answered and written.
+    #[inline]
+    fn run_ready(
+        &mut self,
+        calls: &CallSink<'_>,
+        rd: &mut crate::net::ReadHalf,
+        wr: &crate::net::WriteHalf,
+    ) -> Next {
+        let core = &mut self.core;
+        self.in_tasks += calls.take_events(core, &mut self.tokens, &mut self.poll_work);
+        if let Err(e) = wr.write_queued(core) {
+            tracing::debug!(error = %e, "write failed; dropping connection");
+            return Next::Close;
+        }
+        let now = Instant::now();
+        core.settle(now);
+        if connection_done(core, &mut self.closing_since, now) {
+            return Next::Close;
+        }
+        let want_write = core.has_tx();
+        // Not while closing, after the peer's FIN, or while `max_tx_backlog` answers wait
+        // for a peer that does not read them.
+        let may_read = core.may_read();
+        let mut timeout = core.poll_timeout();
+        if let Some(s) = self.closing_since {
+            let t = s + CLOSE_LINGER;
+            timeout = Some(timeout.map_or(t, |x| x.min(t)));
+        }
+        if may_read && core.inflight_len() == 0 && !want_write && self.feeds.is_empty() {
+            // Every call is answered and written: the window for the next request opens
+            // (not between the pieces of a large request).
+            if let Some((work, calls)) = self.poll_work.take() {
+                self.poll.arm_for(now, work, calls);
+            }
+            if self.poll.active(now) {
+                // Busy-polling for the next request, then the other ready tasks.
+                let r = rd.recv_now(self.core.read_target(READ_CHUNK));
+                return match self.took(r) {
+                    Some(true) => Next::Again,
+                    Some(false) => Next::Close,
+                    None => Next::Yield,
+                };
+            }
+        } else {
+            self.poll.disarm();
+        }
+        if self.core.inflight_len() == 0 && !want_write {
+            // Quiet: hand the input buffer back until bytes arrive (an idle connection
+            // then holds none).
+            self.core.release_input();
+        }
+        self.timer.want(timeout);
+        Next::Wait {
+            want_write,
+            may_read,
+        }
+    }
+
+    /// Answers completion `c` and every other one already back.
+    #[inline]
+    fn completed(&mut self, c: Completion, done: &mut mpsc::UnboundedReceiver<Completion>) {
+        let now = Instant::now();
+        self.in_tasks -= 1;
+        self.tokens.remove(&c.request_id);
+        respond(&mut self.core, &mut self.feeds, c, now);
+        while let Ok(c) = done.try_recv() {
+            self.in_tasks = self.in_tasks.saturating_sub(1);
+            self.tokens.remove(&c.request_id);
+            respond(&mut self.core, &mut self.feeds, c, now);
+        }
+    }
+
+    /// One read of what the socket has (it said it is readable); as [`ConnLoop::took`].
+    #[inline]
+    fn read_now(&mut self, rd: &mut crate::net::ReadHalf) -> Option<bool> {
+        let r = match self.core.read_target(READ_CHUNK) {
+            ReadTarget::Input(b) => rd.read_now(b),
+            ReadTarget::Append(v, max) => rd.read_now_append(v, max),
+        };
+        self.took(r)
+    }
+
+    /// Hands a read's outcome to the core: `Some(true)` when bytes (or EOF) arrived,
+    /// `Some(false)` when the socket failed, `None` when nothing was there.
+    #[inline]
+    fn took(&mut self, r: std::io::Result<usize>) -> Option<bool> {
+        match r {
+            Ok(0) => {
+                self.core.handle_eof(Instant::now());
+                Some(true)
+            }
+            Ok(n) => {
+                let now = Instant::now();
+                self.core.handle_read(n, now);
+                self.poll.arrived(now);
+                Some(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+            Err(_) => Some(false),
+        }
     }
 }
 
@@ -518,7 +599,7 @@ struct CallSink<'a> {
 impl CallSink<'_> {
     /// Starts the calls the core has parsed and cancels the abandoned ones; how many went
     /// to tasks or workers. Each call also sets what reopens the busy-polling window once
-    /// it is answered (`poll_work`: see `serve_connection`).
+    /// it is answered (`poll_work`: see [`ConnLoop`]).
     fn take_events(
         &self,
         core: &mut ServerConn,
@@ -573,29 +654,6 @@ fn connection_done(core: &ServerConn, closing_since: &mut Option<Instant>, now: 
         }
     }
     core.drained() && !core.has_tx()
-}
-
-/// One busy-polling read without waiting: `Some(true)` when bytes (or EOF) arrived,
-/// `Some(false)` when the socket failed, `None` when nothing was there.
-fn busy_read(
-    rd: &mut crate::net::ReadHalf,
-    core: &mut ServerConn,
-    poll: &mut BusyPoll,
-) -> Option<bool> {
-    match rd.recv_now(core.read_target(READ_CHUNK)) {
-        Ok(0) => {
-            core.handle_eof(Instant::now());
-            Some(true)
-        }
-        Ok(n) => {
-            let now = Instant::now();
-            core.handle_read(n, now);
-            poll.arrived(now);
-            Some(true)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
-        Err(_) => Some(false),
-    }
 }
 
 /// Answers a completion; a fed response's pieces join `feeds`.

@@ -380,56 +380,50 @@ impl ServerConn {
         {
             return self.on_settings(h, body, mine);
         }
-        let streaming = h.mode == PayloadMode::TcpStream;
-        let refuse = |me: &mut Self, status: Status, why: &str| {
-            if streaming {
-                // A refused body is still read (and dropped) to keep the connection in
-                // step; each such stream costs an entry, so they are bounded like calls.
-                let skipped = me.f.skipped_streams();
-                if skipped >= me.f.cfg.max_inflight {
-                    me.budget.bump(Event::ClosedSkippedStreams);
-                    let why = format!(
-                        "limit `max_inflight_per_conn` ({}) reached by refused request bodies still unfinished; send or CANCEL their DATA before new calls",
-                        me.f.cfg.max_inflight
-                    );
-                    me.close(Status::OVERLOADED, &why);
-                    return;
-                }
-                me.f.open_in_stream(h, true, None, now);
-            }
-            me.answer(id, h.method_id, status, Bytes::from(why.to_string()));
+        // The bytes this request makes us hold until it is answered: its whole body, even
+        // while it is still arriving.
+        let need = if h.mode == PayloadMode::TcpStream {
+            h.payload_len
+        } else {
+            body.len() as u64
         };
-        if self.state == ServerState::Draining {
-            refuse(
-                self,
-                Status::SHUTTING_DOWN,
-                "the server is shutting down; call another server or retry later",
-            );
+        if let Err((status, why)) = self.check_limits(&h, need) {
+            self.refuse(h, status, why, now);
             return Ok(());
+        }
+        if let Some((status, why)) = self.check_buffer_mode(&h) {
+            self.answer(id, h.method_id, status, Bytes::from_static(why.as_bytes()));
+            return Ok(());
+        }
+        self.accept(h, body, need, now)
+    }
+
+    /// The limits a request `h` that makes us hold `need` bytes must pass, in order: the
+    /// server is not draining, and the payload, the calls in flight, this connection's and
+    /// the process's held bytes stay within their limits. `Err`: the answer that refuses
+    /// it (a budget refusal is counted).
+    #[inline]
+    fn check_limits(&self, h: &FrameHeader, need: u64) -> Result<(), (Status, String)> {
+        if self.state == ServerState::Draining {
+            return Err((
+                Status::SHUTTING_DOWN,
+                "the server is shutting down; call another server or retry later".to_string(),
+            ));
         }
         if h.payload_len > self.f.cfg.limits.max_payload_len {
             let why = format!(
                 "limit `max_payload_len` exceeded: {} > {}; raise the server's max_payload_len or send less",
                 h.payload_len, self.f.cfg.limits.max_payload_len
             );
-            refuse(self, Status::PAYLOAD_TOO_LARGE, &why);
-            return Ok(());
+            return Err((Status::PAYLOAD_TOO_LARGE, why));
         }
         if self.inflight.len() >= self.f.cfg.max_inflight {
             let why = format!(
                 "limit `max_inflight_per_conn` reached ({}); wait for answers or raise the server's ConnConfig::max_inflight",
                 self.f.cfg.max_inflight
             );
-            refuse(self, Status::OVERLOADED, &why);
-            return Ok(());
+            return Err((Status::OVERLOADED, why));
         }
-        // The bytes this request makes us hold until it is answered: its whole body, even
-        // while it is still arriving.
-        let need = if streaming {
-            h.payload_len
-        } else {
-            body.len() as u64
-        };
         let held = self.held_bytes();
         let conn_limit = self.f.cfg.max_conn_held_bytes;
         if held.saturating_add(need) > conn_limit {
@@ -437,8 +431,7 @@ impl ServerConn {
             let why = format!(
                 "limit `max_conn_held_bytes` ({conn_limit}) reached: this connection's calls and unread answers hold {held} bytes and this request needs {need}; read the answers, wait for calls to finish, or raise the server's ConnConfig::max_conn_held_bytes"
             );
-            refuse(self, Status::OVERLOADED, &why);
-            return Ok(());
+            return Err((Status::OVERLOADED, why));
         }
         let total = self.budget.held().saturating_sub(self.settled) + held;
         if total.saturating_add(need) > self.budget.limit() {
@@ -447,29 +440,59 @@ impl ServerConn {
                 "limit `max_held_bytes` ({}) reached: the server holds {total} bytes for its clients and this request needs {need}; retry later or raise the server's ServerConfig::max_held_bytes",
                 self.budget.limit()
             );
-            refuse(self, Status::OVERLOADED, &why);
-            return Ok(());
+            return Err((Status::OVERLOADED, why));
         }
-        if h.mode == PayloadMode::HmcBuffer && h.body_len == 0 {
-            self.answer(
-                id,
-                h.method_id,
+        Ok(())
+    }
+
+    /// An HMC_BUFFER request `h` this connection cannot serve: one without its descriptor,
+    /// or any while no data plane is enabled. `Some`: the answer that refuses it.
+    #[inline]
+    fn check_buffer_mode(&self, h: &FrameHeader) -> Option<(Status, &'static str)> {
+        if h.mode != PayloadMode::HmcBuffer {
+            return None;
+        }
+        if h.body_len == 0 {
+            return Some((
                 Status::BAD_PAYLOAD,
-                Bytes::from_static(
-                    b"an HMC_BUFFER request needs its data-plane descriptor as the body",
-                ),
-            );
-            return Ok(());
+                "an HMC_BUFFER request needs its data-plane descriptor as the body",
+            ));
         }
-        if h.mode == PayloadMode::HmcBuffer && !self.hmc_buffer {
-            self.answer(
-                id,
-                h.method_id,
-                Status::DATA_PLANE,
-                Bytes::from_static(NO_DATA_PLANE_TEXT.as_bytes()),
-            );
-            return Ok(());
+        (!self.hmc_buffer).then_some((Status::DATA_PLANE, NO_DATA_PLANE_TEXT))
+    }
+
+    /// Answers request `h` with the refusal `status` and `why`. A refused body is still read
+    /// (and dropped) to keep the connection in step; each such stream costs an entry, so
+    /// they are bounded like calls: past that bound the connection closes instead.
+    fn refuse(&mut self, h: FrameHeader, status: Status, why: String, now: Instant) {
+        if h.mode == PayloadMode::TcpStream {
+            let skipped = self.f.skipped_streams();
+            if skipped >= self.f.cfg.max_inflight {
+                self.budget.bump(Event::ClosedSkippedStreams);
+                let why = format!(
+                    "limit `max_inflight_per_conn` ({}) reached by refused request bodies still unfinished; send or CANCEL their DATA before new calls",
+                    self.f.cfg.max_inflight
+                );
+                self.close(Status::OVERLOADED, &why);
+                return;
+            }
+            self.f.open_in_stream(h, true, None, now);
         }
+        self.answer(h.request_id, h.method_id, status, Bytes::from(why));
+    }
+
+    /// Takes request `h` in, holding `need` bytes until it is answered: an INLINE or
+    /// HMC_BUFFER request becomes a call now, a streamed one once its body is in.
+    #[inline]
+    fn accept(
+        &mut self,
+        h: FrameHeader,
+        body: Bytes,
+        need: u64,
+        now: Instant,
+    ) -> Result<(), String> {
+        let id = h.request_id;
+        let streaming = h.mode == PayloadMode::TcpStream;
         let deadline =
             (h.deadline_us != 0).then(|| now + Duration::from_micros(h.deadline_us.into()));
         let one_way = h.flags.contains(Flags::ONE_WAY);

@@ -18,12 +18,18 @@ use super::descriptor::BufferDescriptor;
 use super::dial::check_dial;
 use super::{ConnUse, Counters, DataPlaneConfig, DataPlaneStats, RunHandler, Served, Work};
 use crate::device::DEFAULT_DEVICE_STAGING;
-use crate::dispatch::{CallContext, DeviceRequest, DeviceRoute, RpcError};
+use crate::dispatch::{CallContext, DeviceOut, DeviceRequest, DeviceRoute, RpcError};
 use crate::frame::Status;
 use crate::pool::{BufferPool, PooledBuffer};
+use crate::proto::{StagedPayload, StreamSink};
 
 pub(super) fn dp_error(why: impl std::fmt::Display) -> RpcError {
     RpcError::new(Status::DATA_PLANE, format!("data plane: {why}"))
+}
+
+/// The DATA_PLANE answer for a failed copy of a device method's response to host memory.
+fn copy_out_error(e: Error) -> RpcError {
+    dp_error(format!("copying the response off the device: {e}"))
 }
 
 /// The data-plane time one call may still spend (`data_plane_timeout`), and its deadline.
@@ -87,7 +93,8 @@ impl Phase {
     }
 }
 
-/// One transfer between the start of a bounce buffer and `remote` at `offset`.
+/// One transfer between the start of a pooled buffer (a bounce buffer, or a request's
+/// buffer) and `remote` at `offset`.
 pub(super) fn bounce_desc<'a, C: Communicator>(
     bounce: &'a PooledBuffer<C>,
     remote: &'a C::RemoteKey,
@@ -320,55 +327,68 @@ impl<C: Communicator> ServerDp<C> {
         in_place: bool,
     ) -> std::result::Result<Served, RpcError> {
         let ph = clock.phase();
-        let OpenCall { d, peer, rkey, len } = self.open_call(&conn, &desc, len, &ph).await?;
-        // A handler that takes its request in place gets a view of the client's buffer
-        // where the transport has it mapped; any other payload is READ into a pooled buffer.
-        let viewed = match in_place {
-            true => self.comm.view(&peer.ep, &rkey, 0, len, Access::READ),
-            false => Ok(None),
-        };
-        let viewed = viewed.map_err(|e| {
-            self.on_transfer_error(&d.reply_to, &peer, &d.request, &e);
-            ph.error(&self.config, "viewing the request payload", e)
-        })?;
-        let (payload, req) = match viewed {
-            Some(view) => {
-                Counters::bump(&self.counters.viewed_requests);
-                (Bytes::from_owner(ViewBytes(view)), None)
-            }
-            None => {
-                let buf = self.pool.acquire(len).map_err(dp_error)?;
-                let read = self
-                    .comm
-                    .transfer(
-                        &peer.ep,
-                        Op::Read,
-                        &[TransferDesc {
-                            local: buf.registration(),
-                            local_offset: 0,
-                            remote: &rkey,
-                            remote_offset: 0,
-                            len,
-                        }],
-                        ph.deadline,
-                    )
-                    .await;
-                if let Err(e) = read {
-                    self.on_transfer_error(&d.reply_to, &peer, &d.request, &e);
-                    return Err(ph.error(&self.config, "reading the request payload", e));
-                }
-                let req = Arc::new(buf);
-                let payload = Bytes::from_owner(SharedView {
-                    buf: req.clone(),
-                    len,
-                });
-                (payload, Some(req))
-            }
-        };
+        let call = self.open_call(&conn, &desc, len, &ph).await?;
+        let (payload, req) = self.take_request(&call, &ph, in_place).await?;
         clock.spent(&ph);
         Counters::bump(&self.counters.buffer_calls);
         let resp = run(payload).await?;
-        let fits = d
+        self.send_response(&call, req, resp, &clock).await
+    }
+
+    /// The request's bytes: a handler that takes its request in place gets a view of the
+    /// client's buffer where the transport has it mapped; any other payload is READ into a
+    /// pooled buffer, returned too (a response may be sent from it).
+    async fn take_request(
+        &self,
+        call: &OpenCall<C>,
+        ph: &Phase,
+        in_place: bool,
+    ) -> std::result::Result<(Bytes, Option<Arc<PooledBuffer<C>>>), RpcError> {
+        let OpenCall { d, peer, rkey, len } = call;
+        let len = *len;
+        let viewed = match in_place {
+            true => self.comm.view(&peer.ep, rkey, 0, len, Access::READ),
+            false => Ok(None),
+        };
+        let viewed = viewed
+            .map_err(|e| self.failed(call, &d.request, ph, "viewing the request payload", e))?;
+        if let Some(view) = viewed {
+            Counters::bump(&self.counters.viewed_requests);
+            return Ok((Bytes::from_owner(ViewBytes(view)), None));
+        }
+        let buf = self.pool.acquire(len).map_err(dp_error)?;
+        let read = self
+            .comm
+            .transfer(
+                &peer.ep,
+                Op::Read,
+                &bounce_desc(&buf, rkey, 0, len),
+                ph.deadline,
+            )
+            .await;
+        if let Err(e) = read {
+            return Err(self.failed(call, &d.request, ph, "reading the request payload", e));
+        }
+        let req = Arc::new(buf);
+        let payload = Bytes::from_owner(SharedView {
+            buf: req.clone(),
+            len,
+        });
+        Ok((payload, Some(req)))
+    }
+
+    /// Answers with the handler's `resp`: on the stream when it is small or the client lent
+    /// no room for it; else into the client's response region, in place where the
+    /// transport maps it, else by a WRITE.
+    async fn send_response(
+        &self,
+        call: &OpenCall<C>,
+        req: Option<Arc<PooledBuffer<C>>>,
+        resp: Bytes,
+        clock: &DpClock,
+    ) -> std::result::Result<Served, RpcError> {
+        let fits = call
+            .d
             .response
             .as_ref()
             .is_some_and(|r| r.region.len >= resp.len());
@@ -385,32 +405,40 @@ impl<C: Communicator> ServerDp<C> {
             Counters::bump(&self.counters.fallbacks);
             return Ok(Served::Answer(Ok(resp)));
         }
-        let region = d.response.as_ref().expect("checked by `fits`");
+        let region = call.d.response.as_ref().expect("checked by `fits`");
         self.check_region(region, Access::WRITE, "response")?;
         let ph = clock.phase();
-        let wkey = self
-            .key(&peer, region)
-            .map_err(|e| dp_error(format!("importing the response region: {e}")))?;
+        let wkey = self.response_key(&call.peer, region)?;
         // Straight into the client's response region where the transport maps it: one copy
         // from wherever the handler's bytes are (the viewed request, for echo).
-        match self.write_in_place(&peer, &wkey, &resp, &ph).await {
+        match self.write_in_place(&call.peer, &wkey, &resp, &ph).await {
             Ok(true) => {
                 Counters::bump(&self.counters.buffer_responses);
                 Counters::bump(&self.counters.viewed_responses);
                 return Ok(Served::InBuffer(resp.len() as u64));
             }
             Ok(false) => {}
-            Err(e) => {
-                self.on_transfer_error(&d.reply_to, &peer, region, &e);
-                return Err(ph.error(&self.config, "writing the response", e));
-            }
+            Err(e) => return Err(self.failed(call, region, &ph, "writing the response", e)),
         }
-        // Else the response is sent from a registered buffer: the request's own when the
-        // handler answered with (a slice of) the request bytes, as echo does; else a pooled
-        // copy.
+        self.write_response(call, region, &wkey, req.as_deref(), resp, &ph)
+            .await
+    }
+
+    /// WRITEs `resp` into the client's response `region` from a registered buffer: the
+    /// request's own when the handler answered with (a slice of) the request bytes, as echo
+    /// does; else a pooled copy (with none free, `resp` is answered on the stream).
+    async fn write_response(
+        &self,
+        call: &OpenCall<C>,
+        region: &RemoteRegion,
+        wkey: &C::RemoteKey,
+        req: Option<&PooledBuffer<C>>,
+        resp: Bytes,
+        ph: &Phase,
+    ) -> std::result::Result<Served, RpcError> {
         let p = resp.as_ptr() as usize;
         let own;
-        let in_request = req.as_ref().and_then(|req| {
+        let in_request = req.and_then(|req| {
             let base = req.region().addr as usize;
             (p >= base && p + resp.len() <= base + req.len())
                 .then(|| (req.registration(), p - base))
@@ -433,12 +461,12 @@ impl<C: Communicator> ServerDp<C> {
         let write = self
             .comm
             .transfer(
-                &peer.ep,
+                &call.peer.ep,
                 Op::Write,
                 &[TransferDesc {
                     local,
                     local_offset: offset,
-                    remote: &wkey,
+                    remote: wkey,
                     remote_offset: 0,
                     len: resp.len(),
                 }],
@@ -446,8 +474,7 @@ impl<C: Communicator> ServerDp<C> {
             )
             .await;
         if let Err(e) = write {
-            self.on_transfer_error(&d.reply_to, &peer, region, &e);
-            return Err(ph.error(&self.config, "writing the response", e));
+            return Err(self.failed(call, region, ph, "writing the response", e));
         }
         Counters::bump(&self.counters.buffer_responses);
         Ok(Served::InBuffer(resp.len() as u64))
@@ -467,22 +494,58 @@ impl<C: Communicator> ServerDp<C> {
         route: Arc<dyn DeviceRoute>,
     ) -> std::result::Result<Served, RpcError> {
         let ph = clock.phase();
-        let OpenCall { d, peer, rkey, len } = self.open_call(&conn, &desc, len, &ph).await?;
+        let call = self.open_call(&conn, &desc, len, &ph).await?;
         let chunk = DEFAULT_DEVICE_STAGING.chunk;
         let bounce = [
             self.pool.acquire(chunk).map_err(dp_error)?,
             self.pool.acquire(chunk).map_err(dp_error)?,
         ];
-        let mut sink = route.sink(len as u64);
+        let sink = route.sink(call.len as u64);
+        let staged = self.read_to_device(&call, &bounce, sink, &ph).await?;
+        clock.spent(&ph);
+        Counters::bump(&self.counters.buffer_calls);
+        let out = route.run_raw(ctx, DeviceRequest::Staged(staged)).await?;
+        let region = call
+            .d
+            .response
+            .as_ref()
+            .filter(|r| r.region.len >= out.len());
+        let Some(region) = region.filter(|_| out.len() >= self.config.threshold) else {
+            if out.len() >= self.config.threshold {
+                Counters::bump(&self.counters.fallbacks);
+            }
+            // Small (or no room lent): one copy to host memory, answered on the stream.
+            let mut host = vec![0u8; out.len()];
+            out.copy_out(0, &mut hmc_core::MemSpanMut::host(&mut host))
+                .map_err(copy_out_error)?;
+            return Ok(Served::Answer(Ok(Bytes::from(host))));
+        };
+        self.check_region(region, Access::WRITE, "response")?;
+        let wkey = self.response_key(&call.peer, region)?;
+        self.write_from_device(&call, region, &wkey, &bounce, &out, &clock)
+            .await
+    }
+
+    /// READs the request chunk by chunk into the two `bounce` buffers in turn, each chunk
+    /// going on to the device through `sink` while the next one is read.
+    async fn read_to_device(
+        &self,
+        call: &OpenCall<C>,
+        bounce: &[PooledBuffer<C>; 2],
+        mut sink: Box<dyn StreamSink>,
+        ph: &Phase,
+    ) -> std::result::Result<StagedPayload, RpcError> {
+        let chunk = DEFAULT_DEVICE_STAGING.chunk;
+        let len = call.len;
         let n = len.div_ceil(chunk);
         let piece = |i: usize| (i * chunk, chunk.min(len - i * chunk));
         for i in 0..=n {
             let fetch = async {
                 if i < n {
                     let (off, l) = piece(i);
-                    let desc = bounce_desc(&bounce[i % 2], &rkey, off, l);
+                    let desc = bounce_desc(&bounce[i % 2], &call.rkey, off, l);
                     self.comm
-                        .transfer(&peer.ep, Op::Read, &desc, ph.deadline)
+                        .transfer(&call.peer.ep, Op::Read, &desc, ph.deadline)
                         .await?;
                 }
                 Ok::<(), Error>(())
@@ -497,31 +560,32 @@ impl<C: Communicator> ServerDp<C> {
             };
             let (fetched, drained) = futures::join!(fetch, drain);
             if let Err(e) = fetched {
-                self.on_transfer_error(&d.reply_to, &peer, &d.request, &e);
-                return Err(ph.error(&self.config, "reading the request payload", e));
+                return Err(self.failed(
+                    call,
+                    &call.d.request,
+                    ph,
+                    "reading the request payload",
+                    e,
+                ));
             }
             drained.map_err(dp_error)?;
         }
-        clock.spent(&ph);
-        Counters::bump(&self.counters.buffer_calls);
-        let out = route
-            .run_raw(ctx, DeviceRequest::Staged(sink.finish()))
-            .await?;
-        let region = d.response.as_ref().filter(|r| r.region.len >= out.len());
-        let Some(region) = region.filter(|_| out.len() >= self.config.threshold) else {
-            if out.len() >= self.config.threshold {
-                Counters::bump(&self.counters.fallbacks);
-            }
-            // Small (or no room lent): one copy to host memory, answered on the stream.
-            let mut host = vec![0u8; out.len()];
-            out.copy_out(0, &mut hmc_core::MemSpanMut::host(&mut host))
-                .map_err(|e| dp_error(format!("copying the response off the device: {e}")))?;
-            return Ok(Served::Answer(Ok(Bytes::from(host))));
-        };
-        self.check_region(region, Access::WRITE, "response")?;
-        let wkey = self
-            .key(&peer, region)
-            .map_err(|e| dp_error(format!("importing the response region: {e}")))?;
+        Ok(sink.finish())
+    }
+
+    /// WRITEs the device method's response `out` into the client's response `region`
+    /// chunk by chunk from the two `bounce` buffers in turn, copying the next chunk off the
+    /// device while one is written.
+    async fn write_from_device(
+        &self,
+        call: &OpenCall<C>,
+        region: &RemoteRegion,
+        wkey: &C::RemoteKey,
+        bounce: &[PooledBuffer<C>; 2],
+        out: &DeviceOut,
+        clock: &DpClock,
+    ) -> std::result::Result<Served, RpcError> {
+        let chunk = DEFAULT_DEVICE_STAGING.chunk;
         let total = out.len();
         let n = total.div_ceil(chunk);
         let piece = |i: usize| (i * chunk, chunk.min(total - i * chunk));
@@ -537,11 +601,13 @@ impl<C: Communicator> ServerDp<C> {
             out.copy_out(off, &mut dst)
         };
         let ph = clock.phase();
-        copy_out(0).map_err(|e| dp_error(format!("copying the response off the device: {e}")))?;
+        copy_out(0).map_err(copy_out_error)?;
         for i in 0..n {
             let (off, l) = piece(i);
-            let desc = bounce_desc(&bounce[i % 2], &wkey, off, l);
-            let send = self.comm.transfer(&peer.ep, Op::Write, &desc, ph.deadline);
+            let desc = bounce_desc(&bounce[i % 2], wkey, off, l);
+            let send = self
+                .comm
+                .transfer(&call.peer.ep, Op::Write, &desc, ph.deadline);
             let next = async {
                 if i + 1 < n {
                     copy_out(i + 1)?;
@@ -550,13 +616,37 @@ impl<C: Communicator> ServerDp<C> {
             };
             let (sent, copied) = futures::join!(send, next);
             if let Err(e) = sent {
-                self.on_transfer_error(&d.reply_to, &peer, region, &e);
-                return Err(ph.error(&self.config, "writing the response", e));
+                return Err(self.failed(call, region, &ph, "writing the response", e));
             }
-            copied.map_err(|e| dp_error(format!("copying the response off the device: {e}")))?;
+            copied.map_err(copy_out_error)?;
         }
         Counters::bump(&self.counters.buffer_responses);
         Ok(Served::InBuffer(total as u64))
+    }
+
+    /// The key to the client's response `region` (imported once per peer).
+    fn response_key(
+        &self,
+        peer: &Peer<C>,
+        region: &RemoteRegion,
+    ) -> std::result::Result<Arc<C::RemoteKey>, RpcError> {
+        self.key(peer, region)
+            .map_err(|e| dp_error(format!("importing the response region: {e}")))
+    }
+
+    /// The DATA_PLANE answer for a transfer of `call` on `region` that failed with `e`
+    /// while `what`; the cached key (and, unless the key alone was at fault, the endpoint)
+    /// is dropped first.
+    fn failed(
+        &self,
+        call: &OpenCall<C>,
+        region: &RemoteRegion,
+        ph: &Phase,
+        what: &str,
+        e: Error,
+    ) -> RpcError {
+        self.on_transfer_error(&call.d.reply_to, &call.peer, region, &e);
+        ph.error(&self.config, what, e)
     }
 
     /// Writes `resp` into the client's response region through a view
