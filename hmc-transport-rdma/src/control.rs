@@ -115,6 +115,20 @@ pub(crate) fn read_frame(r: &mut impl Read) -> std::io::Result<(u8, Vec<u8>)> {
     hmc_transport_kit::control_frame::read_frame(r, MAX_FRAME)
 }
 
+/// The error for a REFUSED answer from `peer`: its reason, as the target wrote it.
+pub(crate) fn refused(peer: &PeerAddr, reason: &[u8]) -> Error {
+    Error::peer(
+        peer,
+        format!("refused: {}", String::from_utf8_lossy(reason)),
+    )
+}
+
+/// Answers REFUSED with `e` as the reason, at the target; best effort, as the caller
+/// ends the connection or goes on with it either way.
+pub(crate) fn refuse(s: &mut impl Write, e: &Error) {
+    let _ = write_frame(s, REFUSED, e.to_string().as_bytes());
+}
+
 /// HELLO's payload.
 pub(crate) fn encode_hello(from: &PeerAddr, records: &[ConnRecord]) -> Vec<u8> {
     let from = from.to_string();

@@ -79,10 +79,7 @@ impl EpInner {
         drop(s);
         match res {
             Ok((k, p)) if k == answer => Ok(p),
-            Ok((control::REFUSED, p)) => Err(Error::peer(
-                &self.peer,
-                format!("refused: {}", String::from_utf8_lossy(&p)),
-            )),
+            Ok((control::REFUSED, p)) => Err(control::refused(&self.peer, &p)),
             Ok((k, _)) => {
                 self.kill("protocol violation on the control connection");
                 Err(Error::Protocol(format!(
@@ -482,89 +479,15 @@ pub(crate) fn connect_blocking(
     deadline: Deadline,
 ) -> Result<RdmaEndpoint> {
     let n = inner.config.qps_per_endpoint;
-    let nic = &inner.shared.nic;
-    let per_qp = inner.config.max_send_wr.clamp(1, nic.max_qp_wr) as usize;
+    let per_qp = inner
+        .config
+        .max_send_wr
+        .clamp(1, inner.shared.nic.max_qp_wr) as usize;
     let want = n * per_qp;
-    let before = inner.cq_reserved.fetch_add(want, Ordering::AcqRel);
-    if before + want > nic.cq_depth as usize {
-        inner.cq_reserved.fetch_sub(want, Ordering::AcqRel);
-        return Err(Error::LimitExceeded {
-            limit: "cq_depth",
-            value: (before + want) as u64,
-            max: u64::from(nic.cq_depth),
-            hint: "every connected QP reserves max_send_wr completion entries; raise \
-                   RdmaConfig::cq_depth, lower max_send_wr or qps_per_endpoint, or drop endpoints"
-                .into(),
-        });
-    }
+    reserve_cq(inner, want)?;
     // From here the reservation belongs to the endpoint (returned by its Drop), or is
     // returned below on failure.
-    let result = (|| {
-        let timeout = deadline.remaining().min(inner.config.control_timeout);
-        if timeout.is_zero() {
-            return Err(Error::DeadlineExceeded {
-                during: "rdma connect",
-                elapsed: Duration::ZERO,
-            });
-        }
-        let mut s = Stream::connect(peer, timeout)
-            .map_err(|e| Error::peer(peer, format!("cannot reach its control listener: {e}")))?;
-        s.set_timeouts(Some(timeout))
-            .map_err(|e| Error::io("RDMA control connection", e))?;
-        let mut qps = Vec::with_capacity(n);
-        let mut records = Vec::with_capacity(n);
-        let mut psns = Vec::with_capacity(n);
-        for _ in 0..n {
-            let qp = Qp::create(nic, per_qp as u32)?;
-            qp.to_init()?;
-            let psn = random_psn();
-            records.push(nic.record(qp.qpn(), psn, inner.local_mtu));
-            psns.push(psn);
-            qps.push(qp);
-        }
-        let hello = control::encode_hello(&inner.address, &records);
-        let io = |e: std::io::Error| Error::peer(peer, format!("control handshake failed: {e}"));
-        write_frame(&mut s, control::HELLO, &hello).map_err(io)?;
-        let (kind, payload) = read_frame(&mut s).map_err(io)?;
-        if kind == control::REFUSED {
-            return Err(Error::peer(
-                peer,
-                format!("refused: {}", String::from_utf8_lossy(&payload)),
-            ));
-        }
-        if kind != control::HELLO_ACK {
-            return Err(Error::Protocol(format!(
-                "expected HELLO_ACK, got frame kind {kind}"
-            )));
-        }
-        let remote = control::decode_records(&payload)?;
-        if remote.len() != n {
-            return Err(Error::Protocol(format!(
-                "the peer answered {} QP records for {n} QPs",
-                remote.len()
-            )));
-        }
-        let mut links = Vec::with_capacity(n);
-        for (i, (qp, r)) in qps.into_iter().zip(&remote).enumerate() {
-            qp.to_rtr(r, inner.local_mtu.min(r.mtu))?;
-            qp.to_rts(psns[i], &inner.params)?;
-            links.push(Arc::new(Link {
-                index: i as u8,
-                peer: peer.to_string(),
-                inner: Mutex::new(LinkInner {
-                    qp,
-                    generation: inner.shared.next_generation(),
-                    state: LinkState::Ready,
-                    outstanding: 0,
-                    waiters: Vec::new(),
-                }),
-            }));
-        }
-        s.set_timeouts(Some(inner.config.control_timeout))
-            .map_err(|e| Error::io("RDMA control connection", e))?;
-        Ok((s, links))
-    })();
-    let (s, links) = match result {
+    let (s, links) = match handshake(inner, peer, deadline, n, per_qp) {
         Ok(v) => v,
         Err(e) => {
             inner.cq_reserved.fetch_sub(want, Ordering::AcqRel);
@@ -585,4 +508,107 @@ pub(crate) fn connect_blocking(
     eps.retain(|w| w.strong_count() > 0);
     eps.push(Arc::downgrade(&ep));
     Ok(RdmaEndpoint(ep))
+}
+
+/// Reserves `want` completion entries of the shared CQ for a new endpoint's QPs.
+fn reserve_cq(inner: &Inner, want: usize) -> Result<()> {
+    let nic = &inner.shared.nic;
+    let before = inner.cq_reserved.fetch_add(want, Ordering::AcqRel);
+    if before + want > nic.cq_depth as usize {
+        inner.cq_reserved.fetch_sub(want, Ordering::AcqRel);
+        return Err(Error::LimitExceeded {
+            limit: "cq_depth",
+            value: (before + want) as u64,
+            max: u64::from(nic.cq_depth),
+            hint: "every connected QP reserves max_send_wr completion entries; raise \
+                   RdmaConfig::cq_depth, lower max_send_wr or qps_per_endpoint, or drop endpoints"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// Opens the control connection to `peer`, makes `n` QPs of `per_qp` send entries,
+/// trades their records for the peer's (HELLO, HELLO_ACK), and walks each QP to RTS.
+fn handshake(
+    inner: &Inner,
+    peer: &PeerAddr,
+    deadline: Deadline,
+    n: usize,
+    per_qp: usize,
+) -> Result<(Stream, Vec<Arc<Link>>)> {
+    let timeout = deadline.remaining().min(inner.config.control_timeout);
+    if timeout.is_zero() {
+        return Err(Error::DeadlineExceeded {
+            during: "rdma connect",
+            elapsed: Duration::ZERO,
+        });
+    }
+    let mut s = Stream::connect(peer, timeout)
+        .map_err(|e| Error::peer(peer, format!("cannot reach its control listener: {e}")))?;
+    s.set_timeouts(Some(timeout))
+        .map_err(|e| Error::io("RDMA control connection", e))?;
+    let nic = &inner.shared.nic;
+    let mut qps = Vec::with_capacity(n);
+    let mut records = Vec::with_capacity(n);
+    let mut psns = Vec::with_capacity(n);
+    for _ in 0..n {
+        let qp = Qp::create(nic, per_qp as u32)?;
+        qp.to_init()?;
+        let psn = random_psn();
+        records.push(nic.record(qp.qpn(), psn, inner.local_mtu));
+        psns.push(psn);
+        qps.push(qp);
+    }
+    let remote = exchange_records(inner, &mut s, peer, &records)?;
+    let mut links = Vec::with_capacity(n);
+    for (i, (qp, r)) in qps.into_iter().zip(&remote).enumerate() {
+        qp.to_rtr(r, inner.local_mtu.min(r.mtu))?;
+        qp.to_rts(psns[i], &inner.params)?;
+        links.push(Arc::new(Link {
+            index: i as u8,
+            peer: peer.to_string(),
+            inner: Mutex::new(LinkInner {
+                qp,
+                generation: inner.shared.next_generation(),
+                state: LinkState::Ready,
+                outstanding: 0,
+                waiters: Vec::new(),
+            }),
+        }));
+    }
+    s.set_timeouts(Some(inner.config.control_timeout))
+        .map_err(|e| Error::io("RDMA control connection", e))?;
+    Ok((s, links))
+}
+
+/// Sends this side's QP records in a HELLO and reads the peer's, one per QP, from its
+/// HELLO_ACK (or its refusal).
+fn exchange_records(
+    inner: &Inner,
+    s: &mut Stream,
+    peer: &PeerAddr,
+    records: &[ConnRecord],
+) -> Result<Vec<ConnRecord>> {
+    let hello = control::encode_hello(&inner.address, records);
+    let io = |e: std::io::Error| Error::peer(peer, format!("control handshake failed: {e}"));
+    write_frame(s, control::HELLO, &hello).map_err(io)?;
+    let (kind, payload) = read_frame(s).map_err(io)?;
+    if kind == control::REFUSED {
+        return Err(control::refused(peer, &payload));
+    }
+    if kind != control::HELLO_ACK {
+        return Err(Error::Protocol(format!(
+            "expected HELLO_ACK, got frame kind {kind}"
+        )));
+    }
+    let remote = control::decode_records(&payload)?;
+    if remote.len() != records.len() {
+        return Err(Error::Protocol(format!(
+            "the peer answered {} QP records for {} QPs",
+            remote.len(),
+            records.len()
+        )));
+    }
+    Ok(remote)
 }

@@ -103,44 +103,12 @@ fn serve(inner: &Inner, mut s: Stream) -> Result<()> {
     let io = |e: std::io::Error| Error::io("RDMA control connection", e);
     s.set_timeouts(Some(inner.config.control_timeout))
         .map_err(io)?;
-    let (kind, payload) = read_frame(&mut s).map_err(io)?;
-    if kind != control::HELLO {
-        return Err(Error::Protocol(format!(
-            "expected HELLO, got frame kind {kind}"
-        )));
-    }
-    let (from, records) = match control::decode_hello(&payload) {
-        Ok(h) => h,
-        Err(e) => {
-            let _ = write_frame(&mut s, control::REFUSED, e.to_string().as_bytes());
-            return Err(e);
-        }
-    };
-    let n = records.len();
-    let max = inner.config.max_accepted_qps;
-    let before = inner.accepted_qps.fetch_add(n, Ordering::AcqRel);
-    let _budget = AcceptedQps(inner, n);
-    if n == 0 || n > 64 || before + n > max {
-        let e = Error::LimitExceeded {
-            limit: "max_accepted_qps",
-            value: (before + n) as u64,
-            max: max as u64,
-            hint: "the target has too many QPs open for peers; raise RdmaConfig::max_accepted_qps \
-                   there, or connect fewer endpoints"
-                .into(),
-        };
-        let _ = write_frame(&mut s, control::REFUSED, e.to_string().as_bytes());
-        return Err(e);
-    }
-    let nic = &inner.shared.nic;
-    let mut qps = Vec::with_capacity(n);
-    let mut answer = Vec::with_capacity(n * ConnRecord::LEN);
+    let (from, records, _budget) = accept_hello(inner, &mut s)?;
+    let mut qps = Vec::with_capacity(records.len());
+    let mut answer = Vec::with_capacity(records.len() * ConnRecord::LEN);
     for r in &records {
-        let qp = Qp::create(nic, 1)?;
-        let psn = random_psn();
-        let mtu = inner.local_mtu.min(r.mtu);
-        qp.connect(r, mtu, psn, &inner.params)?;
-        answer.extend_from_slice(&nic.record(qp.qpn(), psn, inner.local_mtu).encode());
+        let qp = Qp::create(&inner.shared.nic, 1)?;
+        answer.extend_from_slice(&connect_qp(inner, &qp, r)?.encode());
         qps.push(qp);
     }
     write_frame(&mut s, control::HELLO_ACK, &answer).map_err(io)?;
@@ -155,37 +123,9 @@ fn serve(inner: &Inner, mut s: Stream) -> Result<()> {
             Err(_) => return Ok(()), // EOF: the initiator is gone; the QPs go with us.
         };
         match kind {
-            control::RESET_QP => {
-                let idx = *payload.first().unwrap_or(&u8::MAX) as usize;
-                let rec = payload.get(1..).map(ConnRecord::decode);
-                let (Some(qp), Some(Ok(r))) = (qps.get(idx), rec) else {
-                    return Err(Error::Protocol("malformed RESET_QP".into()));
-                };
-                let psn = random_psn();
-                let walked = qp
-                    .to_reset()
-                    .and_then(|()| qp.connect(&r, inner.local_mtu.min(r.mtu), psn, &inner.params));
-                match walked {
-                    Ok(()) => {
-                        let rec = nic.record(qp.qpn(), psn, inner.local_mtu);
-                        write_frame(&mut s, control::RESET_ACK, &rec.encode()).map_err(io)?;
-                    }
-                    Err(e) => {
-                        let _ = write_frame(&mut s, control::REFUSED, e.to_string().as_bytes());
-                    }
-                }
-            }
+            control::RESET_QP => reset_qp(inner, &mut s, &qps, &payload)?,
             control::VALIDATE => {
-                let verdict = if payload.len() < 8 {
-                    1
-                } else {
-                    let id = u64::from_be_bytes(payload[..8].try_into().expect("8 bytes"));
-                    match inner.regs.lock().get(&id) {
-                        None => 1,
-                        Some(bytes) if bytes[..] == payload[8..] => 0,
-                        Some(_) => 2,
-                    }
-                };
+                let verdict = validate(inner, &payload);
                 write_frame(&mut s, control::VALID, &[verdict]).map_err(io)?;
             }
             control::NOTIFY if payload.len() >= 8 => {
@@ -202,6 +142,81 @@ fn serve(inner: &Inner, mut s: Stream) -> Result<()> {
                 )));
             }
         }
+    }
+}
+
+/// Reads the initiator's HELLO: its address and QP records, refused (with REFUSED) when
+/// malformed or when its QPs would pass `max_accepted_qps`; the budget it takes is
+/// returned when the guard drops.
+fn accept_hello<'a>(
+    inner: &'a Inner,
+    s: &mut Stream,
+) -> Result<(String, Vec<ConnRecord>, AcceptedQps<'a>)> {
+    let (kind, payload) = read_frame(s).map_err(|e| Error::io("RDMA control connection", e))?;
+    if kind != control::HELLO {
+        return Err(Error::Protocol(format!(
+            "expected HELLO, got frame kind {kind}"
+        )));
+    }
+    let (from, records) = control::decode_hello(&payload).inspect_err(|e| control::refuse(s, e))?;
+    let n = records.len();
+    let max = inner.config.max_accepted_qps;
+    let before = inner.accepted_qps.fetch_add(n, Ordering::AcqRel);
+    let budget = AcceptedQps(inner, n);
+    if n == 0 || n > 64 || before + n > max {
+        let e = Error::LimitExceeded {
+            limit: "max_accepted_qps",
+            value: (before + n) as u64,
+            max: max as u64,
+            hint: "the target has too many QPs open for peers; raise RdmaConfig::max_accepted_qps \
+                   there, or connect fewer endpoints"
+                .into(),
+        };
+        control::refuse(s, &e);
+        return Err(e);
+    }
+    Ok((from, records, budget))
+}
+
+/// Walks `qp` (new, or just reset) to RTS with the initiator's record `r` under a fresh
+/// PSN; the record of this side to answer with.
+fn connect_qp(inner: &Inner, qp: &Qp, r: &ConnRecord) -> Result<ConnRecord> {
+    let psn = random_psn();
+    qp.connect(r, inner.local_mtu.min(r.mtu), psn, &inner.params)?;
+    Ok(inner.shared.nic.record(qp.qpn(), psn, inner.local_mtu))
+}
+
+/// RESET_QP: walks the named QP back through RESET to RTS with the initiator's new
+/// record, answering RESET_ACK with this side's, or REFUSED when the walk failed. A
+/// malformed request ends the connection.
+fn reset_qp(inner: &Inner, s: &mut Stream, qps: &[Qp], payload: &[u8]) -> Result<()> {
+    let idx = *payload.first().unwrap_or(&u8::MAX) as usize;
+    let rec = payload.get(1..).map(ConnRecord::decode);
+    let (Some(qp), Some(Ok(r))) = (qps.get(idx), rec) else {
+        return Err(Error::Protocol("malformed RESET_QP".into()));
+    };
+    match qp.to_reset().and_then(|()| connect_qp(inner, qp, &r)) {
+        Ok(rec) => write_frame(s, control::RESET_ACK, &rec.encode())
+            .map_err(|e| Error::io("RDMA control connection", e)),
+        Err(e) => {
+            control::refuse(s, &e);
+            Ok(())
+        }
+    }
+}
+
+/// VALIDATE's verdict on a registration id and the descriptor bytes the initiator
+/// imported: 0 live and the same, 1 unknown (or deregistered, or a short payload), 2
+/// differs from what was exported.
+fn validate(inner: &Inner, payload: &[u8]) -> u8 {
+    if payload.len() < 8 {
+        return 1;
+    }
+    let id = u64::from_be_bytes(payload[..8].try_into().expect("8 bytes"));
+    match inner.regs.lock().get(&id) {
+        None => 1,
+        Some(bytes) if bytes[..] == payload[8..] => 0,
+        Some(_) => 2,
     }
 }
 
