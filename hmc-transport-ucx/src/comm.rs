@@ -150,17 +150,7 @@ impl UcxCommunicator {
                 name: address.to_string(),
                 ucx_options,
                 soft_options,
-                max_inflight_chunks: config.max_inflight_chunks.max(1),
-                spin: config.spin,
-                wakeup: config.wakeup,
-                park_max: config.park_max.max(Duration::from_millis(1)),
-                drain_timeout: config.drain_timeout,
-                abandon_timeout: config
-                    .abandon_timeout
-                    .max(crate::engine::MIN_ABANDON_TIMEOUT),
-                ep_linger: config.ep_linger,
-                max_pending_notifications: config.max_pending_notifications,
-                direct_mapped: config.direct_mapped,
+                tunables: config.floored(),
             },
             target.clone(),
         )?;

@@ -14,6 +14,10 @@ use crate::UcxCommunicator;
 /// is 8K).
 pub const TCP_TX_SEG_SIZE: &str = "64K";
 
+/// The least `abandon_timeout` in effect: it must exceed the stall a target's progress
+/// thread notices (the engine's `generations`), with room for scheduling.
+pub(crate) const MIN_ABANDON_TIMEOUT: Duration = Duration::from_millis(250);
+
 /// Environment variable that [`UcxConfig::from_env`] reads: `0` turns
 /// [`UcxConfig::direct_mapped`] off.
 pub const DIRECT_ENV: &str = "HMC_UCX_DIRECT";
@@ -139,6 +143,17 @@ impl UcxConfig {
         UcxConfig {
             tls: Some(tls.to_string()),
             ..UcxConfig::default()
+        }
+    }
+    /// This configuration with the floors the progress engine runs with: at least one
+    /// chunk in flight, a park of at least 1 ms, and an `abandon_timeout` of at least
+    /// [`MIN_ABANDON_TIMEOUT`].
+    pub(crate) fn floored(&self) -> UcxConfig {
+        UcxConfig {
+            max_inflight_chunks: self.max_inflight_chunks.max(1),
+            park_max: self.park_max.max(Duration::from_millis(1)),
+            abandon_timeout: self.abandon_timeout.max(MIN_ABANDON_TIMEOUT),
+            ..self.clone()
         }
     }
 }

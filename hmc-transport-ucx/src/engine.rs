@@ -52,6 +52,7 @@ use futures::channel::oneshot;
 use hmc_core::{Access, Error, Op, Result};
 use hmc_transport_kit::wake::WakeFd;
 
+use crate::config::UcxConfig;
 use crate::sys::{self, Ucp};
 
 mod callbacks;
@@ -68,28 +69,21 @@ mod transfers;
 
 pub(crate) use control_side::{AbandonAck, InitiatorControl, TargetControl};
 
-/// The least `abandon_timeout` in effect: it must exceed the stall a target's progress
-/// thread notices (`generations`), with room for scheduling.
-pub(crate) const MIN_ABANDON_TIMEOUT: Duration = Duration::from_millis(250);
-
-/// Tunables of one engine (copied from [`crate::UcxConfig`]).
+/// What one engine runs with.
 #[derive(Clone, Debug)]
 pub(crate) struct EngineConfig {
+    /// Names the progress thread (the control listener's address).
     pub name: String,
+    /// UCX options applied: `TLS` where the user chose transports, then the user's own.
     pub ucx_options: Vec<(String, String)>,
     /// Defaults applied before `ucx_options`; a library that does not know one is fine.
     pub soft_options: Vec<(String, String)>,
-    pub max_inflight_chunks: usize,
-    pub spin: Duration,
-    pub wakeup: bool,
-    pub park_max: Duration,
-    pub drain_timeout: Duration,
-    /// How long an abandoning initiator waits for the target's answer (`generations`).
-    pub abandon_timeout: Duration,
-    pub ep_linger: Duration,
-    pub max_pending_notifications: usize,
-    /// Ask UCX for a local mapping of imported regions (`ucp_rkey_ptr`).
-    pub direct_mapped: bool,
+    /// The user's configuration with its floors ([`UcxConfig::floored`]), for the
+    /// engine's tunables: `max_inflight_chunks`, `spin`, `wakeup`, `park_max`,
+    /// `drain_timeout`, `abandon_timeout` (how long an abandoning initiator waits for the
+    /// target's answer, `generations`), `ep_linger`, `max_pending_notifications` and
+    /// `direct_mapped` (ask UCX for a local mapping of imported regions, `ucp_rkey_ptr`).
+    pub tunables: UcxConfig,
 }
 
 /// A notification as it arrived: tag, sender address text, bytes.

@@ -417,7 +417,7 @@ impl State {
             EpPhase::Draining => {
                 let timed_out = e
                     .drain_since
-                    .is_some_and(|t| t.elapsed() >= self.cfg.drain_timeout);
+                    .is_some_and(|t| t.elapsed() >= self.cfg.tunables.drain_timeout);
                 if e.inflight > 0 && !timed_out {
                     return;
                 }

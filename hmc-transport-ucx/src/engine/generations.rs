@@ -283,7 +283,7 @@ impl State {
         let (tx, wake, wait) = (
             self.abandoned_tx.clone(),
             self.wake.clone(),
-            self.cfg.abandon_timeout,
+            self.cfg.tunables.abandon_timeout,
         );
         let spawned = std::thread::Builder::new()
             .name("hmc-ucx-abandon".into())

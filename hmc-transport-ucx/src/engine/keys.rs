@@ -209,7 +209,7 @@ impl State {
                 self.ucp.status_string(st)
             )));
         }
-        if self.cfg.direct_mapped {
+        if self.cfg.tunables.direct_mapped {
             let mut local: *mut c_void = std::ptr::null_mut();
             // SAFETY: `out` was just unpacked on this thread; out-parameter. UCX answers
             // UCS_OK only when the region is mapped into this process (shared memory

@@ -39,7 +39,7 @@ impl State {
             keys: Keys::default(),
             ops: Transfers::new(),
             reqs: Requests::default(),
-            notes: Notes::new(cfg.max_pending_notifications),
+            notes: Notes::new(cfg.tunables.max_pending_notifications),
             life: Lifecycle::new(Instant::now()),
             ucp,
             cfg,
@@ -90,13 +90,15 @@ impl State {
                 last_event = Instant::now();
                 continue;
             }
-            if last_event.elapsed() < self.cfg.spin || (self.efd < 0 && self.reqs.any_live()) {
+            if last_event.elapsed() < self.cfg.tunables.spin
+                || (self.efd < 0 && self.reqs.any_live())
+            {
                 // Without an event fd nothing would wake us for in-flight requests.
                 std::hint::spin_loop();
                 continue;
             }
             self.park();
-            last_event = Instant::now() - self.cfg.spin / 2;
+            last_event = Instant::now() - self.cfg.tunables.spin / 2;
         }
     }
 
@@ -111,14 +113,14 @@ impl State {
             return;
         }
         let now = Instant::now();
-        let mut until = now + self.cfg.park_max;
+        let mut until = now + self.cfg.tunables.park_max;
         for op in self.ops.values() {
             until = until.min(op.deadline);
             // An endpoint being abandoned wakes us with its answer, not at its drain limit.
             if let Some(t) = op.failed_at
                 && !self.eps.abandoning(op.ep)
             {
-                until = until.min(t + self.cfg.drain_timeout);
+                until = until.min(t + self.cfg.tunables.drain_timeout);
             }
         }
         if let Some(d) = self.notes.next_deadline() {
@@ -206,7 +208,7 @@ impl State {
             }
             if op
                 .failed_at
-                .is_some_and(|t| now >= t + self.cfg.drain_timeout)
+                .is_some_and(|t| now >= t + self.cfg.tunables.drain_timeout)
             {
                 stuck.push(op.ep);
             }
@@ -237,7 +239,7 @@ impl State {
                 true,
             );
             if let Some(e) = self.eps.by_id.get_mut(&ep) {
-                e.drain_since = Some(now - self.cfg.drain_timeout);
+                e.drain_since = Some(now - self.cfg.tunables.drain_timeout);
             }
             self.advance_ep(ep);
         }
@@ -248,14 +250,14 @@ impl State {
             .filter(|(_, e)| {
                 e.phase == EpPhase::Draining
                     && e.drain_since
-                        .is_some_and(|t| now >= t + self.cfg.drain_timeout)
+                        .is_some_and(|t| now >= t + self.cfg.tunables.drain_timeout)
             })
             .map(|(i, _)| *i)
             .collect();
         for ep in eps {
             self.advance_ep(ep);
         }
-        if let Some(t) = now.checked_sub(self.cfg.ep_linger) {
+        if let Some(t) = now.checked_sub(self.cfg.tunables.ep_linger) {
             self.close_idle_phys(Some(t));
         }
         // Notify deadlines: the bytes are our own copy, so answering early is safe.
@@ -437,7 +439,7 @@ fn init_context(
     let mut params: sys::ucp_params_t = unsafe { std::mem::zeroed() };
     params.field_mask = sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_NAME;
     params.features = sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM;
-    if cfg.wakeup {
+    if cfg.tunables.wakeup {
         params.features |= sys::UCP_FEATURE_WAKEUP;
     }
     params.name = name.as_ptr();
@@ -469,7 +471,7 @@ fn create_worker(
     // SAFETY: all-zero is a valid parameter block; we set the fields we flag.
     let mut wp: sys::ucp_worker_params_t = unsafe { std::mem::zeroed() };
     wp.field_mask = sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    if cfg.wakeup {
+    if cfg.tunables.wakeup {
         wp.field_mask |= sys::UCP_WORKER_PARAM_FIELD_EVENTS;
     }
     wp.thread_mode = sys::UCS_THREAD_MODE_SINGLE;
@@ -491,7 +493,7 @@ fn create_worker(
         e
     };
     let mut efd = -1;
-    if cfg.wakeup {
+    if cfg.tunables.wakeup {
         // SAFETY: live worker; out-parameter.
         let st = unsafe { (ucp.ucp_worker_get_efd)(worker, &mut efd) };
         if st != sys::UCS_OK {

@@ -78,7 +78,7 @@ pub(super) type Transfers = HashMap<u64, TransferState>;
 impl State {
     /// Issues what a transfer may issue and finishes it when nothing is left in flight.
     pub(super) fn pump(&mut self, id: u64) {
-        let window = self.cfg.max_inflight_chunks.max(1);
+        let window = self.cfg.tunables.max_inflight_chunks.max(1);
         while self.issue_next(id, window) {}
         self.end_when_drained(id);
     }
