@@ -7,7 +7,7 @@ use futures::channel::oneshot;
 use hmc_core::{Error, Result};
 
 use super::transfers::TransferState;
-use super::{Command, State};
+use super::{Command, RawNote, State};
 
 /// What a command that needs an open communicator is refused with once it was closed.
 fn closed() -> Error {
@@ -60,12 +60,7 @@ impl State {
             }
             Command::TakeAbandons => self.take_abandons(),
             Command::CloseEp { ep } => self.release_ep(ep),
-            Command::PeerGone { ep, reason } => {
-                // The peer's process or communicator is gone: so is every endpoint to it.
-                if let Some(pid) = self.eps.by_id.get(&ep).map(|e| e.phys) {
-                    self.phys_failed(pid, reason)
-                }
-            }
+            Command::PeerGone { ep, reason } => self.peer_gone(ep, reason),
             Command::ImportKey {
                 ep,
                 reg_id,
@@ -106,12 +101,7 @@ impl State {
                 }
             }
             Command::Cancel { id, done } => self.cancel(id, done),
-            Command::Recv { deadline, reply } => {
-                if let Some(reply) = self.unless_closed(reply) {
-                    self.notes.waiters.push_back((deadline, reply));
-                    self.notes.deliver();
-                }
-            }
+            Command::Recv { deadline, reply } => self.recv(deadline, reply),
             Command::Close => self.close_by_command(),
         }
     }
@@ -132,6 +122,14 @@ impl State {
             e.released = true;
         }
         self.begin_ep_close(ep, None, false);
+    }
+
+    /// The control connection of endpoint `ep` reported its peer gone.
+    fn peer_gone(&mut self, ep: u64, reason: String) {
+        // The peer's process or communicator is gone: so is every endpoint to it.
+        if let Some(pid) = self.eps.by_id.get(&ep).map(|e| e.phys) {
+            self.phys_failed(pid, reason)
+        }
     }
 
     /// The user released imported key `key`.
@@ -158,6 +156,14 @@ impl State {
             None => {
                 let _ = done.send(());
             }
+        }
+    }
+
+    /// A caller waits for the next notification until `deadline`.
+    fn recv(&mut self, deadline: Instant, reply: oneshot::Sender<Result<RawNote>>) {
+        if let Some(reply) = self.unless_closed(reply) {
+            self.notes.waiters.push_back((deadline, reply));
+            self.notes.deliver();
         }
     }
 

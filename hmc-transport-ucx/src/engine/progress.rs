@@ -200,6 +200,32 @@ impl State {
             self.abandoned(pid, confirmed);
         }
         let now = Instant::now();
+        self.end_overdue_transfers(now);
+        let eps: Vec<u64> = self
+            .eps
+            .by_id
+            .iter()
+            .filter(|(_, e)| {
+                e.phase == EpPhase::Draining
+                    && e.drain_since
+                        .is_some_and(|t| now >= t + self.cfg.tunables.drain_timeout)
+            })
+            .map(|(i, _)| *i)
+            .collect();
+        for ep in eps {
+            self.advance_ep(ep);
+        }
+        if let Some(t) = now.checked_sub(self.cfg.tunables.ep_linger) {
+            self.close_idle_phys(Some(t));
+        }
+        self.expire_notify_sends(now);
+        self.confirm_drained_revocations();
+        self.notes.expire(now);
+    }
+
+    /// Fails the transfers past their deadline, and abandons (else closes) the endpoints
+    /// of failed ones that did not drain within `drain_timeout`.
+    fn end_overdue_transfers(&mut self, now: Instant) {
         let mut expired = Vec::new();
         let mut stuck = Vec::new();
         for (id, op) in &self.ops {
@@ -243,23 +269,10 @@ impl State {
             }
             self.advance_ep(ep);
         }
-        let eps: Vec<u64> = self
-            .eps
-            .by_id
-            .iter()
-            .filter(|(_, e)| {
-                e.phase == EpPhase::Draining
-                    && e.drain_since
-                        .is_some_and(|t| now >= t + self.cfg.tunables.drain_timeout)
-            })
-            .map(|(i, _)| *i)
-            .collect();
-        for ep in eps {
-            self.advance_ep(ep);
-        }
-        if let Some(t) = now.checked_sub(self.cfg.tunables.ep_linger) {
-            self.close_idle_phys(Some(t));
-        }
+    }
+
+    /// Answers the notification sends past their deadline.
+    fn expire_notify_sends(&mut self, now: Instant) {
         // Notify deadlines: the bytes are our own copy, so answering early is safe.
         for rec in self.reqs.iter_mut() {
             if let Owner::Notify {
@@ -274,6 +287,11 @@ impl State {
                 }));
             }
         }
+    }
+
+    /// Confirms the key revocations whose keys nothing uses any more, once the endpoint
+    /// was flushed.
+    fn confirm_drained_revocations(&mut self) {
         if !self.keys.pending_acks.is_empty() {
             let mut i = 0;
             while i < self.keys.pending_acks.len() {
@@ -286,7 +304,6 @@ impl State {
                 }
             }
         }
-        self.notes.expire(now);
     }
 
     pub(super) fn shutdown(&mut self) {
