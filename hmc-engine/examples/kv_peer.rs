@@ -71,19 +71,7 @@ async fn main() {
     let get = |k: &str, d: &str| f.get(k).cloned().unwrap_or_else(|| d.to_string());
     let num = |k: &str, d: u64| get(k, &d.to_string()).parse::<u64>().expect("a number");
     let (layers, blocks, block) = (num("layers", 4), num("blocks", 64), num("block", 4096));
-    let mut options: HashMap<String, String> = HashMap::new();
-    options.insert("transport".into(), get("transport", "tcp"));
-    if let Some(o) = f.get("options") {
-        for kv in o.split(',').filter(|s| !s.is_empty()) {
-            let (k, v) = kv.split_once('=').expect("options are k=v,k=v");
-            options.insert(k.into(), v.into());
-        }
-    }
-    let config = EngineConfig::from_options(&options).expect("options");
-    let local = format!("{}:{}", get("ip", "127.0.0.1"), get("port", "0"));
-    let e: Engine<AnyCommunicator> = Engine::initialize_with(&local, config)
-        .await
-        .expect("engine");
+    let e = open_engine(&f).await;
     let len = (blocks * block) as usize;
     let mut regions = Regions::new(&e, layers as usize, len, get("alloc", "0") == "1");
     regions.fill(num("seed", 1));
@@ -95,22 +83,15 @@ async fn main() {
         hex(&blob),
         addrs.join(" ")
     ));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lock().lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let mut rx = stdin_lines();
+    let block = block as usize;
     while let Some(line) = rx.recv().await {
         let mut w = line.split_whitespace();
         match w.next().unwrap_or("") {
             "sums" => {
                 let sums: Vec<String> = (0..layers as usize)
                     .filter_map(|l| regions.bytes(l))
-                    .flat_map(|m| m.chunks(block as usize).map(|b| checksum(b).to_string()))
+                    .flat_map(|m| m.chunks(block).map(|b| checksum(b).to_string()))
                     .collect();
                 say(format!("SUMS {}", sums.join(" ")));
             }
@@ -133,31 +114,7 @@ async fn main() {
                     .collect();
                 say(format!("NOTIFS {} {}", n.len(), each.join(" ")));
             }
-            "verify" => loop {
-                let n = e.get_notifies();
-                let Some(n) = n.into_iter().next() else {
-                    tokio::time::sleep(Duration::from_micros(100)).await;
-                    continue;
-                };
-                // Checked before anything else happens: were the bytes there when the
-                // notification was?
-                let msg = String::from_utf8_lossy(&n.msg).to_string();
-                let ok = msg.split(',').filter(|s| !s.is_empty()).all(|item| {
-                    let v: Vec<u64> = item.split(':').map(|x| x.parse().unwrap()).collect();
-                    let (l, b, sum) = (v[0] as usize, v[1] as usize, v[2]);
-                    let at = b * block as usize;
-                    regions
-                        .bytes(l)
-                        .is_some_and(|m| checksum(&m[at..at + block as usize]) == sum)
-                });
-                say(format!(
-                    "VERIFIED {} {} {}",
-                    n.name,
-                    if ok { "ok" } else { "bad" },
-                    n.failed.is_some()
-                ));
-                break;
-            },
+            "verify" => verify(&e, &regions, block).await,
             "blob" => say(format!("BLOB {}", hex(&e.local_metadata().unwrap()))),
             "memfd" => say(format!("MEMFD {}", regions.in_memfd())),
             "quit" | "" => break,
@@ -169,6 +126,67 @@ async fn main() {
         e.deregister_mem(h).await.expect("deregister");
     }
     drop(regions);
+}
+
+/// The engine, on `--ip`:`--port` over `--transport`, with `--options k=v,k=v`.
+async fn open_engine(f: &HashMap<String, String>) -> Engine<AnyCommunicator> {
+    let get = |k: &str, d: &str| f.get(k).cloned().unwrap_or_else(|| d.to_string());
+    let mut options: HashMap<String, String> = HashMap::new();
+    options.insert("transport".into(), get("transport", "tcp"));
+    if let Some(o) = f.get("options") {
+        for kv in o.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = kv.split_once('=').expect("options are k=v,k=v");
+            options.insert(k.into(), v.into());
+        }
+    }
+    let config = EngineConfig::from_options(&options).expect("options");
+    let local = format!("{}:{}", get("ip", "127.0.0.1"), get("port", "0"));
+    Engine::initialize_with(&local, config)
+        .await
+        .expect("engine")
+}
+
+/// Standard input's lines, read on a thread of their own (the runtime's threads must
+/// not block on it).
+fn stdin_lines() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// `verify`: waits for a notification, then checks at once the block checksums its
+/// message lists (`LAYER:BLOCK:SUM,…`) against the regions' blocks of `block` bytes.
+async fn verify(e: &Engine<AnyCommunicator>, regions: &Regions, block: usize) {
+    let n = loop {
+        if let Some(n) = e.get_notifies().into_iter().next() {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_micros(100)).await;
+    };
+    // Checked before anything else happens: were the bytes there when the
+    // notification was?
+    let msg = String::from_utf8_lossy(&n.msg).to_string();
+    let ok = msg.split(',').filter(|s| !s.is_empty()).all(|item| {
+        let v: Vec<u64> = item.split(':').map(|x| x.parse().unwrap()).collect();
+        let (l, b, sum) = (v[0] as usize, v[1] as usize, v[2]);
+        let at = b * block;
+        regions
+            .bytes(l)
+            .is_some_and(|m| checksum(&m[at..at + block]) == sum)
+    });
+    say(format!(
+        "VERIFIED {} {} {}",
+        n.name,
+        if ok { "ok" } else { "bad" },
+        n.failed.is_some()
+    ));
 }
 
 /// The regions' memory: this process's heap (`heap`), or the engine's (`alloc_mem`),

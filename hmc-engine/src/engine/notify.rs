@@ -103,10 +103,40 @@ impl<C: Communicator> Engine<C> {
         failed: Option<String>,
         timeout: Duration,
     ) -> Result<NotifyAck> {
-        // The receiver bounds the same sum with its own `max_notify_len`; refusing here
-        // first names the limit as the caller's (a bad argument, not a failed peer).
-        let len =
-            msg.len() + name.len() + self.inner.name.len() + failed.as_ref().map_or(0, String::len);
+        self.check_notify_len(name, msg, failed.as_deref())?;
+        let n = NotifyMsg {
+            from: self.inner.name.clone(),
+            name: name.to_string(),
+            msg: msg.to_vec(),
+            failed,
+            id,
+        };
+        let deadline = hmc_core::Deadline::after(timeout);
+        self.on_the_way(peer, &n, deadline, timeout).await?;
+        match peer
+            .rpc
+            .call_typed_with::<_, NotifyAck>(METHOD_NOTIFY, &n, call_options(deadline))
+            .await
+        {
+            // A new connection (the old one idled out and the client dialled again) is
+            // not yet named at the peer: name it with a metadata request, then send again
+            // (the same id: were the first copy queued after all, this one is not).
+            Err(e) if e.status() == Some(hmc_rpc::Status::UNAUTHENTICATED) => {
+                self.fetch_info(&peer.rpc, deadline).await?;
+                peer.rpc
+                    .call_typed_with::<_, NotifyAck>(METHOD_NOTIFY, &n, call_options(deadline))
+                    .await
+                    .map_err(|e| call_failed(peer, e))
+            }
+            r => r.map_err(|e| call_failed(peer, e)),
+        }
+    }
+
+    /// Refuses a notification over `max_notify_len`. The receiver bounds the same sum
+    /// with its own `max_notify_len`; refusing here first names the limit as the
+    /// caller's (a bad argument, not a failed peer).
+    fn check_notify_len(&self, name: &str, msg: &[u8], failed: Option<&str>) -> Result<()> {
+        let len = msg.len() + name.len() + self.inner.name.len() + failed.map_or(0, str::len);
         let max = self.inner.shared.config.max_notify_len;
         if len > max {
             return Err(EngineError::Limit {
@@ -116,30 +146,20 @@ impl<C: Communicator> Engine<C> {
                 hint: "send a shorter notification (name, message and sender), or raise max_notify_len at both engines",
             });
         }
-        let n = NotifyMsg {
-            from: self.inner.name.clone(),
-            name: name.to_string(),
-            msg: msg.to_vec(),
-            failed,
-            id,
-        };
-        let deadline = hmc_core::Deadline::after(timeout);
-        let opts = || CallOptions {
-            timeout: Some(deadline.remaining().max(Duration::from_millis(1))),
-            ..CallOptions::default()
-        };
-        // A lost connection is the peer gone (callers drop it); any other failure is its
-        // metadata service's answer.
-        let failed = |e: hmc_rpc::CallError| match e {
-            hmc_rpc::CallError::ConnectionLost(why) => EngineError::PeerGone {
-                peer: peer.name.clone(),
-                why,
-            },
-            e => EngineError::Metadata {
-                peer: peer.name.clone(),
-                why: e.to_string(),
-            },
-        };
+        Ok(())
+    }
+
+    /// What happens to `n` on the way to `peer` under the engine's `notify.at=sender`
+    /// faults: nothing (`Ok`, send it), lost or too late (the error its sender sees, at
+    /// the deadline), late within the deadline (`Ok` after the delay), or a second copy
+    /// sent beside it (`Ok`).
+    async fn on_the_way(
+        &self,
+        peer: &Peer<C>,
+        n: &NotifyMsg,
+        deadline: hmc_core::Deadline,
+        timeout: Duration,
+    ) -> Result<()> {
         let fault = self
             .inner
             .shared
@@ -178,7 +198,7 @@ impl<C: Communicator> Engine<C> {
             }
             // Twice on the way: the first copy's answer is the one the sender sees.
             NotifyFault::Duplicate => {
-                let (rpc, n, opts) = (peer.rpc.clone(), n.clone(), opts());
+                let (rpc, n, opts) = (peer.rpc.clone(), n.clone(), call_options(deadline));
                 self.spawn_for_peer(peer, async move {
                     let _ = rpc
                         .call_typed_with::<_, NotifyAck>(METHOD_NOTIFY, &n, opts)
@@ -186,23 +206,7 @@ impl<C: Communicator> Engine<C> {
                 });
             }
         }
-        match peer
-            .rpc
-            .call_typed_with::<_, NotifyAck>(METHOD_NOTIFY, &n, opts())
-            .await
-        {
-            // A new connection (the old one idled out and the client dialled again) is
-            // not yet named at the peer: name it with a metadata request, then send again
-            // (the same id: were the first copy queued after all, this one is not).
-            Err(e) if e.status() == Some(hmc_rpc::Status::UNAUTHENTICATED) => {
-                self.fetch_info(&peer.rpc, deadline).await?;
-                peer.rpc
-                    .call_typed_with::<_, NotifyAck>(METHOD_NOTIFY, &n, opts())
-                    .await
-                    .map_err(failed)
-            }
-            r => r.map_err(failed),
-        }
+        Ok(())
     }
 
     /// Calls `hook` (on a runtime thread, so it must not block) after each notification
@@ -215,6 +219,29 @@ impl<C: Communicator> Engine<C> {
     /// Takes every notification received so far, oldest first.
     pub fn get_notifies(&self) -> Vec<Notify> {
         self.inner.shared.notifies.lock().take_all()
+    }
+}
+
+/// A notification call's options: what is left of `deadline` (at least a millisecond).
+fn call_options(deadline: hmc_core::Deadline) -> CallOptions {
+    CallOptions {
+        timeout: Some(deadline.remaining().max(Duration::from_millis(1))),
+        ..CallOptions::default()
+    }
+}
+
+/// A failed notification call as the sender's error: a lost connection is the peer
+/// gone (callers drop it); any other failure is its metadata service's answer.
+fn call_failed<C: Communicator>(peer: &Peer<C>, e: hmc_rpc::CallError) -> EngineError {
+    match e {
+        hmc_rpc::CallError::ConnectionLost(why) => EngineError::PeerGone {
+            peer: peer.name.clone(),
+            why,
+        },
+        e => EngineError::Metadata {
+            peer: peer.name.clone(),
+            why: e.to_string(),
+        },
     }
 }
 
