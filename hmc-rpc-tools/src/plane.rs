@@ -169,6 +169,74 @@ pub fn open_data_plane_choice(
     }
 }
 
+/// The flags `hmc-rpc-server` and `hmc-rpc-client` share (the data plane's, and the RPC
+/// connection's secret), flattened into each one's arguments (`#[command(flatten)]`) where
+/// they stood, so both take and list them alike.
+#[derive(clap::Args, Debug)]
+pub struct CommonArgs {
+    // Help: DATA_PLANE_HELP.
+    #[arg(long, default_value = "none", value_parser = DataPlaneChoice::parse, help = DATA_PLANE_HELP)]
+    pub data_plane: DataPlaneChoice,
+    /// Files or folders searched for transport plugins after `HMC_PLUGIN_PATH`'s.
+    #[arg(long)]
+    pub plugin_path: Vec<PathBuf>,
+    /// Lists the transports: built-in, plugins loaded, plugin candidates refused and why;
+    /// then exits.
+    #[arg(long)]
+    pub list_transports: bool,
+    /// Authenticate every TCP data-plane connection with the pre-shared secret in this
+    /// file (at least 16 bytes; both sides need the same). Recommended beyond loopback.
+    #[arg(long)]
+    pub data_plane_auth_secret_file: Option<PathBuf>,
+    // Help: FAULTS_HELP.
+    #[arg(long, value_name = "SPEC", help = FAULTS_HELP)]
+    pub faults: Option<hmc_transports::FaultSpec>,
+    /// Authenticate the RPC connection itself with the pre-shared secret in this file (an
+    /// HMAC exchange before the first frame; both sides need the same; the file may be the
+    /// data plane's).
+    #[arg(long)]
+    pub auth_secret_file: Option<PathBuf>,
+}
+
+impl CommonArgs {
+    /// The data-plane options and plugin search path the flags give.
+    fn settings(&self) -> (PlaneOptions, PluginConfig) {
+        (
+            PlaneOptions {
+                auth_secret_file: self.data_plane_auth_secret_file.clone(),
+                faults: self.faults.clone(),
+            },
+            PluginConfig {
+                search_path: self.plugin_path.clone(),
+            },
+        )
+    }
+
+    /// Opens the `--data-plane` chosen, listening on `bind`, with the options and plugin
+    /// search path the flags give ([`open_data_plane_choice`]).
+    pub fn open_data_plane(&self, bind: IpAddr) -> Result<Option<AnyCommunicator>> {
+        let (options, plugins) = self.settings();
+        open_data_plane_choice(&self.data_plane, bind, &options, &plugins)
+    }
+
+    /// The RPC connection's secret, read from `--auth-secret-file` (`None` without one).
+    pub fn rpc_auth_secret(&self) -> Result<Option<hmc_rpc::AuthSecret>> {
+        self.auth_secret_file
+            .as_deref()
+            .map(hmc_rpc::AuthSecret::from_file)
+            .transpose()
+    }
+
+    /// With `--list-transports`, the [`transport_registry`]'s report (the binary prints it
+    /// and exits); else `None`.
+    pub fn transports_report(&self) -> Option<String> {
+        self.list_transports.then(|| {
+            let (options, plugins) = self.settings();
+            transport_registry(&options, &plugins).report()
+        })
+    }
+}
+
 /// What the binaries may set on the data plane they open.
 #[derive(Clone, Debug, Default)]
 pub struct PlaneOptions {

@@ -11,9 +11,7 @@ use hmc_core::Communicator;
 use hmc_core::PeerAddr;
 use hmc_rpc::demo::{COMPLEX, ComplexRequest, ComplexResponse, ECHO, UPPERCASE};
 use hmc_rpc::{CallOptions, Client, ClientConfig, ClientDataPlane, DataPlaneConfig};
-use hmc_rpc_tools::plane::{
-    DataPlaneChoice, PlaneOptions, open_data_plane_choice, transport_registry,
-};
+use hmc_rpc_tools::plane::CommonArgs;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Method {
@@ -55,26 +53,8 @@ struct Args {
     /// Connect, make --repeat calls, disconnect: this many times.
     #[arg(long, default_value_t = 1)]
     cycles: u32,
-    #[arg(long, default_value = "none", value_parser = DataPlaneChoice::parse, help = hmc_rpc_tools::plane::DATA_PLANE_HELP)]
-    data_plane: DataPlaneChoice,
-    /// Files or folders searched for transport plugins after `HMC_PLUGIN_PATH`'s.
-    #[arg(long)]
-    plugin_path: Vec<PathBuf>,
-    /// Lists the transports: built-in, plugins loaded, plugin candidates refused and why;
-    /// then exits.
-    #[arg(long)]
-    list_transports: bool,
-    /// Authenticate every TCP data-plane connection with the pre-shared secret in this
-    /// file (at least 16 bytes; both sides need the same). Recommended beyond loopback.
-    #[arg(long)]
-    data_plane_auth_secret_file: Option<PathBuf>,
-    #[arg(long, value_name = "SPEC", help = hmc_rpc_tools::plane::FAULTS_HELP)]
-    faults: Option<hmc_transports::FaultSpec>,
-    /// Authenticate the RPC connection itself with the pre-shared secret in this file (an
-    /// HMAC exchange before the first frame; both sides need the same; the file may be the
-    /// data plane's).
-    #[arg(long)]
-    auth_secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    common: CommonArgs,
     /// Payloads from this many bytes go HMC_BUFFER.
     /// (`--ucx-threshold` is the former name, still accepted.)
     #[arg(long, alias = "ucx-threshold", default_value_t = 64 * 1024)]
@@ -94,9 +74,8 @@ fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
-    if args.list_transports {
-        let (plane_options, plugins) = plane_settings(&args);
-        print!("{}", transport_registry(&plane_options, &plugins).report());
+    if let Some(report) = args.common.transports_report() {
+        print!("{report}");
         return std::process::ExitCode::SUCCESS;
     }
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -119,19 +98,6 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// The data-plane options and plugin search path the flags give.
-fn plane_settings(args: &Args) -> (PlaneOptions, hmc_plugin::PluginConfig) {
-    (
-        PlaneOptions {
-            auth_secret_file: args.data_plane_auth_secret_file.clone(),
-            faults: args.faults.clone(),
-        },
-        hmc_plugin::PluginConfig {
-            search_path: args.plugin_path.clone(),
-        },
-    )
-}
-
 fn pattern(len: usize, seed: u32) -> Bytes {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
@@ -149,26 +115,17 @@ async fn run(args: &Args) -> Result<(), String> {
         ..DataPlaneConfig::default()
     };
     // One data plane (one pool of registered buffers) for every connection cycle.
-    let (plane_options, plugins) = plane_settings(args);
-    let dp = open_data_plane_choice(
-        &args.data_plane,
-        args.data_plane_bind,
-        &plane_options,
-        &plugins,
-    )
-    .map_err(|e| e.to_string())?
-    .map(|c| std::sync::Arc::new(ClientDataPlane::new(std::sync::Arc::new(c), dp_config)));
+    let dp = args
+        .common
+        .open_data_plane(args.data_plane_bind)
+        .map_err(|e| e.to_string())?
+        .map(|c| std::sync::Arc::new(ClientDataPlane::new(std::sync::Arc::new(c), dp_config)));
     let name = match args.method {
         Method::Echo => "echo",
         Method::Uppercase => "uppercase",
         Method::Complex => "complex",
     };
-    let auth_secret = args
-        .auth_secret_file
-        .as_deref()
-        .map(hmc_rpc::AuthSecret::from_file)
-        .transpose()
-        .map_err(|e| e.to_string())?;
+    let auth_secret = args.common.rpc_auth_secret().map_err(|e| e.to_string())?;
     for cycle in 0..args.cycles {
         let config = ClientConfig {
             auth_secret: auth_secret.clone(),

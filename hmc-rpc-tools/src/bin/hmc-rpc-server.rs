@@ -10,9 +10,7 @@ use hmc_core::PeerAddr;
 use hmc_rpc::{
     ConnConfig, DataPlaneAllow, DataPlaneConfig, Dispatcher, PoolConfig, Server, ServerConfig, demo,
 };
-use hmc_rpc_tools::plane::{
-    DataPlaneChoice, PlaneOptions, open_data_plane_choice, transport_registry,
-};
+use hmc_rpc_tools::plane::CommonArgs;
 
 #[derive(Parser, Debug)]
 #[command(about = "HMC RPC demo server: echo (1), uppercase (2), complex (3)")]
@@ -62,26 +60,8 @@ struct Args {
     /// Fail a request whose streamed body sends no DATA for this long (seconds).
     #[arg(long, default_value_t = 30)]
     stream_idle_timeout_secs: u64,
-    #[arg(long, default_value = "none", value_parser = DataPlaneChoice::parse, help = hmc_rpc_tools::plane::DATA_PLANE_HELP)]
-    data_plane: DataPlaneChoice,
-    /// Files or folders searched for transport plugins after `HMC_PLUGIN_PATH`'s.
-    #[arg(long)]
-    plugin_path: Vec<PathBuf>,
-    /// Lists the transports: built-in, plugins loaded, plugin candidates refused and why;
-    /// then exits.
-    #[arg(long)]
-    list_transports: bool,
-    /// Authenticate every TCP data-plane connection with the pre-shared secret in this
-    /// file (at least 16 bytes; both sides need the same). Recommended beyond loopback.
-    #[arg(long)]
-    data_plane_auth_secret_file: Option<PathBuf>,
-    #[arg(long, value_name = "SPEC", help = hmc_rpc_tools::plane::FAULTS_HELP)]
-    faults: Option<hmc_transports::FaultSpec>,
-    /// Authenticate the RPC connection itself with the pre-shared secret in this file (an
-    /// HMAC exchange before the first frame; both sides need the same; the file may be the
-    /// data plane's).
-    #[arg(long)]
-    auth_secret_file: Option<PathBuf>,
+    #[command(flatten)]
+    common: CommonArgs,
     /// Responses from this many bytes are written into the client's region one-sided.
     /// (`--ucx-threshold` is the former name, still accepted.)
     #[arg(long, alias = "ucx-threshold", default_value_t = 64 * 1024)]
@@ -106,19 +86,6 @@ struct Args {
     metrics_addr: Option<SocketAddr>,
 }
 
-/// The data-plane options and plugin search path the flags give.
-fn plane_settings(args: &Args) -> (PlaneOptions, hmc_plugin::PluginConfig) {
-    (
-        PlaneOptions {
-            auth_secret_file: args.data_plane_auth_secret_file.clone(),
-            faults: args.faults.clone(),
-        },
-        hmc_plugin::PluginConfig {
-            search_path: args.plugin_path.clone(),
-        },
-    )
-}
-
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -128,9 +95,8 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
-    if args.list_transports {
-        let (plane_options, plugins) = plane_settings(&args);
-        print!("{}", transport_registry(&plane_options, &plugins).report());
+    if let Some(report) = args.common.transports_report() {
+        print!("{report}");
         return std::process::ExitCode::SUCCESS;
     }
     hmc_rpc_tools::tuning::tune_allocator();
@@ -183,21 +149,13 @@ async fn run(args: Args) -> hmc_core::Result<()> {
         max_inflight_total: args.max_inflight_total,
         max_held_bytes: args.max_held_bytes,
         workers: args.workers.max(1),
-        auth_secret: args
-            .auth_secret_file
-            .as_deref()
-            .map(hmc_rpc::AuthSecret::from_file)
-            .transpose()?,
+        auth_secret: args.common.rpc_auth_secret()?,
         ..ServerConfig::default()
     };
-    let (plane_options, plugins) = plane_settings(&args);
-    let dp = open_data_plane_choice(
-        &args.data_plane,
-        args.bind_address,
-        &plane_options,
-        &plugins,
-    )?
-    .map(std::sync::Arc::new);
+    let dp = args
+        .common
+        .open_data_plane(args.bind_address)?
+        .map(std::sync::Arc::new);
     let dp_config = DataPlaneConfig {
         threshold: args.data_plane_threshold,
         pool: PoolConfig {
@@ -228,7 +186,7 @@ async fn run(args: Args) -> hmc_core::Result<()> {
     if let Some(dp) = &dp {
         eprintln!(
             "hmc-rpc-server data plane {} at {}",
-            args.data_plane,
+            args.common.data_plane,
             hmc_core::Communicator::address(&**dp)
         );
     }

@@ -32,7 +32,7 @@ use baselines::{
 use data_planes::{TagBw, bench_data_planes};
 use hmc::{bench_direct, bench_hmc};
 use measure::{
-    Cell, CpuProbe, core_to_core_ns, cpu_s_per_gib, fmt_c2c, fmt_size, idle_conn_kib,
+    C2cMarks, Cell, CpuProbe, cpu_s_per_gib, fmt_c2c, fmt_size, idle_conn_kib,
     oversubscription_note,
 };
 
@@ -295,36 +295,75 @@ async fn measure(
     server_pid: u32,
     tonic: &Tonic,
 ) -> Result<Measured, String> {
-    let (tonic_bin, tonic_port, tonic_pid) = (&tonic.bin, tonic.port, tonic.pid);
-    let mut cells: Vec<(Cell, Option<Cell>)> = Vec::new();
-    let mut raw: Vec<Cell> = Vec::new();
-    let mut raw_deep: Vec<Cell> = Vec::new();
-    let mut raw_proc: Vec<Cell> = Vec::new();
-    let mut direct: Vec<Cell> = Vec::new();
+    let run = Cells {
+        args,
+        addr,
+        server_pid,
+        tonic,
+    };
+    let mut m = Measured {
+        cells: Vec::new(),
+        raw: Vec::new(),
+        raw_deep: Vec::new(),
+        raw_proc: Vec::new(),
+        direct: Vec::new(),
+    };
     let total = args.sizes.len() * (1 + args.clients.len() * args.depths.len());
     let mut step = 0;
     for &size in &args.sizes {
         step += 1;
         eprintln!("[{step}/{total}] raw TCP ping-pong, {}", fmt_size(size));
-        let before = core_to_core_ns();
-        let mut r = bench_raw_tcp(size, 1, args.seconds.min(2.0)).map_err(|e| e.to_string())?;
-        let mut c2c_before = core_to_core_ns();
-        r.c2c_ns = before.zip(c2c_before);
-        raw.push(r);
-        let mut r = bench_raw_tcp_processes(size, args.seconds.min(2.0))?;
-        let after = core_to_core_ns();
-        r.c2c_ns = c2c_before.zip(after);
-        c2c_before = after;
-        raw_proc.push(r);
+        let mut c2c = C2cMarks::start();
+        run.baselines(size, &mut c2c, &mut m).await?;
+        for &clients in &args.clients {
+            for &depth in &args.depths {
+                step += 1;
+                eprintln!(
+                    "[{step}/{total}] {} x {clients} client(s) x {depth} in flight: hmc-rpc{}",
+                    fmt_size(size),
+                    if tonic.bin.is_some() { ", tonic" } else { "" }
+                );
+                m.cells
+                    .push(run.echo(size, clients, depth, &mut c2c).await?);
+            }
+        }
+    }
+    Ok(m)
+}
+
+/// What every cell of [`measure()`] runs against.
+struct Cells<'a> {
+    args: &'a Args,
+    addr: &'a PeerAddr,
+    server_pid: u32,
+    tonic: &'a Tonic,
+}
+
+impl Cells<'_> {
+    /// The baselines of one `size`: raw TCP ping-pong in one process and between two,
+    /// the direct (blocking) client with one client and depth 1, and raw TCP as deep as
+    /// the pipelining figure where that fits.
+    async fn baselines(
+        &self,
+        size: usize,
+        c2c: &mut C2cMarks,
+        m: &mut Measured,
+    ) -> Result<(), String> {
+        let args = self.args;
+        let secs = args.seconds.min(2.0);
+        let mut r = bench_raw_tcp(size, 1, secs).map_err(|e| e.to_string())?;
+        r.c2c_ns = c2c.next();
+        m.raw.push(r);
+        let mut r = bench_raw_tcp_processes(size, secs)?;
+        r.c2c_ns = c2c.next();
+        m.raw_proc.push(r);
         if args.clients.contains(&1) && args.depths.contains(&1) {
-            let (a, secs) = (addr.clone(), args.seconds.min(2.0));
+            let a = self.addr.clone();
             let mut r = tokio::task::spawn_blocking(move || bench_direct(&a, size, secs))
                 .await
                 .map_err(|e| e.to_string())??;
-            let after = core_to_core_ns();
-            r.c2c_ns = c2c_before.zip(after);
-            c2c_before = after;
-            direct.push(r);
+            r.c2c_ns = c2c.next();
+            m.direct.push(r);
         }
         // Raw blocking TCP with as many messages in flight as the pipelining figure's deep
         // side, beside it.
@@ -332,70 +371,64 @@ async fn measure(
             && args.clients.contains(&1)
             && size * PIPELINE_DEPTH <= RAW_BATCH_MAX
         {
-            let mut r = bench_raw_tcp(size, PIPELINE_DEPTH, args.seconds.min(2.0))
-                .map_err(|e| e.to_string())?;
-            let after = core_to_core_ns();
-            r.c2c_ns = c2c_before.zip(after);
-            c2c_before = after;
-            raw_deep.push(r);
+            let mut r = bench_raw_tcp(size, PIPELINE_DEPTH, secs).map_err(|e| e.to_string())?;
+            r.c2c_ns = c2c.next();
+            m.raw_deep.push(r);
         }
-        for &clients in &args.clients {
-            for &depth in &args.depths {
-                step += 1;
-                eprintln!(
-                    "[{step}/{total}] {} x {clients} client(s) x {depth} in flight: hmc-rpc{}",
-                    fmt_size(size),
-                    if tonic_bin.is_some() { ", tonic" } else { "" }
-                );
-                let cpu = CpuProbe::start(server_pid, false);
-                let mut h =
-                    bench_hmc(addr, size, clients, depth, args.seconds, args.stream_crc).await?;
-                h.cpu_us_per_call = cpu.per_call(h.calls);
-                let c2c_between = core_to_core_ns();
-                h.c2c_ns = c2c_before.zip(c2c_between);
-                c2c_before = c2c_between;
-                let cpu = CpuProbe::start(tonic_pid.unwrap_or(0), true);
-                let t = match &tonic_bin {
-                    Some(b) => match bench_tonic(b, tonic_port, size, clients, depth, args.seconds)
-                    {
-                        Ok(mut t) => {
-                            t.cpu_us_per_call = cpu.per_call(t.calls);
-                            let c2c_after = core_to_core_ns();
-                            t.c2c_ns = c2c_before.zip(c2c_after);
-                            c2c_before = c2c_after;
-                            Some(t)
-                        }
-                        Err(e) => {
-                            eprintln!("  tonic: {e}");
-                            None
-                        }
-                    },
-                    None => None,
-                };
-                eprintln!(
-                    "  hmc-rpc {:.0} RPC/s {:.1} MB/s p50 {:.0} us{}",
-                    h.rps,
-                    h.mbps,
-                    h.p50,
-                    t.as_ref()
-                        .map(|t| format!(
-                            " | tonic {:.0} RPC/s {:.1} MB/s p50 {:.0} us",
-                            t.rps, t.mbps, t.p50
-                        ))
-                        .unwrap_or_default()
-                );
-                cells.push((h, t));
-            }
-        }
+        Ok(())
     }
 
-    Ok(Measured {
-        cells,
-        raw,
-        raw_deep,
-        raw_proc,
-        direct,
-    })
+    /// One echo cell: hmc-rpc, then tonic where it runs (its failure is reported and
+    /// leaves its side empty).
+    async fn echo(
+        &self,
+        size: usize,
+        clients: usize,
+        depth: usize,
+        c2c: &mut C2cMarks,
+    ) -> Result<(Cell, Option<Cell>), String> {
+        let args = self.args;
+        let cpu = CpuProbe::start(self.server_pid, false);
+        let mut h = bench_hmc(
+            self.addr,
+            size,
+            clients,
+            depth,
+            args.seconds,
+            args.stream_crc,
+        )
+        .await?;
+        h.cpu_us_per_call = cpu.per_call(h.calls);
+        h.c2c_ns = c2c.next();
+        let cpu = CpuProbe::start(self.tonic.pid.unwrap_or(0), true);
+        let t = match &self.tonic.bin {
+            Some(b) => match bench_tonic(b, self.tonic.port, size, clients, depth, args.seconds) {
+                Ok(mut t) => {
+                    t.cpu_us_per_call = cpu.per_call(t.calls);
+                    t.c2c_ns = c2c.next();
+                    Some(t)
+                }
+                Err(e) => {
+                    eprintln!("  tonic: {e}");
+                    None
+                }
+            },
+            None => None,
+        };
+        eprintln!(
+            "  hmc-rpc {:.0} RPC/s {:.1} MB/s p50 {:.0} us{}",
+            h.rps,
+            h.mbps,
+            h.p50,
+            t.as_ref()
+                .map(|t| format!(
+                    " | tonic {:.0} RPC/s {:.1} MB/s p50 {:.0} us",
+                    t.rps, t.mbps, t.p50
+                ))
+                .unwrap_or_default()
+        );
+        Ok((h, t))
+    }
 }
 
 /// The main table: hmc-rpc against tonic, cell by cell.

@@ -25,6 +25,26 @@ pub(crate) struct Cell {
     pub(crate) c2c_ns: Option<(f64, f64)>,
 }
 
+/// [`core_to_core_ns`] taken between cells, so that each cell gets the round trip just
+/// before it and just after it.
+pub(crate) struct C2cMarks(Option<f64>);
+
+impl C2cMarks {
+    /// The first mark, before the first cell.
+    pub(crate) fn start() -> Self {
+        C2cMarks(core_to_core_ns())
+    }
+
+    /// A mark after the cell just measured: that cell's (before, after) pair, `after`
+    /// being the next cell's `before`.
+    pub(crate) fn next(&mut self) -> Option<(f64, f64)> {
+        let after = core_to_core_ns();
+        let pair = self.0.zip(after);
+        self.0 = after;
+        pair
+    }
+}
+
 /// Round trip of one cache line between the first two CPUs this process may run on, in
 /// nanoseconds (the median of five rounds of 20,000), or `None` with fewer than two CPUs.
 ///
