@@ -113,17 +113,10 @@ impl State {
             // issued once it is (`generations`), or ended at the deadline.
             return false;
         }
-        let rkey = match self.keys.imported.get(&chunk.key) {
-            Some(k) if !k.shared.revoked.load(Ordering::Acquire) && !k.rkey.is_null() => k.rkey,
-            _ => {
-                self.fail_op(
-                    id,
-                    Error::InvalidKey(
-                        "the target deregistered the region (or the key was released)".into(),
-                    ),
-                );
-                return false;
-            }
+        let Some(rkey) = self.live_rkey(chunk.key) else {
+            let err = "the target deregistered the region (or the key was released)";
+            self.fail_op(id, Error::InvalidKey(err.into()));
+            return false;
         };
         let pid = self.eps.by_id.get(&ep_id).map(|e| e.phys);
         let op = self.ops.get_mut(&id).expect("present");
@@ -153,17 +146,22 @@ impl State {
                 let err = self.status_error(ep_id, "ucp_put_nbx/ucp_get_nbx", st);
                 self.fail_op(id, err);
             }
-            Issue::Pending => {
-                self.ops.get_mut(&id).expect("present").inflight += 1;
-                self.keys
-                    .imported
-                    .get_mut(&chunk.key)
-                    .expect("checked")
-                    .inflight += 1;
-                self.eps.by_id.get_mut(&ep_id).expect("checked").inflight += 1;
-            }
+            Issue::Pending => self.count_chunk_inflight(id, chunk.key, ep_id),
         }
         true
+    }
+
+    /// The rkey of imported key `key` while the key is live.
+    fn live_rkey(&self, key: u64) -> Option<sys::ucp_rkey_h> {
+        let k = self.keys.imported.get(&key)?;
+        (!k.shared.revoked.load(Ordering::Acquire) && !k.rkey.is_null()).then_some(k.rkey)
+    }
+
+    /// A chunk of transfer `id` on key `key` and endpoint `ep` is in flight: each counts it.
+    fn count_chunk_inflight(&mut self, id: u64, key: u64, ep: u64) {
+        self.ops.get_mut(&id).expect("present").inflight += 1;
+        self.keys.imported.get_mut(&key).expect("checked").inflight += 1;
+        self.eps.by_id.get_mut(&ep).expect("checked").inflight += 1;
     }
 
     /// Records `err` as running transfer `id`'s failure.
