@@ -39,8 +39,8 @@
 //! bounded queue and its waiters), `generations` (binding, abandoning and replacing a UCX
 //! endpoint's generation) and `lifecycle` (closing and the settling drain, no UCX
 //! call). `callbacks` holds the UCX callbacks, which only queue events; `control_side`
-//! names what the engine needs of the control connections, as traits `control.rs`
-//! implements (the engine does not name that module, which drives it). The steps that
+//! names what the engine needs of the control connections, as traits the `control`
+//! module implements (the engine does not name that module, which drives it). The steps that
 //! cross tables are methods of `State` in the module of the job they serve; `progress`
 //! holds the loop, parking, housekeeping and shutdown, `commands` the dispatch.
 
