@@ -443,6 +443,7 @@ enum Next {
 }
 
 impl ConnLoop {
+    /// A new connection's loop; `shutting_down` when the server's shutdown began before it.
     fn new(shared: &Arc<Shared>, shutting_down: bool) -> Self {
         let mut core = new_core(shared);
         if shutting_down {

@@ -30,13 +30,50 @@ type Permit = crate::metrics::ServerCall<(OwnedSemaphorePermit, CountedCall)>;
 
 /// An admitted call on its way to a handler.
 struct Run {
+    ctx: CallContext,
+    answer: Answer,
+}
+
+/// Where an admitted call's answer goes, and what it holds until then.
+struct Answer {
     id: u64,
     method: u32,
-    ctx: CallContext,
     permit: Permit,
     /// The handler runs within this span whichever way it runs (crate::trace).
     span: tracing::Span,
     done: mpsc::UnboundedSender<Completion>,
+}
+
+impl Answer {
+    /// Spawns `work` within the call's span. It runs until it completes, or until `token`
+    /// fires and `handler_cancel_grace` passes (its output is then `on_cancel()`: see
+    /// [`until_cancelled`]); then `finish` makes the completion of its output, the call's
+    /// place in the server's limits is released, and the completion goes back.
+    fn spawn<T>(
+        self,
+        shared: &Shared,
+        token: CancelToken,
+        work: impl Future<Output = T> + Send + 'static,
+        on_cancel: impl FnOnce() -> T + Send + 'static,
+        finish: impl FnOnce(u64, u32, T) -> Completion + Send + 'static,
+    ) -> Started {
+        let Answer {
+            id,
+            method,
+            permit,
+            span,
+            done,
+        } = self;
+        let grace = shared.config.handler_cancel_grace;
+        let task = async move {
+            let out = until_cancelled(work, &token, grace, on_cancel).await;
+            let completion = finish(id, method, out);
+            drop(permit);
+            let _ = done.send(completion);
+        };
+        tokio::spawn(task.instrument(span));
+        Started::Spawned
+    }
 }
 
 /// How a way of running a call left it.
@@ -84,8 +121,6 @@ pub(super) fn start_call(
     let cancel = CancelToken::new();
     tokens.insert(id, cancel.clone());
     let run = Run {
-        id,
-        method,
         ctx: CallContext {
             connection: conn.clone(),
             request_id: id,
@@ -93,9 +128,13 @@ pub(super) fn start_call(
             deadline: call.deadline,
             cancel,
         },
-        permit,
-        span: crate::trace::handle(id, method),
-        done: done.clone(),
+        answer: Answer {
+            id,
+            method,
+            permit,
+            span: crate::trace::handle(id, method),
+            done: done.clone(),
+        },
     };
     let started = if call.mode == PayloadMode::HmcBuffer {
         start_buffered(shared, conn_use, handler, run, call)
@@ -194,14 +233,8 @@ fn start_buffered(
         // The core only passes HMC_BUFFER calls on when a data plane is enabled.
         return Started::Refused(Status::DATA_PLANE, "no data plane configured".into());
     };
-    let Run {
-        id,
-        method,
-        ctx,
-        permit,
-        span,
-        done,
-    } = run;
+    let Run { ctx, answer } = run;
+    let method = answer.method;
     let deadline = call
         .deadline
         .map(hmc_core::Deadline::at)
@@ -221,22 +254,17 @@ fn start_buffered(
         deadline,
         work,
     );
-    let grace = shared.config.handler_cancel_grace;
-    let task = async move {
-        let served =
-            until_cancelled(serving, &token, grace, || Served::Answer(Err(cancelled()))).await;
-        drop(permit);
+    let on_cancel = || Served::Answer(Err(cancelled()));
+    answer.spawn(shared, token, serving, on_cancel, |id, method, served| {
         let (result, in_buffer) = match served {
             Served::Answer(r) => (r, None),
             Served::InBuffer(n) => (Ok(Bytes::new()), Some(n)),
         };
-        let _ = done.send(Completion {
+        Completion {
             in_buffer,
             ..Completion::answer(id, method, result)
-        });
-    };
-    tokio::spawn(task.instrument(span));
-    Started::Spawned
+        }
+    })
 }
 
 /// A device method: its streamed request is on the device already; its response leaves
@@ -247,34 +275,21 @@ fn start_device(
     run: Run,
     request: DeviceRequest,
 ) -> Started {
-    let Run {
-        id,
-        method,
-        ctx,
-        permit,
-        span,
-        done,
-    } = run;
+    let Run { ctx, answer } = run;
     let token = ctx.cancel.clone();
     let running = AssertUnwindSafe(route.run(ctx, request)).catch_unwind();
-    let grace = shared.config.handler_cancel_grace;
-    let task = async move {
-        let r = until_cancelled(running, &token, grace, || Ok(Err(cancelled())))
-            .await
-            .unwrap_or_else(|p| Err(panicked(method, p)));
-        drop(permit);
-        let (result, fed) = match r {
+    let on_cancel = || Ok(Err(cancelled()));
+    answer.spawn(shared, token, running, on_cancel, |id, method, r| {
+        let (result, fed) = match r.unwrap_or_else(|p| Err(panicked(method, p))) {
             Ok(DeviceReply::Host(b)) => (Ok(b), None),
             Ok(DeviceReply::Fed { len, pieces }) => (Ok(Bytes::new()), Some((len, pieces))),
             Err(e) => (Err(e), None),
         };
-        let _ = done.send(Completion {
+        Completion {
             fed,
             ..Completion::answer(id, method, result)
-        });
-    };
-    tokio::spawn(task.instrument(span));
-    Started::Spawned
+        }
+    })
 }
 
 /// An async handler, polled once in place: a handler that is ready at once (echo, small
@@ -285,20 +300,14 @@ fn start_async(
     run: Run,
     payload: Bytes,
 ) -> Started {
-    let Run {
-        id,
-        method,
-        ctx,
-        permit,
-        span,
-        done,
-    } = run;
+    let Run { ctx, answer } = run;
+    let (id, method) = (answer.id, answer.method);
     let token = ctx.cancel.clone();
-    let entered = span.enter();
+    let entered = answer.span.enter();
     let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| h(ctx, payload))) {
         Ok(f) => f,
         Err(p) => {
-            drop(permit);
+            drop(answer.permit);
             return Started::Answered(Completion::answer(id, method, Err(panicked(method, p))));
         }
     };
@@ -309,19 +318,13 @@ fn start_async(
     drop(entered);
     if let std::task::Poll::Ready(r) = polled {
         let result = r.unwrap_or_else(|p| Err(panicked(method, p)));
-        drop(permit);
+        drop(answer.permit);
         return Started::Answered(Completion::answer(id, method, result));
     }
-    let grace = shared.config.handler_cancel_grace;
-    let task = async move {
-        let result = until_cancelled(fut, &token, grace, || Ok(Err(cancelled())))
-            .await
-            .unwrap_or_else(|p| Err(panicked(method, p)));
-        drop(permit);
-        let _ = done.send(Completion::answer(id, method, result));
-    };
-    tokio::spawn(task.instrument(span));
-    Started::Spawned
+    let on_cancel = || Ok(Err(cancelled()));
+    answer.spawn(shared, token, fut, on_cancel, |id, method, r| {
+        Completion::answer(id, method, r.unwrap_or_else(|p| Err(panicked(method, p))))
+    })
 }
 
 /// A blocking handler, on the server's worker pool; refused when the pool's queue is full.
@@ -332,12 +335,15 @@ fn start_blocking(
     payload: Bytes,
 ) -> Started {
     let Run {
-        id,
-        method,
         ctx,
-        permit,
-        span,
-        done,
+        answer:
+            Answer {
+                id,
+                method,
+                permit,
+                span,
+                done,
+            },
     } = run;
     let job = Box::new(move || {
         let _entered = span.enter();
