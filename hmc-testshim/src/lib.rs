@@ -60,6 +60,7 @@
 
 mod control;
 pub mod layout;
+pub mod pair;
 pub mod runtime;
 pub mod shim;
 pub mod wire_doc;

@@ -7,10 +7,8 @@ use std::time::Duration;
 
 use hmc_backend_cpu::HostMemory;
 use hmc_core::testing::pattern;
-use hmc_core::{
-    Access, Communicator, ConnBuffer, Deadline, MemSpan, MemSpanMut, Op, RegisteredBuffer,
-    TransferDesc,
-};
+use hmc_core::{Communicator, ConnBuffer, Deadline, MemSpan, MemSpanMut, Op, TransferDesc};
+use hmc_testshim::pair::{buffers, reach};
 
 /// The tests of this binary run one at a time: the churn test counts the process's file
 /// descriptors and the stand-in's live QPs and MRs, which the other test opens too.
@@ -49,10 +47,8 @@ async fn connect_transfer_disconnect_cycles_leave_nothing_behind() {
     let _one_at_a_time = SERIAL.lock().await;
     let a = common::comm();
     let b = common::comm();
-    let mem = Arc::new(HostMemory::new());
-    let target = RegisteredBuffer::new(mem.clone(), b.clone(), 4096, Access::READ_WRITE).unwrap();
+    let (target, local) = buffers(&Arc::new(HostMemory::new()), &a, &b, 4096);
     let desc = target.export().unwrap();
-    let local = RegisteredBuffer::new(mem, a.clone(), 4096, Access::READ_WRITE).unwrap();
     let fds = open_fds();
     let counted = !common::hardware();
     let live = |what: &str| if counted { live(what) } else { 0 };
@@ -62,13 +58,7 @@ async fn connect_transfer_disconnect_cycles_leave_nothing_behind() {
         let key = a.import(&ep, &desc).unwrap();
         let bytes = pattern(i as u64, 64);
         local.write_at(0, &MemSpan::host(&bytes)).unwrap();
-        let d = [TransferDesc {
-            local: local.registration(),
-            local_offset: 0,
-            remote: &key,
-            remote_offset: 0,
-            len: 64,
-        }];
+        let d = [TransferDesc::new(local.registration(), 0, &key, 0, 64)];
         a.transfer(&ep, Op::Write, &d, Deadline::default())
             .await
             .unwrap();
@@ -104,18 +94,9 @@ async fn an_idle_communicator_sleeps_on_the_completion_channel() {
     let _one_at_a_time = SERIAL.lock().await;
     let a = common::comm();
     let b = common::comm();
-    let mem = Arc::new(HostMemory::new());
-    let target = RegisteredBuffer::new(mem.clone(), b.clone(), 4096, Access::READ_WRITE).unwrap();
-    let local = RegisteredBuffer::new(mem, a.clone(), 4096, Access::READ_WRITE).unwrap();
-    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
-    let key = a.import(&ep, &target.export().unwrap()).unwrap();
-    let d = [TransferDesc {
-        local: local.registration(),
-        local_offset: 0,
-        remote: &key,
-        remote_offset: 0,
-        len: 4096,
-    }];
+    let (target, local) = buffers(&Arc::new(HostMemory::new()), &a, &b, 4096);
+    let (ep, key) = reach(&a, &b, &target).await;
+    let d = [TransferDesc::new(local.registration(), 0, &key, 0, 4096)];
     a.transfer(&ep, Op::Write, &d, Deadline::default())
         .await
         .unwrap();

@@ -11,10 +11,11 @@ use hmc_backend_cpu::HostMemory;
 use hmc_core::testing::pattern;
 use hmc_core::{
     Access, Communicator, ConnBuffer, Deadline, Error, MemSpan, MemSpanMut, Op, PeerAddr,
-    RegisteredBuffer, RemoteRegion, TransferDesc,
+    RemoteRegion, TransferDesc,
 };
+use hmc_testshim::pair::{buffers, reach, registered};
 use hmc_testshim::{from_hex, run_child_test, test_name, to_hex};
-use hmc_transport_rdma::{DeviceMemorySupport, RdmaCommunicator};
+use hmc_transport_rdma::DeviceMemorySupport;
 
 const CHILD_LEN: usize = 64 << 20;
 const CHILD_SEED: u64 = 4242;
@@ -30,13 +31,7 @@ fn child_peer() {
         .unwrap();
     rt.block_on(async {
         let comm = common::comm();
-        let buf = RegisteredBuffer::new(
-            Arc::new(HostMemory::new()),
-            comm.clone(),
-            CHILD_LEN,
-            Access::READ_WRITE,
-        )
-        .unwrap();
+        let buf = registered(&Arc::new(HostMemory::new()), &comm, CHILD_LEN);
         buf.write_at(0, &MemSpan::host(&pattern(CHILD_SEED, CHILD_LEN)))
             .unwrap();
         let desc = buf.export().unwrap().encode();
@@ -90,20 +85,6 @@ fn spawn_peer() -> Peer {
     Peer { child, addr, desc }
 }
 
-fn desc<'a>(
-    local: &'a hmc_transport_rdma::RdmaRegistration,
-    key: &'a hmc_transport_rdma::RdmaRemoteKey,
-    len: usize,
-) -> [TransferDesc<'a, RdmaCommunicator>; 1] {
-    [TransferDesc {
-        local,
-        local_offset: 0,
-        remote: key,
-        remote_offset: 0,
-        len,
-    }]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_read_and_write_each_others_memory() {
     let peer = spawn_peer();
@@ -111,9 +92,14 @@ async fn two_processes_read_and_write_each_others_memory() {
     let ep = a.connect(&peer.addr, Deadline::default()).await.unwrap();
     let key = a.import(&ep, &peer.desc).unwrap();
     let mem = Arc::new(HostMemory::new());
-    let local =
-        RegisteredBuffer::new(mem.clone(), a.clone(), CHILD_LEN, Access::READ_WRITE).unwrap();
-    let d = desc(local.registration(), &key, CHILD_LEN);
+    let local = registered(&mem, &a, CHILD_LEN);
+    let d = [TransferDesc::new(
+        local.registration(),
+        0,
+        &key,
+        0,
+        CHILD_LEN,
+    )];
     a.transfer(&ep, Op::Read, &d, Deadline::default())
         .await
         .unwrap();
@@ -147,14 +133,14 @@ async fn a_peer_killed_mid_transfer_fails_fast_and_the_endpoint_stays_dead() {
     let a = common::comm();
     let ep = a.connect(&peer.addr, Deadline::default()).await.unwrap();
     let key = a.import(&ep, &peer.desc).unwrap();
-    let local = RegisteredBuffer::new(
-        Arc::new(HostMemory::new()),
-        a.clone(),
+    let local = registered(&Arc::new(HostMemory::new()), &a, CHILD_LEN);
+    let d = [TransferDesc::new(
+        local.registration(),
+        0,
+        &key,
+        0,
         CHILD_LEN,
-        Access::READ_WRITE,
-    )
-    .unwrap();
-    let d = desc(local.registration(), &key, CHILD_LEN);
+    )];
     a.transfer(&ep, Op::Write, &d, Deadline::default())
         .await
         .unwrap();
@@ -239,19 +225,15 @@ fn child_small_max_msg() {
         let b = common::comm();
         assert_eq!(a.max_msg_size(), 4096);
         let len = (1 << 20) + 17;
-        let mem = Arc::new(HostMemory::new());
-        let target =
-            RegisteredBuffer::new(mem.clone(), b.clone(), len, Access::READ_WRITE).unwrap();
-        let local = RegisteredBuffer::new(mem, a.clone(), len, Access::READ_WRITE).unwrap();
+        let (target, local) = buffers(&Arc::new(HostMemory::new()), &a, &b, len);
         let bytes = pattern(3, len);
         local.write_at(0, &MemSpan::host(&bytes)).unwrap();
-        let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
-        let key = a.import(&ep, &target.export().unwrap()).unwrap();
+        let (ep, key) = reach(&a, &b, &target).await;
         let chains = a.stats().chains;
         a.transfer(
             &ep,
             Op::Write,
-            &desc(local.registration(), &key, len),
+            &[TransferDesc::new(local.registration(), 0, &key, 0, len)],
             Deadline::default(),
         )
         .await
@@ -316,23 +298,16 @@ async fn cancelling_one_transfer_does_not_fail_the_others_on_its_endpoint() {
     let slice = 1 << 20;
     let tasks = 3;
     let big = 16 << 20;
-    let target = RegisteredBuffer::new(
-        mem.clone(),
-        b.clone(),
-        slice * tasks + big,
-        Access::READ_WRITE,
-    )
-    .unwrap();
+    let target = registered(&mem, &b, slice * tasks + big);
     let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
     let key = a.import(&ep, &target.export().unwrap()).unwrap();
-    let victim = RegisteredBuffer::new(mem.clone(), a.clone(), big, Access::READ_WRITE).unwrap();
+    let victim = registered(&mem, &a, big);
     let done = std::sync::atomic::AtomicBool::new(false);
     let workers = (0..tasks).map(|t| {
         let (a, ep, key, mem) = (&a, &ep, &key, mem.clone());
         async move {
-            let src =
-                RegisteredBuffer::new(mem.clone(), a.clone(), slice, Access::READ_WRITE).unwrap();
-            let dst = RegisteredBuffer::new(mem, a.clone(), slice, Access::READ_WRITE).unwrap();
+            let src = registered(&mem, a, slice);
+            let dst = registered(&mem, a, slice);
             for r in 0..10 {
                 let bytes = pattern((t * 100 + r) as u64, slice);
                 src.write_at(0, &MemSpan::host(&bytes)).unwrap();
@@ -426,17 +401,11 @@ async fn device_memory_registered_through_a_dma_buf_is_reachable_by_peers() {
     );
     let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
     let key = a.import(&ep, &b.export(&reg).unwrap()).unwrap();
-    let local = RegisteredBuffer::new(
-        Arc::new(HostMemory::new()),
-        a.clone(),
-        len,
-        Access::READ_WRITE,
-    )
-    .unwrap();
+    let local = registered(&Arc::new(HostMemory::new()), &a, len);
     a.transfer(
         &ep,
         Op::Read,
-        &desc(local.registration(), &key, len),
+        &[TransferDesc::new(local.registration(), 0, &key, 0, len)],
         Deadline::default(),
     )
     .await
@@ -462,14 +431,10 @@ async fn a_deadline_passing_while_posting_is_deadline_exceeded_not_success() {
     let a = common::comm_with(small_queue());
     let b = common::comm();
     let (count, size) = (2000, 4096);
-    let mem = Arc::new(HostMemory::new());
-    let target =
-        RegisteredBuffer::new(mem.clone(), b.clone(), count * size, Access::READ_WRITE).unwrap();
-    let local = RegisteredBuffer::new(mem, a.clone(), count * size, Access::READ_WRITE).unwrap();
+    let (target, local) = buffers(&Arc::new(HostMemory::new()), &a, &b, count * size);
     let bytes = pattern(5, count * size);
     local.write_at(0, &MemSpan::host(&bytes)).unwrap();
-    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
-    let key = a.import(&ep, &target.export().unwrap()).unwrap();
+    let (ep, key) = reach(&a, &b, &target).await;
     let batch: Vec<_> = (0..count)
         .map(|i| TransferDesc {
             local: local.registration(),
@@ -516,17 +481,14 @@ async fn the_control_plane_runs_over_a_unix_socket_too() {
     });
     assert_eq!(b.address(), PeerAddr::Unix(path));
     let a = common::comm();
-    let mem = Arc::new(HostMemory::new());
-    let target = RegisteredBuffer::new(mem.clone(), b.clone(), 4096, Access::READ_WRITE).unwrap();
-    let local = RegisteredBuffer::new(mem, a.clone(), 4096, Access::READ_WRITE).unwrap();
+    let (target, local) = buffers(&Arc::new(HostMemory::new()), &a, &b, 4096);
     let bytes = pattern(9, 4096);
     local.write_at(0, &MemSpan::host(&bytes)).unwrap();
-    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
-    let key = a.import(&ep, &target.export().unwrap()).unwrap();
+    let (ep, key) = reach(&a, &b, &target).await;
     a.transfer(
         &ep,
         Op::Write,
-        &desc(local.registration(), &key, 4096),
+        &[TransferDesc::new(local.registration(), 0, &key, 0, 4096)],
         Deadline::default(),
     )
     .await
