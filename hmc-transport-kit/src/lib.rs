@@ -25,6 +25,10 @@
 //!   descriptors), the sleep of the UCX progress thread, the RDMA completion thread and
 //!   the plugin host's event thread, and the `eventfd` an exported plugin communicator
 //!   hands its host.
+//! - The pool of host chunks a target stages device memory through for its peers
+//!   ([`staging`]): bounded, first come first served, taken from a task or a thread,
+//!   refused by name (`max_staging_bytes`) when none come free in time; the TCP transport
+//!   serves its device regions through one, and UCX those its library cannot move.
 //!
 //! The two stream types above these calls stay apart on purpose, each shaped by its hot
 //! path: the TCP transport's `Stream` is one std socket shared by `&self` between a
@@ -62,7 +66,9 @@
 //! the stack (`clock_gettime`, `getsockopt(SO_PEERCRED)`, `setsockopt(SO_LINGER)`,
 //! `poll`, the `eventfd` counter), the netlink socket of [`owner`]'s `sock_diag` queries,
 //! and [`nonblocking`]'s reads and writes, into or from the slices they are given (a
-//! `recvmsg` into caller-made `iovec`s is an `unsafe fn` with its contract).
+//! `recvmsg` into caller-made `iovec`s is an `unsafe fn` with its contract). Besides
+//! them, a [`staging::Lease`] makes its chunk's host memory a slice, bounds-checked
+//! against the chunk it owns.
 
 pub mod auth;
 pub mod control_frame;
@@ -76,6 +82,7 @@ pub mod registry;
 pub mod reply;
 mod sock_diag;
 mod socket;
+pub mod staging;
 pub mod task;
 pub mod unix;
 pub mod wake;

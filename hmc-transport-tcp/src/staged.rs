@@ -7,13 +7,13 @@
 //! (a vendor copy blocks its thread), each under the region's liveness lock, so
 //! deregistration waits for at most one chunk's copy and no copy starts after it.
 //!
-//! The chunks come from one pool per communicator, bounded by
-//! [`crate::TcpConfig::max_staging_bytes`] in chunks of [`crate::TcpConfig::staging_chunk`]
-//! bytes. A request takes its two chunks at once (so two requests cannot each hold one and
-//! wait for the other), waits for them at most `request_timeout`, and is refused with
-//! `LimitExceeded { limit: "max_staging_bytes" }` after that: no peer makes the target
-//! hold more. Chunks are page-locked memory of the device's driver where its backend has
-//! an allocator for it ([`hmc_core::Memory::pinned_host`]), else plain host memory; they
+//! The chunks come from one pool per communicator ([`hmc_transport_kit::staging`]),
+//! bounded by [`crate::TcpConfig::max_staging_bytes`] in chunks of
+//! [`crate::TcpConfig::staging_chunk`] bytes. A request takes its two chunks at once (so
+//! two requests cannot each hold one and wait for the other), waits for them at most
+//! `request_timeout`, and is refused with `LimitExceeded { limit: "max_staging_bytes" }`
+//! after that: no peer makes the target hold more. Chunks are page-locked memory of the
+//! device's driver where its backend has an allocator for it, else plain host memory; they
 //! return to the pool when a request ends, or when its task is aborted with the
 //! connection.
 //!
@@ -21,15 +21,11 @@
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use hmc_core::{
-    AnyBuffer, AnyMemory, Device, DeviceBuffer, Error, MemSpan, MemSpanMut, Memory, Region,
-};
-use parking_lot::Mutex;
+use hmc_core::{AnyMemory, Error, MemSpan, MemSpanMut, Memory, Region};
+use hmc_transport_kit::staging::{self, Lease};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::abandon::Gate;
 use crate::net::Stream;
@@ -41,174 +37,27 @@ use crate::wire::WireDesc;
 type Landing = std::pin::Pin<Box<dyn Future<Output = (Lease, hmc_core::Result<bool>)> + Send>>;
 
 /// What the staging pool has done, from [`crate::TcpCommunicator::staging_stats`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct StagingStats {
-    /// Chunks held by requests being served now.
-    pub chunks_held: usize,
-    /// Chunks allocated so far (kept for reuse; at most `max_staging_bytes / staging_chunk`).
-    pub chunks_allocated: usize,
-    /// Bytes copied out of device regions for peers' READs.
-    pub bytes_to_peers: u64,
-    /// Bytes copied into device regions from peers' WRITEs.
-    pub bytes_from_peers: u64,
-}
+pub use hmc_transport_kit::staging::StagingStats;
 
-/// A host chunk: page-locked memory of a device's backend, or plain host memory.
-enum ChunkBuf {
-    Pinned { buf: AnyBuffer, device: Device },
-    Plain(Box<[u8]>),
-}
-
-impl ChunkBuf {
-    fn addr(&self) -> u64 {
-        match self {
-            ChunkBuf::Pinned { buf, .. } => buf.region().addr,
-            ChunkBuf::Plain(b) => b.as_ptr() as u64,
-        }
-    }
-
-    fn pinned_for(&self) -> Option<Device> {
-        match self {
-            ChunkBuf::Pinned { device, .. } => Some(*device),
-            ChunkBuf::Plain(_) => None,
-        }
-    }
-}
-
-/// The communicator's bounce chunks for device regions.
-pub(crate) struct StagingPool {
-    chunk: usize,
-    max_bytes: usize,
-    permits: Arc<Semaphore>,
-    free: Mutex<Vec<ChunkBuf>>,
-    held: AtomicUsize,
-    allocated: AtomicUsize,
-    to_peers: AtomicU64,
-    from_peers: AtomicU64,
-}
-
-/// One chunk taken from the pool; back in it when dropped.
-pub(crate) struct Lease {
-    buf: Option<ChunkBuf>,
-    pool: Arc<StagingPool>,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl Lease {
-    /// The chunk's first `len` bytes as a host region.
-    fn region(&self, at: usize, len: usize) -> Region {
-        Region {
-            device: Device::HOST,
-            addr: self.buf.as_ref().expect("held until drop").addr() + at as u64,
-            len,
-        }
-    }
-
-    /// The first `len` bytes.
-    fn bytes(&self, len: usize) -> &[u8] {
-        // SAFETY: the chunk is `pool.chunk` bytes of host memory owned by this lease, and
-        // `len` is at most a chunk (`chunks` never makes a longer group).
-        unsafe { std::slice::from_raw_parts(self.region(0, len).addr as *const u8, len) }
-    }
-
-    /// The first `len` bytes, writable.
-    fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
-        // SAFETY: as in `bytes`; `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.region(0, len).addr as *mut u8, len) }
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        if let Some(buf) = self.buf.take() {
-            self.pool.free.lock().push(buf);
-        }
-        self.pool.held.fetch_sub(1, Ordering::Relaxed);
-    }
-}
+/// The communicator's bounce chunks for device regions: the kit's pool, whose refusals
+/// name `TcpConfig::max_staging_bytes`.
+pub(crate) struct StagingPool(staging::StagingPool);
 
 impl StagingPool {
     pub(crate) fn new(chunk: usize, max_bytes: usize) -> Arc<StagingPool> {
-        let chunks = (max_bytes / chunk.max(1)).min(Semaphore::MAX_PERMITS);
-        Arc::new(StagingPool {
+        Arc::new(StagingPool(staging::StagingPool::new(
             chunk,
             max_bytes,
-            permits: Arc::new(Semaphore::new(chunks)),
-            free: Mutex::new(Vec::new()),
-            held: AtomicUsize::new(0),
-            allocated: AtomicUsize::new(0),
-            to_peers: AtomicU64::new(0),
-            from_peers: AtomicU64::new(0),
-        })
+            "TcpConfig::max_staging_bytes",
+        )))
     }
+}
 
-    pub(crate) fn stats(&self) -> StagingStats {
-        StagingStats {
-            chunks_held: self.held.load(Ordering::Relaxed),
-            chunks_allocated: self.allocated.load(Ordering::Relaxed),
-            bytes_to_peers: self.to_peers.load(Ordering::Relaxed),
-            bytes_from_peers: self.from_peers.load(Ordering::Relaxed),
-        }
-    }
+impl std::ops::Deref for StagingPool {
+    type Target = staging::StagingPool;
 
-    /// Two chunks for one request on `memory`'s device, waiting at most `wait` for them.
-    async fn take_two(
-        self: &Arc<Self>,
-        memory: &AnyMemory,
-        wait: Duration,
-    ) -> hmc_core::Result<[Lease; 2]> {
-        let limit = || Error::LimitExceeded {
-            limit: "max_staging_bytes",
-            value: ((self.held.load(Ordering::Relaxed) + 2) * self.chunk) as u64,
-            max: self.max_bytes as u64,
-            hint: "the target's bounce chunks for device memory are all in use by other \
-                   requests; retry, or raise max_staging_bytes at the target (the engine \
-                   option, or TcpConfig::max_staging_bytes)"
-                .into(),
-        };
-        let mut two = tokio::time::timeout(wait, self.permits.clone().acquire_many_owned(2))
-            .await
-            .map_err(|_| limit())?
-            .map_err(|_| limit())?;
-        let one = two.split(1).expect("two permits were taken");
-        Ok([self.lease(memory, one)?, self.lease(memory, two)?])
-    }
-
-    fn lease(
-        self: &Arc<Self>,
-        memory: &AnyMemory,
-        permit: OwnedSemaphorePermit,
-    ) -> hmc_core::Result<Lease> {
-        let device = memory.device();
-        let reused = {
-            let mut free = self.free.lock();
-            let at = free
-                .iter()
-                .position(|b| b.pinned_for() == Some(device))
-                .or_else(|| free.len().checked_sub(1));
-            at.map(|i| free.swap_remove(i))
-        };
-        let buf = match reused {
-            Some(b) => b,
-            None => {
-                let b = match memory.pinned_host() {
-                    Some(pinned) => ChunkBuf::Pinned {
-                        buf: pinned.alloc(self.chunk)?,
-                        device,
-                    },
-                    None => ChunkBuf::Plain(vec![0u8; self.chunk].into_boxed_slice()),
-                };
-                self.allocated.fetch_add(1, Ordering::Relaxed);
-                b
-            }
-        };
-        self.held.fetch_add(1, Ordering::Relaxed);
-        Ok(Lease {
-            buf: Some(buf),
-            pool: self.clone(),
-            _permit: permit,
-        })
+    fn deref(&self) -> &staging::StagingPool {
+        &self.0
     }
 }
 
@@ -320,14 +169,14 @@ pub(crate) async fn send_staged(
     mut prefix: &[u8],
     stall: Duration,
 ) -> io::Result<StagedMoved> {
-    let groups = chunks(descs, pool.chunk);
+    let groups = chunks(descs, pool.chunk());
     if groups.is_empty() {
         if !prefix.is_empty() {
             within(stall, stream.write_all(prefix)).await?;
         }
         return Ok(StagedMoved::Done);
     }
-    let [a, b] = match pool.take_two(memory, stall).await {
+    let [a, b] = match pool.take(memory, stall).await {
         Ok(two) => two,
         Err(e) if !prefix.is_empty() => return Ok(StagedMoved::Refused(e)),
         Err(e) => return Err(io::Error::other(e.to_string())),
@@ -384,7 +233,7 @@ pub(crate) async fn send_staged(
         wrote?;
         prefix = &[];
         sent += len as u64;
-        pool.to_peers.fetch_add(len as u64, Ordering::Relaxed);
+        pool.add_bytes_to_peers(len as u64);
         if let Some((lease, result)) = copied {
             spare = Some(std::mem::replace(&mut ready, lease));
             match result {
@@ -416,11 +265,11 @@ pub(crate) async fn recv_staged(
     stall: Duration,
     gate: &Gate,
 ) -> io::Result<StagedMoved> {
-    let groups = chunks(descs, pool.chunk);
+    let groups = chunks(descs, pool.chunk());
     if groups.is_empty() {
         return Ok(StagedMoved::Done);
     }
-    let [a, b] = match pool.take_two(memory, stall).await {
+    let [a, b] = match pool.take(memory, stall).await {
         Ok(two) => two,
         Err(e) => return Ok(StagedMoved::Refused(e)),
     };
@@ -464,7 +313,7 @@ pub(crate) async fn recv_staged(
                 .take()
                 .expect("one chunk is free while the other lands"),
         );
-        pool.from_peers.fetch_add(len as u64, Ordering::Relaxed);
+        pool.add_bytes_from_peers(len as u64);
         landing = Some(Box::pin(copy_group(
             entry.clone(),
             memory.clone(),
@@ -530,19 +379,16 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_pool_never_holds_more_than_its_limit_and_names_it() {
+    async fn the_pool_refuses_naming_max_staging_bytes_and_tcp_config() {
         let pool = StagingPool::new(1024, 3 * 1024);
         let host = AnyMemory::new(hmc_backend_cpu::HostMemory::new());
-        let two = pool
-            .take_two(&host, Duration::from_millis(10))
-            .await
-            .unwrap();
-        assert_eq!(pool.stats().chunks_held, 2);
+        let wait = Duration::from_millis(10);
+        let two: [Lease; 2] = pool.take(&host, wait).await.unwrap();
         let err = pool
-            .take_two(&host, Duration::from_millis(10))
+            .take::<2>(&host, wait)
             .await
             .err()
-            .expect("one chunk is left, a request takes two");
+            .expect("one chunk is left");
         assert!(
             matches!(
                 err,
@@ -554,13 +400,11 @@ mod tests {
             ),
             "{err}"
         );
+        assert!(
+            err.to_string().contains("TcpConfig::max_staging_bytes"),
+            "{err}"
+        );
         drop(two);
         assert_eq!(pool.stats().chunks_held, 0);
-        let again = pool
-            .take_two(&host, Duration::from_millis(10))
-            .await
-            .unwrap();
-        assert_eq!(pool.stats().chunks_allocated, 2, "chunks are reused");
-        drop(again);
     }
 }

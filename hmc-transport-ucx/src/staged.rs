@@ -25,9 +25,9 @@
 //! A request names a region the connection imported (the target confirmed the
 //! descriptor to it byte for byte), within its bounds and rights; nothing else is read or
 //! written. A READ holds one chunk of the communicator's pool
-//! ([`crate::UcxConfig::max_staging_bytes`]) while it runs and waits at most
-//! `control_timeout` for one, else it is refused with `LimitExceeded { limit:
-//! "max_staging_bytes" }`. Chunks are page-locked memory of the device's driver where its
+//! ([`hmc_transport_kit::staging`], bounded by [`crate::UcxConfig::max_staging_bytes`])
+//! while it runs and waits at most `control_timeout` for one, else it is refused with
+//! `LimitExceeded { limit: "max_staging_bytes" }`. Chunks are page-locked memory of the device's driver where its
 //! backend allocates it ([`hmc_core::Memory::pinned_host`]), else plain host memory; the
 //! device copy of chunk *k + 1* runs while the socket still sends chunk *k* from its
 //! buffer. A WRITE frame is copied to the device from the frame the connection read it
@@ -47,15 +47,15 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use hmc_core::{
-    Access, AnyBuffer, AnyMemory, Device, DeviceBuffer, Error, MemSpan, MemSpanMut, Memory, Op,
-    Region, Result, check_bounds,
+    Access, AnyMemory, Device, Error, MemSpan, MemSpanMut, Memory, Op, Region, Result, check_bounds,
 };
-use parking_lot::{Condvar, Mutex, RwLock};
+use hmc_transport_kit::staging;
+use parking_lot::RwLock;
 
 /// Control frame kinds of staged transfers (the control connection's table, `control.rs`).
 pub(crate) const STAGED_READ: u8 = 7;
@@ -99,19 +99,11 @@ const READ_WINDOW: usize = 8;
 pub(crate) const STAGED_ID_BIT: u64 = 1 << 63;
 
 /// What the staging of device regions has done, from
-/// [`crate::UcxCommunicator::staging_stats`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct UcxStagingStats {
-    /// Chunks held by READs being served now.
-    pub chunks_held: usize,
-    /// Chunks allocated so far (kept for reuse; at most `max_staging_bytes / 512 KiB`).
-    pub chunks_allocated: usize,
-    /// Bytes copied out of device regions for peers' READs.
-    pub bytes_to_peers: u64,
-    /// Bytes copied into device regions from peers' WRITEs.
-    pub bytes_from_peers: u64,
-}
+/// [`crate::UcxCommunicator::staging_stats`]: the kit's counters, as the TCP transport's.
+pub use hmc_transport_kit::staging::StagingStats as UcxStagingStats;
+
+/// The setting a staging refusal tells the initiator to raise.
+const SETTING: &str = "UcxConfig::max_staging_bytes";
 
 /// A device region served to peers through host chunks.
 pub(crate) struct StagedRegion {
@@ -209,15 +201,11 @@ impl Refusal {
             Some(1) => Err(Error::InvalidKey(text(1))),
             Some(2) => Err(Error::AccessDenied(text(1))),
             Some(3) => Err(Error::InvalidArgument(text(1))),
-            Some(4) if body.len() >= 17 => Err(Error::LimitExceeded {
-                limit: "max_staging_bytes",
-                value: u64::from_be_bytes(body[1..9].try_into().expect("8 bytes")),
-                max: u64::from_be_bytes(body[9..17].try_into().expect("8 bytes")),
-                hint: "the target's bounce chunks for device memory are all in use by \
-                       other peers; retry, or raise max_staging_bytes at the target (the \
-                       engine option, or UcxConfig::max_staging_bytes)"
-                    .into(),
-            }),
+            Some(4) if body.len() >= 17 => Err(staging::refusal(
+                u64::from_be_bytes(body[1..9].try_into().expect("8 bytes")),
+                u64::from_be_bytes(body[9..17].try_into().expect("8 bytes")),
+                SETTING,
+            )),
             Some(5) => Err(Error::peer(
                 peer,
                 format!("the device copy at the target failed: {}", text(1)),
@@ -229,136 +217,21 @@ impl Refusal {
     }
 }
 
-/// A host chunk: page-locked memory of a device's backend, or plain host memory.
-enum ChunkBuf {
-    Pinned { buf: AnyBuffer, device: Device },
-    Plain(Box<[u8]>),
-}
-
-impl ChunkBuf {
-    fn addr(&self) -> u64 {
-        match self {
-            ChunkBuf::Pinned { buf, .. } => buf.region().addr,
-            ChunkBuf::Plain(b) => b.as_ptr() as u64,
-        }
-    }
-}
-
-/// The communicator's bounce chunks for peers' READs of device regions.
-pub(crate) struct StagingPool {
-    max_bytes: usize,
-    max_chunks: usize,
-    state: Mutex<PoolState>,
-    freed: Condvar,
-    allocated: AtomicUsize,
-    to_peers: AtomicU64,
-    from_peers: AtomicU64,
-}
-
-#[derive(Default)]
-struct PoolState {
-    free: Vec<ChunkBuf>,
-    held: usize,
-}
-
-/// One chunk taken from the pool; back in it when dropped.
-pub(crate) struct Lease<'a> {
-    buf: Option<ChunkBuf>,
-    pool: &'a StagingPool,
-}
-
-impl Lease<'_> {
-    /// The chunk's first `len` bytes as a host region.
-    fn region(&self, len: usize) -> Region {
-        Region {
-            device: Device::HOST,
-            addr: self.buf.as_ref().expect("held until drop").addr(),
-            len,
-        }
-    }
-
-    /// The first `len` bytes.
-    pub fn bytes(&self, len: usize) -> &[u8] {
-        // SAFETY: the chunk is `STAGED_CHUNK` bytes of host memory owned by this lease, and
-        // callers pass at most that.
-        unsafe { std::slice::from_raw_parts(self.region(len).addr as *const u8, len) }
-    }
-}
-
-impl Drop for Lease<'_> {
-    fn drop(&mut self) {
-        let mut st = self.pool.state.lock();
-        if let Some(buf) = self.buf.take() {
-            st.free.push(buf);
-        }
-        st.held -= 1;
-        drop(st);
-        self.pool.freed.notify_one();
-    }
-}
+/// The communicator's bounce chunks for peers' READs of device regions: the kit's pool,
+/// in chunks of [`STAGED_CHUNK`] bytes.
+pub(crate) struct StagingPool(staging::StagingPool);
 
 impl StagingPool {
     pub fn new(max_bytes: usize) -> StagingPool {
-        StagingPool {
-            max_bytes,
-            max_chunks: (max_bytes / STAGED_CHUNK).max(1),
-            state: Mutex::new(PoolState::default()),
-            freed: Condvar::new(),
-            allocated: AtomicUsize::new(0),
-            to_peers: AtomicU64::new(0),
-            from_peers: AtomicU64::new(0),
-        }
+        StagingPool(staging::StagingPool::new(STAGED_CHUNK, max_bytes, SETTING))
     }
+}
 
-    pub fn stats(&self) -> UcxStagingStats {
-        UcxStagingStats {
-            chunks_held: self.state.lock().held,
-            chunks_allocated: self.allocated.load(Ordering::Relaxed),
-            bytes_to_peers: self.to_peers.load(Ordering::Relaxed),
-            bytes_from_peers: self.from_peers.load(Ordering::Relaxed),
-        }
-    }
+impl std::ops::Deref for StagingPool {
+    type Target = staging::StagingPool;
 
-    /// A chunk for a copy from `memory`'s device, waiting at most `wait` for one.
-    fn take(&self, memory: &AnyMemory, wait: Duration) -> std::result::Result<Lease<'_>, Refusal> {
-        let until = Instant::now() + wait;
-        let mut st = self.state.lock();
-        while st.held >= self.max_chunks {
-            if self.freed.wait_until(&mut st, until).timed_out() && st.held >= self.max_chunks {
-                return Err(Refusal::Limit {
-                    value: ((st.held + 1) * STAGED_CHUNK) as u64,
-                    max: self.max_bytes as u64,
-                });
-            }
-        }
-        st.held += 1;
-        let device = memory.device();
-        let at = st
-            .free
-            .iter()
-            .position(|b| matches!(b, ChunkBuf::Pinned { device: d, .. } if *d == device))
-            .or_else(|| st.free.len().checked_sub(1));
-        let reused = at.map(|i| st.free.swap_remove(i));
-        drop(st);
-        // From here the lease owns the count: dropping it on an error gives it back.
-        let mut lease = Lease {
-            buf: reused,
-            pool: self,
-        };
-        if lease.buf.is_none() {
-            let buf = match memory.pinned_host() {
-                Some(pinned) => ChunkBuf::Pinned {
-                    buf: pinned
-                        .alloc(STAGED_CHUNK)
-                        .map_err(|e| Refusal::Copy(format!("allocating a pinned chunk: {e}")))?,
-                    device,
-                },
-                None => ChunkBuf::Plain(vec![0u8; STAGED_CHUNK].into_boxed_slice()),
-            };
-            self.allocated.fetch_add(1, Ordering::Relaxed);
-            lease.buf = Some(buf);
-        }
-        Ok(lease)
+    fn deref(&self) -> &staging::StagingPool {
+        &self.0
     }
 }
 
@@ -397,14 +270,21 @@ pub(crate) fn serve_read(
     wait: Duration,
     mut send_data: impl FnMut(&[u8]) -> std::io::Result<()>,
 ) -> std::io::Result<std::result::Result<(), Refusal>> {
-    let lease = match pool.take(&region.memory, wait) {
+    let [lease] = match pool.take_blocking(&region.memory, wait) {
         Ok(l) => l,
-        Err(r) => return Ok(Err(r)),
+        Err(Error::LimitExceeded { value, max, .. }) => {
+            return Ok(Err(Refusal::Limit { value, max }));
+        }
+        Err(e) => {
+            return Ok(Err(Refusal::Copy(format!(
+                "allocating a pinned chunk: {e}"
+            ))));
+        }
     };
     let mut done = 0u64;
     while done < len {
         let n = STAGED_CHUNK.min((len - done) as usize);
-        match region.copy(offset + done, lease.region(n), false) {
+        match region.copy(offset + done, lease.region(0, n), false) {
             Ok(true) => {}
             Ok(false) => {
                 return Ok(Err(Refusal::Key(
@@ -414,7 +294,7 @@ pub(crate) fn serve_read(
             Err(e) => return Ok(Err(Refusal::Copy(e.to_string()))),
         }
         send_data(lease.bytes(n))?;
-        pool.to_peers.fetch_add(n as u64, Ordering::Relaxed);
+        pool.add_bytes_to_peers(n as u64);
         done += n as u64;
     }
     Ok(Ok(()))
@@ -434,8 +314,7 @@ pub(crate) fn serve_write(
     };
     match region.copy(offset, host, true) {
         Ok(true) => {
-            pool.from_peers
-                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            pool.add_bytes_from_peers(data.len() as u64);
             Ok(())
         }
         Ok(false) => Err(Refusal::Key(
@@ -740,13 +619,25 @@ mod tests {
         let pool = StagingPool::new(STAGED_CHUNK);
         let memory = AnyMemory::new(hmc_backend_cpu::HostMemory::new());
         let held = pool
-            .take(&memory, Duration::ZERO)
+            .take_blocking::<1>(&memory, Duration::ZERO)
             .map_err(|_| ())
             .expect("one chunk");
-        let refusal = pool
-            .take(&memory, Duration::from_millis(20))
-            .err()
-            .expect("the pool holds one chunk");
+        let bytes = [0u8; 16];
+        let region = Region {
+            device: Device::HOST,
+            addr: bytes.as_ptr() as u64,
+            len: bytes.len(),
+        };
+        let refusal = serve_read(
+            &pool,
+            &StagedRegion::new(region, Access::READ, memory.clone()),
+            0,
+            1,
+            Duration::from_millis(20),
+            |_| unreachable!("no chunk to send from"),
+        )
+        .unwrap()
+        .expect_err("the pool holds one chunk");
         let e = Refusal::decode(peer(), &refusal.encode(5)[8..]).unwrap_err();
         assert!(
             matches!(e, Error::LimitExceeded { limit: "max_staging_bytes", value, max, .. }
@@ -760,7 +651,10 @@ mod tests {
         assert_eq!(pool.stats().chunks_held, 1);
         drop(held);
         // The chunk is reused, not allocated again.
-        let again = pool.take(&memory, Duration::ZERO).map_err(|_| ()).unwrap();
+        let again = pool
+            .take_blocking::<1>(&memory, Duration::ZERO)
+            .map_err(|_| ())
+            .unwrap();
         assert_eq!(pool.stats().chunks_allocated, 1);
         drop(again);
         assert_eq!(pool.stats().chunks_held, 0);
