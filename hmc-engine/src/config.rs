@@ -74,8 +74,9 @@ pub struct EngineConfig {
     /// (`max_metadata_blob_len`, default 16 MiB).
     pub max_metadata_blob_len: usize,
     /// Threads that copy a transfer's host memory with a peer on this host by cross-memory
-    /// attach (`copy_threads`, default: the CPUs this process may use, at most 4; 1: the
-    /// calling thread alone): the shared-memory transport's `ShmConfig::copy_threads`.
+    /// attach (`copy_threads`, default: the CPUs this process may use, at most 4, or 1 in a
+    /// build without the `shm` feature, where nothing reads it; 1: the calling thread
+    /// alone): the shared-memory transport's `ShmConfig::copy_threads`.
     pub copy_threads: usize,
     /// Bytes of pinned host chunks the transport holds at once to serve peers' READs and
     /// WRITEs of this engine's device regions (`max_staging_bytes`, default 64 MiB): the
@@ -106,7 +107,11 @@ pub struct EngineConfig {
 }
 
 impl Default for EngineConfig {
+    /// The engine's own defaults, and the transports' through `hmc_transports::Defaults`
+    /// (each filled by the compiled-in transport that reads it, the same values whichever
+    /// transports the build has).
     fn default() -> Self {
+        let transports = hmc_transports::Defaults::of_this_build();
         EngineConfig {
             max_regions: 65_536,
             max_remote_regions: 65_536,
@@ -128,11 +133,11 @@ impl Default for EngineConfig {
             no_progress_timeout: Duration::from_secs(5),
             progress_chunk_bytes: 8 << 20,
             max_metadata_blob_len: 16 << 20,
-            copy_threads: default_copy_threads(),
-            max_staging_bytes: hmc_transport_tcp::TcpConfig::default().max_staging_bytes,
-            staging_chunk_bytes: hmc_transport_tcp::TcpConfig::default().staging_chunk,
-            ucx_drain_timeout: Duration::from_secs(10),
-            ucx_abandon_timeout: Duration::from_secs(1),
+            copy_threads: transports.copy_threads,
+            max_staging_bytes: transports.max_staging_bytes,
+            staging_chunk_bytes: transports.staging_chunk,
+            ucx_drain_timeout: transports.ucx_drain_timeout,
+            ucx_abandon_timeout: transports.ucx_abandon_timeout,
             faults: None,
         }
     }
@@ -219,15 +224,6 @@ impl EngineConfig {
     }
 }
 
-/// The shared-memory transport's default copy threads (1 in a build without it, where
-/// nothing reads the setting).
-fn default_copy_threads() -> usize {
-    #[cfg(feature = "shm")]
-    return hmc_transport_shm::default_copy_threads();
-    #[cfg(not(feature = "shm"))]
-    return 1;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,6 +280,16 @@ mod tests {
             );
         }
         assert!(EngineConfig::default().copy_threads >= 1);
+        // The transports' defaults, as documented above, whichever transports are in.
+        let d = EngineConfig::default();
+        assert_eq!(
+            (d.max_staging_bytes, d.staging_chunk_bytes),
+            (64 << 20, 1 << 20)
+        );
+        assert_eq!(
+            (d.ucx_drain_timeout, d.ucx_abandon_timeout),
+            (Duration::from_secs(10), Duration::from_secs(1))
+        );
         let bad: HashMap<String, String> =
             [("metadata".to_string(), "etcd://x/".to_string())].into();
         let e = EngineConfig::from_options(&bad).unwrap_err().to_string();

@@ -28,6 +28,25 @@
 //!
 //! [`BlockingEngine`] is the same with blocking calls on a runtime of its own.
 //!
+//! # Transports and cargo features
+//!
+//! [`Engine::initialize_with`] opens the transport its config names (`transport = tcp |
+//! ucx | shm | rdma | auto | <plugin>`) through `hmc-transports`; each is a cargo feature of
+//! this crate of the same name (`tcp`, `ucx`, `shm`, `rdma`, `plugin`), all in the default
+//! set with `etcd` (etcd metadata, independent of them). The engine builds with any one of
+//! them, e.g. `--no-default-features --features tcp`, and takes the transports' defaults
+//! (staging limits, copy threads, UCX timeouts) from `hmc_transports::Defaults`, so they are
+//! the same whichever are in. A name whose feature is left out is refused as `Unavailable`,
+//! naming the feature; `auto` needs `tcp` or `ucx` for peers on other hosts.
+//!
+//! With no transport feature at all the engine still builds: [`Engine::initialize`] runs
+//! over any [`hmc_core::Communicator`], so an embedder that brings its own transport needs
+//! none of these (and `cargo xtask matrix` builds every crate without its default
+//! features). [`Engine::initialize_with`] and [`open_transport`] then fail with
+//! [`EngineError::Transport`] holding `hmc_core::Error::Unavailable`, whose text names the
+//! five features to build with, rather than the build failing with a `compile_error!` that
+//! would refuse that embedder.
+//!
 //! # Example
 //!
 //! Two engines in one process over the TCP transport: register a buffer on each, connect,

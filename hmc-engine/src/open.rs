@@ -39,16 +39,20 @@ pub fn open_transport_with(
 /// With `config.auth_secret` the TCP transport authenticates every data-plane connection;
 /// without one it refuses this host's other users (`same_user_only`). The shared-memory
 /// transport admits only this user by construction (a socket of mode 0600); UCX, RDMA and
-/// plugins get their keys only through the (authenticated) metadata exchange.
+/// plugins get their keys only through the (authenticated) metadata exchange. Settings of
+/// a transport this build leaves out are not set (its options have no place for them).
 pub fn transport_options(config: &EngineConfig) -> Options {
     let mut options = Options::from_env();
     // The engine's notifications go through its metadata service; it never reads the
     // transports' own queues, which would only hold what peers pile into them.
     options.max_pending_notifications = Some(0);
     options.max_staging_bytes = Some(config.max_staging_bytes);
-    options.tcp.auth_secret = config.auth_secret.clone();
-    options.tcp.same_user_only = true;
-    options.tcp.staging_chunk = config.staging_chunk_bytes;
+    #[cfg(feature = "tcp")]
+    {
+        options.tcp.auth_secret = config.auth_secret.clone();
+        options.tcp.same_user_only = true;
+        options.tcp.staging_chunk = config.staging_chunk_bytes;
+    }
     #[cfg(feature = "shm")]
     {
         options.shm.copy_threads = config.copy_threads;

@@ -14,17 +14,24 @@
 //!   docs/faults.md). Never on otherwise; the first plan logs at warn.
 //! - [`registry`] is hmc-plugin's registry with the built-ins in it, for programs that
 //!   list what there is (`--list-transports`).
+//! - [`Defaults`] holds the defaults of the settings a program sets on whichever transport
+//!   it opens (staging limits, copy threads, UCX's drain timeouts), each filled by the
+//!   compiled-in transport that reads it: a program (the engine) takes its defaults from
+//!   here and names no transport crate, so it builds with any one of them.
 //!
 //! Each built-in is a cargo feature (`tcp` on by default; `ucx`, `shm`, `rdma`, `plugin`):
 //! a name whose feature this build leaves out is refused as unavailable, naming the
-//! feature. Vendor libraries (libucp, libibverbs) are loaded at run time, so turning a
-//! feature on needs no SDK to build.
+//! feature, and a build with none of them refuses every name, naming all five
+//! ([`compiled_in`] lists those on). Vendor libraries (libucp, libibverbs) are loaded at run
+//! time, so turning a feature on needs no SDK to build.
 
+mod defaults;
 mod env;
 mod name;
 mod open;
 mod options;
 
+pub use defaults::{Defaults, compiled_in};
 pub use env::{Environment, FAULTS, UCX_DIRECT};
 pub use hmc_core::AnyCommunicator;
 pub use hmc_faults::{FaultPlan, FaultSpec};

@@ -17,11 +17,15 @@ use crate::options::Options;
 ///
 /// A built-in whose cargo feature this build leaves out is refused with
 /// [`Error::Unavailable`] naming the feature; an unknown name's error lists every name
-/// there is and where plugins are searched.
+/// there is and where plugins are searched. A build with none of the five features
+/// (`tcp`, `ucx`, `shm`, `rdma`, `plugin`) refuses every name, naming them all.
 ///
 /// With faults asked for ([`fault_plan`]: `faulty:NAME`, [`Options::faults`] or
 /// `HMC_FAULTS`), the transport is wrapped in [`hmc_faults::Faulty`].
 pub fn open(name: &TransportName, ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
+    if crate::compiled_in().is_empty() {
+        return Err(no_transport(name));
+    }
     // The spec first: a malformed one opens nothing.
     let plan = fault_plan(name, options)?;
     let comm = open_plain(name.without_faults().0, ip, options)?;
@@ -72,6 +76,20 @@ fn left_out(name: &str, feature: &str) -> Error {
             "build with hmc-transports' `{feature}` feature (hmc-engine's `{feature}`, a \
              default one), or choose another transport"
         ),
+    }
+}
+
+/// The error of every name in a build that has no transport at all.
+fn no_transport(name: &TransportName) -> Error {
+    Error::Unavailable {
+        what: format!("the `{name}` transport"),
+        reason: "this build has no transport: it leaves out every one of hmc-transports' \
+                 cargo features `tcp`, `ucx`, `shm`, `rdma` and `plugin`"
+            .into(),
+        hint: "build with at least one of them (hmc-engine's features of the same names, \
+               all default ones), or hand the engine a communicator of your own \
+               (`Engine::initialize`)"
+            .into(),
     }
 }
 
@@ -151,6 +169,7 @@ fn rdma(_: IpAddr, _: &Options) -> Result<AnyCommunicator> {
 }
 
 /// `auto`'s network half: UCX where it loads (unless the options say TCP), TCP otherwise.
+#[cfg(any(feature = "tcp", feature = "ucx"))]
 fn network(ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
     if !options.auto_prefers_ucx {
         return tcp(ip, options);
@@ -158,6 +177,23 @@ fn network(ip: IpAddr, options: &Options) -> Result<AnyCommunicator> {
     ucx(ip, options).or_else(|e| {
         tracing::info!(reason = %e, "UCX unavailable; peers on other hosts go over TCP");
         tcp(ip, options)
+    })
+}
+
+/// Without `tcp` and `ucx`, `auto` has no network half: refused, saying so (rather than
+/// naming `tcp` alone, as its fallback's error would).
+#[cfg(not(any(feature = "tcp", feature = "ucx")))]
+fn network(_: IpAddr, _: &Options) -> Result<AnyCommunicator> {
+    Err(Error::Unavailable {
+        what: "the `auto` transport".into(),
+        reason: "it reaches peers on other hosts over `ucx` or `tcp`, and this build leaves \
+                 out both cargo features"
+            .into(),
+        hint: format!(
+            "build with hmc-transports' `tcp` or `ucx` feature (hmc-engine's, default \
+             ones), or choose a transport this build has ({})",
+            crate::compiled_in().join(", ")
+        ),
     })
 }
 

@@ -76,10 +76,6 @@ impl Default for Options {
     }
 }
 
-#[cfg_attr(
-    not(any(feature = "tcp", feature = "ucx", feature = "shm", feature = "rdma")),
-    allow(dead_code)
-)]
 impl Options {
     /// The defaults, with the [`Environment`] read now.
     pub fn from_env() -> Self {
@@ -90,11 +86,16 @@ impl Options {
     }
 
     /// `max_pending_notifications` for a config whose own value is `own`.
+    #[cfg_attr(
+        not(any(feature = "tcp", feature = "ucx", feature = "shm", feature = "rdma")),
+        allow(dead_code)
+    )]
     pub(crate) fn notifications(&self, own: usize) -> usize {
         self.max_pending_notifications.unwrap_or(own)
     }
 
     /// `max_staging_bytes` for a config whose own value is `own`.
+    #[cfg_attr(not(any(feature = "tcp", feature = "ucx")), allow(dead_code))]
     pub(crate) fn staging(&self, own: usize) -> usize {
         self.max_staging_bytes.unwrap_or(own)
     }

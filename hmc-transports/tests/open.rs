@@ -109,7 +109,10 @@ fn hmc_plugin_options() -> hmc_transports::PluginOpenOptions {
     hmc_transports::PluginOpenOptions::new(LO)
 }
 
-#[cfg(not(feature = "plugin"))]
+#[cfg(all(
+    not(feature = "plugin"),
+    any(feature = "tcp", feature = "ucx", feature = "shm", feature = "rdma")
+))]
 #[test]
 fn without_plugins_a_name_says_which_feature_loads_them() {
     let e = open(&"nosuch".parse().unwrap(), LO, &Options::default())
@@ -121,13 +124,57 @@ fn without_plugins_a_name_says_which_feature_loads_them() {
     );
 }
 
-#[cfg(not(feature = "rdma"))]
+#[cfg(all(
+    not(feature = "rdma"),
+    any(feature = "tcp", feature = "ucx", feature = "shm", feature = "plugin")
+))]
 #[test]
 fn a_builtin_left_out_names_its_feature() {
     let e = open(&TransportName::Rdma, LO, &Options::default())
         .unwrap_err()
         .to_string();
     assert!(e.contains("cargo feature `rdma`"), "{e}");
+}
+
+/// A build with no transport at all (`--no-default-features`) refuses every name, naming
+/// each feature that would open one.
+#[cfg(not(any(
+    feature = "tcp",
+    feature = "ucx",
+    feature = "shm",
+    feature = "rdma",
+    feature = "plugin"
+)))]
+#[test]
+fn a_build_without_transports_names_every_feature() {
+    assert!(hmc_transports::compiled_in().is_empty());
+    for name in ["tcp", "auto", "faulty:shm", "nosuch"] {
+        let name: TransportName = name.parse().unwrap();
+        let e = open(&name, LO, &Options::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("has no transport")
+                && ["`tcp`", "`ucx`", "`shm`", "`rdma`", "`plugin`"]
+                    .iter()
+                    .all(|f| e.contains(f)),
+            "{name}: {e}"
+        );
+    }
+}
+
+/// Shared memory alone reaches no other host: `auto` is refused saying so, not as if
+/// only `tcp` were missing.
+#[cfg(all(feature = "shm", not(any(feature = "tcp", feature = "ucx"))))]
+#[test]
+fn auto_without_a_network_transport_says_which_features_it_needs() {
+    let e = open(&TransportName::Auto, LO, &Options::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`auto`") && e.contains("`tcp` or `ucx`") && e.contains("shm"),
+        "{e}"
+    );
 }
 
 /// Without a verbs device (no RDMA stack here, or the stand-in not named), opening RDMA

@@ -9,6 +9,7 @@ mod capi;
 mod chaos;
 mod cluster;
 mod compat;
+mod features;
 mod python;
 mod report;
 mod scaffold;
@@ -27,7 +28,8 @@ usage: cargo xtask <command>
                        with checksums, and the RPC demo methods
   demo --cluster       etcd started on loopback, two engines that find each other by name
                        through it and move bytes (checksums verified), etcd stopped
-  test [--long]        install what is missing, then tidy checks and the whole test suite
+  test [--long]        install what is missing, then tidy checks, the single-transport
+                       engine checks (`features`) and the whole test suite
                        (--long adds the long-running soak tests and
                        `pip install ./hmc-py` into a new venv)
   bench <transfer|rpc|ucx|shm|rdma|engine|python|kv|plugin|all> [--quick] [--report]
@@ -60,6 +62,9 @@ usage: cargo xtask <command>
                        wheel into target/ucx-wheel/V and run the UCX tests against it
                        (HMC_UCX_LIB): binding layout, conformance, faults, RPC data plane
   tidy                 the cheap source checks that `test` also runs
+  features             hmc-engine checked with each ONE transport feature (tcp, ucx, shm,
+                       rdma, plugin) and with none, warnings failing it; `test` also runs
+                       it (seconds on a warm target)
   new-backend NAME [--transport|--memory] [--dir DIR]
                        scaffold an out-of-tree backend crate (default ../NAME) that passes
                        the conformance kit on its first `cargo test`
@@ -109,6 +114,7 @@ fn main() -> ExitCode {
         Some("hw-bundle") => hw_bundle(&args[1..]),
         Some("rdma-bundle") => rdma_bundle::rdma_bundle(),
         Some("tidy") => tidy::run(&root()),
+        Some("features") => features::command(&args[1..]),
         Some("compat") => compat::command(),
         Some("chaos") => chaos::command(&args[1..]),
         Some("deps") => ensure_system_packages(),
@@ -343,6 +349,8 @@ fn ensure_system_packages() -> Result {
 fn test(long: bool) -> Result {
     ensure_system_packages()?;
     tidy::run(&root())?;
+    // The engine with each transport alone (cargo checks: seconds on a warm target).
+    features::run()?;
     for mut step in test_steps(&["--workspace"], true, long) {
         run(&mut step)?;
     }
