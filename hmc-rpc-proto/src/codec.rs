@@ -258,13 +258,13 @@ impl<'a, 'b> ser::Serializer for &'a mut Encoder<'b> {
     }
     fn serialize_struct_variant(
         self,
-        _: &'static str,
+        name: &'static str,
         idx: u32,
-        _: &'static str,
-        _: usize,
+        variant: &'static str,
+        len: usize,
     ) -> Result<Self, CodecError> {
-        self.serialize_u32(idx)?;
-        Ok(self)
+        // As a tuple variant: the variant's index, then the fields by position.
+        self.serialize_tuple_variant(name, idx, variant, len)
     }
     fn is_human_readable(&self) -> bool {
         false

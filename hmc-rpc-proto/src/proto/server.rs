@@ -468,12 +468,11 @@ impl ServerConn {
         if h.mode == PayloadMode::TcpStream {
             let skipped = self.f.skipped_streams();
             if skipped >= self.f.cfg.max_inflight {
-                self.budget.bump(Event::ClosedSkippedStreams);
                 let why = format!(
                     "limit `max_inflight_per_conn` ({}) reached by refused request bodies still unfinished; send or CANCEL their DATA before new calls",
                     self.f.cfg.max_inflight
                 );
-                self.close(Status::OVERLOADED, &why);
+                self.close_counted(Event::ClosedSkippedStreams, Status::OVERLOADED, &why);
                 return;
             }
             self.f.open_in_stream(h, true, None, now);
@@ -656,21 +655,9 @@ impl ServerConn {
         total: u64,
         now: Instant,
     ) -> bool {
-        let Some(e) = self.inflight.get(&request_id) else {
-            return false;
-        };
-        if e.one_way || e.deadline.is_some_and(|d| now >= d) {
-            let why = Bytes::from_static(b"the handler finished after the call's deadline");
-            self.respond(request_id, method_id, Status::DEADLINE_EXCEEDED, why, now);
+        if !self.take_in_time(request_id, method_id, now) {
             return false;
         }
-        if let Some(d) = e.deadline {
-            self.deadlines.remove(&(d, request_id));
-        }
-        let held = e.held;
-        self.inflight.remove(&request_id);
-        self.req_held -= held;
-        self.last_activity = now;
         self.staged.remove(&request_id);
         let mut h = FrameHeader::new(FrameKind::Response, request_id);
         h.method_id = method_id;
@@ -701,13 +688,29 @@ impl ServerConn {
     /// body. Like [`ServerConn::respond`], ignored for calls already answered, and
     /// DEADLINE_EXCEEDED when it comes too late.
     pub fn respond_in_buffer(&mut self, request_id: u64, method_id: u32, len: u64, now: Instant) {
-        let Some(e) = self.inflight.get(&request_id) else {
+        if !self.take_in_time(request_id, method_id, now) {
             return;
+        }
+        let mut h = FrameHeader::new(FrameKind::Response, request_id);
+        h.method_id = method_id;
+        h.status = Status::OK;
+        h.mode = PayloadMode::HmcBuffer;
+        h.payload_len = len;
+        self.f.send_frame(&h, &[]);
+    }
+
+    /// Takes call `request_id` out of the request table for an OK answer whose body goes
+    /// apart from [`ServerConn::respond`] (fed, or in the client's buffer): false when it
+    /// was already answered, or is one-way or late (then answered as `respond` does).
+    #[inline]
+    fn take_in_time(&mut self, request_id: u64, method_id: u32, now: Instant) -> bool {
+        let Some(e) = self.inflight.get(&request_id) else {
+            return false;
         };
         if e.one_way || e.deadline.is_some_and(|d| now >= d) {
             let why = Bytes::from_static(b"the handler finished after the call's deadline");
             self.respond(request_id, method_id, Status::DEADLINE_EXCEEDED, why, now);
-            return;
+            return false;
         }
         if let Some(d) = e.deadline {
             self.deadlines.remove(&(d, request_id));
@@ -716,12 +719,7 @@ impl ServerConn {
         self.inflight.remove(&request_id);
         self.req_held -= held;
         self.last_activity = now;
-        let mut h = FrameHeader::new(FrameKind::Response, request_id);
-        h.method_id = method_id;
-        h.status = Status::OK;
-        h.mode = PayloadMode::HmcBuffer;
-        h.payload_len = len;
-        self.f.send_frame(&h, &[]);
+        true
     }
 
     /// Next event for the runtime.
@@ -814,12 +812,11 @@ impl ServerConn {
             return;
         }
         if self.f.has_tx() && now >= self.tx_progress.1 + self.f.cfg.write_stall_timeout {
-            self.budget.bump(Event::ClosedWriteStall);
             let why = format!(
                 "the client read none of its answers for `write_stall_timeout` ({:?}); read answers as they come or raise the server's ConnConfig::write_stall_timeout",
                 self.f.cfg.write_stall_timeout
             );
-            self.close(Status::OVERLOADED, &why);
+            self.close_counted(Event::ClosedWriteStall, Status::OVERLOADED, &why);
             return;
         }
         if self.stream_idle_deadline().is_some_and(|t| now >= t) {
@@ -836,12 +833,11 @@ impl ServerConn {
             self.next_probe = Some(now + PROBE_INTERVAL);
         }
         if self.idle_applies() && now >= self.last_activity + self.f.cfg.idle_timeout {
-            self.budget.bump(Event::ClosedIdle);
             let why = format!(
                 "idle for `idle_timeout` ({:?}); reconnect to call again",
                 self.f.cfg.idle_timeout
             );
-            self.close(Status::OK, &why);
+            self.close_counted(Event::ClosedIdle, Status::OK, &why);
         }
     }
 
@@ -856,6 +852,12 @@ impl ServerConn {
             self.f.send_frame(&h, &b);
             self.state = ServerState::Draining;
         }
+    }
+
+    /// Closes the connection for a limit or timeout that `event` counts.
+    fn close_counted(&mut self, event: Event, status: Status, why: &str) {
+        self.budget.bump(event);
+        self.close(status, why);
     }
 
     pub(super) fn close(&mut self, status: Status, why: &str) {
