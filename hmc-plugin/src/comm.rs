@@ -19,9 +19,10 @@ use hmc_core::{
 };
 
 use crate::abi::*;
-use crate::error::{overran, status_error};
+use crate::error::overran;
 use crate::events::Events;
 use crate::load::Plugin;
+use crate::memory::abi_region;
 
 /// A raw handle that may cross threads: the ABI makes every handle but a transfer usable
 /// from any thread, and a transfer is used by one future at a time.
@@ -48,14 +49,7 @@ impl CommInner {
     /// The error for status `code` of `function`, with the calling thread's last-error
     /// message (call right after the failing call, on its thread).
     fn error(&self, function: &'static str, code: i32, started: Instant) -> Error {
-        status_error(
-            self.plugin.name(),
-            self.plugin.transport(),
-            function,
-            code,
-            self.plugin.last_error(),
-            started,
-        )
+        self.plugin.call_error(function, code, started)
     }
 
     fn check(&self, function: &'static str, code: i32) -> Result<()> {
@@ -272,25 +266,7 @@ impl PluginCommunicator {
             )));
         }
         let api = plugin.api;
-        let mut comm: *mut HmcComm = std::ptr::null_mut();
-        // SAFETY: `config` is readable for its length during the call; `comm` is written.
-        let code =
-            unsafe { api.comm_open.expect("checked")(config.as_ptr(), config.len(), &mut comm) };
-        if code != HMC_OK || comm.is_null() {
-            let code = if code == HMC_OK {
-                HMC_ERR_INTERNAL
-            } else {
-                code
-            };
-            return Err(status_error(
-                plugin.name(),
-                plugin.transport(),
-                "comm_open",
-                code,
-                plugin.last_error(),
-                Instant::now(),
-            ));
-        }
+        let comm = plugin.open_handle("comm_open", api.comm_open.expect("checked"), config)?;
         // From here on, dropping `inner` destroys the communicator.
         let mut inner = CommInner {
             plugin: plugin.clone(),
@@ -587,12 +563,7 @@ impl Communicator for PluginCommunicator {
                 ),
             });
         }
-        let raw = HmcRegion {
-            addr: region.addr,
-            len: region.len as u64,
-            device_kind: region.device.kind.wire_id() as u32,
-            device_ordinal: region.device.ordinal,
-        };
+        let raw = abi_region(region);
         let mut reg: *mut HmcReg = std::ptr::null_mut();
         // SAFETY: the caller keeps `region` allocated until the registration drops (this
         // method's contract); `raw` and `reg` live across the call.
@@ -667,12 +638,7 @@ impl Communicator for PluginCommunicator {
             });
         }
         let desc = HmcRemoteDesc {
-            region: HmcRegion {
-                addr: r.addr,
-                len: r.len as u64,
-                device_kind: r.device.kind.wire_id() as u32,
-                device_ordinal: r.device.ordinal,
-            },
+            region: abi_region(r),
             access: remote.access.bits() as u32,
             key: remote.key.as_ptr(),
             key_len: remote.key.len(),

@@ -3,11 +3,12 @@
 use std::ffi::{CStr, c_char};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Instant;
 
-use hmc_core::TransportId;
+use hmc_core::{Error, TransportId};
 
 use crate::abi::*;
-use crate::error::PluginError;
+use crate::error::{PluginError, status_error};
 
 /// Where to look for plugins.
 #[derive(Clone, Debug, Default)]
@@ -61,6 +62,10 @@ impl std::fmt::Debug for Plugin {
 unsafe impl Send for Plugin {}
 // SAFETY: as above; the table is never written after loading.
 unsafe impl Sync for Plugin {}
+
+/// The shape of the table's `*_open` functions: `config` (`len` bytes) in, a handle out.
+pub(crate) type OpenFn<T> =
+    unsafe extern "C" fn(config: *const u8, len: usize, out: *mut *mut T) -> i32;
 
 /// The host's table, handed to every plugin.
 static HOST_API: HostApi = HostApi(HmcHostApi {
@@ -386,6 +391,43 @@ impl Plugin {
     /// The calling thread's last error in this plugin, if it set one.
     pub(crate) fn last_error(&self) -> Option<String> {
         last_error(&self.api)
+    }
+
+    /// Calls `open`, this plugin's `function` (`comm_open`, `memory_open`), with `config`
+    /// (`key=value` lines): the handle it made, or its error. `HMC_OK` without a handle
+    /// is the plugin's internal error.
+    pub(crate) fn open_handle<T>(
+        &self,
+        function: &'static str,
+        open: OpenFn<T>,
+        config: &str,
+    ) -> Result<*mut T, Error> {
+        let mut handle: *mut T = std::ptr::null_mut();
+        // SAFETY: `config` is readable for its length during the call; `handle` is written.
+        let code = unsafe { open(config.as_ptr(), config.len(), &mut handle) };
+        if code != HMC_OK || handle.is_null() {
+            let code = if code == HMC_OK {
+                HMC_ERR_INTERNAL
+            } else {
+                code
+            };
+            return Err(self.call_error(function, code, Instant::now()));
+        }
+        Ok(handle)
+    }
+
+    /// The error for status `code` of `function`, a call into this plugin begun at
+    /// `started`, with the calling thread's last-error message (call right after the
+    /// failing call, on its thread).
+    pub(crate) fn call_error(&self, function: &'static str, code: i32, started: Instant) -> Error {
+        status_error(
+            self.name(),
+            self.transport(),
+            function,
+            code,
+            self.last_error(),
+            started,
+        )
     }
 }
 

@@ -12,7 +12,6 @@ use hmc_core::{
 };
 
 use crate::abi::*;
-use crate::error::status_error;
 use crate::load::Plugin;
 
 struct MemInner {
@@ -32,14 +31,7 @@ impl MemInner {
         if code == HMC_OK {
             return Ok(());
         }
-        Err(status_error(
-            self.plugin.name(),
-            self.plugin.transport(),
-            function,
-            code,
-            self.plugin.last_error(),
-            Instant::now(),
-        ))
+        Err(self.plugin.call_error(function, code, Instant::now()))
     }
 }
 
@@ -80,7 +72,8 @@ impl Drop for PluginBuffer {
     }
 }
 
-fn raw(region: Region) -> HmcRegion {
+/// `region` as the ABI passes regions (`memory_copy`, `register_mem`, `import`).
+pub(crate) fn abi_region(region: Region) -> HmcRegion {
     HmcRegion {
         addr: region.addr,
         len: region.len as u64,
@@ -101,24 +94,7 @@ impl PluginMemory {
             )));
         }
         let api = plugin.api;
-        let mut mem: *mut HmcMemory = std::ptr::null_mut();
-        // SAFETY: `config` is readable for its length; `mem` is written.
-        let code =
-            unsafe { api.memory_open.expect("checked")(config.as_ptr(), config.len(), &mut mem) };
-        if code != HMC_OK || mem.is_null() {
-            return Err(status_error(
-                plugin.name(),
-                plugin.transport(),
-                "memory_open",
-                if code == HMC_OK {
-                    HMC_ERR_INTERNAL
-                } else {
-                    code
-                },
-                plugin.last_error(),
-                Instant::now(),
-            ));
-        }
+        let mem = plugin.open_handle("memory_open", api.memory_open.expect("checked"), config)?;
         let mut inner = MemInner {
             plugin,
             mem,
@@ -198,7 +174,7 @@ impl Memory for PluginMemory {
         if dst.is_empty() {
             return Ok(());
         }
-        let (d, s) = (raw(dst.region()), raw(src.region()));
+        let (d, s) = (abi_region(dst.region()), abi_region(src.region()));
         // SAFETY: both spans borrow live memory for the call (their owners' borrows), of
         // equal lengths and allowed devices (checked above).
         let code =

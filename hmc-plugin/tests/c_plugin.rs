@@ -7,12 +7,10 @@ use std::time::Duration;
 
 use hmc_backend_cpu::HostMemory;
 use hmc_core::testing::Peers;
-use hmc_core::{
-    Access, Communicator, ConnBuffer, Deadline, Error, MemSpan, MemSpanMut, Op, RegisteredBuffer,
-    TransferDesc,
-};
+use hmc_core::{Communicator, ConnBuffer, Deadline, Error, MemSpan, MemSpanMut, Op, TransferDesc};
 use hmc_plugin::abi::{HMC_PLUGIN_ABI_MAJOR, HMC_PLUGIN_ABI_MINOR};
 use hmc_plugin::{Plugin, PluginCommunicator};
+use hmc_testshim::pair::{buffers, reach};
 
 mod kit {
     use super::*;
@@ -242,11 +240,8 @@ async fn a_transfer_the_plugin_never_completes_ends_at_its_deadline() {
     let p = Plugin::load(&path).unwrap();
     let a = Arc::new(PluginCommunicator::open(p.clone(), "").unwrap());
     let b = Arc::new(PluginCommunicator::open(p, "").unwrap());
-    let mem = Arc::new(HostMemory::new());
-    let target = RegisteredBuffer::new(mem.clone(), b.clone(), 4096, Access::READ_WRITE).unwrap();
-    let local = RegisteredBuffer::new(mem, a.clone(), 4096, Access::READ_WRITE).unwrap();
-    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
-    let key = a.import(&ep, &target.export().unwrap()).unwrap();
+    let (target, local) = buffers(&Arc::new(HostMemory::new()), &a, &b, 4096);
+    let (ep, key) = reach(&a, &b, &target).await;
     let d = [TransferDesc::<PluginCommunicator> {
         local: hmc_core::ConnBuffer::registration(&local),
         local_offset: 0,
@@ -279,11 +274,8 @@ async fn a_transfer_the_plugin_never_completes_ends_at_its_deadline() {
 async fn an_oversized_batch_is_refused_naming_the_declared_limit() {
     let a = common::open_loopmem();
     let b = common::open_loopmem();
-    let mem = Arc::new(HostMemory::new());
-    let target = RegisteredBuffer::new(mem.clone(), b.clone(), 64, Access::READ_WRITE).unwrap();
-    let local = RegisteredBuffer::new(mem, a.clone(), 64, Access::READ_WRITE).unwrap();
-    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
-    let key = a.import(&ep, &target.export().unwrap()).unwrap();
+    let (target, local) = buffers(&Arc::new(HostMemory::new()), &a, &b, 64);
+    let (ep, key) = reach(&a, &b, &target).await;
     let one = TransferDesc::<PluginCommunicator> {
         local: hmc_core::ConnBuffer::registration(&local),
         local_offset: 0,
@@ -316,15 +308,11 @@ async fn an_oversized_batch_is_refused_naming_the_declared_limit() {
 fn a_host_without_tokio_moves_bytes_and_meets_deadlines() {
     let a = common::open_loopmem();
     let b = common::open_loopmem();
-    let mem = Arc::new(HostMemory::new());
-    let target =
-        RegisteredBuffer::new(mem.clone(), b.clone(), 1 << 20, Access::READ_WRITE).unwrap();
-    let local = RegisteredBuffer::new(mem, a.clone(), 1 << 20, Access::READ_WRITE).unwrap();
+    let (target, local) = buffers(&Arc::new(HostMemory::new()), &a, &b, 1 << 20);
     hmc_core::ConnBuffer::write_at(&local, 0, &hmc_core::MemSpan::host(&vec![9u8; 1 << 20]))
         .unwrap();
     futures::executor::block_on(async {
-        let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
-        let key = a.import(&ep, &target.export().unwrap()).unwrap();
+        let (ep, key) = reach(&a, &b, &target).await;
         let d = [TransferDesc::<PluginCommunicator> {
             local: hmc_core::ConnBuffer::registration(&local),
             local_offset: 0,
@@ -490,12 +478,9 @@ async fn older_minors_load_and_settle_says_what_they_promised(
     assert_eq!(p.abi(), (HMC_PLUGIN_ABI_MAJOR, minor));
     let a = Arc::new(PluginCommunicator::open(p.clone(), "").unwrap());
     let b = Arc::new(PluginCommunicator::open(p, "").unwrap());
-    let mem = Arc::new(HostMemory::new());
-    let target = RegisteredBuffer::new(mem.clone(), b.clone(), 4096, Access::READ_WRITE).unwrap();
-    let local = RegisteredBuffer::new(mem, a.clone(), 4096, Access::READ_WRITE).unwrap();
+    let (target, local) = buffers(&Arc::new(HostMemory::new()), &a, &b, 4096);
     local.write_at(0, &MemSpan::host(&[7u8; 4096])).unwrap();
-    let ep = a.connect(&b.address(), Deadline::default()).await.unwrap();
-    let key = a.import(&ep, &target.export().unwrap()).unwrap();
+    let (ep, key) = reach(&a, &b, &target).await;
     let d = [TransferDesc::new(local.registration(), 0, &key, 0, 4096)];
     a.transfer(&ep, Op::Write, &d, Deadline::default())
         .await
