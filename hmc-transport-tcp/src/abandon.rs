@@ -1,9 +1,9 @@
 //! Making an abandoned WRITE final at the target: each served data connection's apply gate, found by the initiator's address, and the initiator's record of the connections it gave up on.
 //!
-//! An initiator that gives up on a WRITE mid-way resets its connection (see
-//! `crate::comm`'s `InFlight`). The target checks for that reset before each `recvmsg`
-//! into the registered region, but a reset does not empty the target's receive queue: a
-//! responder descheduled between its check and its `recvmsg` would still apply what its
+//! An initiator that gives up on a WRITE mid-way resets its connection (the drop rule of
+//! `crate::endpoint`'s `ConnLease` for a WRITE, `Unfinished::Abandon`). The target checks
+//! for that reset before each `recvmsg` into the registered region, but a reset does not
+//! empty the target's receive queue: a responder descheduled between its check and its `recvmsg` would still apply what its
 //! socket holds, after the initiator reported the end. So the check and the `recvmsg` (or,
 //! for device memory, the copy out of a staging chunk) run under the connection's [`Gate`],
 //! and an ABANDON request (`crate::wire::REQ_ABANDON`) sent over another connection from

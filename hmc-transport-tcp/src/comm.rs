@@ -3,11 +3,12 @@
 //! The initiator side lives here; the target side (the responder that serves peers'
 //! requests against this process's registrations) lives in [`crate::responder`].
 //!
-//! Each endpoint keeps a small pool of connections. A transfer takes one connection for
-//! its whole batch and does its I/O inside the transfer future, straight between the
-//! socket and the registered memory. Dropping the future therefore stops every access to
-//! the local buffers at once; the connection it held is closed rather than returned, so a
-//! half-finished request never confuses the next one.
+//! Each endpoint keeps a small pool of connections (`crate::endpoint`). A transfer
+//! (`crate::request`) takes one connection for its whole batch and does its I/O inside
+//! the transfer future, straight between the socket and the registered memory. Dropping
+//! the future therefore stops every access to the local buffers at once; the connection
+//! it held is reset rather than returned, so a half-finished request never confuses the
+//! next one.
 //!
 //! # An early end is final after `settle`
 //!
@@ -39,29 +40,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hmc_core::{
-    Access, AnyMemory, CommCapabilities, Communicator, Deadline, Error, LocalRegistration, Memory,
-    Notification, Op, PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId,
+    Access, AnyMemory, CommCapabilities, Communicator, Deadline, Error, Memory, Notification, Op,
+    PeerAddr, Region, RemoteRegion, Result, TransferDesc, TransportId,
 };
-use hmc_transport_kit::key_token::KeyToken;
 use hmc_transport_kit::registry::Registry;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::{Semaphore, SemaphorePermit, watch};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use crate::TcpConfig;
-use crate::auth::{NONCE_LEN, PROOF_LEN};
-use crate::net::{Listener, Stream};
-pub(crate) use crate::region::RegEntry;
-use crate::request::{broken, check_batch, run_request};
+use crate::endpoint::{EndpointInner, TcpEndpoint, Unfinished, dial};
+use crate::net::Listener;
+use crate::registration::{TcpRegistration, TcpRemoteKey};
+use crate::request::{self, broken, check_batch};
 use crate::staged::{StagingPool, StagingStats};
-pub(crate) use crate::state::{Counters, Notifications, Shared, Tasks};
+use crate::state::{Counters, Notifications, Shared, Tasks};
 use crate::wait::Watched;
 use crate::wire::{self, KEY_LEN, TOKEN_LEN};
-
-/// How long a connection must have been idle in the endpoint's pool before it is probed
-/// for a close by the peer (one non-blocking read) when it is taken for a request.
-const PROBE_IDLE_AFTER: Duration = Duration::from_millis(1);
 
 /// What a [`TcpCommunicator`] has done and holds, for monitoring and tests
 /// ([`TcpCommunicator::stats`]). Counts are since `bind`; "now" fields are a snapshot.
@@ -149,49 +145,6 @@ impl TcpCommunicator {
         *self.shared.registered_bytes.lock()
     }
 
-    /// Adds a registration of `region` (with `memory` when it is device memory served
-    /// through the staging pool), counted against `max_registered_bytes`.
-    fn add_region(
-        &self,
-        region: Region,
-        access: Access,
-        memory: Option<AnyMemory>,
-    ) -> Result<TcpRegistration> {
-        {
-            let mut used = self.shared.registered_bytes.lock();
-            let max = self.shared.config.max_registered_bytes;
-            let want = used.saturating_add(region.len as u64);
-            if want > max {
-                return Err(Error::LimitExceeded {
-                    limit: "max_registered_bytes",
-                    value: want,
-                    max,
-                    hint: "deregister buffers you no longer need, or raise \
-                           TcpConfig::max_registered_bytes"
-                        .into(),
-                });
-            }
-            *used = want;
-        }
-        let made = self.shared.regions.insert(|id| {
-            Ok(RegEntry {
-                id,
-                region,
-                access,
-                token: KeyToken::new()?,
-                live: RwLock::new(true),
-                memory,
-            })
-        });
-        let entry = made.inspect_err(|_| {
-            *self.shared.registered_bytes.lock() -= region.len as u64;
-        })?;
-        Ok(TcpRegistration {
-            entry,
-            shared: self.shared.clone(),
-        })
-    }
-
     /// What the bounce chunks of device regions served to peers have done.
     pub fn staging_stats(&self) -> StagingStats {
         self.shared.staging.stats()
@@ -217,277 +170,11 @@ impl TcpCommunicator {
             auth_failures: get(&c.auth_failures),
         }
     }
-
-    /// Dials the endpoint's peer and exchanges HELLOs (and authenticates, with a secret).
-    async fn dial(shared: &Shared, peer: &PeerAddr, deadline: Deadline) -> Result<Stream> {
-        let start = Instant::now();
-        let mut stream = Stream::connect(peer, deadline).await?;
-        let me = shared.addr.to_string();
-        let secret = shared.config.auth_secret.as_ref();
-        let hello = async {
-            let Some(secret) = secret else {
-                stream.write_all(&wire::encode_hello(None, &me)).await?;
-                return wire::read_hello_v(&mut stream, true).await.map(Ok);
-            };
-            let nonce = crate::auth::nonce()?;
-            let mut hello = wire::encode_hello_v(wire::VERSION_AUTH, None, me.as_bytes());
-            hello.extend_from_slice(&nonce);
-            stream.write_all(&hello).await?;
-            let challenge = match wire::read_hello_v(&mut stream, true).await? {
-                Ok(h) if h.status == wire::STATUS_AUTHENTICATE => h,
-                // A refusal (or garbage): reported below like any answer.
-                other => return Ok(Ok(other)),
-            };
-            if challenge.payload.len() != NONCE_LEN + PROOF_LEN {
-                return Ok(Ok(Err(format!(
-                    "an authentication challenge of {} bytes (expected {})",
-                    challenge.payload.len(),
-                    NONCE_LEN + PROOF_LEN
-                ))));
-            }
-            let theirs: [u8; NONCE_LEN] = challenge.payload[..NONCE_LEN].try_into().expect("32");
-            let their_proof: [u8; PROOF_LEN] =
-                challenge.payload[NONCE_LEN..].try_into().expect("32");
-            let ctx = crate::responder::AUTH_CONTEXT;
-            let claim = me.as_bytes();
-            let genuine = secret.verify(ctx, b'L', &nonce, &theirs, claim, &their_proof);
-            // Our proof goes out either way, so the listener can report a mismatch too.
-            let proof = secret.proof(ctx, b'D', &nonce, &theirs, claim);
-            stream.write_all(&proof).await?;
-            if !genuine {
-                return Ok(Err(()));
-            }
-            wire::read_hello_v(&mut stream, true).await.map(Ok)
-        };
-        let answer = match tokio::time::timeout_at(deadline.instant().into(), hello).await {
-            Err(_) => {
-                return Err(Error::DeadlineExceeded {
-                    during: "data-plane HELLO",
-                    elapsed: start.elapsed(),
-                });
-            }
-            Ok(Err(e)) => {
-                return Err(Error::peer(
-                    peer,
-                    format!("HELLO failed: {e}; is an HMC TcpCommunicator listening there?"),
-                ));
-            }
-            Ok(Ok(Err(()))) => {
-                tracing::warn!(%peer, "data-plane peer failed authentication");
-                return Err(Error::peer(
-                    peer,
-                    "failed authentication: its proof does not match this side's secret; both \
-                     peers need the same TcpConfig::auth_secret",
-                ));
-            }
-            Ok(Ok(Ok(answer))) => answer,
-        };
-        match answer {
-            Err(why) => Err(Error::Protocol(format!("{peer}: {why}"))),
-            Ok(h) if h.status == 0 && secret.is_some() && h.version != wire::VERSION_AUTH => {
-                Err(Error::peer(
-                    peer,
-                    "admitted the connection without authenticating; it has no \
-                     TcpConfig::auth_secret, and this side requires one",
-                ))
-            }
-            Ok(h) if h.status == 0 => Ok(stream),
-            Ok(h) => Err(Error::peer(
-                peer,
-                format!(
-                    "refused the connection: {}",
-                    String::from_utf8_lossy(&h.payload)
-                ),
-            )),
-        }
-    }
 }
 
 impl Drop for TcpCommunicator {
     fn drop(&mut self) {
         self.close();
-    }
-}
-
-/// A connection to one peer; cheap to clone. The connections close when the last clone
-/// is dropped.
-#[derive(Clone)]
-pub struct TcpEndpoint {
-    pub(crate) inner: Arc<EndpointInner>,
-}
-
-pub(crate) struct EndpointInner {
-    pub(crate) id: u64,
-    peer: PeerAddr,
-    /// Pooled connections, when each went idle, and whether it must be probed before reuse
-    /// however soon (its last request was refused: the target may have closed it).
-    idle: Mutex<Vec<(Stream, Instant, bool)>>,
-    slots: Semaphore,
-    /// The key (id, token) of the peer's region imported last on this endpoint: a NOTIFY
-    /// carries it to prove that the peer granted this side access.
-    notify_key: Mutex<Option<(u64, [u8; TOKEN_LEN])>>,
-    /// Connections reset in the middle of a WRITE, not yet abandoned at the target.
-    abandoned: Mutex<crate::abandon::Pending>,
-    /// One `settle` at a time: a second one waits for the first's answers, which may cover
-    /// its WRITEs too.
-    settling: tokio::sync::Mutex<()>,
-}
-
-impl std::fmt::Debug for TcpEndpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpEndpoint")
-            .field("peer", &self.inner.peer)
-            .finish_non_exhaustive()
-    }
-}
-
-impl TcpEndpoint {
-    /// The peer's address.
-    pub fn peer(&self) -> &PeerAddr {
-        &self.inner.peer
-    }
-
-    /// Takes one of the endpoint's `max_connections_per_endpoint` slots and a connection
-    /// for it: an idle one, or a new one. The slot frees when the permit drops.
-    async fn checkout(
-        &self,
-        shared: &Shared,
-        deadline: Deadline,
-        now: Instant,
-    ) -> Result<(SemaphorePermit<'_>, Stream)> {
-        let slot = self
-            .inner
-            .slots
-            .acquire()
-            .await
-            .map_err(|_| Error::Closed("endpoint closed".into()))?;
-        // The target closes connections idle for its `idle_timeout`: skip pooled ones that
-        // are close to it, or that it has already closed. A connection back in the pool
-        // for less than `PROBE_IDLE_AFTER` is not probed: the probe is a system call per op
-        // in a loop of small ops, and it could not see a close that comes after it anyway.
-        let max_idle = shared.config.idle_timeout / 2;
-        let pooled = loop {
-            let Some((s, since, refused)) = self.inner.idle.lock().pop() else {
-                break None;
-            };
-            let idle = now.saturating_duration_since(since);
-            let probe = refused || idle >= PROBE_IDLE_AFTER;
-            if idle < max_idle && !(probe && s.closed_by_peer()) {
-                break Some(s);
-            }
-        };
-        let stream = match pooled {
-            Some(s) => s,
-            // The endpoint's peer was reachable once: failing to reach it again means it
-            // went away (Error::Peer), the same shape as losing it mid-transfer; only
-            // `connect` reports a refusal as the io::Error it is.
-            None => TcpCommunicator::dial(shared, &self.inner.peer, deadline)
-                .await
-                .map_err(|e| match e {
-                    Error::Io { source, .. } => Error::peer(
-                        &self.inner.peer,
-                        format!("gone: reconnecting to it failed ({source}); connect again once it is back"),
-                    ),
-                    e => e,
-                })?,
-        };
-        Ok((slot, stream))
-    }
-
-    /// Returns a connection to the pool; `refused`: the target refused its last request.
-    fn checkin(&self, shared: &Shared, stream: Stream, refused: bool) {
-        let mut idle = self.inner.idle.lock();
-        if idle.len() < shared.config.max_idle_per_endpoint {
-            idle.push((stream, Instant::now(), refused));
-        }
-    }
-}
-
-/// A connection carrying a request. Dropped before the request ended (the transfer's
-/// future dropped, its deadline passed, the peer failed), it is reset rather than closed:
-/// bytes of a WRITE still in this host's send buffer are discarded instead of delivered
-/// when the target reads again, and the target, which checks for a reset before applying
-/// each part of a WRITE, applies none of the rest. A reset does not empty the target's
-/// receive queue, though, so a WRITE's connection is also recorded on its endpoint
-/// (`write_on`), for [`Communicator::settle`] to abandon at the target: only after that
-/// does no more of the WRITE land, whatever the target's scheduling.
-struct InFlight<'e> {
-    stream: Option<Stream>,
-    /// The endpoint, for a WRITE.
-    write_on: Option<&'e EndpointInner>,
-}
-
-impl InFlight<'_> {
-    /// The connection, in step again: the request ended.
-    fn returned(&mut self) -> Stream {
-        self.stream.take().expect("returned once")
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if let Some(s) = &self.stream {
-            s.reset_on_close();
-            if let Some(ep) = self.write_on {
-                ep.abandoned.lock().push(s.local_socket_addr());
-            }
-        }
-    }
-}
-
-/// Local memory registered with a [`TcpCommunicator`]; deregistered on drop.
-pub struct TcpRegistration {
-    pub(crate) entry: Arc<RegEntry>,
-    shared: Arc<Shared>,
-}
-
-impl std::fmt::Debug for TcpRegistration {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpRegistration")
-            .field("id", &self.entry.id)
-            .field("region", &self.entry.region)
-            .field("access", &self.entry.access)
-            .finish_non_exhaustive()
-    }
-}
-
-impl LocalRegistration for TcpRegistration {
-    fn region(&self) -> Region {
-        self.entry.region
-    }
-    fn access(&self) -> Access {
-        self.entry.access
-    }
-}
-
-impl Drop for TcpRegistration {
-    fn drop(&mut self) {
-        self.shared.regions.remove(self.entry.id);
-        // Waits for a copy in progress (one system call at most), then no peer request can
-        // touch the region again.
-        *self.entry.live.write() = false;
-        *self.shared.registered_bytes.lock() -= self.entry.region.len as u64;
-    }
-}
-
-/// A peer's region imported for one endpoint.
-#[derive(Clone)]
-pub struct TcpRemoteKey {
-    pub(crate) endpoint: u64,
-    pub(crate) id: u64,
-    pub(crate) token: [u8; TOKEN_LEN],
-    pub(crate) len: u64,
-    pub(crate) access: Access,
-}
-
-impl std::fmt::Debug for TcpRemoteKey {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The token is a secret: never logged.
-        f.debug_struct("TcpRemoteKey")
-            .field("id", &self.id)
-            .field("len", &self.len)
-            .field("access", &self.access)
-            .finish_non_exhaustive()
     }
 }
 
@@ -528,19 +215,22 @@ impl Drop for Unsettled<'_> {
 /// over one connection of `ep` and reads the answers.
 async fn settle_with(
     shared: &Shared,
-    ep: &TcpEndpoint,
+    ep: &EndpointInner,
     pending: &[Option<std::net::SocketAddr>],
     deadline: Deadline,
     started: Instant,
 ) -> Result<()> {
-    let peer = &ep.inner.peer;
-    let (_slot, mut stream) = ep.checkout(shared, deadline, started).await?;
+    let peer = &ep.peer;
+    let mut lease = ep
+        .checkout(shared, deadline, started, Unfinished::Close)
+        .await?;
     for conn in pending.iter().flatten() {
+        let stream = lease.stream();
         let asked = async {
             stream
                 .write_all(&crate::abandon::encode_request(*conn))
                 .await?;
-            wire::read_status(&mut stream, peer).await
+            wire::read_status(stream, peer).await
         };
         match asked.await {
             Err(e) => {
@@ -563,13 +253,13 @@ async fn settle_with(
                 )));
             }
             Ok(Err(e)) => {
-                ep.checkin(shared, stream, true);
+                lease.checkin(true);
                 return Err(e);
             }
             Ok(Ok(())) => {}
         }
     }
-    ep.checkin(shared, stream, false);
+    lease.checkin(false);
     Ok(())
 }
 
@@ -639,20 +329,10 @@ impl Communicator for TcpCommunicator {
             .bounded(
                 "connect",
                 (Instant::now(), deadline),
-                pin!(Self::dial(shared, peer, deadline)),
+                pin!(dial(shared, peer, deadline)),
             )
             .await?;
-        Ok(TcpEndpoint {
-            inner: Arc::new(EndpointInner {
-                id: shared.next_endpoint.fetch_add(1, Ordering::Relaxed),
-                peer: peer.clone(),
-                idle: Mutex::new(vec![(stream, Instant::now(), false)]),
-                slots: Semaphore::new(shared.config.max_connections_per_endpoint.max(1)),
-                notify_key: Mutex::new(None),
-                abandoned: Mutex::default(),
-                settling: tokio::sync::Mutex::new(()),
-            }),
-        })
+        Ok(TcpEndpoint::new(shared, peer, stream))
     }
 
     unsafe fn register(&self, region: Region, access: Access) -> Result<TcpRegistration> {
@@ -667,7 +347,7 @@ impl Communicator for TcpCommunicator {
                     .into(),
             });
         }
-        self.add_region(region, access, None)
+        TcpRegistration::add(&self.shared, region, access, None)
     }
 
     /// Device memory is served to peers through a bounded pool of pinned staging chunks
@@ -681,7 +361,7 @@ impl Communicator for TcpCommunicator {
     ) -> Result<TcpRegistration> {
         self.shared.check_open()?;
         if region.device.is_host() {
-            return self.add_region(region, access, None);
+            return TcpRegistration::add(&self.shared, region, access, None);
         }
         if memory.device() != region.device {
             return Err(Error::InvalidArgument(format!(
@@ -691,7 +371,7 @@ impl Communicator for TcpCommunicator {
                 memory.device()
             )));
         }
-        self.add_region(region, access, Some(memory.clone()))
+        TcpRegistration::add(&self.shared, region, access, Some(memory.clone()))
     }
 
     /// Draws a new random token for `reg` under the registration's token lock: every key
@@ -757,7 +437,7 @@ impl Communicator for TcpCommunicator {
         deadline: Deadline,
     ) -> Result<()> {
         self.shared.check_open()?;
-        let wire_descs = check_batch(ep, op, batch)?;
+        let wire_descs = check_batch(&ep.inner, op, batch)?;
         if batch.is_empty() {
             return Ok(());
         }
@@ -769,48 +449,8 @@ impl Communicator for TcpCommunicator {
                 elapsed: Duration::ZERO,
             });
         }
-        let shared = &self.shared;
-        let peer = &ep.inner.peer; // formatted only into an error
-        let work = async {
-            let (_slot, stream) = ep.checkout(shared, deadline, started).await?;
-            // Dropped mid-request (a cancel, a deadline, an error), the connection is reset,
-            // not closed: see `InFlight`.
-            let mut held = InFlight {
-                stream: Some(stream),
-                write_on: (op == Op::Write).then_some(&*ep.inner),
-            };
-            let stream = held.stream.as_mut().expect("held until returned");
-            let per = shared.config.max_batch_descs.max(1);
-            for (descs, wire_descs) in batch.chunks(per).zip(wire_descs.chunks(per)) {
-                match run_request(
-                    stream,
-                    peer,
-                    op,
-                    descs,
-                    wire_descs,
-                    deadline.instant(),
-                    shared.config.busy_poll,
-                )
-                .await
-                {
-                    // Mid-stream: the connection is out of step and is dropped.
-                    Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                        return Err(Error::DeadlineExceeded {
-                            during: "transfer",
-                            elapsed: started.elapsed(),
-                        });
-                    }
-                    Err(e) => return Err(broken(peer, e)),
-                    Ok(Err(refused)) => {
-                        ep.checkin(shared, held.returned(), true);
-                        return Err(refused);
-                    }
-                    Ok(Ok(())) => {}
-                }
-            }
-            ep.checkin(shared, held.returned(), false);
-            Ok(())
-        };
+        let batch = (batch, &wire_descs[..]);
+        let work = request::transfer(&self.shared, &ep.inner, op, batch, deadline, started);
         self.bounded("transfer", (started, deadline), pin!(work))
             .await
     }
@@ -852,7 +492,7 @@ impl Communicator for TcpCommunicator {
                  must be final"
             )));
         }
-        let asked = settle_with(shared, ep, &unsettled.conns, deadline, started);
+        let asked = settle_with(shared, &ep.inner, &unsettled.conns, deadline, started);
         match tokio::time::timeout_at(by, asked).await {
             Err(_) => Err(not_confirmed()),
             Ok(Ok(())) => {
@@ -891,7 +531,10 @@ impl Communicator for TcpCommunicator {
         let peer = &ep.inner.peer;
         let started = Instant::now();
         let work = async {
-            let (_slot, mut stream) = ep.checkout(shared, deadline, started).await?;
+            let mut lease = ep
+                .inner
+                .checkout(shared, deadline, started, Unfinished::Close)
+                .await?;
             let mut req = Vec::with_capacity(13 + KEY_LEN + msg.len());
             match *ep.inner.notify_key.lock() {
                 Some((id, token)) => {
@@ -905,14 +548,15 @@ impl Communicator for TcpCommunicator {
             req.extend_from_slice(&tag.to_be_bytes());
             req.extend_from_slice(&(msg.len() as u32).to_be_bytes());
             req.extend_from_slice(msg);
+            let stream = lease.stream();
             let sent = async {
                 stream.write_all(&req).await?;
-                wire::read_status(&mut stream, peer).await
+                wire::read_status(stream, peer).await
             };
             match sent.await {
-                Err(e) => Err(broken(&ep.inner.peer, e)),
+                Err(e) => Err(broken(peer, e)),
                 Ok(status) => {
-                    ep.checkin(shared, stream, status.is_err());
+                    lease.checkin(status.is_err());
                     status
                 }
             }

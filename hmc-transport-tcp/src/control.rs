@@ -39,7 +39,7 @@
 //!
 //! This file holds the public API ([`ControlPlane`], its config, stats and
 //! [`ControlMessage`]) and the shared state; `conn` runs each connection's reader and writer
-//! tasks and the accept loop, `hello` the handshake and its authentication.
+//! tasks and the accept loop, `hello` both sides of the handshake and its authentication.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -60,7 +60,7 @@ mod conn;
 mod hello;
 
 use conn::{accept_loop, attach, schedule_purge};
-use hello::{auth_claim, read_ack};
+use hello::{Dialled, check_answer, dial_hello};
 
 /// A process's number in the control plane.
 pub type Rank = u32;
@@ -407,50 +407,8 @@ impl ControlPlane {
         })?;
         let start = std::time::Instant::now();
         let mut stream = Stream::connect(addr, deadline).await?;
-        let secret = inner.config.auth_secret.as_ref();
-        let handshake = async {
-            let mut hello = Vec::with_capacity(HELLO_LEN + NONCE_LEN);
-            hello.extend_from_slice(&HELLO_MAGIC);
-            hello.push(if secret.is_some() {
-                HELLO_VERSION_AUTH
-            } else {
-                HELLO_VERSION
-            });
-            hello.extend_from_slice(&inner.rank.to_be_bytes());
-            let nonce = match secret {
-                Some(_) => {
-                    let n = auth::nonce()?;
-                    hello.extend_from_slice(&n);
-                    Some(n)
-                }
-                None => None,
-            };
-            stream.write_all(&hello).await?;
-            let (fixed, reason) = read_ack(&mut stream).await?;
-            let (Some(secret), Some(nonce)) = (secret, nonce) else {
-                return Ok((fixed, reason, true));
-            };
-            if fixed[5] != STATUS_AUTHENTICATE || reason.len() != NONCE_LEN + PROOF_LEN {
-                // A refusal (or a listener without authentication): reported below.
-                return Ok((fixed, reason, true));
-            }
-            let theirs: [u8; NONCE_LEN] = reason[..NONCE_LEN].try_into().expect("32 bytes");
-            let their_proof: [u8; PROOF_LEN] = reason[NONCE_LEN..].try_into().expect("32 bytes");
-            let their_rank = Rank::from_be_bytes(fixed[6..10].try_into().expect("4 bytes"));
-            let claim = auth_claim(inner.rank, their_rank);
-            let genuine = secret.verify(AUTH_CONTEXT, b'L', &nonce, &theirs, &claim, &their_proof);
-            // Our proof goes out either way, so the listener can report a mismatch too.
-            let proof = secret.proof(AUTH_CONTEXT, b'D', &nonce, &theirs, &claim);
-            stream.write_all(&proof).await?;
-            if !genuine {
-                return Ok((fixed, reason, false));
-            }
-            let (fixed, reason) = read_ack(&mut stream).await?;
-            Ok::<_, std::io::Error>((fixed, reason, true))
-        };
-        let (fixed, reason) = match tokio::time::timeout_at(deadline.instant().into(), handshake)
-            .await
-        {
+        let handshake = dial_hello(inner, &mut stream);
+        let answer = match tokio::time::timeout_at(deadline.instant().into(), handshake).await {
             Err(_) => {
                 return Err(Error::DeadlineExceeded {
                     during: "control-plane HELLO",
@@ -463,7 +421,7 @@ impl ControlPlane {
                     format!("HELLO failed: {e}; is an HMC control plane listening there?"),
                 ));
             }
-            Ok(Ok((_, _, false))) => {
+            Ok(Ok(Dialled::NotGenuine)) => {
                 tracing::warn!(rank = inner.rank, peer = rank, %addr, "control-plane peer failed authentication");
                 return Err(Error::peer(
                     format!("rank {rank} at {addr}"),
@@ -471,41 +429,9 @@ impl ControlPlane {
                          both peers need the same ControlPlaneConfig::auth_secret",
                 ));
             }
-            Ok(Ok((fixed, reason, true))) => (fixed, reason),
+            Ok(Ok(Dialled::Answered(answer))) => answer,
         };
-        let version_ok = match secret {
-            None => fixed[4] == HELLO_VERSION,
-            // A refusal from a listener without authentication comes as version 1.
-            Some(_) => {
-                fixed[4] == HELLO_VERSION_AUTH || (fixed[4] == HELLO_VERSION && fixed[5] != 0)
-            }
-        };
-        if fixed[..4] != HELLO_MAGIC || !version_ok {
-            return Err(Error::Protocol(format!(
-                "{addr} did not answer with an HMC control-plane HELLO (version {})",
-                if secret.is_some() {
-                    HELLO_VERSION_AUTH
-                } else {
-                    HELLO_VERSION
-                }
-            )));
-        }
-        let their_rank = Rank::from_be_bytes(fixed[6..10].try_into().expect("4 bytes"));
-        if fixed[5] != 0 {
-            return Err(Error::peer(
-                format!("rank {rank} at {addr}"),
-                format!(
-                    "refused the connection: {}",
-                    String::from_utf8_lossy(&reason)
-                ),
-            ));
-        }
-        if their_rank != rank {
-            return Err(Error::peer(
-                format!("rank {rank}"),
-                format!("{addr} is rank {their_rank}, not rank {rank}; check the address"),
-            ));
-        }
+        check_answer(inner, rank, addr, &answer)?;
         attach(inner, rank, stream, None)?;
         tracing::debug!(rank = inner.rank, peer = rank, %addr, "control plane connected");
         Ok(())

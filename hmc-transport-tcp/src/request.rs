@@ -1,21 +1,41 @@
 //! The initiator's request: a batch checked before anything moves, then sent and answered
-//! on one connection (the wire format is in [`crate::wire`]).
+//! on one connection checked out of the endpoint's pool (the wire format is in
+//! [`crate::wire`]).
+//!
+//! The request path is generic over the communicator type of its descriptors only to name
+//! the registration and key types ([`TcpRegistration`], [`TcpRemoteKey`]) rather than the
+//! communicator that owns it; `TcpCommunicator` is its one instance.
 
 use std::time::{Duration, Instant};
 
-use hmc_core::{Error, Memory, Op, PeerAddr, Result, TransferDesc, TransportId};
+use hmc_core::{
+    Communicator, Deadline, Error, Memory, Op, PeerAddr, RemoteFacts, Result, TransferDesc,
+    TransportId, check_desc,
+};
 use tokio::io::AsyncWriteExt;
 
-use crate::comm::{TcpCommunicator, TcpEndpoint};
+use crate::endpoint::{EndpointInner, Unfinished};
 use crate::net::Stream;
+use crate::registration::{TcpRegistration, TcpRemoteKey};
+use crate::state::Shared;
 use crate::wire::{self, WireDesc};
-use hmc_core::{RemoteFacts, check_desc};
+
+/// The communicators whose descriptors the request path takes: `TcpCommunicator`'s.
+pub(crate) trait TcpKeys:
+    Communicator<Registration = TcpRegistration, RemoteKey = TcpRemoteKey>
+{
+}
+
+impl<C: Communicator<Registration = TcpRegistration, RemoteKey = TcpRemoteKey> + ?Sized> TcpKeys
+    for C
+{
+}
 
 /// Checks a whole batch before anything moves, and turns it into wire descriptors.
-pub(crate) fn check_batch(
-    ep: &TcpEndpoint,
+pub(crate) fn check_batch<C: TcpKeys + ?Sized>(
+    ep: &EndpointInner,
     op: Op,
-    batch: &[TransferDesc<'_, TcpCommunicator>],
+    batch: &[TransferDesc<'_, C>],
 ) -> Result<Vec<WireDesc>> {
     batch
         .iter()
@@ -34,7 +54,7 @@ pub(crate) fn check_batch(
             let remote = RemoteFacts {
                 len: d.remote.len,
                 access: d.remote.access,
-                on_endpoint: d.remote.endpoint == ep.inner.id,
+                on_endpoint: d.remote.endpoint == ep.id,
             };
             check_desc(op, d, remote)?;
             Ok(WireDesc {
@@ -47,19 +67,73 @@ pub(crate) fn check_batch(
         .collect()
 }
 
+/// Runs a checked batch (`wire_descs` from [`check_batch`]) over one connection of `ep`,
+/// `max_batch_descs` descriptors per request. `started`: the caller's clock read, for the
+/// pool's idle check and the error's time. Ended early (an error, or the future dropped),
+/// the connection does what [`Unfinished::of`] `op` says; the refusal of a request ends
+/// the batch with the connection back in the pool. A future made here rather than an
+/// `async fn`: the future keeps its arguments once, not also as locals of its body.
+#[allow(clippy::manual_async_fn)]
+pub(crate) fn transfer<C: TcpKeys + ?Sized>(
+    shared: &Shared,
+    ep: &EndpointInner,
+    op: Op,
+    (batch, wire_descs): (&[TransferDesc<'_, C>], &[WireDesc]),
+    deadline: Deadline,
+    started: Instant,
+) -> impl Future<Output = Result<()>> {
+    async move {
+        let peer = &ep.peer; // formatted only into an error
+        let mut lease = ep
+            .checkout(shared, deadline, started, Unfinished::of(op))
+            .await?;
+        let stream = lease.stream();
+        let per = shared.config.max_batch_descs.max(1);
+        for (descs, wire_descs) in batch.chunks(per).zip(wire_descs.chunks(per)) {
+            match run_request(
+                stream,
+                peer,
+                op,
+                descs,
+                wire_descs,
+                deadline.instant(),
+                shared.config.busy_poll,
+            )
+            .await
+            {
+                // Mid-stream: the connection is out of step and is dropped.
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    return Err(Error::DeadlineExceeded {
+                        during: "transfer",
+                        elapsed: started.elapsed(),
+                    });
+                }
+                Err(e) => return Err(broken(peer, e)),
+                Ok(Err(refused)) => {
+                    lease.checkin(true);
+                    return Err(refused);
+                }
+                Ok(Ok(())) => {}
+            }
+        }
+        lease.checkin(false);
+        Ok(())
+    }
+}
+
 /// The local bytes of descriptor `d`. The batch was bounds-checked and the registration is
 /// borrowed by the batch for the whole transfer.
-pub(crate) fn local_ptr(d: &TransferDesc<'_, TcpCommunicator>) -> *mut u8 {
+fn local_ptr<C: TcpKeys + ?Sized>(d: &TransferDesc<'_, C>) -> *mut u8 {
     (d.local.entry.region.addr as usize + d.local_offset) as *mut u8
 }
 
 /// Runs one request of a batch. The outer error means the connection is broken; the inner
 /// one is a refusal the target reported with the connection still in step.
-pub(crate) async fn run_request(
+async fn run_request<C: TcpKeys + ?Sized>(
     stream: &mut Stream,
     peer: &PeerAddr,
     op: Op,
-    descs: &[TransferDesc<'_, TcpCommunicator>],
+    descs: &[TransferDesc<'_, C>],
     wire_descs: &[WireDesc],
     until: Instant,
     poll: Duration,
@@ -101,7 +175,7 @@ pub(crate) async fn run_request(
             let pad = wire::align_pad(header.len() + 1, first);
             header.push(pad);
             header.resize(header.len() + pad as usize, 0);
-            let bytes = |d: &TransferDesc<'_, TcpCommunicator>| {
+            let bytes = |d: &TransferDesc<'_, C>| {
                 // SAFETY: as above.
                 unsafe { std::slice::from_raw_parts(local_ptr(d), d.len) }
             };

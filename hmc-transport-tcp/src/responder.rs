@@ -243,62 +243,10 @@ async fn send(stream: &mut Stream, bytes: &[u8], stall: Duration) -> io::Result<
 
 /// Serves one connection until it closes, breaks the protocol or runs into a timeout.
 async fn serve(shared: &Shared, mut stream: Stream) {
+    let Some((from, authenticated)) = admit_connection(shared, &mut stream).await else {
+        return;
+    };
     let counters = &shared.counters;
-    if shared.config.same_user_only
-        && shared.config.auth_secret.is_none()
-        && let Err(why) = hmc_transport_kit::owner::admit_local_peer(stream.local_peer())
-    {
-        Counters::bump(&counters.auth_failures);
-        tracing::warn!(addr = %shared.addr, %why, "refusing a data-plane connection (same_user_only)");
-        return;
-    }
-    let hello = tokio::time::timeout(
-        shared.config.hello_timeout,
-        accept_hello(shared, &mut stream),
-    )
-    .await;
-    let (from, authenticated) = match hello {
-        Err(_) => {
-            Counters::bump(&counters.hello_timeouts);
-            tracing::warn!(
-                addr = %shared.addr,
-                timeout = ?shared.config.hello_timeout,
-                "dropping a data-plane connection that did not finish its HELLO in time \
-                 (hello_timeout)"
-            );
-            return;
-        }
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "data-plane connection closed during its HELLO");
-            return;
-        }
-        Ok(Ok(Err(refusal))) => {
-            if refusal.auth {
-                Counters::bump(&counters.auth_failures);
-            }
-            tracing::warn!(addr = %shared.addr, why = %refusal.why, "refusing a data-plane HELLO");
-            let answer = wire::encode_hello_v(refusal.version, Some(1), refusal.why.as_bytes());
-            let _ = tokio::time::timeout(shared.config.hello_timeout, async {
-                let _ = stream.write_all(&answer).await;
-                let _ = stream.shutdown().await;
-            })
-            .await;
-            return;
-        }
-        Ok(Ok(Ok(admitted))) => admitted,
-    };
-    let version = if authenticated {
-        wire::VERSION_AUTH
-    } else {
-        wire::VERSION
-    };
-    let answer = wire::encode_hello_v(version, Some(0), shared.addr.to_string().as_bytes());
-    if send(&mut stream, &answer, shared.config.hello_timeout)
-        .await
-        .is_err()
-    {
-        return;
-    }
     Counters::bump(&counters.accepted);
     counters.open.fetch_add(1, Ordering::Relaxed);
     let _open = OpenConnection(&counters.open);
@@ -353,34 +301,98 @@ async fn serve(shared: &Shared, mut stream: Stream) {
             }
             other => Err(Broken::Protocol(format!("unknown request kind {other}"))),
         };
-        match outcome {
-            Ok(()) => {}
-            Err(Broken::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
-                Counters::bump(&counters.request_timeouts);
-                tracing::warn!(
-                    peer = %from,
-                    timeout = ?stall,
-                    "closing a data-plane connection whose request did not arrive or progress \
-                     within request_timeout"
-                );
-                return;
+        if let Err(broken) = outcome {
+            return close_broken(shared, &mut stream, &from, broken).await;
+        }
+    }
+}
+
+/// Admits a new connection before it is served: a same-user check where configured, then
+/// the HELLO (and authentication) within `hello_timeout`, answered with a welcome or a
+/// refusal. The dialler's address and whether it authenticated, when admitted.
+async fn admit_connection(shared: &Shared, stream: &mut Stream) -> Option<(PeerAddr, bool)> {
+    let counters = &shared.counters;
+    if shared.config.same_user_only
+        && shared.config.auth_secret.is_none()
+        && let Err(why) = hmc_transport_kit::owner::admit_local_peer(stream.local_peer())
+    {
+        Counters::bump(&counters.auth_failures);
+        tracing::warn!(addr = %shared.addr, %why, "refusing a data-plane connection (same_user_only)");
+        return None;
+    }
+    let hello = tokio::time::timeout(shared.config.hello_timeout, accept_hello(shared, stream));
+    let (from, authenticated) = match hello.await {
+        Err(_) => {
+            Counters::bump(&counters.hello_timeouts);
+            tracing::warn!(
+                addr = %shared.addr,
+                timeout = ?shared.config.hello_timeout,
+                "dropping a data-plane connection that did not finish its HELLO in time \
+                 (hello_timeout)"
+            );
+            return None;
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "data-plane connection closed during its HELLO");
+            return None;
+        }
+        Ok(Ok(Err(refusal))) => {
+            if refusal.auth {
+                Counters::bump(&counters.auth_failures);
             }
-            Err(Broken::Io(e)) => {
-                tracing::debug!(peer = %from, error = %e, "data-plane connection ended");
-                return;
-            }
-            Err(Broken::Protocol(why)) => {
-                tracing::warn!(peer = %from, %why, "closing a data-plane connection that broke the protocol");
-                let status = wire::encode_error(&Error::Protocol(why));
-                let _ = send(&mut stream, &status, stall).await;
-                return;
-            }
-            Err(Broken::Refused(e)) => {
-                tracing::warn!(peer = %from, error = %e, "refused a request from its header; closing the connection");
-                let _ = send(&mut stream, &wire::encode_error(&e), stall).await;
-                let _ = within(stall, stream.shutdown()).await;
-                return;
-            }
+            tracing::warn!(addr = %shared.addr, why = %refusal.why, "refusing a data-plane HELLO");
+            let answer = wire::encode_hello_v(refusal.version, Some(1), refusal.why.as_bytes());
+            answer_and_close(shared, stream, &answer).await;
+            return None;
+        }
+        Ok(Ok(Ok(admitted))) => admitted,
+    };
+    let version = if authenticated {
+        wire::VERSION_AUTH
+    } else {
+        wire::VERSION
+    };
+    let answer = wire::encode_hello_v(version, Some(0), shared.addr.to_string().as_bytes());
+    let sent = send(stream, &answer, shared.config.hello_timeout).await;
+    sent.is_ok().then_some((from, authenticated))
+}
+
+/// Writes `answer` (a refusal of the connection) and closes the connection, giving up
+/// after `hello_timeout`.
+async fn answer_and_close(shared: &Shared, stream: &mut Stream, answer: &[u8]) {
+    let _ = tokio::time::timeout(shared.config.hello_timeout, async {
+        let _ = stream.write_all(answer).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+/// Ends a connection whose request broke it: counts and logs why, and tells the initiator
+/// where the protocol allows.
+async fn close_broken(shared: &Shared, stream: &mut Stream, from: &PeerAddr, broken: Broken) {
+    let stall = shared.config.request_timeout;
+    match broken {
+        Broken::Io(e) if e.kind() == io::ErrorKind::TimedOut => {
+            Counters::bump(&shared.counters.request_timeouts);
+            tracing::warn!(
+                peer = %from,
+                timeout = ?stall,
+                "closing a data-plane connection whose request did not arrive or progress \
+                 within request_timeout"
+            );
+        }
+        Broken::Io(e) => {
+            tracing::debug!(peer = %from, error = %e, "data-plane connection ended");
+        }
+        Broken::Protocol(why) => {
+            tracing::warn!(peer = %from, %why, "closing a data-plane connection that broke the protocol");
+            let status = wire::encode_error(&Error::Protocol(why));
+            let _ = send(stream, &status, stall).await;
+        }
+        Broken::Refused(e) => {
+            tracing::warn!(peer = %from, error = %e, "refused a request from its header; closing the connection");
+            let _ = send(stream, &wire::encode_error(&e), stall).await;
+            let _ = within(stall, stream.shutdown()).await;
         }
     }
 }
@@ -421,7 +433,8 @@ async fn serve_abandon(
             Ok(())
         }
         (Some(named), asking_from) => Err(Error::AccessDenied(format!(
-            "{} refuses an ABANDON of a connection from {named} asked by {}: only a              connection from the same IP address may abandon one",
+            "{} refuses an ABANDON of a connection from {named} asked by {}: only a \
+             connection from the same IP address may abandon one",
             shared.addr,
             asking_from.map_or_else(|| "a Unix socket".to_string(), |a| a.to_string())
         ))),
@@ -732,6 +745,35 @@ async fn serve_batch(
     }
 }
 
+/// The runs of consecutive descriptors in the same region, each with its region: a run
+/// moves together (see `recv_into` and `send_from`).
+fn runs<'a>(
+    descs: &'a [WireDesc],
+    entries: &'a [Arc<RegEntry>],
+) -> impl Iterator<Item = (&'a [WireDesc], &'a Arc<RegEntry>)> {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        let entry = entries.get(i)?;
+        let run = entries[i..]
+            .iter()
+            .take_while(|e| Arc::ptr_eq(e, entry))
+            .count();
+        let run_descs = &descs[i..i + run];
+        i += run;
+        Some((run_descs, entry))
+    })
+}
+
+/// A staged move's outcome as a [`Moved`], or the refusal that came before any of its
+/// bytes moved.
+fn staged(moved: StagedMoved) -> Result<Moved> {
+    match moved {
+        StagedMoved::Done => Ok(Moved::Done),
+        StagedMoved::Deregistered { moved, started } => Ok(Moved::Deregistered { moved, started }),
+        StagedMoved::Refused(e) => Err(e),
+    }
+}
+
 /// Receives an admitted WRITE's bytes into its regions (staged for device memory) and
 /// answers; a refusal or a deregistration midway drains the rest and answers the error.
 async fn serve_write(
@@ -744,46 +786,34 @@ async fn serve_write(
 ) -> Result<(), Broken> {
     let stall = shared.config.request_timeout;
     let mut remaining = total;
-    // Runs of descriptors in the same region are read together (see `recv_into`).
-    let mut i = 0;
-    while i < descs.len() {
-        let (d, entry) = (&descs[i], &entries[i]);
-        let run = entries[i..]
-            .iter()
-            .take_while(|e| Arc::ptr_eq(e, entry))
-            .count();
-        let run = &descs[i..i + run];
-        i += run.len();
+    for (run, entry) in runs(descs, entries) {
         let moved = match &entry.memory {
             Some(memory) => {
                 let pool = &shared.staging;
-                match recv_staged(stream, pool, entry, memory, run, stall, gate).await? {
-                    StagedMoved::Done => Moved::Done,
-                    StagedMoved::Deregistered { moved, started } => {
-                        Moved::Deregistered { moved, started }
-                    }
-                    StagedMoved::Refused(e) => {
-                        drain(stream, remaining, stall).await?;
-                        send(stream, &wire::encode_error(&e), stall).await?;
-                        return Ok(());
-                    }
-                }
+                staged(recv_staged(stream, pool, entry, memory, run, stall, gate).await?)
             }
-            None => recv_into(stream, entry, run, stall, gate).await?,
+            None => Ok(recv_into(stream, entry, run, stall, gate).await?),
         };
-        match moved {
-            Moved::Done => remaining -= run.iter().map(|d| d.len).sum::<u64>(),
-            Moved::Deregistered { moved, .. } => {
+        let e = match moved {
+            Ok(Moved::Done) => {
+                remaining -= run.iter().map(|d| d.len).sum::<u64>();
+                continue;
+            }
+            Ok(Moved::Deregistered { moved, .. }) => {
                 drain(stream, remaining - moved, stall).await?;
-                let e = Error::InvalidKey(format!(
+                Error::InvalidKey(format!(
                     "region {} at {} was deregistered during the WRITE; part of the \
                          batch may have landed",
-                    d.id, shared.addr
-                ));
-                send(stream, &wire::encode_error(&e), stall).await?;
-                return Ok(());
+                    run[0].id, shared.addr
+                ))
             }
-        }
+            Err(refused) => {
+                drain(stream, remaining, stall).await?;
+                refused
+            }
+        };
+        send(stream, &wire::encode_error(&e), stall).await?;
+        return Ok(());
     }
     send(stream, &[0], stall).await?;
     Ok(())
@@ -809,53 +839,37 @@ async fn serve_read(
     let mut prefix = [0u8; 2 + 63];
     prefix[1] = pad;
     let mut status: &[u8] = &prefix[..2 + pad as usize];
-    // Runs of descriptors in the same region leave together (see `send_from`).
-    let mut i = 0;
-    while i < descs.len() {
-        let (d, entry) = (&descs[i], &entries[i]);
-        let run = entries[i..]
-            .iter()
-            .take_while(|e| Arc::ptr_eq(e, entry))
-            .count();
-        let run_descs = &descs[i..i + run];
+    for (run, entry) in runs(descs, entries) {
         let sent = match &entry.memory {
             Some(memory) => {
                 let pool = &shared.staging;
-                match send_staged(stream, pool, entry, memory, run_descs, status, stall).await? {
-                    StagedMoved::Done => Moved::Done,
-                    StagedMoved::Deregistered { moved, started } => {
-                        Moved::Deregistered { moved, started }
-                    }
-                    StagedMoved::Refused(e) => {
-                        // Refused only while nothing of the answer has left.
-                        send(stream, &wire::encode_error(&e), stall).await?;
-                        return Ok(());
-                    }
-                }
+                staged(send_staged(stream, pool, entry, memory, run, status, stall).await?)
             }
-            None => send_from(stream, entry, run_descs, status, stall).await?,
+            None => Ok(send_from(stream, entry, run, status, stall).await?),
         };
-        i += run;
         let first_call = !status.is_empty();
         status = &[];
-        if let Moved::Deregistered { started: false, .. } = sent
-            && first_call
-        {
+        let e = match sent {
+            Ok(Moved::Done) => continue,
+            // Refused only while nothing of the answer has left.
+            Err(refused) => refused,
             // Nothing has left yet: the answer can still be a refusal.
-            let e = Error::InvalidKey(format!(
-                "region {} at {} was deregistered before the READ was served",
-                d.id, shared.addr
-            ));
-            send(stream, &wire::encode_error(&e), stall).await?;
-            return Ok(());
-        }
-        if let Moved::Deregistered { .. } = sent {
-            // The answer is already under way; only closing can tell the initiator.
-            return Err(Broken::Io(io::Error::other(format!(
-                "region {} was deregistered during a READ",
-                d.id
-            ))));
-        }
+            Ok(Moved::Deregistered { started: false, .. }) if first_call => {
+                Error::InvalidKey(format!(
+                    "region {} at {} was deregistered before the READ was served",
+                    run[0].id, shared.addr
+                ))
+            }
+            Ok(Moved::Deregistered { .. }) => {
+                // The answer is already under way; only closing can tell the initiator.
+                return Err(Broken::Io(io::Error::other(format!(
+                    "region {} was deregistered during a READ",
+                    run[0].id
+                ))));
+            }
+        };
+        send(stream, &wire::encode_error(&e), stall).await?;
+        return Ok(());
     }
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The HELLO handshake: the dialler's HELLO and the listener's answer on the wire, the
-//! optional pre-shared-secret authentication exchange, and admitting or refusing an
-//! accepted connection.
+//! optional pre-shared-secret authentication exchange, the dialler's checks of the answer,
+//! and admitting or refusing an accepted connection.
 
 use super::*;
 
@@ -41,6 +41,104 @@ pub(super) fn auth_claim(dialler: Rank, listener: Rank) -> [u8; 8] {
     claim[..4].copy_from_slice(&dialler.to_be_bytes());
     claim[4..].copy_from_slice(&listener.to_be_bytes());
     claim
+}
+
+/// A HELLO answer: its fixed part and its reason field.
+pub(super) type Answer = ([u8; ACK_FIXED_LEN], Vec<u8>);
+
+/// How the dialler's side of a HELLO went.
+pub(super) enum Dialled {
+    /// The listener's answer, to check ([`check_answer`]).
+    Answered(Answer),
+    /// The listener's authentication proof does not match this side's secret.
+    NotGenuine,
+}
+
+/// The dialler's side of the HELLO: sends this process's HELLO and, with a secret
+/// configured, runs the authentication exchange, up to the listener's answer.
+pub(super) async fn dial_hello(inner: &Inner, stream: &mut Stream) -> std::io::Result<Dialled> {
+    let secret = inner.config.auth_secret.as_ref();
+    let mut hello = Vec::with_capacity(HELLO_LEN + NONCE_LEN);
+    hello.extend_from_slice(&HELLO_MAGIC);
+    hello.push(if secret.is_some() {
+        HELLO_VERSION_AUTH
+    } else {
+        HELLO_VERSION
+    });
+    hello.extend_from_slice(&inner.rank.to_be_bytes());
+    let nonce = match secret {
+        Some(_) => {
+            let n = auth::nonce()?;
+            hello.extend_from_slice(&n);
+            Some(n)
+        }
+        None => None,
+    };
+    stream.write_all(&hello).await?;
+    let (fixed, reason) = read_ack(stream).await?;
+    let (Some(secret), Some(nonce)) = (secret, nonce) else {
+        return Ok(Dialled::Answered((fixed, reason)));
+    };
+    if fixed[5] != STATUS_AUTHENTICATE || reason.len() != NONCE_LEN + PROOF_LEN {
+        // A refusal (or a listener without authentication): reported by `check_answer`.
+        return Ok(Dialled::Answered((fixed, reason)));
+    }
+    let theirs: [u8; NONCE_LEN] = reason[..NONCE_LEN].try_into().expect("32 bytes");
+    let their_proof: [u8; PROOF_LEN] = reason[NONCE_LEN..].try_into().expect("32 bytes");
+    let their_rank = Rank::from_be_bytes(fixed[6..10].try_into().expect("4 bytes"));
+    let claim = auth_claim(inner.rank, their_rank);
+    let genuine = secret.verify(AUTH_CONTEXT, b'L', &nonce, &theirs, &claim, &their_proof);
+    // Our proof goes out either way, so the listener can report a mismatch too.
+    let proof = secret.proof(AUTH_CONTEXT, b'D', &nonce, &theirs, &claim);
+    stream.write_all(&proof).await?;
+    if !genuine {
+        return Ok(Dialled::NotGenuine);
+    }
+    read_ack(stream).await.map(Dialled::Answered)
+}
+
+/// Checks the listener's answer to a HELLO dialled to `rank` at `addr`: an HMC
+/// control-plane answer of the version this side speaks, admitting the connection, from
+/// `rank`.
+pub(super) fn check_answer(
+    inner: &Inner,
+    rank: Rank,
+    addr: &PeerAddr,
+    (fixed, reason): &Answer,
+) -> Result<()> {
+    let secret = inner.config.auth_secret.as_ref();
+    let version_ok = match secret {
+        None => fixed[4] == HELLO_VERSION,
+        // A refusal from a listener without authentication comes as version 1.
+        Some(_) => fixed[4] == HELLO_VERSION_AUTH || (fixed[4] == HELLO_VERSION && fixed[5] != 0),
+    };
+    if fixed[..4] != HELLO_MAGIC || !version_ok {
+        return Err(Error::Protocol(format!(
+            "{addr} did not answer with an HMC control-plane HELLO (version {})",
+            if secret.is_some() {
+                HELLO_VERSION_AUTH
+            } else {
+                HELLO_VERSION
+            }
+        )));
+    }
+    let their_rank = Rank::from_be_bytes(fixed[6..10].try_into().expect("4 bytes"));
+    if fixed[5] != 0 {
+        return Err(Error::peer(
+            format!("rank {rank} at {addr}"),
+            format!(
+                "refused the connection: {}",
+                String::from_utf8_lossy(reason)
+            ),
+        ));
+    }
+    if their_rank != rank {
+        return Err(Error::peer(
+            format!("rank {rank}"),
+            format!("{addr} is rank {their_rank}, not rank {rank}; check the address"),
+        ));
+    }
+    Ok(())
 }
 
 /// How a HELLO went before the rank checks.

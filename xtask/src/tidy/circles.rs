@@ -24,12 +24,6 @@ pub const CIRCLES_ALLOWED: &[(&str, &str)] = &[
         "temporary (issue 34): the communicator's shared state sits in the comm.rs facade, \
          which endpoints and the target both reach; to move into a module of its own",
     ),
-    (
-        "hmc-transport-tcp: comm request",
-        "request.rs is the initiator's half of the communicator's transfer, over its own \
-         types (TransferDesc<TcpCommunicator>, TcpEndpoint's pool); the shared state is in \
-         state.rs and region.rs; temporary (issue 34): to make the request path generic",
-    ),
 ];
 
 /// A module path of a crate: `["control", "conn"]` for `src/control/conn.rs`.
