@@ -6,7 +6,8 @@
 //! backends and transports (on the core and `hmc-transport-kit`, never on the RPC runtime); the RPC
 //! runtime (on the core and its protocol, never on a transport: it is generic over
 //! `C: Communicator`); the engine, the tools and the Python package on top (the engine not
-//! on the tools crate, whose binaries it would drag in).
+//! on the tools crate, whose binaries it would drag in, and on no transport crate: it opens
+//! them through `hmc-transports`, so that it builds with any one of them).
 
 use std::path::Path;
 
@@ -51,8 +52,9 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         krate: "hmc-engine",
-        forbidden: &["hmc-rpc-tools", "hmc-py"],
-        why: "the engine is a library; the tools crate's binaries and the Python package sit on it",
+        forbidden: &["hmc-rpc-tools", "hmc-py", "hmc-transport-"],
+        why: "the engine is a library that opens its transports through hmc-transports (so it \
+              builds with any one of them); the tools crate's binaries and the Python package sit on it",
     },
 ];
 
