@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hmc_core::{
-    Access, Communicator, Deadline, Device, DeviceKind, LocalRegistration, Op, PeerAddr, Region,
-    TransferDesc,
+    Access, Communicator, Deadline, Device, DeviceKind, LocalRegistration, PeerAddr, Region,
 };
 use hmc_rpc::{Client, ClientConfig, Dispatcher, RpcError, RunningServer, Server};
 use parking_lot::{Mutex, RwLock};
@@ -25,6 +24,7 @@ use crate::request::{TransferRequest, TransferStatus};
 mod blob;
 mod directory;
 mod membership;
+mod mover;
 mod notify;
 mod notify_queue;
 mod owned_mem;
@@ -34,10 +34,11 @@ mod rules;
 mod staged;
 mod table;
 
+use mover::{LocalMem, ResolvedRun};
 use notify_queue::NotifyQueue;
 pub use post::{PreparedTransfer, Telemetry};
 pub use prepared::{BlockDesc, PreparedList};
-use rules::{broken_peer, sender_name};
+use rules::{Holder, check_access, sender_name};
 
 /// Where registered memory lives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -205,20 +206,64 @@ impl<C: Communicator> Clone for Engine<C> {
     }
 }
 
-/// A planned transfer: runs between registered memory (one transport batch), and runs from
-/// or to staged device memory (through host bounce buffers, one by one).
-struct Plan<C: Communicator> {
-    pieces: Vec<Piece<C>>,
-    staged: Vec<staged::StagedPiece<C>>,
+/// This engine's side of a planned piece, held until the transfer ends (deregistering
+/// waits for it).
+enum HeldLocal<C: Communicator> {
+    Reg(Arc<LocalReg<C>>),
+    /// Device memory the transport cannot register.
+    Staged(Arc<staged::StagedReg>),
 }
 
 /// A piece of a planned transfer: one contiguous run on both sides.
 struct Piece<C: Communicator> {
-    local: Arc<LocalReg<C>>,
-    local_off: usize,
+    local: HeldLocal<C>,
+    local_off: u64,
     remote: Arc<RemoteEntry<C>>,
     remote_off: u64,
-    len: usize,
+    len: u64,
+}
+
+impl<C: Communicator> Piece<C> {
+    /// Holds `run`'s registrations.
+    fn hold(run: ResolvedRun<'_, C>) -> Self {
+        Piece {
+            local: match run.local {
+                LocalMem::Reg(l) => HeldLocal::Reg(l.clone()),
+                LocalMem::Staged(st) => HeldLocal::Staged(st.clone()),
+            },
+            local_off: run.local_off,
+            remote: run.remote.clone(),
+            remote_off: run.remote_off,
+            len: run.len,
+        }
+    }
+
+    /// The piece as the mover takes it.
+    fn run(&self) -> ResolvedRun<'_, C> {
+        ResolvedRun {
+            local: match &self.local {
+                HeldLocal::Reg(l) => LocalMem::Reg(l),
+                HeldLocal::Staged(st) => LocalMem::Staged(st),
+            },
+            local_off: self.local_off,
+            remote: &self.remote,
+            remote_off: self.remote_off,
+            len: self.len,
+        }
+    }
+
+    /// Whether `next` continues this piece on both sides (and the two merge).
+    fn continues_into(&self, next: &ResolvedRun<'_, C>) -> bool {
+        let same_local = match (&self.local, next.local) {
+            (HeldLocal::Reg(a), LocalMem::Reg(b)) => Arc::ptr_eq(a, b),
+            (HeldLocal::Staged(a), LocalMem::Staged(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        same_local
+            && Arc::ptr_eq(&self.remote, next.remote)
+            && self.local_off + self.len == next.local_off
+            && self.remote_off + self.len == next.remote_off
+    }
 }
 
 /// Parses an engine address: `ip:port`, `tcp://ip:port`, `unix:///path` or `/path`; with
@@ -277,72 +322,7 @@ impl<C: Communicator> Engine<C> {
             notify_hook: RwLock::new(None),
             directory: RwLock::new(HashMap::new()),
         });
-        let mut d = Dispatcher::new();
-        let s = shared.clone();
-        d.register(METHOD_INFO, move |ctx: hmc_rpc::CallContext, hello: Hello| {
-            let s = s.clone();
-            async move {
-                let from = sender_name(&ctx.connection, &hello.from);
-                // The connection is this peer's from now on: its notifications carry this
-                // name, whatever they claim.
-                let _ = ctx.connection.set_label(from.clone());
-                tracing::debug!(%from, peer = %ctx.connection.peer(), "engine metadata requested");
-                Ok::<_, RpcError>(s.info())
-            }
-        });
-        let s = shared.clone();
-        d.register(
-            METHOD_HELLO,
-            move |ctx: hmc_rpc::CallContext, hello: Hello| {
-                let s = s.clone();
-                async move {
-                    // As METHOD_INFO, without the table (a peer that has it from a blob).
-                    let from = sender_name(&ctx.connection, &hello.from);
-                    let _ = ctx.connection.set_label(from);
-                    Ok::<_, RpcError>(crate::meta::Instance {
-                        version: VERSION,
-                        instance: s.instance,
-                    })
-                }
-            },
-        );
-        let s = shared.clone();
-        d.register(
-            METHOD_NOTIFY,
-            move |ctx: hmc_rpc::CallContext, n: NotifyMsg| {
-                let s = s.clone();
-                async move { s.receive_notify(&ctx, n).await }
-            },
-        );
-        let s = shared.clone();
-        d.register(
-            METHOD_RETRACT,
-            move |ctx: hmc_rpc::CallContext, r: Retract| {
-                let s = s.clone();
-                async move { s.take_retract(&ctx.connection, r) }
-            },
-        );
-        let s = shared.clone();
-        d.register(METHOD_LOOKUP, move |_, l: crate::meta::Lookup| {
-            let s = s.clone();
-            async move { Ok::<_, RpcError>(s.directory.read().get(&l.name).cloned()) }
-        });
-        let mut conn = config.rpc.conn.clone();
-        // Nothing a peer sends the metadata service is larger than a notification (plus
-        // its framing); a larger call is refused from its header instead of decoded.
-        conn.limits.max_payload_len = conn
-            .limits
-            .max_payload_len
-            .min(config.max_notify_len as u64 + (64 << 10));
-        let rpc_config = hmc_rpc::ServerConfig {
-            conn,
-            auth_secret: config.auth_secret.clone(),
-            // Without a secret, this host's other users are kept out (peers elsewhere
-            // cannot be told apart: the trust table says so).
-            same_user_only: true,
-            ..config.rpc.clone()
-        };
-        let server = Server::new(d, rpc_config)
+        let server = Server::new(shared.dispatcher(), shared.server_config())
             .bind(&addr)
             .await
             .map_err(EngineError::Transport)?;
@@ -671,13 +651,12 @@ impl<C: Communicator> Engine<C> {
 
     /// Translates descriptors to pieces, merging runs contiguous on both sides. Every
     /// descriptor is checked before any byte moves.
-    fn plan(&self, peer: &Peer<C>, op: TransferOp, descs: &[TransferOpDesc]) -> Result<Plan<C>> {
-        // What a READ needs of the remote region (and a WRITE of the local one), and the
-        // other way round.
-        let (remote_needs, local_needs) = match op {
-            TransferOp::Read => (Access::READ, Access::WRITE),
-            TransferOp::Write => (Access::WRITE, Access::READ),
-        };
+    fn plan(
+        &self,
+        peer: &Peer<C>,
+        op: TransferOp,
+        descs: &[TransferOpDesc],
+    ) -> Result<Vec<Piece<C>>> {
         let cfg = &self.inner.shared.config;
         if descs.len() > cfg.max_descs_per_transfer {
             return Err(EngineError::Limit {
@@ -689,11 +668,7 @@ impl<C: Communicator> Engine<C> {
         }
         let local = self.inner.shared.local.read();
         let remote = peer.table.read();
-        let mut plan = Plan {
-            pieces: Vec::with_capacity(descs.len()),
-            staged: Vec::new(),
-        };
-        let pieces = &mut plan.pieces;
+        let mut pieces: Vec<Piece<C>> = Vec::with_capacity(descs.len());
         for d in descs {
             if d.len == 0 {
                 return Err(EngineError::InvalidArgument(format!(
@@ -705,87 +680,52 @@ impl<C: Communicator> Engine<C> {
                 Lookup::Inside(r, off) => (r, off),
                 other => return Err(miss(Side::Remote, &peer.name, d.remote_addr, len, other)),
             };
-            if !r.access.allows(remote_needs) {
-                return Err(EngineError::Transport(hmc_core::Error::AccessDenied(
-                    format!(
-                        "{} registered {:#x}+{len} for {:?}; a {op:?} needs {remote_needs:?} there (nothing was moved)",
-                        peer.name, d.remote_addr, r.access
-                    ),
-                )));
-            }
-            let (l, loff) = match local.map.find(d.local_addr, len) {
-                Lookup::Inside(l, _) if !l.access.allows(local_needs) => {
-                    let why = if local_needs == Access::WRITE {
-                        "it is registered read-only, and a Read writes into it: register a writable buffer as the target"
-                    } else {
-                        "it is not registered for reading, and a Write reads it"
-                    };
-                    return Err(EngineError::Transport(hmc_core::Error::AccessDenied(
-                        format!(
-                            "local memory {:#x}+{len} ({:?}): {why} (nothing was moved)",
-                            d.local_addr, l.access
-                        ),
-                    )));
-                }
-                // Device memory the transport moves device to device itself (same-host
-                // vendor IPC it has proven for that region) goes as is; else staged.
-                Lookup::Inside(l, off)
-                    if l.staged.is_some()
-                        && !self
-                            .inner
-                            .shared
-                            .comm
-                            .moves_device_memory(&peer.ep, &l.reg, &r.key) =>
-                {
-                    let st = l.staged.as_ref().expect("matched above");
-                    plan.staged.push(staged::StagedPiece {
-                        local: st.clone(),
-                        local_off: off as usize,
-                        remote: r.clone(),
-                        remote_off: roff,
-                        len: d.len,
-                    });
-                    continue;
-                }
-                Lookup::Inside(l, off) => (l, off),
-                other => {
-                    if let Lookup::Inside(st, off) = local.staged.find(d.local_addr, len) {
-                        plan.staged.push(staged::StagedPiece {
-                            local: st.clone(),
-                            local_off: off as usize,
-                            remote: r.clone(),
-                            remote_off: roff,
-                            len: d.len,
-                        });
-                        continue;
-                    }
-                    return Err(miss(
-                        Side::Local,
-                        &self.inner.name,
-                        d.local_addr,
-                        len,
-                        other,
-                    ));
-                }
-            };
-            if let Some(p) = pieces.last_mut()
-                && Arc::ptr_eq(&p.local, l)
-                && Arc::ptr_eq(&p.remote, r)
-                && (p.local_off + p.len) as u64 == loff
-                && p.remote_off + p.len as u64 == roff
-            {
-                p.len += d.len;
-                continue;
-            }
-            pieces.push(Piece {
-                local: l.clone(),
-                local_off: loff as usize,
-                remote: r.clone(),
+            check_access(op, Holder::Peer(&peer.name), r.access, || {
+                format!("{:#x}+{len}", d.remote_addr)
+            })?;
+            let (l, loff) = self.plan_local(&local, op, d)?;
+            let run = ResolvedRun {
+                local: l,
+                local_off: loff,
+                remote: r,
                 remote_off: roff,
-                len: d.len,
-            });
+                len,
+            };
+            match pieces.last_mut() {
+                Some(p) if p.continues_into(&run) => p.len += len,
+                _ => pieces.push(Piece::hold(run)),
+            }
         }
-        Ok(plan)
+        Ok(pieces)
+    }
+
+    /// Finds `d`'s local memory: registered (and allowing `op`), or device memory the
+    /// transport cannot register (moved through the bounce buffers).
+    fn plan_local<'t>(
+        &self,
+        local: &'t LocalTable<C>,
+        op: TransferOp,
+        d: &TransferOpDesc,
+    ) -> Result<(LocalMem<'t, C>, u64)> {
+        let len = d.len as u64;
+        match local.map.find(d.local_addr, len) {
+            Lookup::Inside(l, off) => {
+                check_access(op, Holder::Local, l.access, || {
+                    format!("{:#x}+{len}", d.local_addr)
+                })?;
+                Ok((LocalMem::Reg(l), off))
+            }
+            other => match local.staged.find(d.local_addr, len) {
+                Lookup::Inside(st, off) => Ok((LocalMem::Staged(st), off)),
+                _ => Err(miss(
+                    Side::Local,
+                    &self.inner.name,
+                    d.local_addr,
+                    len,
+                    other,
+                )),
+            },
+        }
     }
 
     /// Moves the bytes of `descs` between this engine's memory and `remote`'s, and
@@ -810,132 +750,57 @@ impl<C: Communicator> Engine<C> {
         r
     }
 
-    async fn transfer_inner(
+    /// [`Engine::transfer`] without its metrics: the plan (the peer's table fetched again
+    /// once on a remote address it lacks), then the mover ([`mover`]) under the deadline.
+    /// (A function returning an `async move` block, not an `async fn`, which would keep
+    /// its arguments twice in the state every op's future carries.)
+    #[allow(clippy::manual_async_fn)]
+    fn transfer_inner(
         &self,
         remote: &str,
         op: TransferOp,
         descs: &[TransferOpDesc],
         (deadline, timeout): (Deadline, Duration),
-    ) -> Result<()> {
-        self.check_open()?;
-        let peer = self.peer(remote)?;
-        let plan = match self.plan(&peer, op, descs) {
-            Err(EngineError::NotRegistered {
-                side: Side::Remote, ..
-            })
-            | Err(EngineError::Straddles {
-                side: Side::Remote, ..
-            }) => {
-                // Boxed, here and below: a refresh is a metadata round trip whose state is
-                // several KiB; inline, every op's future would carry (and move) it.
+    ) -> impl Future<Output = Result<()>> {
+        async move {
+            self.check_open()?;
+            let peer = self.peer(remote)?;
+            let planned = self.plan(&peer, op, descs);
+            let pieces = if matches!(
+                planned,
+                Err(EngineError::NotRegistered {
+                    side: Side::Remote,
+                    ..
+                } | EngineError::Straddles {
+                    side: Side::Remote,
+                    ..
+                })
+            ) {
+                // Dropped first: not kept in the op's state across the refresh. Boxed: a
+                // refresh is a metadata round trip whose state is several KiB; inline,
+                // every op's future would carry (and move) it.
+                drop(planned);
                 Box::pin(self.refresh(&peer, deadline)).await?;
                 self.plan(&peer, op, descs)?
-            }
-            other => other?,
-        };
-        let Plan { pieces, staged } = plan;
-        let batch: Vec<TransferDesc<'_, C>> = pieces
-            .iter()
-            .map(|p| TransferDesc {
-                local: &p.local.reg,
-                local_offset: p.local_off,
-                remote: &p.remote.key,
-                remote_offset: p.remote_off,
-                len: p.len,
-            })
-            .collect();
-        let op_in = op;
-        let op = match op {
-            TransferOp::Read => Op::Read,
-            TransferOp::Write => Op::Write,
-        };
-        let comm = &self.inner.shared.comm;
-        // The transport ends by the deadline; the timer is a second guard. Dropping the
-        // transfer future cancels it: the transport no longer touches the memory after.
-        // One async block and one `select!`, not futures wrapped in futures: each wrapper
-        // keeps its own copy of the inner future's state, so nesting multiplied the size of
-        // every op's future (and the bytes moved per op).
-        let moved = async {
-            if !batch.is_empty() {
-                comm.transfer(&peer.ep, op, &batch, deadline).await?;
-            }
-            if staged.is_empty() {
-                return Ok(());
-            }
-            Box::pin(self.run_staged(&peer.ep, op, &staged, deadline)).await
-        };
-        // The watch and the timer are async blocks: nothing is subscribed or armed before
-        // their first poll, and a small op that completes in its first poll never polls them.
-        let gone = async {
-            let mut gone = peer.gone.subscribe();
-            gone.wait_for(Option::is_some)
-                .await
-                .ok()
-                .and_then(|w| w.clone())
-        };
-        // `Err(_)`: the guard timer fired.
-        let outcome: std::result::Result<Result<()>, ()> = tokio::select! {
-            biased;
-            r = moved => Ok(r.map_err(EngineError::from)),
-            why = gone => Ok(Err(if self.is_finalized() {
-                EngineError::Cancelled(format!(
-                    "a transfer of {} descriptor(s) with `{}`: this engine was finalized",
-                    descs.len(),
-                    peer.name
-                ))
             } else {
-                EngineError::PeerGone {
-                    peer: peer.name.clone(),
-                    why: why.unwrap_or_else(|| "disconnected".into()),
-                }
-            })),
-            _ = async { tokio::time::sleep_until(deadline.instant().into()).await } => Err(()),
-        };
-        if op == Op::Write && !matches!(outcome, Ok(Ok(()))) {
-            // The transfer's future is gone; the target may still hold bytes of it.
-            self.settle_write(&peer).await;
-        }
-        match outcome {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(EngineError::Transport(hmc_core::Error::DeadlineExceeded { .. }))) | Err(_) => {
-                Err(EngineError::Timeout {
-                    what: format!(
-                        "a transfer of {} descriptor(s) with `{}`",
-                        descs.len(),
-                        peer.name
-                    ),
-                    after: timeout,
-                })
-            }
-            Ok(Err(e @ EngineError::Transport(hmc_core::Error::InvalidKey(_)))) => {
-                // The peer deregistered memory since its table was fetched (its key is
-                // revoked), or restarted: say which address is gone, or that it restarted,
-                // rather than which key.
-                drop(batch);
-                drop(pieces);
-                drop(staged);
-                match Box::pin(self.refresh(&peer, deadline)).await {
-                    Ok(()) => match self.plan(&peer, op_in, descs) {
-                        Err(gone) => Err(gone),
-                        Ok(_) => Err(e),
-                    },
-                    Err(restarted @ EngineError::PeerGone { .. }) => Err(restarted),
-                    Err(_) => Err(e),
-                }
-            }
-            Ok(Err(e @ EngineError::Transport(_))) if broken_peer(&e) => {
-                // A data plane that stopped answering may belong to an engine that
-                // restarted at the same address: ask its metadata service (a new instance
-                // is reported as such, and the stale peer dropped).
-                drop(batch);
-                drop(pieces);
-                drop(staged);
-                match Box::pin(self.refresh(&peer, deadline)).await {
-                    Err(restarted @ EngineError::PeerGone { .. }) => Err(restarted),
-                    _ => Err(e),
-                }
-            }
-            Ok(Err(e)) => Err(e),
+                planned?
+            };
+            let mover = mover::Mover {
+                engine: self,
+                peer: &peer,
+                op,
+                bound: mover::Bound::Deadline {
+                    deadline,
+                    timeout,
+                    descs: descs.len(),
+                },
+            };
+            // A key refused while the peer is the same instance: planned again, the
+            // transfer names the address the peer deregistered.
+            let revoked = || self.plan(&peer, op, descs).err();
+            mover
+                .run(pieces.iter().map(Piece::run), &mut 0, revoked)
+                .await
         }
     }
 
@@ -954,16 +819,16 @@ impl<C: Communicator> Engine<C> {
         self.inner.runtime.spawn(async move {
             let cancel = done.cancel.clone();
             // Dropping the transfer future cancels it (the transport's contract).
-            let outcome = tokio::select! {
-                r = engine.transfer(&remote, op, &descs, timeout) => r,
-                _ = cancel.notified() => Err(EngineError::Cancelled(format!(
+            let (outcome, cancelled) = tokio::select! {
+                r = engine.transfer(&remote, op, &descs, timeout) => (r, false),
+                _ = cancel.notified() => (Err(EngineError::Cancelled(format!(
                     "a transfer of {} descriptor(s) with `{remote}`", descs.len()
-                ))),
+                ))), true),
             };
-            // A cancel dropped the transfer before it could settle its WRITE itself (it
-            // does on its own errors and timeouts, so only here).
+            // A cancel dropped the transfer before it could settle its WRITE itself (the
+            // mover does on the transfer's own errors and timeouts, so only here).
             if op == TransferOp::Write
-                && matches!(outcome, Err(EngineError::Cancelled(_)))
+                && cancelled
                 && let Ok(peer) = engine.peer(&remote)
             {
                 engine.settle_write(&peer).await;
@@ -1013,7 +878,7 @@ impl<C: Communicator> Engine<C> {
             .store(true, std::sync::atomic::Ordering::Release);
         let peers: Vec<Arc<Peer<C>>> = self.inner.peers.write().drain().map(|(_, p)| p).collect();
         for p in peers {
-            // Every transfer in flight with `p` watches this (see `transfer_inner`).
+            // Every transfer in flight with `p` watches this (see `mover`).
             p.gone
                 .send_replace(Some("this engine was finalized".into()));
         }
@@ -1048,6 +913,81 @@ fn miss<V>(side: Side, owner: &str, addr: u64, len: u64, l: Lookup<'_, V>) -> En
 }
 
 impl<C: Communicator> Shared<C> {
+    /// The metadata service's handlers.
+    fn dispatcher(self: &Arc<Self>) -> Dispatcher {
+        let mut d = Dispatcher::new();
+        let s = self.clone();
+        d.register(METHOD_INFO, move |ctx: hmc_rpc::CallContext, hello: Hello| {
+            let s = s.clone();
+            async move {
+                let from = sender_name(&ctx.connection, &hello.from);
+                // The connection is this peer's from now on: its notifications carry this
+                // name, whatever they claim.
+                let _ = ctx.connection.set_label(from.clone());
+                tracing::debug!(%from, peer = %ctx.connection.peer(), "engine metadata requested");
+                Ok::<_, RpcError>(s.info())
+            }
+        });
+        let s = self.clone();
+        d.register(
+            METHOD_HELLO,
+            move |ctx: hmc_rpc::CallContext, hello: Hello| {
+                let s = s.clone();
+                async move {
+                    // As METHOD_INFO, without the table (a peer that has it from a blob).
+                    let from = sender_name(&ctx.connection, &hello.from);
+                    let _ = ctx.connection.set_label(from);
+                    Ok::<_, RpcError>(crate::meta::Instance {
+                        version: VERSION,
+                        instance: s.instance,
+                    })
+                }
+            },
+        );
+        let s = self.clone();
+        d.register(
+            METHOD_NOTIFY,
+            move |ctx: hmc_rpc::CallContext, n: NotifyMsg| {
+                let s = s.clone();
+                async move { s.receive_notify(&ctx, n).await }
+            },
+        );
+        let s = self.clone();
+        d.register(
+            METHOD_RETRACT,
+            move |ctx: hmc_rpc::CallContext, r: Retract| {
+                let s = s.clone();
+                async move { s.take_retract(&ctx.connection, r) }
+            },
+        );
+        let s = self.clone();
+        d.register(METHOD_LOOKUP, move |_, l: crate::meta::Lookup| {
+            let s = s.clone();
+            async move { Ok::<_, RpcError>(s.directory.read().get(&l.name).cloned()) }
+        });
+        d
+    }
+
+    /// The metadata service's configuration, from the engine's.
+    fn server_config(&self) -> hmc_rpc::ServerConfig {
+        let config = &self.config;
+        let mut conn = config.rpc.conn.clone();
+        // Nothing a peer sends the metadata service is larger than a notification (plus
+        // its framing); a larger call is refused from its header instead of decoded.
+        conn.limits.max_payload_len = conn
+            .limits
+            .max_payload_len
+            .min(config.max_notify_len as u64 + (64 << 10));
+        hmc_rpc::ServerConfig {
+            conn,
+            auth_secret: config.auth_secret.clone(),
+            // Without a secret, this host's other users are kept out (peers elsewhere
+            // cannot be told apart: the trust table says so).
+            same_user_only: true,
+            ..config.rpc.clone()
+        }
+    }
+
     /// What the metadata store holds for this engine: its instance and data plane, never
     /// its region table (whose keys only the authenticated metadata exchange hands out:
     /// anyone who can read the store could use them otherwise).

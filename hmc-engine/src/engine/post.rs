@@ -20,11 +20,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use hmc_core::{Communicator, Deadline, Op, TransferDesc, TransportId};
+use hmc_core::{CommCapabilities, Communicator, TransportId};
 use parking_lot::Mutex;
 
-use super::prepared::{ListSide, PreparedList, Resolved, needs};
-use super::rules::broken_peer;
+use super::mover::{Bound, LocalMem, Mover, ResolvedRun};
+use super::prepared::{ListSide, PreparedList, Resolved};
+use super::rules::{Holder, check_access};
 use super::{Engine, LocalReg, Peer, RemoteEntry};
 use crate::TransferOp;
 use crate::error::{EngineError, Result};
@@ -63,6 +64,33 @@ struct Run {
     loff: u64,
     roff: u64,
     len: u64,
+}
+
+/// A prepared transfer's runs, resolved in its lists' regions for the mover. (A named
+/// iterator, not a `map` closure: a post's future holds it, and must be `Send`.)
+struct RunsOf<'a, C: Communicator> {
+    runs: std::slice::Iter<'a, Run>,
+    local: &'a [Arc<LocalReg<C>>],
+    remote: &'a [Arc<RemoteEntry<C>>],
+}
+
+impl<'a, C: Communicator> Iterator for RunsOf<'a, C> {
+    type Item = ResolvedRun<'a, C>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let run = self.runs.next()?;
+        Some(ResolvedRun {
+            local: LocalMem::Reg(&self.local[run.l as usize]),
+            local_off: run.loff,
+            remote: &self.remote[run.r as usize],
+            remote_off: run.roff,
+            len: run.len,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.runs.size_hint()
+    }
 }
 
 /// A transfer made of prepared lists (see [`Engine::make_transfer`]). Cheap to clone;
@@ -147,6 +175,130 @@ fn live_regs<C: Communicator>(
         .collect()
 }
 
+/// The two lists of a transfer: the local one's regions, the peer, the remote one's.
+type Sides<'a, C> = (
+    &'a Resolved<std::sync::Weak<LocalReg<C>>>,
+    Arc<Peer<C>>,
+    &'a Resolved<Arc<RemoteEntry<C>>>,
+);
+
+/// Checks that `local` is a local list and `remote` a peer's.
+fn sides<'a, C: Communicator>(
+    local: &'a PreparedList<C>,
+    remote: &'a PreparedList<C>,
+) -> Result<Sides<'a, C>> {
+    let l = local_of(&local.inner).ok_or_else(|| {
+        EngineError::InvalidArgument(
+            "the local list was prepared for a peer (prepare_remote); pass one from prepare_local"
+                .into(),
+        )
+    })?;
+    match &*remote.inner {
+        ListSide::Remote { peer, resolved, .. } => Ok((l, peer.clone(), resolved)),
+        ListSide::Local(_) => Err(EngineError::InvalidArgument(
+            "the remote list is a local one (prepare_local); pass one from prepare_remote".into(),
+        )),
+    }
+}
+
+/// The access rule over every region under a transfer's two lists.
+fn check_lists_access<C: Communicator>(
+    op: TransferOp,
+    held: &[Arc<LocalReg<C>>],
+    r: &Resolved<Arc<RemoteEntry<C>>>,
+    peer: &str,
+) -> Result<()> {
+    for reg in held {
+        check_access(op, Holder::Local, reg.access, || {
+            let region = hmc_core::LocalRegistration::region(&reg.reg);
+            format!("{:#x}+{} of the local list", region.addr, region.len)
+        })?;
+    }
+    for e in &r.regs {
+        check_access(op, Holder::Peer(peer), e.access, || {
+            format!("{:#x}+{} of the remote list", e.region.addr, e.region.len)
+        })?;
+    }
+    Ok(())
+}
+
+/// A transfer's runs, with the bytes they move and those in the peer's device memory
+/// that the transport stages.
+struct Merged {
+    runs: Vec<Run>,
+    bytes: u64,
+    staged_at_peer: u64,
+}
+
+/// Pairs entry `local_idx[k]` of `l` with entry `remote_idx[k]` of `r`, for every `k`,
+/// into runs: pairs contiguous on both sides merge, up to the transport's longest run.
+fn merge_pairs<L, C: Communicator>(
+    l: &Resolved<L>,
+    local_idx: &[u64],
+    r: &Resolved<Arc<RemoteEntry<C>>>,
+    remote_idx: &[u64],
+    caps: &CommCapabilities,
+) -> Result<Merged> {
+    let bad = |m: String| EngineError::InvalidArgument(m);
+    // Per remote region: is it device memory this transport stages?
+    let staged: Vec<bool> = r
+        .regs
+        .iter()
+        .map(|e| {
+            !e.region.device.is_host()
+                && caps.memory_path(e.region.device.kind) == hmc_core::DeviceMemoryPath::Staged
+        })
+        .collect();
+    let mut m = Merged {
+        runs: Vec::with_capacity(local_idx.len().min(1 << 20)),
+        bytes: 0,
+        staged_at_peer: 0,
+    };
+    for (k, (&li, &ri)) in local_idx.iter().zip(remote_idx).enumerate() {
+        let (lr, loff, llen) = l.entry(li).ok_or_else(|| {
+            bad(format!(
+                "local index {li} (at {k}) is outside the local list of {} entries",
+                l.len
+            ))
+        })?;
+        let (rr, roff, rlen) = r.entry(ri).ok_or_else(|| {
+            bad(format!(
+                "remote index {ri} (at {k}) is outside the remote list of {} entries",
+                r.len
+            ))
+        })?;
+        if llen != rlen {
+            return Err(bad(format!(
+                "pair {k}: local entry {li} is {llen} bytes, remote entry {ri} is {rlen}; pair entries of one length"
+            )));
+        }
+        m.bytes += llen;
+        if staged.get(rr as usize) == Some(&true) {
+            m.staged_at_peer += llen;
+        }
+        match m.runs.last_mut() {
+            Some(p)
+                if p.l == lr
+                    && p.r == rr
+                    && p.loff + p.len == loff
+                    && p.roff + p.len == roff
+                    && p.len + llen <= caps.max_transfer_len =>
+            {
+                p.len += llen
+            }
+            _ => m.runs.push(Run {
+                l: lr,
+                r: rr,
+                loff,
+                roff,
+                len: llen,
+            }),
+        }
+    }
+    m.runs.shrink_to_fit();
+    Ok(m)
+}
+
 impl<C: Communicator> Engine<C> {
     /// Makes a transfer of entries `local_idx[k]` of `local` with entries `remote_idx[k]`
     /// of `remote` (a list prepared for a peer), for every `k`: both index arrays have one
@@ -165,109 +317,28 @@ impl<C: Communicator> Engine<C> {
         notify: Option<(String, Vec<u8>)>,
     ) -> Result<PreparedTransfer<C>> {
         self.check_open()?;
-        let bad = |m: String| EngineError::InvalidArgument(m);
-        let l = local_of(&local.inner)
-            .ok_or_else(|| bad("the local list was prepared for a peer (prepare_remote); pass one from prepare_local".into()))?;
-        let (peer, r) = match &*remote.inner {
-            ListSide::Remote { peer, resolved, .. } => (peer.clone(), resolved),
-            ListSide::Local(_) => {
-                return Err(bad(
-                    "the remote list is a local one (prepare_local); pass one from prepare_remote"
-                        .into(),
-                ));
-            }
-        };
+        let (l, peer, r) = sides(local, remote)?;
         if local_idx.len() != remote_idx.len() {
-            return Err(bad(format!(
+            return Err(EngineError::InvalidArgument(format!(
                 "{} local indices and {} remote ones; pass one of each per descriptor",
                 local_idx.len(),
                 remote_idx.len()
             )));
         }
+        let max_notify_len = self.inner.shared.config.max_notify_len;
         if let Some((name, _)) = &notify
-            && name.len() > self.inner.shared.config.max_notify_len
+            && name.len() > max_notify_len
         {
             return Err(EngineError::Limit {
                 limit: "max_notify_len",
                 value: name.len() as u64,
-                max: self.inner.shared.config.max_notify_len as u64,
+                max: max_notify_len as u64,
                 hint: "use a shorter notification name",
             });
         }
-        let (remote_needs, local_needs) = needs(op);
-        let held = live_regs(l)?;
-        if let Some(reg) = held.iter().find(|g| !g.access.allows(local_needs)) {
-            return Err(EngineError::Transport(hmc_core::Error::AccessDenied(
-                format!(
-                    "local memory {:?} is registered for {:?}; a {op:?} needs {local_needs:?} there (nothing was moved)",
-                    hmc_core::LocalRegistration::region(&reg.reg),
-                    reg.access
-                ),
-            )));
-        }
-        if let Some(reg) = r.regs.iter().find(|g| !g.access.allows(remote_needs)) {
-            return Err(EngineError::Transport(hmc_core::Error::AccessDenied(
-                format!(
-                    "{} registered a region of this list for {:?}; a {op:?} needs {remote_needs:?} there (nothing was moved)",
-                    peer.name, reg.access
-                ),
-            )));
-        }
+        check_lists_access(op, &live_regs(l)?, r, &peer.name)?;
         let caps = self.inner.shared.comm.capabilities();
-        let max_run = caps.max_transfer_len;
-        let mut runs: Vec<Run> = Vec::with_capacity(local_idx.len().min(1 << 20));
-        let mut bytes = 0u64;
-        let mut staged_at_peer = 0u64;
-        // Per remote region: is it device memory this transport stages?
-        let staged: Vec<bool> = r
-            .regs
-            .iter()
-            .map(|e| {
-                !e.region.device.is_host()
-                    && caps.memory_path(e.region.device.kind) == hmc_core::DeviceMemoryPath::Staged
-            })
-            .collect();
-        for (k, (&li, &ri)) in local_idx.iter().zip(remote_idx).enumerate() {
-            let (lr, loff, llen) = l.entry(li).ok_or_else(|| {
-                bad(format!(
-                    "local index {li} (at {k}) is outside the local list of {} entries",
-                    l.len
-                ))
-            })?;
-            let (rr, roff, rlen) = r.entry(ri).ok_or_else(|| {
-                bad(format!(
-                    "remote index {ri} (at {k}) is outside the remote list of {} entries",
-                    r.len
-                ))
-            })?;
-            if llen != rlen {
-                return Err(bad(format!(
-                    "pair {k}: local entry {li} is {llen} bytes, remote entry {ri} is {rlen}; pair entries of one length"
-                )));
-            }
-            bytes += llen;
-            if staged.get(rr as usize) == Some(&true) {
-                staged_at_peer += llen;
-            }
-            if let Some(p) = runs.last_mut()
-                && p.l == lr
-                && p.r == rr
-                && p.loff + p.len == loff
-                && p.roff + p.len == roff
-                && p.len + llen <= max_run
-            {
-                p.len += llen;
-                continue;
-            }
-            runs.push(Run {
-                l: lr,
-                r: rr,
-                loff,
-                roff,
-                len: llen,
-            });
-        }
-        runs.shrink_to_fit();
+        let merged = merge_pairs(l, local_idx, r, remote_idx, &caps)?;
         Ok(PreparedTransfer {
             inner: Arc::new(XferInner {
                 engine: self.clone(),
@@ -275,9 +346,9 @@ impl<C: Communicator> Engine<C> {
                 peer,
                 local: local.inner.clone(),
                 remote: remote.inner.clone(),
-                runs,
-                bytes,
-                staged_at_peer,
+                runs: merged.runs,
+                bytes: merged.bytes,
+                staged_at_peer: merged.staged_at_peer,
                 requested: local_idx.len() as u64,
                 notify,
                 transport: caps.transport,
@@ -320,16 +391,16 @@ impl<C: Communicator> PreparedTransfer<C> {
             let metrics = super::membership::TransferMetrics::start_bytes(me.op, me.bytes);
             let mut moved = 0u64;
             let cancel = done.cancel.clone();
-            let outcome = tokio::select! {
-                r = me.run(notify_id, &mut moved) => r,
-                _ = cancel.notified() => Err(EngineError::Cancelled(format!(
+            let (outcome, cancelled) = tokio::select! {
+                r = me.run(notify_id, &mut moved) => (r, false),
+                _ = cancel.notified() => (Err(EngineError::Cancelled(format!(
                     "a transfer of {} descriptor(s) with `{}`", me.requested, me.peer.name
-                ))),
+                ))), true),
             };
-            if me.op == TransferOp::Write && outcome.is_err() {
-                // The transport's future is gone (an error, a timeout, a cancel, a
-                // release); the target may still hold bytes of it: before the end is
-                // reported, and before the target is told of the failure.
+            if me.op == TransferOp::Write && cancelled {
+                // A cancel or a release dropped the transport's future (the mover settles
+                // the transfer's own early ends); the target may still hold bytes of it:
+                // before the end is reported, and before the target is told of the failure.
                 me.engine.settle_write(&me.peer).await;
             }
             metrics.finish(&outcome);
@@ -421,51 +492,22 @@ impl<C: Communicator> XferInner<C> {
         }
     }
 
-    /// After the transport refused a key: fetches the peer's table again and says which
-    /// region of the remote list is gone.
-    async fn check_list(&self, refused: EngineError) -> EngineError {
-        let deadline = Deadline::after(self.engine.inner.shared.config.no_progress_timeout);
-        if let Err(e) = Box::pin(self.engine.refresh(&self.peer, deadline)).await {
-            return match e {
-                gone @ EngineError::PeerGone { .. } => gone,
-                _ => refused,
-            };
-        }
+    /// After the transport refused a key and the peer's table was fetched again: the
+    /// region of the remote list the peer deregistered, if one.
+    fn list_gone(&self) -> Option<EngineError> {
         let r = remote_of(&self.remote).expect("checked at make_transfer");
         let table = self.peer.table.read();
-        for reg in &r.regs {
+        let gone = r.regs.iter().find(|reg| {
             let region = reg.region;
-            let live = matches!(
+            !matches!(
                 table.map.find(region.addr, region.len as u64),
                 crate::region_map::Lookup::Inside(e, 0) if Arc::ptr_eq(e, reg)
-            );
-            if !live {
-                return EngineError::ListInvalid(format!(
-                    "`{}` deregistered its region {:#x}+{} under a prepared remote list",
-                    self.peer.name, region.addr, region.len
-                ));
-            }
-        }
-        refused
-    }
-
-    /// Why a post ended when its peer went: this engine's finalize, or the peer.
-    fn gone_error(&self) -> EngineError {
-        if self.engine.is_finalized() {
-            return EngineError::Cancelled(format!(
-                "a transfer with `{}`: this engine was finalized",
-                self.peer.name
-            ));
-        }
-        EngineError::PeerGone {
-            peer: self.peer.name.clone(),
-            why: self
-                .peer
-                .gone
-                .borrow()
-                .clone()
-                .unwrap_or_else(|| "disconnected".into()),
-        }
+            )
+        })?;
+        Some(EngineError::ListInvalid(format!(
+            "`{}` deregistered its region {:#x}+{} under a prepared remote list",
+            self.peer.name, gone.region.addr, gone.region.len
+        )))
     }
 
     async fn run(&self, notify_id: NotifyId, moved: &mut u64) -> Result<()> {
@@ -477,130 +519,23 @@ impl<C: Communicator> XferInner<C> {
         let r = remote_of(&self.remote).expect("checked at make_transfer");
         let cfg = &self.engine.inner.shared.config;
         let stall = cfg.no_progress_timeout;
-        let chunk_bytes = cfg.progress_chunk_bytes.max(1) as u64;
-        let comm = &self.engine.inner.shared.comm;
-        let op = match self.op {
-            TransferOp::Read => Op::Read,
-            TransferOp::Write => Op::Write,
+        let mover = Mover {
+            engine: &self.engine,
+            peer: &self.peer,
+            op: self.op,
+            bound: Bound::NoProgress {
+                stall,
+                chunk: cfg.progress_chunk_bytes as u64,
+                max_batch: self.max_batch,
+                total: self.bytes,
+            },
         };
-        let mut gone = self.peer.gone.subscribe();
-        // Runs of device memory the transport stages and does not move itself go through
-        // this engine's bounce buffers, after the others.
-        let mut staged = Vec::new();
-        let mut i = 0;
-        let mut batch: Vec<TransferDesc<'_, C>> = Vec::new();
-        while i < self.runs.len() {
-            batch.clear();
-            let mut chunk = 0u64;
-            while i < self.runs.len() && batch.len() < self.max_batch {
-                let run = self.runs[i];
-                let (local, remote) = (&held[run.l as usize], &r.regs[run.r as usize]);
-                if let Some(st) = &local.staged
-                    && !comm.moves_device_memory(&self.peer.ep, &local.reg, &remote.key)
-                {
-                    staged.push(super::staged::StagedPiece {
-                        local: st.clone(),
-                        local_off: run.loff as usize,
-                        remote: remote.clone(),
-                        remote_off: run.roff,
-                        len: run.len as usize,
-                    });
-                    i += 1;
-                    continue;
-                }
-                if !batch.is_empty() && chunk + run.len > chunk_bytes {
-                    break;
-                }
-                batch.push(TransferDesc {
-                    local: &held[run.l as usize].reg,
-                    local_offset: run.loff as usize,
-                    remote: &r.regs[run.r as usize].key,
-                    remote_offset: run.roff,
-                    len: run.len as usize,
-                });
-                chunk += run.len;
-                i += 1;
-            }
-            if batch.is_empty() {
-                continue;
-            }
-            let outcome = tokio::select! {
-                biased;
-                r = comm.transfer(&self.peer.ep, op, &batch, Deadline::after(stall)) => r,
-                _ = gone.wait_for(Option::is_some) => return Err(self.gone_error()),
-            };
-            match outcome {
-                Ok(()) => *moved += chunk,
-                Err(hmc_core::Error::DeadlineExceeded { .. }) => {
-                    return Err(EngineError::Timeout {
-                        what: format!(
-                            "a transfer with `{}` made no progress (no chunk of up to {chunk_bytes} bytes completed; {moved} of {} bytes moved): no_progress_timeout",
-                            self.peer.name, self.bytes
-                        ),
-                        after: stall,
-                    });
-                }
-                Err(e @ hmc_core::Error::InvalidKey(_)) => {
-                    drop(batch);
-                    return Err(self.check_list(EngineError::Transport(e)).await);
-                }
-                Err(e) => {
-                    let e = EngineError::Transport(e);
-                    if broken_peer(&e) {
-                        drop(batch);
-                        let deadline = Deadline::after(stall);
-                        if let Err(gone @ EngineError::PeerGone { .. }) =
-                            Box::pin(self.engine.refresh(&self.peer, deadline)).await
-                        {
-                            return Err(gone);
-                        }
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        drop(batch);
-        // Staged runs in groups of up to `progress_chunk_bytes` on one device, each group
-        // within the no-progress bound; the stager packs a group's runs into its bounce
-        // buffers, so many small runs cost a few transfers.
-        let mut rest = &staged[..];
-        while !rest.is_empty() {
-            let device = rest[0].local.device();
-            let mut bytes = 0u64;
-            let n = rest
-                .iter()
-                .take_while(|p| {
-                    let fits = p.local.device() == device
-                        && (bytes == 0 || bytes + p.len as u64 <= chunk_bytes);
-                    if fits {
-                        bytes += p.len as u64;
-                    }
-                    fits
-                })
-                .count()
-                .max(1);
-            let (group, later) = rest.split_at(n);
-            rest = later;
-            let group_bytes: u64 = group.iter().map(|p| p.len as u64).sum();
-            let outcome = tokio::select! {
-                biased;
-                r = Box::pin(self.engine.run_staged(&self.peer.ep, op, group, Deadline::after(stall))) => r,
-                _ = gone.wait_for(Option::is_some) => return Err(self.gone_error()),
-            };
-            match outcome {
-                Ok(()) => *moved += group_bytes,
-                Err(hmc_core::Error::DeadlineExceeded { .. }) => {
-                    return Err(EngineError::Timeout {
-                        what: format!(
-                            "a transfer with `{}` made no progress (staged runs of {group_bytes} bytes did not complete; {moved} of {} bytes moved): no_progress_timeout",
-                            self.peer.name, self.bytes
-                        ),
-                        after: stall,
-                    });
-                }
-                Err(e) => return Err(EngineError::Transport(e)),
-            }
-        }
+        let runs = RunsOf {
+            runs: self.runs.iter(),
+            local: &held,
+            remote: &r.regs,
+        };
+        mover.run(runs, moved, || self.list_gone()).await?;
         if let Some((name, msg)) = &self.notify {
             self.engine
                 .notify_peer(&self.peer, notify_id, name, msg, None, stall)

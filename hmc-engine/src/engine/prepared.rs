@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use hmc_core::{Access, Communicator};
+use hmc_core::Communicator;
 
 use super::{Engine, LocalReg, Peer, RemoteEntry, miss};
 use crate::error::{EngineError, Result, Side};
@@ -322,14 +322,6 @@ impl<C: Communicator> Engine<C> {
         Ok(PreparedList {
             inner: Arc::new(ListSide::Remote { peer, resolved }),
         })
-    }
-}
-
-/// What an op needs of each side: (remote, local).
-pub(super) fn needs(op: crate::TransferOp) -> (Access, Access) {
-    match op {
-        crate::TransferOp::Read => (Access::READ, Access::WRITE),
-        crate::TransferOp::Write => (Access::WRITE, Access::READ),
     }
 }
 

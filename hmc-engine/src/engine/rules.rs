@@ -1,12 +1,58 @@
 //! Whom an engine trusts with what a peer says: the dial rule for a data plane a peer
 //! names (its host, an unprivileged port, a listener of the same user), the sender name of
-//! a notification (from its connection, not its message), and which transport errors may
-//! mean the peer restarted.
+//! a notification (from its connection, not its message), which transport errors may
+//! mean the peer restarted; and the access rule, what an op needs of the memory on each
+//! side.
 
-use hmc_core::PeerAddr;
+use hmc_core::{Access, PeerAddr};
 
 use super::parse_engine_addr;
-use crate::error::EngineError;
+use crate::TransferOp;
+use crate::error::{EngineError, Result};
+
+/// Whose memory an access check is about.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Holder<'a> {
+    /// This engine's.
+    Local,
+    /// The peer's of this name.
+    Peer(&'a str),
+}
+
+/// The access rule: a READ reads the peer's memory and writes this engine's, a WRITE the
+/// reverse. Memory `holder` registered for `has` that `op` cannot use is refused with
+/// `AccessDenied` (before a byte moves: every caller checks all of a transfer's memory
+/// first); `what` names the memory in the refusal (`0x1000+64`).
+pub(super) fn check_access(
+    op: TransferOp,
+    holder: Holder<'_>,
+    has: Access,
+    what: impl FnOnce() -> String,
+) -> Result<()> {
+    let (remote_needs, local_needs) = match op {
+        TransferOp::Read => (Access::READ, Access::WRITE),
+        TransferOp::Write => (Access::WRITE, Access::READ),
+    };
+    let why = match holder {
+        Holder::Peer(_) if has.allows(remote_needs) => return Ok(()),
+        Holder::Local if has.allows(local_needs) => return Ok(()),
+        Holder::Peer(peer) => format!(
+            "{peer} registered {} for {has:?}; a {op:?} needs {remote_needs:?} there",
+            what()
+        ),
+        Holder::Local => {
+            let why = if local_needs == Access::WRITE {
+                "it is registered read-only, and a Read writes into it: register a writable buffer as the target"
+            } else {
+                "it is not registered for reading, and a Write reads it"
+            };
+            format!("local memory {} ({has:?}): {why}", what())
+        }
+    };
+    Err(EngineError::Transport(hmc_core::Error::AccessDenied(
+        format!("{why} (nothing was moved)"),
+    )))
+}
 
 /// May a peer's data plane at `dp` be dialled, given that its metadata service is at
 /// `meta`? Only on the host the caller chose to connect to.
@@ -108,6 +154,47 @@ pub(super) fn broken_peer(e: &EngineError) -> bool {
 mod tests {
     use super::*;
     use rstest::rstest;
+
+    #[rstest]
+    #[case::read_into_read_only(TransferOp::Read, Holder::Local, Access::READ, Some("read-only"))]
+    #[case::write_from_write_only(
+        TransferOp::Write,
+        Holder::Local,
+        Access::WRITE,
+        Some("not registered for reading")
+    )]
+    #[case::write_to_read_only(
+        TransferOp::Write,
+        Holder::Peer("b"),
+        Access::READ,
+        Some("b registered 0x1000+8 for Access(READ); a Write needs Access(WRITE) there")
+    )]
+    #[case::read_from_write_only(
+        TransferOp::Read,
+        Holder::Peer("b"),
+        Access::WRITE,
+        Some("a Read needs Access(READ)")
+    )]
+    #[case::read_into_writable(TransferOp::Read, Holder::Local, Access::READ_WRITE, None)]
+    #[case::write_to_writable(TransferOp::Write, Holder::Peer("b"), Access::WRITE, None)]
+    fn the_access_rule_refuses_before_moving(
+        #[case] op: TransferOp,
+        #[case] holder: Holder<'_>,
+        #[case] has: Access,
+        #[case] refused: Option<&str>,
+    ) {
+        let r = check_access(op, holder, has, || "0x1000+8".into());
+        match (r, refused) {
+            (Ok(()), None) => {}
+            (Err(EngineError::Transport(hmc_core::Error::AccessDenied(m))), Some(want)) => {
+                assert!(
+                    m.contains(want) && m.ends_with("(nothing was moved)"),
+                    "{m}"
+                )
+            }
+            (r, want) => panic!("{r:?}, wanted a refusal with {want:?}"),
+        }
+    }
 
     #[rstest]
     #[case::same_ip("tcp://10.0.0.1:5000", "tcp://10.0.0.1:6000", true)]

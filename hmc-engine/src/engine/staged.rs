@@ -37,11 +37,12 @@ impl StagedReg {
     }
 }
 
-/// A run between staged local memory and a peer's region.
-pub(crate) struct StagedPiece<C: Communicator> {
-    pub(super) local: Arc<StagedReg>,
+/// A run between staged local memory and a peer's region (made by the mover's split,
+/// [`super::mover`], from runs whose owner holds both registrations until it ends).
+pub(crate) struct StagedPiece<'r, C: Communicator> {
+    pub(super) local: &'r StagedReg,
     pub(super) local_off: usize,
-    pub(super) remote: Arc<RemoteEntry<C>>,
+    pub(super) remote: &'r RemoteEntry<C>,
     pub(super) remote_off: u64,
     pub(super) len: usize,
 }
@@ -156,13 +157,14 @@ impl<C: Communicator> Engine<C> {
         Ok(handle)
     }
 
-    /// Moves staged runs of a transfer, all of memory of one device, through the bounce
-    /// buffers (made on first use), packed together where they are small.
+    /// Moves staged runs of a transfer, all of memory of one device (the mover groups them
+    /// so), through the bounce buffers (made on first use), packed together where they are
+    /// small.
     pub(super) async fn run_staged(
         &self,
         ep: &C::Endpoint,
         op: Op,
-        staged: &[StagedPiece<C>],
+        staged: &[StagedPiece<'_, C>],
         deadline: Deadline,
     ) -> hmc_core::Result<()> {
         let Some(first) = staged.first() else {
@@ -190,10 +192,10 @@ impl<C: Communicator> Engine<C> {
                     .iter()
                     .zip(&regions)
                     .map(|(p, &region)| StagedRun {
-                        // SAFETY: the plan found the run inside a staged registration, which
+                        // SAFETY: the run was resolved inside a staged registration, which
                         // the caller keeps allocated while registered (`register_device_mem`),
-                        // and the piece's `Arc` keeps the registration until this transfer
-                        // ends.
+                        // and the runs the mover was given hold the registration until this
+                        // transfer ends.
                         local: unsafe { MemSpan::from_region(region) },
                         remote: &p.remote.key,
                         remote_offset: p.remote_off,
@@ -209,7 +211,7 @@ impl<C: Communicator> Engine<C> {
                     .iter()
                     .zip(&regions)
                     .map(|(p, &region)| StagedRun {
-                        // SAFETY: as for WRITE; the plan's runs do not overlap in local
+                        // SAFETY: as for WRITE; a transfer's runs do not overlap in local
                         // memory, and peers that reach it write it only as the DMA rule
                         // the registering caller accepted allows.
                         local: unsafe { MemSpanMut::from_region(region) },
