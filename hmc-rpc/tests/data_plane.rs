@@ -3,49 +3,35 @@
 //! dies mid-call, many large calls at once, and request payloads written in place
 //! (`ClientDataPlane::request_buffer`).
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::data_plane::{
+    SLOW_ECHO, client_over, one_worker_runtime, pattern, slow_echo_dispatcher, tcp_comm,
+};
+use common::frames::{read_frame_within, send_buffer_request};
 use hmc_core::{Access, Communicator, PeerAddr, RegisteredBuffer, RemoteRegion};
-use hmc_rpc::frame::{FrameHeader, FrameKind, HEADER_LEN, PayloadMode};
+use hmc_rpc::frame::{FrameHeader, PayloadMode};
 use hmc_rpc::{
     CallOptions, Client, ClientConfig, ClientDataPlane, DataPlaneConfig, Dispatcher, PoolConfig,
-    RpcError, RunningServer, Server, ServerConfig, Status, demo,
+    RunningServer, Server, ServerConfig, Status, demo,
 };
 use hmc_transport_tcp::{TcpCommunicator, TcpConfig};
 use rstest::rstest;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const SLOW_ECHO: u32 = 200;
 const CONSTANT: u32 = 201;
 
 fn dispatcher() -> Dispatcher {
-    let mut d = Dispatcher::new();
-    demo::register_demo(&mut d);
-    d.register_raw(SLOW_ECHO, |_ctx, b| async move {
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        Ok::<_, RpcError>(b)
-    });
+    let mut d = slow_echo_dispatcher();
     // A large response that is not a slice of the request (the pooled-copy path).
     d.register_raw_blocking(CONSTANT, |_ctx, b: Bytes| {
         Ok(Bytes::from(vec![0xA5u8; b.len() * 2]))
     });
     d
-}
-
-fn tcp_comm() -> Arc<TcpCommunicator> {
-    Arc::new(
-        TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), TcpConfig::default()).unwrap(),
-    )
-}
-
-fn pattern(len: usize, seed: u32) -> Bytes {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
-        .collect::<Vec<u8>>()
-        .into()
 }
 
 async fn server<C: Communicator>(dp: Option<Arc<C>>, cfg: DataPlaneConfig) -> RunningServer {
@@ -178,27 +164,9 @@ fn descriptor(reply_to: &PeerAddr, request: &[u8], response: Option<&[u8]>) -> V
     b
 }
 
-async fn send_buffer_request(raw: &mut TcpStream, id: u64, len: u64, body: &[u8]) {
-    let mut h = FrameHeader::new(FrameKind::Request, id);
-    h.method_id = demo::ECHO;
-    h.mode = PayloadMode::HmcBuffer;
-    h.payload_len = len;
-    h.body_len = body.len() as u32;
-    let mut b = h.encode().to_vec();
-    b.extend_from_slice(body);
-    raw.write_all(&b).await.unwrap();
-}
-
+/// One frame from `raw`, within 10 s.
 async fn read_frame(raw: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
-    let mut hb = [0u8; HEADER_LEN];
-    tokio::time::timeout(Duration::from_secs(10), raw.read_exact(&mut hb))
-        .await
-        .expect("an answer within 10 s")
-        .unwrap();
-    let h = FrameHeader::decode(&hb, &Default::default()).unwrap();
-    let mut body = vec![0u8; h.body_len as usize];
-    raw.read_exact(&mut body).await.unwrap();
-    (h, body)
+    read_frame_within(raw, Duration::from_secs(10)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -297,18 +265,9 @@ async fn a_client_that_dies_mid_call_leaves_the_server_healthy() {
     let addr = s.local_addr().clone();
     // The client lives in its own runtime, which is torn down while its call runs.
     let client_comm_bytes = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = one_worker_runtime();
         let comm = rt.block_on(async { tcp_comm() });
-        let c = rt.block_on(async {
-            Client::connect(&addr, ClientConfig::default())
-                .await
-                .unwrap()
-                .with_data_plane(comm.clone())
-        });
+        let c = rt.block_on(client_over(&addr, comm.clone()));
         let c2 = c.clone();
         rt.spawn(async move { c2.call(SLOW_ECHO, pattern(1 << 20, 8)).await });
         std::thread::sleep(Duration::from_millis(150));

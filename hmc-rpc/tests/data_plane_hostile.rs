@@ -3,44 +3,31 @@
 //! server slot past `data_plane_timeout`; a raw server keeps the keys of one call and tries
 //! them on the next.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use common::data_plane::{demo_dispatcher, pattern, tcp_comm};
+use common::frames::{read_frame_within, send_buffer_request, send_frame};
 use hmc_core::{
     Access, Communicator, ConnBuffer, Deadline, LocalRegistration, MemSpan, MemSpanMut,
     Notification, Op, PeerAddr, Region, RegisteredBuffer, RemoteRegion, Result as HmcResult,
     TransferDesc, TransportId,
 };
-use hmc_rpc::frame::{FrameHeader, FrameKind, HEADER_LEN, PayloadMode};
+use hmc_rpc::frame::{FrameHeader, FrameKind, PayloadMode};
 use hmc_rpc::{
-    Client, ClientConfig, ClientDataPlane, DataPlaneConfig, Dispatcher, RunningServer, Server,
-    ServerConfig, Status, demo,
+    Client, ClientConfig, ClientDataPlane, DataPlaneConfig, RunningServer, Server, ServerConfig,
+    Status, demo,
 };
 use hmc_transport_shm::{ShmCommunicator, ShmConfig};
-use hmc_transport_tcp::{TcpCommunicator, TcpConfig, TcpEndpoint, TcpRegistration, TcpRemoteKey};
+use hmc_transport_tcp::{TcpCommunicator, TcpEndpoint, TcpRegistration, TcpRemoteKey};
 use parking_lot::Mutex;
 use rstest::rstest;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-fn tcp_comm() -> Arc<TcpCommunicator> {
-    Arc::new(
-        TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), TcpConfig::default()).unwrap(),
-    )
-}
-
-fn pattern(len: usize, seed: u32) -> Bytes {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
-        .collect::<Vec<u8>>()
-        .into()
-}
-
 async fn server(cfg: DataPlaneConfig, sc: ServerConfig) -> RunningServer {
-    let mut d = Dispatcher::new();
-    demo::register_demo(&mut d);
-    Server::new(d, sc)
+    Server::new(demo_dispatcher(), sc)
         .with_data_plane(tcp_comm())
         .data_plane_config(cfg)
         .bind(&"tcp://127.0.0.1:0".parse().unwrap())
@@ -82,31 +69,9 @@ fn parse_descriptor(b: &[u8]) -> (PeerAddr, RemoteRegion, Option<RemoteRegion>) 
     (addr, req, resp)
 }
 
-async fn send_frame(raw: &mut TcpStream, h: FrameHeader, body: &[u8]) {
-    let mut b = h.encode().to_vec();
-    b.extend_from_slice(body);
-    raw.write_all(&b).await.unwrap();
-}
-
-async fn send_buffer_request(raw: &mut TcpStream, id: u64, len: u64, body: &[u8]) {
-    let mut h = FrameHeader::new(FrameKind::Request, id);
-    h.method_id = demo::ECHO;
-    h.mode = PayloadMode::HmcBuffer;
-    h.payload_len = len;
-    h.body_len = body.len() as u32;
-    send_frame(raw, h, body).await;
-}
-
+/// One frame from `raw`, within 10 s.
 async fn read_frame(raw: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
-    let mut hb = [0u8; HEADER_LEN];
-    tokio::time::timeout(Duration::from_secs(10), raw.read_exact(&mut hb))
-        .await
-        .expect("a frame within 10 s")
-        .unwrap();
-    let h = FrameHeader::decode(&hb, &Default::default()).unwrap();
-    let mut body = vec![0u8; h.body_len as usize];
-    raw.read_exact(&mut body).await.unwrap();
-    (h, body)
+    read_frame_within(raw, Duration::from_secs(10)).await
 }
 
 fn genuine_region(

@@ -6,14 +6,15 @@
 //! keeps past its call holds the client's buffer off reuse: the client's rekey fails and
 //! the buffer is dropped, so the kept bytes never change.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::data_plane::{demo_dispatcher, pattern};
 use hmc_core::Communicator;
-use hmc_rpc::{
-    Client, ClientConfig, DataPlaneConfig, Dispatcher, RunningServer, Server, ServerConfig, demo,
-};
+use hmc_rpc::{Client, ClientConfig, DataPlaneConfig, RunningServer, Server, ServerConfig, demo};
 use hmc_transport_shm::{ShmCommunicator, ShmConfig};
 use hmc_transport_tcp::{TcpCommunicator, TcpConfig};
 use tokio::sync::mpsc;
@@ -35,16 +36,8 @@ fn shm(revoke: Duration) -> Arc<ShmCommunicator> {
     )
 }
 
-fn pattern(len: usize, seed: u32) -> Bytes {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
-        .collect::<Vec<u8>>()
-        .into()
-}
-
 async fn server<C: Communicator>(dp: Arc<C>, kept: mpsc::UnboundedSender<Bytes>) -> RunningServer {
-    let mut d = Dispatcher::new();
-    demo::register_demo(&mut d);
+    let mut d = demo_dispatcher();
     d.register_raw(COPYING_ECHO, |_ctx, b: Bytes| async move { Ok(b) });
     d.register_raw_in_place(KEEPER, move |_ctx, b: Bytes| {
         let kept = kept.clone();

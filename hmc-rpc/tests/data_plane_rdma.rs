@@ -1,12 +1,12 @@
 //! HMC_BUFFER over the RDMA communicator, against the user-space `libibverbs.so.1` stand-in (built by `hmc-testshim` at test time; a check of the transport's use of verbs, not of a NIC): verified echo round trips from 64 KiB to 16 MiB, many calls at once, and the server surviving a client that goes away.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
-use bytes::Bytes;
-use hmc_rpc::{
-    Client, ClientConfig, DataPlaneConfig, Dispatcher, RunningServer, Server, ServerConfig, demo,
-};
+use common::data_plane::{demo_dispatcher, pattern};
+use hmc_rpc::{Client, ClientConfig, DataPlaneConfig, RunningServer, Server, ServerConfig, demo};
 use hmc_transport_rdma::{RdmaCommunicator, RdmaConfig};
 use rstest::rstest;
 
@@ -30,17 +30,8 @@ fn rdma() -> Arc<RdmaCommunicator> {
     )
 }
 
-fn pattern(len: usize, seed: u32) -> Bytes {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
-        .collect::<Vec<u8>>()
-        .into()
-}
-
 async fn server() -> RunningServer {
-    let mut d = Dispatcher::new();
-    demo::register_demo(&mut d);
-    Server::new(d, ServerConfig::default())
+    Server::new(demo_dispatcher(), ServerConfig::default())
         .with_data_plane(rdma())
         .bind(&"tcp://127.0.0.1:0".parse().unwrap())
         .await

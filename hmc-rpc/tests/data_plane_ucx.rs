@@ -4,12 +4,16 @@
 //! (The two-process echo and soak over UCX are in `data_plane_processes.rs`.) UCX must be
 //! installed (`libucx0`); these tests never skip.
 
+mod common;
+
 use std::sync::Arc;
 
-use bytes::Bytes;
+use common::data_plane::{
+    SLOW_ECHO, client_over, one_worker_runtime, pattern, slow_echo_dispatcher,
+};
 use hmc_rpc::{
-    Client, ClientConfig, ClientDataPlane, DataPlaneConfig, Dispatcher, RunningServer, Server,
-    ServerConfig, demo,
+    Client, ClientConfig, ClientDataPlane, DataPlaneConfig, RunningServer, Server, ServerConfig,
+    demo,
 };
 use hmc_transport_ucx::{UcxCommunicator, UcxConfig};
 use rstest::rstest;
@@ -18,27 +22,12 @@ fn ucx(tls: &str) -> Arc<UcxCommunicator> {
     Arc::new(UcxCommunicator::new(UcxConfig::with_tls(tls)).expect("UCX (libucx0) is installed"))
 }
 
-fn pattern(len: usize, seed: u32) -> Bytes {
-    (0..len as u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761).wrapping_add(seed) >> 13) as u8)
-        .collect::<Vec<u8>>()
-        .into()
-}
-
-const SLOW_ECHO: u32 = 200;
-
 async fn server(tls: &str) -> RunningServer {
     server_on(ucx(tls)).await
 }
 
 async fn server_on(comm: Arc<UcxCommunicator>) -> RunningServer {
-    let mut d = Dispatcher::new();
-    demo::register_demo(&mut d);
-    d.register_raw(SLOW_ECHO, |_ctx, b| async move {
-        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-        Ok::<_, hmc_rpc::RpcError>(b)
-    });
-    Server::new(d, ServerConfig::default())
+    Server::new(slow_echo_dispatcher(), ServerConfig::default())
         .with_data_plane(comm)
         .bind(&"tcp://127.0.0.1:0".parse().unwrap())
         .await
@@ -182,18 +171,9 @@ async fn a_client_that_dies_mid_call_over_ucx_leaves_the_server_healthy(
     let addr = s.local_addr().clone();
     let tls2 = tls.to_string();
     let client_stats = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = one_worker_runtime();
         let comm = ucx(&tls2);
-        let c = rt.block_on(async {
-            Client::connect(&addr, ClientConfig::default())
-                .await
-                .unwrap()
-                .with_data_plane(comm.clone())
-        });
+        let c = rt.block_on(client_over(&addr, comm.clone()));
         let c2 = c.clone();
         rt.spawn(async move { c2.call(SLOW_ECHO, pattern(1 << 20, 8)).await });
         std::thread::sleep(std::time::Duration::from_millis(150));

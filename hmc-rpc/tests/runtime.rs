@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::frames::{read_frame_within, request};
 use hmc_core::PeerAddr;
 use hmc_rpc::frame::{FrameHeader, FrameKind, FrameLimits, HEADER_LEN, PayloadMode, payload_crc};
 use hmc_rpc::{
@@ -525,27 +526,9 @@ async fn requests_racing_the_goaway_are_answered_shutting_down() {
     s.wait().await;
 }
 
-fn request(id: u64, method: u32, body: &[u8]) -> Vec<u8> {
-    let mut h = FrameHeader::new(FrameKind::Request, id);
-    h.method_id = method;
-    h.payload_len = body.len() as u64;
-    h.body_len = body.len() as u32;
-    h.payload_crc = payload_crc(body);
-    let mut v = h.encode().to_vec();
-    v.extend_from_slice(body);
-    v
-}
-
+/// One frame from `s`, within 5 s.
 async fn read_frame(s: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
-    let mut hb = [0u8; HEADER_LEN];
-    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut hb))
-        .await
-        .expect("a frame within 5 s")
-        .unwrap();
-    let h = FrameHeader::decode(&hb, &FrameLimits::default()).unwrap();
-    let mut body = vec![0u8; h.body_len as usize];
-    s.read_exact(&mut body).await.unwrap();
-    (h, body)
+    read_frame_within(s, Duration::from_secs(5)).await
 }
 
 fn damage(case: &str) -> Vec<u8> {

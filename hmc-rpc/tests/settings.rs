@@ -2,46 +2,29 @@
 //! data plane it has before a client tries one, a v1 client that never asks is served as
 //! before, and a client facing a v1 server (no exchange) falls back as before.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::data_plane::{demo_dispatcher, tcp_comm};
+use common::frames::request;
 use hmc_core::PeerAddr;
-use hmc_rpc::frame::{FrameHeader, FrameKind, FrameLimits, HEADER_LEN, payload_crc};
+use hmc_rpc::frame::{FrameHeader, FrameLimits, HEADER_LEN};
 use hmc_rpc::proto::{ServerConn, ServerEvent};
 use hmc_rpc::settings::{SETTINGS_METHOD, Settings, features};
 use hmc_rpc::{CallError, Client, ClientConfig, ConnConfig, Server, ServerConfig, Status, demo};
-use hmc_transport_tcp::{TcpCommunicator, TcpConfig};
-
-fn tcp_plane() -> Arc<TcpCommunicator> {
-    Arc::new(
-        TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), TcpConfig::default()).unwrap(),
-    )
-}
 
 async fn server(with_plane: bool) -> hmc_rpc::RunningServer {
-    let mut d = hmc_rpc::Dispatcher::new();
-    demo::register_demo(&mut d);
-    let s = Server::new(d, ServerConfig::default());
+    let s = Server::new(demo_dispatcher(), ServerConfig::default());
     let addr: PeerAddr = "tcp://127.0.0.1:0".parse().unwrap();
     if with_plane {
-        s.with_data_plane(tcp_plane()).bind(&addr).await.unwrap()
+        s.with_data_plane(tcp_comm()).bind(&addr).await.unwrap()
     } else {
         s.bind(&addr).await.unwrap()
     }
-}
-
-fn request(id: u64, method: u32, body: &[u8]) -> Vec<u8> {
-    let mut h = FrameHeader::new(FrameKind::Request, id);
-    h.method_id = method;
-    h.payload_len = body.len() as u64;
-    h.body_len = body.len() as u32;
-    h.payload_crc = payload_crc(body);
-    let mut v = h.encode().to_vec();
-    v.extend_from_slice(body);
-    v
 }
 
 fn read_frame(s: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
@@ -109,7 +92,7 @@ async fn a_client_with_a_data_plane_sends_large_payloads_streamed_to_a_server_wi
     let c = Client::connect(s.local_addr(), ClientConfig::default())
         .await
         .unwrap()
-        .with_data_plane(tcp_plane());
+        .with_data_plane(tcp_comm());
     let big = Bytes::from(vec![7u8; 1 << 20]);
     // No refusal first: the server said it has no data plane.
     for _ in 0..3 {
@@ -129,7 +112,7 @@ async fn a_client_with_a_data_plane_sends_large_payloads_streamed_to_a_server_wi
     let c2 = Client::connect(s2.local_addr(), ClientConfig::default())
         .await
         .unwrap()
-        .with_data_plane(tcp_plane());
+        .with_data_plane(tcp_comm());
     assert_eq!(c2.call(demo::ECHO, big.clone()).await.unwrap(), big);
     assert_eq!(c2.data_plane_stats().unwrap().buffer_calls, 1);
 }
@@ -188,7 +171,7 @@ async fn against_a_v1_server_the_client_tries_once_then_streams() {
     let c = Client::connect(&addr, ClientConfig::default())
         .await
         .unwrap()
-        .with_data_plane(tcp_plane());
+        .with_data_plane(tcp_comm());
     let big = Bytes::from(vec![3u8; 256 << 10]);
     // The first large call goes HMC_BUFFER (a v1 server cannot say it has no data plane)
     // and is refused; it is not replayed.

@@ -3,18 +3,20 @@
 //! own socket address, whichever way the handler runs and the payload travels, so a log
 //! line of each side can be joined (`hmc_rpc::trace`'s contract, docs/design.md).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::data_plane::tcp_comm;
 use hmc_core::Communicator;
 use hmc_rpc::{
     Client, ClientConfig, DirectClient, Dispatcher, RpcError, RunningServer, Server, ServerConfig,
     Status,
 };
-use hmc_transport_tcp::{TcpCommunicator, TcpConfig};
 use rstest::rstest;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -174,12 +176,6 @@ fn dispatcher(case: &'static str, kind: HandlerKind) -> Dispatcher {
         }
     }
     d
-}
-
-fn tcp_comm() -> Arc<TcpCommunicator> {
-    Arc::new(
-        TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), TcpConfig::default()).unwrap(),
-    )
 }
 
 /// The handlers' log lines for `case`.
