@@ -11,6 +11,8 @@
 //! shim's "device" is host memory behind HIP's C ABI: this checks the staging path and
 //! the binding, not a GPU.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -18,6 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::register_rw;
 use hmc_backend_rocm::RocmMemory;
 use hmc_core::{AnyMemory, DeviceBuffer, DeviceMemoryPath, MemSpan, MemSpanMut, Memory};
 use hmc_engine::{Engine, EngineConfig, MemDesc, TransferOp, TransferOpDesc};
@@ -401,11 +404,7 @@ fn initiator_child() {
     std::io::stdin().read_line(&mut line).unwrap();
     let (hex, addr) = line.trim().split_once(' ').unwrap();
     let (blob, remote_addr) = (hmc_testshim::from_hex(hex), addr.parse::<u64>().unwrap());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime();
     rt.block_on(async move {
         let o: HashMap<String, String> = [("transport".to_string(), transport.to_string())].into();
         let e = Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
@@ -413,18 +412,8 @@ fn initiator_child() {
             .unwrap();
         let peer = e.add_remote(&blob, T).await.unwrap();
         let host = vec![0u8; LEN];
-        // SAFETY: `host` outlives the engine's use of it (deregistered below).
-        let h = unsafe {
-            e.register_mem(
-                MemDesc {
-                    addr: host.as_ptr() as u64,
-                    len: LEN,
-                },
-                hmc_engine::MemType::Host,
-                hmc_core::Access::READ_WRITE,
-            )
-        }
-        .unwrap();
+        // `host` (LEN bytes) outlives the engine's use of it (deregistered below).
+        let h = register_rw(&e, &host);
         let one = |local: u64| TransferOpDesc {
             local_addr: local,
             remote_addr,

@@ -126,11 +126,7 @@ fn child() {
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = common::runtime();
     rt.block_on(async move {
         let mem = CudaMemory::new(0).expect("the driver ABI shim loads");
         let (a, b) = (engine().await, engine().await);

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{T, checksum, desc, engine, host, serve};
-use hmc_engine::{Engine, EngineConfig, EngineError, MemType, TransferOp, TransferOpDesc};
+use common::{T, checksum, desc, engine, register_rw, serve};
+use hmc_engine::{Engine, EngineConfig, EngineError, TransferOp, TransferOpDesc};
 use hmc_meta::testing::EtcdProcess;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -21,13 +21,9 @@ async fn engines_find_each_other_by_name_through_etcd() {
     assert_eq!(b.name(), "decode-0");
     let src = vec![9u8; 1 << 20];
     let dst = vec![0u8; 1 << 20];
-    // SAFETY: both buffers outlive the engines (finalized below, before they drop).
-    unsafe {
-        a.register_mem(host(&src), MemType::Host, hmc_engine::Access::READ_WRITE)
-            .unwrap();
-        b.register_mem(host(&dst), MemType::Host, hmc_engine::Access::READ_WRITE)
-            .unwrap();
-    }
+    // Both buffers outlive the engines (finalized below, before they drop).
+    register_rw(&a, &src);
+    register_rw(&b, &dst);
     a.connect("decode-0", T).await.unwrap();
     assert_eq!(a.peers(), ["decode-0"]);
     a.transfer("decode-0", TransferOp::Write, &[desc(&src, &dst)], T)
@@ -60,13 +56,9 @@ async fn etcd_down_keeps_connections_and_fails_new_lookups_until_it_is_back() {
     let c = engine(&url, Some("c")).await;
     let src = vec![3u8; 1 << 20];
     let dst = vec![0u8; 1 << 20];
-    // SAFETY: the buffers outlive the engines (finalized below).
-    unsafe {
-        a.register_mem(host(&src), MemType::Host, hmc_engine::Access::READ_WRITE)
-            .unwrap();
-        b.register_mem(host(&dst), MemType::Host, hmc_engine::Access::READ_WRITE)
-            .unwrap();
-    }
+    // The buffers outlive the engines (finalized below).
+    register_rw(&a, &src);
+    register_rw(&b, &dst);
     a.connect("b", T).await.unwrap();
     etcd.kill();
     // The connection made before the outage keeps moving bytes.
@@ -108,11 +100,8 @@ async fn a_hung_peer_is_gone_within_its_lease_and_its_transfer_in_flight_fails()
     let v: Vec<u64> = found.split(' ').map(|x| x.parse().unwrap()).collect();
     let (addr, len, want) = (v[0], v[1] as usize, v[2]);
     let mem = vec![0u8; len];
-    // SAFETY: `mem` outlives the engine (finalized below).
-    unsafe {
-        a.register_mem(host(&mem), MemType::Host, hmc_engine::Access::READ_WRITE)
-            .unwrap()
-    };
+    // `mem` outlives the engine (finalized below).
+    register_rw(&a, &mem);
     let read = TransferOpDesc {
         local_addr: mem.as_ptr() as u64,
         remote_addr: addr,
@@ -157,11 +146,8 @@ async fn a_hung_peer_is_gone_within_its_lease_and_its_transfer_in_flight_fails()
         }
     }
     let mem2 = vec![0u8; len];
-    // SAFETY: as above.
-    unsafe {
-        a.register_mem(host(&mem2), MemType::Host, hmc_engine::Access::READ_WRITE)
-            .unwrap()
-    };
+    // As above.
+    register_rw(&a, &mem2);
     let read2 = TransferOpDesc {
         local_addr: mem2.as_ptr() as u64,
         ..read

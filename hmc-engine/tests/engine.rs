@@ -3,12 +3,15 @@
 //! register/deregister, asynchronous requests and their timeouts, notifications and
 //! their bound, and the blocking API.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::register_rw;
 use hmc_engine::{
-    BlockingEngine, Engine, EngineConfig, EngineError, MemDesc, MemHandle, MemType, Side,
-    TransferOp, TransferOpDesc, TransferStatus,
+    BlockingEngine, Engine, EngineConfig, EngineError, MemDesc, MemType, Side, TransferOp,
+    TransferOpDesc, TransferStatus,
 };
 use hmc_transport_tcp::TcpCommunicator;
 
@@ -34,22 +37,6 @@ fn addr(b: &[u8]) -> u64 {
     b.as_ptr() as u64
 }
 
-fn reg(e: &Engine<TcpCommunicator>, b: &[u8]) -> MemHandle {
-    // SAFETY: every test keeps its buffers alive until its engines are dropped or the
-    // buffer is deregistered.
-    unsafe {
-        e.register_mem(
-            MemDesc {
-                addr: addr(b),
-                len: b.len(),
-            },
-            MemType::Host,
-            hmc_engine::Access::READ_WRITE,
-        )
-        .unwrap()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_and_reads_by_address_across_several_regions() {
     let a = engine(EngineConfig::default()).await;
@@ -59,10 +46,10 @@ async fn writes_and_reads_by_address_across_several_regions() {
     let dst1 = vec![0u8; 1 << 20];
     let dst2 = vec![0u8; 256 << 10];
     for buf in [&src1, &src2] {
-        reg(&a, buf);
+        register_rw(&a, buf);
     }
     for buf in [&dst1, &dst2] {
-        reg(&b, buf);
+        register_rw(&b, buf);
     }
     a.connect(b.name(), T).await.unwrap();
     // src1 in 4 KiB pieces, contiguous on both sides (merged into one run), plus src2
@@ -95,7 +82,7 @@ async fn writes_and_reads_by_address_across_several_regions() {
     );
     // Read it back into a fresh local buffer.
     let back = vec![0u8; 1 << 20];
-    reg(&a, &back);
+    register_rw(&a, &back);
     let read = [TransferOpDesc {
         local_addr: addr(&back),
         remote_addr: addr(&dst1),
@@ -115,9 +102,9 @@ async fn bad_descriptors_are_refused_before_any_byte_moves() {
     let dst1 = vec![0u8; 4096];
     let dst2 = vec![0u8; 4096];
     let unregistered = [0u8; 64];
-    reg(&a, &src);
-    reg(&b, &dst1);
-    reg(&b, &dst2);
+    register_rw(&a, &src);
+    register_rw(&b, &dst1);
+    register_rw(&b, &dst2);
     a.connect(b.name(), T).await.unwrap();
     let good = TransferOpDesc {
         local_addr: addr(&src),
@@ -222,11 +209,11 @@ async fn the_peer_table_follows_registrations_and_deregistrations() {
     let a = engine(EngineConfig::default()).await;
     let b = engine(EngineConfig::default()).await;
     let src = pattern(4096, 4);
-    reg(&a, &src);
+    register_rw(&a, &src);
     a.connect(b.name(), T).await.unwrap();
     // Registered after the connect: found by fetching the table again.
     let late = vec![0u8; 4096];
-    let h = reg(&b, &late);
+    let h = register_rw(&b, &late);
     let d = [TransferOpDesc {
         local_addr: addr(&src),
         remote_addr: addr(&late),
@@ -240,7 +227,7 @@ async fn the_peer_table_follows_registrations_and_deregistrations() {
     // allocated here) is not written.
     b.deregister_mem(h).await.unwrap();
     let src2 = pattern(4096, 99);
-    reg(&a, &src2);
+    register_rw(&a, &src2);
     let d2 = [TransferOpDesc {
         local_addr: addr(&src2),
         remote_addr: addr(&late),
@@ -269,8 +256,8 @@ async fn many_async_requests_complete_and_a_timeout_really_ends_one() {
     let b = engine(EngineConfig::default()).await;
     let src = pattern(16 << 20, 5);
     let dst = vec![0u8; 16 << 20];
-    reg(&a, &src);
-    reg(&b, &dst);
+    register_rw(&a, &src);
+    register_rw(&b, &dst);
     a.connect(b.name(), T).await.unwrap();
     let reqs: Vec<_> = (0..16u64)
         .map(|i| {
@@ -319,8 +306,8 @@ async fn a_cancelled_request_ends_failed_and_a_finished_one_keeps_its_status() {
     let b = engine(EngineConfig::default()).await;
     let src = pattern(64 << 20, 3);
     let dst = vec![0u8; 64 << 20];
-    reg(&a, &src);
-    reg(&b, &dst);
+    register_rw(&a, &src);
+    register_rw(&b, &dst);
     a.connect(b.name(), T).await.unwrap();
     let d = TransferOpDesc {
         local_addr: addr(&src),

@@ -3,9 +3,12 @@
 //! CPU while nothing moves. Alone in its test binary, so that the process's CPU time is
 //! theirs.
 
+mod common;
+
 use std::time::Duration;
 
-use hmc_engine::{Access, Engine, EngineConfig, MemDesc, MemType};
+use common::register_as;
+use hmc_engine::{Access, Engine, EngineConfig};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_engines_use_no_cpu() {
@@ -27,18 +30,8 @@ async fn idle_engines_use_no_cpu() {
             .await
             .unwrap();
         let b = Engine::initialize_with("127.0.0.1", config).await.unwrap();
-        // SAFETY: `mem` outlives the engines (dropped after them, at the end).
-        unsafe {
-            b.register_mem(
-                MemDesc {
-                    addr: mem.as_ptr() as u64,
-                    len: mem.len(),
-                },
-                MemType::Host,
-                Access::READ,
-            )
-        }
-        .unwrap();
+        // `mem` outlives the engines (dropped after them, at the end).
+        register_as(&b, &mem, Access::READ);
         a.connect(b.name(), Duration::from_secs(10)).await.unwrap();
         engines.push((a, b));
     }

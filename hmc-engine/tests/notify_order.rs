@@ -14,10 +14,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::register_rw;
 use hmc_core::AnyCommunicator;
 use hmc_engine::{
-    Access, BlockDesc, Engine, EngineConfig, EngineError, MemDesc, MemType, Notify, PreparedList,
-    TransferOp, TransferStatus,
+    BlockDesc, Engine, EngineConfig, EngineError, Notify, PreparedList, TransferOp, TransferStatus,
 };
 use rstest::rstest;
 
@@ -61,21 +61,6 @@ async fn engine_with(name: &str, options: &[(&str, &str)]) -> Engine<AnyCommunic
         .unwrap()
 }
 
-fn register(e: &Engine<AnyCommunicator>, m: &[u8]) -> hmc_engine::MemHandle {
-    // SAFETY: every test keeps its buffers until its engines are finalized.
-    unsafe {
-        e.register_mem(
-            MemDesc {
-                addr: m.as_ptr() as u64,
-                len: m.len(),
-            },
-            MemType::Host,
-            Access::READ_WRITE,
-        )
-    }
-    .unwrap()
-}
-
 fn blocks(m: &[u8]) -> Vec<BlockDesc> {
     vec![BlockDesc::strided(
         m.as_ptr() as u64,
@@ -97,8 +82,8 @@ async fn prepared_pair(
     PreparedList<AnyCommunicator>,
     PreparedList<AnyCommunicator>,
 ) {
-    register(init, src);
-    register(target, dst);
+    register_rw(init, src);
+    register_rw(target, dst);
     let peer = init
         .add_remote(&target.local_metadata().unwrap(), T)
         .await
@@ -139,7 +124,7 @@ async fn a_notification_follows_its_bytes_and_a_failure_sends_a_notice(#[case] n
     let src: Vec<u8> = (0..BLOCK * BLOCKS).map(|i| (i * 13 % 251) as u8).collect();
     let dst = vec![0u8; BLOCK * BLOCKS];
     let other = vec![0u8; BLOCK * BLOCKS];
-    let other_handle = register(&target, &other);
+    let other_handle = register_rw(&target, &other);
     let (peer, local, remote) = prepared_pair(&init, &target, &src, &dst).await;
     let remote_other = init
         .prepare_remote(&peer, &blocks(&other), T)

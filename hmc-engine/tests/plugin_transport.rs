@@ -3,10 +3,13 @@
 #[path = "../../hmc-plugin/tests/common/mod.rs"]
 mod plugins;
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
-use hmc_engine::{Engine, EngineConfig, MemDesc, MemType, TransferOp, TransferOpDesc};
+use common::register_rw;
+use hmc_engine::{Engine, EngineConfig, TransferOp, TransferOpDesc};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_choose_the_c_plugin_by_name_and_move_bytes() {
@@ -28,17 +31,9 @@ async fn engines_choose_the_c_plugin_by_name_and_move_bytes() {
     );
     let src: Vec<u8> = (0..1 << 20).map(|i| (i * 7) as u8).collect();
     let dst = vec![0u8; 1 << 20];
-    let desc = |b: &Vec<u8>| MemDesc {
-        addr: b.as_ptr() as u64,
-        len: b.len(),
-    };
-    // SAFETY: both buffers outlive the engines' registrations (the engines drop first).
-    unsafe {
-        a.register_mem(desc(&src), MemType::Host, hmc_engine::Access::READ_WRITE)
-            .unwrap();
-        b.register_mem(desc(&dst), MemType::Host, hmc_engine::Access::READ_WRITE)
-            .unwrap();
-    }
+    // Both buffers outlive the engines' registrations (the engines drop first).
+    register_rw(&a, &src);
+    register_rw(&b, &dst);
     let t = Duration::from_secs(10);
     a.connect(b.name(), t).await.unwrap();
     let d = TransferOpDesc {

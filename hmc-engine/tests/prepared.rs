@@ -7,12 +7,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::kv_peer::{KvPeer, pattern};
-use common::{T, checksum};
+use common::{T, checksum, register_rw};
 use hmc_core::{AnyCommunicator, Communicator};
 use hmc_engine::TransferStatus;
 use hmc_engine::{
-    Access, BlockDesc, Engine, EngineConfig, EngineError, MemDesc, MemType, PreparedList,
-    PreparedTransfer, TransferOp,
+    BlockDesc, Engine, EngineConfig, EngineError, PreparedList, PreparedTransfer, TransferOp,
 };
 use rstest::rstest;
 
@@ -38,19 +37,9 @@ impl Cache {
         let mem: Vec<Vec<u8>> = (0..layers)
             .map(|_| vec![0u8; (blocks * block) as usize])
             .collect();
+        // The test keeps `mem` until the engine is finalized and dropped.
         for m in &mem {
-            // SAFETY: the test keeps `mem` until the engine is finalized and dropped.
-            unsafe {
-                e.register_mem(
-                    MemDesc {
-                        addr: m.as_ptr() as u64,
-                        len: m.len(),
-                    },
-                    MemType::Host,
-                    Access::READ_WRITE,
-                )
-                .unwrap();
-            }
+            register_rw(e, m);
         }
         Cache { mem, block }
     }
@@ -564,21 +553,8 @@ async fn metadata_blobs_are_bounded_authenticated_and_partial() {
     let b = engine("tcp", &[]).await;
     let first = vec![1u8; 4096];
     let later = vec![2u8; 4096];
-    let reg = |e: &Engine<AnyCommunicator>, m: &[u8]| {
-        // SAFETY: the buffers outlive both engines (dropped at the end of the test).
-        unsafe {
-            e.register_mem(
-                MemDesc {
-                    addr: m.as_ptr() as u64,
-                    len: m.len(),
-                },
-                MemType::Host,
-                Access::READ_WRITE,
-            )
-            .unwrap()
-        }
-    };
-    reg(&b, &first);
+    // The buffers outlive both engines (dropped at the end of the test).
+    register_rw(&b, &first);
     let small = engine("tcp", &[("max_metadata_blob_len", "16")]).await;
     let err = small
         .add_remote(&b.local_metadata().unwrap(), T)
@@ -621,7 +597,7 @@ async fn metadata_blobs_are_bounded_authenticated_and_partial() {
         .unwrap_err();
     assert!(matches!(err, EngineError::BadMetadata(_)), "{err:?}");
 
-    let h = reg(&b, &later);
+    let h = register_rw(&b, &later);
     let partial = b.partial_metadata(&[h]).unwrap();
     // A partial blob adds a peer not added yet (it carries the addresses), and adds its
     // regions to one that is.
@@ -634,7 +610,7 @@ async fn metadata_blobs_are_bounded_authenticated_and_partial() {
     assert!(matches!(err, EngineError::AlreadyConnected(_)), "{err}");
     assert_eq!(a.add_remote(&partial, T).await.unwrap(), name);
     let here = vec![0u8; 4096];
-    reg(&a, &here);
+    register_rw(&a, &here);
     let l = a
         .prepare_local(&[BlockDesc::block(here.as_ptr() as u64, 4096)])
         .unwrap();
@@ -660,15 +636,8 @@ async fn deregistering_under_a_local_list_does_not_wait_for_it() {
     let a = engine("tcp", &[]).await;
     let b = engine("tcp", &[]).await;
     let (src, dst) = (vec![1u8; 8192], vec![0u8; 8192]);
-    // SAFETY: both buffers outlive the engines (dropped at the end of the test).
-    let (ha, _hb) = unsafe {
-        (
-            a.register_mem(common::host(&dst), MemType::Host, Access::READ_WRITE)
-                .unwrap(),
-            b.register_mem(common::host(&src), MemType::Host, Access::READ_WRITE)
-                .unwrap(),
-        )
-    };
+    // Both buffers outlive the engines (dropped at the end of the test).
+    let (ha, _hb) = (register_rw(&a, &dst), register_rw(&b, &src));
     let name = a.add_remote(&b.local_metadata().unwrap(), T).await.unwrap();
     let l = a
         .prepare_local(&[BlockDesc::strided(dst.as_ptr() as u64, 4096, 4096, 2)])

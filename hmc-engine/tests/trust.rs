@@ -15,6 +15,7 @@ const T: Duration = Duration::from_secs(10);
 
 mod common;
 
+use common::register_rw;
 use common::wire::{
     EngineInfo, Hello, METHOD_INFO, METHOD_NOTIFY, NotifyAck, NotifyMsg, named_client,
 };
@@ -194,19 +195,8 @@ async fn engines_refuse_writes_into_read_only_registrations_on_both_sides() {
     let ro = ReadOnlyPages::new(4096, 3);
     let rw = vec![9u8; 4096];
     // SAFETY: both outlive the engines.
-    unsafe {
-        b.register_mem(ro.desc(), MemType::Host, Access::READ)
-            .unwrap();
-        a.register_mem(
-            MemDesc {
-                addr: rw.as_ptr() as u64,
-                len: rw.len(),
-            },
-            MemType::Host,
-            Access::READ_WRITE,
-        )
-        .unwrap();
-    }
+    unsafe { b.register_mem(ro.desc(), MemType::Host, Access::READ) }.unwrap();
+    register_rw(&a, &rw);
     a.connect(b.name(), T).await.unwrap();
     let d = TransferOpDesc {
         local_addr: rw.as_ptr() as u64,
@@ -288,18 +278,8 @@ async fn an_engine_with_a_secret_serves_only_engines_that_hold_it() {
     config.transport = hmc_engine::EngineTransport::Tcp;
     let target = engine_for(config.clone()).await;
     let mem = vec![7u8; 4096];
-    // SAFETY: `mem` outlives the engine.
-    unsafe {
-        target.register_mem(
-            MemDesc {
-                addr: mem.as_ptr() as u64,
-                len: mem.len(),
-            },
-            MemType::Host,
-            Access::READ_WRITE,
-        )
-    }
-    .unwrap();
+    // `mem` outlives the engine.
+    register_rw(&target, &mem);
     let e = fetch_info(target.name()).await.err().expect("refused");
     let e = e.to_string();
     assert!(
@@ -329,18 +309,8 @@ async fn an_engine_with_a_secret_serves_only_engines_that_hold_it() {
     let friend = engine_for(config).await;
     friend.connect(target.name(), T).await.unwrap();
     let dst = vec![0u8; 4096];
-    // SAFETY: `dst` outlives the engine.
-    unsafe {
-        friend.register_mem(
-            MemDesc {
-                addr: dst.as_ptr() as u64,
-                len: dst.len(),
-            },
-            MemType::Host,
-            Access::READ_WRITE,
-        )
-    }
-    .unwrap();
+    // `dst` outlives the engine.
+    register_rw(&friend, &dst);
     let d = TransferOpDesc {
         local_addr: dst.as_ptr() as u64,
         remote_addr: mem.as_ptr() as u64,
@@ -516,18 +486,8 @@ async fn an_engine_s_transport_queues_no_transport_notifications(#[case] name: &
     };
     let target = engine_for(config).await;
     let mem = vec![0u8; 4096];
-    // SAFETY: `mem` outlives the engine.
-    unsafe {
-        target.register_mem(
-            MemDesc {
-                addr: mem.as_ptr() as u64,
-                len: mem.len(),
-            },
-            MemType::Host,
-            Access::READ_WRITE,
-        )
-    }
-    .unwrap();
+    // `mem` outlives the engine.
+    register_rw(&target, &mem);
     let info = fetch_info(target.name()).await.unwrap();
     let intruder = transport(name);
     let ep = intruder

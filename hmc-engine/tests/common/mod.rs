@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use hmc_core::AnyCommunicator;
-use hmc_engine::{Engine, EngineConfig, MemDesc, TransferOpDesc};
+use hmc_core::{Access, AnyCommunicator, Communicator};
+use hmc_engine::{Engine, EngineConfig, MemDesc, MemHandle, MemType, TransferOpDesc};
 
 /// How long a connect or transfer may take.
 pub const T: Duration = Duration::from_secs(10);
@@ -54,6 +54,32 @@ pub fn host(b: &[u8]) -> MemDesc {
         addr: b.as_ptr() as u64,
         len: b.len(),
     }
+}
+
+/// `m` registered with `e` as host memory that peers may read and write.
+///
+/// The caller keeps `m` alive (and unmoved) until `e` is finalized and dropped, or `m`
+/// is deregistered: that is the promise `register_mem` asks for.
+pub fn register_rw<C: Communicator>(e: &Engine<C>, m: &[u8]) -> MemHandle {
+    register_as(e, m, Access::READ_WRITE)
+}
+
+/// `m` registered with `e` as host memory that peers may reach with `access`; the caller
+/// keeps `m` as for [`register_rw`].
+pub fn register_as<C: Communicator>(e: &Engine<C>, m: &[u8], access: Access) -> MemHandle {
+    // SAFETY: every caller keeps `m` until its engine is finalized and dropped (or `m` is
+    // deregistered), as the tests' buffers are.
+    unsafe { e.register_mem(host(m), MemType::Host, access) }.expect("host memory registered")
+}
+
+/// The runtime a test's child process runs its engines on: multi-threaded, two workers,
+/// I/O and timers enabled.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
 }
 
 /// `target/<profile>/examples/<name>`, which `cargo test` builds with the tests.
