@@ -13,14 +13,13 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::register_rw;
+use common::{engine_from, register_rw};
 use hmc_backend_rocm::RocmMemory;
 use hmc_core::{AnyMemory, DeviceBuffer, DeviceMemoryPath, MemSpan, MemSpanMut, Memory};
 use hmc_engine::{Engine, EngineConfig, MemDesc, TransferOp, TransferOpDesc};
@@ -406,10 +405,7 @@ fn initiator_child() {
     let (blob, remote_addr) = (hmc_testshim::from_hex(hex), addr.parse::<u64>().unwrap());
     let rt = common::runtime();
     rt.block_on(async move {
-        let o: HashMap<String, String> = [("transport".to_string(), transport.to_string())].into();
-        let e = Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
-            .await
-            .unwrap();
+        let e = engine_from(&[("transport", transport)]).await;
         let peer = e.add_remote(&blob, T).await.unwrap();
         let host = vec![0u8; LEN];
         // `host` (LEN bytes) outlives the engine's use of it (deregistered below).

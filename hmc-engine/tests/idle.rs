@@ -7,8 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::register_as;
-use hmc_engine::{Access, Engine, EngineConfig};
+use common::{engine_from, register_as};
+use hmc_engine::Access;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_engines_use_no_cpu() {
@@ -18,18 +18,11 @@ async fn idle_engines_use_no_cpu() {
     let mut engines = Vec::new();
     let mem = vec![0u8; 1 << 16];
     for transport in ["tcp", "shm", "auto"] {
-        let o: std::collections::HashMap<String, String> = [
+        let o = [
             ("transport", transport),
             ("auth_secret_file", secret.to_str().unwrap()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let config = EngineConfig::from_options(&o).unwrap();
-        let a = Engine::initialize_with("127.0.0.1", config.clone())
-            .await
-            .unwrap();
-        let b = Engine::initialize_with("127.0.0.1", config).await.unwrap();
+        ];
+        let (a, b) = (engine_from(&o).await, engine_from(&o).await);
         // `mem` outlives the engines (dropped after them, at the end).
         register_as(&b, &mem, Access::READ);
         a.connect(b.name(), Duration::from_secs(10)).await.unwrap();

@@ -22,6 +22,16 @@ async fn cluster(id: u64, role: Role) -> DataDist<TcpCommunicator> {
     DataDist::new(e, id, role)
 }
 
+/// The key of request `req_id`'s cache in `cluster`: model 7, no prefix.
+fn request_key(cluster: u64, req_id: u64) -> CacheKey {
+    CacheKey {
+        prompt_cluster_id: cluster,
+        req_id,
+        model_id: 7,
+        prefix_id: 0,
+    }
+}
+
 /// 2 layers (K and V each): 4 tensors of 8 blocks of 16 x 64 F16 (2 KiB per block).
 fn desc(blocks: u64) -> CacheDesc {
     CacheDesc {
@@ -81,12 +91,7 @@ async fn linked() -> (DataDist<TcpCommunicator>, DataDist<TcpCommunicator>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_decoder_pulls_a_requests_whole_cache_and_a_prompt_pushes_one() {
     let (p, d) = linked().await;
-    let key = CacheKey {
-        prompt_cluster_id: PROMPT,
-        req_id: 42,
-        model_id: 7,
-        prefix_id: 0,
-    };
+    let key = request_key(PROMPT, 42);
     let src = p.allocate_cache(desc(8), &[key], None).await.unwrap();
     fill(&src, 3);
     let dst = d.allocate_cache(desc(8), &[], None).await.unwrap();
@@ -95,12 +100,7 @@ async fn a_decoder_pulls_a_requests_whole_cache_and_a_prompt_pushes_one() {
         assert_eq!(tensor(&dst, t), tensor(&src, t), "tensor {t}");
     }
     // Push: the decoder publishes its destination under a key of its own cluster.
-    let dkey = CacheKey {
-        prompt_cluster_id: DECODER,
-        req_id: 43,
-        model_id: 7,
-        prefix_id: 0,
-    };
+    let dkey = request_key(DECODER, 43);
     let dst2 = d.allocate_cache(desc(8), &[dkey], None).await.unwrap();
     fill(&src, 9);
     p.push_kv_cache(&src, DECODER, &dkey, T).await.unwrap();
@@ -240,12 +240,7 @@ async fn keys_must_name_this_cluster_and_links_must_exist() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_datadist_keeps_the_memory_peers_still_reach() {
     let (p, d) = linked().await;
-    let key = CacheKey {
-        prompt_cluster_id: PROMPT,
-        req_id: 5,
-        model_id: 7,
-        prefix_id: 0,
-    };
+    let key = request_key(PROMPT, 5);
     let src = p.allocate_cache(desc(64), &[key], None).await.unwrap();
     fill(&src, 11);
     let want: Vec<Vec<u8>> = (0..4).map(|t| tensor(&src, t)).collect();

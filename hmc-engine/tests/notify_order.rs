@@ -10,11 +10,10 @@ mod plugins;
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::register_rw;
+use common::{engine_from, register_rw};
 use hmc_core::AnyCommunicator;
 use hmc_engine::{
     BlockDesc, Engine, EngineConfig, EngineError, Notify, PreparedList, TransferOp, TransferStatus,
@@ -36,14 +35,8 @@ async fn engine(name: &str) -> Engine<AnyCommunicator> {
         .unwrap(),
         "plugin" => {
             let lib = plugins::build_c_plugin("loopmem", &[]);
-            let o: HashMap<String, String> = [
-                ("transport".to_string(), "loopmem".to_string()),
-                ("plugin_path".to_string(), lib.display().to_string()),
-            ]
-            .into();
-            Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
-                .await
-                .unwrap()
+            let lib = lib.display().to_string();
+            engine_from(&[("transport", "loopmem"), ("plugin_path", lib.as_str())]).await
         }
         t => engine_with(t, &[]).await,
     }
@@ -51,14 +44,12 @@ async fn engine(name: &str) -> Engine<AnyCommunicator> {
 
 /// An engine over the built-in transport `name`, with more engine options.
 async fn engine_with(name: &str, options: &[(&str, &str)]) -> Engine<AnyCommunicator> {
-    let o: HashMap<String, String> = [("transport", name)]
+    let o: Vec<(&str, &str)> = [("transport", name)]
         .iter()
         .chain(options)
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .copied()
         .collect();
-    Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
-        .await
-        .unwrap()
+    engine_from(&o).await
 }
 
 fn blocks(m: &[u8]) -> Vec<BlockDesc> {

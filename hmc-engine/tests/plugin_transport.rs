@@ -5,25 +5,17 @@ mod plugins;
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
-use common::register_rw;
-use hmc_engine::{Engine, EngineConfig, TransferOp, TransferOpDesc};
+use common::{engine_from, register_rw};
+use hmc_engine::{TransferOp, TransferOpDesc};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_choose_the_c_plugin_by_name_and_move_bytes() {
     let lib = plugins::build_c_plugin("loopmem", &[]);
-    let opts: HashMap<String, String> = [
-        ("transport".to_string(), "loopmem".to_string()),
-        ("plugin_path".to_string(), lib.display().to_string()),
-    ]
-    .into();
-    let config = EngineConfig::from_options(&opts).unwrap();
-    let a = Engine::initialize_with("127.0.0.1", config.clone())
-        .await
-        .unwrap();
-    let b = Engine::initialize_with("127.0.0.1", config).await.unwrap();
+    let lib = lib.display().to_string();
+    let o = [("transport", "loopmem"), ("plugin_path", lib.as_str())];
+    let (a, b) = (engine_from(&o).await, engine_from(&o).await);
     assert_eq!(
         a.capabilities().transport.wire_id(),
         200,

@@ -3,27 +3,22 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::kv_peer::{KvPeer, pattern};
-use common::{T, checksum, register_rw};
+use common::{T, checksum, engine_from, register_rw};
 use hmc_core::{AnyCommunicator, Communicator};
 use hmc_engine::TransferStatus;
-use hmc_engine::{
-    BlockDesc, Engine, EngineConfig, EngineError, PreparedList, PreparedTransfer, TransferOp,
-};
+use hmc_engine::{BlockDesc, Engine, EngineError, PreparedList, PreparedTransfer, TransferOp};
 use rstest::rstest;
 
 async fn engine(transport: &str, extra: &[(&str, &str)]) -> Engine<AnyCommunicator> {
-    let mut o: HashMap<String, String> = HashMap::new();
-    o.insert("transport".into(), transport.into());
-    for (k, v) in extra {
-        o.insert(k.to_string(), v.to_string());
-    }
-    Engine::initialize_with("127.0.0.1", EngineConfig::from_options(&o).unwrap())
-        .await
-        .unwrap()
+    let o: Vec<(&str, &str)> = [("transport", transport)]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect();
+    engine_from(&o).await
 }
 
 /// This side's copy of a peer's layout: `layers` zeroed regions, registered.

@@ -4,17 +4,19 @@
 //! transport's pinned chunks. The "device" is host memory that calls itself a
 //! CUDA device and counts its copies: it tests the engine's staging, not a GPU.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use common::{desc, host, register_rw};
 use hmc_core::{
     AnyMemory, Device, DeviceBuffer, DeviceKind, DeviceMemoryPath, MemSpan, MemSpanMut, Memory,
     Region, Result,
 };
 use hmc_engine::{
-    BlockDesc, Engine, EngineConfig, EngineError, MemDesc, MemType, Side, TransferOp,
-    TransferOpDesc, TransferStatus,
+    BlockDesc, Engine, EngineConfig, EngineError, Side, TransferOp, TransferOpDesc, TransferStatus,
 };
 use hmc_transport_tcp::TcpCommunicator;
 
@@ -106,53 +108,22 @@ async fn device_memory_tcp_stages_moves_through_host_buffers_and_peers_reach_it(
     let remote = vec![0u8; len];
     // SAFETY: the buffers outlive their registrations (the engines are dropped first).
     let (hs, hb) = unsafe {
-        let hs = a
-            .register_device_mem(
-                MemDesc {
-                    addr: src.as_ptr() as u64,
-                    len,
-                },
-                dev.clone(),
-            )
-            .unwrap();
-        let hb = a
-            .register_device_mem(
-                MemDesc {
-                    addr: back.as_ptr() as u64,
-                    len,
-                },
-                dev.clone(),
-            )
-            .unwrap();
-        b.register_mem(
-            MemDesc {
-                addr: remote.as_ptr() as u64,
-                len,
-            },
-            MemType::Host,
-            hmc_engine::Access::READ_WRITE,
+        (
+            a.register_device_mem(host(&src), dev.clone()).unwrap(),
+            a.register_device_mem(host(&back), dev.clone()).unwrap(),
         )
-        .unwrap();
-        (hs, hb)
     };
+    register_rw(&b, &remote);
     a.connect(b.name(), T).await.unwrap();
     b.connect(a.name(), T).await.unwrap();
-    let w = TransferOpDesc {
-        local_addr: src.as_ptr() as u64,
-        remote_addr: remote.as_ptr() as u64,
-        len,
-    };
+    let w = desc(&src, &remote);
     a.transfer(b.name(), TransferOp::Write, &[w], T)
         .await
         .unwrap();
     assert_eq!(remote, src, "staged WRITE delivered every byte");
     let written = copies.load(Ordering::Relaxed);
     assert_eq!(written, 3, "three device-to-host chunk copies");
-    let r = TransferOpDesc {
-        local_addr: back.as_ptr() as u64,
-        remote_addr: remote.as_ptr() as u64,
-        len,
-    };
+    let r = desc(&back, &remote);
     a.transfer(b.name(), TransferOp::Read, &[r], T)
         .await
         .unwrap();

@@ -39,6 +39,23 @@ pub async fn engine(url: &str, name: Option<&str>) -> Engine<AnyCommunicator> {
         .expect("engine registered in etcd")
 }
 
+/// The engine configuration that the string options `o` give, as a deployment writes
+/// them (`transport`, `auth_secret_file`, ...); a later key overrides an earlier one.
+pub fn config_from(o: &[(&str, &str)]) -> EngineConfig {
+    let o: HashMap<String, String> = o
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    EngineConfig::from_options(&o).unwrap()
+}
+
+/// An engine on loopback opened from the string options `o` (see [`config_from`]).
+pub async fn engine_from(o: &[(&str, &str)]) -> Engine<AnyCommunicator> {
+    Engine::initialize_with("127.0.0.1", config_from(o))
+        .await
+        .unwrap()
+}
+
 /// One descriptor from `local` to `remote`, as long as `local`.
 pub fn desc(local: &[u8], remote: &[u8]) -> TransferOpDesc {
     TransferOpDesc {
