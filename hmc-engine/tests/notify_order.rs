@@ -13,7 +13,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{engine_from, register_rw};
+use common::{engine_from, engine_on, register_rw};
 use hmc_core::AnyCommunicator;
 use hmc_engine::{
     BlockDesc, Engine, EngineConfig, EngineError, Notify, PreparedList, TransferOp, TransferStatus,
@@ -38,18 +38,8 @@ async fn engine(name: &str) -> Engine<AnyCommunicator> {
             let lib = lib.display().to_string();
             engine_from(&[("transport", "loopmem"), ("plugin_path", lib.as_str())]).await
         }
-        t => engine_with(t, &[]).await,
+        t => engine_on(t, &[]).await,
     }
-}
-
-/// An engine over the built-in transport `name`, with more engine options.
-async fn engine_with(name: &str, options: &[(&str, &str)]) -> Engine<AnyCommunicator> {
-    let o: Vec<(&str, &str)> = [("transport", name)]
-        .iter()
-        .chain(options)
-        .copied()
-        .collect();
-    engine_from(&o).await
 }
 
 fn blocks(m: &[u8]) -> Vec<BlockDesc> {
@@ -278,8 +268,8 @@ async fn a_faulty_notification_is_seen_once_or_the_post_fails(
         o
     }
     let (fi, ft) = (initiator_faults, target_faults);
-    let init = engine_with(name, &options(fi)).await;
-    let target = engine_with(name, &options(ft)).await;
+    let init = engine_on(name, &options(fi)).await;
+    let target = engine_on(name, &options(ft)).await;
     let (src, dst) = (vec![5u8; BLOCK * BLOCKS], vec![0u8; BLOCK * BLOCKS]);
     let (_, x) = whole_write(&init, &target, &src, &dst, "kv").await;
     let (ok, took) = post_once(&x).await;

@@ -6,20 +6,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::kv_peer::{KvPeer, pattern};
-use common::{T, checksum, engine_from, register_rw};
+use common::{T, checksum, engine_on, register_rw};
 use hmc_core::{AnyCommunicator, Communicator};
 use hmc_engine::TransferStatus;
 use hmc_engine::{BlockDesc, Engine, EngineError, PreparedList, PreparedTransfer, TransferOp};
 use rstest::rstest;
-
-async fn engine(transport: &str, extra: &[(&str, &str)]) -> Engine<AnyCommunicator> {
-    let o: Vec<(&str, &str)> = [("transport", transport)]
-        .iter()
-        .chain(extra)
-        .copied()
-        .collect();
-    engine_from(&o).await
-}
 
 /// This side's copy of a peer's layout: `layers` zeroed regions, registered.
 struct Cache {
@@ -127,7 +118,7 @@ async fn prepared_lists_move_random_blocks_both_ways(
         format!("MEMFD {}", if shared { layers } else { 0 }),
         "where the peer's regions live"
     );
-    let e = engine(transport, &[]).await;
+    let e = engine_on(transport, &[]).await;
     let mut cache = Cache::new(&e, layers, blocks, block);
     let name = e.add_remote(&peer.blob, T).await.unwrap();
     assert_eq!(name, peer.name);
@@ -213,7 +204,7 @@ async fn prepared_lists_move_random_blocks_both_ways(
 async fn strided_entries_and_merged_runs() {
     let (layers, blocks, block) = (2, 256, 1024);
     let peer = KvPeer::spawn("tcp", layers, blocks, block, &["--seed", "5"]);
-    let e = engine("tcp", &[]).await;
+    let e = engine_on("tcp", &[]).await;
     let cache = Cache::new(&e, layers, blocks, block);
     e.add_remote(&peer.blob, T).await.unwrap();
     let strided = |base: u64| BlockDesc::strided(base, block as usize, block, blocks);
@@ -320,7 +311,7 @@ async fn strided_entries_and_merged_runs() {
 async fn a_list_is_invalid_after_the_peer_deregisters_under_it() {
     let (layers, blocks, block) = (2, 16, 4096);
     let mut peer = KvPeer::spawn("tcp", layers, blocks, block, &[]);
-    let e = engine("tcp", &[]).await;
+    let e = engine_on("tcp", &[]).await;
     let cache = Cache::new(&e, layers, blocks, block);
     e.add_remote(&peer.blob, T).await.unwrap();
     let local = e.prepare_local(&cache.entries()).unwrap();
@@ -373,7 +364,7 @@ async fn a_restarted_peer_refuses_old_lists_and_blobs() {
     };
     let (layers, blocks, block) = (1, 8, 4096);
     let old = KvPeer::spawn("tcp", layers, blocks, block, &["--port", &port]);
-    let e = engine("tcp", &[]).await;
+    let e = engine_on("tcp", &[]).await;
     let cache = Cache::new(&e, layers, blocks, block);
     let name = e.add_remote(&old.blob, T).await.unwrap();
     let local = e.prepare_local(&cache.entries()).unwrap();
@@ -413,7 +404,7 @@ async fn a_restarted_peer_refuses_old_lists_and_blobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_target_gets_no_late_bytes(#[case] blocks: u64, #[case] block: u64) {
     let mut peer = KvPeer::spawn("tcp", 1, blocks, block, &[]);
-    let e = engine("tcp", &[("no_progress_timeout_ms", "1000")]).await;
+    let e = engine_on("tcp", &[("no_progress_timeout_ms", "1000")]).await;
     let mut cache = Cache::new(&e, 1, blocks, block);
     cache.mem[0].iter_mut().for_each(|b| *b = 0xEE);
     e.add_remote(&peer.blob, T).await.unwrap();
@@ -467,7 +458,7 @@ async fn a_stopped_target_gets_no_late_bytes(#[case] blocks: u64, #[case] block:
 async fn release_cancels_a_transfer_in_flight() {
     let (blocks, block) = (1024, 65536);
     let peer = KvPeer::spawn("tcp", 1, blocks, block, &[]);
-    let e = engine("tcp", &[]).await;
+    let e = engine_on("tcp", &[]).await;
     let mut cache = Cache::new(&e, 1, blocks, block);
     e.add_remote(&peer.blob, T).await.unwrap();
     let local = e.prepare_local(&cache.entries()).unwrap();
@@ -497,7 +488,7 @@ async fn release_cancels_a_transfer_in_flight() {
 async fn a_request_of_1_3_million_descriptors() {
     let (blocks, block) = (1_300_000, 16);
     let peer = KvPeer::spawn("tcp", 1, blocks, block, &["--seed", "9"]);
-    let e = engine("tcp", &[]).await;
+    let e = engine_on("tcp", &[]).await;
     let cache = Cache::new(&e, 1, blocks, block);
     e.add_remote(&peer.blob, T).await.unwrap();
     let local: PreparedList<_> = e.prepare_local(&cache.entries()).unwrap();
@@ -544,19 +535,19 @@ async fn a_request_of_1_3_million_descriptors() {
 /// is refused for one that was not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metadata_blobs_are_bounded_authenticated_and_partial() {
-    let a = engine("tcp", &[]).await;
-    let b = engine("tcp", &[]).await;
+    let a = engine_on("tcp", &[]).await;
+    let b = engine_on("tcp", &[]).await;
     let first = vec![1u8; 4096];
     let later = vec![2u8; 4096];
     // The buffers outlive both engines (dropped at the end of the test).
     register_rw(&b, &first);
-    let small = engine("tcp", &[("max_metadata_blob_len", "16")]).await;
+    let small = engine_on("tcp", &[("max_metadata_blob_len", "16")]).await;
     let err = small
         .add_remote(&b.local_metadata().unwrap(), T)
         .await
         .unwrap_err();
     assert!(err.to_string().contains("max_metadata_blob_len"), "{err}");
-    let secret = engine(
+    let secret = engine_on(
         "tcp",
         &[("auth_secret", "0123456789abcdef0123456789abcdef")],
     )
@@ -566,7 +557,7 @@ async fn metadata_blobs_are_bounded_authenticated_and_partial() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("carries no MAC"), "{err}");
-    let other = engine(
+    let other = engine_on(
         "tcp",
         &[("auth_secret", "fedcba9876543210fedcba9876543210")],
     )
@@ -628,8 +619,8 @@ async fn metadata_blobs_are_bounded_authenticated_and_partial() {
 /// and a transfer made of it then fails with `ListInvalid`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deregistering_under_a_local_list_does_not_wait_for_it() {
-    let a = engine("tcp", &[]).await;
-    let b = engine("tcp", &[]).await;
+    let a = engine_on("tcp", &[]).await;
+    let b = engine_on("tcp", &[]).await;
     let (src, dst) = (vec![1u8; 8192], vec![0u8; 8192]);
     // Both buffers outlive the engines (dropped at the end of the test).
     let (ha, _hb) = (register_rw(&a, &dst), register_rw(&b, &src));

@@ -15,10 +15,10 @@ const T: Duration = Duration::from_secs(10);
 
 mod common;
 
-use common::register_rw;
 use common::wire::{
     EngineInfo, Hello, METHOD_INFO, METHOD_NOTIFY, NotifyAck, NotifyMsg, named_client,
 };
+use common::{comm_register, register_rw};
 
 /// A page-aligned anonymous mapping of `len` bytes filled with `fill`, then made read-only.
 struct ReadOnlyPages {
@@ -131,18 +131,8 @@ async fn a_forged_write_to_read_only_memory_is_refused_by_the_target(#[case] nam
         assert!(matches!(e, hmc_core::Error::InvalidKey(_)), "{e}");
     }
     let src = [0xffu8; 16];
-    // SAFETY: `src` outlives its registration (dropped at the end of this scope).
-    let local = unsafe {
-        intruder.register(
-            hmc_core::Region {
-                device: hmc_core::Device::HOST,
-                addr: src.as_ptr() as u64,
-                len: src.len(),
-            },
-            Access::READ,
-        )
-    }
-    .unwrap();
+    // `src` outlives its registration (dropped at the end of this scope).
+    let local = comm_register(&intruder, &src, Access::READ);
     // The genuine key, and the forged one where it was accepted: WRITEs through either
     // are refused by the target.
     let key = intruder.import(&ep, &genuine).unwrap();
@@ -165,18 +155,8 @@ async fn a_forged_write_to_read_only_memory_is_refused_by_the_target(#[case] nam
     let key = &keys[0];
     // The target is alive and still serves READs of it.
     let dst = vec![0u8; 16];
-    // SAFETY: as above.
-    let local = unsafe {
-        intruder.register(
-            hmc_core::Region {
-                device: hmc_core::Device::HOST,
-                addr: dst.as_ptr() as u64,
-                len: dst.len(),
-            },
-            Access::WRITE,
-        )
-    }
-    .unwrap();
+    // As above.
+    let local = comm_register(&intruder, &dst, Access::WRITE);
     let batch = [TransferDesc::new(&local, 0, key, 0, 16)];
     intruder
         .transfer(&ep, Op::Read, &batch, Deadline::after(T))

@@ -56,6 +56,17 @@ pub async fn engine_from(o: &[(&str, &str)]) -> Engine<AnyCommunicator> {
         .unwrap()
 }
 
+/// An engine on loopback over the built-in transport `transport`, with the further
+/// string options `extra`.
+pub async fn engine_on(transport: &str, extra: &[(&str, &str)]) -> Engine<AnyCommunicator> {
+    let o: Vec<(&str, &str)> = [("transport", transport)]
+        .iter()
+        .chain(extra)
+        .copied()
+        .collect();
+    engine_from(&o).await
+}
+
 /// One descriptor from `local` to `remote`, as long as `local`.
 pub fn desc(local: &[u8], remote: &[u8]) -> TransferOpDesc {
     TransferOpDesc {
@@ -87,6 +98,18 @@ pub fn register_as<C: Communicator>(e: &Engine<C>, m: &[u8], access: Access) -> 
     // SAFETY: every caller keeps `m` until its engine is finalized and dropped (or `m` is
     // deregistered), as the tests' buffers are.
     unsafe { e.register_mem(host(m), MemType::Host, access) }.expect("host memory registered")
+}
+
+/// `m` registered with the communicator `c` itself (host memory, `access`), as a peer that
+/// goes around the engine does; the caller keeps `m` as for [`register_rw`].
+pub fn comm_register<C: Communicator>(c: &C, m: &[u8], access: Access) -> C::Registration {
+    let region = hmc_core::Region {
+        device: hmc_core::Device::HOST,
+        addr: m.as_ptr() as u64,
+        len: m.len(),
+    };
+    // SAFETY: as in `register_as`, the caller keeps `m` while `c` may reach it.
+    unsafe { c.register(region, access) }.expect("host memory registered with the transport")
 }
 
 /// The runtime a test's child process runs its engines on: multi-threaded, two workers,
