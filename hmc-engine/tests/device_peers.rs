@@ -19,9 +19,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{engine_from, register_rw};
+use common::{engine_from, engine_over, register_rw};
 use hmc_backend_rocm::RocmMemory;
-use hmc_core::{AnyMemory, DeviceBuffer, DeviceMemoryPath, MemSpan, MemSpanMut, Memory};
+use hmc_core::{
+    AnyMemory, Communicator, DeviceBuffer, DeviceMemoryPath, MemSpan, MemSpanMut, Memory,
+};
 use hmc_engine::{Engine, EngineConfig, MemDesc, TransferOp, TransferOpDesc};
 use hmc_transport_shm::{LocalFirst, ShmCommunicator, ShmConfig};
 use hmc_transport_tcp::{StagingStats, TcpCommunicator, TcpConfig};
@@ -83,40 +85,30 @@ impl Target {
         match transport {
             "tcp" => {
                 let c = Arc::new(tcp);
-                let e = Engine::initialize(c.clone(), "127.0.0.1", EngineConfig::default())
-                    .await
-                    .unwrap();
+                let e = engine_over(c.clone(), EngineConfig::default()).await;
                 Target::Tcp(e, c)
             }
             "ucx" => {
                 let c = Arc::new(UcxCommunicator::new(UcxConfig::with_tls("tcp")).unwrap());
-                let e = Engine::initialize(c.clone(), "127.0.0.1", EngineConfig::default())
-                    .await
-                    .unwrap();
+                let e = engine_over(c.clone(), EngineConfig::default()).await;
                 Target::Ucx(e, c)
             }
             "auto-ucx" => {
                 let ucx = UcxCommunicator::new(UcxConfig::with_tls("tcp")).unwrap();
                 let shm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
                 let c = Arc::new(LocalFirst::new(ucx, shm));
-                let e = Engine::initialize(c.clone(), "127.0.0.1", EngineConfig::default())
-                    .await
-                    .unwrap();
+                let e = engine_over(c.clone(), EngineConfig::default()).await;
                 Target::AutoUcx(e, c)
             }
             "shm" => {
                 let c = Arc::new(ShmCommunicator::bind(ShmConfig::default()).unwrap());
-                let e = Engine::initialize(c, "127.0.0.1", EngineConfig::default())
-                    .await
-                    .unwrap();
+                let e = engine_over(c, EngineConfig::default()).await;
                 Target::Shm(e)
             }
             _ => {
                 let shm = ShmCommunicator::bind(ShmConfig::default()).unwrap();
                 let c = Arc::new(LocalFirst::new(tcp, shm));
-                let e = Engine::initialize(c.clone(), "127.0.0.1", EngineConfig::default())
-                    .await
-                    .unwrap();
+                let e = engine_over(c.clone(), EngineConfig::default()).await;
                 Target::Auto(e, c)
             }
         }
@@ -163,33 +155,21 @@ impl Target {
         };
         let any = AnyMemory::new(mem.clone());
         match self {
-            Target::Tcp(e, _) => {
-                // SAFETY: `buf` outlives both engines (dropped at the end of the test).
-                unsafe { e.register_device_mem(desc, any) }.unwrap();
-                e.local_metadata().unwrap()
-            }
-            Target::Auto(e, _) => {
-                // SAFETY: as above.
-                unsafe { e.register_device_mem(desc, any) }.unwrap();
-                e.local_metadata().unwrap()
-            }
-            Target::Shm(e) => {
-                // SAFETY: as above.
-                unsafe { e.register_device_mem(desc, any) }.unwrap();
-                e.local_metadata().unwrap()
-            }
-            Target::Ucx(e, _) => {
-                // SAFETY: as above.
-                unsafe { e.register_device_mem(desc, any) }.unwrap();
-                e.local_metadata().unwrap()
-            }
-            Target::AutoUcx(e, _) => {
-                // SAFETY: as above.
-                unsafe { e.register_device_mem(desc, any) }.unwrap();
-                e.local_metadata().unwrap()
-            }
+            Target::Tcp(e, _) => register_device(e, desc, any),
+            Target::Auto(e, _) => register_device(e, desc, any),
+            Target::Shm(e) => register_device(e, desc, any),
+            Target::Ucx(e, _) => register_device(e, desc, any),
+            Target::AutoUcx(e, _) => register_device(e, desc, any),
         }
     }
+}
+
+/// `desc` registered with `e` as device memory of `mem`, then `e`'s metadata blob. The
+/// caller keeps the buffer under `desc` until `e` is dropped.
+fn register_device<C: Communicator>(e: &Engine<C>, desc: MemDesc, mem: AnyMemory) -> Vec<u8> {
+    // SAFETY: the buffers of these tests outlive both engines (dropped at the end of each).
+    unsafe { e.register_device_mem(desc, mem) }.unwrap();
+    e.local_metadata().unwrap()
 }
 
 /// The initiator, in a child process: `HMC_DEVICE_PEER_CHILD=<transport>`, the target's

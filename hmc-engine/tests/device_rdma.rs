@@ -72,13 +72,11 @@ fn staged_bytes(metrics: &metrics_exporter_prometheus::PrometheusHandle) -> u64 
 }
 
 async fn engine() -> Engine<AnyCommunicator> {
-    Engine::initialize(
+    common::engine_over(
         Arc::new(common::standin::rdma_standin()),
-        "127.0.0.1",
         EngineConfig::default(),
     )
     .await
-    .unwrap()
 }
 
 /// Device memory registered with the engine at `addr..addr+len` of `mem`.

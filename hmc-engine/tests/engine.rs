@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::register_rw;
+use common::{engine_over, register_rw};
 use hmc_engine::{
     BlockingEngine, Engine, EngineConfig, EngineError, MemDesc, MemType, Side, TransferOp,
     TransferOpDesc, TransferStatus,
@@ -22,9 +22,7 @@ fn open() -> hmc_core::Result<TcpCommunicator> {
 }
 
 async fn engine(config: EngineConfig) -> Engine<TcpCommunicator> {
-    Engine::initialize(Arc::new(open().unwrap()), "127.0.0.1", config)
-        .await
-        .unwrap()
+    engine_over(Arc::new(open().unwrap()), config).await
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {

@@ -2,11 +2,14 @@
 //! loopback: whole caches pulled and pushed, scattered blocks of a layer range pulled and
 //! pushed as runs, local block copies, and layout errors that name both sides.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::engine_over;
 use hmc_engine::kv::{BlocksCacheKey, Cache, CacheDesc, CacheKey, DataDist, DataType, Role};
-use hmc_engine::{Engine, EngineConfig, EngineError, MemType};
+use hmc_engine::{EngineConfig, EngineError, MemType};
 use hmc_transport_tcp::TcpCommunicator;
 
 const T: Duration = Duration::from_secs(10);
@@ -16,9 +19,7 @@ const DECODER: u64 = 2;
 async fn cluster(id: u64, role: Role) -> DataDist<TcpCommunicator> {
     let comm =
         TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), Default::default()).unwrap();
-    let e = Engine::initialize(Arc::new(comm), "127.0.0.1", EngineConfig::default())
-        .await
-        .unwrap();
+    let e = engine_over(Arc::new(comm), EngineConfig::default()).await;
     DataDist::new(e, id, role)
 }
 

@@ -13,7 +13,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{engine_from, engine_on, register_rw};
+use common::{engine_from, engine_on, engine_over, register_rw};
 use hmc_core::AnyCommunicator;
 use hmc_engine::{
     BlockDesc, Engine, EngineConfig, EngineError, Notify, PreparedList, TransferOp, TransferStatus,
@@ -26,13 +26,13 @@ const BLOCKS: usize = 32;
 
 async fn engine(name: &str) -> Engine<AnyCommunicator> {
     match name {
-        "rdma-standin" => Engine::initialize(
-            Arc::new(common::standin::rdma_standin()),
-            "127.0.0.1",
-            EngineConfig::default(),
-        )
-        .await
-        .unwrap(),
+        "rdma-standin" => {
+            engine_over(
+                Arc::new(common::standin::rdma_standin()),
+                EngineConfig::default(),
+            )
+            .await
+        }
         "plugin" => {
             let lib = plugins::build_c_plugin("loopmem", &[]);
             let lib = lib.display().to_string();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{desc, host, register_rw};
+use common::{desc, engine_over, host, register_rw};
 use hmc_core::{
     AnyMemory, Device, DeviceBuffer, DeviceKind, DeviceMemoryPath, MemSpan, MemSpanMut, Memory,
     Region, Result,
@@ -64,9 +64,7 @@ impl Memory for FakeDevice {
 async fn engine() -> Engine<TcpCommunicator> {
     let comm =
         TcpCommunicator::bind(&"tcp://127.0.0.1:0".parse().unwrap(), Default::default()).unwrap();
-    Engine::initialize(Arc::new(comm), "127.0.0.1", EngineConfig::default())
-        .await
-        .unwrap()
+    engine_over(Arc::new(comm), EngineConfig::default()).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

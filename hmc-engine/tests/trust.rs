@@ -79,9 +79,7 @@ fn transport(name: &str) -> AnyCommunicator {
 }
 
 async fn engine_over(name: &str, config: EngineConfig) -> Engine<AnyCommunicator> {
-    Engine::initialize(Arc::new(transport(name)), "127.0.0.1", config)
-        .await
-        .unwrap()
+    common::engine_over(Arc::new(transport(name)), config).await
 }
 
 /// What a peer that is not an engine gets from the metadata service: the data plane and

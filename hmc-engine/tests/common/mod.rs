@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hmc_core::{Access, AnyCommunicator, Communicator};
@@ -54,6 +55,11 @@ pub async fn engine_from(o: &[(&str, &str)]) -> Engine<AnyCommunicator> {
     Engine::initialize_with("127.0.0.1", config_from(o))
         .await
         .unwrap()
+}
+
+/// An engine on loopback over the communicator `c`, configured by `config`.
+pub async fn engine_over<C: Communicator>(c: Arc<C>, config: EngineConfig) -> Engine<C> {
+    Engine::initialize(c, "127.0.0.1", config).await.unwrap()
 }
 
 /// An engine on loopback over the built-in transport `transport`, with the further
