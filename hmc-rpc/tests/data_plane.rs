@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::data_plane::{
-    SLOW_ECHO, client_over, one_worker_runtime, pattern, slow_echo_dispatcher, tcp_comm,
+    client_mid_call, one_worker_runtime, pattern, pool_in_use_after, slow_echo_dispatcher, tcp_comm,
 };
 use common::frames::{read_frame_within, send_buffer_request};
 use hmc_core::{Access, Communicator, PeerAddr, RegisteredBuffer, RemoteRegion};
@@ -267,10 +267,7 @@ async fn a_client_that_dies_mid_call_leaves_the_server_healthy() {
     let client_comm_bytes = std::thread::spawn(move || {
         let rt = one_worker_runtime();
         let comm = rt.block_on(async { tcp_comm() });
-        let c = rt.block_on(client_over(&addr, comm.clone()));
-        let c2 = c.clone();
-        rt.spawn(async move { c2.call(SLOW_ECHO, pattern(1 << 20, 8)).await });
-        std::thread::sleep(Duration::from_millis(150));
+        let c = client_mid_call(&rt, &addr, comm.clone());
         comm.close();
         drop(c);
         drop(rt);
@@ -283,14 +280,7 @@ async fn a_client_that_dies_mid_call_leaves_the_server_healthy() {
         "the client's registrations were released"
     );
     // The server's push fails, its buffers return to the pool, and it serves on.
-    let mut in_use = usize::MAX;
-    for _ in 0..100 {
-        in_use = s.data_plane_stats().unwrap().pool.in_use_bytes;
-        if in_use == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let in_use = pool_in_use_after(&s, 100).await;
     assert_eq!(in_use, 0, "every server buffer went back to the pool");
     let st = s.data_plane_stats().unwrap();
     // Either the push failed (a failure) or the lost connection cancelled the call first.

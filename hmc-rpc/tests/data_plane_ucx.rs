@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::data_plane::{
-    SLOW_ECHO, client_over, one_worker_runtime, pattern, slow_echo_dispatcher,
+    client_mid_call, one_worker_runtime, pattern, pool_in_use_after, slow_echo_dispatcher,
 };
 use hmc_rpc::{
     Client, ClientConfig, ClientDataPlane, DataPlaneConfig, RunningServer, Server, ServerConfig,
@@ -173,10 +173,7 @@ async fn a_client_that_dies_mid_call_over_ucx_leaves_the_server_healthy(
     let client_stats = std::thread::spawn(move || {
         let rt = one_worker_runtime();
         let comm = ucx(&tls2);
-        let c = rt.block_on(client_over(&addr, comm.clone()));
-        let c2 = c.clone();
-        rt.spawn(async move { c2.call(SLOW_ECHO, pattern(1 << 20, 8)).await });
-        std::thread::sleep(std::time::Duration::from_millis(150));
+        let c = client_mid_call(&rt, &addr, comm.clone());
         drop(c);
         drop(rt);
         let st = comm.stats();
@@ -189,14 +186,7 @@ async fn a_client_that_dies_mid_call_over_ucx_leaves_the_server_healthy(
         client_stats.registered, client_stats.deregistered,
         "the dead client's registrations were released exactly once: {client_stats:?}"
     );
-    let mut in_use = usize::MAX;
-    for _ in 0..200 {
-        in_use = s.data_plane_stats().unwrap().pool.in_use_bytes;
-        if in_use == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let in_use = pool_in_use_after(&s, 200).await;
     assert_eq!(in_use, 0, "every server buffer went back to the pool");
     let pool = s.data_plane_stats().unwrap().pool;
     let ucx_stats = server_comm.stats();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hmc_core::{Communicator, PeerAddr};
-use hmc_rpc::{Client, ClientConfig, Dispatcher, RpcError, demo};
+use hmc_rpc::{Client, ClientConfig, Dispatcher, RpcError, RunningServer, demo};
 use hmc_transport_tcp::{TcpCommunicator, TcpConfig};
 
 /// A TCP communicator bound to an ephemeral loopback port, default settings.
@@ -61,4 +61,32 @@ pub async fn client_over<C: Communicator>(addr: &PeerAddr, comm: Arc<C>) -> Clie
         .await
         .unwrap()
         .with_data_plane(comm)
+}
+
+/// A client over `comm`, in `rt`, whose 1 MiB [`SLOW_ECHO`] call has been running for
+/// 150 ms: what a test tears down mid-call.
+pub fn client_mid_call<C: Communicator>(
+    rt: &tokio::runtime::Runtime,
+    addr: &PeerAddr,
+    comm: Arc<C>,
+) -> Client<C> {
+    let c = rt.block_on(client_over(addr, comm));
+    let c2 = c.clone();
+    rt.spawn(async move { c2.call(SLOW_ECHO, pattern(1 << 20, 8)).await });
+    std::thread::sleep(Duration::from_millis(150));
+    c
+}
+
+/// The bytes of `s`'s data-plane pool in use, polled every 50 ms until none are, or
+/// `tries` polls have passed.
+pub async fn pool_in_use_after(s: &RunningServer, tries: u32) -> usize {
+    let mut in_use = usize::MAX;
+    for _ in 0..tries {
+        in_use = s.data_plane_stats().unwrap().pool.in_use_bytes;
+        if in_use == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    in_use
 }
