@@ -12,7 +12,7 @@ use bytes::Bytes;
 use common::data_plane::{
     client_mid_call, one_worker_runtime, pattern, pool_in_use_after, slow_echo_dispatcher, tcp_comm,
 };
-use common::frames::{read_frame_within, send_buffer_request};
+use common::frames::{descriptor, read_frame_within, send_buffer_request};
 use hmc_core::{Access, Communicator, PeerAddr, RegisteredBuffer, RemoteRegion};
 use hmc_rpc::frame::{FrameHeader, PayloadMode};
 use hmc_rpc::{
@@ -150,20 +150,6 @@ async fn a_client_without_a_data_plane_streams_to_a_server_with_one() {
 // ---- forged and stale descriptors, on a raw connection ------------------------------------
 
 /// An HMC_BUFFER descriptor body as `docs/protocol.md` specifies it.
-fn descriptor(reply_to: &PeerAddr, request: &[u8], response: Option<&[u8]>) -> Vec<u8> {
-    let addr = reply_to.to_string();
-    let mut b = vec![1, u8::from(response.is_some())];
-    b.extend_from_slice(&(addr.len() as u16).to_be_bytes());
-    b.extend_from_slice(addr.as_bytes());
-    b.extend_from_slice(&(request.len() as u32).to_be_bytes());
-    b.extend_from_slice(request);
-    if let Some(r) = response {
-        b.extend_from_slice(&(r.len() as u32).to_be_bytes());
-        b.extend_from_slice(r);
-    }
-    b
-}
-
 /// One frame from `raw`, within 10 s.
 async fn read_frame(raw: &mut TcpStream) -> (FrameHeader, Vec<u8>) {
     read_frame_within(raw, Duration::from_secs(10)).await

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::data_plane::{demo_dispatcher, pattern, tcp_comm};
-use common::frames::{read_frame_within, send_buffer_request, send_frame};
+use common::frames::{descriptor, read_frame_within, send_buffer_request, send_frame};
 use hmc_core::{
     Access, Communicator, ConnBuffer, Deadline, LocalRegistration, MemSpan, MemSpanMut,
     Notification, Op, PeerAddr, Region, RegisteredBuffer, RemoteRegion, Result as HmcResult,
@@ -33,24 +33,6 @@ async fn server(cfg: DataPlaneConfig, sc: ServerConfig) -> RunningServer {
         .bind(&"tcp://127.0.0.1:0".parse().unwrap())
         .await
         .unwrap()
-}
-
-/// An HMC_BUFFER descriptor body as `docs/protocol.md` specifies it.
-fn descriptor(
-    reply_to: &PeerAddr,
-    request: &RemoteRegion,
-    response: Option<&RemoteRegion>,
-) -> Vec<u8> {
-    let addr = reply_to.to_string();
-    let mut b = vec![1, u8::from(response.is_some())];
-    b.extend_from_slice(&(addr.len() as u16).to_be_bytes());
-    b.extend_from_slice(addr.as_bytes());
-    for r in std::iter::once(request).chain(response) {
-        let r = r.encode();
-        b.extend_from_slice(&(r.len() as u32).to_be_bytes());
-        b.extend_from_slice(&r);
-    }
-    b
 }
 
 /// Parses a descriptor (the raw server's side).
@@ -154,7 +136,7 @@ async fn a_descriptor_naming_an_address_outside_the_rule_is_not_dialled(#[case] 
         &mut raw,
         1,
         1 << 20,
-        &descriptor(&addr, &good.export().unwrap(), None),
+        &descriptor(&addr, &good.export().unwrap().encode(), None),
     )
     .await;
     let (h, body) = read_frame(&mut raw).await;
@@ -185,7 +167,7 @@ async fn a_descriptor_naming_an_address_outside_the_rule_is_not_dialled(#[case] 
             &mut raw2,
             2,
             1 << 20,
-            &descriptor(&addr, &good.export().unwrap(), None),
+            &descriptor(&addr, &good.export().unwrap().encode(), None),
         )
         .await;
         assert!(target.sees_a_connection().await, "allow-listed: dialled");
@@ -226,7 +208,7 @@ async fn a_silent_data_plane_frees_its_slot_within_data_plane_timeout() {
     let (silent, _t) = silent_listener().await;
     let mine = tcp_comm();
     let good = genuine_region(&mine);
-    let d = descriptor(&silent, &good.export().unwrap(), None);
+    let d = descriptor(&silent, &good.export().unwrap().encode(), None);
     let started = Instant::now();
     // Three calls with no deadline of their own (30 s by default) hold three of four slots.
     let mut raw = TcpStream::connect(sa).await.unwrap();

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use common::data_plane::{
     client_mid_call, one_worker_runtime, pattern, pool_in_use_after, slow_echo_dispatcher,
 };
+use common::frames::{descriptor, read_frame_within, send_buffer_request};
 use hmc_rpc::{
     Client, ClientConfig, ClientDataPlane, DataPlaneConfig, RunningServer, Server, ServerConfig,
     demo,
@@ -99,8 +100,7 @@ async fn forged_and_stale_ucx_descriptors_get_data_plane(
 ) {
     use hmc_core::{Access, Communicator, RegisteredBuffer};
     use hmc_rpc::Status;
-    use hmc_rpc::frame::{FrameHeader, FrameKind, HEADER_LEN, PayloadMode};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use hmc_rpc::frame::FrameHeader;
 
     let s = server(tls).await;
     let hmc_core::PeerAddr::Tcp(sa) = s.local_addr().clone() else {
@@ -109,50 +109,27 @@ async fn forged_and_stale_ucx_descriptors_get_data_plane(
     let mut raw = tokio::net::TcpStream::connect(sa).await.unwrap();
     let mine = ucx(tls);
     let mem = Arc::new(hmc_backend_cpu::HostMemory::new());
-    let send = |id: u64, region: hmc_core::RemoteRegion| {
-        let addr = mine.address().to_string();
-        let r = region.encode();
-        let mut body = vec![1u8, 0];
-        body.extend_from_slice(&(addr.len() as u16).to_be_bytes());
-        body.extend_from_slice(addr.as_bytes());
-        body.extend_from_slice(&(r.len() as u32).to_be_bytes());
-        body.extend_from_slice(&r);
-        let mut h = FrameHeader::new(FrameKind::Request, id);
-        h.method_id = demo::ECHO;
-        h.mode = PayloadMode::HmcBuffer;
-        h.payload_len = 1 << 20;
-        h.body_len = body.len() as u32;
-        let mut b = h.encode().to_vec();
-        b.extend_from_slice(&body);
-        b
-    };
+    // The body of an HMC_BUFFER request whose payload is `region`, answered at `mine`.
+    let body = |region: hmc_core::RemoteRegion| descriptor(&mine.address(), &region.encode(), None);
     async fn answer(raw: &mut tokio::net::TcpStream) -> FrameHeader {
-        let mut hb = [0u8; HEADER_LEN];
-        tokio::time::timeout(std::time::Duration::from_secs(20), raw.read_exact(&mut hb))
+        read_frame_within(raw, std::time::Duration::from_secs(20))
             .await
-            .expect("an answer within 20 s")
-            .unwrap();
-        let h = FrameHeader::decode(&hb, &Default::default()).unwrap();
-        let mut body = vec![0u8; h.body_len as usize];
-        raw.read_exact(&mut body).await.unwrap();
-        h
+            .0
     }
     let good = RegisteredBuffer::new(mem.clone(), mine.clone(), 1 << 20, Access::READ).unwrap();
     let mut forged = good.export().unwrap();
     let n = forged.key.len();
     forged.key[n - 1] ^= 0xFF;
-    raw.write_all(&send(1, forged)).await.unwrap();
+    send_buffer_request(&mut raw, 1, 1 << 20, &body(forged)).await;
     let h = answer(&mut raw).await;
     assert_eq!((h.request_id, h.status), (1, Status::DATA_PLANE));
     let stale = RegisteredBuffer::new(mem.clone(), mine.clone(), 1 << 20, Access::READ).unwrap();
     let stale_desc = stale.export().unwrap();
     drop(stale);
-    raw.write_all(&send(2, stale_desc)).await.unwrap();
+    send_buffer_request(&mut raw, 2, 1 << 20, &body(stale_desc)).await;
     let h = answer(&mut raw).await;
     assert_eq!((h.request_id, h.status), (2, Status::DATA_PLANE));
-    raw.write_all(&send(3, good.export().unwrap()))
-        .await
-        .unwrap();
+    send_buffer_request(&mut raw, 3, 1 << 20, &body(good.export().unwrap())).await;
     let h = answer(&mut raw).await;
     assert_eq!((h.request_id, h.status), (3, Status::OK));
     // A real client is served afterwards.

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use hmc_core::PeerAddr;
 use hmc_rpc::demo;
 use hmc_rpc::frame::{FrameHeader, FrameKind, FrameLimits, HEADER_LEN, PayloadMode, payload_crc};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,6 +19,21 @@ pub fn request(id: u64, method: u32, body: &[u8]) -> Vec<u8> {
     let mut v = h.encode().to_vec();
     v.extend_from_slice(body);
     v
+}
+
+/// An HMC_BUFFER descriptor body as `docs/protocol.md` specifies it: the address to
+/// answer at, then the request region's encoding (and the response region's, if any), each
+/// as given (a test may pass bytes that are no region at all).
+pub fn descriptor(reply_to: &PeerAddr, request: &[u8], response: Option<&[u8]>) -> Vec<u8> {
+    let addr = reply_to.to_string();
+    let mut b = vec![1, u8::from(response.is_some())];
+    b.extend_from_slice(&(addr.len() as u16).to_be_bytes());
+    b.extend_from_slice(addr.as_bytes());
+    for r in std::iter::once(request).chain(response) {
+        b.extend_from_slice(&(r.len() as u32).to_be_bytes());
+        b.extend_from_slice(r);
+    }
+    b
 }
 
 /// Writes `h`, then `body`, to a raw connection.
