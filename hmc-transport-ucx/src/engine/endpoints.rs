@@ -44,7 +44,7 @@ pub(super) struct PhysEp {
     pub token: u64,
     /// The target answered the BIND: transfers may issue on it.
     pub bound: bool,
-    /// Its BIND was sent (at the first transfer that needs it; see [`State::bind_for`]).
+    /// Its BIND was sent (at the first transfer that needs it; see [`State::bind_then_ready`]).
     pub bind_sent: bool,
     /// Its generation is being abandoned: nothing more is issued on it.
     pub abandoning: bool,
@@ -211,7 +211,7 @@ impl State {
         let token = new_token();
         // A generation can be abandoned only where the endpoint can be force-closed at
         // both ends (PEER mode); without it transfers issue at once, unprotected. The BIND
-        // waits for the first transfer on the endpoint (`bind_for`), not its creation.
+        // waits for the first transfer on the endpoint (`bind_then_ready`), not its creation.
         let peer_mode = !self.eps.peer_mode_unsupported;
         let bound = !peer_mode;
         self.eps.phys.insert(
@@ -234,13 +234,20 @@ impl State {
         Ok(ep)
     }
 
+    /// [`Self::bind_for`], then whether transfers may issue on `ep` now (a BIND that could
+    /// not be sent leaves the endpoint unprotected and ready).
+    pub(super) fn bind_then_ready(&mut self, ep: u64) -> bool {
+        self.bind_for(ep);
+        self.eps.ready(ep)
+    }
+
     /// Sends the BIND of `ep`'s UCX endpoint generation if it has not been sent: called
     /// by a transfer about to issue on it. Binding at the first transfer rather than at
     /// creation keeps UCX's wire-up off endpoints that never carry a transfer (a peer
     /// whose transfers are all staged over the control connection): UCX 1.13 (Debian
     /// 12's build, with assertions) aborts the *target* process when the peer dies while
     /// the target's wire-up reply is still queued (openucx/ucx#8175, fixed upstream).
-    pub(super) fn bind_for(&mut self, ep: u64) {
+    fn bind_for(&mut self, ep: u64) {
         let Some(pid) = self.eps.by_id.get(&ep).map(|e| e.phys) else {
             return;
         };

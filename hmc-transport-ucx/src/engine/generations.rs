@@ -18,8 +18,9 @@
 //!   `UCP_AM_SEND_FLAG_REPLY`), so the target learns which of *its* UCX endpoints carries
 //!   that generation; the target answers BOUND, and no transfer issues on the endpoint
 //!   before that answer. (Not at creation: an endpoint that never carries a transfer is
-//!   never wired up; see `State::bind_for`.) A put names the target's endpoint, and UCX drops one that arrives
-//!   for an endpoint closed there ("SW PUT request" on an unknown endpoint id).
+//!   never wired up; see `State::bind_then_ready`.) A put names the target's endpoint,
+//!   and UCX drops one that arrives for an endpoint closed there ("SW PUT request" on an
+//!   unknown endpoint id).
 //! - When a failed or cancelled transfer does not drain within `drain_timeout`, the
 //!   initiator stops issuing on that UCX endpoint and sends ABANDON (the token) over the
 //!   control connection. The target force-closes its endpoint of that generation and

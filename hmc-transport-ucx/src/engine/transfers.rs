@@ -107,8 +107,9 @@ impl State {
             self.fail_op(id, err);
             return false;
         };
-        self.bind_for(ep_id);
-        if !self.eps.ready(ep_id) {
+        // The first transfer on an endpoint sends its generation's BIND; the lookups stay
+        // off the per-chunk path once it is bound.
+        if !self.eps.ready(ep_id) && !self.bind_then_ready(ep_id) {
             // Its UCX endpoint's generation is not bound yet, or being abandoned:
             // issued once it is (`generations`), or ended at the deadline.
             return false;
