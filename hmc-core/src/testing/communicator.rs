@@ -914,9 +914,10 @@ async fn abandon_one<C: Communicator>(
 /// once `settle` returned `Ok`, canaries written over the whole target region are all
 /// still there after a delay, that is, no byte of the WRITE landed after its end (the
 /// target dropped what it still held or received). Then a full WRITE on the same
-/// endpoint lands every byte. The cuts are fractions of a full WRITE's time measured first
-/// on the same endpoint, so that a loaded machine (slower WRITEs, later wake-ups) still
-/// cuts them mid-way; rounds go on until four were cut mid-way (at most 24 rounds).
+/// endpoint lands every byte. The cuts are fractions of a full WRITE's time, measured on
+/// the same endpoint after a warm-up WRITE and lowered whenever a WRITE finishes before
+/// its cut, so that a loaded machine (slower WRITEs, later wake-ups) and a fast one
+/// both cut them mid-way; rounds go on until four were cut mid-way (at most 24 rounds).
 pub async fn abandoned_write_settles<C: Communicator, M: Memory>(p: Peers<C, M>, how: Abandon) {
     const LEN: usize = 32 << 20;
     /// Rounds cut mid-way that the case wants, and the most it tries for them.
@@ -933,11 +934,16 @@ pub async fn abandoned_write_settles<C: Communicator, M: Memory>(p: Peers<C, M>,
     let (src, src_bytes) = buffer(&p, &p.a, LEN, Access::READ, 162);
     let d = [desc::<C>(src.registration(), 0, &key, 0, LEN)];
     let canaries = vec![CANARY; LEN];
+    // The first WRITE on an endpoint may pay for its wire-up (UCX binds lazily), so it
+    // is not the one timed.
+    p.a.transfer(&ep, Op::Write, &d, deadline())
+        .await
+        .expect("a first, full WRITE (warming the endpoint)");
     let start = Instant::now();
     p.a.transfer(&ep, Op::Write, &d, deadline())
         .await
-        .expect("a first, full WRITE (timed for the cuts)");
-    let full = start.elapsed();
+        .expect("a second, full WRITE (timed for the cuts)");
+    let mut full = start.elapsed();
     let mut abandoned = 0;
     let mut cuts = Vec::new();
     for round in 0..ROUNDS {
@@ -949,7 +955,11 @@ pub async fn abandoned_write_settles<C: Communicator, M: Memory>(p: Peers<C, M>,
             .mul_f64(0.05 + 0.1 * f64::from(round % 6))
             .max(Duration::from_micros(50));
         cuts.push(cut);
+        let started = Instant::now();
         if !abandon_one(&*p.a, &ep, &d, how, cut).await {
+            // It finished before its cut: a full WRITE is faster than timed, so later
+            // cuts follow the faster time.
+            full = full.min(started.elapsed());
             continue;
         }
         abandoned += 1;
