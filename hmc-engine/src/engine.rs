@@ -165,6 +165,9 @@ struct Peer<C: Communicator> {
 /// State the metadata service's handlers share with the engine.
 struct Shared<C: Communicator> {
     comm: Arc<C>,
+    /// The most runs in one batch the transport takes (its `max_batch_len`, clamped to
+    /// 1..=65,536), read once: a transfer with more runs goes in several batches.
+    max_batch: usize,
     config: EngineConfig,
     instance: u64,
     local: RwLock<LocalTable<C>>,
@@ -301,6 +304,11 @@ fn random_u64() -> u64 {
     u64::from_ne_bytes(b)
 }
 
+/// The most runs the engine puts in one batch over a transport with `caps`.
+fn max_batch_of(caps: &hmc_core::CommCapabilities) -> usize {
+    caps.max_batch_len.clamp(1, 65_536)
+}
+
 impl<C: Communicator> Engine<C> {
     /// Starts an engine whose metadata service listens at `local` (`IP[:PORT]`,
     /// `tcp://IP:PORT`, or a Unix socket path; port 0 or none picks one) and whose bytes
@@ -308,6 +316,7 @@ impl<C: Communicator> Engine<C> {
     pub async fn initialize(comm: Arc<C>, local: &str, config: EngineConfig) -> Result<Self> {
         let addr = parse_engine_addr(local, Some(0))?;
         let shared = Arc::new(Shared {
+            max_batch: max_batch_of(&comm.capabilities()),
             comm,
             config: config.clone(),
             instance: random_u64(),
@@ -793,6 +802,7 @@ impl<C: Communicator> Engine<C> {
                     deadline,
                     timeout,
                     descs: descs.len(),
+                    max_batch: self.inner.shared.max_batch,
                 },
             };
             // A key refused while the peer is the same instance: planned again, the

@@ -70,12 +70,14 @@ impl<C: Communicator> Copy for ResolvedRun<'_, C> {}
 /// What bounds a transfer in time.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Bound {
-    /// A one-shot transfer of `descs` descriptors: one batch of every run the transport
-    /// moves, then the staged ones, all by `deadline` (`timeout` after its start).
+    /// A one-shot transfer of `descs` descriptors: the runs the transport moves in
+    /// batches of at most `max_batch` (its `max_batch_len`), then the staged ones, all by
+    /// `deadline` (`timeout` after its start).
     Deadline {
         deadline: Deadline,
         timeout: Duration,
         descs: usize,
+        max_batch: usize,
     },
     /// A prepared post of `total` bytes, by the no-progress rule: steps of at most `chunk`
     /// bytes and `max_batch` runs, each within `stall` of its start; a transfer that keeps
@@ -101,7 +103,7 @@ impl Bound {
     /// Most bytes and runs in one step.
     fn step_limits(&self) -> (u64, usize) {
         match *self {
-            Bound::Deadline { .. } => (u64::MAX, usize::MAX),
+            Bound::Deadline { max_batch, .. } => (u64::MAX, max_batch.max(1)),
             Bound::NoProgress {
                 chunk, max_batch, ..
             } => (chunk.max(1), max_batch.max(1)),

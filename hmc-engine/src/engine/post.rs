@@ -352,7 +352,7 @@ impl<C: Communicator> Engine<C> {
                 requested: local_idx.len() as u64,
                 notify,
                 transport: caps.transport,
-                max_batch: caps.max_batch_len.clamp(1, 65_536),
+                max_batch: self.inner.shared.max_batch,
                 state: Mutex::default(),
             }),
         })
