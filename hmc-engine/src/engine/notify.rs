@@ -11,7 +11,7 @@ use hmc_core::Communicator;
 use hmc_faults::{FaultPlan, NotifyFault};
 use hmc_rpc::{CallOptions, RpcError};
 
-use super::notify_queue::{NotifyKey, QueueFull, QueueLimits};
+use super::notify_queue::{QueueFull, QueueLimits};
 use super::{Engine, Notify, Peer, Shared};
 use crate::error::{EngineError, Result};
 use crate::meta::{METHOD_NOTIFY, METHOD_RETRACT, NotifyAck, NotifyId, NotifyMsg, Retract};
@@ -246,9 +246,9 @@ fn call_failed<C: Communicator>(peer: &Peer<C>, e: hmc_rpc::CallError) -> Engine
 }
 
 /// The name of the connection's engine, which every notification needs.
-fn sender(conn: &hmc_rpc::Connection) -> std::result::Result<String, RpcError> {
+fn sender(conn: &hmc_rpc::Connection) -> std::result::Result<&str, RpcError> {
     // Who sent it is the connection's business, not the message's.
-    conn.label().map(str::to_string).ok_or_else(|| {
+    conn.label().ok_or_else(|| {
         RpcError::new(
             hmc_rpc::Status::UNAUTHENTICATED,
             "a notification on a connection that never asked for this engine's metadata: connect (Engine::connect) first",
@@ -315,18 +315,18 @@ impl<C: Communicator> Shared<C> {
                 ),
             ));
         }
-        let key = NotifyKey {
-            from: from.clone(),
-            id: n.id,
-        };
-        let notify = Notify {
-            from,
-            name: n.name,
-            msg: n.msg,
-            failed: n.failed,
-        };
         let limits = self.queue_limits();
-        let ack = self.notifies.lock().offer(key, notify, len, limits);
+        let ack = {
+            let mut queue = self.notifies.lock();
+            let key = queue.key(from, n.id);
+            let notify = Notify {
+                from: from.to_string(),
+                name: n.name,
+                msg: n.msg,
+                failed: n.failed,
+            };
+            queue.offer(key, notify, len, limits)
+        };
         match ack {
             Ok(NotifyAck::Queued) => {
                 if let Some(hook) = &*self.notify_hook.read() {
@@ -360,12 +360,11 @@ impl<C: Communicator> Shared<C> {
         conn: &hmc_rpc::Connection,
         r: Retract,
     ) -> std::result::Result<NotifyAck, RpcError> {
-        let key = NotifyKey {
-            from: sender(conn)?,
-            id: r.id,
-        };
+        let from = sender(conn)?;
         let remember = self.queue_limits().remember;
-        Ok(self.notifies.lock().retract(key, remember))
+        let mut queue = self.notifies.lock();
+        let key = queue.key(from, r.id);
+        Ok(queue.retract(key, remember))
     }
 }
 

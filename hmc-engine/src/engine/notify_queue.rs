@@ -20,15 +20,29 @@
 //! under the engine's lock.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use crate::Notify;
 use crate::meta::{NotifyAck, NotifyId};
 
 /// Who sent a notification (the name its connection gave) and which send it is.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct NotifyKey {
-    pub(super) from: String,
+    /// Shared by every key of one sender in a row ([`NotifyQueue::key`]), so that the
+    /// ledger's copies of a key (its fate, its place in the order, the waiting
+    /// notification) allocate nothing.
+    pub(super) from: Arc<str>,
     pub(super) id: NotifyId,
+}
+
+/// Only the id is hashed (equality still compares the sender): ids are unique per
+/// sending engine, so keys that share a hash are the same id from different senders, at
+/// most one per sender, and the sender's name is not hashed again on every lookup.
+impl Hash for NotifyKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
 }
 
 /// What became of one id.
@@ -73,9 +87,25 @@ pub(super) struct NotifyQueue {
     fates: HashMap<NotifyKey, Fate>,
     /// Ids in the order first seen, to forget the oldest past `remember`.
     order: VecDeque<NotifyKey>,
+    /// The last sender's name, which the next key most likely shares.
+    last_sender: Option<Arc<str>>,
 }
 
 impl NotifyQueue {
+    /// The key of notification `id` from `from`, sharing the name with the last key made
+    /// when the sender is the same.
+    pub(super) fn key(&mut self, from: &str, id: NotifyId) -> NotifyKey {
+        let from = match &self.last_sender {
+            Some(last) if **last == *from => last.clone(),
+            _ => {
+                let name: Arc<str> = from.into();
+                self.last_sender = Some(name.clone());
+                name
+            }
+        };
+        NotifyKey { from, id }
+    }
+
     /// A notification (`notify.failed` set: a failure notice) of `len` accounted bytes
     /// arrived under `key`.
     pub(super) fn offer(
@@ -177,10 +207,10 @@ impl NotifyQueue {
             let Some(old) = self.order.pop_front() else {
                 break;
             };
-            if self.fates.get(&old) == Some(&Fate::Queued) {
+            // One lookup: a waiting id (rare here) is put back.
+            if self.fates.remove(&old) == Some(Fate::Queued) {
+                self.fates.insert(old.clone(), Fate::Queued);
                 self.order.push_back(old);
-            } else {
-                self.fates.remove(&old);
             }
         }
         self.fates.insert(key.clone(), fate);
@@ -237,6 +267,28 @@ mod tests {
             Ok(NotifyAck::Queued)
         );
         assert_eq!(q.take_all().len(), 1);
+    }
+
+    #[test]
+    fn keys_of_one_sender_in_a_row_share_its_name_and_senders_stay_apart() {
+        let mut q = NotifyQueue::default();
+        let id = |seq| NotifyId { instance: 7, seq };
+        let (a1, a2) = (q.key("a", id(1)), q.key("a", id(2)));
+        assert!(Arc::ptr_eq(&a1.from, &a2.from));
+        let b1 = q.key("b", id(1));
+        assert_ne!(a1, b1, "same id, another sender");
+        assert_eq!(&*b1.from, "b");
+        assert_eq!(q.key("a", id(1)), a1);
+        // Same id from two senders: both kept apart in the ledger.
+        q.offer(a1.clone(), note("x", None), 1, LIMITS).unwrap();
+        assert_eq!(
+            q.offer(b1, note("y", None), 1, LIMITS),
+            Ok(NotifyAck::Queued)
+        );
+        assert_eq!(q.retract(a1, 16), NotifyAck::Retracted);
+        let left = q.take_all();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].msg, b"y");
     }
 
     #[test]
