@@ -10,9 +10,13 @@
 //! the same initiator sets the gate's flag under the same lock: once it is answered, the
 //! `recvmsg` in progress (if any) is over and no other starts.
 //!
-//! Connections are named by the initiator's address and port as the target sees them, so
-//! only TCP connections can be abandoned this way (a Unix socket's dialler is unnamed), and
-//! only from the same IP address: a peer cannot abandon another peer's connections.
+//! Connections are named by the initiator's side of them as the target sees it ([`ConnName`]):
+//! a TCP connection by its address and port, a Unix-socket one by the abstract address
+//! the initiator's socket is bound to before it dials (the kernel picks a unique one:
+//! Linux's autobind, see `crate::net`). An ABANDON may name only a connection of the same
+//! IP address (TCP) or of the same user (Unix sockets, by the peers' credentials): a peer
+//! cannot abandon another peer's connections. A dialler of an older version, whose Unix
+//! socket is unnamed, leaves nothing to name: its `settle` answers `Unsupported`.
 //! Between the two, a NAT that rewrites the initiator's IP address makes every ABANDON a
 //! refusal (so `settle` fails and says so); one that keeps the address but rewrites ports
 //! would make the target answer 0 for a connection it does not know, which no test covers.
@@ -22,67 +26,89 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use crate::conn_name::{ConnName, Holder};
 use crate::net::Stream;
 
 /// One served data connection's apply gate: `true` once an ABANDON named it. Held (never
 /// across an `.await`) for each check-then-apply of a WRITE's bytes into registered memory.
 pub(crate) type Gate = Arc<Mutex<bool>>;
 
-/// The gates of the data connections being served, by the initiator's address and port.
+/// The gates of the data connections being served, by the initiator's side of them.
 #[derive(Default)]
 pub(crate) struct Gates {
-    by_peer: Mutex<HashMap<SocketAddr, Vec<(u64, Gate)>>>,
+    by_peer: Mutex<HashMap<ConnName, Vec<Served>>>,
     next: AtomicU64,
 }
 
-/// A connection's gate, registered under its peer's address while the connection is
+/// One served connection under its name: its registration's id, who holds its other end,
+/// and its gate.
+struct Served {
+    id: u64,
+    holder: Option<Holder>,
+    gate: Gate,
+}
+
+/// A connection's gate, registered under its initiator's side while the connection is
 /// served; unregistered on drop.
 pub(crate) struct Registered<'a> {
     gates: &'a Gates,
-    peer: Option<SocketAddr>,
+    peer: Option<ConnName>,
     id: u64,
+    /// Who holds the connection's other end (`None`: unknown, which no ABANDON matches).
+    pub(crate) holder: Option<Holder>,
     pub(crate) gate: Gate,
 }
 
 impl Gates {
-    /// Registers a gate for a connection from `peer` (`None`: a Unix socket, which no
-    /// ABANDON can name; it still gets a gate, never set).
-    pub(crate) fn register(&self, peer: Option<SocketAddr>) -> Registered<'_> {
-        let peer = peer.map(canonical);
+    /// Registers a gate for a connection from `peer`, held by `holder` (`peer` `None`: an
+    /// unnamed Unix socket, which no ABANDON can name; it still gets a gate, never set).
+    pub(crate) fn register(
+        &self,
+        peer: Option<ConnName>,
+        holder: Option<Holder>,
+    ) -> Registered<'_> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let gate = Gate::default();
-        if let Some(addr) = peer {
+        if let Some(name) = &peer {
             self.by_peer
                 .lock()
-                .entry(addr)
+                .entry(name.clone())
                 .or_default()
-                .push((id, gate.clone()));
+                .push(Served {
+                    id,
+                    holder,
+                    gate: gate.clone(),
+                });
         }
         Registered {
             gates: self,
             peer,
             id,
+            holder,
             gate,
         }
     }
 
-    /// The gates registered under `addr`, but `asking`'s own: the connections an ABANDON
-    /// over `asking` names. Usually one; more only where the kernel reused the port of a
-    /// connection the target has not finished with.
-    pub(crate) fn named(&self, addr: SocketAddr, asking: &Registered<'_>) -> Vec<Gate> {
+    /// The gates registered under `name` and held by the same peer as `asking`, but
+    /// `asking`'s own: the connections an ABANDON over `asking` names. Usually one; more
+    /// only where the kernel reused the port of a connection the target has not finished
+    /// with.
+    pub(crate) fn named(&self, name: &ConnName, asking: &Registered<'_>) -> Vec<Gate> {
+        let Some(holder) = asking.holder else {
+            return Vec::new();
+        };
         self.by_peer
             .lock()
-            .get(&canonical(addr))
+            .get(name)
             .map(|v| {
                 v.iter()
-                    .filter(|(id, _)| *id != asking.id)
-                    .map(|(_, g)| g.clone())
+                    .filter(|c| c.id != asking.id && c.holder == Some(holder))
+                    .map(|c| c.gate.clone())
                     .collect()
             })
             .unwrap_or_default()
@@ -91,21 +117,15 @@ impl Gates {
 
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
-        let Some(addr) = self.peer else { return };
+        let Some(addr) = &self.peer else { return };
         let mut map = self.gates.by_peer.lock();
-        if let Some(v) = map.get_mut(&addr) {
-            v.retain(|(id, _)| *id != self.id);
+        if let Some(v) = map.get_mut(addr) {
+            v.retain(|c| c.id != self.id);
             if v.is_empty() {
-                map.remove(&addr);
+                map.remove(addr);
             }
         }
     }
-}
-
-/// `addr` with an IPv4-mapped IPv6 address as the IPv4 address it maps: how a dual-stack
-/// listener sees an IPv4 peer, and how that peer names its own side.
-pub(crate) fn canonical(addr: SocketAddr) -> SocketAddr {
-    SocketAddr::new(addr.ip().to_canonical(), addr.port())
 }
 
 /// The error a responder ends a WRITE with once its initiator abandoned it.
@@ -144,12 +164,14 @@ pub(crate) async fn close_gates(gates: Vec<Gate>) {
     let _ = set.await;
 }
 
-/// The longest address text an ABANDON carries (an IPv6 address with scope and port fits).
+/// The longest address text an ABANDON carries (an IPv6 address with scope and port
+/// fits, and a Unix socket's abstract address of up to 29 bytes in hex).
 pub(crate) const MAX_ADDR_TEXT: usize = 64;
 
 /// The ABANDON request naming the connection this side had at `local`.
-pub(crate) fn encode_request(local: SocketAddr) -> Vec<u8> {
-    let text = local.to_string();
+pub(crate) fn encode_request(local: &ConnName) -> Vec<u8> {
+    let text = local.to_text();
+    debug_assert!(text.len() <= MAX_ADDR_TEXT, "{text}");
     let mut out = Vec::with_capacity(2 + text.len());
     out.push(crate::wire::REQ_ABANDON);
     out.push(text.len() as u8);
@@ -161,8 +183,9 @@ pub(crate) fn encode_request(local: SocketAddr) -> Vec<u8> {
 /// target: the initiator's side of [`hmc_core::Communicator::settle`].
 #[derive(Default)]
 pub(crate) struct Pending {
-    /// The connections' local addresses; `None` for a Unix socket, which cannot be named.
-    pub(crate) conns: Vec<Option<SocketAddr>>,
+    /// The connections' names on this side; `None` for one that has none (an unnamed
+    /// Unix socket, or one whose name could not be read).
+    pub(crate) conns: Vec<Option<ConnName>>,
 }
 
 impl Pending {
@@ -171,7 +194,7 @@ impl Pending {
     /// would otherwise make the list grow).
     pub(crate) const MAX: usize = 1024;
 
-    pub(crate) fn push(&mut self, conn: Option<SocketAddr>) {
+    pub(crate) fn push(&mut self, conn: Option<ConnName>) {
         if self.conns.len() >= Self::MAX {
             self.conns.remove(0);
         }

@@ -183,7 +183,7 @@ impl Drop for TcpCommunicator {
 /// of any recorded meanwhile.
 struct Unsettled<'e> {
     ep: &'e EndpointInner,
-    conns: Vec<Option<std::net::SocketAddr>>,
+    conns: Vec<Option<crate::conn_name::ConnName>>,
 }
 
 impl<'e> Unsettled<'e> {
@@ -216,7 +216,7 @@ impl Drop for Unsettled<'_> {
 async fn settle_with(
     shared: &Shared,
     ep: &EndpointInner,
-    pending: &[Option<std::net::SocketAddr>],
+    pending: &[Option<crate::conn_name::ConnName>],
     deadline: Deadline,
     started: Instant,
 ) -> Result<()> {
@@ -228,7 +228,7 @@ async fn settle_with(
         let stream = lease.stream();
         let asked = async {
             stream
-                .write_all(&crate::abandon::encode_request(*conn))
+                .write_all(&crate::abandon::encode_request(conn))
                 .await?;
             wire::read_status(stream, peer).await
         };
@@ -459,7 +459,7 @@ impl Communicator for TcpCommunicator {
     /// module docs): sends an ABANDON for each over one connection of the endpoint, pooled
     /// or new, and waits for the answers by `deadline`. `Ok` at once when there is none.
     /// Connections not confirmed (no answer in time, a broken connection) are kept for the
-    /// next `settle`; those that can never be (a Unix socket, a target of an older version)
+    /// next `settle`; those that can never be (an unnamed Unix socket, a target of an older version)
     /// are reported once.
     async fn settle(&self, ep: &TcpEndpoint, deadline: Deadline) -> Result<()> {
         self.shared.check_open()?;
@@ -486,10 +486,11 @@ impl Communicator for TcpCommunicator {
         if unsettled.conns.iter().any(Option::is_none) {
             unsettled.conns.clear();
             return Err(Error::Unsupported(format!(
-                "a WRITE to {peer} over a Unix socket ended early, and a Unix connection \
-                 cannot be named to the target to drop the rest of it: bytes the target \
-                 already received may still land; use a tcp:// address where an early end \
-                 must be final"
+                "a WRITE to {peer} over a Unix socket ended early on a connection this side \
+                 could not name to the target (its socket could not be bound to an abstract \
+                 address before it dialled), so the target cannot be asked to drop the rest \
+                 of it: bytes it already received may still land; use a tcp:// address where \
+                 an early end must be final"
             )));
         }
         let asked = settle_with(shared, &ep.inner, &unsettled.conns, deadline, started);

@@ -203,7 +203,7 @@ impl Drop for ConnLease<'_> {
             s.reset_on_close();
         }
         if self.unfinished == Unfinished::Abandon {
-            self.ep.abandoned.lock().push(s.local_socket_addr());
+            self.ep.abandoned.lock().push(s.local_conn_name());
         }
     }
 }

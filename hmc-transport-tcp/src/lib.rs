@@ -77,6 +77,7 @@ mod abandon;
 mod auth;
 mod comm;
 mod config;
+mod conn_name;
 mod control;
 mod endpoint;
 mod net;

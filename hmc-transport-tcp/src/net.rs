@@ -16,6 +16,10 @@ use std::time::Instant;
 
 use hmc_core::{Deadline, Error, PeerAddr, Result};
 use hmc_transport_kit::nonblocking;
+
+use crate::conn_name::{ConnName, Holder};
+
+mod named_unix;
 use parking_lot::Mutex;
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
@@ -176,7 +180,12 @@ impl Stream {
             hmc_transport_kit::Conn::Tcp(s) => Sock::Tcp(s.into_std()?),
             hmc_transport_kit::Conn::Unix(s) => Sock::Unix(s.into_std()?),
         };
-        Ok(Stream {
+        Ok(Stream::from_sock(sock))
+    }
+
+    /// A socket already in non-blocking mode.
+    fn from_sock(sock: Sock) -> Stream {
+        Stream {
             reg: Mutex::new(None),
             ahead: Mutex::new(ReadAhead {
                 buf: vec![0; READ_AHEAD_MAX].into_boxed_slice(),
@@ -185,7 +194,7 @@ impl Stream {
                 failed: None,
             }),
             sock,
-        })
+        }
     }
 
     /// Who the peer is, as this host can tell (`hmc_transport_kit::owner`): a Unix peer's uid, a TCP
@@ -209,12 +218,33 @@ impl Stream {
         }
     }
 
-    /// This side's address and port, for a TCP connection (`None` over a Unix socket): what
-    /// the peer sees as [`Stream::peer_socket_addr`].
-    pub(crate) fn local_socket_addr(&self) -> Option<std::net::SocketAddr> {
+    /// The peer's side of this connection, as an ABANDON names it (`None`: a Unix peer
+    /// that dialled unnamed).
+    pub(crate) fn peer_conn_name(&self) -> Option<ConnName> {
         match &self.sock {
-            Sock::Tcp(s) => s.local_addr().ok(),
-            Sock::Unix(_) => None,
+            Sock::Tcp(s) => s.peer_addr().ok().map(ConnName::tcp),
+            Sock::Unix(s) => named_unix::name_of(s.peer_addr()),
+        }
+    }
+
+    /// This side of the connection, as the peer sees it in [`Stream::peer_conn_name`]
+    /// (`None`: a Unix socket dialled unnamed).
+    pub(crate) fn local_conn_name(&self) -> Option<ConnName> {
+        match &self.sock {
+            Sock::Tcp(s) => s.local_addr().ok().map(ConnName::tcp),
+            Sock::Unix(s) => named_unix::name_of(s.local_addr()),
+        }
+    }
+
+    /// Who holds the connection's other end, as far as this side can tell: a TCP peer's
+    /// IP address, a Unix peer's uid.
+    pub(crate) fn holder(&self) -> Option<Holder> {
+        match &self.sock {
+            Sock::Tcp(s) => s
+                .peer_addr()
+                .ok()
+                .map(|a| Holder::Ip(a.ip().to_canonical())),
+            Sock::Unix(s) => hmc_transport_kit::owner::peer_uid(s).map(Holder::Uid),
         }
     }
 
@@ -223,9 +253,15 @@ impl Stream {
     pub(crate) async fn connect(addr: &PeerAddr, deadline: Deadline) -> Result<Stream> {
         let start = std::time::Instant::now();
         let connecting = async {
-            hmc_transport_kit::connect(addr)
-                .await
-                .and_then(Stream::from_conn)
+            match addr {
+                // Named, so that the target can tell this connection in an ABANDON.
+                PeerAddr::Unix(path) => named_unix::connect(path)
+                    .await
+                    .map(|s| Stream::from_sock(Sock::Unix(s))),
+                _ => hmc_transport_kit::connect(addr)
+                    .await
+                    .and_then(Stream::from_conn),
+            }
         };
         match tokio::time::timeout_at(deadline.instant().into(), connecting).await {
             Ok(Ok(s)) => Ok(s),

@@ -30,6 +30,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::abandon::Gate;
 use crate::auth::{self, NONCE_LEN, PROOF_LEN};
+use crate::conn_name::ConnName;
 use crate::net::{Listener, MAX_GATHER, Stream};
 use crate::region::RegEntry;
 use crate::staged::{StagedMoved, recv_staged, send_staged};
@@ -253,7 +254,9 @@ async fn serve(shared: &Shared, mut stream: Stream) {
     let stall = shared.config.request_timeout;
     // This connection's apply gate, found by the initiator's address while it is served:
     // an ABANDON over another of its connections closes it (see `crate::abandon`).
-    let registered = shared.gates.register(stream.peer_socket_addr());
+    let registered = shared
+        .gates
+        .register(stream.peer_conn_name(), stream.holder());
     let gate = &registered.gate;
     let mut served = false;
     // How much of the next request a busy-poll takes ahead: as much as the last one took,
@@ -419,23 +422,33 @@ async fn serve_abandon(
     by(until, stream.read_exact(&mut text)).await?;
     let named = std::str::from_utf8(&text)
         .ok()
-        .and_then(|t| t.parse::<std::net::SocketAddr>().ok());
+        .and_then(crate::conn_name::ConnName::parse);
     let answer = match (named, stream.peer_socket_addr()) {
         (None, _) => Err(Error::InvalidArgument(format!(
-            "an ABANDON at {} named {:?}, which is not an IP address and port",
+            "an ABANDON at {} named {:?}, which is neither an IP address and port nor a \
+             Unix socket's abstract address",
             shared.addr,
             String::from_utf8_lossy(&text)
         ))),
-        (Some(named), Some(asking_from))
-            if named.ip().to_canonical() == asking_from.ip().to_canonical() =>
+        (Some(ConnName::Tcp(named)), Some(asking_from))
+            if named.ip() == asking_from.ip().to_canonical() =>
         {
-            crate::abandon::close_gates(shared.gates.named(named, asking)).await;
+            let name = ConnName::Tcp(named);
+            crate::abandon::close_gates(shared.gates.named(&name, asking)).await;
+            Ok(())
+        }
+        // Over Unix sockets the gates themselves hold the rule: only connections of the
+        // asking connection's user are named (`Gates::named`).
+        (Some(name @ ConnName::Unix(_)), None) => {
+            crate::abandon::close_gates(shared.gates.named(&name, asking)).await;
             Ok(())
         }
         (Some(named), asking_from) => Err(Error::AccessDenied(format!(
-            "{} refuses an ABANDON of a connection from {named} asked by {}: only a \
-             connection from the same IP address may abandon one",
+            "{} refuses an ABANDON of a connection from {} asked by {}: only a \
+             connection from the same IP address (or, over Unix sockets, of the same user) \
+             may abandon one",
             shared.addr,
+            named.to_text(),
             asking_from.map_or_else(|| "a Unix socket".to_string(), |a| a.to_string())
         ))),
     };

@@ -12,7 +12,7 @@
 //! | READ (2) | `count u32`, `count` × [`WireDesc`] | status; if 0, then `pad u8`, `pad` zero bytes and the bytes of every descriptor in order |
 //! | NOTIFY (3) | `tag u64`, `len u32`, `len` bytes | status |
 //! | KEYED NOTIFY (4) | `id u64`, `token [u8; 16]` (a key of one of the target's live registrations), `tag u64`, `len u32`, `len` bytes | status |
-//! | ABANDON (5) | `len u8` (at most 64), `len` bytes: the initiator's `IP:PORT` of another of its connections, as text | status: 0 once that connection applies no more bytes (also when it is gone); `AccessDenied` when it is from another IP address |
+//! | ABANDON (5) | `len u8` (at most 64), `len` bytes: another of the initiator's connections as text ([`crate::conn_name::ConnName`]: `IP:PORT`, or `unix:@` and an abstract address in hex) | status: 0 once that connection applies no more bytes (also when it is gone); `AccessDenied` when it is from another IP address or kind of socket |
 //!
 //! A NOTIFY (3) carries no proof of access and is taken only over an authenticated
 //! connection; an initiator that imported a region of the target on the endpoint sends
@@ -24,7 +24,8 @@
 //! reset in the middle of a WRITE: the target answers only once the named connection's
 //! receiver has stopped applying bytes into registered memory (see `crate::abandon`), so
 //! no more of that WRITE lands after the answer, even bytes already in the target's
-//! socket. A connection may name only one from its own IP address. ABANDON is new in this
+//! socket. A connection may name only one from its own IP address (over Unix sockets: of its
+//! own user). ABANDON is new in this
 //! version: a target of an older version closes the connection with "unknown request
 //! kind 5", and `settle` reports that the early end is not final there.
 //!

@@ -59,7 +59,10 @@ fn the_abandon_example_names_one_connection() {
     let bytes = wire_example("tcp-abandon");
     assert_eq!(bytes[0], wire::REQ_ABANDON);
     let conn: std::net::SocketAddr = "127.0.0.1:51234".parse().unwrap();
-    assert_eq!(crate::abandon::encode_request(conn), bytes);
+    assert_eq!(
+        crate::abandon::encode_request(&crate::conn_name::ConnName::tcp(conn)),
+        bytes
+    );
     let text = std::str::from_utf8(&bytes[2..]).unwrap();
     assert_eq!(bytes[1] as usize, text.len());
     assert_eq!(text.parse::<std::net::SocketAddr>().unwrap(), conn);

@@ -86,20 +86,42 @@ const HALF_LEN: usize = 64 << 10;
 async fn half_a_write(from: &str) -> (Arc<TcpCommunicator>, Buf, TcpStream) {
     let target = comm();
     let dst = buffer(&target, HALF_LEN, 0, Access::WRITE);
-    let export = dst.export().unwrap();
     let mut victim = raw(&target, from).await;
+    send_half(&dst, &mut victim).await;
+    (target, dst, victim)
+}
+
+/// Sends on `victim` a WRITE of all of `dst` ([`HALF_LEN`] bytes) but only its first half
+/// (7s), and waits until the target applied that half.
+async fn send_half(dst: &Buf, victim: &mut (impl AsyncWriteExt + Unpin)) {
+    let export = dst.export().unwrap();
     victim
         .write_all(&write_header(&export, HALF_LEN as u64))
         .await
         .unwrap();
     victim.write_all(&[7u8; HALF_LEN / 2]).await.unwrap();
     for _ in 0..500 {
-        if contents(&dst)[HALF_LEN / 2 - 1] == 7 {
-            return (target, dst, victim);
+        if contents(dst)[HALF_LEN / 2 - 1] == 7 {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the first half of the WRITE never landed at the target");
+}
+
+/// After the victim's connection was abandoned: canaries over `dst`, then the rest of the
+/// victim's WRITE, which reaches the target's socket; the responder must apply none of it.
+async fn rest_lands_nothing(dst: &Buf, victim: &mut (impl AsyncWriteExt + Unpin)) {
+    dst.write_at(0, &MemSpan::host(&vec![CANARY; HALF_LEN]))
+        .unwrap();
+    let _ = victim.write_all(&[9u8; HALF_LEN / 2]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let now = contents(dst);
+    assert!(
+        now.iter().all(|&b| b == CANARY),
+        "byte {:?} of the abandoned WRITE landed after the ABANDON was answered",
+        now.iter().position(|&b| b != CANARY)
+    );
 }
 
 /// The rest of a WRITE sent after its connection was abandoned is not applied, though
@@ -107,7 +129,6 @@ async fn half_a_write(from: &str) -> (Arc<TcpCommunicator>, Buf, TcpStream) {
 /// not a reset, stops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_connection_applies_no_more_of_its_write() {
-    const LEN: usize = HALF_LEN;
     let (target, dst, mut victim) = half_a_write("127.0.0.1").await;
 
     let mut other = raw(&target, "127.0.0.1").await;
@@ -116,17 +137,7 @@ async fn an_abandoned_connection_applies_no_more_of_its_write() {
         .await
         .unwrap();
     assert_eq!(status(&mut other).await, None, "the ABANDON is answered 0");
-
-    dst.write_at(0, &MemSpan::host(&vec![CANARY; LEN])).unwrap();
-    // The rest arrives at the target's socket; the responder must not apply it.
-    let _ = victim.write_all(&[9u8; LEN / 2]).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let now = contents(&dst);
-    assert!(
-        now.iter().all(|&b| b == CANARY),
-        "byte {:?} of the abandoned WRITE landed after the ABANDON was answered",
-        now.iter().position(|&b| b != CANARY)
-    );
+    rest_lands_nothing(&dst, &mut victim).await;
     // The abandoned connection is closed; the one that asked still serves.
     let mut probe = [0u8; 1];
     let closed = tokio::time::timeout(Duration::from_secs(5), victim.read(&mut probe)).await;
@@ -139,6 +150,45 @@ async fn an_abandoned_connection_applies_no_more_of_its_write() {
         .await
         .unwrap();
     assert_eq!(status(&mut other).await, None);
+}
+
+/// A raw data-plane connection over the Unix socket of `target`, from a socket bound to
+/// the abstract address `name` (as the transport's own dialler binds, with a name the
+/// kernel picks), that has said HELLO.
+async fn raw_unix(target: &TcpCommunicator, name: &str) -> tokio::net::UnixStream {
+    let PeerAddr::Unix(path) = target.address() else {
+        panic!("a unix:// target")
+    };
+    let sock = tokio::net::UnixSocket::new_stream().unwrap();
+    sock.bind(format!("\0{name}")).unwrap();
+    let mut s = sock.connect(path).await.unwrap();
+    hello(&mut s).await;
+    s
+}
+
+/// Over Unix sockets as over TCP: once a target answered an ABANDON naming a connection
+/// by its abstract address, the rest of that connection's WRITE is not applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_unix_socket_an_abandoned_connection_applies_no_more_of_its_write() {
+    let dir = std::env::temp_dir().join(format!("hmc-tcp-abandon-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let at = PeerAddr::Unix(dir.join("target.sock"));
+    let target = Arc::new(TcpCommunicator::bind(&at, TcpConfig::default()).unwrap());
+    let dst = buffer(&target, HALF_LEN, 0, Access::WRITE);
+    let victim_name = format!("hmc-test-victim-{}", std::process::id());
+    let mut victim = raw_unix(&target, &victim_name).await;
+    send_half(&dst, &mut victim).await;
+
+    let mut other = raw_unix(&target, &format!("hmc-test-other-{}", std::process::id())).await;
+    let hex: String = victim_name.bytes().map(|b| format!("{b:02x}")).collect();
+    let text = format!("unix:@{hex}");
+    let mut req = vec![REQ_ABANDON, text.len() as u8];
+    req.extend_from_slice(text.as_bytes());
+    other.write_all(&req).await.unwrap();
+    assert_eq!(status(&mut other).await, None, "the ABANDON is answered 0");
+    rest_lands_nothing(&dst, &mut victim).await;
+    drop((victim, other, target));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A peer at another IP address cannot abandon a connection: it is refused with
@@ -187,7 +237,13 @@ async fn only_the_same_ip_may_abandon_and_unknown_connections_answer_zero() {
         .write_all(&[REQ_ABANDON, 3, b'x', b'y', b'z'])
         .await
         .unwrap();
-    assert!(matches!(status(&mut attacker).await, Some((5, m)) if m.contains("not an IP")));
+    assert!(matches!(status(&mut attacker).await, Some((5, m)) if m.contains("neither an IP")));
+    // A Unix socket's connection cannot be named over TCP.
+    let unix = b"unix:@0a0b0c0d0e";
+    let mut req = vec![REQ_ABANDON, unix.len() as u8];
+    req.extend_from_slice(unix);
+    attacker.write_all(&req).await.unwrap();
+    assert!(matches!(status(&mut attacker).await, Some((3, m)) if m.contains("same user")));
     attacker
         .write_all(&abandon("127.0.0.1:1".parse().unwrap()))
         .await

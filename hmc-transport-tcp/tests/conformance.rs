@@ -1,4 +1,4 @@
-//! The hmc-core conformance kit for `TcpCommunicator`, over TCP and over Unix domain sockets (there, the abandoned-WRITE case is ignored with its reason: `settle` cannot confirm over a Unix socket).
+//! The hmc-core conformance kit for `TcpCommunicator`, over TCP and over Unix domain sockets.
 //!
 //! The peers share a pre-shared secret: the kit's `notify_in_order` notifies without
 //! importing a region first, which a target takes only over an authenticated connection,
@@ -54,11 +54,5 @@ mod over_unix_sockets {
         })
     }
 
-    hmc_core::communicator_conformance!(
-        peers,
-        settle_cannot_confirm = "a Unix socket's dialling side is unnamed, so an ABANDON cannot \
-                                 name the connection of a WRITE that ended early: settle answers \
-                                 Unsupported by design (hmc-transport-tcp/src/abandon.rs); an \
-                                 early end is final over tcp:// only"
-    );
+    hmc_core::communicator_conformance!(peers);
 }

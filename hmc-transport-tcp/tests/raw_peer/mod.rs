@@ -1,10 +1,9 @@
 //! What the tests that speak the data-plane wire by hand share: the HELLO exchange and reading a target's status.
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Says a version-1 HELLO on `s` and checks that the target admitted it.
-pub async fn hello(s: &mut TcpStream) {
+pub async fn hello(s: &mut (impl AsyncRead + AsyncWrite + Unpin)) {
     let me = b"tcp://127.0.0.1:9";
     let mut hello = b"HMTC\x01".to_vec();
     hello.extend_from_slice(&(me.len() as u16).to_be_bytes());
@@ -19,7 +18,7 @@ pub async fn hello(s: &mut TcpStream) {
 }
 
 /// Reads a status: `None` for success, else the error code and message.
-pub async fn status(s: &mut TcpStream) -> Option<(u8, String)> {
+pub async fn status(s: &mut (impl AsyncRead + Unpin)) -> Option<(u8, String)> {
     let code = s.read_u8().await.unwrap();
     if code == 0 {
         return None;
