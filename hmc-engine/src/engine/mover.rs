@@ -172,9 +172,29 @@ impl<C: Communicator> Mover<'_, C> {
         async move {
             let mut runs = runs.peekable();
             let mut staged = Vec::new();
-            let max_runs = self.bound.step_limits().1;
-            let mut batch = Vec::with_capacity(runs.size_hint().0.min(max_runs));
             let failed = 'moving: {
+                // One run, the usual sync transfer of one descriptor: its batch is the run
+                // itself, with no `Vec` to allocate and fill.
+                let direct = if runs.size_hint() == (1, Some(1)) {
+                    let run = runs.next().expect("the one run");
+                    match self.split(run) {
+                        Ok(desc) => Some((desc, run.len)),
+                        Err(piece) => {
+                            staged.push(piece);
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
+                if let Some((desc, bytes)) = direct {
+                    match self.step(Step::Batch(std::slice::from_ref(&desc))).await {
+                        Ok(()) => *moved += bytes,
+                        Err(ended) => break 'moving (ended, Failed::Batch),
+                    }
+                }
+                let max_runs = self.bound.step_limits().1;
+                let mut batch = Vec::with_capacity(runs.size_hint().0.min(max_runs));
                 loop {
                     batch.clear();
                     let bytes = self.fill(&mut runs, &mut batch, &mut staged);
