@@ -16,13 +16,13 @@ use std::time::Instant;
 
 use hmc_core::{Deadline, Error, PeerAddr, Result};
 use hmc_transport_kit::nonblocking;
+use parking_lot::Mutex;
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 use crate::conn_name::{ConnName, Holder};
 
 mod named_unix;
-use parking_lot::Mutex;
-use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 
 /// A connected byte stream over TCP or a Unix domain socket, in non-blocking mode.
 #[derive(Debug)]
